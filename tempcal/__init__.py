@@ -1,0 +1,61 @@
+"""tempcal: post-hoc temperature scaling and calibration metrics for classifier logits.
+
+The names below are imported lazily, so that ``import tempcal`` (and the CLI's ``--help``)
+does not pay for importing torch until a function that needs it is used.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from ._version import __version__
+
+_EXPORTS = {
+    "TempcalError": "errors",
+    "DataError": "errors",
+    "LogitsData": "data",
+    "as_logits_data": "data",
+    "resolve_device": "data",
+    "Scan": "scan",
+    "fit_temperature": "fitting",
+    "FitResult": "fitting",
+    "T_MIN": "fitting",
+    "T_MAX": "fitting",
+    "CalibrationMetrics": "metrics",
+    "ReliabilityBin": "metrics",
+    "calibration_metrics": "metrics",
+    "evaluate": "metrics",
+    "load_logits": "loading",
+    "read_header": "loading",
+    "TEMPERATURE_KEY": "loading",
+    "write_temperature": "writeback",
+    "stratified_split": "splitting",
+    "fit_file": "workflows",
+    "FitReport": "workflows",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+if TYPE_CHECKING:
+    from .data import LogitsData, as_logits_data, resolve_device
+    from .errors import DataError, TempcalError
+    from .fitting import T_MAX, T_MIN, FitResult, fit_temperature
+    from .loading import TEMPERATURE_KEY, load_logits, read_header
+    from .metrics import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate
+    from .scan import Scan
+    from .splitting import stratified_split
+    from .workflows import FitReport, fit_file
+    from .writeback import write_temperature
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tempcal' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,222 @@
+"""The ``tempcal`` command line: parses options, calls the Python API, renders the result.
+
+Heavy modules (torch, the numerical core) are imported inside the commands, so that
+``tempcal --help`` starts fast.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ._version import __version__
+
+EXIT_BAD_INPUT = 2
+EXIT_GATE = 3
+
+app = typer.Typer(
+    name="tempcal",
+    help="Post-hoc temperature scaling and calibration metrics for classifier logits.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class Objective(str, Enum):
+    nll = "nll"
+    ece = "ece"
+
+
+def _version_callback(value: bool) -> None:
+    if value:
+        typer.echo(f"tempcal {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version_callback, is_eager=True,
+                                          help="Show the version and exit.")] = False,
+) -> None:
+    """Post-hoc temperature scaling and calibration metrics for classifier logits."""
+
+
+LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).")]
+LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].")]
+Probs = Annotated[bool, typer.Option("--probs", help="The logits tensor holds probabilities; work on log(p).")]
+Device = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda.")]
+Bins = Annotated[int, typer.Option("--bins", min=1, help="Number of equal-width bins for ECE/MCE.")]
+JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",
+                                                help="Write the result as JSON to PATH ('-' for standard output).")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only warnings and errors.")]
+ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
+                                                  help="Rows per reduction chunk (default: automatic).")]
+
+
+@app.command()
+def fit(
+    source: Annotated[str, typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'.")],
+    eval_file: Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
+                                                     help="Fit on all of SOURCE and report on FILE.")] = None,
+    val_fraction: Annotated[float, typer.Option("--val-fraction",
+                                                help="Fraction of SOURCE used to fit T (class-stratified); "
+                                                "the rest is used to report.")] = 0.5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the split.")] = 0,
+    objective: Annotated[Objective, typer.Option("--objective", help="Minimise NLL (default) or ECE.")] = Objective.nll,
+    bins: Bins = 15,
+    json_out: JsonOut = None,
+    output: Annotated[Optional[str], typer.Option("--output", metavar="PATH",
+                                                  help="Write the updated copy to PATH; SOURCE is untouched.")] = None,
+    no_write: Annotated[bool, typer.Option("--no-write", help="Write nothing back.")] = False,
+    max_ece: Annotated[Optional[float], typer.Option("--max-ece", metavar="X",
+                                                     help="Exit 3 when the calibrated ECE is above X.")] = None,
+    logits_key: LogitsKey = "logits",
+    labels_key: LabelsKey = "labels",
+    probs: Probs = False,
+    device: Device = "auto",
+    chunk_rows: ChunkRows = None,
+    quiet: Quiet = False,
+) -> None:
+    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
+    if no_write and output is not None:
+        _usage("--output and --no-write contradict each other")
+    if max_ece is not None and not max_ece >= 0:
+        _usage(f"--max-ece must be a number >= 0, got {max_ece}")
+    if _model_suffix(source):
+        _usage(f"{source}: TorchScript model sources are not supported yet; save the logits and pass that file")
+
+    from .workflows import fit_file
+
+    report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed,
+                      objective=objective.value, bins=bins, device=device, logits_key=logits_key,
+                      labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
+    _warn(report.warnings)
+    written = None
+    if not no_write:
+        from .writeback import write_temperature
+
+        written = str(write_temperature(source, report.temperature, output))
+    payload = report.to_json()
+    payload["written"] = written
+    gate_failed = max_ece is not None and report.after.ece > max_ece
+    payload["max_ece"] = max_ece
+    payload["gate_passed"] = None if max_ece is None else not gate_failed
+    _emit_json(json_out, payload)
+    if json_out != "-" and not quiet:
+        from .render import print_fit
+
+        console = _console()
+        print_fit(report, console)
+        if written:
+            console.print(f"wrote tempcal.temperature = {report.temperature!r} into {written}")
+    if gate_failed:
+        _stderr(f"gate failed: calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}")
+        raise typer.Exit(EXIT_GATE)
+
+
+MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
+
+
+def _model_suffix(path: str) -> bool:
+    return Path(path).suffix.lower() in MODEL_SUFFIXES
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(highlight=False)
+
+
+def _emit_json(target: str | None, payload: dict) -> None:
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2, allow_nan=False) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    path = Path(target)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _bad(f"--json {target}: cannot write ({exc.strerror})") from None
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _warn(messages: list[str]) -> None:
+    for message in messages:
+        _stderr(f"warning: {message}")
+
+
+def _stderr(message: str) -> None:
+    sys.stderr.write(message.rstrip("\n") + "\n")
+
+
+def _bad(message: str):
+    from .errors import TempcalError
+
+    return TempcalError(message)
+
+
+def _usage(message: str):
+    raise _bad(message)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: one-line errors and the contract's exit statuses (0, 1, 2, 3)."""
+    # Typer re-exports click's exception classes under different module paths across versions.
+    usage_error = _click_class("UsageError")
+    click_exception = _click_class("ClickException")
+    command = typer.main.get_command(app)
+    try:
+        result = command.main(args=argv, prog_name="tempcal", standalone_mode=False)
+    except usage_error as exc:
+        hint = f" (see tempcal {exc.ctx.info_name} --help)" if exc.ctx and exc.ctx.parent else ""
+        _stderr(f"error: {exc.format_message()}{hint}")
+        return EXIT_BAD_INPUT
+    except click_exception as exc:
+        _stderr(f"error: {exc.format_message()}")
+        return exc.exit_code
+    except (typer.Abort, KeyboardInterrupt):
+        _stderr("aborted")
+        return 1
+    except typer.Exit as exc:
+        return exc.exit_code
+    except Exception as exc:  # every failure becomes one line and an exit status
+        from .errors import TempcalError
+
+        if isinstance(exc, TempcalError):
+            _stderr(f"error: {exc}")
+            return EXIT_BAD_INPUT
+        if os.environ.get("TEMPCAL_DEBUG"):
+            raise
+        _stderr(f"internal error: {type(exc).__name__}: {exc} (set TEMPCAL_DEBUG=1 for the traceback)")
+        return 1
+    return result if isinstance(result, int) else 0
+
+
+def _click_class(name: str) -> type:
+    return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+
+
+def run() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

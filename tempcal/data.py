@@ -1,0 +1,134 @@
+"""The in-memory form of a classifier's outputs: logits, labels, and how to read them in chunks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from .errors import DataError, TempcalError
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: Rows of every reduction step are cut so that one chunk holds about this many logits.
+CPU_CHUNK_ELEMENTS = 1 << 18
+CUDA_CHUNK_ELEMENTS = 1 << 26
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` means CUDA when available, else CPU; ``cuda`` without CUDA is a usage error."""
+    name = str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise TempcalError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise TempcalError(f"--device {name}: expected auto, cpu or cuda") from None
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 input is reduced in float64; every narrower float type in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass(frozen=True)
+class LogitsData:
+    """Logits ``[N, C]`` (or ``[N]`` for one binary logit) and integer labels ``[N]``.
+
+    ``index`` maps each row back to its index in the file it came from, so that
+    errors name the user's row, not a row of a split.
+    """
+
+    logits: torch.Tensor
+    labels: torch.Tensor
+    index: torch.Tensor | None = None
+
+    @property
+    def binary(self) -> bool:
+        return self.logits.dim() == 1
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return 2 if self.binary else int(self.logits.shape[1])
+
+    def original_index(self, i: int) -> int:
+        return i if self.index is None else int(self.index[i])
+
+    def select(self, rows: torch.Tensor) -> LogitsData:
+        """A copy holding only ``rows`` (indices into this data)."""
+        index = rows if self.index is None else self.index[rows]
+        return LogitsData(self.logits[rows], self.labels[rows], index)
+
+    def default_chunk_rows(self, device: torch.device) -> int:
+        per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
+        return max(1, per_chunk // self.num_classes)
+
+    def chunks(self, chunk_rows: int, device: torch.device) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Yield ``(start, logits, labels)`` row chunks on ``device`` in the compute dtype.
+
+        A single binary logit ``z`` becomes the two-class row ``[0, z]``, which has the
+        same softmax as ``sigmoid``, so every reduction is written once.
+        """
+        dtype = compute_dtype(self.logits.dtype)
+        for start in range(0, self.num_samples, chunk_rows):
+            z = self.logits[start : start + chunk_rows].to(device=device, dtype=dtype, non_blocking=True)
+            y = self.labels[start : start + chunk_rows].to(device=device, dtype=torch.int64, non_blocking=True)
+            if self.binary:
+                z = torch.stack([torch.zeros_like(z), z], dim=1)
+            yield start, z, y
+
+
+def as_logits_data(logits, labels, *, probs: bool = False, logits_name: str = "logits",
+                   labels_name: str = "labels") -> LogitsData:
+    """Check shapes and dtypes of user tensors (or arrays) and wrap them; values are checked by the first scan."""
+    logits = torch.as_tensor(logits)
+    labels = torch.as_tensor(labels)
+    if logits.dtype not in FLOAT_DTYPES:
+        raise DataError(f"'{logits_name}' has dtype {_dtype_name(logits.dtype)}; expected float16, bfloat16, "
+                        "float32 or float64")
+    if logits.dim() == 2 and logits.shape[1] == 1:
+        logits = logits[:, 0]
+    if logits.dim() not in (1, 2):
+        raise DataError(f"'{logits_name}' has shape {list(logits.shape)}; expected [N, C] or [N] for one binary logit")
+    if logits.dim() == 2 and logits.shape[1] < 2:
+        raise DataError(f"'{logits_name}' has shape {list(logits.shape)}; expected at least 2 classes")
+    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
+        raise DataError(f"'{labels_name}' has dtype {_dtype_name(labels.dtype)}; expected an integer dtype")
+    if labels.dim() == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.dim() != 1:
+        raise DataError(f"'{labels_name}' has shape {list(labels.shape)}; expected [N]")
+    if labels.shape[0] != logits.shape[0]:
+        raise DataError(f"'{logits_name}' has {logits.shape[0]} rows but '{labels_name}' has {labels.shape[0]}")
+    if probs:
+        logits = probabilities_to_logits(logits, logits_name)
+    return LogitsData(logits, labels)
+
+
+def probabilities_to_logits(p: torch.Tensor, name: str = "logits") -> torch.Tensor:
+    """Log-probabilities (log-odds for one binary column) from probabilities, after checking they are ones."""
+    p64 = p.to(torch.float64)
+    bad = ~((p64 >= 0) & (p64 <= 1))
+    if bool(bad.any()):
+        first = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0])
+        raise DataError(f"--probs: '{name}' has {int(bad.sum())} values outside [0, 1] (first in row {first})")
+    if p.dim() == 1:
+        with torch.no_grad():
+            return (torch.log(p64) - torch.log1p(-p64)).to(compute_dtype(p.dtype))
+    sums = p64.sum(1)
+    off = (sums - 1).abs() > 1e-3
+    if bool(off.any()):
+        first = int(off.nonzero()[0])
+        raise DataError(f"--probs: {int(off.sum())} rows of '{name}' do not sum to 1 "
+                        f"(first: row {first} sums to {float(sums[first]):.6g})")
+    return torch.log(p64).to(compute_dtype(p.dtype))
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,224 @@
+"""Fit one temperature T > 0 to logits by minimising the mean NLL of ``softmax(logits / T)``.
+
+L-BFGS (``torch.optim.LBFGS`` with a strong-Wolfe line search) runs over ``theta = log T``,
+so T stays positive. Each objective evaluation is one pass over the data that returns the
+NLL and its closed-form derivative together (``dNLL/dbeta = mean(E_p[z] - z_y)`` with
+``beta = 1/T``); nothing is differentiated by autograd and no softmax is kept.
+
+Two details make the fit exact and cheap:
+
+* the start is scale-aware: the minimiser of the NLL's quadratic expansion around T = inf
+  (uniform probabilities), read off the validating scan, and the variable is scaled by the
+  curvature at the start so L-BFGS's first step is a Newton step;
+* the NLL is convex in beta, so the sign of its slope brackets the optimum. Near it,
+  float32 loss values differ by less than their rounding and a line search can stop early;
+  the gradient stays informative, so the bracket is closed on the gradient alone
+  (regula falsi) until it is narrower than ``xtol`` in log T.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .data import as_logits_data
+from .errors import DataError
+from .metrics import DEFAULT_BINS, evaluate
+from .scan import Scan
+
+#: Documented bounds for T: a fit whose optimum lies beyond them (or at T -> 0 or T -> inf
+#: for degenerate data) returns the bound, flags it in ``bound`` and warns.
+T_MIN = 1e-6
+T_MAX = 1e6
+XTOL = 1e-8
+MAX_PASSES = 60
+
+
+@dataclass
+class FitResult:
+    """The fitted temperature and how it was reached."""
+
+    temperature: float
+    objective: str
+    n_fit: int
+    passes: int
+    converged: bool
+    nll: float  # mean NLL on the fitting samples at ``temperature``
+    bound: str | None = None  # "lower" / "upper" when T sits at T_MIN / T_MAX
+    warnings: list[str] = field(default_factory=list)
+
+
+def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
+                    device: str | torch.device = "auto", chunk_rows: int | None = None,
+                    probs: bool = False, xtol: float = XTOL, max_passes: int = MAX_PASSES) -> FitResult:
+    """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
+
+    ``logits`` may also be a :class:`~tempcal.scan.Scan` (then ``labels`` is None), which
+    lets callers validate once and fit on a split without reading the data again.
+    """
+    if isinstance(logits, Scan):
+        scan = logits
+    else:
+        scan = Scan(as_logits_data(logits, labels, probs=probs), device=device, chunk_rows=chunk_rows)
+    start_passes = scan.passes
+    if scan.num_samples < 2:
+        raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")
+    if objective == "nll":
+        result = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
+    elif objective == "ece":
+        result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes)
+    else:
+        raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
+    if scan.distinct_labels() == 1:
+        label = int(scan.data.labels[0])
+        result.warnings.append(f"all {scan.num_samples} fitting samples have label {label}: "
+                               "T is fitted on one class only")
+    result.passes = scan.passes - start_passes + (1 if scan is not logits else 0)
+    return result
+
+
+def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
+    n = scan.num_samples
+    if scan.all_top():
+        return _at_bound(scan, "lower", "every fitting sample's true class holds the largest logit, so the NLL "
+                         f"keeps falling as T -> 0; T is set to the lower bound {T_MIN:g}")
+    if scan.slope_at_infinity() >= 0:
+        return _at_bound(scan, "upper", "on the fitting samples the logits predict no better than uniform "
+                         f"probabilities, so the NLL keeps falling as T -> inf; T is set to the upper bound {T_MAX:g}")
+
+    search = _SlopeSearch(scan, xtol)
+    theta0 = min(max(-math.log(scan.initial_beta()), math.log(T_MIN)), math.log(T_MAX))
+    sums0, beta0 = search.evaluate(theta0, curvature=True)
+    hessian = beta0 * beta0 * sums0.curvature + beta0 * sums0.grad  # d2 NLL / d theta2
+    scale = math.sqrt(hessian) if hessian > 0 else math.sqrt(max(beta0 * beta0 * sums0.curvature, 1e-12))
+
+    u = torch.zeros(1, dtype=torch.float64)
+    optimizer = torch.optim.LBFGS([u], lr=1.0, max_iter=max_passes, max_eval=max_passes,
+                                  tolerance_grad=0.0, tolerance_change=0.0,
+                                  history_size=10, line_search_fn="strong_wolfe")
+
+    def closure():
+        theta = theta0 + float(u) / scale
+        if theta not in search.seen:
+            search.evaluate(theta)
+            if search.estimate()[1] or scan.passes >= max_passes:
+                raise _Done
+        _, nll, slope = search.seen[theta]
+        u.grad = torch.tensor([slope / scale], dtype=torch.float64)
+        return nll
+
+    with contextlib.suppress(_Done):
+        optimizer.step(closure)
+    theta, converged = search.finish(max_passes)
+    result = FitResult(math.exp(theta), "nll", n, 0, converged, min(p[1] for p in search.points))
+    return _clamp(result)
+
+
+class _Done(Exception):
+    """Raised from the L-BFGS closure once the optimum is bracketed to within ``xtol``."""
+
+
+class _SlopeSearch:
+    """The evaluated points (theta, NLL, dNLL/dtheta) and the optimum their slopes bracket.
+
+    The slope's sign is monotone in theta (the NLL is convex in 1/T), so a sign change
+    brackets the optimum and the secant through the bracket estimates it. An estimate that
+    rounds to an already evaluated beta in the compute dtype ends the search: the data's
+    precision is reached.
+    """
+
+    def __init__(self, scan: Scan, xtol: float):
+        self.scan, self.xtol = scan, xtol
+        self.points: list[tuple[float, float, float]] = []
+        self.seen: dict[float, tuple[float, float, float]] = {}
+        self._last_side = 0
+        self._halve = 0
+        self._stalled = False
+
+    def evaluate(self, theta: float, curvature: bool = False):
+        # The pass multiplies by beta in the compute dtype: record the theta it really used.
+        beta = float(torch.tensor(math.exp(-theta), dtype=self.scan.compute_dtype))
+        effective = -math.log(beta)
+        self._stalled = any(p[0] == effective for p in self.points)
+        sums = self.scan.objective(beta, curvature=curvature)
+        point = (effective, sums.nll, -beta * sums.grad)
+        side = -1 if point[2] < 0 else 1
+        # Illinois rule for the regula falsi below: when one end moves twice, halve the other's slope.
+        self._halve = -side if side == self._last_side else 0
+        self._last_side = side
+        self.points.append(point)
+        self.seen[theta] = point
+        return sums, beta
+
+    def estimate(self) -> tuple[float, bool]:
+        """The best estimate of the optimal theta, and whether it is within ``xtol``."""
+        points = self.points
+        for theta, _, slope in points:
+            if slope == 0:
+                return theta, True
+        below = [p for p in points if p[2] < 0]
+        above = [p for p in points if p[2] > 0]
+        if below and above:
+            lo = max(below, key=lambda p: p[0])
+            hi = min(above, key=lambda p: p[0])
+            g_lo = lo[2] / 2 if self._halve == -1 else lo[2]
+            g_hi = hi[2] / 2 if self._halve == 1 else hi[2]
+            root = lo[0] - g_lo * (hi[0] - lo[0]) / (g_hi - g_lo)
+            return root, min(root - lo[0], hi[0] - root) <= self.xtol or self._stalled
+        a, b = sorted(points, key=lambda p: abs(p[2]))[:2] if len(points) > 1 else (points[0], points[0])
+        if a[2] == b[2]:
+            return a[0], False
+        root = a[0] - a[2] * (a[0] - b[0]) / (a[2] - b[2])
+        return root, abs(root - a[0]) <= self.xtol
+
+    def finish(self, max_passes: int) -> tuple[float, bool]:
+        """Evaluate at the estimate until it is converged or the pass budget is spent."""
+        while True:
+            theta, converged = self.estimate()
+            if converged or self.scan.passes >= max_passes:
+                return theta, converged
+            self.evaluate(theta)
+
+
+def _at_bound(scan: Scan, bound: str, message: str) -> FitResult:
+    temperature = T_MIN if bound == "lower" else T_MAX
+    nll = scan.objective(1.0 / temperature).nll
+    return FitResult(temperature, "nll", scan.num_samples, 0, True, nll, bound, [message])
+
+
+def _clamp(result: FitResult) -> FitResult:
+    if result.temperature < T_MIN:
+        result.temperature, result.bound = T_MIN, "lower"
+        result.warnings.append(f"the optimum lies below T = {T_MIN:g}; T is set to that bound")
+    elif result.temperature > T_MAX:
+        result.temperature, result.bound = T_MAX, "upper"
+        result.warnings.append(f"the optimum lies above T = {T_MAX:g}; T is set to that bound")
+    return result
+
+
+def _fit_ece(scan: Scan, *, bins: int, xtol: float, max_passes: int) -> FitResult:
+    """The T minimising binned ECE: a log-spaced grid around the NLL optimum, then golden-section refinement."""
+    anchor = _fit_nll(scan, xtol=1e-6, max_passes=max_passes)
+    centre = math.log(anchor.temperature)
+    grid = [centre + k * math.log(16) / 80 - math.log(16) / 2 for k in range(81)]
+    values = [(evaluate(scan, math.exp(t), bins=bins).ece, t) for t in grid]
+    best_ece, best_t = min(values)
+    step = grid[1] - grid[0]
+    lo, hi = best_t - step, best_t + step
+    ratio = (math.sqrt(5) - 1) / 2
+    while hi - lo > 1e-6:
+        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+        if evaluate(scan, math.exp(a), bins=bins).ece <= evaluate(scan, math.exp(b), bins=bins).ece:
+            hi = b
+        else:
+            lo = a
+        candidate = (lo + hi) / 2
+        value = evaluate(scan, math.exp(candidate), bins=bins).ece
+        if value < best_ece:
+            best_ece, best_t = value, candidate
+    temperature = math.exp(best_t)
+    nll = scan.objective(1.0 / temperature).nll
+    return _clamp(FitResult(temperature, "ece", scan.num_samples, 0, True, nll, None, list(anchor.warnings)))

@@ -1,0 +1,276 @@
+"""Reductions over row chunks of the logits: every figure tempcal reports is a sum over samples.
+
+A :class:`Scan` reads the data once to validate it and keep a few temperature-free
+numbers per row (the row maximum, the true class's gap to it, whether the arg-max is
+right). Every later *pass* reads the logits chunk by chunk at one inverse temperature
+``beta = 1/T`` and returns float64 sums, so the same code serves in-memory tensors,
+memory-mapped files and, by all-reducing the sums, many processes.
+
+Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
+
+* confidence ``= 1 / s0`` (the largest probability, since ``max(e) = 1``);
+* NLL ``= log(s0) - beta * d_y``;
+* dNLL/dbeta ``= E_p[d] - d_y``;
+* entropy ``= log(s0) - beta * E_p[d]``;
+* Brier ``= sum(e^2) / s0^2 - 2 p_y + 1``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .data import LogitsData, compute_dtype, resolve_device
+from .errors import DataError
+
+
+@dataclass(frozen=True)
+class RowStats:
+    """Temperature-free per-row numbers kept after the first scan (a few floats per row)."""
+
+    row_max: torch.Tensor  # max_c z
+    true_gap: torch.Tensor  # z_y - max_c z  (<= 0)
+    correct: torch.Tensor  # arg-max == label (binary: (z >= 0) == label)
+    uniform_mean: torch.Tensor  # mean over finite classes of d
+    uniform_var: torch.Tensor  # variance over finite classes of d
+    has_neginf: torch.Tensor  # row holds a -inf logit
+
+    def select(self, rows: torch.Tensor) -> RowStats:
+        return RowStats(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
+
+
+@dataclass(frozen=True)
+class ObjectiveSums:
+    """Means over samples of the NLL and its derivatives in ``beta = 1/T``."""
+
+    nll: float
+    grad: float  # d NLL / d beta
+    curvature: float | None  # d2 NLL / d beta2 = mean Var_p[z], when asked for
+
+
+@dataclass(frozen=True)
+class CalibrationSums:
+    """Sums over samples at one temperature, with equal-width confidence bins."""
+
+    count: int
+    nll: float
+    brier: float
+    entropy: float
+    correct: float
+    confidence: float
+    bin_count: torch.Tensor  # [bins] float64
+    bin_confidence: torch.Tensor  # [bins] sum of confidences
+    bin_correct: torch.Tensor  # [bins] sum of correct
+
+
+class Scan:
+    """Validated logits ready for passes at any temperature.
+
+    Creating one is one pass over the data; it raises :class:`DataError` on bad values
+    (NaN, +inf, all--inf rows, a true class at -inf, labels out of range).
+    """
+
+    def __init__(self, data: LogitsData, *, device: str | torch.device = "auto",
+                 chunk_rows: int | None = None, _stats: RowStats | None = None):
+        self.data = data
+        self.device = resolve_device(device)
+        self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
+        if self.chunk_rows < 1:
+            raise DataError(f"chunk size must be at least 1 row, got {chunk_rows}")
+        self.passes = 0
+        self.looks_like_probabilities = False
+        self.stats = _stats if _stats is not None else self._first_scan()
+
+    @property
+    def num_samples(self) -> int:
+        return self.data.num_samples
+
+    @property
+    def num_classes(self) -> int:
+        return self.data.num_classes
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return compute_dtype(self.data.logits.dtype)
+
+    def select(self, rows: torch.Tensor) -> Scan:
+        """The same scan restricted to ``rows``, without reading the data again."""
+        rows = torch.as_tensor(rows, dtype=torch.int64)
+        return Scan(self.data.select(rows), device=self.device, chunk_rows=self.chunk_rows,
+                    _stats=self.stats.select(rows.to(self.stats.row_max.device)))
+
+    # -- the first scan -------------------------------------------------------------
+    def _first_scan(self) -> RowStats:
+        data = self.data
+        problems = _Problems(data)
+        parts: list[tuple[torch.Tensor, ...]] = []
+        probability_like = data.num_samples > 0
+        self.passes += 1
+        for start, z, y in data.chunks(self.chunk_rows, self.device):
+            bad_label = (y < 0) | (y >= data.num_classes)
+            problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
+            y = y.clamp(0, data.num_classes - 1)
+            problems.add("nan", start, torch.isnan(z).any(1))
+            problems.add("posinf", start, (z == math.inf).any(1))
+            row_max = z.max(1).values
+            problems.add("all-neginf", start, row_max == -math.inf)
+            z_true = z.gather(1, y[:, None])[:, 0]
+            problems.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
+            if problems:
+                continue
+            correct = (z[:, 1] >= 0) == (y == 1) if data.binary else z.argmax(1) == y
+            finite = torch.isfinite(z)
+            d = torch.where(finite, z - row_max[:, None], torch.zeros((), dtype=z.dtype, device=z.device))
+            count = finite.sum(1)
+            mean = d.sum(1) / count
+            var = (d * d).sum(1) / count - mean * mean
+            if probability_like:
+                probability_like = _probability_like(z[:, 1] if data.binary else z)
+            parts.append((row_max, z_true - row_max, correct, mean, var.clamp_min(0), ~finite.all(1)))
+        problems.raise_first()
+        self.looks_like_probabilities = probability_like
+        if not parts:
+            empty = torch.empty(0, device=self.device)
+            return RowStats(empty, empty, empty.bool(), empty, empty, empty.bool())
+        return RowStats(*(torch.cat(column) for column in zip(*parts, strict=True)))
+
+    # -- passes at one temperature ---------------------------------------------------
+    def _row_chunks(self):
+        """Chunks paired with their slice of the per-row stats."""
+        stats = self.stats
+        for start, z, y in self.data.chunks(self.chunk_rows, self.device):
+            stop = start + z.shape[0]
+            yield (z, y, stats.row_max[start:stop], stats.true_gap[start:stop],
+                   stats.correct[start:stop], bool(stats.has_neginf[start:stop].any()))
+
+    def objective(self, beta: float, *, curvature: bool = False) -> ObjectiveSums:
+        """Mean NLL and its derivative(s) in ``beta`` in one pass."""
+        self.passes += 1
+        acc = torch.zeros(3, dtype=torch.float64, device=self.device)
+        for z, _, row_max, gap, _, has_neginf in self._row_chunks():
+            d = z - row_max[:, None]
+            e = torch.mul(d, beta).exp_()
+            if has_neginf:
+                d.nan_to_num_(neginf=0.0)
+            s0 = e.sum(1)
+            mean_d = torch.linalg.vecdot(e, d) / s0
+            acc[0] += (torch.log(s0) - beta * gap).sum(dtype=torch.float64)
+            acc[1] += (mean_d - gap).sum(dtype=torch.float64)
+            if curvature:
+                second = torch.linalg.vecdot(e, d * d) / s0
+                acc[2] += (second - mean_d * mean_d).clamp_min(0).sum(dtype=torch.float64)
+        n = max(self.num_samples, 1)
+        nll, grad, curv = (acc / n).tolist()
+        return ObjectiveSums(nll, grad, curv if curvature else None)
+
+    def calibration(self, beta: float, bins: int, *, keep_scores: bool = False
+                    ) -> tuple[CalibrationSums, torch.Tensor | None]:
+        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins in one pass.
+
+        With ``keep_scores`` the per-sample confidences (N floats) are returned too.
+        """
+        self.passes += 1
+        edges = torch.linspace(0.0, 1.0, bins + 1, dtype=torch.float64, device=self.device)
+        acc = torch.zeros(5, dtype=torch.float64, device=self.device)
+        per_bin = torch.zeros(3, bins, dtype=torch.float64, device=self.device)
+        scores = []
+        for z, _, row_max, gap, correct, has_neginf in self._row_chunks():
+            d = z - row_max[:, None]
+            e = torch.mul(d, beta).exp_()
+            if has_neginf:
+                d.nan_to_num_(neginf=0.0)
+            s0 = e.sum(1)
+            log_s0 = torch.log(s0)
+            mean_d = torch.linalg.vecdot(e, d) / s0
+            confidence = s0.reciprocal().to(torch.float64)
+            p_true = torch.exp(beta * gap) / s0
+            brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+            hit = correct.to(torch.float64)
+            acc[0] += (log_s0 - beta * gap).sum(dtype=torch.float64)
+            acc[1] += brier.clamp_min(0).sum(dtype=torch.float64)
+            acc[2] += (log_s0 - beta * mean_d).clamp_min(0).sum(dtype=torch.float64)
+            acc[3] += hit.sum()
+            acc[4] += confidence.sum()
+            # bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0.
+            index = (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, bins - 1)
+            per_bin[0].index_add_(0, index, torch.ones_like(confidence))
+            per_bin[1].index_add_(0, index, confidence)
+            per_bin[2].index_add_(0, index, hit)
+            if keep_scores:
+                scores.append(confidence)
+        nll, brier, entropy, correct_sum, confidence_sum = acc.tolist()
+        per_bin = per_bin.cpu()
+        sums = CalibrationSums(self.num_samples, nll, brier, entropy, correct_sum, confidence_sum,
+                               per_bin[0], per_bin[1], per_bin[2])
+        kept = torch.cat(scores) if keep_scores and scores else None
+        return sums, kept
+
+    def initial_beta(self) -> float:
+        """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""
+        stats = self.stats
+        slope = float((stats.uniform_mean - stats.true_gap).to(torch.float64).mean())
+        spread = float(stats.uniform_var.to(torch.float64).mean())
+        if slope >= 0 or spread <= 0:
+            return 1.0
+        return -slope / spread
+
+    def all_top(self) -> bool:
+        """True when every true class holds its row's maximum: the NLL then falls as T goes to 0."""
+        return bool((self.stats.true_gap == 0).all())
+
+    def slope_at_infinity(self) -> float:
+        """d NLL / d beta at beta = 0 (uniform probabilities); >= 0 means no finite T beats T = infinity."""
+        return float((self.stats.uniform_mean - self.stats.true_gap).to(torch.float64).mean())
+
+    def distinct_labels(self) -> int:
+        return int(torch.unique(self.data.labels).numel())
+
+
+def _probability_like(z: torch.Tensor) -> bool:
+    if z.dim() == 1:
+        return bool(((z >= 0) & (z <= 1)).all())
+    if not bool(((z >= 0) & (z <= 1)).all()):
+        return False
+    return bool(((z.sum(1, dtype=torch.float64) - 1).abs() <= 1e-3).all())
+
+
+class _Problems:
+    """Counts each kind of bad value over the whole scan, so the error says how many and where first."""
+
+    MESSAGES: ClassVar[dict[str, str]] = {
+        "label": "labels outside {labels}",
+        "nan": "rows with NaN logits",
+        "posinf": "rows with +inf logits",
+        "all-neginf": "rows whose logits are all -inf",
+        "true-neginf": "rows whose true class has logit -inf (infinite NLL)",
+    }
+
+    def __init__(self, data: LogitsData):
+        self.data = data
+        self.found: dict[str, list] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.found)
+
+    def add(self, kind: str, start: int, mask: torch.Tensor, detail=None) -> None:
+        count = int(mask.sum())
+        if not count:
+            return
+        if kind not in self.found:
+            first = int(mask.nonzero()[0, 0])
+            extra = f" ({detail(first)})" if detail else ""
+            self.found[kind] = [0, f"{self.data.original_index(start + first)}{extra}"]
+        self.found[kind][0] += count
+
+    def raise_first(self) -> None:
+        for kind, message in self.MESSAGES.items():
+            if kind in self.found:
+                count, first = self.found[kind]
+                labels = "0..1 (binary)" if self.data.binary else f"0..{self.data.num_classes - 1}"
+                raise DataError(f"{count} {message.format(labels=labels)}; first at index {first}")
+
+
+__all__ = ["CalibrationSums", "ObjectiveSums", "RowStats", "Scan", "compute_dtype"]
