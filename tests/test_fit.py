@@ -1,0 +1,115 @@
+"""The fitted T against scipy's bounded optimiser in float64, on every kind of input the contract allows."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from reference import miscalibrated, miscalibrated_binary, nll_at, optimal_temperature
+
+import tempcal
+from tempcal.fitting import T_MAX, T_MIN
+
+
+def _with_neginf():
+    z, y = miscalibrated(4000, 10, 2.5, seed=7)
+    impossible = torch.rand(z.shape, generator=torch.Generator().manual_seed(1)) < 0.2
+    impossible[torch.arange(len(y)), y] = False
+    return z.masked_fill(impossible, -math.inf), y
+
+
+CASES = {
+    "overconfident": lambda: miscalibrated(5000, 10, 3.0, seed=1),
+    "underconfident": lambda: miscalibrated(5000, 10, 0.4, seed=2),
+    "two-classes": lambda: miscalibrated(5000, 2, 2.0, seed=3),
+    "1000-classes": lambda: miscalibrated(2000, 1000, 2.5, seed=4),
+    "binary-single-logit": lambda: miscalibrated_binary(5000, 3.0, seed=5),
+    "binary-[N,1]": lambda: (lambda z, y: (z[:, None], y))(*miscalibrated_binary(3000, 0.5, seed=6)),
+    "float16": lambda: miscalibrated(5000, 10, 2.5, seed=8, dtype=torch.float16),
+    "bfloat16": lambda: miscalibrated(5000, 10, 2.5, seed=9, dtype=torch.bfloat16),
+    "float64": lambda: miscalibrated(5000, 10, 2.5, seed=10, dtype=torch.float64),
+    "magnitude-1e4": lambda: miscalibrated(5000, 10, 2000.0, seed=11),
+    "neginf-entries": _with_neginf,
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_fit_reaches_the_float64_optimum(name):
+    logits, labels = CASES[name]()
+    expected = optimal_temperature(logits, labels)
+    result = tempcal.fit_temperature(logits, labels, device="cpu")
+    assert result.converged
+    assert result.bound is None
+    assert abs(result.temperature - expected) / expected < 1e-6, (result.temperature, expected)
+    assert 2 <= result.passes <= 20
+    z = logits.double().numpy()
+    assert result.nll == pytest.approx(nll_at(z, labels.numpy(), result.temperature), rel=1e-5)
+
+
+def test_small_chunks_give_the_same_temperature():
+    logits, labels = miscalibrated(3000, 10, 2.0, seed=12)
+    whole = tempcal.fit_temperature(logits, labels, device="cpu")
+    chunked = tempcal.fit_temperature(logits, labels, device="cpu", chunk_rows=7)
+    assert abs(whole.temperature - chunked.temperature) / whole.temperature < 1e-6
+
+
+def test_every_sample_correct_goes_to_the_lower_bound_with_a_warning():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(200, 5, generator=g)
+    labels = logits.argmax(1)
+    result = tempcal.fit_temperature(logits, labels, device="cpu")
+    assert result.temperature == T_MIN and result.bound == "lower"
+    assert any("lower bound" in w for w in result.warnings)
+    assert math.isfinite(result.nll)
+
+
+def test_logits_that_predict_nothing_go_to_the_upper_bound_with_a_warning():
+    # The true class always holds the smallest logit: every finite T is worse than uniform.
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(300, 4, generator=g)
+    labels = logits.argmin(1)
+    result = tempcal.fit_temperature(logits, labels, device="cpu")
+    assert result.temperature == T_MAX and result.bound == "upper"
+    assert any("upper bound" in w for w in result.warnings)
+
+
+def test_a_single_label_class_warns():
+    logits, _ = miscalibrated(500, 3, 2.0, seed=3)
+    logits[:, 0] += 1.0  # informative about the one class present, but not always right
+    labels = torch.zeros(500, dtype=torch.long)
+    result = tempcal.fit_temperature(logits, labels, device="cpu")
+    assert any("one class" in w for w in result.warnings)
+    assert math.isfinite(result.temperature) and result.temperature > 0
+    expected = optimal_temperature(logits, labels)
+    assert abs(result.temperature - expected) / expected < 1e-6
+
+
+def test_fewer_than_two_samples_is_bad_input():
+    with pytest.raises(tempcal.DataError, match="at least 2"):
+        tempcal.fit_temperature(torch.randn(1, 3), torch.tensor([0]), device="cpu")
+
+
+def test_nll_at_fitted_t_is_a_minimum():
+    logits, labels = miscalibrated(3000, 20, 1.7, seed=13)
+    t = tempcal.fit_temperature(logits, labels, device="cpu").temperature
+    z, y = logits.double().numpy(), labels.numpy()
+    best = nll_at(z, y, t)
+    assert best <= nll_at(z, y, 1.0)
+    assert best <= nll_at(z, y, t * (1 + 1e-3)) and best <= nll_at(z, y, t * (1 - 1e-3))
+
+
+def test_probabilities_input():
+    logits, labels = miscalibrated(2000, 6, 2.0, seed=14, dtype=torch.float64)
+    probs = torch.softmax(logits, 1)
+    from_probs = tempcal.fit_temperature(probs, labels, device="cpu", probs=True)
+    from_logits = tempcal.fit_temperature(logits, labels, device="cpu")
+    assert from_probs.temperature == pytest.approx(from_logits.temperature, rel=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    logits, labels = miscalibrated(5000, 100, 2.5, seed=15)
+    cpu = tempcal.fit_temperature(logits, labels, device="cpu").temperature
+    cuda = tempcal.fit_temperature(logits, labels, device="cuda").temperature
+    assert abs(cpu - cuda) / cpu < 1e-6
