@@ -20,17 +20,25 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     name = str(device)
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise TempcalError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise TempcalError(f"--device {name}: expected auto, cpu or cuda") from None
+    kind, _, index = name.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise TempcalError(f"--device {name}: expected auto, cpu, cuda or cuda:N")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise TempcalError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
+        if index and int(index) >= torch.cuda.device_count():
+            raise TempcalError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 input is reduced in float64; every narrower float type in float32."""
-    return torch.float64 if dtype == torch.float64 else torch.float32
+#: Inputs with at most this many logits are reduced in float64 whatever their dtype: it costs
+#: little there, and it resolves T to 1e-8 even where the NLL is nearly flat in T.
+FLOAT64_UP_TO = 1 << 22
+
+
+def compute_dtype(dtype: torch.dtype, numel: int = 0) -> torch.dtype:
+    """float64 for float64 input and for small inputs; float32 otherwise (never half precision)."""
+    return torch.float64 if dtype == torch.float64 or numel <= FLOAT64_UP_TO else torch.float32
 
 
 @dataclass(frozen=True)
@@ -69,13 +77,13 @@ class LogitsData:
         per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
         return max(1, per_chunk // self.num_classes)
 
-    def chunks(self, chunk_rows: int, device: torch.device) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """Yield ``(start, logits, labels)`` row chunks on ``device`` in the compute dtype.
+    def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Yield ``(start, logits, labels)`` row chunks on ``device`` in ``dtype``.
 
         A single binary logit ``z`` becomes the two-class row ``[0, z]``, which has the
         same softmax as ``sigmoid``, so every reduction is written once.
         """
-        dtype = compute_dtype(self.logits.dtype)
         for start in range(0, self.num_samples, chunk_rows):
             z = self.logits[start : start + chunk_rows].to(device=device, dtype=dtype, non_blocking=True)
             y = self.labels[start : start + chunk_rows].to(device=device, dtype=torch.int64, non_blocking=True)
@@ -120,14 +128,14 @@ def probabilities_to_logits(p: torch.Tensor, name: str = "logits") -> torch.Tens
         raise DataError(f"--probs: '{name}' has {int(bad.sum())} values outside [0, 1] (first in row {first})")
     if p.dim() == 1:
         with torch.no_grad():
-            return (torch.log(p64) - torch.log1p(-p64)).to(compute_dtype(p.dtype))
+            return (torch.log(p64) - torch.log1p(-p64)).to(compute_dtype(p.dtype, p.numel()))
     sums = p64.sum(1)
     off = (sums - 1).abs() > 1e-3
     if bool(off.any()):
         first = int(off.nonzero()[0])
         raise DataError(f"--probs: {int(off.sum())} rows of '{name}' do not sum to 1 "
                         f"(first: row {first} sums to {float(sums[first]):.6g})")
-    return torch.log(p64).to(compute_dtype(p.dtype))
+    return torch.log(p64).to(compute_dtype(p.dtype, p.numel()))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

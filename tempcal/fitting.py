@@ -33,7 +33,8 @@ from .scan import Scan
 #: for degenerate data) returns the bound, flags it in ``bound`` and warns.
 T_MIN = 1e-6
 T_MAX = 1e6
-XTOL = 1e-8
+#: Convergence tolerance on log T: float32 arithmetic resolves beta = 1/T to about 6e-8.
+XTOL = {torch.float32: 1e-7, torch.float64: 1e-10}
 MAX_PASSES = 60
 
 
@@ -53,7 +54,7 @@ class FitResult:
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
-                    probs: bool = False, xtol: float = XTOL, max_passes: int = MAX_PASSES) -> FitResult:
+                    probs: bool = False, xtol: float | None = None, max_passes: int = MAX_PASSES) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
     ``logits`` may also be a :class:`~tempcal.scan.Scan` (then ``labels`` is None), which
@@ -64,6 +65,8 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     else:
         scan = Scan(as_logits_data(logits, labels, probs=probs), device=device, chunk_rows=chunk_rows)
     start_passes = scan.passes
+    if xtol is None:
+        xtol = XTOL[scan.compute_dtype]
     if scan.num_samples < 2:
         raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")
     if objective == "nll":
@@ -94,6 +97,7 @@ def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
     sums0, beta0 = search.evaluate(theta0, curvature=True)
     hessian = beta0 * beta0 * sums0.curvature + beta0 * sums0.grad  # d2 NLL / d theta2
     scale = math.sqrt(hessian) if hessian > 0 else math.sqrt(max(beta0 * beta0 * sums0.curvature, 1e-12))
+    search.hessian = scale * scale
 
     u = torch.zeros(1, dtype=torch.float64)
     optimizer = torch.optim.LBFGS([u], lr=1.0, max_iter=max_passes, max_eval=max_passes,
@@ -101,14 +105,11 @@ def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
                                   history_size=10, line_search_fn="strong_wolfe")
 
     def closure():
-        theta = theta0 + float(u) / scale
-        if theta not in search.seen:
-            search.evaluate(theta)
-            if search.estimate()[1] or scan.passes >= max_passes:
-                raise _Done
-        _, nll, slope = search.seen[theta]
-        u.grad = torch.tensor([slope / scale], dtype=torch.float64)
-        return nll
+        point, fresh = search.point_at(theta0 + float(u) / scale)
+        if fresh and (search.estimate()[1] or scan.passes >= max_passes):
+            raise _Done
+        u.grad = torch.tensor([point[2] / scale], dtype=torch.float64)
+        return point[1]
 
     with contextlib.suppress(_Done):
         optimizer.step(closure)
@@ -137,12 +138,25 @@ class _SlopeSearch:
         self._last_side = 0
         self._halve = 0
         self._stalled = False
+        self.hessian = 1.0  # curvature estimate at the start, for a Newton step from a single point
+
+    def effective_theta(self, theta: float) -> tuple[float, float]:
+        """The pass multiplies by beta in the compute dtype: the (theta, beta) it really uses."""
+        beta = float(torch.tensor(math.exp(-theta), dtype=self.scan.compute_dtype))
+        return -math.log(beta), beta
+
+    def point_at(self, theta: float) -> tuple[tuple[float, float, float], bool]:
+        """The point at ``theta``, evaluated unless its beta was already; and whether it is new."""
+        effective, _ = self.effective_theta(theta)
+        if effective in self.seen:
+            self._stalled = True
+            return self.seen[effective], False
+        self.evaluate(theta)
+        return self.points[-1], True
 
     def evaluate(self, theta: float, curvature: bool = False):
-        # The pass multiplies by beta in the compute dtype: record the theta it really used.
-        beta = float(torch.tensor(math.exp(-theta), dtype=self.scan.compute_dtype))
-        effective = -math.log(beta)
-        self._stalled = any(p[0] == effective for p in self.points)
+        effective, beta = self.effective_theta(theta)
+        self._stalled = effective in self.seen
         sums = self.scan.objective(beta, curvature=curvature)
         point = (effective, sums.nll, -beta * sums.grad)
         side = -1 if point[2] < 0 else 1
@@ -150,7 +164,7 @@ class _SlopeSearch:
         self._halve = -side if side == self._last_side else 0
         self._last_side = side
         self.points.append(point)
-        self.seen[theta] = point
+        self.seen[effective] = point
         return sums, beta
 
     def estimate(self) -> tuple[float, bool]:
@@ -168,11 +182,14 @@ class _SlopeSearch:
             g_hi = hi[2] / 2 if self._halve == 1 else hi[2]
             root = lo[0] - g_lo * (hi[0] - lo[0]) / (g_hi - g_lo)
             return root, min(root - lo[0], hi[0] - root) <= self.xtol or self._stalled
-        a, b = sorted(points, key=lambda p: abs(p[2]))[:2] if len(points) > 1 else (points[0], points[0])
+        if len(points) == 1:
+            step = -points[0][2] / self.hessian
+            return points[0][0] + step, abs(step) <= self.xtol
+        a, b = sorted(points, key=lambda p: abs(p[2]))[:2]
         if a[2] == b[2]:
-            return a[0], False
+            return a[0], self._stalled
         root = a[0] - a[2] * (a[0] - b[0]) / (a[2] - b[2])
-        return root, abs(root - a[0]) <= self.xtol
+        return root, abs(root - a[0]) <= self.xtol or self._stalled
 
     def finish(self, max_passes: int) -> tuple[float, bool]:
         """Evaluate at the estimate until it is converged or the pass budget is spent."""
@@ -180,7 +197,8 @@ class _SlopeSearch:
             theta, converged = self.estimate()
             if converged or self.scan.passes >= max_passes:
                 return theta, converged
-            self.evaluate(theta)
+            if not self.point_at(theta)[1]:
+                return theta, True  # the estimate rounds to an evaluated beta: precision reached
 
 
 def _at_bound(scan: Scan, bound: str, message: str) -> FitResult:

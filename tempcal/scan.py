@@ -74,8 +74,10 @@ class Scan:
     """
 
     def __init__(self, data: LogitsData, *, device: str | torch.device = "auto",
-                 chunk_rows: int | None = None, _stats: RowStats | None = None):
+                 chunk_rows: int | None = None, dtype: torch.dtype | None = None,
+                 _stats: RowStats | None = None):
         self.data = data
+        self.compute_dtype = dtype or compute_dtype(data.logits.dtype, data.logits.numel())
         self.device = resolve_device(device)
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
         if self.chunk_rows < 1:
@@ -92,15 +94,11 @@ class Scan:
     def num_classes(self) -> int:
         return self.data.num_classes
 
-    @property
-    def compute_dtype(self) -> torch.dtype:
-        return compute_dtype(self.data.logits.dtype)
-
     def select(self, rows: torch.Tensor) -> Scan:
         """The same scan restricted to ``rows``, without reading the data again."""
         rows = torch.as_tensor(rows, dtype=torch.int64)
         return Scan(self.data.select(rows), device=self.device, chunk_rows=self.chunk_rows,
-                    _stats=self.stats.select(rows.to(self.stats.row_max.device)))
+                    dtype=self.compute_dtype, _stats=self.stats.select(rows.to(self.stats.row_max.device)))
 
     # -- the first scan -------------------------------------------------------------
     def _first_scan(self) -> RowStats:
@@ -109,7 +107,7 @@ class Scan:
         parts: list[tuple[torch.Tensor, ...]] = []
         probability_like = data.num_samples > 0
         self.passes += 1
-        for start, z, y in data.chunks(self.chunk_rows, self.device):
+        for start, z, y in data.chunks(self.chunk_rows, self.device, self.compute_dtype):
             bad_label = (y < 0) | (y >= data.num_classes)
             problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
             y = y.clamp(0, data.num_classes - 1)
@@ -141,7 +139,7 @@ class Scan:
     def _row_chunks(self):
         """Chunks paired with their slice of the per-row stats."""
         stats = self.stats
-        for start, z, y in self.data.chunks(self.chunk_rows, self.device):
+        for start, z, y in self.data.chunks(self.chunk_rows, self.device, self.compute_dtype):
             stop = start + z.shape[0]
             yield (z, y, stats.row_max[start:stop], stats.true_gap[start:stop],
                    stats.correct[start:stop], bool(stats.has_neginf[start:stop].any()))
@@ -241,11 +239,11 @@ class _Problems:
     """Counts each kind of bad value over the whole scan, so the error says how many and where first."""
 
     MESSAGES: ClassVar[dict[str, str]] = {
-        "label": "labels outside {labels}",
-        "nan": "rows with NaN logits",
-        "posinf": "rows with +inf logits",
-        "all-neginf": "rows whose logits are all -inf",
-        "true-neginf": "rows whose true class has logit -inf (infinite NLL)",
+        "label": "label{s} outside {labels}",
+        "nan": "row{s} with NaN logits",
+        "posinf": "row{s} with +inf logits",
+        "all-neginf": "row{s} whose logits are all -inf",
+        "true-neginf": "row{s} whose true class has logit -inf (infinite NLL)",
     }
 
     def __init__(self, data: LogitsData):
@@ -270,7 +268,8 @@ class _Problems:
             if kind in self.found:
                 count, first = self.found[kind]
                 labels = "0..1 (binary)" if self.data.binary else f"0..{self.data.num_classes - 1}"
-                raise DataError(f"{count} {message.format(labels=labels)}; first at index {first}")
+                raise DataError(f"{count} {message.format(labels=labels, s='' if count == 1 else 's')}; "
+                               f"first at index {first}")
 
 
-__all__ = ["CalibrationSums", "ObjectiveSums", "RowStats", "Scan", "compute_dtype"]
+__all__ = ["CalibrationSums", "ObjectiveSums", "RowStats", "Scan"]

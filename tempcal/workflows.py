@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .errors import DataError
 from .fitting import FitResult, fit_temperature
 from .loading import LogitsFile, load_logits
 from .metrics import DEFAULT_BINS, CalibrationMetrics, evaluate
@@ -58,7 +59,10 @@ class FitReport:
 def scan_file(loaded: LogitsFile, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
               warnings: list[str]) -> Scan:
     """Validate a loaded file's values in one pass; note when unflagged input looks like probabilities."""
-    scan = Scan(loaded.data, device=device, chunk_rows=chunk_rows)
+    try:
+        scan = Scan(loaded.data, device=device, chunk_rows=chunk_rows)
+    except DataError as exc:
+        raise DataError(f"{loaded.header.path}: {exc}") from None
     if scan.looks_like_probabilities and not probs:
         warnings.append(f"{loaded.header.path}: every row of the logits looks like a probability vector "
                         "(values in [0, 1] summing to 1); pass --probs if they are probabilities")
@@ -76,8 +80,6 @@ def fit_file(source: str | os.PathLike, *, eval_file: str | os.PathLike | None =
     if eval_file is not None:
         evaluated = load_logits(eval_file, logits_key=logits_key, labels_key=labels_key, probs=probs)
         if evaluated.data.num_classes != loaded.data.num_classes:
-            from .errors import DataError
-
             raise DataError(f"{eval_file}: has {evaluated.data.num_classes} classes but {source} has "
                             f"{loaded.data.num_classes}")
     scan = scan_file(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
@@ -93,8 +95,6 @@ def fit_file(source: str | os.PathLike, *, eval_file: str | os.PathLike | None =
             fit_scan, eval_scan = scan.select(torch.from_numpy(fit_index)), scan.select(torch.from_numpy(eval_index))
         fraction = val_fraction
     if eval_scan.num_samples < 1:
-        from .errors import DataError
-
         raise DataError("the evaluation part holds no samples; lower --val-fraction or pass --eval")
     result = fit_temperature(fit_scan, objective=objective, bins=bins)
     result.passes += 1  # the validating scan of the fitting samples

@@ -46,6 +46,8 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     metadata = dict(header.metadata)
     metadata[TEMPERATURE_KEY] = format_temperature(temperature)
     destination = Path(output) if output is not None else Path(source)
+    # Write through a symbolic link to the file it names, keeping the link.
+    destination = Path(os.path.realpath(destination)) if destination.is_symlink() else destination
     atomic_write(destination, header, updated_header(header, metadata))
     return destination
 
