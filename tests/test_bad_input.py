@@ -359,8 +359,6 @@ def test_bad_eval_file_values_name_the_file(tmp_path, capsys):
     assert_bad_input(tmp_path, capsys, ["fit", str(source), "--eval", str(other)], [str(other), "index 31"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: --device values torch knows but cannot use here (mps, meta, xla) end in "
-                   "'internal error: RuntimeError ...' with exit 1 instead of a usage error with exit 2")
 @pytest.mark.parametrize("device", [
     pytest.param("mps", marks=pytest.mark.skipif(torch.backends.mps.is_available(), reason="MPS works here")),
     "meta",

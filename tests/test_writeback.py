@@ -125,8 +125,6 @@ def test_temperature_string_round_trips_through_the_cli_output(tmp_path, source,
     assert metadata(source)[KEY] == repr(json.loads(out)["temperature"])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: fit on a symlinked SOURCE replaces the symlink with a regular file "
-                   "(os.replace on the link) and leaves the real file without the temperature")
 def test_symlinked_source_is_written_through_or_refused(tmp_path, capsys):
     logits, labels = make_data()
     (tmp_path / "store").mkdir()
