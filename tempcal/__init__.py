@@ -26,6 +26,7 @@ _EXPORTS = {
     "ReliabilityBin": "metrics",
     "calibration_metrics": "metrics",
     "evaluate": "metrics",
+    "evaluate_many": "metrics",
     "load_logits": "loading",
     "read_header": "loading",
     "TEMPERATURE_KEY": "loading",
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from .errors import DataError, TempcalError
     from .fitting import T_MAX, T_MIN, FitResult, fit_temperature
     from .loading import TEMPERATURE_KEY, load_logits, read_header
-    from .metrics import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate
+    from .metrics import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
     from .scan import Scan
     from .splitting import stratified_split
     from .workflows import FitReport, fit_file

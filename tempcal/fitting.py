@@ -26,7 +26,7 @@ import torch
 
 from .data import as_logits_data
 from .errors import DataError
-from .metrics import DEFAULT_BINS, evaluate
+from .metrics import DEFAULT_BINS, evaluate, evaluate_many
 from .scan import Scan
 
 #: Documented bounds for T: a fit whose optimum lies beyond them (or at T -> 0 or T -> inf
@@ -222,7 +222,8 @@ def _fit_ece(scan: Scan, *, bins: int, xtol: float, max_passes: int) -> FitResul
     anchor = _fit_nll(scan, xtol=1e-6, max_passes=max_passes)
     centre = math.log(anchor.temperature)
     grid = [centre + k * math.log(16) / 80 - math.log(16) / 2 for k in range(81)]
-    values = [(evaluate(scan, math.exp(t), bins=bins).ece, t) for t in grid]
+    values = [(m.ece, t) for m, t in zip(evaluate_many(scan, [math.exp(t) for t in grid], bins=bins), grid,
+                                          strict=True)]
     best_ece, best_t = min(values)
     step = grid[1] - grid[0]
     lo, hi = best_t - step, best_t + step

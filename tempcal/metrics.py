@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -83,12 +84,18 @@ def from_sums(tau: float, sums: CalibrationSums) -> CalibrationMetrics:
 
 def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> CalibrationMetrics:
     """Calibration metrics of ``scan``'s samples at temperature ``tau`` (one pass)."""
-    if not tau > 0:
-        raise ValueError(f"temperature must be > 0, got {tau}")
+    return evaluate_many(scan, [tau], bins=bins)[0]
+
+
+def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS) -> list[CalibrationMetrics]:
+    """Calibration metrics at several temperatures in one pass over the data."""
+    for tau in taus:
+        if not tau > 0:
+            raise ValueError(f"temperature must be > 0, got {tau}")
     if bins < 1:
         raise ValueError(f"bins must be at least 1, got {bins}")
-    sums, _ = scan.calibration(1.0 / tau, bins)
-    return from_sums(tau, sums)
+    results = scan.calibration([1.0 / tau for tau in taus], bins)
+    return [from_sums(tau, sums) for tau, (sums, _) in zip(taus, results, strict=True)]
 
 
 def calibration_metrics(logits, labels, tau: float = 1.0, *, bins: int = DEFAULT_BINS,

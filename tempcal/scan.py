@@ -18,6 +18,7 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -111,23 +112,39 @@ class Scan:
             bad_label = (y < 0) | (y >= data.num_classes)
             problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
             y = y.clamp(0, data.num_classes - 1)
-            problems.add("nan", start, torch.isnan(z).any(1))
-            problems.add("posinf", start, (z == math.inf).any(1))
-            row_max = z.max(1).values
+            row_sum = z.sum(1)
+            # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
+            odd = ~torch.isfinite(row_sum)
+            has_neginf = odd
+            if bool(odd.any()):
+                rows = z[odd]
+                nan = torch.zeros_like(odd)
+                nan[odd] = torch.isnan(rows).any(1)
+                posinf = torch.zeros_like(odd)
+                posinf[odd] = (rows == math.inf).any(1)
+                problems.add("nan", start, nan)
+                problems.add("posinf", start, posinf)
+            row_max, arg_max = torch.max(z, 1)
             problems.add("all-neginf", start, row_max == -math.inf)
             z_true = z.gather(1, y[:, None])[:, 0]
             problems.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
             if problems:
                 continue
-            correct = (z[:, 1] >= 0) == (y == 1) if data.binary else z.argmax(1) == y
-            finite = torch.isfinite(z)
-            d = torch.where(finite, z - row_max[:, None], torch.zeros((), dtype=z.dtype, device=z.device))
-            count = finite.sum(1)
-            mean = d.sum(1) / count
-            var = (d * d).sum(1) / count - mean * mean
+            correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
+            mean = row_sum / z.shape[1] - row_max
+            # Only the fit's starting point uses the spread, so the one-read E[z^2] - E[z]^2 form is enough.
+            var = (torch.linalg.vecdot(z, z) / z.shape[1] - (row_sum / z.shape[1]) ** 2).clamp_min(0)
+            if bool(has_neginf.any()):
+                rows = z[has_neginf]
+                finite = torch.isfinite(rows)
+                d = torch.where(finite, rows - row_max[has_neginf, None], torch.zeros((), dtype=z.dtype,
+                                                                                      device=z.device))
+                count = finite.sum(1)
+                mean[has_neginf] = d.sum(1) / count
+                var[has_neginf] = ((d * d).sum(1) / count - mean[has_neginf] ** 2).clamp_min(0)
             if probability_like:
-                probability_like = _probability_like(z[:, 1] if data.binary else z)
-            parts.append((row_max, z_true - row_max, correct, mean, var.clamp_min(0), ~finite.all(1)))
+                probability_like = _probability_like(z[:, 1] if data.binary else z, row_max, row_sum)
+            parts.append((row_max, z_true - row_max, correct, mean, var, has_neginf))
         problems.raise_first()
         self.looks_like_probabilities = probability_like
         if not parts:
@@ -164,53 +181,62 @@ class Scan:
         nll, grad, curv = (acc / n).tolist()
         return ObjectiveSums(nll, grad, curv if curvature else None)
 
-    def calibration(self, beta: float, bins: int, *, keep_scores: bool = False
-                    ) -> tuple[CalibrationSums, torch.Tensor | None]:
-        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins in one pass.
+    def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False
+                    ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
+        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``.
 
-        With ``keep_scores`` the per-sample confidences (N floats) are returned too.
+        One pass: each chunk is read once and reduced at every temperature. With
+        ``keep_scores`` the per-sample ``confidence`` (max softmax) and ``energy``
+        (``T * logsumexp(z / T)``) are returned too: N floats each.
         """
         self.passes += 1
+        betas = [float(b) for b in betas]
         edges = torch.linspace(0.0, 1.0, bins + 1, dtype=torch.float64, device=self.device)
-        acc = torch.zeros(5, dtype=torch.float64, device=self.device)
-        per_bin = torch.zeros(3, bins, dtype=torch.float64, device=self.device)
-        scores = []
+        acc = torch.zeros(len(betas), 5, dtype=torch.float64, device=self.device)
+        per_bin = torch.zeros(len(betas), 3, bins, dtype=torch.float64, device=self.device)
+        scores: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
         for z, _, row_max, gap, correct, has_neginf in self._row_chunks():
             d = z - row_max[:, None]
-            e = torch.mul(d, beta).exp_()
-            if has_neginf:
-                d.nan_to_num_(neginf=0.0)
-            s0 = e.sum(1)
-            log_s0 = torch.log(s0)
-            mean_d = torch.linalg.vecdot(e, d) / s0
-            confidence = s0.reciprocal().to(torch.float64)
-            p_true = torch.exp(beta * gap) / s0
-            brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
             hit = correct.to(torch.float64)
-            acc[0] += (log_s0 - beta * gap).sum(dtype=torch.float64)
-            acc[1] += brier.clamp_min(0).sum(dtype=torch.float64)
-            acc[2] += (log_s0 - beta * mean_d).clamp_min(0).sum(dtype=torch.float64)
-            acc[3] += hit.sum()
-            acc[4] += confidence.sum()
-            # bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0.
-            index = (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, bins - 1)
-            per_bin[0].index_add_(0, index, torch.ones_like(confidence))
-            per_bin[1].index_add_(0, index, confidence)
-            per_bin[2].index_add_(0, index, hit)
+            d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
+            for k, beta in enumerate(betas):
+                e = torch.mul(d, beta).exp_()
+                s0 = e.sum(1)
+                log_s0 = torch.log(s0)
+                mean_d = torch.linalg.vecdot(e, d_finite) / s0
+                confidence = s0.reciprocal().to(torch.float64)
+                p_true = torch.exp(beta * gap) / s0
+                brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+                acc[k, 0] += (log_s0 - beta * gap).sum(dtype=torch.float64)
+                acc[k, 1] += brier.clamp_min(0).sum(dtype=torch.float64)
+                acc[k, 2] += (log_s0 - beta * mean_d).clamp_min(0).sum(dtype=torch.float64)
+                acc[k, 3] += hit.sum()
+                acc[k, 4] += confidence.sum()
+                # bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0.
+                index = (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, bins - 1)
+                per_bin[k, 0].index_add_(0, index, torch.ones_like(confidence))
+                per_bin[k, 1].index_add_(0, index, confidence)
+                per_bin[k, 2].index_add_(0, index, hit)
+                if keep_scores:
+                    scores[k]["confidence"].append(confidence)
+                    scores[k]["energy"].append(row_max.to(torch.float64) + log_s0.to(torch.float64) / beta)
+        acc, per_bin = acc.cpu(), per_bin.cpu()
+        out = []
+        for k in range(len(betas)):
+            nll, brier, entropy, correct_sum, confidence_sum = acc[k].tolist()
+            sums = CalibrationSums(self.num_samples, nll, brier, entropy, correct_sum, confidence_sum,
+                                   per_bin[k, 0], per_bin[k, 1], per_bin[k, 2])
+            kept = None
             if keep_scores:
-                scores.append(confidence)
-        nll, brier, entropy, correct_sum, confidence_sum = acc.tolist()
-        per_bin = per_bin.cpu()
-        sums = CalibrationSums(self.num_samples, nll, brier, entropy, correct_sum, confidence_sum,
-                               per_bin[0], per_bin[1], per_bin[2])
-        kept = torch.cat(scores) if keep_scores and scores else None
-        return sums, kept
+                kept = {name: torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64)
+                        for name, parts in scores[k].items()}
+            out.append((sums, kept))
+        return out
 
     def initial_beta(self) -> float:
         """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""
-        stats = self.stats
-        slope = float((stats.uniform_mean - stats.true_gap).to(torch.float64).mean())
-        spread = float(stats.uniform_var.to(torch.float64).mean())
+        slope = self.slope_at_infinity()
+        spread = float(self.stats.uniform_var.to(torch.float64).mean())
         if slope >= 0 or spread <= 0:
             return 1.0
         return -slope / spread
@@ -227,12 +253,13 @@ class Scan:
         return int(torch.unique(self.data.labels).numel())
 
 
-def _probability_like(z: torch.Tensor) -> bool:
+def _probability_like(z: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor) -> bool:
+    """Every value in [0, 1] and (for several classes) every row summing to 1 within 1e-3."""
     if z.dim() == 1:
         return bool(((z >= 0) & (z <= 1)).all())
-    if not bool(((z >= 0) & (z <= 1)).all()):
+    if not bool((row_max <= 1).all() and ((row_sum - 1).abs() <= 1e-3).all()):
         return False
-    return bool(((z.sum(1, dtype=torch.float64) - 1).abs() <= 1e-3).all())
+    return bool((z >= 0).all())
 
 
 class _Problems:

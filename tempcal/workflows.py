@@ -10,7 +10,7 @@ import torch
 from .errors import DataError
 from .fitting import FitResult, fit_temperature
 from .loading import LogitsFile, load_logits
-from .metrics import DEFAULT_BINS, CalibrationMetrics, evaluate
+from .metrics import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from .scan import Scan
 from .splitting import stratified_split
 
@@ -99,8 +99,7 @@ def fit_file(source: str | os.PathLike, *, eval_file: str | os.PathLike | None =
     result = fit_temperature(fit_scan, objective=objective, bins=bins)
     result.passes += 1  # the validating scan of the fitting samples
     warnings.extend(result.warnings)
-    before = evaluate(eval_scan, 1.0, bins=bins)
-    after = evaluate(eval_scan, result.temperature, bins=bins)
+    before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
     return FitReport(
         source=str(source), eval_source=None if eval_file is None else str(eval_file), fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
