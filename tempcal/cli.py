@@ -87,18 +87,18 @@ def fit(
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
     if no_write and output is not None:
-        _usage("--output and --no-write contradict each other")
+        usage("--output and --no-write contradict each other")
     if max_ece is not None and not max_ece >= 0:
-        _usage(f"--max-ece must be a number >= 0, got {max_ece}")
-    if _model_suffix(source):
-        _usage(f"{source}: TorchScript model sources are not supported yet; save the logits and pass that file")
+        usage(f"--max-ece must be a number >= 0, got {max_ece}")
+    if model_suffix(source):
+        usage(f"{source}: TorchScript model sources are not supported yet; save the logits and pass that file")
 
     from .workflows import fit_file
 
     report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed,
                       objective=objective.value, bins=bins, device=device, logits_key=logits_key,
                       labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
-    _warn(report.warnings)
+    warn(report.warnings)
     written = None
     if not no_write:
         from .writeback import write_temperature
@@ -109,33 +109,33 @@ def fit(
     gate_failed = max_ece is not None and report.after.ece > max_ece
     payload["max_ece"] = max_ece
     payload["gate_passed"] = None if max_ece is None else not gate_failed
-    _emit_json(json_out, payload)
+    emit_json(json_out, payload)
     if json_out != "-" and not quiet:
         from .render import print_fit
 
-        console = _console()
-        print_fit(report, console)
+        out = console()
+        print_fit(report, out)
         if written:
-            console.print(f"wrote tempcal.temperature = {report.temperature!r} into {written}")
+            out.print(f"wrote tempcal.temperature = {report.temperature!r} into {written}")
     if gate_failed:
-        _stderr(f"gate failed: calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}")
+        stderr(f"gate failed: calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}")
         raise typer.Exit(EXIT_GATE)
 
 
 MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 
 
-def _model_suffix(path: str) -> bool:
+def model_suffix(path: str) -> bool:
     return Path(path).suffix.lower() in MODEL_SUFFIXES
 
 
-def _console():
+def console():
     from rich.console import Console
 
     return Console(highlight=False)
 
 
-def _emit_json(target: str | None, payload: dict) -> None:
+def emit_json(target: str | None, payload: dict) -> None:
     if target is None:
         return
     text = json.dumps(payload, indent=2, allow_nan=False) + "\n"
@@ -148,7 +148,7 @@ def _emit_json(target: str | None, payload: dict) -> None:
     try:
         fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
     except OSError as exc:
-        raise _bad(f"--json {target}: cannot write ({exc.strerror})") from None
+        raise bad(f"--json {target}: cannot write ({exc.strerror})") from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -158,23 +158,23 @@ def _emit_json(target: str | None, payload: dict) -> None:
         raise
 
 
-def _warn(messages: list[str]) -> None:
+def warn(messages: list[str]) -> None:
     for message in messages:
-        _stderr(f"warning: {message}")
+        stderr(f"warning: {message}")
 
 
-def _stderr(message: str) -> None:
+def stderr(message: str) -> None:
     sys.stderr.write(message.rstrip("\n") + "\n")
 
 
-def _bad(message: str):
+def bad(message: str):
     from .errors import TempcalError
 
     return TempcalError(message)
 
 
-def _usage(message: str):
-    raise _bad(message)
+def usage(message: str):
+    raise bad(message)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,13 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         result = command.main(args=argv, prog_name="tempcal", standalone_mode=False)
     except usage_error as exc:
         hint = f" (see tempcal {exc.ctx.info_name} --help)" if exc.ctx and exc.ctx.parent else ""
-        _stderr(f"error: {exc.format_message()}{hint}")
+        stderr(f"error: {exc.format_message()}{hint}")
         return EXIT_BAD_INPUT
     except click_exception as exc:
-        _stderr(f"error: {exc.format_message()}")
+        stderr(f"error: {exc.format_message()}")
         return exc.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        _stderr("aborted")
+        stderr("aborted")
         return 1
     except typer.Exit as exc:
         return exc.exit_code
@@ -201,13 +201,18 @@ def main(argv: list[str] | None = None) -> int:
         from .errors import TempcalError
 
         if isinstance(exc, TempcalError):
-            _stderr(f"error: {exc}")
+            stderr(f"error: {exc}")
             return EXIT_BAD_INPUT
         if os.environ.get("TEMPCAL_DEBUG"):
             raise
-        _stderr(f"internal error: {type(exc).__name__}: {exc} (set TEMPCAL_DEBUG=1 for the traceback)")
+        stderr(f"internal error: {type(exc).__name__}: {exc} (set TEMPCAL_DEBUG=1 for the traceback)")
         return 1
     return result if isinstance(result, int) else 0
+
+
+# Commands defined in their own modules register themselves on ``app`` when imported.
+from .commands import ood as _ood  # noqa: E402,F401
+from .commands import report as _report  # noqa: E402,F401
 
 
 def _click_class(name: str) -> type:

@@ -153,8 +153,9 @@ class Scan:
         return RowStats(*(torch.cat(column) for column in zip(*parts, strict=True)))
 
     # -- passes at one temperature ---------------------------------------------------
-    def _row_chunks(self):
-        """Chunks paired with their slice of the per-row stats."""
+    def row_chunks(self):
+        """Yield ``(logits, labels, row_max, true_gap, correct, has_neginf)`` per chunk (logits on the device,
+        in the compute dtype; a binary logit already as two classes). Callers that read it count a pass."""
         stats = self.stats
         for start, z, y in self.data.chunks(self.chunk_rows, self.device, self.compute_dtype):
             stop = start + z.shape[0]
@@ -165,7 +166,7 @@ class Scan:
         """Mean NLL and its derivative(s) in ``beta`` in one pass."""
         self.passes += 1
         acc = torch.zeros(3, dtype=torch.float64, device=self.device)
-        for z, _, row_max, gap, _, has_neginf in self._row_chunks():
+        for z, _, row_max, gap, _, has_neginf in self.row_chunks():
             d = z - row_max[:, None]
             e = torch.mul(d, beta).exp_()
             if has_neginf:
@@ -195,7 +196,7 @@ class Scan:
         acc = torch.zeros(len(betas), 5, dtype=torch.float64, device=self.device)
         per_bin = torch.zeros(len(betas), 3, bins, dtype=torch.float64, device=self.device)
         scores: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
-        for z, _, row_max, gap, correct, has_neginf in self._row_chunks():
+        for z, _, row_max, gap, correct, has_neginf in self.row_chunks():
             d = z - row_max[:, None]
             hit = correct.to(torch.float64)
             d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d

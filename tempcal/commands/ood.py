@@ -1,0 +1,1 @@
+"""``tempcal ood``: out-of-distribution detection by max-softmax probability and energy."""

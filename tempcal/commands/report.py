@@ -1,0 +1,1 @@
+"""``tempcal report``: calibration metrics at one or more temperatures."""
