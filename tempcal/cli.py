@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -78,6 +77,11 @@ def fit(
     no_write: Annotated[bool, typer.Option("--no-write", help="Write nothing back.")] = False,
     max_ece: Annotated[Optional[float], typer.Option("--max-ece", metavar="X",
                                                      help="Exit 3 when the calibrated ECE is above X.")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", metavar="PATH",
+                                                help="Reliability diagrams before and after (.png, .svg, .pdf).")
+                    ] = None,
+    markdown: Annotated[Optional[str], typer.Option("--markdown", metavar="PATH",
+                                                    help="Write a calibration section for a model card.")] = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
     probs: Probs = False,
@@ -92,6 +96,10 @@ def fit(
         usage(f"--max-ece must be a number >= 0, got {max_ece}")
     if model_suffix(source):
         usage(f"{source}: TorchScript model sources are not supported yet; save the logits and pass that file")
+    if plot:
+        from .plots import check_plot_path
+
+        check_plot_path(plot)
 
     from .workflows import fit_file
 
@@ -104,6 +112,16 @@ def fit(
         from .writeback import write_temperature
 
         written = str(write_temperature(source, report.temperature, output))
+    if plot:
+        from .plots import reliability_diagram
+
+        reliability_diagram([("before (T = 1)", report.before), (f"after (T = {report.temperature:.4g})",
+                                                                  report.after)], plot)
+    if markdown:
+        from .atomic import write_text_atomic
+        from .model_card import fit_markdown
+
+        write_text_atomic(markdown, fit_markdown(report, markdown, plot), what="--markdown")
     payload = report.to_json()
     payload["written"] = written
     gate_failed = max_ece is not None and report.after.ece > max_ece
@@ -143,19 +161,9 @@ def emit_json(target: str | None, payload: dict) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    path = Path(target)
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise bad(f"--json {target}: cannot write ({exc.strerror})") from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    from .atomic import write_text_atomic
+
+    write_text_atomic(target, text, what="--json")
 
 
 def warn(messages: list[str]) -> None:

@@ -26,7 +26,7 @@ import torch
 
 from .data import as_logits_data
 from .errors import DataError
-from .metrics import DEFAULT_BINS, evaluate, evaluate_many
+from .metrics import DEFAULT_BINS
 from .scan import Scan
 
 #: Documented bounds for T: a fit whose optimum lies beyond them (or at T -> 0 or T -> inf
@@ -218,26 +218,13 @@ def _clamp(result: FitResult) -> FitResult:
 
 
 def _fit_ece(scan: Scan, *, bins: int, xtol: float, max_passes: int) -> FitResult:
-    """The T minimising binned ECE: a log-spaced grid around the NLL optimum, then golden-section refinement."""
-    anchor = _fit_nll(scan, xtol=1e-6, max_passes=max_passes)
-    centre = math.log(anchor.temperature)
-    grid = [centre + k * math.log(16) / 80 - math.log(16) / 2 for k in range(81)]
-    values = [(m.ece, t) for m, t in zip(evaluate_many(scan, [math.exp(t) for t in grid], bins=bins), grid,
-                                          strict=True)]
-    best_ece, best_t = min(values)
-    step = grid[1] - grid[0]
-    lo, hi = best_t - step, best_t + step
-    ratio = (math.sqrt(5) - 1) / 2
-    while hi - lo > 1e-6:
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if evaluate(scan, math.exp(a), bins=bins).ece <= evaluate(scan, math.exp(b), bins=bins).ece:
-            hi = b
-        else:
-            lo = a
-        candidate = (lo + hi) / 2
-        value = evaluate(scan, math.exp(candidate), bins=bins).ece
-        if value < best_ece:
-            best_ece, best_t = value, candidate
-    temperature = math.exp(best_t)
+    """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.ece_fit`), around the NLL optimum."""
+    from .ece_fit import minimise_ece
+
+    anchor = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
+    temperature, _, certified = minimise_ece(scan, anchor.temperature, bins=bins)
     nll = scan.objective(1.0 / temperature).nll
-    return _clamp(FitResult(temperature, "ece", scan.num_samples, 0, True, nll, None, list(anchor.warnings)))
+    warnings = list(anchor.warnings)
+    if not certified:
+        warnings.append("the ECE search stopped before certifying its tolerance; T may not be the global minimum")
+    return _clamp(FitResult(temperature, "ece", scan.num_samples, 0, certified, nll, None, warnings))

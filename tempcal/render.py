@@ -65,3 +65,43 @@ def fit_view(report) -> Group:
 
 def print_fit(report, console: Console) -> None:
     console.print(fit_view(report))
+
+
+def report_table(result) -> Table:
+    """One row per temperature; fits 80 columns. Marks the stored T and the sweep's NLL minimum."""
+    from rich import box
+
+    best = result.sweep_best
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    for name in ("tau", "NLL", "ECE", "MCE", "Brier", "acc", "conf", "entropy"):
+        table.add_column(name, justify="right", no_wrap=True, min_width=7)
+    table.add_column("", no_wrap=True, min_width=len(" stored, min NLL"))
+    for m in result.results:
+        notes = []
+        if result.stored_temperature is not None and m.tau == result.stored_temperature:
+            notes.append("stored")
+        if best is not None and m.tau == best:
+            notes.append("min NLL")
+        table.add_row(f"{m.tau:.4g}", f"{m.nll:.4f}", f"{m.ece:.4f}", f"{m.mce:.4f}", f"{m.brier:.4f}",
+                      f"{m.accuracy:.4f}", f"{m.mean_confidence:.4f}", f"{m.entropy:.4f}",
+                      Text(" " + ", ".join(notes) if notes else "", style="bold"))
+    return table
+
+
+def single_reliability_table(metrics) -> Table:
+    """Per-bin count, confidence, accuracy and gap at one temperature."""
+    table = Table(title=f"reliability at tau = {metrics.tau:.4g}", caption="gap = accuracy - confidence",
+                  title_justify="left", show_edge=False, pad_edge=False)
+    for name in ("bin", "n", "conf", "acc", "gap"):
+        table.add_column(name, justify="left" if name == "bin" else "right", no_wrap=True)
+    for b in metrics.bins:
+        if b.count:
+            table.add_row(f"{b.lower:.2f}-{b.upper:.2f}", *_bin_cells(b))
+    return table
+
+
+def print_report(result, console: Console) -> None:
+    console.print(f"{result.source}: {result.count} samples, {result.num_classes} classes, {result.bins} bins")
+    console.print(report_table(result))
+    if len(result.results) == 1:
+        console.print(single_reliability_table(result.results[0]))

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import DataError
+from .errors import DataError, TempcalError
 from .fitting import FitResult, fit_temperature
 from .loading import LogitsFile, load_logits
 from .metrics import DEFAULT_BINS, CalibrationMetrics, evaluate_many
@@ -105,3 +105,67 @@ def fit_file(source: str | os.PathLike, *, eval_file: str | os.PathLike | None =
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings)
+
+
+@dataclass
+class ReportResult:
+    """Calibration of one file at several temperatures, all from one pass."""
+
+    source: str
+    num_classes: int
+    count: int
+    stored_temperature: float | None
+    results: list[CalibrationMetrics]
+    sweep: list[float] = field(default_factory=list)  # the sweep's temperatures, if one was asked for
+    bins: int = DEFAULT_BINS
+    device: str = "cpu"
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def sweep_best(self) -> float | None:
+        """The sweep temperature with the lowest NLL."""
+        in_sweep = [m for m in self.results if m.tau in self.sweep]
+        return min(in_sweep, key=lambda m: m.nll).tau if in_sweep else None
+
+    def to_json(self) -> dict:
+        rows = []
+        for m in self.results:
+            row = m.to_dict()
+            row["stored"] = self.stored_temperature is not None and m.tau == self.stored_temperature
+            rows.append(row)
+        return {"results": rows, "source": self.source, "n": self.count, "num_classes": self.num_classes,
+                "stored_temperature": self.stored_temperature, "bins_count": self.bins,
+                "sweep": {"taus": self.sweep, "best_nll_tau": self.sweep_best} if self.sweep else None,
+                "device": self.device, "warnings": self.warnings}
+
+
+def resolve_taus(taus: list[float | str] | None, stored: float | None, sweep: list[float]) -> list[float]:
+    """The contract's rules: ``fitted`` is the stored T; without --tau (and no sweep) the stored T, else 1.0."""
+    resolved: list[float] = []
+    for tau in taus or []:
+        if tau == "fitted":
+            if stored is None:
+                raise TempcalError("--tau fitted: the file holds no stored temperature (run tempcal fit first)")
+            resolved.append(stored)
+        else:
+            resolved.append(float(tau))
+    if not taus and not sweep:
+        resolved.append(stored if stored is not None else 1.0)
+    if sweep and stored is not None:
+        resolved.append(stored)
+    return sorted(set(resolved) | set(sweep))
+
+
+def report_file(source: str | os.PathLike, *, taus: list[float | str] | None = None, sweep: list[float] | None = None,
+                bins: int = DEFAULT_BINS, device: str = "auto", logits_key: str = "logits",
+                labels_key: str = "labels", probs: bool = False, chunk_rows: int | None = None) -> ReportResult:
+    """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass."""
+    warnings: list[str] = []
+    loaded = load_logits(source, logits_key=logits_key, labels_key=labels_key, probs=probs)
+    stored = loaded.stored_temperature
+    sweep = list(sweep or [])
+    resolved = resolve_taus(taus, stored, sweep)
+    scan = scan_file(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
+    results = evaluate_many(scan, resolved, bins=bins)
+    return ReportResult(str(source), loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
+                        str(scan.device), warnings)

@@ -1,1 +1,110 @@
-"""``tempcal report``: calibration metrics at one or more temperatures."""
+"""``tempcal report``: calibration metrics at one or more temperatures, or over a sweep."""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Optional
+
+import typer
+
+from ..cli import (
+    Bins,
+    ChunkRows,
+    Device,
+    JsonOut,
+    LabelsKey,
+    LogitsKey,
+    Probs,
+    Quiet,
+    app,
+    console,
+    emit_json,
+    usage,
+    warn,
+)
+
+
+def parse_tau(text: str) -> float | str:
+    """A positive finite number, or ``fitted``."""
+    if text == "fitted":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        usage(f"--tau {text}: expected a positive number or 'fitted'")
+    return value
+
+
+def parse_sweep(text: str) -> list[float]:
+    """``START:STOP:COUNT`` as COUNT log-spaced temperatures."""
+    from ..plots import log_spaced
+
+    parts = text.split(":")
+    try:
+        start, stop, count = float(parts[0]), float(parts[1]), int(parts[2])
+        if len(parts) != 3:
+            raise ValueError
+    except (ValueError, IndexError):
+        usage(f"--sweep {text}: expected START:STOP:COUNT, e.g. 0.5:5:20")
+    if not (0 < start < stop and math.isfinite(stop) and 2 <= count <= 10_000):
+        usage(f"--sweep {text}: expected 0 < START < STOP and 2 <= COUNT <= 10000")
+    return log_spaced(start, stop, count)
+
+
+@app.command()
+def report(
+    source: Annotated[str, typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'.")],
+    tau: Annotated[Optional[list[str]], typer.Option("--tau", metavar="T",
+                                                     help="Temperature (repeatable); 'fitted' = the stored T. "
+                                                     "Default: the stored T, else 1.")] = None,
+    sweep: Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
+                                                 help="COUNT log-spaced temperatures from START to STOP.")] = None,
+    bins: Bins = 15,
+    json_out: JsonOut = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", metavar="PATH",
+                                                help="Reliability diagram (or, with --sweep, metrics against tau); "
+                                                ".png, .svg or .pdf.")] = None,
+    markdown: Annotated[Optional[str], typer.Option("--markdown", metavar="PATH",
+                                                    help="Write a calibration section for a model card.")] = None,
+    logits_key: LogitsKey = "logits",
+    labels_key: LabelsKey = "labels",
+    probs: Probs = False,
+    device: Device = "auto",
+    chunk_rows: ChunkRows = None,
+    quiet: Quiet = False,
+) -> None:
+    """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures."""
+    taus = [parse_tau(t) for t in tau or []]
+    grid = parse_sweep(sweep) if sweep else []
+    if plot:
+        from ..plots import check_plot_path
+
+        check_plot_path(plot)
+
+    from ..workflows import report_file
+
+    result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, logits_key=logits_key,
+                         labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
+    warn(result.warnings)
+    if plot:
+        from ..plots import reliability_diagram, sweep_plot
+
+        if grid:
+            marks = {"min NLL": result.sweep_best}
+            if result.stored_temperature is not None:
+                marks["stored T"] = result.stored_temperature
+            sweep_plot(result.results, marks, plot)
+        else:
+            reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results[:4]], plot)
+    if markdown:
+        from ..atomic import write_text_atomic
+        from ..model_card import report_markdown
+
+        write_text_atomic(markdown, report_markdown(result, markdown, plot), what="--markdown")
+    emit_json(json_out, result.to_json())
+    if json_out != "-" and not quiet:
+        from ..render import print_report
+
+        print_report(result, console())
