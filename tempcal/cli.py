@@ -58,11 +58,14 @@ JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only warnings and errors.")]
 ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
                                                   help="Rows per reduction chunk (default: automatic).")]
+IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
+                                          help="Rows whose label is this value are skipped (token-level logits).")]
 
 
 @app.command()
 def fit(
-    source: Annotated[str, typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'.")],
+    source: Annotated[list[str], typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'; "
+                                                "several files or a glob pattern are read as shards.")],
     eval_file: Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
                                                      help="Fit on all of SOURCE and report on FILE.")] = None,
     val_fraction: Annotated[float, typer.Option("--val-fraction",
@@ -87,31 +90,39 @@ def fit(
     probs: Probs = False,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
+    ignore_index: IgnoreIndex = -100,
     quiet: Quiet = False,
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
     if no_write and output is not None:
         usage("--output and --no-write contradict each other")
+    if output is not None and (len(source) > 1 or any(ch in source[0] for ch in "*?[")):
+        usage("--output takes a single SOURCE file; shards get T written into each of them")
     if max_ece is not None and not max_ece >= 0:
         usage(f"--max-ece must be a number >= 0, got {max_ece}")
-    if model_suffix(source):
-        usage(f"{source}: TorchScript model sources are not supported yet; save the logits and pass that file")
+    if any(model_suffix(s) for s in source):
+        usage(f"{source[0]}: TorchScript model sources are not supported yet; save the logits and pass that file")
     if plot:
         from .plots import check_plot_path
 
         check_plot_path(plot)
 
+    from .distributed import init_from_environment, rank
     from .workflows import fit_file
 
+    device = init_from_environment(device)
     report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed,
                       objective=objective.value, bins=bins, device=device, logits_key=logits_key,
-                      labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
+                      labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index)
+    gate_failed = max_ece is not None and report.after.ece > max_ece
+    if rank() != 0:  # under torch.distributed only rank 0 prints and writes
+        raise typer.Exit(EXIT_GATE if gate_failed else 0)
     warn(report.warnings)
     written = None
     if not no_write:
         from .writeback import write_temperature
 
-        written = str(write_temperature(source, report.temperature, output))
+        written = ", ".join(str(write_temperature(path, report.temperature, output)) for path in report.paths)
     if plot:
         from .plots import reliability_diagram
 
@@ -124,7 +135,6 @@ def fit(
         write_text_atomic(markdown, fit_markdown(report, markdown, plot), what="--markdown")
     payload = report.to_json()
     payload["written"] = written
-    gate_failed = max_ece is not None and report.after.ece > max_ece
     payload["max_ece"] = max_ece
     payload["gate_passed"] = None if max_ece is None else not gate_failed
     emit_json(json_out, payload)

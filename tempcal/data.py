@@ -62,6 +62,13 @@ class LogitsData:
         return int(self.labels.shape[0])
 
     @property
+    def dtype(self) -> torch.dtype:
+        return self.logits.dtype
+
+    def numel(self) -> int:
+        return self.logits.numel()
+
+    @property
     def num_classes(self) -> int:
         return 2 if self.binary else int(self.logits.shape[1])
 
@@ -93,10 +100,16 @@ class LogitsData:
 
 
 def as_logits_data(logits, labels, *, probs: bool = False, logits_name: str = "logits",
-                   labels_name: str = "labels") -> LogitsData:
-    """Check shapes and dtypes of user tensors (or arrays) and wrap them; values are checked by the first scan."""
+                   labels_name: str = "labels", ignore_index: int | None = -100) -> LogitsData:
+    """Check shapes and dtypes of user tensors (or arrays) and wrap them; values are checked by the first scan.
+
+    Token-level logits ``[B, L, V]`` with labels ``[B, L]`` become ``B * L`` rows; rows whose label is
+    ``ignore_index`` (default -100, as in ``torch.nn.functional.cross_entropy``) are left out.
+    """
     logits = torch.as_tensor(logits)
     labels = torch.as_tensor(labels)
+    if logits.dim() == 3 and labels.dim() == 2 and tuple(labels.shape) == tuple(logits.shape[:2]):
+        logits, labels = logits.reshape(-1, logits.shape[2]), labels.reshape(-1)
     if logits.dtype not in FLOAT_DTYPES:
         raise DataError(f"'{logits_name}' has dtype {_dtype_name(logits.dtype)}; expected float16, bfloat16, "
                         "float32 or float64")
@@ -116,7 +129,10 @@ def as_logits_data(logits, labels, *, probs: bool = False, logits_name: str = "l
         raise DataError(f"'{logits_name}' has {logits.shape[0]} rows but '{labels_name}' has {labels.shape[0]}")
     if probs:
         logits = probabilities_to_logits(logits, logits_name)
-    return LogitsData(logits, labels)
+    data = LogitsData(logits, labels)
+    if ignore_index is not None and bool((labels == ignore_index).any()):
+        data = data.select((labels != ignore_index).nonzero()[:, 0])
+    return data
 
 
 def probabilities_to_logits(p: torch.Tensor, name: str = "logits") -> torch.Tensor:

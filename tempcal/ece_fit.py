@@ -58,7 +58,7 @@ def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, spa
     def lower_bound(a: float, b: float) -> float:
         (conf_a, bin_a), (conf_b, bin_b) = samples[a], samples[b]
         slack = torch.maximum((correct - conf_a).abs(), (correct - conf_b).abs())
-        drift = float(((conf_b - conf_a).abs() + 2 * (bin_b - bin_a).abs() * slack).sum()) / n
+        drift = scan.sum((conf_b - conf_a).abs() + 2 * (bin_b - bin_a).abs() * slack) / n
         return max(ece[a], ece[b]) - drift
 
     low, high = math.log(centre / span), math.log(centre * span)

@@ -25,6 +25,7 @@ from typing import ClassVar
 import torch
 
 from .data import LogitsData, compute_dtype, resolve_device
+from .distributed import all_reduce
 from .errors import DataError
 
 
@@ -78,18 +79,23 @@ class Scan:
                  chunk_rows: int | None = None, dtype: torch.dtype | None = None,
                  _stats: RowStats | None = None):
         self.data = data
-        self.compute_dtype = dtype or compute_dtype(data.logits.dtype, data.logits.numel())
+        self.compute_dtype = dtype or compute_dtype(data.dtype, data.numel())
         self.device = resolve_device(device)
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
         if self.chunk_rows < 1:
             raise DataError(f"chunk size must be at least 1 row, got {chunk_rows}")
         self.passes = 0
+        self._total: int | None = None
         self.looks_like_probabilities = False
         self.stats = _stats if _stats is not None else self._first_scan()
 
     @property
     def num_samples(self) -> int:
-        return self.data.num_samples
+        """Samples over all ranks (this process's alone outside torch.distributed)."""
+        if self._total is None:
+            self._total = int(all_reduce(torch.tensor([self.data.num_samples], dtype=torch.int64,
+                                                      device=self.device)).item())
+        return self._total
 
     @property
     def num_classes(self) -> int:
@@ -145,8 +151,9 @@ class Scan:
             if probability_like:
                 probability_like = _probability_like(z[:, 1] if data.binary else z, row_max, row_sum)
             parts.append((row_max, z_true - row_max, correct, mean, var, has_neginf))
-        problems.raise_first()
-        self.looks_like_probabilities = probability_like
+        problems.raise_first(self.device)
+        flag = torch.tensor([1 if probability_like else 0], device=self.device)
+        self.looks_like_probabilities = bool(all_reduce(flag, "min").item())
         if not parts:
             empty = torch.empty(0, device=self.device)
             return RowStats(empty, empty, empty.bool(), empty, empty, empty.bool())
@@ -179,7 +186,7 @@ class Scan:
                 second = torch.linalg.vecdot(e, d * d) / s0
                 acc[2] += (second - mean_d * mean_d).clamp_min(0).sum(dtype=torch.float64)
         n = max(self.num_samples, 1)
-        nll, grad, curv = (acc / n).tolist()
+        nll, grad, curv = (all_reduce(acc) / n).tolist()
         return ObjectiveSums(nll, grad, curv if curvature else None)
 
     def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False
@@ -221,7 +228,7 @@ class Scan:
                 if keep_scores:
                     scores[k]["confidence"].append(confidence)
                     scores[k]["energy"].append(row_max.to(torch.float64) + log_s0.to(torch.float64) / beta)
-        acc, per_bin = acc.cpu(), per_bin.cpu()
+        acc, per_bin = all_reduce(acc).cpu(), all_reduce(per_bin).cpu()
         out = []
         for k in range(len(betas)):
             nll, brier, entropy, correct_sum, confidence_sum = acc[k].tolist()
@@ -237,21 +244,30 @@ class Scan:
     def initial_beta(self) -> float:
         """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""
         slope = self.slope_at_infinity()
-        spread = float(self.stats.uniform_var.to(torch.float64).mean())
+        spread = self._mean(self.stats.uniform_var)
         if slope >= 0 or spread <= 0:
             return 1.0
         return -slope / spread
 
     def all_top(self) -> bool:
         """True when every true class holds its row's maximum: the NLL then falls as T goes to 0."""
-        return bool((self.stats.true_gap == 0).all())
+        flag = torch.tensor([1 if bool((self.stats.true_gap == 0).all()) else 0], device=self.device)
+        return bool(all_reduce(flag, "min").item())
 
     def slope_at_infinity(self) -> float:
         """d NLL / d beta at beta = 0 (uniform probabilities); >= 0 means no finite T beats T = infinity."""
-        return float((self.stats.uniform_mean - self.stats.true_gap).to(torch.float64).mean())
+        return self._mean(self.stats.uniform_mean - self.stats.true_gap)
 
     def distinct_labels(self) -> int:
-        return int(torch.unique(self.data.labels).numel())
+        counts = torch.bincount(self.data.labels.to(self.device), minlength=self.num_classes)
+        return int((all_reduce(counts[: self.num_classes]) > 0).sum())
+
+    def sum(self, values: torch.Tensor) -> float:
+        """The sum of per-row values over all ranks."""
+        return float(all_reduce(values.to(torch.float64).sum().reshape(1)).item())
+
+    def _mean(self, values: torch.Tensor) -> float:
+        return self.sum(values) / max(self.num_samples, 1)
 
 
 def _probability_like(z: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor) -> bool:
@@ -288,13 +304,23 @@ class _Problems:
         if kind not in self.found:
             first = int(mask.nonzero()[0, 0])
             extra = f" ({detail(first)})" if detail else ""
-            self.found[kind] = [0, f"{self.data.original_index(start + first)}{extra}"]
+            index = self.data.original_index(start + first)
+            self.found[kind] = [0, f"{index}{extra}", index]
         self.found[kind][0] += count
 
-    def raise_first(self) -> None:
-        for kind, message in self.MESSAGES.items():
-            if kind in self.found:
-                count, first = self.found[kind]
+    def raise_first(self, device: torch.device) -> None:
+        """Raise for the first kind of problem found on any rank, with the count over all ranks."""
+        kinds = list(self.MESSAGES)
+        counts = torch.tensor([self.found.get(k, [0])[0] for k in kinds], dtype=torch.int64, device=device)
+        firsts = torch.tensor([self.found[k][2] if k in self.found else 2**62 for k in kinds], dtype=torch.int64,
+                              device=device)
+        all_reduce(counts)
+        all_reduce(firsts, "min")
+        for kind, message, count, first_index in zip(kinds, self.MESSAGES.values(), counts.tolist(), firsts.tolist(),
+                                                     strict=True):
+            if count:
+                mine = kind in self.found and self.found[kind][2] == first_index
+                first = self.found[kind][1] if mine else str(first_index)
                 labels = "0..1 (binary)" if self.data.binary else f"0..{self.data.num_classes - 1}"
                 raise DataError(f"{count} {message.format(labels=labels, s='' if count == 1 else 's')}; "
                                f"first at index {first}")

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
+from . import distributed
 from .errors import DataError, TempcalError
 from .fitting import FitResult, fit_temperature
-from .loading import LogitsFile, load_logits
+from .loading import load_logits
 from .metrics import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from .scan import Scan
+from .sharded import IGNORE_INDEX, expand_sources, open_sharded
 from .splitting import stratified_split
 
 
@@ -32,6 +36,7 @@ class FitReport:
     bins: int
     device: str
     warnings: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # SOURCE's files, where write-back goes
 
     @property
     def temperature(self) -> float:
@@ -56,43 +61,94 @@ class FitReport:
         }
 
 
-def scan_file(loaded: LogitsFile, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
-              warnings: list[str]) -> Scan:
-    """Validate a loaded file's values in one pass; note when unflagged input looks like probabilities."""
+Sources = str | os.PathLike | Sequence[str | os.PathLike]
+
+
+@dataclass
+class OpenedSource:
+    """One SOURCE argument: its files (shards), its logits as a chunked source, and the stored T."""
+
+    paths: list[Path]
+    data: object  # LogitsData (in memory) or ShardedLogits (read in chunks)
+    stored_temperature: float | None
+
+    @property
+    def name(self) -> str:
+        more = f" (+{len(self.paths) - 1} more shards)" if len(self.paths) > 1 else ""
+        return f"{self.paths[0]}{more}"
+
+    def share(self) -> tuple[int, int]:
+        """The rows ``[start, stop)`` this process reduces: all of them, or its rank's share under torch.distributed."""
+        return distributed.share(self.data.num_samples)
+
+    def local_rows(self, rows) -> torch.Tensor:
+        """Global row positions ``rows`` that fall in this process's share, relative to its start."""
+        start, stop = self.share()
+        rows = torch.as_tensor(rows, dtype=torch.int64)
+        return rows[(rows >= start) & (rows < stop)] - start
+
+
+def open_source(source: Sources, *, logits_key: str = "logits", labels_key: str = "labels", probs: bool = False,
+                ignore_index: int | None = IGNORE_INDEX, labels_optional: bool = False) -> OpenedSource:
+    """Check the files' headers and shapes; logits are read in chunks later (``--probs`` reads one file whole)."""
+    paths = expand_sources([source] if isinstance(source, (str, os.PathLike)) else list(source))
+    if not paths:
+        raise TempcalError("no SOURCE file given")
+    if probs:
+        if len(paths) > 1:
+            raise TempcalError("--probs takes a single file, not shards")
+        loaded = load_logits(paths[0], logits_key=logits_key, labels_key=labels_key, probs=True)
+        return OpenedSource(paths, loaded.data, loaded.stored_temperature)
+    data = open_sharded(paths, logits_key=logits_key, labels_key=labels_key, ignore_index=ignore_index,
+                        labels_optional=labels_optional)
+    return OpenedSource(paths, data, data.shards[0].header.stored_temperature())
+
+
+def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
+                warnings: list[str]) -> Scan:
+    """Validate a source's values (this process's share of them) in one pass; warn on probability-like input."""
+    data = opened.data
+    if distributed.active():
+        start, stop = opened.share()
+        data = data.select(torch.arange(start, stop))
     try:
-        scan = Scan(loaded.data, device=device, chunk_rows=chunk_rows)
+        scan = Scan(data, device=device, chunk_rows=chunk_rows)
     except DataError as exc:
-        raise DataError(f"{loaded.header.path}: {exc}") from None
+        raise DataError(f"{opened.name}: {exc}") from None
     if scan.looks_like_probabilities and not probs:
-        warnings.append(f"{loaded.header.path}: every row of the logits looks like a probability vector "
+        warnings.append(f"{opened.name}: every row of the logits looks like a probability vector "
                         "(values in [0, 1] summing to 1); pass --probs if they are probabilities")
     return scan
 
 
-def fit_file(source: str | os.PathLike, *, eval_file: str | os.PathLike | None = None, val_fraction: float = 0.5,
+def fit_file(source: Sources, *, eval_file: Sources | None = None, val_fraction: float = 0.5,
              seed: int = 0, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "auto",
              logits_key: str = "logits", labels_key: str = "labels", probs: bool = False,
-             chunk_rows: int | None = None) -> FitReport:
-    """Fit T on ``source`` (a seeded stratified part of it, or all of it with ``eval_file``) and evaluate."""
+             chunk_rows: int | None = None, ignore_index: int | None = IGNORE_INDEX) -> FitReport:
+    """Fit T on ``source`` (a seeded stratified part of it, or all of it with ``eval_file``) and evaluate.
+
+    A source is a file, a glob pattern, or a list of them (shards read in chunks).
+    """
     warnings: list[str] = []
-    loaded = load_logits(source, logits_key=logits_key, labels_key=labels_key, probs=probs)
+    keys = {"logits_key": logits_key, "labels_key": labels_key, "probs": probs, "ignore_index": ignore_index}
+    loaded = open_source(source, **keys)
     evaluated = None
     if eval_file is not None:
-        evaluated = load_logits(eval_file, logits_key=logits_key, labels_key=labels_key, probs=probs)
+        evaluated = open_source(eval_file, **keys)
         if evaluated.data.num_classes != loaded.data.num_classes:
-            raise DataError(f"{eval_file}: has {evaluated.data.num_classes} classes but {source} has "
+            raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
                             f"{loaded.data.num_classes}")
-    scan = scan_file(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
+    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
     if evaluated is not None:
         fit_scan = scan
-        eval_scan = scan_file(evaluated, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
+        eval_scan = scan_source(evaluated, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
         fraction = None
     else:
         fit_index, eval_index = stratified_split(loaded.data.labels.numpy(), val_fraction, seed)
         if val_fraction == 1:
             fit_scan = eval_scan = scan
         else:
-            fit_scan, eval_scan = scan.select(torch.from_numpy(fit_index)), scan.select(torch.from_numpy(eval_index))
+            fit_scan, eval_scan = scan.select(loaded.local_rows(fit_index)), scan.select(loaded.local_rows(eval_index))
         fraction = val_fraction
     if eval_scan.num_samples < 1:
         raise DataError("the evaluation part holds no samples; lower --val-fraction or pass --eval")
@@ -101,10 +157,10 @@ def fit_file(source: str | os.PathLike, *, eval_file: str | os.PathLike | None =
     warnings.extend(result.warnings)
     before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
     return FitReport(
-        source=str(source), eval_source=None if eval_file is None else str(eval_file), fit=result,
+        source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
-        device=str(scan.device), warnings=warnings)
+        device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths])
 
 
 @dataclass
@@ -156,16 +212,24 @@ def resolve_taus(taus: list[float | str] | None, stored: float | None, sweep: li
     return sorted(set(resolved) | set(sweep))
 
 
-def report_file(source: str | os.PathLike, *, taus: list[float | str] | None = None, sweep: list[float] | None = None,
+def report_file(source: Sources, *, taus: list[float | str] | None = None, sweep: list[float] | None = None,
                 bins: int = DEFAULT_BINS, device: str = "auto", logits_key: str = "logits",
-                labels_key: str = "labels", probs: bool = False, chunk_rows: int | None = None) -> ReportResult:
+                labels_key: str = "labels", probs: bool = False, chunk_rows: int | None = None,
+                ignore_index: int | None = IGNORE_INDEX) -> ReportResult:
     """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass."""
     warnings: list[str] = []
-    loaded = load_logits(source, logits_key=logits_key, labels_key=labels_key, probs=probs)
+    loaded = open_source(source, logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index)
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
     resolved = resolve_taus(taus, stored, sweep)
-    scan = scan_file(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
+    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
     results = evaluate_many(scan, resolved, bins=bins)
-    return ReportResult(str(source), loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
+    return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
                         str(scan.device), warnings)
+
+
+def scan_file(loaded, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
+              warnings: list[str]) -> Scan:
+    """:func:`scan_source` for a file loaded whole with :func:`tempcal.loading.load_logits`."""
+    return scan_source(OpenedSource([loaded.header.path], loaded.data, None), device=device, chunk_rows=chunk_rows,
+                       probs=probs, warnings=warnings)

@@ -11,6 +11,7 @@ from ..cli import (
     Bins,
     ChunkRows,
     Device,
+    IgnoreIndex,
     JsonOut,
     LabelsKey,
     LogitsKey,
@@ -55,7 +56,8 @@ def parse_sweep(text: str) -> list[float]:
 
 @app.command()
 def report(
-    source: Annotated[str, typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'.")],
+    source: Annotated[list[str], typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'; "
+                                                "several files or a glob pattern are read as shards.")],
     tau: Annotated[Optional[list[str]], typer.Option("--tau", metavar="T",
                                                      help="Temperature (repeatable); 'fitted' = the stored T. "
                                                      "Default: the stored T, else 1.")] = None,
@@ -73,6 +75,7 @@ def report(
     probs: Probs = False,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
+    ignore_index: IgnoreIndex = -100,
     quiet: Quiet = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures."""
@@ -83,10 +86,14 @@ def report(
 
         check_plot_path(plot)
 
+    from ..distributed import init_from_environment, rank
     from ..workflows import report_file
 
+    device = init_from_environment(device)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, logits_key=logits_key,
-                         labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
+                         labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index)
+    if rank() != 0:  # under torch.distributed only rank 0 prints and writes
+        return
     warn(result.warnings)
     if plot:
         from ..plots import reliability_diagram, sweep_plot

@@ -1,0 +1,82 @@
+"""Running one fit over many processes with torch.distributed: each rank reduces its own rows, sums are all-reduced.
+
+Launch with ``torchrun`` (or any env:// rendezvous). gloo is used on CPU, NCCL on CUDA. Every
+rank reaches the same T because every decision is taken on all-reduced sums; only rank 0
+prints and writes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def active() -> bool:
+    """True inside an initialised process group of more than one process."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if active() else 1
+
+
+def init_from_environment(device: str) -> str:
+    """Join the process group described by torchrun's environment (if any); returns the device to use."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    import torch.distributed as dist
+
+    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    else:
+        device = "cpu"
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return device
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In place across ranks (a no-op in a single process)."""
+    if active():
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+                                    "max": dist.ReduceOp.MAX}[op])
+    return tensor
+
+
+def all_gather_1d(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's 1-D tensor in rank order (tensors may differ in length)."""
+    if not active():
+        return tensor
+    import torch.distributed as dist
+
+    size = torch.tensor([tensor.numel()], device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    longest = int(max(s.item() for s in sizes))
+    padded = torch.zeros(longest, dtype=tensor.dtype, device=tensor.device)
+    padded[: tensor.numel()] = tensor
+    parts = [torch.zeros_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes, strict=True)])
+
+
+def share(count: int) -> tuple[int, int]:
+    """This rank's contiguous share ``[start, stop)`` of ``count`` rows."""
+    r, w = rank(), world_size()
+    return count * r // w, count * (r + 1) // w

@@ -1,0 +1,244 @@
+"""Logits read from safetensors files in row chunks, never whole: one file, many shards, or a glob.
+
+Each chunk is read with ``pread`` at the byte offsets the (checked) header gives, into a
+reused buffer, so memory stays at one chunk whatever the file size, and no page of the
+file is mapped into the process. Labels (N integers) are read whole: splits need them.
+Token-level logits ``[B, L, V]`` with labels ``[B, L]`` are rows of V classes; rows whose
+label is ``ignore_index`` are skipped everywhere.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS, FLOAT_DTYPES
+from .errors import DataError, TempcalError
+from .loading import Header, read_header, read_tensor
+
+SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+IGNORE_INDEX = -100
+READABLE_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
+                   "U32": "uint32", "I64": "int64", "U64": "uint64", "F8_E5M2": "float8_e5m2",
+                   "F8_E4M3": "float8_e4m3fn"}
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Where one file's logits lie: ``rows`` rows of ``width`` values of ``dtype`` from byte ``offset``."""
+
+    header: Header
+    offset: int
+    rows: int
+    width: int
+    dtype: torch.dtype
+
+    @property
+    def row_bytes(self) -> int:
+        return self.width * self.dtype.itemsize
+
+
+def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
+    """Paths, with glob patterns expanded in sorted order; a pattern that matches nothing is an error."""
+    paths: list[Path] = []
+    for source in sources:
+        text = str(source)
+        if any(ch in text for ch in "*?["):
+            matches = sorted(glob.glob(text))
+            if not matches:
+                raise TempcalError(f"{text}: no file matches this pattern")
+            paths.extend(Path(m) for m in matches)
+        else:
+            paths.append(Path(text))
+    return paths
+
+
+class ShardedLogits:
+    """Logits and labels of one or more safetensors files, read a chunk at a time.
+
+    ``rows`` (sorted global row indices) restricts the data to a subset, e.g. one side of a split,
+    one rank's share, or the rows whose label is not ``ignore_index``.
+    """
+
+    def __init__(self, shards: list[Shard], labels: torch.Tensor, *, binary: bool, num_classes: int,
+                 rows: torch.Tensor | None = None):
+        self.shards = shards
+        self.all_labels = labels
+        self.binary = binary
+        self._num_classes = num_classes
+        self.rows = rows
+        self.labels = labels if rows is None else labels[rows]
+        self.dtype = shards[0].dtype
+        self.starts = [0]
+        for shard in shards:
+            self.starts.append(self.starts[-1] + shard.rows)
+
+    # -- the interface Scan uses (shared with LogitsData) --------------------------------
+    @property
+    def num_samples(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return self._num_classes
+
+    def numel(self) -> int:
+        return self.num_samples * self.shards[0].width
+
+    def original_index(self, i: int) -> int:
+        return i if self.rows is None else int(self.rows[i])
+
+    def select(self, rows: torch.Tensor) -> ShardedLogits:
+        rows = torch.as_tensor(rows, dtype=torch.int64)
+        chosen = rows if self.rows is None else self.rows[rows]
+        return ShardedLogits(self.shards, self.all_labels, binary=self.binary, num_classes=self._num_classes,
+                             rows=chosen)
+
+    def default_chunk_rows(self, device: torch.device) -> int:
+        per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
+        return max(1, per_chunk // self.num_classes)
+
+    def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk."""
+        reader = _BlockReader(chunk_rows * self.shards[0].row_bytes, pinned=device.type == "cuda")
+        position = 0
+        for k, shard in enumerate(self.shards):
+            first, last = self.starts[k], self.starts[k + 1]
+            if self.rows is None:
+                wanted = None
+            else:
+                lo, hi = torch.searchsorted(self.rows, torch.tensor([first, last])).tolist()
+                if lo == hi:
+                    continue
+                wanted = self.rows[lo:hi] - first
+            with open(shard.header.path, "rb") as f:
+                for block_start in range(0, shard.rows, chunk_rows):
+                    block_stop = min(block_start + chunk_rows, shard.rows)
+                    if wanted is not None:
+                        a, b = torch.searchsorted(wanted, torch.tensor([block_start, block_stop])).tolist()
+                        if a == b:
+                            continue
+                        pick = wanted[a:b] - block_start
+                    block = reader.read(f, shard, block_start, block_stop)
+                    if wanted is not None:
+                        block = block.index_select(0, pick)
+                    n = block.shape[0]
+                    z = reader.to_device(block, device, dtype)
+                    y = self.labels[position : position + n].to(device=device, dtype=torch.int64)
+                    if self.binary:
+                        z = torch.stack([torch.zeros_like(z[:, 0]), z[:, 0]], dim=1)
+                    yield position, z, y
+                    position += n
+
+
+class _BlockReader:
+    """Reads row blocks with ``os.preadv`` into reused buffers.
+
+    For CUDA the buffers are pinned and two alternate: a block's host-to-device copy runs on a
+    side stream while the next block is read, and a buffer is reused only once its copy is done.
+    """
+
+    def __init__(self, capacity: int, *, pinned: bool):
+        count = 2 if pinned else 1
+        self.buffers = [torch.empty(max(capacity, 1), dtype=torch.uint8, pin_memory=pinned) for _ in range(count)]
+        self.copied: list = [None] * count
+        self.turn = 0
+        self.stream = torch.cuda.Stream() if pinned else None
+
+    def read(self, f, shard: Shard, start: int, stop: int) -> torch.Tensor:
+        k = self.turn
+        if self.copied[k] is not None:
+            self.copied[k].synchronize()
+        nbytes = (stop - start) * shard.row_bytes
+        view = self.buffers[k][:nbytes]
+        offset = shard.offset + start * shard.row_bytes
+        done = 0
+        memory = memoryview(view.numpy())
+        while done < nbytes:
+            got = os.preadv(f.fileno(), [memory[done:]], offset + done)
+            if got <= 0:
+                raise TempcalError(f"{shard.header.path}: file ended early (truncated while reading?)")
+            done += got
+        return view.view(shard.dtype).view(stop - start, shard.width)
+
+    def to_device(self, block: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        """The block on ``device`` in ``dtype``, never a view of a reused buffer."""
+        if self.stream is None:
+            z = block.to(dtype=dtype)
+            return z.clone() if z.data_ptr() == block.data_ptr() else z
+        with torch.cuda.stream(self.stream):
+            z = block.to(device=device, non_blocking=True).to(dtype)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        torch.cuda.current_stream(device).wait_stream(self.stream)
+        z.record_stream(torch.cuda.current_stream(device))
+        self.copied[self.turn] = event
+        self.turn = (self.turn + 1) % len(self.buffers)
+        return z
+
+
+def open_sharded(sources: Sequence[str | os.PathLike], *, logits_key: str = "logits", labels_key: str = "labels",
+                 ignore_index: int | None = IGNORE_INDEX, labels_optional: bool = False) -> ShardedLogits:
+    """Check every shard's header, read the labels, and return the logits as a chunked source.
+
+    Logits may be ``[N, C]``, ``[N]`` / ``[N, 1]`` (one binary logit) or ``[B, L, V]`` (tokens); all
+    shards must agree on the class count and dtype. ``labels_optional`` gives all-zero labels to
+    files without a labels key (for out-of-distribution sets).
+    """
+    paths = expand_sources(sources)
+    shards, labels, kinds = [], [], set()
+    for path in paths:
+        header = read_header(path)
+        if logits_key not in header.tensors:
+            read_tensor(header, logits_key, option="--logits-key")  # raises the standard missing-key error
+        info = header.tensors[logits_key]
+        if info.dtype not in SAFETENSORS_DTYPES:
+            readable = READABLE_DTYPES.get(info.dtype, info.dtype)
+            raise DataError(f"{path}: '{logits_key}' has dtype {readable}; expected float16, bfloat16, float32 or "
+                            "float64")
+        shape = info.shape
+        if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
+            rows, width, binary = shape[0], 1, True
+        elif len(shape) == 2:
+            rows, width, binary = shape[0], shape[1], False
+        elif len(shape) == 3:
+            rows, width, binary = shape[0] * shape[1], shape[2], False
+        else:
+            raise DataError(f"{path}: '{logits_key}' has shape {list(shape)}; expected [N, C], [N] or [B, L, V]")
+        if not binary and width < 2:
+            raise DataError(f"{path}: '{logits_key}' has shape {list(shape)}; expected at least 2 classes")
+        kinds.add((width, binary, SAFETENSORS_DTYPES[info.dtype]))
+        if len(kinds) > 1:
+            raise DataError(f"{path}: '{logits_key}' has {width} classes of {info.dtype}, unlike the shards before it")
+        if labels_key in header.tensors or not labels_optional:
+            y = read_tensor(header, labels_key, option="--labels-key")
+            if y.dtype.is_floating_point or y.dtype == torch.bool:
+                raise DataError(f"{path}: '{labels_key}' has dtype {str(y.dtype).removeprefix('torch.')}; "
+                                "expected an integer dtype")
+            flat_ok = y.dim() == 1 or (y.dim() == 2 and y.shape[1] == 1)
+            if y.numel() != rows or (list(y.shape) != list(shape[:2]) if len(shape) == 3 else not flat_ok):
+                raise DataError(f"{path}: '{logits_key}' of shape {list(shape)} has {rows} rows but '{labels_key}' "
+                                f"has shape {list(y.shape)}" + (" (token-level logits [B, L, V] need labels [B, L])"
+                                                                if len(shape) == 3 else ""))
+            y = y.reshape(-1).to(torch.int64)
+        else:
+            y = torch.zeros(rows, dtype=torch.int64)
+        labels.append(y)
+        shards.append(Shard(header, header.data_start + info.begin, rows, width, SAFETENSORS_DTYPES[info.dtype]))
+    width, binary, _ = kinds.pop()
+    all_labels = torch.cat(labels) if labels else torch.empty(0, dtype=torch.int64)
+    rows = None
+    if ignore_index is not None:
+        keep = all_labels != ignore_index
+        if not bool(keep.all()):
+            rows = keep.nonzero()[:, 0]
+    return ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=rows)
+
+
+__all__ = ["FLOAT_DTYPES", "IGNORE_INDEX", "Shard", "ShardedLogits", "expand_sources", "open_sharded"]
