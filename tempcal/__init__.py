@@ -34,19 +34,49 @@ _EXPORTS = {
     "stratified_split": "splitting",
     "fit_file": "workflows",
     "FitReport": "workflows",
+    "report_file": "workflows",
+    "ReportResult": "workflows",
+    "open_sharded": "sharded",
+    "ShardedLogits": "sharded",
+    "ood_file": "ood",
+    "OodReport": "ood",
+    "OodMetrics": "ood",
+    "detection_metrics": "ood",
+    "fpr_at_recall": "ood",
+    "score_samples": "ood",
+    "load_unlabelled": "ood",
+    "estimators_for": "estimators",
+    "ece_equal_mass": "estimators",
+    "rms_calibration_error": "estimators",
+    "debiased_l2_calibration_error": "estimators",
+    "classwise_sums": "estimators",
+    "classwise_ece": "estimators",
+    "bootstrap_intervals": "bootstrap",
+    "per_sample": "bootstrap",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
+    from .bootstrap import bootstrap_intervals, per_sample
     from .data import LogitsData, as_logits_data, resolve_device
     from .errors import DataError, TempcalError
+    from .estimators import (
+        classwise_ece,
+        classwise_sums,
+        debiased_l2_calibration_error,
+        ece_equal_mass,
+        estimators_for,
+        rms_calibration_error,
+    )
     from .fitting import T_MAX, T_MIN, FitResult, fit_temperature
     from .loading import TEMPERATURE_KEY, load_logits, read_header
     from .metrics import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
+    from .ood import OodMetrics, OodReport, detection_metrics, fpr_at_recall, load_unlabelled, ood_file, score_samples
     from .scan import Scan
+    from .sharded import ShardedLogits, open_sharded
     from .splitting import stratified_split
-    from .workflows import FitReport, fit_file
+    from .workflows import FitReport, ReportResult, fit_file, report_file
     from .writeback import write_temperature
 
 

@@ -22,6 +22,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, what: str = "output
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(temporary, _mode_for(path))
         os.replace(temporary, path)
     except BaseException as exc:
         Path(temporary).unlink(missing_ok=True)
@@ -29,3 +30,13 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, what: str = "output
             raise TempcalError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
         raise
     return path
+
+
+def _mode_for(path: Path) -> int:
+    """An existing file's permissions, else what a plain ``open(path, "w")`` would give (0o666 less the umask)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask

@@ -64,8 +64,9 @@ IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
 
 @app.command()
 def fit(
-    source: Annotated[list[str], typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'; "
-                                                "several files or a glob pattern are read as shards.")],
+    source: Annotated[list[str], typer.Argument(
+        metavar="SOURCE", help="Logits file (.safetensors) with 'logits' and 'labels'; several files or a glob "
+        "pattern are read as shards.")],
     eval_file: Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
                                                      help="Fit on all of SOURCE and report on FILE.")] = None,
     val_fraction: Annotated[float, typer.Option("--val-fraction",

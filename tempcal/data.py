@@ -15,6 +15,16 @@ CPU_CHUNK_ELEMENTS = 1 << 18
 CUDA_CHUNK_ELEMENTS = 1 << 26
 
 
+#: Fewer rows than this per chunk leave wide rows (large vocabularies) reduced inefficiently.
+MIN_CHUNK_ROWS = 64
+
+
+def default_chunk_rows(num_classes: int, device: torch.device) -> int:
+    """About 256K logits per chunk on CPU (cache-sized), 64M on CUDA; never fewer than MIN_CHUNK_ROWS rows."""
+    per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
+    return max(MIN_CHUNK_ROWS, per_chunk // num_classes)
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``auto`` means CUDA when available, else CPU; ``cuda`` without CUDA is a usage error."""
     name = str(device)
@@ -81,8 +91,7 @@ class LogitsData:
         return LogitsData(self.logits[rows], self.labels[rows], index)
 
     def default_chunk_rows(self, device: torch.device) -> int:
-        per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
-        return max(1, per_chunk // self.num_classes)
+        return default_chunk_rows(self.num_classes, device)
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from .scan import Scan
+from .scan import Scan, bin_edges, bin_index
 
 #: The searched range is T* / SPAN .. T* * SPAN around the NLL optimum T*.
 SPAN = 100.0
@@ -32,8 +32,7 @@ MAX_ROUNDS = 40
 
 
 def _bin_index(confidence: torch.Tensor, bins: int) -> torch.Tensor:
-    edges = torch.linspace(0.0, 1.0, bins + 1, dtype=torch.float64, device=confidence.device)
-    return (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, bins - 1)
+    return bin_index(confidence, bin_edges(bins, confidence.device))
 
 
 def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN

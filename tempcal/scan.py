@@ -76,9 +76,10 @@ class Scan:
     """
 
     def __init__(self, data: LogitsData, *, device: str | torch.device = "auto",
-                 chunk_rows: int | None = None, dtype: torch.dtype | None = None,
+                 chunk_rows: int | None = None, dtype: torch.dtype | None = None, labelled: bool = True,
                  _stats: RowStats | None = None):
         self.data = data
+        self.labelled = labelled  # False: the labels are placeholders (OOD scores) and are not checked
         self.compute_dtype = dtype or compute_dtype(data.dtype, data.numel())
         self.device = resolve_device(device)
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
@@ -105,18 +106,25 @@ class Scan:
         """The same scan restricted to ``rows``, without reading the data again."""
         rows = torch.as_tensor(rows, dtype=torch.int64)
         return Scan(self.data.select(rows), device=self.device, chunk_rows=self.chunk_rows,
-                    dtype=self.compute_dtype, _stats=self.stats.select(rows.to(self.stats.row_max.device)))
+                    dtype=self.compute_dtype, labelled=self.labelled,
+                    _stats=self.stats.select(rows.to(self.stats.row_max.device)))
 
     # -- the first scan -------------------------------------------------------------
     def _first_scan(self) -> RowStats:
         data = self.data
         problems = _Problems(data)
-        parts: list[tuple[torch.Tensor, ...]] = []
+        # Filled in place: small per-chunk tensors kept alive between large temporaries fragment the heap.
+        n, real = data.num_samples, self.compute_dtype
+        stats = RowStats(*(torch.empty(n, dtype=dt, device=self.device)
+                           for dt in (real, real, torch.bool, real, real, torch.bool)))
         probability_like = data.num_samples > 0
         self.passes += 1
         for start, z, y in data.chunks(self.chunk_rows, self.device, self.compute_dtype):
             bad_label = (y < 0) | (y >= data.num_classes)
-            problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
+            if not self.labelled:
+                bad_label = torch.ones_like(bad_label)  # placeholder labels: no label check applies
+            else:
+                problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
             y = y.clamp(0, data.num_classes - 1)
             row_sum = z.sum(1)
             # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
@@ -150,14 +158,15 @@ class Scan:
                 var[has_neginf] = ((d * d).sum(1) / count - mean[has_neginf] ** 2).clamp_min(0)
             if probability_like:
                 probability_like = _probability_like(z[:, 1] if data.binary else z, row_max, row_sum)
-            parts.append((row_max, z_true - row_max, correct, mean, var, has_neginf))
+            stop = start + z.shape[0]
+            for column, values in zip((stats.row_max, stats.true_gap, stats.correct, stats.uniform_mean,
+                                       stats.uniform_var, stats.has_neginf),
+                                      (row_max, z_true - row_max, correct, mean, var, has_neginf), strict=True):
+                column[start:stop] = values
         problems.raise_first(self.device)
         flag = torch.tensor([1 if probability_like else 0], device=self.device)
         self.looks_like_probabilities = bool(all_reduce(flag, "min").item())
-        if not parts:
-            empty = torch.empty(0, device=self.device)
-            return RowStats(empty, empty, empty.bool(), empty, empty, empty.bool())
-        return RowStats(*(torch.cat(column) for column in zip(*parts, strict=True)))
+        return stats
 
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):
@@ -199,7 +208,7 @@ class Scan:
         """
         self.passes += 1
         betas = [float(b) for b in betas]
-        edges = torch.linspace(0.0, 1.0, bins + 1, dtype=torch.float64, device=self.device)
+        edges = bin_edges(bins, self.device)
         acc = torch.zeros(len(betas), 5, dtype=torch.float64, device=self.device)
         per_bin = torch.zeros(len(betas), 3, bins, dtype=torch.float64, device=self.device)
         scores: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
@@ -220,8 +229,7 @@ class Scan:
                 acc[k, 2] += (log_s0 - beta * mean_d).clamp_min(0).sum(dtype=torch.float64)
                 acc[k, 3] += hit.sum()
                 acc[k, 4] += confidence.sum()
-                # bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0.
-                index = (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, bins - 1)
+                index = bin_index(confidence, edges)
                 per_bin[k, 0].index_add_(0, index, torch.ones_like(confidence))
                 per_bin[k, 1].index_add_(0, index, confidence)
                 per_bin[k, 2].index_add_(0, index, hit)
@@ -268,6 +276,16 @@ class Scan:
 
     def _mean(self, values: torch.Tensor) -> float:
         return self.sum(values) / max(self.num_samples, 1)
+
+
+def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp)."""
+    return torch.arange(bins + 1, dtype=torch.float64, device=device) / bins
+
+
+def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0."""
+    return (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, edges.numel() - 2)
 
 
 def _probability_like(z: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor) -> bool:

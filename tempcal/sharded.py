@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS, FLOAT_DTYPES
+from .data import FLOAT_DTYPES, default_chunk_rows
 from .errors import DataError, TempcalError
 from .loading import Header, read_header, read_tensor
 
@@ -100,8 +100,7 @@ class ShardedLogits:
                              rows=chosen)
 
     def default_chunk_rows(self, device: torch.device) -> int:
-        per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
-        return max(1, per_chunk // self.num_classes)
+        return default_chunk_rows(self.num_classes, device)
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:

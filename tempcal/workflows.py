@@ -105,14 +105,14 @@ def open_source(source: Sources, *, logits_key: str = "logits", labels_key: str 
 
 
 def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
-                warnings: list[str]) -> Scan:
+                warnings: list[str], labelled: bool = True) -> Scan:
     """Validate a source's values (this process's share of them) in one pass; warn on probability-like input."""
     data = opened.data
     if distributed.active():
         start, stop = opened.share()
         data = data.select(torch.arange(start, stop))
     try:
-        scan = Scan(data, device=device, chunk_rows=chunk_rows)
+        scan = Scan(data, device=device, chunk_rows=chunk_rows, labelled=labelled)
     except DataError as exc:
         raise DataError(f"{opened.name}: {exc}") from None
     if scan.looks_like_probabilities and not probs:

@@ -1,1 +1,121 @@
 """``tempcal ood``: out-of-distribution detection by max-softmax probability and energy."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..cli import (
+    ChunkRows,
+    Device,
+    JsonOut,
+    LabelsKey,
+    LogitsKey,
+    Probs,
+    Quiet,
+    app,
+    console,
+    emit_json,
+    model_suffix,
+    usage,
+    warn,
+)
+
+
+class ScoreChoice(str, Enum):
+    msp = "msp"
+    energy = "energy"
+    both = "both"
+
+
+@app.command()
+def ood(
+    source: Annotated[str, typer.Argument(metavar="SOURCE", help="In-distribution logits file (.safetensors) with "
+                                          "'logits' and 'labels'.")],
+    ood_files: Annotated[Optional[list[str]], typer.Option(
+        "--ood", metavar="FILE", help="Out-of-distribution logits file ('labels' optional); repeat for several.")
+    ] = None,
+    tau: Annotated[Optional[list[str]], typer.Option(
+        "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored in SOURCE); repeatable. "
+        "Default: 0.5 1 2 5 10 20 50 100 1000 and the stored T.")] = None,
+    score: Annotated[ScoreChoice, typer.Option("--score", help="max softmax probability, energy "
+                                               "(tau * logsumexp(logits / tau)) or both.")] = ScoreChoice.msp,
+    json_out: JsonOut = None,
+    scores_out: Annotated[Optional[str], typer.Option(
+        "--scores", metavar="PATH", help="Write the per-sample scores (one tensor per tau and side) as safetensors.")
+    ] = None,
+    plot: Annotated[Optional[str], typer.Option(
+        "--plot", metavar="PATH", help="Draw ID vs OOD score histograms and AUROC / FPR95 against tau "
+        "(.png, .svg or .pdf; needs matplotlib).")] = None,
+    logits_key: LogitsKey = "logits",
+    labels_key: LabelsKey = "labels",
+    probs: Probs = False,
+    device: Device = "auto",
+    chunk_rows: ChunkRows = None,
+    quiet: Quiet = False,
+) -> None:
+    """Detect out-of-distribution inputs by MSP or energy at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive)."""
+    if not ood_files:
+        usage("missing option '--ood FILE': give at least one out-of-distribution logits file")
+    for path in (source, *ood_files):
+        if model_suffix(path):
+            usage(f"{path}: TorchScript model sources are not supported by ood yet; save the logits and pass that file")
+    inputs = [source, *ood_files]
+    outputs = [(option, path) for option, path in (("--json", json_out), ("--scores", scores_out), ("--plot", plot))
+               if path is not None and path != "-"]
+    for k, (option, path) in enumerate(outputs):
+        _check_output(option, path, inputs, outputs[:k])
+    if plot is not None:
+        import importlib.util
+
+        if Path(plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+            usage(f"--plot {plot}: the name must end in .png, .svg or .pdf")
+        if importlib.util.find_spec("matplotlib") is None:
+            usage("--plot needs matplotlib, which is not installed: pip install 'tempcal[plot]'")
+
+    from ..distributed import init_from_environment, rank
+    from ..ood import ood_file, plot_report, save_scores
+
+    device = init_from_environment(device)
+    scores = ["msp", "energy"] if score is ScoreChoice.both else [score.value]
+    report = ood_file(source, ood_files, taus=tau, scores=scores, device=device, logits_key=logits_key,
+                      labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
+    if rank() != 0:  # under torch.distributed only rank 0 prints and writes
+        return
+    warn(report.warnings)
+    written = []
+    if scores_out is not None:
+        written.append(f"wrote per-sample scores to {save_scores(report, scores_out)}")
+    if plot is not None:
+        written.append(f"wrote the plot to {plot_report(report, plot)}")
+    payload = report.to_json()
+    payload.update(scores_file=scores_out, plot=plot)
+    emit_json(json_out, payload)
+    if json_out != "-" and not quiet:
+        from ..render_ood import print_ood
+
+        out = console()
+        print_ood(report, out)
+        for line in written:
+            out.print(line, soft_wrap=True)
+
+
+def _check_output(option: str, path: str, inputs: list[str], earlier: list[tuple[str, str]]) -> None:
+    """Refuse, before any work, an output that would overwrite an input or another output, or cannot be made."""
+    target = Path(path)
+    if target.is_dir():
+        usage(f"{option} {path}: is a folder")
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        usage(f"{option} {path}: folder {folder} does not exist")
+    real = os.path.realpath(target)
+    for name in inputs:
+        if os.path.realpath(name) == real:
+            usage(f"{option} {path}: would overwrite the input file {name}")
+    for other, name in earlier:
+        if os.path.realpath(name) == real:
+            usage(f"{option} {path}: is also the {other} output")

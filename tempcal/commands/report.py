@@ -56,8 +56,9 @@ def parse_sweep(text: str) -> list[float]:
 
 @app.command()
 def report(
-    source: Annotated[list[str], typer.Argument(help="Logits file (.safetensors) with 'logits' and 'labels'; "
-                                                "several files or a glob pattern are read as shards.")],
+    source: Annotated[list[str], typer.Argument(
+        metavar="SOURCE", help="Logits file (.safetensors) with 'logits' and 'labels'; several files or a glob "
+        "pattern are read as shards.")],
     tau: Annotated[Optional[list[str]], typer.Option("--tau", metavar="T",
                                                      help="Temperature (repeatable); 'fitted' = the stored T. "
                                                      "Default: the stored T, else 1.")] = None,

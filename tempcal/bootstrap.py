@@ -1,0 +1,149 @@
+"""Seeded percentile-bootstrap confidence intervals for the contract's ECE and the NLL.
+
+The per-sample statistics (confidence, correctness, NLL) come from one pass over the logits
+(:func:`per_sample`). A bootstrap resample of N samples is then just a vector of multinomial
+counts over the N samples, so every resample's bin sums are weighted sums of fixed per-sample figures:
+for a batch of R resamples, an ``[R, N]`` count matrix times each bin's block of per-sample gaps
+(correct - confidence) and times the NLL vector. Nothing is re-read, re-binned or re-sorted per resample.
+
+Resample r draws ``numpy.random.default_rng(seed).integers(0, N, size=N)`` (the r-th such call on
+one generator) and counts how often each sample was drawn, so the draws do not depend on batching.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import torch
+
+from .errors import TempcalError
+from .estimators import _check_bins, equal_width_index
+from .scan import Scan
+
+#: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
+BATCH_ENTRIES = 1 << 22
+
+
+def per_sample(scan: Scan, tau: float) -> dict[str, torch.Tensor]:
+    """``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) per sample, in one pass.
+
+    The confidences are computed exactly as :meth:`Scan.calibration` computes them, so they fall into the
+    same bins. The tensors are on the scan's device.
+    """
+    tau = _check_tau(tau)
+    beta = 1.0 / tau
+    scan.passes += 1
+    confidence: list[torch.Tensor] = []
+    nll: list[torch.Tensor] = []
+    for z, _, row_max, gap, _, _ in scan.row_chunks():
+        e = torch.mul(z - row_max[:, None], beta).exp_()
+        s0 = e.sum(1)
+        confidence.append(s0.reciprocal().to(torch.float64))
+        nll.append((torch.log(s0) - beta * gap).to(torch.float64))
+    empty = torch.empty(0, dtype=torch.float64, device=scan.device)
+    return {"confidence": torch.cat(confidence) if confidence else empty,
+            "correct": scan.stats.correct.bool(),
+            "nll": torch.cat(nll) if nll else empty}
+
+
+def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
+                         *, batch: int | None = None) -> dict[str, np.ndarray]:
+    """The contract's ECE and the mean NLL on each of ``n_resamples`` seeded bootstrap resamples.
+
+    Returns float64 arrays ``{"ece": [R], "nll": [R]}``. ``batch`` (resamples per matrix product) changes
+    memory use and speed only, never the draws.
+    """
+    c, k, nll = _inputs(confidence, correct, nll_per_sample)
+    n = c.size
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
+        raise TempcalError(f"bootstrap resamples must be a whole number >= 1, got {n_resamples}")
+    bins = _check_bins(bins)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise TempcalError(f"bootstrap seed must be a whole number >= 0, got {seed}")
+    n_resamples, bins = int(n_resamples), int(bins)
+    batch = max(1, min(n_resamples, int(batch) if batch else BATCH_ENTRIES // n))
+    # A resample holds N samples, so its ECE is sum_b |sum_{i in b} w_i (correct_i - confidence_i)| / N: only
+    # the per-sample gap matters, not the bin counts. Samples are laid out bin by bin, so each bin's weighted
+    # sum is one matrix-vector product over a contiguous block of the count matrix.
+    index = equal_width_index(c, bins)
+    order = np.argsort(index, kind="stable")
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    bounds = np.searchsorted(index[order], np.arange(bins + 1))
+    gap = (k - c)[order]
+    nll = nll[order]
+    rng = np.random.default_rng(seed)
+    ece = np.empty(n_resamples)
+    mean_nll = np.empty(n_resamples)
+    counts = np.empty((batch, n))
+    for first in range(0, n_resamples, batch):
+        size = min(batch, n_resamples - first)
+        for r in range(size):
+            counts[r] = np.bincount(rank[rng.integers(0, n, size=n)], minlength=n)
+        w = counts[:size]
+        per_bin = [w[:, a:b] @ gap[a:b] for a, b in itertools.pairwise(bounds.tolist())]
+        ece[first : first + size] = np.abs(np.stack(per_bin, axis=1)).sum(1) / n
+        mean_nll[first : first + size] = w @ nll / n
+    return {"ece": ece, "nll": mean_nll}
+
+
+def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
+                        level: float = 0.95, *, batch: int | None = None) -> dict[str, tuple[float, float]]:
+    """Percentile bootstrap intervals ``{"ece": (low, high), "nll": (low, high)}`` at confidence ``level``.
+
+    The bounds are the (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear interpolation) of
+    :func:`bootstrap_replicates`; the same seed gives identical intervals. Binned ECE is biased upwards and
+    resampling adds ties, so for a well-calibrated model the interval may lie above the point estimate.
+    """
+    if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0 < level < 1):
+        raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")
+    replicates = bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples, seed, bins, batch=batch)
+    quantiles = [(1 - level) / 2, (1 + level) / 2]
+    out: dict[str, tuple[float, float]] = {}
+    for name, values in replicates.items():
+        low, high = np.quantile(values, quantiles)
+        out[name] = (float(low), float(high))
+    return out
+
+
+def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15,
+                   level: float = 0.95) -> dict[str, tuple[float, float]]:
+    """:func:`bootstrap_intervals` of ``scan``'s samples at temperature ``tau``: one pass, then resampling."""
+    stats = per_sample(scan, tau)
+    return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins, level)
+
+
+def _check_tau(tau) -> float:
+    try:
+        value = float(tau)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise TempcalError(f"temperature must be a positive finite number, got {tau}")
+    return value
+
+
+def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """float64 numpy copies of the per-sample statistics, checked for matching lengths and sane values."""
+    arrays = [torch.as_tensor(a).detach().to("cpu", torch.float64).numpy().reshape(-1)
+              for a in (confidence, correct, nll)]
+    c, k, nll = arrays
+    if not (c.size == k.size == nll.size):
+        raise TempcalError(f"per-sample statistics differ in length: {c.size} confidences, {k.size} "
+                           f"correctness flags, {nll.size} NLL values")
+    if c.size == 0:
+        raise TempcalError("the bootstrap needs at least one sample, got 0")
+    bad = ~((c >= 0) & (c <= 1))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise TempcalError(f"{int(bad.sum())} confidences outside [0, 1]; first at index {first} ({c[first]!r})")
+    bad = ~np.isfinite(nll)
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise TempcalError(f"{int(bad.sum())} non-finite per-sample NLL values; first at index {first}")
+    return c, k, nll
+
+
+__all__ = ["bootstrap_intervals", "bootstrap_replicates", "bootstrap_scan", "per_sample"]

@@ -1,0 +1,284 @@
+"""Calibration-error estimators beside the contract's equal-width ECE, each a function of the data alone.
+
+Per-sample estimators take ``confidence`` (max softmax, float64 ``[N]``) and ``correct`` (bool ``[N]``), as
+:meth:`Scan.calibration` (``keep_scores=True``) and ``scan.stats.correct`` give them; tensors or arrays.
+
+* ``ece_equal_mass``: ECE over equal-mass (adaptive) bins that never split a run of tied confidences
+  (Nixon et al. 2019; Roelofs et al. 2022). See :func:`equal_mass_bins` for how bins are formed.
+* ``rms_ce``: root-mean-square calibration error over the contract's equal-width bins (Hendrycks et al. 2019).
+* ``l2_ce_debiased``: the debiased L2 calibration error of Kumar, Liang & Ma 2019 over the same equal-mass bins.
+* ``ece_classwise``: classwise ECE of Kull et al. 2019 over equal-width bins of every class's probability;
+  it needs every class's probability, so it is a reduction over row chunks (:func:`classwise_sums`).
+
+Every estimator is invariant to the order of the samples, exactly: samples are sorted by
+(confidence, correct) before any sum, so a shuffled copy sums the same numbers in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .errors import TempcalError
+from .scan import CalibrationSums, Scan, bin_edges
+
+#: The names :func:`estimators_for` accepts, in the order they are reported.
+ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")
+
+
+# -- shared helpers ----------------------------------------------------------------------
+
+def equal_width_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The edges :meth:`Scan.calibration` bins with, so that every equal-width figure uses the same bins."""
+    return bin_edges(bins, device)
+
+
+def equal_width_index(values: np.ndarray, bins: int) -> np.ndarray:
+    """Contract bin of each value: bin i holds (i/B, (i+1)/B], the first also 0 (as :meth:`Scan.calibration`)."""
+    edges = equal_width_edges(bins).numpy()
+    return np.clip(np.searchsorted(edges, np.asarray(values, dtype=np.float64), side="left") - 1, 0, bins - 1)
+
+
+def _check_bins(bins: int) -> int:
+    """``bins`` as an int; anything but a whole number >= 1 is a usage error."""
+    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
+        raise TempcalError(f"bins must be a whole number >= 1, got {bins}")
+    return int(bins)
+
+
+def _per_sample(confidence, correct) -> tuple[np.ndarray, np.ndarray]:
+    """float64 numpy copies of the inputs, checked, sorted by (confidence, correct) so sums are order-free."""
+    c = torch.as_tensor(confidence).detach().to("cpu", torch.float64).numpy().reshape(-1)
+    k = torch.as_tensor(correct).detach().to("cpu", torch.float64).numpy().reshape(-1)
+    if c.shape != k.shape:
+        raise TempcalError(f"confidence has {c.size} values but correct has {k.size}")
+    if c.size == 0:
+        raise TempcalError("calibration estimators need at least one sample, got 0")
+    bad = ~((c >= 0) & (c <= 1))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise TempcalError(f"{int(bad.sum())} confidences outside [0, 1]; first at index {first} ({c[first]!r})")
+    order = np.lexsort((k, c))
+    return c[order], k[order]
+
+
+# -- equal-mass bins -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class EqualMassBins:
+    """Non-empty equal-mass bins over sorted confidences: member ranges, counts and sums (float64 arrays)."""
+
+    start: np.ndarray  # first member's rank in the sorted confidences
+    count: np.ndarray
+    confidence: np.ndarray  # sum of members' confidences
+    correct: np.ndarray  # number of correct members
+    lower: np.ndarray  # smallest member confidence
+    upper: np.ndarray  # largest member confidence
+
+    @property
+    def total(self) -> int:
+        return int(self.count.sum())
+
+
+def _equal_mass(c: np.ndarray, k: np.ndarray, bins: int) -> EqualMassBins:
+    """Bins of sorted ``c`` (with ``k`` sorted alongside); see :func:`equal_mass_bins`."""
+    n = c.size
+    # A cut after rank p (p samples below it) is allowed only between two different confidences.
+    allowed = np.concatenate(([0], np.flatnonzero(c[1:] != c[:-1]) + 1, [n]))
+    nominal = (2 * np.arange(1, bins, dtype=np.int64) * n + bins) // (2 * bins)  # round(j n / B), half up
+    above = np.searchsorted(allowed, nominal, side="left")  # allowed[above] >= nominal
+    hi = allowed[above]
+    lo = allowed[np.maximum(above - 1, 0)]
+    snapped = np.where(hi - nominal <= nominal - lo, hi, lo)  # nearest allowed cut; the upper one on a tie
+    cuts = np.unique(np.concatenate(([0], snapped, [n])))
+    start, stop = cuts[:-1], cuts[1:]
+    return EqualMassBins(start=start, count=(stop - start).astype(np.float64),
+                         confidence=np.add.reduceat(c, start), correct=np.add.reduceat(k, start),
+                         lower=c[start], upper=c[stop - 1])
+
+
+def equal_mass_bins(confidence, correct, bins: int = 15) -> EqualMassBins:
+    """Equal-mass (adaptive) bins of the confidences that never split a run of tied confidences.
+
+    Sort the N confidences; the nominal cut between bin j and j+1 falls after rank round(j N / B) (halves up).
+    A cut that falls inside a run of equal confidences moves to the nearer end of the run (the upper end
+    when both are as near), and cuts that coincide merge, so there are at most B bins, none empty, and
+    which bin a sample lands in depends only on its confidence and the multiset of confidences: never on
+    the order of the samples. Without ties and with N a multiple of B every bin holds exactly N / B samples.
+    """
+    c, k = _per_sample(confidence, correct)
+    return _equal_mass(c, k, _check_bins(bins))
+
+
+def _ece_of(b: EqualMassBins) -> float:
+    return float(np.sum(np.abs(b.correct - b.confidence)) / b.total)
+
+
+def _debiased_of(b: EqualMassBins) -> float:
+    accuracy = b.correct / b.count
+    gap2 = (b.confidence / b.count - accuracy) ** 2
+    safe = np.maximum(b.count - 1, 1)
+    terms = np.where(b.count >= 2, gap2 - accuracy * (1 - accuracy) / safe, 0.0)
+    return math.sqrt(max(float(np.sum(b.count / b.total * terms)), 0.0))
+
+
+def ece_equal_mass(confidence, correct, bins: int = 15) -> float:
+    """ECE over equal-mass bins: sum over bins of (n_b / N) |accuracy_b - mean confidence_b|.
+
+    Adaptive binning as in Nixon et al., "Measuring Calibration in Deep Learning" (CVPR Workshops 2019) and
+    the equal-mass ECE_EM of Roelofs et al., "Mitigating Bias in Calibration Error Estimation"
+    (AISTATS 2022); bins as :func:`equal_mass_bins` forms them (ties are never split).
+    """
+    return _ece_of(equal_mass_bins(confidence, correct, bins))
+
+
+def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
+    """Debiased L2 calibration error of Kumar, Liang & Ma, "Verified Uncertainty Calibration" (NeurIPS 2019).
+
+    Over equal-mass bins (:func:`equal_mass_bins`, the paper's uniform-mass binning):
+    ``sqrt(max(0, sum_b (n_b/N) [(conf_b - acc_b)^2 - acc_b (1 - acc_b) / (n_b - 1)]))``; the subtracted
+    term removes the plug-in estimate's upward bias from label noise. Bins with fewer than 2 samples add 0,
+    as in the authors' reference code. It is an L2 error: not on the same scale as the L1 ECE.
+    """
+    return _debiased_of(equal_mass_bins(confidence, correct, bins))
+
+
+# -- equal-width bins ----------------------------------------------------------------------
+
+def rms_from_bins(count: torch.Tensor, confidence: torch.Tensor, correct: torch.Tensor) -> float:
+    """RMS calibration error from per-bin count, confidence sum and correct sum."""
+    count, confidence, correct = (torch.as_tensor(t, dtype=torch.float64).cpu() for t in (count, confidence, correct))
+    total = float(count.sum())
+    if total <= 0:
+        raise TempcalError("calibration estimators need at least one sample, got 0")
+    safe = count.clamp_min(1)
+    gap2 = (correct / safe - confidence / safe) ** 2
+    return math.sqrt(float((count / total * gap2).sum()))
+
+
+def rms_calibration_error(confidence, correct, bins: int = 15) -> float:
+    """RMS calibration error: sqrt(sum over the contract's equal-width bins of (n_b / N)(acc_b - conf_b)^2).
+
+    As used by Hendrycks, Mazeika & Dietterich, "Deep Anomaly Detection with Outlier Exposure" (ICLR 2019)
+    and Nixon et al. 2019; the bins are the contract's (i/B, (i+1)/B], the first also holding 0.
+    """
+    bins = _check_bins(bins)
+    c, k = _per_sample(confidence, correct)
+    index = equal_width_index(c, bins)
+    return rms_from_bins(torch.from_numpy(np.bincount(index, minlength=bins).astype(np.float64)),
+                         torch.from_numpy(np.bincount(index, weights=c, minlength=bins)),
+                         torch.from_numpy(np.bincount(index, weights=k, minlength=bins)))
+
+
+def rms_from_sums(sums: CalibrationSums) -> float:
+    """RMS calibration error from one :meth:`Scan.calibration` pass's equal-width bin sums."""
+    return rms_from_bins(sums.bin_count, sums.bin_confidence, sums.bin_correct)
+
+
+# -- classwise ECE: a reduction over row chunks ----------------------------------------------
+
+@dataclass(frozen=True)
+class ClasswiseSums:
+    """Per class c and equal-width bin b of p_c: sample count, sum of p_c, and how many have label c."""
+
+    count: torch.Tensor  # [C, B] float64
+    probability: torch.Tensor  # [C, B] float64
+    hits: torch.Tensor  # [C, B] float64
+    total: int
+
+
+def classwise_sums(scan: Scan, beta: float, bins: int) -> ClasswiseSums:
+    """One pass over ``scan``'s row chunks at ``beta = 1/T``, binning every class's probability.
+
+    Only one chunk's probabilities exist at a time. A single binary logit counts as two classes
+    (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier score does.
+    """
+    bins = _check_bins(bins)
+    classes = scan.num_classes
+    device = scan.device
+    edges = equal_width_edges(bins, device)
+    count = torch.zeros(classes * bins, dtype=torch.float64, device=device)
+    probability = torch.zeros_like(count)
+    hits = torch.zeros_like(count)
+    offset = torch.arange(classes, device=device) * bins
+    scan.passes += 1
+    for z, y, row_max, _, _, _ in scan.row_chunks():
+        e = torch.mul(z - row_max[:, None], beta).exp_()
+        p = (e / e.sum(1, keepdim=True)).to(torch.float64)
+        slot = (torch.searchsorted(edges, p, right=False) - 1).clamp_(0, bins - 1).add_(offset)
+        count += torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
+        probability.index_add_(0, slot.view(-1), p.view(-1))
+        true_slot = slot.gather(1, y[:, None])[:, 0]
+        hits.index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
+    shape = (classes, bins)
+    return ClasswiseSums(count.view(shape).cpu(), probability.view(shape).cpu(), hits.view(shape).cpu(),
+                         scan.num_samples)
+
+
+def classwise_ece(sums: ClasswiseSums) -> float:
+    """Classwise ECE of Kull et al., "Beyond temperature scaling: Obtaining well-calibrated multiclass
+    probabilities with Dirichlet calibration" (NeurIPS 2019): the mean over classes c of the ECE of p_c
+    against the indicator y = c, i.e. ``(1 / (C N)) sum_{c,b} |hits_cb - sum p_c over bin b|``."""
+    if sums.total <= 0:
+        raise TempcalError("calibration estimators need at least one sample, got 0")
+    classes = sums.count.shape[0]
+    return float((sums.hits - sums.probability).abs().sum()) / (classes * sums.total)
+
+
+# -- one entry point -------------------------------------------------------------------------
+
+def check_names(names: Sequence[str]) -> list[str]:
+    """The requested estimator names, checked and without repeats; an unknown name is a usage error."""
+    out: list[str] = []
+    for name in names:
+        if name not in ESTIMATORS:
+            raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
+        if name not in out:
+            out.append(name)
+    return out
+
+
+def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = ESTIMATORS) -> dict[str, float]:
+    """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples, keyed by name.
+
+    One :meth:`Scan.calibration` pass gives the per-sample confidences and the equal-width bins; the
+    classwise ECE costs one more pass, made only when ``ece_classwise`` is asked for.
+    """
+    names = check_names(names)
+    bins = _check_bins(bins)
+    try:
+        value = float(tau)
+    except (TypeError, ValueError):
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise TempcalError(f"temperature must be a positive finite number, got {tau}")
+    if scan.num_samples < 1:
+        raise TempcalError("calibration estimators need at least one sample, got 0")
+    beta = 1.0 / value
+    out: dict[str, float] = {}
+    per_sample = "ece_equal_mass" in names or "l2_ce_debiased" in names
+    if per_sample or "rms_ce" in names:
+        [(sums, scores)] = scan.calibration([beta], bins, keep_scores=per_sample)
+        if "rms_ce" in names:
+            out["rms_ce"] = rms_from_sums(sums)
+        if scores is not None:
+            c, k = _per_sample(scores["confidence"], scan.stats.correct)
+            mass = _equal_mass(c, k, bins)
+            if "ece_equal_mass" in names:
+                out["ece_equal_mass"] = _ece_of(mass)
+            if "l2_ce_debiased" in names:
+                out["l2_ce_debiased"] = _debiased_of(mass)
+    if "ece_classwise" in names:
+        out["ece_classwise"] = classwise_ece(classwise_sums(scan, beta, bins))
+    return {name: out[name] for name in names}
+
+
+__all__ = [
+    "ESTIMATORS", "ClasswiseSums", "EqualMassBins", "check_names", "classwise_ece", "classwise_sums",
+    "debiased_l2_calibration_error", "ece_equal_mass", "equal_mass_bins", "equal_width_edges",
+    "equal_width_index", "estimators_for", "rms_calibration_error", "rms_from_bins", "rms_from_sums",
+]
