@@ -51,6 +51,11 @@ _EXPORTS = {
     "debiased_l2_calibration_error": "estimators",
     "classwise_sums": "estimators",
     "classwise_ece": "estimators",
+    "TemperatureScaler": "scaler",
+    "TemperatureScaling": "scaler",
+    "load_any": "formats",
+    "write_stored_temperature": "formats",
+    "read_stored_temperature": "formats",
     "bootstrap_intervals": "bootstrap",
     "per_sample": "bootstrap",
 }
@@ -70,9 +75,11 @@ if TYPE_CHECKING:
         rms_calibration_error,
     )
     from .fitting import T_MAX, T_MIN, FitResult, fit_temperature
+    from .formats import load_any, read_stored_temperature, write_stored_temperature
     from .loading import TEMPERATURE_KEY, load_logits, read_header
     from .metrics import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
     from .ood import OodMetrics, OodReport, detection_metrics, fpr_at_recall, load_unlabelled, ood_file, score_samples
+    from .scaler import TemperatureScaler, TemperatureScaling
     from .scan import Scan
     from .sharded import ShardedLogits, open_sharded
     from .splitting import stratified_split

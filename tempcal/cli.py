@@ -58,6 +58,11 @@ JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only warnings and errors.")]
 ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
                                                   help="Rows per reduction chunk (default: automatic).")]
+Estimators = Annotated[Optional[str], typer.Option(
+    "--estimators", metavar="NAMES", help="More estimators, comma-separated or 'all': ece_equal_mass, ece_classwise, "
+    "rms_ce, l2_ce_debiased.")]
+Bootstrap = Annotated[int, typer.Option(
+    "--bootstrap", metavar="N", min=0, help="95% percentile intervals for ECE and NLL from N seeded resamples.")]
 IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
                                           help="Rows whose label is this value are skipped (token-level logits).")]
 
@@ -92,6 +97,8 @@ def fit(
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
     ignore_index: IgnoreIndex = -100,
+    estimators: Estimators = None,
+    bootstrap: Bootstrap = 0,
     quiet: Quiet = False,
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
@@ -114,16 +121,17 @@ def fit(
     device = init_from_environment(device)
     report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed,
                       objective=objective.value, bins=bins, device=device, logits_key=logits_key,
-                      labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index)
+                      labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index,
+                      estimators=parse_estimators(estimators), bootstrap=bootstrap)
     gate_failed = max_ece is not None and report.after.ece > max_ece
     if rank() != 0:  # under torch.distributed only rank 0 prints and writes
         raise typer.Exit(EXIT_GATE if gate_failed else 0)
     warn(report.warnings)
     written = None
     if not no_write:
-        from .writeback import write_temperature
+        from .formats import write_stored_temperature
 
-        written = ", ".join(str(write_temperature(path, report.temperature, output)) for path in report.paths)
+        written = ", ".join(str(write_stored_temperature(path, report.temperature, output)) for path in report.paths)
     if plot:
         from .plots import reliability_diagram
 
@@ -144,6 +152,10 @@ def fit(
 
         out = console()
         print_fit(report, out)
+        if report.extras and any(report.extras):
+            from .render import extras_table
+
+            out.print(extras_table([report.before.tau, report.after.tau], report.extras))
         if written:
             out.print(f"wrote tempcal.temperature = {report.temperature!r} into {written}")
     if gate_failed:
@@ -151,11 +163,29 @@ def fit(
         raise typer.Exit(EXIT_GATE)
 
 
+def parse_estimators(text: str | None) -> list[str]:
+    """``--estimators a,b`` or ``all`` as a checked list of names."""
+    if not text:
+        return []
+    from .estimators import ESTIMATORS
+
+    names = list(ESTIMATORS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ESTIMATORS]
+    if unknown:
+        usage(f"--estimators {text}: unknown {', '.join(unknown)}; choose from {', '.join(ESTIMATORS)} or 'all'")
+    return names
+
+
 MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 
 
 def model_suffix(path: str) -> bool:
-    return Path(path).suffix.lower() in MODEL_SUFFIXES
+    """A TorchScript model file (a ``.pt`` holding a dict of tensors is a logits file)."""
+    if Path(path).suffix.lower() not in MODEL_SUFFIXES:
+        return False
+    from .formats import is_torchscript
+
+    return not Path(path).exists() or is_torchscript(path)
 
 
 def console():

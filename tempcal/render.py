@@ -100,8 +100,26 @@ def single_reliability_table(metrics) -> Table:
     return table
 
 
+def extras_table(taus: list[float], extras: list[dict]) -> Table:
+    """Other estimators and bootstrap intervals, one row per temperature."""
+    from rich import box
+
+    names = [k for k in extras[0] if k != "bootstrap"]
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    table.add_column("tau", justify="right", no_wrap=True)
+    for name in names:
+        table.add_column(name, justify="right", no_wrap=True)
+    for tau, row in zip(taus, extras, strict=True):
+        cells = [f"[{row[n][0]:.4f}, {row[n][1]:.4f}]" if isinstance(row[n], list) else f"{row[n]:.4f}"
+                 for n in names]
+        table.add_row(f"{tau:.4g}", *cells)
+    return table
+
+
 def print_report(result, console: Console) -> None:
     console.print(f"{result.source}: {result.count} samples, {result.num_classes} classes, {result.bins} bins")
     console.print(report_table(result))
+    if result.extras and any(result.extras):
+        console.print(extras_table([m.tau for m in result.results], result.extras))
     if len(result.results) == 1:
         console.print(single_reliability_table(result.results[0]))

@@ -37,6 +37,7 @@ class FitReport:
     device: str
     warnings: list[str] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # SOURCE's files, where write-back goes
+    extras: list[dict] = field(default_factory=list)  # before, after: other estimators, bootstrap intervals
 
     @property
     def temperature(self) -> float:
@@ -51,9 +52,13 @@ class FitReport:
                        bins=[b.__dict__ for b in m.bins])
             return out
 
+        before, after = block(self.before), block(self.after)
+        if self.extras:
+            before.update(self.extras[0])
+            after.update(self.extras[1])
         return {
             "temperature": self.temperature, "n_fit": self.n_fit, "n_eval": self.n_eval,
-            "num_classes": self.num_classes, "before": block(self.before), "after": block(self.after),
+            "num_classes": self.num_classes, "before": before, "after": after,
             "passes": self.fit.passes, "converged": self.fit.converged, "objective": self.fit.objective,
             "bound": self.fit.bound, "fit_nll": self.fit.nll, "source": self.source,
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
@@ -71,6 +76,7 @@ class OpenedSource:
     paths: list[Path]
     data: object  # LogitsData (in memory) or ShardedLogits (read in chunks)
     stored_temperature: float | None
+    warnings: list[str] = field(default_factory=list)  # e.g. a stale sidecar
 
     @property
     def name(self) -> str:
@@ -94,6 +100,17 @@ def open_source(source: Sources, *, logits_key: str = "logits", labels_key: str 
     paths = expand_sources([source] if isinstance(source, (str, os.PathLike)) else list(source))
     if not paths:
         raise TempcalError("no SOURCE file given")
+    from .formats import file_format, load_any
+
+    other = [p for p in paths if p.exists() and file_format(p) != "safetensors"]
+    if other:
+        if len(paths) > 1:
+            raise TempcalError(f"{other[0]}: shards must be .safetensors files")
+        loaded_any = load_any(paths[0], logits_key=logits_key, labels_key=labels_key, probs=probs,
+                              labels_required=not labels_optional, ignore_index=ignore_index)
+        opened = OpenedSource(paths, loaded_any.data, loaded_any.stored_temperature)
+        opened.warnings = list(loaded_any.warnings)
+        return opened
     if probs:
         if len(paths) > 1:
             raise TempcalError("--probs takes a single file, not shards")
@@ -108,6 +125,7 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
                 warnings: list[str], labelled: bool = True) -> Scan:
     """Validate a source's values (this process's share of them) in one pass; warn on probability-like input."""
     data = opened.data
+    warnings.extend(opened.warnings)
     if distributed.active():
         start, stop = opened.share()
         data = data.select(torch.arange(start, stop))
@@ -124,7 +142,8 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
 def fit_file(source: Sources, *, eval_file: Sources | None = None, val_fraction: float = 0.5,
              seed: int = 0, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "auto",
              logits_key: str = "logits", labels_key: str = "labels", probs: bool = False,
-             chunk_rows: int | None = None, ignore_index: int | None = IGNORE_INDEX) -> FitReport:
+             chunk_rows: int | None = None, ignore_index: int | None = IGNORE_INDEX,
+             estimators: Sequence[str] = (), bootstrap: int = 0) -> FitReport:
     """Fit T on ``source`` (a seeded stratified part of it, or all of it with ``eval_file``) and evaluate.
 
     A source is a file, a glob pattern, or a list of them (shards read in chunks).
@@ -156,11 +175,13 @@ def fit_file(source: Sources, *, eval_file: Sources | None = None, val_fraction:
     result.passes += 1  # the validating scan of the fitting samples
     warnings.extend(result.warnings)
     before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
+    extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
+                           bootstrap=bootstrap, seed=seed)
     return FitReport(
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
-        device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths])
+        device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras)
 
 
 @dataclass
@@ -176,6 +197,7 @@ class ReportResult:
     bins: int = DEFAULT_BINS
     device: str = "cpu"
     warnings: list[str] = field(default_factory=list)
+    extras: list[dict] = field(default_factory=list)  # per temperature: other estimators, bootstrap intervals
 
     @property
     def sweep_best(self) -> float | None:
@@ -185,9 +207,11 @@ class ReportResult:
 
     def to_json(self) -> dict:
         rows = []
-        for m in self.results:
+        for k, m in enumerate(self.results):
             row = m.to_dict()
             row["stored"] = self.stored_temperature is not None and m.tau == self.stored_temperature
+            if self.extras:
+                row.update(self.extras[k])
             rows.append(row)
         return {"results": rows, "source": self.source, "n": self.count, "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
@@ -215,7 +239,8 @@ def resolve_taus(taus: list[float | str] | None, stored: float | None, sweep: li
 def report_file(source: Sources, *, taus: list[float | str] | None = None, sweep: list[float] | None = None,
                 bins: int = DEFAULT_BINS, device: str = "auto", logits_key: str = "logits",
                 labels_key: str = "labels", probs: bool = False, chunk_rows: int | None = None,
-                ignore_index: int | None = IGNORE_INDEX) -> ReportResult:
+                ignore_index: int | None = IGNORE_INDEX, estimators: Sequence[str] = (), bootstrap: int = 0,
+                seed: int = 0) -> ReportResult:
     """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass."""
     warnings: list[str] = []
     loaded = open_source(source, logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index)
@@ -224,8 +249,9 @@ def report_file(source: Sources, *, taus: list[float | str] | None = None, sweep
     resolved = resolve_taus(taus, stored, sweep)
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
     results = evaluate_many(scan, resolved, bins=bins)
+    extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
     return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
-                        str(scan.device), warnings)
+                        str(scan.device), warnings, extras)
 
 
 def scan_file(loaded, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
@@ -233,3 +259,22 @@ def scan_file(loaded, *, device: str | torch.device, chunk_rows: int | None, pro
     """:func:`scan_source` for a file loaded whole with :func:`tempcal.loading.load_logits`."""
     return scan_source(OpenedSource([loaded.header.path], loaded.data, None), device=device, chunk_rows=chunk_rows,
                        probs=probs, warnings=warnings)
+
+
+def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: Sequence[str] = (),
+                  bootstrap: int = 0, seed: int = 0) -> list[dict]:
+    """Per temperature: the asked-for estimators under their own names, and bootstrap intervals ``*_ci``."""
+    from .bootstrap import bootstrap_scan
+    from .estimators import estimators_for
+
+    out = []
+    for tau in taus:
+        row: dict = {}
+        if estimators:
+            row.update(estimators_for(scan, tau, bins, list(estimators)))
+        if bootstrap:
+            intervals = bootstrap_scan(scan, tau, bootstrap, seed, bins)
+            row.update({f"{name}_ci": list(interval) for name, interval in intervals.items()})
+            row["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": 0.95}
+        out.append(row)
+    return out

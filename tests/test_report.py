@@ -176,3 +176,28 @@ def test_report_on_the_example_runs(tmp_path, capsys):
     shutil.copy(EXAMPLE, copy)
     out = run_json(capsys, ["report", str(copy), "--tau", "1"])
     assert out["n"] == sum(b["count"] for b in out["results"][0]["bins"])
+
+
+def test_estimators_and_bootstrap_in_json(data_file, capsys):
+    from reference import probabilities
+
+    path, logits, labels = data_file
+    out = run_json(capsys, ["report", str(path), "--tau", "1.5", "--estimators", "all", "--bootstrap", "200",
+                            "--seed", "4"])
+    row = out["results"][0]
+    confidence = probabilities(logits, 1.5).max(1)
+    correct = predictions(logits) == labels.numpy()
+    # RMS over the contract's bins, by a plain loop.
+    index = np.clip(np.ceil(confidence * 15).astype(int) - 1, 0, 14)
+    rms = math.sqrt(sum((index == b).sum() / len(labels) * (correct[index == b].mean() - confidence[index == b].mean())
+                        ** 2 for b in range(15) if (index == b).any()))
+    assert row["rms_ce"] == pytest.approx(rms, rel=1e-9)
+    for name in ("ece_equal_mass", "ece_classwise", "l2_ce_debiased"):
+        assert 0 <= row[name] <= 1
+    low, high = row["ece_ci"]
+    assert low <= row["ece"] <= high or high - low < 0.05
+    low, high = row["nll_ci"]
+    assert low <= row["nll"] <= high
+    again = run_json(capsys, ["report", str(path), "--tau", "1.5", "--bootstrap", "200", "--seed", "4"])
+    assert again["results"][0]["nll_ci"] == row["nll_ci"]
+    assert main(["report", str(path), "--estimators", "nope"]) == 2

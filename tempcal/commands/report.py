@@ -9,8 +9,10 @@ import typer
 
 from ..cli import (
     Bins,
+    Bootstrap,
     ChunkRows,
     Device,
+    Estimators,
     IgnoreIndex,
     JsonOut,
     LabelsKey,
@@ -20,6 +22,7 @@ from ..cli import (
     app,
     console,
     emit_json,
+    parse_estimators,
     usage,
     warn,
 )
@@ -77,6 +80,9 @@ def report(
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
     ignore_index: IgnoreIndex = -100,
+    estimators: Estimators = None,
+    bootstrap: Bootstrap = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resamples.")] = 0,
     quiet: Quiet = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures."""
@@ -92,7 +98,8 @@ def report(
 
     device = init_from_environment(device)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, logits_key=logits_key,
-                         labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index)
+                         labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index,
+                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed)
     if rank() != 0:  # under torch.distributed only rank 0 prints and writes
         return
     warn(result.warnings)
