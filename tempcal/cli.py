@@ -11,7 +11,7 @@ import os
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -229,8 +229,8 @@ def usage(message: str):
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: one-line errors and the contract's exit statuses (0, 1, 2, 3)."""
     # Typer re-exports click's exception classes under different module paths across versions.
-    usage_error = _click_class("UsageError")
-    click_exception = _click_class("ClickException")
+    usage_error: Any = _click_class("UsageError")
+    click_exception: Any = _click_class("ClickException")
     command = typer.main.get_command(app)
     try:
         result = command.main(args=argv, prog_name="tempcal", standalone_mode=False)
@@ -264,7 +264,7 @@ from .commands import ood as _ood  # noqa: E402,F401
 from .commands import report as _report  # noqa: E402,F401
 
 
-def _click_class(name: str) -> type:
+def _click_class(name: str) -> type[Exception]:
     return next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
 
 

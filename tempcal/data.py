@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -49,6 +50,36 @@ FLOAT64_UP_TO = 1 << 22
 def compute_dtype(dtype: torch.dtype, numel: int = 0) -> torch.dtype:
     """float64 for float64 input and for small inputs; float32 otherwise (never half precision)."""
     return torch.float64 if dtype == torch.float64 or numel <= FLOAT64_UP_TO else torch.float32
+
+
+class LogitsSource(Protocol):
+    """What a reduction needs of its data: in memory (:class:`LogitsData`) or read in chunks (``ShardedLogits``)."""
+
+    @property
+    def labels(self) -> torch.Tensor: ...
+
+    @property
+    def binary(self) -> bool: ...
+
+    @property
+    def num_samples(self) -> int: ...
+
+    @property
+    def num_classes(self) -> int: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    def numel(self) -> int: ...
+
+    def original_index(self, i: int) -> int: ...
+
+    def select(self, rows: torch.Tensor) -> Any: ...
+
+    def default_chunk_rows(self, device: torch.device) -> int: ...
+
+    def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]: ...
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, spa
         results = scan.calibration([math.exp(-t) for t in thetas], bins, keep_scores=True)
         for theta, (sums, scores) in zip(thetas, results, strict=True):
             ece[theta] = float((sums.bin_correct - sums.bin_confidence).abs().sum()) / n
+            assert scores is not None
             confidence = scores["confidence"]
             samples[theta] = (confidence, _bin_index(confidence, bins))
 

@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
-from .data import LogitsData, as_logits_data
+from .data import LogitsData, LogitsSource, as_logits_data
 from .distributed import all_gather_1d
 from .errors import DataError, TempcalError
 from .loading import LogitsFile, read_header, read_tensor
@@ -150,7 +151,8 @@ def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = SCO
     kept = scan.calibration([1.0 / tau for tau in taus], 1, keep_scores=True)
     column = {"msp": "confidence", "energy": "energy"}
     # Rankings need every sample's score: under torch.distributed the ranks' scores are gathered.
-    return {name: [all_gather_1d(part[column[name]]).cpu().numpy() for _, part in kept] for name in scores}
+    parts = [part for _, part in kept if part is not None]
+    return {name: [all_gather_1d(part[column[name]]).cpu().numpy() for part in parts] for name in scores}
 
 
 # -- files -------------------------------------------------------------------------------
@@ -174,7 +176,7 @@ def load_unlabelled(path: str | os.PathLike, *, logits_key: str = "logits", prob
     return LogitsFile(header, data)
 
 
-def check_compatible(source: str, id_data: LogitsData, ood_path: str, ood_data: LogitsData) -> None:
+def check_compatible(source: str, id_data: LogitsSource, ood_path: str, ood_data: LogitsSource) -> None:
     """The same classifier head on both sides: equal class counts and the same binary form."""
     if ood_data.num_classes != id_data.num_classes:
         raise DataError(f"{ood_path}: has {ood_data.num_classes} classes but {source} has {id_data.num_classes}; "
@@ -298,7 +300,7 @@ def ood_file(source: str | os.PathLike, ood_files: Sequence[str | os.PathLike], 
         if path in ood_paths[:k]:
             raise TempcalError(f"--ood {path}: given twice")
     warnings: list[str] = []
-    keys = {"logits_key": logits_key, "labels_key": labels_key, "probs": probs, "ignore_index": None}
+    keys: dict[str, Any] = {"logits_key": logits_key, "labels_key": labels_key, "probs": probs, "ignore_index": None}
     loaded = open_source(source, **keys)
     stored = loaded.stored_temperature
     tau_list = resolve_taus(taus, stored, source)
@@ -308,7 +310,8 @@ def ood_file(source: str | os.PathLike, ood_files: Sequence[str | os.PathLike], 
         check_compatible(source, loaded.data, path, other.data)
         others.append(other)
     # Scores use no labels, so neither side's labels are checked.
-    options = {"device": device, "chunk_rows": chunk_rows, "probs": probs, "warnings": warnings, "labelled": False}
+    options: dict[str, Any] = {"device": device, "chunk_rows": chunk_rows, "probs": probs, "warnings": warnings,
+                               "labelled": False}
     id_scan = scan_source(loaded, **options)
     ood_scans = [scan_source(o, **options) for o in others]
     for path, scan in [(source, id_scan), *zip(ood_paths, ood_scans, strict=True)]:
@@ -417,8 +420,8 @@ def plot_report(report: OodReport, path: str | os.PathLike) -> Path:
             low = min(id_values.min(), ood_values.min())
             high = max(id_values.max(), ood_values.max())
             edges = np.linspace(low, high, 41) if high > low else np.array([low - 0.5, low + 0.5])
-            ax.hist(id_values, bins=edges, density=True, alpha=0.55, label="ID")
-            ax.hist(ood_values, bins=edges, density=True, alpha=0.55, label="OOD")
+            ax.hist(id_values, bins=edges.tolist(), density=True, alpha=0.55, label="ID")
+            ax.hist(ood_values, bins=edges.tolist(), density=True, alpha=0.55, label="OOD")
             ax.set_title(f"{SCORE_NAMES[name]} tau={taus[k]:.4g}  AUROC {rows[k].auroc:.3f}", fontsize=8)
             ax.tick_params(labelsize=6)
             if position == 0:

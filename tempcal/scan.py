@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from .data import LogitsData, compute_dtype, resolve_device
+from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_reduce
 from .errors import DataError
 
@@ -75,7 +75,7 @@ class Scan:
     (NaN, +inf, all--inf rows, a true class at -inf, labels out of range).
     """
 
-    def __init__(self, data: LogitsData, *, device: str | torch.device = "auto",
+    def __init__(self, data: LogitsSource, *, device: str | torch.device = "auto",
                  chunk_rows: int | None = None, dtype: torch.dtype | None = None, labelled: bool = True,
                  _stats: RowStats | None = None):
         self.data = data
@@ -308,7 +308,7 @@ class _Problems:
         "true-neginf": "row{s} whose true class has logit -inf (infinite NLL)",
     }
 
-    def __init__(self, data: LogitsData):
+    def __init__(self, data: LogitsSource):
         self.data = data
         self.found: dict[str, list] = {}
 

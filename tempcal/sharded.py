@@ -158,7 +158,7 @@ class _BlockReader:
         view = self.buffers[k][:nbytes]
         offset = shard.offset + start * shard.row_bytes
         done = 0
-        memory = memoryview(view.numpy())
+        memory = memoryview(view.numpy().data).cast("B")
         while done < nbytes:
             got = os.preadv(f.fileno(), [memory[done:]], offset + done)
             if got <= 0:
@@ -232,12 +232,12 @@ def open_sharded(sources: Sequence[str | os.PathLike], *, logits_key: str = "log
         shards.append(Shard(header, header.data_start + info.begin, rows, width, SAFETENSORS_DTYPES[info.dtype]))
     width, binary, _ = kinds.pop()
     all_labels = torch.cat(labels) if labels else torch.empty(0, dtype=torch.int64)
-    rows = None
+    kept: torch.Tensor | None = None
     if ignore_index is not None:
         keep = all_labels != ignore_index
         if not bool(keep.all()):
-            rows = keep.nonzero()[:, 0]
-    return ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=rows)
+            kept = keep.nonzero()[:, 0]
+    return ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept)
 
 
 __all__ = ["FLOAT_DTYPES", "IGNORE_INDEX", "Shard", "ShardedLogits", "expand_sources", "open_sharded"]

@@ -6,10 +6,12 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
 from . import distributed
+from .data import LogitsSource
 from .errors import DataError, TempcalError
 from .fitting import FitResult, fit_temperature
 from .loading import load_logits
@@ -46,8 +48,8 @@ class FitReport:
     def to_json(self) -> dict:
         """The contract's JSON plus how the fit went and the reliability bins."""
 
-        def block(m: CalibrationMetrics) -> dict:
-            out = m.summary()
+        def block(m: CalibrationMetrics) -> dict[str, Any]:
+            out: dict[str, Any] = dict(m.summary())
             out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau,
                        bins=[b.__dict__ for b in m.bins])
             return out
@@ -74,7 +76,7 @@ class OpenedSource:
     """One SOURCE argument: its files (shards), its logits as a chunked source, and the stored T."""
 
     paths: list[Path]
-    data: object  # LogitsData (in memory) or ShardedLogits (read in chunks)
+    data: LogitsSource  # LogitsData (in memory) or ShardedLogits (read in chunks)
     stored_temperature: float | None
     warnings: list[str] = field(default_factory=list)  # e.g. a stale sidecar
 
@@ -115,7 +117,7 @@ def open_source(source: Sources, *, logits_key: str = "logits", labels_key: str 
         if len(paths) > 1:
             raise TempcalError("--probs takes a single file, not shards")
         loaded = load_logits(paths[0], logits_key=logits_key, labels_key=labels_key, probs=True)
-        return OpenedSource(paths, loaded.data, loaded.stored_temperature)
+        return OpenedSource(paths, cast(LogitsSource, loaded.data), loaded.stored_temperature)
     data = open_sharded(paths, logits_key=logits_key, labels_key=labels_key, ignore_index=ignore_index,
                         labels_optional=labels_optional)
     return OpenedSource(paths, data, data.shards[0].header.stored_temperature())
@@ -149,7 +151,8 @@ def fit_file(source: Sources, *, eval_file: Sources | None = None, val_fraction:
     A source is a file, a glob pattern, or a list of them (shards read in chunks).
     """
     warnings: list[str] = []
-    keys = {"logits_key": logits_key, "labels_key": labels_key, "probs": probs, "ignore_index": ignore_index}
+    keys: dict[str, Any] = {"logits_key": logits_key, "labels_key": labels_key, "probs": probs,
+                            "ignore_index": ignore_index}
     loaded = open_source(source, **keys)
     evaluated = None
     if eval_file is not None:
@@ -254,7 +257,7 @@ def report_file(source: Sources, *, taus: list[float | str] | None = None, sweep
                         str(scan.device), warnings, extras)
 
 
-def scan_file(loaded, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
+def scan_file(loaded: Any, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
               warnings: list[str]) -> Scan:
     """:func:`scan_source` for a file loaded whole with :func:`tempcal.loading.load_logits`."""
     return scan_source(OpenedSource([loaded.header.path], loaded.data, None), device=device, chunk_rows=chunk_rows,

@@ -61,6 +61,7 @@ def ood(
     """Detect out-of-distribution inputs by MSP or energy at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive)."""
     if not ood_files:
         usage("missing option '--ood FILE': give at least one out-of-distribution logits file")
+    assert ood_files is not None
     for path in (source, *ood_files):
         if model_suffix(path):
             usage(f"{path}: TorchScript model sources are not supported by ood yet; save the logits and pass that file")

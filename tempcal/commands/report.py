@@ -107,7 +107,9 @@ def report(
         from ..plots import reliability_diagram, sweep_plot
 
         if grid:
-            marks = {"min NLL": result.sweep_best}
+            marks: dict[str, float] = {}
+            if result.sweep_best is not None:
+                marks["min NLL"] = result.sweep_best
             if result.stored_temperature is not None:
                 marks["stored T"] = result.stored_temperature
             sweep_plot(result.results, marks, plot)
