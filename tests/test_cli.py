@@ -146,3 +146,11 @@ def test_readme_python_snippet_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "calibrated.safetensors").exists()
     assert (tmp_path / "examples" / EXAMPLE.name).read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_plain_output_without_a_terminal_or_with_no_color(tmp_path):
+    env = {**__import__("os").environ, "NO_COLOR": "1", "FORCE_COLOR": ""}
+    env.pop("FORCE_COLOR")
+    done = subprocess.run([sys.executable, "-m", "tempcal", "report", str(EXAMPLE)], capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 0 and "\x1b[" not in done.stdout and "NLL" in done.stdout
