@@ -56,6 +56,15 @@ _EXPORTS = {
     "load_any": "formats",
     "write_stored_temperature": "formats",
     "read_stored_temperature": "formats",
+    "is_model_path": "models",
+    "load_model": "models",
+    "run_model": "models",
+    "save_logits": "models",
+    "save_calibrated_model": "models",
+    "read_model_temperature": "models",
+    "open_model_source": "models",
+    "odin_scores": "models",
+    "odin_ood": "models",
     "bootstrap_intervals": "bootstrap",
     "per_sample": "bootstrap",
 }
@@ -78,6 +87,17 @@ if TYPE_CHECKING:
     from .formats import load_any, read_stored_temperature, write_stored_temperature
     from .loading import TEMPERATURE_KEY, load_logits, read_header
     from .metrics import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
+    from .models import (
+        is_model_path,
+        load_model,
+        odin_ood,
+        odin_scores,
+        open_model_source,
+        read_model_temperature,
+        run_model,
+        save_calibrated_model,
+        save_logits,
+    )
     from .ood import OodMetrics, OodReport, detection_metrics, fpr_at_recall, load_unlabelled, ood_file, score_samples
     from .scaler import TemperatureScaler, TemperatureScaling
     from .scan import Scan

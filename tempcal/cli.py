@@ -63,6 +63,14 @@ Estimators = Annotated[Optional[str], typer.Option(
     "rms_ce, l2_ce_debiased.")]
 Bootstrap = Annotated[int, typer.Option(
     "--bootstrap", metavar="N", min=0, help="95% percentile intervals for ECE and NLL from N seeded resamples.")]
+Inputs = Annotated[Optional[str], typer.Option(
+    "--inputs", metavar="DATA", help="Inputs file (.safetensors: 'inputs', 'labels') for a TorchScript model SOURCE.")]
+InputsKey = Annotated[str, typer.Option("--inputs-key", help="Tensor holding the model inputs [N, ...].")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Rows per model batch (model SOURCE).")]
+OutputKey = Annotated[Optional[str], typer.Option(
+    "--output-key", metavar="KEY", help="The logits among a model's outputs: a dict key or a tuple index.")]
+SaveLogits = Annotated[Optional[str], typer.Option(
+    "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file.")]
 IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
                                           help="Rows whose label is this value are skipped (token-level logits).")]
 
@@ -99,6 +107,14 @@ def fit(
     ignore_index: IgnoreIndex = -100,
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
+    inputs: Inputs = None,
+    inputs_key: InputsKey = "inputs",
+    batch_size: BatchSize = 512,
+    output_key: OutputKey = None,
+    save_logits: SaveLogits = None,
+    save_model: Annotated[Optional[str], typer.Option(
+        "--save-model", metavar="PATH", help="Write a TorchScript model whose logits are the model SOURCE's / T.")
+    ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
@@ -108,8 +124,11 @@ def fit(
         usage("--output takes a single SOURCE file; shards get T written into each of them")
     if max_ece is not None and not max_ece >= 0:
         usage(f"--max-ece must be a number >= 0, got {max_ece}")
-    if any(model_suffix(s) for s in source):
-        usage(f"{source[0]}: TorchScript model sources are not supported yet; save the logits and pass that file")
+    is_model = is_model_source(source, inputs, [save_model, save_logits, output_key])
+    if is_model and output is not None:
+        usage("--output writes a logits file; for a model SOURCE use --save-model PATH (and --save-logits PATH)")
+    if is_model and probs:
+        usage("--probs applies to logits files, not to a model SOURCE")
     if plot:
         from .plots import check_plot_path
 
@@ -119,7 +138,14 @@ def fit(
     from .workflows import fit_file
 
     device = init_from_environment(device)
-    report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed,
+    fit_source: object = source
+    eval_source: object = eval_file
+    if is_model:
+        fit_source, eval_source, model_path = model_sources(source[0], inputs, eval_file, inputs_key=inputs_key,
+                                                            labels_key=labels_key, batch_size=batch_size,
+                                                            device=device, output_key=output_key,
+                                                            progress=json_out != "-" and not quiet)
+    report = fit_file(fit_source, eval_file=eval_source, val_fraction=val_fraction, seed=seed,
                       objective=objective.value, bins=bins, device=device, logits_key=logits_key,
                       labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index,
                       estimators=parse_estimators(estimators), bootstrap=bootstrap)
@@ -131,7 +157,18 @@ def fit(
     if not no_write:
         from .formats import write_stored_temperature
 
-        written = ", ".join(str(write_stored_temperature(path, report.temperature, output)) for path in report.paths)
+        written = ", ".join(str(write_stored_temperature(path, report.temperature, output))
+                            for path in report.paths) or None
+    if is_model:
+        from .models import save_calibrated_model
+        from .models import save_logits as write_logits
+
+        if save_logits:
+            write_logits(fit_source.data, save_logits, temperature=None if no_write else report.temperature,  # type: ignore[attr-defined]
+                         metadata={"tempcal.model": model_path, "tempcal.inputs": str(inputs)})
+        if save_model and not no_write:
+            written = str(save_calibrated_model(model_path, report.temperature, save_model, output_key=output_key,
+                                                check_inputs=inputs, inputs_key=inputs_key))
     if plot:
         from .plots import reliability_diagram
 
@@ -177,6 +214,25 @@ def parse_estimators(text: str | None) -> list[str]:
 
 
 MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
+
+
+def is_model_source(source: list[str], inputs: str | None, model_only: list[str | None]) -> bool:
+    """A TorchScript model SOURCE: a model suffix and either ``--inputs`` or a TorchScript archive."""
+    model = len(source) == 1 and Path(source[0]).suffix.lower() in MODEL_SUFFIXES and (
+        inputs is not None or model_suffix(source[0]))
+    if not model and (inputs is not None or any(v is not None for v in model_only)):
+        usage("--inputs, --save-model, --save-logits and --output-key apply to a TorchScript model SOURCE")
+    return model
+
+
+def model_sources(model_path: str, inputs: str | None, eval_inputs: str | None, **options):
+    """The model run over ``--inputs`` (and over an ``--eval`` inputs file) as sources; and the model's path."""
+    from .models import load_model, open_model_source
+
+    model = load_model(model_path, options["device"])
+    main_source = open_model_source(model_path, inputs, model=model, **options)
+    eval_source = open_model_source(model_path, eval_inputs, model=model, **options) if eval_inputs else None
+    return main_source, eval_source, model_path
 
 
 def model_suffix(path: str) -> bool:

@@ -276,7 +276,7 @@ def best_sentence(source: str, ood_file: str, score: str, rows: Sequence[OodMetr
                    calibration_fpr95=None if at_t is None else at_t.fpr95, sentence=sentence)
 
 
-def ood_file(source: str | os.PathLike, ood_files: Sequence[str | os.PathLike], *,
+def ood_file(source: Any, ood_files: Sequence[Any], *,
              taus: Sequence[str | float] | None = None, scores: Sequence[str] = ("msp",), device: str = "auto",
              logits_key: str = "logits", labels_key: str = "labels", probs: bool = False,
              chunk_rows: int | None = None) -> OodReport:
@@ -291,22 +291,25 @@ def ood_file(source: str | os.PathLike, ood_files: Sequence[str | os.PathLike], 
     for name in scores:
         if name not in SCORES:
             raise TempcalError(f"--score {name}: expected msp, energy or both")
+    from .workflows import OpenedSource
+
+    source_arg, ood_args = source, list(ood_files)
+    source = source.name if isinstance(source, OpenedSource) else str(source)
     for text in taus or ():
         if not (isinstance(text, str) and text.strip().lower() == "fitted"):
             parse_tau(text, None, source)  # numbers are checked before any file is read
-    source = str(source)
-    ood_paths = [str(p) for p in ood_files]
+    ood_paths = [o.name if isinstance(o, OpenedSource) else str(o) for o in ood_args]
     for k, path in enumerate(ood_paths):
         if path in ood_paths[:k]:
             raise TempcalError(f"--ood {path}: given twice")
     warnings: list[str] = []
     keys: dict[str, Any] = {"logits_key": logits_key, "labels_key": labels_key, "probs": probs, "ignore_index": None}
-    loaded = open_source(source, **keys)
+    loaded = open_source(source_arg, **keys)
     stored = loaded.stored_temperature
     tau_list = resolve_taus(taus, stored, source)
     others = []
-    for path in ood_paths:
-        other = open_source(path, labels_optional=True, **keys)
+    for path, arg in zip(ood_paths, ood_args, strict=True):
+        other = open_source(arg, labels_optional=True, **keys)
         check_compatible(source, loaded.data, path, other.data)
         others.append(other)
     # Scores use no labels, so neither side's labels are checked.

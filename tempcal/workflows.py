@@ -68,7 +68,7 @@ class FitReport:
         }
 
 
-Sources = str | os.PathLike | Sequence[str | os.PathLike]
+Sources = Any  # a path, a glob, a list of them, or an OpenedSource
 
 
 @dataclass
@@ -98,7 +98,12 @@ class OpenedSource:
 
 def open_source(source: Sources, *, logits_key: str = "logits", labels_key: str = "labels", probs: bool = False,
                 ignore_index: int | None = IGNORE_INDEX, labels_optional: bool = False) -> OpenedSource:
-    """Check the files' headers and shapes; logits are read in chunks later (``--probs`` reads one file whole)."""
+    """Check the files' headers and shapes; logits are read in chunks later (``--probs`` reads one file whole).
+
+    An :class:`OpenedSource` (e.g. a model already run over its inputs) is returned as it is.
+    """
+    if isinstance(source, OpenedSource):
+        return source
     paths = expand_sources([source] if isinstance(source, (str, os.PathLike)) else list(source))
     if not paths:
         raise TempcalError("no SOURCE file given")

@@ -5,22 +5,26 @@ from __future__ import annotations
 import os
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
 from ..cli import (
+    BatchSize,
     ChunkRows,
     Device,
+    Inputs,
+    InputsKey,
     JsonOut,
     LabelsKey,
     LogitsKey,
+    OutputKey,
     Probs,
     Quiet,
     app,
     console,
     emit_json,
-    model_suffix,
+    is_model_source,
     usage,
     warn,
 )
@@ -56,20 +60,37 @@ def ood(
     probs: Probs = False,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
+    inputs: Inputs = None,
+    ood_inputs: Annotated[Optional[list[str]], typer.Option(
+        "--ood-inputs", metavar="DATA", help="OOD inputs for a model SOURCE ('inputs'; labels optional); repeatable.")
+    ] = None,
+    odin_eps: Annotated[Optional[float], typer.Option(
+        "--odin-eps", metavar="E", help="ODIN: perturb each input by E against the gradient of the tau-scaled "
+        "max log-softmax before scoring (model SOURCE, MSP).")] = None,
+    inputs_key: InputsKey = "inputs",
+    batch_size: BatchSize = 512,
+    output_key: OutputKey = None,
     quiet: Quiet = False,
 ) -> None:
     """Detect out-of-distribution inputs by MSP or energy at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive)."""
-    if not ood_files:
+    is_model = is_model_source([source], inputs, [output_key, *(ood_inputs or [])])
+    if is_model:
+        if ood_files:
+            usage("--ood takes logits files; with a model SOURCE give --ood-inputs DATA")
+        if not ood_inputs:
+            usage("missing option '--ood-inputs DATA': a model SOURCE needs out-of-distribution inputs")
+        if odin_eps is not None and score is not ScoreChoice.msp:
+            usage("--odin-eps scores by max softmax: drop --score energy/both")
+    elif odin_eps is not None:
+        usage("--odin-eps needs a TorchScript model SOURCE with --inputs and --ood-inputs")
+    elif not ood_files:
         usage("missing option '--ood FILE': give at least one out-of-distribution logits file")
-    assert ood_files is not None
-    for path in (source, *ood_files):
-        if model_suffix(path):
-            usage(f"{path}: TorchScript model sources are not supported by ood yet; save the logits and pass that file")
-    inputs = [source, *ood_files]
+    ood_files = list(ood_files or ood_inputs or [])
+    inputs_files = [source, *ood_files]
     outputs = [(option, path) for option, path in (("--json", json_out), ("--scores", scores_out), ("--plot", plot))
                if path is not None and path != "-"]
     for k, (option, path) in enumerate(outputs):
-        _check_output(option, path, inputs, outputs[:k])
+        _check_output(option, path, inputs_files, outputs[:k])
     if plot is not None:
         import importlib.util
 
@@ -83,8 +104,26 @@ def ood(
 
     device = init_from_environment(device)
     scores = ["msp", "energy"] if score is ScoreChoice.both else [score.value]
-    report = ood_file(source, ood_files, taus=tau, scores=scores, device=device, logits_key=logits_key,
-                      labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
+    progress = json_out != "-" and not quiet
+    if is_model and odin_eps is not None:
+        from ..models import odin_ood
+
+        assert inputs is not None
+        report = odin_ood(source, inputs, ood_files, eps=odin_eps, taus=tau, inputs_key=inputs_key,
+                          batch_size=batch_size, device=device, output_key=output_key, progress=progress)
+    elif is_model:
+        from ..models import load_model, open_model_source
+
+        model = load_model(source, device)
+        options: dict[str, Any] = {"inputs_key": inputs_key, "labels_key": labels_key, "batch_size": batch_size,
+                                   "device": device, "output_key": output_key, "progress": progress, "model": model,
+                                   "labels_optional": True}
+        id_source = open_model_source(source, inputs, **options)
+        oods = [open_model_source(source, path, label=path, **options) for path in ood_files]
+        report = ood_file(id_source, oods, taus=tau, scores=scores, device=device, chunk_rows=chunk_rows)
+    else:
+        report = ood_file(source, ood_files, taus=tau, scores=scores, device=device, logits_key=logits_key,
+                          labels_key=labels_key, probs=probs, chunk_rows=chunk_rows)
     if rank() != 0:  # under torch.distributed only rank 0 prints and writes
         return
     warn(report.warnings)
@@ -94,7 +133,7 @@ def ood(
     if plot is not None:
         written.append(f"wrote the plot to {plot_report(report, plot)}")
     payload = report.to_json()
-    payload.update(scores_file=scores_out, plot=plot)
+    payload.update(scores_file=scores_out, plot=plot, odin_eps=odin_eps)
     emit_json(json_out, payload)
     if json_out != "-" and not quiet:
         from ..render_ood import print_ood

@@ -8,20 +8,27 @@ from typing import Annotated, Optional
 import typer
 
 from ..cli import (
+    BatchSize,
     Bins,
     Bootstrap,
     ChunkRows,
     Device,
     Estimators,
     IgnoreIndex,
+    Inputs,
+    InputsKey,
     JsonOut,
     LabelsKey,
     LogitsKey,
+    OutputKey,
     Probs,
     Quiet,
+    SaveLogits,
     app,
     console,
     emit_json,
+    is_model_source,
+    model_sources,
     parse_estimators,
     usage,
     warn,
@@ -83,6 +90,11 @@ def report(
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resamples.")] = 0,
+    inputs: Inputs = None,
+    inputs_key: InputsKey = "inputs",
+    batch_size: BatchSize = 512,
+    output_key: OutputKey = None,
+    save_logits: SaveLogits = None,
     quiet: Quiet = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures."""
@@ -97,7 +109,16 @@ def report(
     from ..workflows import report_file
 
     device = init_from_environment(device)
-    result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, logits_key=logits_key,
+    target: object = source
+    if is_model_source(source, inputs, [save_logits, output_key]):
+        target, _, _ = model_sources(source[0], inputs, None, inputs_key=inputs_key, labels_key=labels_key,
+                                     batch_size=batch_size, device=device, output_key=output_key,
+                                     progress=json_out != "-" and not quiet)
+        if save_logits:
+            from ..models import save_logits as write_logits
+
+            write_logits(target.data, save_logits, temperature=target.stored_temperature)  # type: ignore[attr-defined]
+    result = report_file(target, taus=taus, sweep=grid, bins=bins, device=device, logits_key=logits_key,
                          labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index,
                          estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed)
     if rank() != 0:  # under torch.distributed only rank 0 prints and writes
