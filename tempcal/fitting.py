@@ -36,6 +36,8 @@ T_MAX = 1e6
 #: Convergence tolerance on log T: float32 arithmetic resolves beta = 1/T to about 6e-8.
 XTOL = {torch.float32: 1e-7, torch.float64: 1e-10}
 MAX_PASSES = 60
+#: A secant estimate decides convergence only between points this close in log T.
+TRUST_WIDTH = 1e-2
 
 
 @dataclass
@@ -141,7 +143,12 @@ class _SlopeSearch:
         self.hessian = 1.0  # curvature estimate at the start, for a Newton step from a single point
 
     def effective_theta(self, theta: float) -> tuple[float, float]:
-        """The pass multiplies by beta in the compute dtype: the (theta, beta) it really uses."""
+        """The pass multiplies by beta in the compute dtype: the (theta, beta) it really uses.
+
+        Steps are kept a little beyond the documented bounds, where the result is clamped anyway:
+        extreme logits can make L-BFGS try a T whose 1/T overflows.
+        """
+        theta = min(max(theta, math.log(T_MIN) - 5), math.log(T_MAX) + 5)
         beta = float(torch.tensor(math.exp(-theta), dtype=self.scan.compute_dtype))
         return -math.log(beta), beta
 
@@ -180,7 +187,12 @@ class _SlopeSearch:
             hi = min(above, key=lambda p: p[0])
             g_lo = lo[2] / 2 if self._halve == -1 else lo[2]
             g_hi = hi[2] / 2 if self._halve == 1 else hi[2]
-            root = lo[0] - g_lo * (hi[0] - lo[0]) / (g_hi - g_lo)
+            width = hi[0] - lo[0]
+            root = lo[0] - g_lo * width / (g_hi - g_lo)
+            if width > TRUST_WIDTH:
+                # The secant is trusted only on a narrow bracket; on a wide one keep clear of its ends.
+                root = min(max(root, lo[0] + 0.01 * width), hi[0] - 0.01 * width)
+                return root, False
             return root, min(root - lo[0], hi[0] - root) <= self.xtol or self._stalled
         if len(points) == 1:
             step = -points[0][2] / self.hessian
@@ -189,7 +201,7 @@ class _SlopeSearch:
         if a[2] == b[2]:
             return a[0], self._stalled
         root = a[0] - a[2] * (a[0] - b[0]) / (a[2] - b[2])
-        return root, abs(root - a[0]) <= self.xtol or self._stalled
+        return root, (abs(root - a[0]) <= self.xtol and abs(a[0] - b[0]) <= TRUST_WIDTH) or self._stalled
 
     def finish(self, max_passes: int) -> tuple[float, bool]:
         """Evaluate at the estimate until it is converged or the pass budget is spent."""

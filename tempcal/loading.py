@@ -1,13 +1,20 @@
-"""Reading logits files: the safetensors header is checked against the file before any tensor is read."""
+"""Reading logits files: the safetensors header is checked against the file before any tensor is read.
+
+Nothing is allocated from a size the header declares before that size is checked against
+the file's size, and the file's identity (device, inode, size, mtime) is recorded when the
+header is read, so that a file changed while tempcal works on it is noticed, never overwritten.
+"""
 
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import math
 import os
+import stat
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import TempcalError
@@ -18,6 +25,66 @@ DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2
                "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
 #: A header larger than this is refused before it is read (safetensors itself caps it at 100 MB).
 MAX_HEADER_BYTES = 100_000_000
+#: Names, shapes and other header values are cut to this many characters in error messages.
+MAX_SHOWN = 80
+
+
+@dataclass(frozen=True)
+class FileStamp:
+    """What identifies one version of a file: a change to any of these means it is not the file that was read."""
+
+    device: int
+    inode: int
+    size: int
+    mtime_ns: int
+
+    @classmethod
+    def of(cls, st: os.stat_result) -> FileStamp:
+        return cls(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+    def change_to(self, now: FileStamp | None) -> str | None:
+        """How the file changed from this stamp to ``now`` (None: it did not)."""
+        if now == self:
+            return None
+        if now is None:
+            return "it was removed"
+        if (now.device, now.inode) != (self.device, self.inode):
+            return "it was replaced by another file"
+        if now.size != self.size:
+            return f"its size went from {self.size} to {now.size} bytes"
+        return "it was modified (new mtime)"
+
+
+def file_stamp(path: str | os.PathLike) -> FileStamp | None:
+    """The stamp of the file ``path`` names now (following links), or None if there is none."""
+    try:
+        return FileStamp.of(os.stat(path))
+    except OSError:
+        return None
+
+
+def check_unchanged(path: str | os.PathLike, stamp: FileStamp | None, *, since: str = "tempcal read it") -> None:
+    """Refuse to go on when ``path`` is no longer the file ``stamp`` was taken of."""
+    if stamp is None:
+        return
+    change = stamp.change_to(file_stamp(path))
+    if change is not None:
+        raise TempcalError(f"{path}: changed since {since} ({change}); nothing written, run tempcal again")
+
+
+#: The stamp of each file (by real path) when this process last read its header or wrote it.
+_LOADED: dict[str, FileStamp] = {}
+
+
+def recorded_stamp(path: str | os.PathLike) -> FileStamp | None:
+    """The stamp ``path`` had when this process last read (or wrote) it; write-back checks against it."""
+    return _LOADED.get(os.path.realpath(path))
+
+
+def record_stamp(path: str | os.PathLike, stamp: FileStamp | None) -> None:
+    """Remember ``stamp`` as the version of ``path`` this process last read or wrote."""
+    if stamp is not None:
+        _LOADED[os.path.realpath(path)] = stamp
 
 
 @dataclass(frozen=True)
@@ -37,6 +104,8 @@ class Header:
     metadata: dict[str, str]
     tensors: dict[str, TensorInfo]
     file_size: int
+    #: The file's identity when the header was read (None for a header not read from a file).
+    stamp: FileStamp | None = field(default=None, compare=False, repr=False)
 
     @property
     def data_start(self) -> int:
@@ -52,20 +121,47 @@ class Header:
         except ValueError:
             value = math.nan
         if not (math.isfinite(value) and value > 0):
-            raise TempcalError(f"{self.path}: metadata '{TEMPERATURE_KEY}' is {text!r}, not a positive number")
+            raise TempcalError(f"{self.path}: metadata '{TEMPERATURE_KEY}' is {shown(text)}, not a positive number")
         return value
 
 
+def shown(value: object) -> str:
+    """``repr`` of a header value, cut short: error messages stay one readable line whatever the file holds."""
+    text = repr(value)
+    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
+
+
 def read_header(path: str | os.PathLike) -> Header:
-    """Parse and check a safetensors header; any problem is a one-line :class:`TempcalError`."""
+    """Parse and check a safetensors header; any problem is a one-line :class:`TempcalError`.
+
+    The declared header length is checked against the file's size before anything is read,
+    so a hostile length costs no memory. The file's stamp is recorded as the version this
+    process read: a later write-back of T into it refuses if it is no longer that version.
+    """
+    header = reread_header(path)
+    record_stamp(path, header.stamp)
+    return header
+
+
+def reread_header(path: str | os.PathLike) -> Header:
+    """:func:`read_header` without recording the file as read (to compare it with the version read before)."""
     path = Path(path)
-    if not path.exists():
-        raise TempcalError(f"{path}: no such file")
-    if not path.is_file():
-        raise TempcalError(f"{path}: not a regular file")
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        # O_NONBLOCK: a FIFO or device put where a file was expected must not block the open.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            raise TempcalError(f"{path}: no such file") from None
+        if exc.errno in (errno.EISDIR, errno.ENXIO):
+            raise TempcalError(f"{path}: not a regular file") from None
+        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise TempcalError(f"{path}: not a regular file")
+        with open(fd, "rb", closefd=True) as f:
+            size = st.st_size
             prefix = f.read(8)
             if len(prefix) < 8:
                 raise TempcalError(f"{path}: not a safetensors file ({size} bytes, too short for a header)")
@@ -74,15 +170,14 @@ def read_header(path: str | os.PathLike) -> Header:
                 raise TempcalError(f"{path}: not a safetensors file or truncated (header claims {length} bytes, "
                                    f"the file has {size - 8} after the length field)")
             raw = f.read(length)
+            if len(raw) < length:
+                raise TempcalError(f"{path}: changed while tempcal was reading it (now shorter than its header); "
+                                   "run tempcal again")
     except OSError as exc:
-        raise TempcalError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        parsed = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
-    if not isinstance(parsed, dict):
-        raise TempcalError(f"{path}: not a safetensors file (header is not a JSON object)")
-    metadata = parsed.pop("__metadata__", None) or {}
+        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    parsed = _parse_json(path, raw)
+    metadata = parsed.pop("__metadata__", None)
+    metadata = {} if metadata is None else metadata
     if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                  for k, v in metadata.items()):
         raise TempcalError(f"{path}: safetensors metadata must map strings to strings")
@@ -91,27 +186,62 @@ def read_header(path: str | os.PathLike) -> Header:
     spans = sorted((t.begin, t.end, name) for name, t in tensors.items() if t.end > t.begin)
     for (_, end_a, name_a), (begin_b, _, name_b) in itertools.pairwise(spans):
         if begin_b < end_a:
-            raise TempcalError(f"{path}: tensors '{name_a}' and '{name_b}' overlap in the file")
-    return Header(path, length, metadata, tensors, size)
+            raise TempcalError(f"{path}: tensors {shown(name_a)} and {shown(name_b)} overlap in the file")
+    return Header(path, length, metadata, tensors, size, FileStamp.of(st))
+
+
+def _parse_json(path: Path, raw: bytes) -> dict:
+    """The header as a dict; bad UTF-8, bad JSON, absurd nesting or number sizes and duplicate keys are refused."""
+
+    def no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+        found = dict(pairs)
+        if len(found) < len(pairs):
+            seen: set[str] = set()
+            for key, _ in pairs:
+                if key in seen:
+                    raise _Duplicate(key)
+                seen.add(key)
+        return found
+
+    try:
+        parsed = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
+    except UnicodeDecodeError:
+        raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
+    except _Duplicate as exc:
+        raise TempcalError(f"{path}: not a valid safetensors header (key {shown(exc.key)} appears twice)") from None
+    except (ValueError, RecursionError):  # JSONDecodeError, integers past Python's digit limit, deep nesting
+        raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
+    if not isinstance(parsed, dict):
+        raise TempcalError(f"{path}: not a safetensors file (header is not a JSON object)")
+    return parsed
+
+
+class _Duplicate(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _tensor_info(path: Path, name: str, entry, data_size: int) -> TensorInfo:
-    where = f"{path}: tensor '{name}'"
+    where = f"{path}: tensor {shown(name)}"
     if not isinstance(entry, dict):
         raise TempcalError(f"{where}: header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPE_SIZES:
-        raise TempcalError(f"{where}: unknown dtype {dtype!r}")
-    if not (isinstance(shape, list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0
-                                            for s in shape)):
-        raise TempcalError(f"{where}: shape {shape!r} is not a list of non-negative integers")
-    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) and o >= 0
-                                                                    for o in offsets)):
-        raise TempcalError(f"{where}: data_offsets {offsets!r} is not [begin, end]")
+    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+        raise TempcalError(f"{where}: unknown dtype {shown(dtype)}")
+    if not (isinstance(shape, list) and all(_is_count(s) for s in shape)):
+        raise TempcalError(f"{where}: shape {shown(shape)} is not a list of non-negative integers")
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
+        raise TempcalError(f"{where}: data_offsets {shown(offsets)} is not [begin, end]")
     begin, end = offsets
-    expected = math.prod(shape) * DTYPE_SIZES[dtype]
+    expected = _byte_count(shape, DTYPE_SIZES[dtype], data_size)
     if end < begin or end - begin != expected:
-        raise TempcalError(f"{where}: shape {shape} of {dtype} needs {expected} bytes, "
+        needs = f"{expected}" if expected <= data_size else f"more than the {data_size} data"
+        raise TempcalError(f"{where}: shape {shown(shape)} of {dtype} needs {needs} bytes, "
                            f"data_offsets give {end - begin}")
     if end > data_size:
         raise TempcalError(f"{where}: data ends at byte {end} but the file holds {data_size} data bytes "
@@ -119,18 +249,38 @@ def _tensor_info(path: Path, name: str, entry, data_size: int) -> TensorInfo:
     return TensorInfo(dtype, tuple(shape), begin, end)
 
 
+def _byte_count(shape: list[int], itemsize: int, limit: int) -> int:
+    """Bytes a tensor of ``shape`` needs, or any number above ``limit`` once it is known to exceed it.
+
+    Stopping early keeps a hostile shape (a million huge dimensions) from costing time.
+    """
+    if 0 in shape:
+        return 0
+    count = itemsize
+    for dim in shape:
+        count *= dim
+        if count > limit:
+            return limit + 1
+    return count
+
+
 def read_tensor(header: Header, key: str, *, option: str):
     """Load one tensor named ``key``; a missing key lists the keys present and the option to rename it."""
     if key not in header.tensors:
-        present = ", ".join(f"'{k}'" for k in header.tensors) or "none"
-        raise TempcalError(f"{header.path}: no tensor '{key}' (keys present: {present}; choose one with {option})")
-    from safetensors import SafetensorError, safe_open
+        present = ", ".join(shown(k) for k in itertools.islice(header.tensors, 20)) or "none"
+        if len(header.tensors) > 20:
+            present += f" and {len(header.tensors) - 20} more"
+        raise TempcalError(f"{header.path}: no tensor {shown(key)} (keys present: {present}; choose one with {option})")
+    from safetensors import safe_open
 
     try:
         with safe_open(str(header.path), framework="pt") as f:
-            return f.get_tensor(key)
-    except (SafetensorError, OSError, RuntimeError) as exc:
-        raise TempcalError(f"{header.path}: cannot read tensor '{key}': {str(exc).splitlines()[0]}") from None
+            tensor = f.get_tensor(key)
+    except Exception as exc:  # whatever the reader makes of a hostile file, the user gets one line
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise TempcalError(f"{header.path}: cannot read tensor {shown(key)}: {first}") from None
+    check_unchanged(header.path, header.stamp, since="tempcal read its header")
+    return tensor
 
 
 @dataclass(frozen=True)

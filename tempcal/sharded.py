@@ -19,7 +19,7 @@ import torch
 
 from .data import FLOAT_DTYPES, default_chunk_rows
 from .errors import DataError, TempcalError
-from .loading import Header, read_header, read_tensor
+from .loading import Header, check_unchanged, read_header, read_tensor
 
 SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 IGNORE_INDEX = -100
@@ -134,6 +134,7 @@ class ShardedLogits:
                         z = torch.stack([torch.zeros_like(z[:, 0]), z[:, 0]], dim=1)
                     yield position, z, y
                     position += n
+            check_unchanged(shard.header.path, shard.header.stamp)
 
 
 class _BlockReader:

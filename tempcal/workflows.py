@@ -178,8 +178,14 @@ def fit_file(source: Sources, *, eval_file: Sources | None = None, val_fraction:
             fit_scan, eval_scan = scan.select(loaded.local_rows(fit_index)), scan.select(loaded.local_rows(eval_index))
         fraction = val_fraction
     if eval_scan.num_samples < 1:
-        raise DataError("the evaluation part holds no samples; lower --val-fraction or pass --eval")
-    result = fit_temperature(fit_scan, objective=objective, bins=bins)
+        where = evaluated.name if evaluated is not None else loaded.name
+        raise DataError(f"{where}: the evaluation part holds no samples"
+                        + ("" if evaluated is not None or loaded.data.num_samples < 2
+                           else "; lower --val-fraction or pass --eval"))
+    try:
+        result = fit_temperature(fit_scan, objective=objective, bins=bins)
+    except DataError as exc:
+        raise DataError(f"{loaded.name}: {exc}") from None
     result.passes += 1  # the validating scan of the fitting samples
     warnings.extend(result.warnings)
     before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
