@@ -20,14 +20,12 @@ by an older version of the file is noticed and its T ignored.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
 import os
 import re
 import shutil
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable, Mapping
@@ -396,16 +394,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _parse_temperature(metadata: Mapping[str, str], where: Path) -> float | None:
-    text = metadata.get(TEMPERATURE_KEY)
-    if text is None:
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise TempcalError(f"{where}: '{TEMPERATURE_KEY}' is {text!r}, not a positive number")
-    return value
+    from .loading import parse_temperature
+
+    return parse_temperature(metadata, f"{where}:")
 
 
 def read_stored_temperature(path: str | os.PathLike) -> tuple[float | None, list[str]]:
@@ -548,32 +539,9 @@ def write_stored_temperature(source: str | os.PathLike, temperature: float,
 
 def _atomic_replace(destination: Path, write: Callable[[BinaryIO], object], mode: int) -> None:
     """Write via ``write(file)`` to a temporary file beside ``destination``, fsync, rename into place."""
-    folder = destination.parent if str(destination.parent) else Path(".")
-    if not folder.is_dir():
-        raise TempcalError(f"{destination}: folder {folder} does not exist")
-    try:
-        fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{destination.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise TempcalError(f"{destination}: cannot write in {folder} ({exc.strerror or exc})") from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            write(out)
-            out.flush()
-            os.fsync(out.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, destination)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        if isinstance(exc, OSError):
-            raise TempcalError(f"{destination}: write failed ({exc.strerror or exc}); nothing changed") from None
-        raise
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    from .atomic import write_atomic
+
+    write_atomic(destination, write, what="", mode=mode)
 
 
 __all__ = ["SIDECAR_SUFFIX", "SUFFIXES", "FileInfo", "LoadedLogits", "file_format", "file_sha256", "is_torchscript",

@@ -16,6 +16,7 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .errors import TempcalError
 
@@ -113,16 +114,21 @@ class Header:
 
     def stored_temperature(self) -> float | None:
         """The T a previous ``tempcal fit`` wrote into the metadata, if any."""
-        text = self.metadata.get(TEMPERATURE_KEY)
-        if text is None:
-            return None
-        try:
-            value = float(text)
-        except ValueError:
-            value = math.nan
-        if not (math.isfinite(value) and value > 0):
-            raise TempcalError(f"{self.path}: metadata '{TEMPERATURE_KEY}' is {shown(text)}, not a positive number")
-        return value
+        return parse_temperature(self.metadata, f"{self.path}: metadata")
+
+
+def parse_temperature(metadata: dict[str, str] | Any, where: str) -> float | None:
+    """``tempcal.temperature`` from a metadata mapping: None when absent, else a positive finite float."""
+    text = metadata.get(TEMPERATURE_KEY)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {shown(text)}, not a positive number")
+    return value
 
 
 def shown(value: object) -> str:

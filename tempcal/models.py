@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import tempfile
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -424,41 +423,10 @@ def open_model_source(model_path: str | os.PathLike, inputs_path: str | os.PathL
 
 # -- writing ----------------------------------------------------------------------------------
 def _write_atomic(path: str | os.PathLike, blob: bytes, what: str) -> Path:
-    """Write ``blob`` to a temporary file beside ``path``, fsync it, rename it over ``path`` (links written through)."""
-    path = Path(path)
-    destination = Path(os.path.realpath(path)) if path.is_symlink() else path
-    if destination.is_dir():
-        raise TempcalError(f"{what} {path}: is a folder")
-    folder = destination.parent if str(destination.parent) else Path(".")
-    try:
-        mode = destination.stat().st_mode & 0o7777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    try:
-        fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{destination.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise TempcalError(f"{what} {path}: cannot write in {folder} ({exc.strerror or exc})") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(temporary, mode)
-        os.replace(temporary, destination)
-    except BaseException as exc:
-        Path(temporary).unlink(missing_ok=True)
-        if isinstance(exc, OSError):
-            raise TempcalError(f"{what} {path}: cannot write ({exc.strerror or exc})") from None
-        raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where the platform allows it
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    return path
+    """Write ``blob`` over ``path`` atomically (links written through)."""
+    from .atomic import write_atomic
+
+    return write_atomic(path, lambda f: f.write(blob), what=what)
 
 
 def save_logits(data: LogitsData, path: str | os.PathLike, *, labels: bool = True,

@@ -436,36 +436,11 @@ def plot_report(report: OodReport, path: str | os.PathLike) -> Path:
     return destination
 
 
-class _atomic:
+def _atomic(destination: Path):
     """A temporary path beside ``destination`` that is renamed over it on success and removed on failure."""
+    from .atomic import atomic_path
 
-    def __init__(self, destination: Path):
-        self.destination = destination
-
-    def __enter__(self) -> Path:
-        import tempfile
-
-        folder = self.destination.parent if str(self.destination.parent) else Path(".")
-        try:
-            fd, name = tempfile.mkstemp(dir=folder, prefix=f".{self.destination.name}.", suffix=".tmp")
-        except OSError as exc:
-            raise TempcalError(f"{self.destination}: cannot write in {folder} ({exc.strerror})") from None
-        os.close(fd)
-        self.temporary = Path(name)
-        return self.temporary
-
-    def __exit__(self, kind, exc, tb) -> None:
-        if kind is None:
-            mask = os.umask(0)
-            os.umask(mask)
-            try:
-                os.chmod(self.temporary, 0o666 & ~mask)
-                os.replace(self.temporary, self.destination)
-            except OSError as error:
-                self.temporary.unlink(missing_ok=True)
-                raise TempcalError(f"{self.destination}: cannot write ({error.strerror})") from None
-        else:
-            self.temporary.unlink(missing_ok=True)
+    return atomic_path(destination, what="")
 
 
 __all__ = ["DEFAULT_TAUS", "ID_RECALL", "SCORES", "OodBest", "OodMetrics", "OodReport", "default_taus",

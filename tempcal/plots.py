@@ -102,13 +102,10 @@ def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike) 
 
 def _save(fig, path: Path) -> None:
     """Save beside the destination, then rename: a failed save leaves no half-written picture."""
-    temporary = path.with_name(f".{path.name}.tmp{path.suffix}")
-    try:
+    from .atomic import atomic_path
+
+    with atomic_path(path, what="--plot") as temporary:
         fig.savefig(temporary, format=path.suffix.lstrip(".").lower(), dpi=120)
-        os.replace(temporary, path)
-    except OSError as exc:
-        temporary.unlink(missing_ok=True)
-        raise TempcalError(f"--plot {path}: cannot write ({exc.strerror or exc})") from None
 
 
 def log_spaced(start: float, stop: float, count: int) -> list[float]:
