@@ -409,7 +409,8 @@ def write_markdown(path: Path, args, sections: list[dict], gpu_note: str, gate: 
                "during its run; the run with the least interference is shown. Multi-threaded torch slows down far "
                "more than its share when another job holds a core")
     out.append("- `passes`: objective evaluations over all the data (an autograd evaluation reads it in the "
-               "forward and again in the backward); `peak RSS`: `ru_maxrss` during the fits, input data included")
+               "forward and again in the backward); `peak RSS`: the runner's high-water resident memory (`VmHWM`, "
+               "reset after loading and preparing the input) during the fits, the input included")
     out.append("")
     for s in sections:
         ref = s["ref"]
