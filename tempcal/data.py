@@ -42,14 +42,18 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     return torch.device(name)
 
 
-#: Inputs with at most this many logits are reduced in float64 whatever their dtype: it costs
-#: little there, and it resolves T to 1e-8 even where the NLL is nearly flat in T.
-FLOAT64_UP_TO = 1 << 22
+#: Inputs with at most this many logits, or fewer rows than FLOAT64_BELOW_ROWS, are reduced in
+#: float64 whatever their dtype. Float32 rounding in the gradient averages out over many rows
+#: (T within 1e-7 from about a thousand rows on); over a few dozen rows a nearly flat NLL can
+#: leave T off by 1e-5, while float64 costs little there.
+FLOAT64_UP_TO = 1 << 18
+FLOAT64_BELOW_ROWS = 1000
 
 
-def compute_dtype(dtype: torch.dtype, numel: int = 0) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype, numel: int = 0, rows: int | None = None) -> torch.dtype:
     """float64 for float64 input and for small inputs; float32 otherwise (never half precision)."""
-    return torch.float64 if dtype == torch.float64 or numel <= FLOAT64_UP_TO else torch.float32
+    small = numel <= FLOAT64_UP_TO or (rows is not None and rows < FLOAT64_BELOW_ROWS)
+    return torch.float64 if dtype == torch.float64 or small else torch.float32
 
 
 class LogitsSource(Protocol):
@@ -184,14 +188,14 @@ def probabilities_to_logits(p: torch.Tensor, name: str = "logits") -> torch.Tens
         raise DataError(f"--probs: '{name}' has {int(bad.sum())} values outside [0, 1] (first in row {first})")
     if p.dim() == 1:
         with torch.no_grad():
-            return (torch.log(p64) - torch.log1p(-p64)).to(compute_dtype(p.dtype, p.numel()))
+            return (torch.log(p64) - torch.log1p(-p64)).to(compute_dtype(p.dtype, p.numel(), p.shape[0]))
     sums = p64.sum(1)
     off = (sums - 1).abs() > 1e-3
     if bool(off.any()):
         first = int(off.nonzero()[0])
         raise DataError(f"--probs: {int(off.sum())} rows of '{name}' do not sum to 1 "
                         f"(first: row {first} sums to {float(sums[first]):.6g})")
-    return torch.log(p64).to(compute_dtype(p.dtype, p.numel()))
+    return torch.log(p64).to(compute_dtype(p.dtype, p.numel(), p.shape[0]))
 
 
 def _dtype_name(dtype: torch.dtype) -> str:

@@ -80,8 +80,8 @@ class Scan:
                  _stats: RowStats | None = None):
         self.data = data
         self.labelled = labelled  # False: the labels are placeholders (OOD scores) and are not checked
-        self.compute_dtype = dtype or compute_dtype(data.dtype, data.numel())
         self.device = resolve_device(device)
+        self.compute_dtype = dtype or self._choose_dtype()
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
         if self.chunk_rows < 1:
             raise DataError(f"chunk size must be at least 1 row, got {chunk_rows}")
@@ -108,6 +108,12 @@ class Scan:
         return Scan(self.data.select(rows), device=self.device, chunk_rows=self.chunk_rows,
                     dtype=self.compute_dtype, labelled=self.labelled,
                     _stats=self.stats.select(rows.to(self.stats.row_max.device)))
+
+    def _choose_dtype(self) -> torch.dtype:
+        """The compute dtype from the sizes over all ranks, so every rank rounds beta the same way."""
+        sizes = torch.tensor([self.data.numel(), self.data.num_samples], dtype=torch.int64, device=self.device)
+        numel, rows = all_reduce(sizes).tolist()
+        return compute_dtype(self.data.dtype, numel, rows)
 
     # -- the first scan -------------------------------------------------------------
     def _first_scan(self) -> RowStats:

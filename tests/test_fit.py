@@ -9,7 +9,9 @@ import torch
 from reference import miscalibrated, miscalibrated_binary, nll_at, optimal_temperature
 
 import tempcal
+from tempcal.data import as_logits_data
 from tempcal.fitting import T_MAX, T_MIN
+from tempcal.scan import Scan
 
 
 def _with_neginf():
@@ -17,6 +19,14 @@ def _with_neginf():
     impossible = torch.rand(z.shape, generator=torch.Generator().manual_seed(1)) < 0.2
     impossible[torch.arange(len(y)), y] = False
     return z.masked_fill(impossible, -math.inf), y
+
+
+def _weak_signal(n, c, seed):
+    """Mostly random labels: a flat NLL with its optimum at a large T."""
+    z, y = miscalibrated(n, c, 2.5, seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.rand(n, generator=g) < 0.8
+    return z, torch.where(noise, torch.randint(0, c, (n,), generator=g), y)
 
 
 CASES = {
@@ -31,6 +41,9 @@ CASES = {
     "float64": lambda: miscalibrated(5000, 10, 2.5, seed=10, dtype=torch.float64),
     "magnitude-1e4": lambda: miscalibrated(5000, 10, 2000.0, seed=11),
     "neginf-entries": _with_neginf,
+    # Over 256K logits and 1,000 rows: reduced in float32.
+    "float32-reductions": lambda: miscalibrated(30000, 20, 2.5, seed=13),
+    "float32-weak-signal": lambda: _weak_signal(12000, 30, seed=14),
 }
 
 
@@ -45,6 +58,13 @@ def test_fit_reaches_the_float64_optimum(name):
     assert 2 <= result.passes <= 20
     z = logits.double().numpy()
     assert result.nll == pytest.approx(nll_at(z, labels.numpy(), result.temperature), rel=1e-5)
+
+
+@pytest.mark.parametrize(("shape", "expected"), [((30000, 20), torch.float32), ((100, 2000), torch.float64),
+                                                 ((2000, 100), torch.float64), ((999, 300), torch.float64)])
+def test_reductions_use_float64_for_few_rows_or_few_logits(shape, expected):
+    logits, labels = miscalibrated(*shape, 1.0, seed=15)
+    assert Scan(as_logits_data(logits, labels), device="cpu").compute_dtype == expected
 
 
 def test_small_chunks_give_the_same_temperature():
