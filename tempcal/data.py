@@ -12,7 +12,7 @@ from .errors import DataError, TempcalError
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Rows of every reduction step are cut so that one chunk holds about this many logits.
-CPU_CHUNK_ELEMENTS = 1 << 18
+CPU_CHUNK_ELEMENTS = 1 << 19
 CUDA_CHUNK_ELEMENTS = 1 << 26
 
 
@@ -21,7 +21,7 @@ MIN_CHUNK_ROWS = 64
 
 
 def default_chunk_rows(num_classes: int, device: torch.device) -> int:
-    """About 256K logits per chunk on CPU (cache-sized), 64M on CUDA; never fewer than MIN_CHUNK_ROWS rows."""
+    """About 512K logits per chunk on CPU (cache-sized), 64M on CUDA; never fewer than MIN_CHUNK_ROWS rows."""
     per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
     return max(MIN_CHUNK_ROWS, per_chunk // num_classes)
 

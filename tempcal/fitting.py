@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from dataclasses import dataclass, field
 
 import torch
@@ -102,9 +103,10 @@ def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
     search.hessian = scale * scale
 
     u = torch.zeros(1, dtype=torch.float64)
-    optimizer = torch.optim.LBFGS([u], lr=1.0, max_iter=max_passes, max_eval=max_passes,
-                                  tolerance_grad=0.0, tolerance_change=0.0,
-                                  history_size=10, line_search_fn="strong_wolfe")
+    with _no_dynamo_import():
+        optimizer = torch.optim.LBFGS([u], lr=1.0, max_iter=max_passes, max_eval=max_passes,
+                                      tolerance_grad=0.0, tolerance_change=0.0,
+                                      history_size=10, line_search_fn="strong_wolfe")
 
     def closure():
         point, fresh = search.point_at(theta0 + float(u) / scale)
@@ -118,6 +120,29 @@ def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
     theta, converged = search.finish(max_passes)
     result = FitResult(math.exp(theta), "nll", n, 0, converged, min(p[1] for p in search.points))
     return _clamp(result)
+
+
+@contextlib.contextmanager
+def _no_dynamo_import():
+    """Build an optimizer without importing ``torch._dynamo`` (1.5 s, more than the whole fit of 200 MB).
+
+    ``Optimizer.add_param_group`` imports it on first use only to exclude itself from
+    ``torch.compile``, and skips the import when the function already carries its excluded
+    version. Nothing here is compiled, so the plain function stands in during construction;
+    the marker is removed afterwards, leaving torch as it was for the rest of the process.
+    """
+    plain = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
+    if plain is None or "torch._dynamo" in sys.modules or hasattr(plain, _DYNAMO_MARKER):
+        yield
+        return
+    setattr(plain, _DYNAMO_MARKER, plain)
+    try:
+        yield
+    finally:
+        delattr(plain, _DYNAMO_MARKER)
+
+
+_DYNAMO_MARKER = "__dynamo_disable"
 
 
 class _Done(Exception):

@@ -188,9 +188,10 @@ class Scan:
         """Mean NLL and its derivative(s) in ``beta`` in one pass."""
         self.passes += 1
         acc = torch.zeros(3, dtype=torch.float64, device=self.device)
+        scratch = Scratch()
         for z, _, row_max, gap, _, has_neginf in self.row_chunks():
-            d = z - row_max[:, None]
-            e = torch.mul(d, beta).exp_()
+            d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
+            e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
             if has_neginf:
                 d.nan_to_num_(neginf=0.0)
             s0 = e.sum(1)
@@ -198,7 +199,7 @@ class Scan:
             acc[0] += (torch.log(s0) - beta * gap).sum(dtype=torch.float64)
             acc[1] += (mean_d - gap).sum(dtype=torch.float64)
             if curvature:
-                second = torch.linalg.vecdot(e, d * d) / s0
+                second = torch.linalg.vecdot(e.mul_(d), d) / s0
                 acc[2] += (second - mean_d * mean_d).clamp_min(0).sum(dtype=torch.float64)
         n = max(self.num_samples, 1)
         nll, grad, curv = (all_reduce(acc) / n).tolist()
@@ -218,12 +219,13 @@ class Scan:
         acc = torch.zeros(len(betas), 5, dtype=torch.float64, device=self.device)
         per_bin = torch.zeros(len(betas), 3, bins, dtype=torch.float64, device=self.device)
         scores: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
+        scratch = Scratch()
         for z, _, row_max, gap, correct, has_neginf in self.row_chunks():
-            d = z - row_max[:, None]
+            d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
             hit = correct.to(torch.float64)
             d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
             for k, beta in enumerate(betas):
-                e = torch.mul(d, beta).exp_()
+                e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
                 s0 = e.sum(1)
                 log_s0 = torch.log(s0)
                 mean_d = torch.linalg.vecdot(e, d_finite) / s0
@@ -282,6 +284,21 @@ class Scan:
 
     def _mean(self, values: torch.Tensor) -> float:
         return self.sum(values) / max(self.num_samples, 1)
+
+
+class Scratch:
+    """Chunk-sized buffers reused through a pass: a fresh megabyte per temporary and chunk costs
+    page faults that take as long as the arithmetic."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Buffer ``name`` shaped like ``t`` (contents undefined), grown when ``t`` is larger."""
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < t.numel() or buffer.dtype != t.dtype or buffer.device != t.device:
+            buffer = self._buffers[name] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
+        return buffer[: t.numel()].view(t.shape)
 
 
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -1,8 +1,9 @@
-"""Logits read from safetensors files in row chunks, never whole: one file, many shards, or a glob.
+"""Logits read from safetensors files in row chunks: one file, many shards, or a glob.
 
 Each chunk is read with ``pread`` at the byte offsets the (checked) header gives, into a
 reused buffer, so memory stays at one chunk whatever the file size, and no page of the
-file is mapped into the process. Labels (N integers) are read whole: splits need them.
+file is mapped into the process. Inputs whose logits fit in ``RESIDENT_BYTES`` are read
+once, whole, and every later pass runs from memory. Labels (N integers) are read whole: splits need them.
 Token-level logits ``[B, L, V]`` with labels ``[B, L]`` are rows of V classes; rows whose
 label is ``ignore_index`` are skipped everywhere.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import glob
 import os
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,21 @@ from .loading import Header, check_unchanged, read_header, read_tensor
 
 SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 IGNORE_INDEX = -100
+#: Logits of at most this many bytes (all shards together) are read once and kept, about what
+#: importing torch already takes; every pass over larger inputs reads them again, a chunk at a time.
+#: The environment variable TEMPCAL_RESIDENT_BYTES overrides it (0: always read in chunks).
+RESIDENT_BYTES = 256 << 20
+
+
+def resident_limit() -> int:
+    """The largest input kept in memory, in bytes: TEMPCAL_RESIDENT_BYTES, else RESIDENT_BYTES."""
+    text = os.environ.get("TEMPCAL_RESIDENT_BYTES", "").strip()
+    if not text:
+        return RESIDENT_BYTES
+    try:
+        return int(text)
+    except ValueError:
+        raise TempcalError(f"TEMPCAL_RESIDENT_BYTES={text!r}: expected a whole number of bytes") from None
 READABLE_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
                    "U32": "uint32", "I64": "int64", "U64": "uint64", "F8_E5M2": "float8_e5m2",
                    "F8_E4M3": "float8_e4m3fn"}
@@ -66,8 +83,11 @@ class ShardedLogits:
     """
 
     def __init__(self, shards: list[Shard], labels: torch.Tensor, *, binary: bool, num_classes: int,
-                 rows: torch.Tensor | None = None):
+                 rows: torch.Tensor | None = None, resident: _Resident | None = None):
         self.shards = shards
+        if resident is None and sum(s.rows * s.row_bytes for s in shards) <= resident_limit():
+            resident = _Resident(shards)
+        self.resident = resident  # shared with every selection of these rows
         self.all_labels = labels
         self.binary = binary
         self._num_classes = num_classes
@@ -97,7 +117,7 @@ class ShardedLogits:
         rows = torch.as_tensor(rows, dtype=torch.int64)
         chosen = rows if self.rows is None else self.rows[rows]
         return ShardedLogits(self.shards, self.all_labels, binary=self.binary, num_classes=self._num_classes,
-                             rows=chosen)
+                             rows=chosen, resident=self.resident)
 
     def default_chunk_rows(self, device: torch.device) -> int:
         return default_chunk_rows(self.num_classes, device)
@@ -105,6 +125,9 @@ class ShardedLogits:
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk."""
+        if self.resident is not None:
+            yield from self._resident_chunks(chunk_rows, device, dtype)
+            return
         reader = _BlockReader(chunk_rows * self.shards[0].row_bytes, pinned=device.type == "cuda")
         position = 0
         for k, shard in enumerate(self.shards):
@@ -136,6 +159,74 @@ class ShardedLogits:
                     position += n
             check_unchanged(shard.header.path, shard.header.stamp)
 
+    def _resident_chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
+                         ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        assert self.resident is not None
+        logits = self.resident.load()
+        rows = self.rows
+        gathered = None if rows is None else torch.empty(chunk_rows, logits.shape[1], dtype=logits.dtype)
+        for position in range(0, self.num_samples, chunk_rows):
+            stop = min(position + chunk_rows, self.num_samples)
+            if rows is None or gathered is None:
+                block = logits[position:stop]
+            else:  # one buffer for every chunk: the caller is done with a chunk when it asks for the next
+                block = torch.index_select(logits, 0, rows[position:stop], out=gathered[:stop - position])
+            z = block.to(device=device, dtype=dtype, non_blocking=True)
+            y = self.labels[position:stop].to(device=device, dtype=torch.int64)
+            if self.binary:
+                z = torch.stack([torch.zeros_like(z[:, 0]), z[:, 0]], dim=1)
+            yield position, z, y
+
+
+class _Resident:
+    """Every shard's logits in one tensor (shards share their width and dtype), read on first use.
+
+    Two threads read it in slices: ``pread`` releases the GIL, and one thread copies from the
+    page cache at only about half the speed two do.
+    """
+
+    SLICE_BYTES = 8 << 20
+    THREADS = 2
+
+    def __init__(self, shards: list[Shard]):
+        self.shards = shards
+        self.logits: torch.Tensor | None = None
+
+    def load(self) -> torch.Tensor:
+        if self.logits is None:
+            first = self.shards[0]
+            rows = sum(s.rows for s in self.shards)
+            buffer = torch.empty(max(rows * first.row_bytes, 1), dtype=torch.uint8)
+            memory = memoryview(buffer.numpy().data).cast("B")
+            slices, at = [], 0
+            for shard in self.shards:
+                nbytes = shard.rows * shard.row_bytes
+                slices += [(shard.header.path, memory[at + a:at + min(a + self.SLICE_BYTES, nbytes)], shard.offset + a)
+                           for a in range(0, nbytes, self.SLICE_BYTES)]
+                at += nbytes
+            with ThreadPoolExecutor(self.THREADS, thread_name_prefix="tempcal-read") as pool:
+                for read in [pool.submit(_read_slice, *args) for args in slices]:
+                    read.result()
+            for shard in self.shards:
+                check_unchanged(shard.header.path, shard.header.stamp)
+            self.logits = buffer[:rows * first.row_bytes].view(first.dtype).view(rows, first.width)
+        return self.logits
+
+
+def _read_slice(path, memory: memoryview, offset: int) -> None:
+    with open(path, "rb") as f:
+        _read_exactly(f, memory, offset, path)
+
+
+def _read_exactly(f, memory: memoryview, offset: int, path) -> None:
+    """Fill ``memory`` from byte ``offset`` of the open file ``f``."""
+    done = 0
+    while done < len(memory):
+        got = os.preadv(f.fileno(), [memory[done:]], offset + done)
+        if got <= 0:
+            raise TempcalError(f"{path}: file ended early (truncated while reading?)")
+        done += got
+
 
 class _BlockReader:
     """Reads row blocks with ``os.preadv`` into reused buffers.
@@ -158,13 +249,7 @@ class _BlockReader:
         nbytes = (stop - start) * shard.row_bytes
         view = self.buffers[k][:nbytes]
         offset = shard.offset + start * shard.row_bytes
-        done = 0
-        memory = memoryview(view.numpy().data).cast("B")
-        while done < nbytes:
-            got = os.preadv(f.fileno(), [memory[done:]], offset + done)
-            if got <= 0:
-                raise TempcalError(f"{shard.header.path}: file ended early (truncated while reading?)")
-            done += got
+        _read_exactly(f, memoryview(view.numpy().data).cast("B"), offset, shard.header.path)
         return view.view(shard.dtype).view(stop - start, shard.width)
 
     def to_device(self, block: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -241,4 +326,4 @@ def open_sharded(sources: Sequence[str | os.PathLike], *, logits_key: str = "log
     return ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept)
 
 
-__all__ = ["FLOAT_DTYPES", "IGNORE_INDEX", "Shard", "ShardedLogits", "expand_sources", "open_sharded"]
+__all__ = ["FLOAT_DTYPES", "IGNORE_INDEX", "RESIDENT_BYTES", "Shard", "ShardedLogits", "expand_sources", "open_sharded"]

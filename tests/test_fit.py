@@ -133,3 +133,20 @@ def test_cuda_matches_cpu():
     cpu = tempcal.fit_temperature(logits, labels, device="cpu").temperature
     cuda = tempcal.fit_temperature(logits, labels, device="cuda").temperature
     assert abs(cpu - cuda) / cpu < 1e-6
+
+
+def test_a_fit_does_not_import_torch_dynamo_and_leaves_torch_as_it_was():
+    """Building torch.optim.LBFGS imports torch._dynamo (seconds); the fit avoids it without changing torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch, tempcal\n"
+            "from tempcal.fitting import _DYNAMO_MARKER\n"
+            "r = tempcal.fit_temperature(torch.randn(500, 5) * 3, torch.randint(0, 5, (500,)), device='cpu')\n"
+            "assert r.converged\n"
+            "assert 'torch._dynamo' not in sys.modules, 'imported'\n"
+            "assert not hasattr(torch.optim.Optimizer.add_param_group.__wrapped__, _DYNAMO_MARKER)\n"
+            "torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)\n"
+            "assert 'torch._dynamo' in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -21,6 +21,14 @@ from tempcal.cli import main
 from tempcal.sharded import open_sharded
 
 
+@pytest.fixture(params=["resident", "streamed"])
+def reads(request, monkeypatch) -> str:
+    """Inputs up to 256 MiB are read once and kept, larger ones read a chunk at a time on every pass: test both."""
+    if request.param == "streamed":
+        monkeypatch.setenv("TEMPCAL_RESIDENT_BYTES", "0")
+    return request.param
+
+
 def write_shards(folder: Path, sizes, *, c=12, dtype=torch.float64, seed=0):
     logits, labels = miscalibrated(sum(sizes), c, 2.3, seed=seed, dtype=dtype)
     paths, start = [], 0
@@ -35,9 +43,11 @@ def write_shards(folder: Path, sizes, *, c=12, dtype=torch.float64, seed=0):
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))])
-def test_sharded_chunked_equals_in_memory(tmp_path, device):
+def test_sharded_chunked_equals_in_memory(tmp_path, device, reads):
     paths, logits, labels = write_shards(tmp_path, [700, 1, 555, 1200])
-    streamed = tempcal.Scan(open_sharded(paths), device=device, chunk_rows=97)
+    data = open_sharded(paths)
+    assert (data.resident is not None) == (reads == "resident")
+    streamed = tempcal.Scan(data, device=device, chunk_rows=97)
     whole = tempcal.Scan(tempcal.as_logits_data(logits, labels), device=device)
     t_streamed = tempcal.fit_temperature(streamed).temperature
     t_whole = tempcal.fit_temperature(whole).temperature
@@ -51,7 +61,7 @@ def test_sharded_chunked_equals_in_memory(tmp_path, device):
     assert a.ece == pytest.approx(b.ece, abs=1e-7) and a.nll == pytest.approx(b.nll, abs=1e-7)
 
 
-def test_cli_on_a_glob_of_shards_writes_each_shard(tmp_path, capsys):
+def test_cli_on_a_glob_of_shards_writes_each_shard(tmp_path, capsys, reads):
     paths, logits, labels = write_shards(tmp_path, [400, 300, 500])
     assert main(["fit", str(tmp_path / "part-*.safetensors"), "--val-fraction", "1.0", "--json", "-",
                  "--chunk-rows", "64"]) == 0
@@ -74,7 +84,7 @@ def test_glob_without_match_and_mixed_shards_are_bad_input(tmp_path, capsys):
     assert "unlike the shards before it" in capsys.readouterr().err
 
 
-def test_token_level_logits_skip_the_ignore_index(tmp_path, capsys):
+def test_token_level_logits_skip_the_ignore_index(tmp_path, capsys, reads):
     g = torch.Generator().manual_seed(4)
     logits = torch.randn(6, 40, 30, generator=g, dtype=torch.float64) * 3
     labels = torch.multinomial(torch.softmax(logits.reshape(-1, 30) / 3, 1), 1, generator=g)[:, 0].reshape(6, 40)
@@ -94,16 +104,56 @@ def test_token_level_logits_skip_the_ignore_index(tmp_path, capsys):
     assert api.nll == pytest.approx(float(expected), rel=1e-9)
 
 
+def test_a_kept_input_is_read_once_whatever_the_passes(tmp_path, monkeypatch):
+    import tempcal.sharded
+
+    paths, logits, labels = write_shards(tmp_path, [300, 200], dtype=torch.float32)
+    reads = []
+    real = tempcal.sharded._read_slice
+    monkeypatch.setattr(tempcal.sharded, "_read_slice", lambda *args: (reads.append(args[2]), real(*args)))
+    monkeypatch.setattr(tempcal.sharded._Resident, "SLICE_BYTES", 4096)
+    scan = tempcal.Scan(open_sharded(paths), device="cpu", chunk_rows=64)
+    fitted = tempcal.fit_temperature(scan.select(torch.arange(0, 500, 2)))
+    tempcal.evaluate(scan.select(torch.arange(1, 500, 2)), fitted.temperature)
+    assert fitted.passes >= 3
+    expected = sum(-(-size * 12 * 4 // 4096) for size in (300, 200))  # slices of each shard
+    assert len(reads) == expected
+    assert abs(fitted.temperature - optimal_temperature(logits[::2], labels[::2])) / fitted.temperature < 1e-6
+
+
+def test_a_file_truncated_after_its_header_was_read_is_an_error(tmp_path, reads):
+    from tempcal.errors import TempcalError
+
+    paths, _, _ = write_shards(tmp_path, [300])
+    data = open_sharded(paths)
+    os.truncate(paths[0], paths[0].stat().st_size - 1000)
+    with pytest.raises(TempcalError, match="file ended early"):
+        tempcal.Scan(data, device="cpu")
+
+
+def test_resident_limit_from_the_environment(monkeypatch):
+    from tempcal.errors import TempcalError
+    from tempcal.sharded import RESIDENT_BYTES, resident_limit
+
+    monkeypatch.delenv("TEMPCAL_RESIDENT_BYTES", raising=False)
+    assert resident_limit() == RESIDENT_BYTES
+    monkeypatch.setenv("TEMPCAL_RESIDENT_BYTES", "1000")
+    assert resident_limit() == 1000
+    monkeypatch.setenv("TEMPCAL_RESIDENT_BYTES", "lots")
+    with pytest.raises(TempcalError, match="TEMPCAL_RESIDENT_BYTES"):
+        resident_limit()
+
+
 def _torchrun() -> list[str] | None:
     exe = shutil.which("torchrun", path=os.path.dirname(sys.executable))
     return [exe] if exe else None
 
 
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
-def test_two_processes_with_gloo_match_one(tmp_path):
+def test_two_processes_with_gloo_match_one(tmp_path, reads):
     write_shards(tmp_path, [900, 650, 1100], seed=9, dtype=torch.float32)
     pattern = str(tmp_path / "part-*.safetensors")
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # with TEMPCAL_RESIDENT_BYTES as ``reads`` set it
     common = ["fit", pattern, "--no-write", "--device", "cpu", "--quiet", "--val-fraction", "0.6", "--seed", "2"]
     single = subprocess.run([sys.executable, "-m", "tempcal", *common, "--json", str(tmp_path / "one.json")],
                             capture_output=True, text=True, env=env, timeout=300)
