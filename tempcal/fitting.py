@@ -13,7 +13,8 @@ Two details make the fit exact and cheap:
 * the NLL is convex in beta, so the sign of its slope brackets the optimum. Near it,
   float32 loss values differ by less than their rounding and a line search can stop early;
   the gradient stays informative, so the bracket is closed on the gradient alone
-  (regula falsi) until it is narrower than ``xtol`` in log T.
+  (regula falsi) until the optimum is known to within ``xtol`` in log T: the secant root
+  lies that close to an evaluated point, or a third point bounds the secant's error.
 """
 
 from __future__ import annotations
@@ -218,7 +219,13 @@ class _SlopeSearch:
                 # The secant is trusted only on a narrow bracket; on a wide one keep clear of its ends.
                 root = min(max(root, lo[0] + 0.01 * width), hi[0] - 0.01 * width)
                 return root, False
-            return root, min(root - lo[0], hi[0] - root) <= self.xtol or self._stalled
+            if min(root - lo[0], hi[0] - root) <= self.xtol or self._stalled:
+                return root, True
+            secant = lo[0] - lo[2] * width / (hi[2] - lo[2])
+            error = self._secant_error(lo, hi, secant)
+            if error is not None and error <= self.xtol / 10:
+                return secant, True
+            return root, False
         if len(points) == 1:
             step = -points[0][2] / self.hessian
             return points[0][0] + step, abs(step) <= self.xtol
@@ -227,6 +234,27 @@ class _SlopeSearch:
             return a[0], self._stalled
         root = a[0] - a[2] * (a[0] - b[0]) / (a[2] - b[2])
         return root, (abs(root - a[0]) <= self.xtol and abs(a[0] - b[0]) <= TRUST_WIDTH) or self._stalled
+
+    def _secant_error(self, lo, hi, root: float) -> float | None:
+        """How far the secant root through the bracket ``lo``, ``hi`` lies from the optimum, about.
+
+        For a smooth slope g, ``g(root) ~ g''/2 (root - lo)(root - hi)``; g'' comes from a third
+        evaluated point (a second divided difference), so a bracket closed well inside ``xtol``
+        is accepted without another pass. None without a usable third point.
+        """
+        others = [p for p in self.points if p is not lo and p is not hi and p[0] not in (lo[0], hi[0])]
+        if not others:
+            return None
+        third = min(others, key=lambda p: min(abs(p[0] - lo[0]), abs(p[0] - hi[0])))
+        if min(abs(third[0] - lo[0]), abs(third[0] - hi[0])) < 100 * self.xtol:
+            return None  # too close: rounding would swamp the second difference
+        slope = (hi[2] - lo[2]) / (hi[0] - lo[0])
+        a, b = sorted((lo, hi, third))[::2]
+        middle = sorted((lo, hi, third))[1]
+        second = ((b[2] - middle[2]) / (b[0] - middle[0]) - (middle[2] - a[2]) / (middle[0] - a[0])) / (b[0] - a[0])
+        if slope <= 0 or not math.isfinite(second):
+            return None
+        return abs(second / slope) * (root - lo[0]) * (hi[0] - root)
 
     def finish(self, max_passes: int) -> tuple[float, bool]:
         """Evaluate at the estimate until it is converged or the pass budget is spent."""

@@ -86,6 +86,8 @@ class Scan:
         if self.chunk_rows < 1:
             raise DataError(f"chunk size must be at least 1 row, got {chunk_rows}")
         self.passes = 0
+        self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
+        # them in again costs as much as the arithmetic
         self._total: int | None = None
         self.looks_like_probabilities = False
         self.stats = _stats if _stats is not None else self._first_scan()
@@ -188,7 +190,7 @@ class Scan:
         """Mean NLL and its derivative(s) in ``beta`` in one pass."""
         self.passes += 1
         acc = torch.zeros(3, dtype=torch.float64, device=self.device)
-        scratch = Scratch()
+        scratch = self.scratch
         for z, _, row_max, gap, _, has_neginf in self.row_chunks():
             d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
             e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
@@ -219,7 +221,7 @@ class Scan:
         acc = torch.zeros(len(betas), 5, dtype=torch.float64, device=self.device)
         per_bin = torch.zeros(len(betas), 3, bins, dtype=torch.float64, device=self.device)
         scores: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
-        scratch = Scratch()
+        scratch = self.scratch
         for z, _, row_max, gap, correct, has_neginf in self.row_chunks():
             d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
             hit = correct.to(torch.float64)
@@ -287,8 +289,8 @@ class Scan:
 
 
 class Scratch:
-    """Chunk-sized buffers reused through a pass: a fresh megabyte per temporary and chunk costs
-    page faults that take as long as the arithmetic."""
+    """Chunk-sized buffers reused by every pass: fresh megabyte temporaries per chunk cost page faults
+    that take as long as the arithmetic."""
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}

@@ -150,3 +150,12 @@ def test_a_fit_does_not_import_torch_dynamo_and_leaves_torch_as_it_was():
             "assert 'torch._dynamo' in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_a_closed_bracket_is_accepted_without_another_pass():
+    """The secant's error, bounded with a third point, ends the search one pass earlier than landing on it would."""
+    logits, labels = miscalibrated(5000, 10, 3.0, seed=1)
+    result = tempcal.fit_temperature(logits, labels, device="cpu")
+    expected = optimal_temperature(logits, labels)
+    assert abs(result.temperature - expected) / expected < 1e-7
+    assert result.passes <= 7
