@@ -148,10 +148,9 @@ def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = SCO
     for tau in taus:
         if not (math.isfinite(tau) and tau > 0):
             raise ValueError(f"temperature must be a finite number > 0, got {tau}")
-    kept = scan.calibration([1.0 / tau for tau in taus], 1, keep_scores=True)
+    parts = scan.scores([1.0 / tau for tau in taus])
     column = {"msp": "confidence", "energy": "energy"}
     # Rankings need every sample's score: under torch.distributed the ranks' scores are gathered.
-    parts = [part for _, part in kept if part is not None]
     return {name: [all_gather_1d(part[column[name]]).cpu().numpy() for part in parts] for name in scores}
 
 

@@ -259,6 +259,24 @@ class Scan:
             out.append((sums, kept))
         return out
 
+    def scores(self, betas: Sequence[float]) -> list[dict[str, torch.Tensor]]:
+        """Per-sample float64 ``confidence`` (max softmax) and ``energy`` (``T * logsumexp(z / T)``) at each ``beta``.
+
+        One pass that computes only what rankings need, the same values :meth:`calibration` keeps.
+        """
+        self.passes += 1
+        betas = [float(b) for b in betas]
+        parts: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
+        for z, _, row_max, _, _, _ in self.row_chunks():
+            d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
+            top = row_max.to(torch.float64)
+            for k, beta in enumerate(betas):
+                s0 = torch.mul(d, beta, out=self.scratch.like("e", z)).exp_().sum(1)
+                parts[k]["confidence"].append(s0.reciprocal().to(torch.float64))
+                parts[k]["energy"].append(top + torch.log(s0).to(torch.float64) / beta)
+        return [{name: torch.cat(values) if values else torch.empty(0, dtype=torch.float64, device=self.device)
+                 for name, values in part.items()} for part in parts]
+
     def initial_beta(self) -> float:
         """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""
         slope = self.slope_at_infinity()

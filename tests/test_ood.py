@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -361,3 +362,24 @@ def test_output_over_an_input_is_refused(files, tmp_path, capsys):
     assert main(["ood", str(id_path), "--ood", str(ood_path), "--plot", str(tmp_path / "x.jpg")]) == 2
     assert main(["ood", str(id_path), "--ood", str(ood_path), "--scores", str(id_path)]) == 2
     assert id_path.read_bytes() == before and not (tmp_path / "x.jpg").exists()
+
+
+def test_the_scores_pass_keeps_what_the_calibration_pass_keeps():
+    """OOD scoring reads each chunk once and computes only the scores, which equal the calibration pass's."""
+    from reference import miscalibrated
+
+    from tempcal.data import as_logits_data
+
+    logits, labels = miscalibrated(700, 9, 2.0, seed=21)
+    logits[3, 4] = -math.inf
+    scan = Scan(as_logits_data(logits, labels), device="cpu", chunk_rows=64)
+    before = scan.passes
+    fast = scan.scores([1.0, 0.25, 3.0])
+    assert scan.passes == before + 1
+    full = scan.calibration([1.0, 0.25, 3.0], 15, keep_scores=True)
+    for mine, (_, kept) in zip(fast, full, strict=True):
+        for name in ("confidence", "energy"):
+            assert torch.equal(mine[name], kept[name])
+    z = logits.double()
+    assert torch.allclose(fast[1]["energy"], 4.0 * torch.logsumexp(z / 4.0, 1), rtol=1e-6)
+    assert torch.allclose(fast[2]["confidence"], torch.softmax(z * 3.0, 1).max(1).values, rtol=1e-6)
