@@ -3,7 +3,7 @@
 Writes seeded logits files (not committed; default sizes 0.5, 1, 2 and 4 GB, 32,000 classes
 like a language model's vocabulary) into a scratch folder without ever holding a whole file
 in memory, then runs ``tempcal fit FILE --no-write --json -`` on each in a fresh process and
-reports the child's peak resident memory (``ru_maxrss``, file-backed pages included), the
+reports the child's peak resident memory (``VmHWM``, file-backed pages included), the
 wall time, seconds per GB, and passes. Targets: peak RSS under 1 GB at every size, seconds
 per GB constant within 25%.
 
@@ -46,11 +46,16 @@ def write_logits_file(path: Path, rows: int, classes: int, seed: int = 0) -> Non
         f.write(torch.cat(labels).numpy().tobytes())
 
 
+# VmHWM is this process's own high-water mark since exec; getrusage's ru_maxrss would also count
+# the parent's resident size when it forked (Linux carries it across exec), and the parent holds
+# large blocks while it writes the files.
 CHILD = """
-import resource, sys
+import sys
 from tempcal.cli import main
 code = main(sys.argv[1:])
-print("maxrss_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)
+with open("/proc/self/status") as f:
+    peak = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
+print("maxrss_kb", peak, file=sys.stderr)
 sys.exit(code)
 """
 
