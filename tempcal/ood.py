@@ -34,6 +34,7 @@ from .distributed import all_gather_1d
 from .errors import DataError, TempcalError
 from .loading import LogitsFile, read_header, read_tensor
 from .scan import Scan
+from .taus import check_taus, parse_tau
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
@@ -50,22 +51,6 @@ def default_taus(stored: float | None = None) -> list[float]:
     if stored is not None:
         taus.add(float(stored))
     return sorted(taus)
-
-
-def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike = "SOURCE") -> float:
-    """A temperature from ``--tau``: a finite number > 0, or ``fitted`` for the T stored in ``source``."""
-    if isinstance(text, str) and text.strip().lower() == "fitted":
-        if stored is None:
-            raise TempcalError(f"--tau fitted: {source} has no stored temperature (metadata 'tempcal.temperature'; "
-                               "run tempcal fit first)")
-        return float(stored)
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise TempcalError(f"--tau {text}: expected a number > 0 or 'fitted'")
-    return value
 
 
 def resolve_taus(values: Sequence[str | float] | None, stored: float | None,
@@ -294,9 +279,7 @@ def ood_file(source: Any, ood_files: Sequence[Any], *,
 
     source_arg, ood_args = source, list(ood_files)
     source = source.name if isinstance(source, OpenedSource) else str(source)
-    for text in taus or ():
-        if not (isinstance(text, str) and text.strip().lower() == "fitted"):
-            parse_tau(text, None, source)  # numbers are checked before any file is read
+    check_taus(taus or (), source)
     ood_paths = [o.name if isinstance(o, OpenedSource) else str(o) for o in ood_args]
     for k, path in enumerate(ood_paths):
         if path in ood_paths[:k]:

@@ -19,6 +19,7 @@ from .metrics import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from .scan import Scan
 from .sharded import IGNORE_INDEX, expand_sources, open_sharded
 from .splitting import stratified_split
+from .taus import check_taus, parse_tau
 
 
 @dataclass
@@ -233,16 +234,10 @@ class ReportResult:
                 "device": self.device, "warnings": self.warnings}
 
 
-def resolve_taus(taus: list[float | str] | None, stored: float | None, sweep: list[float]) -> list[float]:
+def resolve_taus(taus: list[float | str] | None, stored: float | None, sweep: list[float],
+                 source: str | os.PathLike = "SOURCE") -> list[float]:
     """The contract's rules: ``fitted`` is the stored T; without --tau (and no sweep) the stored T, else 1.0."""
-    resolved: list[float] = []
-    for tau in taus or []:
-        if tau == "fitted":
-            if stored is None:
-                raise TempcalError("--tau fitted: the file holds no stored temperature (run tempcal fit first)")
-            resolved.append(stored)
-        else:
-            resolved.append(float(tau))
+    resolved = [parse_tau(tau, stored, source) for tau in taus or []]
     if not taus and not sweep:
         resolved.append(stored if stored is not None else 1.0)
     if sweep and stored is not None:
@@ -257,10 +252,11 @@ def report_file(source: Sources, *, taus: list[float | str] | None = None, sweep
                 seed: int = 0) -> ReportResult:
     """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass."""
     warnings: list[str] = []
+    check_taus(taus or [])
     loaded = open_source(source, logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index)
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
-    resolved = resolve_taus(taus, stored, sweep)
+    resolved = resolve_taus(taus, stored, sweep, loaded.name)
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
     results = evaluate_many(scan, resolved, bins=bins)
     extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)

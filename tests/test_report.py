@@ -79,6 +79,17 @@ def test_bad_report_options(data_file, capsys, argv):
     assert len(err) == 1 and err[0].startswith("error:")
 
 
+def test_tau_errors_say_what_and_where(data_file, capsys, tmp_path):
+    path, _, _ = data_file
+    assert main(["report", str(path), "--tau", " Fitted "]) == 2
+    assert f"--tau fitted: {path} has no stored temperature" in capsys.readouterr().err
+    missing = tmp_path / "missing.safetensors"
+    assert main(["report", str(missing), "--tau", "-1"]) == 2  # the number is refused before any file is read
+    assert "--tau -1: expected a number > 0 or 'fitted'" in capsys.readouterr().err
+    assert main(["ood", str(missing), "--ood", str(missing), "--tau", "nan"]) == 2
+    assert "--tau nan: expected a number > 0 or 'fitted'" in capsys.readouterr().err
+
+
 def test_sweep_minimum_agrees_with_fit(data_file, capsys):
     path, _, _ = data_file
     fitted = run_json(capsys, ["fit", str(path), "--val-fraction", "1.0", "--no-write"])["temperature"]

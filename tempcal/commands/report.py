@@ -33,19 +33,7 @@ from ..cli import (
     usage,
     warn,
 )
-
-
-def parse_tau(text: str) -> float | str:
-    """A positive finite number, or ``fitted``."""
-    if text == "fitted":
-        return text
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        usage(f"--tau {text}: expected a positive number or 'fitted'")
-    return value
+from ..taus import check_taus
 
 
 def parse_sweep(text: str) -> list[float]:
@@ -98,7 +86,8 @@ def report(
     quiet: Quiet = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures."""
-    taus = [parse_tau(t) for t in tau or []]
+    taus: list[float | str] = list(tau or [])
+    check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(sweep) if sweep else []
     if plot:
         from ..plots import check_plot_path
