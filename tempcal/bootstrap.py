@@ -13,7 +13,6 @@ one generator) and counts how often each sample was drawn, so the draws do not d
 from __future__ import annotations
 
 import itertools
-import math
 
 import numpy as np
 import torch
@@ -21,6 +20,7 @@ import torch
 from .errors import TempcalError
 from .estimators import _check_bins, equal_width_index
 from .scan import Scan
+from .taus import as_temperature
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22
@@ -32,7 +32,7 @@ def per_sample(scan: Scan, tau: float) -> dict[str, torch.Tensor]:
     The confidences are computed exactly as :meth:`Scan.calibration` computes them, so they fall into the
     same bins. The tensors are on the scan's device.
     """
-    tau = _check_tau(tau)
+    tau = as_temperature(tau)
     beta = 1.0 / tau
     scan.passes += 1
     confidence: list[torch.Tensor] = []
@@ -113,16 +113,6 @@ def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: in
     """:func:`bootstrap_intervals` of ``scan``'s samples at temperature ``tau``: one pass, then resampling."""
     stats = per_sample(scan, tau)
     return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins, level)
-
-
-def _check_tau(tau) -> float:
-    try:
-        value = float(tau)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise TempcalError(f"temperature must be a positive finite number, got {tau}")
-    return value
 
 
 def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

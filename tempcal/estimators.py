@@ -25,6 +25,7 @@ import torch
 
 from .errors import TempcalError
 from .scan import CalibrationSums, Scan, bin_edges
+from .taus import as_temperature
 
 #: The names :func:`estimators_for` accepts, in the order they are reported.
 ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")
@@ -250,12 +251,7 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
     """
     names = check_names(names)
     bins = _check_bins(bins)
-    try:
-        value = float(tau)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise TempcalError(f"temperature must be a positive finite number, got {tau}")
+    value = as_temperature(tau)
     if scan.num_samples < 1:
         raise TempcalError("calibration estimators need at least one sample, got 0")
     beta = 1.0 / value

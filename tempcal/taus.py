@@ -21,13 +21,26 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
             raise TempcalError(f"--tau fitted: {source} has no stored temperature (metadata 'tempcal.temperature'; "
                                "run tempcal fit first)")
         return float(stored)
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    value = _positive(text)
+    if value is None:
         raise TempcalError(f"--tau {text}: expected a number > 0 or 'fitted'")
     return value
+
+
+def as_temperature(value: object) -> float:
+    """``value`` as a temperature for the Python API: a finite number > 0, else TempcalError."""
+    number = _positive(value)
+    if number is None:
+        raise TempcalError(f"temperature must be a positive finite number, got {value}")
+    return number
+
+
+def _positive(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
 
 
 def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURCE") -> None:
@@ -37,4 +50,4 @@ def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURC
             parse_tau(text, None, source)
 
 
-__all__ = ["check_taus", "is_fitted", "parse_tau"]
+__all__ = ["as_temperature", "check_taus", "is_fitted", "parse_tau"]
