@@ -34,6 +34,22 @@ def test_python_dash_m_runs():
     assert done.returncode == 0 and done.stdout.startswith("tempcal ")
 
 
+def test_the_command_flushes_everything_before_its_fast_exit(tmp_path):
+    """``tempcal`` ends with os._exit after flushing: JSON, files, errors and exit statuses all arrive."""
+    copy = tmp_path / "digits.safetensors"
+    copy.write_bytes(EXAMPLE.read_bytes())
+    command = [sys.executable, "-m", "tempcal", "fit", str(copy), "--max-ece", "0", "--json", "-",
+               "--markdown", str(tmp_path / "card.md")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 3, done.stderr  # the gate: nothing reaches an ECE of 0
+    report = json.loads(done.stdout)
+    assert (tmp_path / "card.md").read_text().strip()
+    assert tempcal.read_header(copy).stored_temperature() == report["temperature"]
+    bad = subprocess.run([sys.executable, "-m", "tempcal", "fit", str(tmp_path / "missing.safetensors")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error:")
+
+
 def test_example_end_to_end(tmp_path, capsys):
     before = EXAMPLE.read_bytes()
     out = tmp_path / "calibrated.safetensors"
