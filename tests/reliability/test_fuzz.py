@@ -376,7 +376,8 @@ BASE = base_file()
 FILES = st.one_of(st.binary(max_size=600), laid_out_files(), edited_files())
 FAST = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-FULL = settings(max_examples=3000, deadline=None, database=None,
+# Random examples (not derandomized): a failure prints the blob that reproduces it (@reproduce_failure).
+FULL = settings(max_examples=3000, deadline=None, database=None, print_blob=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
