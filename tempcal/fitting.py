@@ -242,15 +242,14 @@ class _SlopeSearch:
         evaluated point (a second divided difference), so a bracket closed well inside ``xtol``
         is accepted without another pass. None without a usable third point.
         """
-        others = [p for p in self.points if p is not lo and p is not hi and p[0] not in (lo[0], hi[0])]
+        others = [p for p in self.points if p[0] not in (lo[0], hi[0])]
         if not others:
             return None
         third = min(others, key=lambda p: min(abs(p[0] - lo[0]), abs(p[0] - hi[0])))
         if min(abs(third[0] - lo[0]), abs(third[0] - hi[0])) < 100 * self.xtol:
             return None  # too close: rounding would swamp the second difference
         slope = (hi[2] - lo[2]) / (hi[0] - lo[0])
-        a, b = sorted((lo, hi, third))[::2]
-        middle = sorted((lo, hi, third))[1]
+        a, middle, b = sorted((lo, hi, third))
         second = ((b[2] - middle[2]) / (b[0] - middle[0]) - (middle[2] - a[2]) / (middle[0] - a[0])) / (b[0] - a[0])
         if slope <= 0 or not math.isfinite(second):
             return None
