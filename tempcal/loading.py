@@ -10,7 +10,6 @@ from __future__ import annotations
 import errno
 import itertools
 import json
-import math
 import os
 import stat
 import struct
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TempcalError
+from .taus import positive_number
 
 TEMPERATURE_KEY = "tempcal.temperature"
 #: Bytes per element of each safetensors dtype.
@@ -122,11 +122,8 @@ def parse_temperature(metadata: dict[str, str] | Any, where: str) -> float | Non
     text = metadata.get(TEMPERATURE_KEY)
     if text is None:
         return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    value = positive_number(text)
+    if value is None:
         raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {shown(text)}, not a positive number")
     return value
 

@@ -31,6 +31,7 @@ import torch
 from .data import LogitsData, as_logits_data, resolve_device
 from .errors import DataError, TempcalError
 from .loading import TEMPERATURE_KEY, check_unchanged, read_header, read_tensor, shown
+from .taus import positive_number
 from .workflows import OpenedSource
 
 if TYPE_CHECKING:
@@ -134,11 +135,8 @@ def _load(path: Path, device: torch.device) -> tuple[torch.jit.ScriptModule, flo
 def _parse_temperature(text: str | bytes, where: str) -> float:
     if isinstance(text, bytes):
         text = text.decode("utf-8", "replace")
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    value = positive_number(text)
+    if value is None:
         raise TempcalError(f"{where} is {shown(text)}, not a positive number")
     return value
 

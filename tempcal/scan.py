@@ -81,6 +81,7 @@ class Scan:
         self.data = data
         self.labelled = labelled  # False: the labels are placeholders (OOD scores) and are not checked
         self.device = resolve_device(device)
+        self._total: int | None = None  # samples over all ranks, once known
         self.compute_dtype = dtype or self._choose_dtype()
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
         if self.chunk_rows < 1:
@@ -88,7 +89,6 @@ class Scan:
         self.passes = 0
         self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
-        self._total: int | None = None
         self.looks_like_probabilities = False
         self.stats = _stats if _stats is not None else self._first_scan()
 
@@ -114,8 +114,8 @@ class Scan:
     def _choose_dtype(self) -> torch.dtype:
         """The compute dtype from the sizes over all ranks, so every rank rounds beta the same way."""
         sizes = torch.tensor([self.data.numel(), self.data.num_samples], dtype=torch.int64, device=self.device)
-        numel, rows = all_reduce(sizes).tolist()
-        return compute_dtype(self.data.dtype, numel, rows)
+        numel, self._total = all_reduce(sizes).tolist()
+        return compute_dtype(self.data.dtype, numel, self._total)
 
     # -- the first scan -------------------------------------------------------------
     def _first_scan(self) -> RowStats:

@@ -21,7 +21,7 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
             raise TempcalError(f"--tau fitted: {source} has no stored temperature (metadata 'tempcal.temperature'; "
                                "run tempcal fit first)")
         return float(stored)
-    value = _positive(text)
+    value = positive_number(text)
     if value is None:
         raise TempcalError(f"--tau {text}: expected a number > 0 or 'fitted'")
     return value
@@ -29,13 +29,14 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
 
 def as_temperature(value: object) -> float:
     """``value`` as a temperature for the Python API: a finite number > 0, else TempcalError."""
-    number = _positive(value)
+    number = positive_number(value)
     if number is None:
         raise TempcalError(f"temperature must be a positive finite number, got {value}")
     return number
 
 
-def _positive(value: object) -> float | None:
+def positive_number(value: object) -> float | None:
+    """``value`` (text or a number) as a finite float > 0, or None when it is not one."""
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -50,4 +51,4 @@ def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURC
             parse_tau(text, None, source)
 
 
-__all__ = ["as_temperature", "check_taus", "is_fitted", "parse_tau"]
+__all__ = ["as_temperature", "check_taus", "is_fitted", "parse_tau", "positive_number"]
