@@ -17,7 +17,7 @@ import time
 import torch
 
 import tempcal
-from tempcal.bootstrap import bootstrap_intervals, per_sample
+from tempcal.metrics.bootstrap import bootstrap_intervals, per_sample
 
 
 def make(n: int, c: int, scale: float = 2.5, seed: int = 0):

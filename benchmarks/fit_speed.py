@@ -43,7 +43,7 @@ def scipy_optimum(z: torch.Tensor, y: torch.Tensor, chunk: int = 4096) -> float:
 
 
 def floor_pass(z: torch.Tensor) -> float:
-    rows = max(1, tempcal.data.CPU_CHUNK_ELEMENTS // z.shape[1])
+    rows = max(1, tempcal.core.data.CPU_CHUNK_ELEMENTS // z.shape[1])
     start = time.perf_counter()
     for a in range(0, z.shape[0], rows):
         torch.logsumexp(z[a : a + rows], 1)

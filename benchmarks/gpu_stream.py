@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from memory_scaling import write_logits_file
 
 import tempcal
-from tempcal.sharded import open_sharded
+from tempcal.sources.safetensors import open_sharded
 
 
 def copy_bandwidth(nbytes: int, repeats: int = 5) -> float:

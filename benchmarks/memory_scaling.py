@@ -56,7 +56,7 @@ def write_logits_file(path: Path, rows: int, classes: int, seed: int = 0) -> Non
 CHILD = """
 import sys, time
 import torch
-from tempcal.cli import main
+from tempcal.cli.main import main
 start = time.perf_counter()
 code = main(sys.argv[1:])
 seconds = time.perf_counter() - start

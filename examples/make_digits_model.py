@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tempcal.models import strip_debug_info
+from tempcal.models.torchscript import strip_debug_info
 
 HERE = Path(__file__).resolve().parent
 MODEL = HERE / "digits_model.ts"

@@ -14,68 +14,74 @@ from ._version import __version__
 _EXPORTS = {
     "TempcalError": "errors",
     "DataError": "errors",
-    "LogitsData": "data",
-    "as_logits_data": "data",
-    "resolve_device": "data",
-    "Scan": "scan",
-    "fit_temperature": "fitting",
-    "FitResult": "fitting",
-    "T_MIN": "fitting",
-    "T_MAX": "fitting",
-    "CalibrationMetrics": "metrics",
-    "ReliabilityBin": "metrics",
-    "calibration_metrics": "metrics",
-    "evaluate": "metrics",
-    "evaluate_many": "metrics",
-    "load_logits": "loading",
-    "read_header": "loading",
-    "TEMPERATURE_KEY": "loading",
-    "write_temperature": "writeback",
-    "stratified_split": "splitting",
-    "fit_file": "workflows",
-    "FitReport": "workflows",
-    "report_file": "workflows",
-    "ReportResult": "workflows",
-    "open_sharded": "sharded",
-    "ShardedLogits": "sharded",
-    "ood_file": "ood",
-    "OodReport": "ood",
-    "OodMetrics": "ood",
-    "detection_metrics": "ood",
-    "fpr_at_recall": "ood",
-    "score_samples": "ood",
-    "load_unlabelled": "ood",
-    "estimators_for": "estimators",
-    "ece_equal_mass": "estimators",
-    "rms_calibration_error": "estimators",
-    "debiased_l2_calibration_error": "estimators",
-    "classwise_sums": "estimators",
-    "classwise_ece": "estimators",
+    "LogitsData": "core.data",
+    "as_logits_data": "core.data",
+    "resolve_device": "core.data",
+    "Scan": "core.scan",
+    "fit_temperature": "core.fitting",
+    "FitResult": "core.fitting",
+    "T_MIN": "core.fitting",
+    "T_MAX": "core.fitting",
+    "CalibrationMetrics": "metrics.calibration",
+    "ReliabilityBin": "metrics.calibration",
+    "calibration_metrics": "metrics.calibration",
+    "evaluate": "metrics.calibration",
+    "evaluate_many": "metrics.calibration",
+    "load_logits": "io.safetensors_header",
+    "read_header": "io.safetensors_header",
+    "TEMPERATURE_KEY": "io.safetensors_header",
+    "write_temperature": "io.writeback",
+    "stratified_split": "core.splitting",
+    "fit_file": "workflows.common",
+    "FitReport": "workflows.common",
+    "report_file": "workflows.common",
+    "ReportResult": "workflows.common",
+    "open_sharded": "sources.safetensors",
+    "ShardedLogits": "sources.safetensors",
+    "ood_file": "workflows.ood",
+    "OodReport": "workflows.ood",
+    "OodMetrics": "workflows.ood",
+    "detection_metrics": "workflows.ood",
+    "fpr_at_recall": "workflows.ood",
+    "score_samples": "workflows.ood",
+    "load_unlabelled": "workflows.ood",
+    "estimators_for": "metrics.estimators",
+    "ece_equal_mass": "metrics.estimators",
+    "rms_calibration_error": "metrics.estimators",
+    "debiased_l2_calibration_error": "metrics.estimators",
+    "classwise_sums": "metrics.estimators",
+    "classwise_ece": "metrics.estimators",
     "TemperatureScaler": "scaler",
     "TemperatureScaling": "scaler",
-    "load_any": "formats",
-    "write_stored_temperature": "formats",
-    "read_stored_temperature": "formats",
-    "is_model_path": "models",
-    "load_model": "models",
-    "run_model": "models",
-    "save_logits": "models",
-    "save_calibrated_model": "models",
-    "read_model_temperature": "models",
-    "open_model_source": "models",
-    "odin_scores": "models",
-    "odin_ood": "models",
-    "bootstrap_intervals": "bootstrap",
-    "per_sample": "bootstrap",
+    "load_any": "sources.formats",
+    "write_stored_temperature": "sources.formats",
+    "read_stored_temperature": "sources.formats",
+    "is_model_path": "models.torchscript",
+    "load_model": "models.torchscript",
+    "run_model": "models.torchscript",
+    "save_logits": "models.torchscript",
+    "save_calibrated_model": "models.torchscript",
+    "read_model_temperature": "models.torchscript",
+    "open_model_source": "models.torchscript",
+    "odin_scores": "models.torchscript",
+    "odin_ood": "models.torchscript",
+    "bootstrap_intervals": "metrics.bootstrap",
+    "per_sample": "metrics.bootstrap",
 }
 
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from .bootstrap import bootstrap_intervals, per_sample
-    from .data import LogitsData, as_logits_data, resolve_device
+    from .core.data import LogitsData, as_logits_data, resolve_device
+    from .core.fitting import T_MAX, T_MIN, FitResult, fit_temperature
+    from .core.scan import Scan
+    from .core.splitting import stratified_split
     from .errors import DataError, TempcalError
-    from .estimators import (
+    from .io.safetensors_header import TEMPERATURE_KEY, load_logits, read_header
+    from .io.writeback import write_temperature
+    from .metrics.bootstrap import bootstrap_intervals, per_sample
+    from .metrics.calibration import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
+    from .metrics.estimators import (
         classwise_ece,
         classwise_sums,
         debiased_l2_calibration_error,
@@ -83,11 +89,7 @@ if TYPE_CHECKING:
         estimators_for,
         rms_calibration_error,
     )
-    from .fitting import T_MAX, T_MIN, FitResult, fit_temperature
-    from .formats import load_any, read_stored_temperature, write_stored_temperature
-    from .loading import TEMPERATURE_KEY, load_logits, read_header
-    from .metrics import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
-    from .models import (
+    from .models.torchscript import (
         is_model_path,
         load_model,
         odin_ood,
@@ -98,13 +100,19 @@ if TYPE_CHECKING:
         save_calibrated_model,
         save_logits,
     )
-    from .ood import OodMetrics, OodReport, detection_metrics, fpr_at_recall, load_unlabelled, ood_file, score_samples
     from .scaler import TemperatureScaler, TemperatureScaling
-    from .scan import Scan
-    from .sharded import ShardedLogits, open_sharded
-    from .splitting import stratified_split
-    from .workflows import FitReport, ReportResult, fit_file, report_file
-    from .writeback import write_temperature
+    from .sources.formats import load_any, read_stored_temperature, write_stored_temperature
+    from .sources.safetensors import ShardedLogits, open_sharded
+    from .workflows.common import FitReport, ReportResult, fit_file, report_file
+    from .workflows.ood import (
+        OodMetrics,
+        OodReport,
+        detection_metrics,
+        fpr_at_recall,
+        load_unlabelled,
+        ood_file,
+        score_samples,
+    )
 
 
 def __getattr__(name: str):

@@ -1,6 +1,6 @@
 """Temperature scaling for Python users: a scikit-learn-style estimator and a ``torch.nn.Module`` for deployment.
 
-:class:`TemperatureScaler` fits T with :func:`tempcal.fitting.fit_temperature` (the CLI's exact
+:class:`TemperatureScaler` fits T with :func:`tempcal.core.fitting.fit_temperature` (the CLI's exact
 L-BFGS fit) and follows scikit-learn's conventions (``fit`` returns ``self``, fitted attributes
 end in ``_``, ``get_params``/``set_params``/``clone`` work, ``NotFittedError`` before ``fit``).
 :class:`TemperatureScaling` divides logits by a fitted T inside a model.
@@ -16,9 +16,9 @@ import torch
 from sklearn.base import BaseEstimator  # type: ignore[import-untyped]
 from sklearn.utils.validation import check_is_fitted  # type: ignore[import-untyped]
 
+from .core.fitting import FitResult, fit_temperature
 from .errors import TempcalError
-from .fitting import FitResult, fit_temperature
-from .metrics import DEFAULT_BINS
+from .metrics.calibration import DEFAULT_BINS
 
 #: Rows per chunk of ``predict_proba`` are cut to about this many probabilities (float64 work space).
 CHUNK_ELEMENTS = 1 << 18
@@ -66,7 +66,7 @@ class TemperatureScaler(BaseEstimator):
     converged_ : whether the fit met its tolerance.
     n_features_in_ : logit columns seen in ``fit`` (1 for a single binary logit).
     classes_ : ``arange(C)`` (``[0, 1]`` for a single binary logit).
-    fit_result_ : the full :class:`~tempcal.fitting.FitResult` (objective value, bound, warnings).
+    fit_result_ : the full :class:`~tempcal.core.fitting.FitResult` (objective value, bound, warnings).
     """
 
     def __init__(self, *, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "cpu"):
@@ -136,8 +136,8 @@ class TemperatureScaler(BaseEstimator):
 
     def score(self, logits: Any, labels: Any) -> float:
         """Minus the mean NLL of ``softmax(logits / T)`` (higher is better, as scikit-learn expects)."""
-        from .data import as_logits_data
-        from .scan import Scan
+        from .core.data import as_logits_data
+        from .core.scan import Scan
 
         z, _ = self._check(logits)
         scan = Scan(as_logits_data(z, _as_tensor(labels)), device=self.device)
@@ -214,7 +214,7 @@ class TemperatureScaling(torch.nn.Module):
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "TemperatureScaling":
         """The T that ``tempcal fit`` stored for ``path`` (safetensors metadata, or the sidecar of other formats)."""
-        from .formats import read_stored_temperature
+        from .sources.formats import read_stored_temperature
 
         temperature, notes = read_stored_temperature(path)
         if temperature is None:

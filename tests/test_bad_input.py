@@ -12,7 +12,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tempcal.cli import main
+from tempcal.cli.main import main
 
 N, C = 400, 5
 

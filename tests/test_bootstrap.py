@@ -10,8 +10,8 @@ import torch
 from scipy.special import logsumexp, softmax
 
 import tempcal
-from tempcal.bootstrap import bootstrap_intervals, bootstrap_replicates, bootstrap_scan, per_sample
 from tempcal.errors import TempcalError
+from tempcal.metrics.bootstrap import bootstrap_intervals, bootstrap_replicates, bootstrap_scan, per_sample
 
 
 def miscalibrated(n: int, c: int, scale: float, *, seed: int = 0, dtype=torch.float64):

@@ -14,7 +14,7 @@ from reference import ece_loop, optimal_temperature
 from safetensors import safe_open
 
 import tempcal
-from tempcal.cli import main
+from tempcal.cli.main import main
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "digits_logits.safetensors"
@@ -22,7 +22,7 @@ EXAMPLE = ROOT / "examples" / "digits_logits.safetensors"
 
 @pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"], ["--version"]])
 def test_help_does_not_import_torch(argv):
-    code = (f"import sys\nfrom tempcal.cli import main\ncode = main({argv!r})\n"
+    code = (f"import sys\nfrom tempcal.cli.main import main\ncode = main({argv!r})\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -13,7 +13,7 @@ from scipy.special import softmax
 
 import tempcal
 from tempcal.errors import TempcalError
-from tempcal.estimators import (
+from tempcal.metrics.estimators import (
     ESTIMATORS,
     classwise_ece,
     classwise_sums,

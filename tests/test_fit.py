@@ -9,9 +9,9 @@ import torch
 from reference import miscalibrated, miscalibrated_binary, nll_at, optimal_temperature
 
 import tempcal
-from tempcal.data import as_logits_data
-from tempcal.fitting import T_MAX, T_MIN
-from tempcal.scan import Scan
+from tempcal.core.data import as_logits_data
+from tempcal.core.fitting import T_MAX, T_MIN
+from tempcal.core.scan import Scan
 
 
 def _with_neginf():
@@ -141,7 +141,7 @@ def test_a_fit_does_not_import_torch_dynamo_and_leaves_torch_as_it_was():
     import sys
 
     code = ("import sys, torch, tempcal\n"
-            "from tempcal.fitting import _DYNAMO_MARKER\n"
+            "from tempcal.core.fitting import _DYNAMO_MARKER\n"
             "r = tempcal.fit_temperature(torch.randn(500, 5) * 3, torch.randint(0, 5, (500,)), device='cpu')\n"
             "assert r.converged\n"
             "assert 'torch._dynamo' not in sys.modules, 'imported'\n"

@@ -21,10 +21,11 @@ from reference import optimal_temperature
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import tempcal.formats as formats
+import tempcal.sources.formats as formats
+from tempcal.core.fitting import fit_temperature
 from tempcal.errors import DataError, TempcalError
-from tempcal.fitting import fit_temperature
-from tempcal.formats import (
+from tempcal.io.safetensors_header import TEMPERATURE_KEY
+from tempcal.sources.formats import (
     load_any,
     npy_labels_path,
     read_sidecar,
@@ -33,7 +34,6 @@ from tempcal.formats import (
     write_sidecar,
     write_stored_temperature,
 )
-from tempcal.loading import TEMPERATURE_KEY
 
 MARKER = "unpickled.marker"
 
@@ -511,7 +511,7 @@ def test_read_sidecar_without_one(tmp_path):
 
 def test_importing_formats_stays_torch_and_numpy_free():
     """The CLI may import it at module level (suffix checks) without slowing ``tempcal --help``."""
-    code = "import sys, tempcal.formats\nassert not {'torch', 'numpy'} & set(sys.modules), sorted(sys.modules)"
+    code = "import sys, tempcal.sources.formats\nassert not {'torch', 'numpy'} & set(sys.modules), sorted(sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 

@@ -1,4 +1,4 @@
-"""TorchScript models as a SOURCE: run, save logits, calibrated model, bad input, ODIN (tempcal.models).
+"""TorchScript models as a SOURCE: run, save logits, calibrated model, bad input, ODIN (tempcal.models.torchscript).
 
 Every figure is checked against an independent computation: the model called directly in Python, scipy's
 optimiser, numpy softmax, scikit-learn's AUROC and a few-line autograd ODIN written from the paper.
@@ -25,7 +25,7 @@ from sklearn.metrics import roc_auc_score
 
 import tempcal
 from tempcal.errors import TempcalError
-from tempcal.models import (
+from tempcal.models.torchscript import (
     is_model_path,
     load_model,
     odin_ood,

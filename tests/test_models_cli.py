@@ -13,7 +13,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 import tempcal
-from tempcal.cli import main
+from tempcal.cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODEL, INPUTS, LOGITS = EXAMPLES / "digits_model.ts", EXAMPLES / "digits_inputs.safetensors", \

@@ -20,11 +20,11 @@ from safetensors.torch import save_file
 from scipy.special import logsumexp
 from sklearn.metrics import average_precision_score, roc_auc_score
 
-from tempcal.cli import main
-from tempcal.ood import detection_metrics, fpr_at_recall, load_unlabelled, ood_file, score_samples
-from tempcal.render_ood import print_ood
-from tempcal.scan import Scan
-from tempcal.writeback import write_temperature
+from tempcal.cli.main import main
+from tempcal.core.scan import Scan
+from tempcal.io.writeback import write_temperature
+from tempcal.output.ood_console import print_ood
+from tempcal.workflows.ood import detection_metrics, fpr_at_recall, load_unlabelled, ood_file, score_samples
 
 C = 6
 
@@ -112,7 +112,7 @@ def test_scores_match_float64_references():
 
 
 def tempcal_data(z, y):
-    from tempcal.data import as_logits_data
+    from tempcal.core.data import as_logits_data
 
     return as_logits_data(z, y)
 
@@ -268,7 +268,7 @@ def test_scores_file_contents(files, tmp_path, capsys):
         keys = set(f.keys())
         assert keys == {f"{side}.{s}.tau={t}" for side in ("id", "ood.0") for s in ("msp", "energy")
                         for t in ("0.5", "2")}
-        assert f.metadata()["tempcal.ood.0"] == str(ood_path)
+        assert f.metadata()["tempcal.workflows.ood.0"] == str(ood_path)
         for t in (0.5, 2.0):
             name = "0.5" if t == 0.5 else "2"
             np.testing.assert_allclose(f.get_tensor(f"id.msp.tau={name}").numpy(), ref_msp(z_id, t), rtol=1e-12)
@@ -302,7 +302,7 @@ def test_table_fits_80_columns(files):
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys\nfrom tempcal.cli import main\ncode = main(['ood', '--help'])\n"
+    code = ("import sys\nfrom tempcal.cli.main import main\ncode = main(['ood', '--help'])\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
@@ -368,7 +368,7 @@ def test_the_scores_pass_keeps_what_the_calibration_pass_keeps():
     """OOD scoring reads each chunk once and computes only the scores, which equal the calibration pass's."""
     from reference import miscalibrated
 
-    from tempcal.data import as_logits_data
+    from tempcal.core.data import as_logits_data
 
     logits, labels = miscalibrated(700, 9, 2.0, seed=21)
     logits[3, 4] = -math.inf

@@ -66,7 +66,7 @@ def test_installed_wheel_imports_and_runs_on_its_own(wheel, tmp_path):
         "import tempcal\n"
         f"assert pathlib.Path(tempcal.__file__).is_relative_to({str(target)!r}), tempcal.__file__\n"
         "assert importlib.metadata.version('tempcal') == tempcal.__version__, importlib.metadata.version('tempcal')\n"
-        "from tempcal.cli import main\n"
+        "from tempcal.cli.main import main\n"
         "code = main(['--version'])\n"
         "assert 'torch' not in sys.modules, 'torch imported by --version'\n"
         "print(tempcal.__version__)\n"

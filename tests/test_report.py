@@ -15,7 +15,8 @@ from reference import brier, ece_loop, entropy, miscalibrated, predictions, prob
 from safetensors.torch import save_file
 
 import tempcal
-from tempcal.cli import main
+from tempcal.cli.main import main
+from tempcal.output.plots import log_spaced
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "digits_logits.safetensors"
 
@@ -106,11 +107,11 @@ def test_sweep_minimum_agrees_with_fit(data_file, capsys):
 def test_sweep_table_fits_80_columns(data_file):
     from rich.console import Console
 
-    from tempcal.render import print_report
-    from tempcal.workflows import report_file
+    from tempcal.output.console import print_report
+    from tempcal.workflows.common import report_file
 
     path, _, _ = data_file
-    result = report_file(str(path), sweep=tempcal.plots.log_spaced(0.123456, 98.7654, 9), device="cpu")
+    result = report_file(str(path), sweep=log_spaced(0.123456, 98.7654, 9), device="cpu")
     buffer = io.StringIO()
     print_report(result, Console(file=buffer, width=80, color_system=None))
     lines = buffer.getvalue().splitlines()
@@ -156,7 +157,7 @@ def test_markdown_for_a_model_card(data_file, tmp_path, capsys):
 
 
 def test_ece_objective_is_certified_against_a_dense_grid():
-    from tempcal.ece_fit import minimise_ece
+    from tempcal.core.ece_fit import minimise_ece
 
     logits, labels = miscalibrated(2000, 6, 2.0, seed=5)
     scan = tempcal.Scan(tempcal.as_logits_data(logits, labels), device="cpu")

@@ -17,8 +17,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import tempcal
-from tempcal.cli import main
-from tempcal.sharded import open_sharded
+from tempcal.cli.main import main
+from tempcal.sources.safetensors import open_sharded
 
 
 @pytest.fixture(params=["resident", "streamed"])
@@ -105,13 +105,13 @@ def test_token_level_logits_skip_the_ignore_index(tmp_path, capsys, reads):
 
 
 def test_a_kept_input_is_read_once_whatever_the_passes(tmp_path, monkeypatch):
-    import tempcal.sharded
+    import tempcal.sources.safetensors
 
     paths, logits, labels = write_shards(tmp_path, [300, 200], dtype=torch.float32)
     reads = []
-    real = tempcal.sharded._read_slice
-    monkeypatch.setattr(tempcal.sharded, "_read_slice", lambda *args: (reads.append(args[2]), real(*args)))
-    monkeypatch.setattr(tempcal.sharded._Resident, "SLICE_BYTES", 4096)
+    real = tempcal.sources.safetensors._read_slice
+    monkeypatch.setattr(tempcal.sources.safetensors, "_read_slice", lambda *args: (reads.append(args[2]), real(*args)))
+    monkeypatch.setattr(tempcal.sources.safetensors._Resident, "SLICE_BYTES", 4096)
     scan = tempcal.Scan(open_sharded(paths), device="cpu", chunk_rows=64)
     fitted = tempcal.fit_temperature(scan.select(torch.arange(0, 500, 2)))
     tempcal.evaluate(scan.select(torch.arange(1, 500, 2)), fitted.temperature)
@@ -133,7 +133,7 @@ def test_a_file_truncated_after_its_header_was_read_is_an_error(tmp_path, reads)
 
 def test_resident_limit_from_the_environment(monkeypatch):
     from tempcal.errors import TempcalError
-    from tempcal.sharded import RESIDENT_BYTES, resident_limit
+    from tempcal.sources.safetensors import RESIDENT_BYTES, resident_limit
 
     monkeypatch.delenv("TEMPCAL_RESIDENT_BYTES", raising=False)
     assert resident_limit() == RESIDENT_BYTES

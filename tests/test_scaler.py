@@ -24,11 +24,11 @@ from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import KFold, cross_val_score
 
 import tempcal.scaler
+from tempcal.core.fitting import T_MIN
 from tempcal.errors import TempcalError
-from tempcal.fitting import T_MIN
-from tempcal.formats import write_sidecar
+from tempcal.io.writeback import write_temperature
 from tempcal.scaler import TemperatureScaler, TemperatureScaling
-from tempcal.writeback import write_temperature
+from tempcal.sources.formats import write_sidecar
 
 ROOT = Path(__file__).resolve().parent.parent
 

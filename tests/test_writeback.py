@@ -14,8 +14,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import tempcal.writeback
-from tempcal.cli import main
+import tempcal.io.writeback
+from tempcal.cli.main import main
 from tempcal.errors import TempcalError
 
 KEY = "tempcal.temperature"
@@ -217,9 +217,9 @@ def test_second_fit_overwrites_the_key(tmp_path, source, capsys):
 
 def test_report_reads_what_fit_wrote(source):
     """The stored value is what the loader reads back as the stored T."""
-    from tempcal.loading import read_header
+    from tempcal.io.safetensors_header import read_header
 
-    path = tempcal.writeback.write_temperature(source, 2.718281828459045)
+    path = tempcal.io.writeback.write_temperature(source, 2.718281828459045)
     assert path == source
     assert read_header(source).stored_temperature() == 2.718281828459045
 
@@ -238,7 +238,7 @@ def _fail_after_partial_copy(exc: BaseException):
 
 def test_disk_full_mid_write_changes_nothing(tmp_path, source, capsys, monkeypatch):
     original = source.read_bytes()
-    monkeypatch.setattr(tempcal.writeback.shutil, "copyfileobj",
+    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
                         _fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
     code, _, err = run(["fit", str(source), "--json", str(tmp_path / "out.json")], capsys)
     assert code == 2
@@ -250,7 +250,7 @@ def test_disk_full_mid_write_changes_nothing(tmp_path, source, capsys, monkeypat
 def test_disk_full_mid_write_to_output_changes_nothing(tmp_path, source, capsys, monkeypatch):
     original = source.read_bytes()
     target = tmp_path / "calibrated.safetensors"
-    monkeypatch.setattr(tempcal.writeback.shutil, "copyfileobj",
+    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
                         _fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
     code, _, err = run(["fit", str(source), "--output", str(target)], capsys)
     assert code == 2
@@ -263,19 +263,19 @@ def test_disk_full_mid_write_to_output_changes_nothing(tmp_path, source, capsys,
                                                                                          "KeyboardInterrupt"])
 def test_other_exception_mid_write_changes_nothing(tmp_path, source, monkeypatch, exc):
     original = source.read_bytes()
-    monkeypatch.setattr(tempcal.writeback.shutil, "copyfileobj", _fail_after_partial_copy(exc))
+    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj", _fail_after_partial_copy(exc))
     with pytest.raises(type(exc)):
-        tempcal.writeback.write_temperature(source, 1.5)
+        tempcal.io.writeback.write_temperature(source, 1.5)
     assert source.read_bytes() == original
     assert files_in(tmp_path) == ["logits.safetensors"]
 
 
 def test_oserror_mid_write_is_a_tempcal_error(tmp_path, source, monkeypatch):
     original = source.read_bytes()
-    monkeypatch.setattr(tempcal.writeback.shutil, "copyfileobj",
+    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
                         _fail_after_partial_copy(OSError(errno.EIO, "Input/output error")))
     with pytest.raises(TempcalError, match="Input/output error") as info:
-        tempcal.writeback.write_temperature(source, 1.5)
+        tempcal.io.writeback.write_temperature(source, 1.5)
     assert "\n" not in str(info.value)
     assert source.read_bytes() == original
     assert files_in(tmp_path) == ["logits.safetensors"]
@@ -288,7 +288,7 @@ def test_failure_at_later_steps_changes_nothing(tmp_path, source, capsys, monkey
     def fail(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(tempcal.writeback.os, name, fail)
+    monkeypatch.setattr(tempcal.io.writeback.os, name, fail)
     code, _, err = run(["fit", str(source)], capsys)
     monkeypatch.undo()
     assert code == 2
@@ -303,7 +303,7 @@ def test_unwritable_folder_changes_nothing(tmp_path, source, capsys, monkeypatch
     def mkstemp(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(tempcal.writeback.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(tempcal.io.writeback.tempfile, "mkstemp", mkstemp)
     code, _, err = run(["fit", str(source)], capsys)
     assert code == 2
     assert_one_error_line(err, "Permission denied")

@@ -12,7 +12,7 @@ from _common import Contender, run
 def load(args) -> Contender:
     import torch
 
-    from tempcal.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
+    from tempcal.core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 
     per_chunk = CUDA_CHUNK_ELEMENTS if args.device.startswith("cuda") else CPU_CHUNK_ELEMENTS
 

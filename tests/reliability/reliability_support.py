@@ -164,8 +164,8 @@ def deadline(seconds: float):
 
 
 def run_inprocess(argv: list[str], seconds: float = 20.0) -> tuple[int, str, str, float]:
-    """``tempcal.cli.main(argv)`` with its output captured and a deadline: (status, stdout, stderr, seconds)."""
-    from tempcal.cli import main
+    """``tempcal.cli.main.main(argv)`` with its output captured and a deadline: (status, stdout, stderr, seconds)."""
+    from tempcal.cli.main import main
 
     out, err = io.StringIO(), io.StringIO()
     start = time.perf_counter()

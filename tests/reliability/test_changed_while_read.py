@@ -31,9 +31,9 @@ from reliability_support import (
     valid_file,
 )
 
-import tempcal.writeback
+import tempcal.io.writeback
 from tempcal.errors import TempcalError
-from tempcal.loading import read_header, read_tensor
+from tempcal.io.safetensors_header import read_header, read_tensor
 
 
 def other_version() -> bytes:
@@ -83,13 +83,13 @@ def source(tmp_path) -> Path:
 
 def change_before_write_back(monkeypatch, source: Path, mutate) -> None:
     """Change ``source`` after the fit read it, just before its write-back starts."""
-    real = tempcal.writeback.write_temperature
+    real = tempcal.io.writeback.write_temperature
 
     def write_temperature(*args, **kwargs):
         mutate(source)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tempcal.writeback, "write_temperature", write_temperature)
+    monkeypatch.setattr(tempcal.io.writeback, "write_temperature", write_temperature)
 
 
 @pytest.mark.parametrize("output", [False, True], ids=["in-place", "--output"])
@@ -114,15 +114,15 @@ def test_change_after_the_fit_is_refused(tmp_path, source, monkeypatch, mutation
 
 def test_change_during_the_fit_is_refused(tmp_path, source, monkeypatch):
     """The change lands while T is being fitted (between the reads and the write-back)."""
-    import tempcal.workflows
+    import tempcal.workflows.common
 
-    real = tempcal.workflows.fit_temperature
+    real = tempcal.workflows.common.fit_temperature
 
     def fit_temperature(*args, **kwargs):
         _rewrite_in_place(source)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tempcal.workflows, "fit_temperature", fit_temperature)
+    monkeypatch.setattr(tempcal.workflows.common, "fit_temperature", fit_temperature)
     code, _, err, _ = run_inprocess(["fit", str(source), "--quiet"])
     assert code == 2, err
     assert_one_error_line(err, str(source), "changed since tempcal read it", warnings=True)
@@ -156,16 +156,16 @@ def test_change_between_header_and_tensor_read(source):
 @pytest.mark.parametrize("mutation", ["appended", "rewritten in place"])
 def test_change_during_the_copy_is_refused(tmp_path, source, monkeypatch, mutation):
     mutate, _ = MUTATIONS[mutation]
-    real_copy = tempcal.writeback.shutil.copyfileobj
+    real_copy = tempcal.io.writeback.shutil.copyfileobj
 
     def copyfileobj(src, dst, length=0):
         real_copy(src, dst, length)
         mutate(source)
 
     read_header(source)  # the version this process read
-    monkeypatch.setattr(tempcal.writeback.shutil, "copyfileobj", copyfileobj)
+    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj", copyfileobj)
     with pytest.raises(TempcalError, match="changed") as info:
-        tempcal.writeback.write_temperature(source, 2.5)
+        tempcal.io.writeback.write_temperature(source, 2.5)
     assert "nothing written" in str(info.value)
     assert temporaries(tmp_path) == []
     assert b"tempcal.temperature" not in source.read_bytes()
@@ -177,8 +177,8 @@ def test_explicit_expected_header(tmp_path, source):
     _rewrite_in_place(source)
     read_header(source)  # this process reads the new version, but the caller fitted on the old one
     with pytest.raises(TempcalError, match="changed since tempcal read it"):
-        tempcal.writeback.write_temperature(source, 2.5, expected=fitted_on)
-    tempcal.writeback.write_temperature(source, 2.5, expected=read_header(source))
+        tempcal.io.writeback.write_temperature(source, 2.5, expected=fitted_on)
+    tempcal.io.writeback.write_temperature(source, 2.5, expected=read_header(source))
     assert_complete_update(source.read_bytes(), other_version(), 2.5)
 
 
@@ -189,20 +189,20 @@ def test_write_back_waits_for_the_lock_then_checks(tmp_path, source):
     fcntl.flock(fd, fcntl.LOCK_EX)
     threading.Timer(0.3, lambda: (fcntl.flock(fd, fcntl.LOCK_UN), os.close(fd))).start()
     start = time.monotonic()
-    tempcal.writeback.write_temperature(source, 2.5)
+    tempcal.io.writeback.write_temperature(source, 2.5)
     assert time.monotonic() - start >= 0.25
     assert b"2.5" in source.read_bytes()
 
 
 def test_a_lock_held_too_long_is_an_error(tmp_path, source, monkeypatch):
-    monkeypatch.setattr(tempcal.writeback, "LOCK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(tempcal.io.writeback, "LOCK_WAIT_SECONDS", 0.2)
     original = source.read_bytes()
     read_header(source)
     fd = os.open(source, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(TempcalError, match="lock") as info:
-            tempcal.writeback.write_temperature(source, 2.5)
+            tempcal.io.writeback.write_temperature(source, 2.5)
     finally:
         os.close(fd)
     assert "nothing written" in str(info.value)

@@ -41,7 +41,7 @@ from reliability_support import (
 )
 
 from tempcal.errors import TempcalError
-from tempcal.loading import MAX_HEADER_BYTES, read_header
+from tempcal.io.safetensors_header import MAX_HEADER_BYTES, read_header
 
 #: Seconds one in-process case may take (typical: a few ms for a refusal, ~0.1 s for a fit).
 CASE_SECONDS = 20.0

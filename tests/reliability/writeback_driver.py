@@ -21,9 +21,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import tempcal.writeback as writeback
+import tempcal.io.writeback as writeback
 from tempcal.errors import TempcalError
-from tempcal.loading import read_header
+from tempcal.io.safetensors_header import read_header
 
 
 def main() -> int:

@@ -7,7 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..cli import (
+from ..validation import check_taus
+from .main import (
     BatchSize,
     Bins,
     Bootstrap,
@@ -33,12 +34,11 @@ from ..cli import (
     usage,
     warn,
 )
-from ..taus import check_taus
 
 
 def parse_sweep(text: str) -> list[float]:
     """``START:STOP:COUNT`` as COUNT log-spaced temperatures."""
-    from ..plots import log_spaced
+    from ..output.plots import log_spaced
 
     parts = text.split(":")
     try:
@@ -90,12 +90,12 @@ def report(
     check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(sweep) if sweep else []
     if plot:
-        from ..plots import check_plot_path
+        from ..output.plots import check_plot_path
 
         check_plot_path(plot)
 
-    from ..distributed import init_from_environment, rank
-    from ..workflows import report_file
+    from ..core.distributed import init_from_environment, rank
+    from ..workflows.common import report_file
 
     device = init_from_environment(device)
     target: object = source
@@ -104,7 +104,7 @@ def report(
                                      batch_size=batch_size, device=device, output_key=output_key,
                                      progress=json_out != "-" and not quiet)
         if save_logits:
-            from ..models import save_logits as write_logits
+            from ..models.torchscript import save_logits as write_logits
 
             write_logits(target.data, save_logits, temperature=target.stored_temperature)  # type: ignore[attr-defined]
     result = report_file(target, taus=taus, sweep=grid, bins=bins, device=device, logits_key=logits_key,
@@ -114,7 +114,7 @@ def report(
         return
     warn(result.warnings)
     if plot:
-        from ..plots import reliability_diagram, sweep_plot
+        from ..output.plots import reliability_diagram, sweep_plot
 
         if grid:
             marks: dict[str, float] = {}
@@ -126,12 +126,12 @@ def report(
         else:
             reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results[:4]], plot)
     if markdown:
-        from ..atomic import write_text_atomic
-        from ..model_card import report_markdown
+        from ..io.atomic import write_text_atomic
+        from ..output.markdown import report_markdown
 
         write_text_atomic(markdown, report_markdown(result, markdown, plot), what="--markdown")
     emit_json(json_out, result.to_json())
     if json_out != "-" and not quiet:
-        from ..render import print_report
+        from ..output.console import print_report
 
         print_report(result, console())

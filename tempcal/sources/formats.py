@@ -2,7 +2,7 @@
 
 The format is chosen by suffix and the same ``--logits-key`` / ``--labels-key`` names apply:
 
-* ``.safetensors``: read by :mod:`tempcal.loading`; T lives in the file's metadata.
+* ``.safetensors``: read by :mod:`tempcal.io.safetensors_header`; T lives in the file's metadata.
 * ``.npz``: the arrays named by the keys (netcal-style files: ``--logits-key predictions
   --labels-key ground_truth``). Read with ``allow_pickle=False``.
 * ``.npy``: the file holds the logits; the labels are the sibling ``.npy`` file whose name
@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from .errors import DataError, TempcalError
-from .loading import TEMPERATURE_KEY, Header
+from ..errors import DataError, TempcalError
+from ..io.safetensors_header import TEMPERATURE_KEY, Header
 
 if TYPE_CHECKING:
     import torch
 
-    from .data import LogitsData
+    from ..core.data import LogitsData
 
 #: File suffix -> format name. ``.pt``/``.pth`` files may also be TorchScript models (see the CLI's ``--inputs``).
 SUFFIXES = {".safetensors": "safetensors", ".npz": "npz", ".npy": "npy", ".pt": "pt", ".pth": "pt"}
@@ -98,7 +98,7 @@ class FileInfo:
 
 @dataclass(frozen=True)
 class LoadedLogits:
-    """A loaded logits file of any format; ``header`` is a safetensors :class:`~tempcal.loading.Header`
+    """A loaded logits file of any format; ``header`` is a safetensors :class:`~tempcal.io.safetensors_header.Header`
     or a :class:`FileInfo`, both with ``.path`` and ``.stored_temperature()``."""
 
     header: Header | FileInfo
@@ -121,9 +121,9 @@ def load_any(path: str | os.PathLike, *, logits_key: str = "logits", labels_key:
              ignore_index: int | None = IGNORE_INDEX) -> LoadedLogits:
     """Load a logits file of any supported format (by suffix), checked for keys, dtypes and shapes.
 
-    Values are checked by the first :class:`~tempcal.scan.Scan`. With ``labels_required=False``
+    Values are checked by the first :class:`~tempcal.core.scan.Scan`. With ``labels_required=False``
     (out-of-distribution files) absent labels become zeros and ``has_labels`` is False. Rows
-    whose label is ``ignore_index`` are left out, as :func:`tempcal.data.as_logits_data` does.
+    whose label is ``ignore_index`` are left out, as :func:`tempcal.core.data.as_logits_data` does.
     Problems are one-line :class:`TempcalError` messages that start with the file name.
     """
     kind = file_format(path)
@@ -152,7 +152,7 @@ def load_any(path: str | os.PathLike, *, logits_key: str = "logits", labels_key:
 
 def _load_safetensors(path: Path, logits_key: str, labels_key: str, probs: bool,
                       labels_required: bool, ignore_index: int | None) -> LoadedLogits:
-    from .loading import load_logits, read_header, read_tensor
+    from ..io.safetensors_header import load_logits, read_header, read_tensor
 
     header = read_header(path)
     has_labels = labels_key in header.tensors
@@ -170,7 +170,7 @@ def _as_data(path: Path, logits: Any, labels: Any, probs: bool, logits_name: str
              ignore_index: int | None) -> LogitsData:
     import torch
 
-    from .data import as_logits_data
+    from ..core.data import as_logits_data
 
     if labels is None:  # no labels: zeros, one per row ([B, L] for token-level logits [B, L, V])
         shape = tuple(logits.shape[:2]) if logits.ndim == 3 else tuple(logits.shape[:1])
@@ -394,7 +394,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _parse_temperature(metadata: Mapping[str, str], where: Path) -> float | None:
-    from .loading import parse_temperature
+    from ..io.safetensors_header import parse_temperature
 
     return parse_temperature(metadata, f"{where}:")
 
@@ -403,7 +403,7 @@ def read_stored_temperature(path: str | os.PathLike) -> tuple[float | None, list
     """The T stored for ``path`` (safetensors metadata, or a current sidecar) and any warnings about it."""
     path = Path(path)
     if file_format(path) == "safetensors":
-        from .loading import read_header
+        from ..io.safetensors_header import read_header
 
         return read_header(path).stored_temperature(), []
     _check_regular_file(path)
@@ -464,7 +464,7 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
 
     Returns the sidecar's path. A malformed or stale existing sidecar is replaced.
     """
-    from .writeback import format_temperature
+    from ..io.writeback import format_temperature
 
     path = Path(path)
     if not (math.isfinite(temperature) and temperature > 0):
@@ -505,7 +505,7 @@ def write_stored_temperature(source: str | os.PathLike, temperature: float,
     kind = file_format(source)
     source = Path(source)
     if kind == "safetensors":
-        from .writeback import write_temperature
+        from ..io.writeback import write_temperature
 
         return write_temperature(source, temperature, output)
     if output is None:
@@ -539,7 +539,7 @@ def write_stored_temperature(source: str | os.PathLike, temperature: float,
 
 def _atomic_replace(destination: Path, write: Callable[[BinaryIO], object], mode: int) -> None:
     """Write via ``write(file)`` to a temporary file beside ``destination``, fsync, rename into place."""
-    from .atomic import write_atomic
+    from ..io.atomic import write_atomic
 
     write_atomic(destination, write, what="", mode=mode)
 

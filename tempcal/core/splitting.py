@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import TempcalError
+from ..errors import TempcalError
 
 
 def stratified_split(labels, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:

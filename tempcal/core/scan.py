@@ -24,9 +24,9 @@ from typing import ClassVar
 
 import torch
 
+from ..errors import DataError
 from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_reduce
-from .errors import DataError
 
 
 @dataclass(frozen=True)

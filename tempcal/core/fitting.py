@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import DataError
+from ..metrics.calibration import DEFAULT_BINS
 from .data import as_logits_data
-from .errors import DataError
-from .metrics import DEFAULT_BINS
 from .scan import Scan
 
 #: Documented bounds for T: a fit whose optimum lies beyond them (or at T -> 0 or T -> inf
@@ -61,7 +61,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
                     probs: bool = False, xtol: float | None = None, max_passes: int = MAX_PASSES) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
-    ``logits`` may also be a :class:`~tempcal.scan.Scan` (then ``labels`` is None), which
+    ``logits`` may also be a :class:`~tempcal.core.scan.Scan` (then ``labels`` is None), which
     lets callers validate once and fit on a split without reading the data again.
     """
     if isinstance(logits, Scan):
@@ -282,7 +282,7 @@ def _clamp(result: FitResult) -> FitResult:
 
 
 def _fit_ece(scan: Scan, *, bins: int, xtol: float, max_passes: int) -> FitResult:
-    """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.ece_fit`), around the NLL optimum."""
+    """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum."""
     from .ece_fit import minimise_ece
 
     anchor = _fit_nll(scan, xtol=xtol, max_passes=max_passes)

@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from .ood import ID_RECALL, SCORE_NAMES, OodReport
+from ..workflows.ood import ID_RECALL, SCORE_NAMES, OodReport
 
 
 def ood_table(report: OodReport, ood_file: str, score: str) -> Table:

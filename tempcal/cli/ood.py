@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ..cli import (
+from .main import (
     BatchSize,
     ChunkRows,
     Device,
@@ -99,20 +99,20 @@ def ood(
         if importlib.util.find_spec("matplotlib") is None:
             usage("--plot needs matplotlib, which is not installed: pip install 'tempcal[plot]'")
 
-    from ..distributed import init_from_environment, rank
-    from ..ood import ood_file, plot_report, save_scores
+    from ..core.distributed import init_from_environment, rank
+    from ..workflows.ood import ood_file, plot_report, save_scores
 
     device = init_from_environment(device)
     scores = ["msp", "energy"] if score is ScoreChoice.both else [score.value]
     progress = json_out != "-" and not quiet
     if is_model and odin_eps is not None:
-        from ..models import odin_ood
+        from ..models.torchscript import odin_ood
 
         assert inputs is not None
         report = odin_ood(source, inputs, ood_files, eps=odin_eps, taus=tau, inputs_key=inputs_key,
                           batch_size=batch_size, device=device, output_key=output_key, progress=progress)
     elif is_model:
-        from ..models import load_model, open_model_source
+        from ..models.torchscript import load_model, open_model_source
 
         model = load_model(source, device)
         options: dict[str, Any] = {"inputs_key": inputs_key, "labels_key": labels_key, "batch_size": batch_size,
@@ -136,7 +136,7 @@ def ood(
     payload.update(scores_file=scores_out, plot=plot, odin_eps=odin_eps)
     emit_json(json_out, payload)
     if json_out != "-" and not quiet:
-        from ..render_ood import print_ood
+        from ..output.ood_console import print_ood
 
         out = console()
         print_ood(report, out)

@@ -28,16 +28,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .data import LogitsData, as_logits_data, resolve_device
-from .errors import DataError, TempcalError
-from .loading import TEMPERATURE_KEY, check_unchanged, read_header, read_tensor, shown
-from .taus import positive_number
-from .workflows import OpenedSource
+from ..core.data import LogitsData, as_logits_data, resolve_device
+from ..errors import DataError, TempcalError
+from ..io.safetensors_header import TEMPERATURE_KEY, check_unchanged, read_header, read_tensor, shown
+from ..validation import positive_number
+from ..workflows.common import OpenedSource
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from .ood import OodReport
+    from ..workflows.ood import OodReport
 
 MODEL_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 DEFAULT_BATCH_SIZE = 512
@@ -402,7 +402,7 @@ def open_model_source(model_path: str | os.PathLike, inputs_path: str | os.PathL
                       batch_size: int = DEFAULT_BATCH_SIZE, device: str | torch.device = "auto",
                       output_key: OutputKey = None, progress: bool | Console = True,
                       model: torch.jit.ScriptModule | None = None, label: str | None = None) -> ModelSource:
-    """A model SOURCE run over its inputs, as the :class:`~tempcal.workflows.OpenedSource` the workflows take.
+    """A model SOURCE run over its inputs, as the :class:`~tempcal.workflows.common.OpenedSource` the workflows take.
 
     ``model`` reuses an already loaded module (e.g. for ``--eval`` or ``--ood-inputs`` files); ``label``
     names it in reports (default ``MODEL on INPUTS``; an OOD side reads best as its inputs path).
@@ -422,7 +422,7 @@ def open_model_source(model_path: str | os.PathLike, inputs_path: str | os.PathL
 # -- writing ----------------------------------------------------------------------------------
 def _write_atomic(path: str | os.PathLike, blob: bytes, what: str) -> Path:
     """Write ``blob`` over ``path`` atomically (links written through)."""
-    from .atomic import write_atomic
+    from ..io.atomic import write_atomic
 
     return write_atomic(path, lambda f: f.write(blob), what=what)
 
@@ -733,7 +733,7 @@ def odin_ood(model_path: str | os.PathLike, id_inputs: str | os.PathLike, ood_in
     ``fitted`` = a calibrated model's T; default sweep). ``passes`` counts model passes (each a forward,
     backward and forward over one file at one tau).
     """
-    from .ood import OodMetrics, OodReport, best_sentence, detection_metrics, resolve_taus
+    from ..workflows.ood import OodMetrics, OodReport, best_sentence, detection_metrics, resolve_taus
 
     if not ood_inputs:
         raise TempcalError("no OOD inputs: give at least one with --ood-inputs FILE")

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .errors import TempcalError
-from .scan import CalibrationSums, Scan, bin_edges
-from .taus import as_temperature
+from ..core.scan import CalibrationSums, Scan, bin_edges
+from ..errors import TempcalError
+from ..validation import as_temperature
 
 #: The names :func:`estimators_for` accepts, in the order they are reported.
 ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 import torch
 
-from .errors import DataError, TempcalError
+from ..errors import DataError, TempcalError
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Rows of every reduction step are cut so that one chunk holds about this many logits.

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from .data import FLOAT_DTYPES, default_chunk_rows
-from .errors import DataError, TempcalError
-from .loading import Header, check_unchanged, read_header, read_tensor
+from ..core.data import FLOAT_DTYPES, default_chunk_rows
+from ..errors import DataError, TempcalError
+from ..io.safetensors_header import Header, check_unchanged, read_header, read_tensor
 
 SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 IGNORE_INDEX = -100

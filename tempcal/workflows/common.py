@@ -10,16 +10,16 @@ from typing import Any, cast
 
 import torch
 
-from . import distributed
-from .data import LogitsSource
-from .errors import DataError, TempcalError
-from .fitting import FitResult, fit_temperature
-from .loading import load_logits
-from .metrics import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from .scan import Scan
-from .sharded import IGNORE_INDEX, expand_sources, open_sharded
-from .splitting import stratified_split
-from .taus import check_taus, parse_tau
+from ..core import distributed
+from ..core.data import LogitsSource
+from ..core.fitting import FitResult, fit_temperature
+from ..core.scan import Scan
+from ..core.splitting import stratified_split
+from ..errors import DataError, TempcalError
+from ..io.safetensors_header import load_logits
+from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
+from ..sources.safetensors import IGNORE_INDEX, expand_sources, open_sharded
+from ..validation import check_taus, parse_tau
 
 
 @dataclass
@@ -108,7 +108,7 @@ def open_source(source: Sources, *, logits_key: str = "logits", labels_key: str 
     paths = expand_sources([source] if isinstance(source, (str, os.PathLike)) else list(source))
     if not paths:
         raise TempcalError("no SOURCE file given")
-    from .formats import file_format, load_any
+    from ..sources.formats import file_format, load_any
 
     other = [p for p in paths if p.exists() and file_format(p) != "safetensors"]
     if other:
@@ -266,7 +266,7 @@ def report_file(source: Sources, *, taus: list[float | str] | None = None, sweep
 
 def scan_file(loaded: Any, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
               warnings: list[str]) -> Scan:
-    """:func:`scan_source` for a file loaded whole with :func:`tempcal.loading.load_logits`."""
+    """:func:`scan_source` for a file loaded whole with :func:`tempcal.io.safetensors_header.load_logits`."""
     return scan_source(OpenedSource([loaded.header.path], loaded.data, None), device=device, chunk_rows=chunk_rows,
                        probs=probs, warnings=warnings)
 
@@ -274,8 +274,8 @@ def scan_file(loaded: Any, *, device: str | torch.device, chunk_rows: int | None
 def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: Sequence[str] = (),
                   bootstrap: int = 0, seed: int = 0) -> list[dict]:
     """Per temperature: the asked-for estimators under their own names, and bootstrap intervals ``*_ci``."""
-    from .bootstrap import bootstrap_scan
-    from .estimators import estimators_for
+    from ..metrics.bootstrap import bootstrap_scan
+    from ..metrics.estimators import estimators_for
 
     out = []
     for tau in taus:

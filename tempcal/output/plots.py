@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-from .errors import TempcalError
+from ..errors import TempcalError
 
 FORMATS = (".png", ".svg", ".pdf")
 
@@ -102,7 +102,7 @@ def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike) 
 
 def _save(fig, path: Path) -> None:
     """Save beside the destination, then rename: a failed save leaves no half-written picture."""
-    from .atomic import atomic_path
+    from ..io.atomic import atomic_path
 
     with atomic_path(path, what="--plot") as temporary:
         fig.savefig(temporary, format=path.suffix.lstrip(".").lower(), dpi=120)

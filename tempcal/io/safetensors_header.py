@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import TempcalError
-from .taus import positive_number
+from ..errors import TempcalError
+from ..validation import positive_number
 
 TEMPERATURE_KEY = "tempcal.temperature"
 #: Bytes per element of each safetensors dtype.
@@ -291,7 +291,7 @@ class LogitsFile:
     """A loaded logits file: its data, header and the T stored in its metadata (if any)."""
 
     header: Header
-    data: object  # tempcal.data.LogitsData; typed loosely to keep this module torch-free at import
+    data: object  # tempcal.core.data.LogitsData; typed loosely to keep this module torch-free at import
 
     @property
     def stored_temperature(self) -> float | None:
@@ -301,7 +301,7 @@ class LogitsFile:
 def load_logits(path: str | os.PathLike, *, logits_key: str = "logits", labels_key: str = "labels",
                 probs: bool = False) -> LogitsFile:
     """Load and check a safetensors logits file (keys and shapes; values are checked by the first scan)."""
-    from .data import as_logits_data
+    from ..core.data import as_logits_data
 
     header = read_header(path)
     logits = read_tensor(header, logits_key, option="--logits-key")

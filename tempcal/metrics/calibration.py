@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from .scan import CalibrationSums, Scan
+from ..core.scan import CalibrationSums, Scan
 
 DEFAULT_BINS = 15
 
@@ -101,6 +101,6 @@ def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS
 def calibration_metrics(logits, labels, tau: float = 1.0, *, bins: int = DEFAULT_BINS,
                         device: str | torch.device = "auto", probs: bool = False) -> CalibrationMetrics:
     """Calibration metrics of raw logits (tensor or array) and labels at temperature ``tau``."""
-    from .data import as_logits_data
+    from ..core.data import as_logits_data
 
     return evaluate(Scan(as_logits_data(logits, labels, probs=probs), device=device), tau, bins=bins)

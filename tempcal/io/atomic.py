@@ -3,7 +3,7 @@
 Every writer goes through :func:`atomic_path`: a temporary file in the destination's folder,
 fsynced, given ordinary permissions, then renamed over the destination; on any failure the
 temporary file is removed and the destination is untouched. (Write-back into a logits file adds
-locking and change checks on top: :mod:`tempcal.writeback`.)
+locking and change checks on top: :mod:`tempcal.io.writeback`.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from .errors import TempcalError
+from ..errors import TempcalError
 
 
 @contextlib.contextmanager

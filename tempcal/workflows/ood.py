@@ -29,12 +29,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from .data import LogitsData, LogitsSource, as_logits_data
-from .distributed import all_gather_1d
-from .errors import DataError, TempcalError
-from .loading import LogitsFile, read_header, read_tensor
-from .scan import Scan
-from .taus import check_taus, parse_tau
+from ..core.data import LogitsData, LogitsSource, as_logits_data
+from ..core.distributed import all_gather_1d
+from ..core.scan import Scan
+from ..errors import DataError, TempcalError
+from ..io.safetensors_header import LogitsFile, read_header, read_tensor
+from ..validation import check_taus, parse_tau
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
@@ -268,14 +268,14 @@ def ood_file(source: Any, ood_files: Sequence[Any], *,
 
     ``taus`` holds numbers or ``"fitted"``; without it, :func:`default_taus` of the stored T.
     """
-    from .workflows import open_source, scan_source
+    from .common import open_source, scan_source
 
     if not ood_files:
         raise TempcalError("no OOD file: give at least one with --ood FILE")
     for name in scores:
         if name not in SCORES:
             raise TempcalError(f"--score {name}: expected msp, energy or both")
-    from .workflows import OpenedSource
+    from .common import OpenedSource
 
     source_arg, ood_args = source, list(ood_files)
     source = source.name if isinstance(source, OpenedSource) else str(source)
@@ -334,9 +334,9 @@ def score_tensors(report: OodReport) -> tuple[dict[str, torch.Tensor], dict[str,
             tensors[score_key("id", name, tau)] = torch.from_numpy(np.ascontiguousarray(report.id_scores[name][k]))
             for i, scores in enumerate(report.ood_scores):
                 tensors[score_key(f"ood.{i}", name, tau)] = torch.from_numpy(np.ascontiguousarray(scores[name][k]))
-    metadata = {"tempcal.source": report.source, "tempcal.taus": ",".join(tau_label(t) for t in report.taus),
+    metadata = {"tempcal.source": report.source, "tempcal.validation": ",".join(tau_label(t) for t in report.taus),
                 "tempcal.scores": ",".join(report.scores), "tempcal.convention": "higher = more in-distribution"}
-    metadata.update({f"tempcal.ood.{i}": path for i, path in enumerate(report.ood_files)})
+    metadata.update({f"tempcal.workflows.ood.{i}": path for i, path in enumerate(report.ood_files)})
     if report.stored_temperature is not None:
         metadata["tempcal.calibration_temperature"] = tau_label(report.stored_temperature)
     return tensors, metadata
@@ -420,7 +420,7 @@ def plot_report(report: OodReport, path: str | os.PathLike) -> Path:
 
 def _atomic(destination: Path):
     """A temporary path beside ``destination`` that is renamed over it on success and removed on failure."""
-    from .atomic import atomic_path
+    from ..io.atomic import atomic_path
 
     return atomic_path(destination, what="")
 

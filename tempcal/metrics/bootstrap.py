@@ -17,10 +17,10 @@ import itertools
 import numpy as np
 import torch
 
-from .errors import TempcalError
+from ..core.scan import Scan
+from ..errors import TempcalError
+from ..validation import as_temperature
 from .estimators import _check_bins, equal_width_index
-from .scan import Scan
-from .taus import as_temperature
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22

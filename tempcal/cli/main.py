@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from ._version import __version__
+from .._version import __version__
 
 EXIT_BAD_INPUT = 2
 EXIT_GATE = 3
@@ -130,12 +130,12 @@ def fit(
     if is_model and probs:
         usage("--probs applies to logits files, not to a model SOURCE")
     if plot:
-        from .plots import check_plot_path
+        from ..output.plots import check_plot_path
 
         check_plot_path(plot)
 
-    from .distributed import init_from_environment, rank
-    from .workflows import fit_file
+    from ..core.distributed import init_from_environment, rank
+    from ..workflows.common import fit_file
 
     device = init_from_environment(device)
     fit_source: object = source
@@ -155,13 +155,13 @@ def fit(
     warn(report.warnings)
     written = None
     if not no_write:
-        from .formats import write_stored_temperature
+        from ..sources.formats import write_stored_temperature
 
         written = ", ".join(str(write_stored_temperature(path, report.temperature, output))
                             for path in report.paths) or None
     if is_model:
-        from .models import save_calibrated_model
-        from .models import save_logits as write_logits
+        from ..models.torchscript import save_calibrated_model
+        from ..models.torchscript import save_logits as write_logits
 
         if save_logits:
             write_logits(fit_source.data, save_logits, temperature=None if no_write else report.temperature,  # type: ignore[attr-defined]
@@ -170,13 +170,13 @@ def fit(
             written = str(save_calibrated_model(model_path, report.temperature, save_model, output_key=output_key,
                                                 check_inputs=inputs, inputs_key=inputs_key))
     if plot:
-        from .plots import reliability_diagram
+        from ..output.plots import reliability_diagram
 
         reliability_diagram([("before (T = 1)", report.before), (f"after (T = {report.temperature:.4g})",
                                                                   report.after)], plot)
     if markdown:
-        from .atomic import write_text_atomic
-        from .model_card import fit_markdown
+        from ..io.atomic import write_text_atomic
+        from ..output.markdown import fit_markdown
 
         write_text_atomic(markdown, fit_markdown(report, markdown, plot), what="--markdown")
     payload = report.to_json()
@@ -185,12 +185,12 @@ def fit(
     payload["gate_passed"] = None if max_ece is None else not gate_failed
     emit_json(json_out, payload)
     if json_out != "-" and not quiet:
-        from .render import print_fit
+        from ..output.console import print_fit
 
         out = console()
         print_fit(report, out)
         if report.extras and any(report.extras):
-            from .render import extras_table
+            from ..output.console import extras_table
 
             out.print(extras_table([report.before.tau, report.after.tau], report.extras))
         if written:
@@ -204,7 +204,7 @@ def parse_estimators(text: str | None) -> list[str]:
     """``--estimators a,b`` or ``all`` as a checked list of names."""
     if not text:
         return []
-    from .estimators import ESTIMATORS
+    from ..metrics.estimators import ESTIMATORS
 
     names = list(ESTIMATORS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in ESTIMATORS]
@@ -227,7 +227,7 @@ def is_model_source(source: list[str], inputs: str | None, model_only: list[str 
 
 def model_sources(model_path: str, inputs: str | None, eval_inputs: str | None, **options):
     """The model run over ``--inputs`` (and over an ``--eval`` inputs file) as sources; and the model's path."""
-    from .models import load_model, open_model_source
+    from ..models.torchscript import load_model, open_model_source
 
     model = load_model(model_path, options["device"])
     main_source = open_model_source(model_path, inputs, model=model, **options)
@@ -239,7 +239,7 @@ def model_suffix(path: str) -> bool:
     """A TorchScript model file (a ``.pt`` holding a dict of tensors is a logits file)."""
     if Path(path).suffix.lower() not in MODEL_SUFFIXES:
         return False
-    from .formats import is_torchscript
+    from ..sources.formats import is_torchscript
 
     return not Path(path).exists() or is_torchscript(path)
 
@@ -258,7 +258,7 @@ def emit_json(target: str | None, payload: dict) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from .atomic import write_text_atomic
+    from ..io.atomic import write_text_atomic
 
     write_text_atomic(target, text, what="--json")
 
@@ -273,7 +273,7 @@ def stderr(message: str) -> None:
 
 
 def bad(message: str):
-    from .errors import TempcalError
+    from ..errors import TempcalError
 
     return TempcalError(message)
 
@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except Exception as exc:  # every failure becomes one line and an exit status
-        from .errors import TempcalError
+        from ..errors import TempcalError
 
         if isinstance(exc, TempcalError):
             stderr(f"error: {exc}")
@@ -315,9 +315,6 @@ def main(argv: list[str] | None = None) -> int:
     return result if isinstance(result, int) else 0
 
 
-# Commands defined in their own modules register themselves on ``app`` when imported.
-from .commands import ood as _ood  # noqa: E402,F401
-from .commands import report as _report  # noqa: E402,F401
 
 
 def _click_class(name: str) -> type[Exception]:

@@ -28,8 +28,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from .errors import TempcalError
-from .loading import TEMPERATURE_KEY, FileStamp, Header, check_unchanged, record_stamp, recorded_stamp, reread_header
+from ..errors import TempcalError
+from .safetensors_header import (
+    TEMPERATURE_KEY,
+    FileStamp,
+    Header,
+    check_unchanged,
+    record_stamp,
+    recorded_stamp,
+    reread_header,
+)
 
 try:
     import fcntl

@@ -1,0 +1,1 @@
+"""tempcal.metrics.calibration."""

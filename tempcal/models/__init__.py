@@ -1,0 +1,1 @@
+"""tempcal.models.torchscript."""

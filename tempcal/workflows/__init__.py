@@ -1,0 +1,1 @@
+"""tempcal.workflows.common."""
