@@ -1,7 +1,8 @@
-"""tempcal: post-hoc temperature scaling and calibration metrics for classifier logits.
+"""tempcal: post-hoc temperature scaling, calibration metrics and OOD scores for classifier logits.
 
 The names below are imported lazily, so that ``import tempcal`` (and the CLI's ``--help``)
-does not pay for importing torch until a function that needs it is used.
+does not pay for importing torch until a function that needs it is used. :data:`_EXPORTS`
+is the one list of them; a test checks the ``TYPE_CHECKING`` imports below match it.
 """
 
 from __future__ import annotations
@@ -11,62 +12,63 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__
 
+#: Public name -> the module that defines it.
 _EXPORTS = {
+    # errors and checks
     "TempcalError": "errors",
     "DataError": "errors",
+    "TEMPERATURE_KEY": "validation",
+    # sources -> data
+    "open_source": "sources.registry",
+    "read_stored_temperature": "sources.registry",
+    "write_stored_temperature": "sources.registry",
+    "SourceOptions": "sources.base",
+    "OpenedSource": "sources.base",
     "LogitsData": "core.data",
     "as_logits_data": "core.data",
     "resolve_device": "core.data",
+    "read_header": "io.safetensors_header",
+    # the scan and the fit
     "Scan": "core.scan",
+    "stratified_split": "core.splitting",
     "fit_temperature": "core.fitting",
     "FitResult": "core.fitting",
     "T_MIN": "core.fitting",
     "T_MAX": "core.fitting",
+    # metrics and scores
     "CalibrationMetrics": "metrics.calibration",
     "ReliabilityBin": "metrics.calibration",
     "calibration_metrics": "metrics.calibration",
     "evaluate": "metrics.calibration",
     "evaluate_many": "metrics.calibration",
-    "load_logits": "io.safetensors_header",
-    "read_header": "io.safetensors_header",
-    "TEMPERATURE_KEY": "io.safetensors_header",
-    "write_temperature": "io.writeback",
-    "stratified_split": "core.splitting",
-    "fit_file": "workflows.common",
-    "FitReport": "workflows.common",
-    "report_file": "workflows.common",
-    "ReportResult": "workflows.common",
-    "open_sharded": "sources.safetensors",
-    "ShardedLogits": "sources.safetensors",
-    "ood_file": "workflows.ood",
-    "OodReport": "workflows.ood",
-    "OodMetrics": "workflows.ood",
-    "detection_metrics": "workflows.ood",
-    "fpr_at_recall": "workflows.ood",
-    "score_samples": "workflows.ood",
-    "load_unlabelled": "workflows.ood",
     "estimators_for": "metrics.estimators",
     "ece_equal_mass": "metrics.estimators",
     "rms_calibration_error": "metrics.estimators",
     "debiased_l2_calibration_error": "metrics.estimators",
-    "classwise_sums": "metrics.estimators",
     "classwise_ece": "metrics.estimators",
+    "bootstrap_intervals": "metrics.bootstrap",
+    "OodMetrics": "metrics.detection",
+    "detection_metrics": "metrics.detection",
+    "fpr_at_recall": "metrics.detection",
+    # whole commands
+    "fit_file": "workflows.fit",
+    "FitReport": "workflows.fit",
+    "report_file": "workflows.report",
+    "ReportResult": "workflows.report",
+    "ood_file": "workflows.ood",
+    "OodReport": "workflows.ood",
+    "score_samples": "workflows.ood",
+    # write-back and deployment
+    "write_temperature": "io.writeback",
     "TemperatureScaler": "scaler",
     "TemperatureScaling": "scaler",
-    "load_any": "sources.formats",
-    "write_stored_temperature": "sources.formats",
-    "read_stored_temperature": "sources.formats",
-    "is_model_path": "models.torchscript",
-    "load_model": "models.torchscript",
-    "run_model": "models.torchscript",
-    "save_logits": "models.torchscript",
-    "save_calibrated_model": "models.torchscript",
-    "read_model_temperature": "models.torchscript",
-    "open_model_source": "models.torchscript",
-    "odin_scores": "models.torchscript",
-    "odin_ood": "models.torchscript",
-    "bootstrap_intervals": "metrics.bootstrap",
-    "per_sample": "metrics.bootstrap",
+    # models
+    "is_model_path": "models.detect",
+    "LoadedModel": "models.base",
+    "run_model": "models.run",
+    "save_logits": "models.save",
+    "save_calibrated_model": "models.save",
+    "odin_scores": "models.odin",
 }
 
 __all__ = ["__version__", *_EXPORTS]
@@ -77,42 +79,30 @@ if TYPE_CHECKING:
     from .core.scan import Scan
     from .core.splitting import stratified_split
     from .errors import DataError, TempcalError
-    from .io.safetensors_header import TEMPERATURE_KEY, load_logits, read_header
+    from .io.safetensors_header import read_header
     from .io.writeback import write_temperature
-    from .metrics.bootstrap import bootstrap_intervals, per_sample
+    from .metrics.bootstrap import bootstrap_intervals
     from .metrics.calibration import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
+    from .metrics.detection import OodMetrics, detection_metrics, fpr_at_recall
     from .metrics.estimators import (
         classwise_ece,
-        classwise_sums,
         debiased_l2_calibration_error,
         ece_equal_mass,
         estimators_for,
         rms_calibration_error,
     )
-    from .models.torchscript import (
-        is_model_path,
-        load_model,
-        odin_ood,
-        odin_scores,
-        open_model_source,
-        read_model_temperature,
-        run_model,
-        save_calibrated_model,
-        save_logits,
-    )
+    from .models.base import LoadedModel
+    from .models.detect import is_model_path
+    from .models.odin import odin_scores
+    from .models.run import run_model
+    from .models.save import save_calibrated_model, save_logits
     from .scaler import TemperatureScaler, TemperatureScaling
-    from .sources.formats import load_any, read_stored_temperature, write_stored_temperature
-    from .sources.safetensors import ShardedLogits, open_sharded
-    from .workflows.common import FitReport, ReportResult, fit_file, report_file
-    from .workflows.ood import (
-        OodMetrics,
-        OodReport,
-        detection_metrics,
-        fpr_at_recall,
-        load_unlabelled,
-        ood_file,
-        score_samples,
-    )
+    from .sources.base import OpenedSource, SourceOptions
+    from .sources.registry import open_source, read_stored_temperature, write_stored_temperature
+    from .validation import TEMPERATURE_KEY
+    from .workflows.fit import FitReport, fit_file
+    from .workflows.ood import OodReport, ood_file, score_samples
+    from .workflows.report import ReportResult, report_file
 
 
 def __getattr__(name: str):

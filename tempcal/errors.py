@@ -1,11 +1,66 @@
-"""Exceptions whose messages are shown to users as one line."""
+"""Exceptions whose messages are shown to users as one line.
+
+Messages name the option or argument concerned with :func:`param`: Python callers read the
+argument's name (``labels_key``), the command line its flag (``--labels-key``), from the same
+message. The exit statuses are mapped once, in ``tempcal.cli.main``.
+"""
 
 from __future__ import annotations
+
+import re
+
+_MARK = "\x1f"
+_PARAM = re.compile(f"{_MARK}([A-Za-z0-9_]+){_MARK}")
+
+
+def param(name: str) -> str:
+    """The parameter ``name`` (a Python argument name) marked inside a message."""
+    return f"{_MARK}{name}{_MARK}"
+
+
+def render(message: str, *, flags: bool) -> str:
+    """A message with its parameters shown as command-line flags (``--labels-key``) or argument names."""
+    return _PARAM.sub(lambda m: f"--{m.group(1).replace('_', '-')}" if flags else m.group(1), message)
+
+
+class Note(str):
+    """A warning's text: reads as the Python message; ``raw`` keeps the parameter marks, so the CLI can show flags."""
+
+    raw: str
+
+    def __new__(cls, raw: str) -> Note:
+        note = super().__new__(cls, render(raw, flags=False))
+        note.raw = raw
+        return note
+
+
+def for_cli(text: str) -> str:
+    """A message or warning as the command line shows it."""
+    return render(getattr(text, "raw", text), flags=True)
 
 
 class TempcalError(ValueError):
     """Bad input or usage: the CLI prints the message on one line and exits with status 2."""
 
+    @property
+    def raw(self) -> str:
+        """The message with its parameter marks (see :func:`param`)."""
+        return str(self.args[0]) if self.args else ""
+
+    def __str__(self) -> str:
+        return render(self.raw, flags=False)
+
+    def for_cli(self) -> str:
+        """The message as the command line shows it: parameters as flags."""
+        return render(self.raw, flags=True)
+
+    def prefixed(self, prefix: str) -> TempcalError:
+        """The same error (same class) with ``prefix`` (e.g. a file name) in front of its message."""
+        return type(self)(prefix + self.raw)
+
 
 class DataError(TempcalError):
     """The logits or labels themselves are invalid (NaN, out-of-range label, ...)."""
+
+
+__all__ = ["DataError", "Note", "TempcalError", "for_cli", "param", "render"]

@@ -214,7 +214,7 @@ class TemperatureScaling(torch.nn.Module):
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "TemperatureScaling":
         """The T that ``tempcal fit`` stored for ``path`` (safetensors metadata, or the sidecar of other formats)."""
-        from .sources.formats import read_stored_temperature
+        from .sources.registry import read_stored_temperature
 
         temperature, notes = read_stored_temperature(path)
         if temperature is None:

@@ -1,12 +1,68 @@
-"""Temperatures as users give them (``--tau``): a number > 0, or ``fitted`` for the T stored in the file."""
+"""Checks of what users give, each defined once: temperatures, ``--tau``, bins, labels, the ignored label.
+
+Messages name the problem, not a command-line flag: the CLI adds the flag (see
+``tempcal.cli.main``), and Python callers see the name of the argument they passed.
+This module imports neither torch nor numpy at import time, so the CLI's ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import math
+import numbers
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from .errors import TempcalError
+from .errors import DataError, TempcalError, param
+
+if TYPE_CHECKING:
+    import torch
+
+#: Rows with this label are left out, as in ``torch.nn.functional.cross_entropy``.
+IGNORE_INDEX = -100
+#: The metadata key (safetensors metadata, sidecars, model extra files) that holds a fitted T.
+TEMPERATURE_KEY = "tempcal.temperature"
+
+
+# -- temperatures -------------------------------------------------------------------------
+def positive_number(value: object) -> float | None:
+    """``value`` (text or a number) as a finite float > 0, or None when it is not one."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+def as_temperature(value: object, what: str = "temperature") -> float:
+    """``value`` as a temperature: a finite number > 0, else :class:`TempcalError`."""
+    number = positive_number(value)
+    if number is None:
+        raise TempcalError(f"{what} must be a positive finite number, got {value}")
+    return number
+
+
+def format_temperature(temperature: float) -> str:
+    """The shortest decimal string that reads back as the same float (how T is stored everywhere)."""
+    return repr(float(temperature))
+
+
+def stored_temperature(text: str | bytes | None, where: str) -> float | None:
+    """A stored T (metadata value, sidecar entry, model extra file): None when absent, else a positive float."""
+    if text is None:
+        return None
+    value = positive_number(text)
+    if value is None:
+        shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {_shown(shown)}, not a positive number")
+    return value
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def is_fitted(text: str | float) -> bool:
@@ -18,30 +74,13 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
     """A temperature from ``--tau``: a finite number > 0, or ``fitted`` for the T stored in ``source``."""
     if is_fitted(text):
         if stored is None:
-            raise TempcalError(f"--tau fitted: {source} has no stored temperature (metadata 'tempcal.temperature'; "
-                               "run tempcal fit first)")
+            raise TempcalError(f"{param('tau')} fitted: {source} has no stored temperature (metadata "
+                               f"'{TEMPERATURE_KEY}'; run tempcal fit first)")
         return float(stored)
     value = positive_number(text)
     if value is None:
-        raise TempcalError(f"--tau {text}: expected a number > 0 or 'fitted'")
+        raise TempcalError(f"{param('tau')} {text}: expected a number > 0 or 'fitted'")
     return value
-
-
-def as_temperature(value: object) -> float:
-    """``value`` as a temperature for the Python API: a finite number > 0, else TempcalError."""
-    number = positive_number(value)
-    if number is None:
-        raise TempcalError(f"temperature must be a positive finite number, got {value}")
-    return number
-
-
-def positive_number(value: object) -> float | None:
-    """``value`` (text or a number) as a finite float > 0, or None when it is not one."""
-    try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return number if math.isfinite(number) and number > 0 else None
 
 
 def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURCE") -> None:
@@ -51,4 +90,75 @@ def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURC
             parse_tau(text, None, source)
 
 
-__all__ = ["as_temperature", "check_taus", "is_fitted", "parse_tau", "positive_number"]
+def resolve_taus(values: Sequence[str | float] | None, stored: float | None, source: str | os.PathLike = "SOURCE",
+                 *, defaults: Sequence[float] = (), sweep: Sequence[float] = (), sort: bool = True) -> list[float]:
+    """The temperatures a command reports at, without repeats.
+
+    The given values (``fitted`` = the stored T), plus ``sweep``; with no values, ``defaults``
+    instead (or, when there are no defaults and no sweep either, the stored T, else 1.0). The
+    stored T joins any default set or sweep. ``sort=False`` keeps the given values' order.
+    """
+    taus: list[float] = []
+    for text in values or ():
+        tau = parse_tau(text, stored, source)
+        if tau not in taus:
+            taus.append(tau)
+    extra = [float(t) for t in (sweep if values else [*defaults, *sweep])]
+    if extra and stored is not None:
+        extra.append(float(stored))
+    if not values and not extra:
+        extra = [float(stored) if stored is not None else 1.0]
+    for tau in extra:
+        if tau not in taus:
+            taus.append(tau)
+    return sorted(taus) if sort or not values else taus
+
+
+# -- sizes --------------------------------------------------------------------------------
+def whole_number(value: object, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; booleans and fractions are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise TempcalError(f"{what} must be a whole number >= {minimum}, got {value}")
+    number = int(value)  # type: ignore[call-overload]
+    if maximum is not None and number > maximum:
+        raise TempcalError(f"{what} must be at most {maximum}, got {number}")
+    return number
+
+
+def check_bins(bins: object) -> int:
+    """The number of equal-width bins: a whole number >= 1."""
+    return whole_number(bins, "bins")
+
+
+# -- labels -------------------------------------------------------------------------------
+def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name: str = "labels",
+                 logits_name: str = "logits") -> torch.Tensor:
+    """Integer labels matching logits of ``logits_shape`` as a flat int64 tensor (validated once, for every source).
+
+    Logits ``[N, C]`` / ``[N]`` take labels ``[N]`` (``[N, 1]`` is accepted); token-level logits
+    ``[B, L, V]`` take labels ``[B, L]``. ``where`` (e.g. ``"val.safetensors: "``) starts every message.
+    """
+    import torch
+
+    y = torch.as_tensor(labels)
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        raise DataError(f"{where}'{name}' has dtype {str(y.dtype).removeprefix('torch.')}; expected an integer dtype")
+    shape = list(logits_shape)
+    if len(shape) == 3:
+        if list(y.shape) != shape[:2]:
+            raise DataError(f"{where}'{logits_name}' of shape {shape} has {shape[0] * shape[1]} rows but '{name}' "
+                            f"has shape {list(y.shape)} (token-level logits [B, L, V] need labels [B, L])")
+        return y.reshape(-1).to(torch.int64)
+    if y.dim() == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.dim() != 1:
+        raise DataError(f"{where}'{name}' has shape {list(y.shape)}; expected [N]")
+    rows = shape[0] if shape else 0
+    if y.shape[0] != rows:
+        raise DataError(f"{where}'{logits_name}' has {rows} rows but '{name}' has {y.shape[0]}")
+    return y.to(torch.int64)
+
+
+__all__ = ["IGNORE_INDEX", "TEMPERATURE_KEY", "as_temperature", "check_bins", "check_labels", "check_taus",
+           "format_temperature", "is_fitted", "parse_tau", "positive_number", "resolve_taus", "stored_temperature",
+           "whole_number"]

@@ -11,7 +11,7 @@ from scipy.special import logsumexp, softmax
 
 import tempcal
 from tempcal.errors import TempcalError
-from tempcal.metrics.bootstrap import bootstrap_intervals, bootstrap_replicates, bootstrap_scan, per_sample
+from tempcal.metrics.bootstrap import bootstrap_intervals, bootstrap_replicates, bootstrap_scan
 
 
 def miscalibrated(n: int, c: int, scale: float, *, seed: int = 0, dtype=torch.float64):
@@ -49,7 +49,7 @@ def test_per_sample_is_one_pass_and_matches_scipy():
     logits, labels = miscalibrated(3000, 9, 2.5, seed=1, dtype=torch.float32)
     scan = scan_of(logits, labels, chunk_rows=700)
     before = scan.passes
-    stats = per_sample(scan, 1.8)
+    stats = scan.per_sample(1 / 1.8)
     assert scan.passes == before + 1
     confidence, correct, nll = reference_per_sample(logits, labels, 1.8)
     np.testing.assert_allclose(stats["confidence"].numpy(), confidence, rtol=1e-12)

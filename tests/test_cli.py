@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,6 +120,21 @@ def test_terminal_output_names_the_temperature_and_sizes(capsys):
     out = capsys.readouterr().out
     assert "T = " in out and "fitted on" in out and "evaluated on" in out
     assert "reliability" in out and "ECE" in out
+
+
+def test_a_long_path_keeps_the_header_on_one_line(tmp_path):
+    """A checkout or data folder deep in the file system: the header is not broken at the terminal's width."""
+    folder = tmp_path.joinpath(*["a-rather-long-folder-name"] * 6)
+    folder.mkdir(parents=True)
+    copy = folder / "digits.safetensors"
+    copy.write_bytes(EXAMPLE.read_bytes())
+    for command in (["fit", str(copy), "--no-write"], ["report", str(copy)]):
+        done = subprocess.run([sys.executable, "-m", "tempcal", *command], capture_output=True, text=True,
+                              env={**os.environ, "COLUMNS": "80"}, timeout=300)
+        assert done.returncode == 0, done.stderr
+        header = done.stdout.splitlines()[0]
+        assert header.startswith(f"{copy}: ") and len(header) > 80
+        assert ("fitted on 674 samples, evaluated on 674" in header) == (command[0] == "fit")
 
 
 def test_objective_ece_lowers_ece_on_the_fitting_samples(capsys):

@@ -16,7 +16,6 @@ from tempcal.errors import TempcalError
 from tempcal.metrics.estimators import (
     ESTIMATORS,
     classwise_ece,
-    classwise_sums,
     debiased_l2_calibration_error,
     ece_equal_mass,
     equal_mass_bins,
@@ -254,7 +253,7 @@ def test_classwise_matches_loop_and_torchmetrics():
     logits[(labels != 3) & (torch.arange(2000) % 5 == 0), 3] = -math.inf  # p_3 = 0 exactly: the first bin
     scan = scan_of(logits, labels, chunk_rows=333)
     before = scan.passes
-    value = classwise_ece(classwise_sums(scan, 1 / 1.7, 15))
+    value = classwise_ece(scan.classwise(1 / 1.7, 15))
     assert scan.passes == before + 1
     p = softmax(logits.numpy() / 1.7, axis=1)
     y = labels.numpy()

@@ -21,21 +21,24 @@ from reference import optimal_temperature
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-import tempcal.sources.formats as formats
+import tempcal.io.atomic
 from tempcal.core.fitting import fit_temperature
 from tempcal.errors import DataError, TempcalError
-from tempcal.io.safetensors_header import TEMPERATURE_KEY
-from tempcal.sources.formats import (
-    load_any,
-    npy_labels_path,
-    read_sidecar,
-    read_stored_temperature,
-    sidecar_path,
-    write_sidecar,
-    write_stored_temperature,
-)
+from tempcal.io.sidecar import read_sidecar, sidecar_path, write_sidecar
+from tempcal.sources.numpy import npy_labels_path
+from tempcal.sources.registry import open_source, read_stored_temperature, write_stored_temperature
+from tempcal.validation import TEMPERATURE_KEY
 
 MARKER = "unpickled.marker"
+
+
+def logits_of(data) -> torch.Tensor:
+    """The logits a source holds, in their stored dtype (safetensors files are read as chunked sources)."""
+    if hasattr(data, "logits"):
+        return data.logits
+    rows = data.resident.load()
+    return (rows if data.rows is None else rows[data.rows]).squeeze(1) if data.binary else (
+        rows if data.rows is None else rows[data.rows])
 
 
 def make(n: int = 600, c: int = 5, scale: float = 3.0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -56,7 +59,8 @@ class Evil:
 
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
-    text = str(exc.value)
+    """The error as the command line shows it (parameters named by their flags)."""
+    text = exc.value.for_cli()
     assert "\n" not in text and text, text
     return text
 
@@ -89,16 +93,16 @@ def test_every_format_loads_the_saved_values_exactly_and_fits_scipys_optimum(tmp
     z, y = make()
     z = z.astype(dtype)
     path = save(kind, tmp_path, z, y)
-    loaded = load_any(path)
-    assert loaded.format == kind.removesuffix("-legacy")
-    assert loaded.has_labels and loaded.warnings == () and loaded.stored_temperature is None
-    assert Path(loaded.header.path) == path
-    assert loaded.data.logits.dtype == torch.from_numpy(z).dtype
-    assert np.array_equal(loaded.data.logits.numpy(), z)
+    loaded = open_source(path)
+    assert loaded.kind.name == kind.removesuffix("-legacy")
+    assert loaded.has_labels and loaded.warnings == [] and loaded.stored_temperature is None
+    assert loaded.paths == [path]
+    assert logits_of(loaded.data).dtype == torch.from_numpy(z).dtype
+    assert np.array_equal(logits_of(loaded.data).numpy(), z)
     assert np.array_equal(loaded.data.labels.numpy(), y)
     if dtype != np.float16:  # float16 rounding makes scipy's optimum on the rounded values the reference
         expected = optimal_temperature(torch.from_numpy(z), torch.from_numpy(y))
-        fitted = fit_temperature(loaded.data.logits, loaded.data.labels, device="cpu").temperature
+        fitted = fit_temperature(logits_of(loaded.data), loaded.data.labels, device="cpu").temperature
         assert abs(fitted - expected) / expected < 1e-6
 
 
@@ -107,17 +111,17 @@ def test_bfloat16_logits_keep_their_bits(tmp_path, kind):
     z, y = make(n=50)
     logits = torch.from_numpy(z).to(torch.bfloat16)
     path = save(kind, tmp_path, logits, torch.from_numpy(y))
-    loaded = load_any(path)
-    assert loaded.data.logits.dtype == torch.bfloat16
-    assert torch.equal(loaded.data.logits.view(torch.int16), logits.view(torch.int16))
+    loaded = open_source(path)
+    assert logits_of(loaded.data).dtype == torch.bfloat16
+    assert torch.equal(logits_of(loaded.data).view(torch.int16), logits.view(torch.int16))
 
 
 @pytest.mark.parametrize("kind", ["npz", "npy", "pt"])
 def test_netcal_style_keys(tmp_path, kind):
     z, y = make(n=40)
     path = save(kind, tmp_path, z, y, logits_key="predictions", labels_key="ground_truth")
-    loaded = load_any(path, logits_key="predictions", labels_key="ground_truth")
-    assert np.array_equal(loaded.data.logits.numpy(), z) and np.array_equal(loaded.data.labels.numpy(), y)
+    loaded = open_source(path, logits_key="predictions", labels_key="ground_truth")
+    assert np.array_equal(logits_of(loaded.data).numpy(), z) and np.array_equal(loaded.data.labels.numpy(), y)
 
 
 @pytest.mark.parametrize("kind", ["npz", "pt"])
@@ -128,7 +132,7 @@ def test_missing_key_lists_the_keys_and_the_option(tmp_path, kind, missing):
     keys = {"logits_key": "predictions", "labels_key": "ground_truth"}
     keys[f"{missing}_key"] = missing
     with pytest.raises(TempcalError) as exc:
-        load_any(path, **keys)
+        open_source(path, **keys)
     message = one_line(exc)
     assert message.startswith(f"{path}: no ") and f"'{missing}'" in message
     assert "'predictions'" in message and "'ground_truth'" in message and f"--{missing}-key" in message
@@ -139,15 +143,15 @@ def test_probs_flag_reads_probabilities_as_log_probabilities(tmp_path):
     p = np.exp(z.astype(np.float64) - z.max(1, keepdims=True))
     p /= p.sum(1, keepdims=True)
     np.savez(tmp_path / "p.npz", logits=p, labels=y)
-    loaded = load_any(tmp_path / "p.npz", probs=True)
-    np.testing.assert_allclose(loaded.data.logits.numpy(), np.log(p), rtol=0, atol=1e-12)
+    loaded = open_source(tmp_path / "p.npz", probs=True)
+    np.testing.assert_allclose(logits_of(loaded.data).numpy(), np.log(p), rtol=0, atol=1e-12)
 
 
 def test_big_endian_and_unsigned_arrays_load_with_their_values(tmp_path):
     z, y = make(n=30)
     np.savez(tmp_path / "be.npz", logits=z.astype(">f8"), labels=y.astype(">u4"))
-    loaded = load_any(tmp_path / "be.npz")
-    assert np.array_equal(loaded.data.logits.numpy(), z.astype(np.float64))
+    loaded = open_source(tmp_path / "be.npz")
+    assert np.array_equal(logits_of(loaded.data).numpy(), z.astype(np.float64))
     assert np.array_equal(loaded.data.labels.numpy(), y)
 
 
@@ -161,7 +165,7 @@ def test_big_endian_and_unsigned_arrays_load_with_their_values(tmp_path):
 def test_bad_arrays_are_one_line_data_errors_naming_the_file(tmp_path, logits, labels, words):
     np.savez(tmp_path / "bad.npz", logits=logits, labels=labels)
     with pytest.raises(DataError) as exc:
-        load_any(tmp_path / "bad.npz")
+        open_source(tmp_path / "bad.npz")
     message = one_line(exc)
     assert message.startswith(f"{tmp_path / 'bad.npz'}: ")
     assert all(w in message for w in words), message
@@ -177,17 +181,17 @@ def test_bad_arrays_are_one_line_data_errors_naming_the_file(tmp_path, logits, l
 def test_unreadable_files_are_one_line_errors(tmp_path, name, content, words):
     (tmp_path / name).write_bytes(content)
     with pytest.raises(TempcalError) as exc:
-        load_any(tmp_path / name, labels_key="labels.npy" if name.endswith(".npy") else "labels")
+        open_source(tmp_path / name, labels_key="labels.npy" if name.endswith(".npy") else "labels")
     message = one_line(exc)
     assert all(w in message for w in words), message
 
 
 def test_missing_file_and_folder(tmp_path):
     with pytest.raises(TempcalError, match="no such file"):
-        load_any(tmp_path / "absent.npz")
+        open_source(tmp_path / "absent.npz")
     (tmp_path / "folder.pt").mkdir()
     with pytest.raises(TempcalError, match="not a regular file"):
-        load_any(tmp_path / "folder.pt")
+        open_source(tmp_path / "folder.pt")
 
 
 def test_swapped_npz_and_npy_suffixes_say_what_the_file_is(tmp_path):
@@ -195,11 +199,11 @@ def test_swapped_npz_and_npy_suffixes_say_what_the_file_is(tmp_path):
     np.save(tmp_path / "single.npy", z)
     shutil.copy(tmp_path / "single.npy", tmp_path / "single.npz")
     with pytest.raises(TempcalError, match=r"single \.npy array"):
-        load_any(tmp_path / "single.npz")
+        open_source(tmp_path / "single.npz")
     np.savez(tmp_path / "archive.npz", logits=z, labels=y)
     shutil.copy(tmp_path / "archive.npz", tmp_path / "archive_logits.npy")
     with pytest.raises(TempcalError, match=r"is an \.npz archive"):
-        load_any(tmp_path / "archive_logits.npy")
+        open_source(tmp_path / "archive_logits.npy")
 
 
 # -- never unpickle ------------------------------------------------------------------------------
@@ -210,7 +214,7 @@ def test_pt_with_arbitrary_objects_is_refused_without_running_them(tmp_path, mon
     z, y = make(n=10)
     torch.save({"logits": torch.from_numpy(z), "labels": torch.from_numpy(y), "extra": Evil()}, "evil.pt")
     with pytest.raises(TempcalError) as exc:
-        load_any("evil.pt")
+        open_source("evil.pt")
     message = one_line(exc)
     assert "refused" in message and "weights_only=True" in message and ".open" in message
     assert not (tmp_path / MARKER).exists()
@@ -220,7 +224,7 @@ def test_numpy_arrays_inside_pt_are_refused_with_a_hint(tmp_path):
     z, y = make(n=10)
     torch.save({"logits": z, "labels": y}, tmp_path / "np.pt")
     with pytest.raises(TempcalError) as exc:
-        load_any(tmp_path / "np.pt")
+        open_source(tmp_path / "np.pt")
     assert "numpy arrays" in one_line(exc)
 
 
@@ -236,7 +240,7 @@ def test_object_arrays_are_refused_without_running_them(tmp_path, monkeypatch, k
         np.save("evil_labels.npy", np.zeros(3, np.int64))
         path = "evil_logits.npy"
     with pytest.raises(TempcalError) as exc:
-        load_any(path)
+        open_source(path)
     assert "never unpickles" in one_line(exc)
     assert not (tmp_path / MARKER).exists()
 
@@ -245,7 +249,7 @@ def test_object_arrays_are_refused_without_running_them(tmp_path, monkeypatch, k
 def test_torchscript_archive_is_not_read_as_a_tensor_dict(tmp_path):
     torch.jit.script(torch.nn.Linear(3, 2)).save(str(tmp_path / "model.pt"))
     with pytest.raises(TempcalError) as exc:
-        load_any(tmp_path / "model.pt")
+        open_source(tmp_path / "model.pt")
     message = one_line(exc)
     assert "TorchScript model" in message and "--inputs" in message
 
@@ -254,13 +258,13 @@ def test_torchscript_archive_is_not_read_as_a_tensor_dict(tmp_path):
 def test_pt_that_is_not_a_dict(tmp_path, content):
     torch.save(content, tmp_path / "plain.pt")
     with pytest.raises(TempcalError, match="not a dict of tensors"):
-        load_any(tmp_path / "plain.pt")
+        open_source(tmp_path / "plain.pt")
 
 
 def test_pt_value_that_is_not_a_tensor(tmp_path):
     torch.save({"logits": [[1.0, 2.0]], "labels": torch.zeros(1, dtype=torch.int64)}, tmp_path / "list.pt")
     with pytest.raises(TempcalError, match="'logits' is a list, not a tensor"):
-        load_any(tmp_path / "list.pt")
+        open_source(tmp_path / "list.pt")
 
 
 # -- .npy pairs -----------------------------------------------------------------------------------
@@ -284,14 +288,14 @@ def test_npy_labels_by_explicit_path(tmp_path):
     np.save(tmp_path / "scores.npy", z)
     (tmp_path / "sub").mkdir()
     np.save(tmp_path / "sub" / "targets.npy", y)
-    loaded = load_any(tmp_path / "scores.npy", labels_key=str(tmp_path / "sub" / "targets.npy"))
+    loaded = open_source(tmp_path / "scores.npy", labels_key=str(tmp_path / "sub" / "targets.npy"))
     assert np.array_equal(loaded.data.labels.numpy(), y)
 
 
 def test_npy_without_a_derivable_labels_name(tmp_path):
     np.save(tmp_path / "scores.npy", make(n=5)[0])
     with pytest.raises(TempcalError) as exc:
-        load_any(tmp_path / "scores.npy")
+        open_source(tmp_path / "scores.npy")
     assert "--labels-key PATH.npy" in one_line(exc)
 
 
@@ -300,10 +304,10 @@ def test_npy_missing_labels_file_lists_the_npy_files_there(tmp_path):
     np.save(tmp_path / "val_logits.npy", z)
     np.save(tmp_path / "val_targets.npy", y)
     with pytest.raises(TempcalError) as exc:
-        load_any(tmp_path / "val_logits.npy")
+        open_source(tmp_path / "val_logits.npy")
     message = one_line(exc)
     assert "val_labels.npy" in message and "val_targets.npy" in message and "--labels-key" in message
-    assert np.array_equal(load_any(tmp_path / "val_logits.npy", labels_key="targets").data.labels.numpy(), y)
+    assert np.array_equal(open_source(tmp_path / "val_logits.npy", labels_key="targets").data.labels.numpy(), y)
 
 
 def test_npy_row_mismatch_names_both_files(tmp_path):
@@ -311,7 +315,7 @@ def test_npy_row_mismatch_names_both_files(tmp_path):
     np.save(tmp_path / "logits.npy", z)
     np.save(tmp_path / "labels.npy", y[:4])
     with pytest.raises(DataError) as exc:
-        load_any(tmp_path / "logits.npy")
+        open_source(tmp_path / "logits.npy")
     message = one_line(exc)
     assert "'logits.npy' has 5 rows" in message and "'labels.npy' has 4" in message
 
@@ -334,18 +338,18 @@ def test_absent_labels_are_allowed_when_not_required(tmp_path, kind):
     else:
         path = tmp_path / "ood.safetensors"
         save_file({"logits": torch.from_numpy(z)}, str(path))
-    loaded = load_any(path, labels_required=False)
+    loaded = open_source(path, labels_optional=True)
     assert not loaded.has_labels
-    assert np.array_equal(loaded.data.logits.numpy(), z)
+    assert np.array_equal(logits_of(loaded.data).numpy(), z)
     assert loaded.data.labels.shape == (12,) and not bool(loaded.data.labels.any())
     with pytest.raises(TempcalError, match="labels"):
-        load_any(path)
+        open_source(path)
 
 
 def test_present_labels_are_read_when_not_required(tmp_path):
     z, y = make(n=12)
     path = save("npz", tmp_path, z, y)
-    loaded = load_any(path, labels_required=False)
+    loaded = open_source(path, labels_optional=True)
     assert loaded.has_labels and np.array_equal(loaded.data.labels.numpy(), y)
 
 
@@ -369,7 +373,7 @@ def test_sidecar_round_trip_is_exact_and_fingerprints_the_file(tmp_path, kind):
     assert record["sha256"] == sha256_of(path) and record["size"] == len(before)
     assert record["metadata"] == {TEMPERATURE_KEY: repr(temperature)}
     assert read_stored_temperature(path) == (temperature, [])
-    assert load_any(path).stored_temperature == temperature
+    assert open_source(path).stored_temperature == temperature
 
 
 def test_safetensors_write_goes_into_the_metadata_not_a_sidecar(tmp_path):
@@ -380,7 +384,7 @@ def test_safetensors_write_goes_into_the_metadata_not_a_sidecar(tmp_path):
         assert f.metadata()[TEMPERATURE_KEY] == "2.5"
         assert np.array_equal(f.get_tensor("logits").numpy(), z)
     assert not sidecar_path(path).exists()
-    assert read_stored_temperature(path) == (2.5, []) and load_any(path).stored_temperature == 2.5
+    assert read_stored_temperature(path) == (2.5, []) and open_source(path).stored_temperature == 2.5
 
 
 def test_sidecar_is_current_after_touch_or_copy_and_stale_after_a_change(tmp_path):
@@ -397,8 +401,8 @@ def test_sidecar_is_current_after_touch_or_copy_and_stale_after_a_change(tmp_pat
     assert path.stat().st_size == json.loads(sidecar_path(path).read_text())["size"]
     temperature, notes = read_stored_temperature(path)
     assert temperature is None and len(notes) == 1 and "changed" in notes[0] and "tempcal fit" in notes[0]
-    loaded = load_any(path)
-    assert loaded.stored_temperature is None and loaded.warnings == tuple(notes)
+    loaded = open_source(path)
+    assert loaded.stored_temperature is None and loaded.warnings == list(notes)
     write_sidecar(path, 4.0)  # a new fit refreshes it
     assert read_stored_temperature(path) == (4.0, [])
 
@@ -423,8 +427,8 @@ def test_malformed_sidecar_fails_only_when_the_stored_t_is_asked_for(tmp_path, c
         record = json.loads(content)
         record.update(size=path.stat().st_size, mtime_ns=path.stat().st_mtime_ns, sha256=sha256_of(path))
         side.write_text(json.dumps(record))
-    loaded = load_any(path)  # a fit can still run on the file ...
-    assert np.array_equal(loaded.data.logits.numpy(), z)
+    loaded = open_source(path)  # a fit can still run on the file ...
+    assert np.array_equal(logits_of(loaded.data).numpy(), z)
     with pytest.raises(TempcalError) as exc:
         _ = loaded.stored_temperature
     assert one_line(exc).startswith(f"{side}: ")
@@ -440,13 +444,13 @@ def test_sidecar_write_is_atomic_fsynced_and_leaves_nothing_on_failure(tmp_path,
     old = side.read_bytes()
     calls: list[str] = []
     real_fsync = os.fsync
-    monkeypatch.setattr(formats.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(tempcal.io.atomic.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
 
     def failing_replace(src, dst):
         calls.append("replace")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(formats.os, "replace", failing_replace)
+    monkeypatch.setattr(tempcal.io.atomic.os, "replace", failing_replace)
     with pytest.raises(TempcalError) as exc:
         write_sidecar(path, 3.0)
     assert "No space left" in one_line(exc)
@@ -479,7 +483,7 @@ def test_output_copies_npz_and_pt_and_stores_t_beside_the_copy(tmp_path):
         assert output.read_bytes() == before and source.read_bytes() == before
         assert not sidecar_path(source).exists()
         assert read_stored_temperature(output) == (1.75, [])
-        assert np.array_equal(load_any(output).data.logits.numpy(), z)
+        assert np.array_equal(logits_of(open_source(output).data).numpy(), z)
 
 
 def test_output_is_refused_where_no_copy_can_hold_t(tmp_path):
@@ -509,9 +513,10 @@ def test_read_sidecar_without_one(tmp_path):
     assert read_sidecar(path) == ({}, [])
 
 
-def test_importing_formats_stays_torch_and_numpy_free():
-    """The CLI may import it at module level (suffix checks) without slowing ``tempcal --help``."""
-    code = "import sys, tempcal.sources.formats\nassert not {'torch', 'numpy'} & set(sys.modules), sorted(sys.modules)"
+def test_what_the_cli_checks_before_reading_stays_torch_and_numpy_free():
+    """Options, model detection and validation are checked without slowing ``tempcal --help``."""
+    code = ("import sys, tempcal.cli.options, tempcal.models.detect, tempcal.validation\n"
+            "assert not {'torch', 'numpy'} & set(sys.modules), sorted(sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -522,13 +527,14 @@ def test_ignore_index_rows_are_left_out_like_cross_entropy(tmp_path, kind):
     y[[3, 17, 18]] = -100
     path = save(kind, tmp_path, z, y)
     keep = y != -100
-    loaded = load_any(path)
-    assert np.array_equal(loaded.data.logits.numpy(), z[keep]) and np.array_equal(loaded.data.labels.numpy(), y[keep])
+    loaded = open_source(path)
+    assert np.array_equal(logits_of(loaded.data).numpy(), z[keep])
+    assert np.array_equal(loaded.data.labels.numpy(), y[keep])
     custom = y.copy()
     custom[keep & (y == 0)] = 7  # another ignore value; -100 rows are then ordinary (bad) labels
     path.unlink()
     path = save(kind, tmp_path, z, custom)
-    loaded = load_any(path, ignore_index=7)
+    loaded = open_source(path, ignore_index=7)
     assert np.array_equal(loaded.data.labels.numpy(), custom[custom != 7])
     assert int(loaded.data.num_samples) == int((custom != 7).sum())
 
@@ -536,6 +542,6 @@ def test_ignore_index_rows_are_left_out_like_cross_entropy(tmp_path, kind):
 def test_token_level_logits_without_labels(tmp_path):
     z = np.random.default_rng(0).normal(size=(2, 3, 4)).astype(np.float32)
     np.savez(tmp_path / "tokens.npz", logits=z)
-    loaded = load_any(tmp_path / "tokens.npz", labels_required=False)
+    loaded = open_source(tmp_path / "tokens.npz", labels_optional=True)
     assert not loaded.has_labels
-    assert np.array_equal(loaded.data.logits.numpy(), z.reshape(6, 4))
+    assert np.array_equal(logits_of(loaded.data).numpy(), z.reshape(6, 4))

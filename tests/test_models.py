@@ -25,17 +25,23 @@ from sklearn.metrics import roc_auc_score
 
 import tempcal
 from tempcal.errors import TempcalError
-from tempcal.models.torchscript import (
-    is_model_path,
-    load_model,
-    odin_ood,
-    odin_scores,
-    open_model_source,
-    read_model_temperature,
-    run_model,
-    save_calibrated_model,
-    save_logits,
-)
+from tempcal.models.detect import is_model_path
+from tempcal.models.odin import odin_scores
+from tempcal.models.save import save_calibrated_model, save_logits
+from tempcal.models.torchscript import load as load_model
+from tempcal.sources.registry import open_source, read_stored_temperature
+from tempcal.workflows.ood import ood_file
+
+
+def run_model(model, inputs, *, device="cpu", labels_optional=False, **options):
+    """A model SOURCE run over its inputs through the public API: (logits data, the T a calibrated model holds)."""
+    options.setdefault("progress", False)
+    opened = open_source(model, inputs=str(inputs), device=device, labels_optional=labels_optional, **options)
+    return opened.data, opened.stored_temperature
+
+
+def read_model_temperature(path):
+    return read_stored_temperature(path)[0]
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 # torch 2.13 deprecates TorchScript; the contract reads it, so these tests script and load models on purpose.
@@ -223,8 +229,13 @@ def test_pickles_are_never_unpickled(digits, tmp_path):
             load_model(path, "cpu")
         message = str(info.value)
         assert str(path) in message and why in message and "\n" not in message
+        if path is disguised:  # a model: its T is read by loading it, which refuses
+            with pytest.raises(TempcalError):
+                read_model_temperature(path)
+        else:  # a .pt/.pth logits file keeps T in a sidecar: the file itself is not even opened
+            assert read_model_temperature(path) is None
         with pytest.raises(TempcalError):
-            read_model_temperature(path)
+            open_source(path)
         assert not marker.exists()
 
 
@@ -272,13 +283,12 @@ def test_model_to_logits_to_fit_to_calibrated_model_to_report(digits, tmp_path):
 
 
 def test_open_model_source_feeds_the_fit_workflow(digits):
-    opened = open_model_source(digits["model"], digits["inputs"], device="cpu", progress=False)
+    opened = open_source(digits["model"], inputs=str(digits["inputs"]), device="cpu", progress=False)
     assert opened.name == f"{digits['model']} on {digits['inputs']}" and opened.stored_temperature is None
     assert opened.paths == []  # nothing to write T back into
-    assert open_model_source(digits["model"], digits["inputs"], device="cpu", label="digits").name == "digits"
     assert opened.data.num_samples == len(digits["y"]) and opened.data.num_classes == 10
-    with pytest.raises(TempcalError, match=r"mlp\.pt: a TorchScript model SOURCE needs its inputs: --inputs"):
-        open_model_source(digits["model"], None)
+    with pytest.raises(TempcalError, match=r"mlp\.pt: a TorchScript model SOURCE needs its inputs: inputs"):
+        open_source(digits["model"])
 
 
 def test_shipped_example_model_reproduces_the_shipped_logits():
@@ -304,7 +314,7 @@ def test_batch_size_does_not_change_the_logits(digits):
     runs = [run_model(digits["model"], digits["inputs"], device="cpu", batch_size=b, progress=False)[0].logits
             for b in (1348, 100, 512)]
     assert all(torch.allclose(runs[0], other, rtol=1e-6, atol=1e-5) for other in runs[1:])  # float32 sums
-    with pytest.raises(TempcalError, match="--batch-size must be a whole number >= 1, got 0"):
+    with pytest.raises(TempcalError, match="batch_size must be a whole number >= 1, got 0"):
         run_model(digits["model"], digits["inputs"], batch_size=0)
 
 
@@ -339,25 +349,25 @@ def test_output_key_errors_list_what_is_there(small, tmp_path):
     _, _, inputs = small
     pair, mapping = _script(TupleNet(), tmp_path / "pair.pt"), _script(DictNet(), tmp_path / "dict.pt")
     plain = _script(torch.nn.Linear(5, 4), tmp_path / "plain.pt")
-    cases = [(pair, None, r"pair\.pt returns a tuple of 2 outputs; choose the logits with --output-key 0\.\.1"),
-             (pair, "2", r"--output-key 2: .*pair\.pt returns a tuple of 2 outputs; expected an index 0\.\.1"),
-             (pair, "logits", r"--output-key logits: .*expected an index 0\.\.1"),
+    cases = [(pair, None, r"pair\.pt returns a tuple of 2 outputs; choose the logits with output_key 0\.\.1"),
+             (pair, "2", r"output_key 2: .*pair\.pt returns a tuple of 2 outputs; expected an index 0\.\.1"),
+             (pair, "logits", r"output_key logits: .*expected an index 0\.\.1"),
              (mapping, None, r"dict\.pt returns a dict with keys 'features', 'logits'; choose the logits with "
-                             r"--output-key NAME"),
-             (mapping, "scores", r"--output-key scores: .*keys 'features', 'logits'; no key 'scores'"),
-             (plain, "0", r"--output-key 0: .*plain\.pt returns a single tensor; drop --output-key")]
+                             r"output_key NAME"),
+             (mapping, "scores", r"output_key scores: .*keys 'features', 'logits'; no key 'scores'"),
+             (plain, "0", r"output_key 0: .*plain\.pt returns a single tensor; drop output_key")]
     for model, key, message in cases:
         with pytest.raises(TempcalError, match=message):
             run_model(model, inputs, output_key=key, device="cpu", progress=False)
     out = tmp_path / "out.pt"
-    with pytest.raises(TempcalError, match=r"returns a dict; name the logits entry with --output-key NAME"):
+    with pytest.raises(TempcalError, match=r"returns a dict; name the logits entry with output_key NAME"):
         save_calibrated_model(mapping, 2.0, out)
     with pytest.raises(TempcalError, match=r"no key 'scores'"):
         save_calibrated_model(mapping, 2.0, out, output_key="scores", check_inputs=inputs)
-    with pytest.raises(TempcalError, match=r"tuple of 2 tensors; choose the logits with --output-key 0\.\.1"):
+    with pytest.raises(TempcalError, match=r"tuple of 2 tensors; choose the logits with output_key 0\.\.1"):
         save_calibrated_model(pair, 2.0, out)
     for bad in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(TempcalError, match="not a positive number"):
+        with pytest.raises(TempcalError, match="positive"):
             save_calibrated_model(plain, bad, out)
     assert not out.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dict.pt", "pair.pt", "plain.pt", "small.safetensors"]
@@ -371,7 +381,7 @@ def test_single_binary_logit_and_missing_labels(small, tmp_path):
     assert data.binary and data.logits.shape == (40,)
     unlabelled = _save_inputs(tmp_path / "u.safetensors", x)
     with pytest.raises(TempcalError, match=r"u\.safetensors: no tensor 'labels' \(keys present: 'inputs'; "
-                                           r"choose one with --labels-key\)"):
+                                           r"choose one with labels_key\)"):
         run_model(path, unlabelled, device="cpu", progress=False)
     data, _ = run_model(path, unlabelled, labels_optional=True, device="cpu", progress=False)
     assert torch.equal(data.labels, torch.zeros(40, dtype=torch.int64))
@@ -388,7 +398,7 @@ def test_save_logits_round_trip(digits, tmp_path):
         assert f.metadata() == {"tempcal.model": "mlp.pt", "tempcal.temperature": "2.5"}
         assert torch.equal(f.get_tensor("logits"), data.logits)
         assert torch.equal(f.get_tensor("labels"), data.labels)
-    loaded = tempcal.load_logits(path)
+    loaded = tempcal.open_source(path)
     assert loaded.stored_temperature == 2.5
     save_logits(data, path, labels=False)  # replaces the file atomically
     with safe_open(str(path), framework="pt") as f:
@@ -445,13 +455,13 @@ def test_missing_and_malformed_inputs(digits, small, tmp_path):
     renamed = tmp_path / "renamed.safetensors"
     save_file({"pixels": x, "labels": y}, str(renamed))
     with pytest.raises(TempcalError, match=r"renamed\.safetensors: no tensor 'inputs' \(keys present: 'labels', "
-                                           r"'pixels'; choose one with --inputs-key\)"):
+                                           r"'pixels'; choose one with inputs_key\)"):
         run_model(digits["model"], renamed, device="cpu")
     data, _ = run_model(_script(torch.nn.Linear(5, 3), tmp_path / "lin.pt"), renamed, inputs_key="pixels",
                         device="cpu", progress=False)
     assert data.num_samples == 40
     short = _save_inputs(tmp_path / "short.safetensors", x, y[:30])
-    with pytest.raises(TempcalError, match=r"short\.safetensors: 'labels' has 30 rows but 'inputs' has 40"):
+    with pytest.raises(TempcalError, match=r"short\.safetensors: 'inputs' has 40 rows but 'labels' has 30"):
         run_model(digits["model"], short, device="cpu")
     floats = _save_inputs(tmp_path / "floats.safetensors", x, y.double())
     with pytest.raises(TempcalError, match=r"'labels' has dtype float64; expected an integer dtype"):
@@ -520,7 +530,7 @@ def test_odin_on_a_calibrated_model_scores_the_original(digits, tmp_path):
     np.testing.assert_allclose(on_calibrated.numpy(), ref_odin(digits["mlp"], x, 2.0, 0.01), rtol=1e-5)
     with pytest.raises(TempcalError, match=r"ODIN perturbs the inputs, so they must be floating point"):
         odin_scores(digits["model"], torch.zeros(4, 64, dtype=torch.int64), tau=1.0, eps=0.01, device="cpu")
-    with pytest.raises(TempcalError, match=r"--odin-eps -0\.1: expected a number >= 0"):
+    with pytest.raises(TempcalError, match=r"odin_eps -0\.1: expected a number >= 0"):
         odin_scores(digits["model"], x, tau=1.0, eps=-0.1, device="cpu")
 
 
@@ -528,8 +538,8 @@ def test_odin_ood_report_matches_scikit_learn(digits, tmp_path):
     noise = torch.randn(200, 64, generator=torch.Generator().manual_seed(3))
     ood_path = _save_inputs(tmp_path / "noise.safetensors", noise)
     id_path = _save_inputs(tmp_path / "id.safetensors", digits["x"][:300], digits["y"][:300])
-    report = odin_ood(digits["model"], id_path, [ood_path], eps=0.02, taus=[1.0, 1000.0], device="cpu",
-                      progress=False)
+    report = ood_file(digits["model"], [ood_path], odin_eps=0.02, taus=[1.0, 1000.0], device="cpu",
+                      inputs=str(id_path), progress=False)
     assert report.taus == [1.0, 1000.0] and report.num_classes == 10 and not report.binary
     assert report.n_id == 300 and report.n_ood == [200]
     for (path, row), tau in zip(report.results, [1.0, 1000.0], strict=True):
@@ -538,5 +548,5 @@ def test_odin_ood_report_matches_scikit_learn(digits, tmp_path):
         assert path == str(ood_path) and row.score == "msp" and row.tau == tau
         assert row.auroc == pytest.approx(roc_auc_score(truth, np.r_[a, b]), abs=1e-6)
     assert report.to_json()["results"][0]["auroc"] == report.results[0][1].auroc
-    with pytest.raises(TempcalError, match=r"--tau fitted: .*mlp\.pt has no stored temperature"):
-        odin_ood(digits["model"], id_path, [ood_path], eps=0.02, taus=["fitted"], device="cpu")
+    with pytest.raises(TempcalError, match=r"tau fitted: .*mlp\.pt on .*id\.safetensors has no stored temperature"):
+        ood_file(digits["model"], [ood_path], odin_eps=0.02, taus=["fitted"], device="cpu", inputs=str(id_path))

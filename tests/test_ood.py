@@ -23,8 +23,10 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from tempcal.cli.main import main
 from tempcal.core.scan import Scan
 from tempcal.io.writeback import write_temperature
-from tempcal.output.ood_console import print_ood
-from tempcal.workflows.ood import detection_metrics, fpr_at_recall, load_unlabelled, ood_file, score_samples
+from tempcal.metrics.detection import detection_metrics, fpr_at_recall
+from tempcal.output.console import print_ood
+from tempcal.sources.registry import open_source
+from tempcal.workflows.ood import ood_file, score_samples
 
 C = 6
 
@@ -252,10 +254,10 @@ def test_ood_file_without_labels_and_with_impossible_classes(tmp_path):
     save_file({"logits": z_ood}, str(tmp_path / "ood.safetensors"))
     report = ood_file(tmp_path / "id.safetensors", [tmp_path / "ood.safetensors"], taus=[1.5])
     np.testing.assert_allclose(report.ood_scores[0]["msp"][0], ref_msp(z_ood.numpy(), 1.5), rtol=1e-12)
-    assert load_unlabelled(tmp_path / "ood.safetensors").data.num_classes == C
+    assert open_source(tmp_path / "ood.safetensors", labels_optional=True).data.num_classes == C
     # probabilities with exact zeros give log(0) = -inf, the same thing
     save_file({"logits": p_ood}, str(tmp_path / "ood_p.safetensors"))
-    assert load_unlabelled(tmp_path / "ood_p.safetensors", probs=True).data.num_samples == 200
+    assert open_source(tmp_path / "ood_p.safetensors", labels_optional=True, probs=True).data.num_samples == 200
 
 
 def test_scores_file_contents(files, tmp_path, capsys):
@@ -268,7 +270,7 @@ def test_scores_file_contents(files, tmp_path, capsys):
         keys = set(f.keys())
         assert keys == {f"{side}.{s}.tau={t}" for side in ("id", "ood.0") for s in ("msp", "energy")
                         for t in ("0.5", "2")}
-        assert f.metadata()["tempcal.workflows.ood.0"] == str(ood_path)
+        assert f.metadata()["tempcal.ood.0"] == str(ood_path)
         for t in (0.5, 2.0):
             name = "0.5" if t == 0.5 else "2"
             np.testing.assert_allclose(f.get_tensor(f"id.msp.tau={name}").numpy(), ref_msp(z_id, t), rtol=1e-12)
@@ -378,8 +380,8 @@ def test_the_scores_pass_keeps_what_the_calibration_pass_keeps():
     assert scan.passes == before + 1
     full = scan.calibration([1.0, 0.25, 3.0], 15, keep_scores=True)
     for mine, (_, kept) in zip(fast, full, strict=True):
-        for name in ("confidence", "energy"):
-            assert torch.equal(mine[name], kept[name])
+        assert torch.equal(mine["msp"], kept["confidence"])
+        assert torch.equal(mine["energy"], kept["energy"])
     z = logits.double()
     assert torch.allclose(fast[1]["energy"], 4.0 * torch.logsumexp(z / 4.0, 1), rtol=1e-6)
-    assert torch.allclose(fast[2]["confidence"], torch.softmax(z * 3.0, 1).max(1).values, rtol=1e-6)
+    assert torch.allclose(fast[2]["msp"], torch.softmax(z * 3.0, 1).max(1).values, rtol=1e-6)

@@ -108,13 +108,15 @@ def test_sweep_table_fits_80_columns(data_file):
     from rich.console import Console
 
     from tempcal.output.console import print_report
-    from tempcal.workflows.common import report_file
+    from tempcal.workflows.report import report_file
 
     path, _, _ = data_file
     result = report_file(str(path), sweep=log_spaced(0.123456, 98.7654, 9), device="cpu")
     buffer = io.StringIO()
     print_report(result, Console(file=buffer, width=80, color_system=None))
-    lines = buffer.getvalue().splitlines()
+    header, *lines = buffer.getvalue().splitlines()
+    # The header names the file on one line however long its path; the tables fit 80 columns.
+    assert header == f"{path}: 1500 samples, 8 classes, 15 bins"
     assert max(len(line) for line in lines) <= 80
     assert "…" not in buffer.getvalue()
     header = next(line for line in lines if "entropy" in line)

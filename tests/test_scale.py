@@ -18,7 +18,6 @@ from safetensors.torch import save_file
 
 import tempcal
 from tempcal.cli.main import main
-from tempcal.sources.safetensors import open_sharded
 
 
 @pytest.fixture(params=["resident", "streamed"])
@@ -45,7 +44,7 @@ def write_shards(folder: Path, sizes, *, c=12, dtype=torch.float64, seed=0):
     not torch.cuda.is_available(), reason="needs CUDA"))])
 def test_sharded_chunked_equals_in_memory(tmp_path, device, reads):
     paths, logits, labels = write_shards(tmp_path, [700, 1, 555, 1200])
-    data = open_sharded(paths)
+    data = tempcal.open_source(paths).data
     assert (data.resident is not None) == (reads == "resident")
     streamed = tempcal.Scan(data, device=device, chunk_rows=97)
     whole = tempcal.Scan(tempcal.as_logits_data(logits, labels), device=device)
@@ -112,7 +111,7 @@ def test_a_kept_input_is_read_once_whatever_the_passes(tmp_path, monkeypatch):
     real = tempcal.sources.safetensors._read_slice
     monkeypatch.setattr(tempcal.sources.safetensors, "_read_slice", lambda *args: (reads.append(args[2]), real(*args)))
     monkeypatch.setattr(tempcal.sources.safetensors._Resident, "SLICE_BYTES", 4096)
-    scan = tempcal.Scan(open_sharded(paths), device="cpu", chunk_rows=64)
+    scan = tempcal.Scan(tempcal.open_source(paths).data, device="cpu", chunk_rows=64)
     fitted = tempcal.fit_temperature(scan.select(torch.arange(0, 500, 2)))
     tempcal.evaluate(scan.select(torch.arange(1, 500, 2)), fitted.temperature)
     assert fitted.passes >= 3
@@ -125,7 +124,7 @@ def test_a_file_truncated_after_its_header_was_read_is_an_error(tmp_path, reads)
     from tempcal.errors import TempcalError
 
     paths, _, _ = write_shards(tmp_path, [300])
-    data = open_sharded(paths)
+    data = tempcal.open_source(paths).data
     os.truncate(paths[0], paths[0].stat().st_size - 1000)
     with pytest.raises(TempcalError, match="file ended early"):
         tempcal.Scan(data, device="cpu")

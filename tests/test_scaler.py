@@ -26,9 +26,9 @@ from sklearn.model_selection import KFold, cross_val_score
 import tempcal.scaler
 from tempcal.core.fitting import T_MIN
 from tempcal.errors import TempcalError
+from tempcal.io.sidecar import write_sidecar
 from tempcal.io.writeback import write_temperature
 from tempcal.scaler import TemperatureScaler, TemperatureScaling
-from tempcal.sources.formats import write_sidecar
 
 ROOT = Path(__file__).resolve().parent.parent
 

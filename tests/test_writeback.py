@@ -14,6 +14,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+import tempcal.io.atomic
 import tempcal.io.writeback
 from tempcal.cli.main import main
 from tempcal.errors import TempcalError
@@ -288,7 +289,7 @@ def test_failure_at_later_steps_changes_nothing(tmp_path, source, capsys, monkey
     def fail(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(tempcal.io.writeback.os, name, fail)
+    monkeypatch.setattr(tempcal.io.atomic.os, name, fail)
     code, _, err = run(["fit", str(source)], capsys)
     monkeypatch.undo()
     assert code == 2
@@ -303,7 +304,7 @@ def test_unwritable_folder_changes_nothing(tmp_path, source, capsys, monkeypatch
     def mkstemp(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(tempcal.io.writeback.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(tempcal.io.atomic.tempfile, "mkstemp", mkstemp)
     code, _, err = run(["fit", str(source)], capsys)
     assert code == 2
     assert_one_error_line(err, "Permission denied")

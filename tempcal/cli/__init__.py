@@ -1,6 +1,6 @@
 """The ``tempcal`` command line: the app, then each command module, which registers itself on it."""
 
 from .main import app, main, run  # isort: skip
-from . import ood, report  # noqa: F401  # isort: skip
+from . import fit, ood, report  # noqa: F401  # isort: skip
 
 __all__ = ["app", "main", "run"]

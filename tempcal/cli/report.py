@@ -7,8 +7,10 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..errors import TempcalError
 from ..validation import check_taus
-from .main import (
+from .main import app, deliver, start
+from .options import (
     BatchSize,
     Bins,
     Bootstrap,
@@ -21,18 +23,19 @@ from .main import (
     JsonOut,
     LabelsKey,
     LogitsKey,
+    Markdown,
     OutputKey,
+    Plot,
     Probs,
     Quiet,
     SaveLogits,
-    app,
-    console,
-    emit_json,
+    Seed,
+    Source,
+    Tau,
+    check_outputs,
     is_model_source,
-    model_sources,
     parse_estimators,
-    usage,
-    warn,
+    source_options,
 )
 
 
@@ -46,29 +49,22 @@ def parse_sweep(text: str) -> list[float]:
         if len(parts) != 3:
             raise ValueError
     except (ValueError, IndexError):
-        usage(f"--sweep {text}: expected START:STOP:COUNT, e.g. 0.5:5:20")
+        raise TempcalError(f"--sweep {text}: expected START:STOP:COUNT, e.g. 0.5:5:20") from None
     if not (0 < start < stop and math.isfinite(stop) and 2 <= count <= 10_000):
-        usage(f"--sweep {text}: expected 0 < START < STOP and 2 <= COUNT <= 10000")
+        raise TempcalError(f"--sweep {text}: expected 0 < START < STOP and 2 <= COUNT <= 10000")
     return log_spaced(start, stop, count)
 
 
 @app.command()
 def report(
-    source: Annotated[list[str], typer.Argument(
-        metavar="SOURCE", help="Logits file (.safetensors) with 'logits' and 'labels'; several files or a glob "
-        "pattern are read as shards.")],
-    tau: Annotated[Optional[list[str]], typer.Option("--tau", metavar="T",
-                                                     help="Temperature (repeatable); 'fitted' = the stored T. "
-                                                     "Default: the stored T, else 1.")] = None,
+    source: Source,
+    tau: Tau = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
                                                  help="COUNT log-spaced temperatures from START to STOP.")] = None,
     bins: Bins = 15,
     json_out: JsonOut = None,
-    plot: Annotated[Optional[str], typer.Option("--plot", metavar="PATH",
-                                                help="Reliability diagram (or, with --sweep, metrics against tau); "
-                                                ".png, .svg or .pdf.")] = None,
-    markdown: Annotated[Optional[str], typer.Option("--markdown", metavar="PATH",
-                                                    help="Write a calibration section for a model card.")] = None,
+    plot: Plot = None,
+    markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
     probs: Probs = False,
@@ -77,7 +73,7 @@ def report(
     ignore_index: IgnoreIndex = -100,
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
-    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap resamples.")] = 0,
+    seed: Seed = 0,
     inputs: Inputs = None,
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
@@ -85,53 +81,38 @@ def report(
     save_logits: SaveLogits = None,
     quiet: Quiet = False,
 ) -> None:
-    """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures."""
+    """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures.
+
+    Without --tau: the T stored with SOURCE, else 1.
+    """
     taus: list[float | str] = list(tau or [])
     check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(sweep) if sweep else []
-    if plot:
-        from ..output.plots import check_plot_path
+    is_model = is_model_source(source, inputs, {"--save-logits": save_logits, "--output-key": output_key})
+    check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown}, source)
 
-        check_plot_path(plot)
+    from ..output.files import write_report_files
+    from ..workflows.report import report_file
 
-    from ..core.distributed import init_from_environment, rank
-    from ..workflows.common import report_file
+    device = start(device)
+    options = source_options(logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index,
+                             inputs=inputs, inputs_key=inputs_key, batch_size=batch_size, output_key=output_key,
+                             device=device, progress=json_out != "-" and not quiet)
+    result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,
+                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, options=options)
 
-    device = init_from_environment(device)
-    target: object = source
-    if is_model_source(source, inputs, [save_logits, output_key]):
-        target, _, _ = model_sources(source[0], inputs, None, inputs_key=inputs_key, labels_key=labels_key,
-                                     batch_size=batch_size, device=device, output_key=output_key,
-                                     progress=json_out != "-" and not quiet)
-        if save_logits:
-            from ..models.torchscript import save_logits as write_logits
+    def write() -> list[str]:
+        if is_model and save_logits:
+            from ..models.save import save_logits as write_logits
 
-            write_logits(target.data, save_logits, temperature=target.stored_temperature)  # type: ignore[attr-defined]
-    result = report_file(target, taus=taus, sweep=grid, bins=bins, device=device, logits_key=logits_key,
-                         labels_key=labels_key, probs=probs, chunk_rows=chunk_rows, ignore_index=ignore_index,
-                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed)
-    if rank() != 0:  # under torch.distributed only rank 0 prints and writes
-        return
-    warn(result.warnings)
-    if plot:
-        from ..output.plots import reliability_diagram, sweep_plot
+            write_logits(result.opened.data, save_logits, temperature=result.stored_temperature)
+        write_report_files(result, plot=plot, markdown=markdown)
+        return []
 
-        if grid:
-            marks: dict[str, float] = {}
-            if result.sweep_best is not None:
-                marks["min NLL"] = result.sweep_best
-            if result.stored_temperature is not None:
-                marks["stored T"] = result.stored_temperature
-            sweep_plot(result.results, marks, plot)
-        else:
-            reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results[:4]], plot)
-    if markdown:
-        from ..io.atomic import write_text_atomic
-        from ..output.markdown import report_markdown
-
-        write_text_atomic(markdown, report_markdown(result, markdown, plot), what="--markdown")
-    emit_json(json_out, result.to_json())
-    if json_out != "-" and not quiet:
+    def render(out) -> None:
         from ..output.console import print_report
 
-        print_report(result, console())
+        print_report(result, out)
+
+    deliver(warnings=result.warnings, write=write, payload=result.to_json, render=render, json_out=json_out,
+            quiet=quiet)

@@ -8,7 +8,8 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import DataError, TempcalError
+from ..errors import DataError, TempcalError, param
+from ..validation import IGNORE_INDEX, check_labels
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Rows of every reduction step are cut so that one chunk holds about this many logits.
@@ -33,12 +34,12 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     kind, _, index = name.partition(":")
     if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise TempcalError(f"--device {name}: expected auto, cpu, cuda or cuda:N")
+        raise TempcalError(f"{param('device')} {name}: expected auto, cpu, cuda or cuda:N")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            raise TempcalError(f"--device {name}: CUDA is not available on this machine (use cpu or auto)")
+            raise TempcalError(f"{param('device')} {name}: CUDA is not available on this machine (use cpu or auto)")
         if index and int(index) >= torch.cuda.device_count():
-            raise TempcalError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise TempcalError(f"{param('device')} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return torch.device(name)
 
 
@@ -144,33 +145,26 @@ class LogitsData:
 
 
 def as_logits_data(logits, labels, *, probs: bool = False, logits_name: str = "logits",
-                   labels_name: str = "labels", ignore_index: int | None = -100) -> LogitsData:
+                   labels_name: str = "labels", ignore_index: int | None = IGNORE_INDEX) -> LogitsData:
     """Check shapes and dtypes of user tensors (or arrays) and wrap them; values are checked by the first scan.
 
     Token-level logits ``[B, L, V]`` with labels ``[B, L]`` become ``B * L`` rows; rows whose label is
     ``ignore_index`` (default -100, as in ``torch.nn.functional.cross_entropy``) are left out.
     """
     logits = torch.as_tensor(logits)
-    labels = torch.as_tensor(labels)
-    if logits.dim() == 3 and labels.dim() == 2 and tuple(labels.shape) == tuple(logits.shape[:2]):
-        logits, labels = logits.reshape(-1, logits.shape[2]), labels.reshape(-1)
+    shape = tuple(logits.shape)
     if logits.dtype not in FLOAT_DTYPES:
         raise DataError(f"'{logits_name}' has dtype {_dtype_name(logits.dtype)}; expected float16, bfloat16, "
                         "float32 or float64")
+    if logits.dim() == 3:
+        logits = logits.reshape(-1, logits.shape[2])
     if logits.dim() == 2 and logits.shape[1] == 1:
         logits = logits[:, 0]
     if logits.dim() not in (1, 2):
-        raise DataError(f"'{logits_name}' has shape {list(logits.shape)}; expected [N, C] or [N] for one binary logit")
+        raise DataError(f"'{logits_name}' has shape {list(shape)}; expected [N, C] or [N] for one binary logit")
     if logits.dim() == 2 and logits.shape[1] < 2:
-        raise DataError(f"'{logits_name}' has shape {list(logits.shape)}; expected at least 2 classes")
-    if labels.dtype.is_floating_point or labels.dtype.is_complex or labels.dtype == torch.bool:
-        raise DataError(f"'{labels_name}' has dtype {_dtype_name(labels.dtype)}; expected an integer dtype")
-    if labels.dim() == 2 and labels.shape[1] == 1:
-        labels = labels[:, 0]
-    if labels.dim() != 1:
-        raise DataError(f"'{labels_name}' has shape {list(labels.shape)}; expected [N]")
-    if labels.shape[0] != logits.shape[0]:
-        raise DataError(f"'{logits_name}' has {logits.shape[0]} rows but '{labels_name}' has {labels.shape[0]}")
+        raise DataError(f"'{logits_name}' has shape {list(shape)}; expected at least 2 classes")
+    labels = check_labels(labels, shape, name=labels_name, logits_name=logits_name)
     if probs:
         logits = probabilities_to_logits(logits, logits_name)
     data = LogitsData(logits, labels)
@@ -185,7 +179,7 @@ def probabilities_to_logits(p: torch.Tensor, name: str = "logits") -> torch.Tens
     bad = ~((p64 >= 0) & (p64 <= 1))
     if bool(bad.any()):
         first = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0])
-        raise DataError(f"--probs: '{name}' has {int(bad.sum())} values outside [0, 1] (first in row {first})")
+        raise DataError(f"{param('probs')}: '{name}' has {int(bad.sum())} values outside [0, 1] (first in row {first})")
     if p.dim() == 1:
         with torch.no_grad():
             return (torch.log(p64) - torch.log1p(-p64)).to(compute_dtype(p.dtype, p.numel(), p.shape[0]))
@@ -193,7 +187,7 @@ def probabilities_to_logits(p: torch.Tensor, name: str = "logits") -> torch.Tens
     off = (sums - 1).abs() > 1e-3
     if bool(off.any()):
         first = int(off.nonzero()[0])
-        raise DataError(f"--probs: {int(off.sum())} rows of '{name}' do not sum to 1 "
+        raise DataError(f"{param('probs')}: {int(off.sum())} rows of '{name}' do not sum to 1 "
                         f"(first: row {first} sums to {float(sums[first]):.6g})")
     return torch.log(p64).to(compute_dtype(p.dtype, p.numel(), p.shape[0]))
 

@@ -83,7 +83,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
         label = int(scan.data.labels[0])
         result.warnings.append(f"all {scan.num_samples} fitting samples have label {label}: "
                                "T is fitted on one class only")
-    result.passes = scan.passes - start_passes + (1 if scan is not logits else 0)
+    result.passes = scan.passes - start_passes + 1  # the validating scan, done here or by the caller
     return result
 
 

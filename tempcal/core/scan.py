@@ -68,6 +68,16 @@ class CalibrationSums:
     bin_correct: torch.Tensor  # [bins] sum of correct
 
 
+@dataclass(frozen=True)
+class ClasswiseSums:
+    """Per class and equal-width bin of that class's probability: count, probability sum, true-class hits."""
+
+    count: torch.Tensor  # [C, bins] float64
+    probability: torch.Tensor  # [C, bins]
+    hits: torch.Tensor  # [C, bins]
+    total: int  # samples
+
+
 class Scan:
     """Validated logits ready for passes at any temperature.
 
@@ -178,8 +188,9 @@ class Scan:
 
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):
-        """Yield ``(logits, labels, row_max, true_gap, correct, has_neginf)`` per chunk (logits on the device,
-        in the compute dtype; a binary logit already as two classes). Callers that read it count a pass."""
+        """One pass: yield ``(logits, labels, row_max, true_gap, correct, has_neginf)`` per chunk (logits on the
+        device, in the compute dtype; a binary logit already as two classes). Every pass is counted here."""
+        self.passes += 1
         stats = self.stats
         for start, z, y in self.data.chunks(self.chunk_rows, self.device, self.compute_dtype):
             stop = start + z.shape[0]
@@ -188,7 +199,6 @@ class Scan:
 
     def objective(self, beta: float, *, curvature: bool = False) -> ObjectiveSums:
         """Mean NLL and its derivative(s) in ``beta`` in one pass."""
-        self.passes += 1
         acc = torch.zeros(3, dtype=torch.float64, device=self.device)
         scratch = self.scratch
         for z, _, row_max, gap, _, has_neginf in self.row_chunks():
@@ -215,7 +225,6 @@ class Scan:
         ``keep_scores`` the per-sample ``confidence`` (max softmax) and ``energy``
         (``T * logsumexp(z / T)``) are returned too: N floats each.
         """
-        self.passes += 1
         betas = [float(b) for b in betas]
         edges = bin_edges(bins, self.device)
         acc = torch.zeros(len(betas), 5, dtype=torch.float64, device=self.device)
@@ -259,23 +268,69 @@ class Scan:
             out.append((sums, kept))
         return out
 
-    def scores(self, betas: Sequence[float]) -> list[dict[str, torch.Tensor]]:
-        """Per-sample float64 ``confidence`` (max softmax) and ``energy`` (``T * logsumexp(z / T)``) at each ``beta``.
+    def scores(self, betas: Sequence[float], names: Sequence[str] = ("msp", "energy")
+               ) -> list[dict[str, torch.Tensor]]:
+        """Per-sample float64 OOD scores ``{name: [rows]}`` at each ``beta``, in one pass.
 
-        One pass that computes only what rankings need, the same values :meth:`calibration` keeps.
+        Every score at every temperature comes from the same read of each chunk (see
+        :mod:`tempcal.scores`); MSP and energy equal what :meth:`calibration` keeps.
         """
-        self.passes += 1
+        from ..scores import get_score
+        from ..scores.base import ChunkAtTau
+
+        scores = [get_score(name) for name in names]
         betas = [float(b) for b in betas]
-        parts: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
+        parts: list[dict[str, list[torch.Tensor]]] = [{name: [] for name in names} for _ in betas]
         for z, _, row_max, _, _, _ in self.row_chunks():
             d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
-            top = row_max.to(torch.float64)
             for k, beta in enumerate(betas):
-                s0 = torch.mul(d, beta, out=self.scratch.like("e", z)).exp_().sum(1)
-                parts[k]["confidence"].append(s0.reciprocal().to(torch.float64))
-                parts[k]["energy"].append(top + torch.log(s0).to(torch.float64) / beta)
+                chunk = ChunkAtTau(d, row_max, beta, self.scratch.like("e", z))
+                for score in scores:
+                    parts[k][score.name].append(score.compute(chunk))
         return [{name: torch.cat(values) if values else torch.empty(0, dtype=torch.float64, device=self.device)
                  for name, values in part.items()} for part in parts]
+
+    def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
+        """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64), one pass.
+
+        The confidences are computed exactly as :meth:`calibration` computes them, so they fall into
+        the same bins. The tensors are on the scan's device.
+        """
+        confidence: list[torch.Tensor] = []
+        nll: list[torch.Tensor] = []
+        for z, _, row_max, gap, _, _ in self.row_chunks():
+            e = torch.mul(z - row_max[:, None], beta).exp_()
+            s0 = e.sum(1)
+            confidence.append(s0.reciprocal().to(torch.float64))
+            nll.append((torch.log(s0) - beta * gap).to(torch.float64))
+        empty = torch.empty(0, dtype=torch.float64, device=self.device)
+        return {"confidence": torch.cat(confidence) if confidence else empty,
+                "correct": self.stats.correct.bool(),
+                "nll": torch.cat(nll) if nll else empty}
+
+    def classwise(self, beta: float, bins: int) -> ClasswiseSums:
+        """Every class's probability binned in equal-width bins at ``beta``, in one pass.
+
+        Only one chunk's probabilities exist at a time. A single binary logit counts as two classes
+        (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier score does.
+        """
+        classes, device = self.num_classes, self.device
+        edges = bin_edges(bins, device)
+        count = torch.zeros(classes * bins, dtype=torch.float64, device=device)
+        probability = torch.zeros_like(count)
+        hits = torch.zeros_like(count)
+        offset = torch.arange(classes, device=device) * bins
+        for z, y, row_max, _, _, _ in self.row_chunks():
+            e = torch.mul(z - row_max[:, None], beta).exp_()
+            p = (e / e.sum(1, keepdim=True)).to(torch.float64)
+            slot = (torch.searchsorted(edges, p, right=False) - 1).clamp_(0, bins - 1).add_(offset)
+            count += torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
+            probability.index_add_(0, slot.view(-1), p.view(-1))
+            true_slot = slot.gather(1, y[:, None])[:, 0]
+            hits.index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
+        shape = (classes, bins)
+        return ClasswiseSums(count.view(shape).cpu(), probability.view(shape).cpu(), hits.view(shape).cpu(),
+                             self.num_samples)
 
     def initial_beta(self) -> float:
         """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""
@@ -387,4 +442,4 @@ class _Problems:
                                f"first at index {first}")
 
 
-__all__ = ["CalibrationSums", "ObjectiveSums", "RowStats", "Scan"]
+__all__ = ["CalibrationSums", "ClasswiseSums", "ObjectiveSums", "RowStats", "Scan"]

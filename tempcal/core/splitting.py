@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TempcalError
+from ..errors import TempcalError, param
 
 
 def stratified_split(labels, val_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -16,7 +16,7 @@ def stratified_split(labels, val_fraction: float, seed: int = 0) -> tuple[np.nda
     scikit-learn's stratified splitters, which refuse them.
     """
     if not 0 < val_fraction <= 1:
-        raise TempcalError(f"--val-fraction must be in (0, 1], got {val_fraction}")
+        raise TempcalError(f"{param('val_fraction')} must be in (0, 1], got {val_fraction}")
     labels = np.asarray(labels)
     n = labels.shape[0]
     everything = np.arange(n)

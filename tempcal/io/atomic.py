@@ -1,9 +1,15 @@
-"""Writing outputs (JSON, Markdown, plots, scores, models, sidecars) so that a crash never leaves a half-written file.
+"""The one way tempcal writes a file: a temporary file beside the destination, fsynced, then renamed over it.
 
-Every writer goes through :func:`atomic_path`: a temporary file in the destination's folder,
-fsynced, given ordinary permissions, then renamed over the destination; on any failure the
-temporary file is removed and the destination is untouched. (Write-back into a logits file adds
-locking and change checks on top: :mod:`tempcal.io.writeback`.)
+Every output (JSON, Markdown, plots, scores, models, sidecars, write-back of T) goes through
+:func:`atomic_path`, so a crash at any point leaves either the old file or the complete new one.
+
+- The temporary file is ``.NAME.tempcal-XXXXXXXX.tmp`` in the destination's folder, locked
+  while it is written. One left by a killed process is removed by the next write into that
+  folder once it is a minute old and nobody holds its lock.
+- A symbolic link is written through (the link stays, the file it names is replaced).
+- The new file keeps the replaced file's permission bits and (where allowed) its owner.
+- ``guard`` is a context manager entered around the rename itself: write-back uses it to hold
+  a lock on the source and check, under that lock, that the source did not change.
 """
 
 from __future__ import annotations
@@ -11,51 +17,75 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import TempcalError
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
+#: Temporary files are named ``.NAME.tempcal-XXXXXXXX.tmp`` (NAME cut to this many characters).
+TEMP_TAG, TEMP_SUFFIX, TEMP_NAME_CHARS = ".tempcal-", ".tmp", 100
+#: A temporary file older than this whose lock nobody holds was left by a killed writer.
+STALE_SECONDS = 60.0
+
+
+def destination_of(path: str | os.PathLike) -> Path:
+    """Where writing ``path`` really goes: the file a symbolic link names, else ``path`` itself."""
+    shown = Path(path)
+    return Path(os.path.realpath(shown)) if shown.is_symlink() else shown
+
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; on success it is fsynced and renamed over ``path``.
+def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None,
+                refuse_read_only: bool = False,
+                guard: Callable[[], AbstractContextManager[object]] | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path``; when the block succeeds it is fsynced and renamed over ``path``.
 
-    A symbolic link is written through. ``mode`` defaults to the existing file's permissions,
-    else what a plain ``open(path, "w")`` gives (0o666 less the umask).
+    ``mode`` defaults to the existing file's permissions, else what a plain ``open(path, "w")``
+    gives. ``refuse_read_only`` refuses, before anything is written, a destination or folder that
+    is read-only (no write bit, or no write access). On any failure the temporary file is removed
+    and the destination is untouched.
     """
-    shown = Path(path)
-    label = f"{what} {shown}" if what else str(shown)
-    destination = Path(os.path.realpath(shown)) if shown.is_symlink() else shown
+    label = f"{what} {path}" if what else str(path)
+    destination = destination_of(path)
     if destination.is_dir():
         raise TempcalError(f"{label}: is a folder")
     folder = destination.parent if str(destination.parent) else Path(".")
     if not folder.is_dir():
         raise TempcalError(f"{label}: folder {folder} does not exist")
+    if refuse_read_only:
+        _refuse_read_only(destination, folder, label)
+    _sweep_stale_temporaries(folder, destination.name)
     try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name}.", suffix=".tmp")
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}",
+                                    suffix=TEMP_SUFFIX)
     except OSError as exc:
         raise TempcalError(f"{label}: cannot write in {folder} ({exc.strerror or exc})") from None
-    os.close(fd)
     temporary = Path(name)
     try:
+        _try_lock(fd)  # tells a later sweep that this temporary file is alive
         yield temporary
         with open(temporary, "rb+") as f:
             os.fsync(f.fileno())
+            _keep_owner(f.fileno(), destination)
         os.chmod(temporary, _mode_for(destination) if mode is None else mode)
-        os.replace(temporary, destination)
+        with guard() if guard is not None else contextlib.nullcontext():
+            os.replace(temporary, destination)
     except BaseException as exc:
         temporary.unlink(missing_ok=True)
         if isinstance(exc, OSError):
-            raise TempcalError(f"{label}: cannot write ({exc.strerror or exc}); nothing changed") from None
+            raise TempcalError(f"{label}: cannot write ({exc.strerror or exc}); the file is unchanged") from None
         raise
-    with contextlib.suppress(OSError):  # make the rename itself durable where the platform allows it
-        dir_fd = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+    finally:
+        os.close(fd)
+    _fsync_folder(folder)
 
 
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, what: str = "output",
@@ -66,9 +96,14 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     return Path(path)
 
 
+def write_bytes_atomic(path: str | os.PathLike, blob: bytes, *, what: str = "output") -> Path:
+    """Write ``blob`` into ``path`` atomically."""
+    return write_atomic(path, lambda f: f.write(blob), what=what)
+
+
 def write_text_atomic(path: str | os.PathLike, text: str, *, what: str = "output") -> Path:
     """Write ``text`` (UTF-8) into ``path`` atomically."""
-    return write_atomic(path, lambda f: f.write(text.encode("utf-8")), what=what)
+    return write_bytes_atomic(path, text.encode("utf-8"), what=what)
 
 
 def _mode_for(path: Path) -> int:
@@ -79,3 +114,83 @@ def _mode_for(path: Path) -> int:
         umask = os.umask(0)
         os.umask(umask)
         return 0o666 & ~umask
+
+
+def _keep_owner(fd: int, destination: Path) -> None:
+    """Give the new file the replaced file's owner and group, where this process may."""
+    try:
+        old = destination.stat()
+    except OSError:
+        return
+    new = os.fstat(fd)
+    if (old.st_uid, old.st_gid) != (new.st_uid, new.st_gid):
+        with contextlib.suppress(OSError, AttributeError):
+            os.fchown(fd, old.st_uid, old.st_gid)
+
+
+def _refuse_read_only(destination: Path, folder: Path, label: str) -> None:
+    """A read-only destination or folder is a clear error before anything is written.
+
+    Write bits are checked as well as access: root may write anything, but a file or folder
+    with no write bit at all was marked read-only on purpose.
+    """
+    for path, kind in ((destination, "file"), (folder, "folder")):
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except OSError:
+            continue  # a destination that does not exist yet
+        where = label if kind == "file" else f"{label}: folder {folder}"
+        if not mode & 0o222:
+            raise TempcalError(f"{where} is read-only (mode {mode:04o}); nothing written")
+        if not os.access(path, os.W_OK | (os.X_OK if kind == "folder" else 0)):
+            raise TempcalError(f"{where} is read-only for this user (mode {mode:04o}); nothing written")
+
+
+def _try_lock(fd: int) -> bool:
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _sweep_stale_temporaries(folder: Path, name: str) -> None:
+    """Remove temporary files that killed writers into ``folder/name`` left: old, and locked by nobody."""
+    prefix = f".{name[:TEMP_NAME_CHARS]}{TEMP_TAG}"
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not entry.is_file(follow_symlinks=False) or now - st.st_mtime < STALE_SECONDS:
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_ino == st.st_ino and _try_lock(fd):
+                os.unlink(entry.path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable where the platform allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+__all__ = ["atomic_path", "destination_of", "write_atomic", "write_bytes_atomic", "write_text_atomic"]

@@ -15,15 +15,19 @@ import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..errors import TempcalError
-from ..validation import positive_number
+from ..validation import stored_temperature
 
-TEMPERATURE_KEY = "tempcal.temperature"
-#: Bytes per element of each safetensors dtype.
-DTYPE_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-               "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+#: Each safetensors dtype: bytes per element and torch's name for it (the one table of them).
+DTYPES: dict[str, tuple[int, str]] = {
+    "BOOL": (1, "bool"), "U8": (1, "uint8"), "I8": (1, "int8"), "F8_E5M2": (1, "float8_e5m2"),
+    "F8_E4M3": (1, "float8_e4m3fn"), "I16": (2, "int16"), "U16": (2, "uint16"), "F16": (2, "float16"),
+    "BF16": (2, "bfloat16"), "I32": (4, "int32"), "U32": (4, "uint32"), "F32": (4, "float32"), "I64": (8, "int64"),
+    "U64": (8, "uint64"), "F64": (8, "float64"),
+}
+#: The floating-point dtypes logits and hidden states may have.
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 #: A header larger than this is refused before it is read (safetensors itself caps it at 100 MB).
 MAX_HEADER_BYTES = 100_000_000
 #: Names, shapes and other header values are cut to this many characters in error messages.
@@ -114,18 +118,20 @@ class Header:
 
     def stored_temperature(self) -> float | None:
         """The T a previous ``tempcal fit`` wrote into the metadata, if any."""
-        return parse_temperature(self.metadata, f"{self.path}: metadata")
+        from ..validation import TEMPERATURE_KEY
+
+        return stored_temperature(self.metadata.get(TEMPERATURE_KEY), f"{self.path}: metadata")
+
+    def torch_dtype(self, key: str):
+        """The torch dtype of tensor ``key``."""
+        import torch
+
+        return getattr(torch, DTYPES[self.tensors[key].dtype][1])
 
 
-def parse_temperature(metadata: dict[str, str] | Any, where: str) -> float | None:
-    """``tempcal.temperature`` from a metadata mapping: None when absent, else a positive finite float."""
-    text = metadata.get(TEMPERATURE_KEY)
-    if text is None:
-        return None
-    value = positive_number(text)
-    if value is None:
-        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {shown(text)}, not a positive number")
-    return value
+def dtype_name(dtype: str) -> str:
+    """A safetensors dtype as torch names it ("F32" -> "float32"), for messages."""
+    return DTYPES[dtype][1] if dtype in DTYPES else dtype
 
 
 def shown(value: object) -> str:
@@ -234,14 +240,14 @@ def _tensor_info(path: Path, name: str, entry, data_size: int) -> TensorInfo:
     if not isinstance(entry, dict):
         raise TempcalError(f"{where}: header entry is not an object")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if not isinstance(dtype, str) or dtype not in DTYPE_SIZES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise TempcalError(f"{where}: unknown dtype {shown(dtype)}")
     if not (isinstance(shape, list) and all(_is_count(s) for s in shape)):
         raise TempcalError(f"{where}: shape {shown(shape)} is not a list of non-negative integers")
     if not (isinstance(offsets, list) and len(offsets) == 2 and all(_is_count(o) for o in offsets)):
         raise TempcalError(f"{where}: data_offsets {shown(offsets)} is not [begin, end]")
     begin, end = offsets
-    expected = _byte_count(shape, DTYPE_SIZES[dtype], data_size)
+    expected = _byte_count(shape, DTYPES[dtype][0], data_size)
     if end < begin or end - begin != expected:
         needs = f"{expected}" if expected <= data_size else f"more than the {data_size} data"
         raise TempcalError(f"{where}: shape {shown(shape)} of {dtype} needs {needs} bytes, "
@@ -284,30 +290,3 @@ def read_tensor(header: Header, key: str, *, option: str):
         raise TempcalError(f"{header.path}: cannot read tensor {shown(key)}: {first}") from None
     check_unchanged(header.path, header.stamp, since="tempcal read its header")
     return tensor
-
-
-@dataclass(frozen=True)
-class LogitsFile:
-    """A loaded logits file: its data, header and the T stored in its metadata (if any)."""
-
-    header: Header
-    data: object  # tempcal.core.data.LogitsData; typed loosely to keep this module torch-free at import
-
-    @property
-    def stored_temperature(self) -> float | None:
-        return self.header.stored_temperature()
-
-
-def load_logits(path: str | os.PathLike, *, logits_key: str = "logits", labels_key: str = "labels",
-                probs: bool = False) -> LogitsFile:
-    """Load and check a safetensors logits file (keys and shapes; values are checked by the first scan)."""
-    from ..core.data import as_logits_data
-
-    header = read_header(path)
-    logits = read_tensor(header, logits_key, option="--logits-key")
-    labels = read_tensor(header, labels_key, option="--labels-key")
-    try:
-        data = as_logits_data(logits, labels, probs=probs, logits_name=logits_key, labels_name=labels_key)
-    except TempcalError as exc:
-        raise TempcalError(f"{path}: {exc}") from None
-    return LogitsFile(header, data)

@@ -1,7 +1,7 @@
 """Seeded percentile-bootstrap confidence intervals for the contract's ECE and the NLL.
 
 The per-sample statistics (confidence, correctness, NLL) come from one pass over the logits
-(:func:`per_sample`). A bootstrap resample of N samples is then just a vector of multinomial
+(:meth:`Scan.per_sample`). A bootstrap resample of N samples is then just a vector of multinomial
 counts over the N samples, so every resample's bin sums are weighted sums of fixed per-sample figures:
 for a batch of R resamples, an ``[R, N]`` count matrix times each bin's block of per-sample gaps
 (correct - confidence) and times the NLL vector. Nothing is re-read, re-binned or re-sorted per resample.
@@ -19,33 +19,11 @@ import torch
 
 from ..core.scan import Scan
 from ..errors import TempcalError
-from ..validation import as_temperature
-from .estimators import _check_bins, equal_width_index
+from ..validation import as_temperature, check_bins, whole_number
+from .estimators import equal_width_index
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22
-
-
-def per_sample(scan: Scan, tau: float) -> dict[str, torch.Tensor]:
-    """``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) per sample, in one pass.
-
-    The confidences are computed exactly as :meth:`Scan.calibration` computes them, so they fall into the
-    same bins. The tensors are on the scan's device.
-    """
-    tau = as_temperature(tau)
-    beta = 1.0 / tau
-    scan.passes += 1
-    confidence: list[torch.Tensor] = []
-    nll: list[torch.Tensor] = []
-    for z, _, row_max, gap, _, _ in scan.row_chunks():
-        e = torch.mul(z - row_max[:, None], beta).exp_()
-        s0 = e.sum(1)
-        confidence.append(s0.reciprocal().to(torch.float64))
-        nll.append((torch.log(s0) - beta * gap).to(torch.float64))
-    empty = torch.empty(0, dtype=torch.float64, device=scan.device)
-    return {"confidence": torch.cat(confidence) if confidence else empty,
-            "correct": scan.stats.correct.bool(),
-            "nll": torch.cat(nll) if nll else empty}
 
 
 def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
@@ -57,12 +35,9 @@ def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, 
     """
     c, k, nll = _inputs(confidence, correct, nll_per_sample)
     n = c.size
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
-        raise TempcalError(f"bootstrap resamples must be a whole number >= 1, got {n_resamples}")
-    bins = _check_bins(bins)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise TempcalError(f"bootstrap seed must be a whole number >= 0, got {seed}")
-    n_resamples, bins = int(n_resamples), int(bins)
+    n_resamples = whole_number(n_resamples, "bootstrap resamples")
+    bins = check_bins(bins)
+    seed = whole_number(seed, "bootstrap seed", minimum=0)
     batch = max(1, min(n_resamples, int(batch) if batch else BATCH_ENTRIES // n))
     # A resample holds N samples, so its ECE is sum_b |sum_{i in b} w_i (correct_i - confidence_i)| / N: only
     # the per-sample gap matters, not the bin counts. Samples are laid out bin by bin, so each bin's weighted
@@ -111,7 +86,7 @@ def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, s
 def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15,
                    level: float = 0.95) -> dict[str, tuple[float, float]]:
     """:func:`bootstrap_intervals` of ``scan``'s samples at temperature ``tau``: one pass, then resampling."""
-    stats = per_sample(scan, tau)
+    stats = scan.per_sample(1.0 / as_temperature(tau))
     return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins, level)
 
 
@@ -136,4 +111,4 @@ def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return c, k, nll
 
 
-__all__ = ["bootstrap_intervals", "bootstrap_replicates", "bootstrap_scan", "per_sample"]
+__all__ = ["bootstrap_intervals", "bootstrap_replicates", "bootstrap_scan"]

@@ -8,7 +8,7 @@ Per-sample estimators take ``confidence`` (max softmax, float64 ``[N]``) and ``c
 * ``rms_ce``: root-mean-square calibration error over the contract's equal-width bins (Hendrycks et al. 2019).
 * ``l2_ce_debiased``: the debiased L2 calibration error of Kumar, Liang & Ma 2019 over the same equal-mass bins.
 * ``ece_classwise``: classwise ECE of Kull et al. 2019 over equal-width bins of every class's probability;
-  it needs every class's probability, so it is a reduction over row chunks (:func:`classwise_sums`).
+  it needs every class's probability, so it is a reduction over row chunks (:meth:`Scan.classwise`).
 
 Every estimator is invariant to the order of the samples, exactly: samples are sorted by
 (confidence, correct) before any sum, so a shuffled copy sums the same numbers in the same order.
@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.scan import CalibrationSums, Scan, bin_edges
+from ..core.scan import CalibrationSums, ClasswiseSums, Scan, bin_edges
 from ..errors import TempcalError
-from ..validation import as_temperature
+from ..validation import as_temperature, check_bins
 
 #: The names :func:`estimators_for` accepts, in the order they are reported.
 ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")
@@ -42,13 +42,6 @@ def equal_width_index(values: np.ndarray, bins: int) -> np.ndarray:
     """Contract bin of each value: bin i holds (i/B, (i+1)/B], the first also 0 (as :meth:`Scan.calibration`)."""
     edges = equal_width_edges(bins).numpy()
     return np.clip(np.searchsorted(edges, np.asarray(values, dtype=np.float64), side="left") - 1, 0, bins - 1)
-
-
-def _check_bins(bins: int) -> int:
-    """``bins`` as an int; anything but a whole number >= 1 is a usage error."""
-    if isinstance(bins, bool) or not isinstance(bins, (int, np.integer)) or bins < 1:
-        raise TempcalError(f"bins must be a whole number >= 1, got {bins}")
-    return int(bins)
 
 
 def _per_sample(confidence, correct) -> tuple[np.ndarray, np.ndarray]:
@@ -112,7 +105,7 @@ def equal_mass_bins(confidence, correct, bins: int = 15) -> EqualMassBins:
     the order of the samples. Without ties and with N a multiple of B every bin holds exactly N / B samples.
     """
     c, k = _per_sample(confidence, correct)
-    return _equal_mass(c, k, _check_bins(bins))
+    return _equal_mass(c, k, check_bins(bins))
 
 
 def _ece_of(b: EqualMassBins) -> float:
@@ -167,7 +160,7 @@ def rms_calibration_error(confidence, correct, bins: int = 15) -> float:
     As used by Hendrycks, Mazeika & Dietterich, "Deep Anomaly Detection with Outlier Exposure" (ICLR 2019)
     and Nixon et al. 2019; the bins are the contract's (i/B, (i+1)/B], the first also holding 0.
     """
-    bins = _check_bins(bins)
+    bins = check_bins(bins)
     c, k = _per_sample(confidence, correct)
     index = equal_width_index(c, bins)
     return rms_from_bins(torch.from_numpy(np.bincount(index, minlength=bins).astype(np.float64)),
@@ -181,44 +174,6 @@ def rms_from_sums(sums: CalibrationSums) -> float:
 
 
 # -- classwise ECE: a reduction over row chunks ----------------------------------------------
-
-@dataclass(frozen=True)
-class ClasswiseSums:
-    """Per class c and equal-width bin b of p_c: sample count, sum of p_c, and how many have label c."""
-
-    count: torch.Tensor  # [C, B] float64
-    probability: torch.Tensor  # [C, B] float64
-    hits: torch.Tensor  # [C, B] float64
-    total: int
-
-
-def classwise_sums(scan: Scan, beta: float, bins: int) -> ClasswiseSums:
-    """One pass over ``scan``'s row chunks at ``beta = 1/T``, binning every class's probability.
-
-    Only one chunk's probabilities exist at a time. A single binary logit counts as two classes
-    (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier score does.
-    """
-    bins = _check_bins(bins)
-    classes = scan.num_classes
-    device = scan.device
-    edges = equal_width_edges(bins, device)
-    count = torch.zeros(classes * bins, dtype=torch.float64, device=device)
-    probability = torch.zeros_like(count)
-    hits = torch.zeros_like(count)
-    offset = torch.arange(classes, device=device) * bins
-    scan.passes += 1
-    for z, y, row_max, _, _, _ in scan.row_chunks():
-        e = torch.mul(z - row_max[:, None], beta).exp_()
-        p = (e / e.sum(1, keepdim=True)).to(torch.float64)
-        slot = (torch.searchsorted(edges, p, right=False) - 1).clamp_(0, bins - 1).add_(offset)
-        count += torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
-        probability.index_add_(0, slot.view(-1), p.view(-1))
-        true_slot = slot.gather(1, y[:, None])[:, 0]
-        hits.index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
-    shape = (classes, bins)
-    return ClasswiseSums(count.view(shape).cpu(), probability.view(shape).cpu(), hits.view(shape).cpu(),
-                         scan.num_samples)
-
 
 def classwise_ece(sums: ClasswiseSums) -> float:
     """Classwise ECE of Kull et al., "Beyond temperature scaling: Obtaining well-calibrated multiclass
@@ -250,7 +205,7 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
     classwise ECE costs one more pass, made only when ``ece_classwise`` is asked for.
     """
     names = check_names(names)
-    bins = _check_bins(bins)
+    bins = check_bins(bins)
     value = as_temperature(tau)
     if scan.num_samples < 1:
         raise TempcalError("calibration estimators need at least one sample, got 0")
@@ -269,12 +224,12 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
             if "l2_ce_debiased" in names:
                 out["l2_ce_debiased"] = _debiased_of(mass)
     if "ece_classwise" in names:
-        out["ece_classwise"] = classwise_ece(classwise_sums(scan, beta, bins))
+        out["ece_classwise"] = classwise_ece(scan.classwise(beta, bins))
     return {name: out[name] for name in names}
 
 
 __all__ = [
-    "ESTIMATORS", "ClasswiseSums", "EqualMassBins", "check_names", "classwise_ece", "classwise_sums",
+    "ESTIMATORS", "EqualMassBins", "check_names", "classwise_ece",
     "debiased_l2_calibration_error", "ece_equal_mass", "equal_mass_bins", "equal_width_edges",
     "equal_width_index", "estimators_for", "rms_calibration_error", "rms_from_bins", "rms_from_sums",
 ]

@@ -1,14 +1,18 @@
-"""Terminal rendering of reports with rich: tables of metrics and a compact reliability view."""
+"""Terminal rendering with rich: fit and report tables, a compact reliability view, and ood's tables.
+
+Headers that hold a file's path are printed unwrapped (``soft_wrap``): a long path must not
+break a line in the middle of a sentence, whatever the terminal's width.
+"""
 
 from __future__ import annotations
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-METRICS = (("nll", "NLL", "{:.4f}"), ("ece", "ECE", "{:.4f}"), ("mce", "MCE", "{:.4f}"),
-           ("brier", "Brier", "{:.4f}"), ("accuracy", "accuracy", "{:.4f}"), ("entropy", "entropy", "{:.4f}"),
-           ("mean_confidence", "mean confidence", "{:.4f}"))
+from ..metrics.detection import ID_RECALL
+from ..workflows.ood import OodReport, score_label
+from .figures import DISPLAYED_METRICS
 
 
 def fit_table(report) -> Table:
@@ -23,9 +27,9 @@ def fit_table(report) -> Table:
     table.add_column("before (T = 1)", justify="right")
     table.add_column(f"after (T = {report.temperature:.4g})", justify="right")
     table.add_column("change", justify="right")
-    for key, label, fmt in METRICS:
+    for key, label, _ in DISPLAYED_METRICS:
         a, b = getattr(report.before, key), getattr(report.after, key)
-        table.add_row(label, fmt.format(a), fmt.format(b), f"{b - a:+.4f}")
+        table.add_row(label, f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}")
     return table
 
 
@@ -54,17 +58,22 @@ def _bin_cells(b) -> list:
     return [str(b.count), f"{b.confidence:.3f}", f"{b.accuracy:.3f}", Text(f"{gap:+.3f}", style=style)]
 
 
-def fit_view(report) -> Group:
+def fit_header(report) -> str:
+    """What was fitted on what: SOURCE, classes, sizes and how the samples were split."""
     sizes = (f"fitted on {report.n_fit} samples, evaluated on {report.n_eval}"
              + (f" from {report.eval_source}" if report.eval_source else
                 f" (stratified split, val-fraction {report.val_fraction:g}, seed {report.seed})"
                 if report.val_fraction not in (None, 1) else " (the same samples)"))
-    return Group(Text(f"{report.source}: {report.num_classes} classes; {sizes}"), fit_table(report),
-                 reliability_table(report.before, report.after, report.temperature))
+    return f"{report.source}: {report.num_classes} classes; {sizes}"
 
 
 def print_fit(report, console: Console) -> None:
-    console.print(fit_view(report))
+    """The header, the before/after table, the reliability table and any extra estimators."""
+    console.print(fit_header(report), soft_wrap=True)
+    console.print(fit_table(report))
+    console.print(reliability_table(report.before, report.after, report.temperature))
+    if report.extras and any(report.extras):
+        console.print(extras_table([report.before.tau, report.after.tau], report.extras))
 
 
 def report_table(result) -> Table:
@@ -117,9 +126,52 @@ def extras_table(taus: list[float], extras: list[dict]) -> Table:
 
 
 def print_report(result, console: Console) -> None:
-    console.print(f"{result.source}: {result.count} samples, {result.num_classes} classes, {result.bins} bins")
+    console.print(f"{result.source}: {result.count} samples, {result.num_classes} classes, {result.bins} bins",
+                  soft_wrap=True)
     console.print(report_table(result))
     if result.extras and any(result.extras):
         console.print(extras_table([m.tau for m in result.results], result.extras))
     if len(result.results) == 1:
         console.print(single_reliability_table(result.results[0]))
+
+
+# -- tempcal ood ----------------------------------------------------------------------------
+def ood_table(report: OodReport, ood_file: str, score: str) -> Table:
+    """Detection figures at each tau; ``T`` marks the stored calibration temperature, ``*`` the best AUROC."""
+    best = next(b for b in report.best if b.ood_file == ood_file and b.score == score)
+    table = Table(show_edge=False, pad_edge=False)
+    table.add_column("tau", justify="right", no_wrap=True)
+    table.add_column("", no_wrap=True)
+    for header in ("AUROC", "AUPR-In", "AUPR-Out", "FPR95", "mean ID", "mean OOD"):
+        table.add_column(header, justify="right", no_wrap=True)
+    for m in report.rows(ood_file, score):
+        marks = ("T" if m.tau == report.stored_temperature else "") + ("*" if m.tau == best.tau else "")
+        style = "bold" if m.tau == best.tau else None
+        table.add_row(f"{m.tau:.4g}", marks, f"{m.auroc:.4f}", f"{m.aupr_in:.4f}", f"{m.aupr_out:.4f}",
+                      f"{m.fpr95:.4f}", _mean(m.mean_id), _mean(m.mean_ood), style=style)
+    return table
+
+
+def _mean(value: float) -> str:
+    """Four decimals for scores in [0, 1] (MSP), five significant digits for energies of any size."""
+    return f"{value:.4f}" if abs(value) < 10 else f"{value:.5g}"
+
+
+def print_ood(report: OodReport, console: Console) -> None:
+    """The header, a table per OOD file and score, the legend, and the best-tau sentences (never hard-wrapped)."""
+    kind = "one binary logit" if report.binary else f"{report.num_classes} classes"
+    stored = ("no stored calibration temperature" if report.stored_temperature is None
+              else f"calibration T = {report.stored_temperature:.6g}")
+    console.print(f"{report.source}: {kind}, {report.n_id} in-distribution samples, {stored}; "
+                  f"{len(report.taus)} temperatures ({report.taus_from})", soft_wrap=True)
+    for path, n in zip(report.ood_files, report.n_ood, strict=True):
+        for score in report.scores:
+            console.print()
+            console.print(Text(f"OOD {path} ({n} samples), {score_label(score)} score", style="bold"),
+                          soft_wrap=True)
+            console.print(ood_table(report, path, score))
+    console.print()
+    console.print(f"in-distribution = positive; FPR95 = OOD fraction at or above the score that keeps "
+                  f"{ID_RECALL:.0%} of ID; T = stored calibration temperature; * = best AUROC", soft_wrap=True)
+    for best in report.best:
+        console.print(best.sentence, soft_wrap=True)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-ROWS = (("NLL", "nll"), ("ECE", "ece"), ("MCE", "mce"), ("Brier", "brier"), ("accuracy", "accuracy"),
-        ("entropy (nats)", "entropy"), ("mean confidence", "mean_confidence"))
+from .figures import DISPLAYED_METRICS, labelled
+
+ROWS = tuple((labelled(label, unit), key) for key, label, unit in DISPLAYED_METRICS)
 
 
 def _plot_link(plot: str | os.PathLike | None, markdown_path: str | os.PathLike) -> str:

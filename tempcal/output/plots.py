@@ -1,4 +1,4 @@
-"""Pictures for reviewers: reliability diagrams and temperature sweeps (matplotlib, Agg backend).
+"""Pictures for reviewers: reliability diagrams, temperature sweeps, OOD scores (matplotlib, Agg backend).
 
 matplotlib is imported only when a plot is asked for; the format follows the file's suffix.
 """
@@ -9,7 +9,7 @@ import math
 import os
 from pathlib import Path
 
-from ..errors import TempcalError
+from ..errors import TempcalError, param
 
 FORMATS = (".png", ".svg", ".pdf")
 
@@ -18,11 +18,11 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     """The plot's path, after checking its suffix and that matplotlib is installed."""
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
-        raise TempcalError(f"--plot {path}: unknown format '{path.suffix}'; use .png, .svg or .pdf")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise TempcalError("--plot needs matplotlib: pip install 'tempcal[plot]'") from None
+        raise TempcalError(f"{param('plot')} {path}: unknown format '{path.suffix}'; use .png, .svg or .pdf")
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise TempcalError(f"{param('plot')} needs matplotlib, which is not installed: pip install 'tempcal[plot]'")
     return path
 
 
@@ -100,12 +100,66 @@ def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike) 
     return path
 
 
-def _save(fig, path: Path) -> None:
+def _save(fig, path: Path, dpi: int = 120) -> None:
     """Save beside the destination, then rename: a failed save leaves no half-written picture."""
     from ..io.atomic import atomic_path
 
-    with atomic_path(path, what="--plot") as temporary:
-        fig.savefig(temporary, format=path.suffix.lstrip(".").lower(), dpi=120)
+    with atomic_path(path, what=param("plot")) as temporary:
+        fig.savefig(temporary, format=path.suffix.lstrip(".").lower(), dpi=dpi)
+
+
+def ood_plot(report, path: str | os.PathLike) -> Path:
+    """ID vs OOD score histograms at each tau (a grid per OOD file and score) and AUROC / FPR95 against tau."""
+    import numpy as np
+
+    from ..workflows.ood import score_label
+
+    path = check_plot_path(path)
+    _pyplot()
+    from matplotlib.figure import Figure
+
+    taus = report.taus
+    order = sorted(range(len(taus)), key=lambda k: taus[k])
+    columns = min(len(taus), 5)
+    grid_rows = -(-len(taus) // columns)
+    blocks = [(i, name) for i in range(len(report.ood_files)) for name in report.scores]
+    total_rows = 1 + grid_rows * len(blocks)
+    figure = Figure(figsize=(3.0 * max(columns, 2), 2.4 * total_rows), layout="constrained")
+    spec = figure.add_gridspec(total_rows, max(columns, 2) * 2)
+    half = max(columns, 2)
+    auroc_ax = figure.add_subplot(spec[0, :half])
+    fpr_ax = figure.add_subplot(spec[0, half:])
+    for i, name in blocks:
+        rows = report.rows(report.ood_files[i], name)
+        label = f"{Path(report.ood_files[i]).name} ({score_label(name)})"
+        xs = [taus[k] for k in order]
+        auroc_ax.plot(xs, [rows[k].auroc for k in order], marker="o", label=label)
+        fpr_ax.plot(xs, [rows[k].fpr95 for k in order], marker="o", label=label)
+    for ax, title in ((auroc_ax, "AUROC (ID positive)"), (fpr_ax, "FPR95 (OOD accepted at 95% ID recall)")):
+        ax.set_xscale("log")
+        ax.set_xlabel("tau")
+        ax.set_title(title, fontsize=9)
+        if report.stored_temperature is not None:
+            ax.axvline(report.stored_temperature, color="grey", linestyle="--", linewidth=1, label="calibration T")
+        ax.legend(fontsize=7)
+    for b, (i, name) in enumerate(blocks):
+        rows = report.rows(report.ood_files[i], name)
+        for position, k in enumerate(order):
+            r, c = divmod(position, columns)
+            ax = figure.add_subplot(spec[1 + b * grid_rows + r, 2 * c : 2 * c + 2])
+            id_values, ood_values = report.id_scores[name][k], report.ood_scores[i][name][k]
+            low = min(id_values.min(), ood_values.min())
+            high = max(id_values.max(), ood_values.max())
+            edges = np.linspace(low, high, 41) if high > low else np.array([low - 0.5, low + 0.5])
+            ax.hist(id_values, bins=edges.tolist(), density=True, alpha=0.55, label="ID")
+            ax.hist(ood_values, bins=edges.tolist(), density=True, alpha=0.55, label="OOD")
+            ax.set_title(f"{score_label(name)} tau={taus[k]:.4g}  AUROC {rows[k].auroc:.3f}", fontsize=8)
+            ax.tick_params(labelsize=6)
+            if position == 0:
+                ax.legend(fontsize=6, title=Path(report.ood_files[i]).name, title_fontsize=6)
+    figure.suptitle(f"{report.source}: in-distribution vs OOD scores", fontsize=10)
+    _save(figure, path, dpi=100)
+    return path
 
 
 def log_spaced(start: float, stop: float, count: int) -> list[float]:

@@ -1,4 +1,4 @@
-"""Logits read from safetensors files in row chunks: one file, many shards, or a glob.
+"""The default SOURCE kind: logits in safetensors files (one file, many shards, or a glob), read in row chunks.
 
 Each chunk is read with ``pread`` at the byte offsets the (checked) header gives, into a
 reused buffer, so memory stays at one chunk whatever the file size, and no page of the
@@ -10,21 +10,21 @@ label is ``ignore_index`` are skipped everywhere.
 
 from __future__ import annotations
 
-import glob
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..core.data import FLOAT_DTYPES, default_chunk_rows
-from ..errors import DataError, TempcalError
-from ..io.safetensors_header import Header, check_unchanged, read_header, read_tensor
+from ..core.data import as_logits_data, default_chunk_rows
+from ..errors import DataError, TempcalError, param
+from ..io import writeback
+from ..io.safetensors_header import FLOAT_DTYPES, Header, check_unchanged, dtype_name, read_header, read_tensor
+from ..validation import check_labels
+from .base import OpenedSource, SourceKind, SourceOptions
 
-SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
-IGNORE_INDEX = -100
 #: Logits of at most this many bytes (all shards together) are read once and kept, about what
 #: importing torch already takes; every pass over larger inputs reads them again, a chunk at a time.
 #: The environment variable TEMPCAL_RESIDENT_BYTES overrides it (0: always read in chunks).
@@ -40,11 +40,6 @@ def resident_limit() -> int:
         return int(text)
     except ValueError:
         raise TempcalError(f"TEMPCAL_RESIDENT_BYTES={text!r}: expected a whole number of bytes") from None
-READABLE_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "I16": "int16", "U16": "uint16", "I32": "int32",
-                   "U32": "uint32", "I64": "int64", "U64": "uint64", "F8_E5M2": "float8_e5m2",
-                   "F8_E4M3": "float8_e4m3fn"}
-
-
 @dataclass(frozen=True)
 class Shard:
     """Where one file's logits lie: ``rows`` rows of ``width`` values of ``dtype`` from byte ``offset``."""
@@ -58,21 +53,6 @@ class Shard:
     @property
     def row_bytes(self) -> int:
         return self.width * self.dtype.itemsize
-
-
-def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
-    """Paths, with glob patterns expanded in sorted order; a pattern that matches nothing is an error."""
-    paths: list[Path] = []
-    for source in sources:
-        text = str(source)
-        if any(ch in text for ch in "*?["):
-            matches = sorted(glob.glob(text))
-            if not matches:
-                raise TempcalError(f"{text}: no file matches this pattern")
-            paths.extend(Path(m) for m in matches)
-        else:
-            paths.append(Path(text))
-    return paths
 
 
 class ShardedLogits:
@@ -268,25 +248,72 @@ class _BlockReader:
         return z
 
 
-def open_sharded(sources: Sequence[str | os.PathLike], *, logits_key: str = "logits", labels_key: str = "labels",
-                 ignore_index: int | None = IGNORE_INDEX, labels_optional: bool = False) -> ShardedLogits:
-    """Check every shard's header, read the labels, and return the logits as a chunked source.
+class SafetensorsKind(SourceKind):
+    """``.safetensors`` logits files: one, several shards, or a glob; T goes into each file's metadata."""
+
+    name = "safetensors"
+    suffixes = (".safetensors",)
+    shards = True
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        # A missing file is claimed too, so that the error says it is missing.
+        return paths[0].suffix.lower() in self.suffixes or not paths[0].exists()
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        if options.probs:
+            data, has_labels = _read_whole(paths, options, labels_optional)
+        else:
+            data, has_labels = open_sharded(paths, logits_key=options.logits_key, labels_key=options.labels_key,
+                                            ignore_index=options.ignore_index, labels_optional=labels_optional)
+        stored = read_header(paths[0]).stored_temperature()
+        return OpenedSource(paths, data, stored, self, options, has_labels=has_labels)
+
+    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
+        return read_header(path).stored_temperature(), []
+
+    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+        return writeback.write_temperature(path, temperature, output)
+
+
+def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool):
+    """``--probs``: one file read whole, its probabilities turned into log-probabilities."""
+    if len(paths) > 1:
+        raise TempcalError(f"{param('probs')} takes a single file, not shards")
+    header = read_header(paths[0])
+    has_labels = options.labels_key in header.tensors or not labels_optional
+    logits = read_tensor(header, options.logits_key, option=param("logits_key"))
+    if has_labels:
+        labels = read_tensor(header, options.labels_key, option=param("labels_key"))
+    else:
+        shape = tuple(logits.shape[:2]) if logits.dim() == 3 else tuple(logits.shape[:1])
+        labels = torch.zeros(shape, dtype=torch.int64)
+    try:
+        data = as_logits_data(logits, labels, probs=True, logits_name=options.logits_key,
+                              labels_name=options.labels_key, ignore_index=options.ignore_index)
+    except TempcalError as exc:
+        raise exc.prefixed(f"{paths[0]}: ") from None
+    return data, has_labels
+
+
+def open_sharded(paths: list[Path], *, logits_key: str = "logits", labels_key: str = "labels",
+                 ignore_index: int | None = None, labels_optional: bool = False) -> tuple[ShardedLogits, bool]:
+    """Check every shard's header, read the labels, and return the logits as a chunked source, and
+    whether every shard had labels.
 
     Logits may be ``[N, C]``, ``[N]`` / ``[N, 1]`` (one binary logit) or ``[B, L, V]`` (tokens); all
     shards must agree on the class count and dtype. ``labels_optional`` gives all-zero labels to
     files without a labels key (for out-of-distribution sets).
     """
-    paths = expand_sources(sources)
     shards, labels, kinds = [], [], set()
+    has_labels = True
     for path in paths:
         header = read_header(path)
         if logits_key not in header.tensors:
-            read_tensor(header, logits_key, option="--logits-key")  # raises the standard missing-key error
+            read_tensor(header, logits_key, option=param("logits_key"))  # raises the standard missing-key error
         info = header.tensors[logits_key]
-        if info.dtype not in SAFETENSORS_DTYPES:
-            readable = READABLE_DTYPES.get(info.dtype, info.dtype)
-            raise DataError(f"{path}: '{logits_key}' has dtype {readable}; expected float16, bfloat16, float32 or "
-                            "float64")
+        if info.dtype not in FLOAT_DTYPES:
+            raise DataError(f"{path}: '{logits_key}' has dtype {dtype_name(info.dtype)}; expected float16, bfloat16, "
+                            "float32 or float64")
         shape = info.shape
         if len(shape) == 1 or (len(shape) == 2 and shape[1] == 1):
             rows, width, binary = shape[0], 1, True
@@ -298,24 +325,17 @@ def open_sharded(sources: Sequence[str | os.PathLike], *, logits_key: str = "log
             raise DataError(f"{path}: '{logits_key}' has shape {list(shape)}; expected [N, C], [N] or [B, L, V]")
         if not binary and width < 2:
             raise DataError(f"{path}: '{logits_key}' has shape {list(shape)}; expected at least 2 classes")
-        kinds.add((width, binary, SAFETENSORS_DTYPES[info.dtype]))
+        dtype = header.torch_dtype(logits_key)
+        kinds.add((width, binary, dtype))
         if len(kinds) > 1:
             raise DataError(f"{path}: '{logits_key}' has {width} classes of {info.dtype}, unlike the shards before it")
         if labels_key in header.tensors or not labels_optional:
-            y = read_tensor(header, labels_key, option="--labels-key")
-            if y.dtype.is_floating_point or y.dtype == torch.bool:
-                raise DataError(f"{path}: '{labels_key}' has dtype {str(y.dtype).removeprefix('torch.')}; "
-                                "expected an integer dtype")
-            flat_ok = y.dim() == 1 or (y.dim() == 2 and y.shape[1] == 1)
-            if y.numel() != rows or (list(y.shape) != list(shape[:2]) if len(shape) == 3 else not flat_ok):
-                raise DataError(f"{path}: '{logits_key}' of shape {list(shape)} has {rows} rows but '{labels_key}' "
-                                f"has shape {list(y.shape)}" + (" (token-level logits [B, L, V] need labels [B, L])"
-                                                                if len(shape) == 3 else ""))
-            y = y.reshape(-1).to(torch.int64)
+            y = read_tensor(header, labels_key, option=param("labels_key"))
+            labels.append(check_labels(y, shape, f"{path}: ", labels_key, logits_key))
         else:
-            y = torch.zeros(rows, dtype=torch.int64)
-        labels.append(y)
-        shards.append(Shard(header, header.data_start + info.begin, rows, width, SAFETENSORS_DTYPES[info.dtype]))
+            has_labels = False
+            labels.append(torch.zeros(rows, dtype=torch.int64))
+        shards.append(Shard(header, header.data_start + info.begin, rows, width, dtype))
     width, binary, _ = kinds.pop()
     all_labels = torch.cat(labels) if labels else torch.empty(0, dtype=torch.int64)
     kept: torch.Tensor | None = None
@@ -323,7 +343,8 @@ def open_sharded(sources: Sequence[str | os.PathLike], *, logits_key: str = "log
         keep = all_labels != ignore_index
         if not bool(keep.all()):
             kept = keep.nonzero()[:, 0]
-    return ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept)
+    data = ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept)
+    return data, has_labels
 
 
-__all__ = ["FLOAT_DTYPES", "IGNORE_INDEX", "RESIDENT_BYTES", "Shard", "ShardedLogits", "expand_sources", "open_sharded"]
+__all__ = ["RESIDENT_BYTES", "SafetensorsKind", "Shard", "ShardedLogits", "open_sharded"]

@@ -114,15 +114,15 @@ def test_change_after_the_fit_is_refused(tmp_path, source, monkeypatch, mutation
 
 def test_change_during_the_fit_is_refused(tmp_path, source, monkeypatch):
     """The change lands while T is being fitted (between the reads and the write-back)."""
-    import tempcal.workflows.common
+    import tempcal.workflows.fit
 
-    real = tempcal.workflows.common.fit_temperature
+    real = tempcal.workflows.fit.fit_temperature
 
     def fit_temperature(*args, **kwargs):
         _rewrite_in_place(source)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tempcal.workflows.common, "fit_temperature", fit_temperature)
+    monkeypatch.setattr(tempcal.workflows.fit, "fit_temperature", fit_temperature)
     code, _, err, _ = run_inprocess(["fit", str(source), "--quiet"])
     assert code == 2, err
     assert_one_error_line(err, str(source), "changed since tempcal read it", warnings=True)

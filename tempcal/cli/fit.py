@@ -1,0 +1,133 @@
+"""``tempcal fit``: fit one temperature T, report calibration before and after, write T back."""
+
+from __future__ import annotations
+
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import TempcalError
+from .main import app, deliver, start
+from .options import (
+    BatchSize,
+    Bins,
+    Bootstrap,
+    ChunkRows,
+    Device,
+    Estimators,
+    IgnoreIndex,
+    Inputs,
+    InputsKey,
+    JsonOut,
+    LabelsKey,
+    LogitsKey,
+    Markdown,
+    Objective,
+    OutputKey,
+    Plot,
+    Probs,
+    Quiet,
+    SaveLogits,
+    Seed,
+    Source,
+    check_outputs,
+    is_model_source,
+    parse_estimators,
+    source_options,
+)
+
+
+@app.command()
+def fit(
+    source: Source,
+    eval_file: Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
+                                                     help="Fit on all of SOURCE and report on FILE.")] = None,
+    val_fraction: Annotated[float, typer.Option("--val-fraction",
+                                                help="Fraction of SOURCE used to fit T (class-stratified); "
+                                                "the rest is used to report.")] = 0.5,
+    seed: Seed = 0,
+    objective: Annotated[Objective, typer.Option("--objective", help="Minimise NLL (default) or ECE.")] = Objective.nll,
+    bins: Bins = 15,
+    json_out: JsonOut = None,
+    output: Annotated[Optional[str], typer.Option("--output", metavar="PATH",
+                                                  help="Write the updated copy to PATH; SOURCE is untouched.")] = None,
+    no_write: Annotated[bool, typer.Option("--no-write", help="Write nothing back.")] = False,
+    max_ece: Annotated[Optional[float], typer.Option("--max-ece", metavar="X",
+                                                     help="Exit 3 when the calibrated ECE is above X.")] = None,
+    plot: Plot = None,
+    markdown: Markdown = None,
+    logits_key: LogitsKey = "logits",
+    labels_key: LabelsKey = "labels",
+    probs: Probs = False,
+    device: Device = "auto",
+    chunk_rows: ChunkRows = None,
+    ignore_index: IgnoreIndex = -100,
+    estimators: Estimators = None,
+    bootstrap: Bootstrap = 0,
+    inputs: Inputs = None,
+    inputs_key: InputsKey = "inputs",
+    batch_size: BatchSize = 512,
+    output_key: OutputKey = None,
+    save_logits: SaveLogits = None,
+    save_model: Annotated[Optional[str], typer.Option(
+        "--save-model", metavar="PATH", help="Write a TorchScript model whose logits are the model SOURCE's / T.")
+    ] = None,
+    quiet: Quiet = False,
+) -> None:
+    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
+    _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
+                  save_model=save_model, save_logits=save_logits, output_key=output_key)
+    check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown},
+                  [*source, *([eval_file] if eval_file else [])])
+
+    from ..output.files import write_fit_files
+    from ..workflows.fit import fit_file, write_back
+
+    device = start(device)
+    options = source_options(logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index,
+                             inputs=inputs, inputs_key=inputs_key, batch_size=batch_size, output_key=output_key,
+                             device=device, progress=json_out != "-" and not quiet)
+    report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed, objective=objective.value,
+                      bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
+                      bootstrap=bootstrap, options=options)
+    gate_failed = max_ece is not None and report.after.ece > max_ece
+    written: list[str] = []
+
+    def write() -> list[str]:
+        written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
+                                  store=not no_write))
+        write_fit_files(report, plot=plot, markdown=markdown)
+        return [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
+
+    def payload() -> dict:
+        out = report.to_json()
+        out.update(written=", ".join(written) or None, max_ece=max_ece,
+                   gate_passed=None if max_ece is None else not gate_failed)
+        return out
+
+    def render(out) -> None:
+        from ..output.console import print_fit
+
+        print_fit(report, out)
+
+    deliver(warnings=report.warnings, write=write, payload=payload, render=render, json_out=json_out, quiet=quiet,
+            gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
+
+
+def _check_writes(source: list[str], *, inputs: str | None, output: str | None, no_write: bool,
+                  max_ece: float | None, probs: bool, save_model: str | None, save_logits: str | None,
+                  output_key: str | None) -> None:
+    """Refuse contradictory options before any file is read."""
+    if no_write and output is not None:
+        raise TempcalError("--output and --no-write contradict each other")
+    if output is not None and (len(source) > 1 or any(ch in source[0] for ch in "*?[")):
+        raise TempcalError("--output takes a single SOURCE file; shards get T written into each of them")
+    if max_ece is not None and not max_ece >= 0:
+        raise TempcalError(f"--max-ece must be a number >= 0, got {max_ece}")
+    is_model = is_model_source(source, inputs, {"--save-model": save_model, "--save-logits": save_logits,
+                                                "--output-key": output_key})
+    if is_model and output is not None:
+        raise TempcalError("--output writes a logits file; for a model SOURCE use --save-model PATH "
+                           "(and --save-logits PATH)")
+    if is_model and probs:
+        raise TempcalError("--probs applies to logits files, not to a model SOURCE")

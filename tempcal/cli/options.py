@@ -1,0 +1,133 @@
+"""Every option shared by the commands, declared once, and the checks that turn them into API arguments.
+
+Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from ..errors import TempcalError
+from ..validation import IGNORE_INDEX
+
+
+class Objective(str, Enum):
+    nll = "nll"
+    ece = "ece"
+
+
+# -- what to read ---------------------------------------------------------------------------
+Source = Annotated[list[str], typer.Argument(
+    metavar="SOURCE", help="Logits file (.safetensors with 'logits' and 'labels'; .npz, .npy, .pt too), or a "
+    "model with --inputs; several files or a glob pattern are read as shards.")]
+LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).")]
+LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].")]
+Probs = Annotated[bool, typer.Option("--probs", help="The logits tensor holds probabilities; work on log(p).")]
+IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
+                                          help="Rows whose label is this value are skipped (token-level logits).")]
+Device = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda.")]
+ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
+                                                  help="Rows per reduction chunk (default: automatic).")]
+
+# -- a model SOURCE -------------------------------------------------------------------------
+Inputs = Annotated[Optional[str], typer.Option(
+    "--inputs", metavar="DATA", help="Inputs file (.safetensors: 'inputs', 'labels') for a TorchScript model SOURCE.")]
+InputsKey = Annotated[str, typer.Option("--inputs-key", help="Tensor holding the model inputs [N, ...].")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Rows per model batch (model SOURCE).")]
+OutputKey = Annotated[Optional[str], typer.Option(
+    "--output-key", metavar="KEY", help="The logits among a model's outputs: a dict key or a tuple index.")]
+SaveLogits = Annotated[Optional[str], typer.Option(
+    "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file.")]
+
+# -- what to compute ------------------------------------------------------------------------
+Tau = Annotated[Optional[list[str]], typer.Option(
+    "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.")]
+Bins = Annotated[int, typer.Option("--bins", min=1, help="Number of equal-width bins for ECE/MCE.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and of the bootstrap resamples.")]
+Estimators = Annotated[Optional[str], typer.Option(
+    "--estimators", metavar="NAMES", help="More estimators, comma-separated or 'all': ece_equal_mass, ece_classwise, "
+    "rms_ce, l2_ce_debiased.")]
+Bootstrap = Annotated[int, typer.Option(
+    "--bootstrap", metavar="N", min=0, help="95% percentile intervals for ECE and NLL from N seeded resamples.")]
+
+# -- what to write --------------------------------------------------------------------------
+JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",
+                                                help="Write the result as JSON to PATH ('-' for standard output).")]
+Plot = Annotated[Optional[str], typer.Option("--plot", metavar="PATH", help="Draw the result (.png, .svg or .pdf; "
+                                             "needs matplotlib).")]
+Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH",
+                                                 help="Write a calibration section for a model card.")]
+Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only warnings and errors.")]
+
+
+def source_options(*, logits_key: str = "logits", labels_key: str = "labels", probs: bool = False,
+                   ignore_index: int | None = IGNORE_INDEX, inputs: str | None = None, inputs_key: str = "inputs",
+                   batch_size: int = 512, output_key: str | None = None, device: str = "auto",
+                   progress: bool = False) -> Any:
+    """The options of every kind of SOURCE, as the API takes them."""
+    from ..sources.base import SourceOptions
+
+    return SourceOptions(logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index,
+                         inputs=inputs, inputs_key=inputs_key, batch_size=batch_size, output_key=output_key,
+                         device=device, progress=progress)
+
+
+def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:
+    """A model SOURCE: one model file and ``--inputs`` (or a TorchScript archive). ``model_only`` maps the flags
+    that only make sense for a model to their values: any of them set without a model is a usage error."""
+    from ..models.detect import looks_like_model
+
+    model = len(source) == 1 and looks_like_model(source[0], inputs is not None)
+    if not model and (inputs is not None or any(v is not None for v in model_only.values())):
+        flags = ", ".join(["--inputs", *model_only])
+        raise TempcalError(f"{flags} apply to a TorchScript model SOURCE")
+    return model
+
+
+def parse_estimators(text: str | None) -> list[str]:
+    """``--estimators a,b`` or ``all`` as a checked list of names."""
+    if not text:
+        return []
+    from ..metrics.estimators import ESTIMATORS
+
+    names = list(ESTIMATORS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ESTIMATORS]
+    if unknown:
+        raise TempcalError(f"--estimators {text}: unknown {', '.join(unknown)}; choose from {', '.join(ESTIMATORS)} "
+                           "or 'all'")
+    return names
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: list[str]) -> None:
+    """Refuse, before any work, an output that is a folder, lies in no folder, or would overwrite an input or
+    another output; ``--plot`` must also name a picture format that can be drawn."""
+    from ..output.plots import check_plot_path
+
+    given = [(flag, path) for flag, path in outputs.items() if path is not None and path != "-"]
+    for k, (flag, path) in enumerate(given):
+        target = Path(path)
+        if target.is_dir():
+            raise TempcalError(f"{flag} {path}: is a folder")
+        folder = target.parent if str(target.parent) else Path(".")
+        if not folder.is_dir():
+            raise TempcalError(f"{flag} {path}: folder {folder} does not exist")
+        real = os.path.realpath(target)
+        for name in inputs:
+            if os.path.realpath(name) == real:
+                raise TempcalError(f"{flag} {path}: would overwrite the input file {name}")
+        for other, name in given[:k]:
+            if os.path.realpath(name) == real:
+                raise TempcalError(f"{flag} {path}: is also the {other} output")
+        if flag == "--plot":
+            check_plot_path(path)
+
+
+__all__ = ["Bins", "Bootstrap", "ChunkRows", "Device", "Estimators", "IgnoreIndex", "Inputs", "InputsKey",
+           "JsonOut", "LabelsKey", "LogitsKey", "Markdown", "Objective", "OutputKey", "Plot", "Probs", "Quiet",
+           "SaveLogits", "Seed", "Source", "Tau", "check_outputs", "is_model_source", "parse_estimators",
+           "source_options"]

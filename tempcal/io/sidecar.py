@@ -1,0 +1,153 @@
+"""T for files that have no metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file.
+
+The sidecar records the file's size, mtime and SHA-256, so that one left behind by an older
+version of the file is noticed and its T ignored. It is written atomically, through a
+symbolic link to the file it names (as write-back into safetensors metadata is).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from ..errors import TempcalError
+from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
+from .atomic import destination_of, write_atomic
+
+SIDECAR_SUFFIX = ".tempcal.json"
+SIDECAR_VERSION = 1
+HASH_BLOCK = 1 << 20
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """Where the T of a file without metadata is kept: ``FILE.tempcal.json`` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def check_regular_file(path: Path) -> None:
+    """A missing path or a folder is a one-line error naming it."""
+    if not path.exists():
+        raise TempcalError(f"{path}: no such file")
+    if not path.is_file():
+        raise TempcalError(f"{path}: not a regular file")
+
+
+def read_sidecar(path: str | os.PathLike) -> tuple[dict[str, str], list[str]]:
+    """The metadata in ``path``'s sidecar, and warnings; ``{}`` when there is none or it is stale.
+
+    A sidecar is current when the file's size matches and either its mtime or its SHA-256
+    does (the hash is only computed when the mtime differs, e.g. after a copy).
+    """
+    path = Path(path)
+    side = sidecar_path(path)
+    if not side.exists():
+        return {}, []
+    record = _read_record(side)
+    stat = path.stat()
+    if record["size"] == stat.st_size and (record["mtime_ns"] == stat.st_mtime_ns
+                                           or record["sha256"] == file_sha256(path)):
+        return dict(record["metadata"]), []
+    return {}, [f"{side}: was written for a different {path.name} (the file changed since); its stored "
+                "temperature is ignored (run tempcal fit again)"]
+
+
+def sidecar_temperature(path: str | os.PathLike) -> tuple[float | None, list[str]]:
+    """The T stored in ``path``'s current sidecar (None when there is none), and warnings about it."""
+    path = Path(path)
+    check_regular_file(path)
+    metadata, notes = read_sidecar(path)
+    return stored_temperature(metadata.get(TEMPERATURE_KEY), f"{sidecar_path(path)}:"), notes
+
+
+def _read_record(side: Path) -> dict[str, Any]:
+    try:
+        record = json.loads(side.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise TempcalError(f"{side}: cannot read ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise TempcalError(f"{side}: not a tempcal sidecar (not UTF-8 JSON); fix or delete it") from None
+    ok = (isinstance(record, dict) and isinstance(record.get("metadata"), dict)
+          and all(isinstance(k, str) and isinstance(v, str) for k, v in record["metadata"].items())
+          and all(isinstance(record.get(k), int) and not isinstance(record.get(k), bool) for k in ("size", "mtime_ns"))
+          and isinstance(record.get("sha256"), str))
+    if not ok:
+        raise TempcalError(f"{side}: not a tempcal sidecar (expected 'metadata', 'size', 'mtime_ns' and 'sha256'); "
+                           "fix or delete it")
+    return dict(record)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """SHA-256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(HASH_BLOCK):
+                digest.update(block)
+    except OSError as exc:
+        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return digest.hexdigest()
+
+
+def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapping[str, str] | None = None) -> Path:
+    """Store ``temperature`` for ``path`` in its sidecar (atomically); other metadata of a current sidecar is kept.
+
+    Returns the sidecar's path. A malformed or stale existing sidecar is replaced.
+    """
+    path = Path(path)
+    temperature = as_temperature(temperature)
+    check_regular_file(path)
+    side = sidecar_path(path)
+    if metadata is None:
+        metadata = _current_metadata(path)
+    stat = path.stat()
+    record = {
+        "tempcal_sidecar": SIDECAR_VERSION,
+        "file": path.name,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "sha256": file_sha256(path),
+        "metadata": {**metadata, TEMPERATURE_KEY: format_temperature(temperature)},
+    }
+    text = json.dumps(record, indent=2) + "\n"
+    destination = destination_of(side)
+    mode = (destination.stat().st_mode if destination.exists() else stat.st_mode) & 0o666
+    write_atomic(destination, lambda f: f.write(text.encode("utf-8")), what="", mode=mode)
+    return side
+
+
+def write_sidecar_copy(source: Path, temperature: float, output: Path) -> Path:
+    """Copy ``source`` byte for byte to ``output`` (same suffix) and give the copy a sidecar holding T."""
+    if output.suffix.lower() != source.suffix.lower():
+        raise TempcalError(f"output {output}: must have the suffix of SOURCE ({source.suffix}); tempcal copies "
+                           "the file and stores T in the copy's sidecar")
+    check_regular_file(source)
+    metadata = _current_metadata(source)
+    if output.exists() and os.path.samefile(output, source):
+        return write_sidecar(source, temperature, metadata=metadata)
+    if output.is_dir():
+        raise TempcalError(f"output {output}: is a folder")
+
+    def copy(out: BinaryIO) -> None:
+        with open(source, "rb") as src:
+            shutil.copyfileobj(src, out, HASH_BLOCK)
+
+    write_atomic(destination_of(output), copy, what="", mode=source.stat().st_mode & 0o7777)
+    return write_sidecar(output, temperature, metadata=metadata)
+
+
+def _current_metadata(path: Path) -> dict[str, str]:
+    """The metadata of ``path``'s current sidecar, or none (a malformed sidecar is about to be replaced)."""
+    try:
+        return read_sidecar(path)[0]
+    except TempcalError:
+        return {}
+
+
+__all__ = ["SIDECAR_SUFFIX", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_temperature", "write_sidecar",
+           "write_sidecar_copy"]

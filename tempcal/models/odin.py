@@ -1,0 +1,111 @@
+"""ODIN scores (Liang et al., ICLR 2018): max softmax at tau after a small input step that raises it.
+
+Each input is moved by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)``
+(so the max softmax rises, more for in-distribution inputs), and scored by ``max softmax(f(x') / tau)``.
+It needs autograd through the model and floating-point inputs; ``eps = 0`` is the plain MSP at tau.
+A calibrated model is run through its original (tau applies to the raw logits). The OOD report is
+assembled by :mod:`tempcal.workflows.ood`, as for every other score.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..errors import DataError, TempcalError, param
+from ..validation import as_temperature
+from . import torchscript
+from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line
+from .inputs import InputsFile
+from .run import check_batch_size, progress_bar, select_output
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+Batches = Callable[[], Iterator[tuple[int, int, torch.Tensor]]]
+
+
+def _two_class(z: torch.Tensor) -> torch.Tensor:
+    """One binary logit ``[N]`` / ``[N, 1]`` as the two-class row ``[0, z]`` (same softmax as the sigmoid)."""
+    if z.dim() == 2 and z.shape[1] == 1:
+        z = z[:, 0]
+    return torch.stack([torch.zeros_like(z), z], dim=1) if z.dim() == 1 else z
+
+
+def _odin_batch(net: torch.nn.Module, x: torch.Tensor, tau: float, eps: float, output_key: OutputKey,
+                name: str) -> torch.Tensor:
+    """ODIN scores of one batch: max softmax at ``tau`` after one signed-gradient step of size ``eps``."""
+    with torch.inference_mode(False), torch.enable_grad():
+        x = x.detach().clone().requires_grad_(True)
+        z = _two_class(select_output(net(x), output_key, name))
+        log_msp = torch.log_softmax(z.to(torch.float64) / tau, dim=1).max(dim=1).values
+        (grad,) = torch.autograd.grad(log_msp.sum(), x)
+    # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
+    perturbed = x.detach() - eps * torch.sign(-grad)
+    with torch.inference_mode():
+        z = _two_class(select_output(net(perturbed), output_key, name))
+        return torch.softmax(z.to(torch.float64) / tau, dim=1).max(dim=1).values.cpu()
+
+
+def check_eps(eps: float) -> float:
+    """The ODIN step: a finite number >= 0."""
+    value = float(eps)
+    if not (value == value and abs(value) != float("inf") and value >= 0):
+        raise TempcalError(f"{param('odin_eps')} {eps}: expected a number >= 0")
+    return value
+
+
+def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, batch_size: int
+                   ) -> tuple[int, str, Batches]:
+    """(rows, description, a function giving fresh batches) for a tensor or an inputs file."""
+    if isinstance(inputs, torch.Tensor):
+        if inputs.dim() < 1 or inputs.shape[0] < 1:
+            raise DataError(f"ODIN inputs of shape {list(inputs.shape)} hold no samples")
+        rows = int(inputs.shape[0])
+
+        def batches() -> Iterator[tuple[int, int, torch.Tensor]]:
+            for start in range(0, rows, batch_size):
+                yield start, min(start + batch_size, rows), inputs[start : start + batch_size]
+
+        return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", batches
+    source = InputsFile(inputs, inputs_key)
+    return source.num_samples, source.describe(), lambda: source.batches(batch_size)
+
+
+def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | str | os.PathLike, *,
+                tau: float, eps: float, batch_size: int = DEFAULT_BATCH_SIZE, device: str | torch.device = "auto",
+                inputs_key: str = "inputs", output_key: OutputKey = None, progress: bool | Console = False
+                ) -> torch.Tensor:
+    """Per-sample ODIN scores (float64 ``[N]``, higher = more in-distribution) of ``inputs`` at ``tau``."""
+    check_batch_size(batch_size)
+    tau = as_temperature(tau, f"{param('tau')} (ODIN)")
+    eps = check_eps(eps)
+    if not isinstance(model, LoadedModel):
+        model = torchscript.load(model, device)
+    net, name = model.net, model.name
+    rows, what, batches = _input_batches(inputs, inputs_key, batch_size)
+    parts = []
+    with progress_bar(progress, f"ODIN {Path(name).name} tau={tau:g}", rows) as advance:
+        for batch, (start, stop, x) in enumerate(batches()):
+            if not x.dtype.is_floating_point:
+                raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")
+            try:
+                parts.append(_odin_batch(net, x.to(model.device), tau, eps, output_key, name))
+            except TempcalError:
+                raise
+            except Exception as exc:
+                raise TempcalError(f"{name}: ODIN failed on batch {batch} (rows {start}-{stop - 1} of {rows}, "
+                                   f"shape {list(x.shape)}) of {what}: {error_line(exc)}") from None
+            advance(stop - start)
+    scores = torch.cat(parts)
+    if not bool(torch.isfinite(scores).all()):
+        first = int((~torch.isfinite(scores)).nonzero()[0, 0])
+        raise DataError(f"{name}: ODIN score is not finite for {what} row {first} (NaN or inf in the outputs)")
+    return scores
+
+
+__all__ = ["check_eps", "odin_scores"]

@@ -1,0 +1,146 @@
+"""Running a loaded model over an inputs file in batches: its logits, checked batch by batch.
+
+Models run in eval mode under ``torch.inference_mode``; any failure becomes one line naming the
+batch, its rows and the inputs' shape. A transient progress bar shows on a terminal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..errors import DataError, TempcalError, param
+from ..io.safetensors_header import shown
+from ..validation import whole_number
+from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line
+from .inputs import InputsFile
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+
+def select_output(out: Any, output_key: OutputKey, name: str = "the model") -> torch.Tensor:
+    """The logits among a model's outputs: the output itself, ``out[index]`` of a tuple, ``out[key]`` of a dict."""
+    flag = param("output_key")
+    if isinstance(out, torch.Tensor):
+        if output_key is not None:
+            raise TempcalError(f"{flag} {output_key}: {name} returns a single tensor; drop {flag}")
+        return out
+    if isinstance(out, (tuple, list)):
+        n = len(out)
+        kind = f"a {type(out).__name__} of {n} outputs"
+        if output_key is None:
+            raise TempcalError(f"{name} returns {kind}; choose the logits with {flag} 0..{n - 1}")
+        index = as_index(output_key)
+        if index is None or not -n <= index < n:
+            raise TempcalError(f"{flag} {output_key}: {name} returns {kind}; expected an index 0..{n - 1}")
+        return _as_logits_tensor(out[index], f"{name} output {index}")
+    if isinstance(out, dict):
+        keys = ", ".join(shown(k) for k in list(out)[:20]) + (" ..." if len(out) > 20 else "")
+        if output_key is None:
+            raise TempcalError(f"{name} returns a dict with keys {keys}; choose the logits with {flag} NAME")
+        for candidate in (output_key, str(output_key), as_index(output_key)):
+            if candidate is not None and candidate in out:
+                return _as_logits_tensor(out[candidate], f"{name} output {shown(candidate)}")
+        raise TempcalError(f"{flag} {output_key}: {name} returns a dict with keys {keys}; no key "
+                           f"{shown(output_key)}")
+    raise TempcalError(f"{name} returns a {type(out).__name__}; expected logits as a tensor, or a tuple or dict "
+                       "holding them")
+
+
+def as_index(key: OutputKey) -> int | None:
+    """An output key as a tuple index (an int, or a string of digits), else None."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    text = str(key).strip()
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _as_logits_tensor(value: Any, what: str) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TempcalError(f"{what} is a {type(value).__name__}, not a tensor of logits")
+    return value
+
+
+def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: int | None) -> int:
+    """Refuse outputs that are not ``[rows, C]`` float logits (``[rows]`` / ``[rows, 1]``: one binary logit)."""
+    shape = list(z.shape)
+    if not z.dtype.is_floating_point:
+        raise DataError(f"{name} output has dtype {str(z.dtype).removeprefix('torch.')} on batch {batch}; "
+                        "expected floating-point logits")
+    width = 1 if z.dim() == 1 or (z.dim() == 2 and z.shape[1] == 1) else (z.shape[1] if z.dim() == 2 else -1)
+    if z.dim() not in (1, 2) or z.shape[0] != rows or width == -1:
+        raise DataError(f"{name} output has shape {shape} on batch {batch} of {rows} rows; expected logits "
+                        f"[{rows}, C] (or [{rows}] for one binary logit)")
+    if classes is not None and width != classes:
+        raise DataError(f"{name} output has shape {shape} on batch {batch} but {classes} columns on batch 0")
+    return width
+
+
+@contextlib.contextmanager
+def progress_bar(progress: bool | Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A transient rich bar on standard error (only when it is a terminal, or on the console given)."""
+    if progress is False or progress is None:
+        yield lambda n: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    console = progress if isinstance(progress, Console) else Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda n: None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
+               TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task(description, total=total)
+        yield lambda n: bar.advance(task, n)
+
+
+def check_batch_size(batch_size: int) -> int:
+    return whole_number(batch_size, param("batch_size"))
+
+
+def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, start: int, stop: int) -> Any:
+    """``net(x)``, with any failure turned into one line naming the batch, its rows and the inputs' shape."""
+    try:
+        return model.net(x)
+    except Exception as exc:
+        line = error_line(exc)
+        where = f"batch {batch} (rows {start}-{stop - 1} of {source.num_samples}, shape {list(x.shape)})"
+        if "out of memory" in line.lower():
+            raise TempcalError(f"{model.name}: out of memory on {where}; lower {param('batch_size')}") from None
+        if batch == 0:
+            raise TempcalError(f"{model.name} rejects the inputs {source.describe()} on {where}: {line}") from None
+        raise TempcalError(f"{model.name} raised on {where} of {source.describe()}: {line}") from None
+
+
+def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
+              output_key: OutputKey = None, progress: bool | Console = True) -> torch.Tensor:
+    """The model's logits over every row of ``source`` (on the CPU), run batch by batch under inference mode."""
+    check_batch_size(batch_size)
+    parts: list[torch.Tensor] = []
+    classes = None
+    with progress_bar(progress, f"running {Path(model.name).name}", source.num_samples) as advance, \
+            torch.inference_mode():
+        for batch, (start, stop, x) in enumerate(source.batches(batch_size)):
+            out = _call(model, x.to(model.device), source, batch, start, stop)
+            z = select_output(out, output_key, model.name)
+            classes = _check_logits(z, stop - start, model.name, batch, classes)
+            parts.append(z.detach().to("cpu"))
+            advance(stop - start)
+    return torch.cat(parts)  # outside inference mode: a normal tensor, usable by autograd later
+
+
+def placeholder_labels(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's arg-max (a -inf logit is never taken for the true class), or 0 for one binary logit."""
+    if logits.dim() == 1 or logits.shape[1] == 1:
+        return torch.zeros(logits.shape[0], dtype=torch.int64)
+    return logits.argmax(1)
+
+
+__all__ = ["as_index", "check_batch_size", "placeholder_labels", "progress_bar", "run_model", "select_output"]

@@ -1,0 +1,57 @@
+"""The pictures and model-card sections a command writes beside its results (``--plot``, ``--markdown``)."""
+
+from __future__ import annotations
+
+from ..errors import param
+from ..io.atomic import write_text_atomic
+
+
+def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> None:
+    """``fit``: reliability diagrams before and after; a model-card section linking to the plot."""
+    if plot:
+        from .plots import reliability_diagram
+
+        reliability_diagram([("before (T = 1)", report.before),
+                             (f"after (T = {report.temperature:.4g})", report.after)], plot)
+    if markdown:
+        from .markdown import fit_markdown
+
+        write_text_atomic(markdown, fit_markdown(report, markdown, plot), what=param("markdown"))
+
+
+def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> None:
+    """``report``: a reliability diagram (up to four temperatures) or, for a sweep, metrics against tau;
+    a model-card section."""
+    if plot:
+        from .plots import reliability_diagram, sweep_plot
+
+        if result.sweep:
+            marks: dict[str, float] = {}
+            if result.sweep_best is not None:
+                marks["min NLL"] = result.sweep_best
+            if result.stored_temperature is not None:
+                marks["stored T"] = result.stored_temperature
+            sweep_plot(result.results, marks, plot)
+        else:
+            reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results[:4]], plot)
+    if markdown:
+        from .markdown import report_markdown
+
+        write_text_atomic(markdown, report_markdown(result, markdown, plot), what=param("markdown"))
+
+
+def write_ood_files(report, *, scores: str | None = None, plot: str | None = None) -> list[str]:
+    """``ood``: the per-sample scores file and the plot; the lines saying what was written."""
+    lines = []
+    if scores is not None:
+        from .scores_file import save_scores
+
+        lines.append(f"wrote per-sample scores to {save_scores(report, scores)}")
+    if plot is not None:
+        from .plots import ood_plot
+
+        lines.append(f"wrote the plot to {ood_plot(report, plot)}")
+    return lines
+
+
+__all__ = ["write_fit_files", "write_ood_files", "write_report_files"]

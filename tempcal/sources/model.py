@@ -1,0 +1,83 @@
+"""A model with its inputs as SOURCE: the model is run over the inputs file and its logits kept in memory.
+
+``--eval`` and OOD files of a model SOURCE are inputs files run through the same loaded model.
+A model has no logits file to write T back into: ``--save-model`` writes it calibrated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import TempcalError, param
+from .base import OpenedSource, SourceKind, SourceOptions
+
+
+@dataclass
+class ModelSource(OpenedSource):
+    """A model SOURCE run over one inputs file, named ``MODEL on INPUTS`` (or by its ``label``)."""
+
+    model: Any = None  # the LoadedModel, reused for related inputs files
+    inputs_path: Path | None = None
+
+    @property
+    def name(self) -> str:
+        return self.label or f"{self.model.path} on {self.inputs_path}"
+
+
+class ModelKind(SourceKind):
+    """TorchScript models (``.pt``, ``.pth``, ``.ts``, ``.torchscript``) run over ``--inputs``."""
+
+    name = "model"
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        from ..models.detect import looks_like_model
+
+        return len(paths) == 1 and looks_like_model(paths[0], options.inputs is not None)
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        from ..models import torchscript
+
+        if options.inputs is None:
+            raise TempcalError(f"{paths[0]}: a TorchScript model SOURCE needs its inputs: {param('inputs')} "
+                               "DATA.safetensors (tensors 'inputs' and 'labels')")
+        model = torchscript.load(paths[0], options.device)
+        return self.run(model, Path(options.inputs), options, labels_optional=labels_optional)
+
+    def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
+        """An inputs file run through the model ``opened`` already loaded."""
+        assert isinstance(opened, ModelSource)
+        return self.run(opened.model, Path(other), opened.options, labels_optional=labels_optional)
+
+    def run(self, model: Any, inputs_path: Path, options: SourceOptions, *, labels_optional: bool,
+            label: str | None = None) -> ModelSource:
+        """The model's logits over ``inputs_path`` as a source (placeholder labels when none and optional)."""
+        from ..core.data import as_logits_data
+        from ..models.inputs import InputsFile
+        from ..models.run import placeholder_labels, run_model
+
+        inputs = InputsFile(inputs_path, options.inputs_key)
+        labels = inputs.labels(options.labels_key, optional=labels_optional)
+        logits = run_model(model, inputs, batch_size=options.batch_size, output_key=options.output_key,
+                           progress=options.progress)
+        has_labels = labels is not None
+        try:
+            data = as_logits_data(logits, labels if has_labels else placeholder_labels(logits),
+                                  logits_name=f"{model.name} output", labels_name=options.labels_key)
+        except TempcalError as exc:
+            raise exc.prefixed(f"{inputs_path}: ") from None
+        return ModelSource([], data, model.temperature, self, options, has_labels=has_labels, label=label,
+                           model=model, inputs_path=inputs_path)
+
+    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
+        from ..models import torchscript
+
+        return torchscript.load(path, "cpu").temperature, []
+
+    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+        raise TempcalError(f"{path}: a model has no logits file to store T in; write it calibrated with "
+                           f"{param('save_model')} PATH")
+
+
+__all__ = ["ModelKind", "ModelSource"]

@@ -1,0 +1,177 @@
+"""``.npz`` archives and ``.npy`` pairs as SOURCE (read with ``allow_pickle=False``; T in a sidecar).
+
+* ``.npz``: the arrays named by ``logits_key`` / ``labels_key`` (netcal-style files:
+  ``--logits-key predictions --labels-key ground_truth``).
+* ``.npy``: the file holds the logits; the labels are the sibling ``.npy`` file whose name
+  has the labels key in place of the logits key (``val_logits.npy`` -> ``val_labels.npy``),
+  or the file ``labels_key`` names when it ends in ``.npy``. The sidecar fingerprints the logits
+  file only, and no single copy can hold T (``output`` is refused).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DataError, TempcalError, param
+from ..io.sidecar import sidecar_path
+from .base import OpenedSource, SourceKind, SourceOptions
+from .memory import NPY_MAGIC, ZIP_MAGIC, checked_path, first_line, in_memory_source, magic, missing
+
+if TYPE_CHECKING:
+    import torch
+
+#: What a reader returns: the keys present, the logits, the labels (None when absent) and the labels' name.
+_Read = tuple[tuple[str, ...], "torch.Tensor", "torch.Tensor | None", str]
+
+
+class NpzKind(SourceKind):
+    name = "npz"
+    suffixes = (".npz",)
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        path = checked_path(paths[0])
+        _, logits, labels, labels_name = _read_npz(path, options.logits_key, options.labels_key, not labels_optional)
+        return in_memory_source(self, path, logits, labels, options, logits_name=options.logits_key,
+                                labels_name=labels_name)
+
+
+class NpyKind(SourceKind):
+    name = "npy"
+    suffixes = (".npy",)
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        path = checked_path(paths[0])
+        _, logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key,
+                                                        not labels_optional)
+        return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
+
+    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+        if output is not None:
+            raise TempcalError(f"{param('output')} {output}: a .npy logits file has no metadata and its labels live in "
+                               f"a second file, so no single copy can hold T; leave out {param('output')} (T goes to "
+                               f"{sidecar_path(path)}; {path.name} itself is not changed) or pass "
+                               f"{param('no_write')}")
+        return super().write_temperature(path, temperature, None)
+
+
+def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
+    import numpy as np
+
+    head = magic(path)
+    if head.startswith(NPY_MAGIC):
+        raise TempcalError(f"{path}: holds a single .npy array, not an .npz archive of named arrays "
+                           "(rename it to .npy, or save it with numpy.savez)")
+    if not head.startswith(ZIP_MAGIC):
+        raise TempcalError(f"{path}: not an .npz archive (no zip signature at its start)")
+    try:
+        archive = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise TempcalError(f"{path}: not a readable .npz archive ({first_line(exc)})") from None
+    with archive:
+        keys = tuple(archive.files)
+        if logits_key not in keys:
+            raise missing(path, "array", logits_key, keys, param("logits_key"))
+        if labels_key not in keys and labels_required:
+            raise missing(path, "array", labels_key, keys, param("labels_key"))
+        logits = _npz_member(archive, path, logits_key, "logits")
+        labels = _npz_member(archive, path, labels_key, "labels") if labels_key in keys else None
+    return keys, logits, labels, labels_key
+
+
+def _npz_member(archive: Any, path: Path, key: str, role: str) -> torch.Tensor:
+    try:
+        array = archive[key]
+    except ValueError as exc:
+        if "allow_pickle" in str(exc):
+            raise TempcalError(f"{path}: array '{key}' holds Python objects; tempcal never unpickles them "
+                               "(save numeric arrays)") from None
+        raise TempcalError(f"{path}: cannot read array '{key}' ({first_line(exc)})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise TempcalError(f"{path}: cannot read array '{key}' ({first_line(exc)})") from None
+    return from_numpy(array, path, key, role)
+
+
+def npy_labels_path(logits_path: str | os.PathLike, logits_key: str = "logits", labels_key: str = "labels"
+                    ) -> Path | None:
+    """The labels file of a ``.npy`` logits file; None when it cannot be told from the names.
+
+    ``labels_key`` ending in ``.npy`` is that path (relative to the working folder). Otherwise
+    the last ``logits_key`` in the file's name is replaced by ``labels_key``, in the same folder:
+    ``runs/val_logits.npy`` -> ``runs/val_labels.npy``.
+    """
+    if labels_key.lower().endswith(".npy"):
+        return Path(labels_key)
+    logits_path = Path(logits_path)
+    stem, suffix = logits_path.name[: -len(logits_path.suffix)], logits_path.suffix
+    at = stem.rfind(logits_key) if logits_key else -1
+    if at < 0:
+        return None
+    return logits_path.with_name(stem[:at] + labels_key + stem[at + len(logits_key):] + suffix)
+
+
+def _read_npy_pair(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
+    labels_path = npy_labels_path(path, logits_key, labels_key)
+    if labels_path is None and labels_required:
+        flag = param("labels_key")
+        raise TempcalError(f"{path}: cannot tell which file holds the labels: the name does not contain "
+                           f"'{logits_key}' ({param('logits_key')}) to replace by '{labels_key}' ({flag}); "
+                           f"name the labels file with {flag} PATH.npy")
+    if labels_path is not None and labels_path.resolve() == path.resolve():
+        raise TempcalError(f"{path}: the labels file is the logits file itself; name the labels file with "
+                           f"{param('labels_key')} PATH.npy")
+    logits = _read_npy(path, path.name, "logits")
+    labels = None
+    if labels_path is not None and (labels_required or labels_path.exists()):
+        if not labels_path.is_file():
+            siblings = sorted(p.name for p in path.parent.glob("*.npy") if p != path)
+            shown = ", ".join(siblings[:8]) + (", ..." if len(siblings) > 8 else "") if siblings else "none"
+            flag = param("labels_key")
+            raise TempcalError(f"{path}: no labels file {labels_path} (the labels of a .npy file are the sibling "
+                               f"named with '{labels_key}' ({flag}) in place of '{logits_key}' "
+                               f"({param('logits_key')}), or {flag} PATH.npy; other .npy files here: {shown})")
+        labels = _read_npy(labels_path, labels_path.name, "labels")
+    keys = (path.name,) if labels is None else (path.name, str(labels_path))
+    return keys, logits, labels, labels_path.name if labels_path is not None else labels_key
+
+
+def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
+    import numpy as np
+
+    head = magic(path)
+    if head.startswith(ZIP_MAGIC):
+        raise TempcalError(f"{path}: is an .npz archive, not a single .npy array (rename it to .npz)")
+    if not head.startswith(NPY_MAGIC):
+        raise TempcalError(f"{path}: not an .npy array (no NumPy signature at its start)")
+    try:
+        try:
+            # Copy-on-write memory map: pages are read when a chunk needs them, and the tensor stays writable.
+            array = np.load(path, mmap_mode="c", allow_pickle=False)
+        except OSError:  # a file system without mmap
+            array = np.load(path, allow_pickle=False)
+    except ValueError as exc:
+        if "allow_pickle" in str(exc) or "Python objects" in str(exc):
+            raise TempcalError(f"{path}: holds Python objects; tempcal never unpickles them "
+                               "(save a numeric array)") from None
+        raise TempcalError(f"{path}: not a readable .npy array ({first_line(exc)})") from None
+    except (OSError, EOFError) as exc:
+        raise TempcalError(f"{path}: not a readable .npy array ({first_line(exc)})") from None
+    return from_numpy(array, path, name, role)
+
+
+def from_numpy(array: Any, path: Path, name: str, role: str) -> torch.Tensor:
+    """A tensor sharing the array's memory where it can; numeric checks by name, in native byte order."""
+    import numpy as np
+    import torch
+
+    expected = ("float16, float32 or float64" if role == "logits" else "an integer dtype")
+    kind, size = array.dtype.kind, array.dtype.itemsize
+    if kind not in "biufc" or (kind == "f" and size > 8):
+        raise DataError(f"{path}: '{name}' has numpy dtype {array.dtype}; expected {expected}")
+    if not array.dtype.isnative:
+        array = array.astype(array.dtype.newbyteorder("="))
+    if kind == "u" and size > 1:
+        array = array.astype(np.int64)  # values above int64 wrap negative and are reported as bad labels
+    return torch.from_numpy(np.ascontiguousarray(array))

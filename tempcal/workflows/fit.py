@@ -1,0 +1,141 @@
+"""``tempcal fit`` as a function: open, validate, split, fit T, evaluate before and after."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from ..core.data import LogitsData
+from ..core.fitting import FitResult, fit_temperature
+from ..core.splitting import stratified_split
+from ..errors import DataError, param
+from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
+from ..sources.base import SourceOptions
+from ..sources.registry import Source, open_source
+from .common import extra_figures, scan_source
+
+
+@dataclass
+class FitReport:
+    """What ``tempcal fit`` reports: the fit, and calibration before (T = 1) and after on the evaluation samples."""
+
+    source: str
+    eval_source: str | None
+    fit: FitResult
+    before: CalibrationMetrics
+    after: CalibrationMetrics
+    num_classes: int
+    n_fit: int
+    n_eval: int
+    val_fraction: float | None
+    seed: int
+    bins: int
+    device: str
+    warnings: list[str] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # SOURCE's files, where write-back goes
+    extras: list[dict] = field(default_factory=list)  # before, after: other estimators, bootstrap intervals
+    opened: Any = field(default=None, repr=False)  # the OpenedSource, for write-back and saving a model
+
+    @property
+    def temperature(self) -> float:
+        return self.fit.temperature
+
+    def to_json(self) -> dict:
+        """The contract's JSON plus how the fit went and the reliability bins."""
+
+        def block(m: CalibrationMetrics) -> dict[str, Any]:
+            out: dict[str, Any] = dict(m.summary())
+            out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau,
+                       bins=[b.__dict__ for b in m.bins])
+            return out
+
+        before, after = block(self.before), block(self.after)
+        if self.extras:
+            before.update(self.extras[0])
+            after.update(self.extras[1])
+        return {
+            "temperature": self.temperature, "n_fit": self.n_fit, "n_eval": self.n_eval,
+            "num_classes": self.num_classes, "before": before, "after": after,
+            "passes": self.fit.passes, "converged": self.fit.converged, "objective": self.fit.objective,
+            "bound": self.fit.bound, "fit_nll": self.fit.nll, "source": self.source,
+            "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
+            "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
+        }
+
+
+def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: float = 0.5,
+             seed: int = 0, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "auto",
+             chunk_rows: int | None = None, estimators: Sequence[str] = (), bootstrap: int = 0,
+             options: SourceOptions | None = None, **keys: Any) -> FitReport:
+    """Fit T on ``source`` (a seeded stratified part of it, or all of it with ``eval_file``) and evaluate.
+
+    A source is a file, a glob pattern, a list of them (shards read in chunks), or an opened source;
+    ``options`` or keyword arguments (``logits_key=...``) say how to read it, as for :func:`open_source`.
+    """
+    warnings: list[str] = []
+    loaded = open_source(source, options, **keys)
+    probs = loaded.options.probs
+    evaluated = None
+    if eval_file is not None:
+        evaluated = loaded.open_related(eval_file)
+        if evaluated.data.num_classes != loaded.data.num_classes:
+            raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
+                            f"{loaded.data.num_classes}")
+    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
+    if evaluated is not None:
+        fit_scan = scan
+        eval_scan = scan_source(evaluated, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
+        fraction = None
+    else:
+        fit_index, eval_index = stratified_split(loaded.data.labels.numpy(), val_fraction, seed)
+        if val_fraction == 1:
+            fit_scan = eval_scan = scan
+        else:
+            fit_scan, eval_scan = scan.select(loaded.local_rows(fit_index)), scan.select(loaded.local_rows(eval_index))
+        fraction = val_fraction
+    if eval_scan.num_samples < 1:
+        where = evaluated.name if evaluated is not None else loaded.name
+        raise DataError(f"{where}: the evaluation part holds no samples"
+                        + ("" if evaluated is not None or loaded.data.num_samples < 2
+                           else f"; lower {param('val_fraction')} or pass {param('eval')}"))
+    try:
+        result = fit_temperature(fit_scan, objective=objective, bins=bins)
+    except DataError as exc:
+        raise exc.prefixed(f"{loaded.name}: ") from None
+    warnings.extend(result.warnings)
+    before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
+    extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
+                           bootstrap=bootstrap, seed=seed)
+    return FitReport(
+        source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
+        before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
+        n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
+        device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
+        opened=loaded)
+
+
+def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,
+               save_logits: str | None = None, store: bool = True) -> list[str]:
+    """Keep the fitted T: in SOURCE's files (or a copy at ``output``); for a model SOURCE, its logits as a
+    logits file (``save_logits``) and the model calibrated (``save_model``). ``store=False`` writes no T
+    (the logits are still saved, without T). Returns the paths that now hold T."""
+    from ..sources.model import ModelSource
+
+    opened = report.opened
+    if not isinstance(opened, ModelSource):
+        return [str(p) for p in opened.write_temperature(report.temperature, output)] if store else []
+    from ..models.save import save_calibrated_model
+    from ..models.save import save_logits as write_logits
+
+    if save_logits:
+        write_logits(cast(LogitsData, opened.data), save_logits, temperature=report.temperature if store else None,
+                     metadata={"tempcal.model": str(opened.model.path), "tempcal.inputs": str(opened.inputs_path)})
+    if save_model and store:
+        return [str(save_calibrated_model(opened.model.path, report.temperature, save_model,
+                                          output_key=opened.options.output_key, check_inputs=opened.inputs_path,
+                                          inputs_key=opened.options.inputs_key))]
+    return []
+
+
+__all__ = ["FitReport", "fit_file", "write_back"]
