@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
+from ..validation import IGNORE_INDEX
 from .main import app, deliver, start
 from .options import (
     BatchSize,
@@ -61,7 +62,7 @@ def fit(
     probs: Probs = False,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
-    ignore_index: IgnoreIndex = -100,
+    ignore_index: IgnoreIndex = IGNORE_INDEX,
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
     inputs: Inputs = None,

@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
+from ..validation import IGNORE_INDEX
 from ..validation import check_taus
 from .main import app, deliver, start
 from .options import (
@@ -70,7 +71,7 @@ def report(
     probs: Probs = False,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
-    ignore_index: IgnoreIndex = -100,
+    ignore_index: IgnoreIndex = IGNORE_INDEX,
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
     seed: Seed = 0,

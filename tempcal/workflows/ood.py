@@ -7,7 +7,6 @@ Every score at every temperature comes from one scores-only pass per file after 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_metrics
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
-from ..validation import check_taus, resolve_taus
+from ..validation import as_temperature, check_taus, resolve_taus
 from .common import scan_source
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
@@ -129,10 +128,7 @@ def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("m
 
     Rankings need every sample's score: under torch.distributed the ranks' scores are gathered.
     """
-    for tau in taus:
-        if not (math.isfinite(tau) and tau > 0):
-            raise TempcalError(f"temperature must be a finite number > 0, got {tau}")
-    parts = scan.scores([1.0 / tau for tau in taus], scores)
+    parts = scan.scores([1.0 / as_temperature(tau) for tau in taus], scores)
     return {name: [all_gather_1d(part[name]).cpu().numpy() for part in parts] for name in scores}
 
 
