@@ -54,12 +54,14 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     has one entry per column (two for one binary logit). ``fit`` decides them from ``y`` by one rule:
 
     * numeric labels that are all whole numbers in ``0..C-1`` (C columns; 0..1 for one binary
-      logit) are column indices, and ``classes_ = arange(C)`` in ``y``'s dtype, whether or not
-      every class occurs in ``y``: a validation set may lack a class;
-    * any other labels (strings, negative numbers, numbers past ``C - 1`` such as ``{10, 20, 30}``,
-      booleans) are sorted, ``classes_ = unique(y)``, and column ``j`` is the ``j``-th smallest
-      label; there must then be exactly C distinct labels, since with fewer it is unknown which
-      column belongs to which label (code such labels as ``0..C-1`` when a class may be absent).
+      logit) are column indices, and ``classes_ = arange(C)`` in ``y``'s dtype (widened if it
+      cannot hold ``C - 1``), whether or not every class occurs in ``y``: a validation set may
+      lack a class;
+    * any other labels (strings, booleans, negative numbers, numbers past ``C - 1`` such as
+      ``{10, 20, 30}``; one such label in ``y`` is enough) are sorted, ``classes_ = unique(y)``,
+      and column ``j`` is the ``j``-th smallest label; there must then be exactly C distinct
+      labels, since with fewer it is unknown which column belongs to which label (code such
+      labels as ``0..C-1`` when a class may be absent).
 
     So labels ``{1, 2, 3}`` over 3 columns are sorted labels (column 0 is class 1), while labels
     ``{1, 2}`` over 3 columns are column indices (column 0 is a class absent from ``y``).
