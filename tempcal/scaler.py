@@ -1,8 +1,8 @@
-"""Temperature scaling for Python users: a scikit-learn-style estimator and a ``torch.nn.Module`` for deployment.
+"""Temperature scaling for Python users: a scikit-learn estimator and a ``torch.nn.Module`` for deployment.
 
 :class:`TemperatureScaler` fits T with :func:`tempcal.core.fitting.fit_temperature` (the CLI's exact
-L-BFGS fit) and follows scikit-learn's conventions (``fit`` returns ``self``, fitted attributes
-end in ``_``, ``get_params``/``set_params``/``clone`` work, ``NotFittedError`` before ``fit``).
+L-BFGS fit). It is a scikit-learn classifier and transformer on logits and passes scikit-learn's
+estimator checks except the few that cannot apply to a scaler of logits (listed with reasons in the tests).
 :class:`TemperatureScaling` divides logits by a fitted T inside a model.
 """
 
@@ -13,23 +13,60 @@ from typing import Any
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator  # type: ignore[import-untyped]
+from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin  # type: ignore[import-untyped]
+from sklearn.utils.multiclass import check_classification_targets  # type: ignore[import-untyped]
 from sklearn.utils.validation import check_is_fitted  # type: ignore[import-untyped]
 
+from .core.data import as_logits_data
 from .core.fitting import FitResult, fit_temperature
-from .errors import TempcalError
+from .core.scan import Scan
+from .errors import DataError, TempcalError
 from .metrics.calibration import DEFAULT_BINS
+
+try:  # scikit-learn >= 1.6
+    from sklearn.utils.validation import validate_data as _sklearn_validate_data  # type: ignore[import-untyped]
+except ImportError:  # scikit-learn 1.3 to 1.5: the estimator's own _validate_data
+    _sklearn_validate_data = None
 
 #: Rows per chunk of ``predict_proba`` are cut to about this many probabilities (float64 work space).
 CHUNK_ELEMENTS = 1 << 18
+#: Rows per chunk of the NaN / +inf check of ``transform`` and ``predict`` (one bool per logit).
+CHECK_ELEMENTS = 1 << 24
+#: Float dtypes that numpy input keeps (float16 is divided in float32 and returned as float16); others become float64.
+FLOAT_DTYPES = (np.float64, np.float32, np.float16)
+#: scikit-learn's sentinel for "no y to validate".
+NO_Y = "no_validation"
 
 
-class TemperatureScaler(BaseEstimator):
+# auto_wrap_output_keys=None: transform's output is never rewrapped by set_output (a tensor in gives a tensor out).
+class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
+                        auto_wrap_output_keys=None):  # type: ignore[call-arg]
     """Post-hoc temperature scaling: fit T on held-out logits, then divide logits by T.
 
-    Inputs are logits ``[N, C]`` (or ``[N]`` / ``[N, 1]``: one binary logit, sigmoid) as numpy
-    arrays, lists or torch tensors, and integer labels ``[N]``. Outputs follow the input: a
-    torch tensor in gives a torch tensor out (same device), anything else gives numpy.
+    A scikit-learn classifier and transformer whose input ``X`` holds logits: ``[N, C]``, or
+    ``[N]`` / ``[N, 1]`` for one binary logit per sample (sigmoid; the logit of ``classes_[1]``),
+    as numpy arrays, lists, pandas frames or torch tensors; ``y`` holds the labels ``[N]``.
+    Outputs follow the input: a torch tensor in gives a torch tensor out (same device; ``predict``
+    gives numpy when the labels are strings), anything else gives numpy. ``-inf`` logits mark
+    impossible classes and are allowed; NaN and ``+inf`` are refused (``ValueError``).
+
+    Labels and ``classes_``: logit column ``j`` belongs to class ``classes_[j]``, and ``classes_``
+    has one entry per column (two for one binary logit). ``fit`` decides them from ``y`` by one rule:
+
+    * numeric labels that are all whole numbers in ``0..C-1`` (C columns; 0..1 for one binary
+      logit) are column indices, and ``classes_ = arange(C)`` in ``y``'s dtype (widened if it
+      cannot hold ``C - 1``), whether or not every class occurs in ``y``: a validation set may
+      lack a class;
+    * any other labels (strings, booleans, negative numbers, numbers past ``C - 1`` such as
+      ``{10, 20, 30}``; one such label in ``y`` is enough) are sorted, ``classes_ = unique(y)``,
+      and column ``j`` is the ``j``-th smallest label; there must then be exactly C distinct
+      labels, since with fewer it is unknown which column belongs to which label (code such
+      labels as ``0..C-1`` when a class may be absent).
+
+    So labels ``{1, 2, 3}`` over 3 columns are sorted labels (column 0 is class 1), while labels
+    ``{1, 2}`` over 3 columns are column indices (column 0 is a class absent from ``y``).
+    ``predict`` returns labels from ``classes_``, ``predict_proba``'s columns follow ``classes_``,
+    and ``score`` accepts only labels in ``classes_``.
 
     Example (overconfident logits: three times the scale the labels were drawn at):
 
@@ -53,6 +90,15 @@ class TemperatureScaler(BaseEstimator):
     >>> clone(scaler).get_params()
     {'bins': 15, 'device': 'cpu', 'objective': 'nll'}
 
+    Labels that are not column indices are kept in ``classes_`` and returned by ``predict``:
+
+    >>> names = np.array(["ant", "bee", "cat", "dog", "eel"])
+    >>> named = TemperatureScaler().fit(logits, names[labels])
+    >>> named.classes_.tolist(), named.temperature_ == scaler.temperature_
+    (['ant', 'bee', 'cat', 'dog', 'eel'], True)
+    >>> named.predict(np.array([[0.0, 0.0, 5.0, 0.0, 0.0]])).tolist()
+    ['cat']
+
     Parameters
     ----------
     objective : ``"nll"`` (default) minimises the mean NLL; ``"ece"`` the binned ECE.
@@ -65,7 +111,8 @@ class TemperatureScaler(BaseEstimator):
     n_passes_ : passes over the data the fit took (the validating scan included).
     converged_ : whether the fit met its tolerance.
     n_features_in_ : logit columns seen in ``fit`` (1 for a single binary logit).
-    classes_ : ``arange(C)`` (``[0, 1]`` for a single binary logit).
+    feature_names_in_ : column names, when ``fit`` was given a pandas frame with string column names.
+    classes_ : the label of each logit column (see above).
     fit_result_ : the full :class:`~tempcal.core.fitting.FitResult` (objective value, bound, warnings).
     """
 
@@ -74,41 +121,43 @@ class TemperatureScaler(BaseEstimator):
         self.bins = bins
         self.device = device
 
-    def fit(self, logits: Any, labels: Any) -> "TemperatureScaler":
-        """Fit T on ``logits`` and ``labels``; warnings of the fit (e.g. T at a bound) are issued as ``UserWarning``."""
+    def fit(self, X: Any, y: Any) -> "TemperatureScaler":
+        """Fit T on logits ``X`` and labels ``y`` (``classes_`` by the rule above).
+
+        Warnings of the fit (e.g. T at a bound) are issued as ``UserWarning``.
+        """
         if self.objective not in ("nll", "ece"):
             raise TempcalError(f"objective must be 'nll' or 'ece', got {self.objective!r}")
         if isinstance(self.bins, bool) or not isinstance(self.bins, (int, np.integer)) or self.bins < 1:
             raise TempcalError(f"bins must be an integer >= 1, got {self.bins!r}")
-        z = _as_tensor(logits)
-        result: FitResult = fit_temperature(z, _as_tensor(labels), objective=self.objective, bins=int(self.bins),
-                                            device=self.device)
+        z, _, labels = self._validate(X, y, reset=True, min_samples=2)
+        check_classification_targets(labels)
+        classes, codes = _column_of_each_label(labels, self.n_features_in_)
+        result: FitResult = fit_temperature(z, _as_tensor(codes), objective=self.objective,
+                                            bins=int(self.bins), device=self.device)
         for message in result.warnings:
             warnings.warn(message, UserWarning, stacklevel=2)
         self.temperature_ = float(result.temperature)
         self.n_passes_ = int(result.passes)
         self.converged_ = bool(result.converged)
-        self.n_features_in_ = 1 if z.dim() == 1 else int(z.shape[1])
-        self.classes_ = np.arange(max(self.n_features_in_, 2))
+        self.classes_ = classes
         self.fit_result_ = result
         return self
 
-    def transform(self, logits: Any) -> Any:
-        """``logits / T`` in the input's float dtype (float16/bfloat16 divided in float32; integers become float64)."""
-        z, is_torch = self._check(logits)
-        if z.is_floating_point():
-            scaled = (z.to(torch.promote_types(z.dtype, torch.float32)) / self.temperature_).to(z.dtype)
-        else:
-            scaled = z.to(torch.float64) / self.temperature_
-        return _out(scaled, is_torch)
+    def transform(self, X: Any) -> Any:
+        """``X / T`` in the input's float dtype and shape (float16/bfloat16 divided in float32; integers: float64)."""
+        z, is_torch, shape = self._logits(X)
+        scaled = (z.to(torch.promote_types(z.dtype, torch.float32)) / self.temperature_).to(z.dtype)
+        return _out(scaled.reshape(shape), is_torch)
 
-    def predict_proba(self, logits: Any) -> Any:
-        """``softmax(logits / T)`` ``[N, C]`` (``[N, 2]`` = ``[1 - sigmoid, sigmoid]`` for one binary logit).
+    def predict_proba(self, X: Any) -> Any:
+        """``softmax(X / T)`` ``[N, C]``, columns in the order of ``classes_`` (``[N, 2]`` = ``[1 - sigmoid, sigmoid]``
+        for one binary logit).
 
         Computed in float64 chunk by chunk; returned as float64 numpy, or as a tensor in the
         input's dtype promoted to at least float32.
         """
-        z, is_torch = self._check(logits)
+        z, is_torch, _ = self._logits(X)
         binary = self.n_features_in_ == 1
         z = z.reshape(-1) if binary else z
         rows = int(z.shape[0])
@@ -124,23 +173,23 @@ class TemperatureScaler(BaseEstimator):
             out[start : start + step] = p.to(out_dtype)
         return _out(out, is_torch)
 
-    def predict(self, logits: Any) -> Any:
-        """The predicted class: arg-max (the first on ties); for one binary logit, 1 when ``logit >= 0``.
+    def predict(self, X: Any) -> Any:
+        """The label of the arg-max column (the first on ties); one binary logit: ``classes_[1]`` when ``logit >= 0``.
 
         T > 0 does not change it; it is here for scikit-learn pipelines.
         """
-        z, is_torch = self._check(logits)
-        binary = self.n_features_in_ == 1
-        predicted = (z.reshape(-1) >= 0).to(torch.int64) if binary else torch.argmax(z, dim=1)
-        return _out(predicted, is_torch)
+        z, is_torch, _ = self._logits(X)
+        column = (z[:, 0] >= 0).to(torch.int64) if self.n_features_in_ == 1 else torch.argmax(z, dim=1)
+        if is_torch and self.classes_.dtype.kind in "biuf":
+            with_labels = _numeric_table(self.classes_)
+            if with_labels is not None:
+                return with_labels.to(column.device)[column]
+        return self.classes_[column.cpu().numpy()]
 
-    def score(self, logits: Any, labels: Any) -> float:
-        """Minus the mean NLL of ``softmax(logits / T)`` (higher is better, as scikit-learn expects)."""
-        from .core.data import as_logits_data
-        from .core.scan import Scan
-
-        z, _ = self._check(logits)
-        scan = Scan(as_logits_data(z, _as_tensor(labels)), device=self.device)
+    def score(self, X: Any, y: Any) -> float:
+        """Minus the mean NLL of ``softmax(X / T)`` on labels ``y`` (higher is better, as scikit-learn expects)."""
+        z, _, labels = self._validate(X, y, reset=False)
+        scan = Scan(as_logits_data(z, _as_tensor(self._columns(labels))), device=self.device)
         return -scan.objective(1.0 / self.temperature_).nll
 
     def to_module(self) -> "TemperatureScaling":
@@ -148,27 +197,139 @@ class TemperatureScaler(BaseEstimator):
         check_is_fitted(self, "temperature_")
         return TemperatureScaling(self.temperature_)
 
-    def _check(self, logits: Any) -> tuple[torch.Tensor, bool]:
-        """The logits as a tensor, after checking the scaler is fitted and the columns match ``fit``."""
-        check_is_fitted(self, "temperature_")
-        z = _as_tensor(logits)
-        columns = 1 if z.dim() == 1 else (int(z.shape[1]) if z.dim() == 2 else -1)
-        if columns != self.n_features_in_ or (z.dim() == 1 and self.n_features_in_ != 1):
-            expected = "[N] or [N, 1] (one binary logit)" if self.n_features_in_ == 1 else f"[N, {self.n_features_in_}]"
-            raise TempcalError(f"logits have shape {list(z.shape)}; this scaler was fitted on {expected}")
-        return z, isinstance(logits, torch.Tensor)
+    def __sklearn_tags__(self):  # scikit-learn >= 1.6
+        tags = super().__sklearn_tags__()
+        tags.transformer_tags.preserves_dtype = ["float64", "float32", "float16"]
+        return tags
+
+    def _more_tags(self) -> dict[str, Any]:  # scikit-learn < 1.6
+        return {"preserves_dtype": [np.float64, np.float32, np.float16]}
+
+    # -- input checks ---------------------------------------------------------------------------------
+
+    def _validate(self, X: Any, y: Any = NO_Y, *, reset: bool, min_samples: int = 1
+                  ) -> tuple[torch.Tensor, bool, Any]:
+        """X as a float tensor ``[N, F]`` (the input's memory where it can be), whether X was 1-D, and y as numpy.
+
+        scikit-learn's ``validate_data`` checks X and y and keeps ``n_features_in_``. A tensor keeps
+        its device and dtype: scikit-learn checks a stand-in of the tensor's shape that holds no memory
+        (every stride 0). Values are not checked here: ``-inf`` is a valid logit; NaN and ``+inf`` are
+        refused by ``fit``'s scan and by :meth:`_logits`.
+        """
+        if not reset:
+            check_is_fitted(self, "temperature_")
+        if isinstance(y, torch.Tensor):
+            y = y.detach().cpu().numpy()
+        is_torch = isinstance(X, torch.Tensor)
+        if not hasattr(X, "shape"):  # a list or another array-like: as an array, its shape tells 1-D from 2-D
+            X = np.asarray(X)
+        one_d = len(X.shape) == 1 and (reset or self.n_features_in_ == 1)
+        if one_d:  # one binary logit per sample
+            X = X.reshape(-1, 1) if is_torch else np.reshape(np.asarray(X), (-1, 1))
+        if is_torch:
+            _check_tensor_form(X)
+            stand_in = np.lib.stride_tricks.as_strided(np.zeros(1), shape=tuple(X.shape), strides=(0, 0))
+            checked = _validate_data(self, stand_in, y, reset=reset, ensure_min_samples=min_samples, dtype=None)
+            z = X if X.is_floating_point() else X.to(torch.float64)
+        else:
+            checked = _validate_data(self, X, y, reset=reset, ensure_min_samples=min_samples, dtype=FLOAT_DTYPES)
+            z = _as_tensor(checked if y is NO_Y else checked[0])
+        return z, one_d, (None if y is NO_Y else checked[1])
+
+    def _logits(self, X: Any) -> tuple[torch.Tensor, bool, tuple[int, ...]]:
+        """X checked against the fit (fitted, same columns, no NaN or +inf): ``[N, F]``, whether it was a tensor,
+        and the shape to give a result of X's own shape."""
+        z, one_d, _ = self._validate(X, reset=False)
+        _refuse_nan_and_posinf(z)
+        return z, isinstance(X, torch.Tensor), (z.shape[0],) if one_d else tuple(z.shape)
+
+    def _columns(self, labels: np.ndarray) -> np.ndarray:
+        """The column of each label (int64), for labels of ``classes_``."""
+        classes = self.classes_
+        try:
+            columns = np.minimum(np.searchsorted(classes, labels), len(classes) - 1)
+            unknown = classes[columns] != labels
+        except TypeError as error:  # e.g. string labels for numeric classes_
+            raise TempcalError(f"y's labels ({labels.dtype}) cannot be compared with classes_ ({classes.dtype})"
+                               ) from error
+        if bool(np.any(unknown)):
+            first = int(np.flatnonzero(unknown)[0])
+            label = labels[first : first + 1].tolist()[0]
+            raise TempcalError(f"y holds {int(np.sum(unknown))} label(s) not in classes_; first: {label!r} "
+                               f"at index {first}")
+        return columns.astype(np.int64, copy=False)
 
 
-def _as_tensor(x: Any) -> torch.Tensor:
-    """A tensor view of a tensor, numpy array or nested list (numpy arrays in native byte order)."""
-    if isinstance(x, torch.Tensor):
-        return x
-    array = np.asarray(x)
+def _validate_data(estimator: BaseEstimator, X: Any, y: Any, **check_params: Any) -> Any:
+    """scikit-learn's ``validate_data`` (>= 1.6) or the method it replaced, without the finiteness check."""
+    if _sklearn_validate_data is not None:
+        return _sklearn_validate_data(estimator, X, y, ensure_all_finite=False, **check_params)
+    return estimator._validate_data(X, y, force_all_finite=False, **check_params)
+
+
+def _check_tensor_form(x: torch.Tensor) -> None:
+    """What the stand-in of a tensor cannot show scikit-learn: its layout, complex values, a shape other than 2-D."""
+    if x.layout != torch.strided:
+        raise TypeError(f"Sparse data was passed for X ({x.layout}), but dense data is required; "
+                        "use .to_dense() to convert it")
+    if x.is_complex():
+        raise ValueError("Complex data not supported")
+    if x.dim() != 2:
+        raise ValueError(f"Expected a 2D tensor [n_samples, n_features], got shape {list(x.shape)}. Reshape your "
+                         "data either using X.reshape(-1, 1) if your data has a single feature or X.reshape(1, -1) "
+                         "if it contains a single sample.")
+
+
+def _column_of_each_label(y: np.ndarray, n_features: int) -> tuple[np.ndarray, np.ndarray]:
+    """``classes_`` and the column of each label (int64), by the rule in :class:`TemperatureScaler`'s docstring."""
+    n_classes = max(n_features, 2)
+    # check_classification_targets has refused non-integral floats: numeric labels here are whole numbers
+    if y.dtype.kind in "iuf" and y.min() >= 0 and y.max() < n_classes:
+        dtype = np.result_type(y.dtype, np.min_scalar_type(n_classes - 1))  # y's dtype, widened to hold C - 1
+        return np.arange(n_classes).astype(dtype), y.astype(np.int64, copy=False)
+    classes, columns = np.unique(y, return_inverse=True)
+    columns = columns.reshape(-1).astype(np.int64, copy=False)
+    logits = "one binary logit" if n_features == 1 else "logit columns"
+    if len(classes) > n_classes:
+        raise TempcalError(f"y has {len(classes)} classes, but X has {n_features} feature(s) ({logits}) for "
+                           f"{n_classes} classes")
+    if len(classes) < n_classes:
+        raise TempcalError(f"y has {len(classes)} distinct labels for X's {n_features} feature(s) ({logits}, "
+                           f"{n_classes} classes) and they are not all column indices 0..{n_classes - 1}, so which "
+                           "column belongs to which class is unknown; code the labels as 0..C-1 when a class is "
+                           "absent")
+    return classes, columns
+
+
+def _numeric_table(classes: np.ndarray) -> torch.Tensor | None:
+    """``classes_`` as a tensor, for ``predict`` to return labels on the input's device; None for dtypes torch lacks."""
+    try:
+        return torch.from_numpy(classes)
+    except TypeError:
+        return None
+
+
+def _refuse_nan_and_posinf(z: torch.Tensor) -> None:
+    """Refuse NaN and +inf logits (``ValueError``, as scikit-learn expects); ``-inf`` marks an impossible class."""
+    step = max(1, CHECK_ELEMENTS // max(1, int(z.shape[1])))
+    for start in range(0, int(z.shape[0]), step):
+        chunk = z[start : start + step]
+        for name, bad in (("NaN", torch.isnan(chunk)), ("+inf", torch.isposinf(chunk))):
+            rows = bad.any(1)
+            if bool(rows.any()):
+                first = start + int(rows.nonzero()[0, 0])
+                raise DataError(f"Input X contains {name} (first in row {first}); only -inf logits are allowed")
+
+
+def _as_tensor(array: np.ndarray) -> torch.Tensor:
+    """A tensor on the memory of a checked array (copied only to make it C-contiguous in native byte order)."""
+    array = np.ascontiguousarray(array)
     if not array.dtype.isnative:
         array = array.astype(array.dtype.newbyteorder("="))
-    if array.dtype.kind not in "biuf":
-        raise TempcalError(f"expected a numeric array, got dtype {array.dtype}")
-    return torch.from_numpy(np.ascontiguousarray(array))
+    with warnings.catch_warnings():
+        # A read-only array (a memory-mapped file, joblib's workers) is only ever read here.
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
+        return torch.from_numpy(array)
 
 
 def _out(result: torch.Tensor, is_torch: bool) -> Any:
