@@ -6,7 +6,6 @@ estimator checks except the few that cannot apply to a scaler of logits (listed 
 :class:`TemperatureScaling` divides logits by a fitted T inside a model.
 """
 
-import math
 import os
 import warnings
 from typing import Any
@@ -22,6 +21,7 @@ from .core.fitting import FitResult, fit_temperature
 from .core.scan import Scan
 from .errors import DataError, TempcalError
 from .metrics.calibration import DEFAULT_BINS
+from .validation import as_temperature
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _sklearn_validate_data  # type: ignore[import-untyped]
@@ -361,9 +361,7 @@ class TemperatureScaling(torch.nn.Module):
 
     def __init__(self, temperature: float = 1.0):
         super().__init__()
-        value = float(temperature)
-        if not (math.isfinite(value) and value > 0):
-            raise TempcalError(f"temperature must be a positive number, got {temperature!r}")
+        value = as_temperature(temperature)
         # float32: every accelerator has it (MPS has no float64), and it resolves T to 6e-8.
         self.register_buffer("temperature", torch.tensor(value, dtype=torch.float32))
 
