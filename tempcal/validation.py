@@ -130,6 +130,17 @@ def check_bins(bins: object) -> int:
     return whole_number(bins, "bins")
 
 
+def check_confidences(confidence: Any) -> None:
+    """Per-sample confidences (a float64 numpy array) must lie in [0, 1]: the count and the first bad index."""
+    import numpy as np
+
+    bad = ~((confidence >= 0) & (confidence <= 1))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise TempcalError(f"{int(bad.sum())} confidences outside [0, 1]; first at index {first} "
+                           f"({confidence[first]!r})")
+
+
 # -- labels -------------------------------------------------------------------------------
 def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name: str = "labels",
                  logits_name: str = "logits") -> torch.Tensor:
@@ -159,6 +170,6 @@ def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name
     return y.to(torch.int64)
 
 
-__all__ = ["IGNORE_INDEX", "TEMPERATURE_KEY", "as_temperature", "check_bins", "check_labels", "check_taus",
-           "format_temperature", "is_fitted", "parse_tau", "positive_number", "resolve_taus", "stored_temperature",
-           "whole_number"]
+__all__ = ["IGNORE_INDEX", "TEMPERATURE_KEY", "as_temperature", "check_bins", "check_confidences", "check_labels",
+           "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number", "resolve_taus",
+           "stored_temperature", "whole_number"]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 from enum import Enum
-from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
@@ -106,17 +105,13 @@ def parse_estimators(text: str | None) -> list[str]:
 def check_outputs(outputs: dict[str, str | None], inputs: list[str]) -> None:
     """Refuse, before any work, an output that is a folder, lies in no folder, or would overwrite an input or
     another output; ``--plot`` must also name a picture format that can be drawn."""
+    from ..io.atomic import check_destination
     from ..output.plots import check_plot_path
 
     given = [(flag, path) for flag, path in outputs.items() if path is not None and path != "-"]
     for k, (flag, path) in enumerate(given):
-        target = Path(path)
-        if target.is_dir():
-            raise TempcalError(f"{flag} {path}: is a folder")
-        folder = target.parent if str(target.parent) else Path(".")
-        if not folder.is_dir():
-            raise TempcalError(f"{flag} {path}: folder {folder} does not exist")
-        real = os.path.realpath(target)
+        check_destination(path, f"{flag} {path}")
+        real = os.path.realpath(path)
         for name in inputs:
             if os.path.realpath(name) == real:
                 raise TempcalError(f"{flag} {path}: would overwrite the input file {name}")

@@ -8,8 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
-from ..validation import IGNORE_INDEX
-from ..validation import check_taus
+from ..validation import IGNORE_INDEX, check_taus
 from .main import app, deliver, start
 from .options import (
     BatchSize,

@@ -42,6 +42,17 @@ def destination_of(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(shown)) if shown.is_symlink() else shown
 
 
+def check_destination(path: str | os.PathLike, label: str) -> Path:
+    """A file can be written at ``path``: it is not a folder, and its folder exists. Returns that folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise TempcalError(f"{label}: is a folder")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise TempcalError(f"{label}: folder {folder} does not exist")
+    return folder
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None,
                 refuse_read_only: bool = False,
@@ -55,11 +66,7 @@ def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | No
     """
     label = f"{what} {path}" if what else str(path)
     destination = destination_of(path)
-    if destination.is_dir():
-        raise TempcalError(f"{label}: is a folder")
-    folder = destination.parent if str(destination.parent) else Path(".")
-    if not folder.is_dir():
-        raise TempcalError(f"{label}: folder {folder} does not exist")
+    folder = check_destination(destination, label)
     if refuse_read_only:
         _refuse_read_only(destination, folder, label)
     _sweep_stale_temporaries(folder, destination.name)
@@ -193,4 +200,5 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
-__all__ = ["atomic_path", "destination_of", "write_atomic", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["atomic_path", "check_destination", "destination_of", "write_atomic", "write_bytes_atomic",
+           "write_text_atomic"]

@@ -19,7 +19,7 @@ import torch
 
 from ..core.scan import Scan
 from ..errors import TempcalError
-from ..validation import as_temperature, check_bins, whole_number
+from ..validation import as_temperature, check_bins, check_confidences, whole_number
 from .estimators import equal_width_index
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
@@ -100,10 +100,7 @@ def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarra
                            f"correctness flags, {nll.size} NLL values")
     if c.size == 0:
         raise TempcalError("the bootstrap needs at least one sample, got 0")
-    bad = ~((c >= 0) & (c <= 1))
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise TempcalError(f"{int(bad.sum())} confidences outside [0, 1]; first at index {first} ({c[first]!r})")
+    check_confidences(c)
     bad = ~np.isfinite(nll)
     if bad.any():
         first = int(np.flatnonzero(bad)[0])

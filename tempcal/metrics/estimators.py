@@ -25,7 +25,7 @@ import torch
 
 from ..core.scan import CalibrationSums, ClasswiseSums, Scan, bin_edges
 from ..errors import TempcalError
-from ..validation import as_temperature, check_bins
+from ..validation import as_temperature, check_bins, check_confidences
 
 #: The names :func:`estimators_for` accepts, in the order they are reported.
 ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")
@@ -52,10 +52,7 @@ def _per_sample(confidence, correct) -> tuple[np.ndarray, np.ndarray]:
         raise TempcalError(f"confidence has {c.size} values but correct has {k.size}")
     if c.size == 0:
         raise TempcalError("calibration estimators need at least one sample, got 0")
-    bad = ~((c >= 0) & (c <= 1))
-    if bad.any():
-        first = int(np.flatnonzero(bad)[0])
-        raise TempcalError(f"{int(bad.sum())} confidences outside [0, 1]; first at index {first} ({c[first]!r})")
+    check_confidences(c)
     order = np.lexsort((k, c))
     return c[order], k[order]
 
