@@ -16,6 +16,10 @@ from .options import (
     ChunkRows,
     Device,
     Estimators,
+    Head,
+    HeadBiasKey,
+    HeadWeightKey,
+    HiddenKey,
     IgnoreIndex,
     Inputs,
     InputsKey,
@@ -30,6 +34,7 @@ from .options import (
     Quiet,
     SaveLogits,
     Seed,
+    Softcap,
     Source,
     check_outputs,
     is_model_source,
@@ -62,6 +67,11 @@ def fit(
     probs: Probs = False,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
+    head: Head = None,
+    hidden_key: HiddenKey = "hidden",
+    head_weight_key: HeadWeightKey = "weight",
+    head_bias_key: HeadBiasKey = "bias",
+    softcap: Softcap = None,
     ignore_index: IgnoreIndex = IGNORE_INDEX,
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
@@ -85,9 +95,7 @@ def fit(
     from ..workflows.fit import fit_file, write_back
 
     device = start(device)
-    options = source_options(logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index,
-                             inputs=inputs, inputs_key=inputs_key, batch_size=batch_size, output_key=output_key,
-                             device=device, progress=json_out != "-" and not quiet)
+    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed, objective=objective.value,
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
                       bootstrap=bootstrap, options=options)

@@ -13,6 +13,10 @@ from .options import (
     BatchSize,
     ChunkRows,
     Device,
+    Head,
+    HeadBiasKey,
+    HeadWeightKey,
+    HiddenKey,
     Inputs,
     InputsKey,
     JsonOut,
@@ -22,6 +26,7 @@ from .options import (
     Plot,
     Probs,
     Quiet,
+    Softcap,
     Source,
     Tau,
     check_outputs,
@@ -55,6 +60,11 @@ def ood(
     probs: Probs = False,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
+    head: Head = None,
+    hidden_key: HiddenKey = "hidden",
+    head_weight_key: HeadWeightKey = "weight",
+    head_bias_key: HeadBiasKey = "bias",
+    softcap: Softcap = None,
     inputs: Inputs = None,
     ood_inputs: Annotated[Optional[list[str]], typer.Option(
         "--ood-inputs", metavar="DATA", help="OOD inputs for a model SOURCE ('inputs'; labels optional); repeatable.")
@@ -89,9 +99,7 @@ def ood(
     from ..workflows.ood import ood_file
 
     device = start(device)
-    options = source_options(logits_key=logits_key, labels_key=labels_key, probs=probs, inputs=inputs,
-                             inputs_key=inputs_key, batch_size=batch_size, output_key=output_key, device=device,
-                             progress=json_out != "-" and not quiet)
+    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     scores = ["msp", "energy"] if score is ScoreChoice.both else [score.value]
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
                       chunk_rows=chunk_rows, odin_eps=odin_eps, options=options)

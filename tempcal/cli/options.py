@@ -12,7 +12,6 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
-from ..validation import IGNORE_INDEX
 
 
 class Objective(str, Enum):
@@ -43,6 +42,19 @@ OutputKey = Annotated[Optional[str], typer.Option(
 SaveLogits = Annotated[Optional[str], typer.Option(
     "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file.")]
 
+# -- hidden states and an output head -------------------------------------------------------
+Head = Annotated[Optional[str], typer.Option(
+    "--head", metavar="HEAD", help="Output layer (.safetensors with 'weight' [V, d], 'bias' optional, or a Hugging "
+    "Face model folder): SOURCE then holds hidden states, and logits are computed block by block.")]
+HiddenKey = Annotated[str, typer.Option("--hidden-key", help="Tensor holding the hidden states [N, d] or [B, L, d] "
+                                        "(with --head).")]
+HeadWeightKey = Annotated[str, typer.Option("--head-weight-key", help="Tensor of a HEAD file holding the weight "
+                                            "[V, d].")]
+HeadBiasKey = Annotated[str, typer.Option("--head-bias-key", help="Tensor of a HEAD file holding the bias [V] "
+                                          "(optional).")]
+Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help="Cap the logits as C * tanh(z / C) "
+                                                  "(replaces the HEAD config's final_logit_softcapping).")]
+
 # -- what to compute ------------------------------------------------------------------------
 Tau = Annotated[Optional[list[str]], typer.Option(
     "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.")]
@@ -64,16 +76,21 @@ Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH",
 Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only warnings and errors.")]
 
 
-def source_options(*, logits_key: str = "logits", labels_key: str = "labels", probs: bool = False,
-                   ignore_index: int | None = IGNORE_INDEX, inputs: str | None = None, inputs_key: str = "inputs",
-                   batch_size: int = 512, output_key: str | None = None, device: str = "auto",
-                   progress: bool = False) -> Any:
-    """The options of every kind of SOURCE, as the API takes them."""
+def source_options(values: dict[str, Any], **overrides: Any) -> Any:
+    """The options of every kind of SOURCE, as the API takes them, from a command's parameter ``values``
+    (``locals()``: the ones named like ``SourceOptions`` fields are taken) and ``overrides``."""
+    from dataclasses import fields
+
     from ..sources.base import SourceOptions
 
-    return SourceOptions(logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index,
-                         inputs=inputs, inputs_key=inputs_key, batch_size=batch_size, output_key=output_key,
-                         device=device, progress=progress)
+    chosen = {f.name: values[f.name] for f in fields(SourceOptions) if f.name in values}
+    chosen.update(overrides)
+    if chosen.get("head") is None and chosen.get("softcap") is not None:
+        raise TempcalError("--softcap applies to logits computed with --head")
+    if chosen.get("head") is not None and chosen.get("inputs") is not None:
+        raise TempcalError("--head computes logits from hidden states; a model SOURCE with --inputs computes them "
+                           "itself: give one or the other")
+    return SourceOptions(**chosen)
 
 
 def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:
@@ -122,7 +139,35 @@ def check_outputs(outputs: dict[str, str | None], inputs: list[str]) -> None:
             check_plot_path(path)
 
 
-__all__ = ["Bins", "Bootstrap", "ChunkRows", "Device", "Estimators", "IgnoreIndex", "Inputs", "InputsKey",
-           "JsonOut", "LabelsKey", "LogitsKey", "Markdown", "Objective", "OutputKey", "Plot", "Probs", "Quiet",
-           "SaveLogits", "Seed", "Source", "Tau", "check_outputs", "is_model_source", "parse_estimators",
-           "source_options"]
+__all__ = [
+    "Bins",
+    "Bootstrap",
+    "ChunkRows",
+    "Device",
+    "Estimators",
+    "Head",
+    "HeadBiasKey",
+    "HeadWeightKey",
+    "HiddenKey",
+    "IgnoreIndex",
+    "Inputs",
+    "InputsKey",
+    "JsonOut",
+    "LabelsKey",
+    "LogitsKey",
+    "Markdown",
+    "Objective",
+    "OutputKey",
+    "Plot",
+    "Probs",
+    "Quiet",
+    "SaveLogits",
+    "Seed",
+    "Softcap",
+    "Source",
+    "Tau",
+    "check_outputs",
+    "is_model_source",
+    "parse_estimators",
+    "source_options",
+]

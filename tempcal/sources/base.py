@@ -42,6 +42,12 @@ class SourceOptions:
     output_key: str | int | None = None
     device: str = "auto"
     progress: Any = False  # True, False, or a rich Console for the model's progress bar
+    # Hidden states and an output head: the head's file or folder, and the tensor names.
+    head: str | None = None
+    hidden_key: str = "hidden"
+    head_weight_key: str = "weight"
+    head_bias_key: str = "bias"
+    softcap: float | None = None
 
     def but(self, **changes: Any) -> SourceOptions:
         """A copy with ``changes``."""

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..errors import TempcalError
 from .base import OpenedSource, SourceKind, SourceOptions
+from .head import HeadKind
 from .model import ModelKind
 from .numpy import NpyKind, NpzKind
 from .safetensors import SafetensorsKind
@@ -21,6 +22,7 @@ from .torch_dict import TorchDictKind
 
 #: Every kind of SOURCE, in the order they are asked whether they claim a SOURCE's paths.
 KINDS: list[SourceKind] = [
+    HeadKind(),
     ModelKind(),
     NpzKind(),
     NpyKind(),

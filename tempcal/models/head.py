@@ -1,0 +1,226 @@
+"""A language model's output layer read from a file, and the logits it gives for a block of hidden states.
+
+HEAD is a safetensors file (``weight`` [V, d], optional ``bias`` [V]) or a Hugging Face model folder
+(``config.json`` with ``model.safetensors`` or a sharded ``model.safetensors.index.json``). In a folder
+the weight is ``lm_head.weight`` (any prefix), else GPT-NeoX's ``embed_out.weight``, else, in a
+checkpoint with tied embeddings, the input embedding (``embed_tokens``, ``wte``, ``word_embeddings``,
+``embed_in``). ``config.json``'s ``logit_scale`` multiplies the logits (Cohere), ``logits_scaling``
+divides them (Granite), and ``final_logit_softcapping`` caps them as ``c * tanh(z / c)`` (Gemma 2),
+in that order, as the models do; a temperature applies after all of them.
+
+Logits are computed in float32 (float64 for float64 hidden states), never in a 16-bit storage
+dtype and without TF32: the weight stays in its stored dtype and is widened one vocabulary tile at
+a time, so memory holds the head once and a bounded block.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import DataError, TempcalError, param
+from ..io.safetensors_header import FLOAT_DTYPES, dtype_name, read_header, read_tensor, shown
+from ..validation import positive_number
+
+#: Vocabulary rows widened to the compute dtype at a time (a bounded block however large V is).
+TILE_ELEMENTS = 1 << 22
+#: Suffixes of input embeddings that tied checkpoints reuse as their output layer.
+TIED_EMBEDDINGS = ("embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight")
+
+
+@dataclass
+class OutputHead:
+    """``z = softcap(scale * (h W^T + b))``: the weight ``[V, d]`` in its stored dtype, and what follows it."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    scale: float = 1.0
+    softcap: float | None = None
+    name: str = "HEAD"
+
+    @property
+    def vocab(self) -> int:
+        return int(self.weight.shape[0])
+
+    @property
+    def width(self) -> int:
+        return int(self.weight.shape[1])
+
+    def to(self, device: torch.device) -> OutputHead:
+        """The head on ``device`` (the weight keeps its dtype)."""
+        bias = None if self.bias is None else self.bias.to(device)
+        return OutputHead(self.weight.to(device), bias, self.scale, self.softcap, self.name)
+
+    def logits(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile."""
+        dtype = out.dtype
+        h = h.to(dtype)
+        tile = max(1, TILE_ELEMENTS // max(self.width, 1))
+        with no_tf32():
+            for start in range(0, self.vocab, tile):
+                stop = min(start + tile, self.vocab)
+                w = self.weight[start:stop].to(dtype)
+                torch.matmul(h, w.T, out=out[:, start:stop])
+        if self.bias is not None:
+            out.add_(self.bias.to(dtype))
+        if self.scale != 1.0:
+            out.mul_(self.scale)
+        if self.softcap is not None:
+            out.div_(self.softcap).tanh_().mul_(self.softcap)
+        return out
+
+
+@contextlib.contextmanager
+def no_tf32() -> Iterator[None]:
+    """Full float32 matmuls on CUDA (TF32 would change the logits, and T, by about 1e-3 relative)."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: str = "bias",
+              softcap: float | None = None) -> OutputHead:
+    """The output layer in ``path`` (a safetensors file or a Hugging Face model folder), checked.
+
+    ``softcap`` (``--softcap``) replaces the configuration's ``final_logit_softcapping``.
+    """
+    path = Path(path)
+    head = _from_folder(path) if path.is_dir() else _from_file(path, weight_key, bias_key)
+    if softcap is not None:
+        value = positive_number(softcap)
+        if value is None:
+            raise TempcalError(f"{param('softcap')} {softcap}: expected a number > 0")
+        head.softcap = value
+    _check_finite(head)
+    return head
+
+
+def _from_file(path: Path, weight_key: str, bias_key: str) -> OutputHead:
+    header = read_header(path)
+    weight = _weight(header, weight_key, param("head_weight_key"))
+    bias = None
+    if bias_key in header.tensors:
+        bias = read_tensor(header, bias_key, option=param("head_bias_key"))
+    return _checked(OutputHead(weight, bias, name=str(path)), bias_key)
+
+
+def _from_folder(folder: Path) -> OutputHead:
+    """A Hugging Face checkpoint: the output weight (or the tied embedding), its bias, and the config's scales."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise TempcalError(f"{folder}: no config.json; a HEAD folder is a Hugging Face model folder "
+                           "(config.json and model.safetensors)")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TempcalError(f"{config_path}: not readable JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise TempcalError(f"{config_path}: not a JSON object")
+    files = _weight_files(folder)
+    key = _output_key(files, config, folder)
+    weight = _weight(read_header(files[key]), key, param("head_weight_key"))
+    bias_key = key[: -len("weight")] + "bias" if key.endswith("lm_head.weight") else None
+    bias = read_tensor(read_header(files[bias_key]), bias_key, option="bias") if bias_key in files else None
+    text_config = config.get("text_config")  # multimodal checkpoints keep the language model's settings here
+    settings = {**(text_config if isinstance(text_config, dict) else {}),
+                **{k: v for k, v in config.items() if k != "text_config"}}
+    scale = _config_number(settings, "logit_scale", config_path) or 1.0
+    divisor = _config_number(settings, "logits_scaling", config_path)
+    if divisor:
+        scale /= divisor
+    softcap = _config_number(settings, "final_logit_softcapping", config_path)
+    head = OutputHead(weight, bias, scale, softcap, name=f"{folder} ({key})")
+    return _checked(head, "lm_head.bias")
+
+
+def _weight_files(folder: Path) -> dict[str, Path]:
+    """Every tensor name of the checkpoint and the file holding it."""
+    index = folder / "model.safetensors.index.json"
+    single = folder / "model.safetensors"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise TempcalError(f"{index}: not a safetensors index (no 'weight_map': {exc})") from None
+        if not isinstance(weight_map, dict):
+            raise TempcalError(f"{index}: 'weight_map' is not an object")
+        files = {}
+        for name, file in weight_map.items():
+            target = (folder / str(file)).resolve()
+            if target.parent != folder.resolve():
+                raise TempcalError(f"{index}: tensor {shown(name)} is in {shown(file)}, outside the folder")
+            files[str(name)] = target
+        return files
+    if single.is_file():
+        return dict.fromkeys(read_header(single).tensors, single)
+    raise TempcalError(f"{folder}: no model.safetensors or model.safetensors.index.json (tempcal reads "
+                       "safetensors checkpoints; save with save_pretrained(..., safe_serialization=True))")
+
+
+def _output_key(files: dict[str, Path], config: dict, folder: Path) -> str:
+    """The output layer's weight: ``lm_head.weight``, GPT-NeoX's ``embed_out.weight``, or the tied embedding."""
+    for suffix in ("lm_head.weight", "embed_out.weight"):
+        found = [k for k in files if k == suffix or k.endswith("." + suffix)]
+        if len(found) == 1:
+            return found[0]
+    tied = [k for k in files if any(k == s or k.endswith("." + s) for s in TIED_EMBEDDINGS)]
+    if len(tied) == 1 and config.get("tie_word_embeddings", True) is not False:
+        return tied[0]
+    present = ", ".join(shown(k) for k in list(files)[:12]) + (" ..." if len(files) > 12 else "")
+    raise TempcalError(f"{folder}: no output layer (lm_head.weight, or a tied input embedding "
+                       f"{'/'.join(TIED_EMBEDDINGS)}) among the checkpoint's tensors: {present}")
+
+
+def _weight(header, key: str, option: str) -> torch.Tensor:
+    if key in header.tensors and header.tensors[key].dtype not in FLOAT_DTYPES:
+        raise DataError(f"{header.path}: '{key}' has dtype {dtype_name(header.tensors[key].dtype)}; expected a "
+                        "float dtype")
+    return read_tensor(header, key, option=option)
+
+
+def _checked(head: OutputHead, bias_name: str) -> OutputHead:
+    if head.weight.dim() != 2 or head.weight.shape[0] < 2:
+        raise DataError(f"{head.name}: the weight has shape {list(head.weight.shape)}; expected [V, d] with V >= 2")
+    if head.bias is not None and (not head.bias.dtype.is_floating_point or list(head.bias.shape) != [head.vocab]):
+        raise DataError(f"{head.name}: '{bias_name}' has shape {list(head.bias.shape)} "
+                        f"({str(head.bias.dtype).removeprefix('torch.')}); expected float [{head.vocab}]")
+    return head
+
+
+def _config_number(config: dict, key: str, where: Path) -> float | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    number = positive_number(value) if not isinstance(value, bool) else None
+    if number is None:
+        raise TempcalError(f"{where}: '{key}' is {shown(value)}, not a positive number")
+    return number
+
+
+def _check_finite(head: OutputHead) -> None:
+    """A NaN or inf in the head would make every logit it touches meaningless: refuse it, naming the row."""
+    tile = max(1, TILE_ELEMENTS // max(head.width, 1))
+    for start in range(0, head.vocab, tile):
+        block = head.weight[start : start + tile]
+        bad = ~torch.isfinite(block).all(1)
+        if bool(bad.any()):
+            row = start + int(bad.nonzero()[0, 0])
+            raise DataError(f"{head.name}: the weight holds NaN or inf (vocabulary row {row})")
+    if head.bias is not None and not bool(torch.isfinite(head.bias).all()):
+        row = int((~torch.isfinite(head.bias)).nonzero()[0, 0])
+        raise DataError(f"{head.name}: the bias holds NaN or inf (entry {row})")
+    if not math.isfinite(head.scale):
+        raise DataError(f"{head.name}: the logit scale is not finite")
+
+
+__all__ = ["OutputHead", "load_head", "no_tf32"]

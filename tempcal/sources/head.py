@@ -1,0 +1,134 @@
+"""Hidden states and an output head as SOURCE (``--head``): logits computed a block at a time, never all held.
+
+SOURCE holds ``hidden`` ``[N, d]`` or ``[B, L, d]`` and ``labels`` (``--ignore-index`` skips rows), read
+in row chunks like a logits file (:mod:`tempcal.sources.safetensors`); every chunk's logits are
+``head.logits(h)`` (:mod:`tempcal.models.head`), so each pass over the data is one ``h W^T`` over all
+rows, and memory holds the head, the hidden states being read and one block of logits. T is written
+back into SOURCE's metadata, as for a logits file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS, MIN_CHUNK_ROWS
+from ..errors import DataError, TempcalError, param
+from ..io.safetensors_header import read_header
+from .base import OpenedSource, SourceOptions
+from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
+
+#: Logits per block: larger than for stored logits, since each block is also a matmul that wants many rows.
+HEAD_CHUNK_ELEMENTS = {"cpu": CPU_CHUNK_ELEMENTS * 8, "cuda": CUDA_CHUNK_ELEMENTS}
+
+
+class HeadLogits:
+    """The logits ``head(h)`` of hidden states read in row chunks: a ``LogitsSource`` whose chunks are computed."""
+
+    binary = False
+
+    def __init__(self, hidden: ShardedLogits, head: Any, clip: float | None = None):
+        self.hidden = hidden
+        self.head = head  # models.head.OutputHead
+        self.clip = clip  # ReAct: hidden values are clipped from above at this threshold
+        self._on: dict[torch.device, Any] = {}
+        self._buffer: torch.Tensor | None = None
+
+    @property
+    def labels(self) -> torch.Tensor:
+        return self.hidden.labels
+
+    @property
+    def num_samples(self) -> int:
+        return self.hidden.num_samples
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.vocab
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The logits' dtype: float64 for float64 hidden states, else float32 (never a 16-bit storage dtype)."""
+        return torch.float64 if self.hidden.dtype == torch.float64 else torch.float32
+
+    def numel(self) -> int:
+        return self.num_samples * self.num_classes
+
+    def original_index(self, i: int) -> int:
+        return self.hidden.original_index(i)
+
+    def select(self, rows: torch.Tensor) -> HeadLogits:
+        selected = HeadLogits(self.hidden.select(rows), self.head, self.clip)
+        selected._on = self._on
+        return selected
+
+    def default_chunk_rows(self, device: torch.device) -> int:
+        return max(MIN_CHUNK_ROWS, HEAD_CHUNK_ELEMENTS[device.type] // self.num_classes)
+
+    def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """``(position, logits, labels)`` per chunk: the logits computed in :attr:`dtype`, then given in ``dtype``."""
+        head = self._on.get(device)
+        if head is None:
+            head = self._on[device] = self.head.to(device)
+        for position, h, y in self.hidden.chunks(chunk_rows, device, self.dtype):
+            if self.clip is not None:
+                h = h.clamp_max(self.clip)
+            z = head.logits(h, self._block(h.shape[0], device))
+            yield position, (z if z.dtype == dtype else z.to(dtype)), y
+
+    def _block(self, rows: int, device: torch.device) -> torch.Tensor:
+        """One reused ``[rows, V]`` block (the caller is done with a chunk when it asks for the next)."""
+        need = rows * self.num_classes
+        if self._buffer is None or self._buffer.numel() < need or self._buffer.device != device:
+            self._buffer = torch.empty(need, dtype=self.dtype, device=device)
+        return self._buffer[:need].view(rows, self.num_classes)
+
+
+class HeadKind(SafetensorsKind):
+    """Hidden states in safetensors files with ``--head``; T goes into their metadata."""
+
+    name = "head"
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        return options.head is not None
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        from ..models.head import load_head
+
+        if options.probs:
+            raise TempcalError(f"{param('probs')} applies to logits; with {param('head')} tempcal computes them")
+        assert options.head is not None
+        head = load_head(options.head, weight_key=options.head_weight_key, bias_key=options.head_bias_key,
+                         softcap=options.softcap)
+        return self._open_with(head, paths, options, labels_optional)
+
+    def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
+        """Another hidden-states file through the head ``opened`` already loaded."""
+        from .registry import expand_sources
+
+        assert isinstance(opened.data, HeadLogits)
+        paths = expand_sources([other] if isinstance(other, (str, Path)) else list(other))
+        return self._open_with(opened.data.head, paths, opened.options, labels_optional)
+
+    def _open_with(self, head: Any, paths: list[Path], options: SourceOptions, labels_optional: bool) -> OpenedSource:
+        hidden, has_labels = open_sharded(paths, logits_key=options.hidden_key, labels_key=options.labels_key,
+                                          ignore_index=options.ignore_index, labels_optional=labels_optional)
+        width = 1 if hidden.binary else hidden.shards[0].width
+        if hidden.binary or width != head.width:
+            raise DataError(f"{paths[0]}: '{options.hidden_key}' has width d = {width} but {head.name} maps "
+                            f"d = {head.width} to {head.vocab} classes; the hidden states must be the head's input")
+        if has_labels and hidden.num_samples:
+            top = int(hidden.labels.max())
+            if top >= head.vocab:
+                first = int((hidden.labels >= head.vocab).nonzero()[0, 0])
+                raise DataError(f"{paths[0]}: label {top} is outside the vocabulary of {head.name} (V = {head.vocab}); "
+                                f"first at index {hidden.original_index(first)}")
+        stored = read_header(paths[0]).stored_temperature()
+        return OpenedSource(paths, HeadLogits(hidden, head), stored, self, options, has_labels=has_labels)
+
+
+__all__ = ["HeadKind", "HeadLogits"]
