@@ -1,4 +1,4 @@
-"""Independent reference implementations the tests compare tempcal against (float64, plain numpy/scipy)."""
+"""Independent reference implementations the tests compare tempcal against (float64 numpy/scipy, scikit-learn)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import numpy as np
 import torch
 from scipy.optimize import minimize_scalar
-from scipy.special import logsumexp
+from scipy.special import logsumexp, softmax
+from sklearn.metrics import average_precision_score, roc_auc_score
 
 
 def two_class(z: np.ndarray) -> np.ndarray:
@@ -82,16 +83,49 @@ def entropy(logits, temperature: float = 1.0) -> float:
     return float(np.mean(terms.sum(axis=1)))
 
 
-def miscalibrated(n: int, c: int, scale: float, *, seed: int = 0, dtype=torch.float32):
-    """Labels drawn from softmax(z); the logits handed out are scale * z, so T* is near ``scale``."""
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, c, dtype=torch.float64, generator=g) * 2
-    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
-    return (z * scale).to(dtype), y
+def reference_per_sample(logits: torch.Tensor, labels: torch.Tensor, tau: float):
+    """Per-sample confidence, correctness and NLL at ``tau``."""
+    z = logits.double().numpy() / tau
+    y = labels.numpy()
+    p = softmax(z, axis=1)
+    return p.max(1), p.argmax(1) == y, logsumexp(z, axis=1) - z[np.arange(len(y)), y]
 
 
-def miscalibrated_binary(n: int, scale: float, *, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, dtype=torch.float64, generator=g) * 2
-    y = torch.bernoulli(torch.sigmoid(z), generator=g).long()
-    return (z * scale).float(), y
+# -- out-of-distribution scores and detection figures, written from the contract's words ----------------
+
+
+def ref_msp(logits, tau: float) -> np.ndarray:
+    z = two_class(np.asarray(logits, dtype=np.float64)) / tau
+    return np.exp(z.max(axis=1) - logsumexp(z, axis=1))
+
+
+def ref_energy(logits, tau: float) -> np.ndarray:
+    z = two_class(np.asarray(logits, dtype=np.float64))
+    return tau * logsumexp(z / tau, axis=1)
+
+
+def ref_fpr95(id_scores, ood_scores) -> float:
+    """The threshold keeps 95% of ID: the largest s with mean(id >= s) >= 0.95; FPR95 = mean(ood >= s), ties in."""
+    id_scores, ood_scores = list(map(float, id_scores)), list(map(float, ood_scores))
+    threshold = None
+    for s in sorted(set(id_scores), reverse=True):
+        kept = sum(1 for v in id_scores if v >= s)
+        if 100 * kept >= 95 * len(id_scores):  # integers: no rounding at exactly 95%
+            threshold = s
+            break
+    return sum(1 for v in ood_scores if v >= threshold) / len(ood_scores)
+
+
+def ref_auroc(id_scores, ood_scores) -> float:
+    """Mann-Whitney: the chance an ID score beats an OOD score, ties counted half."""
+    a = np.asarray(id_scores, dtype=np.float64)[:, None]
+    b = np.asarray(ood_scores, dtype=np.float64)[None, :]
+    return float(np.mean((a > b) + 0.5 * (a == b)))
+
+
+def sk_figures(id_scores, ood_scores) -> dict[str, float]:
+    """AUROC, AUPR-In and AUPR-Out by scikit-learn, ID positive."""
+    y = np.r_[np.ones(len(id_scores)), np.zeros(len(ood_scores))]
+    s = np.r_[id_scores, ood_scores]
+    return {"auroc": roc_auc_score(y, s), "aupr_in": average_precision_score(y, s),
+            "aupr_out": average_precision_score(1 - y, -s)}

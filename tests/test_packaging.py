@@ -1,5 +1,8 @@
-"""The wheel: built from a copy of the source tree, it holds every module, py.typed and the console script,
-and installed on its own it imports and runs with the version defined once in tempcal/_version.py."""
+"""The wheel holds every module, py.typed and the console script, and runs on its own with the one version.
+
+Built from a copy of the source tree; installed on its own, it imports and runs with the version defined once in
+tempcal/_version.py.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +15,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SOURCE_VERSION = ast.literal_eval((ROOT / "tempcal" / "_version.py").read_text().split("=", 1)[1].strip())
 
 

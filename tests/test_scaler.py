@@ -12,13 +12,13 @@ import re
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
 import scipy.sparse
 import sklearn
 import torch
+from conftest import ROOT, miscalibrated, miscalibrated_binary
 from reference import ece_loop, nll_at, optimal_temperature, probabilities
 from safetensors.torch import save_file
 from scipy.special import expit
@@ -35,22 +35,19 @@ from tempcal.io.sidecar import write_sidecar
 from tempcal.io.writeback import write_temperature
 from tempcal.scaler import TemperatureScaler, TemperatureScaling
 
-ROOT = Path(__file__).resolve().parent.parent
 SKLEARN_VERSION = tuple(int(part) for part in sklearn.__version__.split(".")[:2])
 
 
-def overconfident(n: int = 800, c: int = 6, scale: float = 2.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, c, dtype=torch.float64, generator=g) * 2
-    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
-    return (scale * z).float().numpy(), y.numpy()
+def miscalibrated_arrays(n: int = 800, c: int = 6, scale: float = 2.5, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`miscalibrated` logits and labels as numpy arrays (float32, int64)."""
+    z, y = miscalibrated(n, c, scale, seed=seed)
+    return z.numpy(), y.numpy()
 
 
-def binary(n: int = 800, scale: float = 0.5, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, dtype=torch.float64, generator=g) * 2
-    y = torch.bernoulli(torch.sigmoid(z), generator=g).long()
-    return (scale * z).float().numpy(), y.numpy()
+def binary_arrays(n: int = 800, scale: float = 0.5, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`miscalibrated_binary` logits ([N]) and labels as numpy arrays (float32, int64)."""
+    z, y = miscalibrated_binary(n, scale, seed=seed)
+    return z.numpy(), y.numpy()
 
 
 def test_docstring_examples_run():
@@ -60,7 +57,7 @@ def test_docstring_examples_run():
 
 @pytest.mark.parametrize("as_torch", [False, True])
 def test_fit_matches_scipys_optimum(as_torch):
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     expected = optimal_temperature(z, y)
     inputs = (torch.from_numpy(z), torch.from_numpy(y)) if as_torch else (z, y.tolist())
     scaler = TemperatureScaler().fit(*inputs)
@@ -72,7 +69,7 @@ def test_fit_matches_scipys_optimum(as_torch):
 
 @pytest.mark.parametrize("shape", ["[N]", "[N, 1]"])
 def test_single_binary_logit(shape):
-    z, y = binary()
+    z, y = binary_arrays()
     expected = optimal_temperature(z, y)  # the reference treats [N] as the two-class rows [0, z]
     logits = z if shape == "[N]" else z[:, None]
     scaler = TemperatureScaler().fit(logits, y)
@@ -88,7 +85,7 @@ def test_single_binary_logit(shape):
 
 
 def test_predict_proba_against_float64_softmax():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     scaler = TemperatureScaler().fit(z, y)
     t = scaler.temperature_
     expected = torch.softmax(torch.from_numpy(z).double() / t, dim=1).numpy()
@@ -104,7 +101,7 @@ def test_predict_proba_against_float64_softmax():
 
 
 def test_predict_proba_in_chunks_and_with_neginf(monkeypatch):
-    z, y = overconfident(n=50)
+    z, y = miscalibrated_arrays(n=50)
     z[3, 2] = -np.inf  # impossible class: probability exactly 0
     scaler = TemperatureScaler().fit(z, y if z[np.arange(50), y].min() > -np.inf else (y + 1) % 6)
     monkeypatch.setattr(tempcal.scaler, "CHUNK_ELEMENTS", 7 * 6)  # 7 rows per chunk, a ragged last chunk
@@ -115,7 +112,7 @@ def test_predict_proba_in_chunks_and_with_neginf(monkeypatch):
 
 
 def test_transform_keeps_the_float_dtype():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     scaler = TemperatureScaler().fit(z, y)
     t = scaler.temperature_
     out = scaler.transform(z)
@@ -129,21 +126,21 @@ def test_transform_keeps_the_float_dtype():
 
 
 def test_predict_is_the_arg_max():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     scaler = TemperatureScaler().fit(z, y)
     assert np.array_equal(scaler.predict(z), np.argmax(z, axis=1))
     assert torch.equal(scaler.predict(torch.from_numpy(z)), torch.from_numpy(np.argmax(z, axis=1)))
 
 
 def test_score_is_minus_the_nll_at_t():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     scaler = TemperatureScaler().fit(z, y)
     assert scaler.score(z, y) == pytest.approx(-nll_at(z, y, scaler.temperature_), rel=1e-9)
     assert scaler.score(z, y) > -nll_at(z, y, 1.0)  # the fit helps on its own data
 
 
 def test_ece_objective():
-    z, y = overconfident(n=400)
+    z, y = miscalibrated_arrays(n=400)
     nll_t = TemperatureScaler().fit(z, y).temperature_
     ece_t = TemperatureScaler(objective="ece", bins=10).fit(z, y).temperature_
     assert ece_loop(z, y, ece_t, bins=10)[0] <= ece_loop(z, y, nll_t, bins=10)[0] + 1e-12
@@ -151,7 +148,7 @@ def test_ece_objective():
 
 @pytest.mark.parametrize("method", ["transform", "predict_proba", "predict"])
 def test_not_fitted(method):
-    z, _ = overconfident(n=10)
+    z, _ = miscalibrated_arrays(n=10)
     with pytest.raises(NotFittedError):
         getattr(TemperatureScaler(), method)(z)
     with pytest.raises(NotFittedError):
@@ -161,7 +158,7 @@ def test_not_fitted(method):
 
 
 def test_clone_get_set_params_and_pickle():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     scaler = TemperatureScaler(bins=20).fit(z, y)
     assert scaler.get_params() == {"objective": "nll", "bins": 20, "device": "cpu"}
     copy = clone(scaler)
@@ -173,7 +170,7 @@ def test_clone_get_set_params_and_pickle():
 
 
 def test_cross_val_score_uses_clone_fit_and_score():
-    z, y = overconfident(n=900)
+    z, y = miscalibrated_arrays(n=900)
     scores = cross_val_score(TemperatureScaler(), z, y, cv=KFold(3))
     expected = []
     for train, test in KFold(3).split(z):
@@ -184,14 +181,14 @@ def test_cross_val_score_uses_clone_fit_and_score():
 
 @pytest.mark.parametrize("params", [{"objective": "mse"}, {"bins": 0}, {"bins": 2.5}, {"bins": True}])
 def test_bad_params_are_reported_at_fit(params):
-    z, y = overconfident(n=20)
+    z, y = miscalibrated_arrays(n=20)
     scaler = TemperatureScaler(**params)  # scikit-learn convention: __init__ stores, fit validates
     with pytest.raises(ValueError):
         scaler.fit(z, y)
 
 
 def test_column_mismatch_gives_scikit_learns_messages():
-    z, y = overconfident(n=20)
+    z, y = miscalibrated_arrays(n=20)
     scaler = TemperatureScaler().fit(z, y)
     for bad in (z[:, :4], torch.from_numpy(z[:, :4])):
         with pytest.raises(ValueError, match="X has 4 features, but TemperatureScaler is expecting 6 features"):
@@ -202,11 +199,11 @@ def test_column_mismatch_gives_scikit_learns_messages():
     with pytest.raises(ValueError, match="dim 3"):
         scaler.predict(z[None])
     with pytest.raises(ValueError, match="X has 6 features, but TemperatureScaler is expecting 1 features"):
-        TemperatureScaler().fit(*binary(n=20)).transform(z)
+        TemperatureScaler().fit(*binary_arrays(n=20)).transform(z)
 
 
 def test_bad_data_is_a_one_line_error():
-    z, y = overconfident(n=20)
+    z, y = miscalibrated_arrays(n=20)
     z[4, 1] = np.nan
     with pytest.raises(TempcalError) as exc:
         TemperatureScaler().fit(z, y)
@@ -214,14 +211,14 @@ def test_bad_data_is_a_one_line_error():
 
 
 def test_degenerate_fit_warns_and_sits_at_the_bound():
-    z, _ = overconfident(n=40)
+    z, _ = miscalibrated_arrays(n=40)
     with pytest.warns(UserWarning, match="lower bound"):
         scaler = TemperatureScaler().fit(z, np.argmax(z, axis=1))
     assert scaler.temperature_ == T_MIN and scaler.fit_result_.bound == "lower"
 
 
 def test_nan_and_posinf_are_refused_and_neginf_is_allowed():
-    z, y = overconfident(n=20)
+    z, y = miscalibrated_arrays(n=20)
     scaler = TemperatureScaler().fit(z, y)
     for value, name in ((np.nan, "NaN"), (np.inf, "inf")):
         bad = z.copy()
@@ -242,7 +239,7 @@ def test_nan_and_posinf_are_refused_and_neginf_is_allowed():
 
 
 def test_other_bad_input_gets_scikit_learns_messages():
-    z, y = overconfident(n=20)
+    z, y = miscalibrated_arrays(n=20)
     with pytest.raises(ValueError, match="requires y to be passed"):
         TemperatureScaler().fit(z, None)
     with pytest.raises(ValueError, match="inconsistent numbers of samples"):
@@ -263,7 +260,7 @@ def test_other_bad_input_gets_scikit_learns_messages():
 
 
 def test_string_labels_become_classes():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     names = np.array(["ant", "bee", "cat", "dog", "eel", "fox"])  # sorted: column j is names[j]
     expected = optimal_temperature(z, y)
     for labels in (names[y], names[y].astype(object), names[y].tolist()):
@@ -280,7 +277,7 @@ def test_string_labels_become_classes():
 
 
 def test_string_labels_of_one_binary_logit():
-    z, y = binary()
+    z, y = binary_arrays()
     labels = np.where(y == 1, "spam", "ham")  # classes_ ["ham", "spam"]: the logit is that of "spam"
     scaler = TemperatureScaler().fit(z, labels)
     assert list(scaler.classes_) == ["ham", "spam"]
@@ -292,7 +289,7 @@ def test_string_labels_of_one_binary_logit():
 
 @pytest.mark.parametrize("values", [[3, 10, 11, 20, 42, 99], [-5, -1, 0, 2, 4, 7]])
 def test_non_contiguous_integer_labels(values):
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     values = np.array(values, dtype=np.int32)
     scaler = TemperatureScaler().fit(z, values[y])
     assert abs(scaler.temperature_ - optimal_temperature(z, y)) / scaler.temperature_ < 1e-6
@@ -307,7 +304,7 @@ def test_non_contiguous_integer_labels(values):
 
 
 def test_minus_one_and_one_for_one_binary_logit():
-    z, y = binary()
+    z, y = binary_arrays()
     scaler = TemperatureScaler().fit(z[:, None], 2 * y - 1)
     assert list(scaler.classes_) == [-1, 1]
     assert abs(scaler.temperature_ - optimal_temperature(z, y)) / scaler.temperature_ < 1e-6
@@ -315,7 +312,7 @@ def test_minus_one_and_one_for_one_binary_logit():
 
 
 def test_absent_classes_keep_one_class_per_column():
-    z, y = overconfident(n=1200)
+    z, y = miscalibrated_arrays(n=1200)
     keep = (y != 2) & (y != 5)  # a validation set without classes 2 and 5
     zk, yk = z[keep], y[keep]
     scaler = TemperatureScaler().fit(zk, yk)
@@ -333,7 +330,7 @@ def test_absent_classes_keep_one_class_per_column():
 
 
 def test_the_label_rule_on_small_integers():
-    z, y = overconfident(c=3)
+    z, y = miscalibrated_arrays(c=3)
     sorted_labels = TemperatureScaler().fit(z, y + 1)  # {1, 2, 3} over 3 columns: 3 is no column, so sorted
     assert list(sorted_labels.classes_) == [1, 2, 3]
     assert sorted_labels.temperature_ == pytest.approx(optimal_temperature(z, y), rel=1e-6)
@@ -351,7 +348,7 @@ def test_the_label_rule_on_small_integers():
 
 
 def test_read_only_memory_mapped_input(tmp_path):
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     np.save(tmp_path / "z.npy", z)
     np.save(tmp_path / "y.npy", y)
     zm, ym = np.load(tmp_path / "z.npy", mmap_mode="r"), np.load(tmp_path / "y.npy", mmap_mode="r")
@@ -378,7 +375,7 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_in_torch_out_on_the_same_device(device):
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     zt, yt = torch.from_numpy(z).to(device), torch.from_numpy(y).to(device)
     scaler = TemperatureScaler(device=device).fit(zt, yt)
     assert abs(scaler.temperature_ - optimal_temperature(z, y)) / scaler.temperature_ < 1e-6
@@ -399,7 +396,7 @@ def test_torch_in_torch_out_on_the_same_device(device):
 
 
 def test_integer_logits_become_float64():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     zi = np.round(z).astype(np.int32)
     scaler = TemperatureScaler().fit(zi, y)
     assert scaler.temperature_ == pytest.approx(optimal_temperature(zi.astype(np.float64), y), rel=1e-6)
@@ -409,7 +406,7 @@ def test_integer_logits_become_float64():
 
 
 def test_fit_transform_and_pipeline():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     scaler = TemperatureScaler()
     scaled = scaler.fit_transform(z, y)
     np.testing.assert_array_equal(scaled, (z / np.float32(scaler.temperature_)))
@@ -495,7 +492,7 @@ def test_module_scripts_with_torchscript(tmp_path):
 
 
 def test_scaler_to_module_agrees_with_transform():
-    z, y = overconfident()
+    z, y = miscalibrated_arrays()
     scaler = TemperatureScaler().fit(z, y)
     module = scaler.to_module()
     zt = torch.from_numpy(z)
@@ -503,7 +500,7 @@ def test_scaler_to_module_agrees_with_transform():
 
 
 def test_from_file_reads_metadata_and_sidecars(tmp_path):
-    z, y = overconfident(n=30)
+    z, y = miscalibrated_arrays(n=30)
     st = tmp_path / "val.safetensors"
     save_file({"logits": torch.from_numpy(z), "labels": torch.from_numpy(y)}, str(st))
     write_temperature(st, 2.125)

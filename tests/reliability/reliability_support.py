@@ -1,5 +1,6 @@
-"""Shared pieces of the reliability suite: an independent safetensors parser, folder snapshots,
-a per-case deadline, and running ``tempcal`` in-process or as a real process.
+"""Shared pieces of the reliability suite: an independent safetensors parser, a per-case deadline, and running
+``tempcal`` in-process or as a real process. Folder snapshots, file hashes, the duplicate-key check, the error-line
+check and the logits of :func:`valid_file` are the whole suite's, from tests/conftest.py.
 
 The parser here is written from the safetensors format description, not from tempcal's code,
 so that "the file is valid and holds T" is judged independently of what wrote it.
@@ -20,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import no_duplicates, overconfident
+
 KEY = "tempcal.temperature"
 PYTHON = sys.executable
 REPO = Path(__file__).resolve().parents[2]
@@ -29,12 +32,6 @@ HASH_BLOCK = 1 << 20
 
 
 # -- an independent reading of the format -------------------------------------------------------------------
-
-
-def no_duplicates(pairs):
-    keys = [k for k, _ in pairs]
-    assert len(keys) == len(set(keys)), f"duplicate keys in the header: {keys}"
-    return dict(pairs)
 
 
 def parse(raw: bytes) -> tuple[dict, dict, bytes]:
@@ -72,14 +69,6 @@ def parse_file(path: Path) -> tuple[dict, dict, str, int]:
     return metadata, header, digest.hexdigest(), size
 
 
-def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def assert_complete_update(new: bytes, old: bytes, temperature: float | None = None) -> float:
     """``new`` is ``old`` with T in its metadata: same tensors, same data bytes, same other metadata.
 
@@ -111,18 +100,6 @@ def assert_complete_update(new: bytes, old: bytes, temperature: float | None = N
 
 
 # -- folders ------------------------------------------------------------------------------------------------
-
-
-def snapshot(folder: Path) -> dict[str, bytes | None]:
-    """Every file (bytes) and folder (None) under ``folder``, hidden ones included."""
-    found: dict[str, bytes | None] = {}
-    for root, dirs, files in os.walk(folder):
-        for d in dirs:
-            found[os.path.relpath(os.path.join(root, d), folder)] = None
-        for f in files:
-            full = os.path.join(root, f)
-            found[os.path.relpath(full, folder)] = Path(full).read_bytes()
-    return found
 
 
 def temporaries(folder: Path) -> list[str]:
@@ -214,27 +191,10 @@ def run_process(args: list[str], timeout: float = 120.0, **kwargs) -> subprocess
                           **kwargs)
 
 
-def assert_one_error_line(err: str, *details: str, warnings: bool = False) -> str:
-    """Standard error is one ``error:`` line holding ``details`` (after ``warning:`` lines, if allowed)."""
-    assert "Traceback" not in err, err
-    lines = err.splitlines()
-    if warnings:  # a fit can warn (say, T at a bound) before its write-back is refused
-        while len(lines) > 1 and lines[0].startswith("warning: "):
-            lines.pop(0)
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error: "), lines[0]
-    for detail in details:
-        assert detail in lines[0], (detail, lines[0])
-    return lines[0]
-
-
 def valid_file(n: int = 24, c: int = 3, seed: int = 0, *, metadata: dict[str, str] | None = None,
                extra: dict | None = None) -> bytes:
-    """A valid logits file written by safetensors itself: overconfident logits and labels drawn from them."""
-    import torch
+    """A valid logits file written by safetensors itself: :func:`overconfident` logits and labels drawn from them."""
     from safetensors.torch import save
 
-    g = torch.Generator().manual_seed(seed)
-    logits = 3 * torch.randn(n, c, generator=g)
-    labels = torch.multinomial(torch.softmax(logits / 3, 1), 1, generator=g)[:, 0]
+    logits, labels = overconfident(n, c, seed)
     return save({"logits": logits, "labels": labels, **(extra or {})}, metadata=metadata)

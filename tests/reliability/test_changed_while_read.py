@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_error_line
 from reliability_support import (
     REPO,
     assert_complete_update,
-    assert_one_error_line,
     child_env,
     run_inprocess,
     tempcal_command,

@@ -14,13 +14,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_error_line
 from reliability_support import (
     DRIVER,
     KEY,
     PYTHON,
     REPO,
     assert_complete_update,
-    assert_one_error_line,
     child_env,
     parse,
     tempcal_command,

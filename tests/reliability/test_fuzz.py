@@ -26,15 +26,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_error_line, snapshot
+from conftest import raw_safetensors as raw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from reliability_support import (
     assert_complete_update,
-    assert_one_error_line,
     clear,
     command_built_once,
     run_inprocess,
-    snapshot,
     tempcal_command,
     temporaries,
     valid_file,
@@ -62,15 +62,6 @@ def base_file() -> bytes:
     """The valid file every mutation starts from: logits, labels, one more tensor and metadata."""
     return valid_file(24, 3, metadata={"model": "m", "split": "val"},
                       extra={"features": torch.arange(6, dtype=torch.float16)})
-
-
-def raw(header: dict | str | bytes, data: bytes = b"", *, length: int | None = None) -> bytes:
-    """8-byte length + header + data; ``header`` may be any text, ``length`` may lie."""
-    if isinstance(header, dict):
-        header = json.dumps(header)
-    if isinstance(header, str):
-        header = header.encode("utf-8")
-    return struct.pack("<Q", len(header) if length is None else length) + header + data
 
 
 def split(body: bytes) -> tuple[int, dict, bytes]:

@@ -21,15 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_error_line, sha256
 from reliability_support import (
     DRIVER,
     KEY,
     PYTHON,
     REPO,
-    assert_one_error_line,
     child_env,
     parse_file,
-    sha256,
     tempcal_command,
     temporaries,
 )

@@ -16,12 +16,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from conftest import assert_one_error_line, snapshot
 from reliability_support import (
     PYTHON,
-    assert_one_error_line,
     child_env,
     run_inprocess,
-    snapshot,
     valid_file,
 )
 

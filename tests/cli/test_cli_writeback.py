@@ -1,4 +1,4 @@
-"""``tempcal fit`` write-back: T lands in the metadata, tensors stay byte-identical, failures change nothing."""
+"""``tempcal fit`` writes T into the metadata (tensors byte-identical, failures change nothing); its JSON and gate."""
 
 from __future__ import annotations
 
@@ -11,62 +11,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import assert_one_error_line, fail_after_partial_copy, files_in, no_duplicates, overconfident
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import tempcal.io.atomic
 import tempcal.io.writeback
-from tempcal.cli.main import main
-from tempcal.errors import TempcalError
 
 KEY = "tempcal.temperature"
 METRICS = ("nll", "ece", "mce", "brier", "accuracy")
 
 
-def make_data(n: int = 400, c: int = 5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Overconfident logits (3x the scale the labels were drawn at) and their labels."""
-    g = torch.Generator().manual_seed(seed)
-    logits = 3 * torch.randn(n, c, generator=g)
-    labels = torch.multinomial(torch.softmax(logits / 3, 1), 1, generator=g)[:, 0]
-    return logits, labels
-
-
-@pytest.fixture
-def source(tmp_path) -> Path:
-    logits, labels = make_data()
-    path = tmp_path / "logits.safetensors"
-    tensors = {"logits": logits, "labels": labels, "features": torch.arange(24, dtype=torch.float16).reshape(4, 6)}
-    save_file(tensors, str(path), metadata={"model": "resnet-18", "split": "val"})
-    return path
-
-
 def split(raw: bytes) -> tuple[dict, bytes]:
     """(header JSON, data section) of safetensors bytes; duplicate JSON keys are an error."""
     (length,) = struct.unpack("<Q", raw[:8])
-
-    def no_duplicates(pairs):
-        keys = [k for k, _ in pairs]
-        assert len(keys) == len(set(keys)), f"duplicate keys in the header: {keys}"
-        return dict(pairs)
-
     return json.loads(raw[8 : 8 + length], object_pairs_hook=no_duplicates), raw[8 + length :]
 
 
 def metadata(path: Path) -> dict[str, str]:
     with safe_open(str(path), framework="pt") as f:
         return dict(f.metadata() or {})
-
-
-def files_in(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir())
-
-
-def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
-    return code, out, err
 
 
 def assert_same_tensors(a: Path, b: Path) -> None:
@@ -77,22 +41,14 @@ def assert_same_tensors(a: Path, b: Path) -> None:
         assert torch.equal(ta[name].view(torch.uint8), tb[name].view(torch.uint8)), name
 
 
-def assert_one_error_line(err: str, *details: str) -> None:
-    lines = err.splitlines()
-    assert len(lines) == 1, err
-    assert lines[0].startswith("error:"), lines[0]
-    for detail in details:
-        assert detail in lines[0], (detail, lines[0])
-
-
 # -- (a) in-place write-back ---------------------------------------------------------------------------------
 
 
-def test_fit_writes_temperature_and_keeps_everything_else(tmp_path, source, capsys):
+def test_fit_writes_temperature_and_keeps_everything_else(tmp_path, source, cli):
     original = source.read_bytes()
     reference = tmp_path / "reference.safetensors"
     reference.write_bytes(original)
-    code, _, err = run(["fit", str(source), "--json", str(tmp_path / "out.json")], capsys)
+    code, _, err = cli(["fit", str(source), "--json", str(tmp_path / "out.json")])
     assert code == 0, err
     report = json.loads((tmp_path / "out.json").read_text())
 
@@ -120,21 +76,21 @@ def test_fit_writes_temperature_and_keeps_everything_else(tmp_path, source, caps
     assert files_in(tmp_path) == ["logits.safetensors", "out.json", "reference.safetensors"]
 
 
-def test_temperature_string_round_trips_through_the_cli_output(tmp_path, source, capsys):
-    code, out, _ = run(["fit", str(source), "--json", "-"], capsys)
+def test_temperature_string_round_trips_through_the_cli_output(tmp_path, source, cli):
+    code, out, _ = cli(["fit", str(source), "--json", "-"])
     assert code == 0
     assert metadata(source)[KEY] == repr(json.loads(out)["temperature"])
 
 
-def test_symlinked_source_is_written_through_or_refused(tmp_path, capsys):
-    logits, labels = make_data()
+def test_symlinked_source_is_written_through_or_refused(tmp_path, cli):
+    logits, labels = overconfident()
     (tmp_path / "store").mkdir()
     real = tmp_path / "store" / "real.safetensors"
     save_file({"logits": logits, "labels": labels}, str(real))
     original = real.read_bytes()
     link = tmp_path / "link.safetensors"
     link.symlink_to(real)
-    code, _, err = run(["fit", str(link)], capsys)
+    code, _, err = cli(["fit", str(link)])
     if code == 2:  # refusing is fine, as long as nothing changed
         assert_one_error_line(err, str(link))
         assert real.read_bytes() == original
@@ -151,11 +107,11 @@ def test_symlinked_source_is_written_through_or_refused(tmp_path, capsys):
 # -- (b) --output and --no-write -----------------------------------------------------------------------------
 
 
-def test_output_leaves_source_untouched(tmp_path, source, capsys):
+def test_output_leaves_source_untouched(tmp_path, source, cli):
     original = source.read_bytes()
     (tmp_path / "sub").mkdir()
     target = tmp_path / "sub" / "calibrated.safetensors"
-    code, out, err = run(["fit", str(source), "--output", str(target), "--json", "-"], capsys)
+    code, out, err = cli(["fit", str(source), "--output", str(target), "--json", "-"])
     assert code == 0, err
     assert source.read_bytes() == original
     assert KEY not in metadata(source)
@@ -169,19 +125,19 @@ def test_output_leaves_source_untouched(tmp_path, source, capsys):
     assert files_in(tmp_path / "sub") == ["calibrated.safetensors"]
 
 
-def test_output_replaces_an_existing_file(tmp_path, source, capsys):
+def test_output_replaces_an_existing_file(tmp_path, source, cli):
     target = tmp_path / "calibrated.safetensors"
     target.write_bytes(b"old contents")
-    code, _, err = run(["fit", str(source), "--output", str(target)], capsys)
+    code, _, err = cli(["fit", str(source), "--output", str(target)])
     assert code == 0, err
     assert KEY in metadata(target)
     assert_same_tensors(source, target)
     assert files_in(tmp_path) == ["calibrated.safetensors", "logits.safetensors"]
 
 
-def test_no_write_changes_nothing(tmp_path, source, capsys):
+def test_no_write_changes_nothing(tmp_path, source, cli):
     original = source.read_bytes()
-    code, out, err = run(["fit", str(source), "--no-write", "--json", "-"], capsys)
+    code, out, err = cli(["fit", str(source), "--no-write", "--json", "-"])
     assert code == 0, err
     assert source.read_bytes() == original
     assert files_in(tmp_path) == ["logits.safetensors"]
@@ -191,12 +147,12 @@ def test_no_write_changes_nothing(tmp_path, source, capsys):
 # -- (c) fitting twice ---------------------------------------------------------------------------------------
 
 
-def test_second_fit_overwrites_the_key(tmp_path, source, capsys):
+def test_second_fit_overwrites_the_key(tmp_path, source, cli):
     original = source.read_bytes()
-    code, out, _ = run(["fit", str(source), "--json", "-"], capsys)
+    code, out, _ = cli(["fit", str(source), "--json", "-"])
     assert code == 0
     first = json.loads(out)["temperature"]
-    code, out, _ = run(["fit", str(source), "--json", "-", "--val-fraction", "1.0"], capsys)
+    code, out, _ = cli(["fit", str(source), "--json", "-", "--val-fraction", "1.0"])
     assert code == 0
     second = json.loads(out)["temperature"]
     assert second != first  # a different fitting part, so the second value is distinguishable
@@ -211,86 +167,46 @@ def test_second_fit_overwrites_the_key(tmp_path, source, capsys):
 
     # and a third run on an already-written file gives the same bytes as the second (idempotent)
     before = source.read_bytes()
-    code, _, _ = run(["fit", str(source), "--val-fraction", "1.0"], capsys)
+    code, _, _ = cli(["fit", str(source), "--val-fraction", "1.0"])
     assert code == 0
     assert source.read_bytes() == before
-
-
-def test_report_reads_what_fit_wrote(source):
-    """The stored value is what the loader reads back as the stored T."""
-    from tempcal.io.safetensors_header import read_header
-
-    path = tempcal.io.writeback.write_temperature(source, 2.718281828459045)
-    assert path == source
-    assert read_header(source).stored_temperature() == 2.718281828459045
 
 
 # -- (d) failures in the middle of the write -----------------------------------------------------------------
 
 
-def _fail_after_partial_copy(exc: BaseException):
-    def copyfileobj(src, dst, length=0):
-        dst.write(src.read(100))
-        dst.flush()
-        raise exc
-
-    return copyfileobj
-
-
-def test_disk_full_mid_write_changes_nothing(tmp_path, source, capsys, monkeypatch):
+def test_disk_full_mid_write_changes_nothing(tmp_path, source, cli, monkeypatch):
     original = source.read_bytes()
     monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
-                        _fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
-    code, _, err = run(["fit", str(source), "--json", str(tmp_path / "out.json")], capsys)
+                        fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
+    code, _, err = cli(["fit", str(source), "--json", str(tmp_path / "out.json")])
     assert code == 2
     assert_one_error_line(err, str(source), "No space left on device")
     assert source.read_bytes() == original
     assert files_in(tmp_path) == ["logits.safetensors"]  # no temporary file, no JSON for a failed run
 
 
-def test_disk_full_mid_write_to_output_changes_nothing(tmp_path, source, capsys, monkeypatch):
+def test_disk_full_mid_write_to_output_changes_nothing(tmp_path, source, cli, monkeypatch):
     original = source.read_bytes()
     target = tmp_path / "calibrated.safetensors"
     monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
-                        _fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
-    code, _, err = run(["fit", str(source), "--output", str(target)], capsys)
+                        fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
+    code, _, err = cli(["fit", str(source), "--output", str(target)])
     assert code == 2
     assert_one_error_line(err, str(target), "No space left on device")
     assert source.read_bytes() == original
     assert files_in(tmp_path) == ["logits.safetensors"]
 
 
-@pytest.mark.parametrize("exc", [RuntimeError("interrupted"), KeyboardInterrupt()], ids=["RuntimeError",
-                                                                                         "KeyboardInterrupt"])
-def test_other_exception_mid_write_changes_nothing(tmp_path, source, monkeypatch, exc):
-    original = source.read_bytes()
-    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj", _fail_after_partial_copy(exc))
-    with pytest.raises(type(exc)):
-        tempcal.io.writeback.write_temperature(source, 1.5)
-    assert source.read_bytes() == original
-    assert files_in(tmp_path) == ["logits.safetensors"]
-
-
-def test_oserror_mid_write_is_a_tempcal_error(tmp_path, source, monkeypatch):
-    original = source.read_bytes()
-    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
-                        _fail_after_partial_copy(OSError(errno.EIO, "Input/output error")))
-    with pytest.raises(TempcalError, match="Input/output error") as info:
-        tempcal.io.writeback.write_temperature(source, 1.5)
-    assert "\n" not in str(info.value)
-    assert source.read_bytes() == original
-    assert files_in(tmp_path) == ["logits.safetensors"]
-
-
 @pytest.mark.parametrize("name", ["fsync", "replace", "chmod"])
-def test_failure_at_later_steps_changes_nothing(tmp_path, source, capsys, monkeypatch, name):
+def test_failure_at_later_steps_changes_nothing(tmp_path, source, cli, monkeypatch, name):
     original = source.read_bytes()
 
     def fail(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(tempcal.io.atomic.os, name, fail)
-    code, _, err = run(["fit", str(source)], capsys)
+    code, _, err = cli(["fit", str(source)])
     monkeypatch.undo()
     assert code == 2
     assert_one_error_line(err, "Input/output error")
@@ -298,14 +214,14 @@ def test_failure_at_later_steps_changes_nothing(tmp_path, source, capsys, monkey
     assert files_in(tmp_path) == ["logits.safetensors"]
 
 
-def test_unwritable_folder_changes_nothing(tmp_path, source, capsys, monkeypatch):
+def test_unwritable_folder_changes_nothing(tmp_path, source, cli, monkeypatch):
     original = source.read_bytes()
 
     def mkstemp(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
     monkeypatch.setattr(tempcal.io.atomic.tempfile, "mkstemp", mkstemp)
-    code, _, err = run(["fit", str(source)], capsys)
+    code, _, err = cli(["fit", str(source)])
     assert code == 2
     assert_one_error_line(err, "Permission denied")
     assert source.read_bytes() == original
@@ -315,19 +231,19 @@ def test_unwritable_folder_changes_nothing(tmp_path, source, capsys, monkeypatch
 
 
 @pytest.mark.parametrize("mode", [0o640, 0o604, 0o600, 0o664])
-def test_in_place_write_keeps_permissions(source, capsys, mode):
+def test_in_place_write_keeps_permissions(source, cli, mode):
     os.chmod(source, mode)
-    code, _, err = run(["fit", str(source)], capsys)
+    code, _, err = cli(["fit", str(source)])
     assert code == 0, err
     assert KEY in metadata(source)
     assert stat.S_IMODE(source.stat().st_mode) == mode
 
 
-def test_output_over_existing_file_keeps_its_permissions(tmp_path, source, capsys):
+def test_output_over_existing_file_keeps_its_permissions(tmp_path, source, cli):
     target = tmp_path / "calibrated.safetensors"
     target.write_bytes(b"old")
     os.chmod(target, 0o600)
-    code, _, err = run(["fit", str(source), "--output", str(target)], capsys)
+    code, _, err = cli(["fit", str(source), "--output", str(target)])
     assert code == 0, err
     assert stat.S_IMODE(target.stat().st_mode) == 0o600
 
@@ -354,22 +270,22 @@ def _check_report(report: dict) -> None:
     assert report["after"]["ece"] < report["before"]["ece"]
 
 
-def test_json_file(tmp_path, source, capsys):
+def test_json_file(tmp_path, source, cli):
     out_json = tmp_path / "report.json"
-    code, _, err = run(["fit", str(source), "--no-write", "--json", str(out_json)], capsys)
+    code, _, err = cli(["fit", str(source), "--no-write", "--json", str(out_json)])
     assert code == 0, err
     _check_report(json.loads(out_json.read_text()))
     assert files_in(tmp_path) == ["logits.safetensors", "report.json"]
 
 
-def test_json_to_stdout_prints_only_json(source, capsys):
-    code, out, err = run(["fit", str(source), "--no-write", "--json", "-"], capsys)
+def test_json_to_stdout_prints_only_json(source, cli):
+    code, out, err = cli(["fit", str(source), "--no-write", "--json", "-"])
     assert code == 0, err
     _check_report(json.loads(out))
 
 
-def test_json_to_stdout_with_write_back_prints_only_json(source, capsys):
-    code, out, err = run(["fit", str(source), "--json", "-"], capsys)
+def test_json_to_stdout_with_write_back_prints_only_json(source, cli):
+    code, out, err = cli(["fit", str(source), "--json", "-"])
     assert code == 0, err
     report = json.loads(out)
     _check_report(report)
@@ -379,9 +295,9 @@ def test_json_to_stdout_with_write_back_prints_only_json(source, capsys):
 # -- (g) --max-ece gate --------------------------------------------------------------------------------------
 
 
-def test_gate_fails_with_status_3_and_still_writes_json(tmp_path, source, capsys):
+def test_gate_fails_with_status_3_and_still_writes_json(tmp_path, source, cli):
     out_json = tmp_path / "report.json"
-    code, _, err = run(["fit", str(source), "--no-write", "--json", str(out_json), "--max-ece", "0"], capsys)
+    code, _, err = cli(["fit", str(source), "--no-write", "--json", str(out_json), "--max-ece", "0"])
     assert code == 3
     assert "error:" not in err
     assert "--max-ece" in err
@@ -390,23 +306,23 @@ def test_gate_fails_with_status_3_and_still_writes_json(tmp_path, source, capsys
     assert report["after"]["ece"] > 0
 
 
-def test_gate_fails_with_json_on_stdout(source, capsys):
-    code, out, _ = run(["fit", str(source), "--no-write", "--json", "-", "--max-ece", "0"], capsys)
+def test_gate_fails_with_json_on_stdout(source, cli):
+    code, out, _ = cli(["fit", str(source), "--no-write", "--json", "-", "--max-ece", "0"])
     assert code == 3
     _check_report(json.loads(out))
 
 
-def test_generous_gate_passes(tmp_path, source, capsys):
+def test_generous_gate_passes(tmp_path, source, cli):
     out_json = tmp_path / "report.json"
-    code, _, err = run(["fit", str(source), "--no-write", "--json", str(out_json), "--max-ece", "1"], capsys)
+    code, _, err = cli(["fit", str(source), "--no-write", "--json", str(out_json), "--max-ece", "1"])
     assert code == 0, err
     _check_report(json.loads(out_json.read_text()))
 
 
-def test_gate_threshold_is_the_calibrated_ece(tmp_path, source, capsys):
-    code, out, _ = run(["fit", str(source), "--no-write", "--json", "-"], capsys)
+def test_gate_threshold_is_the_calibrated_ece(tmp_path, source, cli):
+    code, out, _ = cli(["fit", str(source), "--no-write", "--json", "-"])
     assert code == 0
     ece = json.loads(out)["after"]["ece"]
     assert ece > 0
-    assert run(["fit", str(source), "--no-write", "--max-ece", repr(ece)], capsys)[0] == 0
-    assert run(["fit", str(source), "--no-write", "--max-ece", repr(ece * 0.999)], capsys)[0] == 3
+    assert cli(["fit", str(source), "--no-write", "--max-ece", repr(ece)])[0] == 0
+    assert cli(["fit", str(source), "--no-write", "--max-ece", repr(ece * 0.999)])[0] == 3

@@ -2,61 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import struct
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import overconfident, overconfident_binary, raw_safetensors, snapshot, write_shards
 from safetensors.torch import save_file
 
 from tempcal.cli.main import main
 
-N, C = 400, 5
+N = 400  # samples of overconfident()
 
 
-def make_data(n: int = N, c: int = C, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Overconfident logits (3x the scale the labels were drawn at) and their labels."""
-    g = torch.Generator().manual_seed(seed)
-    logits = 3 * torch.randn(n, c, generator=g)
-    labels = torch.multinomial(torch.softmax(logits / 3, 1), 1, generator=g)[:, 0]
-    return logits, labels
-
-
-def make_binary(n: int = N, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    logits = 3 * torch.randn(n, generator=g)
-    labels = torch.bernoulli(torch.sigmoid(logits / 3), generator=g).long()
-    return logits, labels
-
-
-def raw_safetensors(header: dict, data: bytes, *, length: int | None = None) -> bytes:
-    """8-byte little-endian header length + JSON header + data (``length`` can lie)."""
-    text = json.dumps(header).encode()
-    return struct.pack("<Q", len(text) if length is None else length) + text + data
-
-
-def snapshot(folder: Path) -> dict[str, bytes | None]:
-    """Every file (bytes) and folder (None) under ``folder``, hidden ones included."""
-    found: dict[str, bytes | None] = {}
-    for root, dirs, files in os.walk(folder):
-        for d in dirs:
-            found[os.path.relpath(os.path.join(root, d), folder)] = None
-        for f in files:
-            full = os.path.join(root, f)
-            found[os.path.relpath(full, folder)] = Path(full).read_bytes()
-    return found
-
-
-def assert_bad_input(tmp_path: Path, capsys, argv: list[str], details: list[str]) -> str:
+def assert_bad_input(tmp_path: Path, cli, argv: list[str], details: list[str]) -> str:
     """Run ``tempcal`` and check the contract for bad input; returns the error line."""
     before = snapshot(tmp_path)
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
+    code, out, err = cli(argv)
     assert code == 2, (code, out, err)
     lines = err.splitlines()
     assert len(lines) == 1, err
@@ -70,12 +33,9 @@ def assert_bad_input(tmp_path: Path, capsys, argv: list[str], details: list[str]
     return line
 
 
-def assert_accepted(tmp_path: Path, capsys, argv: list[str]) -> None:
+def assert_accepted(tmp_path: Path, cli, argv: list[str]) -> None:
     before = snapshot(tmp_path)
-    capsys.readouterr()
-    code = main(argv)
-    out, err = capsys.readouterr()
-    assert "Traceback" not in out + err
+    code, out, err = cli(argv)
     assert code == 0, (code, out, err)
     assert "error" not in err
     if "--no-write" in argv:
@@ -86,7 +46,7 @@ def assert_accepted(tmp_path: Path, capsys, argv: list[str]) -> None:
 
 
 def _valid_bytes(tmp_path: Path) -> bytes:
-    logits, labels = make_data(8)
+    logits, labels = overconfident(8)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     save_file({"logits": logits, "labels": labels}, str(scratch / "v.safetensors"))
@@ -190,32 +150,32 @@ RAW_CASES = [
 
 
 @pytest.mark.parametrize("build", RAW_CASES)
-def test_malformed_file_is_refused(tmp_path, capsys, build):
+def test_malformed_file_is_refused(tmp_path, cli, build):
     body, details = build(tmp_path)
     path = tmp_path / "bad.safetensors"
     path.write_bytes(body)
-    line = assert_bad_input(tmp_path, capsys, ["fit", str(path)], details)
+    line = assert_bad_input(tmp_path, cli, ["fit", str(path)], details)
     assert str(path) in line
 
 
-def test_missing_file(tmp_path, capsys):
+def test_missing_file(tmp_path, cli):
     path = tmp_path / "nope.safetensors"
-    line = assert_bad_input(tmp_path, capsys, ["fit", str(path)], [str(path)])
+    line = assert_bad_input(tmp_path, cli, ["fit", str(path)], [str(path)])
     assert "no such file" in line.lower()
     assert not path.exists()
 
 
-def test_directory(tmp_path, capsys):
+def test_directory(tmp_path, cli):
     path = tmp_path / "folder.safetensors"
     path.mkdir()
-    assert_bad_input(tmp_path, capsys, ["fit", str(path)], [str(path), "not a regular file"])
+    assert_bad_input(tmp_path, cli, ["fit", str(path)], [str(path), "not a regular file"])
 
 
 # -- valid safetensors holding bad tensors -------------------------------------------------------------------
 
 
 def _with(**changes):
-    logits, labels = make_data()
+    logits, labels = overconfident()
     tensors = {"logits": logits.clone(), "labels": labels.clone()}
     for key, value in changes.items():
         tensors[key] = value(tensors) if callable(value) else value
@@ -244,25 +204,25 @@ def _bad_probs(t):
 
 
 def _binary(labels_changes=()):
-    logits, labels = make_binary()
+    logits, labels = overconfident_binary()
     return {"logits": logits, "labels": _set(labels, labels_changes)}
 
 
 def _binary_n1(labels_changes=()):
-    logits, labels = make_binary()
+    logits, labels = overconfident_binary()
     return {"logits": logits[:, None].contiguous(), "labels": _set(labels, labels_changes)}
 
 
 def _small(n):
-    logits, labels = make_data(n)
+    logits, labels = overconfident(n)
     return {"logits": logits, "labels": labels}
 
 
 TENSOR_CASES = [
     # (tensors, extra arguments, details the one-line error must contain)
-    pytest.param(lambda: {"scores": make_data()[0], "labels": make_data()[1]}, [],
+    pytest.param(lambda: {"scores": overconfident()[0], "labels": overconfident()[1]}, [],
                  ["'logits'", "'scores'", "'labels'", "--logits-key"], id="missing-logits-key"),
-    pytest.param(lambda: {"logits": make_data()[0], "target": make_data()[1]}, [],
+    pytest.param(lambda: {"logits": overconfident()[0], "target": overconfident()[1]}, [],
                  ["'labels'", "'target'", "'logits'", "--labels-key"], id="missing-labels-key"),
     pytest.param(lambda: _with(), ["--logits-key", "scores"], ["'scores'", "'logits'", "--logits-key"],
                  id="renamed-logits-key-missing"),
@@ -295,7 +255,7 @@ TENSOR_CASES = [
                  id="binary-label-2"),
     pytest.param(lambda: _binary_n1([(6, -1)]), [], ["1 label outside 0..1", "first at index 6"],
                  id="binary-n1-label-minus-1"),
-    pytest.param(lambda: _binary() | {"logits": _set(make_binary()[0], [(12, math.nan)])}, [],
+    pytest.param(lambda: _binary() | {"logits": _set(overconfident_binary()[0], [(12, math.nan)])}, [],
                  ["1 row with NaN", "first at index 12"], id="binary-nan"),
     pytest.param(lambda: _small(3), ["--val-fraction", "0.3"], ["1 sample", "at least 2"],
                  id="one-fitting-sample-of-three"),
@@ -323,40 +283,40 @@ TENSOR_CASES = [
 
 
 @pytest.mark.parametrize(("build", "extra", "details"), TENSOR_CASES)
-def test_bad_tensors_are_refused(tmp_path, capsys, build, extra, details):
+def test_bad_tensors_are_refused(tmp_path, cli, build, extra, details):
     path = tmp_path / "bad.safetensors"
     save_file(build(), str(path))
     extra = [str(tmp_path / a) if a in ("OUT", "MISSING") else a for a in extra]
-    assert_bad_input(tmp_path, capsys, ["fit", str(path), *extra], details)
+    assert_bad_input(tmp_path, cli, ["fit", str(path), *extra], details)
 
 
-def test_eval_file_with_other_class_count(tmp_path, capsys):
-    logits, labels = make_data()
+def test_eval_file_with_other_class_count(tmp_path, cli):
+    logits, labels = overconfident()
     source, other = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_file({"logits": logits, "labels": labels}, str(source))
-    z, y = make_data(50, 7, seed=1)
+    z, y = overconfident(50, 7, seed=1)
     save_file({"logits": z, "labels": y}, str(other))
-    assert_bad_input(tmp_path, capsys, ["fit", str(source), "--eval", str(other)], ["7", "5"])
+    assert_bad_input(tmp_path, cli, ["fit", str(source), "--eval", str(other)], ["7", "5"])
 
 
-def test_bad_eval_file_values_are_refused(tmp_path, capsys):
-    logits, labels = make_data()
+def test_bad_eval_file_values_are_refused(tmp_path, cli):
+    logits, labels = overconfident()
     source, other = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_file({"logits": logits, "labels": labels}, str(source))
-    z, y = make_data(50, seed=1)
+    z, y = overconfident(50, seed=1)
     z[31, 0] = math.nan
     save_file({"logits": z, "labels": y}, str(other))
-    assert_bad_input(tmp_path, capsys, ["fit", str(source), "--eval", str(other)], ["1 row with NaN", "index 31"])
+    assert_bad_input(tmp_path, cli, ["fit", str(source), "--eval", str(other)], ["1 row with NaN", "index 31"])
 
 
-def test_bad_eval_file_values_name_the_file(tmp_path, capsys):
-    logits, labels = make_data()
+def test_bad_eval_file_values_name_the_file(tmp_path, cli):
+    logits, labels = overconfident()
     source, other = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_file({"logits": logits, "labels": labels}, str(source))
-    z, y = make_data(50, seed=1)
+    z, y = overconfident(50, seed=1)
     z[31, 0] = math.nan
     save_file({"logits": z, "labels": y}, str(other))
-    assert_bad_input(tmp_path, capsys, ["fit", str(source), "--eval", str(other)], [str(other), "index 31"])
+    assert_bad_input(tmp_path, cli, ["fit", str(source), "--eval", str(other)], [str(other), "index 31"])
 
 
 @pytest.mark.parametrize("device", [
@@ -364,40 +324,40 @@ def test_bad_eval_file_values_name_the_file(tmp_path, capsys):
     "meta",
     "xla",
 ])
-def test_unusable_device_is_usage_error(tmp_path, capsys, device):
-    logits, labels = make_data()
+def test_unusable_device_is_usage_error(tmp_path, cli, device):
+    logits, labels = overconfident()
     path = tmp_path / "a.safetensors"
     save_file({"logits": logits, "labels": labels}, str(path))
-    assert_bad_input(tmp_path, capsys, ["fit", str(path), "--device", device], ["--device", device])
+    assert_bad_input(tmp_path, cli, ["fit", str(path), "--device", device], ["--device", device])
 
 
-def test_output_into_missing_folder(tmp_path, capsys):
-    logits, labels = make_data()
+def test_output_into_missing_folder(tmp_path, cli):
+    logits, labels = overconfident()
     source = tmp_path / "a.safetensors"
     save_file({"logits": logits, "labels": labels}, str(source))
     target = tmp_path / "no" / "such" / "folder" / "out.safetensors"
-    assert_bad_input(tmp_path, capsys, ["fit", str(source), "--output", str(target)], [str(target)])
+    assert_bad_input(tmp_path, cli, ["fit", str(source), "--output", str(target)], [str(target)])
 
 
-def test_output_is_a_folder(tmp_path, capsys):
-    logits, labels = make_data()
+def test_output_is_a_folder(tmp_path, cli):
+    logits, labels = overconfident()
     source = tmp_path / "a.safetensors"
     save_file({"logits": logits, "labels": labels}, str(source))
     (tmp_path / "dest").mkdir()
-    assert_bad_input(tmp_path, capsys, ["fit", str(source), "--output", str(tmp_path / "dest")], ["dest"])
+    assert_bad_input(tmp_path, cli, ["fit", str(source), "--output", str(tmp_path / "dest")], ["dest"])
 
 
-def test_model_source_without_support_is_usage_error(tmp_path, capsys):
+def test_model_source_without_support_is_usage_error(tmp_path, cli):
     path = tmp_path / "model.pt"
     path.write_bytes(b"not really a model")
-    assert_bad_input(tmp_path, capsys, ["fit", str(path)], [str(path)])
+    assert_bad_input(tmp_path, cli, ["fit", str(path)], [str(path)])
 
 
 # -- what the contract allows must be accepted ---------------------------------------------------------------
 
 
 def _neginf_in_other_classes():
-    logits, labels = make_data()
+    logits, labels = overconfident()
     z = logits.clone()
     g = torch.Generator().manual_seed(3)
     impossible = torch.rand(z.shape, generator=g) < 0.3
@@ -422,28 +382,41 @@ VALID_CASES = [
 
 
 @pytest.mark.parametrize("build", VALID_CASES)
-def test_valid_file_is_accepted(tmp_path, capsys, build):
+def test_valid_file_is_accepted(tmp_path, cli, build):
     path = tmp_path / "good.safetensors"
     save_file(build(), str(path))
-    assert_accepted(tmp_path, capsys, ["fit", str(path), "--no-write"])
+    assert_accepted(tmp_path, cli, ["fit", str(path), "--no-write"])
 
 
-def test_valid_file_with_other_keys_is_accepted(tmp_path, capsys):
-    logits, labels = make_data()
+def test_valid_file_with_other_keys_is_accepted(tmp_path, cli):
+    logits, labels = overconfident()
     path = tmp_path / "good.safetensors"
     save_file({"z": logits, "y": labels, "extra": torch.zeros(3)}, str(path))
-    assert_accepted(tmp_path, capsys, ["fit", str(path), "--no-write", "--logits-key", "z", "--labels-key", "y"])
+    assert_accepted(tmp_path, cli, ["fit", str(path), "--no-write", "--logits-key", "z", "--labels-key", "y"])
 
 
-def test_two_samples_with_full_fraction_are_accepted(tmp_path, capsys):
+def test_two_samples_with_full_fraction_are_accepted(tmp_path, cli):
     path = tmp_path / "tiny.safetensors"
     save_file({"logits": torch.tensor([[1.0, 0.0], [0.0, 2.0]]), "labels": torch.tensor([0, 0])}, str(path))
-    assert_accepted(tmp_path, capsys, ["fit", str(path), "--no-write", "--val-fraction", "1.0"])
+    assert_accepted(tmp_path, cli, ["fit", str(path), "--no-write", "--val-fraction", "1.0"])
 
 
-def test_valid_file_is_accepted_and_written(tmp_path, capsys):
+def test_valid_file_is_accepted_and_written(tmp_path, cli):
     """The helpers build files tempcal accepts, and a write-back leaves no stray file."""
     path = tmp_path / "good.safetensors"
     save_file(_with(), str(path))
-    assert_accepted(tmp_path, capsys, ["fit", str(path)])
+    assert_accepted(tmp_path, cli, ["fit", str(path)])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["good.safetensors"]
+
+
+# -- shards -----------------------------------------------------------------------------------------------------
+
+
+def test_glob_without_match_and_mixed_shards_are_bad_input(tmp_path, capsys):
+    assert main(["fit", str(tmp_path / "nothing-*.safetensors")]) == 2
+    assert "no file matches" in capsys.readouterr().err
+    write_shards(tmp_path, [50], c=4)
+    other = tmp_path / "other.safetensors"
+    save_file({"logits": torch.randn(30, 5), "labels": torch.zeros(30, dtype=torch.long)}, str(other))
+    assert main(["fit", str(tmp_path / "part-00.safetensors"), str(other), "--no-write"]) == 2
+    assert "unlike the shards before it" in capsys.readouterr().err

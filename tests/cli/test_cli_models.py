@@ -1,13 +1,13 @@
-"""The model path through the CLI: model -> logits -> fit -> calibrated model -> report, and ood on inputs."""
+"""Models through the command line: model -> logits -> fit -> calibrated model -> report; ood on inputs."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import EXAMPLES
 from reference import optimal_temperature
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -15,7 +15,6 @@ from safetensors.torch import load_file
 import tempcal
 from tempcal.cli.main import main
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 MODEL, INPUTS, LOGITS = EXAMPLES / "digits_model.ts", EXAMPLES / "digits_inputs.safetensors", \
     EXAMPLES / "digits_logits.safetensors"
 

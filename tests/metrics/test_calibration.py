@@ -1,4 +1,4 @@
-"""Calibration figures against independent implementations: torchmetrics, a numpy loop, torch's cross-entropy."""
+"""Calibration figures (tempcal.metrics.calibration) against torchmetrics, a numpy loop, torch's cross-entropy."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import logits_and_labels, miscalibrated, miscalibrated_binary
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference import brier, ece_loop, entropy, miscalibrated, miscalibrated_binary, probabilities
+from reference import brier, ece_loop, entropy, probabilities
 
 import tempcal
 
@@ -92,18 +93,6 @@ def test_half_precision_input_is_computed_in_float32():
     assert m.nll == pytest.approx(float(F.cross_entropy(logits.double() / 1.5, labels)), rel=1e-5)
 
 
-@st.composite
-def logits_and_labels(draw):
-    n = draw(st.integers(2, 60))
-    c = draw(st.integers(2, 6))
-    seed = draw(st.integers(0, 2**31 - 1))
-    scale = draw(st.floats(0.01, 30))
-    g = torch.Generator().manual_seed(seed)
-    logits = torch.randn(n, c, generator=g, dtype=torch.float64) * scale
-    labels = torch.randint(0, c, (n,), generator=g)
-    return logits, labels
-
-
 @settings(max_examples=60, deadline=None)
 @given(logits_and_labels(), st.floats(0.05, 20), st.integers(1, 30))
 def test_ece_properties(data, tau, bins):
@@ -117,19 +106,6 @@ def test_ece_properties(data, tau, bins):
     shuffled = tempcal.calibration_metrics(logits[perm], labels[perm], tau, device="cpu", bins=bins)
     for key in ("nll", "ece", "mce", "brier", "accuracy", "entropy"):
         assert getattr(shuffled, key) == pytest.approx(getattr(m, key), rel=1e-9, abs=1e-12)
-
-
-@settings(max_examples=30, deadline=None)
-@given(logits_and_labels())
-def test_fitted_temperature_is_a_minimum(data):
-    logits, labels = data
-    result = tempcal.fit_temperature(logits, labels, device="cpu")
-    t = result.temperature
-    at = tempcal.calibration_metrics(logits, labels, t, device="cpu").nll
-    assert at <= tempcal.calibration_metrics(logits, labels, 1.0, device="cpu").nll + 1e-12
-    if result.bound is None:
-        for factor in (1 - 1e-3, 1 + 1e-3):
-            assert at <= tempcal.calibration_metrics(logits, labels, t * factor, device="cpu").nll + 1e-12
 
 
 def test_numpy_arrays_are_accepted():

@@ -1,4 +1,4 @@
-"""Bootstrap intervals against a naive loop that materialises every resample, and their statistical behaviour."""
+"""Bootstrap intervals (tempcal.metrics.bootstrap) against a naive resampling loop, and how they behave."""
 
 from __future__ import annotations
 
@@ -7,19 +7,12 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy.special import logsumexp, softmax
+from conftest import miscalibrated, scan_of
+from reference import reference_per_sample
 
 import tempcal
 from tempcal.errors import TempcalError
 from tempcal.metrics.bootstrap import bootstrap_intervals, bootstrap_replicates, bootstrap_scan
-
-
-def miscalibrated(n: int, c: int, scale: float, *, seed: int = 0, dtype=torch.float64):
-    """Labels drawn from softmax(z); the logits handed out are scale * z (copied from tests/reference.py)."""
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, c, dtype=torch.float64, generator=g) * 2
-    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
-    return (z * scale).to(dtype), y
 
 
 def ece_loop(confidence, correct, bins: int) -> float:
@@ -34,34 +27,8 @@ def ece_loop(confidence, correct, bins: int) -> float:
     return total
 
 
-def reference_per_sample(logits: torch.Tensor, labels: torch.Tensor, tau: float):
-    z = logits.double().numpy() / tau
-    y = labels.numpy()
-    p = softmax(z, axis=1)
-    return p.max(1), p.argmax(1) == y, logsumexp(z, axis=1) - z[np.arange(len(y)), y]
-
-
-def scan_of(logits, labels, **kwargs) -> tempcal.Scan:
-    return tempcal.Scan(tempcal.as_logits_data(logits, labels), device="cpu", **kwargs)
-
-
-def test_per_sample_is_one_pass_and_matches_scipy():
-    logits, labels = miscalibrated(3000, 9, 2.5, seed=1, dtype=torch.float32)
-    scan = scan_of(logits, labels, chunk_rows=700)
-    before = scan.passes
-    stats = scan.per_sample(1 / 1.8)
-    assert scan.passes == before + 1
-    confidence, correct, nll = reference_per_sample(logits, labels, 1.8)
-    np.testing.assert_allclose(stats["confidence"].numpy(), confidence, rtol=1e-12)
-    np.testing.assert_allclose(stats["nll"].numpy(), nll, rtol=1e-10, atol=1e-12)
-    assert np.array_equal(stats["correct"].numpy(), correct)
-    # The same confidences as the calibration pass, bit for bit, so the bins agree with `evaluate`.
-    [(_, kept)] = scan.calibration([1 / 1.8], 15, keep_scores=True)
-    assert torch.equal(stats["confidence"], kept["confidence"])
-
-
 def test_vectorised_resampling_matches_a_naive_loop_with_the_same_draws():
-    logits, labels = miscalibrated(240, 5, 2.0, seed=2)
+    logits, labels = miscalibrated(240, 5, 2.0, seed=2, dtype=torch.float64)
     confidence, correct, nll = reference_per_sample(logits, labels, 1.3)
     replicates = bootstrap_replicates(confidence, correct, nll, 20, seed=11, bins=10)
     rng = np.random.default_rng(11)
@@ -78,7 +45,7 @@ def test_vectorised_resampling_matches_a_naive_loop_with_the_same_draws():
 
 
 def test_batching_does_not_change_the_draws():
-    confidence, correct, nll = reference_per_sample(*miscalibrated(500, 4, 2.0, seed=3), 1.0)
+    confidence, correct, nll = reference_per_sample(*miscalibrated(500, 4, 2.0, seed=3, dtype=torch.float64), 1.0)
     whole = bootstrap_replicates(confidence, correct, nll, 37, seed=4, batch=100)
     pieces = bootstrap_replicates(confidence, correct, nll, 37, seed=4, batch=5)
     for name in whole:  # the same draws; only the rounding of the matrix products may differ
@@ -86,7 +53,7 @@ def test_batching_does_not_change_the_draws():
 
 
 def test_seeded():
-    logits, labels = miscalibrated(2000, 10, 2.0, seed=5)
+    logits, labels = miscalibrated(2000, 10, 2.0, seed=5, dtype=torch.float64)
     a = bootstrap_scan(scan_of(logits, labels), 1.0, 200, seed=7)
     b = bootstrap_scan(scan_of(logits, labels), 1.0, 200, seed=7)
     c = bootstrap_scan(scan_of(logits, labels), 1.0, 200, seed=8)
@@ -105,7 +72,7 @@ def test_interval_holds_the_point_estimate():
 
 
 def test_width_shrinks_like_one_over_root_n():
-    logits, labels = miscalibrated(16000, 10, 2.5, seed=7)
+    logits, labels = miscalibrated(16000, 10, 2.5, seed=7, dtype=torch.float64)
     confidence, correct, nll = reference_per_sample(logits, labels, 1.0)
     small = bootstrap_intervals(confidence[:1000], correct[:1000], nll[:1000], 400, seed=1)
     large = bootstrap_intervals(confidence, correct, nll, 400, seed=1)

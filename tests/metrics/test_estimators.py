@@ -1,4 +1,4 @@
-"""ECE estimators beside the contract's, against plain numpy loops, torchmetrics and the papers' formulas."""
+"""ECE estimators beside the contract's (tempcal.metrics.estimators) against numpy loops, torchmetrics, papers."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from fractions import Fraction
 import numpy as np
 import pytest
 import torch
+from conftest import miscalibrated, scan_of
 from scipy.special import softmax
 
-import tempcal
 from tempcal.errors import TempcalError
 from tempcal.metrics.estimators import (
     ESTIMATORS,
@@ -24,14 +24,6 @@ from tempcal.metrics.estimators import (
 )
 
 # -- independent references (plain loops over the definitions) -------------------------------
-
-
-def miscalibrated(n: int, c: int, scale: float, *, seed: int = 0, dtype=torch.float64):
-    """Labels drawn from softmax(z); the logits handed out are scale * z (copied from tests/reference.py)."""
-    g = torch.Generator().manual_seed(seed)
-    z = torch.randn(n, c, dtype=torch.float64, generator=g) * 2
-    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
-    return (z * scale).to(dtype), y
 
 
 def contract_bin(value: float, bins: int) -> int:
@@ -113,10 +105,6 @@ def tied_confidences(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return c, k
 
 
-def scan_of(logits, labels, **kwargs) -> tempcal.Scan:
-    return tempcal.Scan(tempcal.as_logits_data(logits, labels), device="cpu", **kwargs)
-
-
 # -- equal-mass ECE ---------------------------------------------------------------------------
 
 
@@ -168,7 +156,7 @@ def test_all_confidences_tied():
 
 def test_scan_estimators_are_invariant_to_row_order_with_saturated_confidences():
     """Logits with huge margins give confidence exactly 1.0 for many rows; shuffling rows changes nothing."""
-    logits, labels = miscalibrated(1200, 6, 3.0, seed=8)
+    logits, labels = miscalibrated(1200, 6, 3.0, seed=8, dtype=torch.float64)
     logits[:500, 0] += 200.0  # 500 rows whose confidence is exactly 1.0, some of them wrong
     confidence = torch.softmax(logits, 1).max(1).values
     assert int((confidence == 1.0).sum()) >= 500
@@ -187,7 +175,7 @@ def test_scan_estimators_are_invariant_to_row_order_with_saturated_confidences()
 def test_rms_matches_loop_and_torchmetrics():
     from torchmetrics.functional.classification import multiclass_calibration_error
 
-    logits, labels = miscalibrated(3000, 10, 2.0, seed=10)
+    logits, labels = miscalibrated(3000, 10, 2.0, seed=10, dtype=torch.float64)
     p = softmax(logits.numpy() / 1.4, axis=1)
     confidence = p.max(1)
     correct = (p.argmax(1) == labels.numpy()).astype(float)
@@ -249,7 +237,7 @@ def test_debiased_removes_the_plug_in_bias():
 def test_classwise_matches_loop_and_torchmetrics():
     from torchmetrics.functional.classification import binary_calibration_error
 
-    logits, labels = miscalibrated(2000, 7, 2.5, seed=13)
+    logits, labels = miscalibrated(2000, 7, 2.5, seed=13, dtype=torch.float64)
     logits[(labels != 3) & (torch.arange(2000) % 5 == 0), 3] = -math.inf  # p_3 = 0 exactly: the first bin
     scan = scan_of(logits, labels, chunk_rows=333)
     before = scan.passes
@@ -303,7 +291,7 @@ def test_estimators_for_matches_per_sample_functions_and_counts_passes():
     ({"bins": 0}, "bins must be a whole number >= 1"),
 ])
 def test_bad_arguments_are_one_line_errors(kwargs, message):
-    logits, labels = miscalibrated(50, 3, 1.0, seed=16)
+    logits, labels = miscalibrated(50, 3, 1.0, seed=16, dtype=torch.float64)
     args = {"tau": 1.0, "bins": 15, "names": ESTIMATORS, **kwargs}
     with pytest.raises(TempcalError, match=message) as info:
         estimators_for(scan_of(logits, labels), **args)

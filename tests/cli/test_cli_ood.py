@@ -1,0 +1,186 @@
+"""tempcal ood: results against scikit-learn and numpy references, the stored T, score files, plots, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import OOD_CLASSES as C
+from reference import ref_auroc, ref_energy, ref_fpr95, ref_msp, sk_figures
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from tempcal.cli.main import main
+from tempcal.io.writeback import write_temperature
+
+
+def test_binary_single_logit_msp_is_max_of_sigmoid(tmp_path, run_json):
+    g = torch.Generator().manual_seed(2)
+    z_id, z_ood = 4 * torch.randn(150, generator=g), torch.randn(90, 1, generator=g)  # [N] and [N, 1]
+    save_file({"logits": z_id, "labels": (z_id > 0).long()}, str(tmp_path / "id.safetensors"))
+    save_file({"logits": z_ood}, str(tmp_path / "ood.safetensors"))
+    result = run_json(["ood", str(tmp_path / "id.safetensors"), "--ood", str(tmp_path / "ood.safetensors"),
+                               "--tau", "1", "--tau", "2.5", "--score", "both", "--scores", str(tmp_path / "s.st")])
+    assert result["binary"] is True and result["num_classes"] == 2
+    with safe_open(str(tmp_path / "s.st"), "pt") as f:
+        for tau, name in ((1.0, "1"), (2.5, "2.5")):
+            for side, z in (("id", z_id.double().numpy()), ("ood.0", z_ood[:, 0].double().numpy())):
+                sig = 1 / (1 + np.exp(-z / tau))
+                np.testing.assert_allclose(f.get_tensor(f"{side}.msp.tau={name}").numpy(), np.maximum(sig, 1 - sig),
+                                           rtol=1e-12)
+                np.testing.assert_allclose(f.get_tensor(f"{side}.energy.tau={name}").numpy(),
+                                           tau * np.logaddexp(0, z / tau), rtol=1e-12)
+
+
+def test_cli_results_match_references(ood_files, run_json):
+    id_path, ood_path, z_id, z_ood = ood_files
+    result = run_json(["ood", str(id_path), "--ood", str(ood_path), "--tau", "1", "--tau", "4",
+                               "--score", "both"])
+    assert [(r["score"], r["tau"]) for r in result["results"]] == [("msp", 1.0), ("msp", 4.0),
+                                                                  ("energy", 1.0), ("energy", 4.0)]
+    for row in result["results"]:
+        ref = ref_msp if row["score"] == "msp" else ref_energy
+        a, b = ref(z_id.numpy(), row["tau"]), ref(z_ood.numpy(), row["tau"])
+        sk = sk_figures(a, b)
+        for key in ("auroc", "aupr_in", "aupr_out"):
+            assert row[key] == pytest.approx(sk[key], abs=1e-9), key
+        assert row["fpr95"] == ref_fpr95(a, b)
+        assert row["mean_id"] == pytest.approx(a.mean(), rel=1e-12)
+        assert row["mean_ood"] == pytest.approx(b.mean(), rel=1e-12)
+        assert row["ood_file"] == str(ood_path) and row["n_id"] == 300 and row["n_ood"] == 200
+    assert result["stored_temperature"] is None
+    for best in result["best"]:
+        rows = [r for r in result["results"] if r["score"] == best["score"]]
+        assert best["auroc"] == max(r["auroc"] for r in rows)
+        assert "stores no calibration temperature" in best["sentence"]
+
+
+def test_default_sweep_and_fitted_read_the_stored_temperature(ood_files, tmp_path, run_json):
+    id_path, ood_path, z_id, z_ood = ood_files
+    calibrated = tmp_path / "calibrated.safetensors"
+    write_temperature(id_path, 3.25, output=calibrated)
+    result = run_json(["ood", str(calibrated), "--ood", str(ood_path)])
+    taus = result["taus"]
+    assert 1.0 in taus and 3.25 in taus and taus == sorted(set(taus)) and len(taus) >= 5
+    assert result["stored_temperature"] == 3.25 and result["taus_from"] == "default sweep"
+    assert [r["tau"] for r in result["results"]] == taus
+    at_t = next(r for r in result["results"] if r["tau"] == 3.25)
+    assert at_t["auroc"] == pytest.approx(sk_figures(ref_msp(z_id, 3.25), ref_msp(z_ood, 3.25))["auroc"], abs=1e-9)
+    best = result["best"][0]
+    assert best["calibration_tau"] == 3.25 and best["calibration_auroc"] == at_t["auroc"]
+    assert "T = 3.25" in best["sentence"] and str(ood_path) in best["sentence"]
+    fitted = run_json(["ood", str(calibrated), "--ood", str(ood_path), "--tau", "fitted", "--tau", "1"])
+    assert [r["tau"] for r in fitted["results"]] == [3.25, 1.0]
+    assert fitted["results"][0]["auroc"] == at_t["auroc"]
+
+
+def test_several_ood_files_one_block_each(ood_files, tmp_path, run_json):
+    id_path, ood_path, z_id, _ = ood_files
+    g = torch.Generator().manual_seed(5)
+    z_far = 0.3 * torch.randn(120, C, generator=g)
+    save_file({"logits": z_far, "labels": torch.zeros(120, dtype=torch.int64)}, str(tmp_path / "far.safetensors"))
+    far = tmp_path / "far.safetensors"
+    both = run_json(["ood", str(id_path), "--ood", str(ood_path), "--ood", str(far), "--tau", "2"])
+    assert [r["ood_file"] for r in both["results"]] == [str(ood_path), str(far)]
+    assert [b["ood_file"] for b in both["best"]] == [str(ood_path), str(far)]
+    assert both["n_ood"] == [200, 120]
+    alone = run_json(["ood", str(id_path), "--ood", str(far), "--tau", "2"])
+    assert both["results"][1] == alone["results"][0]
+    assert both["results"][1]["auroc"] == pytest.approx(
+        ref_auroc(ref_msp(z_id, 2.0), ref_msp(z_far, 2.0)), abs=1e-12)
+
+
+def test_scores_file_contents(ood_files, tmp_path, run_json):
+    id_path, ood_path, z_id, z_ood = ood_files
+    out = tmp_path / "scores.safetensors"
+    result = run_json(["ood", str(id_path), "--ood", str(ood_path), "--tau", "0.5", "--tau", "2",
+                               "--score", "both", "--scores", str(out)])
+    assert result["scores_file"] == str(out)
+    with safe_open(str(out), "pt") as f:
+        keys = set(f.keys())
+        assert keys == {f"{side}.{s}.tau={t}" for side in ("id", "ood.0") for s in ("msp", "energy")
+                        for t in ("0.5", "2")}
+        assert f.metadata()["tempcal.ood.0"] == str(ood_path)
+        for t in (0.5, 2.0):
+            name = "0.5" if t == 0.5 else "2"
+            np.testing.assert_allclose(f.get_tensor(f"id.msp.tau={name}").numpy(), ref_msp(z_id, t), rtol=1e-12)
+            np.testing.assert_allclose(f.get_tensor(f"ood.0.energy.tau={name}").numpy(), ref_energy(z_ood, t),
+                                       rtol=1e-12)
+            assert f.get_tensor(f"id.msp.tau={name}").dtype == torch.float64
+
+
+def test_plot_writes_a_png(ood_files, tmp_path, capsys):
+    id_path, ood_path, _, _ = ood_files
+    out = tmp_path / "ood.png"
+    capsys.readouterr()
+    assert main(["ood", str(id_path), "--ood", str(ood_path), "--score", "both", "--plot", str(out)]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    assert f"wrote the plot to {out}" in capsys.readouterr().out
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys\nfrom tempcal.cli.main import main\ncode = main(['ood', '--help'])\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "--ood" in done.stdout
+
+
+# -- bad input: exit 2, one line, nothing written ---------------------------------------------------------------
+
+
+def bad(tmp_path: Path, cli, argv: list[str], *details: str) -> None:
+    before = sorted(p.name for p in tmp_path.iterdir())
+    code, out, err = cli([*argv, "--json", str(tmp_path / "out.json"), "--scores", str(tmp_path / "s.safetensors")])
+    assert code == 2, (out, err)
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+    for detail in details:
+        assert detail in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_missing_ood_is_usage_error(ood_files, tmp_path, cli):
+    bad(tmp_path, cli, ["ood", str(ood_files[0])], "--ood")
+
+
+def test_class_count_mismatch(ood_files, tmp_path, cli):
+    save_file({"logits": torch.randn(10, C + 1)}, str(tmp_path / "other.safetensors"))
+    bad(tmp_path, cli, ["ood", str(ood_files[0]), "--ood", str(tmp_path / "other.safetensors")],
+        "other.safetensors", f"{C + 1} classes", f"has {C}")
+
+
+def test_binary_against_two_columns(tmp_path, cli):
+    save_file({"logits": torch.randn(10), "labels": torch.zeros(10, dtype=torch.int64)}, str(tmp_path / "a.st"))
+    save_file({"logits": torch.randn(10, 2)}, str(tmp_path / "b.st"))
+    bad(tmp_path, cli, ["ood", str(tmp_path / "a.st"), "--ood", str(tmp_path / "b.st")], "binary")
+
+
+def test_fitted_without_stored_temperature(ood_files, tmp_path, cli):
+    bad(tmp_path, cli, ["ood", str(ood_files[0]), "--ood", str(ood_files[1]), "--tau", "fitted"],
+        "no stored temperature", str(ood_files[0]))
+
+
+@pytest.mark.parametrize("tau", ["0", "-1", "abc", "nan", "inf"])
+def test_bad_tau(ood_files, tmp_path, cli, tau):
+    bad(tmp_path, cli, ["ood", str(ood_files[0]), "--ood", str(ood_files[1]), "--tau", tau], f"--tau {tau}")
+
+
+def test_bad_values_in_ood_file(ood_files, tmp_path, cli):
+    z = torch.randn(30, C)
+    z[7, 2] = float("nan")
+    save_file({"logits": z}, str(tmp_path / "nan.safetensors"))
+    bad(tmp_path, cli, ["ood", str(ood_files[0]), "--ood", str(tmp_path / "nan.safetensors")],
+        "nan.safetensors", "NaN", "index 7")
+
+
+def test_output_over_an_input_is_refused(ood_files, tmp_path, capsys):
+    id_path, ood_path, _, _ = ood_files
+    before = id_path.read_bytes()
+    assert main(["ood", str(id_path), "--ood", str(ood_path), "--plot", str(tmp_path / "x.jpg")]) == 2
+    assert main(["ood", str(id_path), "--ood", str(ood_path), "--scores", str(id_path)]) == 2
+    assert id_path.read_bytes() == before and not (tmp_path / "x.jpg").exists()

@@ -1,0 +1,55 @@
+"""Scan (tempcal.core.scan): its reduction dtype, per-sample and scores-only passes, against float64 references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from conftest import miscalibrated, scan_of
+from reference import reference_per_sample
+
+from tempcal.core.data import as_logits_data
+from tempcal.core.scan import Scan
+
+
+@pytest.mark.parametrize(("shape", "expected"), [((30000, 20), torch.float32), ((100, 2000), torch.float64),
+                                                 ((2000, 100), torch.float64), ((999, 300), torch.float64)])
+def test_reductions_use_float64_for_few_rows_or_few_logits(shape, expected):
+    logits, labels = miscalibrated(*shape, 1.0, seed=15)
+    assert Scan(as_logits_data(logits, labels), device="cpu").compute_dtype == expected
+
+
+def test_per_sample_is_one_pass_and_matches_scipy():
+    logits, labels = miscalibrated(3000, 9, 2.5, seed=1, dtype=torch.float32)
+    scan = scan_of(logits, labels, chunk_rows=700)
+    before = scan.passes
+    stats = scan.per_sample(1 / 1.8)
+    assert scan.passes == before + 1
+    confidence, correct, nll = reference_per_sample(logits, labels, 1.8)
+    np.testing.assert_allclose(stats["confidence"].numpy(), confidence, rtol=1e-12)
+    np.testing.assert_allclose(stats["nll"].numpy(), nll, rtol=1e-10, atol=1e-12)
+    assert np.array_equal(stats["correct"].numpy(), correct)
+    # The same confidences as the calibration pass, bit for bit, so the bins agree with `evaluate`.
+    [(_, kept)] = scan.calibration([1 / 1.8], 15, keep_scores=True)
+    assert torch.equal(stats["confidence"], kept["confidence"])
+
+
+def test_the_scores_pass_keeps_what_the_calibration_pass_keeps():
+    """OOD scoring reads each chunk once and computes only the scores, which equal the calibration pass's."""
+    from tempcal.core.data import as_logits_data
+
+    logits, labels = miscalibrated(700, 9, 2.0, seed=21)
+    logits[3, 4] = -math.inf
+    scan = Scan(as_logits_data(logits, labels), device="cpu", chunk_rows=64)
+    before = scan.passes
+    fast = scan.scores([1.0, 0.25, 3.0])
+    assert scan.passes == before + 1
+    full = scan.calibration([1.0, 0.25, 3.0], 15, keep_scores=True)
+    for mine, (_, kept) in zip(fast, full, strict=True):
+        assert torch.equal(mine["msp"], kept["confidence"])
+        assert torch.equal(mine["energy"], kept["energy"])
+    z = logits.double()
+    assert torch.allclose(fast[1]["energy"], 4.0 * torch.logsumexp(z / 4.0, 1), rtol=1e-6)
+    assert torch.allclose(fast[2]["msp"], torch.softmax(z * 3.0, 1).max(1).values, rtol=1e-6)
