@@ -105,6 +105,16 @@ def logits_and_labels(draw):
     return logits, labels
 
 
+def hidden_and_head(n: int, d: int, v: int, *, seed: int = 0, scale: float = 3.0):
+    """Hidden states [n, d], an output head (weight [v, d], bias [v]) and labels drawn from softmax(z / scale)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(v, d, generator=g) / d**0.5 * 2
+    b = torch.randn(v, generator=g) * 0.3
+    h = torch.randn(n, d, generator=g)
+    y = torch.multinomial(torch.softmax((h @ w.T + b) / scale, 1), 1, generator=g)[:, 0]
+    return h, w, b, y
+
+
 def scan_of(logits, labels, **kwargs) -> tempcal.Scan:
     return tempcal.Scan(tempcal.as_logits_data(logits, labels), device="cpu", **kwargs)
 

@@ -1,0 +1,167 @@
+"""tempcal fit/report/ood with --head: every figure equals the same command on the materialised logits."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from conftest import EXAMPLES, hidden_and_head, snapshot
+from reference import optimal_temperature
+from safetensors.torch import load_file, save_file
+
+import tempcal
+from tempcal.models.torchscript import quiet_jit
+
+FIGURES = ("nll", "ece", "mce", "brier", "accuracy", "entropy", "mean_confidence")
+
+
+def write(path, **tensors):
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    return path
+
+
+def assert_same_figures(a: dict, b: dict, tol: float = 1e-6) -> None:
+    for key in FIGURES:
+        assert a[key] == pytest.approx(b[key], abs=tol), key
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_fit_report_ood_equal_the_materialised_logits(tmp_path, run_json, dtype):
+    h, w, b, y = hidden_and_head(1500, 24, 3000, seed=1)
+    h, w, b = h.to(dtype), w.to(dtype), b.to(dtype)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    z = h.to(compute) @ w.to(compute).T + b.to(compute)
+    hidden = write(tmp_path / "hidden.safetensors", hidden=h, labels=y)
+    head = write(tmp_path / "head.safetensors", weight=w, bias=b)
+    logits = write(tmp_path / "logits.safetensors", logits=z, labels=y)
+    by_head = run_json(["fit", str(hidden), "--head", str(head), "--no-write"])
+    by_logits = run_json(["fit", str(logits), "--no-write"])
+    assert abs(by_head["temperature"] - by_logits["temperature"]) / by_logits["temperature"] < 1e-6
+    rows = torch.from_numpy(tempcal.stratified_split(y.numpy(), 0.5, 0)[0])
+    reference = optimal_temperature(z[rows], y[rows])
+    assert abs(by_head["temperature"] - reference) / reference < 1e-6
+    for side in ("before", "after"):
+        assert_same_figures(by_head[side], by_logits[side])
+    a = run_json(["report", str(hidden), "--head", str(head), "--tau", "0.7", "--tau", "2"])
+    b_ = run_json(["report", str(logits), "--tau", "0.7", "--tau", "2"])
+    for x, y_ in zip(a["results"], b_["results"], strict=True):
+        assert_same_figures(x, y_)
+    ood_hidden = (torch.randn(400, 24) * 3).to(dtype)
+    ood_h = write(tmp_path / "ood_hidden.safetensors", hidden=ood_hidden)
+    ood_z = write(tmp_path / "ood_logits.safetensors", logits=ood_hidden.to(compute) @ w.to(compute).T + b.to(compute))
+    a = run_json(["ood", str(hidden), "--head", str(head), "--ood", str(ood_h), "--score", "both"])
+    b_ = run_json(["ood", str(logits), "--ood", str(ood_z), "--score", "both"])
+    for x, y_ in zip(a["results"], b_["results"], strict=True):
+        for key in ("auroc", "aupr_in", "aupr_out", "fpr95"):
+            assert x[key] == pytest.approx(y_[key], abs=1e-6)
+
+
+def test_write_back_goes_into_the_hidden_states_file(tmp_path, run_json):
+    h, w, b, y = hidden_and_head(400, 8, 300, seed=2)
+    hidden = write(tmp_path / "hidden.safetensors", hidden=h, labels=y)
+    head = write(tmp_path / "head.safetensors", weight=w, bias=b)
+    fitted = run_json(["fit", str(hidden), "--head", str(head)])
+    assert tempcal.read_header(hidden).stored_temperature() == fitted["temperature"]
+    assert torch.equal(load_file(str(hidden))["hidden"], h)
+    again = run_json(["report", str(hidden), "--head", str(head)])
+    assert again["results"][0]["tau"] == fitted["temperature"]
+
+
+def test_token_level_hidden_states_skip_the_ignore_index(tmp_path, run_json):
+    h, w, b, y = hidden_and_head(6 * 40, 8, 200, seed=3)
+    y[::7] = -100
+    hidden = write(tmp_path / "hidden.safetensors", hidden=h.reshape(6, 40, 8), labels=y.reshape(6, 40))
+    head = write(tmp_path / "head.safetensors", weight=w, bias=b)
+    keep = y != -100
+    logits = write(tmp_path / "logits.safetensors", logits=(h @ w.T + b)[keep], labels=y[keep])
+    a = run_json(["fit", str(hidden), "--head", str(head), "--no-write", "--val-fraction", "1"])
+    b_ = run_json(["fit", str(logits), "--no-write", "--val-fraction", "1"])
+    assert a["n_fit"] == int(keep.sum()) and abs(a["temperature"] - b_["temperature"]) / b_["temperature"] < 1e-6
+
+
+def test_the_shipped_digits_model_as_hidden_states_and_its_last_layer(tmp_path, run_json):
+    """A real small model: the digits MLP's penultimate activations and its last layer give the shipped logits."""
+    inputs = load_file(str(EXAMPLES / "digits_inputs.safetensors"))
+    shipped = load_file(str(EXAMPLES / "digits_logits.safetensors"))
+    with quiet_jit():
+        state = torch.jit.load(str(EXAMPLES / "digits_model.ts")).state_dict()
+    weights = [v for k, v in state.items() if k.endswith("weight")]
+    biases = [v for k, v in state.items() if k.endswith("bias")]
+    assert [tuple(w.shape) for w in weights] == [(128, 64), (10, 128)]
+    penultimate = torch.relu(inputs["inputs"] @ weights[0].T + biases[0])
+    assert torch.allclose(penultimate @ weights[1].T + biases[1], shipped["logits"], atol=1e-5)
+    hidden = write(tmp_path / "hidden.safetensors", hidden=penultimate, labels=inputs["labels"])
+    head = write(tmp_path / "head.safetensors", weight=weights[1], bias=biases[1])
+    a = run_json(["fit", str(hidden), "--head", str(head), "--no-write"])
+    b = run_json(["fit", str(EXAMPLES / "digits_logits.safetensors"), "--no-write"])
+    assert abs(a["temperature"] - b["temperature"]) / b["temperature"] < 1e-6
+    for side in ("before", "after"):
+        assert_same_figures(a[side], b[side])
+
+
+def test_a_hugging_face_folder_as_head_fits_like_its_logits(tmp_path, run_json):
+    from test_head import VOCAB, final_hidden_states, tiny_model
+
+    hidden_states, logits = final_hidden_states(tiny_model("llama", tmp_path / "llama"), rows=8)
+    y = torch.multinomial(torch.softmax(logits * 3, 1), 1, generator=torch.Generator().manual_seed(2))[:, 0]
+    hidden = write(tmp_path / "hidden.safetensors", hidden=hidden_states, labels=y)
+    materialised = write(tmp_path / "logits.safetensors", logits=logits, labels=y)
+    a = run_json(["fit", str(hidden), "--head", str(tmp_path / "llama"), "--no-write"])
+    b = run_json(["fit", str(materialised), "--no-write"])
+    assert a["num_classes"] == VOCAB and abs(a["temperature"] - b["temperature"]) / b["temperature"] < 1e-5
+
+
+def test_the_example_script_dumps_rows_that_fit(tmp_path, run_json):
+    pytest.importorskip("transformers")
+    done = subprocess.run([sys.executable, str(EXAMPLES / "lm_hidden_states.py"), "--demo", str(tmp_path / "m")],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = load_file(str(tmp_path / "m" / "hidden.safetensors"))
+    assert rows["hidden"].shape == (16, 32, 64) and rows["labels"].shape == (16, 32)
+    assert bool((rows["labels"][:, -1] == -100).all())
+    result = run_json(["fit", str(tmp_path / "m" / "hidden.safetensors"), "--head", str(tmp_path / "m"),
+                       "--no-write"])
+    assert result["n_fit"] + result["n_eval"] == 16 * 31 and result["num_classes"] == 512
+
+
+@pytest.mark.parametrize("case", ["width", "label", "key", "no-config", "no-weights", "nan", "softcap", "probs"])
+def test_bad_heads_are_one_line_errors_and_nothing_is_written(tmp_path, cli, case):
+    h, w, b, y = hidden_and_head(200, 8, 50, seed=4)
+    hidden = write(tmp_path / "hidden.safetensors", hidden=h, labels=y)
+    head = tmp_path / "head.safetensors"
+    extra: list[str] = []
+    write(head, weight=w, bias=b)
+    if case == "width":
+        write(head, weight=w[:, :6], bias=b)
+        expected = "'hidden' has width d = 8 but"
+    elif case == "label":
+        write(head, weight=w[:40], bias=b[:40])
+        expected = "outside the vocabulary"
+    elif case == "key":
+        write(head, W=w)
+        expected = "no tensor 'weight' (keys present: 'W'; choose one with --head-weight-key)"
+    elif case in ("no-config", "no-weights"):
+        head = tmp_path / "folder"
+        head.mkdir()
+        if case == "no-weights":
+            (head / "config.json").write_text("{}")
+        expected = "no config.json" if case == "no-config" else "no model.safetensors"
+    elif case == "nan":
+        w[7, 3] = math.nan
+        write(head, weight=w, bias=b)
+        expected = "NaN or inf (vocabulary row 7)"
+    elif case == "softcap":
+        extra = ["--softcap", "0"]
+        expected = "--softcap 0.0: expected a number > 0"
+    else:
+        extra = ["--probs"]
+        expected = "--probs applies to logits"
+    before = snapshot(tmp_path)
+    code, _, err = cli(["fit", str(hidden), "--head", str(head), "--json", str(tmp_path / "out.json"), *extra])
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error:") and expected in err, err
+    assert snapshot(tmp_path) == before
+    assert np.array_equal(load_file(str(hidden))["hidden"].numpy(), h.numpy())
