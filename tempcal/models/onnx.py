@@ -151,7 +151,7 @@ def session_for(model: onnx.ModelProto, folder: Path, label: str,
     """A session for the checked ``model`` (given as bytes; external data resolved in ``folder``)."""
     ort = import_onnxruntime()
     options = ort.SessionOptions()
-    options.log_severity_level = 3  # errors only: the runtime's warnings would bypass tempcal's messages
+    options.log_severity_level = 4  # fatal only: its logs (errors too) go straight to the terminal, bypassing tempcal
     options.add_session_config_entry(_EXTERNAL_FOLDER_OPTION, str(folder))
     try:
         return ort.InferenceSession(model.SerializeToString(), options,

@@ -28,9 +28,12 @@ def test_every_format_opens_alike_and_a_calibrated_one_gives_its_stored_t(digits
     from models.model_builders import onnx_mlp
 
     program = save_program(digits["mlp"], digits["x"][:4], tmp_path / "digits.pt2")
+    as_pt = tmp_path / "exported.pt"  # an exported program under a TorchScript-like name: told by its contents
+    as_pt.write_bytes(program.read_bytes())
     onnx_file = onnx_mlp(digits["mlp"], tmp_path / "digits.onnx")
     reference = open_source(digits["model"], inputs=str(digits["inputs"]), device="cpu").data.logits
-    for path, what in ((program, "an exported program"), (onnx_file, "an ONNX model")):
+    for path, what in ((program, "an exported program"), (as_pt, "an exported program"),
+                       (onnx_file, "an ONNX model")):
         opened = open_source(path, inputs=str(digits["inputs"]), device="cpu")
         assert opened.name == f"{path} on {digits['inputs']}" and opened.paths == []
         assert opened.stored_temperature is None
@@ -38,7 +41,7 @@ def test_every_format_opens_alike_and_a_calibrated_one_gives_its_stored_t(digits
         assert torch.equal(opened.data.labels, digits["y"])
         with pytest.raises(TempcalError, match=rf"{path.name}: {what} SOURCE needs its inputs: inputs"):
             open_source(path)
-        calibrated = tmp_path / f"calibrated{path.suffix}"
+        calibrated = tmp_path / f"calibrated-{path.stem}{'.onnx' if path is onnx_file else '.pt2'}"
         save_calibrated_model(path, 2.5, calibrated, check_inputs=digits["inputs"])
         assert read_stored_temperature(calibrated) == (2.5, []) and read_stored_temperature(path) == (None, [])
         again = open_source(calibrated, inputs=str(digits["inputs"]), device="cpu")
