@@ -205,10 +205,11 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
     """Write, atomically, an exported program whose selected output is ``model``'s divided by ``temperature``.
 
-    ``model`` is a ``.pt2`` or TorchScript model loaded on the CPU. ``check_inputs`` (a batch of the inputs it
-    takes, batch first) drive the export and the check; other outputs are returned untouched. Nothing is
-    written unless the saved bytes, loaded back safely and run on a batch of another size, reproduce the
-    original's outputs with the logits divided by T.
+    ``model`` is a ``.pt2`` or TorchScript model loaded on the CPU (a ``.pt2`` model's graph gets the division in
+    place: load a fresh one to save another). ``check_inputs`` (a batch of the inputs it takes, batch first)
+    drive the export and the check; other outputs are returned untouched. Nothing is written unless the saved
+    bytes, loaded back safely and run on a batch of another size, reproduce the original's outputs with the
+    logits divided by T.
     """
     value = as_temperature(temperature)
     label = model.name
