@@ -81,14 +81,16 @@ def fit(
     output_key: OutputKey = None,
     save_logits: SaveLogits = None,
     save_model: Annotated[Optional[str], typer.Option(
-        "--save-model", metavar="PATH", help="Write a TorchScript model whose logits are the model SOURCE's / T.")
+        "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
+        "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt/.pth/.ts/"
+        ".torchscript (from a TorchScript model).")
     ] = None,
     quiet: Quiet = False,
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
     _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                   save_model=save_model, save_logits=save_logits, output_key=output_key)
-    check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown},
+    check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-model": save_model},
                   [*source, *([eval_file] if eval_file else [])])
 
     from ..output.files import write_fit_files
@@ -140,3 +142,7 @@ def _check_writes(source: list[str], *, inputs: str | None, output: str | None, 
                            "(and --save-logits PATH)")
     if is_model and probs:
         raise TempcalError("--probs applies to logits files, not to a model SOURCE")
+    if is_model and save_model is not None:
+        from ..models.detect import save_format
+
+        save_format(source[0], save_model)  # a format that cannot be written from SOURCE's: refused before any work

@@ -22,7 +22,7 @@ class Objective(str, Enum):
 # -- what to read ---------------------------------------------------------------------------
 Source = Annotated[list[str], typer.Argument(
     metavar="SOURCE", help="Logits file (.safetensors with 'logits' and 'labels'; .npz, .npy, .pt too), or a "
-    "model with --inputs; several files or a glob pattern are read as shards.")]
+    "model (.pt2, .onnx, TorchScript) with --inputs; several files or a glob pattern are read as shards.")]
 LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).")]
 LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].")]
 Probs = Annotated[bool, typer.Option("--probs", help="The logits tensor holds probabilities; work on log(p).")]
@@ -34,11 +34,13 @@ ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
 
 # -- a model SOURCE -------------------------------------------------------------------------
 Inputs = Annotated[Optional[str], typer.Option(
-    "--inputs", metavar="DATA", help="Inputs file (.safetensors: 'inputs', 'labels') for a TorchScript model SOURCE.")]
+    "--inputs", metavar="DATA", help="Inputs file (.safetensors: 'inputs', 'labels') for a model SOURCE (.pt2, "
+    ".onnx, or TorchScript .pt/.pth/.ts/.torchscript).")]
 InputsKey = Annotated[str, typer.Option("--inputs-key", help="Tensor holding the model inputs [N, ...].")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Rows per model batch (model SOURCE).")]
 OutputKey = Annotated[Optional[str], typer.Option(
-    "--output-key", metavar="KEY", help="The logits among a model's outputs: a dict key or a tuple index.")]
+    "--output-key", metavar="KEY", help="The logits among a model's outputs: a dict key or a tuple index (an "
+    "ONNX model's output name).")]
 SaveLogits = Annotated[Optional[str], typer.Option(
     "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file.")]
 
@@ -94,14 +96,15 @@ def source_options(values: dict[str, Any], **overrides: Any) -> Any:
 
 
 def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:
-    """A model SOURCE: one model file and ``--inputs`` (or a TorchScript archive). ``model_only`` maps the flags
+    """A model SOURCE: one model file and ``--inputs`` (or a ``.pt2``/``.onnx`` file, or a TorchScript or exported
+    archive under a ``.pt``/``.pth``/``.ts``/``.torchscript`` name). ``model_only`` maps the flags
     that only make sense for a model to their values: any of them set without a model is a usage error."""
     from ..models.detect import looks_like_model
 
     model = len(source) == 1 and looks_like_model(source[0], inputs is not None)
     if not model and (inputs is not None or any(v is not None for v in model_only.values())):
         flags = ", ".join(["--inputs", *model_only])
-        raise TempcalError(f"{flags} apply to a TorchScript model SOURCE")
+        raise TempcalError(f"{flags} apply to a model SOURCE (.pt2, .onnx, or TorchScript .pt/.pth/.ts/.torchscript)")
     return model
 
 

@@ -1,13 +1,20 @@
 """What every model format gives the rest of tempcal: a loaded model that maps an inputs batch to outputs.
 
-A calibrated model saved by tempcal wraps the original and divides the selected logits by T;
-loading one gives back the original (``net``) and T (``temperature``), so ``--tau`` means what
-it means for a logits file holding T in its metadata: the default (the stored T) reproduces the
-calibrated outputs, ``--tau 1`` the original's.
+A calibrated model saved by tempcal divides the selected logits of the original by T (a wrapper
+for TorchScript, a division added to the graph for ``.pt2`` and ONNX); loading one gives back the
+original (``net``) and T (``temperature``), so ``--tau`` means what it means for a logits file
+holding T in its metadata: the default (the stored T) reproduces the calibrated outputs, ``--tau 1``
+the original's. :func:`load_model` loads any format, picked by :func:`tempcal.models.detect.model_format`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import logging
+import os
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,14 +32,52 @@ class LoadedModel:
     """A model ready to run: ``net(x)`` gives the original's outputs; ``temperature`` is a calibrated model's T."""
 
     path: Path
-    format: str  # "torchscript", ...
-    net: Any  # a torch module in eval mode (autograd works through it, for ODIN)
+    format: str  # "torchscript", "export" (.pt2) or "onnx": see tempcal.models.detect.FORMATS
+    #: ``net(x)`` maps an inputs batch (a tensor on ``device``) to the original's outputs: a tensor, a tuple or a
+    #: dict of tensors. For torch formats a module in eval semantics (autograd works through it, for ODIN); for
+    #: ONNX a callable that runs onnxruntime (no autograd).
+    net: Any
     temperature: float | None
     device: Any
 
     @property
     def name(self) -> str:
         return str(self.path)
+
+
+def runtime(model_format: str) -> Any:
+    """The module that loads (and saves) ``model_format``: ``tempcal.models.<FORMATS[model_format]>``."""
+    from .detect import FORMATS
+
+    return importlib.import_module(f"{__package__}.{FORMATS[model_format]}")
+
+
+def load_model(path: str | os.PathLike, device: Any = "auto") -> LoadedModel:
+    """A model of any format (told by its suffix and first bytes), ready to run on ``device``."""
+    from .detect import model_format
+
+    return runtime(model_format(path)).load(path, device)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """Silence warnings and log records below ERROR while a runtime works: users see tempcal's one-line errors."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logging.disable(previous)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for the ways torch and onnxruntime report running out of (device) memory."""
+    if isinstance(exc, MemoryError):
+        return True
+    text = str(exc).lower()
+    return "out of memory" in text or "bad_alloc" in text or "failed to allocate" in text
 
 
 def error_line(exc: BaseException, *, last: bool = True) -> str:
@@ -43,4 +88,5 @@ def error_line(exc: BaseException, *, last: bool = True) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "ORIGINAL", "TEMPERATURE_BUFFER", "LoadedModel", "OutputKey", "error_line"]
+__all__ = ["DEFAULT_BATCH_SIZE", "ORIGINAL", "TEMPERATURE_BUFFER", "LoadedModel", "OutputKey", "error_line",
+           "is_out_of_memory", "load_model", "quiet", "runtime"]

@@ -2,8 +2,9 @@
 
 Each input is moved by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)``
 (so the max softmax rises, more for in-distribution inputs), and scored by ``max softmax(f(x') / tau)``.
-It needs autograd through the model and floating-point inputs; ``eps = 0`` is the plain MSP at tau.
-A calibrated model is run through its original (tau applies to the raw logits). The OOD report is
+It needs autograd through the model (a ``.pt2`` or TorchScript model; onnxruntime gives no gradients)
+and floating-point inputs; ``eps = 0`` is the plain MSP at tau. A calibrated model is run through its
+original (tau applies to the raw logits). The OOD report is
 assembled by :mod:`tempcal.workflows.ood`, as for every other score.
 """
 
@@ -18,8 +19,8 @@ import torch
 
 from ..errors import DataError, TempcalError, param
 from ..validation import as_temperature
-from . import torchscript
-from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line
+from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
+from .head import no_tf32
 from .inputs import InputsFile
 from .run import check_batch_size, progress_bar, select_output
 
@@ -85,11 +86,15 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
     tau = as_temperature(tau, f"{param('tau')} (ODIN)")
     eps = check_eps(eps)
     if not isinstance(model, LoadedModel):
-        model = torchscript.load(model, device)
+        model = load_model(model, device)
     net, name = model.net, model.name
+    if model.format == "onnx":
+        raise TempcalError(f"{param('odin_eps')}: ODIN steps along the gradient of the model's outputs, which "
+                           f"onnxruntime does not give; {name} is an ONNX model: score it without "
+                           f"{param('odin_eps')}, or use its .pt2 or TorchScript export")
     rows, what, batches = _input_batches(inputs, inputs_key, batch_size)
     parts = []
-    with progress_bar(progress, f"ODIN {Path(name).name} tau={tau:g}", rows) as advance:
+    with progress_bar(progress, f"ODIN {Path(name).name} tau={tau:g}", rows) as advance, no_tf32():
         for batch, (start, stop, x) in enumerate(batches()):
             if not x.dtype.is_floating_point:
                 raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")

@@ -1,6 +1,7 @@
 """Running a loaded model over an inputs file in batches: its logits, checked batch by batch.
 
-Models run in eval mode under ``torch.inference_mode``; any failure becomes one line naming the
+Every format runs the same way (``model.net(x)``, see :class:`~tempcal.models.base.LoadedModel`), in eval
+semantics under ``torch.inference_mode`` and without TF32 on CUDA; any failure becomes one line naming the
 batch, its rows and the inputs' shape. A transient progress bar shows on a terminal.
 """
 
@@ -16,7 +17,8 @@ import torch
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import shown
 from ..validation import whole_number
-from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line
+from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
+from .head import no_tf32
 from .inputs import InputsFile
 
 if TYPE_CHECKING:
@@ -112,7 +114,7 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
     except Exception as exc:
         line = error_line(exc)
         where = f"batch {batch} (rows {start}-{stop - 1} of {source.num_samples}, shape {list(x.shape)})"
-        if "out of memory" in line.lower():
+        if is_out_of_memory(exc):
             raise TempcalError(f"{model.name}: out of memory on {where}; lower {param('batch_size')}") from None
         if batch == 0:
             raise TempcalError(f"{model.name} rejects the inputs {source.describe()} on {where}: {line}") from None
@@ -126,7 +128,7 @@ def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAU
     parts: list[torch.Tensor] = []
     classes = None
     with progress_bar(progress, f"running {Path(model.name).name}", source.num_samples) as advance, \
-            torch.inference_mode():
+            torch.inference_mode(), no_tf32():
         for batch, (start, stop, x) in enumerate(source.batches(batch_size)):
             out = _call(model, x.to(model.device), source, batch, start, stop)
             z = select_output(out, output_key, model.name)

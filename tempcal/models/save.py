@@ -1,10 +1,13 @@
 """Writing what a model SOURCE gives: its logits as a logits file, and the model calibrated.
 
-A calibrated model wraps the original as its submodule ``original`` and divides the selected
-logits by the float64 buffer ``tempcal_temperature``; a model returning a dict or tuple keeps
-that structure. A calibrated model given as SOURCE is re-wrapped from its original, never
-wrapped twice. Before anything is written, the saved bytes are loaded back and run on a few
-inputs: their logits must be the original's divided by T.
+:func:`save_calibrated_model` writes the format ``--save-model PATH``'s suffix names: ``.pt2`` (from a
+``.pt2`` or TorchScript SOURCE: :mod:`tempcal.models.export`), ``.onnx`` (from an ONNX SOURCE:
+:mod:`tempcal.models.onnx`) or a TorchScript suffix (from a TorchScript SOURCE, here). A calibrated
+TorchScript model wraps the original as its submodule ``original`` and divides the selected logits by
+the float64 buffer ``tempcal_temperature``; a model returning a dict or tuple keeps that structure.
+A calibrated model given as SOURCE is calibrated from its original, never divided twice. Before
+anything is written, the saved bytes are loaded back and run on a few inputs: their logits must be
+the original's divided by T.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from ..errors import TempcalError, param
 from ..io.atomic import write_bytes_atomic
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature
 from . import torchscript
-from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line
+from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, load_model, runtime
+from .detect import save_format
 from .inputs import InputsFile
 from .run import as_index, select_output
 
@@ -135,29 +139,41 @@ def save_calibrated_model(model_path: str | os.PathLike, temperature: float, out
                           inputs_key: str = "inputs") -> Path:
     """Write, atomically, a model whose logits are the original's divided by ``temperature``.
 
-    T is a float64 buffer ``tempcal_temperature`` and the extra file ``tempcal.temperature`` (its repr).
-    ``check_inputs`` (a tensor, or an inputs file whose first rows are used) is run through the saved
-    bytes before they are written: outputs must be the original's divided by T, else nothing is written.
-    The model is saved for CPU.
+    The format follows ``out_path``'s suffix (:func:`tempcal.models.detect.save_format`): ``.pt2`` from a
+    ``.pt2`` or TorchScript model (:mod:`tempcal.models.export`), ``.onnx`` from an ONNX model
+    (:mod:`tempcal.models.onnx`), a TorchScript suffix from a TorchScript model (here: a wrapper whose float64
+    buffer ``tempcal_temperature`` and extra file ``tempcal.temperature`` hold T). ``check_inputs`` (a tensor,
+    or an inputs file whose first rows are used) is run through the saved model before it is written:
+    outputs must be the original's divided by T, else nothing is written. A ``.pt2`` needs them (they drive the
+    export). The model is saved for CPU.
     """
+    prefix = f"{param('save_model')} {out_path}: "
     try:
         value = as_temperature(temperature)
-        model = torchscript.load(model_path, "cpu")
+        wanted = save_format(model_path, out_path)
+        model = load_model(model_path, "cpu")
+        rows = None if check_inputs is None else _first_rows(check_inputs, inputs_key)
+        if wanted != "torchscript":
+            return runtime(wanted).save_calibrated(model, value, out_path, output_key=output_key, check_inputs=rows)
         wrapper = calibrated_wrapper(model.net, value, output_key, model.name)
         blob = torchscript.script_and_save(wrapper, value, model.name)
-        if check_inputs is not None:
-            _check_saved(torchscript.load_bytes(blob), model, value, check_inputs, inputs_key, output_key)
-    except TempcalError as exc:
-        raise exc.prefixed(f"{param('save_model')} {out_path}: ") from None
-    return write_bytes_atomic(out_path, blob, what=param("save_model"))
+        if rows is not None:
+            _check_saved(torchscript.load_bytes(blob), model, value, rows, output_key)
+        return write_bytes_atomic(out_path, blob, what=param("save_model"))
+    except TempcalError as exc:  # one prefix: errors of the write itself already name the option and path
+        raise (exc if exc.raw.startswith(prefix) else exc.prefixed(prefix)) from None
 
 
-def _check_saved(reloaded: Any, model: LoadedModel, temperature: float, inputs: torch.Tensor | str | os.PathLike,
-                 inputs_key: str, output_key: OutputKey) -> None:
-    """Compare the reloaded model's logits with the original's divided by T on a few inputs."""
+def _first_rows(inputs: torch.Tensor | str | os.PathLike, inputs_key: str) -> torch.Tensor:
+    """The first :data:`CHECK_ROWS` rows of a tensor or an inputs file."""
     if not isinstance(inputs, torch.Tensor):
         inputs = next(InputsFile(inputs, inputs_key).batches(CHECK_ROWS))[2]
-    x = inputs[:CHECK_ROWS]
+    return inputs[:CHECK_ROWS]
+
+
+def _check_saved(reloaded: Any, model: LoadedModel, temperature: float, x: torch.Tensor,
+                 output_key: OutputKey) -> None:
+    """Compare the reloaded TorchScript model's logits with the original's divided by T on a few inputs."""
     with torch.inference_mode():
         try:
             expected = select_output(model.net(x), output_key, model.name)

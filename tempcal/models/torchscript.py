@@ -3,7 +3,9 @@
 A file must be a TorchScript zip archive (``constants.pkl`` and ``code/`` inside, checked without
 reading any of it, see :mod:`tempcal.models.detect`) before torch is asked to load it, and
 TorchScript's own loader builds no arbitrary Python objects. A calibrated model's T is its
-float64 buffer ``tempcal_temperature`` and the archive's extra file ``tempcal.temperature``.
+float64 buffer ``tempcal_temperature`` and the archive's extra file ``tempcal.temperature`` (read as
+text, never unpickled). :func:`to_graph_module` converts a TorchScript model for writing it as a
+``.pt2`` exported program: the migration path off TorchScript.
 """
 
 from __future__ import annotations
@@ -11,16 +13,18 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..core.data import resolve_device
 from ..errors import TempcalError
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
-from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, error_line
+from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, error_line, quiet
 from .detect import HOW_TO_SAVE, archive_kind
 
 #: Name of the extra file (in the TorchScript archive) that holds a calibrated model's T.
@@ -121,5 +125,71 @@ def strip_debug_info(blob: bytes) -> bytes:
     return out.getvalue()
 
 
+# -- the migration path: TorchScript to an exported program ---------------------------------------
+def to_graph_module(module: torch.jit.ScriptModule, example: tuple[torch.Tensor, ...],
+                    label: str) -> torch.fx.GraphModule:
+    """``module`` as a flat graph module (to export with a dynamic batch), by torch's TorchScript converter.
+
+    Size assertions (``if cond: raise``) are dropped from the TorchScript graph first: the converter turns
+    them into ``torch.cond`` over size lists, which fixes the batch size; they change nothing on valid
+    inputs. Outputs keep the TorchScript model's structure (the converter returns lists for tuples). The
+    converter is best effort: what it cannot convert is a one-line error advising to export the original.
+    """
+    advice = "export the original nn.Module with torch.export and calibrate that"
+    try:
+        from torch._export.converter import TS2EPConverter
+    except ImportError:
+        raise TempcalError(f"this torch cannot convert TorchScript to an exported program; {advice}") from None
+    module.eval()
+    try:
+        with quiet(), quiet_jit():
+            converter = TS2EPConverter(module, example)
+            _drop_assertions(converter.ts_graph.block())
+            torch._C._jit_pass_dce(converter.ts_graph)
+            graph = converter.convert().module()
+            with torch.no_grad():
+                wanted = torch.utils._pytree.tree_structure(module(*example))
+                got = torch.utils._pytree.tree_structure(graph(*example))
+    except Exception as exc:
+        line = re.sub(r"\s*at \"?/\S+\"?:\d+", "", error_line(exc, last=False))  # no internal source locations
+        raise TempcalError(f"cannot convert {label} from TorchScript to an exported program ({line}); "
+                           f"{advice}") from None
+    if wanted != got and wanted.num_leaves == got.num_leaves:
+        _set_output_structure(graph, wanted)
+    return graph
+
+
+def _drop_assertions(block: Any) -> int:
+    """Remove ``prim::If`` nodes that only raise (TorchScript ``assert`` and size checks), recursively."""
+    removed = 0
+    for node in list(block.nodes()):
+        for inner in node.blocks():
+            removed += _drop_assertions(inner)
+        if node.kind() == "prim::If" and node.outputsSize() == 0:
+            first, second = list(node.blocks())
+            if (_only_raises(first) and _is_empty(second)) or (_only_raises(second) and _is_empty(first)):
+                node.destroy()
+                removed += 1
+    return removed
+
+
+def _only_raises(block: Any) -> bool:
+    nodes = list(block.nodes())
+    return bool(nodes) and nodes[-1].kind() == "prim::RaiseException"
+
+
+def _is_empty(block: Any) -> bool:
+    return not list(block.nodes())
+
+
+def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
+    """Make ``graph`` return its flat outputs in the pytree structure ``spec`` (e.g. a tuple, not a list)."""
+    codegen = graph.graph._codegen
+    info = getattr(codegen, "pytree_info", None)
+    if info is not None:
+        codegen.pytree_info = info._replace(out_spec=spec)  # type: ignore[attr-defined]
+        graph.recompile()
+
+
 __all__ = ["TEMPERATURE_FILE", "buffer_temperature", "forward_schema", "load", "load_bytes", "quiet_jit",
-           "script_and_save", "strip_debug_info"]
+           "script_and_save", "strip_debug_info", "to_graph_module"]

@@ -1,7 +1,10 @@
 """A model with its inputs as SOURCE: the model is run over the inputs file and its logits kept in memory.
 
-``--eval`` and OOD files of a model SOURCE are inputs files run through the same loaded model.
-A model has no logits file to write T back into: ``--save-model`` writes it calibrated.
+Models are exported programs (``.pt2``), ONNX models (``.onnx``, with the optional extra) and TorchScript
+models (legacy), told apart by :mod:`tempcal.models.detect` and loaded by the format's module, which never
+runs code from the file. ``--eval`` and OOD files of a model SOURCE are inputs files run through the same
+loaded model. A model has no logits file to write T back into: ``--save-model`` writes it calibrated, and a
+calibrated model read as SOURCE gives the original's logits with the T it stores.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class ModelSource(OpenedSource):
 
 
 class ModelKind(SourceKind):
-    """TorchScript models (``.pt``, ``.pth``, ``.ts``, ``.torchscript``) run over ``--inputs``."""
+    """Models (``.pt2``, ``.onnx``; TorchScript ``.pt``, ``.pth``, ``.ts``, ``.torchscript``) run over ``--inputs``."""
 
     name = "model"
 
@@ -37,12 +40,14 @@ class ModelKind(SourceKind):
         return len(paths) == 1 and looks_like_model(paths[0], options.inputs is not None)
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        from ..models import torchscript
+        from ..models.base import load_model
+        from ..models.detect import FORMAT_NAMES, model_format
 
         if options.inputs is None:
-            raise TempcalError(f"{paths[0]}: a TorchScript model SOURCE needs its inputs: {param('inputs')} "
+            what = FORMAT_NAMES[model_format(paths[0])].split(" (")[0]
+            raise TempcalError(f"{paths[0]}: {what} SOURCE needs its inputs: {param('inputs')} "
                                "DATA.safetensors (tensors 'inputs' and 'labels')")
-        model = torchscript.load(paths[0], options.device)
+        model = load_model(paths[0], options.device)
         return self.run(model, Path(options.inputs), options, labels_optional=labels_optional)
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
@@ -71,9 +76,10 @@ class ModelKind(SourceKind):
                            model=model, inputs_path=inputs_path)
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
-        from ..models import torchscript
+        """A calibrated model's T (None for any other model), read by loading it as a SOURCE would."""
+        from ..models.base import load_model
 
-        return torchscript.load(path, "cpu").temperature, []
+        return load_model(path, "cpu").temperature, []
 
     def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
         raise TempcalError(f"{path}: a model has no logits file to store T in; write it calibrated with "

@@ -205,3 +205,39 @@ def test_progress_bar_goes_to_the_console_given_and_only_to_a_terminal(digits, c
     run_model_source(digits["model"], digits["inputs"], device="cpu")  # standard error is not a terminal under pytest
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+def test_models_run_without_tf32_whatever_the_global_setting(small):
+    """TF32 would change a model's logits (and T) by about 1e-3 relative on CUDA: every format runs with it off."""
+    from tempcal.models.base import LoadedModel
+    from tempcal.models.inputs import InputsFile
+    from tempcal.models.run import run_model
+
+    flags = torch.backends.cuda.matmul, torch.backends.cudnn
+    before = [flag.allow_tf32 for flag in flags]
+    seen = []
+
+    def net(x):
+        seen.append(tuple(flag.allow_tf32 for flag in flags))
+        return x[:, :3]
+
+    try:
+        for flag in flags:
+            flag.allow_tf32 = True
+        model = LoadedModel(small[2], "export", net, None, torch.device("cpu"))
+        logits = run_model(model, InputsFile(small[2]), batch_size=16, progress=False)
+        assert seen == [(False, False)] * 3 and torch.equal(logits, small[0][:, :3])
+        assert all(flag.allow_tf32 for flag in flags)  # restored afterwards
+    finally:
+        for flag, value in zip(flags, before, strict=True):
+            flag.allow_tf32 = value
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_programs_run_on_cuda_as_on_the_cpu(digits, tmp_path):
+    from models.model_builders import save_program
+
+    path = save_program(digits["mlp"], digits["x"][:4], tmp_path / "digits.pt2")
+    on_cpu, _ = run_model_source(path, digits["inputs"], device="cpu")
+    on_cuda, _ = run_model_source(path, digits["inputs"], device="cuda")
+    torch.testing.assert_close(on_cuda.logits, on_cpu.logits, rtol=1e-5, atol=1e-5)  # TF32 would miss this

@@ -82,3 +82,31 @@ def test_altered_temperature_is_refused(tmp_path):
     with pytest.raises(TempcalError, match=r"altered\.pt: extra file 'tempcal\.temperature' says T = 3\.0 but "
                                            r"the model divides by 2\.0"):
         load_model(altered, "cpu")
+
+
+def test_a_pickle_in_the_temperature_extra_file_is_read_as_text(tmp_path):
+    """The extra file holding T is text: a pickle there is a bad number (exit 2), never unpickled."""
+    marker = tmp_path / "UNPICKLED"
+    path = tmp_path / "model.ts"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(5, 4).eval()), str(path),
+                   _extra_files={"tempcal.temperature": pickle.dumps(Evil(marker), protocol=2)})
+    for attempt in (lambda: load_model(path, "cpu"), lambda: read_model_temperature(path)):
+        with pytest.raises(TempcalError, match=r"extra file 'tempcal\.temperature' is .*not a positive number"):
+            attempt()
+    assert not marker.exists()
+
+
+def test_an_exported_program_under_a_pt_name_gets_the_same_checks(tmp_path, small):
+    """A .pt file is a model by its zip directory: an exported program there is checked member by member too."""
+    from models.model_builders import save_program, with_opaque_payload
+
+    marker = tmp_path / "UNPICKLED"
+    program = save_program(torch.nn.Linear(5, 4), torch.randn(4, 5), tmp_path / "plain.pt2")
+    hostile = with_opaque_payload(program, tmp_path / "hostile.pt", marker)
+    for attempt in (lambda: open_source(hostile, inputs=str(small[2]), device="cpu"),
+                    lambda: read_model_temperature(hostile)):
+        with pytest.raises(TempcalError, match=r"hostile\.pt: member 'data/constants/opaque_obj_0'.*refused"):
+            attempt()
+    with pytest.raises(TempcalError, match=r"hostile\.pt: an exported program SOURCE needs its inputs"):
+        open_source(hostile)  # a model, not a logits file: never handed to torch.load
+    assert not marker.exists()

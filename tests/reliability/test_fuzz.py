@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_one_error_line, snapshot
+from conftest import assert_one_error_line, snapshot, write_inputs
 from conftest import raw_safetensors as raw
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -35,6 +35,7 @@ from reliability_support import (
     clear,
     command_built_once,
     run_inprocess,
+    run_process,
     tempcal_command,
     temporaries,
     valid_file,
@@ -571,3 +572,149 @@ def test_huge_negative_logit_is_fitted(tmp_path):
 
     expected = optimal_temperature(logits, labels)
     assert math.isclose(json.loads(out)["temperature"], expected, rel_tol=1e-6)
+
+
+# -- model files: truncated and corrupted .pt2 and .onnx -----------------------------------------------------------
+
+#: Rows of the inputs file every model case runs over.
+MODEL_ROWS = 24
+
+
+def model_base(kind: str, folder: Path) -> bytes:
+    """A valid model file (4 features -> 3 classes) written by the library that owns the format."""
+    g = torch.Generator().manual_seed(3)
+    linear = torch.nn.Linear(4, 3).eval()
+    with torch.no_grad():
+        linear.weight.copy_(3 * torch.randn(3, 4, generator=g))
+        linear.bias.copy_(torch.randn(3, generator=g))
+    path = folder / f"base.{kind}"
+    if kind == "pt2":
+        from models.model_builders import save_program
+
+        save_program(linear, torch.randn(4, 4), path)
+    else:
+        import onnx
+        from models.model_builders import onnx_model
+        from onnx import TensorProto, helper, numpy_helper
+
+        weights = [numpy_helper.from_array(linear.weight.detach().numpy(), "W"),
+                   numpy_helper.from_array(linear.bias.detach().numpy(), "b")]
+        model = onnx_model([helper.make_node("Gemm", ["x", "W", "b"], ["logits"], transB=1)],
+                           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])], weights, features=4)
+        onnx.save_model(model, path)
+    body = path.read_bytes()
+    path.unlink()
+    return body
+
+
+def model_corpus(kind: str, base: bytes, full: bool) -> Iterator[tuple[str, bytes]]:
+    """``base`` truncated (in every region), with flipped bits, and with a few random bytes rewritten."""
+    rng = random.Random(f"models-{kind}")
+    step = 7 if full else max(1, len(base) // 12)
+    for cut in sorted({0, 1, 2, 4, 22, *range(0, len(base), step), len(base) - 22, len(base) - 1}):
+        yield f"{kind}-truncated-at-{cut}", base[:cut]
+    for k in range(300 if full else 16):
+        body = bytearray(base)
+        body[rng.randrange(len(body))] ^= 1 << rng.randrange(8)
+        yield f"{kind}-flip-{k}", bytes(body)
+    for k in range(200 if full else 8):
+        body = bytearray(base)
+        for _ in range(rng.randint(2, 6)):
+            body[rng.randrange(len(body))] = rng.randrange(256)
+        yield f"{kind}-random-edits-{k}", bytes(body)
+
+
+def check_model_case(folder: Path, kind: str, case: str, body: bytes, save_model: bool) -> str:
+    """Run one model file through ``tempcal fit MODEL --inputs DATA`` in-process; returns what happened."""
+    clear(folder)
+    path, inputs = folder / f"case.{kind}", folder / "inputs.safetensors"
+    path.write_bytes(body)
+    g = torch.Generator().manual_seed(0)
+    write_inputs(inputs, torch.randn(MODEL_ROWS, 4, generator=g), torch.randint(0, 3, (MODEL_ROWS,), generator=g))
+    before = snapshot(folder)
+    written = folder / (f"calibrated.{kind}" if save_model else "logits.safetensors")
+    argv = ["fit", str(path), "--inputs", str(inputs), "--json", str(folder / "out.json"), "--quiet",
+            "--save-model" if save_model else "--save-logits", str(written)]
+    code, out, err, seconds = run_inprocess(argv, CASE_SECONDS)
+    assert "Traceback" not in out + err, (case, err)
+    assert seconds < CASE_SECONDS, (case, seconds)
+    assert code in (0, 2), (case, code, err)
+    if code == 2:
+        line = assert_one_error_line(err, warnings=True)
+        assert str(path) in line, (case, line)
+        assert snapshot(folder) == before, case  # nothing written, nothing left behind
+        return "refused"
+    temperature = json.loads((folder / "out.json").read_text())["temperature"]
+    assert math.isfinite(temperature) and temperature > 0, case
+    if save_model:  # the calibrated model reads back, checked, with the fitted T
+        from tempcal.models.base import load_model
+
+        assert load_model(written, "cpu").temperature == temperature, case
+    else:
+        assert read_header(written).tensors["logits"].shape[0] == MODEL_ROWS, case
+    assert temporaries(folder) == [], case
+    return "written"
+
+
+@pytest.mark.parametrize("kind", ["pt2", "onnx"])
+@pytest.mark.parametrize("full", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["fast", "full"])
+def test_damaged_model_files(tmp_path, kind, full):
+    """Truncated and corrupted models: exit 2 with one line naming the file and nothing written, or (a flip in bytes
+    no reader checks, or in an ONNX weight) a fit; never a traceback, another status or a hang."""
+    if kind == "onnx":
+        pytest.importorskip("onnxruntime")
+    base = model_base(kind, tmp_path)
+    folder = tmp_path / "case"
+    folder.mkdir()
+    outcomes: Counter[str] = Counter()
+    with command_built_once():
+        for index, (case, body) in enumerate(model_corpus(kind, base, full)):
+            try:
+                outcomes[check_model_case(folder, kind, case, body, save_model=index % 8 == 3)] += 1
+            except AssertionError as exc:
+                raise AssertionError(f"case {case}: {exc}") from exc
+    assert outcomes["refused"] > 15 and set(outcomes) <= {"refused", "written"}, outcomes
+    print(f"\n{kind}: {sum(outcomes.values())} cases: {dict(outcomes)}")
+
+
+def _reaching_the_runtime(kind: str, base: bytes, folder: Path, deepest: str) -> bytes:
+    """A damaged model that passes tempcal's own checks and is refused by the runtime: for ONNX the first such case
+    of the corpus; for .pt2 (where the checks leave the corpus no such case) a program whose JSON is valid, its
+    checksum right, and its schema wrong."""
+    if kind == "pt2":
+        from models.model_builders import rewrite_zip
+
+        (folder / "base.pt2").write_bytes(base)
+        damaged = rewrite_zip(folder / "base.pt2", folder / "damaged.pt2",
+                              replace={"models/model.json": b'{"graph_module": {"graph": 1}}'})
+        return damaged.read_bytes()
+    with command_built_once():
+        for case, body in model_corpus(kind, base, full=True):
+            if check_model_case(folder, kind, case, body, save_model=False) == "refused":
+                _, _, err, _ = run_inprocess(["fit", str(folder / f"case.{kind}"), "--inputs",
+                                              str(folder / "inputs.safetensors")], CASE_SECONDS)
+                if deepest in err:
+                    return body
+    raise AssertionError(f"no {kind} case reaches the runtime")
+
+
+@pytest.mark.parametrize(("kind", "deepest"), [("pt2", "not a loadable exported program"),
+                                               ("onnx", "not a runnable ONNX model")])
+def test_damaged_model_in_a_real_process(tmp_path, kind, deepest):
+    """Where users see it: a damaged model that gets as far as the runtime (whose native code may log to the
+    process's standard error directly, past Python) still ends in exactly one line on standard error."""
+    if kind == "onnx":
+        pytest.importorskip("onnxruntime")
+    base = model_base(kind, tmp_path)
+    folder = tmp_path / "case"
+    folder.mkdir()
+    body = _reaching_the_runtime(kind, base, folder, deepest)
+    clear(folder)
+    path, inputs = folder / f"case.{kind}", folder / "inputs.safetensors"
+    path.write_bytes(body)
+    write_inputs(inputs, torch.randn(MODEL_ROWS, 4), torch.randint(0, 3, (MODEL_ROWS,)))
+    result = run_process(tempcal_command("fit", str(path), "--inputs", str(inputs), "--save-logits",
+                                         str(folder / "logits.safetensors")))
+    assert result.returncode == 2 and "Traceback" not in result.stdout + result.stderr, result.stderr
+    assert_one_error_line(result.stderr, str(path), deepest)
+    assert sorted(p.name for p in folder.iterdir()) == ["case." + kind, "inputs.safetensors"]

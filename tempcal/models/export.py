@@ -1,0 +1,348 @@
+"""``torch.export`` programs (``.pt2``): loaded without unpickling anything, run as a SOURCE, written calibrated.
+
+Loading: the archive is checked member by member and only a fresh copy of the checked members reaches
+torch's archive reader (:mod:`tempcal.models.pt2_archive`: ``torch.export.load`` itself unpickles some
+members and has no ``weights_only`` switch). A program captured in training mode is refused (its
+outputs are not eval outputs), and a calibrated program's two copies of T must agree.
+
+Writing (``--save-model PATH.pt2``, from a ``.pt2`` or TorchScript SOURCE): the original becomes a flat
+``torch.fx.GraphModule`` (a TorchScript model is converted by :func:`tempcal.models.torchscript.to_graph_module`:
+the migration path off TorchScript), and the division is added to its graph, so parameter names stay those
+of the original and re-calibrating never nests:
+
+* a float64 buffer ``tempcal_temperature`` of shape ``[1]`` and, on the selected output,
+  ``aten.div.Tensor(logits, tempcal_temperature)`` then a cast back to the logits' dtype: the division runs
+  in float64, so outputs are ``(logits.double() / T).to(logits.dtype)``, the exact quotient rounded once;
+* a calibrated program given as SOURCE has that division removed first (every node that depends on the
+  buffer is tempcal's): re-calibrating divides the original logits, never twice;
+* the graph is exported again with one dynamic batch dimension shared by all inputs, saved with T in the
+  extra file ``tempcal.temperature`` (its repr), reloaded through the safe loader and run on a batch of a
+  size the export did not see, against the source model, before anything is written (atomically).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from ..core.data import resolve_device
+from ..errors import TempcalError, param
+from ..io.atomic import write_bytes_atomic
+from ..validation import as_temperature, format_temperature, stored_temperature
+from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet
+from .pt2_archive import (
+    PROGRAM,
+    TEMPERATURE_FILE,
+    Pt2Info,
+    inspect_archive,
+    open_archive,
+    write_checked_copy,
+)
+from .run import as_index, select_output
+
+if TYPE_CHECKING:
+    from torch.export import ExportedProgram
+
+
+# -- loading --------------------------------------------------------------------------------------
+def load(path: str | os.PathLike, device: str | torch.device = "auto") -> LoadedModel:
+    """An exported program on ``device``: its original (a calibrated program without tempcal's division) and T."""
+    path = Path(path)
+    target = resolve_device(device)
+    program, info = load_program(path, target)
+    return LoadedModel(path, "export", graph_module(program, info.temperature, str(path)), info.temperature, target)
+
+
+def load_program(source: str | os.PathLike | bytes, device: torch.device | str = "cpu", *,
+                 label: str | None = None) -> tuple[ExportedProgram, Pt2Info]:
+    """The checked program in ``source`` (a path, or archive bytes tempcal just wrote) on ``device``, and what
+    :func:`~tempcal.models.pt2_archive.inspect_pt2` found. Nothing from the file is unpickled."""
+    name = label or str(source)
+    with open_archive(source) as archive:
+        info = inspect_archive(archive, name)
+        if isinstance(source, bytes):
+            copy = io.BytesIO()
+            write_checked_copy(archive, info, copy)
+            copy.seek(0)
+            program = _deserialize(copy, name)
+        else:
+            with tempfile.TemporaryDirectory(prefix="tempcal-pt2-") as folder:
+                checked = os.path.join(folder, "checked.pt2")
+                write_checked_copy(archive, info, checked)
+                program = _deserialize(checked, name)
+    return _finish(program, info, torch.device(device)), info
+
+
+def _deserialize(copy: str | io.BytesIO, label: str) -> ExportedProgram:
+    """Let torch build the program from the checked copy; any failure becomes one line."""
+    from torch.export.pt2_archive._package import load_pt2 as torch_load_pt2
+
+    try:
+        with quiet():
+            contents = torch_load_pt2(copy)
+        return contents.exported_programs[PROGRAM]
+    except Exception as exc:  # whatever torch makes of a damaged program: one line
+        if is_out_of_memory(exc):
+            raise TempcalError(f"{label}: out of memory while loading the program") from None
+        raise TempcalError(f"{label}: not a loadable exported program ({error_line(exc, last=False)})") from None
+
+
+def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> ExportedProgram:
+    """Refuse training-mode programs, check T against the program's buffer, move the program to ``target``."""
+    found = training_nodes(program)
+    if found:
+        raise TempcalError(f"{info.path}: the program was exported in training mode ({found[0]}), so its outputs "
+                           "are not eval outputs; export model.eval() and save it again")
+    stored = program_temperature(program, info.path)
+    if stored != info.temperature:
+        raise TempcalError(f"{info.path}: extra file '{TEMPERATURE_FILE}' says T = {info.temperature!r} but the "
+                           f"program divides by {stored!r}; the file was altered, save the calibrated model again")
+    if target.type != "cpu" or info.non_cpu:
+        from torch.export.passes import move_to_device_pass
+
+        try:
+            with quiet():
+                program = move_to_device_pass(program, target)
+        except Exception as exc:
+            raise TempcalError(f"{info.path}: cannot move the program to {target} "
+                               f"({error_line(exc, last=False)})") from None
+    return program
+
+
+def graph_module(program: ExportedProgram, temperature: float | None, label: str, *,
+                 original: bool = True) -> torch.fx.GraphModule:
+    """The program as a callable module; by default a calibrated one without its division by T.
+
+    As a SOURCE a calibrated program gives the original logits with its stored T (as TorchScript does), so
+    the default ``--tau`` (the stored T) reproduces the calibrated outputs and ``--tau 1`` the original's.
+    """
+    with quiet():
+        graph = program.module()
+    if original and temperature is not None:
+        strip_division(graph, label)
+    return graph
+
+
+#: Ops whose "train" argument (by position and name) makes them behave differently in training mode.
+_TRAIN_ARGUMENT = {
+    "aten.dropout.default": (2, "train"), "aten.native_dropout.default": (2, "train"),
+    "aten.feature_dropout.default": (2, "train"), "aten.alpha_dropout.default": (2, "train"),
+    "aten.feature_alpha_dropout.default": (2, "train"), "aten.batch_norm.default": (5, "training"),
+    "aten.native_batch_norm.default": (5, "training"), "aten._native_batch_norm_legit.default": (5, "training"),
+    "aten._native_batch_norm_legit_functional.default": (5, "training"),
+}
+#: Ops that only exist in training-mode graphs (batch statistics, running-stat updates).
+_TRAIN_ONLY = frozenset({"aten._batch_norm_with_update.default", "aten._batch_norm_with_update_functional.default",
+                         "aten._native_batch_norm_legit.no_stats"})
+
+
+def training_nodes(program: ExportedProgram) -> list[str]:
+    """What makes ``program`` a training-mode capture: dropout or batch norm in training mode, buffer updates."""
+    found = []
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = str(node.target)
+        if target in _TRAIN_ONLY:
+            found.append(f"{target} at node '{node.name}'")
+        elif target in _TRAIN_ARGUMENT:
+            index, name = _TRAIN_ARGUMENT[target]
+            flag = node.args[index] if len(node.args) > index else node.kwargs.get(name)
+            if flag is True:
+                found.append(f"{target} with {name}=True at node '{node.name}'")
+    mutated = list(program.graph_signature.buffers_to_mutate.values())
+    if mutated:
+        found.append(f"it updates buffer '{mutated[0]}' when run")
+    return found
+
+
+def program_temperature(program: ExportedProgram, label: str = "the program") -> float | None:
+    """The T a calibrated program divides by (its ``tempcal_temperature`` buffer), None for any other program."""
+    value = program.state_dict.get(TEMPERATURE_BUFFER)
+    if value is None:
+        value = program.constants.get(TEMPERATURE_BUFFER)
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor) or value.numel() != 1:
+        raise TempcalError(f"{label}: buffer '{TEMPERATURE_BUFFER}' is not a single number")
+    return stored_temperature(repr(float(value.reshape(()).item())), f"{label}: buffer")
+
+
+def strip_division(graph: torch.fx.GraphModule, label: str = "the program") -> None:
+    """Remove tempcal's division by ``tempcal_temperature`` from a calibrated program's graph, in place.
+
+    Every node that depends on the buffer is tempcal's (the original never sees it): each
+    ``div(logits, T)`` and the cast after it are replaced by ``logits``, then the buffer is deleted.
+    """
+    aten = torch.ops.aten
+    getters = [n for n in graph.graph.nodes if n.op == "get_attr" and n.target == TEMPERATURE_BUFFER]
+    for getter in getters:
+        for division in list(getter.users):
+            if division.target != aten.div.Tensor or division.args[1] is not getter:
+                raise TempcalError(f"{label}: its buffer '{TEMPERATURE_BUFFER}' is used in a way tempcal does not "
+                                   "write; calibrate the original program instead")
+            tail = division
+            if len(tail.users) == 1 and next(iter(tail.users)).target in (aten._to_copy.default, aten.to.dtype):
+                tail = next(iter(tail.users))
+            tail.replace_all_uses_with(division.args[0])
+            for node in (tail, division) if tail is not division else (division,):
+                graph.graph.erase_node(node)
+        graph.graph.erase_node(getter)
+    if hasattr(graph, TEMPERATURE_BUFFER):
+        delattr(graph, TEMPERATURE_BUFFER)
+    graph.graph.lint()
+    graph.recompile()
+
+
+# -- writing a calibrated program -------------------------------------------------------------------
+def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
+                    output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
+    """Write, atomically, an exported program whose selected output is ``model``'s divided by ``temperature``.
+
+    ``model`` is a ``.pt2`` or TorchScript model loaded on the CPU (a ``.pt2`` model's graph gets the division in
+    place: load a fresh one to save another). ``check_inputs`` (a batch of the inputs it takes, batch first)
+    drive the export and the check; other outputs are returned untouched. Nothing is written unless the saved
+    bytes, loaded back safely and run on a batch of another size, reproduce the original's outputs with the
+    logits divided by T.
+    """
+    value = as_temperature(temperature)
+    label = model.name
+    example = _example(check_inputs, label)
+    check = (torch.cat([example[0], example[0][:1]]),)  # a batch size the export did not see
+    if model.format == "torchscript":
+        from .torchscript import to_graph_module
+
+        graph = to_graph_module(model.net, example, label)
+    elif model.format == "export":
+        graph = model.net
+    else:
+        raise TempcalError(f"{label} is {model.format}; an exported program is written from a .pt2 or TorchScript "
+                           "model")
+    reference = _run(model.net, check, label, "the original")
+    index = _leaf_index(reference, output_key, label)
+    leaves = torch.utils._pytree.tree_leaves(reference)
+    _add_division(graph, index, value, leaves[index].dtype)
+    blob = _serialize(_export(graph, example, label), value, label)
+    _check_saved(blob, check, reference, index, value, label)
+    return write_bytes_atomic(out_path, blob, what=param("save_model"))
+
+
+def _example(check_inputs: torch.Tensor | None, label: str) -> tuple[torch.Tensor]:
+    """The example inputs as a 1-tuple with a batch of at least 2 rows (export specializes a batch of 1)."""
+    if check_inputs is None:
+        raise TempcalError(f"{label}: an exported program is written from example inputs; pass check_inputs (the "
+                           f"command line uses the first rows of {param('inputs')})")
+    x = check_inputs.detach().cpu()
+    if x.dim() < 1 or x.shape[0] < 1:
+        raise TempcalError(f"{label}: example inputs of shape {list(x.shape)} hold no rows")
+    return (x if x.shape[0] >= 2 else torch.cat([x, x]),)
+
+
+def _run(model: Any, inputs: tuple[torch.Tensor, ...], label: str, what: str) -> Any:
+    """``model(*inputs)`` without autograd, failures as one line."""
+    try:
+        with quiet(), torch.no_grad():
+            return model(*inputs)
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise TempcalError(f"out of memory running {what} {label}") from None
+        shapes = ", ".join(str(list(x.shape)) for x in inputs)
+        raise TempcalError(f"{what} {label} fails on inputs of shape {shapes}: {error_line(exc)}") from None
+
+
+def _leaf_index(out: Any, output_key: OutputKey, label: str) -> int:
+    """Position, among the flattened outputs, of the logits ``output_key`` selects (as :func:`select_output`)."""
+    from torch.utils._pytree import MappingKey, SequenceKey, tree_flatten_with_path
+
+    chosen = select_output(out, output_key, label)  # the same choice, and wording, as running the SOURCE
+    if not chosen.dtype.is_floating_point:
+        raise TempcalError(f"the selected output of {label} has dtype {str(chosen.dtype).removeprefix('torch.')}; "
+                           "expected floating-point logits")
+    wanted: tuple[Any, ...] = ()
+    if isinstance(out, (tuple, list)):
+        wanted = (SequenceKey(int(as_index(output_key) or 0) % len(out)),)
+    elif isinstance(out, dict):
+        key = next(k for k in (output_key, str(output_key), as_index(output_key)) if k is not None and k in out)
+        wanted = (MappingKey(key),)
+    for position, (path, _) in enumerate(tree_flatten_with_path(out)[0]):
+        if tuple(path) == wanted:
+            return position
+    raise TempcalError(f"the selected output of {label} is not a tensor (a nested structure)")
+
+
+def _add_division(graph: torch.fx.GraphModule, index: int, temperature: float, dtype: torch.dtype) -> None:
+    """Divide flat output ``index`` of ``graph`` by a float64 ``[1]`` buffer holding T, casting back to ``dtype``."""
+    aten = torch.ops.aten
+    graph.register_buffer(TEMPERATURE_BUFFER, torch.tensor([temperature], dtype=torch.float64))
+    output = next(n for n in graph.graph.nodes if n.op == "output")
+    leaves = list(output.args[0])  # type: ignore[arg-type]
+    with graph.graph.inserting_before(output):
+        getter = graph.graph.get_attr(TEMPERATURE_BUFFER)
+        scaled = graph.graph.call_function(aten.div.Tensor, (leaves[index], getter))
+        if dtype != torch.float64:
+            scaled = graph.graph.call_function(aten._to_copy.default, (scaled,), {"dtype": dtype})
+    leaves[index] = scaled
+    output.args = (type(output.args[0])(leaves),)  # type: ignore[call-arg]
+    graph.graph.lint()
+    graph.recompile()
+
+
+def _export(graph: torch.fx.GraphModule, example: tuple[torch.Tensor, ...], label: str) -> ExportedProgram:
+    """Export ``graph`` with one dynamic batch dimension (dim 0 of every input)."""
+    from torch.export import Dim
+
+    batch = Dim("batch")
+    try:
+        with quiet():
+            return torch.export.export(graph, example, dynamic_shapes=tuple({0: batch} for _ in example))
+    except Exception as exc:
+        fixed = re.search(r"specialized it to be a constant \((\d+)\)", str(exc))
+        if fixed:
+            raise TempcalError(f"{label} fixes its batch size to {fixed.group(1)}, so no program with a dynamic "
+                               "batch size can be written from it; export the original nn.Module with "
+                               "dynamic_shapes and calibrate that") from None
+        raise TempcalError(f"cannot export the calibrated {label} ({error_line(exc, last=False)})") from None
+
+
+def _serialize(program: ExportedProgram, temperature: float, label: str) -> bytes:
+    """The ``.pt2`` bytes of ``program`` with T in the extra file ``tempcal.temperature``."""
+    buffer = io.BytesIO()
+    try:
+        with quiet():
+            torch.export.save(program, buffer, extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
+    except Exception as exc:
+        raise TempcalError(f"cannot serialize the calibrated {label} ({error_line(exc, last=False)})") from None
+    return buffer.getvalue()
+
+
+def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, index: int, temperature: float,
+                 label: str) -> None:
+    """Reload ``blob`` safely and compare its outputs on ``check`` with the reference (logits / T)."""
+    from torch.utils._pytree import tree_flatten
+
+    program, info = load_program(blob, label=f"the calibrated {label}")
+    if info.temperature != temperature:
+        raise TempcalError(f"the calibrated {label} does not read back T = {temperature!r}; nothing written")
+    module = graph_module(program, info.temperature, label, original=False)
+    got, got_spec = tree_flatten(_run(module, check, label, "the calibrated"))
+    want, want_spec = tree_flatten(reference)
+    if got_spec != want_spec:
+        raise TempcalError(f"the calibrated {label} returns {got_spec} instead of {want_spec}; nothing written")
+    want[index] = (want[index].to(torch.float64) / temperature).to(want[index].dtype)
+    for position, (a, b) in enumerate(zip(got, want, strict=True)):
+        close = torch.allclose(a, b, rtol=1e-5, atol=1e-6, equal_nan=True) if a.dtype.is_floating_point else None
+        same = a.shape == b.shape and a.dtype == b.dtype and (torch.equal(a, b) if close is None else close)
+        if not same:
+            what = "its logits divided by T" if position == index else f"its output {position}"
+            raise TempcalError(f"the calibrated {label} does not reproduce {what} on a batch of "
+                               f"{check[0].shape[0]} rows; nothing written")
+
+
+__all__ = ["graph_module", "load", "load_program", "program_temperature", "save_calibrated", "strip_division",
+           "training_nodes"]

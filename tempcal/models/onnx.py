@@ -1,0 +1,275 @@
+"""ONNX models (an optional extra: ``pip install 'tempcal[onnx]'``): run with onnxruntime, written calibrated.
+
+Loading checks the model first (:mod:`tempcal.models.onnx_graph`: external data must stay in the model's
+folder); the runtime then gets the checked model's bytes, not the path, and the folder to resolve external
+data in, so the model that runs is the model that was checked. A calibrated model runs without tempcal's
+division (its original), with its stored T, as every format does.
+
+``net(x)`` (:class:`OnnxNet`) maps a batch (a torch tensor, never cast: its dtype and shape must be the
+model's input's) to the outputs as torch tensors: the only output, or a dict by output name, so
+``--output-key NAME`` picks the logits as for a model returning a dict. onnxruntime gives no gradients:
+ODIN needs a torch model.
+
+Writing (``--save-model PATH.onnx``, from an ONNX SOURCE) appends ``Div(logits, T)`` to the chosen output,
+T a scalar of the output's dtype: onnxruntime computes ``fl(logits / fl(T))``, bitwise numpy's
+``logits / np.float32(T)`` for float32 logits and within one unit in the last place of ``logits / T``.
+Every other output, and the order of outputs, stay as they were. Before anything is written, both models run
+in onnxruntime on the first rows of the inputs: the chosen output must be the original's / T and every
+other output identical. External data is copied into one file beside the output, ``OUT.data`` (tensors
+aligned to 4096 bytes), so the calibrated model does not depend on the original's files; both files are
+written to temporary files first and renamed only when both are complete.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from ..core.data import resolve_device
+from ..errors import TempcalError, param
+from ..io.atomic import atomic_path
+from ..validation import as_temperature
+from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
+from .onnx_graph import (
+    OnnxInfo,
+    add_division,
+    all_tensors,
+    copy_model,
+    import_onnx,
+    import_onnxruntime,
+    inspect_onnx,
+    select_output_name,
+    strip_calibration,
+)
+
+if TYPE_CHECKING:
+    import onnx
+    import onnxruntime
+
+#: Session option that makes onnxruntime resolve external data of a model given as bytes in this folder.
+_EXTERNAL_FOLDER_OPTION = "session.model_external_initializers_file_folder_path"
+#: Alignment of tensors in a written external-data file (lets runtimes memory-map them).
+_ALIGN = 4096
+_NUMPY_OF_ORT = {"tensor(float)": np.float32, "tensor(double)": np.float64, "tensor(float16)": np.float16,
+                 "tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(int16)": np.int16,
+                 "tensor(int8)": np.int8, "tensor(uint8)": np.uint8, "tensor(bool)": np.bool_}
+
+
+class OnnxNet:
+    """A checked ONNX model in an onnxruntime session, called like a torch model: ``net(x)`` gives its outputs."""
+
+    def __init__(self, session: onnxruntime.InferenceSession) -> None:
+        self.session = session
+        self.input = session.get_inputs()[0]
+        self.outputs = tuple(o.name for o in session.get_outputs())
+        self._tensor = tuple(str(o.type).startswith("tensor(") for o in session.get_outputs())
+
+    def __call__(self, x: torch.Tensor | np.ndarray) -> Any:
+        """The model's outputs for batch ``x``: the only output as a tensor, else a dict by output name."""
+        array = as_array(x, self.input)
+        try:
+            values = self.session.run(None, {self.input.name: array})
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise MemoryError(f"out of memory ({ort_line(exc)})") from None
+            raise RuntimeError(ort_line(exc)) from None
+        outputs = [torch.from_numpy(np.ascontiguousarray(v)) if tensor and isinstance(v, np.ndarray) else v
+                   for v, tensor in zip(values, self._tensor, strict=True)]
+        if len(outputs) == 1 and isinstance(outputs[0], torch.Tensor):
+            return outputs[0]
+        return dict(zip(self.outputs, outputs, strict=True))
+
+
+def as_array(x: torch.Tensor | np.ndarray, spec: Any) -> np.ndarray:
+    """A batch as a numpy array of the dtype and rank the model's input declares (checked, never cast)."""
+    wanted = _NUMPY_OF_ORT.get(spec.type)
+    if isinstance(x, torch.Tensor):
+        have = str(x.dtype).removeprefix("torch.")
+        if wanted is not None and have != np.dtype(wanted).name:
+            raise ValueError(f"input {spec.name!r} takes {np.dtype(wanted).name}, not {have}")
+        x = x.detach().cpu().numpy()
+    array = np.asarray(x)
+    if wanted is not None and array.dtype != wanted:
+        raise ValueError(f"input {spec.name!r} takes {np.dtype(wanted).name}, not {array.dtype.name}")
+    shape = spec.shape
+    if shape is not None and (len(shape) != array.ndim or any(
+            isinstance(d, int) and d != n for d, n in zip(shape, array.shape, strict=True))):
+        declared = [d if isinstance(d, int) else "?" for d in shape]
+        raise ValueError(f"input {spec.name!r} has shape {declared}, not {list(array.shape)}")
+    return np.ascontiguousarray(array)
+
+
+def ort_line(exc: BaseException) -> str:
+    """onnxruntime's message in one line, without its ``[ONNXRuntimeError] : 1 : FAIL :`` prefix."""
+    return re.sub(r"^\[ONNXRuntimeError\]\s*:\s*\d+\s*:\s*\w+\s*:\s*", "", error_line(exc, last=False))
+
+
+# -- loading --------------------------------------------------------------------------------------
+def load(path: str | os.PathLike, device: str | torch.device = "auto") -> LoadedModel:
+    """A checked ONNX model in an onnxruntime session (a calibrated one without its division), and its T."""
+    path = Path(path)
+    providers = _providers(device)
+    info = inspect_onnx(path)
+    model = info.model
+    if info.temperature is not None:
+        model = copy_model(model)
+        strip_calibration(model)
+    _check_one_input(info)
+    session = session_for(model, info.folder, str(path), providers)
+    return LoadedModel(path, "onnx", OnnxNet(session), info.temperature, torch.device("cpu"))
+
+
+def _check_one_input(info: OnnxInfo) -> None:
+    if len(info.inputs) != 1:
+        names = ", ".join(repr(n) for n in info.inputs[:10])
+        raise TempcalError(f"{info.path} takes {len(info.inputs)} inputs ({names}); tempcal feeds one tensor "
+                           f"(the inputs file's {param('inputs_key')})")
+
+
+def _providers(device: str | torch.device) -> list[Any]:
+    """onnxruntime's execution providers for ``device``: CUDA (without TF32) when asked for and available."""
+    ort = import_onnxruntime()
+    target = resolve_device(device)
+    if target.type != "cuda":
+        return ["CPUExecutionProvider"]
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        options = {"device_id": target.index or 0, "use_tf32": 0}
+        return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
+    if str(device) == "auto":
+        return ["CPUExecutionProvider"]
+    raise TempcalError(f"{param('device')} {device}: this onnxruntime runs ONNX models on the CPU only (install "
+                       "onnxruntime-gpu for CUDA), use cpu")
+
+
+def session_for(model: onnx.ModelProto, folder: Path, label: str,
+                providers: list[Any] | None = None) -> onnxruntime.InferenceSession:
+    """A session for the checked ``model`` (given as bytes; external data resolved in ``folder``)."""
+    ort = import_onnxruntime()
+    options = ort.SessionOptions()
+    options.log_severity_level = 4  # fatal only: its logs (errors too) go straight to the terminal, bypassing tempcal
+    options.add_session_config_entry(_EXTERNAL_FOLDER_OPTION, str(folder))
+    try:
+        return ort.InferenceSession(model.SerializeToString(), options,
+                                    providers=providers or ["CPUExecutionProvider"])
+    except Exception as exc:
+        if is_out_of_memory(exc):
+            raise TempcalError(f"{label}: out of memory while loading the model") from None
+        raise TempcalError(f"{label}: not a runnable ONNX model ({ort_line(exc)})") from None
+
+
+# -- writing a calibrated model ---------------------------------------------------------------------
+def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
+                    output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
+    """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``.
+
+    The calibrated model runs against the original before anything is written, on ``check_inputs`` (else on
+    seeded inputs of the declared type, which suit models that take any real numbers).
+    """
+    value = as_temperature(temperature)
+    info = inspect_onnx(model.path)
+    label = str(info.path)
+    _check_one_input(info)
+    original = copy_model(info.model)
+    strip_calibration(original)
+    output = select_output_name(tuple(o.name for o in original.graph.output), output_key, label)
+    calibrated = copy_model(original)
+    add_division(calibrated, output, value, label)
+    _check_calibrated(original, calibrated, info, output, value, check_inputs)
+    out = Path(out_path)
+    if not info.external:
+        with atomic_path(out, what=param("save_model")) as temporary:
+            temporary.write_bytes(calibrated.SerializeToString())
+        return out
+    tensors = [t for _, t in all_tensors(calibrated) if t.data_location == import_onnx().TensorProto.EXTERNAL]
+    data_path = out.parent / (out.name + ".data")
+    with atomic_path(data_path, what=param("save_model")) as data_temporary:  # renamed after the model
+        with open(data_temporary, "wb") as f:
+            _copy_external(tensors, info.folder, data_path.name, f)
+        with atomic_path(out, what=param("save_model")) as temporary:
+            temporary.write_bytes(calibrated.SerializeToString())
+    return out
+
+
+def _check_inputs_for(session: onnxruntime.InferenceSession, given: Any) -> np.ndarray:
+    """``given`` as an array, or a seeded batch of 3 rows of the declared input type (dynamic dims of 32)."""
+    spec = session.get_inputs()[0]
+    if given is not None:
+        try:
+            return as_array(given, spec)
+        except (ValueError, TypeError) as exc:
+            raise TempcalError(f"cannot check the calibrated model on the inputs: {exc}") from None
+    dtype = _NUMPY_OF_ORT.get(spec.type, np.float32)
+    shape = [d if isinstance(d, int) and d > 0 else (3 if i == 0 else 32) for i, d in enumerate(spec.shape or [3])]
+    if np.issubdtype(dtype, np.floating):
+        return np.random.default_rng(0).standard_normal(shape).astype(dtype)
+    return np.zeros(shape, dtype=dtype)
+
+
+def _check_calibrated(original: onnx.ModelProto, calibrated: onnx.ModelProto, info: OnnxInfo, output: str,
+                      temperature: float, check_inputs: Any) -> None:
+    """Run both models: the chosen output must be the original's / T and every other output identical."""
+    label = str(info.path)
+    before = session_for(original, info.folder, label)
+    after = session_for(calibrated, info.folder, f"the calibrated {label}")
+    x = _check_inputs_for(before, check_inputs)
+    feed = {before.get_inputs()[0].name: x}
+    try:
+        want = dict(zip([o.name for o in before.get_outputs()], before.run(None, feed), strict=True))
+    except Exception as exc:
+        raise TempcalError(f"cannot check the calibrated model: {label} fails on check inputs of shape "
+                           f"{list(x.shape)} ({ort_line(exc)}); give check inputs") from None
+    try:
+        got = dict(zip([o.name for o in after.get_outputs()], after.run(None, feed), strict=True))
+    except Exception as exc:
+        raise TempcalError(f"the calibrated {label} fails to run ({ort_line(exc)}); nothing written") from None
+    if list(got) != list(want):
+        raise TempcalError(f"the calibrated {label} has outputs {list(got)} instead of {list(want)}")
+    for name, expected in want.items():
+        actual = np.asarray(got[name])
+        expected = np.asarray(expected)
+        if name == output:
+            expected = expected / np.asarray(temperature, dtype=expected.dtype)
+            eps = float(np.finfo(expected.dtype).eps) if expected.dtype.kind == "f" else 0.0
+            same = actual.dtype == expected.dtype and actual.shape == expected.shape and np.allclose(
+                actual, expected, rtol=2 * eps, atol=0.0, equal_nan=True)
+        else:
+            same = actual.dtype == expected.dtype and np.array_equal(actual, expected,
+                                                                     equal_nan=actual.dtype.kind == "f")
+        if not same:
+            what = "its logits divided by T" if name == output else f"output {name!r}"
+            raise TempcalError(f"the calibrated {label} does not reproduce {what}; nothing written")
+
+
+def _copy_external(tensors: list[onnx.TensorProto], folder: Path, data_name: str, f: Any) -> None:
+    """Copy every external tensor into ``f`` (the file ``data_name`` beside the output) and point them at it."""
+    position = 0
+    for tensor in tensors:
+        entries = {e.key: e.value for e in tensor.external_data}
+        source = Path(os.path.realpath(folder / entries["location"]))  # checked by inspect_onnx
+        offset = int(entries.get("offset", "0"))
+        length = int(entries["length"]) if "length" in entries else source.stat().st_size - offset
+        padding = -position % _ALIGN
+        f.write(b"\0" * padding)
+        position += padding
+        with open(source, "rb") as src:
+            src.seek(offset)
+            left = length
+            while left:  # 16 MiB blocks; a short file is a one-line error, not a short tensor
+                block = src.read(min(left, 1 << 24))
+                if not block:
+                    raise TempcalError(f"external data file {source.name} ended early; damaged")
+                f.write(block)
+                left -= len(block)
+        del tensor.external_data[:]
+        for key, text in (("location", data_name), ("offset", str(position)), ("length", str(length))):
+            entry = tensor.external_data.add()
+            entry.key, entry.value = key, text
+        position += length
+
+
+__all__ = ["OnnxNet", "as_array", "load", "ort_line", "save_calibrated", "session_for"]

@@ -1,0 +1,337 @@
+"""An ONNX model read without running it: checked (external data must stay in the model's folder), and edited
+(tempcal's division by T added or removed). :mod:`tempcal.models.onnx` runs and writes models.
+
+``onnx`` and ``onnxruntime`` are an optional extra, imported only when an ONNX model is read: their absence is
+a one-line error telling the user to ``pip install 'tempcal[onnx]'``.
+
+Safety: a model is parsed once without its external data; every external-data ``location`` (of
+initializers, sparse initializers, node attributes, subgraphs and functions) must name a regular file
+inside the model's folder: no empty or absolute location, no ``..`` component, no link that resolves
+outside. Locations are checked with ``stat`` only, never opened, before any runtime sees the model.
+Every string must be valid UTF-8 (damaged names would otherwise fail deep inside graph edits).
+
+A calibrated model divides the chosen output by a scalar initializer ``tempcal_temperature`` of the
+output's dtype, in a ``Div`` node named ``tempcal_divide_by_temperature``; the output keeps its name
+(the edge that fed it is renamed ``NAME_uncalibrated``), and T is also in ``metadata_props`` under
+``tempcal.temperature``. The two must agree. A calibrated model given as source is stripped of that
+division first.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import TempcalError, param
+from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
+from .base import TEMPERATURE_BUFFER, error_line
+
+if TYPE_CHECKING:
+    import onnx
+
+INSTALL_HINT = "pip install 'tempcal[onnx]'"
+#: Name (prefix) of the node tempcal appends; it marks a calibrated model's division.
+DIV_NODE = "tempcal_divide_by_temperature"
+UNCALIBRATED_SUFFIX = "_uncalibrated"
+
+
+@dataclass(frozen=True)
+class OnnxInfo:
+    """A parsed, checked model (external data not loaded) and what tempcal needs to know about it."""
+
+    path: Path
+    folder: Path  # real path of the model's folder, where external data must lie
+    model: onnx.ModelProto
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    temperature: float | None
+    external: tuple[tuple[str, str], ...]  # (tensor name, location) of every tensor with external data
+
+
+def import_onnx() -> Any:
+    """The ``onnx`` package, or a one-line error naming the extra to install."""
+    try:
+        import onnx
+    except ImportError:
+        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the 'onnx' package is not "
+                           "installed)") from None
+    return onnx
+
+
+def import_onnxruntime() -> Any:
+    """The ``onnxruntime`` package, or a one-line error naming the extra to install."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the 'onnxruntime' package is "
+                           "not installed)") from None
+    return onnxruntime
+
+
+# -- inspecting -----------------------------------------------------------------------------------
+def inspect_onnx(path: str | os.PathLike) -> OnnxInfo:
+    """Parse ``path`` without external data and check every external-data location stays in its folder.
+
+    External files are checked with ``stat`` only (never opened). Errors are one line, naming the
+    tensor and location for a refused reference.
+    """
+    onnx = import_onnx()
+    path = Path(path)
+    if not path.exists():
+        raise TempcalError(f"{path}: no such file")
+    if not path.is_file():
+        raise TempcalError(f"{path}: not a regular file")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf's DecodeError and friends: one line
+        raise TempcalError(f"{path}: not a loadable ONNX model ({error_line(exc, last=False)})") from None
+    try:
+        _decode_strings(model)
+    except UnicodeError as exc:
+        raise TempcalError(f"{path}: damaged ONNX model (a name is not valid UTF-8: "
+                           f"{error_line(exc, last=False)})") from None
+    graph = model.graph
+    if not graph.output or not graph.node:
+        raise TempcalError(f"{path}: not a usable ONNX model (no graph nodes or outputs; damaged or truncated?)")
+    folder = Path(os.path.realpath(path.parent))
+    external = []
+    for name, tensor in all_tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = _check_external(tensor, name, folder, path)
+            external.append((name, location))
+    initializers = {t.name for t in graph.initializer}
+    inputs = tuple(i.name for i in graph.input if i.name not in initializers)
+    temperature = None
+    for prop in model.metadata_props:
+        if prop.key == TEMPERATURE_KEY:
+            temperature = stored_temperature(prop.value, f"{path}: metadata")
+    _check_stored_division(model, temperature, path)
+    return OnnxInfo(path=path, folder=folder, model=model, inputs=inputs, outputs=tuple(o.name for o in graph.output),
+                    temperature=temperature, external=tuple(external))
+
+
+def _decode_strings(message: Any) -> None:
+    """Check every string field of a parsed message is valid UTF-8: damaged names fail here, not in later edits."""
+    for descriptor, value in message.ListFields():
+        repeated = getattr(descriptor, "is_repeated", None)  # protobuf >= 5.28; `label` before
+        if repeated is None:
+            repeated = descriptor.label == descriptor.LABEL_REPEATED
+        if descriptor.type == descriptor.TYPE_MESSAGE:
+            for item in value if repeated else (value,):
+                _decode_strings(item)
+        elif descriptor.type == descriptor.TYPE_STRING:
+            for text in value if repeated else (value,):
+                # damaged bytes come back as bytes, or as a str with lone surrogates (which do not encode)
+                if not isinstance(text, str):
+                    raise UnicodeError(f"{bytes(text)[:40]!r}")
+                text.encode("utf-8")
+
+
+def _check_stored_division(model: onnx.ModelProto, temperature: float | None, path: Path) -> None:
+    """Refuse a model whose metadata T and tempcal division disagree (one without the other, or other values)."""
+    onnx = import_onnx()
+    initializers = {t.name: t for t in model.graph.initializer}
+    divisors = []
+    for node in model.graph.node:
+        if node.op_type == "Div" and node.name.startswith(DIV_NODE) and node.input[1] in initializers:
+            divisors.append(onnx.numpy_helper.to_array(initializers[node.input[1]]))
+    if temperature is None and not divisors:
+        return
+    if temperature is None or not divisors or not all(
+            d.shape == () and d == np.asarray(temperature, dtype=d.dtype) for d in divisors):
+        shown = ", ".join(repr(float(d)) if d.size == 1 else "?" for d in divisors) or "nothing"
+        raise TempcalError(f"{path}: metadata '{TEMPERATURE_KEY}' says T = {temperature!r} but the model divides by "
+                           f"{shown}; the file was altered, save the calibrated model again")
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    """Every tensor stored in the model: initializers, sparse initializers, node attributes, subgraphs, functions."""
+    yield from _graph_tensors(model.graph)
+    for function in model.functions:
+        for node in function.node:
+            yield from _node_tensors(node)
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for tensor in graph.initializer:
+        yield tensor.name, tensor
+    for sparse in graph.sparse_initializer:
+        yield sparse.values.name, sparse.values
+        yield sparse.values.name + " (indices)", sparse.indices
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]]:
+    for attribute in node.attribute:
+        where = f"{node.name or node.op_type}.{attribute.name}"
+        if attribute.HasField("t"):
+            yield attribute.t.name or where, attribute.t
+        for tensor in attribute.tensors:
+            yield tensor.name or where, tensor
+        if attribute.HasField("sparse_tensor"):
+            yield where, attribute.sparse_tensor.values
+            yield where + " (indices)", attribute.sparse_tensor.indices
+        for sparse in attribute.sparse_tensors:
+            yield where, sparse.values
+            yield where + " (indices)", sparse.indices
+        if attribute.HasField("g"):
+            yield from _graph_tensors(attribute.g)
+        for graph in attribute.graphs:
+            yield from _graph_tensors(graph)
+
+
+def _check_external(tensor: onnx.TensorProto, name: str, folder: Path, path: Path) -> str:
+    """The tensor's external-data location, refused unless it names a regular file inside ``folder``."""
+    entries = {e.key: e.value for e in tensor.external_data}
+    location = entries.get("location", "")
+    where = f"{path}: tensor '{name}' has external data at {location!r}"
+    if not location:
+        raise TempcalError(f"{where}: no location; refused")
+    if os.path.isabs(location) or location.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", location):
+        raise TempcalError(f"{where}: an absolute path; external data must lie in the model's folder; refused")
+    if ".." in re.split(r"[\\/]", location):
+        raise TempcalError(f"{where}: it leaves the model's folder; refused")
+    resolved = Path(os.path.realpath(folder / location))
+    if resolved != folder and folder not in resolved.parents:
+        raise TempcalError(f"{where}: it resolves outside the model's folder (a link?); refused")
+    if not resolved.is_file():
+        raise TempcalError(f"{where}: no such file in the model's folder")
+    offset, length = _as_count(entries.get("offset", "0"), where), entries.get("length")
+    size = resolved.stat().st_size
+    if offset > size or (length is not None and offset + _as_count(length, where) > size):
+        raise TempcalError(f"{where}: offset/length beyond the end of the file ({size} bytes); damaged")
+    return location
+
+
+def _as_count(text: str, where: str) -> int:
+    if not text.isdigit():
+        raise TempcalError(f"{where}: offset or length {text[:20]!r} is not a whole number; damaged")
+    return int(text)
+
+
+# -- editing: tempcal's division by T ------------------------------------------------------------
+def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = type(model)()
+    copy.CopyFrom(model)
+    return copy
+
+
+def _graph_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value, initializer and node name in ``graph`` and its subgraphs (to make new names unique)."""
+    names = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    names |= {t.name for t in graph.initializer}
+    for node in graph.node:
+        names |= {*node.input, *node.output, node.name}
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                names |= _graph_names(sub)
+    return names
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}_{n}"
+    taken.add(candidate)
+    return candidate
+
+
+def _rename_value(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Rename value ``old`` wherever nodes produce or read it, in ``graph`` and the subgraphs that see it."""
+    for node in graph.node:
+        node.input[:] = [new if v == old else v for v in node.input]
+        node.output[:] = [new if v == old else v for v in node.output]
+        for attribute in node.attribute:
+            for sub in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                _rename_value(sub, old, new)
+    for info in graph.value_info:
+        if info.name == old:
+            info.name = new
+
+
+def _float_type(graph: onnx.GraphProto, output: str, label: str) -> int:
+    """The ONNX element type of a floating-point graph output (else a one-line error)."""
+    onnx = import_onnx()
+    floats = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    info = next(o for o in graph.output if o.name == output)
+    elem = info.type.tensor_type.elem_type
+    if elem not in floats:
+        name = onnx.TensorProto.DataType.Name(elem) if elem else "unknown"
+        raise TempcalError(f"output {output!r} of {label} has element type {name}; expected floating-point "
+                           "logits")
+    return int(elem)
+
+
+def add_division(model: onnx.ModelProto, output: str, temperature: float, label: str = "the model") -> None:
+    """Make graph output ``output`` the old value divided by T (a scalar initializer of its dtype), in place."""
+    onnx = import_onnx()
+    graph = model.graph
+    if not any(output in node.output for node in graph.node):
+        raise TempcalError(f"output {output!r} of {label} is not computed by a node (an input or "
+                           "initializer passed through); nothing to divide")
+    elem = _float_type(graph, output, label)
+    taken = _graph_names(graph)
+    uncalibrated = _unique(output + UNCALIBRATED_SUFFIX, taken)
+    _rename_value(graph, output, uncalibrated)
+    constant = _unique(TEMPERATURE_BUFFER, taken)
+    graph.initializer.append(onnx.helper.make_tensor(constant, elem, [], [temperature]))
+    graph.node.append(onnx.helper.make_node("Div", [uncalibrated, constant], [output], name=_unique(DIV_NODE, taken)))
+    _set_metadata(model, format_temperature(temperature))
+
+
+def strip_calibration(model: onnx.ModelProto) -> int:
+    """Remove tempcal's divisions (and their T initializers and metadata) from a calibrated model, in place.
+
+    Returns how many were removed. Each output gets back the value that fed the division.
+    """
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    ours = [n for n in graph.node if n.op_type == "Div" and n.name.startswith(DIV_NODE) and n.output[0] in outputs]
+    for node in ours:
+        fed, constant, output = node.input[0], node.input[1], node.output[0]
+        graph.node.remove(node)
+        if not any(constant in n.input for n in graph.node):
+            kept = [t for t in graph.initializer if t.name != constant]
+            del graph.initializer[:]
+            graph.initializer.extend(kept)
+        _rename_value(graph, fed, output)
+    _set_metadata(model, None)
+    return len(ours)
+
+
+def _set_metadata(model: onnx.ModelProto, value: str | None) -> None:
+    """Set (or, with None, remove) ``metadata_props[tempcal.temperature]``, keeping every other entry."""
+    kept = [(p.key, p.value) for p in model.metadata_props if p.key != TEMPERATURE_KEY]
+    del model.metadata_props[:]
+    for key, text in kept + ([(TEMPERATURE_KEY, value)] if value is not None else []):
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, text
+
+
+
+def select_output_name(outputs: tuple[str, ...], output_key: str | int | None, label: str) -> str:
+    """The output ``output_key`` names, chosen as when the model runs as a SOURCE (``--output-key NAME`` among
+    several outputs; none for a model with one output)."""
+    flag = param("output_key")
+    shown = ", ".join(repr(o) for o in outputs[:20]) + (" ..." if len(outputs) > 20 else "")
+    if len(outputs) == 1:
+        if output_key is not None:
+            raise TempcalError(f"{flag} {output_key}: {label} returns a single tensor; drop {flag}")
+        return outputs[0]
+    if output_key is None:
+        raise TempcalError(f"{label} returns a dict with keys {shown}; choose the logits with {flag} NAME")
+    if str(output_key) not in outputs:
+        raise TempcalError(f"{flag} {output_key}: {label} returns a dict with keys {shown}; no key {str(output_key)!r}")
+    return str(output_key)
+
+
+__all__ = ["DIV_NODE", "INSTALL_HINT", "OnnxInfo", "add_division", "all_tensors", "copy_model", "import_onnx",
+           "import_onnxruntime", "inspect_onnx", "select_output_name", "strip_calibration"]

@@ -1,0 +1,406 @@
+"""The ``.pt2`` archive checked member by member before torch sees it: nothing in it is unpickled or executed.
+
+``torch.export.load`` (torch 2.13) has no ``weights_only`` switch, and several archive members reach a
+pickle loader: pickled weights and tensor constants (``"use_pickle": true``) go to
+``torch.load(weights_only=False)``, opaque-object constants to plain ``pickle.loads``, torchbind objects to
+``torch._C._pickle_load_obj``, sample inputs and legacy members to a ``torch.load`` that falls back to
+``weights_only=False``, AOTInductor members to a shared-library loader; the legacy archive format
+(torch <= 2.7) is read the same way. So:
+
+1. :func:`inspect_pt2` reads the zip directory and the small JSON members only, and refuses any archive
+   with a member that torch would unpickle or execute, the legacy format, compressed or duplicate
+   members, or tensor records smaller than their declared shapes. Sample inputs are scanned opcode by
+   opcode (never executed) and must be plain tensors and containers. Every program in the archive is
+   checked, since torch would read every one. This is an allowlist: a member kind that a later torch
+   adds is refused, not loaded.
+2. :func:`write_checked_copy` copies the members the program needs into a fresh archive (the bytes just
+   checked, CRC-verified; sample inputs left empty, so torch has nothing to unpickle; weights mapped to
+   the CPU). Only that copy reaches torch (:mod:`tempcal.models.export`).
+
+Both steps read the file through one open handle, so swapping the file between the check and the load
+changes nothing. Every failure is a :class:`~tempcal.errors.TempcalError` with a one-line message.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickletools
+import re
+import sys
+import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import TempcalError, param
+from ..validation import TEMPERATURE_KEY, stored_temperature
+from .base import error_line
+
+#: Name of the program that ``torch.export.save`` writes and ``torch.export.load`` returns.
+PROGRAM = "model"
+#: The extra file holding a calibrated program's T (``extra/tempcal.temperature`` in the zip).
+TEMPERATURE_FILE = TEMPERATURE_KEY
+HOW_TO_SAVE = "save it with torch.export.save(torch.export.export(model.eval(), (x,)), PATH)"
+
+# Layout of the archive as written by torch.export.save (torch/export/pt2_archive/constants.py).
+_FORMAT, _VERSION, _BYTEORDER = "archive_format", "archive_version", "byteorder"
+_MODELS, _WEIGHTS, _CONSTANTS = "models/", "data/weights/", "data/constants/"
+_SAMPLE_INPUTS, _EXTRA, _AOTI = "data/sample_inputs/", "extra/", "data/aotinductor/"
+_LEGACY_MEMBERS = ("serialized_exported_program.json", "serialized_state_dict.pt", "serialized_constants.pt",
+                   "serialized_example_inputs.pt")
+
+#: Bytes per element for the dtype codes of torch/_export/serde/schema.py (ScalarType).
+_ELEMENT_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 2, 7: 4, 8: 8, 9: 4, 10: 8, 11: 16, 12: 1, 13: 2, 28: 2,
+                 29: 1, 30: 1, 31: 1, 32: 1, 33: 1, 34: 4, 35: 8}
+_STRIDED = 7  # schema Layout.Strided
+
+#: Globals a sample-inputs pickle may name: what torch.save writes for tensors in tuples and dicts.
+_SAFE_GLOBALS = frozenset(
+    {"torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_parameter", "collections.OrderedDict",
+     "torch.Size", "torch.device"}
+    | {f"torch.{kind}Storage" for kind in ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char",
+                                           "Byte", "Bool", "ComplexFloat", "ComplexDouble")})
+#: Pickle opcodes that only build plain data (plus GLOBAL/STACK_GLOBAL, checked against _SAFE_GLOBALS).
+_SAFE_OPCODES = frozenset({
+    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP", "NONE", "NEWTRUE", "NEWFALSE",
+    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
+    "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
+    "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_LIST", "APPEND", "APPENDS", "LIST",
+    "EMPTY_DICT", "DICT", "SETITEM", "SETITEMS", "GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT",
+    "MEMOIZE", "GLOBAL", "STACK_GLOBAL", "REDUCE", "BINPERSID",
+})
+
+
+@dataclass(frozen=True)
+class Pt2Info:
+    """What :func:`inspect_pt2` found: the archive's layout and the T a calibrated program carries."""
+
+    path: str
+    root: str
+    programs: tuple[str, ...]
+    keep: tuple[str, ...]  # members (without the root folder) that the loaded program needs
+    extra_files: tuple[str, ...]
+    temperature: float | None
+    non_cpu: bool = False  # some weight or constant was saved on a device other than the CPU
+
+
+# -- checking the archive (nothing unpickled) -----------------------------------------------------
+def inspect_pt2(path: str | os.PathLike) -> Pt2Info:
+    """Check that ``path`` is a torch.export archive that can be loaded without unpickling anything.
+
+    Reads the zip directory and the JSON members only. Raises a one-line error naming the member
+    that torch would unpickle (or the reason the file is not a usable archive).
+    """
+    with open_archive(path) as archive:
+        return inspect_archive(archive, str(path))
+
+
+@contextmanager
+def open_archive(source: str | os.PathLike | bytes) -> Iterator[zipfile.ZipFile]:
+    """The zip archive in ``source`` (a path or bytes), with one-line errors for missing and non-zip files."""
+    label = "the archive" if isinstance(source, bytes) else str(source)
+    if isinstance(source, bytes):
+        stream: Any = io.BytesIO(source)
+    else:
+        if not os.path.exists(source):
+            raise TempcalError(f"{label}: no such file")
+        if not os.path.isfile(source):
+            raise TempcalError(f"{label}: not a regular file")
+        try:
+            stream = open(source, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise TempcalError(f"{label}: cannot read ({exc.strerror or exc})") from None
+    try:
+        if stream.read(2) != b"PK":
+            raise TempcalError(f"{label}: not an exported program (not a zip archive; {HOW_TO_SAVE})")
+        stream.seek(0)
+        try:
+            archive = zipfile.ZipFile(stream)
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError, EOFError,
+                NotImplementedError) as exc:  # NotImplementedError: an unknown zip version or compression
+            raise TempcalError(f"{label}: damaged or truncated zip archive ({error_line(exc, last=False)})") from None
+        with archive:
+            yield archive
+    finally:
+        stream.close()
+
+
+def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
+    """The checks of :func:`inspect_pt2` on an open archive."""
+    root, members = _members(archive, label)
+    _refuse_other_formats(members, label)
+    _refuse_compressed(members, label)
+    if _FORMAT not in members:
+        raise TempcalError(f"{label}: not an exported program (no '{_FORMAT}' member; {HOW_TO_SAVE})")
+    fmt = _read(archive, members, _FORMAT, label).decode("utf-8", "replace").strip()
+    if fmt != "pt2":
+        raise TempcalError(f"{label}: member '{_FORMAT}' says {fmt[:40]!r}, not 'pt2'; not an exported program")
+    version = _read(archive, members, _VERSION, label).decode("utf-8", "replace").strip() \
+        if _VERSION in members else "0"
+    if version != "0":
+        raise TempcalError(f"{label}: archive version {version[:20]!r}; this tempcal reads version 0")
+    if _BYTEORDER in members:
+        order = _read(archive, members, _BYTEORDER, label).decode("utf-8", "replace").strip()
+        if order != sys.byteorder:
+            raise TempcalError(f"{label}: weights saved in {order[:20]!r} byte order; this machine is {sys.byteorder}")
+    for name in members:
+        if name.startswith(_AOTI):
+            raise TempcalError(f"{label}: member '{name}': AOTInductor compiled code, which torch.export.load would "
+                               "load and run as a shared library; refused")
+    programs = tuple(sorted(n[len(_MODELS):-len(".json")] for n in members
+                            if n.startswith(_MODELS) and n.endswith(".json") and "/" not in n[len(_MODELS):]))
+    if PROGRAM not in programs:
+        raise TempcalError(f"{label}: no program 'models/{PROGRAM}.json' in the archive; {HOW_TO_SAVE}")
+    keep: set[str] = {f"{_MODELS}{PROGRAM}.json"}
+    non_cpu = False
+    for program in programs:  # torch.export.load reads every program, so every one is checked
+        needed, devices = _check_program(archive, members, program, label)
+        non_cpu |= devices
+        if program == PROGRAM:
+            keep |= needed
+    extra = tuple(sorted(n[len(_EXTRA):] for n in members if n.startswith(_EXTRA)))
+    temperature = None
+    if TEMPERATURE_FILE in extra:
+        text = _read(archive, members, _EXTRA + TEMPERATURE_FILE, label)
+        temperature = stored_temperature(text, f"{label}: extra file")
+    return Pt2Info(path=label, root=root, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
+                   temperature=temperature, non_cpu=non_cpu)
+
+
+def _members(archive: zipfile.ZipFile, label: str) -> tuple[str, dict[str, zipfile.ZipInfo]]:
+    """The archive's root folder and its members by name without that folder (one folder, no duplicates)."""
+    infos = archive.infolist()
+    if not infos:
+        raise TempcalError(f"{label}: empty zip archive; not an exported program")
+    names = [info.filename for info in infos]
+    if len(set(names)) != len(names):
+        duplicate = next(n for n in names if names.count(n) > 1)
+        raise TempcalError(f"{label}: member '{duplicate}' appears twice; refused (readers disagree on which is used)")
+    first = names[0].split("/", 1)[0]
+    root = first if all(n.startswith(first + "/") for n in names) else ""
+    return root, {(i.filename[len(root) + 1:] if root else i.filename): i for i in infos}
+
+
+def _refuse_compressed(members: dict[str, zipfile.ZipInfo], label: str) -> None:
+    """Refuse encrypted or compressed members: torch.export.save stores members as they are (no zip bombs)."""
+    for name, info in members.items():
+        if info.flag_bits & 0x1:
+            raise TempcalError(f"{label}: member '{name}' is encrypted; not an exported program")
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+            raise TempcalError(f"{label}: member '{name}' is compressed or damaged (torch.export.save stores members "
+                               "uncompressed); save the program again")
+
+
+def _refuse_other_formats(members: dict[str, zipfile.ZipInfo], label: str) -> None:
+    """One-line refusals for zip files that are not new-format exported programs."""
+    names = set(members)
+    if names & set(_LEGACY_MEMBERS):
+        raise TempcalError(f"{label}: legacy torch.export archive (torch 2.7 or older), whose loader unpickles "
+                           "its members without weights_only; refused: load and save it again with a current torch")
+    if "constants.pkl" in names and any(n.startswith("code/") for n in names):
+        raise TempcalError(f"{label}: a TorchScript model, not an exported program (give it a TorchScript suffix "
+                           f"such as .ts, or convert it with {param('save_model')} PATH.pt2)")
+    if "data.pkl" in names:
+        raise TempcalError(f"{label}: a torch.save archive (pickled objects), not an exported program; refused")
+
+
+def _read(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], name: str, label: str) -> bytes:
+    """The bytes of one member (CRC-checked by zipfile), with a one-line error naming it when they are damaged."""
+    try:
+        return archive.read(members[name])
+    except KeyError:
+        raise TempcalError(f"{label}: member '{name}' is missing") from None
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        raise TempcalError(f"{label}: member '{name}' is damaged ({error_line(exc, last=False)})") from None
+
+
+def _check_program(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], program: str,
+                   label: str) -> tuple[set[str], bool]:
+    """Check one program's weights, constants and sample inputs; the members it needs, and whether any is off-CPU."""
+    for legacy in (f"{_WEIGHTS}{program}.pt", f"{_CONSTANTS}{program}.pt"):
+        if legacy in members:
+            raise TempcalError(f"{label}: member '{legacy}': legacy pickled state, which torch.export.load unpickles "
+                               "(falling back to weights_only=False); refused: save the program again")
+    needed: set[str] = set()
+    non_cpu = False
+    for directory, kind in ((_WEIGHTS, "weights"), (_CONSTANTS, "constants")):
+        config_name = f"{directory}{program}_{kind}_config.json"
+        config = _json_member(archive, members, config_name, label)
+        entries = config.get("config") if isinstance(config, dict) else None
+        if not isinstance(entries, dict):
+            raise TempcalError(f"{label}: member '{config_name}' is not a payload config")
+        needed.add(config_name)
+        for fqn, entry in entries.items():
+            member, off_cpu = _check_payload(members, directory, str(fqn), entry, config_name, label)
+            needed.add(member)
+            non_cpu |= off_cpu
+    sample = f"{_SAMPLE_INPUTS}{program}.pt"
+    if sample not in members:
+        raise TempcalError(f"{label}: member '{sample}' is missing")
+    _check_sample_inputs(_read(archive, members, sample, label), sample, label)
+    _json_member(archive, members, f"{_MODELS}{program}.json", label)
+    return needed, non_cpu
+
+
+def _json_member(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], name: str, label: str) -> Any:
+    """A member parsed as JSON (one-line errors for a missing or malformed member)."""
+    if name not in members:
+        raise TempcalError(f"{label}: member '{name}' is missing")
+    try:
+        return json.loads(_read(archive, members, name, label))
+    except (ValueError, RecursionError) as exc:
+        raise TempcalError(f"{label}: member '{name}' is not valid JSON ({error_line(exc, last=False)})") from None
+
+
+def _check_payload(members: dict[str, zipfile.ZipInfo], directory: str, fqn: str, entry: Any, config: str,
+                   label: str) -> tuple[str, bool]:
+    """Refuse a weight or constant that torch would unpickle; check a raw tensor's record covers its shape."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("path_name"), str):
+        raise TempcalError(f"{label}: member '{config}': entry '{fqn}' is malformed")
+    path_name: str = entry["path_name"]
+    member = directory + path_name
+    where = f"{label}: member '{member}' ({fqn!r})"
+    if path_name.startswith("custom_obj_"):
+        raise TempcalError(f"{where}: a TorchScript custom-class object, which torch.export.load unpickles with "
+                           "torch._C._pickle_load_obj; refused")
+    if path_name.startswith("opaque_obj_"):
+        raise TempcalError(f"{where}: an opaque Python object, which torch.export.load unpickles with plain "
+                           "pickle.loads; refused")
+    if entry.get("use_pickle") is not False:
+        raise TempcalError(f"{where}: a pickled tensor, which torch.export.load unpickles with weights_only=False; "
+                           "refused")
+    prefix = "weight_" if directory == _WEIGHTS else "tensor_"
+    if not re.fullmatch(re.escape(prefix) + r"\d+", path_name):
+        raise TempcalError(f"{where}: unexpected record name; refused")
+    if member not in members:
+        raise TempcalError(f"{where}: record is missing")
+    meta = entry.get("tensor_meta")
+    need, itemsize, device = _tensor_extent(meta, where)
+    size = members[member].file_size
+    if size % itemsize or need > size or (size == 0 and need > 0):
+        raise TempcalError(f"{where}: record holds {size} bytes but the tensor needs {need} "
+                           f"({itemsize}-byte elements); damaged")
+    return member, device != "cpu"
+
+
+def _tensor_extent(meta: Any, where: str) -> tuple[int, int, str]:
+    """(bytes a raw tensor spans in its record, element size, device type) from its serialized metadata."""
+    if not isinstance(meta, dict):
+        raise TempcalError(f"{where}: no tensor metadata")
+    itemsize = _ELEMENT_SIZE.get(meta.get("dtype"))  # type: ignore[arg-type]
+    if itemsize is None:
+        raise TempcalError(f"{where}: unsupported dtype code {meta.get('dtype')!r}")
+    if meta.get("layout", _STRIDED) != _STRIDED:
+        raise TempcalError(f"{where}: not a dense (strided) tensor")
+    sizes = [_as_int(v, where) for v in _as_list(meta.get("sizes"), where)]
+    strides = [_as_int(v, where) for v in _as_list(meta.get("strides"), where)]
+    offset = _as_int(meta.get("storage_offset", {"as_int": 0}), where)
+    if len(sizes) != len(strides) or min([offset, *sizes, *strides]) < 0:
+        raise TempcalError(f"{where}: malformed sizes or strides")
+    if 0 in sizes:
+        return 0, itemsize, _device_type(meta)
+    span = offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True)) + 1
+    return span * itemsize, itemsize, _device_type(meta)
+
+
+def _as_list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise TempcalError(f"{where}: malformed tensor metadata")
+    return value
+
+
+def _as_int(value: Any, where: str) -> int:
+    """A serialized SymInt that must be a plain integer (``{"as_int": n}``)."""
+    if isinstance(value, dict) and set(value) == {"as_int"}:
+        number = value["as_int"]
+        if isinstance(number, int) and not isinstance(number, bool):
+            return number
+    raise TempcalError(f"{where}: symbolic or malformed tensor size; refused")
+
+
+def _device_type(meta: dict[str, Any]) -> str:
+    device = meta.get("device")
+    return str(device.get("type", "cpu")) if isinstance(device, dict) else "cpu"
+
+
+def _check_sample_inputs(blob: bytes, member: str, label: str) -> None:
+    """Refuse sample inputs that ``torch.load(weights_only=True)`` would reject.
+
+    torch.export.load retries such a member with ``weights_only=False``, i.e. runs its pickle. The
+    pickle is scanned opcode by opcode (never executed): only plain containers and tensors may appear.
+    """
+    if not blob:
+        return
+    where = f"{label}: member '{member}'"
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as inner:
+            pickles = [n for n in inner.namelist() if n.endswith(".pkl")]
+            if len(pickles) != 1 or not pickles[0].endswith("data.pkl"):
+                raise TempcalError(f"{where}: not a torch.save archive of tensors; refused")
+            data = inner.read(pickles[0])
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+        raise TempcalError(f"{where}: not a torch.save archive ({error_line(exc, last=False)}); refused") from None
+    problem = _unsafe_pickle(data)
+    if problem:
+        raise TempcalError(f"{where}: pickle with {problem}, which torch.export.load would unpickle with "
+                           "weights_only=False; refused")
+
+
+def _unsafe_pickle(data: bytes) -> str | None:
+    """Why the pickle ``data`` is not plain tensors and containers (an opcode or global), or None when it is."""
+    memo: dict[int, str | None] = {}
+    recent: list[str | None] = []  # the most recent pushed values, as far as they are strings
+    try:
+        for opcode, arg, _ in pickletools.genops(data):
+            name = opcode.name
+            if name not in _SAFE_OPCODES:
+                return f"opcode {name}"
+            if name == "GLOBAL":
+                module, _, attr = str(arg).partition(" ")
+                if f"{module}.{attr}" not in _SAFE_GLOBALS:
+                    return f"global '{module}.{attr}'"
+            elif name == "STACK_GLOBAL":
+                pair = recent[-2:]
+                if len(pair) != 2 or None in pair or f"{pair[0]}.{pair[1]}" not in _SAFE_GLOBALS:
+                    return f"global '{'.'.join(str(p) for p in pair)}'"
+            slot = arg if isinstance(arg, int) else len(memo)  # MEMOIZE stores at the next free slot
+            if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
+                memo[slot] = recent[-1] if recent else None
+            elif name in ("GET", "BINGET", "LONG_BINGET"):
+                recent.append(memo.get(slot))
+            elif name not in ("PROTO", "FRAME", "STOP", "MARK"):
+                recent.append(arg if isinstance(arg, str) and "UNICODE" in name else None)
+            del recent[:-2]
+    except (ValueError, EOFError, KeyError, UnicodeDecodeError) as exc:
+        return f"malformed data ({error_line(exc, last=False)})"
+    return None
+
+
+# -- the checked copy that torch reads ------------------------------------------------------------
+def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str | io.BytesIO) -> None:
+    """Write the members of ``info.keep`` into a new archive; weights mapped to the CPU, sample inputs empty."""
+    from torch.export.pt2_archive import PT2ArchiveWriter
+
+    members = _members(archive, info.path)[1]
+    with PT2ArchiveWriter(destination) as writer:
+        for name in info.keep:
+            data = _read(archive, members, name, info.path)
+            if name.endswith("_config.json"):
+                data = _on_cpu(data)
+            writer.write_bytes(name, data)
+        writer.write_bytes(f"{_SAMPLE_INPUTS}{PROGRAM}.pt", b"")  # torch reads b"" as "no example inputs"
+
+
+def _on_cpu(config: bytes) -> bytes:
+    """A payload config with every tensor's device set to the CPU (a GPU-saved program loads anywhere)."""
+    parsed = json.loads(config)
+    for entry in parsed["config"].values():
+        entry["tensor_meta"]["device"] = {"type": "cpu", "index": None}
+    return json.dumps(parsed).encode("utf-8")
+
+
+__all__ = ["HOW_TO_SAVE", "PROGRAM", "TEMPERATURE_FILE", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive",
+           "write_checked_copy"]
