@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import EXAMPLES, hidden_and_head, snapshot
+from model_builders import VOCAB, final_hidden_states, tiny_model
 from reference import optimal_temperature
 from safetensors.torch import load_file, save_file
 
@@ -104,8 +105,6 @@ def test_the_shipped_digits_model_as_hidden_states_and_its_last_layer(tmp_path, 
 
 
 def test_a_hugging_face_folder_as_head_fits_like_its_logits(tmp_path, run_json):
-    from test_head import VOCAB, final_hidden_states, tiny_model
-
     hidden_states, logits = final_hidden_states(tiny_model("llama", tmp_path / "llama"), rows=8)
     y = torch.multinomial(torch.softmax(logits * 3, 1), 1, generator=torch.Generator().manual_seed(2))[:, 0]
     hidden = write(tmp_path / "hidden.safetensors", hidden=hidden_states, labels=y)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import EXAMPLES, MARKER, assert_one_error_line, snapshot, write_inputs
-from models.model_builders import divided, save_program, ulps, with_opaque_payload
+from model_builders import divided, save_program, ulps, with_opaque_payload
 from reference import nll_at, optimal_temperature
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -87,7 +87,7 @@ def digits_pt2(digits, tmp_path):
 @pytest.fixture
 def digits_onnx(digits, tmp_path):
     pytest.importorskip("onnxruntime")
-    from models.model_builders import onnx_mlp
+    from model_builders import onnx_mlp
 
     return onnx_mlp(digits["mlp"], tmp_path / "digits.onnx")
 
@@ -151,7 +151,7 @@ def test_torchscript_to_pt2_is_the_migration_path(tmp_path, run_json):
 
 @pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
 def test_onnx_source_fits_like_its_logits_and_saves_an_exact_model(digits, digits_onnx, tmp_path, run_json):
-    from models.model_builders import metadata_props, run_onnx_file
+    from model_builders import metadata_props, run_onnx_file
 
     calibrated, logits = tmp_path / "calibrated.onnx", tmp_path / "logits.safetensors"
     t = _fit(run_json, digits_onnx, digits["inputs"], "--save-model", calibrated, "--save-logits", logits)[
@@ -240,7 +240,7 @@ def test_a_pt2_whose_pickle_would_create_a_file_is_refused(digits_pt2, digits, t
 
 def test_onnx_external_data_leaving_the_folder_is_refused(digits, tmp_path, cli, monkeypatch):
     pytest.importorskip("onnxruntime")
-    from models.model_builders import external_onnx
+    from model_builders import external_onnx
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "secret.bin").write_bytes(b"\0" * 4096)
@@ -258,7 +258,7 @@ def test_a_missing_onnx_extra_says_how_to_install_it(digits, tmp_path, cli, monk
     import sys
 
     pytest.importorskip("onnxruntime")
-    from models.model_builders import onnx_mlp
+    from model_builders import onnx_mlp
 
     path = onnx_mlp(digits["mlp"], tmp_path / "digits.onnx")
     monkeypatch.setitem(sys.modules, package, None)  # `import package` raises ImportError

@@ -36,7 +36,7 @@ def test_is_model_path_needs_a_torchscript_archive(digits, tmp_path):
 
 def test_formats_by_suffix_and_zip_directory(digits, tmp_path):
     """.pt2 and .onnx are models by name; an exported program saved under a .pt name is found by its directory."""
-    from models.model_builders import save_program
+    from model_builders import save_program
 
     from tempcal.models.detect import looks_like_model, model_format
 

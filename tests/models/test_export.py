@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import read_model_temperature, run_model_source, script_model, write_inputs
-from models.model_builders import (
+from model_builders import (
     CNN,
     CONSTANTS_CONFIG,
     MLP,

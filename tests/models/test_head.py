@@ -7,43 +7,11 @@ import math
 import pytest
 import torch
 from conftest import hidden_and_head
+from model_builders import VOCAB, WIDTH, final_hidden_states, tiny_model
 from safetensors.torch import save_file
 
 from tempcal.errors import TempcalError
 from tempcal.models.head import load_head
-
-VOCAB, WIDTH = 257, 32
-
-
-def tiny_model(kind: str, folder):
-    """A tiny randomly initialised causal LM of ``kind``, saved in ``folder`` (nothing downloaded)."""
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    common = {"vocab_size": VOCAB, "hidden_size": WIDTH, "intermediate_size": 64, "num_hidden_layers": 1,
-              "num_attention_heads": 4, "num_key_value_heads": 2}
-    if kind == "llama":
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
-    elif kind == "gpt2":
-        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=1,
-                                                                     n_head=4))
-    elif kind == "gemma2":
-        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**common, head_dim=8,
-                                                                         final_logit_softcapping=2.0))
-    elif kind == "cohere":
-        model = transformers.CohereForCausalLM(transformers.CohereConfig(**common, logit_scale=0.5))
-    else:
-        model = transformers.GraniteForCausalLM(transformers.GraniteConfig(**common, logits_scaling=4.0))
-    model.eval()
-    model.save_pretrained(folder, max_shard_size="20KB" if kind == "llama" else "1GB")
-    return model
-
-
-def final_hidden_states(model, rows: int = 4, length: int = 30):
-    """The output layer's input and the model's own logits for random token sequences, one row per position."""
-    ids = torch.randint(0, VOCAB, (rows, length), generator=torch.Generator().manual_seed(1))
-    with torch.inference_mode():
-        out = model(input_ids=ids, output_hidden_states=True)
-    return out.hidden_states[-1].reshape(-1, WIDTH), out.logits.reshape(-1, VOCAB).float()
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt2", "gemma2", "cohere", "granite"])

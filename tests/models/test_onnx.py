@@ -16,7 +16,7 @@ from conftest import ROOT, read_model_temperature, run_model_source, write_input
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
-from models.model_builders import (  # noqa: E402 (after the skips: the extra may be missing)
+from model_builders import (  # noqa: E402 (after the skips: the extra may be missing)
     external_onnx,
     metadata_props,
     onnx_mlp,

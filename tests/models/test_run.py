@@ -235,7 +235,7 @@ def test_models_run_without_tf32_whatever_the_global_setting(small):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_programs_run_on_cuda_as_on_the_cpu(digits, tmp_path):
-    from models.model_builders import save_program
+    from model_builders import save_program
 
     path = save_program(digits["mlp"], digits["x"][:4], tmp_path / "digits.pt2")
     on_cpu, _ = run_model_source(path, digits["inputs"], device="cpu")

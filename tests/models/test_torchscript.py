@@ -98,7 +98,7 @@ def test_a_pickle_in_the_temperature_extra_file_is_read_as_text(tmp_path):
 
 def test_an_exported_program_under_a_pt_name_gets_the_same_checks(tmp_path, small):
     """A .pt file is a model by its zip directory: an exported program there is checked member by member too."""
-    from models.model_builders import save_program, with_opaque_payload
+    from model_builders import save_program, with_opaque_payload
 
     marker = tmp_path / "UNPICKLED"
     program = save_program(torch.nn.Linear(5, 4), torch.randn(4, 5), tmp_path / "plain.pt2")

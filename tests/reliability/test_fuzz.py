@@ -589,12 +589,12 @@ def model_base(kind: str, folder: Path) -> bytes:
         linear.bias.copy_(torch.randn(3, generator=g))
     path = folder / f"base.{kind}"
     if kind == "pt2":
-        from models.model_builders import save_program
+        from model_builders import save_program
 
         save_program(linear, torch.randn(4, 4), path)
     else:
         import onnx
-        from models.model_builders import onnx_model
+        from model_builders import onnx_model
         from onnx import TensorProto, helper, numpy_helper
 
         weights = [numpy_helper.from_array(linear.weight.detach().numpy(), "W"),
@@ -682,7 +682,7 @@ def _reaching_the_runtime(kind: str, base: bytes, folder: Path, deepest: str) ->
     of the corpus; for .pt2 (where the checks leave the corpus no such case) a program whose JSON is valid, its
     checksum right, and its schema wrong."""
     if kind == "pt2":
-        from models.model_builders import rewrite_zip
+        from model_builders import rewrite_zip
 
         (folder / "base.pt2").write_bytes(base)
         damaged = rewrite_zip(folder / "base.pt2", folder / "damaged.pt2",

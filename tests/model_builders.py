@@ -2,7 +2,7 @@
 that own the formats (``torch.export.save``; ONNX graphs built node by node with ``onnx.helper``, independent of any
 exporter), and crafted hostile archives.
 
-Imported as ``from models.model_builders import ...`` (``tests/`` is on ``sys.path``, see tests/conftest.py), so
+Imported as ``from model_builders import ...`` (``tests/`` is on ``sys.path``, see tests/conftest.py), so
 that tests outside ``tests/models`` share them without a second conftest.
 """
 
@@ -242,3 +242,40 @@ def ulps(a: np.ndarray, b: np.ndarray) -> int:
     """The largest distance between float32 arrays in units in the last place."""
     a32, b32 = np.asarray(a, np.float32), np.asarray(b, np.float32)
     return int(np.max(np.abs(a32.view(np.int32).astype(np.int64) - b32.view(np.int32).astype(np.int64))))
+
+
+# -- tiny language models (hidden states and an output head) ----------------------------------------------
+VOCAB, WIDTH = 257, 32
+
+
+def tiny_model(kind: str, folder):
+    """A tiny randomly initialised causal LM of ``kind``, saved in ``folder`` (nothing downloaded)."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    common = {"vocab_size": VOCAB, "hidden_size": WIDTH, "intermediate_size": 64, "num_hidden_layers": 1,
+              "num_attention_heads": 4, "num_key_value_heads": 2}
+    if kind == "llama":
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**common))
+    elif kind == "gpt2":
+        model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=VOCAB, n_embd=WIDTH, n_layer=1,
+                                                                     n_head=4))
+    elif kind == "gemma2":
+        model = transformers.Gemma2ForCausalLM(transformers.Gemma2Config(**common, head_dim=8,
+                                                                         final_logit_softcapping=2.0))
+    elif kind == "cohere":
+        model = transformers.CohereForCausalLM(transformers.CohereConfig(**common, logit_scale=0.5))
+    else:
+        model = transformers.GraniteForCausalLM(transformers.GraniteConfig(**common, logits_scaling=4.0))
+    model.eval()
+    model.save_pretrained(folder, max_shard_size="20KB" if kind == "llama" else "1GB")
+    return model
+
+
+def final_hidden_states(model, rows: int = 4, length: int = 30):
+    """The output layer's input and the model's own logits for random token sequences, one row per position."""
+    ids = torch.randint(0, VOCAB, (rows, length), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        out = model(input_ids=ids, output_hidden_states=True)
+    return out.hidden_states[-1].reshape(-1, WIDTH), out.logits.reshape(-1, VOCAB).float()
