@@ -103,14 +103,6 @@ class LmEvalLogInfo:
             if self.first_disagree_line is None:
                 self.first_disagree_line = line
 
-    def to_json(self) -> dict[str, Any]:
-        return {"path": self.path, "task": self.task, "norm": self.norm, "records": self.records,
-                "choice_counts": {str(k): v for k, v in sorted(self.choice_counts.items())}, "filter": self.filter,
-                "arguments_forms": dict(self.arguments_forms), "targets": dict(self.targets),
-                "mutual_info_trimmed": self.mutual_info_trimmed,
-                "check": {"metric": self.check_metric, "agree": self.check_agree, "disagree": self.check_disagree,
-                          "first_disagree_line": self.first_disagree_line}}
-
     def warnings(self) -> list[str]:
         """A warning when lm-eval's own metric disagrees with the arg-max of some rows read."""
         if not self.check_disagree:
@@ -265,14 +257,15 @@ class LmEvalKind(SourceKind):
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
+        from ..core.data import LogitsData
+
         related = super().open_related(opened, other, labels_optional=labels_optional)
         width, data = opened.data.num_classes, related.data
-        if isinstance(related.kind, LmEvalKind) and not data.binary and data.num_classes < width:
+        if isinstance(related.kind, LmEvalKind) and isinstance(data, LogitsData) and data.num_classes < width:
             import torch
 
-            logits = data.logits  # type: ignore[attr-defined]
-            pad = torch.full((logits.shape[0], width - logits.shape[1]), float("-inf"), dtype=logits.dtype)
-            related.data = type(data)(torch.cat([logits, pad], dim=1), data.labels)  # type: ignore[call-arg]
+            pad = torch.full((data.num_samples, width - data.num_classes), float("-inf"), dtype=data.dtype)
+            related.data = LogitsData(torch.cat([data.logits, pad], dim=1), data.labels, data.index)
         return related
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
