@@ -234,6 +234,12 @@ def fail_after_partial_copy(exc: BaseException):
     return copyfileobj
 
 
+@pytest.fixture(autouse=True)
+def _no_step_summary(monkeypatch):
+    """Under GitHub Actions the commands would append to the job's summary: the tests that want one set their own."""
+    monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
+
+
 @pytest.fixture(params=["resident", "streamed"])
 def reads(request, monkeypatch) -> str:
     """Inputs up to 256 MiB are read once and kept, larger ones read a chunk at a time on every pass: test both."""

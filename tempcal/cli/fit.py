@@ -8,12 +8,16 @@ import typer
 
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX
+from .config import ConfiguredCommand
 from .main import app, deliver, start
 from .options import (
+    INPUTS,
+    OUTPUT,
     BatchSize,
     Bins,
     Bootstrap,
     ChunkRows,
+    ConfigFile,
     Device,
     Estimators,
     Head,
@@ -25,8 +29,11 @@ from .options import (
     InputsKey,
     JsonOut,
     LabelsKey,
+    LmEvalNorm,
+    LmEvalNormOpt,
     LogitsKey,
     Markdown,
+    NoConfig,
     Objective,
     OutputKey,
     Plot,
@@ -36,6 +43,7 @@ from .options import (
     Seed,
     Softcap,
     Source,
+    check_lm_eval_norm,
     check_outputs,
     is_model_source,
     parse_estimators,
@@ -43,11 +51,12 @@ from .options import (
 )
 
 
-@app.command()
+@app.command(cls=ConfiguredCommand)
 def fit(
+    ctx: typer.Context,
     source: Source,
     eval_file: Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
-                                                     help="Fit on all of SOURCE and report on FILE.")] = None,
+                                                     help="Fit on all of SOURCE and report on FILE."), INPUTS] = None,
     val_fraction: Annotated[float, typer.Option("--val-fraction",
                                                 help="Fraction of SOURCE used to fit T (class-stratified); "
                                                 "the rest is used to report.")] = 0.5,
@@ -56,15 +65,17 @@ def fit(
     bins: Bins = 15,
     json_out: JsonOut = None,
     output: Annotated[Optional[str], typer.Option("--output", metavar="PATH",
-                                                  help="Write the updated copy to PATH; SOURCE is untouched.")] = None,
-    no_write: Annotated[bool, typer.Option("--no-write", help="Write nothing back.")] = False,
-    max_ece: Annotated[Optional[float], typer.Option("--max-ece", metavar="X",
+                                                  help="Write the updated copy to PATH; SOURCE is untouched."),
+                      OUTPUT] = None,
+    no_write: Annotated[bool, typer.Option("--no-write/--write", help="Write nothing back.")] = False,
+    max_ece: Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0.0,
                                                      help="Exit 3 when the calibrated ECE is above X.")] = None,
     plot: Plot = None,
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
     probs: Probs = False,
+    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
     head: Head = None,
@@ -83,17 +94,21 @@ def fit(
     save_model: Annotated[Optional[str], typer.Option(
         "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
         "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt/.pth/.ts/"
-        ".torchscript (from a TorchScript model).")
-    ] = None,
+        ".torchscript (from a TorchScript model)."),
+        OUTPUT] = None,
     quiet: Quiet = False,
+    config: ConfigFile = None,
+    no_config: NoConfig = False,
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
     _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
-                  save_model=save_model, save_logits=save_logits, output_key=output_key)
+                  save_model=save_model, save_logits=save_logits, output_key=output_key, lm_eval_norm=lm_eval_norm)
     check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-model": save_model},
                   [*source, *([eval_file] if eval_file else [])])
 
+    from ..output.console import print_fit
     from ..output.files import write_fit_files
+    from ..output.markdown import fit_markdown
     from ..workflows.fit import fit_file, write_back
 
     device = start(device)
@@ -116,19 +131,16 @@ def fit(
                    gate_passed=None if max_ece is None else not gate_failed)
         return out
 
-    def render(out) -> None:
-        from ..output.console import print_fit
-
-        print_fit(report, out)
-
-    deliver(warnings=report.warnings, write=write, payload=payload, render=render, json_out=json_out, quiet=quiet,
+    deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
+            summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 
 def _check_writes(source: list[str], *, inputs: str | None, output: str | None, no_write: bool,
                   max_ece: float | None, probs: bool, save_model: str | None, save_logits: str | None,
-                  output_key: str | None) -> None:
+                  output_key: str | None, lm_eval_norm: LmEvalNorm) -> None:
     """Refuse contradictory options before any file is read."""
+    check_lm_eval_norm(source, lm_eval_norm)
     if no_write and output is not None:
         raise TempcalError("--output and --no-write contradict each other")
     if output is not None and (len(source) > 1 or any(ch in source[0] for ch in "*?[")):

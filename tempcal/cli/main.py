@@ -42,15 +42,18 @@ def _root(
     """Post-hoc temperature scaling and calibration metrics for classifier logits."""
 
 
-def deliver(*, warnings: list[str], write: Callable[[], list[str]], payload: Callable[[], dict],
-            render: Callable[[Any], None], json_out: str | None, quiet: bool, gate: str | None = None) -> None:
+def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], payload: Callable[[], dict],
+            render: Callable[[Any], None], json_out: str | None, quiet: bool, gate: str | None = None,
+            summary: Callable[[], str] | None = None) -> None:
     """How every command ends: only rank 0 goes on (under torch.distributed); warnings, the files asked for,
-    the JSON, the console view and the lines saying what was written; then the gate's exit status."""
+    the JSON (naming the configuration file used), the Markdown ``summary`` appended to ``$GITHUB_STEP_SUMMARY``
+    when that names a file, the console view and the lines saying what was written; then the gate's exit status."""
     from ..core.distributed import rank
 
     if rank() != 0:
         raise typer.Exit(EXIT_GATE if gate else 0)
     from ..errors import for_cli
+    from .config import config_state
 
     for message in warnings:
         stderr(f"warning: {for_cli(message)}")
@@ -60,7 +63,14 @@ def deliver(*, warnings: list[str], write: Callable[[], list[str]], payload: Cal
     data = payload()
     if "warnings" in data:
         data["warnings"] = [for_cli(message) for message in data["warnings"]]
+    data.update(config_state(ctx).to_json())
     emit_json(json_out, data)
+    if summary is not None:
+        from ..output.github import append_step_summary
+
+        problem = append_step_summary(summary, gate=gate)
+        if problem:
+            stderr(f"warning: {problem}")
     if json_out != "-" and not quiet:
         out = console()
         render(out)

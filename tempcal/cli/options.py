@@ -12,6 +12,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
+from ..validation import is_fitted, positive_number
+from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 
 class Objective(str, Enum):
@@ -19,13 +21,39 @@ class Objective(str, Enum):
     ece = "ece"
 
 
+class LmEvalNorm(str, Enum):
+    none = "none"
+    chars = "chars"
+    bytes = "bytes"
+
+
+def configured_tau(value: Any) -> str:
+    """A ``tau`` from a configuration file (a number > 0 or "fitted") as the command line would spell it."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise TypeError
+    if isinstance(value, str):
+        if is_fitted(value):
+            return "fitted"
+        if positive_number(value) is None:
+            raise ValueError(f'expected a number > 0 or "fitted", got "{value}"')
+        return value
+    if positive_number(value) is None:
+        raise ValueError(f"must be > 0, got {value!r}")
+    return repr(value)
+
+
 # -- what to read ---------------------------------------------------------------------------
 Source = Annotated[list[str], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors with 'logits' and 'labels'; .npz, .npy, .pt too), or a "
-    "model (.pt2, .onnx, TorchScript) with --inputs; several files or a glob pattern are read as shards.")]
+    metavar="SOURCE", help="Logits file (.safetensors with 'logits' and 'labels'; .npz, .npy, .pt too), an "
+    "lm-evaluation-harness samples_*.jsonl[.gz] log, or a model (.pt2, .onnx, TorchScript) with --inputs; several "
+    "files or a glob pattern are read as shards. Default: the configuration's 'source'.", show_default=False), INPUTS]
 LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).")]
 LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].")]
-Probs = Annotated[bool, typer.Option("--probs", help="The logits tensor holds probabilities; work on log(p).")]
+Probs = Annotated[bool, typer.Option("--probs/--no-probs",
+                                      help="The logits tensor holds probabilities; work on log(p).")]
+LmEvalNormOpt = Annotated[LmEvalNorm, typer.Option(
+    "--lm-eval-norm", help="lm-evaluation-harness log SOURCE: divide each choice's log-likelihood by its text's "
+    "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).")]
 IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
                                           help="Rows whose label is this value are skipped (token-level logits).")]
 Device = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda.")]
@@ -35,19 +63,19 @@ ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
 # -- a model SOURCE -------------------------------------------------------------------------
 Inputs = Annotated[Optional[str], typer.Option(
     "--inputs", metavar="DATA", help="Inputs file (.safetensors: 'inputs', 'labels') for a model SOURCE (.pt2, "
-    ".onnx, or TorchScript .pt/.pth/.ts/.torchscript).")]
+    ".onnx, or TorchScript .pt/.pth/.ts/.torchscript)."), INPUT]
 InputsKey = Annotated[str, typer.Option("--inputs-key", help="Tensor holding the model inputs [N, ...].")]
 BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Rows per model batch (model SOURCE).")]
 OutputKey = Annotated[Optional[str], typer.Option(
     "--output-key", metavar="KEY", help="The logits among a model's outputs: a dict key or a tuple index (an "
     "ONNX model's output name).")]
 SaveLogits = Annotated[Optional[str], typer.Option(
-    "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file.")]
+    "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file."), OUTPUT]
 
 # -- hidden states and an output head -------------------------------------------------------
 Head = Annotated[Optional[str], typer.Option(
     "--head", metavar="HEAD", help="Output layer (.safetensors with 'weight' [V, d], 'bias' optional, or a Hugging "
-    "Face model folder): SOURCE then holds hidden states, and logits are computed block by block.")]
+    "Face model folder): SOURCE then holds hidden states, and logits are computed block by block."), INPUT]
 HiddenKey = Annotated[str, typer.Option("--hidden-key", help="Tensor holding the hidden states [N, d] or [B, L, d] "
                                         "(with --head).")]
 HeadWeightKey = Annotated[str, typer.Option("--head-weight-key", help="Tensor of a HEAD file holding the weight "
@@ -59,7 +87,8 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
 
 # -- what to compute ------------------------------------------------------------------------
 Tau = Annotated[Optional[list[str]], typer.Option(
-    "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.")]
+    "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable."),
+    ValueType('a number or "fitted"', configured_tau)]
 Bins = Annotated[int, typer.Option("--bins", min=1, help="Number of equal-width bins for ECE/MCE.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and of the bootstrap resamples.")]
 Estimators = Annotated[Optional[str], typer.Option(
@@ -70,22 +99,32 @@ Bootstrap = Annotated[int, typer.Option(
 
 # -- what to write --------------------------------------------------------------------------
 JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",
-                                                help="Write the result as JSON to PATH ('-' for standard output).")]
+                                                help="Write the result as JSON to PATH ('-' for standard output)."),
+                    PathValue(allow_dash=True)]
 Plot = Annotated[Optional[str], typer.Option("--plot", metavar="PATH", help="Draw the result (.png, .svg or .pdf; "
-                                             "needs matplotlib).")]
-Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH",
-                                                 help="Write a calibration section for a model card.")]
-Quiet = Annotated[bool, typer.Option("--quiet", "-q", help="Print only warnings and errors.")]
+                                             "needs matplotlib)."), OUTPUT]
+Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", help="Write the result as a Markdown "
+                                                 "section for a model card (the section every run appends to "
+                                                 "$GITHUB_STEP_SUMMARY when that names a file)."), OUTPUT]
+Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", "-q", help="Print only warnings and errors.")]
+
+# -- the project configuration --------------------------------------------------------------
+ConfigFile = Annotated[Optional[str], typer.Option(
+    "--config", metavar="PATH", help="Read defaults from this file (default: tempcal.toml, or pyproject.toml with a "
+    "tool.tempcal table, in this folder or the nearest parent that has one)."), NOT_CONFIGURABLE]
+NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configuration file."), NOT_CONFIGURABLE]
 
 
 def source_options(values: dict[str, Any], **overrides: Any) -> Any:
     """The options of every kind of SOURCE, as the API takes them, from a command's parameter ``values``
-    (``locals()``: the ones named like ``SourceOptions`` fields are taken) and ``overrides``."""
+    (``locals()``: the ones named like ``SourceOptions`` fields are taken, choices by their value) and
+    ``overrides``."""
     from dataclasses import fields
 
     from ..sources.base import SourceOptions
 
     chosen = {f.name: values[f.name] for f in fields(SourceOptions) if f.name in values}
+    chosen.update({name: value.value for name, value in chosen.items() if isinstance(value, Enum)})
     chosen.update(overrides)
     if chosen.get("head") is None and chosen.get("softcap") is not None:
         raise TempcalError("--softcap applies to logits computed with --head")
@@ -106,6 +145,16 @@ def is_model_source(source: list[str], inputs: str | None, model_only: dict[str,
         flags = ", ".join(["--inputs", *model_only])
         raise TempcalError(f"{flags} apply to a model SOURCE (.pt2, .onnx, or TorchScript .pt/.pth/.ts/.torchscript)")
     return model
+
+
+def check_lm_eval_norm(source: list[str], norm: LmEvalNorm) -> None:
+    """``--lm-eval-norm`` chars or bytes only with an lm-evaluation-harness log SOURCE (never silently ignored)."""
+    from ..sources.lm_eval import is_lm_eval_log
+
+    if norm is not LmEvalNorm.none and not all(is_lm_eval_log(name) for name in source):
+        other = next(name for name in source if not is_lm_eval_log(name))
+        raise TempcalError(f"--lm-eval-norm {norm.value} applies to lm-evaluation-harness sample logs "
+                           f"(samples_*.jsonl or .jsonl.gz), not to {other}")
 
 
 def parse_estimators(text: str | None) -> list[str]:
@@ -143,9 +192,13 @@ def check_outputs(outputs: dict[str, str | None], inputs: list[str]) -> None:
 
 
 __all__ = [
+    "INPUT",
+    "INPUTS",
+    "OUTPUT",
     "Bins",
     "Bootstrap",
     "ChunkRows",
+    "ConfigFile",
     "Device",
     "Estimators",
     "Head",
@@ -157,8 +210,11 @@ __all__ = [
     "InputsKey",
     "JsonOut",
     "LabelsKey",
+    "LmEvalNorm",
+    "LmEvalNormOpt",
     "LogitsKey",
     "Markdown",
+    "NoConfig",
     "Objective",
     "OutputKey",
     "Plot",
@@ -169,7 +225,9 @@ __all__ = [
     "Softcap",
     "Source",
     "Tau",
+    "check_lm_eval_norm",
     "check_outputs",
+    "configured_tau",
     "is_model_source",
     "parse_estimators",
     "source_options",

@@ -9,12 +9,14 @@ import typer
 
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX, check_taus
+from .config import ConfiguredCommand
 from .main import app, deliver, start
 from .options import (
     BatchSize,
     Bins,
     Bootstrap,
     ChunkRows,
+    ConfigFile,
     Device,
     Estimators,
     Head,
@@ -26,8 +28,11 @@ from .options import (
     InputsKey,
     JsonOut,
     LabelsKey,
+    LmEvalNorm,
+    LmEvalNormOpt,
     LogitsKey,
     Markdown,
+    NoConfig,
     OutputKey,
     Plot,
     Probs,
@@ -37,6 +42,7 @@ from .options import (
     Softcap,
     Source,
     Tau,
+    check_lm_eval_norm,
     check_outputs,
     is_model_source,
     parse_estimators,
@@ -60,8 +66,9 @@ def parse_sweep(text: str) -> list[float]:
     return log_spaced(start, stop, count)
 
 
-@app.command()
+@app.command(cls=ConfiguredCommand)
 def report(
+    ctx: typer.Context,
     source: Source,
     tau: Tau = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
@@ -73,6 +80,7 @@ def report(
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
     probs: Probs = False,
+    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
     head: Head = None,
@@ -90,6 +98,8 @@ def report(
     output_key: OutputKey = None,
     save_logits: SaveLogits = None,
     quiet: Quiet = False,
+    config: ConfigFile = None,
+    no_config: NoConfig = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures.
 
@@ -99,9 +109,12 @@ def report(
     check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(sweep) if sweep else []
     is_model = is_model_source(source, inputs, {"--save-logits": save_logits, "--output-key": output_key})
+    check_lm_eval_norm(source, lm_eval_norm)
     check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown}, source)
 
+    from ..output.console import print_report
     from ..output.files import write_report_files
+    from ..output.markdown import report_markdown
     from ..workflows.report import report_file
 
     device = start(device)
@@ -117,10 +130,6 @@ def report(
         write_report_files(result, plot=plot, markdown=markdown)
         return []
 
-    def render(out) -> None:
-        from ..output.console import print_report
-
-        print_report(result, out)
-
-    deliver(warnings=result.warnings, write=write, payload=result.to_json, render=render, json_out=json_out,
+    deliver(ctx, warnings=result.warnings, write=write, payload=result.to_json,
+            render=lambda out: print_report(result, out), summary=lambda: report_markdown(result), json_out=json_out,
             quiet=quiet)

@@ -7,29 +7,63 @@
   such gap over non-empty bins.
 * NLL: mean negative natural log of the true class's probability. Brier: mean over samples
   of ``sum_c (p_c - onehot_c)^2``. Entropy: mean of ``-sum_c p_c ln p_c`` (nats).
+* Each bin's accuracy carries a 95% Wilson score interval (Wilson 1927): with k correct of n,
+  ``p = k/n`` and ``z = Phi^-1(0.975)``, the bounds are
+  ``(p + z^2/(2n) -+ z sqrt(p(1-p)/n + z^2/(4n^2))) / (1 + z^2/n)``: the values of the true
+  accuracy q for which ``|p - q| = z sqrt(q(1-q)/n)``. Unlike ``p -+ z sqrt(p(1-p)/n)`` it stays
+  inside [0, 1] and does not shrink to a point at p = 0 or 1, so a bin of 3 samples shows its
+  uncertainty. An empty bin has none.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from statistics import NormalDist
 
 import torch
 
 from ..core.scan import CalibrationSums, Scan
 
 DEFAULT_BINS = 15
+#: The level of the per-bin accuracy intervals.
+BIN_INTERVAL_LEVEL = 0.95
 
 
 @dataclass(frozen=True)
 class ReliabilityBin:
-    """One equal-width confidence bin; ``confidence`` and ``accuracy`` are None when it is empty."""
+    """One equal-width confidence bin; ``confidence``, ``accuracy`` and its interval are None when it is empty.
+
+    ``accuracy_low`` and ``accuracy_high`` bound the bin's accuracy: the 95% Wilson score interval.
+    """
 
     lower: float
     upper: float
     count: int
     confidence: float | None
     accuracy: float | None
+    accuracy_low: float | None = None
+    accuracy_high: float | None = None
+
+
+def wilson_interval(successes: float, n: int, level: float = BIN_INTERVAL_LEVEL) -> tuple[float, float]:
+    """The Wilson score interval of a proportion: ``successes`` of ``n`` trials (n >= 1), two-sided ``level``."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if not 0 <= successes <= n:
+        raise ValueError(f"successes must lie in [0, {n}], got {successes}")
+    if not 0 < level < 1:
+        raise ValueError(f"level must lie in (0, 1), got {level}")
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    p = successes / n
+    z2n = z * z / n
+    centre = (p + z2n / 2) / (1 + z2n)
+    half = z * math.sqrt(p * (1 - p) / n + z2n / (4 * n)) / (1 + z2n)
+    # At p = 0 (or 1) the lower (upper) bound is exactly 0 (1); rounding must not move it off.
+    low = 0.0 if successes == 0 else max(0.0, centre - half)
+    high = 1.0 if successes == n else min(1.0, centre + half)
+    return low, high
 
 
 @dataclass(frozen=True)
@@ -72,10 +106,12 @@ def from_sums(tau: float, sums: CalibrationSums) -> CalibrationMetrics:
     rows = []
     for i in range(bins_total):
         c = int(count[i])
+        correct = float(sums.bin_correct[i])
+        low, high = wilson_interval(correct, c) if c else (None, None)
         rows.append(ReliabilityBin(
             lower=i / bins_total, upper=(i + 1) / bins_total, count=c,
             confidence=float(sums.bin_confidence[i] / c) if c else None,
-            accuracy=float(sums.bin_correct[i] / c) if c else None))
+            accuracy=correct / c if c else None, accuracy_low=low, accuracy_high=high))
     return CalibrationMetrics(
         tau=float(tau), count=n, nll=sums.nll / n, ece=ece, mce=mce, brier=sums.brier / n,
         accuracy=sums.correct / n, entropy=sums.entropy / n, mean_confidence=sums.confidence / n,

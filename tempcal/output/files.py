@@ -40,8 +40,9 @@ def write_report_files(result, *, plot: str | None = None, markdown: str | None 
         write_text_atomic(markdown, report_markdown(result, markdown, plot), what=param("markdown"))
 
 
-def write_ood_files(report, *, scores: str | None = None, plot: str | None = None) -> list[str]:
-    """``ood``: the per-sample scores file and the plot; the lines saying what was written."""
+def write_ood_files(report, *, scores: str | None = None, plot: str | None = None,
+                    markdown: str | None = None) -> list[str]:
+    """``ood``: the per-sample scores file, the plot and a model-card section; the lines saying what was written."""
     lines = []
     if scores is not None:
         from .scores_file import save_scores
@@ -51,6 +52,11 @@ def write_ood_files(report, *, scores: str | None = None, plot: str | None = Non
         from .plots import ood_plot
 
         lines.append(f"wrote the plot to {ood_plot(report, plot)}")
+    if markdown is not None:
+        from .markdown import ood_markdown
+
+        write_text_atomic(markdown, ood_markdown(report, markdown, plot), what=param("markdown"))
+        lines.append(f"wrote the Markdown section to {markdown}")
     return lines
 
 

@@ -49,6 +49,7 @@ def _reliability_axes(ax, hist, metrics, title: str) -> None:
                facecolor="none", hatch="///", edgecolor="tab:red", linewidth=0.8,
                label="gap to mean confidence" if first_gap else None)
         first_gap = False
+    _interval_bars(ax, metrics.bins, width)
     ax.plot([], [], " ", label=f"ECE = {metrics.ece:.4f}, N = {metrics.count}")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
@@ -62,6 +63,18 @@ def _reliability_axes(ax, hist, metrics, title: str) -> None:
     hist.set_ylabel("samples")
     if max(counts, default=0) > 0:
         hist.set_yscale("log")
+
+
+def _interval_bars(ax, bins, width: float) -> None:
+    """Each non-empty bin's 95% Wilson interval for its accuracy, as an error bar at the bin's centre."""
+    shown = [b for b in bins if b.count and b.accuracy_low is not None]
+    if not shown:
+        return
+    ax.errorbar([b.lower + width / 2 for b in shown], [b.accuracy for b in shown],
+                yerr=[[max(0.0, b.accuracy - b.accuracy_low) for b in shown],
+                      [max(0.0, b.accuracy_high - b.accuracy) for b in shown]],
+                fmt="none", ecolor="black", elinewidth=1, capsize=min(3.0, 40 * width), capthick=1,
+                label="95% interval (Wilson)")
 
 
 def reliability_diagram(panels: list[tuple[str, object]], path: str | os.PathLike) -> Path:

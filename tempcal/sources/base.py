@@ -48,6 +48,8 @@ class SourceOptions:
     head_weight_key: str = "weight"
     head_bias_key: str = "bias"
     softcap: float | None = None
+    # An lm-evaluation-harness sample log: how each choice's log-likelihood is normalised (none, chars, bytes).
+    lm_eval_norm: str = "none"
 
     def but(self, **changes: Any) -> SourceOptions:
         """A copy with ``changes``."""

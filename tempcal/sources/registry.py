@@ -15,6 +15,7 @@ from typing import Any
 from ..errors import TempcalError
 from .base import OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
+from .lm_eval import LmEvalKind
 from .model import ModelKind
 from .numpy import NpyKind, NpzKind
 from .safetensors import SafetensorsKind
@@ -27,6 +28,7 @@ KINDS: list[SourceKind] = [
     NpzKind(),
     NpyKind(),
     TorchDictKind(),
+    LmEvalKind(),
     SafetensorsKind(),
 ]
 
@@ -56,7 +58,8 @@ def kind_of(paths: list[Path], options: SourceOptions | None = None) -> SourceKi
     if len(paths) > 1:
         other = next((p for p in paths if _claimant([p], options) is not kind), None) if kind.shards else paths[0]
         if other is not None:
-            raise TempcalError(f"{other}: shards must be .safetensors files")
+            like = f"{kind.name} files like {paths[0]}" if other is not paths[0] else ".safetensors files"
+            raise TempcalError(f"{other}: shards must be {like}")
     return kind
 
 

@@ -114,3 +114,72 @@ def test_numpy_arrays_are_accepted():
     b = tempcal.calibration_metrics(logits, labels, device="cpu")
     assert a == b
     assert np.isfinite(a.nll)
+
+
+# -- Wilson intervals on the reliability bins ----------------------------------------------------------------
+
+
+def wilson_reference(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """The closed form, with z from scipy (Wilson 1927; Agresti & Coull 1998, eq. 2)."""
+    from scipy.stats import norm
+
+    z = norm.ppf(0.5 + level / 2)
+    p = k / n
+    centre = p + z * z / (2 * n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
+
+
+@pytest.mark.parametrize(("k", "n"), [(0, 1), (1, 1), (0, 3), (1, 3), (2, 3), (3, 3), (7, 10), (0, 50), (50, 50),
+                                      (123, 1000), (2999, 3000)])
+def test_wilson_interval_matches_the_closed_form_and_its_defining_equation(k, n):
+    from scipy.stats import norm
+
+    from tempcal.metrics.calibration import wilson_interval
+
+    low, high = wilson_interval(k, n)
+    ref_low, ref_high = wilson_reference(k, n)
+    assert low == pytest.approx(max(ref_low, 0.0), abs=1e-12) and high == pytest.approx(min(ref_high, 1.0), abs=1e-12)
+    assert 0 <= low <= k / n <= high <= 1
+    # The score interval is every q with |p - q| <= z sqrt(q (1 - q) / n): its ends solve the equality, i.e. the
+    # roots of (1 + z^2/n) q^2 - (2p + z^2/n) q + p^2 = 0, found here by numpy.
+    z2n = norm.ppf(0.975) ** 2 / n
+    roots = sorted(np.roots([1 + z2n, -(2 * k / n + z2n), (k / n) ** 2]).real)
+    assert low == pytest.approx(roots[0], abs=1e-9) and high == pytest.approx(roots[1], abs=1e-9)
+    if k == 0:
+        assert low == 0.0
+    if k == n:
+        assert high == 1.0
+
+
+def test_a_wilson_interval_narrows_with_the_sample_and_widens_with_the_level():
+    from tempcal.metrics.calibration import wilson_interval
+
+    widths = [np.subtract(*reversed(wilson_interval(n * 0.8, n))) for n in (5, 50, 500, 5000)]
+    assert widths == sorted(widths, reverse=True) and widths[0] > 0.3 > 0.03 > widths[-1]
+    assert np.subtract(*reversed(wilson_interval(8, 10, 0.99))) > np.subtract(*reversed(wilson_interval(8, 10)))
+    with pytest.raises(ValueError):
+        wilson_interval(1, 0)
+    with pytest.raises(ValueError):
+        wilson_interval(4, 3)
+
+
+def test_every_bin_carries_the_wilson_interval_of_its_accuracy():
+    """Per-bin counts recounted from the contract's bins by a plain loop; empty bins have no interval."""
+    from reference import predictions
+
+    logits, labels = miscalibrated(700, 6, 2.5, seed=9)
+    m = tempcal.calibration_metrics(logits, labels, 1.0, device="cpu", bins=20)
+    confidence = probabilities(logits).max(1)
+    correct = predictions(logits) == labels.numpy()
+    assert any(b.count == 0 for b in m.bins) and any(0 < b.count < 5 for b in m.bins)  # both cases are exercised
+    for i, b in enumerate(m.bins):
+        inside = (confidence > i / 20) & (confidence <= (i + 1) / 20) | ((i == 0) & (confidence == 0))
+        assert b.count == int(inside.sum())
+        if b.count == 0:
+            assert b.accuracy is None and b.accuracy_low is None and b.accuracy_high is None
+            continue
+        low, high = wilson_reference(int(correct[inside].sum()), b.count)
+        assert b.accuracy_low == pytest.approx(max(low, 0.0), abs=1e-12)
+        assert b.accuracy_high == pytest.approx(min(high, 1.0), abs=1e-12)
+        assert b.accuracy_low <= b.accuracy <= b.accuracy_high

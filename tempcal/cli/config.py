@@ -1,0 +1,391 @@
+"""Project configuration: the commands' defaults from ``tempcal.toml`` or ``[tool.tempcal]`` in ``pyproject.toml``.
+
+The file is the nearest one from the current folder up (``--config PATH`` names one, ``--no-config``
+reads none). In one folder ``tempcal.toml`` comes first; a ``pyproject.toml`` without the table
+does not count and the search goes on upwards. Its top-level ``source`` stands in for a missing
+SOURCE; a table per command (``[fit]``, ``[report]``, ``[ood]``; in pyproject ``[tool.tempcal.fit]``
+...) holds that command's options under their long names, and may hold its own ``source``. Every
+table is checked on every run, so a typo in ``[report]`` fails ``tempcal fit`` too.
+
+Values become the command's ``default_map``, so the command line always wins (a repeatable option
+given there replaces the configured list) and a value taken from the file has the parameter source
+``DEFAULT_MAP``, which the JSON reports. Relative paths are relative to the file's folder. An input
+file the command is about to use must exist; one the command line replaces is not looked at.
+Every problem is a :class:`~tempcal.cli.config_schema.ConfigError`: one line naming the file and key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+import os
+import re
+import sys
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from typer.core import TyperCommand
+
+from ..errors import TempcalError
+from .config_schema import (
+    SOURCE_KEY,
+    TOP_SOURCE,
+    CommandSchema,
+    ConfigError,
+    OptionSpec,
+    command_schema,
+    convert_value,
+    expected,
+    toml_kind,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib as _toml
+else:  # pragma: no cover - Python 3.10: the 'tomli' backport, a dependency there
+    try:
+        import tomli as _toml
+    except ModuleNotFoundError:
+        _toml = None
+
+CONFIG_NAME = "tempcal.toml"
+PYPROJECT_NAME = "pyproject.toml"
+PYPROJECT_TABLE = ("tool", "tempcal")
+#: Where a run's :class:`ConfigState` is kept (``ctx.meta`` is shared by a context and its children).
+META_KEY = "tempcal.config"
+_GLOB_MAGIC = frozenset("*?[")
+
+
+@dataclass(frozen=True)
+class Config:
+    """One configuration file's tempcal settings (the whole of tempcal.toml, or pyproject's [tool.tempcal])."""
+
+    path: Path  # absolute
+    display: str  # how messages name the file
+    data: Mapping[str, Any]
+    in_pyproject: bool = False
+
+    @property
+    def folder(self) -> Path:
+        return self.path.parent
+
+    def label(self, table: str | None, key: str) -> str:
+        """``tempcal.toml: [ood] tau``; ``pyproject.toml: [tool.tempcal.ood] tau``; ``tempcal.toml: source``."""
+        name = ".".join(p for p in (".".join(PYPROJECT_TABLE) if self.in_pyproject else "", table) if p)
+        return f"{self.display}: [{name}] {key}" if name else f"{self.display}: {key}"
+
+    def error(self, table: str | None, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.label(table, key)}: {message}")
+
+    def check(self, schemas: Mapping[str, CommandSchema]) -> None:
+        """Check every key and value of the file against the commands' schemas (no file is looked at)."""
+        for key, value in self.data.items():
+            if key == SOURCE_KEY:
+                continue
+            if key not in schemas:
+                raise self._unknown_top_level(key, value, schemas)
+            if not isinstance(value, dict):
+                raise self.error(None, key, f"must be a table of {key}'s options ([{key}]), got {toml_kind(value)}")
+        if SOURCE_KEY in self.data:
+            self._convert(TOP_SOURCE, self.data[SOURCE_KEY], None, SOURCE_KEY)
+        for command, schema in schemas.items():
+            self._table_defaults(command, schema, (), check_files=False)
+
+    def defaults_for(self, command: str, schema: CommandSchema, given: Collection[str] = (), *,
+                     check_files: bool = True) -> dict[str, Any]:
+        """The command's defaults from this file, by parameter name (the ``default_map`` of its context).
+
+        Values are checked and converted to what the command line would give; relative paths are
+        joined to the file's folder. ``given`` names the parameters the command line sets: their
+        configured values are still type-checked, but their files are not looked at.
+        """
+        out = self._table_defaults(command, schema, given, check_files=check_files)
+        source = schema.source
+        if source is not None and source.param_name not in out and SOURCE_KEY in self.data:
+            paths = self._convert(TOP_SOURCE, self.data[SOURCE_KEY], None, SOURCE_KEY)
+            if check_files and source.param_name not in given:
+                self._check_files(TOP_SOURCE, paths, None, SOURCE_KEY)
+            out[source.param_name] = paths
+        return out
+
+    def _table_defaults(self, command: str, schema: CommandSchema, given: Collection[str], *,
+                        check_files: bool) -> dict[str, Any]:
+        """The values of the command's own table, by parameter name."""
+        table = self.data.get(command, {})
+        out: dict[str, Any] = {}
+        seen: dict[str, str] = {}
+        for key, value in table.items():
+            spec = self._spec(schema, command, key)
+            if spec.param_name in seen:
+                raise self.error(command, key, f"sets the same option as '{seen[spec.param_name]}'")
+            seen[spec.param_name] = key
+            converted = self._convert(spec, value, command, key)
+            if check_files and spec.param_name not in given:
+                self._check_files(spec, converted, command, key)
+            out[spec.param_name] = converted
+        return out
+
+    def _spec(self, schema: CommandSchema, command: str, key: str) -> OptionSpec:
+        """The spec of a key in a command's table, or an error saying why the key is not one."""
+        spec = schema.lookup(key)
+        if spec is not None:
+            return spec
+        if key in schema.refused:
+            raise self.error(command, key, schema.refused[key])
+        for candidate in schema.options.values():
+            if key in candidate.negative:
+                raise self.error(command, key, f"unknown key; write {candidate.key} = false")
+        close = difflib.get_close_matches(key, list(schema.options), n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else f" ({command} options: {', '.join(schema.keys())})"
+        raise self.error(command, key, f"unknown key{hint}")
+
+    def _unknown_top_level(self, key: str, value: Any, schemas: Mapping[str, CommandSchema]) -> ConfigError:
+        """The message for a top-level key that is neither ``source`` nor a command's table."""
+        tables = ", ".join(f"[{name}]" for name in schemas)
+        if isinstance(value, dict):
+            return self.error(None, key, f"unknown table; the tables are {tables}")
+        owners = [name for name, schema in schemas.items() if schema.lookup(key)]
+        hint = f"; options go in a command's table ({', '.join(f'[{o}]' for o in owners)})" if owners else ""
+        return self.error(None, key, f"unknown key; the top level holds 'source' and the tables {tables}{hint}")
+
+    def _convert(self, spec: OptionSpec, value: Any, table: str | None, key: str) -> Any:
+        """A TOML value as the command-line value of ``spec`` (a list for a repeatable option)."""
+        if not spec.multiple:
+            if isinstance(value, list):
+                raise self.error(table, key, f"expected {expected(spec)}, got a list")
+            return self._convert_one(spec, value, table, key)
+        if not isinstance(value, list):
+            return [self._convert_one(spec, value, table, key, list_hint=True)]
+        if not value:
+            raise self.error(table, key, f"expected {expected(spec)} or a list of them, got an empty list")
+        return [self._convert_one(spec, item, table, f"{key}[{i}]") for i, item in enumerate(value)]
+
+    def _convert_one(self, spec: OptionSpec, value: Any, table: str | None, key: str, *,
+                     list_hint: bool = False) -> Any:
+        try:
+            return convert_value(spec, value, self.folder)
+        except TypeError as exc:
+            wanted = expected(spec) + (" or a list of them" if list_hint else "")
+            raise self.error(table, key, str(exc) or f"expected {wanted}, got {toml_kind(value)}") from None
+        except ValueError as exc:
+            raise self.error(table, key, str(exc)) from None
+
+    def _check_files(self, spec: OptionSpec, value: Any, table: str | None, key: str) -> None:
+        """An input path the command is about to use must exist (a glob pattern must match a file)."""
+        if spec.path is None or not spec.path.must_exist:
+            return
+        for item in value if isinstance(value, list) else [value]:
+            if spec.path.allow_dash and item == "-":
+                continue
+            if spec.path.glob and _GLOB_MAGIC & set(item):
+                if not glob.glob(item):
+                    raise self.error(table, key, f"the pattern {item} matches no file")
+            elif not os.path.exists(item):
+                raise self.error(table, key, f"no such file: {item}")
+
+
+# -- finding and reading files --------------------------------------------------------------------
+
+
+def find_config(start_dir: str | os.PathLike[str] | None = None) -> Path | None:
+    """The nearest ``tempcal.toml``, or ``pyproject.toml`` with a ``[tool.tempcal]`` table, from ``start_dir`` up."""
+    found = _discover(start_dir)
+    return found.path if found is not None else None
+
+
+def load_config(path: str | os.PathLike[str], *, display: str | None = None) -> Config:
+    """Read a configuration file: a pyproject.toml gives its ``[tool.tempcal]`` table, any other name the whole file."""
+    shown = display if display is not None else os.fspath(path)
+    absolute = Path(os.path.abspath(path))
+    if not absolute.exists():
+        raise ConfigError(f"{shown}: no such configuration file")
+    if absolute.is_dir():
+        raise ConfigError(f"{shown}: is a folder, not a configuration file")
+    data = _parse_toml(absolute, shown)
+    if absolute.name == PYPROJECT_NAME:
+        table = _pyproject_table(data, shown)
+        if table is None:
+            raise ConfigError(f"{shown}: has no [{'.'.join(PYPROJECT_TABLE)}] table")
+        return Config(path=absolute, display=shown, data=table, in_pyproject=True)
+    return Config(path=absolute, display=shown, data=data)
+
+
+def resolve_config(explicit: str | None, disabled: bool, cwd: str | os.PathLike[str] | None = None) -> Config | None:
+    """The configuration a run uses: ``--config PATH``, none with ``--no-config``, else the nearest one."""
+    if explicit is not None and disabled:
+        raise ConfigError("--config and --no-config contradict each other")
+    if disabled:
+        return None
+    if explicit is not None:
+        if not os.path.exists(explicit):
+            raise ConfigError(f"--config {explicit}: no such file")
+        return load_config(explicit)
+    return _discover(cwd)
+
+
+def _discover(start_dir: str | os.PathLike[str] | None) -> Config | None:
+    """Walk up from ``start_dir`` (default: the current folder) to the first folder with a configuration."""
+    start = Path(os.path.abspath(start_dir if start_dir is not None else os.getcwd()))
+    for folder in (start, *start.parents):
+        candidate = folder / CONFIG_NAME
+        if candidate.is_file():
+            return load_config(candidate, display=_display(candidate))
+        pyproject = folder / PYPROJECT_NAME
+        if pyproject.is_file() and _mentions_tempcal(pyproject):
+            table = _pyproject_table(_parse_toml(pyproject, _display(pyproject)), _display(pyproject))
+            if table is not None:
+                return Config(path=pyproject, display=_display(pyproject), data=table, in_pyproject=True)
+    return None
+
+
+def _display(path: Path) -> str:
+    """A found file as messages name it: relative to the current folder (``tempcal.toml``, ``../tempcal.toml``)."""
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+
+
+def _mentions_tempcal(path: Path) -> bool:
+    """A cheap test before parsing a pyproject.toml on the way up: one that never says 'tempcal' has no table."""
+    try:
+        return b"tempcal" in path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{_display(path)}: cannot read: {exc.strerror or exc}") from None
+
+
+def _parse_toml(path: Path, shown: str) -> dict[str, Any]:
+    """The file as TOML; syntax errors carry the parser's '(at line L, column C)'."""
+    if _toml is None:
+        raise ConfigError(f"{shown}: reading it needs Python >= 3.11 or the 'tomli' package")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{shown}: cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{shown}: not UTF-8 text (byte {exc.start + 1})") from None
+    try:
+        data: dict[str, Any] = _toml.loads(text)
+    except _toml.TOMLDecodeError as exc:
+        raise ConfigError(f"{shown}: invalid TOML: {exc}") from None
+    return data
+
+
+def _pyproject_table(data: Mapping[str, Any], shown: str) -> dict[str, Any] | None:
+    """``[tool.tempcal]`` of a parsed pyproject.toml, or None when absent."""
+    tool = data.get(PYPROJECT_TABLE[0])
+    if not isinstance(tool, dict) or PYPROJECT_TABLE[1] not in tool:
+        return None
+    table = tool[PYPROJECT_TABLE[1]]
+    if not isinstance(table, dict):
+        raise ConfigError(f"{shown}: [tool] tempcal: must be a table, got {toml_kind(table)}")
+    return table
+
+
+# -- the commands' side ---------------------------------------------------------------------------
+
+
+@dataclass
+class ConfigState:
+    """What a run took from its configuration: the file (or None) and, after parsing, the keys used."""
+
+    config: Config | None
+    used: dict[str, str] = field(default_factory=dict)  # parameter name -> "[ood] ood" / "source"
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"config": PATH or None, "config_keys": [...]}`` for a command's JSON output."""
+        return {"config": str(self.config.path) if self.config else None, "config_keys": sorted(self.used.values())}
+
+
+def config_state(ctx: Any) -> ConfigState:
+    """The run's :class:`ConfigState` (an empty one when no configuration was looked for)."""
+    state = ctx.meta.get(META_KEY) if ctx is not None else None
+    return state if isinstance(state, ConfigState) else ConfigState(config=None)
+
+
+class ConfiguredCommand(TyperCommand):
+    """A Typer command whose defaults come from the project configuration (``@app.command(cls=...)``).
+
+    The command declares ``--config`` and ``--no-config`` (``options.ConfigFile``, ``options.NoConfig``).
+    Before the real parse, a first parse with the command's own parser (no callbacks, no side effects)
+    tells ``--config``/``--no-config``, ``--help`` and which parameters the command line sets; the
+    file is then read, checked and installed as ``ctx.default_map``. A command line that does not
+    parse, or asks for help, skips the file and lets the real parse answer.
+    """
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        if not ctx.resilient_parsing:  # shell completion never reads files
+            self._apply_config(ctx, args)
+        rest = super().parse_args(ctx, args)
+        self._record_sources(ctx)
+        return rest
+
+    def invoke(self, ctx: Any) -> Any:
+        """Run the command; an error about an option whose value came from the file names the file and key."""
+        try:
+            return super().invoke(ctx)
+        except TempcalError as exc:
+            state = config_state(ctx)
+            if state.config is None or not state.used:
+                raise
+            message = exc.for_cli()
+            options = {spec.param_name: spec for spec in self.schema().options.values()}
+            for name, used in sorted(state.used.items()):
+                spec = options[name]
+                flag = f"--{spec.key}"
+                if spec.is_argument or not re.search(rf"{re.escape(flag)}(?![\w-])", message):
+                    continue
+                where = state.config.label(str(self.name) if used.startswith("[") else None, spec.key)
+                raise type(exc)(f"{exc.raw} ({flag} is set in {where})") from None
+            raise
+
+    def schema(self) -> CommandSchema:
+        """This command's schema, derived once."""
+        cached = self.__dict__.get("_tempcal_schema")
+        if cached is None:
+            cached = self.__dict__["_tempcal_schema"] = command_schema(self)
+        return cached
+
+    def _apply_config(self, ctx: Any, args: Sequence[str]) -> None:
+        opts = self._preparse(ctx, args)
+        if opts is None or opts.get("help"):
+            return
+        config = resolve_config(opts.get("config"), bool(opts.get("no_config")))
+        ctx.meta[META_KEY] = ConfigState(config=config)
+        if config is None:
+            return
+        group = getattr(ctx.parent, "command", None) if ctx.parent is not None else None
+        commands = getattr(group, "commands", None) or {self.name: self}
+        config.check({name: command.schema() if isinstance(command, ConfiguredCommand) else command_schema(command)
+                      for name, command in commands.items()})
+        given = {name for name, value in opts.items() if value not in (None, (), [])}
+        ctx.default_map = {**(ctx.default_map or {}), **config.defaults_for(str(self.name), self.schema(), given)}
+
+    def _preparse(self, ctx: Any, args: Sequence[str]) -> dict[str, Any] | None:
+        """The parser's raw ``{parameter name: value}`` for ``args`` (None when they do not parse)."""
+        try:
+            opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception as exc:  # the real parse reports usage errors with the proper message
+            if any(cls.__name__ == "UsageError" for cls in type(exc).__mro__):
+                return None
+            raise
+        return dict(opts)
+
+    def _record_sources(self, ctx: Any) -> None:
+        """After parsing: note which parameters took their value from the file (parameter source DEFAULT_MAP)."""
+        state = ctx.meta.get(META_KEY)
+        if not isinstance(state, ConfigState) or state.config is None:
+            return
+        by_param = {spec.param_name: spec for spec in self.schema().options.values()}
+        table = state.config.data.get(str(self.name), {})
+        for name in ctx.params:
+            source = ctx.get_parameter_source(name)
+            if source is not None and source.name == "DEFAULT_MAP" and name in by_param:
+                spec = by_param[name]
+                in_table = any(key in table for key in (spec.key, *spec.aliases))  # else: the top-level source
+                state.used[name] = f"[{self.name}] {spec.key}" if in_table else spec.key
+
+
+__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "find_config",
+           "load_config", "resolve_config"]

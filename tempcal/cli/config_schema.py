@@ -1,0 +1,330 @@
+"""What a configuration file may hold, derived from the commands' own parameters: keys, kinds, values.
+
+A command's configurable keys are its options' long names without the dashes (``--val-fraction``
+is ``val-fraction``); the kind of value each takes comes from the parameter's Python annotation
+(``bool``, ``int``, ``float``, ``str``, an Enum, ``list[...]`` of these, ``Optional`` of any), ranges
+from ``typer.Option(min=, max=)``, and the rest from markers in the annotation's metadata, which
+Typer ignores: :class:`PathValue` (file paths, relative to the configuration file),
+:class:`ValueType` (a custom conversion, such as ``--tau``'s "a number or fitted") and
+:data:`NOT_CONFIGURABLE`. So an option added to a command (declared once, in ``options.py`` or
+in the command's signature) is configurable with no second declaration.
+
+TOML values are checked here before they reach Typer, which would otherwise turn ``true`` into
+``"True"`` for a text option or into ``1`` for a number. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+import os
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path, PurePath
+from typing import Annotated, Any, Literal
+
+from ..errors import TempcalError
+
+SOURCE_KEY = "source"
+
+
+class ConfigError(TempcalError):
+    """Bad configuration: one line naming the file and, where it applies, the key (exit status 2)."""
+
+
+# -- markers for parameter annotations ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PathValue:
+    """Annotation marker: the option holds file paths; relative ones in a configuration file are relative to it.
+
+    ``must_exist``: an input; a configured path that does not exist is an error naming the file and
+    key, raised only when the command is about to use that value. ``allow_dash``: ``-`` (standard
+    output) is kept as is. ``glob``: the value may be a glob pattern (shards); it must then match a file.
+    """
+
+    must_exist: bool = False
+    allow_dash: bool = False
+    glob: bool = False
+
+
+@dataclass(frozen=True)
+class ValueType:
+    """Annotation marker: how a TOML value becomes the option's command-line value.
+
+    ``convert`` raises TypeError for a value of the wrong type (the message then says
+    ``expected <expected>``) or ValueError with its own message.
+    """
+
+    expected: str
+    convert: Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class NotConfigurable:
+    """Annotation marker: the option cannot be set in a configuration file (``--config`` itself)."""
+
+
+NOT_CONFIGURABLE = NotConfigurable()
+INPUT = PathValue(must_exist=True)
+INPUTS = PathValue(must_exist=True, glob=True)
+OUTPUT = PathValue()
+
+
+# -- the schema of a command ----------------------------------------------------------------------
+
+Kind = Literal["bool", "int", "float", "str", "choice", "path", "custom"]
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One configurable parameter: its key in the file, the parameter it sets and the values it takes."""
+
+    key: str  # long name without dashes ("val-fraction"), or the argument's name ("source")
+    param_name: str  # the parameter's Python name ("val_fraction"): the default_map key
+    kind: Kind
+    multiple: bool  # repeatable option or nargs=-1 argument: the file gives a list (a scalar is one item)
+    is_argument: bool = False
+    aliases: tuple[str, ...] = ()  # further long names of the same option
+    negative: tuple[str, ...] = ()  # the off switch of an on/off flag ("write"), refused with a hint
+    choices: tuple[str, ...] = ()
+    case_sensitive: bool = True
+    minimum: float | None = None
+    maximum: float | None = None
+    path: PathValue | None = None
+    value_type: ValueType | None = None
+
+
+@dataclass(frozen=True)
+class CommandSchema:
+    """A command's configurable parameters by key (aliases included) and its SOURCE argument."""
+
+    name: str
+    options: Mapping[str, OptionSpec]
+    source: OptionSpec | None
+    refused: Mapping[str, str] = field(default_factory=dict)  # key -> why it cannot be configured
+
+    def lookup(self, key: str) -> OptionSpec | None:
+        return self.options.get(key)
+
+    def keys(self) -> list[str]:
+        """The primary keys, for messages."""
+        return sorted({spec.key for spec in self.options.values()})
+
+
+#: The top-level ``source``: paths or glob patterns of files that must exist.
+TOP_SOURCE = OptionSpec(key=SOURCE_KEY, param_name=SOURCE_KEY, kind="path", multiple=True, path=INPUTS)
+
+
+def command_schema(command: Any) -> CommandSchema:
+    """The schema of a Typer command, from its parameters and its callback's annotations."""
+    annotations = _callback_annotations(command)
+    options: dict[str, OptionSpec] = {}
+    refused: dict[str, str] = {}
+    source: OptionSpec | None = None
+    for param in getattr(command, "params", []):
+        name = param.name
+        if not name or name not in annotations:
+            continue
+        annotation, metadata, info = annotations[name]
+        is_argument = getattr(param, "param_type_name", "") == "argument"
+        keys = [name] if is_argument else _long_names(param)
+        if any(isinstance(m, NotConfigurable) for m in metadata) or getattr(param, "is_eager", False):
+            refused.update({key: "cannot be set in a configuration file" for key in keys})
+            continue
+        spec = _spec_for(param, keys, annotation, metadata, info, is_argument)
+        if isinstance(spec, str):
+            refused.update({key: spec for key in keys})
+            continue
+        if is_argument and name == SOURCE_KEY:
+            spec = replace(spec, kind="path", path=TOP_SOURCE.path)  # SOURCE: paths that must exist
+            source = spec
+        for key in (spec.key, *spec.aliases):
+            options[key] = spec
+    return CommandSchema(name=getattr(command, "name", "") or "", options=options, source=source, refused=refused)
+
+
+def _callback_annotations(command: Any) -> dict[str, tuple[Any, list[Any], Any]]:
+    """Per parameter name: (annotation without Annotated/Optional, Annotated metadata, Typer's ParameterInfo)."""
+    callback = getattr(command, "callback", None)
+    if callback is None:
+        return {}
+    signature = inspect.signature(callback, eval_str=True)  # follows Typer's wrapper to the function
+    out: dict[str, tuple[Any, list[Any], Any]] = {}
+    for name, parameter in signature.parameters.items():
+        annotation = parameter.annotation
+        metadata: list[Any] = []
+        if typing.get_origin(annotation) is Annotated:
+            annotation, *metadata = typing.get_args(annotation)
+        info = next((m for m in metadata if _is_parameter_info(m)), None)
+        out[name] = (_strip_optional(annotation), metadata, info)
+    return out
+
+
+def _is_parameter_info(value: Any) -> bool:
+    return any(cls.__name__ == "ParameterInfo" for cls in type(value).__mro__)
+
+
+def _strip_optional(annotation: Any) -> Any:
+    """``Optional[X]`` / ``X | None`` as ``X``."""
+    args = typing.get_args(annotation)
+    origin = typing.get_origin(annotation)
+    is_union = origin is typing.Union or getattr(origin, "__name__", "") == "UnionType"
+    if is_union and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0] if len(rest) == 1 else annotation
+    return annotation
+
+
+def _long_names(param: Any) -> list[str]:
+    """The option's long names without dashes (``--val-fraction`` -> ``val-fraction``), the first one primary."""
+    names = [opt[2:] for opt in getattr(param, "opts", []) if opt.startswith("--")]
+    return names or [param.name.replace("_", "-")]
+
+
+def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any], info: Any,
+              is_argument: bool) -> OptionSpec | str:
+    """The spec of one parameter, or why it cannot be configured."""
+    multiple = bool(getattr(param, "multiple", False)) or getattr(param, "nargs", 1) == -1
+    element = annotation
+    if typing.get_origin(annotation) in (list, tuple, Sequence):
+        if typing.get_origin(annotation) is tuple:
+            return "a tuple option cannot be set in a configuration file"
+        (element,) = typing.get_args(annotation)
+        element = _strip_optional(element)
+    path = next((m for m in metadata if isinstance(m, PathValue)), None)
+    value_type = next((m for m in metadata if isinstance(m, ValueType)), None)
+    common: dict[str, Any] = {
+        "key": keys[0], "param_name": param.name, "multiple": multiple, "is_argument": is_argument,
+        "aliases": tuple(keys[1:]),
+        "negative": tuple(o[2:] for o in getattr(param, "secondary_opts", []) if o.startswith("--")),
+        "minimum": getattr(info, "min", None), "maximum": getattr(info, "max", None),
+        "case_sensitive": bool(getattr(info, "case_sensitive", True)),
+    }
+    if value_type is not None:
+        return OptionSpec(kind="custom", value_type=value_type, **common)
+    if path is not None or (isinstance(element, type) and issubclass(element, PurePath)):
+        return OptionSpec(kind="path", path=path or PathValue(), **common)
+    if isinstance(element, type) and issubclass(element, enum.Enum):
+        return OptionSpec(kind="choice", choices=tuple(str(m.value) for m in element), **common)
+    for python_type, kind in ((bool, "bool"), (int, "int"), (float, "float"), (str, "str")):
+        if element is python_type:
+            return OptionSpec(kind=kind, **common)  # type: ignore[arg-type]
+    return f"an option of type {getattr(element, '__name__', element)} cannot be set in a configuration file"
+
+
+# -- values ---------------------------------------------------------------------------------------
+
+
+def expected(spec: OptionSpec) -> str:
+    """What a spec takes, for messages."""
+    if spec.kind == "custom":
+        assert spec.value_type is not None
+        return spec.value_type.expected
+    if spec.kind == "choice":
+        return "one of " + ", ".join(f'"{c}"' for c in spec.choices)
+    return {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
+            "path": "a path (a string)"}[spec.kind]
+
+
+def convert_value(spec: OptionSpec, value: Any, folder: Path) -> Any:
+    """One TOML value as the command-line value of ``spec`` (TypeError: wrong type; ValueError: its message)."""
+    return _CONVERTERS[spec.kind](spec, value, folder)
+
+
+def _to_bool(spec: OptionSpec, value: Any, folder: Path) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError
+    return value
+
+
+def _to_int(spec: OptionSpec, value: Any, folder: Path) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError
+    _check_range(spec, value)
+    return value
+
+
+def _to_float(spec: OptionSpec, value: Any, folder: Path) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError
+    if math.isnan(value):
+        raise TypeError(f"expected {expected(spec)}, got nan")
+    _check_range(spec, value)
+    return float(value)
+
+
+def _to_str(spec: OptionSpec, value: Any, folder: Path) -> str:
+    if not isinstance(value, str):
+        raise TypeError
+    return value
+
+
+def _to_choice(spec: OptionSpec, value: Any, folder: Path) -> str:
+    if not isinstance(value, str):
+        raise TypeError
+    for choice in spec.choices:
+        if choice == value or (not spec.case_sensitive and choice.casefold() == value.casefold()):
+            return choice
+    raise ValueError(f"expected {expected(spec)}, got \"{value}\"")
+
+
+def _to_path(spec: OptionSpec, value: Any, folder: Path) -> str:
+    """A path string; relative ones joined to the file's folder (lexically normalised), '-' kept when allowed.
+
+    The result is shown as the user would type it: relative to the current folder when it lies there
+    or below (``val.safetensors`` in a release folder), else absolute.
+    """
+    if not isinstance(value, str):
+        raise TypeError
+    if not value:
+        raise ValueError("expected a path, got an empty string")
+    if spec.path is not None and spec.path.allow_dash and value == "-":
+        return value
+    path = os.path.normpath(os.path.join(folder, value))
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return path
+    return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
+
+
+def _to_custom(spec: OptionSpec, value: Any, folder: Path) -> Any:
+    assert spec.value_type is not None
+    return spec.value_type.convert(value)
+
+
+def _check_range(spec: OptionSpec, value: float) -> None:
+    if spec.minimum is not None and value < spec.minimum:
+        raise ValueError(f"must be >= {spec.minimum:g}, got {value!r}")
+    if spec.maximum is not None and value > spec.maximum:
+        raise ValueError(f"must be <= {spec.maximum:g}, got {value!r}")
+
+
+_CONVERTERS: dict[str, Callable[[OptionSpec, Any, Path], Any]] = {
+    "bool": _to_bool, "int": _to_int, "float": _to_float, "str": _to_str, "choice": _to_choice,
+    "path": _to_path, "custom": _to_custom,
+}
+
+
+def toml_kind(value: Any) -> str:
+    """A TOML value as a message shows it: ``true``, ``2``, ``"abc"``, ``a table``, ``a list``."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return "nan" if isinstance(value, float) and math.isnan(value) else repr(value)
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f'"{shown}"'
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    return "a date" if type(value).__name__ in ("date", "datetime") else "a time"  # TOML dates and times
+
+
+__all__ = ["INPUT", "INPUTS", "NOT_CONFIGURABLE", "OUTPUT", "SOURCE_KEY", "TOP_SOURCE", "CommandSchema", "ConfigError",
+           "OptionSpec", "PathValue", "ValueType", "command_schema", "convert_value", "expected", "toml_kind"]

@@ -1,0 +1,304 @@
+"""lm-evaluation-harness sample logs as SOURCE: ``samples_<task>_<date>.jsonl`` or ``.jsonl.gz``.
+
+``lm_eval ... --log_samples`` writes one JSON record per document of a task; for a multiple-choice
+task each record holds every choice's log-likelihood (read by :mod:`.lm_eval_records`). Row i of
+the logits is record i's log-likelihoods, padded with ``-inf`` (probability 0) up to the largest
+choice count in the file, and its label is the record's target. ``--lm-eval-norm chars`` first
+divides each log-likelihood by its choice text's length in characters (lm-eval's ``acc_norm``),
+``bytes`` by its length in UTF-8 bytes. Several logs (a glob over a suite's subtasks) are one
+SOURCE, padded to the widest. The file is read line by line (gzip by its suffix); a line that is
+not JSON, or not a multiple-choice record, is an error naming the file and the line.
+
+A log has no metadata, so T is stored in the sidecar ``FILE.tempcal.json``, together with the
+normalisation it was fitted under: a T fitted on normalised log-likelihoods is not used for raw
+ones (a warning says so).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import zlib
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from ..errors import Note, TempcalError, param
+from ..validation import TEMPERATURE_KEY, stored_temperature
+from .base import OpenedSource, SourceKind, SourceOptions
+from .lm_eval_records import NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, Where, parse_record, short
+
+if TYPE_CHECKING:
+    import torch
+
+LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
+GZIP_MAGIC = b"\x1f\x8b"
+#: The sidecar key recording the ``--lm-eval-norm`` a stored T was fitted under.
+NORM_KEY = "tempcal.lm_eval_norm"
+#: ``samples_<task>_<date>`` with lm-eval's ``datetime.now().isoformat().replace(":", "-")`` date.
+_NAME_WITH_DATE = re.compile(r"^samples_(?P<task>.+?)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)$")
+
+
+def is_lm_eval_log(path: str | os.PathLike[str]) -> bool:
+    """True for a name ending in ``.jsonl`` or ``.jsonl.gz`` (any case; the ``samples_`` prefix is not needed)."""
+    return Path(path).name.lower().endswith(LOG_SUFFIXES)
+
+
+def task_from_filename(path: str | os.PathLike[str]) -> str | None:
+    """The task of ``samples_<task>_<date>.jsonl[.gz]`` (``samples_<task>.jsonl`` too), else None."""
+    name = Path(path).name
+    for suffix in (".jsonl.gz", ".jsonl"):
+        if name.lower().endswith(suffix):
+            name = name[: -len(suffix)]
+            break
+    else:
+        return None
+    match = _NAME_WITH_DATE.match(name)
+    if match:
+        return match.group("task")
+    return name[len("samples_"):] if name.startswith("samples_") and len(name) > len("samples_") else None
+
+
+@dataclass
+class LmEvalLogInfo:
+    """What was read from one log: task, counts, the forms met, and lm-eval's own metric as a check."""
+
+    path: str
+    task: str | None  # from the file name; None when it does not follow samples_<task>_<date>
+    norm: str
+    records: int = 0
+    choice_counts: dict[int, int] = field(default_factory=dict)  # number of choices -> number of records
+    filter: str | None = None  # the lm-eval filter of every record ("none" for multiple choice)
+    arguments_forms: dict[str, int] = field(default_factory=dict)  # "gen_args" (lm-eval >= 0.4.3) / "pairs"
+    targets: dict[str, int] = field(default_factory=dict)  # "index" / "text" / "acc"
+    mutual_info_trimmed: int = 0  # records whose unconditional (acc_mutual_info) requests were dropped
+    check_agree: int = 0  # records whose acc / acc_norm / acc_bytes equals (argmax of the row == label)
+    check_disagree: int = 0
+    first_disagree_line: int | None = None
+
+    @property
+    def max_choices(self) -> int:
+        return max(self.choice_counts, default=0)
+
+    @property
+    def check_metric(self) -> str:
+        return NORM_METRIC[self.norm]
+
+    def add(self, row: ParsedRecord, line: int) -> None:
+        """Count one record."""
+        self.records += 1
+        k = len(row.logits)
+        self.choice_counts[k] = self.choice_counts.get(k, 0) + 1
+        self.arguments_forms[row.arguments_form] = self.arguments_forms.get(row.arguments_form, 0) + 1
+        self.targets[row.target_kind] = self.targets.get(row.target_kind, 0) + 1
+        self.mutual_info_trimmed += row.mutual_info_trimmed
+        if row.check_agrees is True:
+            self.check_agree += 1
+        elif row.check_agrees is False:
+            self.check_disagree += 1
+            if self.first_disagree_line is None:
+                self.first_disagree_line = line
+
+    def warnings(self) -> list[str]:
+        """A warning when lm-eval's own metric disagrees with the arg-max of some rows read."""
+        if not self.check_disagree:
+            return []
+        return [f"{self.path}: {self.check_disagree} of {self.check_agree + self.check_disagree} records have a "
+                f"'{self.check_metric}' that disagrees with the arg-max of the log-likelihoods read (first on line "
+                f"{self.first_disagree_line}); the choice texts may not be the ones lm-eval scored"]
+
+
+@dataclass
+class _Rows:
+    """One log's rows, kept compact (a flat float64 array and counts) until they are padded."""
+
+    values: array = field(default_factory=lambda: array("d"))
+    counts: array = field(default_factory=lambda: array("q"))
+    labels: array = field(default_factory=lambda: array("q"))
+
+
+def read_lm_eval_log(path: str | os.PathLike[str], norm: str = "none"
+                     ) -> tuple[torch.Tensor, torch.Tensor, LmEvalLogInfo]:
+    """Logits ``float64 [N, Cmax]`` (padded with -inf), labels ``int64 [N]`` and what was read, from one log."""
+    rows, info = _read_rows(Path(path), norm)
+    logits, labels = _padded([rows], info.max_choices)
+    return logits, labels, info
+
+
+def _read_rows(path: Path, norm: str) -> tuple[_Rows, LmEvalLogInfo]:
+    if norm not in NORMS:
+        raise TempcalError(f"{param('lm_eval_norm')} {norm}: expected one of {', '.join(NORMS)}")
+    name = str(path)
+    info = LmEvalLogInfo(path=name, task=task_from_filename(path), norm=norm)
+    rows = _Rows()
+    filter_seen: tuple[Any, int] | None = None
+    doc_lines: dict[Any, int] = {}
+    for line, text in _lines(path):
+        if not text.strip():
+            continue
+        where = Where(name, line)
+        record = _load_record(text, where)
+        row = parse_record(record, norm, where)
+        flt = record.get("filter")
+        if filter_seen is None:
+            filter_seen = (flt, line)
+        elif flt != filter_seen[0]:  # lm-eval writes one record per document and filter: a mix repeats rows
+            raise where.error(f"filter {short(flt)} differs from {short(filter_seen[0])} on line {filter_seen[1]}; "
+                              "a sample log for tempcal holds the records of one filter")
+        doc_id = record.get("doc_id")
+        if isinstance(doc_id, (int, str)) and not isinstance(doc_id, bool):
+            first = doc_lines.setdefault(doc_id, line)
+            if first != line:
+                raise where.error(f"doc_id {doc_id} appears again (first on line {first}); a sample log holds each "
+                                  "document once")
+        rows.values.extend(row.logits)
+        rows.counts.append(len(row.logits))
+        rows.labels.append(row.label)
+        info.add(row, line)
+    if not info.records:
+        raise LmEvalLogError(f"{name}: no records (an empty file); expected one lm-eval sample record per line")
+    info.filter = filter_seen[0] if filter_seen else None
+    return rows, info
+
+
+def _padded(parts: list[_Rows], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of every part, one after the other, padded with -inf to ``width`` columns."""
+    import numpy as np
+    import torch
+
+    counts = np.concatenate([np.frombuffer(p.counts, dtype=np.int64) for p in parts])
+    values = np.concatenate([np.frombuffer(p.values, dtype=np.float64) for p in parts])
+    logits = np.full((len(counts), width), -np.inf, dtype=np.float64)
+    logits[np.arange(width)[None, :] < counts[:, None]] = values  # row-major: each row's values, in order
+    labels = np.concatenate([np.frombuffer(p.labels, dtype=np.int64) for p in parts])
+    return torch.from_numpy(logits), torch.from_numpy(labels.copy())
+
+
+def _load_record(text: str, where: Where) -> Any:
+    """``json.loads`` with a one-line error naming the line (and a hint for the pre-0.4.3 JSON-array files)."""
+    text = text.rstrip("\r\n")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if where.line == 1 and text.strip() == "[":
+            raise where.error("not JSON Lines but one JSON array (lm-eval before 0.4.3 wrote sample logs that "
+                              "way); re-run lm-eval >= 0.4.3 with --log_samples") from None
+        raise where.error(f"not JSON ({exc.msg} at column {exc.pos + 1})") from None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Each line of the file, numbered from 1 and decoded (a byte-order mark on line 1 dropped); gzip by suffix."""
+    from ..io.sidecar import check_regular_file
+
+    check_regular_file(path)
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise LmEvalLogError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    with raw:
+        compressed = raw.peek(2)[:2] == GZIP_MAGIC
+        if path.name.lower().endswith(".gz") and not compressed:
+            raise LmEvalLogError(f"{path}: not a gzip file (a .gz name, but no gzip header)")
+        if compressed and not path.name.lower().endswith(".gz"):
+            raise LmEvalLogError(f"{path}: holds gzip-compressed data; name it {path.name}.gz")
+        stream: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw  # type: ignore[assignment]
+        line = 0
+        try:
+            for line, data in enumerate(stream, start=1):  # the count is reported on failure
+                try:
+                    text = data.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise LmEvalLogError(f"{path}: line {line}: not UTF-8 text (byte {exc.start + 1} of the line)"
+                                         ) from None
+                yield line, text.removeprefix("\ufeff") if line == 1 else text
+        except EOFError:
+            raise LmEvalLogError(f"{path}: truncated gzip data (the file ends inside the compressed stream, after "
+                                 f"line {line})") from None
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise LmEvalLogError(f"{path}: corrupt gzip data after line {line} ({exc})") from None
+        except OSError as exc:
+            raise LmEvalLogError(f"{path}: cannot read after line {line} ({exc.strerror or exc})") from None
+
+
+class LmEvalKind(SourceKind):
+    """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with."""
+
+    name = "lm-eval"
+    suffixes = LOG_SUFFIXES
+    shards = True
+
+    def __init__(self, norm: str | None = None) -> None:
+        self.norm = norm
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        return is_lm_eval_log(paths[0])
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        from ..core.data import as_logits_data
+
+        norm = options.lm_eval_norm
+        if options.probs:
+            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an lm-evaluation-harness "
+                               "log of log-likelihoods")
+        read = [_read_rows(path, norm) for path in paths]
+        logits, labels = _padded([rows for rows, _ in read], max(info.max_choices for _, info in read))
+        data = as_logits_data(logits, labels, ignore_index=None)
+        kind = LmEvalKind(norm)
+        warnings = [message for _, info in read for message in info.warnings()]
+        try:
+            stored, notes = kind.read_temperature(paths[0])
+        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
+            return OpenedSource(paths, data, None, kind, options, warnings=warnings, stored_problem=exc)
+        return OpenedSource(paths, data, stored, kind, options, warnings=[*warnings, *notes])
+
+    def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
+        """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
+        from ..core.data import LogitsData
+
+        related = super().open_related(opened, other, labels_optional=labels_optional)
+        width, data = opened.data.num_classes, related.data
+        if isinstance(related.kind, LmEvalKind) and isinstance(data, LogitsData) and data.num_classes < width:
+            import torch
+
+            pad = torch.full((data.num_samples, width - data.num_classes), float("-inf"), dtype=data.dtype)
+            related.data = LogitsData(torch.cat([data.logits, pad], dim=1), data.labels, data.index)
+        return related
+
+    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
+        """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""
+        from ..io.sidecar import check_regular_file, read_sidecar, sidecar_path
+
+        check_regular_file(path)
+        metadata, notes = read_sidecar(path)
+        side = sidecar_path(path)
+        stored = stored_temperature(metadata.get(TEMPERATURE_KEY), f"{side}:")
+        fitted_norm = metadata.get(NORM_KEY)
+        if stored is not None and self.norm is not None and fitted_norm is not None and fitted_norm != self.norm:
+            flag = param("lm_eval_norm")
+            notes.append(Note(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so it is "
+                              f"ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit again"))
+            stored = None
+        return stored, list(notes)
+
+    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+        """T (and the normalisation it was fitted under) into the sidecar of ``path``, or of a copy at ``output``."""
+        from ..io.sidecar import read_sidecar, write_sidecar, write_sidecar_copy
+
+        if output is not None:
+            write_sidecar_copy(path, temperature, Path(output))  # copies the log byte for byte
+            path = Path(output)
+        try:
+            metadata = {k: v for k, v in read_sidecar(path)[0].items() if k != NORM_KEY}
+        except TempcalError:  # a malformed sidecar is about to be replaced
+            metadata = {}
+        if self.norm is not None:
+            metadata[NORM_KEY] = self.norm
+        return write_sidecar(path, temperature, metadata=metadata)
+
+
+__all__ = ["LOG_SUFFIXES", "NORM_KEY", "LmEvalKind", "LmEvalLogError", "LmEvalLogInfo", "is_lm_eval_log",
+           "read_lm_eval_log", "task_from_filename"]

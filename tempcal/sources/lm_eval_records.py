@@ -1,0 +1,319 @@
+"""One record of an lm-evaluation-harness sample log as a row of logits and a label (see :mod:`.lm_eval`).
+
+lm-eval writes one JSON object per document and filter. For a multiple-choice task it holds one
+request per choice: ``arguments`` gives each request's ``(context, continuation)`` (a list of pairs,
+or, since lm-eval 0.4.3, ``{"gen_args_0": {"arg_0": context, "arg_1": continuation}, ...}``) and
+``filtered_resps`` each request's ``[log-likelihood, is-greedy]`` (numbers, or, since 0.4.3, every
+leaf as a string). A choice's text is its continuation with leading whitespace removed. ``target``
+is the correct choice: an index, a numeric string (0.4.4 and later write ``str(target)``) or the
+text of a choice. Anything that is not a usable multiple-choice record is a
+:class:`LmEvalLogError` naming the file and line. Pure Python: nothing here imports torch or numpy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import DataError, param
+
+#: ``--lm-eval-norm`` values: log-likelihood as is, per character of the choice text, per UTF-8 byte of it.
+NORMS: tuple[str, ...] = ("none", "chars", "bytes")
+#: The per-sample metric of lm-eval whose prediction each normalisation reproduces (a consistency check).
+NORM_METRIC = {"none": "acc", "chars": "acc_norm", "bytes": "acc_bytes"}
+_GEN_ARGS_KEY = re.compile(r"^gen_args_(\d+)$")
+_ARG_KEY = re.compile(r"^arg_(\d+)$")
+_DIGITS = re.compile(r"^[0-9]+$")
+
+
+class LmEvalLogError(DataError):
+    """Bad input in a sample log: one line that starts with the file name (and the line, where it applies)."""
+
+
+@dataclass(frozen=True)
+class Where:
+    """File and line, for messages."""
+
+    path: str
+    line: int
+
+    def error(self, message: str) -> LmEvalLogError:
+        return LmEvalLogError(f"{self.path}: line {self.line}: {message}")
+
+
+@dataclass(frozen=True)
+class ParsedRecord:
+    """One record read: the row's (normalised) log-likelihoods, its label and how it was read."""
+
+    logits: list[float]
+    label: int
+    arguments_form: str  # "gen_args" (lm-eval >= 0.4.3) or "pairs"
+    target_kind: str  # "index", "text" or "acc" (a target naming several choices, settled by the record's acc)
+    mutual_info_trimmed: bool  # the unconditional requests of acc_mutual_info were dropped
+    check_agrees: bool | None  # lm-eval's metric for this norm equals (argmax(row) == label); None: no metric
+
+
+def parse_record(record: Any, norm: str, where: Where) -> ParsedRecord:
+    """Turn one decoded sample record into a row; anything that is not a usable multiple-choice record is an error."""
+    if not isinstance(record, dict):
+        raise where.error(f"expected a JSON object (an lm-eval sample record), got {json_kind(record)}")
+    for key in ("arguments", "filtered_resps", "target"):
+        if key not in record:
+            raise where.error(f"no '{key}' field: not an lm-eval sample record")
+    pairs, form = _arguments(record["arguments"], where)
+    raw = _loglikelihoods(record["filtered_resps"], where)
+    if len(raw) != len(pairs):
+        raise where.error(f"'filtered_resps' holds {len(raw)} responses for {len(pairs)} requests in 'arguments'")
+    pairs, raw, trimmed = _drop_unconditional(record, pairs, raw, where)
+    if len(pairs) < 2:
+        raise where.error("a record with a single continuation (a loglikelihood task such as lambada), "
+                          "not a multiple-choice record: a softmax over one choice carries no calibration")
+    texts = [continuation.lstrip() for _, continuation in pairs]
+    label, target_kind = resolve_target(record["target"], texts, raw, record.get("acc"), where)
+    if raw[label] == -math.inf:
+        raise where.error(f"the correct choice ({label}) has log-likelihood -inf: its NLL would be infinite")
+    logits = normalise(raw, texts, norm, where)
+    agrees = _metric_agrees(record.get(NORM_METRIC[norm]), logits, label)
+    return ParsedRecord(logits=logits, label=label, arguments_form=form, target_kind=target_kind,
+                        mutual_info_trimmed=trimmed, check_agrees=agrees)
+
+
+def _arguments(value: Any, where: Where) -> tuple[list[tuple[str, str]], str]:
+    """``(context, continuation)`` per request, from a list of pairs or from the ``gen_args_<i>`` object."""
+    if isinstance(value, dict):
+        entries, form = _gen_args_entries(value, where), "gen_args"
+    elif isinstance(value, list):
+        entries, form = [(f"arguments[{i}]", entry) for i, entry in enumerate(value)], "pairs"
+    else:
+        raise where.error(f"'arguments' must be a list of [context, continuation] pairs or a gen_args_<i> object, "
+                          f"got {json_kind(value)}")
+    if not entries:
+        raise where.error("'arguments' is empty")
+    return [_request_pair(name, entry, where) for name, entry in entries], form
+
+
+def _gen_args_entries(value: dict[str, Any], where: Where) -> list[tuple[str, Any]]:
+    """The ``gen_args_<i>`` entries in index order (``gen_args_10`` after ``gen_args_9``), each as an arg list."""
+    indexed: list[tuple[int, str, Any]] = []
+    for key, entry in value.items():
+        match = _GEN_ARGS_KEY.match(key)
+        if not match:
+            raise where.error(f"'arguments' has a key '{key}'; expected gen_args_0, gen_args_1, ...")
+        indexed.append((int(match.group(1)), key, entry))
+    indexed.sort(key=lambda item: item[0])
+    if [i for i, _, _ in indexed] != list(range(len(indexed))):
+        raise where.error(f"'arguments' keys are not gen_args_0 .. gen_args_{len(indexed) - 1}")
+    out = []
+    for _, key, entry in indexed:
+        if not isinstance(entry, dict):
+            raise where.error(f"'arguments.{key}' must be an object of arg_0, arg_1, ..., got {json_kind(entry)}")
+        args = []
+        for arg_key, arg in entry.items():
+            match = _ARG_KEY.match(arg_key)
+            if not match:
+                raise where.error(f"'arguments.{key}' has a key '{arg_key}'; expected arg_0, arg_1, ...")
+            args.append((int(match.group(1)), arg))
+        out.append((f"arguments.{key}", [arg for _, arg in sorted(args, key=lambda item: item[0])]))
+    return out
+
+
+def _request_pair(name: str, entry: Any, where: Where) -> tuple[str, str]:
+    """One request's ``(context, continuation)``; a generation or rolling-loglikelihood request is an error."""
+    if not isinstance(entry, list):
+        raise where.error(f"'{name}' must be a [context, continuation] pair, got {json_kind(entry)}")
+    if len(entry) == 1:
+        raise where.error("a loglikelihood_rolling (perplexity) record, not a multiple-choice record")
+    if len(entry) < 2:
+        raise where.error(f"'{name}' is empty; expected [context, continuation]")
+    context, continuation = entry[0], entry[1]
+    if isinstance(continuation, dict):
+        raise where.error("a generate_until record (its arguments hold generation settings, not choices); "
+                          "tempcal reads multiple-choice tasks")
+    if not isinstance(continuation, str) or not isinstance(context, str):
+        raise where.error(f"'{name}' must hold a context and a continuation string, got "
+                          f"{json_kind(context)} and {json_kind(continuation)}")
+    return context, continuation
+
+
+def _loglikelihoods(value: Any, where: Where) -> list[float]:
+    """Each request's log-likelihood from ``filtered_resps``: ``[ll, is_greedy]`` (or ``[[ll, is_greedy]]``)."""
+    if not isinstance(value, list):
+        raise where.error(f"'filtered_resps' must be a list, got {json_kind(value)}")
+    out: list[float] = []
+    for i, pair in enumerate(value):
+        if isinstance(pair, list) and len(pair) == 1 and isinstance(pair[0], list):
+            pair = pair[0]  # one response per request, still wrapped (as in 'resps')
+        if isinstance(pair, str):
+            raise where.error(f"'filtered_resps[{i}]' is text ({short(pair)}): a generation record, "
+                              "not a multiple-choice record")
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise where.error(f"'filtered_resps[{i}]' must be a [log-likelihood, is-greedy] pair, "
+                              f"got {json_kind(pair)}")
+        out.append(_loglikelihood(pair[0], f"filtered_resps[{i}]", where))
+    return out
+
+
+def _loglikelihood(value: Any, name: str, where: Where) -> float:
+    """A log-likelihood: a JSON number or a numeric string (lm-eval >= 0.4.3 writes ``str(float)``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise where.error(f"'{name}' log-likelihood must be a number, got {json_kind(value)}")
+    try:
+        number = float(value)
+    except ValueError:
+        raise where.error(f"'{name}' log-likelihood {short(value)} is not a number") from None
+    if math.isnan(number) or number == math.inf:
+        raise where.error(f"'{name}' log-likelihood is {value!s}; expected a finite number or -inf")
+    return number
+
+
+def _drop_unconditional(record: dict[str, Any], pairs: list[tuple[str, str]], raw: list[float],
+                        where: Where) -> tuple[list[tuple[str, str]], list[float], bool]:
+    """Keep the conditional half of an ``acc_mutual_info`` record (lm-eval appends ``("", continuation)`` requests)."""
+    metrics = record.get("metrics")
+    if "acc_mutual_info" not in record and not (isinstance(metrics, list) and "acc_mutual_info" in metrics):
+        return pairs, raw, False
+    half = len(pairs) // 2
+    first, second = pairs[:half], pairs[half:]
+    if len(pairs) % 2 or any(ctx != "" for ctx, _ in second) or [c for _, c in first] != [c for _, c in second]:
+        raise where.error("an acc_mutual_info record whose requests are not the choices followed by the same "
+                          "continuations with an empty context")
+    return first, raw[:half], True
+
+
+def resolve_target(target: Any, texts: Sequence[str], raw: Sequence[float], acc: Any, where: Where) -> tuple[int, str]:
+    """The correct choice's index and how it was found (``index``, ``text`` or ``acc``).
+
+    An integer is an index. A string is an index when it is digits (lm-eval itself reads a digit-only
+    target of a multiple-choice task as an index) and/or the text of choices; when these name more
+    than one choice, the record's ``acc`` (1 when the arg-max of the log-likelihoods is the answer)
+    decides if it can, else the record is an error. ``[i]`` (a multiple-target task with one target)
+    is an index; several targets are an error.
+    """
+    k = len(texts)
+    if isinstance(target, bool) or target is None or isinstance(target, (float, dict)):
+        raise where.error(f"target must be a choice index or the text of a choice, got {json_kind(target)}")
+    if isinstance(target, int):
+        if not 0 <= target < k:
+            raise where.error(f"target {target} is out of range for {k} choices")
+        return target, "index"
+    if isinstance(target, list):
+        return _single_listed_target(target, k, where), "index"
+    by_text = [i for i, text in enumerate(texts) if text.strip() == target.strip()]
+    by_index = _index_from_string(target, k, bool(by_text), where)
+    candidates = sorted(set(by_text) | set(by_index))
+    if len(candidates) == 1:
+        return candidates[0], "text" if by_text else "index"
+    if not candidates:
+        hint = f"; as an index it is out of range for {k} choices" if _DIGITS.match(target.strip()) else ""
+        shown = ", ".join(short(t, 30) for t in texts[:6]) + (", ..." if k > 6 else "")
+        raise where.error(f"target {short(target)} matches no choice (choices {shown}){hint}")
+    settled = _settle_by_acc(candidates, raw, acc)
+    if settled is not None:
+        return settled, "acc"
+    how = "; ".join(f"as {what}: {', '.join(map(str, found))}" for what, found in (("an index", by_index),
+                                                                                    ("text", by_text)) if found)
+    raise where.error(f"target {short(target)} is ambiguous: it could be choice {', '.join(map(str, candidates))} "
+                      f"({how}) and the record's 'acc' does not settle it")
+
+
+def _index_from_string(target: str, k: int, matched_text: bool, where: Where) -> list[int]:
+    """The index a target string names: digits, or ``[i]`` (a list with several indices is an error)."""
+    text = target.strip()
+    if _DIGITS.match(text):
+        return [int(text)] if int(text) < k else []
+    if text.startswith("[") and text.endswith("]") and not matched_text:
+        try:
+            listed = json.loads(text)
+        except ValueError:
+            return []
+        if isinstance(listed, list):
+            return [_single_listed_target(listed, k, where)]
+    return []
+
+
+def _single_listed_target(listed: list[Any], k: int, where: Where) -> int:
+    """The index in a one-element target list; several correct choices cannot be one label."""
+    if len(listed) != 1:
+        raise where.error(f"target {json.dumps(listed)} lists {len(listed)} correct choices; tempcal needs exactly "
+                          "one per record")
+    only = listed[0]
+    if isinstance(only, bool) or not isinstance(only, int) or not 0 <= only < k:
+        raise where.error(f"target {json.dumps(listed)} is not a choice index in 0..{k - 1}")
+    return only
+
+
+def _zero_or_one(value: Any) -> bool | None:
+    """A per-sample 0/1 metric (a number or numeric string) as a bool; None when absent or anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return None if number not in (0.0, 1.0) else number == 1.0
+
+
+def _settle_by_acc(candidates: list[int], raw: Sequence[float], acc: Any) -> int | None:
+    """The one candidate consistent with the record's ``acc`` (lm-eval: ``acc = argmax(lls) == gold``), if only one."""
+    correct = _zero_or_one(acc)
+    if correct is None:
+        return None
+    pred = first_argmax(raw)
+    kept = [c for c in candidates if (c == pred) == correct]
+    return kept[0] if len(kept) == 1 else None
+
+
+def _metric_agrees(value: Any, logits: Sequence[float], label: int) -> bool | None:
+    """Whether lm-eval's per-sample 0/1 metric equals ``argmax(row) == label``; None when absent or not 0/1."""
+    correct = _zero_or_one(value)
+    return None if correct is None else (first_argmax(logits) == label) == correct
+
+
+def normalise(raw: Sequence[float], texts: Sequence[str], norm: str, where: Where) -> list[float]:
+    """Divide each log-likelihood by its choice text's length (``chars``) or UTF-8 length (``bytes``)."""
+    if norm == "none":
+        return list(raw)
+    lengths = [len(t) if norm == "chars" else len(t.encode("utf-8")) for t in texts]
+    for i, length in enumerate(lengths):
+        if length == 0:
+            raise where.error(f"choice {i} has an empty text: it cannot be normalised by its length "
+                              f"({param('lm_eval_norm')} {norm})")
+    return [ll / length for ll, length in zip(raw, lengths, strict=True)]
+
+
+def first_argmax(values: Sequence[float]) -> int:
+    """Index of the largest value, the first one on ties (numpy's ``argmax``, which lm-eval uses)."""
+    best = 0
+    for i, value in enumerate(values):
+        if value > values[best]:
+            best = i
+    return best
+
+
+def json_kind(value: Any) -> str:
+    """A JSON value's kind as a message shows it (``true``, ``the string "x"``, ``an object``...)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the string {short(value)}"
+    if isinstance(value, list):
+        return "a list" if value else "an empty list"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def short(value: Any, limit: int = 60) -> str:
+    """A value quoted for a one-line message, cut to ``limit`` characters."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+__all__ = ["NORMS", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where", "first_argmax", "json_kind",
+           "normalise", "parse_record", "resolve_target", "short"]

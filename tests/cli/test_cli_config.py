@@ -1,0 +1,194 @@
+"""Project configuration through the commands: the shipped release folder, the command line winning, discovery,
+--config and --no-config, pyproject.toml, and bad configurations (exit 2, one line naming the file and key, nothing
+written)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+from conftest import EXAMPLES, assert_one_error_line, id_ood_logits, miscalibrated, snapshot
+from reference import optimal_temperature, ref_msp, sk_figures
+from safetensors.torch import load_file, save_file
+
+import tempcal
+from tempcal.cli import app
+from tempcal.cli.config import load_config
+from tempcal.cli.config_schema import command_schema
+
+RELEASE = EXAMPLES / "release"
+
+
+@pytest.fixture(scope="module")
+def release_data(tmp_path_factory) -> Path:
+    """The shipped release folder's data, made once by its own script."""
+    folder = tmp_path_factory.mktemp("release-data")
+    done = subprocess.run([sys.executable, str(RELEASE / "make_release_data.py"), str(folder)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+@pytest.fixture
+def release(tmp_path, release_data, monkeypatch) -> Path:
+    """A copy of examples/release (its tempcal.toml and data) as the current folder."""
+    shutil.copy(RELEASE / "tempcal.toml", tmp_path / "tempcal.toml")
+    for name in ("val.safetensors", "noise.safetensors"):
+        shutil.copy(release_data / name, tmp_path / name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_the_shipped_release_folder_runs_with_no_paths(release, cli):
+    """fit, report, then the call a release script most wants to write: ``tempcal ood --tau 2``."""
+    code, _, err = cli(["fit", "--quiet"])
+    assert code == 0, err
+    fitted = json.loads((release / "fit.json").read_text())
+    data = load_file(str(release / "val.safetensors"))
+    assert fitted["config"] == str(release / "tempcal.toml")
+    assert fitted["config_keys"] == ["[fit] json", "[fit] markdown", "[fit] max-ece", "[fit] val-fraction", "source"]
+    assert fitted["source"] == "val.safetensors" and fitted["gate_passed"] is True and fitted["max_ece"] == 0.05
+    assert fitted["temperature"] == pytest.approx(2.3575053928861727, rel=1e-9)  # the README's digits T
+    assert tempcal.read_stored_temperature(release / "val.safetensors")[0] == fitted["temperature"]
+    assert "## Calibration" in (release / "calibration.md").read_text()
+    code, _, err = cli(["report", "--quiet"])
+    assert code == 0, err
+    report = json.loads((release / "report.json").read_text())
+    assert [r["tau"] for r in report["results"]] == [1.0, fitted["temperature"]]  # tau = ["fitted", 1], sorted
+    code, out, err = cli(["ood", "--tau", "2"])
+    assert code == 0, err
+    ood = json.loads((release / "ood.json").read_text())
+    assert ood["config"] == str(release / "tempcal.toml")
+    assert ood["config_keys"] == ["[ood] json", "[ood] markdown", "[ood] ood", "source"]  # tau: the command line's
+    assert ood["taus"] == [2.0] and ood["ood_files"] == ["noise.safetensors"] and ood["source"] == "val.safetensors"
+    noise = load_file(str(release / "noise.safetensors"))["logits"]
+    expected = sk_figures(ref_msp(data["logits"].double().numpy(), 2.0), ref_msp(noise.double().numpy(), 2.0))
+    assert ood["results"][0]["auroc"] == pytest.approx(expected["auroc"], abs=1e-9)
+    assert "### `noise.safetensors`" in (release / "ood.md").read_text()
+    assert "wrote the Markdown section to ood.md" in out
+
+
+def test_the_command_line_wins(release, run_json, tmp_path):
+    logits, labels = miscalibrated(300, 4, 3.0, seed=2)
+    save_file({"logits": logits, "labels": labels}, str(tmp_path / "other.safetensors"))
+    before = (release / "val.safetensors").read_bytes()
+    out = run_json(["fit", "other.safetensors", "--val-fraction", "1.0", "--no-write", "--max-ece", "1"])
+    assert out["source"] == "other.safetensors" and out["val_fraction"] == 1.0 and out["written"] is None
+    assert out["temperature"] == pytest.approx(optimal_temperature(logits, labels), rel=1e-6)
+    assert out["config_keys"] == ["[fit] markdown"]  # json: '-' from the command line; max-ece, val-fraction too
+    assert (release / "val.safetensors").read_bytes() == before and not (release / "fit.json").exists()
+    report = run_json(["report", "--tau", "3", "--tau", "4"])  # a repeatable option is replaced, not extended
+    assert [r["tau"] for r in report["results"]] == [3.0, 4.0]
+
+
+def test_a_switch_set_in_the_file_can_be_turned_off(release, run_json):
+    (release / "tempcal.toml").write_text('source = "val.safetensors"\n[fit]\nno-write = true\nquiet = true\n')
+    before = (release / "val.safetensors").read_bytes()
+    assert run_json(["fit"])["written"] is None
+    assert (release / "val.safetensors").read_bytes() == before
+    assert run_json(["fit", "--write"])["written"] == "val.safetensors"
+    assert (release / "val.safetensors").read_bytes() != before
+
+
+def test_the_nearest_parent_and_paths_relative_to_it(release, run_json, monkeypatch):
+    (release / "a" / "b").mkdir(parents=True)
+    monkeypatch.chdir(release / "a" / "b")
+    out = run_json(["ood", "--tau", "1"])
+    assert out["config"] == str(release / "tempcal.toml")
+    assert out["source"] == str(release / "val.safetensors")  # outside the current folder: absolute
+    assert out["ood_files"] == [str(release / "noise.safetensors")]
+
+
+def test_config_and_no_config(release, run_json, cli, tmp_path):
+    z_id, y, z_ood = id_ood_logits()
+    (release / "ci").mkdir()
+    save_file({"logits": z_id, "labels": y}, str(release / "ci" / "id.safetensors"))
+    save_file({"logits": z_ood}, str(release / "ci" / "ood.safetensors"))
+    (release / "ci" / "gate.toml").write_text('source = "id.safetensors"\n[ood]\nood = "ood.safetensors"\n'
+                                              'score = "energy"\ntau = 1\n')
+    out = run_json(["ood", "--config", "ci/gate.toml"])
+    assert out["config"] == str(release / "ci" / "gate.toml") and out["scores"] == ["energy"]
+    assert out["source"] == "ci/id.safetensors" and out["ood_files"] == ["ci/ood.safetensors"]
+    out = run_json(["ood", "ci/id.safetensors", "--ood", "ci/ood.safetensors", "--tau", "1", "--no-config"])
+    assert out["config"] is None and out["config_keys"] == [] and out["scores"] == ["msp"]
+    code, _, err = cli(["fit", "--no-config"])  # no SOURCE anywhere
+    assert code == 2 and "Missing argument 'SOURCE'" in err
+
+
+def test_a_pyproject_table(tmp_path, run_json, monkeypatch):
+    logits, labels = miscalibrated(200, 3, 2.0, seed=3)
+    save_file({"logits": logits, "labels": labels}, str(tmp_path / "v.safetensors"))
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "m"\n[tool.tempcal]\nsource = "v.safetensors"\n'
+                                             "[tool.tempcal.report]\ntau = 2\nbins = 10\n")
+    monkeypatch.chdir(tmp_path)
+    out = run_json(["report"])
+    assert out["config"] == str(tmp_path / "pyproject.toml") and out["bins_count"] == 10
+    assert [r["tau"] for r in out["results"]] == [2.0] and len(out["results"][0]["bins"]) == 10
+
+
+def test_no_configuration_found_is_null_in_the_json(tmp_path, run_json):
+    logits, labels = miscalibrated(100, 3, 2.0)
+    save_file({"logits": logits, "labels": labels}, str(tmp_path / "x.safetensors"))
+    out = run_json(["report", str(tmp_path / "x.safetensors")])  # run from the repository, which has none
+    assert out["config"] is None and out["config_keys"] == []
+
+
+BAD = [
+    (["ood", "--tau", "2"], 'source = "val.safetensors"\n[ood]\nood = "noise.safetensors"\ntau = true\n',
+     'tempcal.toml: [ood] tau: expected a number or "fitted" or a list of them, got true'),
+    (["ood", "--tau", "2"], 'source = "val.safetensors"\n[ood]\nood = ["missing.safetensors"]\n',
+     "tempcal.toml: [ood] ood: no such file: missing.safetensors"),
+    (["fit"], 'source = "gone.safetensors"\n', "tempcal.toml: source: no such file: gone.safetensors"),
+    (["fit"], 'source = "val.safetensors"\n[fit]\neval = "gone.safetensors"\n',
+     "tempcal.toml: [fit] eval: no such file: gone.safetensors"),
+    (["fit"], 'source = "val.safetensors"\n[report]\nbinz = 3\n',
+     "tempcal.toml: [report] binz: unknown key (did you mean 'bins'?)"),
+    (["report"], 'source = "val.safetensors"\n[report]\ntau = "hot"\n',
+     'tempcal.toml: [report] tau: expected a number > 0 or "fitted", got "hot"'),
+    (["fit"], "[fit]\nseed = \n", "tempcal.toml: invalid TOML: Invalid value (at line 2, column 8)"),
+    (["fit"], 'source = "val.safetensors"\n[fit]\nmax-ece = "0.05"\n',
+     'tempcal.toml: [fit] max-ece: expected a number, got "0.05"'),
+    (["fit"], 'source = "val.safetensors"\n[fit]\nval-fraction = 1.5\n',  # refused by fit itself: blamed on the file
+     "--val-fraction must be in (0, 1], got 1.5 (--val-fraction is set in tempcal.toml: [fit] val-fraction)"),
+    (["fit", "--output", "copy.safetensors"], 'source = "val.safetensors"\n[fit]\nno-write = true\n',
+     "--output and --no-write contradict each other (--no-write is set in tempcal.toml: [fit] no-write)"),
+    (["ood", "--config", "nope.toml"], "", "--config nope.toml: no such file"),
+    (["ood", "--config", "tempcal.toml", "--no-config"], "", "--config and --no-config contradict each other"),
+]
+
+
+@pytest.mark.parametrize(("argv", "toml", "message"), BAD)
+def test_a_bad_configuration_is_exit_2_one_line_and_nothing_written(release, cli, argv, toml, message):
+    (release / "tempcal.toml").write_text(toml)
+    before = snapshot(release)
+    code, out, err = cli([*argv, "--json", "out.json"])
+    assert code == 2 and out == ""
+    assert_one_error_line(err, message)
+    assert err == f"error: {message}\n"
+    assert snapshot(release) == before
+
+
+def test_a_missing_configured_file_the_command_line_replaces_is_not_looked_at(release, run_json):
+    (release / "tempcal.toml").write_text('source = "gone.safetensors"\n[ood]\nood = ["gone-too.safetensors"]\n')
+    out = run_json(["ood", "val.safetensors", "--ood", "noise.safetensors", "--tau", "1"])
+    assert out["config_keys"] == [] and out["ood_files"] == ["noise.safetensors"]
+
+
+def test_help_and_usage_errors_come_before_the_file(release, cli):
+    (release / "tempcal.toml").write_text("[fit\n")  # not valid TOML
+    code, out, _ = cli(["fit", "--help"])
+    assert code == 0 and "--no-config" in out
+    code, _, err = cli(["fit", "--bogus"])
+    assert code == 2 and "No such option: --bogus" in err
+
+
+def test_the_shipped_configuration_holds_only_keys_the_commands_take():
+    group = typer.main.get_command(app)
+    config = load_config(RELEASE / "tempcal.toml")
+    config.check({name: command_schema(cmd) for name, cmd in group.commands.items()})  # type: ignore[attr-defined]
+    assert config.data["source"] == "val.safetensors" and set(config.data) == {"source", "fit", "report", "ood"}

@@ -1,0 +1,334 @@
+"""The project configuration module: discovery, reading, the schema derived from the real commands, values, paths
+and every bad value (one line naming the file and key)."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+from typing import Annotated, Optional
+
+import pytest
+import typer
+
+import tempcal.cli.config as cfg
+from tempcal.cli import app
+from tempcal.cli.config import ConfigError, find_config, load_config, resolve_config
+from tempcal.cli.config_schema import INPUTS, PathValue, command_schema
+from tempcal.errors import TempcalError
+
+GROUP = typer.main.get_command(app)
+SCHEMAS = {name: command_schema(cmd) for name, cmd in GROUP.commands.items()}  # type: ignore[attr-defined]
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text), encoding="utf-8")
+    return path
+
+
+def touch(*paths: Path) -> None:
+    for path in paths:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+
+
+def config_in(tmp_path: Path, text: str, name: str = "tempcal.toml") -> cfg.Config:
+    return load_config(write(tmp_path / name, text), display=name)
+
+
+# -- discovery -----------------------------------------------------------------------------------------------
+
+
+def test_found_in_the_current_folder_or_the_nearest_parent(tmp_path):
+    top = write(tmp_path / "tempcal.toml", "")
+    deep = tmp_path / "a" / "b" / "c"
+    deep.mkdir(parents=True)
+    assert find_config(tmp_path) == top and find_config(deep) == top
+    nearer = write(tmp_path / "a" / "tempcal.toml", "")
+    assert find_config(deep) == nearer
+
+
+def test_a_pyproject_counts_only_with_the_table(tmp_path):
+    write(tmp_path / "pyproject.toml", '[project]\nname = "x"\n[tool.tempcal]\nsource = "val.safetensors"\n')
+    write(tmp_path / "pkg" / "pyproject.toml", '[project]\nname = "pkg"\n[tool.ruff]\nline-length = 100\n')
+    assert find_config(tmp_path / "pkg") == tmp_path / "pyproject.toml"  # the search goes on past pkg's
+
+
+def test_tempcal_toml_first_in_a_folder_and_a_nearer_pyproject_first_overall(tmp_path):
+    write(tmp_path / "pyproject.toml", "[tool.tempcal]\n")
+    assert find_config(tmp_path) == tmp_path / "pyproject.toml"
+    write(tmp_path / "tempcal.toml", "")
+    assert find_config(tmp_path) == tmp_path / "tempcal.toml"
+    write(tmp_path / "p" / "pyproject.toml", "[tool.tempcal.fit]\nseed = 1\n")
+    assert find_config(tmp_path / "p") == tmp_path / "p" / "pyproject.toml"
+
+
+def test_a_broken_pyproject_on_the_way_up(tmp_path):
+    """One that never mentions tempcal is skipped unread; one that does must parse."""
+    write(tmp_path / "tempcal.toml", "")
+    write(tmp_path / "sub" / "pyproject.toml", "[project\nname = 1\n")
+    assert find_config(tmp_path / "sub") == tmp_path / "tempcal.toml"
+    write(tmp_path / "sub" / "pyproject.toml", "[tool.tempcal]\nsource = \n")
+    with pytest.raises(ConfigError, match=r"pyproject\.toml: invalid TOML: .*\(at line 2, column 10\)"):
+        find_config(tmp_path / "sub")
+    write(tmp_path / "sub" / "pyproject.toml", '[tool]\ntempcal = "yes"\n')
+    with pytest.raises(ConfigError, match=r"pyproject\.toml: \[tool\] tempcal: must be a table, got \"yes\""):
+        find_config(tmp_path / "sub")
+
+
+def test_this_repository_has_no_configuration_of_its_own():
+    """The project's own pyproject.toml has no [tool.tempcal]: the tests run without a configuration."""
+    here = Path(__file__).resolve().parents[2]
+    found = find_config(here)
+    assert found is None or not str(found).startswith(str(here))
+
+
+# -- reading -------------------------------------------------------------------------------------------------
+
+
+def test_resolve_modes(tmp_path, monkeypatch):
+    write(tmp_path / "tempcal.toml", "")
+    other = write(tmp_path / "ci" / "release.toml", "[fit]\nseed = 3\n")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config(None, False).path == tmp_path / "tempcal.toml"  # type: ignore[union-attr]
+    assert resolve_config(None, True) is None
+    assert resolve_config("ci/release.toml", False).path == other  # type: ignore[union-attr]
+    with pytest.raises(ConfigError, match=r"^--config and --no-config contradict each other$"):
+        resolve_config("ci/release.toml", True)
+    with pytest.raises(ConfigError, match=r"^--config nope\.toml: no such file$"):
+        resolve_config("nope.toml", False)
+    assert issubclass(ConfigError, TempcalError)  # exit status 2
+
+
+@pytest.mark.parametrize(("text", "pattern"), [
+    ('source = "a"\n[fit]\nbins = 10\nseed = = 1\n', r"^tempcal\.toml: invalid TOML: .*\(at line 4, column 8\)$"),
+    ("[fit]\nseed = 1\nseed = 2\n", r"^tempcal\.toml: invalid TOML: .*line 3"),  # a key given twice
+])
+def test_syntax_errors_name_the_line(tmp_path, text, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        config_in(tmp_path, text)
+
+
+def test_not_utf8_a_folder_and_a_pyproject_without_the_table(tmp_path):
+    (tmp_path / "tempcal.toml").write_bytes(b'source = "\xff"\n')
+    with pytest.raises(ConfigError, match=r"^tempcal\.toml: not UTF-8 text \(byte 11\)$"):
+        load_config(tmp_path / "tempcal.toml", display="tempcal.toml")
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_config(tmp_path)
+    write(tmp_path / "pyproject.toml", "[project]\nname = 'x'\n")
+    with pytest.raises(ConfigError, match=r"pyproject\.toml: has no \[tool\.tempcal\] table"):
+        load_config(tmp_path / "pyproject.toml", display="pyproject.toml")
+
+
+def test_python_310_without_tomli(tmp_path, monkeypatch):
+    monkeypatch.setattr(cfg, "_toml", None)
+    write(tmp_path / "tempcal.toml", "")
+    with pytest.raises(ConfigError, match=r"needs Python >= 3\.11 or the 'tomli' package"):
+        find_config(tmp_path)
+
+
+# -- the schema, from the commands' own parameters -----------------------------------------------------------
+
+
+def test_the_schema_comes_from_the_commands():
+    fit, report, ood = SCHEMAS["fit"], SCHEMAS["report"], SCHEMAS["ood"]
+    assert fit.lookup("val-fraction").param_name == "val_fraction"  # type: ignore[union-attr]
+    assert fit.lookup("max-ece").minimum == 0.0 and fit.lookup("bins").minimum == 1  # type: ignore[union-attr]
+    assert fit.lookup("objective").choices == ("nll", "ece")  # type: ignore[union-attr]
+    assert fit.lookup("lm-eval-norm").choices == ("none", "chars", "bytes")  # type: ignore[union-attr]
+    assert fit.lookup("eval").path == INPUTS and fit.lookup("inputs").path == PathValue(must_exist=True)  # type: ignore
+    assert fit.lookup("json").path == PathValue(allow_dash=True)  # type: ignore[union-attr]
+    assert fit.lookup("output").path == PathValue()  # type: ignore[union-attr]
+    assert fit.lookup("no-write").negative == ("write",) and fit.lookup("probs").negative == ("no-probs",)  # type: ignore
+    assert fit.lookup("quiet").kind == "bool"  # type: ignore[union-attr]
+    assert ood.lookup("ood").param_name == "ood_files" and ood.lookup("ood").multiple  # type: ignore[union-attr]
+    assert ood.lookup("tau").kind == "custom" and report.lookup("tau").kind == "custom"  # type: ignore[union-attr]
+    assert ood.lookup("markdown") is not None and report.lookup("sweep").kind == "str"  # type: ignore[union-attr]
+    for schema in SCHEMAS.values():
+        assert schema.source is not None and schema.source.multiple and schema.source.kind == "path"
+        assert schema.lookup("config") is None and schema.lookup("no-config") is None and schema.lookup("help") is None
+        assert set(schema.refused) == {"config", "no-config"}
+
+
+def test_a_new_option_needs_no_second_declaration():
+    demo = typer.Typer()
+
+    @demo.command()
+    def cmd(
+        source: Annotated[list[str], typer.Argument()],
+        gen_gamma: Annotated[float, typer.Option("--gen-gamma", "--gamma", min=0.0)] = 0.1,
+        react: Annotated[Optional[float], typer.Option("--react")] = None,
+        top: Annotated[Optional[list[int]], typer.Option("--top")] = None,
+        head: Annotated[Optional[Path], typer.Option("--head")] = None,
+        pair: Annotated[tuple[int, int], typer.Option("--pair")] = (1, 2),
+    ) -> None:
+        pass
+
+    schema = command_schema(typer.main.get_command(demo))
+    assert schema.lookup("gen-gamma") is schema.lookup("gamma")
+    assert schema.lookup("gen-gamma").kind == "float" and schema.lookup("gen-gamma").minimum == 0.0  # type: ignore
+    assert schema.lookup("react").kind == "float"  # type: ignore[union-attr]
+    assert schema.lookup("top").kind == "int" and schema.lookup("top").multiple  # type: ignore[union-attr]
+    assert schema.lookup("head").kind == "path"  # type: ignore[union-attr]
+    assert "pair" in schema.refused
+
+
+# -- values --------------------------------------------------------------------------------------------------
+
+
+def test_values_become_command_line_values(tmp_path):
+    config = config_in(tmp_path, """
+        source = ["a.safetensors", "/abs/b.safetensors"]
+        [fit]
+        val-fraction = 1
+        seed = 7
+        objective = "ece"
+        bins = 10
+        json = "-"
+        output = "out/cal.safetensors"
+        no-write = true
+        max-ece = 0.05
+        lm-eval-norm = "chars"
+        [report]
+        tau = [1, 2.5, "fitted", "3"]
+        [ood]
+        ood = "noise.safetensors"
+        tau = 2
+        score = "energy"
+    """)
+    config.check(SCHEMAS)
+    fit = config.defaults_for("fit", SCHEMAS["fit"], check_files=False)
+    assert fit == {"val_fraction": 1.0, "seed": 7, "objective": "ece", "bins": 10, "json_out": "-",
+                   "output": str(tmp_path / "out" / "cal.safetensors"), "no_write": True, "max_ece": 0.05,
+                   "lm_eval_norm": "chars", "source": [str(tmp_path / "a.safetensors"), "/abs/b.safetensors"]}
+    assert isinstance(fit["val_fraction"], float)
+    assert config.defaults_for("report", SCHEMAS["report"], check_files=False)["tau"] == ["1", "2.5", "fitted", "3"]
+    ood = config.defaults_for("ood", SCHEMAS["ood"], given={"source"}, check_files=False)
+    assert ood["ood_files"] == [str(tmp_path / "noise.safetensors")] and ood["tau"] == ["2"]
+    assert ood["score"] == "energy"
+
+
+def test_relative_paths_are_relative_to_the_file(tmp_path, monkeypatch):
+    write(tmp_path / "release" / "tempcal.toml", 'source = "../data/val.safetensors"\n[ood]\nood = ["n.st"]\n')
+    (tmp_path / "release" / "deep").mkdir()
+    monkeypatch.chdir(tmp_path / "release" / "deep")
+    config = resolve_config(None, False)
+    assert config is not None
+    out = config.defaults_for("ood", SCHEMAS["ood"], check_files=False)
+    assert out["source"] == [str(tmp_path / "data" / "val.safetensors")]  # outside the current folder: absolute
+    assert out["ood_files"] == [str(tmp_path / "release" / "n.st")]
+    monkeypatch.chdir(tmp_path / "release")
+    out = config.defaults_for("ood", SCHEMAS["ood"], check_files=False)
+    assert out["ood_files"] == ["n.st"]  # in the current folder: as the user would type it
+    assert os.path.abspath(out["ood_files"][0]) == str(tmp_path / "release" / "n.st")
+
+
+def test_a_command_table_source_wins_over_the_top_level_one(tmp_path):
+    config = config_in(tmp_path, 'source = ["a", "b"]\n[ood]\nsource = "id.st"\n')
+    assert config.defaults_for("ood", SCHEMAS["ood"], check_files=False)["source"] == [str(tmp_path / "id.st")]
+    assert config.defaults_for("fit", SCHEMAS["fit"], check_files=False)["source"] == [str(tmp_path / "a"),
+                                                                                       str(tmp_path / "b")]
+
+
+BAD_VALUES = [
+    ("[ood]\ntau = true\n", 'tempcal.toml: [ood] tau: expected a number or "fitted" or a list of them, got true'),
+    ("[ood]\ntau = [1, true]\n", 'tempcal.toml: [ood] tau[1]: expected a number or "fitted", got true'),
+    ("[ood]\ntau = -1\n", "tempcal.toml: [ood] tau: must be > 0, got -1"),
+    ("[ood]\ntau = \"hot\"\n", 'tempcal.toml: [ood] tau: expected a number > 0 or "fitted", got "hot"'),
+    ("[ood]\ntau = []\n", 'tempcal.toml: [ood] tau: expected a number or "fitted" or a list of them, got an empty'
+                          " list"),
+    ("[fit]\nval-fraction = \"0.2\"\n", 'tempcal.toml: [fit] val-fraction: expected a number, got "0.2"'),
+    ("[fit]\nval-fraction = nan\n", "tempcal.toml: [fit] val-fraction: expected a number, got nan"),
+    ("[fit]\nmax-ece = -0.1\n", "tempcal.toml: [fit] max-ece: must be >= 0, got -0.1"),
+    ("[fit]\nseed = 1.5\n", "tempcal.toml: [fit] seed: expected an integer, got 1.5"),
+    ("[fit]\nseed = true\n", "tempcal.toml: [fit] seed: expected an integer, got true"),
+    ("[report]\nbins = 0\n", "tempcal.toml: [report] bins: must be >= 1, got 0"),
+    ("[fit]\nno-write = \"yes\"\n", 'tempcal.toml: [fit] no-write: expected true or false, got "yes"'),
+    ("[fit]\nno-write = 1\n", "tempcal.toml: [fit] no-write: expected true or false, got 1"),
+    ("[fit]\nobjective = \"NLL\"\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got "NLL"'),
+    ("[fit]\nobjective = [\"nll\"]\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got a list'),
+    ("[ood]\nlm-eval-norm = \"words\"\n",
+     'tempcal.toml: [ood] lm-eval-norm: expected one of "none", "chars", "bytes", got "words"'),
+    ("[fit]\neval = 3\n", "tempcal.toml: [fit] eval: expected a path (a string), got 3"),
+    ("[fit]\noutput = \"\"\n", "tempcal.toml: [fit] output: expected a path, got an empty string"),
+    ("[fit]\nmax-ece = 2024-01-01\n", "tempcal.toml: [fit] max-ece: expected a number, got a date"),
+    ("[fit]\nval_fraction = 0.2\n", "tempcal.toml: [fit] val_fraction: unknown key (did you mean 'val-fraction'?)"),
+    ("[fit]\nwrite = true\n", "tempcal.toml: [fit] write: unknown key; write no-write = false"),
+    ("[fit]\nno-probs = true\n", "tempcal.toml: [fit] no-probs: unknown key; write probs = false"),
+    ("[fit]\nno-config = true\n", "tempcal.toml: [fit] no-config: cannot be set in a configuration file"),
+    ("[fit]\nconfig = \"x.toml\"\n", "tempcal.toml: [fit] config: cannot be set in a configuration file"),
+    ("[ood]\nsweep = \"1:2:3\"\n", "tempcal.toml: [ood] sweep: unknown key (ood options: "),
+    ("tau = 2\n", "tempcal.toml: tau: unknown key; the top level holds 'source' and the tables [fit], [ood], "
+                  "[report]; options go in a command's table ([ood], [report])"),
+    ("[plot]\nx = 1\n", "tempcal.toml: plot: unknown table; the tables are [fit], [ood], [report]"),
+    ("fit = 1\n", "tempcal.toml: fit: must be a table of fit's options ([fit]), got 1"),
+    ("source = 3\n", "tempcal.toml: source: expected a path (a string) or a list of them, got 3"),
+    ("source = [\"a\", 3]\n", "tempcal.toml: source[1]: expected a path (a string), got 3"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_VALUES)
+def test_bad_values_name_the_file_and_the_key(tmp_path, text, message):
+    config = config_in(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        config.check(SCHEMAS)
+    assert str(caught.value).startswith(message), str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_pyproject_tables_are_named_as_written(tmp_path):
+    write(tmp_path / "pyproject.toml", "[tool.tempcal]\nsource = 1\n")
+    config = load_config(tmp_path / "pyproject.toml", display="pyproject.toml")
+    with pytest.raises(ConfigError, match=r"^pyproject\.toml: \[tool\.tempcal\] source: expected a path"):
+        config.check(SCHEMAS)
+    write(tmp_path / "pyproject.toml", "[tool.tempcal.ood]\ntau = true\n")
+    config = load_config(tmp_path / "pyproject.toml", display="pyproject.toml")
+    with pytest.raises(ConfigError, match=r'^pyproject\.toml: \[tool\.tempcal\.ood\] tau: expected a number or '):
+        config.check(SCHEMAS)
+
+
+def test_an_option_set_twice_under_two_names(tmp_path):
+    demo = typer.Typer()
+
+    @demo.command()
+    def cmd(gamma: Annotated[float, typer.Option("--gen-gamma", "--gamma")] = 0.1) -> None:
+        pass
+
+    config = config_in(tmp_path, "[cmd]\ngen-gamma = 0.2\ngamma = 0.3\n")
+    with pytest.raises(ConfigError, match=r"\[cmd\] gamma: sets the same option as 'gen-gamma'"):
+        config.defaults_for("cmd", command_schema(typer.main.get_command(demo)))
+
+
+# -- files that must exist -----------------------------------------------------------------------------------
+
+
+def test_a_missing_input_is_named_only_when_it_is_used(tmp_path):
+    config = config_in(tmp_path, 'source = "val.st"\n[ood]\nood = ["noise.st"]\n[fit]\noutput = "new/x.st"\n')
+    with pytest.raises(ConfigError, match=r"^tempcal\.toml: source: no such file: .*val\.st$"):
+        config.defaults_for("fit", SCHEMAS["fit"])
+    touch(tmp_path / "val.st")
+    config.defaults_for("fit", SCHEMAS["fit"])  # an output need not exist; [ood] is not fit's business
+    with pytest.raises(ConfigError, match=r"^tempcal\.toml: \[ood\] ood: no such file: .*noise\.st$"):
+        config.defaults_for("ood", SCHEMAS["ood"])
+    config.defaults_for("ood", SCHEMAS["ood"], given={"ood_files"})  # the command line names the OOD files
+    gone = config_in(tmp_path, 'source = "gone.st"\n')
+    assert gone.defaults_for("fit", SCHEMAS["fit"], given={"source"}) == {"source": [str(tmp_path / "gone.st")]}
+
+
+def test_a_glob_source_must_match(tmp_path):
+    config = config_in(tmp_path, 'source = "shards/*.safetensors"\n')
+    with pytest.raises(ConfigError, match=r"source: the pattern .*shards/\*\.safetensors matches no file"):
+        config.defaults_for("fit", SCHEMAS["fit"])
+    touch(tmp_path / "shards" / "0.safetensors")
+    assert config.defaults_for("fit", SCHEMAS["fit"]) == {"source": [str(tmp_path / "shards" / "*.safetensors")]}
+
+
+def test_messages_name_the_file_as_found_from_the_current_folder(tmp_path, monkeypatch):
+    write(tmp_path / "tempcal.toml", "[fit]\nseed = true\n")
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    config = resolve_config(None, False)
+    assert config is not None and config.display == os.path.join("..", "tempcal.toml")
+    with pytest.raises(ConfigError, match=r"^\.\./tempcal\.toml: \[fit\] seed"):
+        config.check(SCHEMAS)
