@@ -47,7 +47,7 @@ else:  # pragma: no cover - Python 3.10: the 'tomli' backport, a dependency ther
     try:
         import tomli as _toml
     except ModuleNotFoundError:
-        _toml = None
+        _toml = None  # type: ignore[assignment]
 
 CONFIG_NAME = "tempcal.toml"
 PYPROJECT_NAME = "pyproject.toml"

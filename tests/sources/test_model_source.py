@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from models.model_builders import save_program
+from model_builders import save_program
 
 from tempcal.errors import TempcalError
 from tempcal.models.save import save_calibrated_model
@@ -25,7 +25,7 @@ def test_open_model_source_feeds_the_fit_workflow(digits):
 
 def test_every_format_opens_alike_and_a_calibrated_one_gives_its_stored_t(digits, tmp_path):
     pytest.importorskip("onnxruntime")
-    from models.model_builders import onnx_mlp
+    from model_builders import onnx_mlp
 
     program = save_program(digits["mlp"], digits["x"][:4], tmp_path / "digits.pt2")
     as_pt = tmp_path / "exported.pt"  # an exported program under a TorchScript-like name: told by its contents
