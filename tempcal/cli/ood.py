@@ -1,8 +1,7 @@
-"""``tempcal ood``: out-of-distribution detection by scores such as max-softmax probability and energy."""
+"""``tempcal ood``: out-of-distribution detection by training-free scores (MSP, energy, MaxLogit, entropy, GEN)."""
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -13,6 +12,8 @@ from .options import (
     BatchSize,
     ChunkRows,
     Device,
+    GenGamma,
+    GenTop,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -22,10 +23,16 @@ from .options import (
     JsonOut,
     LabelsKey,
     LogitsKey,
+    MaxFpr95,
+    MinAuroc,
+    OodBootstrap,
     OutputKey,
     Plot,
     Probs,
     Quiet,
+    React,
+    Score,
+    Seed,
     Softcap,
     Source,
     Tau,
@@ -35,12 +42,6 @@ from .options import (
 )
 
 
-class ScoreChoice(str, Enum):
-    msp = "msp"
-    energy = "energy"
-    both = "both"
-
-
 @app.command()
 def ood(
     source: Source,
@@ -48,8 +49,13 @@ def ood(
         "--ood", metavar="FILE", help="Out-of-distribution logits file ('labels' optional); repeat for several.")
     ] = None,
     tau: Tau = None,
-    score: Annotated[ScoreChoice, typer.Option("--score", help="max softmax probability, energy "
-                                               "(tau * logsumexp(logits / tau)) or both.")] = ScoreChoice.msp,
+    score: Score = "msp",
+    gen_gamma: GenGamma = 0.1,
+    gen_top: GenTop = 100,
+    min_auroc: MinAuroc = None,
+    max_fpr95: MaxFpr95 = None,
+    bootstrap: OodBootstrap = 0,
+    seed: Seed = 0,
     json_out: JsonOut = None,
     scores_out: Annotated[Optional[str], typer.Option(
         "--scores", metavar="PATH", help="Write the per-sample scores (one tensor per tau and side) as safetensors.")
@@ -65,6 +71,7 @@ def ood(
     head_weight_key: HeadWeightKey = "weight",
     head_bias_key: HeadBiasKey = "bias",
     softcap: Softcap = None,
+    react: React = None,
     inputs: Inputs = None,
     ood_inputs: Annotated[Optional[list[str]], typer.Option(
         "--ood-inputs", metavar="DATA", help="OOD inputs for a model SOURCE ('inputs'; labels optional); repeatable.")
@@ -77,10 +84,13 @@ def ood(
     output_key: OutputKey = None,
     quiet: Quiet = False,
 ) -> None:
-    """Detect out-of-distribution inputs by MSP or energy at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive).
+    """Detect out-of-distribution inputs by training-free scores at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive).
 
     Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE.
     """
+    from ..scores import score_names
+
+    scores = score_names(score)
     is_model = is_model_source(source, inputs, {"--output-key": output_key,
                                                 "--ood-inputs": ood_inputs or None})
     if is_model:
@@ -100,9 +110,9 @@ def ood(
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    scores = ["msp", "energy"] if score is ScoreChoice.both else [score.value]
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
-                      chunk_rows=chunk_rows, odin_eps=odin_eps, options=options)
+                      chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
+                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
 
     def write() -> list[str]:
         return write_ood_files(report, scores=scores_out, plot=plot)
@@ -117,4 +127,17 @@ def ood(
 
         print_ood(report, out)
 
-    deliver(warnings=report.warnings, write=write, payload=payload, render=render, json_out=json_out, quiet=quiet)
+    deliver(warnings=report.warnings, write=write, payload=payload, render=render, json_out=json_out, quiet=quiet,
+            gate=gate_message(report))
+
+
+def gate_message(report) -> str | None:
+    """What standard error says when the gate fails: how many rows fail, then each failing row on its own line."""
+    if not report.gate_failures:
+        return None
+    bounds = ", ".join(f"{flag} {value:g}" for flag, value in (("--min-auroc", report.min_auroc),
+                                                                ("--max-fpr95", report.max_fpr95))
+                       if value is not None)
+    lines = [f"{len(report.gate_failures)} of {len(report.results)} reported rows fail {bounds}:"]
+    lines.extend(f"  {failure.line()}" for failure in report.gate_failures)
+    return "\n".join(lines)
