@@ -91,18 +91,7 @@ def ood(
     from ..scores import score_names
 
     scores = score_names(score)
-    is_model = is_model_source(source, inputs, {"--output-key": output_key,
-                                                "--ood-inputs": ood_inputs or None})
-    if is_model:
-        if ood_files:
-            raise TempcalError("--ood takes logits files; with a model SOURCE give --ood-inputs DATA")
-        if not ood_inputs:
-            raise TempcalError("missing option '--ood-inputs DATA': a model SOURCE needs out-of-distribution inputs")
-    elif odin_eps is not None:
-        raise TempcalError("--odin-eps needs a TorchScript model SOURCE with --inputs and --ood-inputs")
-    elif not ood_files:
-        raise TempcalError("missing option '--ood FILE': give at least one out-of-distribution logits file")
-    others = list(ood_files or ood_inputs or [])
+    others = _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps, output_key)
     check_outputs({"--json": json_out, "--scores": scores_out, "--plot": plot}, [*source, *others])
 
     from ..output.files import write_ood_files
@@ -129,6 +118,22 @@ def ood(
 
     deliver(warnings=report.warnings, write=write, payload=payload, render=render, json_out=json_out, quiet=quiet,
             gate=gate_message(report))
+
+
+def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None, ood_inputs: list[str] | None,
+              odin_eps: float | None, output_key: str | None) -> list[str]:
+    """The OOD sets: logits files (``--ood``), or inputs files for a model SOURCE (``--ood-inputs``)."""
+    is_model = is_model_source(source, inputs, {"--output-key": output_key, "--ood-inputs": ood_inputs or None})
+    if is_model:
+        if ood_files:
+            raise TempcalError("--ood takes logits files; with a model SOURCE give --ood-inputs DATA")
+        if not ood_inputs:
+            raise TempcalError("missing option '--ood-inputs DATA': a model SOURCE needs out-of-distribution inputs")
+    elif odin_eps is not None:
+        raise TempcalError("--odin-eps needs a TorchScript model SOURCE with --inputs and --ood-inputs")
+    elif not ood_files:
+        raise TempcalError("missing option '--ood FILE': give at least one out-of-distribution logits file")
+    return list(ood_files or ood_inputs or [])
 
 
 def gate_message(report) -> str | None:

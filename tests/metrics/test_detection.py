@@ -126,6 +126,7 @@ def test_fpr_threshold_found_beyond_the_lowest_scores():
     auroc, fpr = naive_replicates(id_scores, ood_scores, 40, seed=0)
     got = detection_intervals([id_scores], [ood_scores], 40, 0)[0]
     assert got["fpr95"] == pytest.approx(tuple(np.quantile(fpr, [0.025, 0.975])), abs=1e-12)
+    assert got["auroc"] == pytest.approx(tuple(np.quantile(auroc, [0.025, 0.975])), abs=1e-12)
 
 
 def test_bad_bootstrap_arguments():
