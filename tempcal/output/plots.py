@@ -124,7 +124,7 @@ def ood_plot(report, path: str | os.PathLike) -> Path:
     calibration = report.stored_temperature if report.stored_temperature in report.taus else None
     per_file = 2 if calibration is not None else 1
     columns = files * per_file
-    width = max(3.4 * columns, 7.0)
+    width = max(3.4 * columns, 8.0)
     figure = Figure(figsize=(width, 2.8 * 2 + 2.1 * len(report.scores)), layout="constrained")
     spec = figure.add_gridspec(2 + len(report.scores), columns, height_ratios=[1.35, 1.35] + [1] * len(report.scores))
     for i, ood_file in enumerate(report.ood_files):
@@ -170,11 +170,13 @@ def _ood_curves(report, ood_file: str, auroc_ax, fpr_ax, *, legend: bool) -> Non
     if legend:  # once, above the panels (as the figure's title), so that no curve hides behind it
         handles, labels = auroc_ax.get_legend_handles_labels()
         count = len(report.scores)
-        title = (f"{report.source}: in-distribution vs OOD, {count} score{'s' if count > 1 else ''} at "
-                 f"{len(report.taus)} temperatures\n* = each score's best tau; outlined * = the best score and tau "
+        title = (f"{report.source}\nin-distribution vs OOD: {count} score{'s' if count > 1 else ''} at "
+                 f"{len(report.taus)} temperatures; * = each score's best tau, outlined * = the best score and tau "
                  "of the OOD file")
-        auroc_ax.figure.legend(handles, labels, loc="outside upper center", ncols=min(len(labels), 8), fontsize=8,
-                               title=title, title_fontsize=9, frameon=False)
+        figure = auroc_ax.figure
+        columns = max(1, min(len(labels), int(figure.get_figwidth() // 1.75)))  # as many as fit across the figure
+        figure.legend(handles, labels, loc="outside upper center", ncols=columns, fontsize=8, title=title,
+                      title_fontsize=8, frameon=False)
 
 
 def _ood_histograms(report, index: int, score: str, calibration: float | None, axes: list, *, first: bool) -> None:
