@@ -333,3 +333,28 @@ def test_bad_react_percentile(tmp_path, cli, percentile):
     save_file({"weight": w, "bias": b}, str(tmp_path / "head.safetensors"))
     bad(tmp_path, cli, ["ood", str(tmp_path / "hidden.safetensors"), "--head", str(tmp_path / "head.safetensors"),
                         "--ood", str(tmp_path / "hidden.safetensors"), "--react", percentile], f"--react {percentile}")
+
+
+def test_react_every_score_and_gates_under_two_processes_match_one(tmp_path):
+    """torchrun, two gloo processes: each counts its own rows' hidden-state values for ReAct's percentile (the counts
+    all-reduced), scores its share, and the scores are gathered for the figures: the same JSON as one process."""
+    from test_cli_distributed import _torchrun, one_and_two_processes
+
+    if _torchrun() is None:
+        pytest.skip("torchrun not installed")
+    h, w, b, y = hidden_and_head(900, 16, 120, seed=7)
+    save_file({"hidden": torch.relu(2 * h), "labels": y}, str(tmp_path / "hidden.safetensors"))
+    save_file({"hidden": torch.relu(3 * torch.randn(500, 16))}, str(tmp_path / "ood.safetensors"))
+    save_file({"weight": w, "bias": b}, str(tmp_path / "head.safetensors"))
+    one, two = one_and_two_processes(tmp_path, [
+        "ood", str(tmp_path / "hidden.safetensors"), "--head", str(tmp_path / "head.safetensors"), "--ood",
+        str(tmp_path / "ood.safetensors"), "--react", "85", "--score", "all", "--tau", "0.5", "--tau", "3",
+        "--bootstrap", "30", "--max-fpr95", "1"])
+    assert one["react_threshold"] == two["react_threshold"] == float(np.percentile(torch.relu(2 * h).numpy(), 85))
+    assert one["gate_passed"] is two["gate_passed"] is True
+    assert (one["n_id"], one["n_ood"]) == (two["n_id"], two["n_ood"])
+    for x, y_ in zip(one["results"], two["results"], strict=True):
+        assert (x["score"], x["tau"]) == (y_["score"], y_["tau"])
+        for key in ("auroc", "aupr_in", "aupr_out", "fpr95"):
+            assert x[key] == pytest.approx(y_[key], abs=1e-6), key
+        assert x["auroc_ci"] == pytest.approx(y_["auroc_ci"], abs=1e-6)
