@@ -58,7 +58,8 @@ def ood(
     seed: Seed = 0,
     json_out: JsonOut = None,
     scores_out: Annotated[Optional[str], typer.Option(
-        "--scores", metavar="PATH", help="Write the per-sample scores (one tensor per tau and side) as safetensors.")
+        "--scores", metavar="PATH",
+        help="Write the per-sample scores (one tensor per score, tau and side) as safetensors.")
     ] = None,
     plot: Plot = None,
     logits_key: LogitsKey = "logits",
