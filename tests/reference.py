@@ -129,3 +129,33 @@ def sk_figures(id_scores, ood_scores) -> dict[str, float]:
     s = np.r_[id_scores, ood_scores]
     return {"auroc": roc_auc_score(y, s), "aupr_in": average_precision_score(y, s),
             "aupr_out": average_precision_score(1 - y, -s)}
+
+
+def ref_scores(logits, tau: float, gamma: float = 0.1, top: int = 100) -> dict[str, np.ndarray]:
+    """All five OOD scores of ``logits`` ([N, C], or one binary logit = classes [0, z]) at ``tau``, float64, from
+    the contract's definitions row-wise over all classes: ``p = softmax(z / tau)`` through a log-sum-exp, ``1 - p_max``
+    as the sum of the other probabilities (in logs), ``p^g (1 - p)^g`` as ``exp(g (log p + log(1 - p)))``, the top M
+    by a stable argsort."""
+    z = two_class(np.asarray(logits, dtype=np.float64))
+    n, classes = z.shape
+    rows = np.arange(n)
+    best = np.argmax(z, axis=1)
+    z_max = z[rows, best]
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore", under="ignore"):
+        x = (z - z_max[:, None]) / tau  # <= 0, exactly 0 at the arg-max
+        others = x.copy()
+        others[rows, best] = -np.inf
+        o_max = others.max(axis=1)
+        shift = np.where(np.isfinite(o_max), o_max, 0.0)
+        log_r = shift + np.log(np.exp(others - shift[:, None]).sum(axis=1))  # log sum_{c != max} e^{x_c}
+        log_s0 = np.log1p(np.exp(log_r))  # log sum_c e^{x_c}
+        log_p = x - log_s0[:, None]
+        p = np.exp(log_p)
+        entropy = np.where(p > 0, p * log_p, 0.0).sum(axis=1)
+        log_1mp = np.log1p(-p)
+        log_1mp[rows, best] = log_r - log_s0  # 1 - p_max = the sum of the others
+        terms = np.exp(gamma * (log_p + log_1mp))
+        maxlogit = z_max / tau
+    order = np.argsort(-z, axis=1, kind="stable")[:, : min(top, classes)]
+    return {"msp": p[rows, best], "energy": z_max + tau * log_s0, "maxlogit": maxlogit, "entropy": entropy,
+            "gen": -np.take_along_axis(terms, order, axis=1).sum(axis=1)}

@@ -1,8 +1,7 @@
-"""``tempcal ood``: out-of-distribution detection by scores such as max-softmax probability and energy."""
+"""``tempcal ood``: out-of-distribution detection by training-free scores (MSP, energy, MaxLogit, entropy, GEN)."""
 
 from __future__ import annotations
 
-from enum import Enum
 from typing import Annotated, Optional
 
 import typer
@@ -17,6 +16,8 @@ from .options import (
     ChunkRows,
     ConfigFile,
     Device,
+    GenGamma,
+    GenTop,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -29,11 +30,17 @@ from .options import (
     LmEvalNormOpt,
     LogitsKey,
     Markdown,
+    MaxFpr95,
+    MinAuroc,
     NoConfig,
+    OodBootstrap,
     OutputKey,
     Plot,
     Probs,
     Quiet,
+    React,
+    Score,
+    Seed,
     Softcap,
     Source,
     Tau,
@@ -44,12 +51,6 @@ from .options import (
 )
 
 
-class ScoreChoice(str, Enum):
-    msp = "msp"
-    energy = "energy"
-    both = "both"
-
-
 @app.command(cls=ConfiguredCommand)
 def ood(
     ctx: typer.Context,
@@ -58,12 +59,17 @@ def ood(
         "--ood", metavar="FILE", help="Out-of-distribution logits file ('labels' optional); repeat for several."),
         INPUTS] = None,
     tau: Tau = None,
-    score: Annotated[ScoreChoice, typer.Option("--score", help="max softmax probability, energy "
-                                               "(tau * logsumexp(logits / tau)) or both.")] = ScoreChoice.msp,
+    score: Score = "msp",
+    gen_gamma: GenGamma = 0.1,
+    gen_top: GenTop = 100,
+    min_auroc: MinAuroc = None,
+    max_fpr95: MaxFpr95 = None,
+    bootstrap: OodBootstrap = 0,
+    seed: Seed = 0,
     json_out: JsonOut = None,
     scores_out: Annotated[Optional[str], typer.Option(
-        "--scores", metavar="PATH", help="Write the per-sample scores (one tensor per tau and side) as safetensors."),
-        OUTPUT] = None,
+        "--scores", metavar="PATH",
+        help="Write the per-sample scores (one tensor per score, tau and side) as safetensors."), OUTPUT] = None,
     plot: Plot = None,
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
@@ -77,6 +83,7 @@ def ood(
     head_weight_key: HeadWeightKey = "weight",
     head_bias_key: HeadBiasKey = "bias",
     softcap: Softcap = None,
+    react: React = None,
     inputs: Inputs = None,
     ood_inputs: Annotated[Optional[list[str]], typer.Option(
         "--ood-inputs", metavar="DATA", help="OOD inputs for a model SOURCE ('inputs'; labels optional); repeatable."),
@@ -91,12 +98,14 @@ def ood(
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
-    """Detect out-of-distribution inputs by MSP or energy at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive).
+    """Detect out-of-distribution inputs by training-free scores at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive).
 
     Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE.
     """
-    others = _ood_sides(source, inputs=inputs, ood_files=ood_files, ood_inputs=ood_inputs, odin_eps=odin_eps,
-                        output_key=output_key)
+    from ..scores import score_names
+
+    scores = score_names(score)
+    others = _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps, output_key)
     check_lm_eval_norm(source, lm_eval_norm)
     check_outputs({"--json": json_out, "--scores": scores_out, "--plot": plot, "--markdown": markdown},
                   [*source, *others])
@@ -108,9 +117,9 @@ def ood(
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    scores = ["msp", "energy"] if score is ScoreChoice.both else [score.value]
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
-                      chunk_rows=chunk_rows, odin_eps=odin_eps, options=options)
+                      chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
+                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
 
     def write() -> list[str]:
         return write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown)
@@ -121,12 +130,13 @@ def ood(
         return out
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_ood(report, out),
-            summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet)
+            summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, gate=gate_message(report))
 
 
-def _ood_sides(source: list[str], *, inputs: str | None, ood_files: list[str] | None, ood_inputs: list[str] | None,
-               odin_eps: float | None, output_key: str | None) -> list[str]:
-    """The OOD files (logits files, or a model SOURCE's inputs files), after refusing options that do not fit."""
+def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None, ood_inputs: list[str] | None,
+              odin_eps: float | None, output_key: str | None) -> list[str]:
+    """The OOD sets: logits files (``--ood``), or inputs files for a model SOURCE (``--ood-inputs``), after
+    refusing options that do not fit."""
     is_model = is_model_source(source, inputs, {"--output-key": output_key, "--ood-inputs": ood_inputs or None})
     if is_model:
         if ood_files:
@@ -134,7 +144,19 @@ def _ood_sides(source: list[str], *, inputs: str | None, ood_files: list[str] | 
         if not ood_inputs:
             raise TempcalError("missing option '--ood-inputs DATA': a model SOURCE needs out-of-distribution inputs")
     elif odin_eps is not None:
-        raise TempcalError("--odin-eps needs a TorchScript model SOURCE with --inputs and --ood-inputs")
+        raise TempcalError("--odin-eps needs a model SOURCE (.pt2 or TorchScript) with --inputs and --ood-inputs")
     elif not ood_files:
         raise TempcalError("missing option '--ood FILE': give at least one out-of-distribution logits file")
     return list(ood_files or ood_inputs or [])
+
+
+def gate_message(report) -> str | None:
+    """What standard error says when the gate fails: how many rows fail, then each failing row on its own line."""
+    if not report.gate_failures:
+        return None
+    bounds = ", ".join(f"{flag} {value:g}" for flag, value in (("--min-auroc", report.min_auroc),
+                                                                ("--max-fpr95", report.max_fpr95))
+                       if value is not None)
+    lines = [f"{len(report.gate_failures)} of {len(report.results)} reported rows fail {bounds}:"]
+    lines.extend(f"  {failure.line()}" for failure in report.gate_failures)
+    return "\n".join(lines)

@@ -97,6 +97,25 @@ Estimators = Annotated[Optional[str], typer.Option(
 Bootstrap = Annotated[int, typer.Option(
     "--bootstrap", metavar="N", min=0, help="95% percentile intervals for ECE and NLL from N seeded resamples.")]
 
+# -- tempcal ood ------------------------------------------------------------------------------
+Score = Annotated[str, typer.Option(
+    "--score", metavar="NAMES", help="msp (max softmax), energy (tau * logsumexp(logits / tau)), maxlogit "
+    "(max logit / tau), entropy (sum p ln p), gen (generalized entropy); both = msp,energy; all; or a "
+    "comma-separated list.")]
+GenGamma = Annotated[float, typer.Option("--gen-gamma", metavar="G", help="GEN's exponent gamma (> 0).")]
+GenTop = Annotated[int, typer.Option("--gen-top", metavar="M", min=1,
+                                     help="GEN sums over the M largest probabilities (all classes when C <= M).")]
+React = Annotated[Optional[float], typer.Option(
+    "--react", metavar="P", help="ReAct (with --head): clip hidden-state values at the P-th percentile "
+    "(0 < P <= 100) of SOURCE's values before the head; OOD files at the same threshold.")]
+MinAuroc = Annotated[Optional[float], typer.Option("--min-auroc", metavar="X",
+                                                   help="Exit 3 when any reported row has AUROC below X.")]
+MaxFpr95 = Annotated[Optional[float], typer.Option("--max-fpr95", metavar="X",
+                                                   help="Exit 3 when any reported row has FPR95 above X.")]
+OodBootstrap = Annotated[int, typer.Option(
+    "--bootstrap", metavar="N", min=0, help="95% percentile intervals for AUROC and FPR95 from N seeded resamples "
+    "(ID and OOD samples resampled separately).")]
+
 # -- what to write --------------------------------------------------------------------------
 JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",
                                                 help="Write the result as JSON to PATH ('-' for standard output)."),
@@ -201,6 +220,8 @@ __all__ = [
     "ConfigFile",
     "Device",
     "Estimators",
+    "GenGamma",
+    "GenTop",
     "Head",
     "HeadBiasKey",
     "HeadWeightKey",
@@ -214,13 +235,18 @@ __all__ = [
     "LmEvalNormOpt",
     "LogitsKey",
     "Markdown",
+    "MaxFpr95",
+    "MinAuroc",
     "NoConfig",
     "Objective",
+    "OodBootstrap",
     "OutputKey",
     "Plot",
     "Probs",
     "Quiet",
+    "React",
     "SaveLogits",
+    "Score",
     "Seed",
     "Softcap",
     "Source",

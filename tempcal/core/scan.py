@@ -18,9 +18,9 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -268,27 +268,26 @@ class Scan:
             out.append((sums, kept))
         return out
 
-    def scores(self, betas: Sequence[float], names: Sequence[str] = ("msp", "energy")
-               ) -> list[dict[str, torch.Tensor]]:
+    def scores(self, betas: Sequence[float], names: Sequence[str] = ("msp", "energy"),
+               options: Mapping[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:
         """Per-sample float64 OOD scores ``{name: [rows]}`` at each ``beta``, in one pass.
 
-        Every score at every temperature comes from the same read of each chunk (see
-        :mod:`tempcal.scores`); MSP and energy equal what :meth:`calibration` keeps.
+        Every score at every temperature comes from the same read of each chunk
+        (:class:`tempcal.scores.engine.ScorePass`); ``options`` set up scores that take parameters
+        (``gen_gamma``, ``gen_top``).
         """
         from ..scores import get_score
-        from ..scores.base import ChunkAtTau
+        from ..scores.engine import ScorePass
 
-        scores = [get_score(name) for name in names]
-        betas = [float(b) for b in betas]
-        parts: list[dict[str, list[torch.Tensor]]] = [{name: [] for name in names} for _ in betas]
-        for z, _, row_max, _, _, _ in self.row_chunks():
-            d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
-            for k, beta in enumerate(betas):
-                chunk = ChunkAtTau(d, row_max, beta, self.scratch.like("e", z))
-                for score in scores:
-                    parts[k][score.name].append(score.compute(chunk))
-        return [{name: torch.cat(values) if values else torch.empty(0, dtype=torch.float64, device=self.device)
-                 for name, values in part.items()} for part in parts]
+        scoring = ScorePass([get_score(name, options) for name in names], betas, workspace=self.scratch)
+        parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+        for z, _, row_max, _, _, has_neginf in self.row_chunks():
+            for name, values in scoring.chunk(z, row_max, has_neginf).items():
+                parts[name].append(values)
+        joined = {name: torch.cat(values, dim=1) if values else
+                  torch.empty(len(scoring.betas), 0, dtype=torch.float64, device=self.device)
+                  for name, values in parts.items()}
+        return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
         """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64), one pass.
@@ -374,6 +373,14 @@ class Scratch:
         if buffer is None or buffer.numel() < t.numel() or buffer.dtype != t.dtype or buffer.device != t.device:
             buffer = self._buffers[name] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
         return buffer[: t.numel()].view(t.shape)
+
+    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Buffer ``name`` of ``shape`` in ``dtype`` on ``device`` (contents undefined), grown when too small."""
+        numel = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
+            buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel].view(*shape)
 
 
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:

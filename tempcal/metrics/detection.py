@@ -1,23 +1,48 @@
 """Detection figures of per-sample scores, in-distribution (ID) samples positive, higher score = more ID.
 
-* AUROC and AUPR-In: ID positive, ranked by the score (``sklearn.metrics.roc_auc_score``,
-  ``average_precision_score``). AUPR-Out: OOD positive, ranked by minus the score.
+* AUROC: the chance that a random ID sample scores above a random OOD sample, ties counted half
+  (the area under the ROC curve, as ``sklearn.metrics.roc_auc_score`` computes it).
+* AUPR-In: average precision with ID positive, ranked by the score; AUPR-Out: average precision
+  with OOD positive, ranked by minus the score (both as ``sklearn.metrics.average_precision_score``:
+  the sum over distinct thresholds of the recall step times the precision there, tied scores
+  forming one threshold).
 * FPR95: with ``k = ceil(0.95 * n_id)``, the threshold ``s`` is the k-th largest ID score,
   i.e. the largest ``s`` with ``mean(id >= s) >= 0.95``; FPR95 ``= mean(ood >= s)``, ties
   counted as accepted.
+
+All of them come from one sort of the ID and OOD scores together (:func:`detection_metrics`), and
+the tests compare them with scikit-learn's.
+
+:func:`detection_intervals` adds seeded percentile-bootstrap intervals for AUROC and FPR95 from the
+same per-sample scores: ID and OOD samples are resampled separately, each resample a vector of
+multinomial counts, and one resample's AUROC is ``sum_i w_i (C[lo_i] + C[hi_i]) / 2 / (n m)``
+with ``w`` the ID counts, ``C`` the cumulative OOD counts in ascending score order, and ``lo_i``,
+``hi_i`` the numbers of OOD scores below and at most ID score ``i`` (positions found once per row
+of results). Its FPR95 threshold is the ``(n - k + 1)``-th smallest resampled ID score, found from
+the cumulative ID counts over the lowest ID scores only. Nothing is re-read or re-sorted per resample.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, TempcalError
 
 #: Fraction of in-distribution samples kept by the FPR95 threshold.
 ID_RECALL = 0.95
+#: A batch of bootstrap resamples keeps each of its count matrices under about this many entries.
+BATCH_ENTRIES = 1 << 21
+
+
+def _kept(n_id: int, recall: float) -> int:
+    """``ceil(recall * n_id)`` in exact rational arithmetic (so 0.95 * 20 is 19)."""
+    fraction = Fraction(recall).limit_denominator(1_000_000)
+    return -(-fraction.numerator * n_id // fraction.denominator)
 
 
 def fpr_at_recall(id_scores, ood_scores, recall: float = ID_RECALL) -> tuple[float, float]:
@@ -32,8 +57,7 @@ def fpr_at_recall(id_scores, ood_scores, recall: float = ID_RECALL) -> tuple[flo
         raise DataError("FPR needs at least one in-distribution and one out-of-distribution score")
     if not 0 < recall <= 1:
         raise ValueError(f"recall must be in (0, 1], got {recall}")
-    fraction = Fraction(recall).limit_denominator(1_000_000)
-    k = -(-fraction.numerator * id_scores.size // fraction.denominator)
+    k = _kept(id_scores.size, recall)
     threshold = float(np.partition(id_scores, id_scores.size - k)[id_scores.size - k])
     return float(np.mean(ood_scores >= threshold)), threshold
 
@@ -53,23 +77,131 @@ class OodMetrics:
     mean_ood: float
     n_id: int
     n_ood: int
+    auroc_ci: tuple[float, float] | None = None  # bootstrap intervals, when asked for
+    fpr95_ci: tuple[float, float] | None = None
+
+
+def ranking_figures(id_scores, ood_scores) -> tuple[float, float, float]:
+    """``(auroc, aupr_in, aupr_out)`` from one sort of all scores (scikit-learn's definitions, ties grouped)."""
+    id_scores = np.asarray(id_scores, dtype=np.float64)
+    ood_scores = np.asarray(ood_scores, dtype=np.float64)
+    n, m = id_scores.size, ood_scores.size
+    values = np.concatenate([id_scores, ood_scores])
+    order = np.argsort(values)
+    ordered = values[order]
+    is_id = order < n
+    # Groups of equal scores, ascending: each distinct score is one threshold.
+    ends = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True]) + 1
+    id_up_to = np.cumsum(is_id)[ends - 1]  # ID samples scoring at most each distinct value
+    ood_up_to = ends - id_up_to
+    id_in = np.diff(id_up_to, prepend=0)
+    ood_in = np.diff(ood_up_to, prepend=0)
+    ood_below = ood_up_to - ood_in
+    auroc = float(np.sum(id_in * (ood_below + 0.5 * ood_in)) / (n * m))
+    # AUPR-In: thresholds from the top; at each, tp = ID scoring >= it, predicted = all scoring >= it.
+    tp, predicted = n - (id_up_to - id_in), values.size - (ends - id_in - ood_in)
+    aupr_in = float(np.sum(id_in / n * (tp / predicted)))
+    # AUPR-Out: OOD positive, ranked by minus the score: thresholds from the bottom.
+    aupr_out = float(np.sum(ood_in / m * (ood_up_to / ends)))
+    return auroc, aupr_in, aupr_out
 
 
 def detection_metrics(id_scores, ood_scores, *, tau: float = 1.0, score: str = "msp") -> OodMetrics:
-    """AUROC, AUPR-In, AUPR-Out (scikit-learn) and FPR95 of per-sample scores, higher = more in-distribution."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
-
+    """AUROC, AUPR-In, AUPR-Out and FPR95 of per-sample scores, higher = more in-distribution."""
     id_scores = np.asarray(id_scores, dtype=np.float64)
     ood_scores = np.asarray(ood_scores, dtype=np.float64)
     fpr, threshold = fpr_at_recall(id_scores, ood_scores)
-    is_id = np.concatenate([np.ones(id_scores.size, dtype=np.int8), np.zeros(ood_scores.size, dtype=np.int8)])
-    values = np.concatenate([id_scores, ood_scores])
+    auroc, aupr_in, aupr_out = ranking_figures(id_scores, ood_scores)
+    with np.errstate(invalid="ignore"):  # +inf and -inf scores (MaxLogit beyond float64) have no mean
+        mean_id, mean_ood = float(id_scores.mean()), float(ood_scores.mean())
     return OodMetrics(
-        tau=float(tau), score=score, auroc=float(roc_auc_score(is_id, values)),
-        aupr_in=float(average_precision_score(is_id, values)),
-        aupr_out=float(average_precision_score(1 - is_id, -values)), fpr95=fpr, fpr95_threshold=threshold,
-        mean_id=float(id_scores.mean()), mean_ood=float(ood_scores.mean()), n_id=int(id_scores.size),
+        tau=float(tau), score=score, auroc=auroc, aupr_in=aupr_in, aupr_out=aupr_out, fpr95=fpr,
+        fpr95_threshold=threshold, mean_id=mean_id, mean_ood=mean_ood, n_id=int(id_scores.size),
         n_ood=int(ood_scores.size))
 
 
-__all__ = ["ID_RECALL", "OodMetrics", "detection_metrics", "fpr_at_recall"]
+# -- bootstrap intervals ------------------------------------------------------------------------------------
+class _Row:
+    """One row of results prepared for resampling: where each ID score falls among the sorted OOD scores, and
+    the lowest ID scores in order with their places among the OOD scores (the FPR95 threshold lies there)."""
+
+    def __init__(self, id_scores: np.ndarray, ood_scores: np.ndarray, prefix: int):
+        index = np.int32 if id_scores.size + ood_scores.size < 2**31 else np.int64
+        self.ood_order = np.argsort(ood_scores).astype(index)
+        ood_sorted = ood_scores[self.ood_order]
+        lo = np.searchsorted(ood_sorted, id_scores, side="left")
+        hi = np.searchsorted(ood_sorted, id_scores, side="right")
+        self.lo = lo.astype(index)
+        self.hi = None if np.array_equal(lo, hi) else hi.astype(index)  # no ID score ties an OOD one: one gather
+        self.id_order = np.argsort(id_scores).astype(index)
+        self.ood_below = np.searchsorted(ood_sorted, id_scores[self.id_order], side="left")  # per sorted ID score
+        self.prefix = prefix
+
+    def figures(self, w: np.ndarray, v: np.ndarray, target: int) -> tuple[np.ndarray, np.ndarray]:
+        """AUROC and FPR95 of each resample (rows of the float64 ID counts ``w`` and OOD counts ``v``)."""
+        n, m = w.shape[1], v.shape[1]
+        cumulative = np.zeros((v.shape[0], m + 1))
+        np.cumsum(np.take(v, self.ood_order, axis=1), axis=1, out=cumulative[:, 1:])
+        ranks = np.take(cumulative, self.lo, axis=1)
+        if self.hi is None:
+            ranks *= 2.0
+        else:
+            ranks += np.take(cumulative, self.hi, axis=1)
+        auroc = np.einsum("rn,rn->r", ranks, w) / (2.0 * n * m)
+        # The (n - k + 1)-th smallest resampled ID score: the first sorted ID position whose cumulative count
+        # reaches the target; the lowest `prefix` scores almost surely hold it, else all of them are used.
+        for span in (self.prefix, n):
+            counts = np.cumsum(np.take(w, self.id_order[:span], axis=1), axis=1)
+            position = (counts < target).sum(axis=1)
+            if bool((position < span).all()):
+                break
+        accepted = m - cumulative[np.arange(v.shape[0]), self.ood_below[position]]
+        return auroc, accepted / m
+
+
+def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.ndarray], n_resamples: int,
+                        seed: int, *, level: float = 0.95, ood_stream: int = 1, batch: int | None = None
+                        ) -> list[dict[str, tuple[float, float]]]:
+    """Percentile bootstrap intervals ``{"auroc": (low, high), "fpr95": (low, high)}`` for each row of scores.
+
+    ``id_rows[j]`` and ``ood_rows[j]`` are one row's scores (every row the same ID and OOD samples, e.g. one
+    OOD file's scores and temperatures). Resample r counts the draws of the r-th ``integers(0, n_id, n_id)``
+    call on ``numpy.random.default_rng(seed)`` (ID) and of the r-th ``integers(0, n_ood, n_ood)`` call on
+    ``default_rng([seed, ood_stream])`` (OOD): the same resamples for every row, and the same ID resamples for
+    every OOD file. The bounds are the (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear method).
+    ``batch`` (resamples per step) changes memory and speed only, never the draws.
+    """
+    if len(id_rows) != len(ood_rows) or not id_rows:
+        raise ValueError("detection_intervals needs one or more rows of ID and OOD scores")
+    if isinstance(n_resamples, bool) or int(n_resamples) != n_resamples or n_resamples < 1:
+        raise TempcalError(f"the bootstrap needs a whole number of resamples >= 1, got {n_resamples}")
+    if not 0 < level < 1:
+        raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")
+    n, m = len(id_rows[0]), len(ood_rows[0])
+    if n == 0 or m == 0:
+        raise DataError("the bootstrap needs at least one in-distribution and one out-of-distribution score")
+    target = n - _kept(n, ID_RECALL) + 1
+    prefix = min(n, target + 10 * math.isqrt(target) + 100)
+    rows = [_Row(np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64), prefix)
+            for a, b in zip(id_rows, ood_rows, strict=True)]
+    id_rng, ood_rng = np.random.default_rng(seed), np.random.default_rng([seed, ood_stream])
+    step = max(1, min(int(n_resamples), int(batch) if batch else BATCH_ENTRIES // max(n, m)))
+    auroc = np.empty((len(rows), int(n_resamples)))
+    fpr = np.empty_like(auroc)
+    for first in range(0, int(n_resamples), step):
+        size = min(step, int(n_resamples) - first)
+        w = np.stack([np.bincount(id_rng.integers(0, n, size=n), minlength=n) for _ in range(size)]).astype(float)
+        v = np.stack([np.bincount(ood_rng.integers(0, m, size=m), minlength=m) for _ in range(size)]).astype(float)
+        for j, row in enumerate(rows):
+            auroc[j, first:first + size], fpr[j, first:first + size] = row.figures(w, v, target)
+    quantiles = [(1 - level) / 2, (1 + level) / 2]
+    out = []
+    for j in range(len(rows)):
+        a_low, a_high = np.quantile(auroc[j], quantiles)
+        f_low, f_high = np.quantile(fpr[j], quantiles)
+        out.append({"auroc": (float(a_low), float(a_high)), "fpr95": (float(f_low), float(f_high))})
+    return out
+
+
+__all__ = ["ID_RECALL", "OodMetrics", "detection_intervals", "detection_metrics", "fpr_at_recall",
+           "ranking_figures"]

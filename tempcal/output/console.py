@@ -136,20 +136,42 @@ def print_report(result, console: Console) -> None:
 
 
 # -- tempcal ood ----------------------------------------------------------------------------
-def ood_table(report: OodReport, ood_file: str, score: str) -> Table:
-    """Detection figures at each tau; ``T`` marks the stored calibration temperature, ``*`` the best AUROC."""
-    best = next(b for b in report.best if b.ood_file == ood_file and b.score == score)
-    table = Table(show_edge=False, pad_edge=False)
+def ood_table(report: OodReport, ood_file: str) -> Table:
+    """One OOD file's figures, grouped by score, a row per tau. Marks: ``T`` the calibration temperature, ``*`` the
+    score's best tau, ``**`` the best score and tau for this file, ``!`` a row failing the gate. With bootstrap
+    intervals, they replace the mean scores (so that the table still fits 80 columns)."""
+    from rich import box
+
+    best = {(b.score, b.tau) for b in report.best if b.ood_file == ood_file}
+    overall = next(b for b in report.best_overall if b.ood_file == ood_file)
+    failing = {(g.score, g.tau) for g in report.gate_failures if g.ood_file == ood_file}
+    intervals = report.bootstrap > 0
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)  # columns a space apart
+    table.add_column("score", no_wrap=True)
     table.add_column("tau", justify="right", no_wrap=True)
     table.add_column("", no_wrap=True)
-    for header in ("AUROC", "AUPR-In", "AUPR-Out", "FPR95", "mean ID", "mean OOD"):
+    headers = ["AUROC", "AUPR-In", "AUPR-Out", "FPR95"]
+    headers += ["AUROC 95% CI", "FPR95 95% CI"] if intervals else ["mean ID", "mean OOD"]
+    for header in headers:
         table.add_column(header, justify="right", no_wrap=True)
-    for m in report.rows(ood_file, score):
-        marks = ("T" if m.tau == report.stored_temperature else "") + ("*" if m.tau == best.tau else "")
-        style = "bold" if m.tau == best.tau else None
-        table.add_row(f"{m.tau:.4g}", marks, f"{m.auroc:.4f}", f"{m.aupr_in:.4f}", f"{m.aupr_out:.4f}",
-                      f"{m.fpr95:.4f}", _mean(m.mean_id), _mean(m.mean_ood), style=style)
+    for score in report.scores:
+        rows = report.rows(ood_file, score)
+        for k, m in enumerate(rows):
+            key = (m.score, m.tau)
+            marks = (("T" if m.tau == report.stored_temperature else "")
+                     + ("**" if key == (overall.score, overall.tau) else "*" if key in best else "")
+                     + ("!" if key in failing else ""))
+            style = "red" if key in failing else "bold" if key in best else None
+            extra = ([_interval(m.auroc_ci), _interval(m.fpr95_ci)] if intervals
+                     else [_mean(m.mean_id), _mean(m.mean_ood)])
+            table.add_row(score_label(score) if k == 0 else "", f"{m.tau:.4g}", marks, f"{m.auroc:.4f}",
+                          f"{m.aupr_in:.4f}", f"{m.aupr_out:.4f}", f"{m.fpr95:.4f}", *extra, style=style,
+                          end_section=k == len(rows) - 1)
     return table
+
+
+def _interval(bounds: tuple[float, float] | None) -> str:
+    return "" if bounds is None else f"{bounds[0]:.4f}-{bounds[1]:.4f}"
 
 
 def _mean(value: float) -> str:
@@ -157,21 +179,39 @@ def _mean(value: float) -> str:
     return f"{value:.4f}" if abs(value) < 10 else f"{value:.5g}"
 
 
-def print_ood(report: OodReport, console: Console) -> None:
-    """The header, a table per OOD file and score, the legend, and the best-tau sentences (never hard-wrapped)."""
+def ood_header(report: OodReport) -> list[str]:
+    """What was scored: SOURCE, its classes and T, the temperatures, and ReAct's threshold or GEN's settings."""
     kind = "one binary logit" if report.binary else f"{report.num_classes} classes"
     stored = ("no stored calibration temperature" if report.stored_temperature is None
               else f"calibration T = {report.stored_temperature:.6g}")
-    console.print(f"{report.source}: {kind}, {report.n_id} in-distribution samples, {stored}; "
-                  f"{len(report.taus)} temperatures ({report.taus_from})", soft_wrap=True)
+    lines = [f"{report.source}: {kind}, {report.n_id} in-distribution samples, {stored}; "
+             f"{len(report.taus)} temperatures ({report.taus_from})"]
+    if report.react is not None:
+        lines.append(f"ReAct: hidden states clipped at {report.react.threshold:.6g}, the "
+                     f"{report.react.percentile:g}th percentile of the {report.react.count} values of "
+                     f"{report.source} ({report.react.passes} reads)")
+    if "gen" in report.scores:
+        lines.append(f"GEN: gamma {report.score_options['gen_gamma']:g}, the "
+                     f"{report.score_options['gen_top']} largest probabilities")
+    if report.bootstrap:
+        lines.append(f"95% bootstrap intervals from {report.bootstrap} resamples (seed {report.seed}), ID and OOD "
+                     "resampled separately")
+    return lines
+
+
+def print_ood(report: OodReport, console: Console) -> None:
+    """The header, a table per OOD file grouped by score, the best score and tau of each file beside the calibration
+    T (sentences never hard-wrapped), and the legend."""
+    for line in ood_header(report):
+        console.print(line, soft_wrap=True)
     for path, n in zip(report.ood_files, report.n_ood, strict=True):
-        for score in report.scores:
-            console.print()
-            console.print(Text(f"OOD {path} ({n} samples), {score_label(score)} score", style="bold"),
-                          soft_wrap=True)
-            console.print(ood_table(report, path, score))
+        console.print()
+        console.print(Text(f"OOD {path} ({n} samples)", style="bold"), soft_wrap=True)
+        console.print(ood_table(report, path))
+        console.print(next(b.sentence for b in report.best_overall if b.ood_file == path), soft_wrap=True)
     console.print()
-    console.print(f"in-distribution = positive; FPR95 = OOD fraction at or above the score that keeps "
-                  f"{ID_RECALL:.0%} of ID; T = stored calibration temperature; * = best AUROC", soft_wrap=True)
-    for best in report.best:
-        console.print(best.sentence, soft_wrap=True)
+    legend = (f"in-distribution = positive; FPR95 = OOD fraction at or above the score that keeps {ID_RECALL:.0%} "
+              "of ID; T = stored calibration temperature; * = the score's best AUROC; ** = the best of the file")
+    if report.gate_failures:
+        legend += "; ! = fails the gate"
+    console.print(legend, soft_wrap=True)

@@ -121,58 +121,115 @@ def _save(fig, path: Path, dpi: int = 120) -> None:
         fig.savefig(temporary, format=path.suffix.lstrip(".").lower(), dpi=dpi)
 
 
+#: One colour per score, the same in every panel (matplotlib's tab10 order).
+SCORE_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+                 "tab:gray", "tab:olive", "tab:cyan")
+
+
 def ood_plot(report, path: str | os.PathLike) -> Path:
-    """ID vs OOD score histograms at each tau (a grid per OOD file and score) and AUROC / FPR95 against tau."""
-    import numpy as np
-
-    from ..workflows.ood import score_label
-
+    """AUROC and FPR95 against tau (a line per score, a column per OOD file), then ID-vs-OOD score histograms only
+    where a reviewer looks: each score's best tau and the calibration T, per OOD file (a row per score)."""
     path = check_plot_path(path)
     _pyplot()
     from matplotlib.figure import Figure
 
-    taus = report.taus
-    order = sorted(range(len(taus)), key=lambda k: taus[k])
-    columns = min(len(taus), 5)
-    grid_rows = -(-len(taus) // columns)
-    blocks = [(i, name) for i in range(len(report.ood_files)) for name in report.scores]
-    total_rows = 1 + grid_rows * len(blocks)
-    figure = Figure(figsize=(3.0 * max(columns, 2), 2.4 * total_rows), layout="constrained")
-    spec = figure.add_gridspec(total_rows, max(columns, 2) * 2)
-    half = max(columns, 2)
-    auroc_ax = figure.add_subplot(spec[0, :half])
-    fpr_ax = figure.add_subplot(spec[0, half:])
-    for i, name in blocks:
-        rows = report.rows(report.ood_files[i], name)
-        label = f"{Path(report.ood_files[i]).name} ({score_label(name)})"
-        xs = [taus[k] for k in order]
-        auroc_ax.plot(xs, [rows[k].auroc for k in order], marker="o", label=label)
-        fpr_ax.plot(xs, [rows[k].fpr95 for k in order], marker="o", label=label)
-    for ax, title in ((auroc_ax, "AUROC (ID positive)"), (fpr_ax, "FPR95 (OOD accepted at 95% ID recall)")):
-        ax.set_xscale("log")
-        ax.set_xlabel("tau")
-        ax.set_title(title, fontsize=9)
-        if report.stored_temperature is not None:
-            ax.axvline(report.stored_temperature, color="grey", linestyle="--", linewidth=1, label="calibration T")
-        ax.legend(fontsize=7)
-    for b, (i, name) in enumerate(blocks):
-        rows = report.rows(report.ood_files[i], name)
-        for position, k in enumerate(order):
-            r, c = divmod(position, columns)
-            ax = figure.add_subplot(spec[1 + b * grid_rows + r, 2 * c : 2 * c + 2])
-            id_values, ood_values = report.id_scores[name][k], report.ood_scores[i][name][k]
-            low = min(id_values.min(), ood_values.min())
-            high = max(id_values.max(), ood_values.max())
-            edges = np.linspace(low, high, 41) if high > low else np.array([low - 0.5, low + 0.5])
-            ax.hist(id_values, bins=edges.tolist(), density=True, alpha=0.55, label="ID")
-            ax.hist(ood_values, bins=edges.tolist(), density=True, alpha=0.55, label="OOD")
-            ax.set_title(f"{score_label(name)} tau={taus[k]:.4g}  AUROC {rows[k].auroc:.3f}", fontsize=8)
-            ax.tick_params(labelsize=6)
-            if position == 0:
-                ax.legend(fontsize=6, title=Path(report.ood_files[i]).name, title_fontsize=6)
-    figure.suptitle(f"{report.source}: in-distribution vs OOD scores", fontsize=10)
+    files = len(report.ood_files)
+    calibration = report.stored_temperature if report.stored_temperature in report.taus else None
+    per_file = 2 if calibration is not None else 1
+    columns = files * per_file
+    width = max(3.4 * columns, 8.0)
+    figure = Figure(figsize=(width, 2.8 * 2 + 2.1 * len(report.scores)), layout="constrained")
+    spec = figure.add_gridspec(2 + len(report.scores), columns, height_ratios=[1.35, 1.35] + [1] * len(report.scores))
+    for i, ood_file in enumerate(report.ood_files):
+        span = slice(i * per_file, (i + 1) * per_file)
+        _ood_curves(report, ood_file, figure.add_subplot(spec[0, span]), figure.add_subplot(spec[1, span]),
+                    legend=i == 0)
+        for row, score in enumerate(report.scores):
+            _ood_histograms(report, i, score, calibration, [figure.add_subplot(spec[2 + row, i * per_file + c])
+                                                            for c in range(per_file)], first=i == 0 and row == 0)
     _save(figure, path, dpi=100)
     return path
+
+
+def _ood_curves(report, ood_file: str, auroc_ax, fpr_ax, *, legend: bool) -> None:
+    """AUROC and FPR95 against tau for every score (``*``: each score's best tau, outlined: the best of the file)."""
+    from ..scores import score_label
+
+    overall = next(b for b in report.best_overall if b.ood_file == ood_file)
+    for k, score in enumerate(report.scores):
+        rows = sorted(report.rows(ood_file, score), key=lambda m: m.tau)
+        best = next(b for b in report.best if b.ood_file == ood_file and b.score == score)
+        colour = SCORE_COLOURS[k % len(SCORE_COLOURS)]
+        for ax, key in ((auroc_ax, "auroc"), (fpr_ax, "fpr95")):
+            ax.plot([m.tau for m in rows], [getattr(m, key) for m in rows], marker="o", markersize=3, linewidth=1.2,
+                    color=colour, label=score_label(score))
+            outline = "black" if score == overall.score else colour
+            ax.plot([best.tau], [getattr(best, key)], marker="*", markersize=11 if outline == "black" else 9,
+                    color=colour, markeredgecolor=outline, linestyle="none")
+    name = Path(ood_file).name
+    bounds = (("AUROC (ID positive)", report.min_auroc, "min AUROC"),
+              ("FPR95 (OOD accepted at 95% ID recall)", report.max_fpr95, "max FPR95"))
+    for ax, (title, gate, gate_label) in zip((auroc_ax, fpr_ax), bounds, strict=True):
+        ax.set_xscale("log")
+        ax.set_title(f"{name}: {title}", fontsize=9)
+        ax.grid(True, which="both", alpha=0.25)
+        ax.tick_params(labelsize=7)
+        if report.stored_temperature is not None:
+            ax.axvline(report.stored_temperature, color="0.35", linestyle="--", linewidth=1,
+                       label=f"calibration T = {report.stored_temperature:.4g}")
+        if gate is not None:
+            ax.axhline(gate, color="tab:red", linestyle=":", linewidth=1, label=f"gate: {gate_label} {gate:g}")
+    fpr_ax.set_xlabel("temperature tau", fontsize=8)
+    if legend:  # once, above the panels (as the figure's title), so that no curve hides behind it
+        handles, labels = auroc_ax.get_legend_handles_labels()
+        count = len(report.scores)
+        title = (f"{report.source}\nin-distribution vs OOD: {count} score{'s' if count > 1 else ''} at "
+                 f"{len(report.taus)} temperatures; * = each score's best tau, outlined * = the best score and tau "
+                 "of the OOD file")
+        figure = auroc_ax.figure
+        columns = max(1, min(len(labels), int(figure.get_figwidth() // 1.75)))  # as many as fit across the figure
+        figure.legend(handles, labels, loc="outside upper center", ncols=columns, fontsize=8, title=title,
+                      title_fontsize=8, frameon=False)
+
+
+def _ood_histograms(report, index: int, score: str, calibration: float | None, axes: list, *, first: bool) -> None:
+    """ID vs OOD histograms of one score on one OOD file at its best tau and (second panel) at the calibration T."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    from ..scores import score_label
+
+    ood_file = report.ood_files[index]
+    best = next(b for b in report.best if b.ood_file == ood_file and b.score == score)
+    panels = [(best.tau, "best tau")]
+    if calibration is not None:
+        panels.append((calibration, "calibration T"))
+    if len(panels) == 2 and best.tau == calibration:  # one picture says it: the best tau is the calibration T
+        axes[1].axis("off")
+        axes[1].text(0.5, 0.5, f"{score_label(score)}: the best tau is\nthe calibration T", ha="center", va="center",
+                     fontsize=8, color="0.35", transform=axes[1].transAxes)
+        panels = panels[:1]
+    for ax, (tau, what) in zip(axes, panels, strict=False):
+        k = report.taus.index(tau)
+        m = report.rows(ood_file, score)[k]
+        id_values, ood_values = report.id_scores[score][k], report.ood_scores[index][score][k]
+        both = np.concatenate([id_values, ood_values])
+        both = both[np.isfinite(both)]
+        low, high = np.percentile(both, [0.1, 99.9]) if both.size else (0.0, 0.0)  # a few outliers flatten nothing
+        edges = np.linspace(low, high, 41) if high > low else np.array([low - 0.5, low + 0.5])
+        for values, label, colour in ((id_values, "ID", "tab:blue"), (ood_values, "OOD", "tab:orange")):
+            ax.hist(np.clip(values, edges[0], edges[-1]), bins=edges.tolist(), density=True, alpha=0.55,
+                    color=colour, label=label)
+        same = " = calibration T" if what == "best tau" and tau == calibration else ""
+        ax.set_title(f"{score_label(score)}, {what}{same}: tau = {tau:.4g}\nAUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}",
+                     fontsize=8)
+        ax.tick_params(labelsize=6)
+        ax.xaxis.set_major_locator(MaxNLocator(5))
+        ax.set_yticks([])
+        if ax is axes[0]:
+            ax.set_ylabel(Path(ood_file).name, fontsize=7)
+        if first and ax is axes[0]:
+            ax.legend(fontsize=7)
 
 
 def log_spaced(start: float, stop: float, count: int) -> list[float]:

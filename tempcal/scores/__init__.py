@@ -1,14 +1,18 @@
-"""Out-of-distribution scores, one per module behind :class:`~tempcal.scores.base.Score`.
+"""Training-free out-of-distribution scores, one per module behind :class:`~tempcal.scores.base.Score`.
 
 To add a score: write a module holding ``SCORE = YourScore()`` (a ``Score`` subclass) and add one
-line to :data:`REGISTRY`. Modules are imported on first use, so the CLI can list the names
-without importing torch.
+line to :data:`REGISTRY`. Modules are imported on first use, so the CLI can list and check the
+names without importing torch. Every score is computed at every temperature of a pass from one
+read of each chunk (:class:`~tempcal.scores.engine.ScorePass`); higher = more in-distribution.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from importlib import import_module
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TempcalError, param
 
 if TYPE_CHECKING:
     from .base import Score
@@ -17,12 +21,47 @@ if TYPE_CHECKING:
 REGISTRY: dict[str, str] = {
     "msp": "msp",
     "energy": "energy",
+    "maxlogit": "maxlogit",
+    "entropy": "entropy",
+    "gen": "gen",
 }
 
-
-def get_score(name: str) -> Score:
-    """The score called ``name``; an unknown name is a ``KeyError``."""
-    return import_module(f".{REGISTRY[name]}", __name__).SCORE
+#: Names that stand for several scores (``all``: every score in :data:`REGISTRY`).
+GROUPS: dict[str, tuple[str, ...]] = {"both": ("msp", "energy")}
 
 
-__all__ = ["REGISTRY", "get_score"]
+def score_names(spec: str | Iterable[str]) -> list[str]:
+    """Score names from ``--score`` text: one name, ``both``, ``all``, or a comma-separated list (``"msp,gen"``);
+    or a sequence of such texts. Groups are expanded, repeats dropped, the order kept; case and spaces ignored."""
+    texts = [spec] if isinstance(spec, str) else list(spec)
+    names: list[str] = []
+    for text in texts:
+        for item in str(text).split(","):
+            item = item.strip().lower()
+            expanded = tuple(REGISTRY) if item == "all" else GROUPS.get(item, (item,))
+            for name in expanded:
+                if name not in REGISTRY:
+                    choices = ", ".join([*REGISTRY, *GROUPS, "all"])
+                    shown = f"'{item}'" if item else "an empty name"
+                    raise TempcalError(f"{param('score')} {text}: {shown} is not a score; expected {choices} "
+                                       "or a comma-separated list of them")
+                if name not in names:
+                    names.append(name)
+    if not names:
+        raise TempcalError(f"{param('score')}: no score given")
+    return names
+
+
+def get_score(name: str, options: Mapping[str, Any] | None = None) -> Score:
+    """The score called ``name``, set up with ``options`` (e.g. ``gen_gamma``; each score reads its own and
+    ignores the rest); an unknown name is a ``KeyError``."""
+    score: Score = import_module(f".{REGISTRY[name]}", __name__).SCORE
+    return score.configure(options) if options else score
+
+
+def score_label(name: str) -> str:
+    """How tables and sentences name a score ("MSP", "energy", "GEN")."""
+    return get_score(name).label
+
+
+__all__ = ["GROUPS", "REGISTRY", "get_score", "score_label", "score_names"]

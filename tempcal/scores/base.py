@@ -1,53 +1,57 @@
-"""What every OOD score is computed from: one chunk of logits seen at one temperature, shared by all scores.
+"""The contract every OOD score follows: a small class that turns a chunk's shared intermediates into scores.
 
-A score is a subclass of :class:`Score` that turns a :class:`ChunkAtTau` into one float64
-number per row, higher meaning "more in-distribution". The chunk computes each shared
-intermediate (``exp(beta * d)``, its row sum, ...) once, on first use, so every score at
-every temperature comes from the same single read of the data.
+A scoring pass reads each chunk of logits once (:class:`~tempcal.scores.engine.ScorePass`). For that
+chunk it builds one :class:`~tempcal.scores.shared.Intermediates`: the temperature-free row values (max,
+second max, their margin, the row's largest logits when a score asks for them), the per-temperature sums
+over classes that need the chunk's exponentials (made inside the one loop over temperatures), and float64
+values derived from those on first use and cached, so that scores asking for the same quantity share it.
+A score reads what it needs and returns float64 values shaped ``[T, n]``: one row per temperature of the
+pass, one column per sample. Higher always means more in-distribution.
+
+Why ``[T, n]`` rather than one temperature at a time: the per-row float64 arithmetic is a few dozen small
+operations per score; done once over all temperatures it costs a tenth of the launches (on a GPU, of the
+kernel launches) that one call per temperature would. A single temperature is simply ``T = 1``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-
-class ChunkAtTau:
-    """A chunk's logits at ``beta = 1/tau``, with the intermediates scores share computed lazily.
-
-    ``d = z - max(z)`` per row (shared by every temperature, so it is passed in); ``e = exp(beta * d)``
-    lives in ``buffer`` (reused chunk to chunk: fresh megabyte temporaries cost page faults).
-    """
-
-    def __init__(self, d: torch.Tensor, row_max: torch.Tensor, beta: float, buffer: torch.Tensor):
-        self.d, self.row_max, self.beta = d, row_max, beta
-        self._buffer = buffer
-        self._e: torch.Tensor | None = None
-        self._s0: torch.Tensor | None = None
-
-    @property
-    def e(self) -> torch.Tensor:
-        """``exp(beta * d)``: unnormalised probabilities, 1 at each row's arg-max."""
-        if self._e is None:
-            self._e = torch.mul(self.d, self.beta, out=self._buffer).exp_()
-        return self._e
-
-    @property
-    def s0(self) -> torch.Tensor:
-        """``sum(e)`` per row (>= 1): the max softmax probability is ``1 / s0``."""
-        if self._s0 is None:
-            self._s0 = self.e.sum(1)
-        return self._s0
+    from .shared import Intermediates
 
 
 class Score(ABC):
-    """One OOD score: a name, how tables name it, and its per-row value from a chunk at one temperature."""
+    """One training-free OOD score of classifier logits at temperature ``tau``.
 
+    Subclasses set :attr:`name` and :attr:`label`, implement :meth:`compute`, and declare what the pass
+    must prepare for them: :attr:`sums` (per-temperature sums over all classes beyond the always-made
+    ``r'``) and :meth:`top_k` (how many of each row's largest logits they read). A score with
+    parameters overrides :meth:`configure`.
+    """
+
+    #: The name used by ``--score`` and in results.
     name: ClassVar[str]
+    #: How tables and sentences name it.
     label: ClassVar[str]
+    #: Per-temperature sums over classes this score needs besides ``r'`` (see ``Intermediates.SUMS``).
+    sums: ClassVar[frozenset[str]] = frozenset()
+
+    def configure(self, options: Mapping[str, Any]) -> Score:
+        """This score set up with ``options`` (the ones it knows, e.g. ``gen_gamma``); by default itself."""
+        return self
+
+    def top_k(self, num_classes: int) -> int:
+        """How many of each row's largest logits this score reads (found once per chunk for every tau); 0: none."""
+        return 0
 
     @abstractmethod
-    def compute(self, chunk: ChunkAtTau) -> torch.Tensor:
-        """Float64 ``[rows]``, higher = more in-distribution."""
+    def compute(self, x: Intermediates) -> torch.Tensor:
+        """Float64 scores ``[T, n]`` (row t at ``x.beta[t]``) from the chunk's shared intermediates."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

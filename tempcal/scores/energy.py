@@ -1,21 +1,32 @@
-"""Energy at temperature tau: ``tau * logsumexp(logits / tau)`` (Liu et al., NeurIPS 2020; higher = more ID).
+"""Energy score: ``energy = tau * logsumexp(z / tau)`` (minus the free energy; higher = more in-distribution).
 
-Computed as ``max z + tau * log(sum(exp((z - max z) / tau)))``, which never overflows.
+Liu, Wang, Owens & Li, "Energy-based Out-of-distribution Detection", NeurIPS 2020.
+
+Written around the row maximum so that nothing overflows and ``z_max`` is kept exactly::
+
+    energy = z_max + tau * log1p(r),   r = sum_{c != argmax} exp((z_c - z_max) / tau)
+
+with ``log1p(r)`` from float64 ``r`` (a float32 ``log(s0)`` would be 0 for every ``r < 6e-8``). Since
+``0 <= tau * log1p(r) <= tau * log(C)``, energy tends to the max logit as ``tau -> 0``; as
+``tau -> infinity`` it grows like ``tau * log(C)`` plus the mean logit.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .base import ChunkAtTau, Score
+from .base import Score
+from .shared import Intermediates
 
 
 class Energy(Score):
+    """``tau * logsumexp(z / tau)``."""
+
     name = "energy"
     label = "energy"
 
-    def compute(self, chunk: ChunkAtTau) -> torch.Tensor:
-        return chunk.row_max.to(torch.float64) + torch.log(chunk.s0).to(torch.float64) / chunk.beta
+    def compute(self, x: Intermediates) -> torch.Tensor:
+        return x.z1 + x.tau * x.log_s0
 
 
 SCORE = Energy()

@@ -50,6 +50,15 @@ class SourceOptions:
     softcap: float | None = None
     # An lm-evaluation-harness sample log: how each choice's log-likelihood is normalised (none, chars, bytes).
     lm_eval_norm: str = "none"
+    # ReAct: clip hidden-state values at this percentile of the SOURCE's values before the head (with head only).
+    react: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.react is not None:
+            check_react(self.react)
+            if self.head is None:
+                raise TempcalError(f"{param('react')} clips hidden states before the output head: it needs "
+                                   f"{param('head')}")
 
     def but(self, **changes: Any) -> SourceOptions:
         """A copy with ``changes``."""
@@ -118,6 +127,17 @@ class OpenedSource:
         return rows[(rows >= start) & (rows < stop)] - start
 
 
+def check_react(percentile: Any) -> float:
+    """ReAct's percentile P: a number with 0 < P <= 100."""
+    import math
+    import numbers
+
+    value = float(percentile) if isinstance(percentile, numbers.Real) and not isinstance(percentile, bool) else math.nan
+    if not (math.isfinite(value) and 0 < value <= 100):
+        raise TempcalError(f"{param('react')} {percentile}: expected a percentile P with 0 < P <= 100")
+    return value
+
+
 class SourceKind(ABC):
     """One kind of SOURCE. Subclasses override :meth:`open`, and :meth:`claims` unless a suffix says it all."""
 
@@ -155,4 +175,4 @@ class SourceKind(ABC):
         return write_sidecar_copy(path, temperature, Path(output))
 
 
-__all__ = ["OpenedSource", "SourceKind", "SourceOptions"]
+__all__ = ["OpenedSource", "SourceKind", "SourceOptions", "check_react"]

@@ -5,11 +5,21 @@ in row chunks like a logits file (:mod:`tempcal.sources.safetensors`); every chu
 ``head.logits(h)`` (:mod:`tempcal.models.head`), so each pass over the data is one ``h W^T`` over all
 rows, and memory holds the head, the hidden states being read and one block of logits. T is written
 back into SOURCE's metadata, as for a logits file.
+
+ReAct (``react=P``; Sun, Guo & Li, NeurIPS 2021): every hidden-state value is clipped from above at the
+P-th percentile (numpy's linear interpolation) of all hidden-state values of the SOURCE rows that are
+scored, before the head; files opened beside SOURCE (OOD sets) are clipped at the same threshold. The
+percentile is exact without holding the values (:func:`tempcal.core.percentile.streaming_percentile`:
+radix selection over the streamed chunks, two reads of the hidden states for 16- and 32-bit values, at
+most four for float64), each process counting its own share of the rows, the counts summed across
+processes under torch.distributed.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +35,27 @@ from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
 HEAD_CHUNK_ELEMENTS = {"cpu": CPU_CHUNK_ELEMENTS * 8, "cuda": CUDA_CHUNK_ELEMENTS}
 
 
+@dataclass(frozen=True)
+class ReactClip:
+    """ReAct's threshold: the ``percentile``-th percentile of ``count`` hidden-state values, found in ``passes``
+    reads of the hidden states."""
+
+    percentile: float
+    threshold: float
+    passes: int
+    count: int
+
+
 class HeadLogits:
     """The logits ``head(h)`` of hidden states read in row chunks: a ``LogitsSource`` whose chunks are computed."""
 
     binary = False
 
-    def __init__(self, hidden: ShardedLogits, head: Any, clip: float | None = None):
+    def __init__(self, hidden: ShardedLogits, head: Any, clip: float | None = None, react: ReactClip | None = None):
         self.hidden = hidden
         self.head = head  # models.head.OutputHead
         self.clip = clip  # ReAct: hidden values are clipped from above at this threshold
+        self.react = react  # how the threshold was found, when it was
         self._on: dict[torch.device, Any] = {}
         self._buffer: torch.Tensor | None = None
 
@@ -61,7 +83,7 @@ class HeadLogits:
         return self.hidden.original_index(i)
 
     def select(self, rows: torch.Tensor) -> HeadLogits:
-        selected = HeadLogits(self.hidden.select(rows), self.head, self.clip)
+        selected = HeadLogits(self.hidden.select(rows), self.head, self.clip, self.react)
         selected._on = self._on
         return selected
 
@@ -104,7 +126,12 @@ class HeadKind(SafetensorsKind):
         assert options.head is not None
         head = load_head(options.head, weight_key=options.head_weight_key, bias_key=options.head_bias_key,
                          softcap=options.softcap)
-        return self._open_with(head, paths, options, labels_optional)
+        opened = self._open_with(head, paths, options, labels_optional)
+        if options.react is not None:
+            assert isinstance(opened.data, HeadLogits)
+            react = react_threshold(opened.data.hidden, options.react, options.device, opened.name)
+            opened.data.clip, opened.data.react = react.threshold, react
+        return opened
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another hidden-states file through the head ``opened`` already loaded."""
@@ -112,7 +139,10 @@ class HeadKind(SafetensorsKind):
 
         assert isinstance(opened.data, HeadLogits)
         paths = expand_sources([other] if isinstance(other, (str, Path)) else list(other))
-        return self._open_with(opened.data.head, paths, opened.options, labels_optional)
+        related = self._open_with(opened.data.head, paths, opened.options, labels_optional)
+        assert isinstance(related.data, HeadLogits)
+        related.data.clip, related.data.react = opened.data.clip, opened.data.react  # ReAct: SOURCE's threshold
+        return related
 
     def _open_with(self, head: Any, paths: list[Path], options: SourceOptions, labels_optional: bool) -> OpenedSource:
         hidden, has_labels = open_sharded(paths, logits_key=options.hidden_key, labels_key=options.labels_key,
@@ -131,4 +161,30 @@ class HeadKind(SafetensorsKind):
         return OpenedSource(paths, HeadLogits(hidden, head), stored, self, options, has_labels=has_labels)
 
 
-__all__ = ["HeadKind", "HeadLogits"]
+def react_threshold(hidden: ShardedLogits, percentile: float, device: str | torch.device, name: str) -> ReactClip:
+    """The ``percentile``-th percentile of all values of ``hidden`` (this process's share of the rows under
+    torch.distributed, the counts summed over processes), exactly as numpy's default ``percentile`` of the values
+    in the compute dtype (float64 for float64 hidden states, else float32); a non-finite one is bad input."""
+    from ..core import distributed
+    from ..core.data import resolve_device
+    from ..core.percentile import streaming_percentile
+
+    where = resolve_device(device)
+    if distributed.active():
+        start, stop = distributed.share(hidden.num_samples)
+        hidden = hidden.select(torch.arange(start, stop))
+    dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+    rows = hidden.default_chunk_rows(where)
+    try:
+        result = streaming_percentile(lambda: (h for _, h, _ in hidden.chunks(rows, where, dtype)), percentile,
+                                      dtype=dtype, all_reduce=distributed.all_reduce if distributed.active() else None,
+                                      device=where)
+    except DataError as exc:
+        raise exc.prefixed(f"{name}: {param('react')}: hidden states: ") from None
+    if not math.isfinite(result.value):
+        raise DataError(f"{name}: {param('react')} {percentile:g}: the percentile of the hidden states is "
+                        f"{result.value}; hidden states must be finite")
+    return ReactClip(percentile=float(percentile), threshold=result.value, passes=result.passes, count=result.count)
+
+
+__all__ = ["HeadKind", "HeadLogits", "ReactClip", "react_threshold"]

@@ -2,14 +2,17 @@
 
 Every score at every temperature comes from one scores-only pass per file after validation
 (:meth:`Scan.scores`); ODIN, which perturbs a model's inputs, runs the model instead. The figures
-(:mod:`tempcal.metrics.detection`) and the best-tau sentences are assembled the same way for both.
+(:mod:`tempcal.metrics.detection`), the optional bootstrap intervals, the best score and tau per OOD
+set, the sentences and the release gate are assembled the same way for both.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -17,14 +20,17 @@ import numpy as np
 from ..core.distributed import all_gather_1d
 from ..core.scan import Scan
 from ..errors import DataError, TempcalError, param
-from ..metrics.detection import ID_RECALL, OodMetrics, detection_metrics
+from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
+from ..scores import score_label, score_names
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
-from ..validation import as_temperature, check_taus, resolve_taus
+from ..validation import as_temperature, check_taus, resolve_taus, whole_number
 from .common import scan_source
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
+#: Confidence level of the bootstrap intervals.
+BOOTSTRAP_LEVEL = 0.95
 
 
 @dataclass(frozen=True)
@@ -42,9 +48,40 @@ class OodBest:
     sentence: str
 
 
+@dataclass(frozen=True)
+class OodBestOverall:
+    """The score and temperature with the best AUROC for one OOD set, beside the best score at the calibration T."""
+
+    ood_file: str
+    score: str
+    tau: float
+    auroc: float
+    fpr95: float
+    calibration_tau: float | None  # the stored T, when there is one
+    calibration_score: str | None  # the best score at it, when it was evaluated
+    calibration_auroc: float | None
+    calibration_fpr95: float | None
+    sentence: str
+
+
+@dataclass(frozen=True)
+class GateFailure:
+    """A reported row that fails ``--min-auroc`` or ``--max-fpr95``, and why."""
+
+    ood_file: str
+    score: str
+    tau: float
+    auroc: float
+    fpr95: float
+    reasons: tuple[str, ...]
+
+    def line(self) -> str:
+        return f"{self.ood_file}, {score_label(self.score)}, tau = {self.tau:.6g}: {'; '.join(self.reasons)}"
+
+
 @dataclass
 class OodReport:
-    """What ``tempcal ood`` reports: detection figures per OOD file, score and tau, and the best tau of each."""
+    """What ``tempcal ood`` reports: detection figures per OOD file, score and tau, and the best of them."""
 
     source: str
     ood_files: list[str]
@@ -57,9 +94,17 @@ class OodReport:
     taus_from: str  # "default sweep" or "--tau"
     scores: list[str]
     results: list[tuple[str, OodMetrics]]  # (ood_file, metrics), by file, then score, then tau
-    best: list[OodBest]
+    best: list[OodBest]  # per OOD file and score
+    best_overall: list[OodBestOverall]  # per OOD file
     device: str
     passes: int
+    score_options: dict[str, Any] = field(default_factory=dict)  # gen_gamma, gen_top
+    react: Any = None  # sources.head.ReactClip when --react was given
+    bootstrap: int = 0
+    seed: int = 0
+    min_auroc: float | None = None
+    max_fpr95: float | None = None
+    gate_failures: list[GateFailure] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     id_scores: dict[str, list[np.ndarray]] = field(default_factory=dict, repr=False)
     ood_scores: list[dict[str, list[np.ndarray]]] = field(default_factory=list, repr=False)
@@ -69,66 +114,146 @@ class OodReport:
 
     @property
     def summary(self) -> str:
-        return " ".join(b.sentence for b in self.best)
+        """The best score and tau per OOD set, each beside the calibration T, in one sentence each."""
+        return " ".join(b.sentence for b in self.best_overall)
+
+    @property
+    def gate_passed(self) -> bool | None:
+        """None without a gate; else whether every reported row passes it."""
+        if self.min_auroc is None and self.max_fpr95 is None:
+            return None
+        return not self.gate_failures
 
     def to_json(self) -> dict:
-        """The contract's ``results`` (each row also names its ``ood_file``) plus the best tau and the sentence."""
+        """The contract's ``results`` (each row also names its ``ood_file``), the best of them, ReAct and the gate."""
         results = []
         for ood_file, m in self.results:
-            row = {"tau": m.tau, "score": m.score, "auroc": m.auroc, "aupr_in": m.aupr_in,
-                   "aupr_out": m.aupr_out, "fpr95": m.fpr95}
-            row.update(ood_file=ood_file, fpr95_threshold=m.fpr95_threshold, mean_id=m.mean_id,
-                       mean_ood=m.mean_ood, n_id=m.n_id, n_ood=m.n_ood)
+            row: dict[str, Any] = {"tau": m.tau, "score": m.score, "auroc": m.auroc, "aupr_in": m.aupr_in,
+                                   "aupr_out": m.aupr_out, "fpr95": m.fpr95}
+            # Scores beyond float64's range (MaxLogit at tau ~ 1e-300) are +-inf: no finite threshold or mean.
+            row.update(ood_file=ood_file, fpr95_threshold=_finite(m.fpr95_threshold), mean_id=_finite(m.mean_id),
+                       mean_ood=_finite(m.mean_ood), n_id=m.n_id, n_ood=m.n_ood)
+            if m.auroc_ci is not None and m.fpr95_ci is not None:
+                row.update(auroc_ci=list(m.auroc_ci), fpr95_ci=list(m.fpr95_ci))
             results.append(row)
+        react = self.react
         return {
-            "results": results, "best": [asdict(b) for b in self.best], "summary": self.summary,
+            "results": results, "best_overall": [asdict(b) for b in self.best_overall],
+            "best": [asdict(b) for b in self.best], "summary": self.summary,
             "source": self.source, "ood_files": self.ood_files, "num_classes": self.num_classes,
             "binary": self.binary, "n_id": self.n_id, "n_ood": self.n_ood,
             "stored_temperature": self.stored_temperature, "taus": self.taus, "taus_from": self.taus_from,
-            "scores": self.scores, "id_recall": ID_RECALL, "device": self.device, "passes": self.passes,
-            "warnings": self.warnings,
+            "scores": self.scores, **self.score_options, "id_recall": ID_RECALL,
+            "react_percentile": None if react is None else react.percentile,
+            "react_threshold": None if react is None else react.threshold,
+            "react_passes": None if react is None else react.passes,
+            "bootstrap": ({"resamples": self.bootstrap, "seed": self.seed, "level": BOOTSTRAP_LEVEL}
+                          if self.bootstrap else None),
+            "min_auroc": self.min_auroc, "max_fpr95": self.max_fpr95, "gate_passed": self.gate_passed,
+            "gate_failures": [asdict(g) for g in self.gate_failures],
+            "device": self.device, "passes": self.passes, "warnings": self.warnings,
         }
 
 
-def score_label(score: str) -> str:
-    """How tables and sentences name a score ("MSP", "energy")."""
-    from ..scores import get_score
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
-    return get_score(score).label
+
+def _tried(count: int, what: str) -> str:
+    return f"{count} {what}{'s' if count != 1 else ''}"
 
 
 def best_sentence(source: str, ood_file: str, score: str, rows: Sequence[OodMetrics],
                   stored: float | None) -> OodBest:
-    """Pick the tau with the best AUROC (the first of equals) and say it next to the calibration T in one sentence."""
+    """Pick the tau with the best AUROC (the calibration T if it is among the best, else the first of equals) and
+    say it next to the calibration T in one sentence."""
     best = max(rows, key=lambda m: m.auroc)  # max keeps the first of equal values
     at_t = next((m for m in rows if stored is not None and m.tau == stored), None)
-    tried = f"{len(rows)} temperature{'s' if len(rows) != 1 else ''} tried"
+    if at_t is not None and at_t.auroc == best.auroc:
+        best = at_t
+    tried = f"{_tried(len(rows), 'temperature')} tried"
     figures = f"AUROC {best.auroc:.4f}, FPR95 {best.fpr95:.4f}"
     opening = (f"On {ood_file} vs {source}, the {score_label(score)} score separates in-distribution from OOD "
-               "samples best")
-    if at_t is not None and at_t.tau == best.tau:
-        sentence = f"{opening} at the calibration temperature T = {stored:.4g} of the {tried} ({figures})."
+               "samples")
+    if len(rows) > 1 and all((m.auroc, m.fpr95) == (best.auroc, best.fpr95) for m in rows):
+        sentence = f"{opening} equally well at all {tried} ({figures}): its ranking does not change with tau."
+    elif at_t is not None and at_t.tau == best.tau:
+        sentence = f"{opening} best at the calibration temperature T = {stored:.4g} of the {tried} ({figures})."
     elif at_t is not None:
-        sentence = (f"{opening} at tau = {best.tau:.4g} of the {tried} ({figures}), against AUROC "
+        sentence = (f"{opening} best at tau = {best.tau:.4g} of the {tried} ({figures}), against AUROC "
                     f"{at_t.auroc:.4f}, FPR95 {at_t.fpr95:.4f} at the calibration temperature T = {stored:.4g}.")
     elif stored is not None:
-        sentence = (f"{opening} at tau = {best.tau:.4g} of the {tried} ({figures}); the calibration temperature "
-                    f"T = {stored:.4g} was not among them.")
+        sentence = (f"{opening} best at tau = {best.tau:.4g} of the {tried} ({figures}); the calibration "
+                    f"temperature T = {stored:.4g} was not among them.")
     else:
-        sentence = (f"{opening} at tau = {best.tau:.4g} of the {tried} ({figures}); {source} stores no "
+        sentence = (f"{opening} best at tau = {best.tau:.4g} of the {tried} ({figures}); {source} stores no "
                     "calibration temperature to compare with.")
     return OodBest(ood_file=ood_file, score=score, tau=best.tau, auroc=best.auroc, fpr95=best.fpr95,
                    calibration_tau=stored, calibration_auroc=None if at_t is None else at_t.auroc,
                    calibration_fpr95=None if at_t is None else at_t.fpr95, sentence=sentence)
 
 
-def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("msp", "energy")
-                  ) -> dict[str, list[np.ndarray]]:
+def best_overall_sentence(source: str, ood_file: str, rows: Sequence[OodMetrics], stored: float | None,
+                          num_scores: int, num_taus: int) -> OodBestOverall:
+    """The best score and tau for one OOD set (best AUROC; among equals, one at the calibration T, else the first
+    in report order), beside the best score at the calibration T, in one sentence."""
+    best = max(rows, key=lambda m: m.auroc)
+    at_t = [m for m in rows if stored is not None and m.tau == stored]
+    best_at_t = max(at_t, key=lambda m: m.auroc) if at_t else None
+    if best_at_t is not None and best_at_t.auroc == best.auroc:
+        best = best_at_t
+    where = f"the calibration temperature T = {stored:.4g}" if best_at_t is best else f"tau = {best.tau:.4g}"
+    sentence = (f"On {ood_file} vs {source}, the best of {_tried(num_scores, 'score')} x "
+                f"{_tried(num_taus, 'temperature')} is {score_label(best.score)} at {where} "
+                f"(AUROC {best.auroc:.4f}, FPR95 {best.fpr95:.4f})")
+    if best_at_t is best:
+        sentence += "."
+    elif best_at_t is not None:
+        sentence += (f"; at the calibration temperature T = {stored:.4g} the best is {score_label(best_at_t.score)} "
+                     f"(AUROC {best_at_t.auroc:.4f}, FPR95 {best_at_t.fpr95:.4f}).")
+    elif stored is not None:
+        sentence += f"; the calibration temperature T = {stored:.4g} was not among them."
+    else:
+        sentence += f"; {source} stores no calibration temperature to compare with."
+    return OodBestOverall(
+        ood_file=ood_file, score=best.score, tau=best.tau, auroc=best.auroc, fpr95=best.fpr95,
+        calibration_tau=stored, calibration_score=None if best_at_t is None else best_at_t.score,
+        calibration_auroc=None if best_at_t is None else best_at_t.auroc,
+        calibration_fpr95=None if best_at_t is None else best_at_t.fpr95, sentence=sentence)
+
+
+def gate_failures(results: Sequence[tuple[str, OodMetrics]], min_auroc: float | None,
+                  max_fpr95: float | None) -> list[GateFailure]:
+    """Every reported row with AUROC below ``min_auroc`` or FPR95 above ``max_fpr95``."""
+    failures = []
+    for ood_file, m in results:
+        reasons = []
+        if min_auroc is not None and not m.auroc >= min_auroc:
+            reasons.append(f"AUROC {m.auroc:.4f} is below {min_auroc:g}")
+        if max_fpr95 is not None and not m.fpr95 <= max_fpr95:
+            reasons.append(f"FPR95 {m.fpr95:.4f} is above {max_fpr95:g}")
+        if reasons:
+            failures.append(GateFailure(ood_file, m.score, m.tau, m.auroc, m.fpr95, tuple(reasons)))
+    return failures
+
+
+def check_gate(value: float | None, name: str) -> float | None:
+    """A gate's bound: None, or a number in [0, 1] (AUROC and FPR95 are fractions)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value)
+                                                                                and 0 <= value <= 1):
+        raise TempcalError(f"{param(name)} {value}: expected a number from 0 to 1")
+    return float(value)
+
+
+def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("msp", "energy"),
+                  options: dict[str, Any] | None = None) -> dict[str, list[np.ndarray]]:
     """Per-sample float64 scores ``{score: [array per tau]}`` from one pass over ``scan``.
 
     Rankings need every sample's score: under torch.distributed the ranks' scores are gathered.
     """
-    parts = scan.scores([1.0 / as_temperature(tau) for tau in taus], scores)
+    parts = scan.scores([1.0 / as_temperature(tau) for tau in taus], scores, options)
     return {name: [all_gather_1d(part[name]).cpu().numpy() for part in parts] for name in scores}
 
 
@@ -143,28 +268,36 @@ def check_compatible(source: str, id_data: Any, ood_path: str, ood_data: Any) ->
                         "save both sides the same way")
 
 
-def check_scores(scores: Sequence[str]) -> list[str]:
-    """Score names, checked against the registry of :mod:`tempcal.scores`."""
-    from ..scores import REGISTRY
-
-    for name in scores:
-        if name not in REGISTRY:
-            raise TempcalError(f"{param('score')} {name}: expected {', '.join(REGISTRY)} or both")
-    return list(scores)
+def check_scores(scores: str | Sequence[str]) -> list[str]:
+    """Score names (``--score`` texts: names, ``both``, ``all``, comma-separated lists), checked against
+    the registry of :mod:`tempcal.scores`."""
+    return score_names(scores)
 
 
 def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str | float] | None = None,
-             scores: Sequence[str] = ("msp",), device: str = "auto", chunk_rows: int | None = None,
+             scores: str | Sequence[str] = ("msp",), device: str = "auto", chunk_rows: int | None = None,
+             gen_gamma: float = 0.1, gen_top: int = 100, react: float | None = None, bootstrap: int = 0,
+             seed: int = 0, min_auroc: float | None = None, max_fpr95: float | None = None,
              odin_eps: float | None = None, options: SourceOptions | None = None, **keys: Any) -> OodReport:
     """Score SOURCE (ID) and every OOD set at each tau; ``taus`` holds numbers or ``"fitted"`` (default sweep).
 
     OOD sets are read the way SOURCE is (for a model SOURCE: inputs files run through the same model).
-    ``odin_eps`` (a model SOURCE, MSP) perturbs the inputs first, as ODIN does; ``passes`` then counts
-    model runs (each a forward, backward and forward over one file at one tau).
+    ``scores``: names from :data:`tempcal.scores.REGISTRY`, ``both``, ``all`` or comma-separated lists;
+    ``gen_gamma`` and ``gen_top`` set GEN up. ``react`` (hidden states with a head): clip the hidden
+    states at that percentile of SOURCE's values first. ``bootstrap`` resamples (seeded by ``seed``) add
+    95% intervals for AUROC and FPR95. ``min_auroc`` / ``max_fpr95``: the rows that fail them are listed
+    in ``gate_failures``. ``odin_eps`` (a model SOURCE, MSP) perturbs the inputs first, as ODIN does;
+    ``passes`` then counts model runs (each a forward, backward and forward over one file at one tau).
     """
     if not ood_files:
         raise TempcalError(f"no OOD file: give at least one with {param('ood')} FILE")
     scores = check_scores(scores)
+    from ..scores.gen import check_gamma, check_top
+
+    score_options = {"gen_gamma": check_gamma(gen_gamma), "gen_top": check_top(gen_top)}
+    bootstrap = whole_number(bootstrap, param("bootstrap"), minimum=0)
+    seed = whole_number(seed, param("seed"), minimum=0)
+    min_auroc, max_fpr95 = check_gate(min_auroc, "min_auroc"), check_gate(max_fpr95, "max_fpr95")
     given_name = str(source) if isinstance(source, (str, os.PathLike)) else None
     check_taus(taus or (), given_name or "SOURCE")
     ood_names = [o.name if isinstance(o, OpenedSource) else str(o) for o in ood_files]
@@ -176,8 +309,9 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
 
         check_eps(odin_eps)
         if list(scores) != ["msp"]:
-            raise TempcalError(f"{param('odin_eps')} scores by max softmax: drop {param('score')} energy/both")
-    options = (options or SourceOptions()).but(ignore_index=None, **keys)
+            raise TempcalError(f"{param('odin_eps')} scores by max softmax: drop {param('score')} or give msp")
+    options = options or SourceOptions()
+    options = options.but(ignore_index=None, **({"react": react} if react is not None else {}), **keys)
     loaded = open_source(source, options)
     # A file is named as given (a glob stays a glob); a model run over its inputs as "MODEL on INPUTS".
     source_name = given_name if given_name and loaded.paths else loaded.name
@@ -192,35 +326,56 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
     if odin_eps is not None:
         side_scores, passes, device_used = _odin_sides(loaded, others, tau_list, odin_eps)
     else:
-        side_scores, passes, device_used = _scan_sides(loaded, others, tau_list, scores, device, chunk_rows, warnings,
-                                                       source_name, ood_names)
+        side_scores, passes, device_used = _scan_sides(loaded, others, tau_list, scores, score_options, device,
+                                                       chunk_rows, warnings, [source_name, *ood_names])
     id_scores, all_ood_scores = side_scores[0], side_scores[1:]
-    results: list[tuple[str, OodMetrics]] = []
-    best: list[OodBest] = []
-    for name, ood_scores in zip(ood_names, all_ood_scores, strict=True):
-        for score in scores:
-            rows = [detection_metrics(id_scores[score][k], ood_scores[score][k], tau=tau, score=score)
-                    for k, tau in enumerate(tau_list)]
-            results.extend((name, m) for m in rows)
-            best.append(best_sentence(source_name, name, score, rows, stored))
+    results, best, best_overall = _assemble(source_name, ood_names, scores, tau_list, stored, id_scores,
+                                            all_ood_scores, bootstrap, seed)
     return OodReport(
         source=source_name, ood_files=ood_names, num_classes=loaded.data.num_classes, binary=loaded.data.binary,
         n_id=len(id_scores[scores[0]][0]), n_ood=[len(s[scores[0]][0]) for s in all_ood_scores],
         stored_temperature=stored, taus=tau_list, taus_from="--tau" if taus else "default sweep", scores=scores,
-        results=results, best=best, device=device_used, passes=passes, warnings=warnings, id_scores=id_scores,
-        ood_scores=all_ood_scores)
+        results=results, best=best, best_overall=best_overall, device=device_used, passes=passes,
+        score_options=score_options, react=getattr(loaded.data, "react", None), bootstrap=bootstrap, seed=seed,
+        min_auroc=min_auroc, max_fpr95=max_fpr95, gate_failures=gate_failures(results, min_auroc, max_fpr95),
+        warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores)
 
 
-def _scan_sides(loaded: OpenedSource, others: list[OpenedSource], taus: list[float], scores: list[str], device: str,
-                chunk_rows: int | None, warnings: list[str], source_name: str, ood_names: list[str]):
+def _assemble(source: str, ood_names: list[str], scores: list[str], taus: list[float], stored: float | None,
+              id_scores: dict[str, list[np.ndarray]], all_ood_scores: list[dict[str, list[np.ndarray]]],
+              bootstrap: int, seed: int) -> tuple[list[tuple[str, OodMetrics]], list[OodBest], list[OodBestOverall]]:
+    """The figures of every OOD file, score and tau (with bootstrap intervals), the best tau per file and score,
+    and the best score and tau per file."""
+    results: list[tuple[str, OodMetrics]] = []
+    best: list[OodBest] = []
+    best_overall: list[OodBestOverall] = []
+    for i, (name, ood_scores) in enumerate(zip(ood_names, all_ood_scores, strict=True)):
+        rows = [detection_metrics(id_scores[score][k], ood_scores[score][k], tau=tau, score=score)
+                for score in scores for k, tau in enumerate(taus)]
+        if bootstrap:
+            intervals = detection_intervals([id_scores[s][k] for s in scores for k in range(len(taus))],
+                                            [ood_scores[s][k] for s in scores for k in range(len(taus))],
+                                            bootstrap, seed, level=BOOTSTRAP_LEVEL, ood_stream=i + 1)
+            rows = [replace(m, auroc_ci=ci["auroc"], fpr95_ci=ci["fpr95"]) for m, ci in zip(rows, intervals,
+                                                                                          strict=True)]
+        results.extend((name, m) for m in rows)
+        for j, score in enumerate(scores):
+            best.append(best_sentence(source, name, score, rows[j * len(taus):(j + 1) * len(taus)], stored))
+        best_overall.append(best_overall_sentence(source, name, rows, stored, len(scores), len(taus)))
+    return results, best, best_overall
+
+
+def _scan_sides(loaded: OpenedSource, others: list[OpenedSource], taus: list[float], scores: list[str],
+                score_options: dict[str, Any], device: str, chunk_rows: int | None, warnings: list[str],
+                names: list[str]):
     """Every side's scores from its logits: one validating scan and one scores pass per file."""
     # Scores use no labels, so neither side's labels are checked.
     scans = [scan_source(side, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                          labelled=False) for side in (loaded, *others)]
-    for name, scan in zip((source_name, *ood_names), scans, strict=True):
+    for name, scan in zip(names, scans, strict=True):
         if scan.num_samples < 1:
             raise DataError(f"{name}: holds no samples")
-    side_scores = [score_samples(scan, taus, scores) for scan in scans]
+    side_scores = [score_samples(scan, taus, scores, score_options) for scan in scans]
     return side_scores, sum(scan.passes for scan in scans), str(scans[0].device)
 
 
@@ -242,5 +397,6 @@ def _odin_sides(loaded: OpenedSource, others: list[OpenedSource], taus: list[flo
     return side_scores, len(taus) * (1 + len(others)), str(model.device)
 
 
-__all__ = ["DEFAULT_TAUS", "OodBest", "OodReport", "best_sentence", "check_compatible", "ood_file",
-           "score_samples"]
+__all__ = ["BOOTSTRAP_LEVEL", "DEFAULT_TAUS", "GateFailure", "OodBest", "OodBestOverall", "OodReport",
+           "best_overall_sentence", "best_sentence", "check_compatible", "check_scores", "gate_failures",
+           "ood_file", "score_label", "score_samples"]

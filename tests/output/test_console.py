@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import re
 
+import pytest
 from rich.console import Console
 
 from tempcal.output.console import print_ood
@@ -32,15 +34,24 @@ def test_sweep_table_fits_80_columns(data_file):
     assert len([line for line in lines if line.strip() and line.strip()[0].isdigit()]) == 9
 
 
-def test_table_fits_80_columns(ood_files):
+@pytest.mark.parametrize("bootstrap", [0, 20])
+def test_ood_table_fits_80_columns(ood_files, bootstrap):
+    """One table per OOD file, grouped by score: a line per score and tau, nothing wrapped or cut, also with all five
+    scores and bootstrap intervals."""
     id_path, ood_path, _, _ = ood_files
-    report = ood_file(id_path, [ood_path], scores=["msp", "energy"])
+    report = ood_file(id_path, [ood_path], scores="all", bootstrap=bootstrap, min_auroc=0.99)
     buffer = io.StringIO()
     print_ood(report, Console(file=buffer, width=80, color_system=None))
-    lines = buffer.getvalue().splitlines()
-    table_lines = [line for line in lines if "│" in line]
-    assert len(table_lines) == 2 * len(report.taus)  # one line per tau: nothing wrapped
+    text = buffer.getvalue()
+    lines = text.splitlines()
+    rows = [line for line in lines if re.match(r"^(\S+)? +[0-9.e+]+ +[T*!]* *[01]\.\d{4} ", line)]
+    assert len(rows) == len(report.scores) * len(report.taus)  # one line per score and tau: nothing wrapped
+    assert "…" not in text
     # only the plain-text lines (paths, legend, sentences) may run past 80 columns, never the tables
-    prose = ("On ", "OOD ", "in-distribution", str(id_path))
+    prose = ("On ", "OOD ", "in-distribution", "95% bootstrap", str(id_path))
     assert all(len(line) <= 80 for line in lines if not line.startswith(prose))
     assert any(line.startswith("On ") and len(line) > 80 for line in lines)  # the sentences stay on one line
+    assert sum(line.startswith("On ") for line in lines) == 1  # the best score and tau of the one OOD file
+    assert sum("**" in line for line in rows) == 1 and any("!" in line for line in rows)
+    header = next(line for line in lines if "AUROC" in line)
+    assert ("AUROC 95% CI" in header) == bool(bootstrap) and ("mean ID" in header) == (not bootstrap)

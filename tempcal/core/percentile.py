@@ -1,0 +1,324 @@
+"""Exact percentiles of values streamed in chunks: ``numpy.percentile(all_values, p)`` without holding the values.
+
+For ReAct (Sun, Guo & Li, "ReAct: Out-of-distribution Detection With Rectified Activations",
+NeurIPS 2021; :mod:`tempcal.sources.head`), which clips hidden-state values at the P-th percentile of
+*all* hidden-state values of the scored rows: N x d values, 10^9 and more, that exist only as chunks
+read from a file.
+
+Method: radix selection on order-preserving integer keys of the float bits.
+
+* Each value becomes an unsigned integer key whose order is the values' order (positive floats:
+  the bits with the sign bit set; negative floats: all bits flipped; ``-0.0`` is given the key of
+  ``+0.0``, as the two compare equal). Keys are 32 bits in float32, 64 in float64.
+* Pass 1 counts the values (and NaNs, which are refused) and histograms the top 16 key bits.
+  numpy's linear method needs the order statistics at ranks ``floor(k)`` and ``floor(k) + 1``
+  (``k = (n - 1) p / 100``); the cumulative histogram names the bucket holding each.
+* Each later pass, per rank still open, either histograms the next 16 bits of the keys inside its
+  bucket, or, when the bucket holds at most ``max_candidates`` values, no ``all_reduce`` is given and
+  more than one digit is left, collects those keys and sorts them. A bucket at the last digit is a
+  single key, so float32 takes exactly 2 passes (never collecting), float64 2 when the bucket after
+  pass 1 is small enough to collect and at most 4.
+* The two order statistics are interpolated with numpy's own formula, in the same dtype, so the result
+  is bit-identical to ``numpy.percentile(values, float(p))``; that includes numpy's NaN whenever an
+  infinite value takes part (``a + (b - a) * t`` with ``b - a`` infinite or NaN, even at ``t = 0``).
+
+Counts are sums over chunks, so they are sums over processes too: pass ``all_reduce`` (e.g. an
+in-place ``torch.distributed.all_reduce`` of the int64 count vector) and every rank gets the same
+histograms, ranks and result from its own share of the values. Candidate collection is not a sum, so it
+is off then (``max_candidates`` is ignored) and every pass is a histogram.
+
+Dtype: the percentile is computed and returned in float64 for float64 values and in float32 for
+float16, bfloat16 and float32 values (each value converted exactly), unless ``dtype`` asks otherwise;
+the result equals ``numpy.percentile`` of the values in that dtype.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import DataError
+
+DIGIT_BITS = 16
+BINS = 1 << DIGIT_BITS
+#: Small chunks are joined up to this many values before counting: a histogram costs BINS work per call.
+BATCH_VALUES = 1 << 18
+#: The most keys one open rank may collect in a pass (8 MiB of int64) before refining by another histogram.
+MAX_CANDIDATES = 1 << 20
+
+ChunksFactory = Callable[[], Iterable["torch.Tensor | np.ndarray"]]
+
+
+@dataclass(frozen=True)
+class PercentileResult:
+    """``value`` = ``numpy.percentile(values, p)`` in ``dtype``; ``passes`` full reads of the values were made."""
+
+    value: float
+    dtype: torch.dtype
+    passes: int
+    count: int
+    lower: float  # order statistic at floor(k)
+    upper: float  # order statistic at floor(k) + 1 (the same one at the top)
+    gamma: float  # numpy's interpolation weight
+
+
+@dataclass
+class _Search:
+    """One open rank: the key bits found so far (``prefix``, ``level`` digits) and its rank among keys with them."""
+
+    rank: int
+    level: int = 0
+    prefix: int = 0
+    bucket_count: int = 0
+    key: int | None = None  # the full key, once found
+
+
+@dataclass
+class _Plan:
+    """What one pass does: histogram requests (level, prefix) and collect requests (level, prefix)."""
+
+    histograms: list[tuple[int, int]] = field(default_factory=list)
+    collects: list[tuple[int, int]] = field(default_factory=list)
+
+
+# -- keys --------------------------------------------------------------------------------------------
+def key_bits(dtype: torch.dtype) -> int:
+    """Bits of the keys of a compute dtype (float32: 32, float64: 64)."""
+    if dtype == torch.float32:
+        return 32
+    if dtype == torch.float64:
+        return 64
+    raise TypeError(f"percentiles are computed in float32 or float64, not {dtype}")
+
+
+def float_keys(x: torch.Tensor) -> torch.Tensor:
+    """Order-preserving unsigned keys of float32/float64 values, as int64 bit patterns (float64: wrapped).
+
+    ``-0.0`` and ``+0.0`` get the same key; NaN gets a meaningless one (callers refuse NaN).
+    """
+    if x.dtype == torch.float32:
+        bits = x.view(torch.int32).to(torch.int64)
+        key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative: -1 - magnitude
+        key = torch.where(key == -1, 0, key)  # -0.0 -> +0.0
+        return key + (1 << 31)  # [0, 2^32)
+    if x.dtype == torch.float64:
+        bits = x.view(torch.int64)
+        key = torch.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
+        key = torch.where(key == -1, 0, key)
+        return key ^ -(1 << 63)  # flip the sign bit: unsigned order as a wrapped int64 pattern
+    raise TypeError(f"keys of {x.dtype} are not defined")
+
+
+def key_value(key: int, dtype: torch.dtype) -> np.floating:
+    """The float (numpy scalar of ``dtype``) whose key is ``key`` (an unsigned Python int)."""
+    bits = key_bits(dtype)
+    signed = key - (1 << (bits - 1))
+    pattern = signed if signed >= 0 else (1 << (bits - 1)) | (-1 - signed)
+    unsigned, floating = (np.uint32, np.float32) if bits == 32 else (np.uint64, np.float64)
+    return np.array([pattern], dtype=unsigned).view(floating)[0]
+
+
+def _digit(keys: torch.Tensor, level: int, bits: int) -> torch.Tensor:
+    """The ``level``-th 16-bit digit of the keys, from the top."""
+    return (keys >> (bits - DIGIT_BITS * (level + 1))) & (BINS - 1)
+
+
+def _in_prefix(keys: torch.Tensor, level: int, prefix: int, bits: int) -> torch.Tensor:
+    """Mask of keys whose top ``level`` digits are ``prefix``."""
+    width = DIGIT_BITS * level
+    return ((keys >> (bits - width)) & ((1 << width) - 1)) == prefix
+
+
+# -- numpy's linear interpolation --------------------------------------------------------------------
+def numpy_linear_positions(n: int, p: float) -> tuple[int, int, float]:
+    """numpy's ``method='linear'`` positions for ``n`` values: (lower index, upper index, gamma).
+
+    Mirrors numpy, down to its gamma for the top position (``k >= n - 1``: both indices the last,
+    and gamma = k + 1, since numpy stores the lower index as -1 before subtracting).
+    """
+    q = p / 100.0
+    virtual = (n - 1) * q
+    if virtual >= n - 1:
+        return n - 1, n - 1, virtual + 1.0
+    lower = math.floor(virtual)
+    return lower, lower + 1, virtual - lower
+
+
+def numpy_lerp(a: np.floating, b: np.floating, t: float) -> np.floating:
+    """numpy's ``_lerp`` for a Python-float weight (weak, so computed in the values' dtype)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = b - a
+        return b - diff * (1 - t) if t >= 0.5 else a + diff * t
+
+
+# -- the selection -----------------------------------------------------------------------------------
+def compute_dtype(dtype: torch.dtype, requested: torch.dtype | None = None) -> torch.dtype:
+    """float64 values (or a float64 request) -> float64; float16/bfloat16/float32 -> float32."""
+    if requested is not None:
+        key_bits(requested)
+        if dtype == torch.float64 and requested == torch.float32:
+            raise TypeError("float64 values cannot be ranked exactly in float32")
+        return requested
+    if not dtype.is_floating_point:
+        raise TypeError(f"values must be floating point, got {dtype}")
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _as_tensor(chunk: torch.Tensor | np.ndarray) -> torch.Tensor:
+    return chunk if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.asarray(chunk))
+
+
+class _Counter:
+    """Runs passes over the chunks; each pass's counts are one int64 vector, summed over chunks (and ranks)."""
+
+    def __init__(self, chunks_factory: ChunksFactory, dtype: torch.dtype | None,
+                 all_reduce: Callable[[torch.Tensor], torch.Tensor | None] | None, device: torch.device | str | None):
+        self.chunks_factory = chunks_factory
+        self.device = device
+        self.requested = dtype
+        self.dtype: torch.dtype | None = None
+        self.all_reduce = all_reduce
+        self.passes = 0
+
+    def chunks(self) -> Iterable[torch.Tensor]:
+        """The values in the compute dtype, flat, small chunks joined into batches of about BATCH_VALUES."""
+        pending: list[torch.Tensor] = []
+        size = 0
+        for chunk in self.chunks_factory():
+            x = _as_tensor(chunk).reshape(-1)
+            dtype = compute_dtype(x.dtype, self.requested)
+            if self.dtype is None:
+                self.dtype = dtype
+            elif dtype != self.dtype:
+                raise TypeError(f"chunks mix dtypes: {self.dtype} and {x.dtype}")
+            if x.numel() >= BATCH_VALUES:
+                yield x.to(dtype)
+                continue
+            if pending and pending[0].device != x.device:
+                yield torch.cat(pending)
+                pending, size = [], 0
+            pending.append(x.to(dtype))
+            size += x.numel()
+            if size >= BATCH_VALUES:
+                yield torch.cat(pending)
+                pending, size = [], 0
+        if pending:
+            yield torch.cat(pending)
+
+    def run(self, plan: _Plan, *, first: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One pass: histograms (one per plan entry) and collected keys (one tensor per plan entry)."""
+        self.passes += 1
+        counts: torch.Tensor | None = None
+        collected: list[list[torch.Tensor]] = [[] for _ in plan.collects]
+        extra = 2 if first else 0  # first pass: [number of values, number of NaNs]
+        for x in self.chunks():
+            if counts is None:
+                counts = torch.zeros(len(plan.histograms) * BINS + extra, dtype=torch.int64, device=x.device)
+            bits = key_bits(x.dtype)
+            if first:
+                counts[-2] += x.numel()
+                counts[-1] += torch.isnan(x).sum()
+            keys = float_keys(x)
+            for i, (level, prefix) in enumerate(plan.histograms):
+                inside = keys if level == 0 else keys[_in_prefix(keys, level, prefix, bits)]
+                counts[i * BINS:(i + 1) * BINS] += torch.bincount(_digit(inside, level, bits), minlength=BINS)
+            for i, (level, prefix) in enumerate(plan.collects):
+                collected[i].append(keys[_in_prefix(keys, level, prefix, bits)].cpu())
+        if counts is None:  # no chunks on this rank: still take part in the sum
+            counts = torch.zeros(len(plan.histograms) * BINS + extra, dtype=torch.int64, device=self.device)
+        if self.all_reduce is not None:
+            reduced = self.all_reduce(counts)
+            counts = counts if reduced is None else reduced
+        counts = counts.cpu()
+        hists = [counts[i * BINS:(i + 1) * BINS] for i in range(len(plan.histograms))]
+        if first:
+            hists.append(counts[-2:])
+        keys_out = [torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64) for parts in collected]
+        return hists, keys_out
+
+
+def _descend(search: _Search, hist: torch.Tensor, bits: int) -> None:
+    """Move ``search`` one digit down: the bucket of ``hist`` that holds its rank."""
+    cumulative = torch.cumsum(hist, 0)
+    bucket = int(torch.searchsorted(cumulative, torch.tensor([search.rank]), right=True)[0])
+    below = int(cumulative[bucket - 1]) if bucket else 0
+    search.rank -= below
+    search.prefix = (search.prefix << DIGIT_BITS) | bucket
+    search.level += 1
+    search.bucket_count = int(hist[bucket])
+    if search.level * DIGIT_BITS == bits:
+        search.key = search.prefix
+
+
+def streaming_percentile(chunks_factory: ChunksFactory, p: float, *, dtype: torch.dtype | None = None,
+                         max_candidates: int = MAX_CANDIDATES,
+                         all_reduce: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
+                         device: torch.device | str | None = None) -> PercentileResult:
+    """``numpy.percentile(all_values, float(p))`` of the values ``chunks_factory()`` yields, exactly.
+
+    ``chunks_factory()`` must yield the same values (any shapes, tensors or arrays) each time it is
+    called; it is called once per pass. ``all_reduce`` sums the count vector over processes
+    (in place or returning the sum); with it, every pass is a histogram pass, and a process that may
+    hold no values must be given ``dtype`` (the compute dtype every process uses) and ``device`` (where
+    its count vector lives, e.g. its GPU for NCCL). Counts live on the chunks' device otherwise.
+    Raises :class:`~tempcal.errors.DataError` on NaN values or no values, ``ValueError`` for ``p`` outside
+    [0, 100].
+    """
+    p = float(p)
+    if not 0.0 <= p <= 100.0:
+        raise ValueError(f"percentile must be in [0, 100], got {p}")
+    cap = 0 if all_reduce is not None else max(0, int(max_candidates))
+    counter = _Counter(chunks_factory, dtype, all_reduce, device)
+    (top_hist, totals), _ = counter.run(_Plan(histograms=[(0, 0)]), first=True)
+    count, nans = (int(v) for v in totals)
+    if nans:
+        raise DataError(f"{nans} NaN value{'s' if nans > 1 else ''}: a percentile of NaN is not defined")
+    if count == 0:
+        raise DataError("no values to take a percentile of")
+    if counter.dtype is None:  # this rank read nothing; the others did
+        if dtype is None:
+            raise ValueError("this process read no values: pass dtype= so that it can take part in the sums")
+        counter.dtype = dtype
+    bits = key_bits(counter.dtype)
+    lower_index, upper_index, gamma = numpy_linear_positions(count, p)
+    searches = {rank: _Search(rank) for rank in {lower_index, upper_index}}
+    for search in searches.values():
+        _descend(search, top_hist, bits)
+    while any(s.key is None for s in searches.values()):
+        plan = _Plan()
+        for s in searches.values():
+            if s.key is None:
+                where = (s.level, s.prefix)
+                # Collect only where it saves passes: one more histogram would end the search anyway.
+                collect = s.bucket_count <= cap and bits - s.level * DIGIT_BITS > DIGIT_BITS
+                target = plan.collects if collect else plan.histograms
+                if where not in target:
+                    target.append(where)
+        hists, collected = counter.run(plan, first=False)
+        for s in searches.values():
+            if s.key is None:
+                where = (s.level, s.prefix)
+                if where in plan.histograms:
+                    _descend(s, hists[plan.histograms.index(where)], bits)
+                else:
+                    keys = torch.sort(collected[plan.collects.index(where)]).values
+                    s.key = _unsigned(int(keys[s.rank]), bits)
+    lower_key, upper_key = searches[lower_index].key, searches[upper_index].key
+    assert lower_key is not None and upper_key is not None
+    lower, upper = key_value(lower_key, counter.dtype), key_value(upper_key, counter.dtype)
+    value = numpy_lerp(lower, upper, gamma)
+    return PercentileResult(value=float(value), dtype=counter.dtype, passes=counter.passes, count=count,
+                            lower=float(lower), upper=float(upper), gamma=gamma)
+
+
+def _unsigned(pattern: int, bits: int) -> int:
+    """An int64 key pattern as the unsigned key it stands for."""
+    return pattern % (1 << bits)
+
+
+__all__ = ["PercentileResult", "float_keys", "key_value", "numpy_lerp", "numpy_linear_positions",
+           "streaming_percentile"]

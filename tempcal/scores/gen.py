@@ -1,0 +1,148 @@
+"""GEN, the generalized-entropy score: ``gen = -sum_{c in top M} p_c^g (1 - p_c)^g``.
+
+Liu, Lochman & Zach, "GEN: Pushing the Limits of Softmax-Based Out-of-Distribution Detection",
+CVPR 2023. ``p = softmax(z / tau)``; ``g`` (``gen_gamma``, default 0.1) and the M largest
+probabilities (``gen_top``, default 100; all classes when C <= M). Each term is largest at p = 1/2 and
+0 at p in {0, 1}, so a peaked row scores near 0 (in-distribution) and a flat one far below.
+
+Stable form. Let ``p_2 = exp(a) / s0`` be the second largest probability, ``r' >= 1`` the sum over
+the non-max classes relative to the second maximum and ``e'_c = exp(beta (z_c - z2))``
+(see :mod:`tempcal.scores.shared`). Then ``p_c = p_2 e'_c`` for every non-max class and
+``1 - p_max = r / s0 = p_2 r'``, so::
+
+    gen = -p_2^g * [ (r' / s0)^g  +  sum_{non-max c in top M} exp(g (L_c + log1p(-p_2 e^{L_c}))) ],
+    L_c = beta (z_c - z2) <= 0
+
+* ``1 - p_max`` is never formed as ``1 - p`` (which is 0 for every confident row in float32 and
+  below ``1e-16`` in float64): the max term comes from ``log r'`` and ``log s0`` in float64.
+* ``p_c^g`` is ``exp(g * L)``, not ``(exp(L))^g``: with g = 0.1 a class at ``L = -200`` still adds
+  ``exp(-20)``, though ``exp(L)`` underflows float32; the common factor ``p_2^g`` is float64.
+* Every non-max ``p_c <= 1/2``, so ``log1p(-p_c)`` is accurate.
+
+The M largest logits are the M largest probabilities at every tau, so they are found once per
+chunk (any order). The top-M block then holds the maximum, clamped to the second maximum's gap 0;
+its term equals the second maximum's, ``(1 - p_2)^g``, and is subtracted once (from a sum holding
+at least two such terms, so without cancellation). The block is evaluated for all taus at once (in
+slices of bounded size), in the chunk's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import TempcalError, param
+from .base import Score
+from .shared import FLAT, FLOAT64, Intermediates, beta_fits
+
+#: Upper bound on elements of one [taus, rows, M] block of GEN terms (bounds the temporaries).
+BLOCK_ELEMENTS = 1 << 18
+DEFAULT_GAMMA = 0.1
+DEFAULT_TOP = 100
+
+
+class Gen(Score):
+    """``-sum over the M largest p_c of p_c^g (1 - p_c)^g``."""
+
+    name = "gen"
+    label = "GEN"
+
+    def __init__(self, gamma: float = DEFAULT_GAMMA, top: int = DEFAULT_TOP):
+        self.gamma = check_gamma(gamma)
+        self.top = check_top(top)
+
+    def __repr__(self) -> str:
+        return f"Gen(gamma={self.gamma}, top={self.top})"
+
+    def configure(self, options: Mapping[str, Any]) -> Gen:
+        return Gen(options.get("gen_gamma", self.gamma), options.get("gen_top", self.top))
+
+    def top_k(self, num_classes: int) -> int:
+        count = min(self.top, num_classes)
+        return count if count >= 2 else 0  # M = 1: only the max term, which needs no top logits
+
+    def compute(self, x: Intermediates) -> torch.Tensor:
+        g = self.gamma
+        log_p2 = x.a - x.log_s0
+        bracket = torch.exp(g * (x.log_r_prime - x.log_s0))  # (1 - p_max)^g p_max^g / p_2^g = (r' / s0)^g
+        if self.top_k(x.num_classes):
+            bracket = bracket + self._non_max(x, torch.exp(log_p2))
+        return -torch.exp(g * log_p2) * bracket
+
+    def _non_max(self, x: Intermediates, p2: torch.Tensor) -> torch.Tensor:
+        """``sum over the non-max top-M classes of exp(g (L + log1p(-p_2 e^L)))`` ([T, n] float64).
+
+        Rows flat at a temperature (every term's ``|L| <= FLAT``, see :mod:`tempcal.scores.shared`) sum the terms
+        relative to the second maximum's (:meth:`_relative`), the others as they are (:meth:`_absolute`).
+        """
+        gaps = x.top_gaps
+        rows, k = gaps.shape
+        g = self.gamma
+        one_minus_p2 = torch.exp(g * torch.log1p(-p2))  # (1 - p_2)^g, the second maximum's term
+        spread = -torch.where(torch.isfinite(gaps), gaps, torch.zeros((), dtype=gaps.dtype, device=gaps.device)
+                              ).amin(1).to(FLOAT64)
+        flat = x.beta * spread <= FLAT  # [T, n]
+        total = torch.empty_like(p2)
+        step = max(1, BLOCK_ELEMENTS // max(1, rows * k))
+        for start in range(0, len(x.betas), step):
+            part = slice(start, start + step)
+            dtype = gaps.dtype if all(beta_fits(b, gaps.dtype) for b in x.betas[part]) else FLOAT64
+            shape = (len(x.betas[part]), rows, k)
+            logs = torch.mul(gaps.to(dtype)[None], x.beta[part].to(dtype)[:, :, None],
+                             out=x.buffer("gen_L", shape, dtype))
+            kinds = [kind for kind, wanted in ((True, bool(flat[part].any())), (False, not bool(flat[part].all())))
+                     if wanted]
+            for relative in kinds:
+                if relative:
+                    value = one_minus_p2[part] * (k - 1 + self._relative(logs, p2[part], x, dtype))
+                else:
+                    value = self._absolute(logs, p2[part], x, dtype) - one_minus_p2[part]
+                if len(kinds) == 1:
+                    total[part] = value
+                else:  # rows of both kinds: each row takes its own kind's value
+                    total[part] = torch.where(flat[part] if relative else ~flat[part], value, total[part])
+        return total
+
+    def _absolute(self, logs: torch.Tensor, p2: torch.Tensor, x: Intermediates, dtype: torch.dtype) -> torch.Tensor:
+        """``sum_c exp(g (L_c + log1p(-p_2 e^{L_c})))`` over the block (the clamped maximum's copy included)."""
+        terms = torch.exp(logs, out=x.buffer("gen_W", logs.shape, dtype))
+        terms.mul_(-p2.to(dtype)[:, :, None]).log1p_()  # log(1 - p_c), p_c = p_2 e^L
+        terms.add_(logs).mul_(self.gamma).exp_()
+        return terms.sum(-1).to(FLOAT64)
+
+    def _relative(self, logs: torch.Tensor, p2: torch.Tensor, x: Intermediates, dtype: torch.dtype) -> torch.Tensor:
+        """``sum_c expm1(g v_c)`` over the block, ``v_c = L_c + log1p(-p_2 e^{L_c}) - log1p(-p_2) <= 0`` (each term
+        over the second maximum's, minus 1): at flat temperatures the terms differ from each other in their
+        last float32 digits, and only these differences are kept to float32's relative accuracy."""
+        # <= 1, since p_2 <= 1/2; p_2 = 1 only in rows with a single possible class, whose factor (1 - p_2)^g is 0
+        ratio = (p2 / (1.0 - p2)).clamp_(max=1.0).to(dtype)[:, :, None]
+        terms = torch.expm1(logs, out=x.buffer("gen_W", logs.shape, dtype))
+        terms.mul_(-ratio).log1p_()  # log1p(-p_2 expm1(L) / (1 - p_2)) = log1p(-p_2 e^L) - log1p(-p_2)
+        terms.add_(logs).mul_(self.gamma).expm1_()
+        return terms.sum(-1).to(FLOAT64)
+
+
+def check_gamma(gamma: Any) -> float:
+    """GEN's exponent: a positive finite number."""
+    try:
+        value = float(gamma)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(gamma, bool) or not (math.isfinite(value) and value > 0):
+        raise TempcalError(f"{param('gen_gamma')} {gamma}: expected a positive finite number")
+    return value
+
+
+def check_top(top: Any) -> int:
+    """GEN's number of largest probabilities: a whole number >= 1."""
+    value = float(top) if isinstance(top, numbers.Real) and not isinstance(top, bool) else math.nan
+    if not (math.isfinite(value) and value == int(value) and value >= 1):
+        raise TempcalError(f"{param('gen_top')} {top}: expected a whole number >= 1")
+    return int(value)
+
+
+SCORE = Gen()

@@ -1,0 +1,166 @@
+"""What the scores of one chunk share: temperature-free row values, per-temperature sums, and float64 values.
+
+Notation, per row (``z`` the logits in the compute dtype, ``beta = 1 / tau``):
+
+* ``z1`` the row maximum (at one class, "argmax"), ``z2`` the second largest logit counted with
+  multiplicity (``z2 = z1`` when the maximum is tied; ``z2 = z1`` too when every other class is
+  ``-inf``), ``m = z1 - z2 >= 0`` the top-2 margin.
+* ``d'_c = min(z_c - z2, 0)``: logits relative to the *second* maximum, the maximum clamped to 0.
+  ``e'_c = exp(beta * d'_c)`` lies in [0, 1] and never overflows.
+* ``r' = sum_c e'_c - 1``: the sum over the non-max classes relative to ``z2``. The clamped maximum and
+  the second maximum both contribute exactly 1, so the float sum is at least 2 whenever ``r' >= 1``
+  and subtracting the 1 loses no precision. ``r' = 0`` only when every other class is impossible.
+* ``q' = sum_c e'_c d'_c`` (made only when a score asks for it; the clamped maximum contributes 0).
+* ``top_gaps``: ``min(v - z2, 0)`` for the row's k largest logits ``v`` (k = the largest ``Score.top_k``),
+  temperature-free, found once per chunk.
+
+Everything else is float64 and exact algebra:
+
+* ``a = -beta * m``; ``r = sum_{c != argmax} exp(beta (z_c - z1)) = exp(a) * r'`` with
+  ``log r = a + log r'`` (never underflows before float64 itself would);
+* ``s0 = sum_c exp(beta (z_c - z1)) = 1 + r``, ``log s0 = log1p(r)``; ``p_max = 1 / s0``,
+  ``1 - p_max = r / s0``, the second largest probability ``p_2 = exp(a) / s0``.
+
+Shifting by ``z2`` instead of ``z1`` is what keeps float32 chunks honest at saturation: relative to
+``z1`` every non-max ``exp(beta d)`` underflows once ``beta * m`` passes ~87-104 in float32 (tiny taus,
+huge gaps), and ``s0 = 1 + r`` rounds to 1 once ``r < 6e-8``; relative to ``z2`` the sum ``r'`` is at
+least 1 and the scale ``exp(a)`` lives in float64.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from functools import cached_property
+from typing import Protocol
+
+import torch
+
+FLOAT64 = torch.float64
+#: A row is "flat" at a temperature when every possible class has ``beta * |z_c - z2| <= FLAT``: its probabilities
+#: differ by less than 11%, the scores of such rows differ in second order only (entropy and GEN by ~1e-6 at
+#: beta * |z_c - z2| ~ 0.01), and its sums over classes are taken relative to 1, with ``expm1``.
+FLAT = 0.1
+
+
+class Buffers(Protocol):
+    """Reusable scratch memory: ``get`` returns a tensor of ``shape`` (contents undefined)."""
+
+    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
+
+
+class Workspace:
+    """Chunk-sized buffers reused across chunks and passes: fresh megabyte temporaries per chunk cost page
+    faults that take as long as the arithmetic."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Buffer ``name`` of ``shape`` (contents undefined), grown when too small."""
+        numel = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
+            buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel].view(*shape)
+
+
+class Intermediates:
+    """A chunk's shared values at the pass's temperatures: inputs set by the pass, float64 ``[T, n]`` values
+    made on first use.
+
+    Row tensors (``z1``, ``z2``, ``margin``) are float64 ``[n]``; ``beta`` and ``tau`` are float64
+    ``[T, 1]`` so that everything broadcasts to ``[T, n]``.
+    """
+
+    #: The optional per-temperature sums over classes a score may ask for (``Score.sums``).
+    SUMS = frozenset({"q"})
+
+    def __init__(self, *, betas: list[float], z1: torch.Tensor, z2: torch.Tensor, r_sum: torch.Tensor,
+                 q: torch.Tensor | None, top_gaps: torch.Tensor | None, num_classes: int, workspace: Buffers):
+        device = z1.device
+        self.workspace = workspace
+        self.betas = betas
+        self.num_classes = num_classes
+        self.beta = torch.tensor(betas, dtype=FLOAT64, device=device)[:, None]
+        self.tau = torch.tensor([1.0 / b for b in betas], dtype=FLOAT64, device=device)[:, None]
+        self.z1 = z1.to(FLOAT64)
+        self.z2 = z2.to(FLOAT64)
+        self._r_sum = r_sum
+        self._q = q
+        self._top_gaps = top_gaps
+
+    def buffer(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """Scratch memory for a score's large temporaries (contents undefined), reused across chunks."""
+        return self.workspace.get(name, shape, dtype, self.z1.device)
+
+    # -- temperature-free ------------------------------------------------------------------------
+    @cached_property
+    def margin(self) -> torch.Tensor:
+        """``m = z1 - z2 >= 0`` in float64 (exact for float32 logits)."""
+        return self.z1 - self.z2
+
+    @property
+    def top_gaps(self) -> torch.Tensor:
+        """``min(v - z2, 0)`` for the row's k largest logits ``v`` ([n, k], any order, compute dtype; k from the
+        scores' ``top_k``). The maximum becomes 0, a copy of the second maximum's gap, which a score that must
+        skip the maximum subtracts once."""
+        if self._top_gaps is None:
+            raise RuntimeError("no top logits were prepared: the score must declare top_k()")
+        return self._top_gaps
+
+    # -- per temperature, float64 [T, n] ------------------------------------------------------------
+    @cached_property
+    def r_prime(self) -> torch.Tensor:
+        """``r' = sum_{c != argmax} exp(beta (z_c - z2))`` (>= 1, or 0 when only the maximum is possible)."""
+        return (self._r_sum.to(FLOAT64) - 1.0).clamp_(min=0.0)
+
+    @cached_property
+    def log_r_prime(self) -> torch.Tensor:
+        return torch.log(self.r_prime)
+
+    @cached_property
+    def a(self) -> torch.Tensor:
+        """``a = -beta * m``, the log of the scale between the shifts by ``z2`` and by ``z1`` (<= 0)."""
+        return -self.beta * self.margin
+
+    @cached_property
+    def exp_a(self) -> torch.Tensor:
+        return torch.exp(self.a)
+
+    @cached_property
+    def log_r(self) -> torch.Tensor:
+        """``log r``, r the sum over non-max classes of ``exp(beta (z_c - z1))``; ``-inf`` when r = 0."""
+        return self.a + self.log_r_prime
+
+    @cached_property
+    def r(self) -> torch.Tensor:
+        return torch.exp(self.log_r)
+
+    @cached_property
+    def log_s0(self) -> torch.Tensor:
+        """``log s0 = log sum_c exp(beta (z_c - z1)) = log1p(r) = -log p_max``."""
+        return torch.log1p(self.r)
+
+    @cached_property
+    def s0(self) -> torch.Tensor:
+        return 1.0 + self.r
+
+    @cached_property
+    def q_prime(self) -> torch.Tensor:
+        """``q' = sum_{c != argmax} exp(beta (z_c - z2)) (z_c - z2)`` (<= 0; impossible classes contribute 0)."""
+        if self._q is None:
+            raise RuntimeError("q was not summed: the score must list 'q' in its sums")
+        return self._q.to(FLOAT64)
+
+
+def beta_fits(beta: float, dtype: torch.dtype) -> bool:
+    """True when ``beta = 1 / tau`` is a normal number of ``dtype``, so ``beta * d`` there loses only rounding.
+
+    Outside (float32: taus below ~3e-39 or above ~8e37) the pass does that tau's products in float64.
+    """
+    info = torch.finfo(dtype)
+    return info.tiny <= beta <= info.max
+
+
+__all__ = ["FLAT", "FLOAT64", "Buffers", "Intermediates", "Workspace", "beta_fits"]
