@@ -258,7 +258,8 @@ BAD_VALUES = [
     ("[fit]\nno-probs = true\n", "tempcal.toml: [fit] no-probs: unknown key; write probs = false"),
     ("[fit]\nno-config = true\n", "tempcal.toml: [fit] no-config: cannot be set in a configuration file"),
     ("[fit]\nconfig = \"x.toml\"\n", "tempcal.toml: [fit] config: cannot be set in a configuration file"),
-    ("[ood]\nsweep = \"1:2:3\"\n", "tempcal.toml: [ood] sweep: unknown key (ood options: "),
+    ("[ood]\nsweep = \"1:2:3\"\n", "tempcal.toml: [ood] sweep: unknown key (did you mean 'seed'?)"),
+    ("[ood]\nsweeping = 3\n", "tempcal.toml: [ood] sweeping: unknown key (ood options: "),
     ("tau = 2\n", "tempcal.toml: tau: unknown key; the top level holds 'source' and the tables [fit], [ood], "
                   "[report]; options go in a command's table ([ood], [report])"),
     ("[plot]\nx = 1\n", "tempcal.toml: plot: unknown table; the tables are [fit], [ood], [report]"),
