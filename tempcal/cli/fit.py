@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
 from ..errors import TempcalError
@@ -11,8 +9,6 @@ from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, deliver, start
 from .options import (
-    INPUTS,
-    OUTPUT,
     BatchSize,
     Bins,
     Bootstrap,
@@ -20,6 +16,7 @@ from .options import (
     ConfigFile,
     Device,
     Estimators,
+    EvalFile,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -33,16 +30,22 @@ from .options import (
     LmEvalNormOpt,
     LogitsKey,
     Markdown,
+    MaxEce,
     NoConfig,
+    NoWrite,
     Objective,
+    ObjectiveOpt,
+    OutputCopy,
     OutputKey,
     Plot,
     Probs,
     Quiet,
     SaveLogits,
+    SaveModel,
     Seed,
     Softcap,
     Source,
+    ValFraction,
     check_lm_eval_norm,
     check_outputs,
     is_model_source,
@@ -55,21 +58,15 @@ from .options import (
 def fit(
     ctx: typer.Context,
     source: Source,
-    eval_file: Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
-                                                     help="Fit on all of SOURCE and report on FILE."), INPUTS] = None,
-    val_fraction: Annotated[float, typer.Option("--val-fraction",
-                                                help="Fraction of SOURCE used to fit T (class-stratified); "
-                                                "the rest is used to report.")] = 0.5,
+    eval_file: EvalFile = None,
+    val_fraction: ValFraction = 0.5,
     seed: Seed = 0,
-    objective: Annotated[Objective, typer.Option("--objective", help="Minimise NLL (default) or ECE.")] = Objective.nll,
+    objective: ObjectiveOpt = Objective.nll,
     bins: Bins = 15,
     json_out: JsonOut = None,
-    output: Annotated[Optional[str], typer.Option("--output", metavar="PATH",
-                                                  help="Write the updated copy to PATH; SOURCE is untouched."),
-                      OUTPUT] = None,
-    no_write: Annotated[bool, typer.Option("--no-write/--write", help="Write nothing back.")] = False,
-    max_ece: Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0.0,
-                                                     help="Exit 3 when the calibrated ECE is above X.")] = None,
+    output: OutputCopy = None,
+    no_write: NoWrite = False,
+    max_ece: MaxEce = None,
     plot: Plot = None,
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
@@ -91,11 +88,7 @@ def fit(
     batch_size: BatchSize = 512,
     output_key: OutputKey = None,
     save_logits: SaveLogits = None,
-    save_model: Annotated[Optional[str], typer.Option(
-        "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
-        "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt/.pth/.ts/"
-        ".torchscript (from a TorchScript model)."),
-        OUTPUT] = None,
+    save_model: SaveModel = None,
     quiet: Quiet = False,
     config: ConfigFile = None,
     no_config: NoConfig = False,

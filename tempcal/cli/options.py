@@ -72,6 +72,22 @@ OutputKey = Annotated[Optional[str], typer.Option(
 SaveLogits = Annotated[Optional[str], typer.Option(
     "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file."), OUTPUT]
 
+# -- fit's own options ---------------------------------------------------------------------------
+EvalFile = Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
+                                                 help="Fit on all of SOURCE and report on FILE."), INPUTS]
+ValFraction = Annotated[float, typer.Option("--val-fraction", help="Fraction of SOURCE used to fit T "
+                                            "(class-stratified); the rest is used to report.")]
+ObjectiveOpt = Annotated[Objective, typer.Option("--objective", help="Minimise NLL (default) or ECE.")]
+OutputCopy = Annotated[Optional[str], typer.Option("--output", metavar="PATH",
+                                                   help="Write the updated copy to PATH; SOURCE is untouched."), OUTPUT]
+NoWrite = Annotated[bool, typer.Option("--no-write/--write", help="Write nothing back.")]
+MaxEce = Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0.0,
+                                                 help="Exit 3 when the calibrated ECE is above X.")]
+SaveModel = Annotated[Optional[str], typer.Option(
+    "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
+    "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt/.pth/.ts/"
+    ".torchscript (from a TorchScript model)."), OUTPUT]
+
 # -- hidden states and an output head -------------------------------------------------------
 Head = Annotated[Optional[str], typer.Option(
     "--head", metavar="HEAD", help="Output layer (.safetensors with 'weight' [V, d], 'bias' optional, or a Hugging "
@@ -211,6 +227,13 @@ def check_outputs(outputs: dict[str, str | None], inputs: list[str]) -> None:
 
 
 __all__ = [
+    "EvalFile",
+    "MaxEce",
+    "NoWrite",
+    "ObjectiveOpt",
+    "OutputCopy",
+    "SaveModel",
+    "ValFraction",
     "INPUT",
     "INPUTS",
     "OUTPUT",

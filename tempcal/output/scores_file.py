@@ -35,6 +35,11 @@ def score_tensors(report) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     metadata.update({f"tempcal.ood.{i}": path for i, path in enumerate(report.ood_files)})
     if report.stored_temperature is not None:
         metadata["tempcal.calibration_temperature"] = tau_label(report.stored_temperature)
+    if "gen" in report.scores:
+        metadata.update({f"tempcal.{key}": repr(value) for key, value in report.score_options.items()})
+    if report.react is not None:
+        metadata.update({"tempcal.react_percentile": repr(report.react.percentile),
+                         "tempcal.react_threshold": repr(report.react.threshold)})
     return tensors, metadata
 
 

@@ -114,6 +114,12 @@ def test_scores_file_contents(ood_files, tmp_path, run_json):
             np.testing.assert_allclose(f.get_tensor(f"ood.0.energy.tau={name}").numpy(), ref_energy(z_ood, t),
                                        rtol=1e-12)
             assert f.get_tensor(f"id.msp.tau={name}").dtype == torch.float64
+        assert "tempcal.gen_gamma" not in f.metadata()  # GEN's settings only when GEN was scored
+    run_json(["ood", str(id_path), "--ood", str(ood_path), "--tau", "2", "--score", "gen", "--gen-gamma", "0.2",
+              "--gen-top", "3", "--scores", str(out)])
+    with safe_open(str(out), "pt") as f:
+        assert set(f.keys()) == {"id.gen.tau=2", "ood.0.gen.tau=2"}
+        assert (f.metadata()["tempcal.gen_gamma"], f.metadata()["tempcal.gen_top"]) == ("0.2", "3")
 
 
 def test_plot_writes_a_png(ood_files, tmp_path, capsys):
