@@ -62,7 +62,7 @@ def test_fit_matches_scipys_optimum(as_torch):
     inputs = (torch.from_numpy(z), torch.from_numpy(y)) if as_torch else (z, y.tolist())
     scaler = TemperatureScaler().fit(*inputs)
     assert abs(scaler.temperature_ - expected) / expected < 1e-6
-    assert scaler.converged_ and 2 <= scaler.n_passes_ <= 20
+    assert scaler.converged_ and 1 <= scaler.n_passes_ <= 3
     assert scaler.n_features_in_ == 6 and list(scaler.classes_) == list(range(6))
     assert scaler.fit_result_.temperature == scaler.temperature_
 

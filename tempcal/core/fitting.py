@@ -1,20 +1,24 @@
 """Fit one temperature T > 0 to logits by minimising the mean NLL of ``softmax(logits / T)``.
 
-L-BFGS (``torch.optim.LBFGS`` with a strong-Wolfe line search) runs over ``theta = log T``,
-so T stays positive. Each objective evaluation is one pass over the data that returns the
-NLL and its closed-form derivative together (``dNLL/dbeta = mean(E_p[z] - z_y)`` with
-``beta = 1/T``); nothing is differentiated by autograd and no softmax is kept.
+Every read of the data is the cost (a file, or ``h W^T`` over a vocabulary), so the fit is built
+to take at most three, the validating scan included, on typical data:
 
-Two details make the fit exact and cheap:
+* the validating scan prepares the start (:mod:`tempcal.core.fit_start`): a short fit on a few
+  of the first chunk's rows centres a grid of seven betas, evaluated on a small stratified row
+  sample, whose sign change of the slope is the start; on small inputs the whole fit happens
+  within that scan;
+* each pass returns the NLL and its first four derivatives in ``beta = 1/T`` with one exp per
+  logit (:mod:`tempcal.core.cumulants`); from them a third-order Householder step, or the
+  Hermite root of two passes bracketing the optimum, and an error bound that certifies T to
+  ``TOL`` relative (:mod:`tempcal.core.certified`), so the fit stops as soon as it is sure.
 
-* the start is scale-aware: the minimiser of the NLL's quadratic expansion around T = inf
-  (uniform probabilities), read off the validating scan, and the variable is scaled by the
-  curvature at the start so L-BFGS's first step is a Newton step;
-* the NLL is convex in beta, so the sign of its slope brackets the optimum. Near it,
-  float32 loss values differ by less than their rounding and a line search can stop early;
-  the gradient stays informative, so the bracket is closed on the gradient alone
-  (regula falsi) until the optimum is known to within ``xtol`` in log T: the secant root
-  lies that close to an evaluated point, or a third point bounds the secant's error.
+Should the certified steps not reach their bound within ``certified.MAX_PASSES`` reads (never on
+the test corpora), the first method takes over from their best estimate: L-BFGS
+(``torch.optim.LBFGS`` with a strong-Wolfe line search) over ``theta = log T``, each objective
+evaluation one pass, the optimum bracketed by the slope's sign and closed on the gradient
+alone (regula falsi) until it is known to within ``xtol`` in log T: the secant root lies that
+close to an evaluated point, or a third point bounds the secant's error. ``FitResult.method``
+says which method answered, ``passes`` counts every read.
 """
 
 from __future__ import annotations
@@ -28,14 +32,12 @@ import torch
 
 from ..errors import DataError
 from ..metrics.calibration import DEFAULT_BINS
+from . import certified
+from .certified import T_MAX, T_MIN, FitStart, certified_fit
 from .data import as_logits_data
-from .scan import Scan
+from .scan import ALL_ROWS, Scan
 
-#: Documented bounds for T: a fit whose optimum lies beyond them (or at T -> 0 or T -> inf
-#: for degenerate data) returns the bound, flags it in ``bound`` and warns.
-T_MIN = 1e-6
-T_MAX = 1e6
-#: Convergence tolerance on log T: float32 arithmetic resolves beta = 1/T to about 6e-8.
+#: Tolerance on log T of the L-BFGS fallback: float32 arithmetic resolves beta = 1/T to about 6e-8.
 XTOL = {torch.float32: 1e-7, torch.float64: 1e-10}
 MAX_PASSES = 60
 #: A secant estimate decides convergence only between points this close in log T.
@@ -49,11 +51,13 @@ class FitResult:
     temperature: float
     objective: str
     n_fit: int
-    passes: int
+    passes: int  # full reads of the data, the validating scan included
     converged: bool
     nll: float  # mean NLL on the fitting samples at ``temperature``
     bound: str | None = None  # "lower" / "upper" when T sits at T_MIN / T_MAX
     warnings: list[str] = field(default_factory=list)
+    error_bound: float | None = None  # certified bound on |T - T*| / T* (None: not certified by the bound)
+    method: str = "certified"  # "certified" (high-order steps), "l-bfgs" (the fallback), "bound" (degenerate data)
 
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
@@ -62,15 +66,17 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
     ``logits`` may also be a :class:`~tempcal.core.scan.Scan` (then ``labels`` is None), which
-    lets callers validate once and fit on a split without reading the data again.
+    lets callers validate once and fit on a split without reading the data again; made with
+    ``fit_rows`` (the split's fitting rows, then ``select``ed), it carries the fit's start.
+    ``xtol`` is the relative tolerance on T (default ``certified.TOL``, 1e-7); ``max_passes``
+    caps the reads, the validating scan included.
     """
     if isinstance(logits, Scan):
         scan = logits
     else:
-        scan = Scan(as_logits_data(logits, labels, probs=probs), device=device, chunk_rows=chunk_rows)
+        scan = Scan(as_logits_data(logits, labels, probs=probs), device=device, chunk_rows=chunk_rows,
+                    fit_rows=ALL_ROWS)
     start_passes = scan.passes
-    if xtol is None:
-        xtol = XTOL[scan.compute_dtype]
     if scan.num_samples < 2:
         raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")
     if objective == "nll":
@@ -87,7 +93,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     return result
 
 
-def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
+def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
     n = scan.num_samples
     if scan.all_top():
         return _at_bound(scan, "lower", "every fitting sample's true class holds the largest logit, so the NLL "
@@ -95,10 +101,27 @@ def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
     if scan.slope_at_infinity() >= 0:
         return _at_bound(scan, "upper", "on the fitting samples the logits predict no better than uniform "
                          f"probabilities, so the NLL keeps falling as T -> inf; T is set to the upper bound {T_MAX:g}")
+    start = scan.fit_start
+    if start is None:  # a scan made without fit_rows: no grid, the scale-aware start (more reads)
+        start = FitStart(n, scan.num_classes, reference_beta=scan.initial_beta())
+    fit = certified_fit(start, scan.objective, tol=certified.TOL if xtol is None else xtol,
+                        max_passes=min(max_passes, certified.MAX_PASSES))
+    if fit.converged:
+        return FitResult(1.0 / fit.beta, "nll", n, 0, True, fit.nll, fit.bound, fit.warnings,
+                         error_bound=fit.error_bound if fit.bound is None else None,
+                         method="certified")
+    # Not certified within its budget: L-BFGS takes over from the best estimate, with the reads left.
+    result = _fit_lbfgs(scan, beta0=fit.beta, xtol=XTOL[scan.compute_dtype] if xtol is None else xtol,
+                        max_passes=max_passes)
+    result.warnings[:0] = [w for w in fit.warnings if w not in result.warnings]
+    return result
 
+
+def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int) -> FitResult:
+    """The first method: L-BFGS over log T from ``beta0``, closed by regula falsi on the slope."""
     search = _SlopeSearch(scan, xtol)
-    theta0 = min(max(-math.log(scan.initial_beta()), math.log(T_MIN)), math.log(T_MAX))
-    sums0, beta0 = search.evaluate(theta0, curvature=True)
+    theta0 = min(max(-math.log(beta0), math.log(T_MIN)), math.log(T_MAX))
+    sums0, beta0 = search.evaluate(theta0)
     hessian = beta0 * beta0 * sums0.curvature + beta0 * sums0.grad  # d2 NLL / d theta2
     scale = math.sqrt(hessian) if hessian > 0 else math.sqrt(max(beta0 * beta0 * sums0.curvature, 1e-12))
     search.hessian = scale * scale
@@ -119,7 +142,8 @@ def _fit_nll(scan: Scan, *, xtol: float, max_passes: int) -> FitResult:
     with contextlib.suppress(_Done):
         optimizer.step(closure)
     theta, converged = search.finish(max_passes)
-    result = FitResult(math.exp(theta), "nll", n, 0, converged, min(p[1] for p in search.points))
+    result = FitResult(math.exp(theta), "nll", scan.num_samples, 0, converged, min(p[1] for p in search.points),
+                       method="l-bfgs")
     return _clamp(result)
 
 
@@ -268,7 +292,7 @@ class _SlopeSearch:
 def _at_bound(scan: Scan, bound: str, message: str) -> FitResult:
     temperature = T_MIN if bound == "lower" else T_MAX
     nll = scan.objective(1.0 / temperature).nll
-    return FitResult(temperature, "nll", scan.num_samples, 0, True, nll, bound, [message])
+    return FitResult(temperature, "nll", scan.num_samples, 0, True, nll, bound, [message], method="bound")
 
 
 def _clamp(result: FitResult) -> FitResult:
@@ -281,14 +305,15 @@ def _clamp(result: FitResult) -> FitResult:
     return result
 
 
-def _fit_ece(scan: Scan, *, bins: int, xtol: float, max_passes: int) -> FitResult:
+def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int) -> FitResult:
     """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum."""
     from .ece_fit import minimise_ece
 
     anchor = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
-    temperature, _, certified = minimise_ece(scan, anchor.temperature, bins=bins)
+    temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins)
     nll = scan.objective(1.0 / temperature).nll
     warnings = list(anchor.warnings)
-    if not certified:
+    if not searched:
         warnings.append("the ECE search stopped before certifying its tolerance; T may not be the global minimum")
-    return _clamp(FitResult(temperature, "ece", scan.num_samples, 0, certified, nll, None, warnings))
+    return _clamp(FitResult(temperature, "ece", scan.num_samples, 0, searched, nll, None, warnings,
+                            method="ece-search"))

@@ -20,13 +20,20 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 
 from ..errors import DataError
+from .certified import FitStart
+from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_reduce
+from .fit_start import ChunkRows, StartScan, rank_offset
+
+#: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
+ALL_ROWS: Literal["all"] = "all"
+FitRows = torch.Tensor | Literal["all"] | None
 
 
 @dataclass(frozen=True)
@@ -44,13 +51,9 @@ class RowStats:
         return RowStats(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
 
 
-@dataclass(frozen=True)
-class ObjectiveSums:
-    """Means over samples of the NLL and its derivatives in ``beta = 1/T``."""
-
-    nll: float
-    grad: float  # d NLL / d beta
-    curvature: float | None  # d2 NLL / d beta2 = mean Var_p[z], when asked for
+#: Means over samples of the NLL and its first four derivatives in ``beta = 1/T`` (``grad``, ``curvature``: the
+#: first two), what :meth:`Scan.objective` returns.
+ObjectiveSums = NllDerivatives
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,15 @@ class Scan:
     """Validated logits ready for passes at any temperature.
 
     Creating one is one pass over the data; it raises :class:`DataError` on bad values
-    (NaN, +inf, all--inf rows, a true class at -inf, labels out of range).
+    (NaN, +inf, all--inf rows, a true class at -inf, labels out of range). ``fit_rows`` names the
+    rows a temperature fit will use, so that the same pass prepares its start
+    (:mod:`tempcal.core.fit_start`, about 0.15 of a pass): ``"all"``, or sorted indices into ``data``
+    (one side of a split: ``select(fit_rows)`` keeps the start); None (the default) prepares none.
     """
 
     def __init__(self, data: LogitsSource, *, device: str | torch.device = "auto",
                  chunk_rows: int | None = None, dtype: torch.dtype | None = None, labelled: bool = True,
-                 _stats: RowStats | None = None):
+                 fit_rows: FitRows = None, _stats: RowStats | None = None, _start: FitStart | None = None):
         self.data = data
         self.labelled = labelled  # False: the labels are placeholders (OOD scores) and are not checked
         self.device = resolve_device(device)
@@ -100,6 +106,10 @@ class Scan:
         self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
         self.looks_like_probabilities = False
+        self.fit_start = _start  # what a fit on every row of this scan starts from (None: a start without a grid)
+        if fit_rows is not None and not (isinstance(fit_rows, str) and fit_rows == ALL_ROWS):
+            fit_rows = torch.as_tensor(fit_rows, dtype=torch.int64)
+        self._fit_rows = fit_rows if _stats is None else ALL_ROWS
         self.stats = _stats if _stats is not None else self._first_scan()
 
     @property
@@ -115,11 +125,21 @@ class Scan:
         return self.data.num_classes
 
     def select(self, rows: torch.Tensor) -> Scan:
-        """The same scan restricted to ``rows``, without reading the data again."""
+        """The same scan restricted to ``rows``, without reading the data again (with the fit's start when
+        ``rows`` are the scan's ``fit_rows``)."""
         rows = torch.as_tensor(rows, dtype=torch.int64)
+        start = self.fit_start if self._is_fit_rows(rows) else None
         return Scan(self.data.select(rows), device=self.device, chunk_rows=self.chunk_rows,
                     dtype=self.compute_dtype, labelled=self.labelled,
-                    _stats=self.stats.select(rows.to(self.stats.row_max.device)))
+                    _stats=self.stats.select(rows.to(self.stats.row_max.device)), _start=start)
+
+    def _is_fit_rows(self, rows: torch.Tensor) -> bool:
+        if self.fit_start is None:
+            return False
+        if isinstance(self._fit_rows, torch.Tensor):
+            return torch.equal(rows.cpu(), self._fit_rows.cpu())
+        n = self.data.num_samples
+        return rows.numel() == n and torch.equal(rows.cpu(), torch.arange(n))
 
     def _choose_dtype(self) -> torch.dtype:
         """The compute dtype from the sizes over all ranks, so every rank rounds beta the same way."""
@@ -136,55 +156,71 @@ class Scan:
         stats = RowStats(*(torch.empty(n, dtype=dt, device=self.device)
                            for dt in (real, real, torch.bool, real, real, torch.bool)))
         probability_like = data.num_samples > 0
+        start = self._start_scan()
         self.passes += 1
-        for start, z, y in data.chunks(self.chunk_rows, self.device, self.compute_dtype):
-            bad_label = (y < 0) | (y >= data.num_classes)
-            if not self.labelled:
-                bad_label = torch.ones_like(bad_label)  # placeholder labels: no label check applies
-            else:
-                problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
-            y = y.clamp(0, data.num_classes - 1)
-            row_sum = z.sum(1)
-            # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
-            odd = ~torch.isfinite(row_sum)
-            has_neginf = odd
-            if bool(odd.any()):
-                rows = z[odd]
-                nan = torch.zeros_like(odd)
-                nan[odd] = torch.isnan(rows).any(1)
-                posinf = torch.zeros_like(odd)
-                posinf[odd] = (rows == math.inf).any(1)
-                problems.add("nan", start, nan)
-                problems.add("posinf", start, posinf)
-            row_max, arg_max = torch.max(z, 1)
-            problems.add("all-neginf", start, row_max == -math.inf)
-            z_true = z.gather(1, y[:, None])[:, 0]
-            problems.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
-            if problems:
+        for position, z, y in data.chunks(self.chunk_rows, self.device, self.compute_dtype):
+            y, row_sum, values = self._validated_chunk(problems, position, z, y)
+            if values is None:
+                if start is not None:
+                    start.plan_empty(real)  # a chunk with bad values: the scan fails on every process
                 continue
-            correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
-            mean = row_sum / z.shape[1] - row_max
-            # Only the fit's starting point uses the spread, so the one-read E[z^2] - E[z]^2 form is enough.
-            var = (torch.linalg.vecdot(z, z) / z.shape[1] - (row_sum / z.shape[1]) ** 2).clamp_min(0)
-            if bool(has_neginf.any()):
-                rows = z[has_neginf]
-                finite = torch.isfinite(rows)
-                d = torch.where(finite, rows - row_max[has_neginf, None], torch.zeros((), dtype=z.dtype,
-                                                                                      device=z.device))
-                count = finite.sum(1)
-                mean[has_neginf] = d.sum(1) / count
-                var[has_neginf] = ((d * d).sum(1) / count - mean[has_neginf] ** 2).clamp_min(0)
             if probability_like:
-                probability_like = _probability_like(z[:, 1] if data.binary else z, row_max, row_sum)
-            stop = start + z.shape[0]
-            for column, values in zip((stats.row_max, stats.true_gap, stats.correct, stats.uniform_mean,
-                                       stats.uniform_var, stats.has_neginf),
-                                      (row_max, z_true - row_max, correct, mean, var, has_neginf), strict=True):
-                column[start:stop] = values
+                probability_like = _probability_like(z[:, 1] if data.binary else z, values[0], row_sum)
+            stop = position + z.shape[0]
+            for column, value in zip((getattr(stats, f) for f in stats.__dataclass_fields__), values, strict=True):
+                column[position:stop] = value
+            if start is not None:
+                row_max, true_gap, _, mean, var, has_neginf = values
+                start.add_chunk(position, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf))
+        if start is not None:
+            start.plan_empty(real)  # a process without rows
         problems.raise_first(self.device)
         flag = torch.tensor([1 if probability_like else 0], device=self.device)
         self.looks_like_probabilities = bool(all_reduce(flag, "min").item())
+        if start is not None:
+            self.fit_start = start.finish()
         return stats
+
+    def _start_scan(self) -> StartScan | None:
+        """What gathers the fit's start during the first scan, when ``fit_rows`` asks for one."""
+        rows = self._fit_rows
+        if rows is None or not self.labelled:
+            return None
+        return StartScan(rows if isinstance(rows, torch.Tensor) else None, self.data.num_samples, self.num_classes,
+                         self.device, self.scratch, rank_offset(self.data.num_samples, self.device))
+
+    def _validated_chunk(self, problems: _Problems, start: int, z: torch.Tensor, y: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Check one chunk (its problems go to ``problems``); the clamped labels, the row sums and, when no
+        problem was found so far, the chunk's :class:`RowStats` columns."""
+        data = self.data
+        bad_label = (y < 0) | (y >= data.num_classes)
+        if not self.labelled:
+            bad_label = torch.ones_like(bad_label)  # placeholder labels: no label check applies
+        else:
+            problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
+        y = y.clamp(0, data.num_classes - 1)
+        row_sum = z.sum(1)
+        # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
+        odd = ~torch.isfinite(row_sum)
+        has_neginf = odd
+        if bool(odd.any()):
+            rows = z[odd]
+            nan = torch.zeros_like(odd)
+            nan[odd] = torch.isnan(rows).any(1)
+            posinf = torch.zeros_like(odd)
+            posinf[odd] = (rows == math.inf).any(1)
+            problems.add("nan", start, nan)
+            problems.add("posinf", start, posinf)
+        row_max, arg_max = torch.max(z, 1)
+        problems.add("all-neginf", start, row_max == -math.inf)
+        z_true = z.gather(1, y[:, None])[:, 0]
+        problems.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
+        if problems:
+            return y, row_sum, None
+        correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
+        mean, var = _uniform_moments(z, row_sum, row_max, has_neginf)
+        return y, row_sum, (row_max, z_true - row_max, correct, mean, var, has_neginf)
 
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):
@@ -197,25 +233,16 @@ class Scan:
             yield (z, y, stats.row_max[start:stop], stats.true_gap[start:stop],
                    stats.correct[start:stop], bool(stats.has_neginf[start:stop].any()))
 
-    def objective(self, beta: float, *, curvature: bool = False) -> ObjectiveSums:
-        """Mean NLL and its derivative(s) in ``beta`` in one pass."""
-        acc = torch.zeros(3, dtype=torch.float64, device=self.device)
-        scratch = self.scratch
-        for z, _, row_max, gap, _, has_neginf in self.row_chunks():
-            d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
-            e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
-            if has_neginf:
-                d.nan_to_num_(neginf=0.0)
-            s0 = e.sum(1)
-            mean_d = torch.linalg.vecdot(e, d) / s0
-            acc[0] += (torch.log(s0) - beta * gap).sum(dtype=torch.float64)
-            acc[1] += (mean_d - gap).sum(dtype=torch.float64)
-            if curvature:
-                second = torch.linalg.vecdot(e.mul_(d), d) / s0
-                acc[2] += (second - mean_d * mean_d).clamp_min(0).sum(dtype=torch.float64)
-        n = max(self.num_samples, 1)
-        nll, grad, curv = (all_reduce(acc) / n).tolist()
-        return ObjectiveSums(nll, grad, curv if curvature else None)
+    def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
+        """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
+
+        One exp per logit (:func:`tempcal.core.cumulants.row_cumulants`); ``curvature`` is kept for
+        callers of the first version and changes nothing.
+        """
+        acc = torch.zeros(len(FIELDS), dtype=torch.float64, device=self.device)
+        for z, y, row_max, _, _, has_neginf in self.row_chunks():
+            acc += row_cumulants(z, y, beta, self.scratch, top=row_max, impossible=has_neginf)
+        return ObjectiveSums.from_sums(beta, all_reduce(acc))
 
     def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False
                     ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
@@ -391,6 +418,22 @@ def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
 def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     """Bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0."""
     return (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, edges.numel() - 2)
+
+
+def _uniform_moments(z: torch.Tensor, row_sum: torch.Tensor, row_max: torch.Tensor, has_neginf: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and variance of ``z - max z`` over each row's finite entries (the fit's view at T = infinity)."""
+    mean = row_sum / z.shape[1] - row_max
+    # Only the fit's starting point uses the spread, so the one-read E[z^2] - E[z]^2 form is enough.
+    var = (torch.linalg.vecdot(z, z) / z.shape[1] - (row_sum / z.shape[1]) ** 2).clamp_min(0)
+    if bool(has_neginf.any()):
+        rows = z[has_neginf]
+        finite = torch.isfinite(rows)
+        d = torch.where(finite, rows - row_max[has_neginf, None], torch.zeros((), dtype=z.dtype, device=z.device))
+        count = finite.sum(1)
+        mean[has_neginf] = d.sum(1) / count
+        var[has_neginf] = ((d * d).sum(1) / count - mean[has_neginf] ** 2).clamp_min(0)
+    return mean, var
 
 
 def _probability_like(z: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor) -> bool:

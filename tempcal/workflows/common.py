@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -13,15 +14,18 @@ from ..sources.base import OpenedSource
 
 
 def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
-                warnings: list[str], labelled: bool = True) -> Scan:
-    """Validate a source's values (this process's share of them) in one pass; warn on probability-like input."""
+                warnings: list[str], labelled: bool = True, fit_rows: Any = None) -> Scan:
+    """Validate a source's values (this process's share of them) in one pass; warn on probability-like input.
+
+    ``fit_rows`` (``"all"``, or indices into this process's share) prepares a fit's start in the same pass.
+    """
     data = opened.data
     warnings.extend(opened.warnings)
     if distributed.active():
         start, stop = opened.share()
         data = data.select(torch.arange(start, stop))
     try:
-        scan = Scan(data, device=device, chunk_rows=chunk_rows, labelled=labelled)
+        scan = Scan(data, device=device, chunk_rows=chunk_rows, labelled=labelled, fit_rows=fit_rows)
     except DataError as exc:
         raise exc.prefixed(f"{opened.name}: ") from None
     if scan.looks_like_probabilities and not probs:

@@ -34,7 +34,7 @@ def test_example_end_to_end(tmp_path, capsys):
     assert result["before"]["ece"] == pytest.approx(ece_before, abs=1e-9)
     assert result["after"]["ece"] == pytest.approx(ece_after, abs=1e-9)
     assert result["after"]["mce"] == pytest.approx(mce_after, abs=1e-9)
-    assert result["converged"] is True and result["passes"] >= 2
+    assert result["converged"] is True and 1 <= result["passes"] <= 3
     assert result["after"]["nll"] < result["before"]["nll"]
 
 

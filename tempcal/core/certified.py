@@ -1,0 +1,351 @@
+"""The NLL fit in a few reads: high-order steps in ``beta = 1/T`` and a certified error bound.
+
+The NLL is convex in ``beta`` and every pass returns its first four derivatives ``d1..d4``
+(:mod:`tempcal.core.cumulants`), so:
+
+* **Start.** The validating scan evaluates a small, stratified row sample at a geometric grid
+  of seven betas (ratio 4, centred on a short fit of a few of the first chunk's rows) and
+  corrects the sample's ``d1`` by regression on two controls known exactly for every row
+  (:mod:`tempcal.core.fit_start`). The sign change of ``d1`` on the grid, refined by two-point
+  Hermite interpolation in ``log beta``, is the start (exact when the sample is every row).
+* **Steps.** From an evaluated point, a third-order Householder step in ``s = log beta`` (the
+  root of a [1/2] Pade model of ``d1``; with ``G_k = d^k d1 / ds^k``: ``G1 = beta d2``,
+  ``G2 = beta d2 + beta^2 d3``, ``G3 = beta d2 + 3 beta^2 d3 + beta^3 d4``); once passes lie
+  on either side of the optimum, the root of their degree-7 Hermite interpolant in
+  ``log beta``. A bracket kept from the signs of ``d1`` (full passes only) bounds every step.
+* **Certificate.** After every pass the candidate ``beta + t``, with ``t`` the root of the
+  cubic Taylor model ``P3(t) = d1 + d2 t + d3 t^2/2 + d4 t^3/6``, gets an error bound from
+  the derivatives themselves. Taylor's theorem gives the residual
+
+      |NLL'(beta + t)| <= min(|P2(t)| + S4 |t|^3 / 6,  |P3(t)| + S5 t^4 / 24)
+
+  and ``NLL'' >= H(r) = d2 - |d3| r - S4 r^2 / 2`` within ``r`` of ``beta``, so the optimum
+  lies within ``E = residual / H(|t| + E)`` of ``beta + t`` (checked as a fixed point).
+  ``S4``, ``S5`` bound ``|NLL''''|``, ``|NLL'''''|`` along the step, per row: moving beta by
+  ``r`` tilts ``p`` by at most ``Lambda = exp(r R)`` (``R``: the largest row range over
+  finite logits, capped at ``(2 ln C + 100) / beta_low`` since entries further below the
+  top carry no weight), the mean moves by at most ``r Lambda mu2``, and Minkowski,
+  Cauchy-Schwarz and ``|u| <= R`` give, with ``F = Lambda^2 (1 + r Lambda R)^5``,
+
+      |k4| <= mu4 + 2 mu2^2              ->  S4 = F (mean mu4 + 2 mean mu2^2)
+      |k5| <= E|u|^5 + 10 |mu3| mu2      ->  S5 = F (R mean mu4 + 10 mean sqrt(mu2^3 mu4))
+
+  ``mean mu4 = d4 + 3 q`` with ``q = mean mu2^2``; both bound terms come with every pass.
+  The fit stops when ``E <= tol * (beta + t)``, or when two passes bracket the optimum that
+  tightly; otherwise it takes another pass. The bound covers the truncation of the model,
+  not float rounding in a pass (float32 chunks with float64 sums).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .cumulants import NllDerivatives
+
+T_MIN = 1e-6
+T_MAX = 1e6
+BETA_MIN, BETA_MAX = 1.0 / T_MAX, 1.0 / T_MIN
+#: Relative tolerance on beta (so on T) that the error bound must certify.
+TOL = 1e-7
+#: Reads (the validating scan included) the certified steps may take before the L-BFGS fallback.
+MAX_PASSES = 12
+#: Longest step a single-point model may take, as a factor on beta.
+MAX_FACTOR = 16.0
+
+Evaluator = Callable[[float], NllDerivatives]
+
+
+@dataclass(frozen=True)
+class FitStart:
+    """What the validating scan hands to the fit (all-reduced over ranks)."""
+
+    count: int
+    num_classes: int
+    span: float = math.inf  # largest max - min over a row's finite logits (inf: unknown)
+    grid: tuple[NllDerivatives, ...] = ()  # estimates on a row sample at fixed betas, ascending
+    exact_grid: bool = False  # the sample is every row: grid points are exact passes
+    reference_beta: float = 1.0  # a scale-aware start when there is no grid
+
+
+@dataclass
+class CertifiedFit:
+    """The fitted inverse temperature, the reads it took and how sure the fit is of it."""
+
+    beta: float
+    passes: int  # reads of the data, the validating scan included
+    converged: bool
+    error_bound: float  # certified bound on |beta - beta*| / beta (inf when not certified)
+    nll: float
+    bound: str | None = None  # "lower" / "upper" at T_MIN / T_MAX
+    betas: list[float] = field(default_factory=list)  # the betas of the passes after the scan
+    warnings: list[str] = field(default_factory=list)
+
+
+def certified_fit(start: FitStart, evaluate: Evaluator, *, tol: float = TOL, max_passes: int = MAX_PASSES,
+                  passes: int = 1) -> CertifiedFit:
+    """Minimise the mean NLL over beta from the scan's ``start``, one pass per call of ``evaluate``.
+
+    ``passes`` reads are already spent (the validating scan); the fit stops at ``max_passes``.
+    Degenerate data (every true class on top, or a slope >= 0 at beta = 0) must be handled first.
+    """
+    search = _Search(start, tol, passes)
+    if search.points:  # exact points from the scan may settle it without a pass
+        done = search.result(max_passes)
+        if done is not None and done.converged:
+            return done
+    beta = search.start()
+    while True:
+        search.add(evaluate(beta))
+        done = search.result(max_passes)
+        if done is not None:
+            return done
+        beta = search.next_beta()
+        if search.stuck:
+            done = search.result(max_passes)
+            assert done is not None
+            return done
+
+
+class _Search:
+    """Full-data points (passes, and the grid when it covers every row), their bracket, the best certificate."""
+
+    def __init__(self, start: FitStart, tol: float, passes: int):
+        self.info, self.tol = start, tol
+        self.points: list[NllDerivatives] = []
+        self.passes = passes
+        self.betas: list[float] = []
+        self.lo, self.hi = 0.0, math.inf  # the optimum lies in [lo, hi]: d1(0) < 0
+        self.best: tuple[float, float, NllDerivatives] | None = None  # (estimate, relative bound, point)
+        self.stuck = False  # the next beta would repeat an evaluated one: no progress is possible
+        if start.exact_grid:
+            for g in start.grid:
+                self._add_point(g)
+
+    def start(self) -> float:
+        """The first beta to evaluate: the grid's Hermite root, or a step off its end."""
+        grid = self.info.grid
+        for a, b in itertools.pairwise(grid):
+            if a.d1 < 0 <= b.d1:
+                root = hermite_root_log(a, b)
+                return self._clamp(root if root is not None else math.sqrt(a.beta * b.beta))
+        if grid:
+            end = grid[-1] if grid[-1].d1 < 0 else grid[0]
+            return self._clamp(_factor_limited(end.beta, pade_log_step(end)))
+        return self._clamp(self.info.reference_beta)
+
+    def add(self, s: NllDerivatives) -> None:
+        """Record one pass."""
+        self.passes += 1
+        self.betas.append(s.beta)
+        self._add_point(s)
+
+    def _add_point(self, s: NllDerivatives) -> None:
+        self.points.append(s)
+        if s.d1 < 0:
+            self.lo = max(self.lo, s.beta)
+        elif s.d1 > 0:
+            self.hi = min(self.hi, s.beta)
+        else:
+            self.lo = self.hi = s.beta
+        estimate, error = certify(s, self.info.span, self.info.num_classes)
+        relative = error / estimate if estimate > 0 else math.inf
+        if self.best is None or relative < self.best[1]:
+            self.best = (estimate, relative, s)
+
+    def result(self, max_passes: int) -> CertifiedFit | None:
+        """The answer when certified, at a T bound, or out of passes; else None."""
+        assert self.best is not None
+        estimate, relative, s = self.best
+        if self.lo >= BETA_MAX:
+            return self._bound(BETA_MAX, "lower")
+        if self.hi <= BETA_MIN:
+            return self._bound(BETA_MIN, "upper")
+        if self.lo == self.hi:  # d1 == 0 exactly at an evaluated beta
+            s = next(p for p in self.points if p.beta == self.lo)
+            return self._final(self.lo, 0.0, s)
+        inside = min(max(estimate, self.lo), self.hi)  # rounding may put the estimate just outside: the bracket wins
+        width = (self.hi - self.lo) / self.lo if self.lo > 0 else math.inf
+        if width <= self.tol:  # the bracket alone certifies (convexity)
+            return self._final(inside, min(width, relative), s)
+        if relative <= self.tol:
+            return self._final(inside, relative, s)
+        if self.passes >= max_passes or self.stuck:
+            result = self._final(inside, relative, s)
+            result.converged = False
+            result.warnings.append(f"not certified after {self.passes} passes: bound {relative:.1e} > {self.tol:.1e}")
+            return result
+        return None
+
+    def next_beta(self) -> float:
+        """The next pass: Hermite on the tightest bracketing pair, else a Pade step from the nearest point."""
+        below = [p for p in self.points if p.d1 < 0]
+        above = [p for p in self.points if p.d1 > 0]
+        candidate = None
+        if below and above:
+            candidate = hermite_root_log(max(below, key=lambda p: p.beta), min(above, key=lambda p: p.beta))
+        if candidate is None:
+            near = min(self.points, key=lambda p: abs(p.d1 / (p.beta * p.d2)) if p.d2 > 0 else math.inf)
+            candidate = _factor_limited(near.beta, pade_log_step(near))
+        return self._clamp(candidate)
+
+    def _clamp(self, beta: float) -> float:
+        """``beta`` inside the bracket and the T bounds; the bracket's log-midpoint when it falls outside."""
+        if not (math.isfinite(beta) and beta > 0):
+            beta = self.lo * MAX_FACTOR if self.lo > 0 else 1.0
+        beta = min(max(beta, BETA_MIN), BETA_MAX)
+        evaluated = {p.beta for p in self.points}
+        if self.lo < beta < self.hi and beta not in evaluated:
+            return beta
+        if beta >= self.hi:
+            beta = math.sqrt(max(self.lo, self.hi / MAX_FACTOR ** 2) * self.hi)
+        else:
+            beta = math.sqrt(self.lo * min(self.hi, self.lo * MAX_FACTOR ** 2))
+        beta = min(max(beta, BETA_MIN), BETA_MAX)
+        self.stuck = beta in evaluated
+        return beta
+
+    def _final(self, beta: float, relative: float, s: NllDerivatives) -> CertifiedFit:
+        if beta > BETA_MAX:
+            return self._bound(BETA_MAX, "lower")
+        if beta < BETA_MIN:
+            return self._bound(BETA_MIN, "upper")
+        return CertifiedFit(beta, self.passes, True, relative, taylor_nll(s, beta - s.beta), None, self.betas)
+
+    def _bound(self, beta: float, bound: str) -> CertifiedFit:
+        near = min(self.points, key=lambda p: abs(math.log(p.beta / beta)))
+        where = f"below T = {T_MIN:g}" if bound == "lower" else f"above T = {T_MAX:g}"
+        return CertifiedFit(beta, self.passes, True, 0.0, taylor_nll(near, beta - near.beta), bound, self.betas,
+                            [f"the optimum lies {where}; T is set to that bound"])
+
+
+# -- models of d1 ----------------------------------------------------------------------
+def taylor_nll(s: NllDerivatives, t: float) -> float:
+    """The NLL at ``beta + t`` from the quartic Taylor model at ``s`` (``t`` is tiny once certified)."""
+    return s.nll + t * (s.d1 + t * (s.d2 / 2 + t * (s.d3 / 6 + t * s.d4 / 24)))
+
+
+def cubic_step(s: NllDerivatives) -> float:
+    """The root of ``P3(t) = d1 + d2 t + d3 t^2/2 + d4 t^3/6`` nearest the Newton step on its side; else Newton."""
+    d1, d2, d3, d4 = s.derivatives
+    newton = -d1 / d2 if d2 > 0 else math.inf
+    if not math.isfinite(newton):
+        return newton
+    coefficients = [d4 / 6, d3 / 2, d2, d1]
+    while coefficients and coefficients[0] == 0:
+        coefficients.pop(0)
+    roots = list(np.roots(coefficients)) if len(coefficients) > 1 else []
+    real = [float(r.real) for r in roots if abs(r.imag) <= 1e-9 * (1 + abs(r.real)) and r.real * newton >= 0]
+    return min(real, key=lambda t: abs(t - newton)) if real else newton
+
+
+def log_derivatives(s: NllDerivatives) -> tuple[float, float, float, float]:
+    """``d^k d1 / ds^k`` for ``s = log beta``, k = 0..3."""
+    b = s.beta
+    d1, d2, d3, d4 = s.derivatives
+    return d1, b * d2, b * d2 + b * b * d3, b * d2 + 3 * b * b * d3 + b ** 3 * d4
+
+
+def pade_log_step(s: NllDerivatives) -> float:
+    """Third-order Householder step on ``d1`` in ``log beta`` (Newton in ``log beta`` if it misbehaves).
+
+    When Newton's step in ``log beta`` already exceeds a factor MAX_FACTOR, that factor is taken.
+    """
+    g0, g1, g2, g3 = log_derivatives(s)
+    newton = -g0 / g1 if g1 > 0 else math.copysign(math.inf, -g0)
+    if abs(newton) >= math.log(MAX_FACTOR):
+        # Far from the root (or where d1 saturates) no local model is trusted: the longest step allowed.
+        return s.beta * MAX_FACTOR ** math.copysign(1.0, newton)
+    numerator = 3 * (2 * g1 * g1 - g0 * g2) * g0
+    denominator = -6 * g1 ** 3 + 6 * g0 * g1 * g2 - g0 * g0 * g3
+    step = numerator / denominator if denominator != 0 else newton
+    if not math.isfinite(step) or step * newton < 0:
+        step = newton
+    return s.beta * math.exp(max(min(step, 50.0), -50.0))
+
+
+def hermite_root_log(a: NllDerivatives, b: NllDerivatives) -> float | None:
+    """The root in ``(a.beta, b.beta)`` of the degree-7 Hermite interpolant of d1 in ``log beta``."""
+    x0, x1 = math.log(a.beta), math.log(b.beta)
+    h = x1 - x0
+    if not h > 0:
+        return None
+    ga, gb = log_derivatives(a), log_derivatives(b)
+    system = np.zeros((8, 8))
+    rhs = np.zeros(8)
+    for k in range(4):  # k-th derivative of sum_j c_j t^j at t = 0 and t = 1, in units of h^k
+        system[k, k] = math.factorial(k)
+        for j in range(k, 8):
+            system[4 + k, j] = math.factorial(j) / math.factorial(j - k)
+        rhs[k], rhs[4 + k] = ga[k] * h ** k, gb[k] * h ** k
+    try:
+        coefficients = np.linalg.solve(system, rhs)
+    except np.linalg.LinAlgError:
+        return None
+    roots = np.roots(coefficients[::-1])
+    inside = [float(r.real) for r in roots if abs(r.imag) < 1e-9 and 0 < r.real < 1]
+    if not inside:
+        return None
+    secant = ga[0] / (ga[0] - gb[0])
+    t = min(inside, key=lambda r: abs(r - secant))
+    return math.exp(x0 + t * h)
+
+
+def _factor_limited(beta: float, candidate: float) -> float:
+    """``candidate`` within a factor MAX_FACTOR of ``beta``."""
+    return min(max(candidate, beta / MAX_FACTOR), beta * MAX_FACTOR)
+
+
+# -- the certificate -------------------------------------------------------------------
+def certify(s: NllDerivatives, span: float, num_classes: int) -> tuple[float, float]:
+    """``(beta + t, E)``: the cubic model's root and a bound on its distance to the optimum (inf if none)."""
+    t = cubic_step(s)
+    beta = s.beta
+    if not math.isfinite(t) or beta + t <= 0:
+        return beta, math.inf
+    residual = _residual(s, t, span, num_classes)
+    curvature = _lower_curvature(s, abs(t), span, num_classes)
+    if not (curvature > 0 and math.isfinite(residual)):
+        return beta + t, math.inf
+    guess = 2 * residual / curvature + 1e-300
+    curvature = _lower_curvature(s, abs(t) + guess, span, num_classes)
+    error = residual / curvature if curvature > 0 else math.inf
+    return beta + t, error if error <= guess else math.inf
+
+
+def _residual(s: NllDerivatives, t: float, span: float, num_classes: int) -> float:
+    """A bound on ``|d1(beta + t)|`` from the Taylor models of order 2 and 3 with bounded remainders."""
+    d1, d2, d3, d4 = s.derivatives
+    p2 = d1 + d2 * t + d3 * t * t / 2
+    p3 = p2 + d4 * t ** 3 / 6
+    s4, s5 = _derivative_bounds(s, abs(t), span, num_classes)
+    return min(abs(p2) + s4 * abs(t) ** 3 / 6, abs(p3) + s5 * t ** 4 / 24)
+
+
+def _lower_curvature(s: NllDerivatives, r: float, span: float, num_classes: int) -> float:
+    """A lower bound on ``d2`` within ``r`` of ``s.beta`` (<= 0 means none)."""
+    s4, _ = _derivative_bounds(s, r, span, num_classes)
+    return s.d2 - abs(s.d3) * r - s4 * r * r / 2
+
+
+def _derivative_bounds(s: NllDerivatives, r: float, span: float, num_classes: int) -> tuple[float, float]:
+    """Bounds on ``|d4|`` and ``|d5|`` of the NLL within ``r`` of ``s.beta`` (see the module docstring)."""
+    low = s.beta - r
+    if low <= s.beta / 2:
+        return math.inf, math.inf
+    reach = min(span, (2 * math.log(max(num_classes, 2)) + 100) / low)
+    x = r * reach
+    if x > 50:
+        return math.inf, math.inf
+    tilt = math.exp(x)
+    factor = tilt * tilt * (1 + x * tilt) ** 5
+    mu4 = max(s.d4 + 3 * s.q, s.q)  # mean mu4 >= mean mu2^2
+    return factor * (mu4 + 2 * s.q), factor * (reach * mu4 + 10 * s.q5)
+
+
+__all__ = ["BETA_MAX", "BETA_MIN", "MAX_PASSES", "TOL", "T_MAX", "T_MIN", "CertifiedFit", "Evaluator", "FitStart",
+           "certified_fit", "certify", "cubic_step", "hermite_root_log", "pade_log_step"]

@@ -1,0 +1,222 @@
+"""One pass's kernel: the mean NLL of ``softmax(beta * z)`` and its first four derivatives in ``beta``.
+
+For one row of logits ``z`` (``-inf`` marks an impossible class) and its label ``y``,
+
+    A(beta)   = log sum_c exp(beta z_c)              (the log-partition function)
+    NLL(beta) = A(beta) - beta z_y.
+
+The derivatives of ``A`` are the cumulants of ``z`` under ``p = softmax(beta z)``, so
+
+    NLL'    = k1 - z_y = E_p[z] - z_y
+    NLL''   = k2 = mu2                     (the variance, >= 0: the NLL is convex in beta)
+    NLL'''  = k3 = mu3
+    NLL'''' = k4 = mu4 - 3 mu2^2
+
+with ``mu_k = E_p[(z - E_p z)^k]`` the central moments. One exp per logit gives all of them:
+
+* ``x = beta (z - top) <= 0`` with ``top = max z`` (the difference first: exact near the top whatever
+  the row's offset) and ``p = softmax(x)`` (one fused kernel, the only exp);
+* the row's log mass ``log sum exp(x) = x_y - log p_y``;
+* ``E_p[z] - top = E_p[x] / beta`` and the central moments of ``u = x / beta - E_p[z - top]``,
+  taken about the mean so that no power sum cancels.
+
+A chunk's result is a float64 vector of *sums* over its rows, in the order of :data:`FIELDS`:
+``count, nll, d1..d4`` and two terms of the fit's error bound, ``q = mu2^2`` and
+``q5 = sqrt(mu2^3 mu4)`` (:mod:`tempcal.core.certified`), so chunks and ranks simply add up.
+At ``beta = 0`` the distribution is uniform over each row's finite entries.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+#: Order of the fields in a chunk's float64 sums.
+FIELDS = ("count", "nll", "d1", "d2", "d3", "d4", "q", "q5")
+#: Scaled logits below -CLIP have probability exactly 0 in float32 and float64 alike.
+CLIP = 2000.0
+
+
+class Buffers(Protocol):
+    """Reused chunk-sized buffers (:class:`tempcal.core.scan.Scratch`)."""
+
+    def like(self, name: str, t: torch.Tensor) -> torch.Tensor: ...
+
+
+class _Fresh:
+    """New buffers every time (for callers that keep none)."""
+
+    def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(t)
+
+
+@dataclass(frozen=True)
+class NllDerivatives:
+    """Means over rows at one ``beta`` (all-reduced): the NLL, its derivatives in beta and two bound terms."""
+
+    beta: float
+    nll: float
+    d1: float  # d NLL / d beta = mean(E_p[z] - z_y)
+    d2: float  # mean Var_p[z]
+    d3: float = 0.0  # mean third cumulant
+    d4: float = 0.0  # mean fourth cumulant
+    q: float = 0.0  # mean mu2^2
+    q5: float = 0.0  # mean sqrt(mu2^3 mu4)
+
+    @classmethod
+    def from_sums(cls, beta: float, sums: torch.Tensor | Sequence[float]) -> NllDerivatives:
+        """From float64 sums in the order of :data:`FIELDS` (count first)."""
+        values = [float(v) for v in (sums.tolist() if isinstance(sums, torch.Tensor) else sums)]
+        count = max(values[0], 1e-300)
+        return cls(beta, *(v / count for v in values[1:8]))
+
+    @property
+    def grad(self) -> float:
+        """dNLL/dbeta (the name the first L-BFGS fit used)."""
+        return self.d1
+
+    @property
+    def curvature(self) -> float:
+        """d2NLL/dbeta2."""
+        return self.d2
+
+    @property
+    def derivatives(self) -> tuple[float, float, float, float]:
+        return self.d1, self.d2, self.d3, self.d4
+
+
+@dataclass(frozen=True)
+class RowMoments:
+    """Per-row moments of ``z`` under ``softmax(beta z)`` (compute dtype)."""
+
+    top: torch.Tensor  # max z
+    log_mass: torch.Tensor  # log sum_c exp(beta (z_c - top))
+    mean: torch.Tensor  # E_p[z] - top  (<= 0)
+    mu2: torch.Tensor  # central moments E_p[(z - E_p z)^k], k = 2, 3, 4
+    mu3: torch.Tensor
+    mu4: torch.Tensor
+
+
+def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tensor, buffers: Buffers | None = None,
+                *, top: torch.Tensor | None = None, impossible: bool | None = None) -> RowMoments:
+    """Moments of each row of ``z`` [n, C] under ``softmax(beta z)``: one exp per entry, centred sums.
+
+    ``beta`` is a number or one positive value per row (several betas in one call). ``top`` (the
+    rows' maxima) and ``impossible`` (whether the chunk holds ``-inf``; None: found out on the way)
+    save work when the validating scan knows them.
+    """
+    if not isinstance(beta, torch.Tensor) and beta == 0:
+        return _uniform_moments(z)
+    buffers = buffers or _Fresh()
+    b: float | torch.Tensor = beta.to(z.dtype)[:, None] if isinstance(beta, torch.Tensor) else float(beta)
+    top = z.amax(1) if top is None else top
+    x = torch.sub(z, top[:, None], out=buffers.like("d", z)).mul_(b)
+    p = torch.softmax(x, 1, out=buffers.like("e", z))
+    index = labels[:, None]
+    log_mass = x.gather(1, index)[:, 0] - torch.log(p.gather(1, index)[:, 0])
+    if impossible:
+        x.nan_to_num_(neginf=0.0)  # p is 0 there; 0 * -inf would be NaN
+    mean_x = _dot(p, x, buffers)
+    if impossible is None and bool(torch.isnan(mean_x).any()):
+        x.nan_to_num_(neginf=0.0)
+        mean_x = _dot(p, x, buffers)
+    if isinstance(b, float):  # u = z - E_p[z] in logit units, one fused sweep
+        mean = mean_x / b
+        u = torch.add(-mean[:, None], x, alpha=1.0 / b, out=x)
+    else:
+        mean = mean_x / b[:, 0]
+        u = x.div_(b).sub_(mean[:, None])
+    mu2, mu3, mu4 = _central(p, u, buffers)
+    if not bool(torch.isfinite(mu4 + log_mass).all()):  # one check for two rare cases
+        mu2, mu3, mu4, log_mass = _repair(z, b, top, mean, (mu2, mu3, mu4), log_mass, buffers)
+    return RowMoments(top, log_mass, mean, mu2, mu3, mu4)
+
+
+def _repair(z: torch.Tensor, b: float | torch.Tensor, top: torch.Tensor, mean: torch.Tensor,
+            central: tuple[torch.Tensor, torch.Tensor, torch.Tensor], log_mass: torch.Tensor, buffers: Buffers
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Huge finite mask values (e.g. -1e30) overflow ``u^2`` where ``p`` is exactly 0: recompute those moments
+    from clipped logits. A true class whose ``p_y`` underflowed to 0: its log mass directly."""
+    mu2, mu3, mu4 = central
+    if not bool(torch.isfinite(mu4).all()):
+        x = torch.sub(z, top[:, None]).mul_(b).clamp_(min=-CLIP)
+        p = torch.softmax(x, 1)
+        mu2, mu3, mu4 = _central(p, x.div_(b).sub_(mean[:, None]), buffers)
+    bad = (~torch.isfinite(log_mass)).nonzero()[:, 0]
+    if bad.numel():
+        scale = b if isinstance(b, float) else b[bad]
+        log_mass = log_mass.clone()
+        log_mass[bad] = torch.logsumexp((z[bad] - top[bad, None]) * scale, 1)
+    return mu2, mu3, mu4, log_mass
+
+
+def _uniform_moments(z: torch.Tensor) -> RowMoments:
+    """``beta = 0``: the uniform distribution over each row's finite entries."""
+    finite = torch.isfinite(z)
+    count = finite.sum(1).to(z.dtype)
+    top = z.amax(1)
+    d = torch.where(finite, z - top[:, None], torch.zeros((), dtype=z.dtype, device=z.device))
+    p = finite.to(z.dtype) / count.clamp_min(1)[:, None]
+    mean = (p * d).sum(1)
+    mu2, mu3, mu4 = _central(p, d - mean[:, None], _Fresh())
+    return RowMoments(top, torch.log(count), mean, mu2, mu3, mu4)
+
+
+def _central(p: torch.Tensor, u: torch.Tensor, buffers: Buffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``sum_c p u^k`` for k = 2, 3, 4 with two products and three reductions; ``p`` is overwritten."""
+    v = torch.mul(u, u, out=buffers.like("v", u))
+    w = p.mul_(v)
+    return w.sum(1), _dot(w, u, buffers), _dot(w, v, buffers)
+
+
+def _dot(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
+    """Row-wise ``sum a * b`` through a reused buffer (``vecdot`` allocates a chunk-sized temporary)."""
+    return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
+
+
+def row_terms(m: RowMoments, z_true: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:
+    """Float64 per-row values ``[1, NLL, d1, d2, d3, d4, q, q5]`` ([8, n])."""
+    values = torch.stack([m.top, z_true, m.log_mass, m.mean, m.mu2, m.mu3, m.mu4]).to(torch.float64)
+    top, true, log_mass, mean, mu2, mu3, mu4 = values
+    gap = top - true  # top - z_y >= 0, exact in float64
+    square = mu2 * mu2
+    q5 = torch.sqrt(mu2.clamp_min(0) ** 3 * mu4.clamp_min(0))
+    return torch.stack([torch.ones_like(top), log_mass + beta * gap, mean + gap, mu2, mu3, mu4 - 3 * square,
+                        square, q5])
+
+
+def chunk_sums(m: RowMoments, z_true: torch.Tensor, beta: float) -> torch.Tensor:
+    """Float64 sums over the chunk's rows, in the order of :data:`FIELDS` (no host synchronisation)."""
+    q5 = torch.sqrt(m.mu2.clamp_min(0) ** 3 * m.mu4.clamp_min(0))
+    rows = torch.stack([m.log_mass, m.mean, m.mu2, m.mu3, m.mu4, m.top, z_true, m.mu2 * m.mu2, q5])
+    log_mass, mean, mu2, mu3, mu4, top, true, square, q5_sum = rows.to(torch.float64).sum(1).unbind()
+    gap = top - true  # the sums of top and z_y in float64: no rounding of their per-row difference
+    count = torch.full((), float(m.top.shape[0]), dtype=torch.float64, device=gap.device)
+    return torch.stack([count, log_mass + beta * gap, mean + gap, mu2, mu3, mu4 - 3 * square, square, q5_sum])
+
+
+def row_cumulants(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Buffers | None = None, *,
+                  top: torch.Tensor | None = None, impossible: bool | None = None) -> torch.Tensor:
+    """Float64 sums (:data:`FIELDS`) over a chunk of rows ``z`` [n, C] (a binary logit already as ``[0, z]``)."""
+    y = y.to(torch.int64)
+    z_true = z.gather(1, y[:, None])[:, 0]
+    return chunk_sums(row_moments(z, beta, y, buffers, top=top, impossible=impossible), z_true, beta)
+
+
+def row_range(z: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """Per-row ``max - min`` over finite entries (the fit's error bound uses the largest one)."""
+    low = z.amin(1)
+    odd = low == -math.inf
+    if bool(odd.any()):
+        rows = z[odd]
+        inf = torch.full((), math.inf, dtype=z.dtype, device=z.device)
+        low[odd] = torch.where(torch.isfinite(rows), rows, inf).amin(1)
+    return top - low
+
+
+__all__ = ["FIELDS", "Buffers", "NllDerivatives", "RowMoments", "chunk_sums", "row_cumulants", "row_moments",
+           "row_range", "row_terms"]
