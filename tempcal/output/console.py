@@ -12,7 +12,7 @@ from rich.text import Text
 
 from ..metrics.detection import ID_RECALL
 from ..workflows.ood import OodReport, score_label
-from .figures import DISPLAYED_METRICS
+from .figures import DISPLAYED_METRICS, reads
 
 
 def fit_table(report) -> Table:
@@ -21,7 +21,7 @@ def fit_table(report) -> Table:
     status = "converged" if fit.converged else "NOT converged"
     if fit.bound:
         status += f", at the {fit.bound} bound"
-    table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {fit.passes} passes, {status})",
+    table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {reads(fit.passes)}, {status})",
                   title_justify="left")
     table.add_column("metric")
     table.add_column("before (T = 1)", justify="right")

@@ -19,4 +19,9 @@ def labelled(label: str, unit: str) -> str:
     return f"{label} ({unit})" if unit else label
 
 
-__all__ = ["DISPLAYED_METRICS", "labelled"]
+def reads(passes: int) -> str:
+    """``"1 pass"``, ``"3 passes"``: how many reads of the data a fit took."""
+    return f"{passes} pass" if passes == 1 else f"{passes} passes"
+
+
+__all__ = ["DISPLAYED_METRICS", "labelled", "reads"]

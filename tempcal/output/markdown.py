@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .figures import DISPLAYED_METRICS, labelled
+from .figures import DISPLAYED_METRICS, labelled, reads
 
 ROWS = tuple((labelled(label, unit), key) for key, label, unit in DISPLAYED_METRICS)
 
@@ -34,7 +34,7 @@ def fit_markdown(report, markdown_path: str | os.PathLike | None = None, plot: s
     lines = [
         "## Calibration", "",
         f"Temperature scaling with **T = {report.temperature:.6g}**, {how}. T minimises the "
-        f"{'negative log-likelihood' if fit.objective == 'nll' else 'binned ECE'} ({fit.passes} passes over the data, "
+        f"{'negative log-likelihood' if fit.objective == 'nll' else 'binned ECE'} ({reads(fit.passes)} over the data, "
         f"{'converged' if fit.converged else 'not converged'}). {report.num_classes} classes; "
         f"ECE and MCE use {report.bins} equal-width bins.", "",
         f"| metric | before (T = 1) | after (T = {report.temperature:.4g}) |", "|---|---:|---:|",
