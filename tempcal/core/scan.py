@@ -228,10 +228,11 @@ class Scan:
         device, in the compute dtype; a binary logit already as two classes). Every pass is counted here."""
         self.passes += 1
         stats = self.stats
+        neginf = stats.has_neginf.cpu()  # one copy per pass: a test on the device would wait for every chunk
         for start, z, y in self.data.chunks(self.chunk_rows, self.device, self.compute_dtype):
             stop = start + z.shape[0]
             yield (z, y, stats.row_max[start:stop], stats.true_gap[start:stop],
-                   stats.correct[start:stop], bool(stats.has_neginf[start:stop].any()))
+                   stats.correct[start:stop], bool(neginf[start:stop].any()))
 
     def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
         """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
