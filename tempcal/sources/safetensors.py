@@ -14,6 +14,7 @@ import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -185,9 +186,9 @@ class ShardedLogits:
             for position in range(0, self.num_samples, chunk_rows):
                 stop = min(position + chunk_rows, self.num_samples)
                 if rows is None:
-                    yield stop - position, lambda out, a=position, b=stop: out.copy_(logits[a:b])
+                    yield stop - position, partial(_copy_rows, logits[position:stop])
                 else:
-                    yield stop - position, lambda out, r=rows[position:stop]: torch.index_select(logits, 0, r, out=out)
+                    yield stop - position, partial(_gather_rows, logits, rows[position:stop])
             return
         reader = _BlockReader(chunk_rows * self.shards[0].row_bytes)
         for f, shard, block_start, block_stop, pick in self._file_blocks(chunk_rows):
@@ -199,7 +200,7 @@ class ShardedLogits:
                 yield block_stop - block_start, fill
             else:
                 block = reader.read(f, shard, block_start, block_stop)
-                yield pick.numel(), lambda out, block=block, pick=pick: torch.index_select(block, 0, pick, out=out)
+                yield pick.numel(), partial(_gather_rows, block, pick)
 
     def _staged_chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                        ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -218,6 +219,14 @@ class ShardedLogits:
                 position += n
         finally:
             stager.close()
+
+
+def _copy_rows(rows: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(rows)
+
+
+def _gather_rows(source: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    torch.index_select(source, 0, index, out=out)
 
 
 class _Resident:
