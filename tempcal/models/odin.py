@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
 from ..validation import as_temperature
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
-from .head import no_tf32
 from .inputs import InputsFile
 from .run import check_batch_size, progress_bar, select_output
 

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import shown
 from ..validation import whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
-from .head import no_tf32
 from .inputs import InputsFile
 
 if TYPE_CHECKING:
