@@ -25,11 +25,13 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ..errors import DataError
+from ..validation import check_bins
 from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
+from .limits import bounded_chunk_rows
 
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
 ALL_ROWS: Literal["all"] = "all"
@@ -102,6 +104,8 @@ class Scan:
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
         if self.chunk_rows < 1:
             raise DataError(f"chunk size must be at least 1 row, got {chunk_rows}")
+        if chunk_rows and _stats is None:  # the user's size: cut to the rows there are, refused beyond memory
+            self.chunk_rows = bounded_chunk_rows(self.chunk_rows, data.num_samples, data.num_classes, self.device)
         self.passes = 0
         self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
@@ -412,7 +416,9 @@ class Scratch:
 
 
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp)."""
+    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); ``bins`` is
+    checked first (at most MAX_BINS), so no pass allocates per-bin sums for an absurd count."""
+    bins = check_bins(bins)
     return torch.arange(bins + 1, dtype=torch.float64, device=device) / bins
 
 

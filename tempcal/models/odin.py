@@ -23,7 +23,7 @@ from ..errors import DataError, TempcalError, param
 from ..validation import as_temperature
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
 from .inputs import InputsFile
-from .run import check_batch_size, progress_bar, select_output
+from .run import bounded_batches, check_batch_size, progress_bar, select_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -102,7 +102,7 @@ def check_eps(eps: float) -> float:
     return value
 
 
-def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, batch_size: int
+def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, batch_size: int, device: torch.device
                    ) -> tuple[int, str, Batches]:
     """(rows, description, a function giving fresh batches) for a tensor or an inputs file."""
     if isinstance(inputs, torch.Tensor):
@@ -116,6 +116,7 @@ def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, ba
 
         return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", batches
     source = InputsFile(inputs, inputs_key)
+    batch_size = bounded_batches(batch_size, source, device)
     return source.num_samples, source.describe(), lambda: source.batches(batch_size)
 
 
@@ -134,7 +135,7 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
         raise TempcalError(f"{param('odin_eps')}: ODIN steps along the gradient of the model's outputs, which "
                            f"onnxruntime does not give; {name} is an ONNX model: score it without "
                            f"{param('odin_eps')}, or use its .pt2 or TorchScript export")
-    rows, what, batches = _input_batches(inputs, inputs_key, batch_size)
+    rows, what, batches = _input_batches(inputs, inputs_key, batch_size, model.device)
     parts = []
     gradients = _Gradients(net, tau, output_key, name)
     with progress_bar(progress, f"ODIN {Path(name).name} tau={tau:g}", rows) as advance, no_tf32():

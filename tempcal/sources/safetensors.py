@@ -111,6 +111,7 @@ class ShardedLogits:
         On CUDA every chunk goes through pinned buffers (:class:`~tempcal.core.transfer.PinnedStager`), so
         reading the next chunk overlaps the copy and the reduction of this one.
         """
+        chunk_rows = max(1, min(int(chunk_rows), self.starts[-1]))  # buffers never larger than the files
         if device.type == "cuda":
             yield from self._staged_chunks(chunk_rows, device, dtype)
         elif self.resident is not None:
