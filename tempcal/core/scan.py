@@ -416,10 +416,8 @@ class Scratch:
 
 
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); ``bins`` is
-    checked first (at most MAX_BINS), so no pass allocates per-bin sums for an absurd count."""
-    bins = check_bins(bins)
-    return torch.arange(bins + 1, dtype=torch.float64, device=device) / bins
+    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); bins checked first."""
+    return torch.arange(check_bins(bins) + 1, dtype=torch.float64, device=device) / bins
 
 
 def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
