@@ -205,3 +205,25 @@ def test_staged_chunks_on_every_cuda_device_equal_the_file(tmp_path, selected):
         assert all(z.device == device and y.device == device for _, z, y in parts)
         assert torch.equal(torch.cat([z.cpu() for _, z, _ in parts]), logits[rows])
         assert torch.equal(torch.cat([y.cpu() for _, _, y in parts]), labels[rows].to(torch.int64))
+
+
+def test_the_gpu_benchmark_skips_cleanly_without_cuda_and_dry_runs_its_stages_on_the_cpu(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    if not torch.cuda.is_available():
+        done = subprocess.run([sys.executable, str(bench / "gpu_stream.py")], capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == "gpu_stream: skipped (no CUDA device)"
+    monkeypatch.syspath_prepend(str(bench))
+    monkeypatch.setenv("TEMPCAL_RESIDENT_BYTES", "0")
+    import gpu_stream
+    from memory_scaling import write_logits_file
+
+    write_logits_file(tmp_path / "l.safetensors", 700, 50)
+    figures = gpu_stream.stage_times(tmp_path / "l.safetensors", 1, torch.device("cpu"))
+    assert set(figures) == {"read", "copy", "compute", "pass", "chunk_rows"} and figures["chunk_rows"] == 700
+    serial, ideal, hidden = gpu_stream.overlap({"read": 1.0, "copy": 2.0, "compute": 3.0, "pass": 4.5})
+    assert (serial, ideal, hidden) == (6.0, 3.0, 0.5)  # 1.5 s of the 3 s that could be hidden were
