@@ -125,9 +125,15 @@ def whole_number(value: object, what: str, *, minimum: int = 1, maximum: int | N
     return number
 
 
+#: The most equal-width bins a figure is computed with (every bin is kept, and listed, at every temperature).
+MAX_BINS = 100_000
+#: The most bootstrap resamples (percentile intervals settle long before; each costs a pass over the samples).
+MAX_RESAMPLES = 100_000
+
+
 def check_bins(bins: object) -> int:
-    """The number of equal-width bins: a whole number >= 1."""
-    return whole_number(bins, "bins")
+    """The number of equal-width bins: a whole number in ``[1, MAX_BINS]``."""
+    return whole_number(bins, "bins", maximum=MAX_BINS)
 
 
 def check_confidences(confidence: Any) -> None:
@@ -170,6 +176,6 @@ def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name
     return y.to(torch.int64)
 
 
-__all__ = ["IGNORE_INDEX", "TEMPERATURE_KEY", "as_temperature", "check_bins", "check_confidences", "check_labels",
-           "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number", "resolve_taus",
-           "stored_temperature", "whole_number"]
+__all__ = ["IGNORE_INDEX", "MAX_BINS", "MAX_RESAMPLES", "TEMPERATURE_KEY", "as_temperature", "check_bins",
+           "check_confidences", "check_labels", "check_taus", "format_temperature", "is_fitted", "parse_tau",
+           "positive_number", "resolve_taus", "stored_temperature", "whole_number"]

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     click_exception: Any = _click_class("ClickException")
     command = typer.main.get_command(app)
     try:
-        result = command.main(args=argv, prog_name="tempcal", standalone_mode=False)
+        result = _run(command, argv)
     except usage_error as exc:
         hint = f" (see tempcal {exc.ctx.info_name} --help)" if exc.ctx and exc.ctx.parent else ""
         stderr(f"error: {exc.format_message()}{hint}")
@@ -129,6 +129,16 @@ def main(argv: list[str] | None = None) -> int:
         stderr(f"internal error: {type(exc).__name__}: {exc} (set TEMPCAL_DEBUG=1 for the traceback)")
         return 1
     return result if isinstance(result, int) else 0
+
+
+def _run(command: Any, argv: list[str] | None) -> Any:
+    """The command, then the process group it joined under torchrun (if any) destroyed, whatever happened."""
+    try:
+        return command.main(args=argv, prog_name="tempcal", standalone_mode=False)
+    finally:
+        distributed = sys.modules.get("tempcal.core.distributed")  # imported only by commands that computed
+        if distributed is not None:
+            distributed.shutdown()
 
 
 def _click_class(name: str) -> type[Exception]:

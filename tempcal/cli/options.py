@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
-from ..validation import is_fitted, positive_number
+from ..validation import MAX_BINS, MAX_RESAMPLES, is_fitted, positive_number
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 
@@ -105,13 +105,14 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
 Tau = Annotated[Optional[list[str]], typer.Option(
     "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable."),
     ValueType('a number or "fitted"', configured_tau)]
-Bins = Annotated[int, typer.Option("--bins", min=1, help="Number of equal-width bins for ECE/MCE.")]
+Bins = Annotated[int, typer.Option("--bins", min=1, max=MAX_BINS, help="Number of equal-width bins for ECE/MCE.")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and of the bootstrap resamples.")]
 Estimators = Annotated[Optional[str], typer.Option(
     "--estimators", metavar="NAMES", help="More estimators, comma-separated or 'all': ece_equal_mass, ece_classwise, "
     "rms_ce, l2_ce_debiased.")]
 Bootstrap = Annotated[int, typer.Option(
-    "--bootstrap", metavar="N", min=0, help="95% percentile intervals for ECE and NLL from N seeded resamples.")]
+    "--bootstrap", metavar="N", min=0, max=MAX_RESAMPLES,
+    help="95% percentile intervals for ECE and NLL from N seeded resamples.")]
 
 # -- tempcal ood ------------------------------------------------------------------------------
 Score = Annotated[str, typer.Option(
@@ -129,8 +130,9 @@ MinAuroc = Annotated[Optional[float], typer.Option("--min-auroc", metavar="X",
 MaxFpr95 = Annotated[Optional[float], typer.Option("--max-fpr95", metavar="X",
                                                    help="Exit 3 when any reported row has FPR95 above X.")]
 OodBootstrap = Annotated[int, typer.Option(
-    "--bootstrap", metavar="N", min=0, help="95% percentile intervals for AUROC and FPR95 from N seeded resamples "
-    "(ID and OOD samples resampled separately).")]
+    "--bootstrap", metavar="N", min=0, max=MAX_RESAMPLES,
+    help="95% percentile intervals for AUROC and FPR95 from N seeded resamples (ID and OOD samples resampled "
+    "separately).")]
 
 # -- what to write --------------------------------------------------------------------------
 JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",

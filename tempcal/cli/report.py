@@ -49,6 +49,9 @@ from .options import (
     source_options,
 )
 
+#: Memory per reliability bin and temperature: its sums, and its entry in the results and the JSON.
+BIN_BYTES = 512
+
 
 def parse_sweep(text: str) -> list[float]:
     """``START:STOP:COUNT`` as COUNT log-spaced temperatures."""
@@ -112,11 +115,15 @@ def report(
     check_lm_eval_norm(source, lm_eval_norm)
     check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown}, source)
 
+    from ..core.limits import check_fits
     from ..output.console import print_report
     from ..output.files import write_report_files
     from ..output.markdown import report_markdown
     from ..workflows.report import report_file
 
+    # every bin is kept, and listed in the output, at every temperature
+    temperatures = len(taus) + len(grid) + 1
+    check_fits("bins", bins, BIN_BYTES * temperatures, "cpu", f"{bins} bins at up to {temperatures} temperatures")
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,

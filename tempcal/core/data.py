@@ -10,6 +10,7 @@ import torch
 
 from ..errors import DataError, TempcalError, param
 from ..validation import IGNORE_INDEX, check_labels
+from .transfer import to_device
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Rows of every reduction step are cut so that one chunk holds about this many logits.
@@ -137,8 +138,8 @@ class LogitsData:
         same softmax as ``sigmoid``, so every reduction is written once.
         """
         for start in range(0, self.num_samples, chunk_rows):
-            z = self.logits[start : start + chunk_rows].to(device=device, dtype=dtype, non_blocking=True)
-            y = self.labels[start : start + chunk_rows].to(device=device, dtype=torch.int64, non_blocking=True)
+            z = to_device(self.logits[start : start + chunk_rows], device, dtype)
+            y = to_device(self.labels[start : start + chunk_rows], device, torch.int64)
             if self.binary:
                 z = torch.stack([torch.zeros_like(z), z], dim=1)
             yield start, z, y

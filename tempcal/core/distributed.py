@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from ..errors import TempcalError, param
+
 
 def active() -> bool:
     """True inside an initialised process group of more than one process."""
@@ -31,22 +33,68 @@ def world_size() -> int:
     return dist.get_world_size() if active() else 1
 
 
+#: Whether this module started the process group (and so destroys it in :func:`shutdown`).
+_started = False
+
+
 def init_from_environment(device: str) -> str:
-    """Join the process group described by torchrun's environment (if any); returns the device to use."""
+    """Join the process group described by torchrun's environment (if any); returns the device to use.
+
+    gloo on the CPU, NCCL on CUDA; the device is :func:`rank_device`'s choice, made current before the
+    group starts so that NCCL binds this rank to it.
+    """
+    global _started
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return device
     import torch.distributed as dist
 
-    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = f"cuda:{local}"
-    else:
-        device = "cpu"
+    chosen = rank_device(device)
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return device
+        dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
+        _started = True
+    return str(chosen)
+
+
+def rank_device(device: str) -> torch.device:
+    """The device of this torchrun process for ``--device device``.
+
+    ``cpu`` (and ``auto`` without CUDA) is the CPU. An explicit ``cuda:N`` is used as given, unless every
+    process on this node would share it (all see the same GPUs: no ``CUDA_VISIBLE_DEVICES``). ``cuda``
+    and ``auto`` take GPU ``LOCAL_RANK``, or the only GPU a process sees when each sees one of its own.
+    """
+    from .data import resolve_device
+
+    chosen = resolve_device(device)
+    if chosen.type != "cuda":
+        return chosen
+    local, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if chosen.index is not None:
+        if per_node > 1 and count > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            raise TempcalError(f"{param('device')} {device}: the {per_node} processes torchrun started on this node "
+                               f"would all use {chosen}; use {param('device')} cuda (process LOCAL_RANK takes "
+                               "cuda:LOCAL_RANK) or give each process its GPU with CUDA_VISIBLE_DEVICES")
+        return chosen
+    if local < count:
+        return torch.device("cuda", local)
+    if count == 1:
+        return torch.device("cuda", 0)  # one GPU per process (CUDA_VISIBLE_DEVICES set per rank)
+    raise TempcalError(f"{param('device')} {device}: this process has LOCAL_RANK {local} but sees {count} CUDA "
+                       f"devices; start at most {count} processes per node, or give each one GPU with "
+                       "CUDA_VISIBLE_DEVICES")
+
+
+def shutdown() -> None:
+    """Destroy the process group :func:`init_from_environment` started (a no-op otherwise)."""
+    global _started
+    if _started:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _started = False
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:

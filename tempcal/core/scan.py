@@ -25,11 +25,13 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ..errors import DataError
+from ..validation import check_bins
 from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
+from .limits import bounded_chunk_rows
 
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
 ALL_ROWS: Literal["all"] = "all"
@@ -102,6 +104,8 @@ class Scan:
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
         if self.chunk_rows < 1:
             raise DataError(f"chunk size must be at least 1 row, got {chunk_rows}")
+        if chunk_rows and _stats is None:  # the user's size: cut to the rows there are, refused beyond memory
+            self.chunk_rows = bounded_chunk_rows(self.chunk_rows, data.num_samples, data.num_classes, self.device)
         self.passes = 0
         self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
@@ -228,10 +232,11 @@ class Scan:
         device, in the compute dtype; a binary logit already as two classes). Every pass is counted here."""
         self.passes += 1
         stats = self.stats
+        neginf = stats.has_neginf.cpu()  # one copy per pass: a test on the device would wait for every chunk
         for start, z, y in self.data.chunks(self.chunk_rows, self.device, self.compute_dtype):
             stop = start + z.shape[0]
             yield (z, y, stats.row_max[start:stop], stats.true_gap[start:stop],
-                   stats.correct[start:stop], bool(stats.has_neginf[start:stop].any()))
+                   stats.correct[start:stop], bool(neginf[start:stop].any()))
 
     def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
         """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
@@ -411,8 +416,8 @@ class Scratch:
 
 
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp)."""
-    return torch.arange(bins + 1, dtype=torch.float64, device=device) / bins
+    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); bins checked first."""
+    return torch.arange(check_bins(bins) + 1, dtype=torch.float64, device=device) / bins
 
 
 def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
     if isinstance(exc, MemoryError):
         return True
     text = str(exc).lower()
-    return "out of memory" in text or "bad_alloc" in text or "failed to allocate" in text
+    return any(sign in text for sign in ("out of memory", "bad_alloc", "failed to allocate", "can't allocate memory"))
 
 
 def error_line(exc: BaseException, *, last: bool = True) -> str:

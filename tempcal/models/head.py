@@ -15,16 +15,15 @@ a time, so memory holds the head once and a bounded block.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import FLOAT_DTYPES, dtype_name, read_header, read_tensor, shown
 from ..validation import positive_number
@@ -75,17 +74,6 @@ class OutputHead:
         if self.softcap is not None:
             out.div_(self.softcap).tanh_().mul_(self.softcap)
         return out
-
-
-@contextlib.contextmanager
-def no_tf32() -> Iterator[None]:
-    """Full float32 matmuls on CUDA (TF32 would change the logits, and T, by about 1e-3 relative)."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
 def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: str = "bias",

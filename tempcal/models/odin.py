@@ -10,6 +10,7 @@ assembled by :mod:`tempcal.workflows.ood`, as for every other score.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
 from ..validation import as_temperature
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
-from .head import no_tf32
 from .inputs import InputsFile
-from .run import check_batch_size, progress_bar, select_output
+from .run import bounded_batches, check_batch_size, progress_bar, select_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -37,19 +38,60 @@ def _two_class(z: torch.Tensor) -> torch.Tensor:
     return torch.stack([torch.zeros_like(z), z], dim=1) if z.dim() == 1 else z
 
 
-def _odin_batch(net: torch.nn.Module, x: torch.Tensor, tau: float, eps: float, output_key: OutputKey,
-                name: str) -> torch.Tensor:
+#: What cuDNN says when asked for an RNN's backward pass outside training mode (ODIN runs models in eval mode).
+CUDNN_RNN_EVAL_BACKWARD = "cudnn RNN backward can only be called in training mode"
+
+
+@contextlib.contextmanager
+def _cudnn_off(off: bool) -> Iterator[None]:
+    """cuDNN disabled for the duration when ``off`` (only ``enabled``: ``cudnn.flags`` would reset TF32 too)."""
+    before = torch.backends.cudnn.enabled
+    if off:
+        torch.backends.cudnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.enabled = before
+
+
+class _Gradients:
+    """The gradient of ``log max softmax(f(x) / tau)`` in ``x``, with the model in eval mode (dropout off).
+
+    cuDNN refuses an RNN's backward in eval mode, so on the first such refusal the gradient is taken
+    again, and from then on, with cuDNN off (torch's own RNN kernels, the same outputs).
+    """
+
+    def __init__(self, net: torch.nn.Module, tau: float, output_key: OutputKey, name: str):
+        self.net, self.tau, self.output_key, self.name = net, tau, output_key, name
+        self.without_cudnn = False
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        try:
+            return self._gradient(x)
+        except RuntimeError as exc:
+            if self.without_cudnn or CUDNN_RNN_EVAL_BACKWARD not in str(exc):
+                raise
+            self.without_cudnn = True
+            return self._gradient(x)
+
+    def _gradient(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(False), torch.enable_grad(), _cudnn_off(self.without_cudnn):
+            x = x.detach().clone().requires_grad_(True)
+            z = _two_class(select_output(self.net(x), self.output_key, self.name))
+            log_msp = torch.log_softmax(z.to(torch.float64) / self.tau, dim=1).max(dim=1).values
+            (grad,) = torch.autograd.grad(log_msp.sum(), x)
+        return grad
+
+
+def _odin_batch(net: torch.nn.Module, x: torch.Tensor, gradients: _Gradients, eps: float,
+                output_key: OutputKey, name: str) -> torch.Tensor:
     """ODIN scores of one batch: max softmax at ``tau`` after one signed-gradient step of size ``eps``."""
-    with torch.inference_mode(False), torch.enable_grad():
-        x = x.detach().clone().requires_grad_(True)
-        z = _two_class(select_output(net(x), output_key, name))
-        log_msp = torch.log_softmax(z.to(torch.float64) / tau, dim=1).max(dim=1).values
-        (grad,) = torch.autograd.grad(log_msp.sum(), x)
+    grad = gradients(x)
     # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
     perturbed = x.detach() - eps * torch.sign(-grad)
     with torch.inference_mode():
         z = _two_class(select_output(net(perturbed), output_key, name))
-        return torch.softmax(z.to(torch.float64) / tau, dim=1).max(dim=1).values.cpu()
+        return torch.softmax(z.to(torch.float64) / gradients.tau, dim=1).max(dim=1).values.cpu()
 
 
 def check_eps(eps: float) -> float:
@@ -60,7 +102,7 @@ def check_eps(eps: float) -> float:
     return value
 
 
-def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, batch_size: int
+def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, batch_size: int, device: torch.device
                    ) -> tuple[int, str, Batches]:
     """(rows, description, a function giving fresh batches) for a tensor or an inputs file."""
     if isinstance(inputs, torch.Tensor):
@@ -74,6 +116,7 @@ def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, ba
 
         return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", batches
     source = InputsFile(inputs, inputs_key)
+    batch_size = bounded_batches(batch_size, source, device)
     return source.num_samples, source.describe(), lambda: source.batches(batch_size)
 
 
@@ -92,14 +135,15 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
         raise TempcalError(f"{param('odin_eps')}: ODIN steps along the gradient of the model's outputs, which "
                            f"onnxruntime does not give; {name} is an ONNX model: score it without "
                            f"{param('odin_eps')}, or use its .pt2 or TorchScript export")
-    rows, what, batches = _input_batches(inputs, inputs_key, batch_size)
+    rows, what, batches = _input_batches(inputs, inputs_key, batch_size, model.device)
     parts = []
+    gradients = _Gradients(net, tau, output_key, name)
     with progress_bar(progress, f"ODIN {Path(name).name} tau={tau:g}", rows) as advance, no_tf32():
         for batch, (start, stop, x) in enumerate(batches()):
             if not x.dtype.is_floating_point:
                 raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")
             try:
-                parts.append(_odin_batch(net, x.to(model.device), tau, eps, output_key, name))
+                parts.append(_odin_batch(net, x.to(model.device), gradients, eps, output_key, name))
             except TempcalError:
                 raise
             except Exception as exc:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..core.data import resolve_device
+from ..core.precision import tf32_allowed
 from ..errors import TempcalError, param
 from ..io.atomic import atomic_path
 from ..validation import as_temperature
@@ -132,13 +133,14 @@ def _check_one_input(info: OnnxInfo) -> None:
 
 
 def _providers(device: str | torch.device) -> list[Any]:
-    """onnxruntime's execution providers for ``device``: CUDA (without TF32) when asked for and available."""
+    """onnxruntime's execution providers for ``device``: CUDA (without TF32 unless ``TEMPCAL_ALLOW_TF32=1``) when
+    asked for and available."""
     ort = import_onnxruntime()
     target = resolve_device(device)
     if target.type != "cuda":
         return ["CPUExecutionProvider"]
     if "CUDAExecutionProvider" in ort.get_available_providers():
-        options = {"device_id": target.index or 0, "use_tf32": 0}
+        options = {"device_id": target.index or 0, "use_tf32": int(tf32_allowed())}
         return [("CUDAExecutionProvider", options), "CPUExecutionProvider"]
     if str(device) == "auto":
         return ["CPUExecutionProvider"]

@@ -8,17 +8,19 @@ batch, its rows and the inputs' shape. A transient progress bar shows on a termi
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..core.limits import bounded_batch_size
+from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import shown
 from ..validation import whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
-from .head import no_tf32
 from .inputs import InputsFile
 
 if TYPE_CHECKING:
@@ -107,6 +109,16 @@ def check_batch_size(batch_size: int) -> int:
     return whole_number(batch_size, param("batch_size"))
 
 
+def bounded_batches(batch_size: int, source: InputsFile, device: Any) -> int:
+    """``batch_size`` cut to the rows of ``source``, refused when one batch of inputs would not fit on the host or
+    on ``device``."""
+    values = math.prod(source.shape[1:])
+    batch_size = bounded_batch_size(batch_size, source.num_samples, values, "cpu")
+    if torch.device(device).type == "cuda":
+        bounded_batch_size(batch_size, source.num_samples, values, device)
+    return batch_size
+
+
 def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, start: int, stop: int) -> Any:
     """``net(x)``, with any failure turned into one line naming the batch, its rows and the inputs' shape."""
     try:
@@ -124,7 +136,7 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
 def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
               output_key: OutputKey = None, progress: bool | Console = True) -> torch.Tensor:
     """The model's logits over every row of ``source`` (on the CPU), run batch by batch under inference mode."""
-    check_batch_size(batch_size)
+    batch_size = bounded_batches(check_batch_size(batch_size), source, model.device)
     parts: list[torch.Tensor] = []
     classes = None
     with progress_bar(progress, f"running {Path(model.name).name}", source.num_samples) as advance, \

@@ -11,14 +11,16 @@ label is ``ignore_index`` are skipped everywhere.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from ..core.data import as_logits_data, default_chunk_rows
+from ..core.transfer import PinnedStager, to_device
 from ..errors import DataError, TempcalError, param
 from ..io import writeback
 from ..io.safetensors_header import FLOAT_DTYPES, Header, check_unchanged, dtype_name, read_header, read_tensor
@@ -104,12 +106,25 @@ class ShardedLogits:
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk."""
-        if self.resident is not None:
+        """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk.
+
+        On CUDA every chunk goes through pinned buffers (:class:`~tempcal.core.transfer.PinnedStager`), so
+        reading the next chunk overlaps the copy and the reduction of this one.
+        """
+        chunk_rows = max(1, min(int(chunk_rows), self.starts[-1]))  # buffers never larger than the files
+        if device.type == "cuda":
+            yield from self._staged_chunks(chunk_rows, device, dtype)
+        elif self.resident is not None:
             yield from self._resident_chunks(chunk_rows, device, dtype)
-            return
-        reader = _BlockReader(chunk_rows * self.shards[0].row_bytes, pinned=device.type == "cuda")
-        position = 0
+        else:
+            yield from self._read_chunks(chunk_rows, dtype)
+
+    def _two_class(self, z: torch.Tensor) -> torch.Tensor:
+        return torch.stack([torch.zeros_like(z[:, 0]), z[:, 0]], dim=1) if self.binary else z
+
+    def _file_blocks(self, chunk_rows: int) -> Iterator[tuple[object, Shard, int, int, torch.Tensor | None]]:
+        """``(open file, shard, first, stop, pick)`` per block of at most ``chunk_rows`` file rows holding selected
+        rows; ``pick`` (None: all) are the selected rows relative to ``first``. Each file is checked unchanged."""
         for k, shard in enumerate(self.shards):
             first, last = self.starts[k], self.starts[k + 1]
             if self.rows is None:
@@ -122,22 +137,28 @@ class ShardedLogits:
             with open(shard.header.path, "rb") as f:
                 for block_start in range(0, shard.rows, chunk_rows):
                     block_stop = min(block_start + chunk_rows, shard.rows)
+                    pick = None
                     if wanted is not None:
                         a, b = torch.searchsorted(wanted, torch.tensor([block_start, block_stop])).tolist()
                         if a == b:
                             continue
                         pick = wanted[a:b] - block_start
-                    block = reader.read(f, shard, block_start, block_stop)
-                    if wanted is not None:
-                        block = block.index_select(0, pick)
-                    n = block.shape[0]
-                    z = reader.to_device(block, device, dtype)
-                    y = self.labels[position : position + n].to(device=device, dtype=torch.int64)
-                    if self.binary:
-                        z = torch.stack([torch.zeros_like(z[:, 0]), z[:, 0]], dim=1)
-                    yield position, z, y
-                    position += n
+                    yield f, shard, block_start, block_stop, pick
             check_unchanged(shard.header.path, shard.header.stamp)
+
+    def _read_chunks(self, chunk_rows: int, dtype: torch.dtype) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """CPU chunks read from the files into one reused buffer."""
+        reader = _BlockReader(chunk_rows * self.shards[0].row_bytes)
+        position = 0
+        for f, shard, block_start, block_stop, pick in self._file_blocks(chunk_rows):
+            block = reader.read(f, shard, block_start, block_stop)
+            if pick is not None:
+                block = block.index_select(0, pick)
+            n = block.shape[0]
+            z = block.to(dtype=dtype)
+            z = z.clone() if z.data_ptr() == block.data_ptr() else z  # never a view of the reused buffer
+            yield position, self._two_class(z), self.labels[position : position + n]
+            position += n
 
     def _resident_chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                          ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
@@ -151,11 +172,62 @@ class ShardedLogits:
                 block = logits[position:stop]
             else:  # one buffer for every chunk: the caller is done with a chunk when it asks for the next
                 block = torch.index_select(logits, 0, rows[position:stop], out=gathered[:stop - position])
-            z = block.to(device=device, dtype=dtype, non_blocking=True)
-            y = self.labels[position:stop].to(device=device, dtype=torch.int64)
-            if self.binary:
-                z = torch.stack([torch.zeros_like(z[:, 0]), z[:, 0]], dim=1)
-            yield position, z, y
+            z = to_device(block, device, dtype)
+            y = to_device(self.labels[position:stop], device, torch.int64)
+            yield position, self._two_class(z), y
+
+    def _host_fills(self, chunk_rows: int) -> Iterator[tuple[int, Callable[[torch.Tensor], None]]]:
+        """``(rows, fill)`` per chunk: ``fill(out)`` writes the chunk's ``rows`` logits into ``out`` (pinned).
+
+        Whole blocks are read straight into ``out``; selected rows are gathered into it (from memory, or
+        from a block read into a pageable scratch buffer).
+        """
+        if self.resident is not None:
+            logits, rows = self.resident.load(), self.rows
+            for position in range(0, self.num_samples, chunk_rows):
+                stop = min(position + chunk_rows, self.num_samples)
+                if rows is None:
+                    yield stop - position, partial(_copy_rows, logits[position:stop])
+                else:
+                    yield stop - position, partial(_gather_rows, logits, rows[position:stop])
+            return
+        reader = _BlockReader(chunk_rows * self.shards[0].row_bytes)
+        for f, shard, block_start, block_stop, pick in self._file_blocks(chunk_rows):
+            if pick is None:
+                def fill(out: torch.Tensor, f=f, shard=shard, a=block_start) -> None:
+                    memory = memoryview(out.view(torch.uint8).numpy().data).cast("B")
+                    _read_exactly(f, memory, shard.offset + a * shard.row_bytes, shard.header.path)
+
+                yield block_stop - block_start, fill
+            else:
+                block = reader.read(f, shard, block_start, block_stop)
+                yield pick.numel(), partial(_gather_rows, block, pick)
+
+    def _staged_chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
+                       ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """CUDA chunks: each filled into a pinned slot and copied on the stager's side stream."""
+        first = self.shards[0]
+        stager = PinnedStager(device, chunk_rows * first.row_bytes, chunk_rows)
+        position = 0
+        try:
+            for n, fill in self._host_fills(chunk_rows):
+                raw, labels = stager.buffers(n, first.row_bytes)
+                block = raw.view(first.dtype).view(n, first.width)
+                fill(block)
+                labels.copy_(self.labels[position : position + n])
+                z, y = stager.send(block, labels, dtype)
+                yield position, self._two_class(z), y
+                position += n
+        finally:
+            stager.close()
+
+
+def _copy_rows(rows: torch.Tensor, out: torch.Tensor) -> None:
+    out.copy_(rows)
+
+
+def _gather_rows(source: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> None:
+    torch.index_select(source, 0, index, out=out)
 
 
 class _Resident:
@@ -209,43 +281,17 @@ def _read_exactly(f, memory: memoryview, offset: int, path) -> None:
 
 
 class _BlockReader:
-    """Reads row blocks with ``os.preadv`` into reused buffers.
+    """Reads row blocks with ``os.preadv`` into one reused (pageable) buffer."""
 
-    For CUDA the buffers are pinned and two alternate: a block's host-to-device copy runs on a
-    side stream while the next block is read, and a buffer is reused only once its copy is done.
-    """
-
-    def __init__(self, capacity: int, *, pinned: bool):
-        count = 2 if pinned else 1
-        self.buffers = [torch.empty(max(capacity, 1), dtype=torch.uint8, pin_memory=pinned) for _ in range(count)]
-        self.copied: list = [None] * count
-        self.turn = 0
-        self.stream = torch.cuda.Stream() if pinned else None
+    def __init__(self, capacity: int):
+        self.buffer = torch.empty(max(capacity, 1), dtype=torch.uint8)
 
     def read(self, f, shard: Shard, start: int, stop: int) -> torch.Tensor:
-        k = self.turn
-        if self.copied[k] is not None:
-            self.copied[k].synchronize()
-        nbytes = (stop - start) * shard.row_bytes
-        view = self.buffers[k][:nbytes]
+        """Rows ``[start, stop)`` of ``shard``, a view of the buffer valid until the next read."""
+        view = self.buffer[: (stop - start) * shard.row_bytes]
         offset = shard.offset + start * shard.row_bytes
         _read_exactly(f, memoryview(view.numpy().data).cast("B"), offset, shard.header.path)
         return view.view(shard.dtype).view(stop - start, shard.width)
-
-    def to_device(self, block: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-        """The block on ``device`` in ``dtype``, never a view of a reused buffer."""
-        if self.stream is None:
-            z = block.to(dtype=dtype)
-            return z.clone() if z.data_ptr() == block.data_ptr() else z
-        with torch.cuda.stream(self.stream):
-            z = block.to(device=device, non_blocking=True).to(dtype)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        torch.cuda.current_stream(device).wait_stream(self.stream)
-        z.record_stream(torch.cuda.current_stream(device))
-        self.copied[self.turn] = event
-        self.turn = (self.turn + 1) % len(self.buffers)
-        return z
 
 
 class SafetensorsKind(SourceKind):

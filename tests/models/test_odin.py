@@ -81,3 +81,79 @@ def test_odin_ood_report_matches_scikit_learn(digits, tmp_path):
     assert report.to_json()["results"][0]["auroc"] == report.results[0][1].auroc
     with pytest.raises(TempcalError, match=r"tau fitted: .*mlp\.pt on .*id\.safetensors has no stored temperature"):
         ood_file(digits["model"], [ood_path], odin_eps=0.02, taus=["fitted"], device="cpu", inputs=str(id_path))
+
+
+# -- recurrent models: cuDNN refuses an RNN's backward in eval mode ------------------------------------------
+class _Recurrent(torch.nn.Module):
+    """A small LSTM classifier over inputs [N, 6, 4] (sequences of 6 steps of 4 features)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lstm = torch.nn.LSTM(4, 8, batch_first=True)
+        self.head = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return self.head(out[:, -1])
+
+
+class _RefusesLikeCudnn(torch.autograd.Function):
+    """The identity, whose backward fails as cuDNN's RNN backward does in eval mode while cuDNN is enabled."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if torch.backends.cudnn.enabled:
+            raise RuntimeError("cudnn RNN backward can only be called in training mode")
+        return grad
+
+
+def _recurrent_inputs(n: int = 50) -> torch.Tensor:
+    return torch.randn(n, 6, 4, generator=torch.Generator().manual_seed(1))
+
+
+def test_odin_retries_without_cudnn_when_cudnn_refuses_an_eval_mode_rnn_backward():
+    from tempcal.models.base import LoadedModel
+
+    module = _Recurrent().eval()
+    calls = []
+
+    def net(x):
+        calls.append(torch.backends.cudnn.enabled)
+        return module(_RefusesLikeCudnn.apply(x))
+
+    model = LoadedModel("recurrent.pt2", "export", net, None, torch.device("cpu"))  # type: ignore[arg-type]
+    x = _recurrent_inputs()
+    before = torch.backends.cudnn.enabled
+    ours = odin_scores(model, x, tau=2.0, eps=0.02, batch_size=20, device="cpu").numpy()
+    np.testing.assert_allclose(ours, ref_odin(module, x, 2.0, 0.02), rtol=1e-6, atol=1e-12)
+    assert torch.backends.cudnn.enabled == before
+    # batch 0: refused (cuDNN on), taken again without cuDNN, perturbed forward; later batches go without cuDNN first
+    assert calls[:3] == [before, False, before] and calls[3::2] == [False, False]
+
+
+def test_odin_passes_other_errors_through_unchanged():
+    from tempcal.models.base import LoadedModel
+
+    def net(x):
+        raise RuntimeError("shapes cannot be multiplied")
+
+    model = LoadedModel("broken.pt2", "export", net, None, torch.device("cpu"))  # type: ignore[arg-type]
+    with pytest.raises(TempcalError, match=r"ODIN failed on batch 0 .*shapes cannot be multiplied"):
+        odin_scores(model, _recurrent_inputs(4), tau=1.0, eps=0.01, device="cpu")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_odin_on_an_lstm_runs_on_cuda_as_on_the_cpu():
+    from tempcal.models.base import LoadedModel
+
+    module = _Recurrent().eval()
+    x = _recurrent_inputs(200)
+    model = LoadedModel("lstm.pt2", "export", module.cuda(), None, torch.device("cuda"))  # type: ignore[arg-type]
+    on_cuda = odin_scores(model, x, tau=1.5, eps=0.001, batch_size=64, device="cuda").numpy()
+    # float32 kernels differ between devices; a near-zero gradient may flip sign, moving one input by 2 eps
+    np.testing.assert_allclose(on_cuda, ref_odin(_Recurrent().eval(), x, 1.5, 0.001), rtol=0, atol=1e-4)

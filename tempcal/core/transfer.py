@@ -1,0 +1,97 @@
+"""Moving row chunks between the host and a CUDA device without reading a buffer before its copy lands.
+
+Two rules. :func:`to_device` copies asynchronously (``non_blocking``) only from pinned host memory toward
+CUDA: a non-blocking copy toward the host returns before the bytes arrive, so the host could read a
+stale buffer, and from pageable memory it gains nothing. :class:`PinnedStager` streams chunks read on the
+host to a CUDA device: the host fills one of two pinned buffers (logits and labels together) while the
+device copies the other on a side stream created on the target device, and a buffer is refilled only
+after its copy's event has completed; the compute stream waits for each copy on the GPU, not the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: The number of pinned buffers a stager alternates between: one being filled, one being copied.
+SLOTS = 2
+
+
+def is_async_copy(source: torch.Tensor, device: torch.device) -> bool:
+    """Whether copying ``source`` to ``device`` may be non-blocking: only pinned host memory toward CUDA."""
+    return device.type == "cuda" and source.device.type == "cpu" and source.is_pinned()
+
+
+def to_device(tensor: torch.Tensor, device: torch.device | str, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """``tensor`` on ``device`` (in ``dtype``), readable at once by the host whenever ``device`` is the CPU."""
+    device = torch.device(device)
+    return tensor.to(device=device, dtype=dtype, non_blocking=is_async_copy(tensor, device))
+
+
+class PinnedStager:
+    """Host row blocks to one CUDA device through :data:`SLOTS` pinned buffers and a side stream on that device.
+
+    Use: ``logits, labels = stager.buffers(rows, row_bytes)`` gives views of the next free slot (waiting
+    for that slot's previous copy, if any), the caller fills them, and ``stager.send(...)`` copies them
+    to the device and returns tensors that the current stream of the device may use at once.
+    """
+
+    def __init__(self, device: torch.device, logits_bytes: int, label_rows: int):
+        if device.type != "cuda":
+            raise ValueError(f"PinnedStager copies to a CUDA device, not {device}")
+        self.device = device
+        self.stream = torch.cuda.Stream(device=device)  # on the target: its events then guard that device's copies
+        self.logits = [_pinned(max(logits_bytes, 1), torch.uint8) for _ in range(SLOTS)]
+        self.labels = [_pinned(max(label_rows, 1), torch.int64) for _ in range(SLOTS)]
+        self.copied: list = [None] * SLOTS
+        self.turn = 0
+
+    def buffers(self, rows: int, row_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next slot's logits bytes ``[rows * row_bytes]`` (uint8) and labels ``[rows]`` (int64), free to fill."""
+        k = self.turn
+        if self.copied[k] is not None:
+            self.copied[k].synchronize()  # the host waits only for this slot's copy, issued a chunk ago
+            self.copied[k] = None
+        return self.logits[k][: rows * row_bytes], self.labels[k][:rows]
+
+    def send(self, block: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy the current slot's ``block`` (a view of its logits buffer) and ``labels`` to the device.
+
+        The copies run on the side stream; the device's current stream waits for them (on the GPU),
+        converts the logits to ``dtype`` and owns the results.
+        """
+        k = self.turn
+        with torch.cuda.stream(self.stream):
+            z, y = _async_copy(block, self.device), _async_copy(labels, self.device)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        current = torch.cuda.current_stream(self.device)
+        current.wait_stream(self.stream)
+        _used_on(z, current)  # allocated on the side stream, used on the current one
+        _used_on(y, current)
+        self.copied[k] = event
+        self.turn = (k + 1) % SLOTS
+        return z.to(dtype), y
+
+    def close(self) -> None:
+        """Wait for every copy in flight (the pinned buffers may then be freed)."""
+        for event in self.copied:
+            if event is not None:
+                event.synchronize()
+        self.copied = [None] * SLOTS
+
+
+def _pinned(count: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(count, dtype=dtype, pin_memory=True)
+
+
+def _async_copy(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A non-blocking copy of pinned ``host`` memory to ``device``, on the current stream."""
+    return host.to(device=device, non_blocking=True)
+
+
+def _used_on(tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
+    """Tell the caching allocator that ``stream`` uses ``tensor`` (allocated on another stream)."""
+    tensor.record_stream(stream)
+
+
+__all__ = ["SLOTS", "PinnedStager", "is_async_copy", "to_device"]
