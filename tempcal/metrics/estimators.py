@@ -159,11 +159,13 @@ def rms_calibration_error(confidence, correct, bins: int = 15) -> float:
     and Nixon et al. 2019; the bins are the contract's (i/B, (i+1)/B], the first also holding 0.
     """
     bins = check_bins(bins)
-    c, k = _per_sample(confidence, correct)
+    return _rms_of(*_per_sample(confidence, correct), bins)
+
+
+def _rms_of(c: np.ndarray, k: np.ndarray, bins: int) -> float:
     index = equal_width_index(c, bins)
-    return rms_from_bins(torch.from_numpy(np.bincount(index, minlength=bins).astype(np.float64)),
-                         torch.from_numpy(np.bincount(index, weights=c, minlength=bins)),
-                         torch.from_numpy(np.bincount(index, weights=k, minlength=bins)))
+    return rms_from_bins(*(torch.from_numpy(np.bincount(index, weights=w, minlength=bins).astype(np.float64))
+                           for w in (None, c, k)))
 
 
 def rms_from_sums(sums: CalibrationSums) -> float:
@@ -200,9 +202,9 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
                    per_sample: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
     """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples (every rank's), keyed by name.
 
-    The equal-width bins come from one all-reduced :meth:`Scan.calibration` pass; the equal-mass estimators
-    from :meth:`Scan.per_sample` (gathered from every rank), or from ``per_sample``, that pass's result at
-    ``tau`` when the caller has it already; the classwise ECE costs one more pass, made only when asked for.
+    One pass serves the equal-mass estimators and the RMS error: :meth:`Scan.per_sample` (gathered from every
+    rank), or ``per_sample``, that pass's result at ``tau`` when the caller has it already; the RMS error alone
+    takes an all-reduced :meth:`Scan.calibration` pass; the classwise ECE one more pass, made only when asked for.
     """
     names = check_names(names)
     bins = check_bins(bins)
@@ -211,16 +213,19 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
         raise TempcalError("calibration estimators need at least one sample, got 0")
     beta = 1.0 / value
     out: dict[str, float] = {}
-    if "rms_ce" in names:
-        [(sums, _)] = scan.calibration([beta], bins)
-        out["rms_ce"] = rms_from_sums(sums)
     if "ece_equal_mass" in names or "l2_ce_debiased" in names:
         stats = per_sample if per_sample is not None else scan.per_sample(beta)
-        mass = _equal_mass(*_per_sample(stats["confidence"], stats["correct"]), bins)
+        c, k = _per_sample(stats["confidence"], stats["correct"])
+        mass = _equal_mass(c, k, bins)
         if "ece_equal_mass" in names:
             out["ece_equal_mass"] = _ece_of(mass)
         if "l2_ce_debiased" in names:
             out["l2_ce_debiased"] = _debiased_of(mass)
+        if "rms_ce" in names:  # the same confidences in the same bins as the calibration pass
+            out["rms_ce"] = _rms_of(c, k, bins)
+    elif "rms_ce" in names:
+        [(sums, _)] = scan.calibration([beta], bins)
+        out["rms_ce"] = rms_from_sums(sums)
     if "ece_classwise" in names:
         out["ece_classwise"] = classwise_ece(scan.classwise(beta, bins))
     return {name: out[name] for name in names}
