@@ -35,6 +35,10 @@ EXAMPLE = EXAMPLES / "digits_logits.safetensors"
 OOD_CLASSES = 6
 #: Unpickling :class:`Evil` creates this file (in the working folder unless given a path).
 MARKER = "unpickled.marker"
+#: Skips a test without a GPU.
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+#: ``cpu``, and ``cuda`` (skipped without a GPU): ``@pytest.mark.parametrize("device", DEVICES)``.
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
 # -- logits and labels ---------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ CLIP = 2000.0
 
 
 class Buffers(Protocol):
-    """Reused chunk-sized buffers (:class:`tempcal.core.scan.Scratch`)."""
+    """Reused chunk-sized buffers (:class:`tempcal.core.scratch.Scratch`)."""
 
     def like(self, name: str, t: torch.Tensor) -> torch.Tensor: ...
 

@@ -109,19 +109,28 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
 
 def all_gather_1d(tensor: torch.Tensor) -> torch.Tensor:
     """Concatenate every rank's 1-D tensor in rank order (tensors may differ in length)."""
+    return all_gather_rows(tensor)
+
+
+def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's tensor along its first dimension, in rank order (the first dimension may differ,
+    and may be 0, from rank to rank; the others must agree). Ranks hold contiguous shares of the rows in order,
+    so this is the one-process tensor of every row."""
     if not active():
         return tensor
     import torch.distributed as dist
 
-    size = torch.tensor([tensor.numel()], device=tensor.device)
+    size = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
     sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, size)
-    longest = int(max(s.item() for s in sizes))
-    padded = torch.zeros(longest, dtype=tensor.dtype, device=tensor.device)
-    padded[: tensor.numel()] = tensor
-    parts = [torch.zeros_like(padded) for _ in sizes]
+    counts = [int(s.item()) for s in sizes]
+    if max(counts) == 0:
+        return tensor
+    padded = torch.zeros((max(counts), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.zeros_like(padded) for _ in counts]
     dist.all_gather(parts, padded)
-    return torch.cat([p[: int(s.item())] for p, s in zip(parts, sizes, strict=True)])
+    return torch.cat([p[:count] for p, count in zip(parts, counts, strict=True)])
 
 
 def share(count: int) -> tuple[int, int]:

@@ -14,6 +14,11 @@ sum by that much, and a crossing moves ``c_i - conf_i`` from one bin's sum to an
 So ``min ECE on [T_a, T_b] >= max(ECE(T_a), ECE(T_b)) - D``, and once every interval's
 bound is at least ``best - tol``, no temperature in the searched range has an ECE lower
 than the returned one by more than ``tol``. Each round of splits is one pass.
+
+Memory: both terms are sums over rows, so each pass computes, chunk by chunk, the confidences at every
+temperature it needs (the new midpoints and the ends of their intervals) and keeps only per-bin sums and
+one drift per interval (:mod:`tempcal.core.ece_terms`): nothing per row between chunks or passes, and the
+sums all-reduce across processes like every other pass.
 """
 
 from __future__ import annotations
@@ -21,9 +26,7 @@ from __future__ import annotations
 import itertools
 import math
 
-import torch
-
-from .scan import Scan, bin_edges, bin_index
+from .scan import Scan
 
 #: The searched range is T* / SPAN .. T* * SPAN around the NLL optimum T*.
 SPAN = 100.0
@@ -31,35 +34,27 @@ INITIAL_POINTS = 65
 MAX_ROUNDS = 40
 
 
-def _bin_index(confidence: torch.Tensor, bins: int) -> torch.Tensor:
-    return bin_index(confidence, bin_edges(bins, confidence.device))
-
-
 def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN
                  ) -> tuple[float, float, bool]:
     """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
 
-    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough.
-    Per-sample confidences are kept only for the ends of intervals still open.
+    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each pass evaluates
+    the new midpoints and the bound of every half interval at once, keeping nothing per row.
     """
-    correct = scan.stats.correct.to(torch.float64)
     n = max(scan.num_samples, 1)
     ece: dict[float, float] = {}
-    samples: dict[float, tuple[torch.Tensor, torch.Tensor]] = {}
+    drift: dict[tuple[float, float], float] = {}
 
     def evaluate(thetas: list[float]) -> None:
-        results = scan.calibration([math.exp(-t) for t in thetas], bins, keep_scores=True)
-        for theta, (sums, scores) in zip(thetas, results, strict=True):
-            ece[theta] = float((sums.bin_correct - sums.bin_confidence).abs().sum()) / n
-            assert scores is not None
-            confidence = scores["confidence"]
-            samples[theta] = (confidence, _bin_index(confidence, bins))
+        """The ECE at each of the sorted ``thetas`` and the drift between each two neighbours, in one pass."""
+        per_bin, between = scan.ece_terms([math.exp(-t) for t in thetas], bins)
+        for theta, sums in zip(thetas, per_bin, strict=True):
+            ece[theta] = float((sums[2] - sums[1]).abs().sum()) / n
+        for pair, value in zip(itertools.pairwise(thetas), between.tolist(), strict=True):
+            drift[pair] = value / n
 
     def lower_bound(a: float, b: float) -> float:
-        (conf_a, bin_a), (conf_b, bin_b) = samples[a], samples[b]
-        slack = torch.maximum((correct - conf_a).abs(), (correct - conf_b).abs())
-        drift = scan.sum((conf_b - conf_a).abs() + 2 * (bin_b - bin_a).abs() * slack) / n
-        return max(ece[a], ece[b]) - drift
+        return max(ece[a], ece[b]) - drift[a, b]
 
     low, high = math.log(centre / span), math.log(centre * span)
     grid = [low + (high - low) * k / (INITIAL_POINTS - 1) for k in range(INITIAL_POINTS)]
@@ -69,14 +64,12 @@ def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, spa
     for _ in range(MAX_ROUNDS):
         best = min(ece.values())
         open_intervals = [(a, b) for a, b in open_intervals if lower_bound(a, b) < best - tol and b - a > 1e-12]
-        keep = {t for interval in open_intervals for t in interval}
-        for theta in [t for t in samples if t not in keep]:
-            del samples[theta]
+        drift.clear()  # every bound still needed is recomputed with its halves
         if not open_intervals:
             certified = True
             break
         middles = [(a + b) / 2 for a, b in open_intervals]
-        evaluate(middles)
+        evaluate(sorted({t for (a, b), m in zip(open_intervals, middles, strict=True) for t in (a, m, b)}))
         open_intervals = [half for (a, b), m in zip(open_intervals, middles, strict=True) for half in ((a, m), (m, b))]
     best_theta = min(ece, key=lambda t: ece[t])
     return math.exp(best_theta), ece[best_theta], certified

@@ -86,7 +86,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     else:
         raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
     if scan.distinct_labels() == 1:
-        label = int(scan.data.labels[0])
+        label = scan.only_label()
         result.warnings.append(f"all {scan.num_samples} fitting samples have label {label}: "
                                "T is fitted on one class only")
     result.passes = scan.passes - start_passes + 1  # the validating scan, done here or by the caller

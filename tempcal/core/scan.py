@@ -25,13 +25,15 @@ from typing import Any, ClassVar, Literal
 import torch
 
 from ..errors import DataError
-from ..validation import check_bins
+from .bins import bin_edges, bin_index
 from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsSource, compute_dtype, resolve_device
-from .distributed import all_reduce
+from .distributed import all_gather_rows, all_reduce
+from .ece_terms import EceTerms
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
+from .scratch import Scratch
 
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
 ALL_ROWS: Literal["all"] = "all"
@@ -255,7 +257,8 @@ class Scan:
 
         One pass: each chunk is read once and reduced at every temperature. With
         ``keep_scores`` the per-sample ``confidence`` (max softmax) and ``energy``
-        (``T * logsumexp(z / T)``) are returned too: N floats each.
+        (``T * logsumexp(z / T)``) of this process's rows are returned too, on the scan's device: N floats each.
+        (Figures of every rank's rows gather them: :meth:`per_sample`, :meth:`scores`.)
         """
         betas = [float(b) for b in betas]
         edges = bin_edges(bins, self.device)
@@ -295,7 +298,7 @@ class Scan:
                                    per_bin[k, 0], per_bin[k, 1], per_bin[k, 2])
             kept = None
             if keep_scores:
-                kept = {name: torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64)
+                kept = {name: torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64, device=self.device)
                         for name, parts in scores[k].items()}
             out.append((sums, kept))
         return out
@@ -322,22 +325,23 @@ class Scan:
         return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
-        """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64), one pass.
+        """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) of every row
+        of every rank, in one pass.
 
         The confidences are computed exactly as :meth:`calibration` computes them, so they fall into
-        the same bins. The tensors are on the scan's device.
+        the same bins. Under torch.distributed each rank's figures are gathered in rank order (the ranks
+        hold contiguous shares of the rows), so every rank holds the one-process tensors: rankings, the
+        equal-mass bins and the bootstrap's draws see every row. The tensors are on the scan's device.
         """
-        confidence: list[torch.Tensor] = []
-        nll: list[torch.Tensor] = []
-        for z, _, row_max, gap, _, _ in self.row_chunks():
+        parts: list[torch.Tensor] = []
+        for z, _, row_max, gap, correct, _ in self.row_chunks():
             e = torch.mul(z - row_max[:, None], beta).exp_()
             s0 = e.sum(1)
-            confidence.append(s0.reciprocal().to(torch.float64))
-            nll.append((torch.log(s0) - beta * gap).to(torch.float64))
-        empty = torch.empty(0, dtype=torch.float64, device=self.device)
-        return {"confidence": torch.cat(confidence) if confidence else empty,
-                "correct": self.stats.correct.bool(),
-                "nll": torch.cat(nll) if nll else empty}
+            parts.append(torch.stack([s0.reciprocal().to(torch.float64), (torch.log(s0) - beta * gap).to(
+                torch.float64), correct.to(torch.float64)], 1))
+        mine = torch.cat(parts) if parts else torch.empty(0, 3, dtype=torch.float64, device=self.device)
+        rows = all_gather_rows(mine)
+        return {"confidence": rows[:, 0], "correct": rows[:, 2] > 0.5, "nll": rows[:, 1]}
 
     def classwise(self, beta: float, bins: int) -> ClasswiseSums:
         """Every class's probability binned in equal-width bins at ``beta``, in one pass.
@@ -360,8 +364,18 @@ class Scan:
             true_slot = slot.gather(1, y[:, None])[:, 0]
             hits.index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
         shape = (classes, bins)
-        return ClasswiseSums(count.view(shape).cpu(), probability.view(shape).cpu(), hits.view(shape).cpu(),
+        reduced = all_reduce(torch.stack([count, probability, hits])).cpu()
+        return ClasswiseSums(reduced[0].view(shape), reduced[1].view(shape), reduced[2].view(shape),
                              self.num_samples)
+
+    def ece_terms(self, betas: Sequence[float], bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ECE search's sums in one pass, nothing kept per row (:mod:`tempcal.core.ece_terms`): equal-width
+        bin sums ``[betas, 3, bins]`` (count, confidence, correct) and the drift between neighbours ``[betas - 1]``.
+        """
+        terms = EceTerms(betas, bins, self.device)
+        for z, _, row_max, _, correct, _ in self.row_chunks():
+            terms.add_chunk(torch.sub(z, row_max[:, None], out=self.scratch.like("d", z)), correct, self.scratch)
+        return all_reduce(terms.per_bin).cpu(), all_reduce(terms.drift).cpu()
 
     def initial_beta(self) -> float:
         """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""
@@ -381,8 +395,15 @@ class Scan:
         return self._mean(self.stats.uniform_mean - self.stats.true_gap)
 
     def distinct_labels(self) -> int:
+        return int((self._label_counts() > 0).sum())
+
+    def only_label(self) -> int:
+        """The smallest label over every rank's rows (the label, when :meth:`distinct_labels` is 1)."""
+        return int((self._label_counts() > 0).nonzero()[0, 0])
+
+    def _label_counts(self) -> torch.Tensor:
         counts = torch.bincount(self.data.labels.to(self.device), minlength=self.num_classes)
-        return int((all_reduce(counts[: self.num_classes]) > 0).sum())
+        return all_reduce(counts[: self.num_classes])
 
     def sum(self, values: torch.Tensor) -> float:
         """The sum of per-row values over all ranks."""
@@ -390,39 +411,6 @@ class Scan:
 
     def _mean(self, values: torch.Tensor) -> float:
         return self.sum(values) / max(self.num_samples, 1)
-
-
-class Scratch:
-    """Chunk-sized buffers reused by every pass: fresh megabyte temporaries per chunk cost page faults
-    that take as long as the arithmetic."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        """Buffer ``name`` shaped like ``t`` (contents undefined), grown when ``t`` is larger."""
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.numel() < t.numel() or buffer.dtype != t.dtype or buffer.device != t.device:
-            buffer = self._buffers[name] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
-        return buffer[: t.numel()].view(t.shape)
-
-    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Buffer ``name`` of ``shape`` in ``dtype`` on ``device`` (contents undefined), grown when too small."""
-        numel = math.prod(shape)
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
-            buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
-        return buffer[:numel].view(*shape)
-
-
-def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); bins checked first."""
-    return torch.arange(check_bins(bins) + 1, dtype=torch.float64, device=device) / bins
-
-
-def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
-    """Bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0."""
-    return (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, edges.numel() - 2)
 
 
 def _uniform_moments(z: torch.Tensor, row_sum: torch.Tensor, row_max: torch.Tensor, has_neginf: torch.Tensor
@@ -497,4 +485,4 @@ class _Problems:
                                f"first at index {first}")
 
 
-__all__ = ["CalibrationSums", "ClasswiseSums", "ObjectiveSums", "RowStats", "Scan"]
+__all__ = ["CalibrationSums", "ClasswiseSums", "ObjectiveSums", "RowStats", "Scan", "Scratch", "bin_edges", "bin_index"]

@@ -13,6 +13,7 @@ one generator) and counts how often each sample was drawn, so the draws do not d
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -84,9 +85,14 @@ def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, s
 
 
 def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15,
-                   level: float = 0.95) -> dict[str, tuple[float, float]]:
-    """:func:`bootstrap_intervals` of ``scan``'s samples at temperature ``tau``: one pass, then resampling."""
-    stats = scan.per_sample(1.0 / as_temperature(tau))
+                   level: float = 0.95, *, per_sample: Mapping[str, torch.Tensor] | None = None
+                   ) -> dict[str, tuple[float, float]]:
+    """:func:`bootstrap_intervals` of ``scan``'s samples at temperature ``tau``: one pass, then resampling.
+
+    Every rank's samples, gathered in rank order (:meth:`Scan.per_sample`), so the draws, and the intervals,
+    are the one-process ones; ``per_sample`` is that pass's result at ``tau`` when the caller has it already.
+    """
+    stats = per_sample if per_sample is not None else scan.per_sample(1.0 / as_temperature(tau))
     return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins, level)
 
 

@@ -1,7 +1,7 @@
 """Calibration-error estimators beside the contract's equal-width ECE, each a function of the data alone.
 
 Per-sample estimators take ``confidence`` (max softmax, float64 ``[N]``) and ``correct`` (bool ``[N]``), as
-:meth:`Scan.calibration` (``keep_scores=True``) and ``scan.stats.correct`` give them; tensors or arrays.
+:meth:`Scan.per_sample` gives them (every rank's rows under torch.distributed); tensors or arrays.
 
 * ``ece_equal_mass``: ECE over equal-mass (adaptive) bins that never split a run of tied confidences
   (Nixon et al. 2019; Roelofs et al. 2022). See :func:`equal_mass_bins` for how bins are formed.
@@ -17,13 +17,14 @@ Every estimator is invariant to the order of the samples, exactly: samples are s
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..core.scan import CalibrationSums, ClasswiseSums, Scan, bin_edges
+from ..core.bins import bin_edges
+from ..core.scan import CalibrationSums, ClasswiseSums, Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences
 
@@ -158,11 +159,13 @@ def rms_calibration_error(confidence, correct, bins: int = 15) -> float:
     and Nixon et al. 2019; the bins are the contract's (i/B, (i+1)/B], the first also holding 0.
     """
     bins = check_bins(bins)
-    c, k = _per_sample(confidence, correct)
+    return _rms_of(*_per_sample(confidence, correct), bins)
+
+
+def _rms_of(c: np.ndarray, k: np.ndarray, bins: int) -> float:
     index = equal_width_index(c, bins)
-    return rms_from_bins(torch.from_numpy(np.bincount(index, minlength=bins).astype(np.float64)),
-                         torch.from_numpy(np.bincount(index, weights=c, minlength=bins)),
-                         torch.from_numpy(np.bincount(index, weights=k, minlength=bins)))
+    return rms_from_bins(*(torch.from_numpy(np.bincount(index, weights=w, minlength=bins).astype(np.float64))
+                           for w in (None, c, k)))
 
 
 def rms_from_sums(sums: CalibrationSums) -> float:
@@ -195,11 +198,13 @@ def check_names(names: Sequence[str]) -> list[str]:
     return out
 
 
-def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = ESTIMATORS) -> dict[str, float]:
-    """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples, keyed by name.
+def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = ESTIMATORS, *,
+                   per_sample: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
+    """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples (every rank's), keyed by name.
 
-    One :meth:`Scan.calibration` pass gives the per-sample confidences and the equal-width bins; the
-    classwise ECE costs one more pass, made only when ``ece_classwise`` is asked for.
+    One pass serves the equal-mass estimators and the RMS error: :meth:`Scan.per_sample` (gathered from every
+    rank), or ``per_sample``, that pass's result at ``tau`` when the caller has it already; the RMS error alone
+    takes an all-reduced :meth:`Scan.calibration` pass; the classwise ECE one more pass, made only when asked for.
     """
     names = check_names(names)
     bins = check_bins(bins)
@@ -208,18 +213,19 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
         raise TempcalError("calibration estimators need at least one sample, got 0")
     beta = 1.0 / value
     out: dict[str, float] = {}
-    per_sample = "ece_equal_mass" in names or "l2_ce_debiased" in names
-    if per_sample or "rms_ce" in names:
-        [(sums, scores)] = scan.calibration([beta], bins, keep_scores=per_sample)
-        if "rms_ce" in names:
-            out["rms_ce"] = rms_from_sums(sums)
-        if scores is not None:
-            c, k = _per_sample(scores["confidence"], scan.stats.correct)
-            mass = _equal_mass(c, k, bins)
-            if "ece_equal_mass" in names:
-                out["ece_equal_mass"] = _ece_of(mass)
-            if "l2_ce_debiased" in names:
-                out["l2_ce_debiased"] = _debiased_of(mass)
+    if "ece_equal_mass" in names or "l2_ce_debiased" in names:
+        stats = per_sample if per_sample is not None else scan.per_sample(beta)
+        c, k = _per_sample(stats["confidence"], stats["correct"])
+        mass = _equal_mass(c, k, bins)
+        if "ece_equal_mass" in names:
+            out["ece_equal_mass"] = _ece_of(mass)
+        if "l2_ce_debiased" in names:
+            out["l2_ce_debiased"] = _debiased_of(mass)
+        if "rms_ce" in names:  # the same confidences in the same bins as the calibration pass
+            out["rms_ce"] = _rms_of(c, k, bins)
+    elif "rms_ce" in names:
+        [(sums, _)] = scan.calibration([beta], bins)
+        out["rms_ce"] = rms_from_sums(sums)
     if "ece_classwise" in names:
         out["ece_classwise"] = classwise_ece(scan.classwise(beta, bins))
     return {name: out[name] for name in names}

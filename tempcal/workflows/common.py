@@ -36,17 +36,21 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
 
 def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: Sequence[str] = (),
                   bootstrap: int = 0, seed: int = 0) -> list[dict]:
-    """Per temperature: the asked-for estimators under their own names, and bootstrap intervals ``*_ci``."""
+    """Per temperature: the asked-for estimators under their own names, and bootstrap intervals ``*_ci``; all of
+    every rank's rows."""
     from ..metrics.bootstrap import bootstrap_scan
     from ..metrics.estimators import estimators_for
 
     out = []
+    equal_mass = {"ece_equal_mass", "l2_ce_debiased"} & set(estimators)
     for tau in taus:
         row: dict = {}
+        # One per-sample pass (every rank's rows, gathered) serves the equal-mass estimators and the bootstrap.
+        per_sample = scan.per_sample(1.0 / tau) if bootstrap and equal_mass else None
         if estimators:
-            row.update(estimators_for(scan, tau, bins, list(estimators)))
+            row.update(estimators_for(scan, tau, bins, list(estimators), per_sample=per_sample))
         if bootstrap:
-            intervals = bootstrap_scan(scan, tau, bootstrap, seed, bins)
+            intervals = bootstrap_scan(scan, tau, bootstrap, seed, bins, per_sample=per_sample)
             row.update({f"{name}_ci": list(interval) for name, interval in intervals.items()})
             row["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": 0.95}
         out.append(row)

@@ -1,122 +1,67 @@
-"""Which device a torchrun process computes on, and the process group's end (tempcal.core.distributed).
+"""Passes over the rows of several gloo processes (tempcal.core.distributed) give the one-process figures.
 
-The device choice runs against a faked CUDA device count; the process group is a real gloo group of two
-processes started by torchrun.
+Three processes share 7 rows so that rank 0 holds none: the per-sample pass is gathered in rank order, the
+classwise and ECE-search sums are all-reduced, and every rank ends with the one-process figures.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
-from safetensors.torch import save_file
+import torch.multiprocessing as mp
+from conftest import miscalibrated
 
-from tempcal.core import distributed
-from tempcal.errors import TempcalError
+from tempcal.core.data import as_logits_data
+from tempcal.core.scan import Scan
 
-
-@pytest.fixture
-def gpus(monkeypatch):
-    """``gpus(count, local_rank, per_node, visible=None)``: the environment torchrun and CUDA would give."""
-
-    def setup(count: int, local_rank: int = 0, per_node: int = 1, visible: str | None = None) -> None:
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
-        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
-        monkeypatch.setenv("LOCAL_RANK", str(local_rank))
-        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(per_node))
-        if visible is None:
-            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        else:
-            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-
-    return setup
+SHARES = [(0, 0), (0, 3), (3, 7)]  # rank 0 holds no rows
+BETAS = [2.0, 1.0, 0.4]
 
 
-@pytest.mark.parametrize(("device", "count", "local_rank", "per_node", "visible", "expected"), [
-    ("cpu", 4, 1, 2, None, "cpu"),
-    ("auto", 0, 1, 2, None, "cpu"),
-    ("cuda", 4, 3, 4, None, "cuda:3"),            # one node, a GPU per process
-    ("auto", 4, 2, 4, None, "cuda:2"),
-    ("cuda", 1, 3, 4, "3", "cuda:0"),             # CUDA_VISIBLE_DEVICES set per rank: each sees one GPU
-    ("cuda:1", 2, 0, 1, None, "cuda:1"),          # one process per node: the device asked for, not LOCAL_RANK's
-    ("cuda:1", 2, 1, 2, "2,3", "cuda:1"),         # per-rank visible sets: the user placed them
-])
-def test_each_process_gets_the_device_it_can_use(gpus, device, count, local_rank, per_node, visible, expected):
-    gpus(count, local_rank, per_node, visible)
-    assert distributed.rank_device(device) == torch.device(expected)
+def _figures(scan: Scan) -> dict[str, torch.Tensor]:
+    per_sample = scan.per_sample(0.7)
+    classwise = scan.classwise(0.7, 5)
+    per_bin, drift = scan.ece_terms(BETAS, 5)
+    return {**{f"per_sample.{k}": v.cpu() for k, v in per_sample.items()}, "classwise": classwise.count,
+            "classwise_hits": classwise.hits, "classwise_p": classwise.probability, "per_bin": per_bin,
+            "drift": drift, "n": torch.tensor(scan.num_samples)}
 
 
-def test_a_local_rank_without_its_gpu_is_bad_input(gpus):
-    gpus(2, local_rank=3, per_node=4)
-    with pytest.raises(TempcalError, match="LOCAL_RANK 3 but sees 2 CUDA devices; start at most 2 processes"):
-        distributed.rank_device("cuda")
-
-
-def test_one_explicit_gpu_for_every_process_of_a_node_is_bad_input(gpus):
-    gpus(4, local_rank=1, per_node=2)
-    with pytest.raises(TempcalError, match="2 processes torchrun started on this node would all use cuda:1"):
-        distributed.rank_device("cuda:1")
-
-
-def test_a_gpu_the_process_does_not_see_is_bad_input(gpus):
-    gpus(2)
-    with pytest.raises(TempcalError, match="cuda:2: this machine has 2 CUDA device"):
-        distributed.rank_device("cuda:2")
-
-
-def test_the_chosen_gpu_is_made_current_before_the_nccl_group_starts(gpus, monkeypatch):
+def _rank(rank: int, init: str, logits: torch.Tensor, labels: torch.Tensor, out: str) -> None:
     import torch.distributed as dist
 
-    gpus(4, local_rank=1, per_node=4)
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    calls = []
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(("set_device", d)))
-    monkeypatch.setattr(dist, "is_initialized", lambda: bool(calls) and calls[-1][0] == "init")
-    monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
-    monkeypatch.setattr(dist, "destroy_process_group", lambda: calls.append(("destroy",)))
-    assert distributed.init_from_environment("cuda") == "cuda:1"
-    distributed.shutdown()
-    distributed.shutdown()  # once only
-    assert calls == [("set_device", torch.device("cuda:1")), ("init", "nccl"), ("destroy",)]
+    from tempcal.core.distributed import all_gather_rows
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(SHARES))
+    try:
+        start, stop = SHARES[rank]
+        scan = Scan(as_logits_data(logits[start:stop], labels[start:stop]), device="cpu")
+        figures = _figures(scan)
+        figures["gathered"] = all_gather_rows(torch.arange(start, stop).repeat(2, 1).T.contiguous())
+        torch.save(figures, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
 
 
-def test_a_group_tempcal_did_not_start_is_left_alone(monkeypatch):
-    import torch.distributed as dist
-
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setattr(dist, "is_initialized", lambda: True)  # the caller's own group
-    monkeypatch.setattr(dist, "destroy_process_group", lambda: pytest.fail("destroyed the caller's group"))
-    assert distributed.init_from_environment("cpu") == "cpu"
-    distributed.shutdown()
-
-
-_DRIVER = textwrap.dedent("""
-    import sys
-    import torch.distributed as dist
-    from tempcal.cli.main import main
-    code = main(sys.argv[1:])
-    print(f"rank exit {code} group left initialised: {dist.is_available() and dist.is_initialized()}")
-""")
+def test_three_ranks_one_of_them_empty_give_the_one_process_figures(tmp_path):
+    logits, labels = miscalibrated(7, 4, 2.0, seed=3, dtype=torch.float64)
+    mp.spawn(_rank, args=(f"file://{tmp_path / 'store'}", logits, labels, str(tmp_path / "out")), nprocs=len(SHARES))
+    one = _figures(Scan(as_logits_data(logits, labels), device="cpu"))
+    for rank in range(len(SHARES)):
+        mine = torch.load(tmp_path / f"out.{rank}")
+        assert torch.equal(mine.pop("gathered"), torch.arange(7).repeat(2, 1).T)  # rows in rank order
+        assert set(mine) == set(one)
+        for name, value in one.items():
+            if value.dtype == torch.bool or name in ("n", "classwise"):
+                assert torch.equal(mine[name], value), name
+            else:
+                torch.testing.assert_close(mine[name], value, rtol=1e-12, atol=1e-15, msg=name)
 
 
-@pytest.mark.skipif(shutil.which("torchrun", path=os.path.dirname(sys.executable)) is None,
-                    reason="torchrun not installed")
-def test_the_cli_destroys_its_process_group_before_it_returns(tmp_path):
-    g = torch.Generator().manual_seed(0)
-    path = tmp_path / "val.safetensors"
-    save_file({"logits": torch.randn(400, 5, generator=g), "labels": torch.randint(0, 5, (400,), generator=g)},
-              str(path))
-    driver = tmp_path / "driver.py"
-    driver.write_text(_DRIVER)
-    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable))
-    done = subprocess.run([torchrun, "--standalone", "--nproc-per-node", "2", str(driver), "fit", str(path),
-                           "--no-write", "--device", "cpu", "--json", str(tmp_path / "fit.json")],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("rank exit 0 group left initialised: False") == 2, done.stdout
+@pytest.mark.parametrize("rows", [0, 5])
+def test_all_gather_rows_is_the_identity_in_one_process(rows):
+    from tempcal.core.distributed import all_gather_rows
+
+    t = torch.arange(rows * 3.0).view(rows, 3)
+    assert all_gather_rows(t) is t

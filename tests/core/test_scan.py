@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import miscalibrated, scan_of
+from conftest import DEVICES, miscalibrated, scan_of
 from reference import reference_per_sample
 
 from tempcal.core.data import as_logits_data
@@ -54,3 +54,38 @@ def test_the_scores_pass_keeps_what_the_calibration_pass_keeps():
     z = logits.double()
     assert torch.allclose(fast[1]["energy"], 4.0 * torch.logsumexp(z / 4.0, 1), rtol=1e-6)
     assert torch.allclose(fast[2]["msp"], torch.softmax(z * 3.0, 1).max(1).values, rtol=1e-6)
+
+
+# -- a rank without rows (issue 18, item 2) ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_empty_share_keeps_everything_on_the_scans_device(device, monkeypatch):
+    """Under torchrun a rank's share of the fitting rows can be empty; what it keeps and reduces must still live on
+    its device, or the next collective mixes devices (under NCCL the other ranks then wait forever). A tensor made
+    without ``device=`` lands on torch's default device: made ``meta`` here, so any such tensor is caught."""
+    import tempcal.core.scan as scan_module
+    from tempcal.core.ece_fit import minimise_ece
+
+    logits, labels = miscalibrated(0, 4, 1.0, seed=2)
+    scan = Scan(as_logits_data(logits, labels), device=device)
+    seen: list[torch.device] = []
+
+    def collective(tensor, op="sum"):
+        seen.append(tensor.device)
+        return tensor
+
+    monkeypatch.setattr(scan_module, "all_reduce", collective)
+    monkeypatch.setattr(scan_module, "all_gather_rows", collective)
+    torch.set_default_device("meta")
+    try:
+        [(sums, kept)] = scan.calibration([0.5], 15, keep_scores=True)
+        assert {t.device for t in kept.values()} == {scan.device} and all(t.numel() == 0 for t in kept.values())
+        stats = scan.per_sample(0.5)
+        assert {t.device for t in stats.values()} == {scan.device} and stats["confidence"].numel() == 0
+        assert scan.classwise(0.5, 15).count.sum() == 0 and sums.bin_count.sum() == 0
+        temperature, ece, _ = minimise_ece(scan, 1.0, bins=15)  # sums of no rows, reduced with the other ranks'
+        assert ece == 0 and 0.01 <= temperature <= 100
+    finally:
+        torch.set_default_device(None)
+    assert len(seen) > 5 and set(seen) == {scan.device}
