@@ -25,14 +25,17 @@ from typing import Any
 
 import torch
 
-from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS, MIN_CHUNK_ROWS
+from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
 from .base import OpenedSource, SourceOptions
 from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
 
-#: Logits per block: larger than for stored logits, since each block is also a matmul that wants many rows.
-HEAD_CHUNK_ELEMENTS = {"cpu": CPU_CHUNK_ELEMENTS * 8, "cuda": CUDA_CHUNK_ELEMENTS}
+#: Logits per block: larger than for stored logits, since each block is also a matmul that wants many rows;
+#: bounded in bytes (8 MB on the CPU) so that a pass's few block-sized buffers stay small at any vocabulary.
+HEAD_CHUNK_ELEMENTS = {"cpu": CPU_CHUNK_ELEMENTS * 4, "cuda": CUDA_CHUNK_ELEMENTS}
+#: Fewest rows per block: a 128k vocabulary still gets a block of a few MB.
+HEAD_MIN_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ class HeadLogits:
         return selected
 
     def default_chunk_rows(self, device: torch.device) -> int:
-        return max(MIN_CHUNK_ROWS, HEAD_CHUNK_ELEMENTS[device.type] // self.num_classes)
+        return max(HEAD_MIN_ROWS, HEAD_CHUNK_ELEMENTS[device.type] // self.num_classes)
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
