@@ -18,9 +18,10 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
+from ..core.scratch import Scratch
 from ..errors import TempcalError, param
 from .base import Score
-from .shared import FLAT, FLOAT64, Buffers, Intermediates, Workspace, beta_fits
+from .shared import FLAT, FLOAT64, Buffers, Intermediates, beta_fits
 
 
 def as_classes(z: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,7 @@ class ScorePass:
         unknown = self.sums - Intermediates.SUMS
         if unknown:
             raise ValueError(f"unknown per-temperature sums {sorted(unknown)}")
-        self.workspace: Buffers = workspace if workspace is not None else Workspace()
+        self.workspace: Buffers = workspace if workspace is not None else Scratch()
 
     def chunk(self, z: torch.Tensor, row_max: torch.Tensor | None = None,
               has_neginf: bool | None = None) -> dict[str, torch.Tensor]:

@@ -29,7 +29,6 @@ least 1 and the scale ``exp(a)`` lives in float64.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from functools import cached_property
 from typing import Protocol
@@ -47,22 +46,6 @@ class Buffers(Protocol):
     """Reusable scratch memory: ``get`` returns a tensor of ``shape`` (contents undefined)."""
 
     def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
-
-
-class Workspace:
-    """Chunk-sized buffers reused across chunks and passes: fresh megabyte temporaries per chunk cost page
-    faults that take as long as the arithmetic."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, torch.Tensor] = {}
-
-    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Buffer ``name`` of ``shape`` (contents undefined), grown when too small."""
-        numel = math.prod(shape)
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
-            buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
-        return buffer[:numel].view(*shape)
 
 
 class Intermediates:
@@ -163,4 +146,4 @@ def beta_fits(beta: float, dtype: torch.dtype) -> bool:
     return info.tiny <= beta <= info.max
 
 
-__all__ = ["FLAT", "FLOAT64", "Buffers", "Intermediates", "Workspace", "beta_fits"]
+__all__ = ["FLAT", "FLOAT64", "Buffers", "Intermediates", "beta_fits"]
