@@ -1,4 +1,4 @@
-"""The public ``tempcal.*`` names: lazy exports that match the type checker's imports, and the README's example."""
+"""The public ``tempcal.*`` names: lazy exports that match the type checker's imports, and the example of docs/python.md."""
 
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def test_every_export_resolves_lazily_and_import_alone_leaves_torch_out():
 
 
 def test_readme_python_snippet_runs(tmp_path):
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "python.md").read_text()
     snippet = readme.split("## Python API", 1)[1].split("```python", 1)[1].split("```", 1)[0]
     (tmp_path / "examples").mkdir()
     (tmp_path / "examples" / EXAMPLE.name).write_bytes(EXAMPLE.read_bytes())

@@ -518,8 +518,8 @@ def test_from_file_reads_metadata_and_sidecars(tmp_path):
 
 
 def test_readme_scaler_snippet_runs(tmp_path):
-    """The README's TemperatureScaler example, once the README has one, runs as written."""
-    readme = (ROOT / "README.md").read_text()
+    """The TemperatureScaler examples of the README and of docs/python.md run as written."""
+    readme = (ROOT / "README.md").read_text() + (ROOT / "docs" / "python.md").read_text()
     blocks = [b.split("```", 1)[0] for b in readme.split("```python")[1:]]
     snippets = [b for b in blocks if re.search(r"\bTemperatureScaler\(", b)]
     if not snippets:
