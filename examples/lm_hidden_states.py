@@ -16,7 +16,8 @@ Needs ``transformers`` (``pip install transformers``). Usage::
 
 ``MODEL_DIR`` is a Hugging Face model folder (``save_pretrained`` with safetensors weights) or a hub
 name; ``texts.txt`` holds one text per line. ``--demo DIR`` builds a tiny randomly initialised
-model from a configuration (nothing downloaded) and some token sequences, to try the whole path.
+model from a configuration (nothing downloaded) and texts that model samples itself at temperature 0.25,
+so the fitted T should come out near 0.25: the whole path on an answer known in advance.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import torch
 from safetensors.torch import save_file
 
 IGNORE_INDEX = -100
+#: ``--demo`` samples its texts from the model at this temperature: the T the fit should find.
+DEMO_TEMPERATURE = 0.25
 
 
 @torch.inference_mode()
@@ -73,21 +76,37 @@ def tiny_model(folder: str | Path, vocab_size: int = 512, seed: int = 0):
     return model
 
 
+@torch.inference_mode()
+def sample_texts(model, *, rows: int, length: int, temperature: float, seed: int = 1) -> torch.Tensor:
+    """Token sequences ``[rows, length]`` the model samples itself from ``softmax(logits / temperature)``.
+
+    Every next token is drawn from the model's own distribution at ``temperature`` (no top-k or top-p), so a
+    temperature fitted on these texts recovers ``temperature``: a demo whose answer is known.
+    """
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (rows, 1), generator=g)
+    for _ in range(length - 1):
+        logits = model(input_ids=ids).logits[:, -1].double()
+        ids = torch.cat([ids, torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)], 1)
+    return ids
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", nargs="?", help="Hugging Face model folder or hub name")
     parser.add_argument("texts", nargs="?", help="a text file, one text per line")
     parser.add_argument("out", nargs="?", default="hidden.safetensors", help="where to write the rows")
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--demo", metavar="DIR", help="build a tiny random model in DIR and dump random sequences")
+    parser.add_argument("--demo", metavar="DIR", help="build a tiny random model in DIR and dump texts it samples itself at a known temperature")
     args = parser.parse_args()
     if args.demo:
         model = tiny_model(args.demo)
-        ids = torch.randint(0, model.config.vocab_size, (16, 32), generator=torch.Generator().manual_seed(1))
+        ids = sample_texts(model, rows=32, length=32, temperature=DEMO_TEMPERATURE)
         hidden, labels = next_token_rows(model, ids)
         out = Path(args.demo) / "hidden.safetensors"
-        save_rows(out, hidden, labels, model=str(args.demo))
-        print(f"wrote {out}; now run: tempcal fit {out} --head {args.demo}")
+        save_rows(out, hidden, labels, model=str(args.demo), sampled_at=str(DEMO_TEMPERATURE))
+        print(f"wrote {out}: texts the model itself sampled at temperature {DEMO_TEMPERATURE}, so the fit should "
+              f"find T near {DEMO_TEMPERATURE}; now run: tempcal fit {out} --head {args.demo} --val-fraction 1.0")
         return
     if not (args.model and args.texts):
         parser.error("give MODEL and TEXTS, or --demo DIR")
