@@ -97,7 +97,8 @@ def main() -> None:
     parser.add_argument("texts", nargs="?", help="a text file, one text per line")
     parser.add_argument("out", nargs="?", default="hidden.safetensors", help="where to write the rows")
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--demo", metavar="DIR", help="build a tiny random model in DIR and dump texts it samples itself at a known temperature")
+    parser.add_argument("--demo", metavar="DIR",
+                        help="build a tiny random model in DIR and dump texts it samples at a known temperature")
     args = parser.parse_args()
     if args.demo:
         model = tiny_model(args.demo)

@@ -1,4 +1,4 @@
-"""The public ``tempcal.*`` names: lazy exports that match the type checker's imports, and the example of docs/python.md."""
+"""The public ``tempcal.*`` names: lazy exports matching the type checker's imports; the docs/python.md example."""
 
 from __future__ import annotations
 

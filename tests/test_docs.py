@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import typer
-
 from conftest import ROOT
 
 DOCS = ROOT / "docs"
