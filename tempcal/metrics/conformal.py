@@ -1,0 +1,102 @@
+"""Split-conformal prediction sets of the contract: LAC and APS (not randomised).
+
+Scores on a fitting row with true class y, ``p = softmax(logits / T)``:
+
+* LAC ``s = 1 - p_y``;
+* APS ``s = sum of p_c over the classes with p_c > p_y, plus p_y``.
+
+The threshold for miscoverage ``alpha`` is the ``ceil((n + 1)(1 - alpha))``-th smallest of the n fitting
+rows' scores (``+inf`` when that rank exceeds n). On an evaluation row, the LAC set is ``{c : 1 - p_c <= q}``;
+the APS set holds the classes in decreasing p (ties: lower index first) up to and including the first whose
+running sum reaches q (at least one class). Coverage is the fraction of evaluation rows whose set holds the
+label; ``mean_size`` the mean number of classes in a set.
+
+Scores are one float per fitting row; set sizes and coverage are sums over evaluation chunks
+(:func:`set_sums`), so they reduce over chunks and ranks like every other figure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from fractions import Fraction
+
+import numpy as np
+import torch
+
+SCORES = ("lac", "aps")
+
+
+@dataclass(frozen=True)
+class ConformalResult:
+    """One score's sets at one ``alpha``: the threshold, the coverage and the mean set size on evaluation rows."""
+
+    alpha: float
+    score: str
+    threshold: float
+    coverage: float
+    mean_size: float
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        if math.isinf(self.threshold):
+            out["threshold"] = None  # JSON has no infinity: +inf (every class) is written as null
+        return out
+
+
+def row_scores(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The LAC and APS scores (float64) of each row of ``probs`` ``[rows, C]`` (float64) for its label."""
+    p_y = probs.gather(1, labels[:, None].long())
+    above = torch.where(probs > p_y, probs, torch.zeros((), dtype=probs.dtype, device=probs.device)).sum(1)
+    return {"lac": 1.0 - p_y[:, 0], "aps": above + p_y[:, 0]}
+
+
+def threshold(scores: np.ndarray, alpha: float) -> float:
+    """The ``ceil((n + 1)(1 - alpha))``-th smallest score, ``+inf`` when that rank exceeds n."""
+    n = scores.size
+    exact = (n + 1) * (1 - Fraction(repr(alpha)))  # alpha as the decimal the user wrote: 0.1 is 1/10
+    rank = -(-exact.numerator // exact.denominator)
+    if rank > n:
+        return math.inf
+    return float(np.partition(np.asarray(scores, dtype=np.float64), rank - 1)[rank - 1])
+
+
+def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: dict[str, Sequence[float]]
+             ) -> dict[str, torch.Tensor]:
+    """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
+    out: dict[str, torch.Tensor] = {}
+    y = labels[:, None].long()
+    if "lac" in thresholds:
+        q = torch.tensor(list(thresholds["lac"]), dtype=probs.dtype, device=probs.device)
+        inside = (1.0 - probs)[None] <= q[:, None, None]  # [Q, rows, C]
+        covered = inside.gather(2, y[None].expand(q.numel(), -1, -1))[..., 0]
+        out["lac"] = torch.stack([covered.sum(1), inside.sum((1, 2))], 1).double()
+    if "aps" in thresholds:
+        q = torch.tensor(list(thresholds["aps"]), dtype=probs.dtype, device=probs.device)
+        ordered, _ = torch.sort(probs, dim=1, descending=True, stable=True)
+        running = ordered.cumsum(1)
+        classes = probs.shape[1]
+        # Classes before the first whose running sum reaches q, plus that one (all of them if none does).
+        sizes = ((running[None] < q[:, None, None]).sum(2) + 1).clamp(max=classes)  # [Q, rows]
+        p_y = probs.gather(1, y)
+        index = torch.arange(classes, device=probs.device)[None]
+        position = (probs > p_y).sum(1) + ((probs == p_y) & (index < y)).sum(1)  # the label's place in the order
+        covered = position[None] < sizes
+        out["aps"] = torch.stack([covered.sum(1), sizes.sum(1)], 1).double()
+    return out
+
+
+def results(alphas: Sequence[float], thresholds: dict[str, Sequence[float]], sums: dict[str, torch.Tensor],
+            rows: int) -> list[ConformalResult]:
+    """The contract's list: every alpha, LAC then APS, from the thresholds and the summed set figures."""
+    out = []
+    for a, alpha in enumerate(alphas):
+        for score in SCORES:
+            if score not in sums:
+                continue
+            covered, size = (float(v) for v in sums[score][a])
+            out.append(ConformalResult(alpha=alpha, score=score, threshold=float(thresholds[score][a]),
+                                       coverage=covered / rows if rows else math.nan,
+                                       mean_size=size / rows if rows else math.nan))
+    return out
