@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 import pytest
-
 from conftest import EXAMPLE
+
 from tempcal.metrics import selective
 from tempcal.metrics.selective import risk_coverage_curve, selective_metrics
 from tempcal.metrics.smooth_ece import smooth_ece
@@ -198,7 +198,8 @@ def test_conformal_sets_match_a_direct_construction(alpha):
     found = conformal.results([alpha], {k: [v] for k, v in qs.items()}, sums, 201)
     for result in found:
         sets = direct_sets(p[ev], labels[ev], qs[result.score], result.score)
-        assert result.coverage == pytest.approx(np.mean([y in s for y, s in zip(labels[ev], sets)]), abs=1e-15)
+        assert result.coverage == pytest.approx(np.mean([y in s for y, s in zip(labels[ev], sets, strict=True)]),
+                                                abs=1e-15)
         assert result.mean_size == pytest.approx(np.mean([len(s) for s in sets]), abs=1e-15)
     if alpha == 0.001:  # rank (n + 1)(1 - alpha) > n: every class
         assert all(r.threshold == math.inf and r.mean_size == 6 and r.to_json()["threshold"] is None for r in found)
