@@ -1,0 +1,248 @@
+"""``--html PATH``: one self-contained page of a command's results, for reviewers and CI artefacts.
+
+The page is rendered from the command's JSON (:func:`page`), through one jinja2 template with autoescaping;
+figures are inline SVG (:mod:`.html_figures`), styles inline, nothing fetched: the file opens anywhere,
+offline, on a phone (360 px) or a desktop, and prints.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import TempcalError, param
+from . import html_figures as figures
+
+#: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.
+METRICS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "accuracy"),
+           ("mean_confidence", "confidence"), ("entropy", "entropy"), ("smece", "smooth ECE"), ("aurc", "AURC"),
+           ("eaurc", "E-AURC"), ("augrc", "AUGRC"))
+
+
+@dataclass
+class Table:
+    header: list[str]
+    rows: list[dict]
+    caption: str = ""
+
+
+@dataclass
+class Section:
+    id: str
+    title: str
+    note: str = ""
+    tables: list[Table] = field(default_factory=list)
+    figures: list[dict] = field(default_factory=list)
+    paragraphs: list[str] = field(default_factory=list)
+
+
+def fmt(value, digits: int = 4) -> str:
+    """A figure for a table: ``digits`` significant digits, integers as they are, blanks for missing values."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "–"
+        if math.isinf(value):
+            return "∞" if value > 0 else "-∞"
+        return f"{value:.{digits}g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    return str(value)
+
+
+def check_html_path(path: str) -> Path:
+    """The page's path after checking its suffix and that matplotlib (the figures) is installed."""
+    out = Path(path)
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise TempcalError(f"{param('html')} {path}: the page's name must end in .html")
+    import importlib.util
+
+    for module, extra in (("matplotlib", "plot"), ("jinja2", "html")):
+        if importlib.util.find_spec(module) is None:
+            raise TempcalError(f"{param('html')} needs {module}, which is not installed: "
+                               f"pip install 'tempcal[{extra}]'")
+    return out
+
+
+def _columns(objects: Sequence[dict]) -> list[tuple[str, str]]:
+    return [(k, h) for k, h in METRICS if any(o.get(k) is not None for o in objects)]
+
+
+def _metrics_table(rows: Sequence[tuple[str, dict, bool]], first: str) -> Table:
+    columns = _columns([m for _, m, _ in rows])
+    return Table(header=[first, *(h for _, h in columns)],
+                 rows=[{"mark": mark, "cells": [label, *(fmt(m.get(k)) for k, _ in columns)]}
+                       for label, m, mark in rows])
+
+
+def _curve(metrics: dict) -> dict | None:
+    curve = metrics.get("risk_coverage")
+    return curve if curve and curve.get("coverage") else None
+
+
+def _conformal_table(before: dict, after: dict) -> Table | None:
+    rows = []
+    for label, metrics in (("T = 1", before), ("fitted T", after)):
+        for c in metrics.get("conformal") or []:
+            rows.append({"mark": False, "cells": [label, fmt(c["alpha"]), c["score"].upper(), fmt(c["threshold"]),
+                                                  fmt(c["coverage"]), fmt(c["mean_size"])]})
+    if not rows:
+        return None
+    return Table(header=["", "alpha", "score", "threshold", "coverage", "mean set size"], rows=rows)
+
+
+def _group_sections(groups: Sequence[dict]) -> Section:
+    section = Section("groups", f"Groups ({len(groups)})",
+                      note="per group: metrics on its evaluation rows at T = 1, at its own T and at the global T")
+    ordered = sorted(groups, key=lambda g: -(g["before"].get("ece") or 0))
+    section.tables.append(Table(
+        header=["group", "n fit", "n eval", "T", "ECE T=1", "ECE group T", "ECE global T", "NLL T=1", "NLL group T"],
+        rows=[{"mark": False, "cells": [g["group"], fmt(g.get("n_fit")), fmt(g.get("n_eval")),
+                                        fmt(g.get("temperature")), fmt(g["before"].get("ece")),
+                                        fmt(g["after"].get("ece")), fmt((g.get("after_global") or {}).get("ece")),
+                                        fmt(g["before"].get("nll")), fmt(g["after"].get("nll"))]} for g in ordered]))
+    section.figures.append({"svg": figures.groups(groups), "caption": "ECE per group (largest first)", "narrow": True})
+    return section
+
+
+def _fit_context(data: dict) -> dict:
+    before, after = data["before"], data["after"]
+    split = (f"evaluated on {data.get('eval_source')}" if data.get("eval_source")
+             else f"val-fraction {data.get('val_fraction')}, seed {data.get('seed')}")
+    cards = [("fitted on", f"{data['n_fit']:,} rows"), ("evaluated on", f"{data['n_eval']:,} rows"),
+             ("classes", f"{data['num_classes']:,}"), ("objective", data.get("objective", "nll")),
+             ("reads of the data", str(data.get("passes"))),
+             ("certified error of T", fmt(data.get("error_bound"), 2) if data.get("error_bound") is not None
+              else data.get("fit_method", "")),
+             ("NLL", f"{fmt(before['nll'])} → {fmt(after['nll'])}"),
+             ("ECE", f"{fmt(before['ece'])} → {fmt(after['ece'])}")]
+    metrics = Section("metrics", "Calibration before and after", note=split)
+    metrics.tables.append(_metrics_table([("before (T = 1)", before, False),
+                                          (f"after (T = {fmt(data['temperature'])})", after, True)], "metric"))
+    reliability = Section("reliability", "Reliability diagrams",
+                          note="bars: accuracy per equal-width confidence bin, with its 95% Wilson interval; "
+                               "hatched: the gap to the bin's mean confidence; beneath: rows per bin")
+    reliability.figures.append({"svgs": figures.reliability([("before (T = 1)", before),
+                                                             (f"after (T = {fmt(data['temperature'])})", after)])})
+    sections = [metrics, reliability]
+    curves = [(label, c) for label, m in (("T = 1", before), ("fitted T", after)) if (c := _curve(m))]
+    if curves:
+        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept")
+        rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
+        sections.append(rc)
+    conformal = _conformal_table(before, after)
+    if conformal:
+        sections.append(Section("conformal", "Conformal sets", tables=[conformal]))
+    if data.get("folds"):
+        folds = data["folds"]
+        sections.append(Section("folds", f"Cross-fitting ({folds['k']} folds)", tables=[Table(
+            header=["fold", "rows", "T"], rows=[{"mark": False, "cells": [str(i + 1), fmt(n), fmt(t)]}
+                                                for i, (n, t) in enumerate(zip(folds["sizes"], folds["temperatures"],
+                                                                               strict=True))])]))
+    if data.get("groups"):
+        sections.append(_group_sections(data["groups"]))
+    gate = None
+    if data.get("max_ece") is not None:
+        passed = bool(data.get("gate_passed"))
+        gate = {"passed": passed, "text": f"ECE {fmt(after['ece'])} {'≤' if passed else '>'} max-ece {data['max_ece']}"}
+    return {"temperature": data["temperature"], "cards": cards, "sections": sections, "gate": gate,
+            "title": f"tempcal fit — {data.get('source')}"}
+
+
+def _report_context(data: dict) -> dict:
+    results = data["results"]
+    best = (data.get("sweep") or {}).get("best_nll_tau")
+    rows = [(fmt(r["tau"]) + (" (stored)" if r.get("stored") else "") + (" (min NLL)" if r["tau"] == best else ""),
+             r, bool(r.get("stored")) or r["tau"] == best) for r in results]
+    table = Section("metrics", "Calibration at each temperature", tables=[_metrics_table(rows, "tau")])
+    sections = [table]
+    if len(results) >= 3:
+        marks = {"min NLL": best} if best is not None else {}
+        if data.get("stored_temperature") is not None:
+            marks["stored T"] = data["stored_temperature"]
+        table.figures.append({"svg": figures.sweep(results, marks), "narrow": True})
+    marked = [r for r in results if r.get("stored") or r["tau"] == best][:2]
+    shown = results if len(results) <= 4 else marked or results[:2]
+    rel = Section("reliability", "Reliability diagrams", note="95% Wilson interval per bin; rows per bin beneath")
+    rel.figures.append({"svgs": figures.reliability([(f"tau = {fmt(r['tau'])}", r) for r in shown])})
+    sections.append(rel)
+    curves = [(f"tau = {fmt(r['tau'])}", c) for r in results if (c := _curve(r))]
+    if curves:
+        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept, per tau")
+        rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
+        sections.append(rc)
+    for r in results:
+        if r.get("groups"):
+            sections.append(Section(f"groups-{fmt(r['tau'])}", f"Groups at tau = {fmt(r['tau'])}",
+                                    tables=[_metrics_table([(g["group"], g, False) for g in sorted(
+                                        r["groups"], key=lambda g: -(g.get("ece") or 0))], "group")]))
+    stored = data.get("stored_temperature")
+    cards = [("rows", f"{data['n']:,}"), ("classes", f"{data['num_classes']:,}"), ("temperatures", str(len(results)))]
+    return {"temperature": stored, "cards": cards, "sections": sections, "gate": None,
+            "title": f"tempcal report — {data.get('source')}"}
+
+
+def _ood_context(data: dict) -> dict:
+    sections: list[Section] = []
+    for ood_file in data["ood_files"]:
+        name = ood_file if isinstance(ood_file, str) else ood_file.get("path", str(ood_file))
+        rows = [r for r in data["results"] if r["ood_file"] == name]
+        section = Section(f"ood-{len(sections)}", f"OOD: {name}")
+        section.paragraphs.extend(b["sentence"] for b in data.get("best_overall", []) if b.get("ood_file") == name)
+        section.figures.append({"svgs": figures.ood_curves(data["results"], name)})
+        scores = list(dict.fromkeys(r["score"] for r in rows))
+        taus = sorted({r["tau"] for r in rows})
+        calibration = data.get("stored_temperature")
+        for key, caption in (("auroc", "AUROC (higher is better)"), ("fpr95", "FPR95 (lower is better)")):
+            cell = {(r["tau"], r["score"]): r[key] for r in rows}
+            section.tables.append(Table(caption=caption, header=["tau", *scores], rows=[
+                {"mark": tau == calibration,
+                 "cells": [fmt(tau) + (" (T)" if tau == calibration else ""),
+                           *(fmt(cell.get((tau, s))) for s in scores)]}
+                for tau in taus]))
+        sections.append(section)
+    gate = None
+    if data.get("gate_passed") is not None:
+        passed = bool(data["gate_passed"])
+        gate = {"passed": passed, "text": "every row passes" if passed else "; ".join(
+            str(f) for f in data.get("gate_failures") or [])}
+    cards = [("in-distribution rows", f"{data['n_id']:,}"), ("classes", f"{data['num_classes']:,}"),
+             ("scores", ", ".join(data.get("scores") or [])), ("temperatures", str(len(data.get("taus") or [])))]
+    return {"temperature": data.get("stored_temperature"), "cards": cards, "sections": sections, "gate": gate,
+            "title": f"tempcal ood — {data.get('source')}"}
+
+
+CONTEXTS = {"fit": _fit_context, "report": _report_context, "ood": _ood_context}
+
+
+def page(command: str, data: dict, argv: Sequence[str]) -> str:
+    """The HTML page of ``command``'s JSON ``data``; ``argv`` is the command line shown in its footer."""
+    import jinja2
+
+    from .._version import __version__
+
+    context = CONTEXTS[command](data)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("tempcal.output", "templates"),
+                             autoescape=jinja2.select_autoescape(default=True), trim_blocks=True,
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    subtitle = f"{command} · tempcal {__version__} · {when}"
+    return env.get_template("report.html.j2").render(
+        **context, warnings=data.get("warnings") or [], fmt=fmt, version=__version__, generated=when,
+        subtitle=subtitle, command=shlex.join(["tempcal", *argv]))
+
+
+def write_html(path: str, command: str, data: dict, argv: Sequence[str]) -> Path:
+    """Render and write the page atomically; returns its path."""
+    from ..io.atomic import write_text_atomic
+
+    out = check_html_path(path)
+    write_text_atomic(out, page(command, data, argv), what=param("html"))
+    return out
