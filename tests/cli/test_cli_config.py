@@ -153,9 +153,9 @@ BAD = [
     (["fit"], "[fit]\nseed = \n", "tempcal.toml: invalid TOML: Invalid value (at line 2, column 8)"),
     (["fit"], 'source = "val.safetensors"\n[fit]\nmax-ece = "0.05"\n',
      'tempcal.toml: [fit] max-ece: expected a number, got "0.05"'),
-    (["fit"], 'source = "val.safetensors"\n[fit]\nval-fraction = 1.5\n',  # refused by fit itself: blamed on the file
-     "--val-fraction must be in (0, 1], got 1.5 (--val-fraction is set in tempcal.toml: [fit] val-fraction)"),
-    (["fit", "--output", "copy.safetensors"], 'source = "val.safetensors"\n[fit]\nno-write = true\n',
+    (["fit"], 'source = "val.safetensors"\n[fit]\nval-fraction = 1.5\n',  # out of range: before any file is read
+     "tempcal.toml: [fit] val-fraction: expected a number in (0, 1], got 1.5"),
+    (["fit", "--output", "copy.safetensors"], 'source = "val.safetensors"\n[fit]\nno-write = true\n',  # fit's own check
      "--output and --no-write contradict each other (--no-write is set in tempcal.toml: [fit] no-write)"),
     (["ood", "--config", "nope.toml"], "", "--config nope.toml: no such file"),
     (["ood", "--config", "tempcal.toml", "--no-config"], "", "--config and --no-config contradict each other"),

@@ -12,10 +12,12 @@ import pytest
 import typer
 
 import tempcal.cli.config as cfg
+import tempcal.cli.config_file as config_file
 from tempcal.cli import app
 from tempcal.cli.config import ConfigError, find_config, load_config, resolve_config
 from tempcal.cli.config_schema import INPUTS, PathValue, command_schema
 from tempcal.errors import TempcalError
+from tempcal.validation import MAX_BINS, Bounds
 
 GROUP = typer.main.get_command(app)
 SCHEMAS = {name: command_schema(cmd) for name, cmd in GROUP.commands.items()}  # type: ignore[attr-defined]
@@ -122,7 +124,7 @@ def test_not_utf8_a_folder_and_a_pyproject_without_the_table(tmp_path):
 
 
 def test_python_310_without_tomli(tmp_path, monkeypatch):
-    monkeypatch.setattr(cfg, "_toml", None)
+    monkeypatch.setattr(config_file, "_toml", None)
     write(tmp_path / "tempcal.toml", "")
     with pytest.raises(ConfigError, match=r"needs Python >= 3\.11 or the 'tomli' package"):
         find_config(tmp_path)
@@ -134,7 +136,10 @@ def test_python_310_without_tomli(tmp_path, monkeypatch):
 def test_the_schema_comes_from_the_commands():
     fit, report, ood = SCHEMAS["fit"], SCHEMAS["report"], SCHEMAS["ood"]
     assert fit.lookup("val-fraction").param_name == "val_fraction"  # type: ignore[union-attr]
-    assert fit.lookup("max-ece").minimum == 0.0 and fit.lookup("bins").minimum == 1  # type: ignore[union-attr]
+    assert fit.lookup("max-ece").bounds == Bounds(0.0)  # type: ignore[union-attr]
+    assert fit.lookup("bins").bounds == Bounds(1, MAX_BINS)  # type: ignore[union-attr]
+    assert fit.lookup("val-fraction").bounds == Bounds(0, 1, low_open=True)  # type: ignore[union-attr]
+    assert ood.lookup("seed").bounds == Bounds(0) and ood.lookup("gen-gamma").bounds.low_open  # type: ignore
     assert fit.lookup("objective").choices == ("nll", "ece")  # type: ignore[union-attr]
     assert fit.lookup("lm-eval-norm").choices == ("none", "chars", "bytes")  # type: ignore[union-attr]
     assert fit.lookup("eval").path == INPUTS and fit.lookup("inputs").path == PathValue(must_exist=True)  # type: ignore
@@ -158,7 +163,7 @@ def test_a_new_option_needs_no_second_declaration():
     def cmd(
         source: Annotated[list[str], typer.Argument()],
         gen_gamma: Annotated[float, typer.Option("--gen-gamma", "--gamma", min=0.0)] = 0.1,
-        react: Annotated[Optional[float], typer.Option("--react")] = None,
+        react: Annotated[Optional[float], typer.Option("--react"), Bounds(0, 100, low_open=True)] = None,
         top: Annotated[Optional[list[int]], typer.Option("--top")] = None,
         head: Annotated[Optional[Path], typer.Option("--head")] = None,
         pair: Annotated[tuple[int, int], typer.Option("--pair")] = (1, 2),
@@ -167,8 +172,8 @@ def test_a_new_option_needs_no_second_declaration():
 
     schema = command_schema(typer.main.get_command(demo))
     assert schema.lookup("gen-gamma") is schema.lookup("gamma")
-    assert schema.lookup("gen-gamma").kind == "float" and schema.lookup("gen-gamma").minimum == 0.0  # type: ignore
-    assert schema.lookup("react").kind == "float"  # type: ignore[union-attr]
+    assert schema.lookup("gen-gamma").kind == "float" and schema.lookup("gen-gamma").bounds == Bounds(0.0)  # type: ignore
+    assert schema.lookup("react").kind == "float" and schema.lookup("react").bounds.low_open  # type: ignore
     assert schema.lookup("top").kind == "int" and schema.lookup("top").multiple  # type: ignore[union-attr]
     assert schema.lookup("head").kind == "path"  # type: ignore[union-attr]
     assert "pair" in schema.refused
@@ -234,19 +239,19 @@ def test_a_command_table_source_wins_over_the_top_level_one(tmp_path):
 BAD_VALUES = [
     ("[ood]\ntau = true\n", 'tempcal.toml: [ood] tau: expected a number or "fitted" or a list of them, got true'),
     ("[ood]\ntau = [1, true]\n", 'tempcal.toml: [ood] tau[1]: expected a number or "fitted", got true'),
-    ("[ood]\ntau = -1\n", "tempcal.toml: [ood] tau: must be > 0, got -1"),
+    ("[ood]\ntau = -1\n", 'tempcal.toml: [ood] tau: expected a number > 0 or "fitted", got -1'),
     ("[ood]\ntau = \"hot\"\n", 'tempcal.toml: [ood] tau: expected a number > 0 or "fitted", got "hot"'),
     ("[ood]\ntau = []\n", 'tempcal.toml: [ood] tau: expected a number or "fitted" or a list of them, got an empty'
                           " list"),
     ("[fit]\nval-fraction = \"0.2\"\n", 'tempcal.toml: [fit] val-fraction: expected a number, got "0.2"'),
     ("[fit]\nval-fraction = nan\n", "tempcal.toml: [fit] val-fraction: expected a number, got nan"),
-    ("[fit]\nmax-ece = -0.1\n", "tempcal.toml: [fit] max-ece: must be >= 0, got -0.1"),
+    ("[fit]\nmax-ece = -0.1\n", "tempcal.toml: [fit] max-ece: expected a number >= 0, got -0.1"),
     ("[fit]\nseed = 1.5\n", "tempcal.toml: [fit] seed: expected an integer, got 1.5"),
     ("[fit]\nseed = true\n", "tempcal.toml: [fit] seed: expected an integer, got true"),
-    ("[report]\nbins = 0\n", "tempcal.toml: [report] bins: must be >= 1, got 0"),
+    ("[report]\nbins = 0\n", "tempcal.toml: [report] bins: expected a whole number from 1 to 100000, got 0"),
     ("[fit]\nno-write = \"yes\"\n", 'tempcal.toml: [fit] no-write: expected true or false, got "yes"'),
     ("[fit]\nno-write = 1\n", "tempcal.toml: [fit] no-write: expected true or false, got 1"),
-    ("[fit]\nobjective = \"NLL\"\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got "NLL"'),
+    ("[fit]\nobjective = \"mse\"\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got "mse"'),
     ("[fit]\nobjective = [\"nll\"]\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got a list'),
     ("[ood]\nlm-eval-norm = \"words\"\n",
      'tempcal.toml: [ood] lm-eval-norm: expected one of "none", "chars", "bytes", got "words"'),
