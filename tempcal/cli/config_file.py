@@ -26,6 +26,7 @@ else:  # pragma: no cover - Python 3.10: the 'tomli' backport, a dependency ther
 
 #: The largest configuration file read (a tempcal.toml is a few hundred bytes; a big pyproject.toml some kB).
 MAX_CONFIG_BYTES = 1 << 20
+_LIMIT = f"a configuration file may hold at most {MAX_CONFIG_BYTES >> 20} MiB"
 #: Brackets or braces a value may be nested in (tempcal's values are at most a flat list).
 MAX_NESTING = 64
 _KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe (FIFO)"),
@@ -55,7 +56,7 @@ def read_config_bytes(path: Path, shown: str) -> bytes:
     finally:
         os.close(fd)
     if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{shown}: larger than {MAX_CONFIG_BYTES >> 20} MiB, the most a configuration file may hold")
+        raise ConfigError(f"{shown}: grew past the limit as it was read; {_LIMIT}")
     return data
 
 
@@ -63,17 +64,16 @@ def _check_regular(info: os.stat_result, path: Path, shown: str) -> None:
     """Refuse anything but a regular file (a folder, a FIFO, a device such as /dev/zero, a socket)."""
     if stat.S_ISREG(info.st_mode):
         if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{shown}: {info.st_size} bytes, larger than {MAX_CONFIG_BYTES >> 20} MiB, the most a "
-                              "configuration file may hold")
+            raise ConfigError(f"{shown}: is {info.st_size} bytes; {_LIMIT}")
         return
     kind = next((what for test, what in _KINDS if test(info.st_mode)), "is not a file")
     link = f" (a link to {os.readlink(path)})" if os.path.islink(path) else ""
-    raise ConfigError(f"{shown}: {kind}{link}, not a regular file: a configuration file must be one")
+    raise ConfigError(f"{shown}: {kind}{link}; a configuration file must be a regular file")
 
 
 def _missing(path: Path) -> str:
     if os.path.islink(path):
-        return f"a link to {os.readlink(path)}, which does not exist"
+        return f"is a link to {os.readlink(path)}, which does not exist"
     return "no such configuration file"
 
 

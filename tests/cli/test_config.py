@@ -35,8 +35,10 @@ def touch(*paths: Path) -> None:
         path.write_bytes(b"")
 
 
-def config_in(tmp_path: Path, text: str, name: str = "tempcal.toml") -> cfg.Config:
-    return load_config(write(tmp_path / name, text), display=name)
+def config_in(tmp_path: Path, text: str | None, name: str = "tempcal.toml") -> cfg.Config:
+    """The file ``name`` holding ``text`` (None: as it is), read."""
+    path = tmp_path / name if text is None else write(tmp_path / name, text)
+    return load_config(path, display=name)
 
 
 # -- discovery -----------------------------------------------------------------------------------------------
@@ -128,6 +130,57 @@ def test_python_310_without_tomli(tmp_path, monkeypatch):
     write(tmp_path / "tempcal.toml", "")
     with pytest.raises(ConfigError, match=r"needs Python >= 3\.11 or the 'tomli' package"):
         find_config(tmp_path)
+
+
+def test_a_found_file_that_is_not_a_regular_one_is_an_error_not_skipped(tmp_path, monkeypatch):
+    """A folder or a dangling link named tempcal.toml or pyproject.toml stops the search with its name."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "tempcal.toml", "[fit]\nseed = 1\n")  # what a silent skip would find instead
+    (tmp_path / "a" / "tempcal.toml").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"^a/tempcal\.toml: is a folder; a configuration file must be a regular"):
+        resolve_config(None, False, cwd=tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    os.symlink(tmp_path / "gone.toml", tmp_path / "b" / "pyproject.toml")
+    with pytest.raises(ConfigError, match=r"pyproject\.toml: is a link to .*gone\.toml, which does not exist$"):
+        find_config(tmp_path / "b")
+
+
+def test_a_file_over_1_mib_is_refused_unread(tmp_path):
+    path = tmp_path / "tempcal.toml"
+    with open(path, "wb") as f:  # a sparse file: its size, not its bytes, is over the limit
+        f.truncate(config_file.MAX_CONFIG_BYTES + 1)
+    with pytest.raises(ConfigError, match=rf"^tempcal\.toml: is {(1 << 20) + 1} bytes; a configuration file may hold "
+                                          r"at most 1 MiB$"):
+        config_in(tmp_path, None)
+    path.write_bytes(b"# " + b"x" * (config_file.MAX_CONFIG_BYTES - 3) + b"\n")  # exactly 1 MiB is read
+    assert config_in(tmp_path, None).data == {}
+
+
+@pytest.mark.parametrize("depth", [3_000, 100_000])
+def test_deep_nesting_names_the_key_and_line(tmp_path, depth):
+    """Nested past the limit: one line naming the key, not a RecursionError from the parser."""
+    text = f'source = "v.st"\n[report]\nbins = 10\ntau = [\n  {"[" * depth}{"]" * depth}]\n'
+    with pytest.raises(ConfigError) as caught:
+        config_in(tmp_path, text)
+    assert str(caught.value) == (f"tempcal.toml: [report] tau: nested more than {config_file.MAX_NESTING} brackets "
+                                 "deep (line 5); a value is a number, a string, or a list of them")
+
+
+def test_nesting_up_to_the_limit_is_left_to_the_parser_and_strings_do_not_count(tmp_path):
+    """Brackets in strings and comments are not nesting; inline tables are."""
+    deep = config_file.MAX_NESTING
+    text = (f'a = "[[[[" # [[[[\nb = \'\'\'\n{"[" * 500}\'\'\'\nc = {"[" * deep}{"]" * deep}\n'
+            f'[ood]\nd = """{"{" * 500}"""\n')
+    data = config_in(tmp_path, text).data
+    assert data["a"] == "[[[[" and data["b"] == "[" * 500 and data["ood"]["d"] == "{" * 500
+    with pytest.raises(ConfigError, match=r"^tempcal\.toml: \[ood\] e: nested more than"):
+        config_in(tmp_path, "[ood]\ne = " + "{x = " * (deep + 1) + "1" + "}" * (deep + 1) + "\n")
+
+
+def test_an_integer_too_long_for_python_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"^tempcal\.toml: \[fit\] seed: an integer of 5000 digits \(line 2\)"):
+        config_in(tmp_path, "[fit]\nseed = " + "9" * 5000 + "\n")
+    assert config_in(tmp_path, 'source = "' + "9" * 5000 + '"\n').data["source"] == "9" * 5000  # text, not a number
 
 
 # -- the schema, from the commands' own parameters -----------------------------------------------------------
@@ -247,6 +300,24 @@ BAD_VALUES = [
     ("[fit]\nval-fraction = nan\n", "tempcal.toml: [fit] val-fraction: expected a number, got nan"),
     ("[fit]\nmax-ece = -0.1\n", "tempcal.toml: [fit] max-ece: expected a number >= 0, got -0.1"),
     ("[fit]\nseed = 1.5\n", "tempcal.toml: [fit] seed: expected an integer, got 1.5"),
+    ("[fit]\nseed = -5\n", "tempcal.toml: [fit] seed: expected a whole number from 0 to 9223372036854775807, got -5"),
+    (f"[fit]\nmax-ece = {'9' * 400}\n",
+     "tempcal.toml: [fit] max-ece: expected a finite number >= 0, got 999999999999... (400 digits)"),
+    (f"[fit]\nval-fraction = {'9' * 400}\n",
+     "tempcal.toml: [fit] val-fraction: expected a finite number in (0, 1], got 999999999999... (400 digits)"),
+    ("[fit]\nval-fraction = 1e308\n", "tempcal.toml: [fit] val-fraction: expected a number in (0, 1], got 1e+308"),
+    ("[fit]\nmax-ece = inf\n", "tempcal.toml: [fit] max-ece: expected a finite number >= 0, got inf"),
+    (f"[ood]\ntau = [1, {'9' * 400}]\n",
+     'tempcal.toml: [ood] tau[1]: expected a number > 0 or "fitted", got 999999999999... (400 digits)'),
+    (f"[report]\nignore-index = -{'9' * 400}\n", "tempcal.toml: [report] ignore-index: expected a whole number from "
+     "-9223372036854775808 to 9223372036854775807, got -999999999999... (400 digits)"),
+    ("[report]\nchunk-rows = 9223372036854775808\n",
+     "tempcal.toml: [report] chunk-rows: expected a whole number from 1 to 9223372036854775807, got 9223372036854775808"),
+    ("[ood]\ngen-gamma = 0\n", "tempcal.toml: [ood] gen-gamma: expected a number > 0, got 0"),
+    ("[ood]\nreact = 100.5\n", "tempcal.toml: [ood] react: expected a number in (0, 100], got 100.5"),
+    ("[ood]\nmin-auroc = 1.5\n", "tempcal.toml: [ood] min-auroc: expected a number from 0 to 1, got 1.5"),
+    ("[ood]\nodin-eps = -0.1\n", "tempcal.toml: [ood] odin-eps: expected a number >= 0, got -0.1"),
+    ("[fit]\nsoftcap = -1\n", "tempcal.toml: [fit] softcap: expected a number > 0, got -1"),
     ("[fit]\nseed = true\n", "tempcal.toml: [fit] seed: expected an integer, got true"),
     ("[report]\nbins = 0\n", "tempcal.toml: [report] bins: expected a whole number from 1 to 100000, got 0"),
     ("[fit]\nno-write = \"yes\"\n", 'tempcal.toml: [fit] no-write: expected true or false, got "yes"'),
