@@ -312,7 +312,8 @@ BAD_VALUES = [
     (f"[report]\nignore-index = -{'9' * 400}\n", "tempcal.toml: [report] ignore-index: expected a whole number from "
      "-9223372036854775808 to 9223372036854775807, got -999999999999... (400 digits)"),
     ("[report]\nchunk-rows = 9223372036854775808\n",
-     "tempcal.toml: [report] chunk-rows: expected a whole number from 1 to 9223372036854775807, got 9223372036854775808"),
+     "tempcal.toml: [report] chunk-rows: expected a whole number from 1 to 9223372036854775807, got "
+     "9223372036854775808"),
     ("[ood]\ngen-gamma = 0\n", "tempcal.toml: [ood] gen-gamma: expected a number > 0, got 0"),
     ("[ood]\nreact = 100.5\n", "tempcal.toml: [ood] react: expected a number in (0, 100], got 100.5"),
     ("[ood]\nmin-auroc = 1.5\n", "tempcal.toml: [ood] min-auroc: expected a number from 0 to 1, got 1.5"),
