@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .errors import DataError, TempcalError, param
@@ -31,7 +32,7 @@ def positive_number(value: object) -> float | None:
         value = value.decode("utf-8", "replace")
     try:
         number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond any float (10**400)
         return None
     return number if math.isfinite(number) and number > 0 else None
 
@@ -114,6 +115,94 @@ def resolve_taus(values: Sequence[str | float] | None, stored: float | None, sou
     return sorted(taus) if sort or not values else taus
 
 
+# -- numbers in a range --------------------------------------------------------------------
+#: The whole numbers a 64-bit integer holds: the widest any count, index or seed may be.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Integers with more digits than this are shown by their length, not spelled out.
+_SHOWN_DIGITS = 24
+
+
+def shown_value(value: object, *, quote: bool = True) -> str:
+    """A value as a message shows it: a 400-digit integer cut short with its length, long text cut short."""
+    if isinstance(value, int) and not isinstance(value, bool) and len(digits := str(abs(value))) > _SHOWN_DIGITS:
+        return f"{'-' if value < 0 else ''}{digits[:12]}... ({len(digits)} digits)"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f'"{text}"' if quote else text
+    return repr(value)
+
+
+class OutOfRange(TempcalError):
+    """A number outside its range: ``expected`` says the range, ``value`` is what was given; callers add the name."""
+
+    def __init__(self, expected: str, value: object) -> None:
+        super().__init__(f"expected {expected}, got {shown_value(value)}")
+        self.expected = expected
+        self.value = value
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range of a number: ``low`` and ``high`` (None: unbounded), each end included unless it is open."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def within(self, low: int, high: int) -> Bounds:
+        """These bounds narrowed to ``[low, high]`` (the 64-bit range of a whole number)."""
+        lo_in = self.low is not None and self.low >= low
+        hi_in = self.high is not None and self.high <= high
+        return Bounds(self.low if lo_in else low, self.high if hi_in else high,
+                      self.low_open and lo_in, self.high_open and hi_in)
+
+    def describe(self, noun: str = "a number") -> str:
+        """``a number in (0, 1]``, ``a whole number from 1 to 100000``, ``a number > 0``."""
+        lo, hi = _bound(self.low), _bound(self.high)
+        if lo and hi:
+            if not (self.low_open or self.high_open):
+                return f"{noun} from {lo} to {hi}"
+            return f"{noun} in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        if lo:
+            return f"{noun} {'>' if self.low_open else '>='} {lo}"
+        return f"{noun} {'<' if self.high_open else '<='} {hi}" if hi else noun
+
+
+def _bound(value: float | None) -> str:
+    """A bound as messages show it: ``0``, ``100000``, ``9223372036854775807``, ``0.5``."""
+    if value is None:
+        return ""
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
+        return str(int(value))
+    return f"{value:g}"
+
+
+def check_number(value: Any, bounds: Bounds | None = None, *, whole: bool = False) -> Any:
+    """``value`` checked: a whole number within ``bounds`` and 64 bits, or a finite number (a float) within
+    ``bounds``; else :class:`OutOfRange`. A 400-digit integer is out of range, never an OverflowError."""
+    bounds = bounds or Bounds()
+    if whole:
+        bounds = bounds.within(INT64_MIN, INT64_MAX)
+        if not bounds.contains(value):
+            raise OutOfRange(bounds.describe("a whole number"), value)
+        return int(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise OutOfRange(bounds.describe("a finite number"), value)
+    if not bounds.contains(number):
+        raise OutOfRange(bounds.describe(), value)
+    return number
+
+
 # -- sizes --------------------------------------------------------------------------------
 def whole_number(value: object, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as an int in ``[minimum, maximum]``; booleans and fractions are refused."""
@@ -176,6 +265,7 @@ def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name
     return y.to(torch.int64)
 
 
-__all__ = ["IGNORE_INDEX", "MAX_BINS", "MAX_RESAMPLES", "TEMPERATURE_KEY", "as_temperature", "check_bins",
-           "check_confidences", "check_labels", "check_taus", "format_temperature", "is_fitted", "parse_tau",
-           "positive_number", "resolve_taus", "stored_temperature", "whole_number"]
+__all__ = ["IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES", "TEMPERATURE_KEY", "Bounds",
+           "OutOfRange", "as_temperature", "check_bins", "check_confidences", "check_labels", "check_number",
+           "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number", "resolve_taus",
+           "shown_value", "stored_temperature", "whole_number"]

@@ -20,7 +20,6 @@ import difflib
 import glob
 import os
 import re
-import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +28,8 @@ from typing import Any
 from typer.core import TyperCommand
 
 from ..errors import TempcalError
+from ..validation import OutOfRange, check_number, shown_value
+from .config_file import parse_config, read_config_bytes
 from .config_schema import (
     SOURCE_KEY,
     TOP_SOURCE,
@@ -40,14 +41,6 @@ from .config_schema import (
     expected,
     toml_kind,
 )
-
-if sys.version_info >= (3, 11):
-    import tomllib as _toml
-else:  # pragma: no cover - Python 3.10: the 'tomli' backport, a dependency there
-    try:
-        import tomli as _toml
-    except ModuleNotFoundError:
-        _toml = None  # type: ignore[assignment]
 
 CONFIG_NAME = "tempcal.toml"
 PYPROJECT_NAME = "pyproject.toml"
@@ -194,15 +187,15 @@ def find_config(start_dir: str | os.PathLike[str] | None = None) -> Path | None:
     return found.path if found is not None else None
 
 
-def load_config(path: str | os.PathLike[str], *, display: str | None = None) -> Config:
-    """Read a configuration file: a pyproject.toml gives its ``[tool.tempcal]`` table, any other name the whole file."""
+def load_config(path: str | os.PathLike[str], *, display: str | None = None, named: str | None = None) -> Config:
+    """Read a configuration file: a pyproject.toml gives its ``[tool.tempcal]`` table, any other name the whole file.
+
+    ``display`` names the file in messages (default: the path); ``named`` in those about the file
+    itself, such as ``--config /dev/zero: is a character device`` (default: ``display``).
+    """
     shown = display if display is not None else os.fspath(path)
     absolute = Path(os.path.abspath(path))
-    if not absolute.exists():
-        raise ConfigError(f"{shown}: no such configuration file")
-    if absolute.is_dir():
-        raise ConfigError(f"{shown}: is a folder, not a configuration file")
-    data = _parse_toml(absolute, shown)
+    data = parse_config(read_config_bytes(absolute, named or shown), shown)
     if absolute.name == PYPROJECT_NAME:
         table = _pyproject_table(data, shown)
         if table is None:
@@ -218,24 +211,32 @@ def resolve_config(explicit: str | None, disabled: bool, cwd: str | os.PathLike[
     if disabled:
         return None
     if explicit is not None:
-        if not os.path.exists(explicit):
+        if not os.path.lexists(explicit):
             raise ConfigError(f"--config {explicit}: no such file")
-        return load_config(explicit)
+        return load_config(explicit, named=f"--config {explicit}")
     return _discover(cwd)
 
 
 def _discover(start_dir: str | os.PathLike[str] | None) -> Config | None:
-    """Walk up from ``start_dir`` (default: the current folder) to the first folder with a configuration."""
+    """Walk up from ``start_dir`` (default: the current folder) to the first folder with a configuration.
+
+    Anything named ``tempcal.toml`` or ``pyproject.toml`` on the way counts: one that is not a
+    regular file (a folder, a FIFO, a link to /dev/zero or to nothing) is an error naming it, not
+    skipped. A pyproject.toml that never says 'tempcal' is not parsed.
+    """
     start = Path(os.path.abspath(start_dir if start_dir is not None else os.getcwd()))
     for folder in (start, *start.parents):
         candidate = folder / CONFIG_NAME
-        if candidate.is_file():
+        if os.path.lexists(candidate):
             return load_config(candidate, display=_display(candidate))
         pyproject = folder / PYPROJECT_NAME
-        if pyproject.is_file() and _mentions_tempcal(pyproject):
-            table = _pyproject_table(_parse_toml(pyproject, _display(pyproject)), _display(pyproject))
-            if table is not None:
-                return Config(path=pyproject, display=_display(pyproject), data=table, in_pyproject=True)
+        if not os.path.lexists(pyproject):
+            continue
+        shown = _display(pyproject)
+        data = read_config_bytes(pyproject, shown)
+        table = _pyproject_table(parse_config(data, shown), shown) if b"tempcal" in data else None
+        if table is not None:
+            return Config(path=pyproject, display=shown, data=table, in_pyproject=True)
     return None
 
 
@@ -245,31 +246,6 @@ def _display(path: Path) -> str:
         return os.path.relpath(path)
     except ValueError:  # another drive (Windows)
         return str(path)
-
-
-def _mentions_tempcal(path: Path) -> bool:
-    """A cheap test before parsing a pyproject.toml on the way up: one that never says 'tempcal' has no table."""
-    try:
-        return b"tempcal" in path.read_bytes()
-    except OSError as exc:
-        raise ConfigError(f"{_display(path)}: cannot read: {exc.strerror or exc}") from None
-
-
-def _parse_toml(path: Path, shown: str) -> dict[str, Any]:
-    """The file as TOML; syntax errors carry the parser's '(at line L, column C)'."""
-    if _toml is None:
-        raise ConfigError(f"{shown}: reading it needs Python >= 3.11 or the 'tomli' package")
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{shown}: not UTF-8 text (byte {exc.start + 1})") from None
-    try:
-        data: dict[str, Any] = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
-        raise ConfigError(f"{shown}: invalid TOML: {exc}") from None
-    return data
 
 
 def _pyproject_table(data: Mapping[str, Any], shown: str) -> dict[str, Any] | None:
@@ -322,7 +298,11 @@ class ConfiguredCommand(TyperCommand):
         return rest
 
     def invoke(self, ctx: Any) -> Any:
-        """Run the command; an error about an option whose value came from the file names the file and key."""
+        """Run the command; an error about an option whose value came from the file names the file and key.
+
+        Every number the command line gave is range-checked first, before the command touches any file.
+        """
+        self._check_given_values(ctx)
         try:
             return super().invoke(ctx)
         except TempcalError as exc:
@@ -372,6 +352,18 @@ class ConfiguredCommand(TyperCommand):
             raise
         return dict(opts)
 
+    def _check_given_values(self, ctx: Any) -> None:
+        """Range-check the values not taken from the file (the file's were checked as it was read)."""
+        checked: set[str] = set()
+        for spec in self.schema().options.values():
+            source = ctx.get_parameter_source(spec.param_name)
+            value = ctx.params.get(spec.param_name)
+            if spec.param_name in checked or value is None or getattr(source, "name", "") == "DEFAULT_MAP":
+                continue
+            checked.add(spec.param_name)
+            for item in value if spec.multiple else [value]:
+                check_given(spec, item)
+
     def _record_sources(self, ctx: Any) -> None:
         """After parsing: note which parameters took their value from the file (parameter source DEFAULT_MAP)."""
         state = ctx.meta.get(META_KEY)
@@ -385,6 +377,17 @@ class ConfiguredCommand(TyperCommand):
                 spec = by_param[name]
                 in_table = any(key in table for key in (spec.key, *spec.aliases))  # else: the top-level source
                 state.used[name] = f"[{self.name}] {spec.key}" if in_table else spec.key
+
+
+def check_given(spec: OptionSpec, value: Any) -> None:
+    """A command-line value in its option's range: ``--seed -5: expected a whole number from 0 to ...``."""
+    if spec.kind in ("int", "float"):
+        try:
+            check_number(value, spec.bounds, whole=spec.kind == "int")
+        except OutOfRange as exc:
+            raise TempcalError(f"--{spec.key} {shown_value(value, quote=False)}: expected {exc.expected}") from None
+    elif spec.value_type is not None and spec.value_type.check is not None:
+        spec.value_type.check(value)
 
 
 __all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "find_config",

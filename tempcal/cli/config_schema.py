@@ -3,11 +3,13 @@
 A command's configurable keys are its options' long names without the dashes (``--val-fraction``
 is ``val-fraction``); the kind of value each takes comes from the parameter's Python annotation
 (``bool``, ``int``, ``float``, ``str``, an Enum, ``list[...]`` of these, ``Optional`` of any), ranges
-from ``typer.Option(min=, max=)``, and the rest from markers in the annotation's metadata, which
-Typer ignores: :class:`PathValue` (file paths, relative to the configuration file),
-:class:`ValueType` (a custom conversion, such as ``--tau``'s "a number or fitted") and
-:data:`NOT_CONFIGURABLE`. So an option added to a command (declared once, in ``options.py`` or
-in the command's signature) is configurable with no second declaration.
+from ``typer.Option(min=, max=)`` or a :class:`~tempcal.validation.Bounds` marker (open ends), and
+the rest from markers in the annotation's metadata, which Typer ignores: :class:`PathValue` (file
+paths, relative to the configuration file), :class:`ValueType` (a custom conversion, such as
+``--tau``'s "a number or fitted") and :data:`NOT_CONFIGURABLE`. So an option added to a command
+(declared once, in ``options.py`` or in the command's signature) is configurable with no second
+declaration. Whole numbers must also fit in 64 bits and other numbers be finite, so a 400-digit
+integer is an error naming the key, never an OverflowError.
 
 TOML values are checked here before they reach Typer, which would otherwise turn ``true`` into
 ``"True"`` for a text option or into ``1`` for a number. Nothing here imports torch.
@@ -26,6 +28,7 @@ from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
 from ..errors import TempcalError
+from ..validation import Bounds, check_number, shown_value
 
 SOURCE_KEY = "source"
 
@@ -56,11 +59,13 @@ class ValueType:
     """Annotation marker: how a TOML value becomes the option's command-line value.
 
     ``convert`` raises TypeError for a value of the wrong type (the message then says
-    ``expected <expected>``) or ValueError with its own message.
+    ``expected <expected>``) or ValueError with its own message. ``check``, when given, checks a
+    command-line value (text) before any file is read, raising a :class:`TempcalError`.
     """
 
     expected: str
     convert: Callable[[Any], Any]
+    check: Callable[[str], Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -92,8 +97,7 @@ class OptionSpec:
     negative: tuple[str, ...] = ()  # the off switch of an on/off flag ("write"), refused with a hint
     choices: tuple[str, ...] = ()
     case_sensitive: bool = True
-    minimum: float | None = None
-    maximum: float | None = None
+    bounds: Bounds | None = None  # a number's range (int and float kinds)
     path: PathValue | None = None
     value_type: ValueType | None = None
 
@@ -185,6 +189,12 @@ def _long_names(param: Any) -> list[str]:
     return names or [param.name.replace("_", "-")]
 
 
+def _typer_bounds(info: Any) -> Bounds | None:
+    """``typer.Option(min=, max=)`` as bounds (both ends included), or None."""
+    low, high = getattr(info, "min", None), getattr(info, "max", None)
+    return None if low is None and high is None else Bounds(low, high)
+
+
 def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any], info: Any,
               is_argument: bool) -> OptionSpec | str:
     """The spec of one parameter, or why it cannot be configured."""
@@ -201,7 +211,7 @@ def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any],
         "key": keys[0], "param_name": param.name, "multiple": multiple, "is_argument": is_argument,
         "aliases": tuple(keys[1:]),
         "negative": tuple(o[2:] for o in getattr(param, "secondary_opts", []) if o.startswith("--")),
-        "minimum": getattr(info, "min", None), "maximum": getattr(info, "max", None),
+        "bounds": next((m for m in metadata if isinstance(m, Bounds)), None) or _typer_bounds(info),
         "case_sensitive": bool(getattr(info, "case_sensitive", True)),
     }
     if value_type is not None:
@@ -244,17 +254,15 @@ def _to_bool(spec: OptionSpec, value: Any, folder: Path) -> bool:
 def _to_int(spec: OptionSpec, value: Any, folder: Path) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError
-    _check_range(spec, value)
-    return value
+    return check_number(value, spec.bounds, whole=True)
 
 
 def _to_float(spec: OptionSpec, value: Any, folder: Path) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError
-    if math.isnan(value):
+    if isinstance(value, float) and math.isnan(value):
         raise TypeError(f"expected {expected(spec)}, got nan")
-    _check_range(spec, value)
-    return float(value)
+    return check_number(value, spec.bounds)
 
 
 def _to_str(spec: OptionSpec, value: Any, folder: Path) -> str:
@@ -297,13 +305,6 @@ def _to_custom(spec: OptionSpec, value: Any, folder: Path) -> Any:
     return spec.value_type.convert(value)
 
 
-def _check_range(spec: OptionSpec, value: float) -> None:
-    if spec.minimum is not None and value < spec.minimum:
-        raise ValueError(f"must be >= {spec.minimum:g}, got {value!r}")
-    if spec.maximum is not None and value > spec.maximum:
-        raise ValueError(f"must be <= {spec.maximum:g}, got {value!r}")
-
-
 _CONVERTERS: dict[str, Callable[[OptionSpec, Any, Path], Any]] = {
     "bool": _to_bool, "int": _to_int, "float": _to_float, "str": _to_str, "choice": _to_choice,
     "path": _to_path, "custom": _to_custom,
@@ -314,11 +315,8 @@ def toml_kind(value: Any) -> str:
     """A TOML value as a message shows it: ``true``, ``2``, ``"abc"``, ``a table``, ``a list``."""
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return "nan" if isinstance(value, float) and math.isnan(value) else repr(value)
-    if isinstance(value, str):
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        return f'"{shown}"'
+    if isinstance(value, (int, float, str)):
+        return "nan" if isinstance(value, float) and math.isnan(value) else shown_value(value)
     if isinstance(value, dict):
         return "a table"
     if isinstance(value, list):

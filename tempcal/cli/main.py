@@ -45,9 +45,11 @@ def _root(
 def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], payload: Callable[[], dict],
             render: Callable[[Any], None], json_out: str | None, quiet: bool, gate: str | None = None,
             summary: Callable[[], str] | None = None) -> None:
-    """How every command ends: only rank 0 goes on (under torch.distributed); warnings, the files asked for,
-    the JSON (naming the configuration file used), the Markdown ``summary`` appended to ``$GITHUB_STEP_SUMMARY``
-    when that names a file, the console view and the lines saying what was written; then the gate's exit status."""
+    """How every command ends: only rank 0 goes on (under torch.distributed); the configuration file applied
+    (``config: PATH`` on standard error, under --quiet too: it changed the run's defaults), warnings, the files
+    asked for, the JSON (naming the configuration file used), the Markdown ``summary`` appended to
+    ``$GITHUB_STEP_SUMMARY`` when that names a file, the console view and the lines saying what was written; then
+    the gate's exit status."""
     from ..core.distributed import rank
 
     if rank() != 0:
@@ -55,6 +57,9 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     from ..errors import for_cli
     from .config import config_state
 
+    state = config_state(ctx)
+    if state.config is not None:
+        stderr(f"config: {state.config.display}")
     for message in warnings:
         stderr(f"warning: {for_cli(message)}")
     written = write()
@@ -63,7 +68,7 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     data = payload()
     if "warnings" in data:
         data["warnings"] = [for_cli(message) for message in data["warnings"]]
-    data.update(config_state(ctx).to_json())
+    data.update(state.to_json())
     emit_json(json_out, data)
     if summary is not None:
         from ..output.github import append_step_summary

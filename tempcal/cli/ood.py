@@ -11,6 +11,7 @@ from .config import ConfiguredCommand
 from .main import app, deliver, start
 from .options import (
     INPUTS,
+    NON_NEGATIVE,
     OUTPUT,
     BatchSize,
     ChunkRows,
@@ -90,7 +91,7 @@ def ood(
         INPUTS] = None,
     odin_eps: Annotated[Optional[float], typer.Option(
         "--odin-eps", metavar="E", help="ODIN: perturb each input by E against the gradient of the tau-scaled "
-        "max log-softmax before scoring (model SOURCE, MSP).")] = None,
+        "max log-softmax before scoring (model SOURCE, MSP; E >= 0)."), NON_NEGATIVE] = None,
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
     output_key: OutputKey = None,

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
-from ..validation import MAX_BINS, MAX_RESAMPLES, is_fitted, positive_number
+from ..validation import MAX_BINS, MAX_RESAMPLES, Bounds, OutOfRange, check_taus, is_fitted, positive_number
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 
@@ -27,19 +27,44 @@ class LmEvalNorm(str, Enum):
     bytes = "bytes"
 
 
+#: Open-ended ranges, which ``typer.Option(min=, max=)`` cannot say; checked before any file is read.
+POSITIVE = Bounds(0, low_open=True)
+FRACTION = Bounds(0, 1, low_open=True)
+UNIT = Bounds(0, 1)
+NON_NEGATIVE = Bounds(0)
+PERCENTILE = Bounds(0, 100, low_open=True)
+
+
 def configured_tau(value: Any) -> str:
     """A ``tau`` from a configuration file (a number > 0 or "fitted") as the command line would spell it."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise TypeError
-    if isinstance(value, str):
-        if is_fitted(value):
-            return "fitted"
-        if positive_number(value) is None:
-            raise ValueError(f'expected a number > 0 or "fitted", got "{value}"')
-        return value
-    if positive_number(value) is None:
-        raise ValueError(f"must be > 0, got {value!r}")
-    return repr(value)
+    if isinstance(value, str) and is_fitted(value):
+        return "fitted"
+    if positive_number(value) is None:  # a 400-digit integer too
+        raise OutOfRange('a number > 0 or "fitted"', value)
+    return value if isinstance(value, str) else repr(value)
+
+
+def choice(enum: type[Enum]) -> Any:
+    """A parser for an option's choices, in any case, whose error says plainly what it takes."""
+    names = [str(member.value) for member in enum]  # type: ignore[var-annotated]
+
+    def parse(value: Any) -> Any:
+        if isinstance(value, enum):
+            return value
+        text = str(value).strip().casefold()
+        for member in enum:
+            if str(member.value).casefold() == text:
+                return member
+        raise typer.BadParameter(f"'{value}' is not {', '.join(names[:-1])} or {names[-1]}")
+
+    return parse
+
+
+def lower_case(value: Any) -> str:
+    """``--device CUDA:0`` as ``cuda:0``: device names are spelt in lower case."""
+    return str(value).strip().lower()
 
 
 # -- what to read ---------------------------------------------------------------------------
@@ -52,11 +77,12 @@ LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the
 Probs = Annotated[bool, typer.Option("--probs/--no-probs",
                                       help="The logits tensor holds probabilities; work on log(p).")]
 LmEvalNormOpt = Annotated[LmEvalNorm, typer.Option(
-    "--lm-eval-norm", help="lm-evaluation-harness log SOURCE: divide each choice's log-likelihood by its text's "
+    "--lm-eval-norm", case_sensitive=False, parser=choice(LmEvalNorm),
+    help="lm-evaluation-harness log SOURCE: divide each choice's log-likelihood by its text's "
     "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).")]
 IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
                                           help="Rows whose label is this value are skipped (token-level logits).")]
-Device = Annotated[str, typer.Option("--device", help="auto (CUDA when available), cpu or cuda.")]
+Device = Annotated[str, typer.Option("--device", parser=lower_case, help="auto (CUDA when available), cpu or cuda.")]
 ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
                                                   help="Rows per reduction chunk (default: automatic).")]
 
@@ -75,9 +101,11 @@ SaveLogits = Annotated[Optional[str], typer.Option(
 # -- fit's own options ---------------------------------------------------------------------------
 EvalFile = Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
                                                  help="Fit on all of SOURCE and report on FILE."), INPUTS]
-ValFraction = Annotated[float, typer.Option("--val-fraction", help="Fraction of SOURCE used to fit T "
-                                            "(class-stratified); the rest is used to report.")]
-ObjectiveOpt = Annotated[Objective, typer.Option("--objective", help="Minimise NLL (default) or ECE.")]
+ValFraction = Annotated[float, typer.Option("--val-fraction", help="Fraction of SOURCE used to fit T, in (0, 1] "
+                                            "(class-stratified); the rest is used to report."), FRACTION]
+ObjectiveOpt = Annotated[Objective, typer.Option("--objective", case_sensitive=False,
+                                                 parser=choice(Objective),
+                                                 help="Minimise NLL (default) or ECE.")]
 OutputCopy = Annotated[Optional[str], typer.Option("--output", metavar="PATH",
                                                    help="Write the updated copy to PATH; SOURCE is untouched."), OUTPUT]
 NoWrite = Annotated[bool, typer.Option("--no-write/--write", help="Write nothing back.")]
@@ -99,14 +127,16 @@ HeadWeightKey = Annotated[str, typer.Option("--head-weight-key", help="Tensor of
 HeadBiasKey = Annotated[str, typer.Option("--head-bias-key", help="Tensor of a HEAD file holding the bias [V] "
                                           "(optional).")]
 Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help="Cap the logits as C * tanh(z / C) "
-                                                  "(replaces the HEAD config's final_logit_softcapping).")]
+                                                  "(C > 0; replaces the HEAD config's final_logit_softcapping)."),
+                    POSITIVE]
 
 # -- what to compute ------------------------------------------------------------------------
 Tau = Annotated[Optional[list[str]], typer.Option(
     "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable."),
-    ValueType('a number or "fitted"', configured_tau)]
+    ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
 Bins = Annotated[int, typer.Option("--bins", min=1, max=MAX_BINS, help="Number of equal-width bins for ECE/MCE.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and of the bootstrap resamples.")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and of the bootstrap resamples (>= 0)."),
+                 NON_NEGATIVE]
 Estimators = Annotated[Optional[str], typer.Option(
     "--estimators", metavar="NAMES", help="More estimators, comma-separated or 'all': ece_equal_mass, ece_classwise, "
     "rms_ce, l2_ce_debiased.")]
@@ -119,16 +149,18 @@ Score = Annotated[str, typer.Option(
     "--score", metavar="NAMES", help="msp (max softmax), energy (tau * logsumexp(logits / tau)), maxlogit "
     "(max logit / tau), entropy (sum p ln p), gen (generalized entropy); both = msp,energy; all; or a "
     "comma-separated list.")]
-GenGamma = Annotated[float, typer.Option("--gen-gamma", metavar="G", help="GEN's exponent gamma (> 0).")]
+GenGamma = Annotated[float, typer.Option("--gen-gamma", metavar="G", help="GEN's exponent gamma (> 0)."), POSITIVE]
 GenTop = Annotated[int, typer.Option("--gen-top", metavar="M", min=1,
                                      help="GEN sums over the M largest probabilities (all classes when C <= M).")]
 React = Annotated[Optional[float], typer.Option(
     "--react", metavar="P", help="ReAct (with --head): clip hidden-state values at the P-th percentile "
-    "(0 < P <= 100) of SOURCE's values before the head; OOD files at the same threshold.")]
+    "(0 < P <= 100) of SOURCE's values before the head; OOD files at the same threshold."), PERCENTILE]
 MinAuroc = Annotated[Optional[float], typer.Option("--min-auroc", metavar="X",
-                                                   help="Exit 3 when any reported row has AUROC below X.")]
+                                                   help="Exit 3 when any reported row has AUROC below X (0 to 1)."),
+                     UNIT]
 MaxFpr95 = Annotated[Optional[float], typer.Option("--max-fpr95", metavar="X",
-                                                   help="Exit 3 when any reported row has FPR95 above X.")]
+                                                   help="Exit 3 when any reported row has FPR95 above X (0 to 1)."),
+                     UNIT]
 OodBootstrap = Annotated[int, typer.Option(
     "--bootstrap", metavar="N", min=0, max=MAX_RESAMPLES,
     help="95% percentile intervals for AUROC and FPR95 from N seeded resamples (ID and OOD samples resampled "
@@ -143,7 +175,8 @@ Plot = Annotated[Optional[str], typer.Option("--plot", metavar="PATH", help="Dra
 Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", help="Write the result as a Markdown "
                                                  "section for a model card (the section every run appends to "
                                                  "$GITHUB_STEP_SUMMARY when that names a file)."), OUTPUT]
-Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", "-q", help="Print only warnings and errors.")]
+Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", "-q", help="Print only warnings, errors and the "
+                                     "configuration file used.")]
 
 # -- the project configuration --------------------------------------------------------------
 ConfigFile = Annotated[Optional[str], typer.Option(
@@ -200,7 +233,8 @@ def parse_estimators(text: str | None) -> list[str]:
         return []
     from ..metrics.estimators import ESTIMATORS
 
-    names = list(ESTIMATORS) if text.strip() == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    given = text.lower()  # the names are lower case
+    names = list(ESTIMATORS) if given.strip() == "all" else [n.strip() for n in given.split(",") if n.strip()]
     unknown = [n for n in names if n not in ESTIMATORS]
     if unknown:
         raise TempcalError(f"--estimators {text}: unknown {', '.join(unknown)}; choose from {', '.join(ESTIMATORS)} "
@@ -229,9 +263,14 @@ def check_outputs(outputs: dict[str, str | None], inputs: list[str]) -> None:
 
 
 __all__ = [
+    "FRACTION",
     "INPUT",
     "INPUTS",
+    "NON_NEGATIVE",
     "OUTPUT",
+    "PERCENTILE",
+    "POSITIVE",
+    "UNIT",
     "Bins",
     "Bootstrap",
     "ChunkRows",
@@ -278,6 +317,7 @@ __all__ = [
     "ValFraction",
     "check_lm_eval_norm",
     "check_outputs",
+    "choice",
     "configured_tau",
     "is_model_source",
     "parse_estimators",

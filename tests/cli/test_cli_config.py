@@ -5,6 +5,7 @@ written)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -153,9 +154,9 @@ BAD = [
     (["fit"], "[fit]\nseed = \n", "tempcal.toml: invalid TOML: Invalid value (at line 2, column 8)"),
     (["fit"], 'source = "val.safetensors"\n[fit]\nmax-ece = "0.05"\n',
      'tempcal.toml: [fit] max-ece: expected a number, got "0.05"'),
-    (["fit"], 'source = "val.safetensors"\n[fit]\nval-fraction = 1.5\n',  # refused by fit itself: blamed on the file
-     "--val-fraction must be in (0, 1], got 1.5 (--val-fraction is set in tempcal.toml: [fit] val-fraction)"),
-    (["fit", "--output", "copy.safetensors"], 'source = "val.safetensors"\n[fit]\nno-write = true\n',
+    (["fit"], 'source = "val.safetensors"\n[fit]\nval-fraction = 1.5\n',  # out of range: before any file is read
+     "tempcal.toml: [fit] val-fraction: expected a number in (0, 1], got 1.5"),
+    (["fit", "--output", "copy.safetensors"], 'source = "val.safetensors"\n[fit]\nno-write = true\n',  # fit's own check
      "--output and --no-write contradict each other (--no-write is set in tempcal.toml: [fit] no-write)"),
     (["ood", "--config", "nope.toml"], "", "--config nope.toml: no such file"),
     (["ood", "--config", "tempcal.toml", "--no-config"], "", "--config and --no-config contradict each other"),
@@ -192,3 +193,118 @@ def test_the_shipped_configuration_holds_only_keys_the_commands_take():
     config = load_config(RELEASE / "tempcal.toml")
     config.check({name: command_schema(cmd) for name, cmd in group.commands.items()})  # type: ignore[attr-defined]
     assert config.data["source"] == "val.safetensors" and set(config.data) == {"source", "fit", "report", "ood"}
+
+
+# -- values out of range, checked before any file is read ----------------------------------------------------
+
+HUGE = "9" * 400
+SHOWN = "999999999999... (400 digits)"
+
+OUT_OF_RANGE = [
+    (["fit"], f"[fit]\nmax-ece = {HUGE}\n", f"tempcal.toml: [fit] max-ece: expected a finite number >= 0, got {SHOWN}"),
+    (["fit"], f"[fit]\nval-fraction = {HUGE}\n",
+     f"tempcal.toml: [fit] val-fraction: expected a finite number in (0, 1], got {SHOWN}"),
+    (["report"], f"[report]\ntau = [1, {HUGE}]\n",
+     f'tempcal.toml: [report] tau[1]: expected a number > 0 or "fitted", got {SHOWN}'),
+    (["fit"], "[fit]\nseed = -5\n", "tempcal.toml: [fit] seed: expected a whole number from 0 to 9223372036854775807, "
+                                    "got -5"),
+    (["ood"], "[report]\nbootstrap = -1\n",  # another command's table: checked on every run
+     "tempcal.toml: [report] bootstrap: expected a whole number from 0 to 100000, got -1"),
+    (["fit"], "[fit]\nval-fraction = 1e308\n",
+     "tempcal.toml: [fit] val-fraction: expected a number in (0, 1], got 1e+308"),
+    (["report"], "[report]\ntau = " + "[" * 3000 + "]" * 3000 + "\n",
+     "tempcal.toml: [report] tau: nested more than 64 brackets deep (line 2); a value is a number, a string, or a list "
+     "of them"),
+    (["report"], "[report]\ntau = " + "[" * 100_000 + "\n",
+     "tempcal.toml: [report] tau: nested more than 64 brackets deep (line 2); a value is a number, a string, or a list "
+     "of them"),
+]
+
+
+@pytest.mark.parametrize(("argv", "toml", "message"), OUT_OF_RANGE)
+def test_a_value_out_of_range_is_named_before_the_data_is_read(tmp_path, monkeypatch, cli, argv, toml, message):
+    """SOURCE does not exist: were it opened before the file's values were checked, the error would name it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tempcal.toml").write_text(toml)
+    ood = ["--ood", "missing.safetensors"] if argv == ["ood"] else []
+    code, out, err = cli([*argv, "missing.safetensors", *ood, "--json", "out.json"])
+    assert code == 2 and out == "" and err == f"error: {message}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tempcal.toml"]
+
+
+def test_a_value_in_range_goes_on_to_the_data(tmp_path, monkeypatch, cli):
+    """The control for the test above: with the value in range the same run reaches SOURCE."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tempcal.toml").write_text("[fit]\nseed = 5\nmax-ece = 0.5\n")
+    code, _, err = cli(["fit", "missing.safetensors"])
+    assert code == 2 and "missing.safetensors" in assert_one_error_line(err)
+
+
+# -- what is read as a configuration file --------------------------------------------------------------------
+
+
+def _limited_memory() -> None:  # pragma: no cover - runs in the child
+    """A child that reads /dev/zero into memory fails with MemoryError instead of exhausting the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+
+def _not_regular(tmp_path: Path, case: str) -> tuple[list[str], Path, str]:
+    """A folder holding a tempcal.toml a silent skip would find, and below it the file of ``case``: (argv, cwd,
+    the name the error must give)."""
+    (tmp_path / "tempcal.toml").write_text("[fit]\nseed = 1\n")
+    here = tmp_path / "here"
+    here.mkdir()
+    if case == "--config FIFO":
+        os.mkfifo(here / "gate.toml")
+        return ["--config", "gate.toml"], here, "--config gate.toml: is a named pipe (FIFO)"
+    if case == "--config /dev/zero":
+        return ["--config", "/dev/zero"], here, "--config /dev/zero: is a character device"
+    if case == "found FIFO":
+        os.mkfifo(here / "tempcal.toml")
+        return [], here, "tempcal.toml: is a named pipe (FIFO)"
+    if case == "found link to /dev/zero":
+        os.symlink("/dev/zero", here / "tempcal.toml")
+        return [], here, "tempcal.toml: is a character device (a link to /dev/zero)"
+    if case == "found folder":
+        (here / "tempcal.toml").mkdir()
+        return [], here, "tempcal.toml: is a folder"
+    os.mkfifo(here / "pyproject.toml")  # "found pyproject FIFO"
+    return [], here, "pyproject.toml: is a named pipe (FIFO)"
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs (POSIX)")
+@pytest.mark.parametrize("case", ["--config FIFO", "--config /dev/zero", "found FIFO", "found link to /dev/zero",
+                                  "found folder", "found pyproject FIFO"])
+def test_a_configuration_that_is_not_a_regular_file_is_refused_at_once(tmp_path, case):
+    """Run as a separate process with a timeout and a memory limit: the failure this guards against is a hang
+    (a FIFO waits for a writer) or reading /dev/zero until memory runs out."""
+    argv, cwd, named = _not_regular(tmp_path, case)
+    done = subprocess.run([sys.executable, "-m", "tempcal", "fit", "missing.safetensors", *argv], cwd=cwd,
+                          capture_output=True, text=True, timeout=60, preexec_fn=_limited_memory,
+                          env={**os.environ, "PYTHONPATH": str(Path(tempcal.__file__).parents[1])})
+    assert done.returncode == 2 and done.stdout == ""
+    line = assert_one_error_line(done.stderr, named, "a configuration file must be a regular file")
+    assert line.startswith(f"error: {named}")
+
+
+# -- saying which file was applied ---------------------------------------------------------------------------
+
+
+def test_the_file_applied_is_named_on_standard_error_even_under_quiet(tmp_path, monkeypatch, cli):
+    """``config: PATH`` (as found from the current folder) on standard error; standard output stays pure JSON."""
+    logits, labels = miscalibrated(300, 4, 3.0, seed=2)
+    save_file({"logits": logits, "labels": labels}, str(tmp_path / "val.safetensors"))
+    (tmp_path / "tempcal.toml").write_text('source = "val.safetensors"\n[fit]\nno-write = true\n')
+    (tmp_path / "ci").mkdir()
+    (tmp_path / "ci" / "gate.toml").write_text('source = "../val.safetensors"\n[report]\ntau = 2\n')
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    code, out, err = cli(["fit", "--quiet", "--json", "-"])
+    assert code == 0 and err == f"config: {os.path.join('..', 'tempcal.toml')}\n"
+    assert json.loads(out)["config"] == str(tmp_path / "tempcal.toml")
+    code, out, err = cli(["report", "--config", "../ci/gate.toml"])
+    assert code == 0 and err == "config: ../ci/gate.toml\n" and "config:" not in out
+    code, out, err = cli(["fit", "../val.safetensors", "--no-write", "--no-config", "--quiet"])
+    assert code == 0 and out == "" and err == ""

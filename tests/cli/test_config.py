@@ -12,10 +12,12 @@ import pytest
 import typer
 
 import tempcal.cli.config as cfg
+import tempcal.cli.config_file as config_file
 from tempcal.cli import app
 from tempcal.cli.config import ConfigError, find_config, load_config, resolve_config
 from tempcal.cli.config_schema import INPUTS, PathValue, command_schema
 from tempcal.errors import TempcalError
+from tempcal.validation import MAX_BINS, Bounds
 
 GROUP = typer.main.get_command(app)
 SCHEMAS = {name: command_schema(cmd) for name, cmd in GROUP.commands.items()}  # type: ignore[attr-defined]
@@ -33,8 +35,10 @@ def touch(*paths: Path) -> None:
         path.write_bytes(b"")
 
 
-def config_in(tmp_path: Path, text: str, name: str = "tempcal.toml") -> cfg.Config:
-    return load_config(write(tmp_path / name, text), display=name)
+def config_in(tmp_path: Path, text: str | None, name: str = "tempcal.toml") -> cfg.Config:
+    """The file ``name`` holding ``text`` (None: as it is), read."""
+    path = tmp_path / name if text is None else write(tmp_path / name, text)
+    return load_config(path, display=name)
 
 
 # -- discovery -----------------------------------------------------------------------------------------------
@@ -122,10 +126,61 @@ def test_not_utf8_a_folder_and_a_pyproject_without_the_table(tmp_path):
 
 
 def test_python_310_without_tomli(tmp_path, monkeypatch):
-    monkeypatch.setattr(cfg, "_toml", None)
+    monkeypatch.setattr(config_file, "_toml", None)
     write(tmp_path / "tempcal.toml", "")
     with pytest.raises(ConfigError, match=r"needs Python >= 3\.11 or the 'tomli' package"):
         find_config(tmp_path)
+
+
+def test_a_found_file_that_is_not_a_regular_one_is_an_error_not_skipped(tmp_path, monkeypatch):
+    """A folder or a dangling link named tempcal.toml or pyproject.toml stops the search with its name."""
+    monkeypatch.chdir(tmp_path)
+    write(tmp_path / "tempcal.toml", "[fit]\nseed = 1\n")  # what a silent skip would find instead
+    (tmp_path / "a" / "tempcal.toml").mkdir(parents=True)
+    with pytest.raises(ConfigError, match=r"^a/tempcal\.toml: is a folder; a configuration file must be a regular"):
+        resolve_config(None, False, cwd=tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    os.symlink(tmp_path / "gone.toml", tmp_path / "b" / "pyproject.toml")
+    with pytest.raises(ConfigError, match=r"pyproject\.toml: is a link to .*gone\.toml, which does not exist$"):
+        find_config(tmp_path / "b")
+
+
+def test_a_file_over_1_mib_is_refused_unread(tmp_path):
+    path = tmp_path / "tempcal.toml"
+    with open(path, "wb") as f:  # a sparse file: its size, not its bytes, is over the limit
+        f.truncate(config_file.MAX_CONFIG_BYTES + 1)
+    with pytest.raises(ConfigError, match=rf"^tempcal\.toml: is {(1 << 20) + 1} bytes; a configuration file may hold "
+                                          r"at most 1 MiB$"):
+        config_in(tmp_path, None)
+    path.write_bytes(b"# " + b"x" * (config_file.MAX_CONFIG_BYTES - 3) + b"\n")  # exactly 1 MiB is read
+    assert config_in(tmp_path, None).data == {}
+
+
+@pytest.mark.parametrize("depth", [3_000, 100_000])
+def test_deep_nesting_names_the_key_and_line(tmp_path, depth):
+    """Nested past the limit: one line naming the key, not a RecursionError from the parser."""
+    text = f'source = "v.st"\n[report]\nbins = 10\ntau = [\n  {"[" * depth}{"]" * depth}]\n'
+    with pytest.raises(ConfigError) as caught:
+        config_in(tmp_path, text)
+    assert str(caught.value) == (f"tempcal.toml: [report] tau: nested more than {config_file.MAX_NESTING} brackets "
+                                 "deep (line 5); a value is a number, a string, or a list of them")
+
+
+def test_nesting_up_to_the_limit_is_left_to_the_parser_and_strings_do_not_count(tmp_path):
+    """Brackets in strings and comments are not nesting; inline tables are."""
+    deep = config_file.MAX_NESTING
+    text = (f'a = "[[[[" # [[[[\nb = \'\'\'\n{"[" * 500}\'\'\'\nc = {"[" * deep}{"]" * deep}\n'
+            f'[ood]\nd = """{"{" * 500}"""\n')
+    data = config_in(tmp_path, text).data
+    assert data["a"] == "[[[[" and data["b"] == "[" * 500 and data["ood"]["d"] == "{" * 500
+    with pytest.raises(ConfigError, match=r"^tempcal\.toml: \[ood\] e: nested more than"):
+        config_in(tmp_path, "[ood]\ne = " + "{x = " * (deep + 1) + "1" + "}" * (deep + 1) + "\n")
+
+
+def test_an_integer_too_long_for_python_names_the_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"^tempcal\.toml: \[fit\] seed: an integer of 5000 digits \(line 2\)"):
+        config_in(tmp_path, "[fit]\nseed = " + "9" * 5000 + "\n")
+    assert config_in(tmp_path, 'source = "' + "9" * 5000 + '"\n').data["source"] == "9" * 5000  # text, not a number
 
 
 # -- the schema, from the commands' own parameters -----------------------------------------------------------
@@ -134,7 +189,10 @@ def test_python_310_without_tomli(tmp_path, monkeypatch):
 def test_the_schema_comes_from_the_commands():
     fit, report, ood = SCHEMAS["fit"], SCHEMAS["report"], SCHEMAS["ood"]
     assert fit.lookup("val-fraction").param_name == "val_fraction"  # type: ignore[union-attr]
-    assert fit.lookup("max-ece").minimum == 0.0 and fit.lookup("bins").minimum == 1  # type: ignore[union-attr]
+    assert fit.lookup("max-ece").bounds == Bounds(0.0)  # type: ignore[union-attr]
+    assert fit.lookup("bins").bounds == Bounds(1, MAX_BINS)  # type: ignore[union-attr]
+    assert fit.lookup("val-fraction").bounds == Bounds(0, 1, low_open=True)  # type: ignore[union-attr]
+    assert ood.lookup("seed").bounds == Bounds(0) and ood.lookup("gen-gamma").bounds.low_open  # type: ignore
     assert fit.lookup("objective").choices == ("nll", "ece")  # type: ignore[union-attr]
     assert fit.lookup("lm-eval-norm").choices == ("none", "chars", "bytes")  # type: ignore[union-attr]
     assert fit.lookup("eval").path == INPUTS and fit.lookup("inputs").path == PathValue(must_exist=True)  # type: ignore
@@ -158,7 +216,7 @@ def test_a_new_option_needs_no_second_declaration():
     def cmd(
         source: Annotated[list[str], typer.Argument()],
         gen_gamma: Annotated[float, typer.Option("--gen-gamma", "--gamma", min=0.0)] = 0.1,
-        react: Annotated[Optional[float], typer.Option("--react")] = None,
+        react: Annotated[Optional[float], typer.Option("--react"), Bounds(0, 100, low_open=True)] = None,
         top: Annotated[Optional[list[int]], typer.Option("--top")] = None,
         head: Annotated[Optional[Path], typer.Option("--head")] = None,
         pair: Annotated[tuple[int, int], typer.Option("--pair")] = (1, 2),
@@ -167,8 +225,8 @@ def test_a_new_option_needs_no_second_declaration():
 
     schema = command_schema(typer.main.get_command(demo))
     assert schema.lookup("gen-gamma") is schema.lookup("gamma")
-    assert schema.lookup("gen-gamma").kind == "float" and schema.lookup("gen-gamma").minimum == 0.0  # type: ignore
-    assert schema.lookup("react").kind == "float"  # type: ignore[union-attr]
+    assert schema.lookup("gen-gamma").kind == "float" and schema.lookup("gen-gamma").bounds == Bounds(0.0)  # type: ignore
+    assert schema.lookup("react").kind == "float" and schema.lookup("react").bounds.low_open  # type: ignore
     assert schema.lookup("top").kind == "int" and schema.lookup("top").multiple  # type: ignore[union-attr]
     assert schema.lookup("head").kind == "path"  # type: ignore[union-attr]
     assert "pair" in schema.refused
@@ -234,19 +292,38 @@ def test_a_command_table_source_wins_over_the_top_level_one(tmp_path):
 BAD_VALUES = [
     ("[ood]\ntau = true\n", 'tempcal.toml: [ood] tau: expected a number or "fitted" or a list of them, got true'),
     ("[ood]\ntau = [1, true]\n", 'tempcal.toml: [ood] tau[1]: expected a number or "fitted", got true'),
-    ("[ood]\ntau = -1\n", "tempcal.toml: [ood] tau: must be > 0, got -1"),
+    ("[ood]\ntau = -1\n", 'tempcal.toml: [ood] tau: expected a number > 0 or "fitted", got -1'),
     ("[ood]\ntau = \"hot\"\n", 'tempcal.toml: [ood] tau: expected a number > 0 or "fitted", got "hot"'),
     ("[ood]\ntau = []\n", 'tempcal.toml: [ood] tau: expected a number or "fitted" or a list of them, got an empty'
                           " list"),
     ("[fit]\nval-fraction = \"0.2\"\n", 'tempcal.toml: [fit] val-fraction: expected a number, got "0.2"'),
     ("[fit]\nval-fraction = nan\n", "tempcal.toml: [fit] val-fraction: expected a number, got nan"),
-    ("[fit]\nmax-ece = -0.1\n", "tempcal.toml: [fit] max-ece: must be >= 0, got -0.1"),
+    ("[fit]\nmax-ece = -0.1\n", "tempcal.toml: [fit] max-ece: expected a number >= 0, got -0.1"),
     ("[fit]\nseed = 1.5\n", "tempcal.toml: [fit] seed: expected an integer, got 1.5"),
+    ("[fit]\nseed = -5\n", "tempcal.toml: [fit] seed: expected a whole number from 0 to 9223372036854775807, got -5"),
+    (f"[fit]\nmax-ece = {'9' * 400}\n",
+     "tempcal.toml: [fit] max-ece: expected a finite number >= 0, got 999999999999... (400 digits)"),
+    (f"[fit]\nval-fraction = {'9' * 400}\n",
+     "tempcal.toml: [fit] val-fraction: expected a finite number in (0, 1], got 999999999999... (400 digits)"),
+    ("[fit]\nval-fraction = 1e308\n", "tempcal.toml: [fit] val-fraction: expected a number in (0, 1], got 1e+308"),
+    ("[fit]\nmax-ece = inf\n", "tempcal.toml: [fit] max-ece: expected a finite number >= 0, got inf"),
+    (f"[ood]\ntau = [1, {'9' * 400}]\n",
+     'tempcal.toml: [ood] tau[1]: expected a number > 0 or "fitted", got 999999999999... (400 digits)'),
+    (f"[report]\nignore-index = -{'9' * 400}\n", "tempcal.toml: [report] ignore-index: expected a whole number from "
+     "-9223372036854775808 to 9223372036854775807, got -999999999999... (400 digits)"),
+    ("[report]\nchunk-rows = 9223372036854775808\n",
+     "tempcal.toml: [report] chunk-rows: expected a whole number from 1 to 9223372036854775807, got "
+     "9223372036854775808"),
+    ("[ood]\ngen-gamma = 0\n", "tempcal.toml: [ood] gen-gamma: expected a number > 0, got 0"),
+    ("[ood]\nreact = 100.5\n", "tempcal.toml: [ood] react: expected a number in (0, 100], got 100.5"),
+    ("[ood]\nmin-auroc = 1.5\n", "tempcal.toml: [ood] min-auroc: expected a number from 0 to 1, got 1.5"),
+    ("[ood]\nodin-eps = -0.1\n", "tempcal.toml: [ood] odin-eps: expected a number >= 0, got -0.1"),
+    ("[fit]\nsoftcap = -1\n", "tempcal.toml: [fit] softcap: expected a number > 0, got -1"),
     ("[fit]\nseed = true\n", "tempcal.toml: [fit] seed: expected an integer, got true"),
-    ("[report]\nbins = 0\n", "tempcal.toml: [report] bins: must be >= 1, got 0"),
+    ("[report]\nbins = 0\n", "tempcal.toml: [report] bins: expected a whole number from 1 to 100000, got 0"),
     ("[fit]\nno-write = \"yes\"\n", 'tempcal.toml: [fit] no-write: expected true or false, got "yes"'),
     ("[fit]\nno-write = 1\n", "tempcal.toml: [fit] no-write: expected true or false, got 1"),
-    ("[fit]\nobjective = \"NLL\"\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got "NLL"'),
+    ("[fit]\nobjective = \"mse\"\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got "mse"'),
     ("[fit]\nobjective = [\"nll\"]\n", 'tempcal.toml: [fit] objective: expected one of "nll", "ece", got a list'),
     ("[ood]\nlm-eval-norm = \"words\"\n",
      'tempcal.toml: [ood] lm-eval-norm: expected one of "none", "chars", "bytes", got "words"'),
