@@ -65,8 +65,9 @@ def check_target(path: str | os.PathLike, label: str, *, follow_link: bool = Fal
             raise TempcalError(f"{label}: is a symbolic link to {os.readlink(path)}, a {kind}, not a regular file; "
                                f"tempcal only replaces regular files{hint}; nothing written")
         if not follow_link:
-            raise TempcalError(f"{label}: is a symbolic link to {os.readlink(path)}; tempcal does not write through "
-                               f"a link it did not make: remove the link or name the file itself{hint}; "
+            missing = "" if path.exists() else " (which does not exist)"
+            raise TempcalError(f"{label}: is a symbolic link to {os.readlink(path)}{missing}; tempcal does not write "
+                               f"through a link it did not make: remove the link or name the file itself{hint}; "
                                "nothing written")
         path = Path(os.path.realpath(path))
     try:
