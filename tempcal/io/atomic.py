@@ -8,8 +8,8 @@ Every output (JSON, Markdown, plots, scores, models, sidecars, write-back of T) 
   folder once it is a minute old and nobody holds its lock.
 - The destination passes :func:`tempcal.io.paths.check_target` before anything is written and
   again right before the rename: a regular file or nothing, in a folder that exists, neither
-  read-only (root included). A symbolic link is refused unless ``follow_link`` (write-back into
-  the SOURCE the user named): then the file it names is replaced and the link stays.
+  read-only (root included), and not a symbolic link: write-back into a SOURCE the user named
+  as a link passes the file the link names (:func:`destination_of`), so the link stays.
 - The new file keeps the replaced file's permission bits and (where allowed) its owner.
 - ``guard`` is a context manager entered around the rename itself: write-back uses it to hold
   a lock on the source and check, under that lock, that the source did not change.
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import TempcalError
-from .paths import check_folder, check_target
+from .paths import check_target
 
 try:
     import fcntl
@@ -46,24 +46,18 @@ def destination_of(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(shown)) if shown.is_symlink() else shown
 
 
-def check_destination(path: str | os.PathLike, label: str) -> Path:
-    """A file can be written at ``path``: it is not a folder, and its folder exists. Returns that folder."""
-    return check_folder(path, label)
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None,
-                follow_link: bool = False,
                 guard: Callable[[], AbstractContextManager[object]] | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds it is fsynced and renamed over ``path``.
 
     ``mode`` defaults to the existing file's permissions, else what a plain ``open(path, "w")``
-    gives. A destination that is not a regular file, a link (unless ``follow_link``), or read-only
-    (the file or its folder) is refused before anything is written. On any failure the temporary
-    file is removed and the destination is untouched.
+    gives. A destination that is not a regular file, a link, or read-only (the file or its folder)
+    is refused before anything is written. On any failure the temporary file is removed and the
+    destination is untouched.
     """
     label = f"{what} {path}" if what else str(path)
-    destination = check_target(path, label, follow_link=follow_link)
+    destination = check_target(path, label)
     folder = destination.parent if str(destination.parent) else Path(".")
     _sweep_stale_temporaries(folder, destination.name)
     try:
@@ -179,5 +173,5 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
-__all__ = ["atomic_path", "check_destination", "destination_of", "write_atomic", "write_bytes_atomic",
+__all__ = ["atomic_path", "destination_of", "write_atomic", "write_bytes_atomic",
            "write_text_atomic"]
