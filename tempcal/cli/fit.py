@@ -7,7 +7,7 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
-from .main import app, deliver, start
+from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
     Bins,
@@ -47,7 +47,6 @@ from .options import (
     Source,
     ValFraction,
     check_lm_eval_norm,
-    check_outputs,
     is_model_source,
     parse_estimators,
     source_options,
@@ -94,10 +93,13 @@ def fit(
     no_config: NoConfig = False,
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
-    _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
-                  save_model=save_model, save_logits=save_logits, output_key=output_key, lm_eval_norm=lm_eval_norm)
-    check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-model": save_model},
-                  [*source, *([eval_file] if eval_file else [])])
+    is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
+                             save_model=save_model, save_logits=save_logits, output_key=output_key,
+                             lm_eval_norm=lm_eval_norm)
+    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--output": output,
+                      **_copy_sidecar(output), "--save-model": save_model, "--save-logits": save_logits},
+                {"SOURCE": source, "--eval": eval_file, "--inputs": inputs, "--head": head},
+                write_back=None if no_write or output is not None or is_model else source)
 
     from ..output.console import print_fit
     from ..output.files import write_fit_files
@@ -115,8 +117,10 @@ def fit(
     def write() -> list[str]:
         written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
                                   store=not no_write))
-        write_fit_files(report, plot=plot, markdown=markdown)
-        return [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
+        lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
+        if is_model and save_logits:
+            lines.append(f"wrote the logits to {save_logits}")
+        return lines + write_fit_files(report, plot=plot, markdown=markdown)
 
     def payload() -> dict:
         out = report.to_json()
@@ -131,8 +135,8 @@ def fit(
 
 def _check_writes(source: list[str], *, inputs: str | None, output: str | None, no_write: bool,
                   max_ece: float | None, probs: bool, save_model: str | None, save_logits: str | None,
-                  output_key: str | None, lm_eval_norm: LmEvalNorm) -> None:
-    """Refuse contradictory options before any file is read."""
+                  output_key: str | None, lm_eval_norm: LmEvalNorm) -> bool:
+    """Refuse contradictory options before any file is read; whether SOURCE is a model."""
     check_lm_eval_norm(source, lm_eval_norm)
     if no_write and output is not None:
         raise TempcalError("--output and --no-write contradict each other")
@@ -151,3 +155,13 @@ def _check_writes(source: list[str], *, inputs: str | None, output: str | None, 
         from ..models.detect import save_format
 
         save_format(source[0], save_model)  # a format that cannot be written from SOURCE's: refused before any work
+    return is_model
+
+
+def _copy_sidecar(output: str | None) -> dict[str, str]:
+    """The sidecar ``--output`` gets when the copy is not a safetensors file (T cannot go in its metadata)."""
+    if output is None or output.lower().endswith(".safetensors"):
+        return {}
+    from ..io.sidecar import sidecar_path
+
+    return {"the sidecar of --output": str(sidecar_path(output))}

@@ -70,12 +70,16 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
         data["warnings"] = [for_cli(message) for message in data["warnings"]]
     data.update(state.to_json())
     emit_json(json_out, data)
+    if json_out not in (None, "-"):
+        written.append(f"wrote the JSON to {json_out}")
     if summary is not None:
-        from ..output.github import append_step_summary
+        from ..output.github import STEP_SUMMARY_ENV, append_step_summary, step_summary_path
 
         problem = append_step_summary(summary, gate=gate)
         if problem:
             stderr(f"warning: {problem}")
+        elif step_summary_path() is not None:
+            written.append(f"appended the Markdown section to ${STEP_SUMMARY_ENV} ({step_summary_path()})")
     if json_out != "-" and not quiet:
         out = console()
         render(out)
@@ -84,6 +88,39 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     if gate:
         stderr(f"gate failed: {gate}")
         raise typer.Exit(EXIT_GATE)
+
+
+def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str | list[str] | None], *,
+                write_back: list[str] | None = None) -> None:
+    """Before any work: each output can be written where it is named (a regular file or nothing, not a link, not
+    read-only, in a folder that exists), and no output is the same file as another output or as an input
+    (SOURCE and its sidecar, the files ``inputs`` name, the configuration file), ``$GITHUB_STEP_SUMMARY``
+    included. ``write_back``: the SOURCE files T is written back into (or into their sidecars)."""
+    from ..io.paths import check_distinct, check_target, expand
+    from ..io.sidecar import sidecar_path
+    from ..output.github import STEP_SUMMARY_ENV, step_summary_path
+    from ..output.plots import check_plot_path
+    from .config import config_state
+
+    given = [(flag, str(path)) for flag, path in outputs.items() if path is not None and path != "-"]
+    read = [(label, path) for label, value in inputs.items() for path in expand([value] if isinstance(value, str)
+                                                                                else value or [])]
+    read += [("the sidecar of SOURCE", str(sidecar_path(path))) for label, path in read if label == "SOURCE"]
+    config = config_state(ctx).config
+    if config is not None:
+        read.append(("the configuration file", str(config.path)))
+    summary = step_summary_path()
+    summary_flag = f"${STEP_SUMMARY_ENV}"
+    check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag])
+    for flag, path in given:
+        check_target(path, f"{flag} {path}", hint=" (--json - writes to standard output)" if flag == "--json" else "")
+        if flag == "--plot":
+            check_plot_path(path)
+    for path in expand(write_back or []):
+        if os.path.isfile(path):  # a missing SOURCE is for opening it to say
+            in_metadata = path.lower().endswith(".safetensors")
+            target = path if in_metadata else str(sidecar_path(path))
+            check_target(target, target, follow_link=in_metadata)
 
 
 def start(device: str) -> str:
@@ -166,4 +203,4 @@ def run() -> None:
     os._exit(code)
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_GATE", "app", "console", "deliver", "main", "run", "start", "stderr"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_GATE", "app", "check_paths", "console", "deliver", "main", "run", "start", "stderr"]

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import TempcalError
 from .config import ConfiguredCommand
-from .main import app, deliver, start
+from .main import app, check_paths, deliver, start
 from .options import (
     INPUTS,
     NON_NEGATIVE,
@@ -46,7 +46,6 @@ from .options import (
     Source,
     Tau,
     check_lm_eval_norm,
-    check_outputs,
     is_model_source,
     source_options,
 )
@@ -108,8 +107,8 @@ def ood(
     scores = score_names(score)
     others = _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps, output_key)
     check_lm_eval_norm(source, lm_eval_norm)
-    check_outputs({"--json": json_out, "--scores": scores_out, "--plot": plot, "--markdown": markdown},
-                  [*source, *others])
+    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--markdown": markdown},
+                {"SOURCE": source, "--ood": ood_files, "--inputs": inputs, "--ood-inputs": ood_inputs, "--head": head})
 
     from ..output.console import print_ood
     from ..output.files import write_ood_files

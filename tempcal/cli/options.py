@@ -5,7 +5,6 @@ Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
 
 from __future__ import annotations
 
-import os
 from enum import Enum
 from typing import Annotated, Any, Optional
 
@@ -242,26 +241,6 @@ def parse_estimators(text: str | None) -> list[str]:
     return names
 
 
-def check_outputs(outputs: dict[str, str | None], inputs: list[str]) -> None:
-    """Refuse, before any work, an output that is a folder, lies in no folder, or would overwrite an input or
-    another output; ``--plot`` must also name a picture format that can be drawn."""
-    from ..io.atomic import check_destination
-    from ..output.plots import check_plot_path
-
-    given = [(flag, path) for flag, path in outputs.items() if path is not None and path != "-"]
-    for k, (flag, path) in enumerate(given):
-        check_destination(path, f"{flag} {path}")
-        real = os.path.realpath(path)
-        for name in inputs:
-            if os.path.realpath(name) == real:
-                raise TempcalError(f"{flag} {path}: would overwrite the input file {name}")
-        for other, name in given[:k]:
-            if os.path.realpath(name) == real:
-                raise TempcalError(f"{flag} {path}: is also the {other} output")
-        if flag == "--plot":
-            check_plot_path(path)
-
-
 __all__ = [
     "FRACTION",
     "INPUT",
@@ -316,7 +295,6 @@ __all__ = [
     "Tau",
     "ValFraction",
     "check_lm_eval_norm",
-    "check_outputs",
     "choice",
     "configured_tau",
     "is_model_source",

@@ -10,7 +10,7 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX, check_taus
 from .config import ConfiguredCommand
-from .main import app, deliver, start
+from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
     Bins,
@@ -43,7 +43,6 @@ from .options import (
     Source,
     Tau,
     check_lm_eval_norm,
-    check_outputs,
     is_model_source,
     parse_estimators,
     source_options,
@@ -113,7 +112,8 @@ def report(
     grid = parse_sweep(sweep) if sweep else []
     is_model = is_model_source(source, inputs, {"--save-logits": save_logits, "--output-key": output_key})
     check_lm_eval_norm(source, lm_eval_norm)
-    check_outputs({"--json": json_out, "--plot": plot, "--markdown": markdown}, source)
+    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-logits": save_logits},
+                {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..core.limits import check_fits
     from ..output.console import print_report
@@ -130,12 +130,13 @@ def report(
                          estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, options=options)
 
     def write() -> list[str]:
+        lines = []
         if is_model and save_logits:
             from ..models.save import save_logits as write_logits
 
-            write_logits(result.opened.data, save_logits, temperature=result.stored_temperature)
-        write_report_files(result, plot=plot, markdown=markdown)
-        return []
+            kept = write_logits(result.opened.data, save_logits, temperature=result.stored_temperature)
+            lines.append(f"wrote the logits to {kept}")
+        return lines + write_report_files(result, plot=plot, markdown=markdown)
 
     deliver(ctx, warnings=result.warnings, write=write, payload=result.to_json,
             render=lambda out: print_report(result, out), summary=lambda: report_markdown(result), json_out=json_out,

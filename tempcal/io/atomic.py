@@ -6,7 +6,10 @@ Every output (JSON, Markdown, plots, scores, models, sidecars, write-back of T) 
 - The temporary file is ``.NAME.tempcal-XXXXXXXX.tmp`` in the destination's folder, locked
   while it is written. One left by a killed process is removed by the next write into that
   folder once it is a minute old and nobody holds its lock.
-- A symbolic link is written through (the link stays, the file it names is replaced).
+- The destination passes :func:`tempcal.io.paths.check_target` before anything is written and
+  again right before the rename: a regular file or nothing, in a folder that exists, neither
+  read-only (root included), and not a symbolic link: write-back into a SOURCE the user named
+  as a link passes the file the link names (:func:`destination_of`), so the link stays.
 - The new file keeps the replaced file's permission bits and (where allowed) its owner.
 - ``guard`` is a context manager entered around the rename itself: write-back uses it to hold
   a lock on the source and check, under that lock, that the source did not change.
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import TempcalError
+from .paths import check_target
 
 try:
     import fcntl
@@ -37,38 +41,24 @@ STALE_SECONDS = 60.0
 
 
 def destination_of(path: str | os.PathLike) -> Path:
-    """Where writing ``path`` really goes: the file a symbolic link names, else ``path`` itself."""
+    """Where writing ``path`` goes when a link is followed: the file a symbolic link names, else ``path`` itself."""
     shown = Path(path)
     return Path(os.path.realpath(shown)) if shown.is_symlink() else shown
 
 
-def check_destination(path: str | os.PathLike, label: str) -> Path:
-    """A file can be written at ``path``: it is not a folder, and its folder exists. Returns that folder."""
-    path = Path(path)
-    if path.is_dir():
-        raise TempcalError(f"{label}: is a folder")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise TempcalError(f"{label}: folder {folder} does not exist")
-    return folder
-
-
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None,
-                refuse_read_only: bool = False,
                 guard: Callable[[], AbstractContextManager[object]] | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds it is fsynced and renamed over ``path``.
 
     ``mode`` defaults to the existing file's permissions, else what a plain ``open(path, "w")``
-    gives. ``refuse_read_only`` refuses, before anything is written, a destination or folder that
-    is read-only (no write bit, or no write access). On any failure the temporary file is removed
-    and the destination is untouched.
+    gives. A destination that is not a regular file, a link, or read-only (the file or its folder)
+    is refused before anything is written. On any failure the temporary file is removed and the
+    destination is untouched.
     """
     label = f"{what} {path}" if what else str(path)
-    destination = destination_of(path)
-    folder = check_destination(destination, label)
-    if refuse_read_only:
-        _refuse_read_only(destination, folder, label)
+    destination = check_target(path, label)
+    folder = destination.parent if str(destination.parent) else Path(".")
     _sweep_stale_temporaries(folder, destination.name)
     try:
         fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}",
@@ -84,6 +74,7 @@ def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | No
             _keep_owner(f.fileno(), destination)
         os.chmod(temporary, _mode_for(destination) if mode is None else mode)
         with guard() if guard is not None else contextlib.nullcontext():
+            check_target(destination, label)  # nothing planted there (a link, a device) while we wrote
             os.replace(temporary, destination)
     except BaseException as exc:
         temporary.unlink(missing_ok=True)
@@ -135,24 +126,6 @@ def _keep_owner(fd: int, destination: Path) -> None:
             os.fchown(fd, old.st_uid, old.st_gid)
 
 
-def _refuse_read_only(destination: Path, folder: Path, label: str) -> None:
-    """A read-only destination or folder is a clear error before anything is written.
-
-    Write bits are checked as well as access: root may write anything, but a file or folder
-    with no write bit at all was marked read-only on purpose.
-    """
-    for path, kind in ((destination, "file"), (folder, "folder")):
-        try:
-            mode = path.stat().st_mode & 0o7777
-        except OSError:
-            continue  # a destination that does not exist yet
-        where = label if kind == "file" else f"{label}: folder {folder}"
-        if not mode & 0o222:
-            raise TempcalError(f"{where} is read-only (mode {mode:04o}); nothing written")
-        if not os.access(path, os.W_OK | (os.X_OK if kind == "folder" else 0)):
-            raise TempcalError(f"{where} is read-only for this user (mode {mode:04o}); nothing written")
-
-
 def _try_lock(fd: int) -> bool:
     if fcntl is None:
         return False
@@ -200,5 +173,5 @@ def _fsync_folder(folder: Path) -> None:
             os.close(fd)
 
 
-__all__ = ["atomic_path", "check_destination", "destination_of", "write_atomic", "write_bytes_atomic",
+__all__ = ["atomic_path", "destination_of", "write_atomic", "write_bytes_atomic",
            "write_text_atomic"]

@@ -1,8 +1,9 @@
 """T for files that have no metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file.
 
 The sidecar records the file's size, mtime and SHA-256, so that one left behind by an older
-version of the file is noticed and its T ignored. It is written atomically, through a
-symbolic link to the file it names (as write-back into safetensors metadata is).
+version of the file is noticed and its T ignored. It is written atomically; a sidecar that is
+a symbolic link (say, planted in a downloaded folder) or not a regular file is refused, never
+written through. A new sidecar gets the file's permission bits plus the owner's write bit.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import TempcalError
+from ..errors import TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
-from .atomic import destination_of, write_atomic
+from .atomic import write_atomic
+from .paths import check_target
 
 SIDECAR_SUFFIX = ".tempcal.json"
 SIDECAR_VERSION = 1
@@ -103,6 +105,7 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
     temperature = as_temperature(temperature)
     check_regular_file(path)
     side = sidecar_path(path)
+    check_target(side, str(side))  # a planted link or device: refused before the file is hashed
     if metadata is None:
         metadata = _current_metadata(path)
     stat = path.stat()
@@ -115,29 +118,30 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
         "metadata": {**metadata, TEMPERATURE_KEY: format_temperature(temperature)},
     }
     text = json.dumps(record, indent=2) + "\n"
-    destination = destination_of(side)
-    mode = (destination.stat().st_mode if destination.exists() else stat.st_mode) & 0o666
-    write_atomic(destination, lambda f: f.write(text.encode("utf-8")), what="", mode=mode)
+    mode = None if side.exists() else stat.st_mode & 0o666 | 0o200
+    write_atomic(side, lambda f: f.write(text.encode("utf-8")), what="", mode=mode)
     return side
 
 
 def write_sidecar_copy(source: Path, temperature: float, output: Path) -> Path:
     """Copy ``source`` byte for byte to ``output`` (same suffix) and give the copy a sidecar holding T."""
     if output.suffix.lower() != source.suffix.lower():
-        raise TempcalError(f"output {output}: must have the suffix of SOURCE ({source.suffix}); tempcal copies "
-                           "the file and stores T in the copy's sidecar")
+        raise TempcalError(f"{param('output')} {output}: must have the suffix of SOURCE ({source.suffix}); "
+                           "tempcal copies the file and stores T in the copy's sidecar")
     check_regular_file(source)
     metadata = _current_metadata(source)
-    if output.exists() and os.path.samefile(output, source):
+    label = f"{param('output')} {output}"
+    if not output.is_symlink() and output.exists() and os.path.samefile(output, source):
         return write_sidecar(source, temperature, metadata=metadata)
-    if output.is_dir():
-        raise TempcalError(f"output {output}: is a folder")
+    check_target(output, label)
+    check_target(sidecar_path(output), str(sidecar_path(output)))  # both refused before either is written
 
     def copy(out: BinaryIO) -> None:
         with open(source, "rb") as src:
             shutil.copyfileobj(src, out, HASH_BLOCK)
 
-    write_atomic(destination_of(output), copy, what="", mode=source.stat().st_mode & 0o7777)
+    mode = None if output.exists() else source.stat().st_mode & 0o7777 | 0o200
+    write_atomic(output, copy, what=param("output"), mode=mode)
     return write_sidecar(output, temperature, metadata=metadata)
 
 

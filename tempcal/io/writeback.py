@@ -7,6 +7,8 @@ the destination: a crash at any point leaves either the old file or the complete
 - Nothing is written when the source changed since it was read (other inode, size or
   mtime), or when the destination or its folder is read-only (no write permission, or
   no write bit at all: even root does not overwrite a file someone marked read-only).
+- A SOURCE given as a symbolic link gets T in the file the link names (the link stays);
+  an ``output`` that is a link, or anything but a regular file, is refused.
 - Concurrent write-backs of one file: the "source unchanged" check and the rename run
   under an advisory ``flock`` on the source, so the first to rename wins and every other
   one finds the file changed and refuses (exit 2), nothing written. Writers into the same
@@ -70,7 +72,8 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
         check_unchanged(source, stamp)
     metadata = dict(header.metadata)
     metadata[TEMPERATURE_KEY] = format_temperature(temperature)
-    destination = destination_of(Path(output) if output is not None else Path(source))
+    # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
+    destination = destination_of(source) if output is None else Path(output)
     copy_with_header(destination, header, updated_header(header, metadata))
     return destination
 
@@ -81,8 +84,8 @@ def copy_with_header(destination: Path, header: Header, new_header: bytes) -> No
     A new ``--output`` file gets SOURCE's permission bits plus the owner's write bit, so that a copy
     of a read-only source is not itself refused as read-only by the next write-back.
     """
-    mode = None if destination.exists() else header.path.stat().st_mode & 0o7777 | 0o200
-    with atomic_path(destination, what="", mode=mode, refuse_read_only=True,
+    mode = None if os.path.lexists(destination) else header.path.stat().st_mode & 0o7777 | 0o200
+    with atomic_path(destination, what="", mode=mode,
                      guard=lambda: _unchanged_under_lock(header)) as temporary, \
             open(temporary, "wb") as out, open(header.path, "rb") as src:
         check_unchanged(header.path, header.stamp, since="tempcal read it")

@@ -1,27 +1,38 @@
-"""The pictures and model-card sections a command writes beside its results (``--plot``, ``--markdown``)."""
+"""The pictures and model-card sections a command writes beside its results (``--plot``, ``--markdown``).
+
+Each function returns the lines saying what it wrote ("wrote the plot to PATH"), which the command
+prints after its results (not under ``--quiet`` or ``--json -``).
+"""
 
 from __future__ import annotations
 
 from ..errors import param
 from ..io.atomic import write_text_atomic
 
+#: What every command says for each file it writes beside its results.
+WROTE_PLOT, WROTE_MARKDOWN = "wrote the plot to {}", "wrote the Markdown section to {}"
 
-def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> None:
+
+def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
     """``fit``: reliability diagrams before and after; a model-card section linking to the plot."""
+    lines = []
     if plot:
         from .plots import reliability_diagram
 
-        reliability_diagram([("before (T = 1)", report.before),
-                             (f"after (T = {report.temperature:.4g})", report.after)], plot)
+        lines.append(WROTE_PLOT.format(reliability_diagram([("before (T = 1)", report.before),
+                                                            (f"after (T = {report.temperature:.4g})", report.after)],
+                                                           plot)))
     if markdown:
         from .markdown import fit_markdown
 
-        write_text_atomic(markdown, fit_markdown(report, markdown, plot), what=param("markdown"))
+        lines.append(_write_markdown(markdown, fit_markdown(report, markdown, plot)))
+    return lines
 
 
-def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> None:
+def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
     """``report``: a reliability diagram (up to four temperatures) or, for a sweep, metrics against tau;
     a model-card section."""
+    lines = []
     if plot:
         from .plots import reliability_diagram, sweep_plot
 
@@ -31,13 +42,15 @@ def write_report_files(result, *, plot: str | None = None, markdown: str | None 
                 marks["min NLL"] = result.sweep_best
             if result.stored_temperature is not None:
                 marks["stored T"] = result.stored_temperature
-            sweep_plot(result.results, marks, plot)
+            drawn = sweep_plot(result.results, marks, plot)
         else:
-            reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results[:4]], plot)
+            drawn = reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results[:4]], plot)
+        lines.append(WROTE_PLOT.format(drawn))
     if markdown:
         from .markdown import report_markdown
 
-        write_text_atomic(markdown, report_markdown(result, markdown, plot), what=param("markdown"))
+        lines.append(_write_markdown(markdown, report_markdown(result, markdown, plot)))
+    return lines
 
 
 def write_ood_files(report, *, scores: str | None = None, plot: str | None = None,
@@ -51,13 +64,17 @@ def write_ood_files(report, *, scores: str | None = None, plot: str | None = Non
     if plot is not None:
         from .plots import ood_plot
 
-        lines.append(f"wrote the plot to {ood_plot(report, plot)}")
+        lines.append(WROTE_PLOT.format(ood_plot(report, plot)))
     if markdown is not None:
         from .markdown import ood_markdown
 
-        write_text_atomic(markdown, ood_markdown(report, markdown, plot), what=param("markdown"))
-        lines.append(f"wrote the Markdown section to {markdown}")
+        lines.append(_write_markdown(markdown, ood_markdown(report, markdown, plot)))
     return lines
+
+
+def _write_markdown(path: str, text: str) -> str:
+    """Write a model-card section atomically; the line saying so."""
+    return WROTE_MARKDOWN.format(write_text_atomic(path, text, what=param("markdown")))
 
 
 __all__ = ["write_fit_files", "write_ood_files", "write_report_files"]

@@ -5,13 +5,18 @@ appends there is shown on the run's summary page. ``fit``, ``report`` and ``ood`
 model-card section (the ``--markdown`` text, without the plot link, whose picture GitHub could not
 show), and a line saying so when a release gate failed. The text goes in with one ``write`` on a
 file opened for appending, so commands running side by side in one step cannot interleave their
-sections, and nothing already in the file is touched.
+sections, and nothing already in the file is touched. The file must be a regular file, not a
+symbolic link, and writable (its mode, root included); otherwise a warning says why and nothing is
+appended.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
+
+from ..io.paths import problem_with
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 
@@ -34,10 +39,18 @@ def append_step_summary(summary: Callable[[], str], *, gate: str | None = None) 
     if gate:
         text += f"\n**Release gate failed:** {gate}.\n"
     data = (text + "\n").encode("utf-8")
+    cannot = f"${STEP_SUMMARY_ENV} {path}: cannot open it to append the summary"
+    problem = problem_with(path)
+    if problem is not None:
+        return f"{cannot} ({problem})"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        fd = os.open(path, flags, 0o666)
     except OSError as exc:
-        return f"${STEP_SUMMARY_ENV} {path}: cannot open it to append the summary ({exc.strerror or exc})"
+        return f"{cannot} ({exc.strerror or exc})"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced by something else since the check
+        os.close(fd)
+        return f"{cannot} (not a regular file)"
     try:
         done = os.write(fd, data)  # one write: with O_APPEND the section lands whole at the end of the file
         while done < len(data):  # a short write (a full disk, a signal) continues where it stopped

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import param
 from ..io.atomic import atomic_path
 
 
@@ -48,7 +49,7 @@ def save_scores(report, path: str | os.PathLike) -> Path:
     from safetensors.torch import save_file
 
     tensors, metadata = score_tensors(report)
-    with atomic_path(path, what="") as temporary:
+    with atomic_path(path, what=param("scores")) as temporary:
         save_file(tensors, str(temporary), metadata=metadata)
     return Path(path)
 

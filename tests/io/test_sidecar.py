@@ -105,17 +105,19 @@ def test_sidecar_write_is_atomic_fsynced_and_leaves_nothing_on_failure(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, side.name])
 
 
-def test_symlinked_sidecar_is_written_through(tmp_path):
+def test_a_planted_sidecar_link_is_refused_and_its_target_kept(tmp_path):
+    """A ``FILE.tempcal.json`` that links elsewhere (a downloaded folder) is never written through."""
     z, y = numpy_logits(n=20)
     path = write_logits("npz", tmp_path, z, y)
     target = tmp_path / "kept" / "real.json"
     target.parent.mkdir()
     target.write_text("{}")
     sidecar_path(path).symlink_to(target)
-    write_sidecar(path, 2.25)
+    with pytest.raises(TempcalError) as exc:
+        write_sidecar(path, 2.25)
+    assert str(sidecar_path(path)) in one_line(exc) and "symbolic link" in one_line(exc)
+    assert target.read_text() == "{}"
     assert sidecar_path(path).is_symlink()
-    assert json.loads(target.read_text())["metadata"][TEMPERATURE_KEY] == "2.25"
-    assert read_stored_temperature(path) == (2.25, [])
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf")])

@@ -141,9 +141,9 @@ def immutable():
 def test_immutable_file_or_folder(tmp_path, source, immutable, monkeypatch, what, precheck):
     """Refused up front (write access is checked), and by the kernel when that check is skipped."""
     if not precheck:
-        import tempcal.io.atomic
+        import tempcal.io.paths
 
-        monkeypatch.setattr(tempcal.io.atomic, "_refuse_read_only", lambda destination, folder, label: None)
+        monkeypatch.setattr(tempcal.io.paths, "refuse_read_only", lambda destination, folder, label: None)
     immutable(source if what == "file" else source.parent)
     line = refused(tmp_path, ["fit", str(source), "--json", str(tmp_path / "out.json")], str(source))
     assert ("read-only" if precheck else "Operation not permitted") in line

@@ -1,0 +1,151 @@
+"""Where tempcal may write: the checks every output path passes, before any work and again at the rename.
+
+- An output that exists must be a regular file. A device node, a pipe or a socket is refused:
+  renaming a file over ``/dev/null`` would replace the machine's ``/dev/null``.
+- A symbolic link is never written through: a link where an output goes (``--output``, ``--json``,
+  a sidecar ``FILE.tempcal.json``) is refused, naming it. Only SOURCE itself, which the user
+  named, is followed when T is written back into it (``follow_link``).
+- A read-only file or folder is refused, root included: no write bit at all (someone marked it
+  read-only; root's permission bypass does not count), or no write access for this user.
+- The files a command writes differ from each other and from every file it reads: the same
+  resolved path, or the same file (device and inode, so hard links too), is refused.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import stat
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from ..errors import TempcalError
+
+#: What ``stat`` calls a file that is not a regular file or a folder, as messages name it.
+_KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "named pipe"),
+          (stat.S_ISSOCK, "socket"), (stat.S_ISLNK, "symbolic link"))
+
+
+def kind_of(mode: int) -> str:
+    """A file type in words ("character device"); "regular file" and "folder" included."""
+    if stat.S_ISREG(mode):
+        return "regular file"
+    if stat.S_ISDIR(mode):
+        return "folder"
+    return next((name for test, name in _KINDS if test(mode)), "special file")
+
+
+def check_folder(path: str | os.PathLike, label: str) -> Path:
+    """A file can be created at ``path``: it is not a folder and its folder exists. Returns that folder."""
+    path = Path(path)
+    if path.is_dir():
+        raise TempcalError(f"{label}: is a folder")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise TempcalError(f"{label}: folder {folder} does not exist")
+    return folder
+
+
+def problem_with(path: str | os.PathLike, *, follow_link: bool = False) -> str | None:
+    """Why a file may not be written at ``path`` (a phrase such as "is a character device"), or None."""
+    try:
+        check_target(path, "", follow_link=follow_link)
+    except TempcalError as exc:
+        return str(exc).removeprefix(": ").removesuffix("; nothing written")
+    return None
+
+
+def check_target(path: str | os.PathLike, label: str, *, follow_link: bool = False, hint: str = "") -> Path:
+    """The file to write for ``path``: refuses a link (unless ``follow_link``: then the file it names), a folder,
+    anything but a regular file, a missing folder, and a read-only file or folder. ``hint`` ends a refusal."""
+    path = Path(path)
+    if path.is_symlink():
+        kind = _kind_named(path)
+        if kind is not None:
+            raise TempcalError(f"{label}: is a symbolic link to {os.readlink(path)}, a {kind}, not a regular file; "
+                               f"tempcal only replaces regular files{hint}; nothing written")
+        if not follow_link:
+            missing = "" if path.exists() else " (which does not exist)"
+            raise TempcalError(f"{label}: is a symbolic link to {os.readlink(path)}{missing}; tempcal does not write "
+                               f"through a link it did not make: remove the link or name the file itself{hint}; "
+                               "nothing written")
+        path = Path(os.path.realpath(path))
+    try:
+        mode = path.lstat().st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not stat.S_ISREG(mode) and not stat.S_ISDIR(mode):
+        raise TempcalError(f"{label}: is a {kind_of(mode)}, not a regular file; tempcal only replaces regular "
+                           f"files{hint}; nothing written")
+    folder = check_folder(path, label)
+    refuse_read_only(path, folder, label)
+    return path
+
+
+def _kind_named(link: Path) -> str | None:
+    """What a link finally names when that is neither a regular file, a folder nor nothing (a device, a pipe)."""
+    try:
+        mode = link.stat().st_mode
+    except OSError:
+        return None
+    return None if stat.S_ISREG(mode) or stat.S_ISDIR(mode) else kind_of(mode)
+
+
+def refuse_read_only(destination: Path, folder: Path, label: str) -> None:
+    """A read-only destination or folder is a clear error before anything is written.
+
+    Write bits are checked as well as access: root may write anything, but a file or folder
+    with no write bit at all was marked read-only on purpose.
+    """
+    for path, kind in ((destination, "file"), (folder, "folder")):
+        try:
+            mode = path.stat().st_mode & 0o7777
+        except OSError:
+            continue  # a destination that does not exist yet
+        where = f"{label}: is" if kind == "file" else f"{label}: folder {folder} is"
+        if not mode & 0o222:
+            raise TempcalError(f"{where} read-only (mode {mode:04o}); nothing written")
+        if not os.access(path, os.W_OK | (os.X_OK if kind == "folder" else 0)):
+            raise TempcalError(f"{where} read-only for this user (mode {mode:04o}); nothing written")
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """``a`` and ``b`` are one file: the same resolved path, or both exist with the same device and inode."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samestat(os.stat(a), os.stat(b))
+    except OSError:
+        return False
+
+
+def expand(paths: Iterable[str | os.PathLike | None]) -> list[str]:
+    """Paths with glob patterns expanded (a pattern matching nothing is left out: opening it says so)."""
+    found: list[str] = []
+    for path in paths:
+        if path is None:
+            continue
+        text = str(path)
+        found.extend(sorted(glob.glob(text)) if any(ch in text for ch in "*?[") else [text])
+    return found
+
+
+def check_distinct(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]], *,
+                   appends: Iterable[str] = ()) -> None:
+    """Every output is a file of its own: not an input, not another output (``(label, path)`` pairs; outputs
+    labelled in ``appends`` are appended to rather than replaced). The first clash is an error naming both."""
+    appending = set(appends)
+    for k, (label, path) in enumerate(outputs):
+        verb = "would append to" if label in appending else "would overwrite"
+        for what, name in inputs:
+            if same_file(path, name):
+                raise TempcalError(f"{label} {path}: {verb} the input file {name} ({what}); give it a path of its "
+                                   "own; nothing written")
+        for other, name in outputs[:k]:
+            if same_file(path, name):
+                raise TempcalError(f"{label} {path}: is also the {other} output {name}; give each output a path "
+                                   "of its own; nothing written")
+
+
+__all__ = ["check_distinct", "check_folder", "check_target", "expand", "kind_of", "problem_with", "refuse_read_only",
+           "same_file"]
