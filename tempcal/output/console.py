@@ -50,22 +50,23 @@ def _table(columns: Sequence[Column], rows: Rows, options: dict) -> Table:
     return table
 
 
-def split_tables(console: Console, columns: Sequence[Column], *, keys: int = 1, rows: Rows | None = None,
-                 **options) -> list[Table]:
-    """The columns in as few tables as fit the console's width, each beginning with the first ``keys`` columns:
-    a wide table becomes several, and no cell is ever cut. ``options`` go to every :class:`rich.table.Table`
-    (a ``title`` to the first only)."""
+def split_tables(console: Console, columns: Sequence[Column], *, keys: int = 1, together: int = 1,
+                 rows: Rows | None = None, **options) -> list[Table]:
+    """The columns in as few tables as fit the console's width, each beginning with the first ``keys`` columns
+    and the others moved in blocks of ``together``: a wide table becomes several, and no cell is ever cut.
+    ``options`` go to every :class:`rich.table.Table` (a ``title`` to the first only)."""
     rows = rows or Rows()
     unbounded = console.options.update_width(1 << 20)  # a table's natural width, not the console's
     head, rest = list(columns[:keys]), list(columns[keys:])
     title = options.pop("title", None)
     parts: list[list[Column]] = [[]]
-    for column in rest:
-        trial = head + parts[-1] + [column]
+    for start in range(0, len(rest), together):
+        block = rest[start:start + together]
+        trial = head + parts[-1] + block
         if parts[-1] and console.measure(_table(trial, rows, options), options=unbounded).maximum > console.width:
-            parts.append([column])
+            parts.append(block)
         else:
-            parts[-1].append(column)
+            parts[-1].extend(block)
     return [_table(head + part, rows, {**options, "title": title if k == 0 else None}) for k, part in
             enumerate(parts)]
 
@@ -102,8 +103,8 @@ def reliability_tables(console: Console, before, after, temperature: float) -> l
         cells = [_bin_cells(pair[k]) for pair in shown]
         columns += [Column(header, [c[j] for c in cells])
                     for j, header in enumerate((f"n\n{side}", "conf", "acc", "gap"))]
-    return split_tables(console, columns, title="reliability (equal-width bins; gap = accuracy - confidence)",
-                        title_justify="left", show_edge=False, pad_edge=False)
+    return split_tables(console, columns, together=4, title_justify="left", show_edge=False, pad_edge=False,
+                        title="reliability (equal-width bins; gap = accuracy - confidence)")
 
 
 def _bin_cells(b) -> list:

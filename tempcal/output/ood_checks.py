@@ -22,7 +22,7 @@ def on_probabilities(report: OodReport) -> bool:
     probs = getattr(report, "probs", None)
     if probs is not None:
         return bool(probs)
-    if report.binary or "energy" not in report.scores or 1.0 not in report.taus:
+    if report.binary or "energy" not in report.id_scores or 1.0 not in report.taus:
         return False
     k = report.taus.index(1.0)
     return sums_to_zero(report.id_scores["energy"][k], *(side["energy"][k] for side in report.ood_scores))
