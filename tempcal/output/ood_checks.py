@@ -19,10 +19,12 @@ PROBS_SCORES = ("energy", "maxlogit")
 def on_probabilities(report: OodReport) -> bool:
     """Whether the logits are log-probabilities: the report says so (``probs``), or, with energy at tau = 1
     among the figures, every row's ``logsumexp(z)`` is 0 up to the 1e-3 probabilities are checked to."""
+    if report.binary:  # one column of probabilities becomes a log-odds logit, which is a logit
+        return False
     probs = getattr(report, "probs", None)
     if probs is not None:
         return bool(probs)
-    if report.binary or "energy" not in report.id_scores or 1.0 not in report.taus:
+    if "energy" not in report.id_scores or 1.0 not in report.taus:
         return False
     k = report.taus.index(1.0)
     return sums_to_zero(report.id_scores["energy"][k], *(side["energy"][k] for side in report.ood_scores))

@@ -212,3 +212,14 @@ def test_the_cli_prints_the_console_notes(tmp_path, capsys):
     assert main(["ood", str(id_p), "--ood", str(ood_p), "--probs", "--tau", "1", "--score", "maxlogit,energy,msp"]) == 0
     out = capsys.readouterr().out
     assert "is MSP at tau = 1" in out and "note: on probabilities" in out
+
+
+def test_without_energy_at_tau_1_only_the_reports_probs_flag_tells(tmp_path):
+    """MaxLogit alone on probabilities leaves no fingerprint in the scores; a report that records ``probs`` (as the
+    workflow can, from the options it read the file with) has MaxLogit left out all the same."""
+    id_p, ood_p = probabilities(tmp_path)
+    report = ood_file(id_p, [ood_p], taus=[1.0, 2.0], scores="maxlogit,msp", options=SourceOptions(probs=True))
+    assert "note:" not in rendered(print_ood, report)
+    report.probs = True  # type: ignore[attr-defined]
+    text = rendered(print_ood, report)
+    assert "MaxLogit is log(max p) / tau" in text and re.search(r" is (\S+) at tau", text).group(1) == "MSP"
