@@ -117,7 +117,7 @@ def reliability_figure(panels: list[tuple[str, object]], source: str | None = No
         axes.append(ax)
     if source:
         figure.suptitle(source)
-    _figure_legend(figure, axes, ncols=min(4, PANELS_PER_ROW + 1))
+    _figure_legend(figure, axes, ncols=4 if columns > 1 else 2)  # one panel: the legend in two rows
     return figure
 
 
