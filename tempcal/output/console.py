@@ -1,10 +1,15 @@
 """Terminal rendering with rich: fit and report tables, a compact reliability view, and ood's tables.
 
 Headers that hold a file's path are printed unwrapped (``soft_wrap``): a long path must not
-break a line in the middle of a sentence, whatever the terminal's width.
+break a line in the middle of a sentence, whatever the terminal's width. Tables never cut a
+figure: one wider than the terminal is printed as several tables of fewer columns
+(:func:`split_tables`), each beginning with the columns that name its rows.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from rich.console import Console
 from rich.table import Table
@@ -12,7 +17,63 @@ from rich.text import Text
 
 from ..metrics.detection import ID_RECALL
 from ..workflows.ood import OodReport, score_label
-from .figures import DISPLAYED_METRICS, reads
+from . import ood_checks
+from .figures import DISPLAYED_METRICS, min_nll_taus, reads
+
+
+@dataclass
+class Column:
+    """One column of a table: its header, its cells (one per row) and how they are laid out."""
+
+    header: str
+    cells: list = field(default_factory=list)
+    justify: str = "right"
+    min_width: int | None = None
+
+
+@dataclass
+class Rows:
+    """How the rows of a table look: a style per row (or None) and the rows that end a section."""
+
+    styles: Sequence[str | None] = ()
+    section_ends: frozenset[int] = frozenset()
+
+
+def _table(columns: Sequence[Column], rows: Rows, options: dict) -> Table:
+    table = Table(**options)
+    for column in columns:
+        table.add_column(column.header, justify=column.justify, no_wrap=True,  # type: ignore[arg-type]
+                         min_width=column.min_width)
+    for k in range(len(columns[0].cells) if columns else 0):
+        table.add_row(*(c.cells[k] for c in columns), style=rows.styles[k] if rows.styles else None,
+                      end_section=k in rows.section_ends)
+    return table
+
+
+def split_tables(console: Console, columns: Sequence[Column], *, keys: int = 1, together: int = 1,
+                 rows: Rows | None = None, **options) -> list[Table]:
+    """The columns in as few tables as fit the console's width, each beginning with the first ``keys`` columns
+    and the others moved in blocks of ``together``: a wide table becomes several, and no cell is ever cut.
+    ``options`` go to every :class:`rich.table.Table` (a ``title`` to the first only)."""
+    rows = rows or Rows()
+    unbounded = console.options.update_width(1 << 20)  # a table's natural width, not the console's
+    head, rest = list(columns[:keys]), list(columns[keys:])
+    title = options.pop("title", None)
+    parts: list[list[Column]] = [[]]
+    for start in range(0, len(rest), together):
+        block = rest[start:start + together]
+        trial = head + parts[-1] + block
+        if parts[-1] and console.measure(_table(trial, rows, options), options=unbounded).maximum > console.width:
+            parts.append(block)
+        else:
+            parts[-1].extend(block)
+    return [_table(head + part, rows, {**options, "title": title if k == 0 else None}) for k, part in
+            enumerate(parts)]
+
+
+def print_tables(console: Console, tables: Sequence[Table]) -> None:
+    for table in tables:
+        console.print(table)
 
 
 def fit_table(report) -> Table:
@@ -33,21 +94,17 @@ def fit_table(report) -> Table:
     return table
 
 
-def reliability_table(before, after, temperature: float) -> Table:
-    """Per-bin sample count, mean confidence, accuracy and their gap, before and after, side by side."""
-    table = Table(title="reliability (equal-width bins; gap = accuracy - confidence)", title_justify="left",
-                  show_edge=False, pad_edge=False)
-    table.add_column("bin", no_wrap=True)
-    for side in ("T = 1", f"T = {temperature:.4g}"):
-        table.add_column(f"n\n{side}", justify="right")
-        table.add_column("conf", justify="right")
-        table.add_column("acc", justify="right")
-        table.add_column("gap", justify="right")
-    for a, b in zip(before.bins, after.bins, strict=True):
-        if not (a.count or b.count):
-            continue
-        table.add_row(f"{a.lower:.2f}-{a.upper:.2f}", *_bin_cells(a), *_bin_cells(b))
-    return table
+def reliability_tables(console: Console, before, after, temperature: float) -> list[Table]:
+    """Per-bin sample count, mean confidence, accuracy and their gap, before and after, side by side (one table
+    per side when both do not fit)."""
+    shown = [(a, b) for a, b in zip(before.bins, after.bins, strict=True) if a.count or b.count]
+    columns = [Column("bin", [f"{a.lower:.2f}-{a.upper:.2f}" for a, _ in shown], justify="left")]
+    for k, side in enumerate(("T = 1", f"T = {temperature:.4g}")):
+        cells = [_bin_cells(pair[k]) for pair in shown]
+        columns += [Column(header, [c[j] for c in cells])
+                    for j, header in enumerate((f"n\n{side}", "conf", "acc", "gap"))]
+    return split_tables(console, columns, together=4, title_justify="left", show_edge=False, pad_edge=False,
+                        title="reliability (equal-width bins; gap = accuracy - confidence)")
 
 
 def _bin_cells(b) -> list:
@@ -71,30 +128,36 @@ def print_fit(report, console: Console) -> None:
     """The header, the before/after table, the reliability table and any extra estimators."""
     console.print(fit_header(report), soft_wrap=True)
     console.print(fit_table(report))
-    console.print(reliability_table(report.before, report.after, report.temperature))
+    print_tables(console, reliability_tables(console, report.before, report.after, report.temperature))
     if report.extras and any(report.extras):
-        console.print(extras_table([report.before.tau, report.after.tau], report.extras))
+        print_tables(console, extras_tables(console, [report.before.tau, report.after.tau], report.extras))
 
 
-def report_table(result) -> Table:
-    """One row per temperature; fits 80 columns. Marks the stored T and the sweep's NLL minimum."""
+#: The report table's figures: ``(attribute of CalibrationMetrics, header)``.
+REPORT_COLUMNS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "acc"),
+                  ("mean_confidence", "conf"), ("entropy", "entropy"))
+
+
+def report_notes(result) -> list[str]:
+    """Per row: ``stored`` at the stored T, ``min NLL`` at the lowest NLL of all the rows shown (of two or more)."""
+    lowest = set(min_nll_taus(result.results)) if len(result.results) > 1 else set()
+    notes = []
+    for m in result.results:
+        marks = (["stored"] if result.stored_temperature is not None and m.tau == result.stored_temperature else [])
+        notes.append(", ".join(marks + (["min NLL"] if m.tau in lowest else [])))
+    return notes
+
+
+def report_tables(console: Console, result) -> list[Table]:
+    """One row per temperature (one table at 80 columns). Marks the stored T and the NLL minimum of the rows."""
     from rich import box
 
-    best = result.sweep_best
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
-    for name in ("tau", "NLL", "ECE", "MCE", "Brier", "acc", "conf", "entropy"):
-        table.add_column(name, justify="right", no_wrap=True, min_width=7)
-    table.add_column("", no_wrap=True, min_width=len(" stored, min NLL"))
-    for m in result.results:
-        notes = []
-        if result.stored_temperature is not None and m.tau == result.stored_temperature:
-            notes.append("stored")
-        if best is not None and m.tau == best:
-            notes.append("min NLL")
-        table.add_row(f"{m.tau:.4g}", f"{m.nll:.4f}", f"{m.ece:.4f}", f"{m.mce:.4f}", f"{m.brier:.4f}",
-                      f"{m.accuracy:.4f}", f"{m.mean_confidence:.4f}", f"{m.entropy:.4f}",
-                      Text(" " + ", ".join(notes) if notes else "", style="bold"))
-    return table
+    rows = result.results
+    columns = [Column("tau", [f"{m.tau:.4g}" for m in rows], min_width=7)]
+    columns += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7) for key, header in REPORT_COLUMNS]
+    columns.append(Column("", [Text(f" {note}" if note else "", style="bold") for note in report_notes(result)],
+                          justify="left", min_width=len(" stored, min NLL")))
+    return split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
 
 
 def single_reliability_table(metrics) -> Table:
@@ -109,74 +172,86 @@ def single_reliability_table(metrics) -> Table:
     return table
 
 
-def extras_table(taus: list[float], extras: list[dict]) -> Table:
-    """Other estimators and bootstrap intervals, one row per temperature."""
+def extras_tables(console: Console, taus: list[float], extras: list[dict]) -> list[Table]:
+    """Other estimators and bootstrap intervals, one row per temperature; as many tables as 80 columns need."""
     from rich import box
 
     names = [k for k in extras[0] if k != "bootstrap"]
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
-    table.add_column("tau", justify="right", no_wrap=True)
-    for name in names:
-        table.add_column(name, justify="right", no_wrap=True)
-    for tau, row in zip(taus, extras, strict=True):
-        cells = [f"[{row[n][0]:.4f}, {row[n][1]:.4f}]" if isinstance(row[n], list) else f"{row[n]:.4f}"
-                 for n in names]
-        table.add_row(f"{tau:.4g}", *cells)
-    return table
+    columns = [Column("tau", [f"{tau:.4g}" for tau in taus])]
+    columns += [Column(name, [_figure(row[name]) for row in extras]) for name in names]
+    return split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+
+
+def _figure(value) -> str:
+    """An estimate to four decimals, an interval as ``[low, high]``."""
+    return f"[{value[0]:.4f}, {value[1]:.4f}]" if isinstance(value, list) else f"{value:.4f}"
 
 
 def print_report(result, console: Console) -> None:
     console.print(f"{result.source}: {result.count} samples, {result.num_classes} classes, {result.bins} bins",
                   soft_wrap=True)
-    console.print(report_table(result))
+    print_tables(console, report_tables(console, result))
     if result.extras and any(result.extras):
-        console.print(extras_table([m.tau for m in result.results], result.extras))
+        print_tables(console, extras_tables(console, [m.tau for m in result.results], result.extras))
     if len(result.results) == 1:
         console.print(single_reliability_table(result.results[0]))
 
 
 # -- tempcal ood ----------------------------------------------------------------------------
-def ood_table(report: OodReport, ood_file: str) -> Table:
+def ood_tables(console: Console, report: OodReport, index: int) -> list[Table]:
     """One OOD file's figures, grouped by score, a row per tau. Marks: ``T`` the calibration temperature, ``*`` the
     score's best tau, ``**`` the best score and tau for this file, ``!`` a row failing the gate. With bootstrap
     intervals, they replace the mean scores (so that the table still fits 80 columns)."""
     from rich import box
 
-    best = {(b.score, b.tau) for b in report.best if b.ood_file == ood_file}
-    overall = next(b for b in report.best_overall if b.ood_file == ood_file)
+    ood_file = report.ood_files[index]
+    excluded = ood_checks.left_out(report)
+    best = {(b.score, b.tau) for b in report.best if b.ood_file == ood_file and b.score not in excluded}
+    overall = ood_checks.best_overall(report)[index]
+    top = None if overall is None else (overall.score, overall.tau)
     failing = {(g.score, g.tau) for g in report.gate_failures if g.ood_file == ood_file}
-    intervals = report.bootstrap > 0
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)  # columns a space apart
-    table.add_column("score", no_wrap=True)
-    table.add_column("tau", justify="right", no_wrap=True)
-    table.add_column("", no_wrap=True)
-    headers = ["AUROC", "AUPR-In", "AUPR-Out", "FPR95"]
-    headers += ["AUROC 95% CI", "FPR95 95% CI"] if intervals else ["mean ID", "mean OOD"]
-    for header in headers:
-        table.add_column(header, justify="right", no_wrap=True)
-    for score in report.scores:
-        rows = report.rows(ood_file, score)
-        for k, m in enumerate(rows):
-            key = (m.score, m.tau)
-            marks = (("T" if m.tau == report.stored_temperature else "")
-                     + ("**" if key == (overall.score, overall.tau) else "*" if key in best else "")
-                     + ("!" if key in failing else ""))
-            style = "red" if key in failing else "bold" if key in best else None
-            extra = ([_interval(m.auroc_ci), _interval(m.fpr95_ci)] if intervals
-                     else [_mean(m.mean_id), _mean(m.mean_ood)])
-            table.add_row(score_label(score) if k == 0 else "", f"{m.tau:.4g}", marks, f"{m.auroc:.4f}",
-                          f"{m.aupr_in:.4f}", f"{m.aupr_out:.4f}", f"{m.fpr95:.4f}", *extra, style=style,
-                          end_section=k == len(rows) - 1)
-    return table
+    rows = [m for score in report.scores for m in report.rows(ood_file, score)]
+    keys = [(m.score, m.tau) for m in rows]
+    marks = [("T" if m.tau == report.stored_temperature else "") + ("**" if key == top else "*" if key in best else "")
+             + ("!" if key in failing else "") for m, key in zip(rows, keys, strict=True)]
+    columns = [Column("score", [score_label(m.score) if k == 0 or rows[k - 1].score != m.score else ""
+                                for k, m in enumerate(rows)], justify="left"),
+               Column("tau", [f"{m.tau:.4g}" for m in rows]), Column("", marks, justify="left")]
+    figures = [("AUROC", "auroc"), ("AUPR-In", "aupr_in"), ("AUPR-Out", "aupr_out"), ("FPR95", "fpr95")]
+    columns += [Column(header, [f"{getattr(m, key):.4f}" for m in rows]) for header, key in figures]
+    if report.bootstrap > 0:
+        columns += [Column("AUROC 95% CI", [_interval(m.auroc_ci) for m in rows]),
+                    Column("FPR95 95% CI", [_interval(m.fpr95_ci) for m in rows])]
+    else:
+        means = [_means(m.mean_id, m.mean_ood) for m in rows]
+        columns += [Column("mean ID", [a for a, _ in means]), Column("mean OOD", [b for _, b in means])]
+    looks = Rows(styles=["red" if key in failing else "bold" if key in best else None for key in keys],
+                 section_ends=frozenset(k for k, m in enumerate(rows) if k + 1 == len(rows)
+                                        or rows[k + 1].score != m.score))
+    return split_tables(console, columns, keys=3, rows=looks, box=box.SIMPLE_HEAD, show_edge=False,
+                        pad_edge=False, padding=0)  # columns a space apart
 
 
 def _interval(bounds: tuple[float, float] | None) -> str:
     return "" if bounds is None else f"{bounds[0]:.4f}-{bounds[1]:.4f}"
 
 
-def _mean(value: float) -> str:
-    """Four decimals for scores in [0, 1] (MSP), five significant digits for energies of any size."""
+def _mean(value: float, digits: int = 0) -> str:
+    """Four decimals for scores in [0, 1] (MSP), five significant digits for energies of any size; ``digits``
+    significant digits when asked for."""
+    if digits:
+        return f"{value:.{digits}g}"
     return f"{value:.4f}" if abs(value) < 10 else f"{value:.5g}"
+
+
+def _means(mean_id: float, mean_ood: float) -> tuple[str, str]:
+    """Both means, with up to seven significant digits where the usual ones print two different means alike."""
+    shown = _mean(mean_id), _mean(mean_ood)
+    for digits in range(5, 8):
+        if shown[0] != shown[1] or mean_id == mean_ood:
+            break
+        shown = _mean(mean_id, digits), _mean(mean_ood, digits)
+    return shown
 
 
 def ood_header(report: OodReport) -> list[str]:
@@ -201,17 +276,19 @@ def ood_header(report: OodReport) -> list[str]:
 
 def print_ood(report: OodReport, console: Console) -> None:
     """The header, a table per OOD file grouped by score, the best score and tau of each file beside the calibration
-    T (sentences never hard-wrapped), and the legend."""
+    T (sentences never hard-wrapped), the legend, and notes on what the figures do not say by themselves."""
     for line in ood_header(report):
         console.print(line, soft_wrap=True)
-    for path, n in zip(report.ood_files, report.n_ood, strict=True):
+    for index, (path, n) in enumerate(zip(report.ood_files, report.n_ood, strict=True)):
         console.print()
         console.print(Text(f"OOD {path} ({n} samples)", style="bold"), soft_wrap=True)
-        console.print(ood_table(report, path))
-        console.print(next(b.sentence for b in report.best_overall if b.ood_file == path), soft_wrap=True)
+        print_tables(console, ood_tables(console, report, index))
+        console.print(ood_checks.best_sentence(report, index), soft_wrap=True)
     console.print()
     legend = (f"in-distribution = positive; FPR95 = OOD fraction at or above the score that keeps {ID_RECALL:.0%} "
               "of ID; T = stored calibration temperature; * = the score's best AUROC; ** = the best of the file")
     if report.gate_failures:
         legend += "; ! = fails the gate"
     console.print(legend, soft_wrap=True)
+    for caveat in ood_checks.caveats(report):
+        console.print(Text(f"note: {caveat}.", style="yellow"), soft_wrap=True)

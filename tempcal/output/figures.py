@@ -24,4 +24,13 @@ def reads(passes: int) -> str:
     return f"{passes} pass" if passes == 1 else f"{passes} passes"
 
 
-__all__ = ["DISPLAYED_METRICS", "labelled", "reads"]
+def min_nll_taus(results) -> list[float]:
+    """The temperatures of the rows with the lowest NLL, over every row given (the stored T's included)."""
+    finite = [m for m in results if m.nll == m.nll]  # NaN compares unequal to itself
+    if not finite:
+        return []
+    lowest = min(m.nll for m in finite)
+    return [m.tau for m in finite if m.nll == lowest]
+
+
+__all__ = ["DISPLAYED_METRICS", "labelled", "min_nll_taus", "reads"]

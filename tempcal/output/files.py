@@ -19,9 +19,10 @@ def write_fit_files(report, *, plot: str | None = None, markdown: str | None = N
     if plot:
         from .plots import reliability_diagram
 
-        lines.append(WROTE_PLOT.format(reliability_diagram([("before (T = 1)", report.before),
-                                                            (f"after (T = {report.temperature:.4g})", report.after)],
-                                                           plot)))
+        drawn = reliability_diagram([("before (T = 1)", report.before),
+                                     (f"after (T = {report.temperature:.4g})", report.after)], plot,
+                                    source=report.source)
+        lines.append(WROTE_PLOT.format(drawn))
     if markdown:
         from .markdown import fit_markdown
 
@@ -30,21 +31,24 @@ def write_fit_files(report, *, plot: str | None = None, markdown: str | None = N
 
 
 def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
-    """``report``: a reliability diagram (up to four temperatures) or, for a sweep, metrics against tau;
+    """``report``: a reliability diagram (every temperature) or, for a sweep, metrics against tau;
     a model-card section."""
     lines = []
     if plot:
+        from .figures import min_nll_taus
         from .plots import reliability_diagram, sweep_plot
 
         if result.sweep:
             marks: dict[str, float] = {}
-            if result.sweep_best is not None:
-                marks["min NLL"] = result.sweep_best
+            lowest = min_nll_taus(result.results)  # over every row drawn, the stored T's included
+            if lowest:
+                marks["min NLL"] = lowest[0]
             if result.stored_temperature is not None:
                 marks["stored T"] = result.stored_temperature
-            drawn = sweep_plot(result.results, marks, plot)
+            drawn = sweep_plot(result.results, marks, plot, source=result.source)
         else:
-            drawn = reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results[:4]], plot)
+            drawn = reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results], plot,
+                                        source=result.source)
         lines.append(WROTE_PLOT.format(drawn))
     if markdown:
         from .markdown import report_markdown

@@ -35,8 +35,17 @@ def _pyplot():
     return plt
 
 
+def _figure(**options):
+    """A matplotlib Figure on the Agg backend, laid out by constrained layout (legends outside the axes)."""
+    _pyplot()
+    from matplotlib.figure import Figure
+
+    return Figure(layout="constrained", **options)
+
+
 def _reliability_axes(ax, hist, metrics, title: str) -> None:
-    """Accuracy per non-empty bin as bars, the gap to the diagonal shaded, the confidence histogram beneath."""
+    """Accuracy per non-empty bin as bars, the gap to the diagonal shaded, the confidence histogram beneath; ECE
+    and N in the title (the legend, the same for every panel, is the figure's)."""
     width = 1.0 / len(metrics.bins)
     ax.plot([0, 1], [0, 1], color="0.4", linestyle="--", linewidth=1, label="perfect calibration")
     first_gap = True
@@ -50,12 +59,10 @@ def _reliability_axes(ax, hist, metrics, title: str) -> None:
                label="gap to mean confidence" if first_gap else None)
         first_gap = False
     _interval_bars(ax, metrics.bins, width)
-    ax.plot([], [], " ", label=f"ECE = {metrics.ece:.4f}, N = {metrics.count}")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
-    ax.set_title(title)
-    ax.legend(loc="upper left", fontsize="small")
+    ax.set_title(f"{title}\nECE = {metrics.ece:.4f}, N = {metrics.count}")
     counts = [b.count for b in metrics.bins]
     hist.bar([b.lower for b in metrics.bins], counts, width=width, align="edge", color="0.5", edgecolor="white")
     hist.set_xlim(0, 1)
@@ -77,39 +84,79 @@ def _interval_bars(ax, bins, width: float) -> None:
                 label="95% interval (Wilson)")
 
 
-def reliability_diagram(panels: list[tuple[str, object]], path: str | os.PathLike) -> Path:
-    """One reliability diagram per ``(title, CalibrationMetrics)`` side by side, written to ``path``."""
-    path = check_plot_path(path)
-    plt = _pyplot()
-    fig, axes = plt.subplots(2, len(panels), figsize=(4.5 * len(panels), 5.5), squeeze=False,
-                             gridspec_kw={"height_ratios": [3, 1]}, sharex="col")
+def _figure_legend(figure, axes: list, **options) -> None:
+    """One legend outside every panel (beneath them unless ``loc`` says otherwise), so that it hides no bar, error
+    bar or curve: each label once, from whichever panel draws it."""
+    handles: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        figure.legend(list(handles.values()), list(handles), loc=options.pop("loc", "outside lower center"),
+                      ncols=options.pop("ncols", len(handles)), frameon=False, **options)
+
+
+#: Reliability panels per row: a grid that grows by rows, so that every temperature asked for is drawn.
+PANELS_PER_ROW = 3
+
+
+def reliability_figure(panels: list[tuple[str, object]], source: str | None = None):
+    """The figure of :func:`reliability_diagram`: every panel, ``PANELS_PER_ROW`` to a row, the sample counts on
+    one shared y scale, ``source`` in the title."""
+    columns = min(len(panels), PANELS_PER_ROW)
+    rows = -(-len(panels) // columns)
+    figure = _figure(figsize=(4.6 * columns, 5.4 * rows + 0.8))
+    spec = figure.add_gridspec(2 * rows, columns, height_ratios=[3, 1] * rows)
+    axes, first_hist = [], None
     for k, (title, metrics) in enumerate(panels):
-        _reliability_axes(axes[0][k], axes[1][k], metrics, title)
-    fig.tight_layout()
+        row, column = divmod(k, columns)
+        ax = figure.add_subplot(spec[2 * row, column])
+        hist = figure.add_subplot(spec[2 * row + 1, column], sharex=ax, sharey=first_hist)
+        first_hist = first_hist or hist
+        _reliability_axes(ax, hist, metrics, title)
+        axes.append(ax)
+    if source:
+        figure.suptitle(source)
+    _figure_legend(figure, axes, ncols=4 if columns > 1 else 2)  # one panel: the legend in two rows
+    return figure
+
+
+def reliability_diagram(panels: list[tuple[str, object]], path: str | os.PathLike, *,
+                        source: str | None = None) -> Path:
+    """One reliability diagram per ``(title, CalibrationMetrics)``, all of them, written to ``path``."""
+    path = check_plot_path(path)
+    fig = reliability_figure(panels, source)
     _save(fig, path)
-    plt.close(fig)
     return path
 
 
-def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike) -> Path:
-    """NLL, ECE and entropy against tau on a log axis, with vertical lines at the ``marks`` (label -> tau)."""
-    path = check_plot_path(path)
-    plt = _pyplot()
-    taus = [m.tau for m in results]
-    fig, axes = plt.subplots(3, 1, figsize=(6, 7), sharex=True)
+def sweep_figure(results: list, marks: dict[str, float], source: str | None = None):
+    """The figure of :func:`sweep_plot`: every row drawn, in order of tau."""
+    rows = sorted(results, key=lambda m: m.tau)
+    taus = [m.tau for m in rows]
+    fig = _figure(figsize=(6.5, 7.5))
+    axes = fig.subplots(3, 1, sharex=True)
     for ax, key, label in zip(axes, ("nll", "ece", "entropy"), ("NLL", "ECE", "entropy (nats)"), strict=True):
-        ax.plot(taus, [getattr(m, key) for m in results], marker="o", markersize=3)
+        ax.plot(taus, [getattr(m, key) for m in rows], marker="o", markersize=3, label="the temperatures shown")
         ax.set_ylabel(label)
-        for (name, tau), colour in zip(marks.items(), ("tab:red", "tab:green", "tab:purple"), strict=False):
-            ax.axvline(tau, color=colour, linestyle="--", linewidth=1, label=f"{name} = {tau:.4g}")
+        # one T marked twice (the stored T is the minimum) shows both lines
+        styles = (("tab:red", "--", 1.2), ("tab:green", ":", 2.0), ("tab:purple", "-.", 1.2))
+        for (name, tau), (colour, line, width) in zip(marks.items(), styles, strict=False):
+            ax.axvline(tau, color=colour, linestyle=line, linewidth=width, label=f"{name} = {tau:.4g}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_xscale("log")
     axes[-1].set_xlabel("temperature tau")
-    if marks:
-        axes[0].legend(fontsize="small")
-    fig.tight_layout()
+    if source:
+        fig.suptitle(source)
+    _figure_legend(fig, [axes[0]], fontsize="small")
+    return fig
+
+
+def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike, *, source: str | None = None) -> Path:
+    """NLL, ECE and entropy against tau on a log axis, with vertical lines at the ``marks`` (label -> tau)."""
+    path = check_plot_path(path)
+    fig = sweep_figure(results, marks, source)
     _save(fig, path)
-    plt.close(fig)
     return path
 
 
@@ -124,81 +171,204 @@ def _save(fig, path: Path, dpi: int = 120) -> None:
 #: One colour per score, the same in every panel (matplotlib's tab10 order).
 SCORE_COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
                  "tab:gray", "tab:olive", "tab:cyan")
+#: Tick labels and titles of the OOD figure, in points: readable at the figure's size.
+TICK_SIZE, TITLE_SIZE = 9, 10
 
 
 def ood_plot(report, path: str | os.PathLike) -> Path:
-    """AUROC and FPR95 against tau (a line per score, a column per OOD file), then ID-vs-OOD score histograms only
-    where a reviewer looks: each score's best tau and the calibration T, per OOD file (a row per score)."""
+    """The OOD figure (:func:`ood_figure`), written to ``path``."""
     path = check_plot_path(path)
-    _pyplot()
-    from matplotlib.figure import Figure
+    figure = ood_figure(report)
+    _save(figure, path, dpi=100)
+    return path
+
+
+def ood_figure(report):
+    """At one tau, what matters there: each OOD file's ROC curves (a curve per score) above ID-vs-OOD score
+    histograms. At several, AUROC and FPR95 against tau (a line per score, a column per OOD file), then the score
+    histograms where a reviewer looks: each score's best tau and the calibration T."""
+    return _ood_one_tau(report) if len(report.taus) == 1 else _ood_sweep(report)
+
+
+def _ood_title(report, what: str) -> str:
+    count = len(report.scores)
+    return f"{report.source}\nin-distribution vs OOD: {count} score{'s' if count > 1 else ''} {what}"
+
+
+def _ood_legend(figure, axes: list, title: str) -> None:
+    """Once, above the panels, with the figure's title, so that no curve hides behind it."""
+    columns = max(1, int(figure.get_figwidth() // 1.9))  # as many as fit across the figure
+    _figure_legend(figure, axes, loc="outside upper center", ncols=columns, fontsize=TICK_SIZE, title=title,
+                   title_fontsize=TITLE_SIZE)
+
+
+def _ood_one_tau(report):
+    """Per OOD file (a block of columns): the ROC curve of every score, then ID-vs-OOD histograms of each score
+    (two to a row for a single file, one for several)."""
+    files, scores = len(report.ood_files), len(report.scores)
+    across = min(2, scores) if files == 1 else 1
+    down = -(-scores // across)
+    figure = _figure(figsize=(max(4.6 * files * across, 6.5), 4.8 + 2.6 * down))
+    spec = figure.add_gridspec(1 + down, files * across, height_ratios=[1.7] + [1] * down)
+    tau = report.taus[0]
+    axes = []
+    for i, ood_file in enumerate(report.ood_files):
+        roc = figure.add_subplot(spec[0, i * across:(i + 1) * across])
+        _roc_axes(report, i, roc)
+        axes.append(roc)
+        for k, score in enumerate(report.scores):
+            m = report.rows(ood_file, score)[0]
+            ax = figure.add_subplot(spec[1 + k // across, i * across + k % across])
+            _score_histogram(ax, report.id_scores[score][0], report.ood_scores[i][score][0],
+                             f"{Path(ood_file).name}: {_label(score)}\nAUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
+            axes.append(ax)
+    calibration = " (the calibration T)" if tau == report.stored_temperature else ""
+    _ood_legend(figure, axes, _ood_title(report, f"at tau = {tau:.4g}{calibration}"))
+    return figure
+
+
+def _label(score: str) -> str:
+    from ..scores import score_label
+
+    return score_label(score)
+
+
+def roc_points(id_scores, ood_scores, limit: int = 4000):
+    """``(fpr, tpr)`` of the ROC curve (ID positive, higher = more ID; tied scores one threshold), from (0, 0)
+    to (1, 1), thinned to about ``limit`` points."""
+    import numpy as np
+
+    id_scores, ood_scores = np.asarray(id_scores, np.float64), np.asarray(ood_scores, np.float64)
+    values = np.concatenate([id_scores, ood_scores])
+    order = np.argsort(-values, kind="stable")
+    ordered = values[order]
+    ends = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True])  # the last sample of each threshold
+    kept = np.cumsum(order < id_scores.size)[ends]
+    tpr = np.r_[0.0, kept / id_scores.size]
+    fpr = np.r_[0.0, (ends + 1 - kept) / ood_scores.size]
+    if tpr.size > limit:
+        pick = np.unique(np.linspace(0, tpr.size - 1, limit).round().astype(int))
+        tpr, fpr = tpr[pick], fpr[pick]
+    return fpr, tpr
+
+
+def _roc_axes(report, index: int, ax) -> None:
+    """Every score's ROC curve on one OOD file, each with its FPR95 point, the chance diagonal beneath."""
+    import numpy as np
+
+    from ..metrics.detection import ID_RECALL
+
+    ood_file = report.ood_files[index]
+    ax.plot([0, 1], [0, 1], color="0.6", linestyle=":", linewidth=1, label="chance")
+    ax.axhline(ID_RECALL, color="0.35", linestyle="--", linewidth=0.8, label=f"{ID_RECALL:.0%} ID recall (FPR95)")
+    for k, score in enumerate(report.scores):
+        m = report.rows(ood_file, score)[0]
+        id_values, ood_values = report.id_scores[score][0], report.ood_scores[index][score][0]
+        colour = SCORE_COLOURS[k % len(SCORE_COLOURS)]
+        fpr, tpr = roc_points(id_values, ood_values)
+        ax.plot(fpr, tpr, color=colour, linewidth=1.5, label=_label(score))
+        kept = float(np.mean(np.asarray(id_values) >= m.fpr95_threshold))
+        ax.plot([m.fpr95], [kept], marker="o", markersize=6, color=colour, markeredgecolor="black", linestyle="none")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1.02)
+    ax.set_xlabel("OOD accepted (false positive rate)")
+    ax.set_ylabel("ID accepted (true positive rate)")
+    ax.set_title(f"{Path(ood_file).name}\nROC, ID positive; o = FPR95", fontsize=TITLE_SIZE)
+    ax.grid(True, alpha=0.25)
+    ax.tick_params(labelsize=TICK_SIZE)
+
+
+def _score_histogram(ax, id_values, ood_values, title: str) -> None:
+    """ID (filled grey) vs OOD (black outline) densities of one score; a few outliers flatten nothing."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    both = np.concatenate([id_values, ood_values])
+    both = both[np.isfinite(both)]
+    low, high = np.percentile(both, [0.1, 99.9]) if both.size else (0.0, 0.0)
+    edges = np.linspace(low, high, 41) if high > low else np.array([low - 0.5, low + 0.5])
+    ax.hist(np.clip(id_values, edges[0], edges[-1]), bins=edges.tolist(), density=True, color="0.6",
+            label="ID scores")
+    ax.hist(np.clip(ood_values, edges[0], edges[-1]), bins=edges.tolist(), density=True, histtype="step",
+            color="black", linewidth=1.3, label="OOD scores")
+    ax.set_title(title, fontsize=TITLE_SIZE)
+    ax.tick_params(labelsize=TICK_SIZE)
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.set_yticks([])
+
+
+def _ood_sweep(report):
+    """AUROC and FPR95 against tau per OOD file, then each score's histograms at its best tau and at the
+    calibration T."""
+    from . import ood_checks
 
     files = len(report.ood_files)
     calibration = report.stored_temperature if report.stored_temperature in report.taus else None
     per_file = 2 if calibration is not None else 1
     columns = files * per_file
-    width = max(3.4 * columns, 8.0)
-    figure = Figure(figsize=(width, 2.8 * 2 + 2.1 * len(report.scores)), layout="constrained")
+    figure = _figure(figsize=(max(3.6 * columns, 8.0), 3.0 * 2 + 2.4 * len(report.scores)))
     spec = figure.add_gridspec(2 + len(report.scores), columns, height_ratios=[1.35, 1.35] + [1] * len(report.scores))
+    overall = ood_checks.best_overall(report)
+    excluded = ood_checks.left_out(report)
+    axes: list = []
     for i, ood_file in enumerate(report.ood_files):
         span = slice(i * per_file, (i + 1) * per_file)
-        _ood_curves(report, ood_file, figure.add_subplot(spec[0, span]), figure.add_subplot(spec[1, span]),
-                    legend=i == 0)
+        curves = figure.add_subplot(spec[0, span]), figure.add_subplot(spec[1, span])
+        _ood_curves(report, ood_file, *curves, overall=overall[i], excluded=excluded)
+        axes += curves
         for row, score in enumerate(report.scores):
-            _ood_histograms(report, i, score, calibration, [figure.add_subplot(spec[2 + row, i * per_file + c])
-                                                            for c in range(per_file)], first=i == 0 and row == 0)
-    _save(figure, path, dpi=100)
-    return path
+            panels = [figure.add_subplot(spec[2 + row, i * per_file + c]) for c in range(per_file)]
+            _ood_histograms(report, i, score, calibration, panels)
+            axes += panels
+    _ood_legend(figure, axes, _ood_title(report, f"at {len(report.taus)} temperatures\n* = each score's best "
+                                                 "tau, outlined * = the best score and tau of the OOD file"))
+    return figure
 
 
-def _ood_curves(report, ood_file: str, auroc_ax, fpr_ax, *, legend: bool) -> None:
-    """AUROC and FPR95 against tau for every score (``*``: each score's best tau, outlined: the best of the file)."""
-    from ..scores import score_label
+def _fraction_limits(ax, values: list[float], span: float = 0.05) -> None:
+    """y limits at least ``span`` wide within [0, 1]: a flat curve stays flat, not zoomed to its rounding."""
+    low, high = min(values), max(values)
+    middle, half = (low + high) / 2, max(span, (high - low) * 1.15) / 2
+    low, high = max(0.0, middle - half), min(1.0, middle + half)
+    ax.set_ylim(low - 0.01, high + 0.01)
 
-    overall = next(b for b in report.best_overall if b.ood_file == ood_file)
+
+def _ood_curves(report, ood_file: str, auroc_ax, fpr_ax, *, overall, excluded: list[str]) -> None:
+    """AUROC and FPR95 against tau for every score (``*``: each score's best tau, outlined: the best of the file;
+    none for the scores left out of the best)."""
+    plotted: dict[str, list[float]] = {"auroc": [], "fpr95": []}
     for k, score in enumerate(report.scores):
         rows = sorted(report.rows(ood_file, score), key=lambda m: m.tau)
         best = next(b for b in report.best if b.ood_file == ood_file and b.score == score)
         colour = SCORE_COLOURS[k % len(SCORE_COLOURS)]
         for ax, key in ((auroc_ax, "auroc"), (fpr_ax, "fpr95")):
             ax.plot([m.tau for m in rows], [getattr(m, key) for m in rows], marker="o", markersize=3, linewidth=1.2,
-                    color=colour, label=score_label(score))
-            outline = "black" if score == overall.score else colour
-            ax.plot([best.tau], [getattr(best, key)], marker="*", markersize=11 if outline == "black" else 9,
+                    color=colour, label=_label(score))
+            plotted[key] += [getattr(m, key) for m in rows]
+            if score in excluded:
+                continue
+            outline = "black" if overall is not None and score == overall.score else colour
+            ax.plot([best.tau], [getattr(best, key)], marker="*", markersize=12 if outline == "black" else 10,
                     color=colour, markeredgecolor=outline, linestyle="none")
     name = Path(ood_file).name
-    bounds = (("AUROC (ID positive)", report.min_auroc, "min AUROC"),
-              ("FPR95 (OOD accepted at 95% ID recall)", report.max_fpr95, "max FPR95"))
-    for ax, (title, gate, gate_label) in zip((auroc_ax, fpr_ax), bounds, strict=True):
+    bounds = (("AUROC (ID positive)", report.min_auroc, "min AUROC", "auroc"),
+              ("FPR95 (OOD accepted at 95% ID recall)", report.max_fpr95, "max FPR95", "fpr95"))
+    for ax, (title, gate, gate_label, key) in zip((auroc_ax, fpr_ax), bounds, strict=True):
         ax.set_xscale("log")
-        ax.set_title(f"{name}: {title}", fontsize=9)
+        ax.set_title(f"{name}\n{title}", fontsize=TITLE_SIZE)
         ax.grid(True, which="both", alpha=0.25)
-        ax.tick_params(labelsize=7)
+        ax.tick_params(labelsize=TICK_SIZE)
         if report.stored_temperature is not None:
             ax.axvline(report.stored_temperature, color="0.35", linestyle="--", linewidth=1,
                        label=f"calibration T = {report.stored_temperature:.4g}")
         if gate is not None:
             ax.axhline(gate, color="tab:red", linestyle=":", linewidth=1, label=f"gate: {gate_label} {gate:g}")
-    fpr_ax.set_xlabel("temperature tau", fontsize=8)
-    if legend:  # once, above the panels (as the figure's title), so that no curve hides behind it
-        handles, labels = auroc_ax.get_legend_handles_labels()
-        count = len(report.scores)
-        title = (f"{report.source}\nin-distribution vs OOD: {count} score{'s' if count > 1 else ''} at "
-                 f"{len(report.taus)} temperatures; * = each score's best tau, outlined * = the best score and tau "
-                 "of the OOD file")
-        figure = auroc_ax.figure
-        columns = max(1, min(len(labels), int(figure.get_figwidth() // 1.75)))  # as many as fit across the figure
-        figure.legend(handles, labels, loc="outside upper center", ncols=columns, fontsize=8, title=title,
-                      title_fontsize=8, frameon=False)
+        _fraction_limits(ax, plotted[key] + ([gate] if gate is not None else []))
+    fpr_ax.set_xlabel("temperature tau", fontsize=TICK_SIZE)
 
 
-def _ood_histograms(report, index: int, score: str, calibration: float | None, axes: list, *, first: bool) -> None:
+def _ood_histograms(report, index: int, score: str, calibration: float | None, axes: list) -> None:
     """ID vs OOD histograms of one score on one OOD file at its best tau and (second panel) at the calibration T."""
-    import numpy as np
-    from matplotlib.ticker import MaxNLocator
-
-    from ..scores import score_label
-
     ood_file = report.ood_files[index]
     best = next(b for b in report.best if b.ood_file == ood_file and b.score == score)
     panels = [(best.tau, "best tau")]
@@ -206,30 +376,16 @@ def _ood_histograms(report, index: int, score: str, calibration: float | None, a
         panels.append((calibration, "calibration T"))
     if len(panels) == 2 and best.tau == calibration:  # one picture says it: the best tau is the calibration T
         axes[1].axis("off")
-        axes[1].text(0.5, 0.5, f"{score_label(score)}: the best tau is\nthe calibration T", ha="center", va="center",
-                     fontsize=8, color="0.35", transform=axes[1].transAxes)
+        axes[1].text(0.5, 0.5, f"{_label(score)}: the best tau is\nthe calibration T", ha="center", va="center",
+                     fontsize=TITLE_SIZE, color="0.35", transform=axes[1].transAxes)
         panels = panels[:1]
     for ax, (tau, what) in zip(axes, panels, strict=False):
         k = report.taus.index(tau)
         m = report.rows(ood_file, score)[k]
-        id_values, ood_values = report.id_scores[score][k], report.ood_scores[index][score][k]
-        both = np.concatenate([id_values, ood_values])
-        both = both[np.isfinite(both)]
-        low, high = np.percentile(both, [0.1, 99.9]) if both.size else (0.0, 0.0)  # a few outliers flatten nothing
-        edges = np.linspace(low, high, 41) if high > low else np.array([low - 0.5, low + 0.5])
-        for values, label, colour in ((id_values, "ID", "tab:blue"), (ood_values, "OOD", "tab:orange")):
-            ax.hist(np.clip(values, edges[0], edges[-1]), bins=edges.tolist(), density=True, alpha=0.55,
-                    color=colour, label=label)
         same = " = calibration T" if what == "best tau" and tau == calibration else ""
-        ax.set_title(f"{score_label(score)}, {what}{same}: tau = {tau:.4g}\nAUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}",
-                     fontsize=8)
-        ax.tick_params(labelsize=6)
-        ax.xaxis.set_major_locator(MaxNLocator(5))
-        ax.set_yticks([])
-        if ax is axes[0]:
-            ax.set_ylabel(Path(ood_file).name, fontsize=7)
-        if first and ax is axes[0]:
-            ax.legend(fontsize=7)
+        _score_histogram(ax, report.id_scores[score][k], report.ood_scores[index][score][k],
+                         f"{Path(ood_file).name}\n{_label(score)}, {what}{same}: tau = {tau:.4g}\n"
+                         f"AUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
 
 
 def log_spaced(start: float, stop: float, count: int) -> list[float]:

@@ -1,0 +1,108 @@
+"""What an OOD report's figures do not say by themselves, for the console and the plot to say it.
+
+* On probabilities (``--probs``) the logits are ``log p``: energy is ``log(sum p)``, 0 up to rounding, at
+  tau = 1 (and ``(tau - 1)`` times a Renyi entropy elsewhere), MaxLogit is ``log(max p) / tau``, MSP at
+  tau = 1 under another name. Neither is the score of its paper, so neither is named the best.
+* A best tau whose scores float32 cannot tell apart (:mod:`tempcal.metrics.resolution`) is said so.
+"""
+
+from __future__ import annotations
+
+from ..metrics.resolution import float32_loss, sums_to_zero
+from ..scores import score_label
+from ..workflows.ood import OodBestOverall, OodReport, best_overall_sentence
+
+#: Scores that mean nothing of their own on log-probabilities.
+PROBS_SCORES = ("energy", "maxlogit")
+
+
+def on_probabilities(report: OodReport) -> bool:
+    """Whether the logits are log-probabilities: the report says so (``probs``), or, with energy at tau = 1
+    among the figures, every row's ``logsumexp(z)`` is 0 up to the 1e-3 probabilities are checked to."""
+    if report.binary:  # one column of probabilities becomes a log-odds logit, which is a logit
+        return False
+    probs = getattr(report, "probs", None)
+    if probs is not None:
+        return bool(probs)
+    if "energy" not in report.id_scores or 1.0 not in report.taus:
+        return False
+    k = report.taus.index(1.0)
+    return sums_to_zero(report.id_scores["energy"][k], *(side["energy"][k] for side in report.ood_scores))
+
+
+def left_out(report: OodReport) -> list[str]:
+    """The scores left out of the best: energy and MaxLogit on probabilities."""
+    return [s for s in report.scores if s in PROBS_SCORES] if on_probabilities(report) else []
+
+
+def best_overall(report: OodReport) -> list[OodBestOverall | None]:
+    """Per OOD file, the best score and tau among the scores not :func:`left_out` (None when none is left)."""
+    excluded = set(left_out(report))
+    if not excluded:
+        return list(report.best_overall)
+    kept = [s for s in report.scores if s not in excluded]
+    out: list[OodBestOverall | None] = []
+    for ood_file in report.ood_files:
+        rows = [m for s in kept for m in report.rows(ood_file, s)]
+        out.append(best_overall_sentence(report.source, ood_file, rows, report.stored_temperature, len(kept),
+                                         len(report.taus)) if rows else None)
+    return out
+
+
+def best_sentence(report: OodReport, index: int) -> str:
+    """The sentence naming OOD file ``index``'s best score and tau (or saying there is none to name)."""
+    best = best_overall(report)[index]
+    if best is not None:
+        return best.sentence
+    names = left_out(report)
+    verb = "ranks" if len(names) == 1 else "rank"
+    return (f"On {report.ood_files[index]} vs {report.source}, no score is named the best: "
+            f"{' and '.join(score_label(s) for s in names)} on probabilities {verb} by rounding or as MSP does.")
+
+
+#: What each of :data:`PROBS_SCORES` is on log-probabilities.
+ON_LOG_PROBABILITIES = {
+    "energy": "energy is log(sum p), 0 up to rounding, at tau = 1 (elsewhere (tau - 1) times a Renyi entropy)",
+    "maxlogit": "MaxLogit is log(max p) / tau, which ranks as MSP at tau = 1",
+}
+
+
+def probs_caveat(report: OodReport) -> str | None:
+    """Why energy and MaxLogit are left out of the best, when they are."""
+    names = left_out(report)
+    if not names:
+        return None
+    labels = " and ".join(score_label(s) for s in names)
+    return (f"on probabilities (--probs) the logits are log(p): {'; '.join(ON_LOG_PROBABILITIES[s] for s in names)}; "
+            f"{labels} {'is not the score of its paper' if len(names) == 1 else 'are not the scores of their papers'}"
+            ", so left out of the best")
+
+
+def float32_caveats(report: OodReport) -> list[str]:
+    """One sentence per OOD file and score whose best tau ranks by digits float32 does not hold."""
+    lines = []
+    excluded = left_out(report)
+    for i, ood_file in enumerate(report.ood_files):
+        for best in report.best:
+            if best.ood_file != ood_file or best.score in excluded or best.score not in report.id_scores:
+                continue
+            k = report.taus.index(best.tau)
+            id_values, ood_values = report.id_scores[best.score][k], report.ood_scores[i][best.score][k]
+            lost, auroc32 = float32_loss(id_values, ood_values, best.auroc)
+            if lost:
+                m = report.rows(ood_file, best.score)[k]
+                lines.append(f"{ood_file}: {score_label(best.score)}'s best tau = {best.tau:.4g} cannot be deployed "
+                             f"in float32: its scores (mean ID {m.mean_id:.7g}, OOD {m.mean_ood:.7g}) differ in "
+                             f"digits float32 does not hold; rounded to float32 they give AUROC {auroc32:.4f}, not "
+                             f"{best.auroc:.4f}; compute the score in float64 or use a smaller tau")
+    return lines
+
+
+def caveats(report: OodReport) -> list[str]:
+    """Every caveat of the report, as warnings (one line each)."""
+    probs = probs_caveat(report)
+    return ([probs] if probs else []) + float32_caveats(report)
+
+
+__all__ = ["PROBS_SCORES", "best_overall", "best_sentence", "caveats", "float32_caveats", "left_out",
+           "on_probabilities", "probs_caveat"]
