@@ -100,7 +100,7 @@ class LmEvalLogInfo:
         """Count one record."""
         self.records += 1
         k = len(row.logits)
-        if k > self.max_choices:
+        if k not in self.choice_counts and k > self.max_choices:
             self.widest_line = line
         self.choice_counts[k] = self.choice_counts.get(k, 0) + 1
         self.arguments_forms[row.arguments_form] = self.arguments_forms.get(row.arguments_form, 0) + 1
@@ -164,8 +164,8 @@ def _read_rows(path: Path, norm: str) -> tuple[_Rows, LmEvalLogInfo]:
         if isinstance(doc_id, (int, str)) and not isinstance(doc_id, bool):
             first = doc_lines.setdefault(doc_id, line)
             if first != line:
-                raise where.error(f"doc_id {short(doc_id)} appears again (first on line {first}); a sample log holds each "
-                                  "document once")
+                raise where.error(f"doc_id {short(doc_id)} appears again (first on line {first}); a sample log "
+                                  "holds each document once")
         rows.values.extend(row.logits)
         rows.counts.append(len(row.logits))
         rows.labels.append(row.label)

@@ -2,10 +2,13 @@
 
 Python's ``json`` recurses once per level of nesting and converts every integer it meets, so a
 line nested 100,000 deep stops it with ``RecursionError`` and a 5,000-digit number with
-``ValueError`` (Python's limit on converting digits to ``int``). Here nesting deeper than
-:data:`MAX_DEPTH` is refused before parsing (a vectorised count of brackets outside strings, run
-only on lines with that many brackets), and an integer of more than :data:`MAX_INT_DIGITS` digits
-while parsing; each is one :class:`~.lm_eval_records.LmEvalLogError` naming the file and line.
+``ValueError`` (Python's limit on converting digits to ``int``); and every value it parses costs
+tens of bytes, so a line of tiny values costs many times its size. Here a line of more than
+:data:`MAX_VALUES` values is refused before parsing (the count of separators and brackets outside
+strings, taken only for lines with that many in all), nesting deeper than :data:`MAX_DEPTH` once
+parsed (walked only for lines with that many brackets), and an integer of more than
+:data:`MAX_INT_DIGITS` digits while parsing; each is one
+:class:`~.lm_eval_records.LmEvalLogError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -14,16 +17,18 @@ import json
 import re
 from typing import Any
 
-from .lm_eval_records import Where
+from .lm_eval_records import MAX_CHOICES, Where
 
 #: JSON arrays and objects nested deeper than this are refused; an lm-eval record nests about 5 deep.
 MAX_DEPTH = 200
+#: The most JSON values and keys a line may hold; a record holds about 15 per choice (10,000 choices: 150,000).
+MAX_VALUES = 1_000_000
 #: Integers with more digits are refused (the default of Python's own limit on reading an int).
 MAX_INT_DIGITS = 4300
-#: A JSON string (escapes included); removed before brackets are counted.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-#: Bytes counted at a time by the depth check (its memory: about 10 bytes per byte of a block).
-_DEPTH_BLOCK = 1 << 20
+#: A backslash escape in a JSON string; removed before quotes are matched.
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+#: Bytes counted at a time (the count's memory: a few bytes per byte of a block).
+_COUNT_BLOCK = 1 << 16
 
 
 class _HugeInteger(Exception):
@@ -41,16 +46,19 @@ def decode_line(data: bytes, where: Where) -> str:
 
 def load_record(text: str, data: bytes, where: Where) -> Any:
     """``json.loads`` of the line (``data``: its bytes) with one-line errors naming it."""
+    brackets = data.count(b"[") + data.count(b"{")
+    if brackets + data.count(b",") + data.count(b":") > MAX_VALUES:  # strings included: an upper bound
+        values = count_values(data)
+        if values > MAX_VALUES:
+            raise where.error(_too_many_values(values, data))
     text = text.rstrip("\r\n")
-    if too_deep(data, MAX_DEPTH):
-        raise where.error(_deep_message())
     try:
-        return json.loads(text, parse_int=_parse_int)
+        record = json.loads(text, parse_int=_parse_int)
     except _HugeInteger as exc:
         raise where.error(f"an integer of {exc.args[0]:,} digits; tempcal reads integers of at most "
                           f"{MAX_INT_DIGITS:,} digits (an lm-eval record's are indices and counts)") from None
-    except RecursionError:  # not expected after the depth check; kept so that no input can escape as a traceback
-        raise where.error(_deep_message()) from None
+    except RecursionError:
+        raise where.error(_DEEP) from None
     except json.JSONDecodeError as exc:
         if where.line == 1 and text.strip() == "[":
             raise where.error("not JSON Lines but one JSON array (lm-eval before 0.4.3 wrote sample logs that "
@@ -58,11 +66,22 @@ def load_record(text: str, data: bytes, where: Where) -> Any:
         raise where.error(f"not JSON ({exc.msg} at column {exc.pos + 1})") from None
     except ValueError as exc:  # anything else json refuses (an integer over a lower int limit set by the program)
         raise where.error(f"not JSON ({exc})") from None
+    if brackets > MAX_DEPTH and deeper_than(record, MAX_DEPTH):
+        raise where.error(_DEEP)
+    return record
 
 
-def _deep_message() -> str:
-    return (f"JSON nested more than {MAX_DEPTH} levels deep; an lm-eval sample record nests a few levels, so this "
-            "is not a sample log (or is damaged)")
+def _too_many_values(values: int, data: bytes) -> str:
+    """The message for a line of too many values, with its count of requests where its keys show them."""
+    requests = data.count(b'"gen_args_') - data.count(b'\\"gen_args_')  # keys (a quote in a string is escaped)
+    counted = f"{requests:,} requests in 'arguments' and " if requests > MAX_CHOICES else ""
+    return (f"{counted}{values:,} JSON values and keys; tempcal reads records of at most {MAX_CHOICES:,} choices "
+            f"and {MAX_VALUES:,} values (lm-eval's multiple-choice records have a few choices, about 15 values "
+            "each), so this is not a sample log")
+
+
+_DEEP = (f"JSON nested more than {MAX_DEPTH} levels deep; an lm-eval sample record nests a few levels, so this is "
+         "not a sample log")
 
 
 def _parse_int(digits: str) -> int:
@@ -76,27 +95,38 @@ def _parse_int(digits: str) -> int:
         raise _HugeInteger(count) from None
 
 
-def too_deep(data: bytes, limit: int) -> bool:
-    """Whether JSON arrays and objects in ``data`` nest more than ``limit`` deep (brackets in strings not counted).
-
-    A line with at most ``limit`` opening brackets cannot, so most lines cost two ``bytes.count``.
-    """
-    if data.count(b"[") + data.count(b"{") <= limit:
-        return False
-    import numpy as np
-
-    structure = _STRING.sub(b"", data)
-    depth = 0
-    for start in range(0, len(structure), _DEPTH_BLOCK):
-        block = np.frombuffer(structure, dtype=np.uint8, count=min(_DEPTH_BLOCK, len(structure) - start),
-                              offset=start)
-        steps = ((block == ord("[")) | (block == ord("{"))).astype(np.int64)
-        steps -= (block == ord("]")) | (block == ord("}"))
-        levels = np.cumsum(steps)
-        if depth + int(levels.max()) > limit:
-            return True
-        depth += int(levels[-1])
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether the arrays and objects of a parsed JSON value nest more than ``limit`` deep (walked, not recursed)."""
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (list, dict)):
+            if depth >= limit:
+                return True
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
     return False
 
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "decode_line", "load_record", "too_deep"]
+def count_values(data: bytes) -> int:
+    """The JSON values and keys in ``data``, counted by commas, colons and opening brackets outside strings.
+
+    numpy, a block at a time; taken only for lines with more such bytes in all (strings included) than allowed.
+    """
+    import numpy as np
+
+    marks = np.zeros(256, dtype=bool)
+    marks[list(b",:[{")] = True
+    plain = _ESCAPE.sub(b"", data)  # after this every quote opens or closes a string
+    inside, count = 0, 0
+    for start in range(0, len(plain), _COUNT_BLOCK):
+        block = np.frombuffer(plain, dtype=np.uint8, count=min(_COUNT_BLOCK, len(plain) - start), offset=start)
+        quotes = block == ord('"')
+        seen = np.cumsum(quotes, dtype=np.int64)
+        outside = (((seen + inside) & 1) == 0) & ~quotes
+        inside = (inside + int(seen[-1])) & 1
+        count += int(np.count_nonzero(marks[block] & outside))
+    return count
+
+
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "count_values", "decode_line", "deeper_than", "load_record"]

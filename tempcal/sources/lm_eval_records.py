@@ -28,8 +28,9 @@ NORM_METRIC = {"none": "acc", "chars": "acc_norm", "bytes": "acc_bytes"}
 #: The most choices a record may have (lm-eval's multiple-choice tasks have 2 to a few hundred); the check comes
 #: before the record's responses are read.
 MAX_CHOICES = 10_000
-_GEN_ARGS_KEY = re.compile(r"^gen_args_(\d+)$")
-_ARG_KEY = re.compile(r"^arg_(\d+)$")
+#: Indices of at most 9 digits: a longer one is a bad key (and ``int`` of thousands of digits is refused).
+_GEN_ARGS_KEY = re.compile(r"^gen_args_(\d{1,9})$")
+_ARG_KEY = re.compile(r"^arg_(\d{1,9})$")
 _DIGITS = re.compile(r"^[0-9]+$")
 
 
@@ -67,11 +68,8 @@ def parse_record(record: Any, norm: str, where: Where) -> ParsedRecord:
     for key in ("arguments", "filtered_resps", "target"):
         if key not in record:
             raise where.error(f"no '{key}' field: not an lm-eval sample record")
+    _check_choice_count(record, where)
     pairs, form = _arguments(record["arguments"], where)
-    choices = len(pairs) // 2 if _is_mutual_info(record) else len(pairs)
-    if choices > MAX_CHOICES:
-        raise where.error(f"{choices:,} choices; tempcal reads records of at most {MAX_CHOICES:,} choices "
-                          "(lm-eval's multiple-choice tasks have a few)")
     raw = _loglikelihoods(record["filtered_resps"], where)
     if len(raw) != len(pairs):
         raise where.error(f"'filtered_resps' holds {len(raw)} responses for {len(pairs)} requests in 'arguments'")
@@ -87,6 +85,16 @@ def parse_record(record: Any, norm: str, where: Where) -> ParsedRecord:
     agrees = _metric_agrees(record.get(NORM_METRIC[norm]), logits, label)
     return ParsedRecord(logits=logits, label=label, arguments_form=form, target_kind=target_kind,
                         mutual_info_trimmed=trimmed, check_agrees=agrees)
+
+
+def _check_choice_count(record: dict[str, Any], where: Where) -> None:
+    """Refuse a record of more than :data:`MAX_CHOICES` choices before its requests are read."""
+    requests = record["arguments"]
+    if isinstance(requests, (list, dict)):
+        choices = len(requests) // 2 if _is_mutual_info(record) else len(requests)
+        if choices > MAX_CHOICES:
+            raise where.error(f"{choices:,} choices; tempcal reads records of at most {MAX_CHOICES:,} choices "
+                              "(lm-eval's multiple-choice tasks have a few)")
 
 
 def _arguments(value: Any, where: Where) -> tuple[list[tuple[str, str]], str]:
@@ -110,7 +118,7 @@ def _gen_args_entries(value: dict[str, Any], where: Where) -> list[tuple[str, An
         match = _GEN_ARGS_KEY.match(key)
         if not match:
             raise where.error(f"'arguments' has a key '{clip(key)}'; expected gen_args_0, gen_args_1, ...")
-        indexed.append((_key_index(match.group(1)), key, entry))
+        indexed.append((int(match.group(1)), key, entry))
     indexed.sort(key=lambda item: item[0])
     if [i for i, _, _ in indexed] != list(range(len(indexed))):
         raise where.error(f"'arguments' keys are not gen_args_0 .. gen_args_{len(indexed) - 1}")
@@ -123,15 +131,9 @@ def _gen_args_entries(value: dict[str, Any], where: Where) -> list[tuple[str, An
             match = _ARG_KEY.match(arg_key)
             if not match:
                 raise where.error(f"'arguments.{key}' has a key '{clip(arg_key)}'; expected arg_0, arg_1, ...")
-            args.append((_key_index(match.group(1)), arg))
+            args.append((int(match.group(1)), arg))
         out.append((f"arguments.{key}", [arg for _, arg in sorted(args, key=lambda item: item[0])]))
     return out
-
-
-def _key_index(digits: str) -> int:
-    """The index of a ``gen_args_<i>`` / ``arg_<j>`` key; one too long to be an index is read as out of range."""
-    significant = digits.lstrip("0") or "0"
-    return int(significant) if len(significant) <= 9 else 10**9
 
 
 def _request_pair(name: str, entry: Any, where: Where) -> tuple[str, str]:
