@@ -64,15 +64,16 @@ class BoundedLines:
     def _skip_blank(self, chunk: bytes, pos: int) -> int:
         """Pass the whitespace from ``pos`` (counting its newlines); return where content starts, or the end."""
         stop = _blank_end(chunk, pos)
+        if self._blank + stop - pos > self.limit:  # name the line of the byte that passes the limit
+            passing = pos + self.limit - self._blank
+            raise OverLimit(self.line + chunk.count(b"\n", pos, passing), self._blank_from, True, self.limit)
+        self._blank += stop - pos
         newlines = chunk.count(b"\n", pos, stop)
         if newlines:
             self.line += newlines
             self._lead = stop - chunk.rfind(b"\n", pos, stop) - 1
         else:
             self._lead += stop - pos
-        self._blank += stop - pos
-        if self._blank > self.limit:
-            raise OverLimit(self.line, self._blank_from, True, self.limit)
         if stop < len(chunk):
             self._pending = [b" " * self._lead] if self._lead else []
             self._size = self._lead

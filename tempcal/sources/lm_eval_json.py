@@ -96,15 +96,14 @@ def _parse_int(digits: str) -> int:
 
 
 def deeper_than(value: Any, limit: int) -> bool:
-    """Whether the arrays and objects of a parsed JSON value nest more than ``limit`` deep (walked, not recursed)."""
-    stack = [(value, 0)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, (list, dict)):
-            if depth >= limit:
-                return True
-            children = item.values() if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    """Whether the arrays and objects of a parsed JSON value nest more than ``limit`` deep (a level at a time)."""
+    level, depth = [value] if isinstance(value, (list, dict)) else [], 1
+    while level:
+        if depth > limit:
+            return True
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)
+                 if isinstance(child, (list, dict))]
+        depth += 1
     return False
 
 
