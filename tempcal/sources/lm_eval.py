@@ -9,6 +9,11 @@ divides each log-likelihood by its choice text's length in characters (lm-eval's
 SOURCE, padded to the widest. The file is read line by line (gzip by its suffix); a line that is
 not JSON, or not a multiple-choice record, is an error naming the file and the line.
 
+Hostile files are refused fast and in flat memory: lines are read in blocks and refused past
+:data:`MAX_LINE_BYTES` (so are runs of blank lines that long), a record of more than
+``MAX_CHOICES`` choices is refused before its requests are read, and the padded matrix before it
+passes :data:`MAX_PADDED_BYTES` (see also :mod:`.lm_eval_json` for nesting and huge integers).
+
 A log has no metadata, so T is stored in the sidecar ``FILE.tempcal.json``, together with the
 normalisation it was fitted under: a T fitted on normalised log-likelihoods is not used for raw
 ones (a warning says so).
