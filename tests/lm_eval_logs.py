@@ -163,3 +163,21 @@ def padded(rows: Sequence[Sequence[float]]) -> np.ndarray:
     """Ragged rows as one float64 matrix, padded with -inf (written here, independently of tempcal)."""
     width = max(len(r) for r in rows)
     return np.array([list(r) + [-np.inf] * (width - len(r)) for r in rows], dtype=np.float64)
+
+
+def write_gz_run(path: Path, head: bytes, byte: bytes, total: int, block: int = 1 << 22) -> Path:
+    """``head``, then ``total`` bytes of ``byte``, through ``gzip.open`` a block at a time: how a log padded with
+    gigabytes of spaces or newlines is made (it compresses about a thousandfold)."""
+    run = byte * block
+    with gzip.open(path, "wb") as f:
+        f.write(head)
+        for _ in range(total // block):
+            f.write(run)
+        f.write(byte * (total % block))
+    return path
+
+
+def record_line(doc_id: int = 0, choices: Sequence[str] = ("a", "b"), gold: int = 0, version: str = "0.4.4") -> str:
+    """One multiple-choice record as lm-eval writes it (no newline), log-likelihoods -1, -2, ..."""
+    lls = [-float(i + 1) for i in range(len(choices))]
+    return json.dumps(as_written(mc_record(doc_id, "q", choices, lls, gold, metrics=()), version), ensure_ascii=False)

@@ -9,6 +9,11 @@ divides each log-likelihood by its choice text's length in characters (lm-eval's
 SOURCE, padded to the widest. The file is read line by line (gzip by its suffix); a line that is
 not JSON, or not a multiple-choice record, is an error naming the file and the line.
 
+Hostile files are refused fast and in flat memory: lines are read in blocks and refused past
+:data:`MAX_LINE_BYTES` (so are runs of blank lines that long), a record of more than
+``MAX_CHOICES`` choices is refused before its requests are read, and the padded matrix before it
+passes :data:`MAX_PADDED_BYTES` (see also :mod:`.lm_eval_json` for nesting and huge integers).
+
 A log has no metadata, so T is stored in the sidecar ``FILE.tempcal.json``, together with the
 normalisation it was fitted under: a T fitted on normalised log-likelihoods is not used for raw
 ones (a warning says so).
@@ -17,7 +22,6 @@ ones (a warning says so).
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import re
 import zlib
@@ -30,12 +34,20 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 from ..errors import Note, TempcalError, param
 from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import OpenedSource, SourceKind, SourceOptions
+from .bounded_lines import BoundedLines, OverLimit
+from .lm_eval_json import decode_line, load_record
 from .lm_eval_records import NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, Where, parse_record, short
 
 if TYPE_CHECKING:
     import torch
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
+#: The longest line read, and the most whitespace in a row between records (see :mod:`.bounded_lines`).
+#: Records are kilobytes; one around an 8 MB context (about 2M tokens), held in ``doc`` and once per choice
+#: in ``arguments``, is about 40 MB for 4 choices.
+MAX_LINE_BYTES = 64 << 20
+#: The largest padded matrix (records x the most choices x 8 bytes) a SOURCE of logs is read into.
+MAX_PADDED_BYTES = 1 << 30
 GZIP_MAGIC = b"\x1f\x8b"
 #: The sidecar key recording the ``--lm-eval-norm`` a stored T was fitted under.
 NORM_KEY = "tempcal.lm_eval_norm"
@@ -79,6 +91,7 @@ class LmEvalLogInfo:
     check_agree: int = 0  # records whose acc / acc_norm / acc_bytes equals (argmax of the row == label)
     check_disagree: int = 0
     first_disagree_line: int | None = None
+    widest_line: int | None = None  # the first record with the most choices
 
     @property
     def max_choices(self) -> int:
@@ -92,6 +105,8 @@ class LmEvalLogInfo:
         """Count one record."""
         self.records += 1
         k = len(row.logits)
+        if k not in self.choice_counts and k > self.max_choices:
+            self.widest_line = line
         self.choice_counts[k] = self.choice_counts.get(k, 0) + 1
         self.arguments_forms[row.arguments_form] = self.arguments_forms.get(row.arguments_form, 0) + 1
         self.targets[row.target_kind] = self.targets.get(row.target_kind, 0) + 1
@@ -137,11 +152,12 @@ def _read_rows(path: Path, norm: str) -> tuple[_Rows, LmEvalLogInfo]:
     rows = _Rows()
     filter_seen: tuple[Any, int] | None = None
     doc_lines: dict[Any, int] = {}
-    for line, text in _lines(path):
+    for line, data in _lines(path):
+        where = Where(name, line)
+        text = decode_line(data, where)
         if not text.strip():
             continue
-        where = Where(name, line)
-        record = _load_record(text, where)
+        record = load_record(text, data, where)
         row = parse_record(record, norm, where)
         flt = record.get("filter")
         if filter_seen is None:
@@ -153,16 +169,38 @@ def _read_rows(path: Path, norm: str) -> tuple[_Rows, LmEvalLogInfo]:
         if isinstance(doc_id, (int, str)) and not isinstance(doc_id, bool):
             first = doc_lines.setdefault(doc_id, line)
             if first != line:
-                raise where.error(f"doc_id {doc_id} appears again (first on line {first}); a sample log holds each "
-                                  "document once")
+                raise where.error(f"doc_id {short(doc_id)} appears again (first on line {first}); a sample log "
+                                  "holds each document once")
         rows.values.extend(row.logits)
         rows.counts.append(len(row.logits))
         rows.labels.append(row.label)
         info.add(row, line)
+        _check_padded_size(info.records, info, where)
     if not info.records:
         raise LmEvalLogError(f"{name}: no records (an empty file); expected one lm-eval sample record per line")
     info.filter = filter_seen[0] if filter_seen else None
     return rows, info
+
+
+def _check_padded_size(rows: int, info: LmEvalLogInfo, where: Where) -> None:
+    """Refuse, at the record that passes it, a log whose padded matrix would exceed :data:`MAX_PADDED_BYTES`."""
+    width = info.max_choices
+    if rows * width * 8 > MAX_PADDED_BYTES:
+        widest = "its" if info.widest_line == where.line else f"line {info.widest_line}'s"
+        raise where.error(f"{rows:,} records padded to {widest} {width:,} choices would be {_matrix(rows, width)}")
+
+
+def _check_combined_size(infos: list[LmEvalLogInfo]) -> None:
+    """Refuse several logs whose rows, padded to the widest log's choices, exceed :data:`MAX_PADDED_BYTES`."""
+    rows, widest = sum(info.records for info in infos), max(infos, key=lambda info: info.max_choices)
+    if rows * widest.max_choices * 8 > MAX_PADDED_BYTES:
+        raise LmEvalLogError(f"{widest.path}: line {widest.widest_line}: its {widest.max_choices:,} choices pad the "
+                             f"{rows:,} records of {len(infos)} logs to {_matrix(rows, widest.max_choices)}")
+
+
+def _matrix(rows: int, width: int) -> str:
+    return (f"a {size_text(rows * width * 8)} matrix of float64 log-likelihoods; tempcal pads the rows of a SOURCE "
+            f"to at most {size_text(MAX_PADDED_BYTES)} (multiple-choice records hold a few choices, not thousands)")
 
 
 def _padded(parts: list[_Rows], width: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,20 +216,8 @@ def _padded(parts: list[_Rows], width: int) -> tuple[torch.Tensor, torch.Tensor]
     return torch.from_numpy(logits), torch.from_numpy(labels.copy())
 
 
-def _load_record(text: str, where: Where) -> Any:
-    """``json.loads`` with a one-line error naming the line (and a hint for the pre-0.4.3 JSON-array files)."""
-    text = text.rstrip("\r\n")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        if where.line == 1 and text.strip() == "[":
-            raise where.error("not JSON Lines but one JSON array (lm-eval before 0.4.3 wrote sample logs that "
-                              "way); re-run lm-eval >= 0.4.3 with --log_samples") from None
-        raise where.error(f"not JSON ({exc.msg} at column {exc.pos + 1})") from None
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Each line of the file, numbered from 1 and decoded (a byte-order mark on line 1 dropped); gzip by suffix."""
+def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
+    """Each line with content, numbered from 1, at most :data:`MAX_LINE_BYTES` long; gzip by suffix."""
     from ..io.sidecar import check_regular_file
 
     check_regular_file(path)
@@ -206,22 +232,37 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
         if compressed and not path.name.lower().endswith(".gz"):
             raise LmEvalLogError(f"{path}: holds gzip-compressed data; name it {path.name}.gz")
         stream: BinaryIO = gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw  # type: ignore[assignment]
-        line = 0
+        lines = BoundedLines(stream, MAX_LINE_BYTES)
         try:
-            for line, data in enumerate(stream, start=1):  # the count is reported on failure
-                try:
-                    text = data.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    raise LmEvalLogError(f"{path}: line {line}: not UTF-8 text (byte {exc.start + 1} of the line)"
-                                         ) from None
-                yield line, text.removeprefix("\ufeff") if line == 1 else text
+            yield from lines
+        except OverLimit as exc:
+            raise LmEvalLogError(f"{path}: {_over_limit(exc)}") from None
         except EOFError:
-            raise LmEvalLogError(f"{path}: truncated gzip data (the file ends inside the compressed stream, after "
-                                 f"line {line})") from None
+            raise LmEvalLogError(f"{path}: truncated gzip data (the file ends inside the compressed stream, on "
+                                 f"line {lines.line})") from None
         except (gzip.BadGzipFile, zlib.error) as exc:
-            raise LmEvalLogError(f"{path}: corrupt gzip data after line {line} ({exc})") from None
+            raise LmEvalLogError(f"{path}: corrupt gzip data on line {lines.line} ({exc})") from None
         except OSError as exc:
-            raise LmEvalLogError(f"{path}: cannot read after line {line} ({exc.strerror or exc})") from None
+            raise LmEvalLogError(f"{path}: cannot read line {lines.line} ({exc.strerror or exc})") from None
+
+
+def _over_limit(exc: OverLimit) -> str:
+    """The message for a line, or a run of blank lines, longer than the limit."""
+    limit = f"{size_text(exc.limit)} (tempcal's limit on a line of an lm-eval log)"
+    if not exc.blank:
+        return (f"line {exc.line}: longer than {limit}; an lm-eval sample record is kilobytes, so this is not a "
+                "sample log (or is damaged)")
+    lines = f"line {exc.line}" if exc.first == exc.line else f"lines {exc.first}-{exc.line}"
+    return (f"{lines}: more than {limit} of blank lines and whitespace in a row; an lm-eval log holds one record "
+            "per line")
+
+
+def size_text(nbytes: int) -> str:
+    """A size in bytes as a message shows it: ``64 MiB``, ``1.5 GiB``, ``800 KiB``, ``12 bytes``."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):.3g} {unit}"
+    return f"{nbytes} bytes"
 
 
 class LmEvalKind(SourceKind):
@@ -245,6 +286,7 @@ class LmEvalKind(SourceKind):
             raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an lm-evaluation-harness "
                                "log of log-likelihoods")
         read = [_read_rows(path, norm) for path in paths]
+        _check_combined_size([info for _, info in read])
         logits, labels = _padded([rows for rows, _ in read], max(info.max_choices for _, info in read))
         data = as_logits_data(logits, labels, ignore_index=None)
         kind = LmEvalKind(norm)

@@ -25,8 +25,12 @@ from ..errors import DataError, param
 NORMS: tuple[str, ...] = ("none", "chars", "bytes")
 #: The per-sample metric of lm-eval whose prediction each normalisation reproduces (a consistency check).
 NORM_METRIC = {"none": "acc", "chars": "acc_norm", "bytes": "acc_bytes"}
-_GEN_ARGS_KEY = re.compile(r"^gen_args_(\d+)$")
-_ARG_KEY = re.compile(r"^arg_(\d+)$")
+#: The most choices a record may have (lm-eval's multiple-choice tasks have 2 to a few hundred); the check comes
+#: before the record's responses are read.
+MAX_CHOICES = 10_000
+#: Indices of at most 9 digits: a longer one is a bad key (and ``int`` of thousands of digits is refused).
+_GEN_ARGS_KEY = re.compile(r"^gen_args_(\d{1,9})$")
+_ARG_KEY = re.compile(r"^arg_(\d{1,9})$")
 _DIGITS = re.compile(r"^[0-9]+$")
 
 
@@ -64,6 +68,7 @@ def parse_record(record: Any, norm: str, where: Where) -> ParsedRecord:
     for key in ("arguments", "filtered_resps", "target"):
         if key not in record:
             raise where.error(f"no '{key}' field: not an lm-eval sample record")
+    _check_choice_count(record, where)
     pairs, form = _arguments(record["arguments"], where)
     raw = _loglikelihoods(record["filtered_resps"], where)
     if len(raw) != len(pairs):
@@ -80,6 +85,16 @@ def parse_record(record: Any, norm: str, where: Where) -> ParsedRecord:
     agrees = _metric_agrees(record.get(NORM_METRIC[norm]), logits, label)
     return ParsedRecord(logits=logits, label=label, arguments_form=form, target_kind=target_kind,
                         mutual_info_trimmed=trimmed, check_agrees=agrees)
+
+
+def _check_choice_count(record: dict[str, Any], where: Where) -> None:
+    """Refuse a record of more than :data:`MAX_CHOICES` choices before its requests are read."""
+    requests = record["arguments"]
+    if isinstance(requests, (list, dict)):
+        choices = len(requests) // 2 if _is_mutual_info(record) else len(requests)
+        if choices > MAX_CHOICES:
+            raise where.error(f"{choices:,} choices; tempcal reads records of at most {MAX_CHOICES:,} choices "
+                              "(lm-eval's multiple-choice tasks have a few)")
 
 
 def _arguments(value: Any, where: Where) -> tuple[list[tuple[str, str]], str]:
@@ -102,7 +117,7 @@ def _gen_args_entries(value: dict[str, Any], where: Where) -> list[tuple[str, An
     for key, entry in value.items():
         match = _GEN_ARGS_KEY.match(key)
         if not match:
-            raise where.error(f"'arguments' has a key '{key}'; expected gen_args_0, gen_args_1, ...")
+            raise where.error(f"'arguments' has a key '{clip(key)}'; expected gen_args_0, gen_args_1, ...")
         indexed.append((int(match.group(1)), key, entry))
     indexed.sort(key=lambda item: item[0])
     if [i for i, _, _ in indexed] != list(range(len(indexed))):
@@ -115,7 +130,7 @@ def _gen_args_entries(value: dict[str, Any], where: Where) -> list[tuple[str, An
         for arg_key, arg in entry.items():
             match = _ARG_KEY.match(arg_key)
             if not match:
-                raise where.error(f"'arguments.{key}' has a key '{arg_key}'; expected arg_0, arg_1, ...")
+                raise where.error(f"'arguments.{key}' has a key '{clip(arg_key)}'; expected arg_0, arg_1, ...")
             args.append((int(match.group(1)), arg))
         out.append((f"arguments.{key}", [arg for _, arg in sorted(args, key=lambda item: item[0])]))
     return out
@@ -166,15 +181,20 @@ def _loglikelihood(value: Any, name: str, where: Where) -> float:
     except ValueError:
         raise where.error(f"'{name}' log-likelihood {short(value)} is not a number") from None
     if math.isnan(number) or number == math.inf:
-        raise where.error(f"'{name}' log-likelihood is {value!s}; expected a finite number or -inf")
+        raise where.error(f"'{name}' log-likelihood is {clip(str(value).strip())}; expected a finite number or -inf")
     return number
+
+
+def _is_mutual_info(record: dict[str, Any]) -> bool:
+    """Whether the record is scored by ``acc_mutual_info`` (its requests are the choices twice)."""
+    metrics = record.get("metrics")
+    return "acc_mutual_info" in record or (isinstance(metrics, list) and "acc_mutual_info" in metrics)
 
 
 def _drop_unconditional(record: dict[str, Any], pairs: list[tuple[str, str]], raw: list[float],
                         where: Where) -> tuple[list[tuple[str, str]], list[float], bool]:
     """Keep the conditional half of an ``acc_mutual_info`` record (lm-eval appends ``("", continuation)`` requests)."""
-    metrics = record.get("metrics")
-    if "acc_mutual_info" not in record and not (isinstance(metrics, list) and "acc_mutual_info" in metrics):
+    if not _is_mutual_info(record):
         return pairs, raw, False
     half = len(pairs) // 2
     first, second = pairs[:half], pairs[half:]
@@ -198,7 +218,7 @@ def resolve_target(target: Any, texts: Sequence[str], raw: Sequence[float], acc:
         raise where.error(f"target must be a choice index or the text of a choice, got {json_kind(target)}")
     if isinstance(target, int):
         if not 0 <= target < k:
-            raise where.error(f"target {target} is out of range for {k} choices")
+            raise where.error(f"target {short(target)} is out of range for {k} choices")
         return target, "index"
     if isinstance(target, list):
         return _single_listed_target(target, k, where), "index"
@@ -224,11 +244,12 @@ def _index_from_string(target: str, k: int, matched_text: bool, where: Where) ->
     """The index a target string names: digits, or ``[i]`` (a list with several indices is an error)."""
     text = target.strip()
     if _DIGITS.match(text):
-        return [int(text)] if int(text) < k else []
+        significant = text.lstrip("0") or "0"  # int() of thousands of digits is refused (and slow): compare lengths
+        return [int(significant)] if len(significant) <= len(str(k)) and int(significant) < k else []
     if text.startswith("[") and text.endswith("]") and not matched_text:
         try:
             listed = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, an integer of thousands of digits, or nested too deep
             return []
         if isinstance(listed, list):
             return [_single_listed_target(listed, k, where)]
@@ -238,11 +259,11 @@ def _index_from_string(target: str, k: int, matched_text: bool, where: Where) ->
 def _single_listed_target(listed: list[Any], k: int, where: Where) -> int:
     """The index in a one-element target list; several correct choices cannot be one label."""
     if len(listed) != 1:
-        raise where.error(f"target {json.dumps(listed)} lists {len(listed)} correct choices; tempcal needs exactly "
+        raise where.error(f"target {short(listed)} lists {len(listed)} correct choices; tempcal needs exactly "
                           "one per record")
     only = listed[0]
     if isinstance(only, bool) or not isinstance(only, int) or not 0 <= only < k:
-        raise where.error(f"target {json.dumps(listed)} is not a choice index in 0..{k - 1}")
+        raise where.error(f"target {short(listed)} is not a choice index in 0..{k - 1}")
     return only
 
 
@@ -277,12 +298,22 @@ def normalise(raw: Sequence[float], texts: Sequence[str], norm: str, where: Wher
     """Divide each log-likelihood by its choice text's length (``chars``) or UTF-8 length (``bytes``)."""
     if norm == "none":
         return list(raw)
-    lengths = [len(t) if norm == "chars" else len(t.encode("utf-8")) for t in texts]
+    lengths = [len(t) if norm == "chars" else _utf8_length(t, i, where) for i, t in enumerate(texts)]
     for i, length in enumerate(lengths):
         if length == 0:
             raise where.error(f"choice {i} has an empty text: it cannot be normalised by its length "
                               f"({param('lm_eval_norm')} {norm})")
     return [ll / length for ll, length in zip(raw, lengths, strict=True)]
+
+
+def _utf8_length(text: str, index: int, where: Where) -> int:
+    """The length of a choice text in UTF-8 bytes; a lone surrogate (a ``\\ud800`` escape) has none."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        raise where.error(f"choice {index}'s text holds a lone surrogate ({text[exc.start]!a} at character "
+                          f"{exc.start + 1}), which is not Unicode text and has no length in UTF-8 bytes "
+                          f"({param('lm_eval_norm')} bytes)") from None
 
 
 def first_argmax(values: Sequence[float]) -> int:
@@ -301,12 +332,17 @@ def json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return f"the number {value}"
+        return f"the number {short(value)}"
     if isinstance(value, str):
         return f"the string {short(value)}"
     if isinstance(value, list):
         return "a list" if value else "an empty list"
     return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def clip(text: str, limit: int = 40) -> str:
+    """A name from the input, cut to ``limit`` characters for a one-line message."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def short(value: Any, limit: int = 60) -> str:

@@ -10,7 +10,17 @@ import numpy as np
 import pytest
 import torch
 from conftest import EXAMPLE, assert_one_error_line, snapshot
-from lm_eval_logs import NAME, as_written, generate_until_record, mc_record, padded, random_mc_records, write_log
+from lm_eval_logs import (
+    NAME,
+    as_written,
+    generate_until_record,
+    mc_record,
+    padded,
+    random_mc_records,
+    record_line,
+    write_gz_run,
+    write_log,
+)
 from reference import ece_loop, nll_at, optimal_temperature, ref_msp, sk_figures
 
 from tempcal.io.sidecar import read_sidecar, sidecar_path
@@ -115,3 +125,39 @@ def test_bins_carry_wilson_intervals_for_logs_too(log, run_json):
         else:
             assert b["accuracy_low"] is None and b["accuracy_high"] is None
     assert np.isfinite([b["accuracy_low"] for b in bins if b["count"]]).all()
+
+
+def _surrogate_choice() -> str:
+    record = json.loads(record_line(1))
+    record["arguments"]["gen_args_0"]["arg_1"] = " a\ud800"  # written as the JSON escape \ud800
+    return json.dumps(record)
+
+
+HOSTILE = {  # name: (file name, the lines after a good record, or the gz run after it; extra options; detail)
+    "gz of spaces": (NAME + ".gz", (b" ", 72 << 20), [], "line 2: more than 64 MiB"),
+    "gz of newlines": (NAME + ".gz", (b"\n", 128 << 20), [], f"lines 2-{2 + (64 << 20)}: more than 64 MiB"),
+    "nesting": (NAME, '{"doc": ' + "[" * 100_000 + "]" * 100_000 + "}", [], "line 2: JSON nested more than 200"),
+    "5,000 digits": (NAME, record_line(1).replace('"doc_id": 1', '"doc_id": ' + "9" * 5000), [],
+                     "line 2: an integer of 5,000 digits"),
+    "choices": (NAME, record_line(1, [f"c{i}" for i in range(10_001)]), [], "line 2: 10,001 choices"),
+    "surrogate": (NAME, _surrogate_choice(), ["--lm-eval-norm", "bytes"],
+                  "line 2: choice 0's text holds a lone surrogate ('\\ud800' at character 2)"),
+}
+
+
+@pytest.mark.parametrize("case", list(HOSTILE))
+def test_hostile_logs_are_exit_2_on_one_line(tmp_path, cli, monkeypatch, case):
+    name, rest, options, detail = HOSTILE[case]
+    if isinstance(rest, tuple):
+        write_gz_run(tmp_path / name, (record_line(0) + "\n").encode(), *rest)
+    else:
+        (tmp_path / name).write_text(record_line(0) + "\n" + rest + "\n", encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    code, out, err = cli(["fit", name, *options, "--json", "result.json"])
+    assert code == 2 and out == ""
+    line = assert_one_error_line(err, f"{name}: {detail}")
+    assert len(line) < 400
+    if "--lm-eval-norm" in options:
+        assert line.endswith("(--lm-eval-norm bytes)")
+    assert snapshot(tmp_path) == before

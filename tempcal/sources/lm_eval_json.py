@@ -1,0 +1,131 @@
+"""One line of an lm-evaluation-harness sample log decoded as JSON, with bounds on what the JSON may hold.
+
+Python's ``json`` recurses once per level of nesting and converts every integer it meets, so a
+line nested 100,000 deep stops it with ``RecursionError`` and a 5,000-digit number with
+``ValueError`` (Python's limit on converting digits to ``int``); and every value it parses costs
+tens of bytes, so a line of tiny values costs many times its size. Here a line of more than
+:data:`MAX_VALUES` values is refused before parsing (the count of separators and brackets outside
+strings, taken only for lines with that many in all), nesting deeper than :data:`MAX_DEPTH` once
+parsed (walked only for lines with that many brackets), and an integer of more than
+:data:`MAX_INT_DIGITS` digits while parsing; each is one
+:class:`~.lm_eval_records.LmEvalLogError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from .lm_eval_records import MAX_CHOICES, Where
+
+#: JSON arrays and objects nested deeper than this are refused; an lm-eval record nests about 5 deep.
+MAX_DEPTH = 200
+#: The most JSON values and keys a line may hold; a record holds about 15 per choice (10,000 choices: 150,000).
+MAX_VALUES = 1_000_000
+#: Integers with more digits are refused (the default of Python's own limit on reading an int).
+MAX_INT_DIGITS = 4300
+#: A backslash escape in a JSON string; removed before quotes are matched.
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+#: Bytes counted at a time (the count's memory: a few bytes per byte of a block).
+_COUNT_BLOCK = 1 << 16
+
+
+class _HugeInteger(Exception):
+    """An integer with too many digits, met while parsing."""
+
+
+def decode_line(data: bytes, where: Where) -> str:
+    """The line as text (a byte-order mark at the start of line 1 dropped); bytes that are not UTF-8 are an error."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise where.error(f"not UTF-8 text (byte {exc.start + 1} of the line)") from None
+    return text.removeprefix("\ufeff") if where.line == 1 else text
+
+
+def load_record(text: str, data: bytes, where: Where) -> Any:
+    """``json.loads`` of the line (``data``: its bytes) with one-line errors naming it."""
+    brackets = data.count(b"[") + data.count(b"{")
+    if brackets + data.count(b",") + data.count(b":") > MAX_VALUES:  # strings included: an upper bound
+        values = count_values(data)
+        if values > MAX_VALUES:
+            raise where.error(_too_many_values(values, data))
+    text = text.rstrip("\r\n")
+    try:
+        record = json.loads(text, parse_int=_parse_int)
+    except _HugeInteger as exc:
+        raise where.error(f"an integer of {exc.args[0]:,} digits; tempcal reads integers of at most "
+                          f"{MAX_INT_DIGITS:,} digits (an lm-eval record's are indices and counts)") from None
+    except RecursionError:
+        raise where.error(_DEEP) from None
+    except json.JSONDecodeError as exc:
+        if where.line == 1 and text.strip() == "[":
+            raise where.error("not JSON Lines but one JSON array (lm-eval before 0.4.3 wrote sample logs that "
+                              "way); re-run lm-eval >= 0.4.3 with --log_samples") from None
+        raise where.error(f"not JSON ({exc.msg} at column {exc.pos + 1})") from None
+    except ValueError as exc:  # anything else json refuses (an integer over a lower int limit set by the program)
+        raise where.error(f"not JSON ({exc})") from None
+    if brackets > MAX_DEPTH and deeper_than(record, MAX_DEPTH):
+        raise where.error(_DEEP)
+    return record
+
+
+def _too_many_values(values: int, data: bytes) -> str:
+    """The message for a line of too many values, with its count of requests where its keys show them."""
+    requests = data.count(b'"gen_args_') - data.count(b'\\"gen_args_')  # keys (a quote in a string is escaped)
+    counted = f"{requests:,} requests in 'arguments' and " if requests > MAX_CHOICES else ""
+    return (f"{counted}{values:,} JSON values and keys; tempcal reads records of at most {MAX_CHOICES:,} choices "
+            f"and {MAX_VALUES:,} values (lm-eval's multiple-choice records have a few choices, about 15 values "
+            "each), so this is not a sample log")
+
+
+_DEEP = (f"JSON nested more than {MAX_DEPTH} levels deep; an lm-eval sample record nests a few levels, so this is "
+         "not a sample log")
+
+
+def _parse_int(digits: str) -> int:
+    """``int`` for json, refusing a number of more than :data:`MAX_INT_DIGITS` digits before converting it."""
+    count = len(digits) - digits.startswith("-")
+    if count > MAX_INT_DIGITS:
+        raise _HugeInteger(count)
+    try:
+        return int(digits)
+    except ValueError:  # the program lowered Python's limit
+        raise _HugeInteger(count) from None
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether the arrays and objects of a parsed JSON value nest more than ``limit`` deep (a level at a time)."""
+    level, depth = [value] if isinstance(value, (list, dict)) else [], 1
+    while level:
+        if depth > limit:
+            return True
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)
+                 if isinstance(child, (list, dict))]
+        depth += 1
+    return False
+
+
+def count_values(data: bytes) -> int:
+    """The JSON values and keys in ``data``, counted by commas, colons and opening brackets outside strings.
+
+    numpy, a block at a time; taken only for lines with more such bytes in all (strings included) than allowed.
+    """
+    import numpy as np
+
+    marks = np.zeros(256, dtype=bool)
+    marks[list(b",:[{")] = True
+    plain = _ESCAPE.sub(b"", data)  # after this every quote opens or closes a string
+    inside, count = 0, 0
+    for start in range(0, len(plain), _COUNT_BLOCK):
+        block = np.frombuffer(plain, dtype=np.uint8, count=min(_COUNT_BLOCK, len(plain) - start), offset=start)
+        quotes = block == ord('"')
+        seen = np.cumsum(quotes, dtype=np.int64)
+        outside = (((seen + inside) & 1) == 0) & ~quotes
+        inside = (inside + int(seen[-1])) & 1
+        count += int(np.count_nonzero(marks[block] & outside))
+    return count
+
+
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "count_values", "decode_line", "deeper_than", "load_record"]
