@@ -86,7 +86,7 @@ def _check_zip(path: Path, size: int) -> None:
             return  # not torch.save's layout: torch.load says what is wrong
         root = pickles[0].split("/")[0]
         try:
-            storages = declared_storages(io.BytesIO(archive.read(pickles[0])), f"{path}: {pickles[0]}")
+            storages = declared_storages(io.BytesIO(archive.read(pickles[0])), path, pickles[0])
         except (zipfile.BadZipFile, EOFError) as exc:
             raise TempcalError(f"{path}: cannot read {shown(pickles[0])} ({first_line(exc)})") from None
     for storage in storages:
@@ -110,8 +110,8 @@ def _check_legacy(path: Path, size: int) -> None:
     with open(path, "rb") as raw:
         f = _Bounded(raw, size)
         for _ in range(3):
-            declared_storages(f, str(path))
-        storages = declared_storages(f, str(path))
+            declared_storages(f, path)
+        storages = declared_storages(f, path)
     total = sum({s.key: s.nbytes or 0 for s in storages}.values())
     if total > size:
         raise TempcalError(f"{path}: its pickle declares {len(storages)} storages of {total} bytes in all, more than "
@@ -119,8 +119,10 @@ def _check_legacy(path: Path, size: int) -> None:
     check_fits(path, "its storages", total)
 
 
-def declared_storages(f: Any, where: str) -> list[Storage]:
-    """The storages one pickle (from ``f``'s position to its STOP) names by persistent id; never runs it."""
+def declared_storages(f: Any, path: Path, member: str | None = None) -> list[Storage]:
+    """The storages one pickle (from ``f``'s position to its STOP; in ``member`` of a zip) names by persistent id;
+    never runs it."""
+    where = f"{path}: {shown(member)}" if member else str(path)
     stack: list[Any] = []
     memo: dict[Any, Any] = {}
     found: list[Storage] = []
@@ -132,7 +134,8 @@ def declared_storages(f: Any, where: str) -> list[Storage]:
             if op.name == "STOP":
                 break
     except (ValueError, IndexError, KeyError, TypeError, EOFError, UnicodeDecodeError) as exc:
-        raise TempcalError(f"{where}: not a readable torch.save pickle ({first_line(exc)})") from None
+        inside = f"{shown(member)}: " if member else "its pickle: "
+        raise TempcalError(f"{path}: not a readable torch.save file ({inside}{first_line(exc)})") from None
     return found
 
 

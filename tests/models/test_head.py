@@ -71,7 +71,8 @@ def test_a_nan_in_the_bias_is_refused(tmp_path):
 # -- hostile JSON in a model folder: one line naming the file and where -----------------------------------------------
 
 
-@pytest.mark.parametrize("case", ["deep", "deep-index", "digits", "nul", "index-depth-ok", "huge", "fifo", "shards"])
+@pytest.mark.parametrize("case", ["deep", "deep-index", "digits", "nul", "index-depth-ok", "huge", "huge-index", "fifo",
+                                  "shards"])
 def test_hostile_config_and_index_files_are_refused_naming_the_place(tmp_path, case):
     """Written as text (json.dumps itself cannot write 100,000 levels or 5,000 digits) or by json.dumps."""
     folder = tmp_path / "m"
@@ -108,6 +109,10 @@ def test_hostile_config_and_index_files_are_refused_naming_the_place(tmp_path, c
         with open(config, "r+b") as f:
             f.truncate(16 * 2**20 + 1)  # sparse: nothing is written, nothing should be read
         expected = f"{config}: {16 * 2**20 + 1} bytes, more than the {16 * 2**20} tempcal reads from a config.json"
+    elif case == "huge-index":
+        with open(index, "r+b") as f:
+            f.truncate(64 * 2**20 + 1)
+        expected = f"{index}: {64 * 2**20 + 1} bytes, more than the {64 * 2**20} tempcal reads from a {index.name}"
     else:
         config.unlink()
         os.mkfifo(config)

@@ -125,4 +125,4 @@ def test_compressed_members_and_a_truncated_pickle_are_refused(tmp_path):
     (tmp_path / "cut.pt").write_bytes((tmp_path / "old.pt").read_bytes()[:200])
     with pytest.raises(TempcalError) as exc:
         open_source(tmp_path / "cut.pt")
-    assert one_line(exc).startswith(f"{tmp_path / 'cut.pt'}: not a readable torch.save pickle")
+    assert one_line(exc).startswith(f"{tmp_path / 'cut.pt'}: not a readable torch.save file (its pickle: ")
