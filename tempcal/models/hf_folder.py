@@ -112,8 +112,8 @@ def cache_blobs(folder: Path) -> Path | None:
 
 
 def checkpoint_file(folder: Path, name: str) -> Path:
-    """``folder/name`` as a regular file: ``name`` a plain file name, and a link only to a file inside the folder or
-    inside the cache repository's ``blobs/`` (:func:`cache_blobs`)."""
+    """``folder/name``, checked to be a regular file, a link only to a file inside the folder or inside the cache
+    repository's ``blobs/`` (:func:`cache_blobs`); returned as named, so that messages name the folder's file."""
     path = folder / name
     try:
         home = folder.resolve(strict=True)
@@ -130,7 +130,7 @@ def checkpoint_file(folder: Path, name: str) -> Path:
         raise TempcalError(f"{path}: a link to {real}, outside {inside}; tempcal reads a model folder's own files only")
     if not stat.S_ISREG(mode):
         raise TempcalError(f"{path}: not a regular file")
-    return real
+    return path
 
 
 def weight_map(folder: Path) -> dict[str, str] | None:
