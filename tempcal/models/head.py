@@ -15,7 +15,6 @@ a time, so memory holds the head once and a bounded block.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import FLOAT_DTYPES, dtype_name, read_header, read_tensor, shown
 from ..validation import positive_number
+from .hf_folder import CONFIG_NAME, MAX_CONFIG_BYTES, SINGLE_NAME, checkpoint_file, read_json, weight_map
 
 #: Vocabulary rows widened to the compute dtype at a time (a bounded block however large V is).
 TILE_ELEMENTS = 1 << 22
@@ -104,21 +104,20 @@ def _from_file(path: Path, weight_key: str, bias_key: str) -> OutputHead:
 
 def _from_folder(folder: Path) -> OutputHead:
     """A Hugging Face checkpoint: the output weight (or the tied embedding), its bias, and the config's scales."""
-    config_path = folder / "config.json"
-    if not config_path.is_file():
+    config_path = folder / CONFIG_NAME
+    if not config_path.exists() and not config_path.is_symlink():
         raise TempcalError(f"{folder}: no config.json; a HEAD folder is a Hugging Face model folder "
                            "(config.json and model.safetensors)")
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise TempcalError(f"{config_path}: not readable JSON ({exc})") from None
+    config = read_json(folder, CONFIG_NAME, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise TempcalError(f"{config_path}: not a JSON object")
     files = _weight_files(folder)
     key = _output_key(files, config, folder)
-    weight = _weight(read_header(files[key]), key, param("head_weight_key"))
+    weight = _weight(read_header(checkpoint_file(folder, files[key])), key, param("head_weight_key"))
     bias_key = key[: -len("weight")] + "bias" if key.endswith("lm_head.weight") else None
-    bias = read_tensor(read_header(files[bias_key]), bias_key, option="bias") if bias_key in files else None
+    bias = None
+    if bias_key in files:
+        bias = read_tensor(read_header(checkpoint_file(folder, files[bias_key])), bias_key, option="bias")
     text_config = config.get("text_config")  # multimodal checkpoints keep the language model's settings here
     settings = {**(text_config if isinstance(text_config, dict) else {}),
                 **{k: v for k, v in config.items() if k != "text_config"}}
@@ -131,31 +130,19 @@ def _from_folder(folder: Path) -> OutputHead:
     return _checked(head, "lm_head.bias")
 
 
-def _weight_files(folder: Path) -> dict[str, Path]:
-    """Every tensor name of the checkpoint and the file holding it."""
-    index = folder / "model.safetensors.index.json"
-    single = folder / "model.safetensors"
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise TempcalError(f"{index}: not a safetensors index (no 'weight_map': {exc})") from None
-        if not isinstance(weight_map, dict):
-            raise TempcalError(f"{index}: 'weight_map' is not an object")
-        files = {}
-        for name, file in weight_map.items():
-            target = (folder / str(file)).resolve()
-            if target.parent != folder.resolve():
-                raise TempcalError(f"{index}: tensor {shown(name)} is in {shown(file)}, outside the folder")
-            files[str(name)] = target
-        return files
-    if single.is_file():
-        return dict.fromkeys(read_header(single).tensors, single)
+def _weight_files(folder: Path) -> dict[str, str]:
+    """Every tensor name of the checkpoint and the name of the file in ``folder`` holding it."""
+    sharded = weight_map(folder)
+    if sharded is not None:
+        return sharded
+    single = folder / SINGLE_NAME
+    if single.exists() or single.is_symlink():
+        return dict.fromkeys(read_header(checkpoint_file(folder, SINGLE_NAME)).tensors, SINGLE_NAME)
     raise TempcalError(f"{folder}: no model.safetensors or model.safetensors.index.json (tempcal reads "
                        "safetensors checkpoints; save with save_pretrained(..., safe_serialization=True))")
 
 
-def _output_key(files: dict[str, Path], config: dict, folder: Path) -> str:
+def _output_key(files: dict[str, str], config: dict, folder: Path) -> str:
     """The output layer's weight: ``lm_head.weight``, GPT-NeoX's ``embed_out.weight``, or the tied embedding."""
     for suffix in ("lm_head.weight", "embed_out.weight"):
         found = [k for k in files if k == suffix or k.endswith("." + suffix)]

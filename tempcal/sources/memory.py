@@ -6,10 +6,13 @@ These formats have no metadata, so their T lives in a sidecar ``FILE.tempcal.jso
 
 from __future__ import annotations
 
+import os
+import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import TempcalError
+from ..io.safetensors_header import shown
 from ..io.sidecar import check_regular_file, sidecar_temperature
 from .base import OpenedSource, SourceKind, SourceOptions
 
@@ -19,6 +22,11 @@ if TYPE_CHECKING:
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK"  # a local file header, or an empty archive's end record
 PICKLE_MAGIC = b"\x80"  # pickle protocol 2 and later: torch.save's legacy format
+#: A compressed archive member may inflate to this many times its compressed size (float logits compress
+#: less than 2x, labels rarely past 20x; deflate's own limit is about 1,000x) ...
+MAX_EXPANSION = 100
+#: ... or to this many bytes, whatever its ratio (padded token labels compress very well, and are small).
+EXPANSION_FLOOR = 256 << 20
 
 
 def in_memory_source(kind: SourceKind, path: Path, logits: torch.Tensor, labels: torch.Tensor | None,
@@ -67,3 +75,62 @@ def magic(path: Path) -> bytes:
 def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+def checked_member(path: Path, info: zipfile.ZipInfo, file_size: int, remedy: str) -> None:
+    """A zip member's declared sizes, bounded before a byte of it is inflated: inside the file, and an
+    uncompressed size a few times the compressed one (a zip bomb claims 1,000 times)."""
+    name = shown(info.filename)
+    if info.header_offset + info.compress_size > file_size:
+        raise TempcalError(f"{path}: member {name} claims {info.compress_size} bytes at offset {info.header_offset}, "
+                           f"past the end of the file ({file_size} bytes; truncated?)")
+    if info.compress_type == zipfile.ZIP_STORED and info.file_size != info.compress_size:
+        raise TempcalError(f"{path}: member {name} is stored uncompressed but claims {info.file_size} bytes "
+                           f"from {info.compress_size} (a damaged archive)")
+    if info.file_size > max(EXPANSION_FLOOR, MAX_EXPANSION * info.compress_size):
+        raise TempcalError(f"{path}: member {name} would inflate from {info.compress_size} to {info.file_size} "
+                           f"bytes (more than {MAX_EXPANSION} times); refused before reading it ({remedy})")
+
+
+def check_fits(path: Path, what: str, nbytes: int) -> None:
+    """Refuse, before allocating, to read ``nbytes`` into memory when fewer are available."""
+    available = available_memory()
+    if available is not None and nbytes > available:
+        raise TempcalError(f"{path}: {what} need {nbytes} bytes in memory, more than the {available} available")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process may still take: the system's available memory, within the cgroup's
+    limit when there is one; None when neither can be told."""
+    found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
+    return min(found) if found else None
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", "rb") as f:
+            for line in f:
+                if line.startswith(b"MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _cgroup_available() -> int | None:
+    """cgroup v2: ``memory.max`` less ``memory.current`` of this process's group, if limited."""
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            group = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
+        if group is None:
+            return None
+        folder = Path("/sys/fs/cgroup") / group.lstrip("/")
+        limit = (folder / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return max(0, int(limit) - int((folder / "memory.current").read_text()))
+    except (OSError, ValueError, IndexError):
+        return None

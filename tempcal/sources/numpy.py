@@ -12,13 +12,25 @@ from __future__ import annotations
 
 import os
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, TempcalError, param
+from ..io.safetensors_header import shown
 from ..io.sidecar import sidecar_path
 from .base import OpenedSource, SourceKind, SourceOptions
-from .memory import NPY_MAGIC, ZIP_MAGIC, checked_path, first_line, in_memory_source, magic, missing
+from .memory import (
+    NPY_MAGIC,
+    ZIP_MAGIC,
+    check_fits,
+    checked_member,
+    checked_path,
+    first_line,
+    in_memory_source,
+    magic,
+    missing,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -58,8 +70,7 @@ class NpyKind(SourceKind):
 
 
 def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
-    import numpy as np
-
+    """The arrays named, each member's declared size checked against the archive before any is read."""
     head = magic(path)
     if head.startswith(NPY_MAGIC):
         raise TempcalError(f"{path}: holds a single .npy array, not an .npz archive of named arrays "
@@ -67,29 +78,98 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
     if not head.startswith(ZIP_MAGIC):
         raise TempcalError(f"{path}: not an .npz archive (no zip signature at its start)")
     try:
-        archive = np.load(path, allow_pickle=False)
+        archive = zipfile.ZipFile(path)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise TempcalError(f"{path}: not a readable .npz archive ({first_line(exc)})") from None
     with archive:
-        keys = tuple(archive.files)
-        if logits_key not in keys:
+        members = _npz_members(archive)
+        keys = tuple(members)
+        if logits_key not in members:
             raise missing(path, "array", logits_key, keys, param("logits_key"))
-        if labels_key not in keys and labels_required:
+        if labels_key not in members and labels_required:
             raise missing(path, "array", labels_key, keys, param("labels_key"))
-        logits = _npz_member(archive, path, logits_key, "logits")
-        labels = _npz_member(archive, path, labels_key, "labels") if labels_key in keys else None
-    return keys, logits, labels, labels_key
+        wanted = {logits_key: "logits"} | ({labels_key: "labels"} if labels_key in members else {})
+        size = os.fstat(archive.fp.fileno()).st_size if archive.fp is not None else path.stat().st_size
+        declared = {key: _member_header(path, archive, members[key], key, size) for key in wanted}
+        check_fits(path, "arrays " + " and ".join(f"'{k}'" for k in wanted), sum(h.nbytes for h in declared.values()))
+        arrays = {key: _npz_member(archive, path, members[key], key, role) for key, role in wanted.items()}
+    return keys, arrays[logits_key], arrays.get(labels_key), labels_key
 
 
-def _npz_member(archive: Any, path: Path, key: str, role: str) -> torch.Tensor:
+def _npz_members(archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
+    """Each array's name (the member's, less ``.npy``, as numpy names them) and its member."""
+    members: dict[str, zipfile.ZipInfo] = {}
+    for info in archive.infolist():
+        if not info.is_dir():
+            name = info.filename
+            members[name[:-4] if name.endswith(".npy") else name] = info
+    return members
+
+
+@dataclass(frozen=True)
+class _NpyHeader:
+    """What an .npy header declares, and the bytes its data takes."""
+
+    dtype: Any
+    shape: tuple[int, ...]
+    offset: int  # where the data starts
+    nbytes: int
+
+
+def _member_header(path: Path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, key: str, size: int) -> _NpyHeader:
+    """A member's .npy header, checked against the sizes the archive declares for it (nothing else is read)."""
+    where = f"{path}: array '{key}' (member {shown(info.filename)})"
+    checked_member(path, info, size, "save the arrays with numpy.savez, uncompressed, or as safetensors")
     try:
-        array = archive[key]
-    except ValueError as exc:
-        if "allow_pickle" in str(exc):
-            raise TempcalError(f"{path}: array '{key}' holds Python objects; tempcal never unpickles them "
-                               "(save numeric arrays)") from None
-        raise TempcalError(f"{path}: cannot read array '{key}' ({first_line(exc)})") from None
-    except (OSError, EOFError, zipfile.BadZipFile) as exc:
+        with archive.open(info) as f:
+            header = _npy_header(f, where)
+    except (OSError, EOFError, zipfile.BadZipFile, RuntimeError) as exc:  # RuntimeError: an encrypted member
+        raise TempcalError(f"{where}: cannot read ({first_line(exc)})") from None
+    _check_declared(header, info.file_size, where)
+    return header
+
+
+def _npy_header(f: Any, where: str) -> _NpyHeader:
+    """The .npy header at the start of ``f``: magic, version, dtype and shape, and no object arrays."""
+    from numpy.lib import format as npy
+
+    try:
+        version = npy.read_magic(f)
+        if version == (1, 0):
+            shape, _, dtype = npy.read_array_header_1_0(f)
+        elif version in ((2, 0), (3, 0)):
+            shape, _, dtype = npy.read_array_header_2_0(f)
+        else:
+            raise ValueError(f"unknown .npy format version {version[0]}.{version[1]}")
+    except (ValueError, SyntaxError, TypeError) as exc:
+        if "magic string" in str(exc) or "reading magic" in str(exc):
+            raise TempcalError(f"{where}: not an .npy array (no NumPy signature at its start)") from None
+        raise TempcalError(f"{where}: not a readable .npy header ({first_line(exc)})") from None
+    if dtype.hasobject:
+        raise TempcalError(f"{where}: holds Python objects; tempcal never unpickles them (save a numeric array)")
+    if any(n < 0 for n in shape):
+        raise TempcalError(f"{where}: the header declares shape {shown(shape)}, with a negative dimension")
+    count = 1
+    for n in shape:
+        count *= n
+    return _NpyHeader(dtype, tuple(shape), f.tell(), count * dtype.itemsize)
+
+
+def _check_declared(header: _NpyHeader, size: int, where: str) -> None:
+    """The data the header declares must be there: a larger claim is refused before memory is given to it."""
+    held = size - header.offset
+    if header.nbytes > held:
+        raise TempcalError(f"{where}: the header declares shape {shown(header.shape)} of {header.dtype} "
+                           f"({header.nbytes} bytes) but {held} bytes follow it (truncated or damaged)")
+
+
+def _npz_member(archive: zipfile.ZipFile, path: Path, info: zipfile.ZipInfo, key: str, role: str) -> torch.Tensor:
+    from numpy.lib import format as npy
+
+    try:
+        with archive.open(info) as f:
+            array = npy.read_array(f, allow_pickle=False)
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
         raise TempcalError(f"{path}: cannot read array '{key}' ({first_line(exc)})") from None
     return from_numpy(array, path, key, role)
 
@@ -138,6 +218,7 @@ def _read_npy_pair(path: Path, logits_key: str, labels_key: str, labels_required
 
 
 def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
+    """The array, memory-mapped, after its header's declared size is checked against the file's."""
     import numpy as np
 
     head = magic(path)
@@ -146,10 +227,18 @@ def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
     if not head.startswith(NPY_MAGIC):
         raise TempcalError(f"{path}: not an .npy array (no NumPy signature at its start)")
     try:
+        with open(path, "rb") as f:
+            header = _npy_header(f, str(path))
+            size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    _check_declared(header, size, str(path))
+    try:
         try:
             # Copy-on-write memory map: pages are read when a chunk needs them, and the tensor stays writable.
             array = np.load(path, mmap_mode="c", allow_pickle=False)
-        except OSError:  # a file system without mmap
+        except OSError:  # a file system without mmap: the array is read whole
+            check_fits(path, f"'{name}'", header.nbytes)
             array = np.load(path, allow_pickle=False)
     except ValueError as exc:
         if "allow_pickle" in str(exc) or "Python objects" in str(exc):

@@ -16,6 +16,7 @@ from ..errors import TempcalError, param
 from ..models.detect import archive_kind
 from .base import OpenedSource, SourceKind, SourceOptions
 from .memory import PICKLE_MAGIC, ZIP_MAGIC, checked_path, first_line, in_memory_source, magic, missing
+from .torch_pickle import check_storages
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +48,7 @@ def _read_pt(path: Path, logits_key: str, labels_key: str, labels_required: bool
         raise TempcalError(f"{path}: is a TorchScript model, not a dict of tensors; pass a model with "
                            f"{param('inputs')} DATA.safetensors, or save its logits with "
                            "torch.save({'logits': ..., 'labels': ...}, PATH)")
+    check_storages(path, zipped)  # the sizes the pickle declares, bounded before torch allocates or maps them
     try:
         # weights_only=True: tensors, numbers, strings and containers only; never arbitrary objects.
         with warnings.catch_warnings():  # damaged files make torch warn before failing; the error says it all

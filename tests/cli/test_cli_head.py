@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 
@@ -166,3 +170,87 @@ def test_bad_heads_are_one_line_errors_and_nothing_is_written(tmp_path, cli, cas
     assert code == 2 and err.count("\n") == 1 and err.startswith("error:") and expected in err, err
     assert snapshot(tmp_path) == before
     assert np.array_equal(load_file(str(hidden))["hidden"].numpy(), h.numpy())
+
+
+# -- the hub's cache: snapshots whose files are links into the repository's blobs/ -----------------------------------
+
+
+def hub_cache(folder, cache, repo: str = "models--org--tiny"):
+    """``folder``'s files laid out as the hub's cache lays out a download: ``blobs/`` named by hash (sha256 for the
+    weights, git's blob sha1 for the rest), ``refs/main`` naming the commit, and ``snapshots/COMMIT/NAME`` as
+    relative links ``../../blobs/HASH``. Returns the snapshot folder."""
+    root = cache / repo
+    commit = hashlib.sha1(repo.encode()).hexdigest()
+    snapshot = root / "snapshots" / commit
+    for sub in (root / "blobs", root / "refs", snapshot):
+        sub.mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(commit)
+    for file in sorted(folder.iterdir()):
+        data = file.read_bytes()
+        blob = (hashlib.sha256(data).hexdigest() if file.suffix == ".safetensors"
+                else hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest())
+        (root / "blobs" / blob).write_bytes(data)
+        os.symlink(f"../../blobs/{blob}", snapshot / file.name)
+    return snapshot
+
+
+def head_fit_case(tmp_path, kind: str):
+    """A tiny random model of ``kind`` saved by save_pretrained, its hidden states and labels, and float64 logits."""
+    model = tiny_model(kind, tmp_path / kind)
+    hidden_states, logits = final_hidden_states(model, rows=8)
+    y = torch.multinomial(torch.softmax(logits * 3, 1), 1, generator=torch.Generator().manual_seed(2))[:, 0]
+    hidden = write(tmp_path / f"{kind}-hidden.safetensors", hidden=hidden_states, labels=y)
+    weights = load_file(str(tmp_path / kind / "model.safetensors")) if kind == "gpt2" else {}
+    if kind == "llama":
+        index = json.loads((tmp_path / kind / "model.safetensors.index.json").read_text())["weight_map"]
+        weights = load_file(str(tmp_path / kind / index["lm_head.weight"]))
+    w = weights["lm_head.weight" if kind == "llama" else "transformer.wte.weight"].double()
+    return hidden, hidden_states.double() @ w.T, y
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])  # sharded (five shards of 20 kB) and a single model.safetensors
+def test_a_snapshot_in_the_hubs_cache_fits_like_the_folder_it_came_from(tmp_path, run_json, kind):
+    hidden, z, y = head_fit_case(tmp_path, kind)
+    snapshot = hub_cache(tmp_path / kind, tmp_path / "hub")
+    names = sorted(p.name for p in snapshot.iterdir())
+    assert all((snapshot / n).is_symlink() and os.readlink(snapshot / n).startswith("../../blobs/") for n in names)
+    assert ("model.safetensors.index.json" in names) == (kind == "llama")
+    if kind == "llama":  # the command itself, as a user runs it
+        done = subprocess.run([sys.executable, "-m", "tempcal", "fit", str(hidden), "--head", str(snapshot),
+                               "--no-write", "--json", "-"], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        cached = json.loads(done.stdout)
+    else:
+        cached = run_json(["fit", str(hidden), "--head", str(snapshot), "--no-write"])
+    plain = run_json(["fit", str(hidden), "--head", str(tmp_path / kind), "--no-write"])
+    assert cached["temperature"] == plain["temperature"]
+    rows = torch.from_numpy(tempcal.stratified_split(y.numpy(), 0.5, 0)[0])
+    reference = optimal_temperature(z[rows], y[rows])
+    assert abs(cached["temperature"] - reference) / reference < 1e-5
+
+
+@pytest.mark.parametrize("where", ["shard-outside", "single-outside", "other-repository", "config-outside"])
+def test_a_link_out_of_the_cache_repository_exits_2_naming_it(tmp_path, cli, where):
+    """The snapshot's links followed into its own blobs/ only: one to a copy elsewhere, or into another repository's
+    blobs/, is refused, for shards, a single model.safetensors and config.json alike."""
+    kind = "gpt2" if where == "single-outside" else "llama"
+    hidden, _, _ = head_fit_case(tmp_path, kind)
+    snap = hub_cache(tmp_path / kind, tmp_path / "hub")
+    if where in ("shard-outside", "other-repository"):
+        name = json.loads((snap / "model.safetensors.index.json").read_text())["weight_map"]["lm_head.weight"]
+    else:
+        name = "model.safetensors" if where == "single-outside" else "config.json"
+    if where == "other-repository":
+        target = (hub_cache(tmp_path / kind, tmp_path / "hub", repo="models--someone--else") / name).resolve()
+    else:
+        target = tmp_path / "elsewhere" / name
+        target.parent.mkdir()
+        shutil.copy(snap / name, target)
+    (snap / name).unlink()
+    os.symlink(os.path.relpath(target, snap), snap / name)
+    before = snapshot(tmp_path)
+    code, _, err = cli(["fit", str(hidden), "--head", str(snap), "--json", str(tmp_path / "out.json")])
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"error: {snap / name}: a link to {target}, outside {snap} or its cache "
+                          "repository's blobs/"), err
+    assert snapshot(tmp_path) == before

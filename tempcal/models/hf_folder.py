@@ -1,0 +1,163 @@
+"""The files of a Hugging Face model folder, read as untrusted input: its JSON bounded, its links kept inside.
+
+``config.json`` and ``model.safetensors.index.json`` are checked as files (regular, of a bounded size)
+before they are read, and their text (nesting depth, integer sizes) before it is parsed, so a hostile
+file is one error naming the file and the line and column. Every file the folder names is a plain
+file name; a link is followed only to a file inside the folder or, in the hub's cache
+(``models--ORG--NAME/snapshots/REV/``, whose files link to ``../../blobs/HASH``), inside that
+repository's ``blobs/``: single and sharded checkpoints alike.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from pathlib import Path
+from typing import Any
+
+from ..errors import TempcalError
+from ..io.safetensors_header import shown
+
+#: Largest ``config.json`` read (configurations are a few kB; label maps of 20k classes about 1 MB).
+MAX_CONFIG_BYTES = 16 << 20
+#: Largest index read (the largest checkpoints' indexes, ~100k tensors, are about 15 MB).
+MAX_INDEX_BYTES = 64 << 20
+#: Most shard files an index may name.
+MAX_SHARDS = 65_536
+#: Deepest nesting of arrays and objects read (configurations nest a few levels).
+MAX_DEPTH = 100
+#: Most digits of an integer read (Python itself refuses past 4,300; configurations hold ids and sizes).
+MAX_INT_DIGITS = 100
+INDEX_NAME, SINGLE_NAME, CONFIG_NAME = "model.safetensors.index.json", "model.safetensors", "config.json"
+
+_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_LONG_INT = re.compile(rf'"[^"\\]*(?:\\.[^"\\]*)*"|(-?\d{{{MAX_INT_DIGITS + 1},}})(?![\d.eE])')
+
+
+class _LongInt(ValueError):
+    pass
+
+
+def read_json(folder: Path, name: str, limit: int) -> Any:
+    """The JSON file ``folder/name``: a regular file (see :func:`checkpoint_file`) of at most ``limit`` bytes, its
+    nesting and integers bounded; any problem is one line naming the file and where in it."""
+    path = checkpoint_file(folder, name)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > limit:
+                raise TempcalError(f"{folder / name}: {size} bytes, more than the {limit} tempcal reads from a {name}")
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise TempcalError(f"{folder / name}: cannot read ({exc.strerror or exc})") from None
+    return parse_json(folder / name, raw)
+
+
+def parse_json(where: Path, raw: bytes) -> Any:
+    """``raw`` parsed, after its nesting is checked (no RecursionError); integers longer than
+    :data:`MAX_INT_DIGITS` digits are refused where they stand."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TempcalError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+    deep = _too_deep(text)
+    if deep is not None:
+        raise TempcalError(f"{where}: {_place(text, deep)}: nested more than {MAX_DEPTH} levels deep")
+    try:
+        return json.loads(text, parse_int=_bounded_int)
+    except _LongInt:
+        found = next((m for m in _LONG_INT.finditer(text) if m.group(1)), None)
+        at = f"{_place(text, found.start(1))}: " if found is not None else ""
+        raise TempcalError(f"{where}: {at}an integer of more than {MAX_INT_DIGITS} digits") from None
+    except json.JSONDecodeError as exc:
+        raise TempcalError(f"{where}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})") from None
+    except (ValueError, RecursionError) as exc:
+        raise TempcalError(f"{where}: not valid JSON ({type(exc).__name__})") from None
+
+
+def _bounded_int(digits: str) -> int:
+    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
+        raise _LongInt(digits[:20])
+    return int(digits)
+
+
+def _too_deep(text: str) -> int | None:
+    """Where the nesting of arrays and objects first passes :data:`MAX_DEPTH` (strings skipped), if it does."""
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                return match.start()
+        elif token in "]}":
+            depth -= 1
+    return None
+
+
+def _place(text: str, at: int) -> str:
+    line = text.count("\n", 0, at) + 1
+    return f"line {line} column {at - text.rfind(chr(10), 0, at)}"
+
+
+def cache_blobs(folder: Path) -> Path | None:
+    """The hub cache's ``blobs/`` of the repository whose snapshot ``folder`` (resolved) is, else None."""
+    snapshots = folder.parent
+    repo = snapshots.parent
+    if snapshots.name == "snapshots" and repo.name.startswith("models--") and (repo / "blobs").is_dir():
+        return (repo / "blobs").resolve()
+    return None
+
+
+def checkpoint_file(folder: Path, name: str) -> Path:
+    """``folder/name``, checked to be a regular file, a link only to a file inside the folder or inside the cache
+    repository's ``blobs/`` (:func:`cache_blobs`); returned as named, so that messages name the folder's file."""
+    path = folder / name
+    try:
+        home = folder.resolve(strict=True)
+        real = path.resolve(strict=True)
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        raise TempcalError(f"{path}: no such file" + (" (a link whose target is missing)" if path.is_symlink()
+                                                      else "")) from None
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a loop of links
+        raise TempcalError(f"{path}: cannot follow its path ({getattr(exc, 'strerror', None) or exc})") from None
+    blobs = cache_blobs(home)
+    if not (real.is_relative_to(home) or (blobs is not None and real.is_relative_to(blobs))):
+        inside = f"{folder} or its cache repository's blobs/" if blobs is not None else str(folder)
+        raise TempcalError(f"{path}: a link to {real}, outside {inside}; tempcal reads a model folder's own files only")
+    if not stat.S_ISREG(mode):
+        raise TempcalError(f"{path}: not a regular file")
+    return path
+
+
+def weight_map(folder: Path) -> dict[str, str] | None:
+    """Each tensor of a sharded checkpoint and its shard's file name (checked, not yet opened); None: no index."""
+    if not (folder / INDEX_NAME).exists() and not (folder / INDEX_NAME).is_symlink():
+        return None
+    index = folder / INDEX_NAME
+    parsed = read_json(folder, INDEX_NAME, MAX_INDEX_BYTES)
+    found = parsed.get("weight_map") if isinstance(parsed, dict) else None
+    if not isinstance(found, dict):
+        raise TempcalError(f"{index}: not a safetensors index (no 'weight_map' object)")
+    shards: set[str] = set()
+    for tensor, file in found.items():
+        if not _plain_name(file):
+            raise TempcalError(f"{index}: 'weight_map' entry {shown(tensor)}: {shown(file)} is not the name of a "
+                               "file in the folder")
+        shards.add(file)
+        if len(shards) > MAX_SHARDS:
+            raise TempcalError(f"{index}: 'weight_map' names more than {MAX_SHARDS} shard files")
+    return found
+
+
+def _plain_name(file: object) -> bool:
+    """A file name without a folder: no separator, no NUL, not ``.`` or ``..``."""
+    return (isinstance(file, str) and file not in ("", ".", "..") and "/" not in file and "\\" not in file
+            and "\x00" not in file)
+
+
+__all__ = ["CONFIG_NAME", "INDEX_NAME", "MAX_CONFIG_BYTES", "MAX_INDEX_BYTES", "SINGLE_NAME", "cache_blobs",
+           "checkpoint_file", "parse_json", "read_json", "weight_map"]
