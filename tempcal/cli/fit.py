@@ -21,6 +21,7 @@ from .options import (
     HeadBiasKey,
     HeadWeightKey,
     HiddenKey,
+    Html,
     IgnoreIndex,
     Inputs,
     InputsKey,
@@ -67,6 +68,7 @@ def fit(
     no_write: NoWrite = False,
     max_ece: MaxEce = None,
     plot: Plot = None,
+    html: Html = None,
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
@@ -96,7 +98,7 @@ def fit(
     is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                              save_model=save_model, save_logits=save_logits, output_key=output_key,
                              lm_eval_norm=lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--output": output,
+    check_paths(ctx, {"--json": json_out, "--plot": plot, "--html": html, "--markdown": markdown, "--output": output,
                       **_copy_sidecar(output), "--save-model": save_model, "--save-logits": save_logits},
                 {"SOURCE": source, "--eval": eval_file, "--inputs": inputs, "--head": head},
                 write_back=None if no_write or output is not None or is_model else source)
@@ -129,7 +131,7 @@ def fit(
         return out
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
-            summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet,
+            summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet, html=html,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 

@@ -18,6 +18,8 @@ from .._version import __version__
 
 EXIT_BAD_INPUT = 2
 EXIT_GATE = 3
+#: The arguments of the command being run (after ``tempcal``).
+_ARGV: list[str] = []
 
 app = typer.Typer(
     name="tempcal",
@@ -44,12 +46,12 @@ def _root(
 
 def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], payload: Callable[[], dict],
             render: Callable[[Any], None], json_out: str | None, quiet: bool, gate: str | None = None,
-            summary: Callable[[], str] | None = None) -> None:
+            summary: Callable[[], str] | None = None, html: str | None = None) -> None:
     """How every command ends: only rank 0 goes on (under torch.distributed); the configuration file applied
     (``config: PATH`` on standard error, under --quiet too: it changed the run's defaults), warnings, the files
-    asked for, the JSON (naming the configuration file used), the Markdown ``summary`` appended to
-    ``$GITHUB_STEP_SUMMARY`` when that names a file, the console view and the lines saying what was written; then
-    the gate's exit status."""
+    asked for, the JSON (naming the configuration file used) and the HTML page drawn from it, the Markdown
+    ``summary`` appended to ``$GITHUB_STEP_SUMMARY`` when that names a file, the console view and the lines saying
+    what was written; then the gate's exit status."""
     from ..core.distributed import rank
 
     if rank() != 0:
@@ -72,6 +74,10 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     emit_json(json_out, data)
     if json_out not in (None, "-"):
         written.append(f"wrote the JSON to {json_out}")
+    if html is not None:
+        from ..output.html import write_html
+
+        written.append(f"wrote the HTML report to {write_html(html, ctx.info_name, data, _ARGV)}")
     if summary is not None:
         from ..output.github import STEP_SUMMARY_ENV, append_step_summary, step_summary_path
 
@@ -116,6 +122,10 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
         check_target(path, f"{flag} {path}", hint=" (--json - writes to standard output)" if flag == "--json" else "")
         if flag == "--plot":
             check_plot_path(path)
+        if flag == "--html":
+            from ..output.html import check_html_path
+
+            check_html_path(path)
     for path in expand(write_back or []):
         if os.path.isfile(path):  # a missing SOURCE is for opening it to say
             in_metadata = path.lower().endswith(".safetensors")
@@ -146,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     usage_error: Any = _click_class("UsageError")
     click_exception: Any = _click_class("ClickException")
     command = typer.main.get_command(app)
+    _ARGV[:] = list(sys.argv[1:] if argv is None else argv)  # the command line an HTML page shows
     try:
         result = _run(command, argv)
     except usage_error as exc:

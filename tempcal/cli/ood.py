@@ -23,6 +23,7 @@ from .options import (
     HeadBiasKey,
     HeadWeightKey,
     HiddenKey,
+    Html,
     Inputs,
     InputsKey,
     JsonOut,
@@ -71,6 +72,7 @@ def ood(
         "--scores", metavar="PATH",
         help="Write the per-sample scores (one tensor per score, tau and side) as safetensors."), OUTPUT] = None,
     plot: Plot = None,
+    html: Html = None,
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
@@ -107,7 +109,8 @@ def ood(
     scores = score_names(score)
     others = _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps, output_key)
     check_lm_eval_norm(source, lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--markdown": markdown},
+    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--html": html,
+                      "--markdown": markdown},
                 {"SOURCE": source, "--ood": ood_files, "--inputs": inputs, "--ood-inputs": ood_inputs, "--head": head})
 
     from ..output.console import print_ood
@@ -130,7 +133,8 @@ def ood(
         return out
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_ood(report, out),
-            summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, gate=gate_message(report))
+            summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, html=html,
+            gate=gate_message(report))
 
 
 def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None, ood_inputs: list[str] | None,

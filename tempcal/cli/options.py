@@ -174,6 +174,8 @@ Plot = Annotated[Optional[str], typer.Option("--plot", metavar="PATH", help="Dra
 Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", help="Write the result as a Markdown "
                                                  "section for a model card (the section every run appends to "
                                                  "$GITHUB_STEP_SUMMARY when that names a file)."), OUTPUT]
+Html = Annotated[Optional[str], typer.Option("--html", metavar="PATH", help="Write a self-contained HTML report "
+                                             "(figures inline, nothing fetched; needs matplotlib)."), OUTPUT]
 Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", "-q", help="Print only warnings, errors and the "
                                      "configuration file used.")]
 
@@ -263,6 +265,7 @@ __all__ = [
     "HeadBiasKey",
     "HeadWeightKey",
     "HiddenKey",
+    "Html",
     "IgnoreIndex",
     "Inputs",
     "InputsKey",

@@ -23,6 +23,7 @@ from .options import (
     HeadBiasKey,
     HeadWeightKey,
     HiddenKey,
+    Html,
     IgnoreIndex,
     Inputs,
     InputsKey,
@@ -78,6 +79,7 @@ def report(
     bins: Bins = 15,
     json_out: JsonOut = None,
     plot: Plot = None,
+    html: Html = None,
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
@@ -112,7 +114,8 @@ def report(
     grid = parse_sweep(sweep) if sweep else []
     is_model = is_model_source(source, inputs, {"--save-logits": save_logits, "--output-key": output_key})
     check_lm_eval_norm(source, lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-logits": save_logits},
+    check_paths(ctx, {"--json": json_out, "--plot": plot, "--html": html, "--markdown": markdown,
+                      "--save-logits": save_logits},
                 {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..core.limits import check_fits
@@ -140,4 +143,4 @@ def report(
 
     deliver(ctx, warnings=result.warnings, write=write, payload=result.to_json,
             render=lambda out: print_report(result, out), summary=lambda: report_markdown(result), json_out=json_out,
-            quiet=quiet)
+            quiet=quiet, html=html)

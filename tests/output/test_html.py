@@ -122,3 +122,34 @@ def test_pages_render_in_chromium_without_console_messages_or_overflow(pages, tm
             assert viewport == width
             assert laid_out <= width, f"{name} at {width} px is {laid_out} px wide"
             assert svgs >= 2
+
+
+def test_every_command_writes_its_page_and_says_so(tmp_path, cli):
+    calibrated = tmp_path / "c.safetensors"
+    pages = {name: str(tmp_path / f"{name}.html") for name in ("fit", "report", "ood")}
+    for argv in (["fit", str(EXAMPLE), "--output", str(calibrated), "--html", pages["fit"]],
+                 ["report", str(calibrated), "--tau", "fitted", "--tau", "1", "--html", pages["report"]],
+                 ["ood", str(calibrated), "--ood", str(NOISE), "--tau", "fitted", "--html", pages["ood"]]):
+        code, out, err = cli([*argv, "--no-config"])
+        assert code == 0, err
+        page_path = argv[-1]
+        assert f"wrote the HTML report to {page_path}" in out
+        html = (tmp_path / page_path).read_text()
+        assert html.startswith("<!DOCTYPE html>") and "T = 2.35751" in html and "tempcal " + argv[0] in html
+
+
+def test_a_page_in_the_configuration_file_and_a_bad_name(tmp_path, cli, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(EXAMPLE, tmp_path / "val.safetensors")
+    (tmp_path / "tempcal.toml").write_text('source = "val.safetensors"\n[fit]\nno-write = true\n'
+                                           'html = "out/fit.html"\n')
+    (tmp_path / "out").mkdir()
+    code, _, err = cli(["fit", "-q"])
+    assert code == 0, err
+    assert "T = 2.35751" in (tmp_path / "out" / "fit.html").read_text()
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, _, err = cli(["fit", "--html", "page.png"])
+    assert code == 2 and err.count("\n") == 1 and "must end in .html" in err
+    code, _, err = cli(["fit", "--html", "same.html", "--json", "same.html"])
+    assert code == 2 and err.count("\n") == 1 and "same.html" in err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
