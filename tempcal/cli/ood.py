@@ -123,6 +123,9 @@ def ood(
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
                       chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
                       min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
+    from ..output.ood_checks import caveats
+
+    report.warnings.extend(caveats(report))  # scores that mean nothing on probabilities; float32-fragile taus
 
     def write() -> list[str]:
         return write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown)
