@@ -38,6 +38,7 @@ from ..io.atomic import write_bytes_atomic
 from ..validation import as_temperature, format_temperature, stored_temperature
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet
 from .batching import Limits, batch_limits, fit_batches, unwrapped
+from .op_check import refused_line
 from .pt2_archive import (
     PROGRAM,
     TEMPERATURE_FILE,
@@ -46,6 +47,7 @@ from .pt2_archive import (
     open_archive,
     write_checked_copy,
 )
+from .pt2_program import graph_refusal
 from .run import as_index, select_output
 
 if TYPE_CHECKING:
@@ -97,7 +99,11 @@ def _deserialize(copy: str | io.BytesIO, label: str) -> ExportedProgram:
 
 
 def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> ExportedProgram:
-    """Refuse training-mode programs, check T against the program's buffer, move the program to ``target``."""
+    """Refuse programs calling what tempcal does not run or exported in training mode, check T against the
+    program's buffer, move the program to ``target``."""
+    refused = graph_refusal(program)
+    if refused is not None:
+        raise TempcalError(refused_line(info.path, refused[0], refused[1], f"node '{refused[2]}'"))
     found = training_nodes(program)
     if found:
         raise TempcalError(f"{info.path}: the program was exported in training mode ({found[0]}), so its outputs "

@@ -13,9 +13,14 @@ pickle loader: pickled weights and tensor constants (``"use_pickle": true``) go 
    opcode (never executed) and must be plain tensors and containers. Every program in the archive is
    checked, since torch would read every one. This is an allowlist: a member kind that a later torch
    adds is refused, not loaded.
+   The program JSON is checked too (:mod:`tempcal.models.pt2_program`): torch's deserializer calls any
+   ``torch.*`` name a node targets and ``eval``s symbolic sizes, so only allowed operators and plain size
+   expressions pass. Every member's declared size must lie within the file, and text, JSON and sample-input
+   members are read only below a limit.
 2. :func:`write_checked_copy` copies the members the program needs into a fresh archive (the bytes just
-   checked, CRC-verified; sample inputs left empty, so torch has nothing to unpickle; weights mapped to
-   the CPU). Only that copy reaches torch (:mod:`tempcal.models.export`).
+   checked, CRC-verified; sample inputs left empty, so torch has nothing to unpickle, and no ``guards_code``,
+   which torch would ``exec``; weights mapped to the CPU). Only that copy reaches torch
+   (:mod:`tempcal.models.export`).
 
 Both steps read the file through one open handle, so swapping the file between the check and the load
 changes nothing. Every failure is a :class:`~tempcal.errors.TempcalError` with a one-line message.
@@ -37,6 +42,7 @@ from typing import Any
 from ..errors import TempcalError, param
 from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import error_line
+from .pt2_program import check_program_json, without_guards
 
 #: Name of the program that ``torch.export.save`` writes and ``torch.export.load`` returns.
 PROGRAM = "model"
@@ -248,7 +254,8 @@ def _check_program(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo]
     if sample not in members:
         raise TempcalError(f"{label}: member '{sample}' is missing")
     _check_sample_inputs(_read(archive, members, sample, label, _SAMPLE_LIMIT), sample, label)
-    _json_member(archive, members, f"{_MODELS}{program}.json", label)
+    member = f"{_MODELS}{program}.json"
+    check_program_json(_json_member(archive, members, member, label), label, member)
     return needed, non_cpu
 
 
@@ -389,6 +396,8 @@ def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str
             data = _read(archive, members, name, info.path)
             if name.endswith("_config.json"):
                 data = _on_cpu(data)
+            elif name == f"{_MODELS}{PROGRAM}.json":
+                data = without_guards(data)
             writer.write_bytes(name, data)
         writer.write_bytes(f"{_SAMPLE_INPUTS}{PROGRAM}.pt", b"")  # torch reads b"" as "no example inputs"
 
