@@ -263,8 +263,9 @@ def _json_member(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], 
     """A member parsed as JSON (one-line errors for a missing or malformed member)."""
     if name not in members:
         raise TempcalError(f"{label}: member '{name}' is missing")
+    data = _read(archive, members, name, label, _JSON_LIMIT)
     try:
-        return json.loads(_read(archive, members, name, label, _JSON_LIMIT))
+        return json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise TempcalError(f"{label}: member '{name}' is not valid JSON ({error_line(exc, last=False)})") from None
 
