@@ -158,10 +158,15 @@ def _walk(value: Any) -> Iterator[tuple[Any, Any]]:
 
 
 def _json_nodes(program: Any) -> Iterator[dict[str, Any]]:
-    """Every serialized graph node (a dict with a target, inputs and outputs), nested graphs included."""
-    for _, value in _walk([program]):
-        if isinstance(value, dict) and "target" in value and "inputs" in value and "outputs" in value:
+    """Every serialized graph node (any dict with a target, and every entry of a ``nodes`` list), nested graphs
+    included: a node without a string target is refused as malformed."""
+    for key, value in _walk([program]):
+        if isinstance(value, dict) and "target" in value:
             yield value
+        elif key == "nodes" and isinstance(value, list):  # entries with a target are reached by the walk itself
+            for item in value:
+                if not (isinstance(item, dict) and "target" in item):
+                    yield {"target": None}
 
 
 def _expressions(program: Any) -> Iterator[str]:

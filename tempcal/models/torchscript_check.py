@@ -51,9 +51,11 @@ def load_checked(source: str | os.PathLike | bytes, device: torch.device, extra_
     unit = torch._C.CompilationUnit()
     try:
         if isinstance(source, bytes):
-            module = torch._C.import_ir_module_from_buffer(unit, source, device, extra_files, False)
+            module = torch._C.import_ir_module_from_buffer(  # type: ignore[call-arg]
+                unit, source, device, extra_files, False)  # type: ignore[arg-type]
         else:
-            module = torch._C.import_ir_module(unit, os.fspath(source), device, extra_files, False)
+            module = torch._C.import_ir_module(  # type: ignore[call-arg]
+                unit, os.fspath(source), device, extra_files, False)
     except Exception as exc:  # a damaged or hostile archive: one line, whatever torch makes of it
         raise TempcalError(f"{label}: not a loadable TorchScript model ({error_line(exc, last=False)})") from None
     check_unit(unit, label)

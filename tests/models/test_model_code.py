@@ -343,3 +343,33 @@ def test_tempcal_refusals_are_tempcal_errors(tmp_path):
     path = _quiet_jit_save(Prints(), tmp_path / "p.ts")
     with pytest.raises(TempcalError, match=r"prim::Print"):
         torchscript.load(path, "cpu")
+
+
+class Derived(torch.nn.Module):
+    """Sizes derived from the batch (2 * s, s % 3), torch.cond and no_grad: symbolic expressions and subgraphs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.reshape(x.shape[0] * 2, 3)
+        with torch.no_grad():
+            z = self.fc(y)
+        z = torch.cond(z.sum() > 0, lambda a: a * 2, lambda a: a - 1, (z,))
+        return z.reshape(x.shape[0], 8)[:, :4] + (x.shape[0] % 3)
+
+
+def test_programs_with_derived_sizes_and_subgraphs_load(tmp_path):
+    torch.manual_seed(0)
+    module = Derived().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ep = torch.export.export(module, (torch.randn(5, 6),), dynamic_shapes=({0: Dim("batch", max=64)},))
+    torch.export.save(ep, tmp_path / "derived.pt2")
+    parsed = json.loads(read_member(tmp_path / "derived.pt2", MODEL_JSON))
+    assert "Mul(Integer(2)" in json.dumps(parsed) and "higher_order.cond" in json.dumps(parsed)
+    loaded = export.load(tmp_path / "derived.pt2", "cpu")
+    x = torch.randn(7, 6)
+    with torch.no_grad():
+        assert torch.allclose(loaded.net(x), module(x), atol=1e-6)
