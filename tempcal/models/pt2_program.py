@@ -78,6 +78,7 @@ def operator_name(target: str) -> str:
     return f"{namespace}::{op}" + ("" if overload == "default" else f".{overload}")
 
 
+@functools.lru_cache(maxsize=4096)
 def target_refusal(target: str) -> str | None:
     """Why a serialized node target is refused (None when allowed)."""
     if target in _size_arithmetic():

@@ -17,6 +17,7 @@ in it, whatever calls it (``forward``, hooks, helpers, ``__enter__``), is walked
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import os
 from collections.abc import Iterator
@@ -109,7 +110,7 @@ def _node_refusal(node: Any, functions: dict[str, Any]) -> tuple[str, str] | Non
     kind = node.kind()
     text = node.schema()
     if text != "(no schema)":
-        why = schema_refusal(torch._C.parse_schema(text))
+        why = _text_refusal(text)
         return None if why is None else (kind, why)
     if kind in _STRUCTURAL:
         owner = node.outputsAt(0).type() if kind == "prim::CreateObject" else None
@@ -122,6 +123,12 @@ def _node_refusal(node: Any, functions: dict[str, Any]) -> tuple[str, str] | Non
     if callee not in functions:
         return kind, f"it calls {callee}, code that is not compiled from the file (a C++ custom class or an interface)"
     return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_refusal(text: str) -> str | None:
+    """:func:`schema_refusal` of a schema given as text (nodes of one operator share it: parsed once)."""
+    return schema_refusal(torch._C.parse_schema(text))
 
 
 def _callee(node: Any) -> str | None:
