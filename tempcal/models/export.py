@@ -23,6 +23,7 @@ of the original and re-calibrating never nests:
 from __future__ import annotations
 
 import io
+import math
 import os
 import re
 import tempfile
@@ -36,6 +37,8 @@ from ..errors import TempcalError, param
 from ..io.atomic import write_bytes_atomic
 from ..validation import as_temperature, format_temperature, stored_temperature
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet
+from .batching import Limits, batch_limits, fit_batches, unwrapped
+from .op_check import refused_line
 from .pt2_archive import (
     PROGRAM,
     TEMPERATURE_FILE,
@@ -44,6 +47,7 @@ from .pt2_archive import (
     open_archive,
     write_checked_copy,
 )
+from .pt2_program import graph_refusal
 from .run import as_index, select_output
 
 if TYPE_CHECKING:
@@ -56,7 +60,8 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     path = Path(path)
     target = resolve_device(device)
     program, info = load_program(path, target)
-    return LoadedModel(path, "export", graph_module(program, info.temperature, str(path)), info.temperature, target)
+    net = fit_batches(graph_module(program, info.temperature, str(path)), batch_limits(program))
+    return LoadedModel(path, "export", net, info.temperature, target)
 
 
 def load_program(source: str | os.PathLike | bytes, device: torch.device | str = "cpu", *,
@@ -94,7 +99,11 @@ def _deserialize(copy: str | io.BytesIO, label: str) -> ExportedProgram:
 
 
 def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> ExportedProgram:
-    """Refuse training-mode programs, check T against the program's buffer, move the program to ``target``."""
+    """Refuse programs calling what tempcal does not run or exported in training mode, check T against the
+    program's buffer, move the program to ``target``."""
+    refused = graph_refusal(program)
+    if refused is not None:
+        raise TempcalError(refused_line(info.path, refused[0], refused[1], f"node '{refused[2]}'"))
     found = training_nodes(program)
     if found:
         raise TempcalError(f"{info.path}: the program was exported in training mode ({found[0]}), so its outputs "
@@ -213,14 +222,15 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     """
     value = as_temperature(temperature)
     label = model.name
-    example = _example(check_inputs, label)
+    limits = getattr(model.net, "batch_limits", None)
+    example = _example(check_inputs, label, limits)
     check = (torch.cat([example[0], example[0][:1]]),)  # a batch size the export did not see
     if model.format == "torchscript":
         from .torchscript import to_graph_module
 
         graph = to_graph_module(model.net, example, label)
     elif model.format == "export":
-        graph = model.net
+        graph = unwrapped(model.net)
     else:
         raise TempcalError(f"{label} is {model.format}; an exported program is written from a .pt2 or TorchScript "
                            "model")
@@ -228,20 +238,23 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     index = _leaf_index(reference, output_key, label)
     leaves = torch.utils._pytree.tree_leaves(reference)
     _add_division(graph, index, value, leaves[index].dtype)
-    blob = _serialize(_export(graph, example, label), value, label)
+    blob = _serialize(_export(graph, example, label, limits), value, label)
     _check_saved(blob, check, reference, index, value, label)
     return write_bytes_atomic(out_path, blob, what=param("save_model"))
 
 
-def _example(check_inputs: torch.Tensor | None, label: str) -> tuple[torch.Tensor]:
-    """The example inputs as a 1-tuple with a batch of at least 2 rows (export specializes a batch of 1)."""
+def _example(check_inputs: torch.Tensor | None, label: str, limits: Limits | None = None) -> tuple[torch.Tensor]:
+    """The example inputs as a 1-tuple with a batch of at least 2 rows (export specializes a batch of 1), of a size
+    the program accepts (``limits``: rows repeated or cut)."""
     if check_inputs is None:
         raise TempcalError(f"{label}: an exported program is written from example inputs; pass check_inputs (the "
                            f"command line uses the first rows of {param('inputs')})")
     x = check_inputs.detach().cpu()
     if x.dim() < 1 or x.shape[0] < 1:
         raise TempcalError(f"{label}: example inputs of shape {list(x.shape)} hold no rows")
-    return (x if x.shape[0] >= 2 else torch.cat([x, x]),)
+    lower, upper = limits or (2, None)
+    rows = min(max(int(x.shape[0]), lower, 2), upper or math.inf)
+    return (x.repeat(-(-int(rows) // x.shape[0]), *([1] * (x.dim() - 1)))[:int(rows)],)
 
 
 def _run(model: Any, inputs: tuple[torch.Tensor, ...], label: str, what: str) -> Any:
@@ -293,14 +306,21 @@ def _add_division(graph: torch.fx.GraphModule, index: int, temperature: float, d
     graph.recompile()
 
 
-def _export(graph: torch.fx.GraphModule, example: tuple[torch.Tensor, ...], label: str) -> ExportedProgram:
-    """Export ``graph`` with one dynamic batch dimension (dim 0 of every input)."""
+def _export(graph: torch.fx.GraphModule, example: tuple[torch.Tensor, ...], label: str,
+            limits: Limits | None = None) -> ExportedProgram:
+    """Export ``graph`` with the batch sizes the source took: one dynamic batch dimension (dim 0 of every input),
+    bounded as the source's was, or the source's static batch size."""
     from torch.export import Dim
 
-    batch = Dim("batch")
+    lower, upper = limits or (0, None)
+    if upper is not None and lower == upper:
+        shapes = None
+    else:
+        batch = Dim("batch", min=lower, max=upper) if limits else Dim("batch")
+        shapes = tuple({0: batch} for _ in example)
     try:
         with quiet():
-            return torch.export.export(graph, example, dynamic_shapes=tuple({0: batch} for _ in example))
+            return torch.export.export(graph, example, dynamic_shapes=shapes)
     except Exception as exc:
         fixed = re.search(r"specialized it to be a constant \((\d+)\)", str(exc))
         if fixed:
@@ -329,7 +349,7 @@ def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, i
     program, info = load_program(blob, label=f"the calibrated {label}")
     if info.temperature != temperature:
         raise TempcalError(f"the calibrated {label} does not read back T = {temperature!r}; nothing written")
-    module = graph_module(program, info.temperature, label, original=False)
+    module = fit_batches(graph_module(program, info.temperature, label, original=False), batch_limits(program))
     got, got_spec = tree_flatten(_run(module, check, label, "the calibrated"))
     want, want_spec = tree_flatten(reference)
     if got_spec != want_spec:

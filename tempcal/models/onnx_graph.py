@@ -8,7 +8,10 @@ Safety: a model is parsed once without its external data; every external-data ``
 initializers, sparse initializers, node attributes, subgraphs and functions) must name a regular file
 inside the model's folder: no empty or absolute location, no ``..`` component, no link that resolves
 outside. Locations are checked with ``stat`` only, never opened, before any runtime sees the model.
-Every string must be valid UTF-8 (damaged names would otherwise fail deep inside graph edits).
+Every string must be valid UTF-8 (damaged names would otherwise fail deep inside graph edits). Every node, in
+subgraphs and functions too, must be of the standard operator sets ('', 'ai.onnx', 'ai.onnx.ml') or call one of
+the model's own functions: runtimes load custom-domain operators from libraries. Every stored tensor must hold
+the bytes its dims imply (external data: within the file's length), since runtimes allocate by the dims.
 
 A calibrated model divides the chosen output by a scalar initializer ``tempcal_temperature`` of the
 output's dtype, in a ``Div`` node named ``tempcal_divide_by_temperature``; the output keeps its name
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
     import onnx
 
 INSTALL_HINT = "pip install 'tempcal[onnx]'"
+#: Operator domains of the standard ONNX operator sets, the only ones a model may use.
+DEFAULT_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 #: Name (prefix) of the node tempcal appends; it marks a calibrated model's division.
 DIV_NODE = "tempcal_divide_by_temperature"
 UNCALIBRATED_SUFFIX = "_uncalibrated"
@@ -99,12 +104,15 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxInfo:
     graph = model.graph
     if not graph.output or not graph.node:
         raise TempcalError(f"{path}: not a usable ONNX model (no graph nodes or outputs; damaged or truncated?)")
+    _check_domains(model, path)
     folder = Path(os.path.realpath(path.parent))
     external = []
     for name, tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
             location = _check_external(tensor, name, folder, path)
             external.append((name, location))
+        else:
+            _check_inline_size(tensor, name, path)
     initializers = {t.name for t in graph.initializer}
     inputs = tuple(i.name for i in graph.input if i.name not in initializers)
     temperature = None
@@ -187,6 +195,65 @@ def _node_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]
             yield from _graph_tensors(graph)
 
 
+def _check_domains(model: onnx.ModelProto, path: Path) -> None:
+    """Refuse a node of a custom operator domain (runtimes run those from libraries), in any graph or function.
+
+    A node calling one of the model's own functions is allowed: that function's nodes are checked in turn.
+    """
+    local = {(f.domain, f.name) for f in model.functions}
+    graphs: list[tuple[str, Any]] = [("the graph", model.graph.node)]
+    graphs += [(f"function '{f.domain}::{f.name}'", f.node) for f in model.functions]
+    while graphs:
+        where, nodes = graphs.pop()
+        for node in nodes:
+            if node.domain not in DEFAULT_DOMAINS and (node.domain, node.op_type) not in local:
+                raise TempcalError(f"{path}: node '{node.name or node.op_type}' in {where} runs {node.op_type} of "
+                                   f"the custom operator domain {node.domain!r}, which runtimes load from "
+                                   "libraries; tempcal runs the standard ONNX operator sets ('', 'ai.onnx', "
+                                   "'ai.onnx.ml') only; refused")
+            for attribute in node.attribute:
+                for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    graphs.append((f"a subgraph of node '{node.name or node.op_type}'", graph.node))
+
+
+def _declared_size(tensor: onnx.TensorProto) -> tuple[int, int] | None:
+    """(elements, bytes) a tensor's dims and data type imply (None for strings and unknown types)."""
+    onnx = import_onnx()
+    if tensor.data_type == onnx.TensorProto.STRING:
+        return None
+    try:
+        itemsize = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)).itemsize
+    except (KeyError, TypeError, ValueError):
+        return None
+    elements = int(np.prod([max(int(d), 0) for d in tensor.dims], dtype=object))
+    packed = tensor.data_type in _packed_types()
+    return elements, -(-elements // 2) if packed else elements * itemsize
+
+
+def _packed_types() -> frozenset[int]:
+    """ONNX data types stored two values a byte (4-bit integers and floats)."""
+    proto = import_onnx().TensorProto
+    return frozenset(getattr(proto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1") if hasattr(proto, name))
+
+
+def _check_inline_size(tensor: onnx.TensorProto, name: str, path: Path) -> None:
+    """Refuse a stored tensor whose dims imply more values than it holds (runtimes allocate by the dims)."""
+    declared = _declared_size(tensor)
+    if declared is None or declared[0] == 0:
+        return
+    elements, size = declared
+    if tensor.raw_data:
+        short = len(tensor.raw_data) < size
+        held = f"{len(tensor.raw_data)} bytes"
+    else:
+        values = len(getattr(tensor, import_onnx().helper.tensor_dtype_to_field(tensor.data_type)))
+        short = values * (2 if tensor.data_type in _packed_types() else 1) < elements
+        held = f"{values} values"
+    if short:
+        raise TempcalError(f"{path}: tensor '{name}' declares dims {list(tensor.dims)} ({elements} values, {size} "
+                           f"bytes) but holds {held}; damaged or altered")
+
+
 def _check_external(tensor: onnx.TensorProto, name: str, folder: Path, path: Path) -> str:
     """The tensor's external-data location, refused unless it names a regular file inside ``folder``."""
     entries = {e.key: e.value for e in tensor.external_data}
@@ -207,6 +274,11 @@ def _check_external(tensor: onnx.TensorProto, name: str, folder: Path, path: Pat
     size = resolved.stat().st_size
     if offset > size or (length is not None and offset + _as_count(length, where) > size):
         raise TempcalError(f"{where}: offset/length beyond the end of the file ({size} bytes); damaged")
+    declared = _declared_size(tensor)
+    available = size - offset if length is None else _as_count(length, where)
+    if declared is not None and declared[1] > available:
+        raise TempcalError(f"{where}: its dims {list(tensor.dims)} imply {declared[1]} bytes but the file holds "
+                           f"{available} there; damaged or altered")
     return location
 
 

@@ -13,9 +13,14 @@ pickle loader: pickled weights and tensor constants (``"use_pickle": true``) go 
    opcode (never executed) and must be plain tensors and containers. Every program in the archive is
    checked, since torch would read every one. This is an allowlist: a member kind that a later torch
    adds is refused, not loaded.
+   The program JSON is checked too (:mod:`tempcal.models.pt2_program`): torch's deserializer calls any
+   ``torch.*`` name a node targets and ``eval``s symbolic sizes, so only allowed operators and plain size
+   expressions pass. Every member's declared size must lie within the file, and text, JSON and sample-input
+   members are read only below a limit.
 2. :func:`write_checked_copy` copies the members the program needs into a fresh archive (the bytes just
-   checked, CRC-verified; sample inputs left empty, so torch has nothing to unpickle; weights mapped to
-   the CPU). Only that copy reaches torch (:mod:`tempcal.models.export`).
+   checked, CRC-verified; sample inputs left empty, so torch has nothing to unpickle, and no ``guards_code``,
+   which torch would ``exec``; weights mapped to the CPU). Only that copy reaches torch
+   (:mod:`tempcal.models.export`).
 
 Both steps read the file through one open handle, so swapping the file between the check and the load
 changes nothing. Every failure is a :class:`~tempcal.errors.TempcalError` with a one-line message.
@@ -26,7 +31,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import pickletools
 import re
 import sys
 import zipfile
@@ -38,6 +42,7 @@ from typing import Any
 from ..errors import TempcalError, param
 from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import error_line
+from .pt2_program import check_program_json, without_guards
 
 #: Name of the program that ``torch.export.save`` writes and ``torch.export.load`` returns.
 PROGRAM = "model"
@@ -57,21 +62,10 @@ _ELEMENT_SIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 2, 7: 4, 8: 8, 9: 4, 10: 8, 11
                  29: 1, 30: 1, 31: 1, 32: 1, 33: 1, 34: 4, 35: 8}
 _STRIDED = 7  # schema Layout.Strided
 
-#: Globals a sample-inputs pickle may name: what torch.save writes for tensors in tuples and dicts.
-_SAFE_GLOBALS = frozenset(
-    {"torch._utils._rebuild_tensor_v2", "torch._utils._rebuild_parameter", "collections.OrderedDict",
-     "torch.Size", "torch.device"}
-    | {f"torch.{kind}Storage" for kind in ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char",
-                                           "Byte", "Bool", "ComplexFloat", "ComplexDouble")})
-#: Pickle opcodes that only build plain data (plus GLOBAL/STACK_GLOBAL, checked against _SAFE_GLOBALS).
-_SAFE_OPCODES = frozenset({
-    "PROTO", "FRAME", "STOP", "MARK", "POP", "POP_MARK", "DUP", "NONE", "NEWTRUE", "NEWFALSE",
-    "INT", "BININT", "BININT1", "BININT2", "LONG", "LONG1", "LONG4", "FLOAT", "BINFLOAT",
-    "BINBYTES", "SHORT_BINBYTES", "BINBYTES8", "UNICODE", "SHORT_BINUNICODE", "BINUNICODE", "BINUNICODE8",
-    "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "EMPTY_LIST", "APPEND", "APPENDS", "LIST",
-    "EMPTY_DICT", "DICT", "SETITEM", "SETITEMS", "GET", "BINGET", "LONG_BINGET", "PUT", "BINPUT", "LONG_BINPUT",
-    "MEMOIZE", "GLOBAL", "STACK_GLOBAL", "REDUCE", "BINPERSID",
-})
+#: Largest text member (format, version, byte order, tempcal's T) and JSON member (programs, payload configs) read.
+_TEXT_LIMIT, _JSON_LIMIT = 1 << 12, 1 << 30
+#: Largest sample-inputs member read for its check (torch.export.save writes a few batches of inputs).
+_SAMPLE_LIMIT = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -132,18 +126,18 @@ def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
     """The checks of :func:`inspect_pt2` on an open archive."""
     root, members = _members(archive, label)
     _refuse_other_formats(members, label)
-    _refuse_compressed(members, label)
+    _check_sizes(archive, members, label)
     if _FORMAT not in members:
         raise TempcalError(f"{label}: not an exported program (no '{_FORMAT}' member; {HOW_TO_SAVE})")
-    fmt = _read(archive, members, _FORMAT, label).decode("utf-8", "replace").strip()
+    fmt = _read(archive, members, _FORMAT, label, _TEXT_LIMIT).decode("utf-8", "replace").strip()
     if fmt != "pt2":
         raise TempcalError(f"{label}: member '{_FORMAT}' says {fmt[:40]!r}, not 'pt2'; not an exported program")
-    version = _read(archive, members, _VERSION, label).decode("utf-8", "replace").strip() \
+    version = _read(archive, members, _VERSION, label, _TEXT_LIMIT).decode("utf-8", "replace").strip() \
         if _VERSION in members else "0"
     if version != "0":
         raise TempcalError(f"{label}: archive version {version[:20]!r}; this tempcal reads version 0")
     if _BYTEORDER in members:
-        order = _read(archive, members, _BYTEORDER, label).decode("utf-8", "replace").strip()
+        order = _read(archive, members, _BYTEORDER, label, _TEXT_LIMIT).decode("utf-8", "replace").strip()
         if order != sys.byteorder:
             raise TempcalError(f"{label}: weights saved in {order[:20]!r} byte order; this machine is {sys.byteorder}")
     for name in members:
@@ -164,7 +158,7 @@ def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
     extra = tuple(sorted(n[len(_EXTRA):] for n in members if n.startswith(_EXTRA)))
     temperature = None
     if TEMPERATURE_FILE in extra:
-        text = _read(archive, members, _EXTRA + TEMPERATURE_FILE, label)
+        text = _read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT)
         temperature = stored_temperature(text, f"{label}: extra file")
     return Pt2Info(path=label, root=root, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
                    temperature=temperature, non_cpu=non_cpu)
@@ -184,14 +178,29 @@ def _members(archive: zipfile.ZipFile, label: str) -> tuple[str, dict[str, zipfi
     return root, {(i.filename[len(root) + 1:] if root else i.filename): i for i in infos}
 
 
-def _refuse_compressed(members: dict[str, zipfile.ZipInfo], label: str) -> None:
-    """Refuse encrypted or compressed members: torch.export.save stores members as they are (no zip bombs)."""
+def _check_sizes(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], label: str) -> None:
+    """Refuse encrypted or compressed members (torch.export.save stores members as they are: no zip bombs) and
+    members whose declared size runs past the end of the file, before any is read."""
+    size = _file_size(archive)
     for name, info in members.items():
         if info.flag_bits & 0x1:
             raise TempcalError(f"{label}: member '{name}' is encrypted; not an exported program")
         if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
             raise TempcalError(f"{label}: member '{name}' is compressed or damaged (torch.export.save stores members "
                                "uncompressed); save the program again")
+        if info.header_offset + info.file_size > size:
+            raise TempcalError(f"{label}: member '{name}' declares {info.file_size} bytes at offset "
+                               f"{info.header_offset}, past the end of the file ({size} bytes); damaged or truncated")
+
+
+def _file_size(archive: zipfile.ZipFile) -> int:
+    """The size in bytes of the file (or buffer) an open archive reads."""
+    stream: Any = archive.fp
+    position = stream.tell()
+    try:
+        return int(stream.seek(0, os.SEEK_END))
+    finally:
+        stream.seek(position)
 
 
 def _refuse_other_formats(members: dict[str, zipfile.ZipInfo], label: str) -> None:
@@ -207,12 +216,16 @@ def _refuse_other_formats(members: dict[str, zipfile.ZipInfo], label: str) -> No
         raise TempcalError(f"{label}: a torch.save archive (pickled objects), not an exported program; refused")
 
 
-def _read(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], name: str, label: str) -> bytes:
-    """The bytes of one member (CRC-checked by zipfile), with a one-line error naming it when they are damaged."""
+def _read(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], name: str, label: str,
+          limit: int | None = None) -> bytes:
+    """The bytes of one member (CRC-checked by zipfile), at most ``limit`` of them, with one-line errors naming it."""
+    if name not in members:
+        raise TempcalError(f"{label}: member '{name}' is missing")
+    if limit is not None and members[name].file_size > limit:
+        raise TempcalError(f"{label}: member '{name}' declares {members[name].file_size} bytes, more than the "
+                           f"{limit} tempcal reads for it; refused")
     try:
         return archive.read(members[name])
-    except KeyError:
-        raise TempcalError(f"{label}: member '{name}' is missing") from None
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
         raise TempcalError(f"{label}: member '{name}' is damaged ({error_line(exc, last=False)})") from None
 
@@ -240,8 +253,9 @@ def _check_program(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo]
     sample = f"{_SAMPLE_INPUTS}{program}.pt"
     if sample not in members:
         raise TempcalError(f"{label}: member '{sample}' is missing")
-    _check_sample_inputs(_read(archive, members, sample, label), sample, label)
-    _json_member(archive, members, f"{_MODELS}{program}.json", label)
+    _check_sample_inputs(_read(archive, members, sample, label, _SAMPLE_LIMIT), sample, label)
+    member = f"{_MODELS}{program}.json"
+    check_program_json(_json_member(archive, members, member, label), label, member)
     return needed, non_cpu
 
 
@@ -249,8 +263,9 @@ def _json_member(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], 
     """A member parsed as JSON (one-line errors for a missing or malformed member)."""
     if name not in members:
         raise TempcalError(f"{label}: member '{name}' is missing")
+    data = _read(archive, members, name, label, _JSON_LIMIT)
     try:
-        return json.loads(_read(archive, members, name, label))
+        return json.loads(data)
     except (ValueError, RecursionError) as exc:
         raise TempcalError(f"{label}: member '{name}' is not valid JSON ({error_line(exc, last=False)})") from None
 
@@ -327,56 +342,48 @@ def _device_type(meta: dict[str, Any]) -> str:
 
 
 def _check_sample_inputs(blob: bytes, member: str, label: str) -> None:
-    """Refuse sample inputs that ``torch.load(weights_only=True)`` would reject.
+    """Refuse sample inputs that ``torch.load(weights_only=True)`` would reject, by torch's own rules.
 
-    torch.export.load retries such a member with ``weights_only=False``, i.e. runs its pickle. The
-    pickle is scanned opcode by opcode (never executed): only plain containers and tensors may appear.
+    torch.export.load retries such a member with ``weights_only=False``, i.e. runs its pickle (the checked
+    copy leaves the member empty, so this is a second line of defence). The pickle is disassembled, never run:
+    :func:`torch.serialization.get_unsafe_globals_in_checkpoint` lists the globals it names that torch's
+    weights-only unpickler does not allow, and refuses opcodes that unpickler does not implement.
     """
     if not blob:
         return
     where = f"{label}: member '{member}'"
+    _check_inner_zip(blob, where)
+    import pickle
+
+    import torch
+
+    try:
+        unsafe = sorted(torch.serialization.get_unsafe_globals_in_checkpoint(io.BytesIO(blob)))
+    except (pickle.UnpicklingError, ValueError, RuntimeError, EOFError, OSError, UnicodeDecodeError) as exc:
+        raise TempcalError(f"{where}: pickle that torch's weights-only unpickler cannot read "
+                           f"({error_line(exc, last=False)}), which torch.export.load would unpickle with "
+                           "weights_only=False; refused") from None
+    if unsafe:
+        raise TempcalError(f"{where}: pickle with global '{unsafe[0]}' (not allowed by torch's weights-only "
+                           "unpickler), which torch.export.load would unpickle with weights_only=False; refused")
+
+
+def _check_inner_zip(blob: bytes, where: str) -> None:
+    """The sample inputs must be a torch.save archive: one ``data.pkl``, every record stored within the member."""
     try:
         with zipfile.ZipFile(io.BytesIO(blob)) as inner:
-            pickles = [n for n in inner.namelist() if n.endswith(".pkl")]
-            if len(pickles) != 1 or not pickles[0].endswith("data.pkl"):
-                raise TempcalError(f"{where}: not a torch.save archive of tensors; refused")
-            data = inner.read(pickles[0])
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError, NotImplementedError, RuntimeError) as exc:
+            infos = inner.infolist()
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError, NotImplementedError,
+            RuntimeError) as exc:
         raise TempcalError(f"{where}: not a torch.save archive ({error_line(exc, last=False)}); refused") from None
-    problem = _unsafe_pickle(data)
-    if problem:
-        raise TempcalError(f"{where}: pickle with {problem}, which torch.export.load would unpickle with "
-                           "weights_only=False; refused")
-
-
-def _unsafe_pickle(data: bytes) -> str | None:
-    """Why the pickle ``data`` is not plain tensors and containers (an opcode or global), or None when it is."""
-    memo: dict[int, str | None] = {}
-    recent: list[str | None] = []  # the most recent pushed values, as far as they are strings
-    try:
-        for opcode, arg, _ in pickletools.genops(data):
-            name = opcode.name
-            if name not in _SAFE_OPCODES:
-                return f"opcode {name}"
-            if name == "GLOBAL":
-                module, _, attr = str(arg).partition(" ")
-                if f"{module}.{attr}" not in _SAFE_GLOBALS:
-                    return f"global '{module}.{attr}'"
-            elif name == "STACK_GLOBAL":
-                pair = recent[-2:]
-                if len(pair) != 2 or None in pair or f"{pair[0]}.{pair[1]}" not in _SAFE_GLOBALS:
-                    return f"global '{'.'.join(str(p) for p in pair)}'"
-            slot = arg if isinstance(arg, int) else len(memo)  # MEMOIZE stores at the next free slot
-            if name in ("MEMOIZE", "PUT", "BINPUT", "LONG_BINPUT"):
-                memo[slot] = recent[-1] if recent else None
-            elif name in ("GET", "BINGET", "LONG_BINGET"):
-                recent.append(memo.get(slot))
-            elif name not in ("PROTO", "FRAME", "STOP", "MARK"):
-                recent.append(arg if isinstance(arg, str) and "UNICODE" in name else None)
-            del recent[:-2]
-    except (ValueError, EOFError, KeyError, UnicodeDecodeError) as exc:
-        return f"malformed data ({error_line(exc, last=False)})"
-    return None
+    pickles = [i.filename for i in infos if i.filename.endswith(".pkl")]
+    if len(pickles) != 1 or not pickles[0].endswith("data.pkl"):
+        raise TempcalError(f"{where}: not a torch.save archive of tensors; refused")
+    for info in infos:
+        if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size \
+                or info.header_offset + info.compress_size > len(blob):
+            raise TempcalError(f"{where}: record '{info.filename}' is compressed or larger than the member "
+                               "(torch.save stores records uncompressed); refused")
 
 
 # -- the checked copy that torch reads ------------------------------------------------------------
@@ -390,6 +397,8 @@ def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str
             data = _read(archive, members, name, info.path)
             if name.endswith("_config.json"):
                 data = _on_cpu(data)
+            elif name == f"{_MODELS}{PROGRAM}.json":
+                data = without_guards(data)
             writer.write_bytes(name, data)
         writer.write_bytes(f"{_SAMPLE_INPUTS}{PROGRAM}.pt", b"")  # torch reads b"" as "no example inputs"
 

@@ -21,6 +21,7 @@ from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import shown
 from ..validation import whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
+from .batching import run_batch_size
 from .inputs import InputsFile
 
 if TYPE_CHECKING:
@@ -136,7 +137,7 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
 def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
               output_key: OutputKey = None, progress: bool | Console = True) -> torch.Tensor:
     """The model's logits over every row of ``source`` (on the CPU), run batch by batch under inference mode."""
-    batch_size = bounded_batches(check_batch_size(batch_size), source, model.device)
+    batch_size = bounded_batches(run_batch_size(model.net, check_batch_size(batch_size)), source, model.device)
     parts: list[torch.Tensor] = []
     classes = None
     with progress_bar(progress, f"running {Path(model.name).name}", source.num_samples) as advance, \

@@ -1,11 +1,12 @@
-"""TorchScript models (legacy; torch has deprecated TorchScript): loaded with ``torch.jit.load`` only.
+"""TorchScript models (legacy; torch has deprecated TorchScript): loaded by torch's TorchScript importer only.
 
 A file must be a TorchScript zip archive (``constants.pkl`` and ``code/`` inside, checked without
-reading any of it, see :mod:`tempcal.models.detect`) before torch is asked to load it, and
-TorchScript's own loader builds no arbitrary Python objects. A calibrated model's T is its
-float64 buffer ``tempcal_temperature`` and the archive's extra file ``tempcal.temperature`` (read as
-text, never unpickled). :func:`to_graph_module` converts a TorchScript model for writing it as a
-``.pt2`` exported program: the migration path off TorchScript.
+reading any of it, see :mod:`tempcal.models.detect`) before torch is asked to load it; its code is
+checked before torch loads it and every function compiled from it before anything runs
+(:mod:`tempcal.models.torchscript_check`: no ``__setstate__``, no ``aten::save``, ``print`` or custom
+ops). A calibrated model's T is its float64 buffer ``tempcal_temperature`` and the archive's extra file
+``tempcal.temperature`` (read as text, never unpickled). :func:`to_graph_module` converts a TorchScript
+model for writing it as a ``.pt2`` exported program: the migration path off TorchScript.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ..errors import TempcalError
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
 from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, error_line, quiet
 from .detect import HOW_TO_SAVE, archive_kind
+from .torchscript_check import load_checked
 
 #: Name of the extra file (in the TorchScript archive) that holds a calibrated model's T.
 TEMPERATURE_FILE = TEMPERATURE_KEY
@@ -54,11 +56,8 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
         }.get(kind, f"not a TorchScript model (no TorchScript archive inside; {HOW_TO_SAVE})")
         raise TempcalError(f"{path}: {why}")
     extra = {TEMPERATURE_FILE: ""}
-    try:
-        with quiet_jit():
-            model = torch.jit.load(str(path), map_location=target, _extra_files=extra)
-    except Exception as exc:  # a damaged or hostile archive: one line, whatever torch makes of it
-        raise TempcalError(f"{path}: not a loadable TorchScript model ({error_line(exc, last=False)})") from None
+    with quiet_jit():
+        model = load_checked(path, target, extra, str(path))
     model.eval()
     buffered = buffer_temperature(model, str(path))
     text = extra[TEMPERATURE_FILE]
@@ -93,10 +92,10 @@ def script_and_save(wrapper: torch.nn.Module, temperature: float, name: str) -> 
     return buffer.getvalue()
 
 
-def load_bytes(blob: bytes) -> torch.nn.Module:
-    """A TorchScript archive held in memory (one tempcal just wrote), on the CPU in eval mode."""
+def load_bytes(blob: bytes, label: str = "the calibrated model") -> torch.nn.Module:
+    """A TorchScript archive held in memory (one tempcal just wrote), checked as a file is, on the CPU in eval mode."""
     with quiet_jit():
-        return torch.jit.load(io.BytesIO(blob), map_location="cpu").eval()
+        return load_checked(blob, torch.device("cpu"), {}, label).eval()
 
 
 def forward_schema(model: torch.nn.Module):
