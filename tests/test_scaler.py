@@ -160,7 +160,7 @@ def test_not_fitted(method):
 def test_clone_get_set_params_and_pickle():
     z, y = miscalibrated_arrays()
     scaler = TemperatureScaler(bins=20).fit(z, y)
-    assert scaler.get_params() == {"objective": "nll", "bins": 20, "device": "cpu"}
+    assert scaler.get_params() == {"objective": "nll", "bins": 20, "device": "cpu", "probs": None}
     copy = clone(scaler)
     assert copy.get_params() == scaler.get_params() and not hasattr(copy, "temperature_")
     assert copy.set_params(objective="ece") is copy and copy.objective == "ece"
@@ -338,8 +338,11 @@ def test_the_label_rule_on_small_integers():
     indices = TemperatureScaler().fit(z[keep], y[keep])  # {1, 2} over 3 columns: column indices 1 and 2
     assert list(indices.classes_) == [0, 1, 2]
     assert indices.temperature_ == pytest.approx(optimal_temperature(z[keep], y[keep]), rel=1e-6)
-    with pytest.warns(UserWarning, match="bound"):  # all-zero logits: a degenerate fit
-        wide = TemperatureScaler().fit(np.zeros((4, 300)), np.array([0, 1, 2, 127], dtype=np.int8))
+    wide_labels = np.array([0, 1, 2, 127], dtype=np.int8)
+    one_hot = np.zeros((4, 300))
+    one_hot[np.arange(4), wide_labels] = 1.0
+    with pytest.warns(UserWarning, match="bound"):  # every true class strictly largest: a degenerate fit
+        wide = TemperatureScaler().fit(one_hot, wide_labels)
     assert wide.classes_.dtype.kind == "i" and wide.classes_[-1] == 299  # y's signed ints, widened to hold 299
     with pytest.raises(TempcalError, match=r"y has 4 classes, but X has 3 feature\(s\)"):
         TemperatureScaler().fit(z, np.arange(len(y)) % 4 + 7)

@@ -386,9 +386,23 @@ class Scan:
         return -slope / spread
 
     def all_top(self) -> bool:
-        """True when every true class holds its row's maximum: the NLL then falls as T goes to 0."""
+        """True when no row has a class above its true class (ties included): the NLL then never rises as T
+        falls; :meth:`top_ties` tells whether it falls at all."""
         flag = torch.tensor([1 if bool((self.stats.true_gap == 0).all()) else 0], device=self.device)
         return bool(all_reduce(flag, "min").item())
+
+    def top_ties(self) -> tuple[int, int]:
+        """One pass: the rows whose largest logit is shared by another class, and the rows whose finite
+        logits are all equal (their NLL, ln of the finite classes, is the same at every T), over all ranks."""
+        counts = torch.zeros(2, dtype=torch.int64, device=self.device)
+        for z, _, row_max, _, _, has_neginf in self.row_chunks():
+            at_top = z == row_max[:, None]
+            finite = torch.isfinite(z) if has_neginf else None
+            counts[0] += int((at_top.sum(1) > 1).sum())
+            flat = at_top.all(1) if finite is None else (at_top | ~finite).all(1)
+            counts[1] += int(flat.sum())
+        tied, flat = all_reduce(counts).tolist()
+        return int(tied), int(flat)
 
     def slope_at_infinity(self) -> float:
         """d NLL / d beta at beta = 0 (uniform probabilities); >= 0 means no finite T beats T = infinity."""
