@@ -339,10 +339,10 @@ def test_the_label_rule_on_small_integers():
     assert list(indices.classes_) == [0, 1, 2]
     assert indices.temperature_ == pytest.approx(optimal_temperature(z[keep], y[keep]), rel=1e-6)
     wide_labels = np.array([0, 1, 2, 127], dtype=np.int8)
-    one_hot = np.zeros((4, 300))
-    one_hot[np.arange(4), wide_labels] = 1.0
+    top = np.zeros((4, 300))
+    top[np.arange(4), wide_labels] = 5.0
     with pytest.warns(UserWarning, match="bound"):  # every true class strictly largest: a degenerate fit
-        wide = TemperatureScaler().fit(one_hot, wide_labels)
+        wide = TemperatureScaler().fit(top, wide_labels)
     assert wide.classes_.dtype.kind == "i" and wide.classes_[-1] == 299  # y's signed ints, widened to hold 299
     with pytest.raises(TempcalError, match=r"y has 4 classes, but X has 3 feature\(s\)"):
         TemperatureScaler().fit(z, np.arange(len(y)) % 4 + 7)
