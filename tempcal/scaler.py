@@ -97,7 +97,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     >>> TemperatureScaler().fit(p, labels)
     Traceback (most recent call last):
     ...
-    tempcal.validation.ProbabilitiesError: every row of the logits looks like a probability vector (values in [0, 1], each row summing to 1); pass probs=True, or probs=False to treat the values as logits
+    tempcal.validation.ProbabilitiesError: every row of the logits looks like a probability vector
+    (values in [0, 1], each row summing to 1); pass probs=True, or probs=False to treat the values as logits
     >>> on_p = TemperatureScaler(probs=True).fit(p, labels)
     >>> round(on_p.temperature_, 1), np.allclose(on_p.transform(p), np.log(p) / on_p.temperature_)
     (1.0, True)

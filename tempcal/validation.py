@@ -208,10 +208,10 @@ class ProbabilitiesError(DataError):
         return self._shown(True)
 
 
-def probabilities_refused(what: str) -> ProbabilitiesError:
+def probabilities_refused(what: str, where: str = "") -> ProbabilitiesError:
     """The refusal of values that look like probabilities when the caller did not say whether they are."""
-    return ProbabilitiesError(f"every row of {what} looks like a probability vector (values in [0, 1], each row "
-                              f"summing to 1); pass {EITHER} to treat the values as logits")
+    return ProbabilitiesError(f"{where}every row of {what} looks like a probability vector (values in [0, 1], each "
+                              f"row summing to 1); pass {EITHER} to treat the values as logits")
 
 
 def stored_probs(text: str | None, where: str) -> bool:
@@ -225,6 +225,6 @@ def stored_probs(text: str | None, where: str) -> bool:
 
 
 __all__ = ["IGNORE_INDEX", "MAX_BINS", "MAX_RESAMPLES", "PROBS_KEY", "TEMPERATURE_KEY", "ProbabilitiesError",
-           "as_temperature", "check_bins", "probabilities_refused", "stored_probs",
-           "check_confidences", "check_labels", "check_taus", "format_temperature", "is_fitted", "parse_tau",
-           "positive_number", "resolve_taus", "stored_temperature", "whole_number"]
+           "as_temperature", "check_bins", "check_confidences", "check_labels", "check_taus", "format_temperature",
+           "is_fitted", "parse_tau", "positive_number", "probabilities_refused", "resolve_taus", "stored_probs",
+           "stored_temperature", "whole_number"]

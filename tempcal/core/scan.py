@@ -393,14 +393,12 @@ class Scan:
 
     def top_ties(self) -> tuple[int, int]:
         """One pass: the rows whose largest logit is shared by another class, and the rows whose finite
-        logits are all equal (their NLL, ln of the finite classes, is the same at every T), over all ranks."""
+        logits are all equal (their NLL is the same at every T), over all ranks."""
         counts = torch.zeros(2, dtype=torch.int64, device=self.device)
         for z, _, row_max, _, _, has_neginf in self.row_chunks():
             at_top = z == row_max[:, None]
-            finite = torch.isfinite(z) if has_neginf else None
             counts[0] += int((at_top.sum(1) > 1).sum())
-            flat = at_top.all(1) if finite is None else (at_top | ~finite).all(1)
-            counts[1] += int(flat.sum())
+            counts[1] += int((at_top | torch.isinf(z) if has_neginf else at_top).all(1).sum())
         tied, flat = all_reduce(counts).tolist()
         return int(tied), int(flat)
 

@@ -116,9 +116,10 @@ class OpenedSource:
         returns the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
+        if not self.kind.remembered:
+            return [self.kind.write_temperature(path, temperature, output) for path in self.paths]
         reading = self.reading()
-        extra: dict[str, Any] = {"metadata": reading} if reading else {}
-        return [self.kind.write_temperature(path, temperature, output, **extra) for path in self.paths]
+        return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
 
     def reading(self) -> dict[str, str | None]:
         """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove):
@@ -169,8 +170,8 @@ class SourceKind(ABC):
     #: Whether several files (shards, a glob) make one SOURCE of this kind.
     shards: bool = False
     #: What this kind keeps beside T about how the file was read (``SourceOptions`` fields of
-    #: :data:`READING_KEYS`); later opens without those options read it the same way. Kinds that list
-    #: any take ``metadata`` in :meth:`write_temperature`.
+    #: :data:`READING_KEYS`), written by :meth:`write_reading`; later opens without those options read
+    #: the file the same way.
     remembered: tuple[str, ...] = ()
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
@@ -204,10 +205,14 @@ class SourceKind(ABC):
         except TempcalError:  # a broken sidecar: reported when its T is asked for
             return {}
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None,
-                          *, metadata: Mapping[str, str | None] | None = None) -> Path:
-        """Store T for ``path`` (or for a copy at ``output``); by default in a sidecar, with ``metadata`` set there
-        (None values removed). Returns the path written."""
+    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+        """Store T for ``path`` (or for a copy at ``output``); by default in a sidecar. Returns the path written."""
+        return self.write_reading(path, temperature, output, {})
+
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
+        """Store T with ``metadata`` on how the file was read (a None value removes its key), in one write;
+        by default in a sidecar. Returns the path written."""
         from ..io.sidecar import write_sidecar, write_sidecar_copy
 
         if output is None:

@@ -72,14 +72,14 @@ class NpyKind(SourceKind):
                                                         not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None,
-                          *, metadata: Mapping[str, str | None] | None = None) -> Path:
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
         if output is not None:
             raise TempcalError(f"{param('output')} {output}: a .npy logits file has no metadata and its labels live in "
                                f"a second file, so no single copy can hold T; leave out {param('output')} (T goes to "
                                f"{sidecar_path(path)}; {path.name} itself is not changed) or pass "
                                f"{param('no_write')}")
-        return super().write_temperature(path, temperature, None, metadata=metadata)
+        return super().write_reading(path, temperature, None, metadata)
 
 
 def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:

@@ -322,8 +322,8 @@ class SafetensorsKind(SourceKind):
         """The file's own metadata (where T is stored)."""
         return dict(read_header(path).metadata)
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None,
-                          *, metadata: Mapping[str, str | None] | None = None) -> Path:
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
         return writeback.write_temperature(path, temperature, output, metadata=metadata)
 
 

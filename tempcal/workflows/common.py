@@ -38,7 +38,7 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
 def _looks_like_probabilities(opened: OpenedSource) -> ProbabilitiesError:
     """The refusal of probability-like values read without ``probs``; a model's outputs cannot be read as log p."""
     if opened.kind.name in ("npz", "npy", "pt", "safetensors"):
-        return probabilities_refused(f"'{opened.options.logits_key}'").prefixed(f"{opened.name}: ")
+        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
     return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values in "
                               f"[0, 1], each row summing to 1), and probabilities are read only from logits files; "
                               f"use the model's output before its softmax, or pass {AS_LOGITS} to treat the values "
