@@ -204,3 +204,18 @@ def test_separable_rows_with_flat_ones_still_go_to_the_lower_bound(capsys, tmp_p
     result = json.loads(out)
     assert result["temperature"] == 1e-6 and result["bound"] == "lower"
     assert "100 of the 200 share the largest logit" in err and "every fitting sample's true class" not in err
+
+
+def test_a_head_whose_logit_scale_underflows_the_logits_is_refused(capsys, tmp_path):
+    g = torch.Generator().manual_seed(0)
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"logit_scale": 1e-50}))  # 0 in float32: every logit 0
+    save_file({"lm_head.weight": torch.randn(12, 8, generator=g)}, str(folder / "model.safetensors"))
+    hidden = tmp_path / "hidden.safetensors"
+    save_file({"hidden": torch.randn(200, 8, generator=g), "labels": torch.randint(0, 12, (200,), generator=g)},
+              str(hidden))
+    data = hidden.read_bytes()
+    code, out, err = run(capsys, "fit", hidden, "--head", folder)
+    assert code == 2 and out == "" and "carry no information" in err and "ln 12" in err
+    assert hidden.read_bytes() == data
