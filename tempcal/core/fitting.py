@@ -107,7 +107,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
 def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
     n = scan.num_samples
     if scan.all_top():
-        return _at_bound(scan, "lower", _no_class_above_the_true_one(scan))
+        return _no_class_above_the_true_one(scan)
     if scan.slope_at_infinity() >= 0:
         return _at_bound(scan, "upper", "on the fitting samples the logits predict no better than uniform "
                          f"probabilities, so the NLL keeps falling as T -> inf; T is set to the upper bound {T_MAX:g}")
@@ -299,23 +299,25 @@ class _SlopeSearch:
                 return theta, True  # the estimate rounds to an evaluated beta: precision reached
 
 
-def _no_class_above_the_true_one(scan: Scan) -> str:
-    """Why T goes to the lower bound when no row has a class above its true class; refused when the NLL does not
-    depend on T at all (every row's finite logits equal: no bound is the answer, nor T = 1)."""
+def _no_class_above_the_true_one(scan: Scan) -> FitResult:
+    """T at the lower bound when no row has a class above its true class (one more read, which also counts
+    ties); refused when the NLL does not depend on T at all (every row's finite logits equal: neither a bound
+    nor T = 1 is an answer)."""
     n = scan.num_samples
-    tied, flat = scan.top_ties()
+    tied, flat, nll = scan.top_ties(1.0 / T_MIN)
     if flat == n:
-        nll = f"ln {scan.num_classes} = {math.log(scan.num_classes):.4f}" if scan.sum(
+        constant = f"ln {scan.num_classes} = {math.log(scan.num_classes):.4f}" if scan.sum(
             scan.stats.has_neginf) == 0 else "the log of the count of possible classes"
         raise DataError(f"logits carry no information: every one of the {n} fitting rows has all its logits equal, "
-                        f"so the NLL is {nll} at every T; no temperature can be fitted")
+                        f"so the NLL is {constant} at every T; no temperature can be fitted")
     if not tied:
-        return ("every fitting sample's true class holds the largest logit, so the NLL keeps falling as T -> 0; "
-                f"T is set to the lower bound {T_MIN:g}")
-    shares = f"{tied} of the {n} share the largest logit with another class"
-    equal = f", {flat} of them with all logits equal" if flat else ""
-    return (f"no fitting sample has a class with a larger logit than its true class ({shares}{equal}), so the "
-            f"NLL keeps falling as T -> 0; T is set to the lower bound {T_MIN:g}")
+        why = "every fitting sample's true class holds the largest logit"
+    else:
+        equal = f", {flat} of them with all logits equal" if flat else ""
+        why = (f"no fitting sample has a class with a larger logit than its true class ({tied} of the {n} share "
+               f"the largest logit with another class{equal})")
+    message = f"{why}, so the NLL keeps falling as T -> 0; T is set to the lower bound {T_MIN:g}"
+    return FitResult(T_MIN, "nll", n, 0, True, nll, "lower", [message], method="bound")
 
 
 def _at_bound(scan: Scan, bound: str, message: str) -> FitResult:

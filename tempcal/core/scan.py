@@ -386,21 +386,21 @@ class Scan:
         return -slope / spread
 
     def all_top(self) -> bool:
-        """True when no row has a class above its true class (ties included): the NLL then never rises as T
-        falls; :meth:`top_ties` tells whether it falls at all."""
+        """True when no row has a class above its true class (ties too): the NLL never rises as T falls."""
         flag = torch.tensor([1 if bool((self.stats.true_gap == 0).all()) else 0], device=self.device)
         return bool(all_reduce(flag, "min").item())
 
-    def top_ties(self) -> tuple[int, int]:
-        """One pass: the rows whose largest logit is shared by another class, and the rows whose finite
-        logits are all equal (their NLL is the same at every T), over all ranks."""
-        counts = torch.zeros(2, dtype=torch.int64, device=self.device)
-        for z, _, row_max, _, _, has_neginf in self.row_chunks():
+    def top_ties(self, beta: float) -> tuple[int, int, float]:
+        """One pass: the rows whose largest logit is shared by another class, the rows whose finite logits are
+        all equal (their NLL is the same at every T), and the mean NLL at ``beta``, over all ranks."""
+        acc = torch.zeros(len(FIELDS) + 2, dtype=torch.float64, device=self.device)
+        for z, y, row_max, _, _, has_neginf in self.row_chunks():
             at_top = z == row_max[:, None]
-            counts[0] += int((at_top.sum(1) > 1).sum())
-            counts[1] += int((at_top | torch.isinf(z) if has_neginf else at_top).all(1).sum())
-        tied, flat = all_reduce(counts).tolist()
-        return int(tied), int(flat)
+            acc[-2] += (at_top.sum(1) > 1).sum()
+            acc[-1] += (at_top | torch.isinf(z) if has_neginf else at_top).all(1).sum()
+            acc[:-2] += row_cumulants(z, y, beta, self.scratch, top=row_max, impossible=has_neginf)
+        acc = all_reduce(acc)
+        return int(acc[-2]), int(acc[-1]), ObjectiveSums.from_sums(beta, acc[:-2]).nll
 
     def slope_at_infinity(self) -> float:
         """d NLL / d beta at beta = 0 (uniform probabilities); >= 0 means no finite T beats T = infinity."""
