@@ -17,7 +17,9 @@ _EXPORTS = {
     # errors and checks
     "TempcalError": "errors",
     "DataError": "errors",
+    "ProbabilitiesError": "validation",
     "TEMPERATURE_KEY": "validation",
+    "PROBS_KEY": "validation",
     # sources -> data
     "open_source": "sources.registry",
     "read_stored_temperature": "sources.registry",
@@ -99,7 +101,7 @@ if TYPE_CHECKING:
     from .scaler import TemperatureScaler, TemperatureScaling
     from .sources.base import OpenedSource, SourceOptions
     from .sources.registry import open_source, read_stored_temperature, write_stored_temperature
-    from .validation import TEMPERATURE_KEY
+    from .validation import PROBS_KEY, TEMPERATURE_KEY, ProbabilitiesError
     from .workflows.fit import FitReport, fit_file
     from .workflows.ood import OodReport, ood_file, score_samples
     from .workflows.report import ReportResult, report_file

@@ -16,7 +16,7 @@ from sklearn.base import BaseEstimator, ClassifierMixin, TransformerMixin  # typ
 from sklearn.utils.multiclass import check_classification_targets  # type: ignore[import-untyped]
 from sklearn.utils.validation import check_is_fitted  # type: ignore[import-untyped]
 
-from .core.data import as_logits_data
+from .core.data import as_logits_data, probabilities_to_logits
 from .core.fitting import FitResult, fit_temperature
 from .core.scan import Scan
 from .errors import DataError, TempcalError
@@ -88,7 +88,20 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     0.897
     >>> from sklearn.base import clone
     >>> clone(scaler).get_params()
-    {'bins': 15, 'device': 'cpu', 'objective': 'nll'}
+    {'bins': 15, 'device': 'cpu', 'objective': 'nll', 'probs': None}
+
+    Probabilities (a classifier's ``predict_proba``; here the ones the labels were drawn from, so T is about 1)
+    are refused unless ``probs`` says what they are;
+    with ``probs=True`` every method works on ``log(p)``:
+
+    >>> TemperatureScaler().fit(p, labels)
+    Traceback (most recent call last):
+    ...
+    tempcal.validation.ProbabilitiesError: every row of the logits looks like a probability vector
+    (values in [0, 1], each row summing to 1); pass probs=True, or probs=False to treat the values as logits
+    >>> on_p = TemperatureScaler(probs=True).fit(p, labels)
+    >>> round(on_p.temperature_, 1), np.allclose(on_p.transform(p), np.log(p) / on_p.temperature_)
+    (1.0, True)
 
     Labels that are not column indices are kept in ``classes_`` and returned by ``predict``:
 
@@ -104,6 +117,10 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     objective : ``"nll"`` (default) minimises the mean NLL; ``"ece"`` the binned ECE.
     bins : equal-width bins of the ECE objective.
     device : ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``: where the fit's reductions run.
+    probs : ``True``: ``X`` holds probabilities (rows summing to 1; one binary column: the probability of
+        ``classes_[1]``), and T scales ``log(p)`` (log-odds for one column) in every method; ``False``:
+        ``X`` holds logits, whatever they look like; ``None`` (default): logits, and ``fit`` refuses ``X``
+        whose rows all look like probability vectors (:class:`~tempcal.validation.ProbabilitiesError`).
 
     Attributes
     ----------
@@ -116,10 +133,12 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     fit_result_ : the full :class:`~tempcal.core.fitting.FitResult` (objective value, bound, warnings).
     """
 
-    def __init__(self, *, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "cpu"):
+    def __init__(self, *, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "cpu",
+                 probs: bool | None = None):
         self.objective = objective
         self.bins = bins
         self.device = device
+        self.probs = probs
 
     def fit(self, X: Any, y: Any) -> "TemperatureScaler":
         """Fit T on logits ``X`` and labels ``y`` (``classes_`` by the rule above).
@@ -130,11 +149,13 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
             raise TempcalError(f"objective must be 'nll' or 'ece', got {self.objective!r}")
         if isinstance(self.bins, bool) or not isinstance(self.bins, (int, np.integer)) or self.bins < 1:
             raise TempcalError(f"bins must be an integer >= 1, got {self.bins!r}")
+        if self.probs not in (None, True, False):
+            raise TempcalError(f"probs must be True, False or None, got {self.probs!r}")
         z, _, labels = self._validate(X, y, reset=True, min_samples=2)
         check_classification_targets(labels)
         classes, codes = _column_of_each_label(labels, self.n_features_in_)
         result: FitResult = fit_temperature(z, _as_tensor(codes), objective=self.objective,
-                                            bins=int(self.bins), device=self.device)
+                                            bins=int(self.bins), device=self.device, probs=self.probs)
         for message in result.warnings:
             warnings.warn(message, UserWarning, stacklevel=2)
         self.temperature_ = float(result.temperature)
@@ -145,9 +166,10 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         return self
 
     def transform(self, X: Any) -> Any:
-        """``X / T`` in the input's float dtype and shape (float16/bfloat16 divided in float32; integers: float64)."""
-        z, is_torch, shape = self._logits(X)
-        scaled = (z.to(torch.promote_types(z.dtype, torch.float32)) / self.temperature_).to(z.dtype)
+        """``X / T`` in the input's float dtype and shape (float16/bfloat16 divided in float32; integers: float64);
+        ``log(X) / T`` with ``probs=True``."""
+        z, is_torch, shape, dtype = self._logits(X)
+        scaled = (z.to(torch.promote_types(z.dtype, torch.float32)) / self.temperature_).to(dtype)
         return _out(scaled.reshape(shape), is_torch)
 
     def predict_proba(self, X: Any) -> Any:
@@ -157,11 +179,11 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         Computed in float64 chunk by chunk; returned as float64 numpy, or as a tensor in the
         input's dtype promoted to at least float32.
         """
-        z, is_torch, _ = self._logits(X)
+        z, is_torch, _, dtype = self._logits(X)
         binary = self.n_features_in_ == 1
         z = z.reshape(-1) if binary else z
         rows = int(z.shape[0])
-        out_dtype = torch.promote_types(z.dtype, torch.float32) if is_torch else torch.float64
+        out_dtype = torch.promote_types(dtype, torch.float32) if is_torch else torch.float64
         out = torch.empty(rows, 2 if binary else int(z.shape[1]), dtype=out_dtype, device=z.device)
         step = max(1, CHUNK_ELEMENTS // out.shape[1])
         for start in range(0, rows, step):
@@ -178,7 +200,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
 
         T > 0 does not change it; it is here for scikit-learn pipelines.
         """
-        z, is_torch, _ = self._logits(X)
+        z, is_torch, _, _ = self._logits(X)
         column = (z[:, 0] >= 0).to(torch.int64) if self.n_features_in_ == 1 else torch.argmax(z, dim=1)
         if is_torch and self.classes_.dtype.kind in "biuf":
             with_labels = _numeric_table(self.classes_)
@@ -189,7 +211,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     def score(self, X: Any, y: Any) -> float:
         """Minus the mean NLL of ``softmax(X / T)`` on labels ``y`` (higher is better, as scikit-learn expects)."""
         z, _, labels = self._validate(X, y, reset=False)
-        scan = Scan(as_logits_data(z, _as_tensor(self._columns(labels))), device=self.device)
+        scan = Scan(as_logits_data(z, _as_tensor(self._columns(labels)), probs=bool(self.probs), logits_name="X"),
+                    device=self.device)
         return -scan.objective(1.0 / self.temperature_).nll
 
     def to_module(self) -> "TemperatureScaling":
@@ -236,12 +259,16 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
             z = _as_tensor(checked if y is NO_Y else checked[0])
         return z, one_d, (None if y is NO_Y else checked[1])
 
-    def _logits(self, X: Any) -> tuple[torch.Tensor, bool, tuple[int, ...]]:
-        """X checked against the fit (fitted, same columns, no NaN or +inf): ``[N, F]``, whether it was a tensor,
-        and the shape to give a result of X's own shape."""
+    def _logits(self, X: Any) -> tuple[torch.Tensor, bool, tuple[int, ...], torch.dtype]:
+        """X checked against the fit (fitted, same columns, no NaN or +inf) as logits ``[N, F]`` (``log(X)`` with
+        ``probs=True``), whether it was a tensor, the shape to give a result of X's own shape, and X's dtype."""
         z, one_d, _ = self._validate(X, reset=False)
-        _refuse_nan_and_posinf(z)
-        return z, isinstance(X, torch.Tensor), (z.shape[0],) if one_d else tuple(z.shape)
+        dtype = z.dtype
+        if self.probs:
+            z = _log_probabilities(z)
+        else:
+            _refuse_nan_and_posinf(z)
+        return z, isinstance(X, torch.Tensor), (z.shape[0],) if one_d else tuple(z.shape), dtype
 
     def _columns(self, labels: np.ndarray) -> np.ndarray:
         """The column of each label (int64), for labels of ``classes_``."""
@@ -299,6 +326,13 @@ def _column_of_each_label(y: np.ndarray, n_features: int) -> tuple[np.ndarray, n
                            "column belongs to which class is unknown; code the labels as 0..C-1 when a class is "
                            "absent")
     return classes, columns
+
+
+def _log_probabilities(p: torch.Tensor) -> torch.Tensor:
+    """``log(p)`` of probabilities ``[N, C]`` (one column ``[N, 1]``: the log-odds), after checking they are ones."""
+    if p.shape[1] == 1:
+        return probabilities_to_logits(p[:, 0], "X")[:, None]
+    return probabilities_to_logits(p, "X")
 
 
 def _numeric_table(classes: np.ndarray) -> torch.Tensor | None:

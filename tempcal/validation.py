@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .errors import DataError, TempcalError, param
+from .errors import DataError, TempcalError, param, render
 
 if TYPE_CHECKING:
     import torch
@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 IGNORE_INDEX = -100
 #: The metadata key (safetensors metadata, sidecars, model extra files) that holds a fitted T.
 TEMPERATURE_KEY = "tempcal.temperature"
+#: The metadata key saying the stored T was fitted on log-probabilities (``"true"``): later reads take log(p) too.
+PROBS_KEY = "tempcal.probs"
 
 
 # -- temperatures -------------------------------------------------------------------------
@@ -265,7 +267,54 @@ def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name
     return y.to(torch.int64)
 
 
-__all__ = ["IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES", "TEMPERATURE_KEY", "Bounds",
-           "OutOfRange", "as_temperature", "check_bins", "check_confidences", "check_labels", "check_number",
-           "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number", "resolve_taus",
-           "shown_value", "stored_temperature", "whole_number"]
+# -- probabilities ------------------------------------------------------------------------
+#: Marks in a probabilities message, each shown one way to Python callers and another on the command line.
+_PROBS_CHOICES = {
+    "\x1eeither\x1e": ("probs=True, or probs=False", "--probs, or --no-probs"),
+    "\x1elogits\x1e": ("probs=False", "--no-probs"),
+    "\x1eprobs\x1e": ("probs=True", "--probs"),
+}
+EITHER, AS_LOGITS, AS_PROBS = _PROBS_CHOICES
+
+
+class ProbabilitiesError(DataError):
+    """Probabilities given where logits are read, or a T fitted on log(p) about to meet raw values.
+
+    Its message names the choice as the caller makes it: ``probs=True`` in Python, ``--probs`` on the
+    command line (the marks :data:`EITHER`, :data:`AS_LOGITS`, :data:`AS_PROBS`).
+    """
+
+    def _shown(self, cli: bool) -> str:
+        text = self.raw
+        for mark, (python, flag) in _PROBS_CHOICES.items():
+            text = text.replace(mark, flag if cli else python)
+        return render(text, flags=cli)
+
+    def __str__(self) -> str:
+        return self._shown(False)
+
+    def for_cli(self) -> str:
+        return self._shown(True)
+
+
+def probabilities_refused(what: str, where: str = "") -> ProbabilitiesError:
+    """The refusal of values that look like probabilities when the caller did not say whether they are."""
+    return ProbabilitiesError(f"{where}every row of {what} looks like a probability vector (values in [0, 1], each "
+                              f"row summing to 1); pass {EITHER} to treat the values as logits")
+
+
+def stored_probs(text: str | None, where: str) -> bool:
+    """Whether metadata says the stored T was fitted on probabilities (``"true"``; absent or ``"false"``: no)."""
+    if text is None or text == "false":
+        return False
+    if text == "true":
+        return True
+    raise TempcalError(f"{where} '{PROBS_KEY}' is {_shown(text)}; expected \"true\" or \"false\" (fix or delete it, "
+                       "or fit again)")
+
+
+__all__ = ["IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES", "PROBS_KEY", "TEMPERATURE_KEY",
+           "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature", "check_bins", "check_confidences",
+           "check_labels", "check_number", "check_taus", "format_temperature", "is_fitted", "parse_tau",
+           "positive_number", "probabilities_refused", "resolve_taus", "shown_value", "stored_probs",
+           "stored_temperature", "whole_number"]

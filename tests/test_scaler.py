@@ -28,6 +28,7 @@ from sklearn.model_selection import KFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
+import tempcal
 import tempcal.scaler
 from tempcal.core.fitting import T_MIN
 from tempcal.errors import TempcalError
@@ -160,7 +161,7 @@ def test_not_fitted(method):
 def test_clone_get_set_params_and_pickle():
     z, y = miscalibrated_arrays()
     scaler = TemperatureScaler(bins=20).fit(z, y)
-    assert scaler.get_params() == {"objective": "nll", "bins": 20, "device": "cpu"}
+    assert scaler.get_params() == {"objective": "nll", "bins": 20, "device": "cpu", "probs": None}
     copy = clone(scaler)
     assert copy.get_params() == scaler.get_params() and not hasattr(copy, "temperature_")
     assert copy.set_params(objective="ece") is copy and copy.objective == "ece"
@@ -338,8 +339,11 @@ def test_the_label_rule_on_small_integers():
     indices = TemperatureScaler().fit(z[keep], y[keep])  # {1, 2} over 3 columns: column indices 1 and 2
     assert list(indices.classes_) == [0, 1, 2]
     assert indices.temperature_ == pytest.approx(optimal_temperature(z[keep], y[keep]), rel=1e-6)
-    with pytest.warns(UserWarning, match="bound"):  # all-zero logits: a degenerate fit
-        wide = TemperatureScaler().fit(np.zeros((4, 300)), np.array([0, 1, 2, 127], dtype=np.int8))
+    wide_labels = np.array([0, 1, 2, 127], dtype=np.int8)
+    top = np.zeros((4, 300))
+    top[np.arange(4), wide_labels] = 5.0
+    with pytest.warns(UserWarning, match="bound"):  # every true class strictly largest: a degenerate fit
+        wide = TemperatureScaler().fit(top, wide_labels)
     assert wide.classes_.dtype.kind == "i" and wide.classes_[-1] == 299  # y's signed ints, widened to hold 299
     with pytest.raises(TempcalError, match=r"y has 4 classes, but X has 3 feature\(s\)"):
         TemperatureScaler().fit(z, np.arange(len(y)) % 4 + 7)
@@ -531,3 +535,54 @@ def test_readme_scaler_snippet_runs(tmp_path):
         done = subprocess.run([sys.executable, "-c", snippet], cwd=tmp_path, capture_output=True, text=True,
                               timeout=120)
         assert done.returncode == 0, done.stderr
+
+
+# -- probabilities -----------------------------------------------------------------------------------------------
+def digits_probabilities() -> tuple[np.ndarray, np.ndarray]:
+    """Held-out ``predict_proba`` of a logistic regression on scikit-learn's digits (float64), and the labels."""
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    X, y = load_digits(return_X_y=True)
+    return LogisticRegression(max_iter=3000).fit(X[:700], y[:700]).predict_proba(X[700:]), y[700:]
+
+
+def test_probabilities_are_refused_unless_probs_says_what_they_are():
+    p, y = digits_probabilities()
+    for fit in (lambda: TemperatureScaler().fit(p, y), lambda: tempcal.fit_temperature(p, y)):
+        with pytest.raises(tempcal.ProbabilitiesError) as exc:
+            fit()
+        assert isinstance(exc.value, TempcalError) and "\n" not in str(exc.value)
+        assert "pass probs=True, or probs=False to treat the values as logits" in str(exc.value)
+    as_logits = TemperatureScaler(probs=False).fit(p, y)  # told: the raw values, as logits
+    assert as_logits.temperature_ == pytest.approx(optimal_temperature(p, y), rel=1e-6)
+    assert as_logits.temperature_ < 0.5  # what a silent fit on probabilities gives: far from the log-p T
+
+
+def test_probs_true_works_on_log_p_in_every_method():
+    p, y = digits_probabilities()
+    log_p = np.log(p)
+    scaler = TemperatureScaler(probs=True).fit(p, y)
+    temperature = optimal_temperature(log_p, y)
+    assert scaler.temperature_ == pytest.approx(temperature, rel=1e-6)
+    assert tempcal.fit_temperature(p, y, probs=True).temperature == pytest.approx(temperature, rel=1e-6)
+    T = scaler.temperature_
+    assert np.allclose(scaler.transform(p), log_p / T, rtol=1e-12)
+    assert np.allclose(scaler.predict_proba(p), probabilities(log_p, T), atol=1e-12)
+    assert np.array_equal(scaler.predict(p), np.argmax(p, axis=1))
+    assert -scaler.score(p, y) == pytest.approx(nll_at(log_p, y, T), rel=1e-9)
+    p32 = torch.from_numpy(p.astype(np.float32))
+    assert scaler.transform(p32).dtype == torch.float32  # a tensor keeps its dtype
+    with pytest.raises(TempcalError, match="outside"):
+        scaler.predict_proba(p * 2)
+
+
+def test_probs_true_on_one_binary_column_uses_the_log_odds():
+    z, y = binary_arrays()
+    p = expit(z.astype(np.float64))
+    scaler = TemperatureScaler(probs=True).fit(p, y)
+    log_odds = np.log(p) - np.log1p(-p)
+    assert scaler.temperature_ == pytest.approx(optimal_temperature(log_odds, y), rel=1e-6)
+    assert np.allclose(scaler.predict_proba(p)[:, 1], expit(log_odds / scaler.temperature_), atol=1e-12)
+    with pytest.raises(tempcal.ProbabilitiesError):
+        TemperatureScaler().fit(p, y)

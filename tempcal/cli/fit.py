@@ -72,7 +72,7 @@ def fit(
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
-    probs: Probs = False,
+    probs: Probs = None,
     lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
@@ -136,7 +136,7 @@ def fit(
 
 
 def _check_writes(source: list[str], *, inputs: str | None, output: str | None, no_write: bool,
-                  max_ece: float | None, probs: bool, save_model: str | None, save_logits: str | None,
+                  max_ece: float | None, probs: bool | None, save_model: str | None, save_logits: str | None,
                   output_key: str | None, lm_eval_norm: LmEvalNorm) -> bool:
     """Refuse contradictory options before any file is read; whether SOURCE is a model."""
     check_lm_eval_norm(source, lm_eval_norm)

@@ -76,7 +76,7 @@ def ood(
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
-    probs: Probs = False,
+    probs: Probs = None,
     lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,

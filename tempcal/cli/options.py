@@ -73,8 +73,10 @@ Source = Annotated[list[str], typer.Argument(
     "files or a glob pattern are read as shards. Default: the configuration's 'source'.", show_default=False), INPUTS]
 LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).")]
 LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].")]
-Probs = Annotated[bool, typer.Option("--probs/--no-probs",
-                                      help="The logits tensor holds probabilities; work on log(p).")]
+Probs = Annotated[Optional[bool], typer.Option(
+    "--probs/--no-probs", help="The logits tensor holds probabilities: work on log(p) (--probs), or treat the "
+    "values as logits whatever they look like (--no-probs). Default: as the stored T was fitted; values that all "
+    "look like probabilities are refused.", show_default=False)]
 LmEvalNormOpt = Annotated[LmEvalNorm, typer.Option(
     "--lm-eval-norm", case_sensitive=False, parser=choice(LmEvalNorm),
     help="lm-evaluation-harness log SOURCE: divide each choice's log-likelihood by its text's "

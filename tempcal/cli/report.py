@@ -83,7 +83,7 @@ def report(
     markdown: Markdown = None,
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
-    probs: Probs = False,
+    probs: Probs = None,
     lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,

@@ -145,12 +145,13 @@ class LogitsData:
             yield start, z, y
 
 
-def as_logits_data(logits, labels, *, probs: bool = False, logits_name: str = "logits",
+def as_logits_data(logits, labels, *, probs: bool | None = False, logits_name: str = "logits",
                    labels_name: str = "labels", ignore_index: int | None = IGNORE_INDEX) -> LogitsData:
     """Check shapes and dtypes of user tensors (or arrays) and wrap them; values are checked by the first scan.
 
     Token-level logits ``[B, L, V]`` with labels ``[B, L]`` become ``B * L`` rows; rows whose label is
-    ``ignore_index`` (default -100, as in ``torch.nn.functional.cross_entropy``) are left out.
+    ``ignore_index`` (default -100, as in ``torch.nn.functional.cross_entropy``) are left out. ``probs``
+    (True) reads probabilities as log-probabilities; False and None read logits.
     """
     logits = torch.as_tensor(logits)
     shape = tuple(logits.shape)

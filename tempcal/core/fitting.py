@@ -32,6 +32,7 @@ import torch
 
 from ..errors import DataError
 from ..metrics.calibration import DEFAULT_BINS
+from ..validation import probabilities_refused
 from . import certified
 from .certified import T_MAX, T_MIN, FitStart, certified_fit
 from .data import as_logits_data
@@ -62,10 +63,18 @@ class FitResult:
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
-                    probs: bool = False, xtol: float | None = None, max_passes: int = MAX_PASSES) -> FitResult:
+                    probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES
+                    ) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
-    ``logits`` may also be a :class:`~tempcal.core.scan.Scan` (then ``labels`` is None), which
+    ``probs=True``: ``logits`` holds probabilities (rows summing to 1), and T is fitted on log(p);
+    ``probs=False``: logits, whatever they look like; ``probs=None`` (the default): logits, and values
+    that all look like probability vectors are refused (:class:`~tempcal.validation.ProbabilitiesError`).
+    Logits that carry no information (every row's finite logits equal, so the NLL is the same at every
+    T) are refused too (:class:`~tempcal.errors.DataError`).
+
+    ``logits`` may also be a :class:`~tempcal.core.scan.Scan` (then ``labels`` is None, and ``probs`` is
+    the scan's maker's business), which
     lets callers validate once and fit on a split without reading the data again; made with
     ``fit_rows`` (the split's fitting rows, then ``select``ed), it carries the fit's start.
     ``xtol`` is the relative tolerance on T (default ``certified.TOL``, 1e-7); ``max_passes``
@@ -76,6 +85,8 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     else:
         scan = Scan(as_logits_data(logits, labels, probs=probs), device=device, chunk_rows=chunk_rows,
                     fit_rows=ALL_ROWS)
+        if probs is None and scan.looks_like_probabilities:
+            raise probabilities_refused("the logits")
     start_passes = scan.passes
     if scan.num_samples < 2:
         raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")
@@ -96,8 +107,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
 def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
     n = scan.num_samples
     if scan.all_top():
-        return _at_bound(scan, "lower", "every fitting sample's true class holds the largest logit, so the NLL "
-                         f"keeps falling as T -> 0; T is set to the lower bound {T_MIN:g}")
+        return _no_class_above_the_true_one(scan)
     if scan.slope_at_infinity() >= 0:
         return _at_bound(scan, "upper", "on the fitting samples the logits predict no better than uniform "
                          f"probabilities, so the NLL keeps falling as T -> inf; T is set to the upper bound {T_MAX:g}")
@@ -287,6 +297,27 @@ class _SlopeSearch:
                 return theta, converged
             if not self.point_at(theta)[1]:
                 return theta, True  # the estimate rounds to an evaluated beta: precision reached
+
+
+def _no_class_above_the_true_one(scan: Scan) -> FitResult:
+    """T at the lower bound when no row has a class above its true class (one more read, which also counts
+    ties); refused when the NLL does not depend on T at all (every row's finite logits equal: neither a bound
+    nor T = 1 is an answer)."""
+    n = scan.num_samples
+    tied, flat, nll = scan.top_ties(1.0 / T_MIN)
+    if flat == n:
+        constant = f"ln {scan.num_classes} = {math.log(scan.num_classes):.4f}" if scan.sum(
+            scan.stats.has_neginf) == 0 else "the log of the count of possible classes"
+        raise DataError(f"logits carry no information: every one of the {n} fitting rows has all its logits equal, "
+                        f"so the NLL is {constant} at every T; no temperature can be fitted")
+    if not tied:
+        why = "every fitting sample's true class holds the largest logit"
+    else:
+        equal = f", {flat} of them with all logits equal" if flat else ""
+        why = (f"no fitting sample has a class with a larger logit than its true class ({tied} of the {n} share "
+               f"the largest logit with another class{equal})")
+    message = f"{why}, so the NLL keeps falling as T -> 0; T is set to the lower bound {T_MIN:g}"
+    return FitResult(T_MIN, "nll", n, 0, True, nll, "lower", [message], method="bound")
 
 
 def _at_bound(scan: Scan, bound: str, message: str) -> FitResult:

@@ -386,9 +386,21 @@ class Scan:
         return -slope / spread
 
     def all_top(self) -> bool:
-        """True when every true class holds its row's maximum: the NLL then falls as T goes to 0."""
+        """True when no row has a class above its true class (ties too): the NLL never rises as T falls."""
         flag = torch.tensor([1 if bool((self.stats.true_gap == 0).all()) else 0], device=self.device)
         return bool(all_reduce(flag, "min").item())
+
+    def top_ties(self, beta: float) -> tuple[int, int, float]:
+        """One pass: the rows whose largest logit is shared by another class, the rows whose finite logits are
+        all equal (their NLL is the same at every T), and the mean NLL at ``beta``, over all ranks."""
+        acc = torch.zeros(len(FIELDS) + 2, dtype=torch.float64, device=self.device)
+        for z, y, row_max, _, _, has_neginf in self.row_chunks():
+            at_top = z == row_max[:, None]
+            acc[-2] += (at_top.sum(1) > 1).sum()
+            acc[-1] += (at_top | torch.isinf(z) if has_neginf else at_top).all(1).sum()
+            acc[:-2] += row_cumulants(z, y, beta, self.scratch, top=row_max, impossible=has_neginf)
+        acc = all_reduce(acc)
+        return int(acc[-2]), int(acc[-1]), ObjectiveSums.from_sums(beta, acc[:-2]).nll
 
     def slope_at_infinity(self) -> float:
         """d NLL / d beta at beta = 0 (uniform probabilities); >= 0 means no finite T beats T = infinity."""

@@ -96,10 +96,12 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapping[str, str] | None = None) -> Path:
+def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapping[str, str] | None = None,
+                  updates: Mapping[str, str | None] | None = None) -> Path:
     """Store ``temperature`` for ``path`` in its sidecar (atomically); other metadata of a current sidecar is kept.
 
-    Returns the sidecar's path. A malformed or stale existing sidecar is replaced.
+    ``updates`` are set with T in the same write (how the file was read, e.g. ``tempcal.probs``); a None
+    value removes its key. Returns the sidecar's path. A malformed or stale existing sidecar is replaced.
     """
     path = Path(path)
     temperature = as_temperature(temperature)
@@ -108,6 +110,7 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
     check_target(side, str(side))  # a planted link or device: refused before the file is hashed
     if metadata is None:
         metadata = _current_metadata(path)
+    metadata = updated_metadata(metadata, updates)
     stat = path.stat()
     record = {
         "tempcal_sidecar": SIDECAR_VERSION,
@@ -123,8 +126,21 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
     return side
 
 
-def write_sidecar_copy(source: Path, temperature: float, output: Path) -> Path:
-    """Copy ``source`` byte for byte to ``output`` (same suffix) and give the copy a sidecar holding T."""
+def updated_metadata(metadata: Mapping[str, str], updates: Mapping[str, str | None] | None) -> dict[str, str]:
+    """``metadata`` with ``updates`` applied: a string sets its key, None removes it."""
+    out = dict(metadata)
+    for key, value in (updates or {}).items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = value
+    return out
+
+
+def write_sidecar_copy(source: Path, temperature: float, output: Path, *,
+                       updates: Mapping[str, str | None] | None = None) -> Path:
+    """Copy ``source`` byte for byte to ``output`` (same suffix) and give the copy a sidecar holding T (and
+    ``updates``, as :func:`write_sidecar` sets them)."""
     if output.suffix.lower() != source.suffix.lower():
         raise TempcalError(f"{param('output')} {output}: must have the suffix of SOURCE ({source.suffix}); "
                            "tempcal copies the file and stores T in the copy's sidecar")
@@ -132,7 +148,7 @@ def write_sidecar_copy(source: Path, temperature: float, output: Path) -> Path:
     metadata = _current_metadata(source)
     label = f"{param('output')} {output}"
     if not output.is_symlink() and output.exists() and os.path.samefile(output, source):
-        return write_sidecar(source, temperature, metadata=metadata)
+        return write_sidecar(source, temperature, metadata=metadata, updates=updates)
     check_target(output, label)
     check_target(sidecar_path(output), str(sidecar_path(output)))  # both refused before either is written
 
@@ -142,7 +158,7 @@ def write_sidecar_copy(source: Path, temperature: float, output: Path) -> Path:
 
     mode = None if output.exists() else source.stat().st_mode & 0o7777 | 0o200
     write_atomic(output, copy, what=param("output"), mode=mode)
-    return write_sidecar(output, temperature, metadata=metadata)
+    return write_sidecar(output, temperature, metadata=metadata, updates=updates)
 
 
 def _current_metadata(path: Path) -> dict[str, str]:
@@ -153,5 +169,5 @@ def _current_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-__all__ = ["SIDECAR_SUFFIX", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_temperature", "write_sidecar",
-           "write_sidecar_copy"]
+__all__ = ["SIDECAR_SUFFIX", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_temperature", "updated_metadata",
+           "write_sidecar", "write_sidecar_copy"]

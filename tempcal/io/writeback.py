@@ -27,7 +27,7 @@ import os
 import shutil
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ..errors import TempcalError
@@ -56,10 +56,11 @@ def updated_header(header: Header, metadata: dict[str, str]) -> bytes:
 
 
 def write_temperature(source: str | os.PathLike, temperature: float, output: str | os.PathLike | None = None,
-                      *, expected: Header | None = None) -> Path:
+                      *, expected: Header | None = None, metadata: Mapping[str, str | None] | None = None) -> Path:
     """Write ``temperature`` under ``tempcal.temperature`` into ``source`` (or a copy at ``output``).
 
-    Other metadata is kept and every tensor byte is copied unchanged. Returns the path written.
+    Other metadata is kept (``metadata`` entries set in the same write, a None value removing its key) and
+    every tensor byte is copied unchanged. Returns the path written.
     ``expected`` is the header the fitted data was read with; by default, the version of
     ``source`` whose header this process last read (:func:`tempcal.read_header`, which every
     loader calls) or wrote. If ``source`` has changed since (size, mtime or inode), nothing is
@@ -70,11 +71,13 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     header = reread_header(source)
     if stamp is not None and stamp.change_to(header.stamp) is not None:
         check_unchanged(source, stamp)
-    metadata = dict(header.metadata)
-    metadata[TEMPERATURE_KEY] = format_temperature(temperature)
+    from .sidecar import updated_metadata
+
+    kept = updated_metadata(header.metadata, metadata)
+    kept[TEMPERATURE_KEY] = format_temperature(temperature)
     # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
     destination = destination_of(source) if output is None else Path(output)
-    copy_with_header(destination, header, updated_header(header, metadata))
+    copy_with_header(destination, header, updated_header(header, kept))
     return destination
 
 

@@ -10,12 +10,13 @@ the T stored with them, the files T is written back into), and knows where its T
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
-from ..validation import IGNORE_INDEX
+from ..validation import IGNORE_INDEX, PROBS_KEY
 
 if TYPE_CHECKING:
     import torch
@@ -33,7 +34,9 @@ class SourceOptions:
 
     logits_key: str = "logits"
     labels_key: str = "labels"
-    probs: bool = False
+    #: True: the logits tensor holds probabilities (read as log p); False: logits, whatever they look like;
+    #: None: as the stored T was fitted (``tempcal.probs``), and values that look like probabilities are refused.
+    probs: bool | None = None
     ignore_index: int | None = IGNORE_INDEX
     # A model SOURCE: the inputs it runs over, and how.
     inputs: str | None = None
@@ -84,6 +87,8 @@ class OpenedSource:
     label: str | None = None  # how reports name it, when not by its files
     #: Why the stored T could not be read (a broken sidecar): raised when it is asked for, so a fit can replace it.
     stored_problem: TempcalError | None = None
+    #: The stored T was fitted on log-probabilities (``tempcal.probs = "true"`` beside it).
+    stored_probs: bool = False
 
     @property
     def stored_temperature(self) -> float | None:
@@ -107,10 +112,23 @@ class OpenedSource:
         return self.kind.open_related(self, other, labels_optional=labels_optional)
 
     def write_temperature(self, temperature: float, output: str | Path | None = None) -> list[Path]:
-        """Store T with this SOURCE (or in a copy at ``output``); returns the paths written."""
+        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`);
+        returns the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
-        return [self.kind.write_temperature(path, temperature, output) for path in self.paths]
+        if not self.kind.remembered:
+            return [self.kind.write_temperature(path, temperature, output) for path in self.paths]
+        reading = self.reading()
+        return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
+
+    def reading(self) -> dict[str, str | None]:
+        """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove):
+        ``tempcal.probs = "true"`` for probabilities, and the tensor names when they are not the defaults."""
+        values = {"probs": "true" if self.options.probs else None}
+        for name, default in DEFAULT_KEYS.items():
+            value = getattr(self.options, name)
+            values[name] = value if value != default else None
+        return {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
 
     def share(self) -> tuple[int, int]:
         """The rows ``[start, stop)`` this process reduces: all of them, or its rank's share under torch.distributed."""
@@ -125,6 +143,12 @@ class OpenedSource:
         start, stop = self.share()
         rows = torch.as_tensor(rows, dtype=torch.int64)
         return rows[(rows >= start) & (rows < stop)] - start
+
+
+#: The ``SourceOptions`` fields a kind may keep beside T, and their metadata keys.
+READING_KEYS = {"probs": PROBS_KEY, "logits_key": "tempcal.logits_key", "labels_key": "tempcal.labels_key"}
+#: The tensor names a SOURCE is read with unless told otherwise.
+DEFAULT_KEYS = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key}
 
 
 def check_react(percentile: Any) -> float:
@@ -145,6 +169,10 @@ class SourceKind(ABC):
     suffixes: tuple[str, ...] = ()
     #: Whether several files (shards, a glob) make one SOURCE of this kind.
     shards: bool = False
+    #: What this kind keeps beside T about how the file was read (``SourceOptions`` fields of
+    #: :data:`READING_KEYS`), written by :meth:`write_reading`; later opens without those options read
+    #: the file the same way.
+    remembered: tuple[str, ...] = ()
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         """Whether ``paths`` are a SOURCE of this kind (by default: the first path's suffix)."""
@@ -166,13 +194,30 @@ class SourceKind(ABC):
 
         return sidecar_temperature(path)
 
+    def stored_metadata(self, path: Path) -> dict[str, str]:
+        """The metadata kept with ``path``'s T (by default its current sidecar's; none when it is missing or broken)."""
+        from ..io.sidecar import read_sidecar
+
+        if not path.is_file():
+            return {}  # opening says what is wrong with the path
+        try:
+            return read_sidecar(path)[0]
+        except TempcalError:  # a broken sidecar: reported when its T is asked for
+            return {}
+
     def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
         """Store T for ``path`` (or for a copy at ``output``); by default in a sidecar. Returns the path written."""
+        return self.write_reading(path, temperature, output, {})
+
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
+        """Store T with ``metadata`` on how the file was read (a None value removes its key), in one write;
+        by default in a sidecar. Returns the path written."""
         from ..io.sidecar import write_sidecar, write_sidecar_copy
 
         if output is None:
-            return write_sidecar(path, temperature)
-        return write_sidecar_copy(path, temperature, Path(output))
+            return write_sidecar(path, temperature, updates=metadata)
+        return write_sidecar_copy(path, temperature, Path(output), updates=metadata)
 
 
-__all__ = ["OpenedSource", "SourceKind", "SourceOptions", "check_react"]
+__all__ = ["DEFAULT_KEYS", "READING_KEYS", "OpenedSource", "SourceKind", "SourceOptions", "check_react"]

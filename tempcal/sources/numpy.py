@@ -1,7 +1,7 @@
 """``.npz`` archives and ``.npy`` pairs as SOURCE (read with ``allow_pickle=False``; T in a sidecar).
 
-* ``.npz``: the arrays named by ``logits_key`` / ``labels_key`` (netcal-style files:
-  ``--logits-key predictions --labels-key ground_truth``).
+* ``.npz``: the arrays named by ``logits_key`` / ``labels_key``; without ``logits`` / ``labels``, netcal's
+  ``predictions`` / ``ground_truth`` (a warning says so).
 * ``.npy``: the file holds the logits; the labels are the sibling ``.npy`` file whose name
   has the labels key in place of the logits key (``val_logits.npy`` -> ``val_labels.npy``),
   or the file ``labels_key`` names when it ends in ``.npy``. The sidecar fingerprints the logits
@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, Note, TempcalError, param
 from ..io.safetensors_header import shown
 from ..io.sidecar import sidecar_path
 from .base import OpenedSource, SourceKind, SourceOptions
@@ -37,22 +38,45 @@ if TYPE_CHECKING:
 
 #: What a reader returns: the keys present, the logits, the labels (None when absent) and the labels' name.
 _Read = tuple[tuple[str, ...], "torch.Tensor", "torch.Tensor | None", str]
+#: netcal's names for the arrays, read when the default ones are absent.
+NETCAL_KEYS = {"logits": "predictions", "labels": "ground_truth"}
+#: How the sidecar kinds were read: kept beside T, so later commands need no options.
+REMEMBERED = ("probs", "logits_key", "labels_key")
 
 
 class NpzKind(SourceKind):
     name = "npz"
     suffixes = (".npz",)
+    remembered = REMEMBERED
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = checked_path(paths[0])
-        _, logits, labels, labels_name = _read_npz(path, options.logits_key, options.labels_key, not labels_optional)
-        return in_memory_source(self, path, logits, labels, options, logits_name=options.logits_key,
-                                labels_name=labels_name)
+        keys, logits, labels, labels_name = _read_npz(path, options.logits_key, options.labels_key,
+                                                      not labels_optional)
+        logits_key, labels_key = netcal_keys(keys, options.logits_key, options.labels_key)
+        opened = in_memory_source(self, path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key),
+                                  logits_name=logits_key, labels_name=labels_name)
+        taken = [f"'{new}' as the {name.removesuffix('_key')} ({param(name)})" for name, new, old in (
+            ("logits_key", logits_key, options.logits_key), ("labels_key", labels_key, options.labels_key))
+            if new != old]
+        if taken:
+            opened.warnings.insert(0, Note(f"{path}: read netcal's array names: {' and '.join(taken)}"))
+        return opened
+
+
+def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
+    """The keys to read: netcal's name stands in for a default one that is absent when netcal's is present."""
+    def key(given: str, default: str) -> str:
+        absent = given == default and default not in keys
+        return NETCAL_KEYS[default] if absent and NETCAL_KEYS[default] in keys else given
+
+    return key(logits_key, "logits"), key(labels_key, "labels")
 
 
 class NpyKind(SourceKind):
     name = "npy"
     suffixes = (".npy",)
+    remembered = REMEMBERED
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = checked_path(paths[0])
@@ -60,13 +84,14 @@ class NpyKind(SourceKind):
                                                         not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
         if output is not None:
             raise TempcalError(f"{param('output')} {output}: a .npy logits file has no metadata and its labels live in "
                                f"a second file, so no single copy can hold T; leave out {param('output')} (T goes to "
                                f"{sidecar_path(path)}; {path.name} itself is not changed) or pass "
                                f"{param('no_write')}")
-        return super().write_temperature(path, temperature, None)
+        return super().write_reading(path, temperature, None, metadata)
 
 
 def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
@@ -84,6 +109,7 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
     with archive:
         members = _npz_members(archive)
         keys = tuple(members)
+        logits_key, labels_key = netcal_keys(keys, logits_key, labels_key)
         if logits_key not in members:
             raise missing(path, "array", logits_key, keys, param("logits_key"))
         if labels_key not in members and labels_required:

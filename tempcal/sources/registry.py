@@ -12,8 +12,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TempcalError
-from .base import OpenedSource, SourceKind, SourceOptions
+from ..errors import Note, TempcalError
+from ..validation import PROBS_KEY, stored_probs
+from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
 from .lm_eval import LmEvalKind
 from .model import ModelKind
@@ -87,7 +88,34 @@ def open_source(source: Source, options: SourceOptions | None = None, *, labels_
     paths = expand_sources([source] if isinstance(source, (str, os.PathLike)) else list(source))
     if not paths:
         raise TempcalError("no SOURCE file given")
-    return kind_of(paths, options).open(paths, options, labels_optional=labels_optional)
+    kind = kind_of(paths, options)
+    options, fitted_on_probs, notes = stored_reading(kind, paths[0], options)
+    opened = kind.open(paths, options, labels_optional=labels_optional)
+    opened.stored_probs = fitted_on_probs
+    opened.warnings[:0] = notes
+    return opened
+
+
+def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tuple[SourceOptions, bool, list[str]]:
+    """``options`` completed by what the kind keeps beside ``path``'s T (see ``SourceKind.remembered``): the tensor
+    names a fit used, where the defaults are asked for, and probabilities when ``probs`` is not given. Also
+    whether the stored T was fitted on probabilities, and a note saying what was taken."""
+    if not kind.remembered:
+        return options, False, []
+    metadata = kind.stored_metadata(path)
+    fitted_on_probs = "probs" in kind.remembered and stored_probs(metadata.get(PROBS_KEY), f"{path}:")
+    taken: dict[str, object] = {}
+    for name, default in DEFAULT_KEYS.items():
+        value = metadata.get(READING_KEYS[name])
+        if name in kind.remembered and value and getattr(options, name) == default:
+            taken[name] = value
+    if fitted_on_probs and options.probs is None:
+        taken["probs"] = True
+    if not taken:
+        return options, fitted_on_probs, []
+    said = ["the values as probabilities (log p)"] if "probs" in taken else []
+    said += [f"{name.removesuffix('_key')} '{taken[name]}'" for name in DEFAULT_KEYS if name in taken]
+    return options.but(**taken), fitted_on_probs, [Note(f"{path}: read as the stored T was fitted: {', '.join(said)}")]
 
 
 def read_stored_temperature(path: str | os.PathLike) -> tuple[float | None, list[str]]:

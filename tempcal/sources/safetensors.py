@@ -11,7 +11,7 @@ label is ``ignore_index`` are skipped everywhere.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -300,6 +300,7 @@ class SafetensorsKind(SourceKind):
     name = "safetensors"
     suffixes = (".safetensors",)
     shards = True
+    remembered = ("probs",)  # tensor names are not kept: a file's header lists them
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         # A missing file is claimed too, so that the error says it is missing.
@@ -317,8 +318,13 @@ class SafetensorsKind(SourceKind):
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         return read_header(path).stored_temperature(), []
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
-        return writeback.write_temperature(path, temperature, output)
+    def stored_metadata(self, path: Path) -> dict[str, str]:
+        """The file's own metadata (where T is stored)."""
+        return dict(read_header(path).metadata)
+
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
+        return writeback.write_temperature(path, temperature, output, metadata=metadata)
 
 
 def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool):

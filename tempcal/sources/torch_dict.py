@@ -27,6 +27,7 @@ _Read = tuple[tuple[str, ...], "torch.Tensor", "torch.Tensor | None", str]
 class TorchDictKind(SourceKind):
     name = "pt"
     suffixes = (".pt", ".pth")
+    remembered = ("probs", "logits_key", "labels_key")  # kept in the sidecar beside T
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = checked_path(paths[0])

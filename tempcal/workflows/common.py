@@ -9,13 +9,15 @@ import torch
 
 from ..core import distributed
 from ..core.scan import Scan
-from ..errors import DataError, Note, param
+from ..errors import DataError, param
 from ..sources.base import OpenedSource
+from ..validation import AS_LOGITS, AS_PROBS, PROBS_KEY, ProbabilitiesError, is_fitted, probabilities_refused
 
 
-def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows: int | None, probs: bool,
+def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows: int | None, probs: bool | None,
                 warnings: list[str], labelled: bool = True, fit_rows: Any = None) -> Scan:
-    """Validate a source's values (this process's share of them) in one pass; warn on probability-like input.
+    """Validate a source's values (this process's share of them) in one pass; refuse probability-like values
+    unless ``probs`` says what they are (before anything is fitted or written).
 
     ``fit_rows`` (``"all"``, or indices into this process's share) prepares a fit's start in the same pass.
     """
@@ -28,10 +30,37 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
         scan = Scan(data, device=device, chunk_rows=chunk_rows, labelled=labelled, fit_rows=fit_rows)
     except DataError as exc:
         raise exc.prefixed(f"{opened.name}: ") from None
-    if scan.looks_like_probabilities and not probs:
-        warnings.append(Note(f"{opened.name}: every row of the logits looks like a probability vector "
-                             f"(values in [0, 1] summing to 1); pass {param('probs')} if they are probabilities"))
+    if scan.looks_like_probabilities and probs is None:
+        raise _looks_like_probabilities(opened)
     return scan
+
+
+def _looks_like_probabilities(opened: OpenedSource) -> ProbabilitiesError:
+    """The refusal of probability-like values read without ``probs``; a model's outputs cannot be read as log p."""
+    if opened.kind.name in ("npz", "npy", "pt", "safetensors"):
+        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
+    return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values in "
+                              f"[0, 1], each row summing to 1), and probabilities are read only from logits files; "
+                              f"use the model's output before its softmax, or pass {AS_LOGITS} to treat the values "
+                              "as logits")
+
+
+def uses_stored(taus: Sequence[str | float] | None, sweep: Sequence[float] = ()) -> bool:
+    """Whether a command given ``taus`` (and ``sweep``) reports at the stored T: by default (a default sweep
+    includes it), with ``fitted``, or with a sweep."""
+    return not taus or any(is_fitted(t) for t in taus) or bool(sweep)
+
+
+def check_stored_reading(opened: OpenedSource, used: bool) -> None:
+    """Refuse to apply a T fitted on log(p) to the raw values that an explicit ``probs=False`` asks for."""
+    if not (used and opened.stored_probs and opened.options.probs is False):
+        return
+    stored = opened.stored_temperature
+    if stored is not None:
+        raise ProbabilitiesError(f"{opened.name}: its stored T = {stored!r} was fitted on log-probabilities "
+                                 f"({PROBS_KEY} = \"true\"), so it does not apply to the raw values {AS_LOGITS} "
+                                 f"reads; drop {AS_LOGITS} (or pass {AS_PROBS}), or name the temperatures with "
+                                 f"{param('tau')}")
 
 
 def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: Sequence[str] = (),
@@ -57,4 +86,4 @@ def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: S
     return out
 
 
-__all__ = ["extra_figures", "scan_source"]
+__all__ = ["check_stored_reading", "extra_figures", "scan_source", "uses_stored"]

@@ -63,6 +63,7 @@ class FitReport:
             "bound": self.fit.bound, "fit_nll": self.fit.nll, "source": self.source,
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
+            "probs": bool(self.opened is not None and self.opened.options.probs),
         }
 
 
@@ -74,6 +75,8 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
 
     A source is a file, a glob pattern, a list of them (shards read in chunks), or an opened source;
     ``options`` or keyword arguments (``logits_key=...``) say how to read it, as for :func:`open_source`.
+    Values that look like probabilities are refused unless ``probs`` says what they are (or the T stored
+    with the source was fitted on them), before anything is fitted.
     """
     warnings: list[str] = []
     loaded = open_source(source, options, **keys)

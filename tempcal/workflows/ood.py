@@ -25,7 +25,7 @@ from ..scores import score_label, score_names
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
 from ..validation import as_temperature, check_taus, resolve_taus, whole_number
-from .common import scan_source
+from .common import check_stored_reading, scan_source, uses_stored
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
@@ -316,6 +316,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
     # A file is named as given (a glob stays a glob); a model run over its inputs as "MODEL on INPUTS".
     source_name = given_name if given_name and loaded.paths else loaded.name
     stored = loaded.stored_temperature
+    check_stored_reading(loaded, uses_stored(taus))
     tau_list = resolve_taus(taus, stored, source_name, defaults=DEFAULT_TAUS, sort=False)
     others = []
     for name, other in zip(ood_names, ood_files, strict=True):

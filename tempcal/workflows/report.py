@@ -10,7 +10,7 @@ from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_man
 from ..sources.base import SourceOptions
 from ..sources.registry import Source, open_source
 from ..validation import check_taus, resolve_taus
-from .common import extra_figures, scan_source
+from .common import check_stored_reading, extra_figures, scan_source, uses_stored
 
 
 @dataclass
@@ -56,13 +56,15 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass.
 
     Without ``taus`` (and no ``sweep``): the stored T, else 1. ``options`` or keyword arguments
-    (``logits_key=...``) say how to read the source, as for :func:`open_source`.
+    (``logits_key=...``) say how to read the source, as for :func:`open_source`; a T fitted on probabilities
+    is applied to log(p), as it was fitted.
     """
     warnings: list[str] = []
     check_taus(taus or [])
     loaded = open_source(source, options, **keys)
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
+    check_stored_reading(loaded, uses_stored(taus, sweep))
     resolved = resolve_taus(taus, stored, loaded.name, sweep=sweep)
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings)
     results = evaluate_many(scan, resolved, bins=bins)

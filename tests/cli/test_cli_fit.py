@@ -64,18 +64,22 @@ def test_val_fraction_one_fits_and_reports_on_everything(tmp_path, capsys):
     assert result["n_fit"] == result["n_eval"] == len(labels)
 
 
-def test_probability_looking_logits_warn(tmp_path, capsys):
+def test_probability_looking_logits_are_refused_unless_told(tmp_path, capsys):
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(300, 5, generator=g) * 2, 1)
     y = torch.multinomial(p, 1, generator=g)[:, 0]
-    save_file({"logits": p, "labels": y}, str(tmp_path / "p.safetensors"))
-    assert main(["fit", str(tmp_path / "p.safetensors"), "--no-write", "--quiet"]) == 0
+    path = tmp_path / "p.safetensors"
+    save_file({"logits": p, "labels": y}, str(path))
+    data = path.read_bytes()
+    assert main(["fit", str(path), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert "looks like a probability vector" in err and "--probs" in err
-    assert main(["fit", str(tmp_path / "p.safetensors"), "--no-write", "--quiet", "--probs"]) == 0
-    assert "looks like" not in capsys.readouterr().err
+    assert "looks like a probability vector" in err and "pass --probs, or --no-probs" in err
+    assert path.read_bytes() == data  # refused before anything was written
+    for flag in ("--probs", "--no-probs"):
+        assert main(["fit", str(path), "--no-write", "--quiet", flag]) == 0
+        assert "looks like" not in capsys.readouterr().err
 
 
 def test_terminal_output_names_the_temperature_and_sizes(capsys):

@@ -165,3 +165,20 @@ def test_fitted_temperature_is_a_minimum(data):
     if result.bound is None:
         for factor in (1 - 1e-3, 1 + 1e-3):
             assert at <= tempcal.calibration_metrics(logits, labels, t * factor, device="cpu").nll + 1e-12
+
+
+def test_logits_without_information_are_refused_and_ties_are_no_top():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 5, (300,), generator=g)
+    with pytest.raises(tempcal.DataError, match=r"carry no information: every one of the 300 fitting rows .* "
+                       r"ln 5 = 1\.6094 at every T"):
+        tempcal.fit_temperature(torch.zeros(300, 5), labels, device="cpu", probs=False)
+    constant = torch.full((300, 5), 7.25).masked_fill(torch.arange(5) == 4, -math.inf)  # equal over finite classes
+    with pytest.raises(tempcal.DataError, match="carry no information"):
+        tempcal.fit_temperature(constant, labels.clamp_max(3), device="cpu")
+    ties = torch.zeros(300, 5)
+    ties[torch.arange(300), labels] = 1.0
+    ties[torch.arange(300), (labels + 1) % 5] = 1.0  # the true class shares the top with one other class
+    result = tempcal.fit_temperature(ties * 3, labels, device="cpu")
+    assert result.temperature == T_MIN and "300 of the 300 share the largest logit" in result.warnings[0]
+    assert result.nll == pytest.approx(nll_at(ties.numpy() * 3, labels.numpy(), T_MIN), rel=1e-6)

@@ -60,14 +60,14 @@ def test_netcal_style_keys(tmp_path, kind):
 @pytest.mark.parametrize("missing", ["logits", "labels"])
 def test_missing_key_lists_the_keys_and_the_option(tmp_path, kind, missing):
     z, y = numpy_logits(n=40)
-    path = write_logits(kind, tmp_path, z, y, logits_key="predictions", labels_key="ground_truth")
-    keys = {"logits_key": "predictions", "labels_key": "ground_truth"}
+    path = write_logits(kind, tmp_path, z, y, logits_key="scores", labels_key="targets")
+    keys = {"logits_key": "scores", "labels_key": "targets"}
     keys[f"{missing}_key"] = missing
     with pytest.raises(TempcalError) as exc:
         open_source(path, **keys)
     message = one_line(exc)
     assert message.startswith(f"{path}: no ") and f"'{missing}'" in message
-    assert "'predictions'" in message and "'ground_truth'" in message and f"--{missing}-key" in message
+    assert "'scores'" in message and "'targets'" in message and f"--{missing}-key" in message
 
 
 def test_probs_flag_reads_probabilities_as_log_probabilities(tmp_path):
