@@ -68,8 +68,12 @@ def _claimant(paths: list[Path], options: SourceOptions) -> SourceKind:
     for kind in KINDS:
         if kind.claims(paths, options):
             return kind
+    if paths[0].is_dir():
+        raise TempcalError(f"{paths[0]}: is a folder, not a logits file (a Hugging Face model folder is given to "
+                           f"--head, with the hidden states as SOURCE; several files are shards: list them or quote "
+                           f"a glob such as '{paths[0]}/*.safetensors')")
     suffix = paths[0].suffix.lower()
-    known = ", ".join(s for k in KINDS for s in k.suffixes)
+    known = ", ".join(dict.fromkeys(s for k in KINDS for s in k.suffixes))
     shown = f"suffix '{suffix}'" if suffix else "no suffix"
     raise TempcalError(f"{paths[0]}: unknown logits file type ({shown}; expected one of {known})")
 
