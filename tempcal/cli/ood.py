@@ -116,6 +116,7 @@ def ood(
     from ..output.console import print_ood
     from ..output.files import write_ood_files
     from ..output.markdown import ood_markdown
+    from ..output.ood_checks import caveats
     from ..workflows.ood import ood_file
 
     device = start(device)
@@ -123,17 +124,13 @@ def ood(
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
                       chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
                       min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
-    from ..output.ood_checks import caveats
-
     report.warnings.extend(caveats(report))  # scores that mean nothing on probabilities; float32-fragile taus
 
     def write() -> list[str]:
         return write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown)
 
     def payload() -> dict:
-        out = report.to_json()
-        out.update(scores_file=scores_out, plot=plot, markdown=markdown, odin_eps=odin_eps)
-        return out
+        return {**report.to_json(), "scores_file": scores_out, "plot": plot, "markdown": markdown, "odin_eps": odin_eps}
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_ood(report, out),
             summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, html=html,
