@@ -109,8 +109,8 @@ def ood(
     scores = score_names(score)
     others = _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps, output_key)
     check_lm_eval_norm(source, lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--html": html,
-                      "--markdown": markdown},
+    outputs = {"--json": json_out, "--scores": scores_out, "--plot": plot, "--html": html, "--markdown": markdown}
+    check_paths(ctx, outputs,
                 {"SOURCE": source, "--ood": ood_files, "--inputs": inputs, "--ood-inputs": ood_inputs, "--head": head})
 
     from ..output.console import print_ood
@@ -126,13 +126,11 @@ def ood(
                       min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
     report.warnings.extend(caveats(report))  # scores that mean nothing on probabilities; float32-fragile taus
 
-    def write() -> list[str]:
-        return write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown)
-
     def payload() -> dict:
         return {**report.to_json(), "scores_file": scores_out, "plot": plot, "markdown": markdown, "odin_eps": odin_eps}
 
-    deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_ood(report, out),
+    deliver(ctx, warnings=report.warnings, payload=payload, render=lambda out: print_ood(report, out),
+            write=lambda: write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown),
             summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, html=html,
             gate=gate_message(report))
 
