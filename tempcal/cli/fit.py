@@ -94,7 +94,8 @@ def fit(
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
-    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
+    """Fit one temperature T (the NLL's minimum, certified in a few reads of the data), report calibration before and
+    after, write T back."""
     is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                              save_model=save_model, save_logits=save_logits, output_key=output_key,
                              lm_eval_norm=lm_eval_norm)
