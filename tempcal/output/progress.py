@@ -17,7 +17,8 @@ from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress as RichProgress
-from rich.progress import ProgressColumn, SpinnerColumn, TextColumn
+from rich.progress import ProgressColumn, SpinnerColumn
+from rich.table import Column
 from rich.text import Text
 
 #: Seconds of silence before the line appears.
@@ -73,16 +74,17 @@ class Progress:
 
     def ece_pass(self, passes: int, open_intervals: int) -> None:
         """The ``on_pass`` callback of :func:`tempcal.core.ece_fit.minimise_ece`."""
-        left = f", {open_intervals} interval{'s' if open_intervals != 1 else ''} open" if open_intervals else ""
-        self.update(f"ECE search: pass {passes}{left}")
+        if open_intervals:
+            self.update(f"ECE search: pass {passes}, {open_intervals} interval{'s' * (open_intervals != 1)} open")
+        else:
+            self.update(f"ECE search: done in {passes} pass{'es' * (passes != 1)}")
 
     def _show(self) -> None:
         """Start the live line (from the timer), unless the work has ended meanwhile."""
         with self._lock:
             if self._console is None or self._bar is not None:
                 return
-            columns = (SpinnerColumn(), TextColumn("{task.description}"), TextColumn("{task.fields[detail]}"),
-                       _Since(self._start))
+            columns = (SpinnerColumn(), _Line(self._start))
             self._bar = RichProgress(*columns, console=self._console, transient=True,
                                      redirect_stdout=False, redirect_stderr=False)
             self._task = self._bar.add_task(self.description, total=None, detail=self.detail)
@@ -97,15 +99,17 @@ def _terminal_console(enabled: bool | Console) -> Console | None:
     return console if console.is_terminal else None
 
 
-class _Since(ProgressColumn):
-    """Seconds since the work began (not since the line appeared)."""
+class _Line(ProgressColumn):
+    """``12 s  what is running  the latest step``: the time since the work began (not since the line
+    appeared) comes first, so a narrow terminal cuts the end of the line, not the time."""
 
     def __init__(self, start: float):
-        super().__init__()
+        super().__init__(table_column=Column(no_wrap=True, overflow="ellipsis"))
         self.start = start
 
     def render(self, task: Any) -> Text:
-        return Text(f"{time.monotonic() - self.start:.0f} s", style="progress.elapsed")
+        seconds = Text(f"{time.monotonic() - self.start:3.0f} s", style="progress.elapsed")
+        return Text.assemble(seconds, "  ", task.description, "  ", task.fields["detail"])
 
 
 __all__ = ["DELAY", "Progress"]

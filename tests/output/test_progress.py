@@ -31,6 +31,8 @@ def test_a_run_past_the_delay_shows_its_latest_step_and_erases_it_at_the_end(cap
         progress.ece_pass(3, 12)
         assert _wait_until(lambda: progress.shown)
         assert _wait_until(lambda: "ECE search: pass 3, 12 intervals open" in buffer.getvalue())
+        progress.ece_pass(4, 0)
+        assert _wait_until(lambda: "ECE search: done in 4 passes" in buffer.getvalue())
     assert not progress.shown
     text = buffer.getvalue()
     assert "fitting T" in text and " s" in text
