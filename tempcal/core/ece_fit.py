@@ -42,6 +42,8 @@ MAX_PIECES = 16
 MAX_ROUNDS = 40
 #: Intervals narrower than this in log T are closed unsplit (two samples crossing edges at the same T).
 MIN_WIDTH = 1e-12
+#: An interval holding more than this share of its parent's crossing drift is cut into ``MAX_PIECES``.
+CLUSTERED = 0.9
 
 #: ``on_pass(passes, open_intervals)``: after each pass of the search, how many passes it has made and how
 #: many intervals are still open (0 once certified).
@@ -85,10 +87,14 @@ def lower_bound(a: _Point, b: _Point, rounding: float) -> float:
     return bound
 
 
-def _pieces(a: _Point, b: _Point, best: float, tol: float, rounding: float, max_pieces: int) -> int:
+def _pieces(a: _Point, b: _Point, best: float, tol: float, rounding: float, max_pieces: int, parent: float) -> int:
     """How many pieces to cut an open interval into: enough that each piece's drift fits the room its ends
-    leave above ``best - tol``, were the ECE flat (2 to ``max_pieces``)."""
-    drift = a.confidence - b.confidence + a.crossing - b.crossing + rounding
+    leave above ``best - tol``, were the ECE flat (2 to ``max_pieces``); ``max_pieces`` when nearly all the
+    crossings of its ``parent`` interval (their drift) fell in it, as when several rows cross at one T."""
+    crossing = a.crossing - b.crossing
+    if crossing > CLUSTERED * parent and round(a.index_sum - b.index_sum) > 1:
+        return max_pieces
+    drift = a.confidence - b.confidence + crossing + rounding
     room = a.ece + b.ece - 2 * (best - tol)
     return max(2, min(max_pieces, math.ceil(drift / max(room, 1e-300))))
 
@@ -112,19 +118,21 @@ def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, spa
     low, high = math.log(centre / span), math.log(centre * span)
     grid = [low + (high - low) * k / (initial_points - 1) for k in range(initial_points)]
     evaluate(grid)
-    open_intervals = list(itertools.pairwise(grid))
+    open_intervals = [(a, b, math.inf) for a, b in itertools.pairwise(grid)]  # with the parent's crossing drift
     for passes in itertools.count(1):
         best = min(p.ece for p in points.values())
-        open_intervals = [(a, b) for a, b in open_intervals if b - a > MIN_WIDTH
+        open_intervals = [(a, b, parent) for a, b, parent in open_intervals if b - a > MIN_WIDTH
                           and lower_bound(points[a], points[b], rounding) < best - tol]
         if on_pass is not None:
             on_pass(passes, len(open_intervals))
         if not open_intervals or passes > MAX_ROUNDS:
             break
-        cuts = [_pieces(points[a], points[b], best, tol, rounding, max_pieces) for a, b in open_intervals]
-        inner = [[a + (b - a) * k / m for k in range(1, m)] for (a, b), m in zip(open_intervals, cuts, strict=True)]
+        cuts = [_pieces(points[a], points[b], best, tol, rounding, max_pieces, parent)
+                for a, b, parent in open_intervals]
+        inner = [[a + (b - a) * k / m for k in range(1, m)] for (a, b, _), m in zip(open_intervals, cuts, strict=True)]
         evaluate(sorted(t for ts in inner for t in ts))
-        open_intervals = [piece for (a, b), ts in zip(open_intervals, inner, strict=True)
+        open_intervals = [(*piece, points[a].crossing - points[b].crossing)
+                          for (a, b, _), ts in zip(open_intervals, inner, strict=True)
                           for piece in itertools.pairwise([a, *ts, b])]
     theta = min(points, key=lambda t: points[t].ece)
     return math.exp(theta), points[theta].ece, not open_intervals
