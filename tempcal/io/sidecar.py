@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat as stat_module
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -67,13 +68,40 @@ def sidecar_temperature(path: str | os.PathLike) -> tuple[float | None, list[str
     return stored_temperature(metadata.get(TEMPERATURE_KEY), f"{sidecar_path(path)}:"), notes
 
 
+#: A sidecar holds a few keys: anything larger is not one of tempcal's.
+MAX_SIDECAR_BYTES = 1 << 20
+
+
+def _read_small(side: Path) -> bytes:
+    """The sidecar's bytes: a regular file (never a FIFO or device, opened without blocking) of at most
+    :data:`MAX_SIDECAR_BYTES`."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(side, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            raise TempcalError(f"{side}: not a regular file, so not a tempcal sidecar; remove it")
+        if info.st_size > MAX_SIDECAR_BYTES:
+            raise TempcalError(f"{side}: {info.st_size} bytes, more than a tempcal sidecar holds "
+                               f"({MAX_SIDECAR_BYTES}); fix or delete it")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_SIDECAR_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 def _read_record(side: Path) -> dict[str, Any]:
     try:
-        record = json.loads(side.read_text(encoding="utf-8"))
+        record = json.loads(_read_small(side).decode("utf-8"))
     except OSError as exc:
         raise TempcalError(f"{side}: cannot read ({exc.strerror or exc})") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise TempcalError(f"{side}: not a tempcal sidecar (not UTF-8 JSON); fix or delete it") from None
+    except TempcalError:
+        raise
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; nesting deeper than Python's stack
+        why = "nested too deeply" if isinstance(exc, RecursionError) else "a number too long to read"
+        raise TempcalError(f"{side}: not a tempcal sidecar ({why}); fix or delete it") from None
     ok = (isinstance(record, dict) and isinstance(record.get("metadata"), dict)
           and all(isinstance(k, str) and isinstance(v, str) for k, v in record["metadata"].items())
           and all(isinstance(record.get(k), int) and not isinstance(record.get(k), bool) for k in ("size", "mtime_ns"))
