@@ -158,7 +158,7 @@ def _fit_context(data: dict) -> dict:
 
 def _report_context(data: dict) -> dict:
     results = data["results"]
-    best = (data.get("sweep") or {}).get("best_nll_tau")
+    best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))  # over every row shown
     rows = [(fmt(r["tau"]) + (" (stored)" if r.get("stored") else "") + (" (min NLL)" if r["tau"] == best else ""),
              r, bool(r.get("stored")) or r["tau"] == best) for r in results]
     table = Section("metrics", "Calibration at each temperature", tables=[_metrics_table(rows, "tau")])

@@ -46,6 +46,7 @@ class ReportResult:
         return {"results": rows, "source": self.source, "n": self.count, "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": {"taus": self.sweep, "best_nll_tau": self.sweep_best} if self.sweep else None,
+                "min_nll_tau": min(self.results, key=lambda m: m.nll).tau if self.results else None,
                 "device": self.device, "warnings": self.warnings}
 
 
