@@ -19,7 +19,8 @@ about ``min(ECE(a), ECE(b))`` however near it is. Once every interval's bound is
 no temperature in the searched range has an ECE lower than the returned one by more than ``tol``.
 
 Each temperature is evaluated once, in one pass with all the others of its round (every open interval is
-cut into 2..``MAX_PIECES`` pieces, more the further its bound is from closing), and only its per-bin
+cut into 2..``MAX_PIECES`` pieces, more the further its bound is from closing, and the most when the
+last cut left its crossings together, as when rows repeat), and only its per-bin
 sums are kept: nothing per row between chunks or passes, and the sums all-reduce across processes.
 """
 

@@ -3,9 +3,9 @@
 :class:`Progress` shows nothing for the first ``delay`` seconds (a short run stays as quiet as before),
 then one transient line: what is running, the latest step and the time since it began. It draws only on
 a terminal: with ``enabled=False`` (``--quiet``, ``--json -``) or when standard error is not a terminal
-(a CI log, a file, a pipe) it shows nothing at all, so logs hold no bar frames. It never writes to
-standard output. The line is drawn by a rich live display, started by a timer, so a slow first step
-shows the line too; it is erased when the work ends.
+(a CI log, a file, a pipe) it shows nothing at all, so logs hold no bar frames; under torch.distributed
+only rank 0 draws. It never writes to standard output. The line is drawn by a rich live display, started
+by a timer, so a slow first step shows the line too; it is erased when the work ends.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ from rich.progress import Progress as RichProgress
 from rich.progress import ProgressColumn, SpinnerColumn
 from rich.table import Column
 from rich.text import Text
+
+from ..core.distributed import rank
 
 #: Seconds of silence before the line appears.
 DELAY = 2.0
@@ -92,8 +94,9 @@ class Progress:
 
 
 def _terminal_console(enabled: bool | Console) -> Console | None:
-    """The console to draw on: None when disabled or when it is not a terminal."""
-    if enabled is False or enabled is None:
+    """The console to draw on: None when disabled, when it is not a terminal, and on every rank but 0 under
+    torch.distributed (the ranks share one terminal; rank 0 reports, as it does everything else)."""
+    if enabled is False or enabled is None or rank() != 0:
         return None
     console = enabled if isinstance(enabled, Console) else Console(stderr=True)
     return console if console.is_terminal else None

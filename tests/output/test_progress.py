@@ -76,6 +76,18 @@ def test_off_a_terminal_nothing_is_drawn(capfd):
     assert capfd.readouterr() == ("", "")
 
 
+def test_only_rank_0_draws(monkeypatch):
+    """Under torchrun every rank runs the fit on one shared terminal: one line, from rank 0."""
+    import tempcal.output.progress as progress_module
+
+    monkeypatch.setattr(progress_module, "rank", lambda: 1)
+    console, buffer = _terminal()
+    with Progress("fitting T", enabled=console, delay=0.0) as progress:
+        time.sleep(0.1)
+        assert not progress.shown
+    assert buffer.getvalue() == ""
+
+
 def test_the_line_can_appear_during_a_slow_first_step():
     """The timer draws the line even if no update comes after the delay (one long pass)."""
     console, buffer = _terminal()
