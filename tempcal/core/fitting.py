@@ -27,6 +27,7 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -37,6 +38,9 @@ from . import certified
 from .certified import T_MAX, T_MIN, FitStart, certified_fit
 from .data import as_logits_data
 from .scan import ALL_ROWS, Scan
+
+if TYPE_CHECKING:
+    from .ece_fit import PassCallback
 
 #: Tolerance on log T of the L-BFGS fallback: float32 arithmetic resolves beta = 1/T to about 6e-8.
 XTOL = {torch.float32: 1e-7, torch.float64: 1e-10}
@@ -63,8 +67,8 @@ class FitResult:
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
-                    probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES
-                    ) -> FitResult:
+                    probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES,
+                    on_pass: PassCallback | None = None) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
     ``probs=True``: ``logits`` holds probabilities (rows summing to 1), and T is fitted on log(p);
@@ -93,7 +97,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     if objective == "nll":
         result = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
     elif objective == "ece":
-        result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes)
+        result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes, on_pass=on_pass)
     else:
         raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
     if scan.distinct_labels() == 1:
@@ -336,12 +340,13 @@ def _clamp(result: FitResult) -> FitResult:
     return result
 
 
-def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int) -> FitResult:
+def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int,
+             on_pass: PassCallback | None = None) -> FitResult:
     """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum."""
     from .ece_fit import minimise_ece
 
     anchor = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
-    temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins)
+    temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins, on_pass=on_pass)
     nll = scan.objective(1.0 / temperature).nll
     warnings = list(anchor.warnings)
     if not searched:

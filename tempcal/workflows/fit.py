@@ -12,6 +12,7 @@ from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
+from ..output.progress import Progress
 from ..sources.base import SourceOptions
 from ..sources.registry import Source, open_source
 from .common import extra_figures, scan_source
@@ -111,7 +112,8 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
                         + ("" if evaluated is not None or loaded.data.num_samples < 2
                            else f"; lower {param('val_fraction')} or pass {param('eval')}"))
     try:
-        result = fit_temperature(fit_scan, objective=objective, bins=bins)
+        with Progress("fitting T", enabled=loaded.options.progress) as progress:
+            result = fit_temperature(fit_scan, objective=objective, bins=bins, on_pass=progress.ece_pass)
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings.extend(result.warnings)
