@@ -76,11 +76,11 @@ def is_fitted(text: str | float) -> bool:
 def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike = "SOURCE",
               place: str | None = None) -> float:
     """A temperature from ``--tau``: a finite number > 0, or ``fitted`` for the T stored in ``source`` (``place``
-    says where that T would be, when it is not the safetensors metadata)."""
+    says where that T would be and what to do, when it is not the safetensors metadata)."""
     if is_fitted(text):
         if stored is None:
             raise TempcalError(f"{param('tau')} fitted: {source} has no stored temperature "
-                               f"({place or f'metadata {TEMPERATURE_KEY!r}'}; run tempcal fit first)")
+                               f"({place or f'metadata {TEMPERATURE_KEY!r}; run tempcal fit first'})")
         return float(stored)
     value = positive_number(text)
     if value is None:

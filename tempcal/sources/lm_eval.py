@@ -335,8 +335,8 @@ class LmEvalKind(SourceKind):
         fitted_norm = state.metadata.get(NORM_KEY)
         if state.state == "fresh" and fitted_norm is not None and self.norm is not None and fitted_norm != self.norm:
             flag = param("lm_eval_norm")
-            return (f"the T in its sidecar {state.path} was fitted with {flag} {fitted_norm}, not the {flag} "
-                    f"{self.norm} of this run")
+            return (f"the T in its sidecar {state.path} was fitted with {flag} {fitted_norm}, not {flag} "
+                    f"{self.norm}: pass {flag} {fitted_norm}, or fit again")
         return super().temperature_place(path)
 
     def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:

@@ -330,7 +330,7 @@ class SafetensorsKind(SourceKind):
     def temperature_place(self, path: Path) -> str:
         from ..validation import TEMPERATURE_KEY
 
-        return f"metadata '{TEMPERATURE_KEY}'"
+        return f"metadata '{TEMPERATURE_KEY}'; run tempcal fit first"
 
     def stored_metadata(self, path: Path) -> dict[str, str]:
         """The file's own metadata (where T is stored)."""

@@ -127,8 +127,8 @@ def _temperature(loaded: OpenedSource, tau: str | float | None) -> tuple[float, 
     check_stored_reading(loaded, True)
     stored = loaded.stored_temperature
     if stored is None:
-        raise TempcalError(f"{loaded.name}: has no stored temperature ({loaded.temperature_place()}); run tempcal "
-                           f"fit first, or give the temperature with {param('tau')} T")
+        raise TempcalError(f"{loaded.name}: has no stored temperature ({loaded.temperature_place()}; or give the "
+                           f"temperature with {param('tau')} T)")
     return stored, "stored"
 
 

@@ -16,8 +16,10 @@ from ..sources.base import SourceKind, SourceOptions
 from ..validation import PROBS_KEY, TEMPERATURE_KEY, positive_number
 from .stored_groups import GROUP_KEY, GROUP_TEMPERATURES_KEY, stored_groups
 
-#: The values are judged from at most this many of the first rows (the rest is not read).
+#: The values are judged from at most this many of the first rows (the rest is not read) ...
 SAMPLE_ROWS = 10_000
+#: ... and at most this many values (a 128k vocabulary: 32 rows, 32 MB in float64).
+SAMPLE_VALUES = 1 << 22
 #: How far a row's sum (probabilities) or log-sum-exp (log-probabilities) may be from 1 or 0.
 ROW_TOLERANCE = 1e-3
 #: Where each kind keeps its T.
@@ -82,9 +84,9 @@ def _pt_entries(path: Path, options: SourceOptions) -> list[dict[str, Any]]:
 
 
 def sample_values(data: Any) -> dict[str, Any]:
-    """How the first rows' values look: probabilities (every row in [0, 1] summing to 1), log-probabilities (every
+    """How the first rows' values look (at most :data:`SAMPLE_ROWS` rows and about :data:`SAMPLE_VALUES` values): probabilities (every row in [0, 1] summing to 1), log-probabilities (every
     row <= 0 with a log-sum-exp of 0), or logits; their range, and the NaN and infinite values among them."""
-    rows = min(SAMPLE_ROWS, data.num_samples)
+    rows = min(SAMPLE_ROWS, max(1, SAMPLE_VALUES // data.num_classes), data.num_samples)
     if rows < 1:
         return {"looks_like": None, "sampled_rows": 0, "total_rows": data.num_samples}
     z = next(iter(data.chunks(rows, torch.device("cpu"), torch.float64)))[1]
