@@ -84,8 +84,9 @@ def _pt_entries(path: Path, options: SourceOptions) -> list[dict[str, Any]]:
 
 
 def sample_values(data: Any) -> dict[str, Any]:
-    """How the first rows' values look (at most :data:`SAMPLE_ROWS` rows and about :data:`SAMPLE_VALUES` values): probabilities (every row in [0, 1] summing to 1), log-probabilities (every
-    row <= 0 with a log-sum-exp of 0), or logits; their range, and the NaN and infinite values among them."""
+    """How the first rows' values look (at most :data:`SAMPLE_ROWS` rows, about :data:`SAMPLE_VALUES` values):
+    probabilities (every row in [0, 1] summing to 1), log-probabilities (every row <= 0 with a log-sum-exp of 0),
+    or logits; their range, and the NaN and infinite values among them."""
     rows = min(SAMPLE_ROWS, max(1, SAMPLE_VALUES // data.num_classes), data.num_samples)
     if rows < 1:
         return {"looks_like": None, "sampled_rows": 0, "total_rows": data.num_samples}

@@ -73,7 +73,7 @@ def test_the_console_names_t_and_the_file_written(tmp_path, cli):
 
 @pytest.mark.parametrize("suffix", [".npz", ".npy"])
 def test_npz_and_npy_outputs_read_back_with_numpy(tmp_path, cli, run_json, suffix):
-    path, t = fitted_copy(tmp_path, cli)
+    path, _ = fitted_copy(tmp_path, cli)
     target = tmp_path / f"out{suffix}"
     out = run_json(["apply", str(path), "-o", str(target), "--tau", "2"])
     z = load_file(str(path))["logits"].double().numpy()
@@ -244,18 +244,32 @@ def test_an_lm_eval_log(tmp_path, cli, run_json):
     assert out["labels"] and load_file(str(tmp_path / "p.safetensors"))["labels"].tolist() == labels
 
 
-@pytest.mark.parametrize("bad", ["p.txt", "same", "link"])
+REFUSED = {"p.txt": "suffix '.txt'", "same": "would overwrite the input file", "hard": "would overwrite the input file",
+           "link": "is a symbolic link to", "pipe": "is a named pipe", "read-only": "read-only"}
+
+
+@pytest.mark.parametrize("bad", list(REFUSED))
 def test_refused_outputs_write_nothing(tmp_path, cli, bad):
     path = tmp_path / "digits.safetensors"
     path.write_bytes(EXAMPLE.read_bytes())
-    target = {"p.txt": tmp_path / "p.txt", "same": path, "link": tmp_path / "link.safetensors"}[bad]
-    if bad == "link":
+    target = tmp_path / f"{bad}.safetensors"
+    if bad == "p.txt":
+        target = tmp_path / "p.txt"
+    elif bad == "same":
+        target = path
+    elif bad == "hard":
+        os.link(path, target)
+    elif bad == "link":
         os.symlink(tmp_path / "elsewhere.safetensors", target)
+    elif bad == "pipe":
+        os.mkfifo(target)
+    else:
+        (tmp_path / "locked").mkdir(mode=0o555)
+        target = tmp_path / "locked" / "p.safetensors"
     before = files_in(tmp_path)
     code, _, err = cli(["apply", str(path), "-o", str(target), "--tau", "2"])
     assert code == 2
-    assert_one_error_line(err, {"p.txt": "suffix '.txt'", "same": "would overwrite the input file",
-                                "link": "symbolic link"}[bad])
+    assert_one_error_line(err, REFUSED[bad])
     assert files_in(tmp_path) == before and path.read_bytes() == EXAMPLE.read_bytes()
 
 
