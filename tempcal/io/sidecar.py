@@ -14,10 +14,11 @@ import os
 import shutil
 import stat as stat_module
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import TempcalError, param
+from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
 from .atomic import write_atomic
 from .paths import check_target
@@ -56,8 +57,38 @@ def read_sidecar(path: str | os.PathLike) -> tuple[dict[str, str], list[str]]:
     if record["size"] == stat.st_size and (record["mtime_ns"] == stat.st_mtime_ns
                                            or record["sha256"] == file_sha256(path)):
         return dict(record["metadata"]), []
-    return {}, [f"{side}: was written for a different {path.name} (the file changed since); its stored "
-                "temperature is ignored (run tempcal fit again)"]
+    return {}, [StoredNote(f"{side}: was written for a different {path.name} (the file changed since); its stored "
+                           "temperature is ignored (run tempcal fit again)")]
+
+
+@dataclass(frozen=True)
+class SidecarState:
+    """What a file's sidecar holds: ``state`` is "none" (no sidecar), "fresh" (written for this version of the file),
+    "stale" (for another version: its T is ignored) or "broken" (not a readable sidecar); ``metadata`` is what it
+    records even when stale, ``detail`` why it is stale or broken."""
+
+    path: Path
+    state: str
+    metadata: dict[str, str]
+    detail: str | None = None
+
+
+def sidecar_state(path: str | os.PathLike) -> SidecarState:
+    """The state of ``path``'s sidecar, never raising for a stale or broken one (``tempcal inspect`` shows it)."""
+    path = Path(path)
+    side = sidecar_path(path)
+    if not side.exists() and not side.is_symlink():
+        return SidecarState(side, "none", {})
+    try:
+        check_target(side, str(side))
+        record = _read_record(side)
+        metadata, notes = read_sidecar(path)
+    except TempcalError as exc:
+        return SidecarState(side, "broken", {}, str(exc))
+    if notes:
+        return SidecarState(side, "stale", dict(record["metadata"]), "it was written for a different version of "
+                            f"{path.name} (size or contents changed since)")
+    return SidecarState(side, "fresh", metadata)
 
 
 def sidecar_temperature(path: str | os.PathLike) -> tuple[float | None, list[str]]:
@@ -197,5 +228,5 @@ def _current_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-__all__ = ["SIDECAR_SUFFIX", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_temperature", "updated_metadata",
-           "write_sidecar", "write_sidecar_copy"]
+__all__ = ["SIDECAR_SUFFIX", "SidecarState", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_state",
+           "sidecar_temperature", "updated_metadata", "write_sidecar", "write_sidecar_copy"]

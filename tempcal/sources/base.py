@@ -130,6 +130,12 @@ class OpenedSource:
             values[name] = value if value != default else None
         return {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
 
+    def temperature_place(self) -> str:
+        """Where this SOURCE's T would be stored, for a message saying none is."""
+        if self.paths:
+            return self.kind.temperature_place(self.paths[0])
+        return f"not a calibrated model: write one with tempcal fit {param('save_model')} PATH"
+
     def share(self) -> tuple[int, int]:
         """The rows ``[start, stop)`` this process reduces: all of them, or its rank's share under torch.distributed."""
         from ..core import distributed
@@ -193,6 +199,19 @@ class SourceKind(ABC):
         from ..io.sidecar import sidecar_temperature
 
         return sidecar_temperature(path)
+
+    def temperature_place(self, path: Path) -> str:
+        """Where this kind keeps ``path``'s T, why none is there and what to do, as "has no stored temperature
+        (...)" says it; by default its sidecar."""
+        from ..io.sidecar import sidecar_state
+
+        state = sidecar_state(path)
+        why = {"none": "there is none: run tempcal fit first",
+               "stale": "it was written for a different version of the file, so its T is ignored: run tempcal fit "
+                        "again",
+               "fresh": "it holds none: run tempcal fit first",
+               "broken": "it is not a readable sidecar: fix or delete it, or run tempcal fit again"}[state.state]
+        return f"{path.name} has no metadata, so its T is kept in the sidecar {state.path}; {why}"
 
     def stored_metadata(self, path: Path) -> dict[str, str]:
         """The metadata kept with ``path``'s T (by default its current sidecar's; none when it is missing or broken)."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import Note, TempcalError, param
+from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import OpenedSource, SourceKind, SourceOptions
 from .bounded_lines import BoundedLines, OverLimit
@@ -321,10 +321,23 @@ class LmEvalKind(SourceKind):
         fitted_norm = metadata.get(NORM_KEY)
         if stored is not None and self.norm is not None and fitted_norm is not None and fitted_norm != self.norm:
             flag = param("lm_eval_norm")
-            notes.append(Note(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so it is "
-                              f"ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit again"))
+            notes.append(StoredNote(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so "
+                                    f"it is ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit "
+                                    "again"))
             stored = None
         return stored, list(notes)
+
+    def temperature_place(self, path: Path) -> str:
+        """The sidecar, and the normalisation its T was fitted under when that is not this run's."""
+        from ..io.sidecar import sidecar_state
+
+        state = sidecar_state(path)
+        fitted_norm = state.metadata.get(NORM_KEY)
+        if state.state == "fresh" and fitted_norm is not None and self.norm is not None and fitted_norm != self.norm:
+            flag = param("lm_eval_norm")
+            return (f"the T in its sidecar {state.path} was fitted with {flag} {fitted_norm}, not {flag} "
+                    f"{self.norm}: pass {flag} {fitted_norm}, or fit again")
+        return super().temperature_place(path)
 
     def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
         """T (and the normalisation it was fitted under) into the sidecar of ``path``, or of a copy at ``output``."""

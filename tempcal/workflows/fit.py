@@ -10,7 +10,7 @@ from ..core.data import LogitsData
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
-from ..errors import DataError, param
+from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..output.progress import Progress
 from ..sources.base import SourceOptions
@@ -81,6 +81,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     """
     warnings: list[str] = []
     loaded = open_source(source, options, **keys)
+    loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
     probs = loaded.options.probs
     evaluated = None
     if eval_file is not None:

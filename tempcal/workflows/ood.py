@@ -312,12 +312,13 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
             raise TempcalError(f"{param('odin_eps')} scores by max softmax: drop {param('score')} or give msp")
     options = options or SourceOptions()
     options = options.but(ignore_index=None, **({"react": react} if react is not None else {}), **keys)
-    loaded = open_source(source, options)
+    loaded = open_source(source, options, labels_optional=True)  # no score uses labels
     # A file is named as given (a glob stays a glob); a model run over its inputs as "MODEL on INPUTS".
     source_name = given_name if given_name and loaded.paths else loaded.name
     stored = loaded.stored_temperature
     check_stored_reading(loaded, uses_stored(taus))
-    tau_list = resolve_taus(taus, stored, source_name, defaults=DEFAULT_TAUS, sort=False)
+    tau_list = resolve_taus(taus, stored, source_name, defaults=DEFAULT_TAUS, sort=False,
+                           place=loaded.temperature_place())
     others = []
     for name, other in zip(ood_names, ood_files, strict=True):
         opened = loaded.open_related(other, labels_optional=True)

@@ -66,7 +66,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
     check_stored_reading(loaded, uses_stored(taus, sweep))
-    resolved = resolve_taus(taus, stored, loaded.name, sweep=sweep)
+    resolved = resolve_taus(taus, stored, loaded.name, sweep=sweep, place=loaded.temperature_place())
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings)
     results = evaluate_many(scan, resolved, bins=bins)
     extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
