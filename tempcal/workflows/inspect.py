@@ -72,8 +72,9 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
     report = InspectReport(" ".join(str(s) for s in sources), kind.name, [str(p) for p in paths], [], {})
     report.tensors = _or_problem(lambda: tensors_of(kind, paths, options), report.problems) or []
     report.sidecar = _sidecar(kind, paths[0])
-    opened = _opened(paths, options, report.problems)
-    if opened is None and (other := _other_logits(report.tensors, options)) is not None:
+    without_inputs = kind.name == "model" and options.inputs is None  # described from its file alone
+    opened = None if without_inputs else _opened(paths, options, report.problems)
+    if opened is None and not without_inputs and (other := _other_logits(report.tensors, options)) is not None:
         opened = _opened(paths, options.but(logits_key=other), [])
         if opened is not None:
             report.hints.append(Note(f"'{options.logits_key}' is absent; '{other}' is read as the logits here: name "

@@ -299,3 +299,18 @@ def test_the_python_api(tmp_path):
     assert isinstance(result, tempcal.ApplyResult) and result.key == "log_probs" and result.passes == 2
     with pytest.raises(tempcal.TempcalError, match=r"has no stored temperature \(metadata 'tempcal.temperature'"):
         tempcal.apply_file(path, tmp_path / "z.safetensors")
+
+
+def test_a_configuration_file_names_source_output_and_as(tmp_path, cli, monkeypatch):
+    path, t = fitted_copy(tmp_path, cli)
+    (tmp_path / "tempcal.toml").write_text(f'source = "{path.name}"\n[apply]\noutput = "out/cal.npz"\nas = "logits"\n')
+    (tmp_path / "out").mkdir()
+    (tmp_path / "deep").mkdir()
+    monkeypatch.chdir(tmp_path / "deep")  # relative paths are the configuration file's
+    code, _, err = cli(["apply", "-q"])
+    assert code == 0, err
+    z = load_file(str(path))["logits"].numpy()
+    np.testing.assert_allclose(np.load(tmp_path / "out" / "cal.npz")["logits"], z / t, rtol=1e-6)
+    (tmp_path / "tempcal.toml").write_text('[apply]\nas = "odds"\n')
+    code, _, err = cli(["apply", str(path), "-o", str(tmp_path / "x.npz")])
+    assert code == 2 and "as" in assert_one_error_line(err)

@@ -34,7 +34,8 @@ def assert_same_figures(a: dict, b: dict, tol: float = 1e-6) -> None:
         assert a[key] == pytest.approx(b[key], abs=tol), key
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+# float32 storage takes bfloat16's path less its conversion: the default run keeps bfloat16 and float64.
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16, torch.float64])
 def test_fit_report_ood_equal_the_materialised_logits(tmp_path, run_json, dtype):
     h, w, b, y = hidden_and_head(1500, 24, 3000, seed=1)
     h, w, b = h.to(dtype), w.to(dtype), b.to(dtype)
@@ -118,6 +119,7 @@ def test_a_hugging_face_folder_as_head_fits_like_its_logits(tmp_path, run_json):
     assert a["num_classes"] == VOCAB and abs(a["temperature"] - b["temperature"]) / b["temperature"] < 1e-5
 
 
+@pytest.mark.slow  # the example script with transformers (about 30 s); the head of an HF folder is tested without it
 def test_the_example_script_dumps_rows_that_fit(tmp_path, run_json):
     pytest.importorskip("transformers")
     done = subprocess.run([sys.executable, str(EXAMPLES / "lm_hidden_states.py"), "--demo", str(tmp_path / "m")],

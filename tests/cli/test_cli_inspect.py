@@ -144,7 +144,7 @@ def test_a_model_with_and_without_its_inputs(tmp_path, run_json):
     model = save_program(MLP(), x[:2], tmp_path / "model.pt2")
     alone = run_json(["inspect", str(model)])
     assert alone["details"]["format"].startswith("an exported program") and alone["stored"]["temperature"] is None
-    assert any("--inputs" in h for h in alone["hints"])
+    assert any("--inputs" in h for h in alone["hints"]) and not alone["problems"]
     inputs = write_inputs(tmp_path / "inputs.safetensors", x, torch.randint(0, 5, (30,)))
     run = run_json(["inspect", str(model), "--inputs", str(inputs)])
     assert run["rows"] == 30 and run["num_classes"] == 5 and run["values"]["looks_like"] == "logits"
