@@ -11,7 +11,7 @@ first j rows (the expectation over the orders of the tie). With N rows of which 
 * AUGRC ``= (1/N) sum_k errors(k) / N``: the generalised risk (errors kept over all rows), Traub et al. 2024.
 
 Memory: one float64 per row for every confidence and one more per misclassified row, both sorted in
-place; a tie block is found by its run in the sorted confidences and its errors by their run in the
+place (:func:`ranked_metrics` takes them so; :func:`selective_metrics` sorts copies); a tie block is found by its run in the sorted confidences and its errors by their run in the
 sorted confidences of the errors, chunk by chunk (:data:`CHUNK` values at a time), so nothing else per row
 is kept. Harmonic sums turn each block's contribution into closed forms:
 ``sum_{j=1..m} 1/(s+j) = H(s+m) - H(s)`` and ``sum_{j=1..m} j/(s+j) = m - s (H(s+m) - H(s))``.
@@ -59,13 +59,25 @@ def _block_terms(starts: np.ndarray, sizes: np.ndarray, errors: np.ndarray, erro
     return float(by_rank.sum()), float(total.sum())
 
 
+def rank_in_place(values: np.ndarray) -> np.ndarray:
+    """``values`` (float64) negated and sorted in place: most confident first, with no copy of the rows."""
+    np.negative(values, out=values)
+    values.sort()
+    return values
+
+
 def selective_metrics(confidence: np.ndarray, wrong_confidence: np.ndarray) -> SelectiveMetrics:
     """The figures of ``confidence`` (every row's) and ``wrong_confidence`` (the misclassified rows')."""
-    n = confidence.size
+    return ranked_metrics(np.sort(-np.asarray(confidence, dtype=np.float64)),
+                          np.sort(-np.asarray(wrong_confidence, dtype=np.float64)))
+
+
+def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray) -> SelectiveMetrics:
+    """:func:`selective_metrics` of confidences already ranked: minus every row's and minus the misclassified rows'
+    confidences, each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place."""
+    n = ranked.size
     if n == 0:
         return SelectiveMetrics(math.nan, math.nan, math.nan)
-    ranked = np.sort(-np.asarray(confidence, dtype=np.float64))  # ascending = most confident first
-    wrong = np.sort(-np.asarray(wrong_confidence, dtype=np.float64))
     if wrong.size > n:
         raise ValueError(f"{wrong.size} misclassified rows among {n}")
     by_rank = total = 0.0
@@ -103,11 +115,15 @@ def risk_coverage_curve(confidence: np.ndarray, wrong_confidence: np.ndarray, po
 
     Ties are taken in expectation, as in :func:`selective_metrics`; for drawing risk-coverage curves.
     """
-    n = confidence.size
+    return ranked_curve(np.sort(-np.asarray(confidence, dtype=np.float64)),
+                        np.sort(-np.asarray(wrong_confidence, dtype=np.float64)), points)
+
+
+def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`risk_coverage_curve` of ranked confidences, as :func:`ranked_metrics` takes them."""
+    n = ranked.size
     if n == 0:
         return np.zeros(0), np.zeros(0)
-    ranked = np.sort(-np.asarray(confidence, dtype=np.float64))
-    wrong = np.sort(-np.asarray(wrong_confidence, dtype=np.float64))
     ks = np.unique(np.linspace(1, n, min(points, n)).round().astype(np.int64))
     kth = ranked[ks - 1]
     first = np.searchsorted(ranked, kth, side="left")  # rows strictly more confident than the k-th

@@ -24,20 +24,36 @@ MESH_POINTS = 200
 MIN_BANDWIDTH = 1e-3
 #: relplot's ``search_param(refine=10)``.
 HALVINGS = 10
+#: Rows spread onto the grid at a time.
+CHUNK = 1 << 16
+
+
+def _spread(values: np.ndarray, points: int, residual: bool) -> np.ndarray:
+    """``values`` (weights ``values - 1`` with ``residual``, else 1) spread onto ``points`` grid points by linear
+    interpolation."""
+    position = values * (points - 1)
+    index = position.astype(np.int64).clip(0, points - 2)
+    frac = position - index
+    low = 1 - frac
+    if residual:
+        weight = values - 1.0
+        low *= weight
+        frac *= weight
+    return np.bincount(index, low, minlength=points) + np.bincount(index + 1, frac, minlength=points)
 
 
 def _grid_sums(confidence: np.ndarray, wrong_confidence: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(residual, count)`` spread onto ``points`` grid points by linear interpolation."""
-    def spread(values: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-        position = values * (points - 1)
-        index = position.astype(np.int64).clip(0, points - 2)
-        frac = position - index
-        w = np.ones_like(values) if weights is None else weights
-        return (np.bincount(index, (1 - frac) * w, minlength=points)
-                + np.bincount(index + 1, frac * w, minlength=points))
-
-    residual = spread(confidence, confidence - 1.0) + spread(wrong_confidence, None)
-    return residual, spread(confidence, None)
+    """``(residual, count)`` spread onto ``points`` grid points, :data:`CHUNK` rows at a time (the temporaries
+    stay a few megabytes, whatever the rows)."""
+    residual = np.zeros(points)
+    count = np.zeros(points)
+    for start in range(0, confidence.size, CHUNK):
+        part = confidence[start:start + CHUNK]
+        residual += _spread(part, points, True)
+        count += _spread(part, points, False)
+    for start in range(0, wrong_confidence.size, CHUNK):
+        residual += _spread(wrong_confidence[start:start + CHUNK], points, False)
+    return residual, count
 
 
 def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
