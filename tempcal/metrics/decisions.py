@@ -1,0 +1,97 @@
+"""What T does to decisions made on the confidence: the risk-coverage figures and the smooth ECE of any rows.
+
+:func:`decision_figures` takes the confidences of a set of rows (every row, one group's, one fold's) and whether
+each prediction is right, and gives AURC, E-AURC, AUGRC (:mod:`.selective`), the smooth ECE
+(:mod:`.smooth_ece`) and a risk-coverage curve of :data:`CURVE_POINTS` points. Memory: the confidences are
+ranked in place when the caller lets them be (``overwrite``), so beyond the caller's one float64 per row it holds
+one float64 per misclassified row and a few megabytes. These gather a calibration pass's kept
+confidences (:meth:`Scan.calibration` ``keep=("confidence",)``, :func:`gathered_confidence`) and the rows'
+correctness (:func:`gathered_correct`) from every torch.distributed rank, in rank order, so every figure is the
+one-process figure.
+
+``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..core.distributed import all_gather_rows
+from ..core.limits import available_bytes
+from .selective import rank_in_place, ranked_curve, ranked_metrics
+from .smooth_ece import smooth_ece
+
+#: Points of the risk-coverage curve in each metrics object's JSON.
+CURVE_POINTS = 100
+#: Set to 1 to leave the decision figures out (benchmarks measure their cost with it).
+SKIP_VARIABLE = "TEMPCAL_SKIP_DECISIONS"
+#: Bytes per row and temperature a calibration pass keeps for them (one float64 confidence), and at most this
+#: fraction of the free memory is given to them in one read.
+ROW_BYTES, MEMORY_SHARE = 8, 0.25
+
+
+@dataclass(frozen=True)
+class DecisionFigures:
+    """AURC, E-AURC, AUGRC, smooth ECE and the risk-coverage curve (``coverage``, ``risk``) of a set of rows."""
+
+    aurc: float = math.nan
+    eaurc: float = math.nan
+    augrc: float = math.nan
+    smece: float = math.nan
+    risk_coverage: dict[str, list[float]] = field(default_factory=dict)
+
+
+def enabled() -> bool:
+    """False when ``TEMPCAL_SKIP_DECISIONS=1`` (cost measurements only)."""
+    return os.environ.get(SKIP_VARIABLE, "") != "1"
+
+
+def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: bool = False,
+                     points: int = CURVE_POINTS) -> DecisionFigures:
+    """The figures of rows with these confidences (float64) and correctness (bool); any subset of rows.
+
+    ``overwrite`` lets the confidences be ranked in place (the array is then sorted and negated).
+    """
+    confidence = np.asarray(confidence, dtype=np.float64)
+    correct = np.asarray(correct, dtype=bool)
+    if confidence.shape != correct.shape:
+        raise ValueError(f"{confidence.size} confidences but {correct.size} correctness flags")
+    if confidence.size == 0:
+        return DecisionFigures()
+    wrong = confidence[~correct]  # a copy: 8 bytes per misclassified row
+    smooth = smooth_ece(confidence, wrong)  # order-free sums, before the ranking reorders the rows
+    ranked = rank_in_place(confidence if overwrite else confidence.copy())
+    wrong = rank_in_place(wrong)
+    figures = ranked_metrics(ranked, wrong)
+    coverage, risk = ranked_curve(ranked, wrong, points)
+    return DecisionFigures(aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc, smece=smooth,
+                           risk_coverage={"coverage": coverage.tolist(), "risk": risk.tolist()})
+
+
+def gathered_confidence(confidence: torch.Tensor) -> np.ndarray:
+    """This process's rows' kept confidences (``[rows]`` float64) with every rank's in rank order, as a host numpy
+    array (no copy in a single CPU process)."""
+    return all_gather_rows(confidence).cpu().numpy()
+
+
+def gathered_correct(correct: torch.Tensor) -> np.ndarray:
+    """Whether each row's prediction is right (bool ``[rows]``), every rank's rows in rank order, on the host."""
+    return all_gather_rows(correct.to(torch.uint8)).cpu().numpy().astype(bool)
+
+
+def temperatures_per_read(rows: int, device: torch.device | str) -> int:
+    """How many temperatures' confidences one read may keep: all of them, unless ``rows`` floats per temperature
+    would take more than :data:`MEMORY_SHARE` of the memory free on ``device`` (and the host)."""
+    free = [b for b in (available_bytes(device), available_bytes("cpu")) if b is not None]
+    if not free or rows == 0:
+        return 1 << 30
+    return max(1, int(min(free) * MEMORY_SHARE) // (ROW_BYTES * rows))
+
+
+__all__ = ["CURVE_POINTS", "DecisionFigures", "decision_figures", "enabled", "gathered_confidence", "gathered_correct",
+           "temperatures_per_read"]
