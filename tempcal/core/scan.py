@@ -251,8 +251,8 @@ class Scan:
         """
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
-        for chunk in self.row_chunks():
-            terms.add_chunk(*chunk, self.scratch)
+        for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
+            terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
         return terms.results(all_reduce(terms.acc).cpu(), all_reduce(terms.per_bin).cpu(), self.num_samples)
 
     def visit(self, betas: Sequence[float], visitor: ChunkVisitor) -> None:

@@ -18,7 +18,7 @@ Scores are one float per fitting row; set sizes and coverage are sums over evalu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -62,7 +62,7 @@ def threshold(scores: np.ndarray, alpha: float) -> float:
     return float(np.partition(np.asarray(scores, dtype=np.float64), rank - 1)[rank - 1])
 
 
-def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: dict[str, Sequence[float]]
+def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]
              ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per score, each row's sets at every threshold: ``(covered, size)``, both ``[len(thresholds), rows]``
     (whether the set holds the label; its number of classes, float64)."""
@@ -87,14 +87,14 @@ def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: dict[str, Se
     return out
 
 
-def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: dict[str, Sequence[float]]
+def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]
              ) -> dict[str, torch.Tensor]:
     """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
     return {score: torch.stack([covered.sum(1), size.sum(1)], 1).double()
             for score, (covered, size) in set_rows(probs, labels, thresholds).items()}
 
 
-def results(alphas: Sequence[float], thresholds: dict[str, Sequence[float]], sums: dict[str, torch.Tensor],
+def results(alphas: Sequence[float], thresholds: Mapping[str, Sequence[float]], sums: dict[str, torch.Tensor],
             rows: int) -> list[ConformalResult]:
     """The contract's list: every alpha, LAC then APS, from the thresholds and the summed set figures."""
     out = []

@@ -189,14 +189,14 @@ def report_tables(console: Console, result) -> list[Table]:
     notes = report_notes(result)
     columns.append(Column("", [Text(f" {note}" if note else "", style="bold") for note in notes],
                           justify="left", min_width=len(" stored, min NLL")))
-    options = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False, "padding": 0}
-    tables = split_tables(console, columns, **options)
+    tables = split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
     if all(m.aurc != m.aurc for m in rows):  # NaN everywhere: the decision figures were not computed
         return tables
     decisions = [Column("tau", [f"{m.tau:.4g}" for m in rows], min_width=7)]
     decisions += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7)
                   for key, header in DECISION_COLUMNS]
-    return tables + split_tables(console, decisions, **options)
+    return tables + split_tables(console, decisions, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                                 padding=0)
 
 
 def sweep_sentence(result) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 from ..errors import TempcalError, param
 
@@ -132,7 +133,7 @@ def reliability_figure(panels: list[tuple[str, object]], source: str | None = No
 NAMED_CURVES = 10
 
 
-def risk_coverage_axes(ax, panels: list[tuple[str, object]]) -> None:
+def risk_coverage_axes(ax, panels: list[tuple[str, Any]]) -> None:
     """Risk (error rate among the rows kept, most confident first) against coverage, a curve per ``(label,
     metrics)``: named in the figure's legend, or, beyond :data:`NAMED_CURVES`, shaded by tau with a colour bar."""
     shown = [(label, m) for label, m in panels if getattr(m, "risk_coverage", None)]
