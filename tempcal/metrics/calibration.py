@@ -101,8 +101,9 @@ class CalibrationMetrics:
     def decisions(self) -> dict:
         """The decision figures as JSON: AURC, E-AURC, AUGRC, smooth ECE, the risk-coverage curve and (when asked
         for) the conformal sets."""
-        out: dict = {"aurc": self.aurc, "eaurc": self.eaurc, "augrc": self.augrc, "smece": self.smece,
-                     "risk_coverage": self.risk_coverage}
+        figures = {"aurc": self.aurc, "eaurc": self.eaurc, "augrc": self.augrc, "smece": self.smece}
+        out: dict = {name: None if math.isnan(value) else value for name, value in figures.items()}  # not computed
+        out["risk_coverage"] = self.risk_coverage
         if self.conformal:
             out["conformal"] = [c.to_json() for c in self.conformal]
         return out

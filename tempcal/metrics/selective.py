@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Sorted confidences are walked this many at a time.
-CHUNK = 1 << 20
+#: Sorted confidences are walked this many at a time (the walk's temporaries: about 100 bytes per value of a chunk).
+CHUNK = 1 << 14
 
 
 @dataclass(frozen=True)

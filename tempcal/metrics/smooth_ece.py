@@ -24,8 +24,8 @@ MESH_POINTS = 200
 MIN_BANDWIDTH = 1e-3
 #: relplot's ``search_param(refine=10)``.
 HALVINGS = 10
-#: Rows spread onto the grid at a time.
-CHUNK = 1 << 16
+#: Rows spread onto the grid at a time (about 50 bytes of temporaries per row of a chunk).
+CHUNK = 1 << 14
 
 
 def _spread(values: np.ndarray, points: int, residual: bool) -> np.ndarray:
