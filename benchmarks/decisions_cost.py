@@ -88,7 +88,9 @@ def main() -> None:
     path = DATA / f"decisions-{args.rows}x{args.classes}.safetensors"
     if not path.exists():
         start = time.perf_counter()
-        write_logits_file(path, args.rows, args.classes)
+        partial = path.with_suffix(".partial")  # renamed once whole: an interrupted write is never reused
+        write_logits_file(partial, args.rows, args.classes)
+        partial.rename(path)
         print(f"wrote {path} ({path.stat().st_size / 1e9:.2f} GB) in {time.perf_counter() - start:.0f} s")
     for line in machine_lines():
         print(line)

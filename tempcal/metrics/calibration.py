@@ -21,10 +21,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from statistics import NormalDist
 
+import numpy as np
 import torch
 
 from ..core.scan import CalibrationSums, Scan
@@ -147,21 +148,35 @@ def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> Calib
     return evaluate_many(scan, [tau], bins=bins)[0]
 
 
+#: Called with a temperature, every row's confidence there (float64, every rank's rows) and the rows'
+#: correctness, before the ranking reorders the confidences: a group's or a fold's figures from the same read.
+RowsHook = Callable[[float, np.ndarray, np.ndarray], None]
+
+
 @dataclass(frozen=True)
 class ConformalPlan:
-    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds."""
+    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds.
+
+    With ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) the sets are summed per group
+    too, and ``on_sums`` gets, per temperature, each score's sums ``[num_groups, thresholds, 2]`` (rows covered,
+    classes in the sets; :func:`.conformal_pass.set_results` turns a group's into the contract's list).
+    """
 
     alphas: list[float]
     thresholds: list[Thresholds]
+    groups: torch.Tensor | None = None
+    num_groups: int = 1
+    on_sums: Callable[[float, dict[str, torch.Tensor]], None] | None = None
 
 
 def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS, decisions: bool | None = None,
-                  conformal: ConformalPlan | None = None) -> list[CalibrationMetrics]:
+                  conformal: ConformalPlan | None = None, on_rows: RowsHook | None = None) -> list[CalibrationMetrics]:
     """Calibration metrics at several temperatures in one pass over the data.
 
     The decision figures (``decisions``; by default unless ``TEMPCAL_SKIP_DECISIONS=1``) come from the same read:
     every row's confidence at every temperature, 8 bytes per row and temperature (beyond a quarter of the free
-    memory, the temperatures are taken a group per read). ``conformal`` forms its sets on these rows.
+    memory, the temperatures are taken a group per read). ``conformal`` forms its sets on these rows; ``on_rows``
+    sees every temperature's confidences (:data:`RowsHook`).
     """
     for tau in taus:
         if not tau > 0:
@@ -172,20 +187,20 @@ def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS
         raise ValueError(f"{len(conformal.thresholds)} sets of conformal thresholds for {len(taus)} temperatures")
     decisions = decisions_module.enabled() if decisions is None else decisions
     taus = [float(t) for t in taus]
-    step = decisions_module.temperatures_per_read(scan.data.num_samples, scan.device) if decisions else len(taus)
+    step = max(decisions_module.temperatures_per_read(scan.data.num_samples, scan.device), 1) if decisions \
+        else len(taus)
     out: list[CalibrationMetrics] = []
-    for first in range(0, len(taus), max(step, 1)):
-        part = taus[first:first + step]
-        plan = None if conformal is None else ConformalPlan(conformal.alphas,
-                                                            conformal.thresholds[first:first + step])
-        out += _evaluate_read(scan, part, bins, decisions, plan)
+    for first in range(0, len(taus), step):
+        plan = None if conformal is None else replace(conformal, thresholds=conformal.thresholds[first:first + step])
+        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, plan, on_rows)
     return out
 
 
-def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, conformal: ConformalPlan | None
-                   ) -> list[CalibrationMetrics]:
+def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, conformal: ConformalPlan | None,
+                   on_rows: RowsHook | None) -> list[CalibrationMetrics]:
     """:func:`evaluate_many` of the temperatures that one read serves."""
-    sets = None if conformal is None else SetSums(conformal.thresholds, scan.device)
+    sets = None if conformal is None else SetSums(conformal.thresholds, scan.device, groups=conformal.groups,
+                                                  num_groups=conformal.num_groups)
     results = scan.calibration([1.0 / tau for tau in taus], bins, keep=("confidence",) if decisions else (),
                                visitor=sets)
     correct = decisions_module.gathered_correct(scan.stats.correct) if decisions else None
@@ -195,13 +210,18 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, co
         metrics = from_sums(tau, sums)
         if kept is not None and correct is not None:
             confidence = decisions_module.gathered_confidence(kept.pop("confidence"))
+            if on_rows is not None:
+                on_rows(tau, confidence, correct)
             figures = decisions_module.decision_figures(confidence, correct, overwrite=True)
             del confidence
             metrics = replace(metrics, aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc,
                               smece=figures.smece, risk_coverage=figures.risk_coverage)
         if set_sums is not None and conformal is not None:
-            found = set_results(conformal.alphas, conformal.thresholds[k], set_sums[k], sums.count)
-            metrics = replace(metrics, conformal=found)
+            if conformal.on_sums is not None:
+                conformal.on_sums(tau, set_sums[k])
+            every = {score: values.sum(0, keepdim=True) for score, values in set_sums[k].items()}
+            metrics = replace(metrics, conformal=set_results(conformal.alphas, conformal.thresholds[k], every,
+                                                             sums.count))
         out.append(metrics)
     return out
 

@@ -73,16 +73,20 @@ def selective_metrics(confidence: np.ndarray, wrong_confidence: np.ndarray) -> S
                           np.sort(-np.asarray(wrong_confidence, dtype=np.float64)))
 
 
-def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray) -> SelectiveMetrics:
+def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False) -> SelectiveMetrics:
     """:func:`selective_metrics` of confidences already ranked: minus every row's and minus the misclassified rows'
-    confidences, each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place."""
+    confidences, each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place.
+
+    With ``right``, the second array holds the correctly classified rows' confidences instead: a block's errors are
+    its size less its right rows, so a caller keeps whichever of the two subsets is smaller.
+    """
     n = ranked.size
     if n == 0:
         return SelectiveMetrics(math.nan, math.nan, math.nan)
     if wrong.size > n:
-        raise ValueError(f"{wrong.size} misclassified rows among {n}")
-    by_rank = total = 0.0
-    position = errors_seen = 0
+        raise ValueError(f"{wrong.size} {'correctly classified' if right else 'misclassified'} rows among {n}")
+    by_rank = total = errors_seen = 0.0
+    position = counted = 0
     while position < n:
         stop = min(position + CHUNK, n)
         last = ranked[stop - 1]
@@ -93,17 +97,19 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray) -> SelectiveMetrics:
         firsts = np.concatenate([[0], edges])
         sizes = np.diff(np.concatenate([firsts, [values.size]])).astype(np.float64)
         block_values = values[firsts]
-        errors = (np.searchsorted(wrong, block_values, side="right")
-                  - np.searchsorted(wrong, block_values, side="left")).astype(np.float64)
+        found = (np.searchsorted(wrong, block_values, side="right")
+                 - np.searchsorted(wrong, block_values, side="left")).astype(np.float64)
+        errors = sizes - found if right else found
         before = errors_seen + np.concatenate([[0.0], np.cumsum(errors)[:-1]])
         part_rank, part_total = _block_terms(position + firsts.astype(np.float64), sizes, errors, before)
         by_rank += part_rank
         total += part_total
-        errors_seen += int(errors.sum())
+        errors_seen += float(errors.sum())
+        counted += int(found.sum())
         position = stop
-    if errors_seen != wrong.size:
-        raise ValueError("a misclassified row's confidence is not among the rows' confidences")
-    correct = n - wrong.size
+    if counted != wrong.size:
+        raise ValueError("a subset row's confidence is not among the rows' confidences")
+    correct = wrong.size if right else n - wrong.size
     aurc = by_rank / n
     # Perfect ranking: errors(k) = max(0, k - N_c); sum_{k > N_c} (k - N_c)/k = (n - N_c) - N_c (H(n) - H(N_c)).
     optimal = ((n - correct) - correct * float(harmonic(n) - harmonic(correct))) / n
@@ -120,8 +126,9 @@ def risk_coverage_curve(confidence: np.ndarray, wrong_confidence: np.ndarray, po
                         np.sort(-np.asarray(wrong_confidence, dtype=np.float64)), points)
 
 
-def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`risk_coverage_curve` of ranked confidences, as :func:`ranked_metrics` takes them."""
+def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200, *, right: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`risk_coverage_curve` of ranked confidences, as :func:`ranked_metrics` takes them (``right`` too)."""
     n = ranked.size
     if n == 0:
         return np.zeros(0), np.zeros(0)
@@ -131,5 +138,7 @@ def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200) -> tu
     size = np.searchsorted(ranked, kth, side="right") - first
     errors_before = np.searchsorted(wrong, kth, side="left")
     errors_tie = np.searchsorted(wrong, kth, side="right") - errors_before
+    if right:  # counts of right rows: the errors are the rest
+        errors_before, errors_tie = first - errors_before, size - errors_tie
     errors = errors_before + (ks - first) * errors_tie / size
     return ks / n, errors / ks

@@ -18,7 +18,7 @@ from tempcal.metrics import decisions
 from tempcal.metrics.bootstrap import bootstrap_replicates
 from tempcal.metrics.calibration import ConformalPlan, evaluate_many
 from tempcal.metrics.conformal import set_sums
-from tempcal.metrics.conformal_pass import SetSums, fit_thresholds
+from tempcal.metrics.conformal_pass import SetSums, fit_thresholds, set_results
 from tempcal.metrics.conformal_pass import probabilities as chunk_probabilities
 from tempcal.metrics.selective import selective_metrics
 
@@ -160,3 +160,47 @@ def test_bootstrap_resamples_the_risk_coverage_figures_with_the_same_draws():
         assert replicates["eaurc"][r] == pytest.approx(ref["eaurc"], abs=1e-12)
         assert replicates["augrc"][r] == pytest.approx(ref["augrc"], abs=1e-12)
         assert replicates["aurc"][r] == pytest.approx(selective_metrics(c, c[~k]).aurc, abs=1e-12)
+
+
+def test_the_hooks_give_each_groups_figures_and_sets_from_the_same_read():
+    """What ``--group-by`` and ``--folds`` build on: ``on_rows`` sees every row's confidence before the ranking, and
+    a plan with groups sums each group's sets; both from the one metrics read."""
+    z, y = tied(900, 6, seed=7)
+    groups = torch.arange(900) % 4
+    scan = scan_of(z, y, chunk_rows=111)
+    thresholds = fit_thresholds(scan_of(z[:300], y[:300]), [1.4], [0.2])
+    seen_rows, seen_sums = {}, {}
+    plan = ConformalPlan([0.2], thresholds, groups=groups, num_groups=4,
+                         on_sums=lambda tau, sums: seen_sums.update({tau: sums}))
+    before = scan.passes
+    [m] = evaluate_many(scan, [1.4], conformal=plan,
+                        on_rows=lambda tau, conf, ok: seen_rows.update({tau: (conf.copy(), ok.copy())}))
+    assert scan.passes == before + 1
+    confidence, correct = seen_rows[1.4]
+    p = probabilities(z, 1.4)
+    for g in range(4):
+        rows = (groups == g).numpy()
+        figures = decisions.decision_figures(confidence[rows], correct[rows])
+        ref = ref_risk_coverage(confidence[rows], correct[rows])
+        assert (figures.aurc, figures.eaurc, figures.augrc) == pytest.approx(tuple(ref.values()), abs=1e-12)
+        found = set_results([0.2], thresholds[0], seen_sums[1.4], int(rows.sum()), group=g)
+        for c in found:
+            _, coverage, size = ref_conformal(p[:300], y.numpy()[:300], p[rows], y.numpy()[rows], 0.2)[c.score]
+            assert (c.coverage, c.mean_size) == pytest.approx((coverage, size), abs=1e-12)
+    assert [c.coverage for c in m.conformal] == pytest.approx(
+        [ref_conformal(p[:300], y.numpy()[:300], p, y.numpy(), 0.2)[s][1] for s in ("lac", "aps")], abs=1e-12)
+
+
+@pytest.mark.parametrize("accuracy", [0.08, 0.5, 0.93])
+def test_the_smaller_subset_kept_gives_the_same_figures(accuracy):
+    """Mostly wrong rows (a language model's next tokens) keep the right rows' confidences, mostly right ones the
+    wrong rows': either way the reference figures, and relplot's smooth ECE."""
+    rng = np.random.default_rng(int(accuracy * 100))
+    confidence = np.round(rng.random(3000), 3)
+    correct = rng.random(3000) < accuracy
+    figures = decisions.decision_figures(confidence, correct)
+    ref = ref_risk_coverage(confidence, correct)
+    assert (figures.aurc, figures.eaurc, figures.augrc) == pytest.approx(tuple(ref.values()), abs=1e-12)
+    assert figures.risk_coverage["risk"][-1] == pytest.approx(1 - correct.mean(), abs=1e-12)
+    relplot = pytest.importorskip("relplot", reason="relplot (a dev dependency) checks the smooth ECE")
+    assert figures.smece == pytest.approx(relplot.smECE(confidence, correct.astype(np.float64)), abs=1e-4)
