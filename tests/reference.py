@@ -159,3 +159,78 @@ def ref_scores(logits, tau: float, gamma: float = 0.1, top: int = 100) -> dict[s
     order = np.argsort(-z, axis=1, kind="stable")[:, : min(top, classes)]
     return {"msp": p[rows, best], "energy": z_max + tau * log_s0, "maxlogit": maxlogit, "entropy": entropy,
             "gen": -np.take_along_axis(terms, order, axis=1).sum(axis=1)}
+
+
+# -- decisions: risk-coverage figures and conformal sets ---------------------------------------------------------
+
+
+def ref_risk_coverage(confidence, correct) -> dict[str, float]:
+    """AURC, E-AURC and AUGRC by a plain loop over k = 1..N: rows ranked most confident first, errors(k) the
+    misclassified rows among the first k, a tie block of m rows holding e errors counting j * e / m after j rows."""
+    conf = np.asarray(confidence, dtype=np.float64)
+    wrong = ~np.asarray(correct, dtype=bool)
+    n = conf.size
+    order = sorted(range(n), key=lambda i: -conf[i])
+    aurc = augrc = best = 0.0
+    errors_before = 0.0
+    i = 0
+    while i < n:
+        j = i
+        while j < n and conf[order[j]] == conf[order[i]]:
+            j += 1
+        block_errors = sum(1 for r in order[i:j] if wrong[r])
+        for step in range(1, j - i + 1):
+            errors = errors_before + step * block_errors / (j - i)
+            aurc += errors / (i + step) / n
+            augrc += errors / n / n
+        errors_before += block_errors
+        i = j
+    n_correct = n - int(wrong.sum())
+    for k in range(1, n + 1):
+        best += max(0, k - n_correct) / k / n
+    return {"aurc": aurc, "eaurc": aurc - best, "augrc": augrc}
+
+
+def ref_conformal_scores(p: np.ndarray, labels: np.ndarray) -> dict[str, list[float]]:
+    """LAC ``1 - p_y`` and APS (the probabilities above p_y, plus p_y) of each row, one row at a time."""
+    lac, aps = [], []
+    for row, y in zip(p, labels, strict=True):
+        lac.append(1 - row[y])
+        aps.append(sum(v for v in row if v > row[y]) + row[y])
+    return {"lac": lac, "aps": aps}
+
+
+def ref_threshold(scores: list[float], alpha: float) -> float:
+    """The ceil((n + 1)(1 - alpha))-th smallest score (+inf past n)."""
+    n = len(scores)
+    rank = math.ceil(round((n + 1) * (1 - alpha), 9))
+    return math.inf if rank > n else sorted(scores)[rank - 1]
+
+
+def ref_conformal_sets(p: np.ndarray, q: float, score: str) -> list[set[int]]:
+    """Each row's set, one class at a time: LAC ``{c : 1 - p_c <= q}``; APS the classes in decreasing p (lower index
+    first on ties) up to and including the first whose running sum reaches q."""
+    sets = []
+    for row in p:
+        if score == "lac":
+            sets.append({c for c in range(row.size) if 1 - row[c] <= q})
+            continue
+        chosen, running = set(), 0.0
+        for c in sorted(range(row.size), key=lambda c: (-row[c], c)):
+            chosen.add(c)
+            running += row[c]
+            if running >= q:
+                break
+        sets.append(chosen)
+    return sets
+
+
+def ref_conformal(p_fit, y_fit, p_eval, y_eval, alpha: float) -> dict[str, tuple[float, float, float]]:
+    """Per score: (threshold from the fitting rows, coverage and mean set size on the evaluation rows)."""
+    out = {}
+    for score, values in ref_conformal_scores(p_fit, y_fit).items():
+        q = ref_threshold(values, alpha)
+        sets = ref_conformal_sets(p_eval, q, score)
+        out[score] = (q, float(np.mean([y in s for y, s in zip(y_eval, sets, strict=True)])),
+                      float(np.mean([len(s) for s in sets])))
+    return out

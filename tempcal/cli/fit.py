@@ -14,6 +14,7 @@ from .options import (
     Bootstrap,
     ChunkRows,
     ConfigFile,
+    ConformalAlpha,
     Device,
     Estimators,
     EvalFile,
@@ -84,6 +85,7 @@ def fit(
     ignore_index: IgnoreIndex = IGNORE_INDEX,
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
+    conformal_alpha: ConformalAlpha = None,
     inputs: Inputs = None,
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
@@ -113,7 +115,7 @@ def fit(
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed, objective=objective.value,
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
-                      bootstrap=bootstrap, options=options)
+                      bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), options=options)
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
 

@@ -120,6 +120,11 @@ OutputCopy = Annotated[Optional[str], typer.Option("--output", metavar="PATH", r
 NoWrite = Annotated[bool, typer.Option("--no-write/--write", help="Write T nowhere.", rich_help_panel="Output")]
 MaxEce = Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0.0, rich_help_panel="Gates",
                                                  help="Exit 3 if the calibrated ECE is above X.")]
+ConformalAlpha = Annotated[Optional[list[float]], typer.Option(
+    "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal prediction sets (LAC and APS) at "
+    "miscoverage A (0 < A < 1; repeatable): thresholds from the fitting rows, coverage and mean set size on the "
+    "evaluation rows, at T = 1 and at the fitted T (one more read of the fitting rows)."),
+    Bounds(0, 1, low_open=True, high_open=True)]
 SaveModel = Annotated[Optional[str], typer.Option(
     "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
     "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt, .pth, .ts, "

@@ -26,6 +26,7 @@ import torch
 
 from ..errors import DataError
 from .bins import bin_edges, bin_index
+from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor
 from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsSource, compute_dtype, resolve_device
@@ -58,21 +59,6 @@ class RowStats:
 #: Means over samples of the NLL and its first four derivatives in ``beta = 1/T`` (``grad``, ``curvature``: the
 #: first two), what :meth:`Scan.objective` returns.
 ObjectiveSums = NllDerivatives
-
-
-@dataclass(frozen=True)
-class CalibrationSums:
-    """Sums over samples at one temperature, with equal-width confidence bins."""
-
-    count: int
-    nll: float
-    brier: float
-    entropy: float
-    correct: float
-    confidence: float
-    bin_count: torch.Tensor  # [bins] float64
-    bin_confidence: torch.Tensor  # [bins] sum of confidences
-    bin_correct: torch.Tensor  # [bins] sum of correct
 
 
 @dataclass(frozen=True)
@@ -251,57 +237,33 @@ class Scan:
             acc += row_cumulants(z, y, beta, self.scratch, top=row_max, impossible=has_neginf)
         return ObjectiveSums.from_sums(beta, all_reduce(acc))
 
-    def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False
+    def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False, keep: Sequence[str] = (),
+                    visitor: ChunkVisitor | None = None
                     ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
-        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``.
+        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``
+        (:mod:`tempcal.core.calibration_pass`).
 
-        One pass: each chunk is read once and reduced at every temperature. With
-        ``keep_scores`` the per-sample ``confidence`` (max softmax) and ``energy``
-        (``T * logsumexp(z / T)``) of this process's rows are returned too, on the scan's device: N floats each.
-        (Figures of every rank's rows gather them: :meth:`per_sample`, :meth:`scores`.)
+        One pass: each chunk is read once and reduced at every temperature. ``keep`` names per-row figures of
+        this process's rows returned too, float64 on the scan's device, 8 bytes per row and temperature:
+        ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z / T)``); ``keep_scores``
+        keeps both. A ``visitor`` sees every chunk at every temperature in the same read. (Figures of every rank's
+        rows gather the kept values: :meth:`per_sample`, :meth:`scores`, :mod:`tempcal.metrics.decisions`.)
         """
-        betas = [float(b) for b in betas]
-        edges = bin_edges(bins, self.device)
-        acc = torch.zeros(len(betas), 5, dtype=torch.float64, device=self.device)
-        per_bin = torch.zeros(len(betas), 3, bins, dtype=torch.float64, device=self.device)
-        scores: list[dict[str, list[torch.Tensor]]] = [{"confidence": [], "energy": []} for _ in betas]
-        scratch = self.scratch
-        for z, _, row_max, gap, correct, has_neginf in self.row_chunks():
-            d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
-            hit = correct.to(torch.float64)
-            d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
+        terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
+                                 KEPT if keep_scores else keep, visitor)
+        for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
+            terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
+        return terms.results(all_reduce(terms.acc).cpu(), all_reduce(terms.per_bin).cpu(), self.num_samples)
+
+    def visit(self, betas: Sequence[float], visitor: ChunkVisitor) -> None:
+        """One pass handing each chunk's ``z - max z`` at every ``beta`` to ``visitor`` (its own figures per row:
+        conformal scores, say); the visitor reduces or gathers them across ranks itself."""
+        position = 0
+        for z, y, row_max, *_ in self.row_chunks():
+            d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
             for k, beta in enumerate(betas):
-                e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
-                s0 = e.sum(1)
-                log_s0 = torch.log(s0)
-                mean_d = torch.linalg.vecdot(e, d_finite) / s0
-                confidence = s0.reciprocal().to(torch.float64)
-                p_true = torch.exp(beta * gap) / s0
-                brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
-                acc[k, 0] += (log_s0 - beta * gap).sum(dtype=torch.float64)
-                acc[k, 1] += brier.clamp_min(0).sum(dtype=torch.float64)
-                acc[k, 2] += (log_s0 - beta * mean_d).clamp_min(0).sum(dtype=torch.float64)
-                acc[k, 3] += hit.sum()
-                acc[k, 4] += confidence.sum()
-                index = bin_index(confidence, edges)
-                per_bin[k, 0].index_add_(0, index, torch.ones_like(confidence))
-                per_bin[k, 1].index_add_(0, index, confidence)
-                per_bin[k, 2].index_add_(0, index, hit)
-                if keep_scores:
-                    scores[k]["confidence"].append(confidence)
-                    scores[k]["energy"].append(row_max.to(torch.float64) + log_s0.to(torch.float64) / beta)
-        acc, per_bin = all_reduce(acc).cpu(), all_reduce(per_bin).cpu()
-        out = []
-        for k in range(len(betas)):
-            nll, brier, entropy, correct_sum, confidence_sum = acc[k].tolist()
-            sums = CalibrationSums(self.num_samples, nll, brier, entropy, correct_sum, confidence_sum,
-                                   per_bin[k, 0], per_bin[k, 1], per_bin[k, 2])
-            kept = None
-            if keep_scores:
-                kept = {name: torch.cat(parts) if parts else torch.empty(0, dtype=torch.float64, device=self.device)
-                        for name, parts in scores[k].items()}
-            out.append((sums, kept))
-        return out
+                visitor.add(k, float(beta), d, y, position)
+            position += z.shape[0]
 
     def scores(self, betas: Sequence[float], names: Sequence[str] = ("msp", "energy"),
                options: Mapping[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:

@@ -1,10 +1,14 @@
-"""Seeded percentile-bootstrap confidence intervals for the contract's ECE and the NLL.
+"""Seeded percentile-bootstrap confidence intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC.
 
 The per-sample statistics (confidence, correctness, NLL) come from one pass over the logits
 (:meth:`Scan.per_sample`). A bootstrap resample of N samples is then just a vector of multinomial
 counts over the N samples, so every resample's bin sums are weighted sums of fixed per-sample figures:
 for a batch of R resamples, an ``[R, N]`` count matrix times each bin's block of per-sample gaps
 (correct - confidence) and times the NLL vector. Nothing is re-read, re-binned or re-sorted per resample.
+The samples are laid out in order of confidence, so a resample's risk-coverage figures (AURC, E-AURC,
+AUGRC, ties in expectation) come from the same counts: each run of tied confidences is one block whose size
+and errors are the counts summed over it (``numpy.add.reduceat``), in the closed forms of
+:mod:`tempcal.metrics.selective`.
 
 Resample r draws ``numpy.random.default_rng(seed).integers(0, N, size=N)`` (the r-th such call on
 one generator) and counts how often each sample was drawn, so the draws do not depend on batching.
@@ -22,6 +26,7 @@ from ..core.scan import Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences, whole_number
 from .estimators import equal_width_index
+from .selective import harmonic
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22
@@ -29,10 +34,11 @@ BATCH_ENTRIES = 1 << 22
 
 def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                          *, batch: int | None = None) -> dict[str, np.ndarray]:
-    """The contract's ECE and the mean NLL on each of ``n_resamples`` seeded bootstrap resamples.
+    """The contract's ECE, the mean NLL and the risk-coverage figures on each of ``n_resamples`` seeded bootstrap
+    resamples.
 
-    Returns float64 arrays ``{"ece": [R], "nll": [R]}``. ``batch`` (resamples per matrix product) changes
-    memory use and speed only, never the draws.
+    Returns float64 arrays ``{"ece": [R], "nll": [R], "aurc": [R], "eaurc": [R], "augrc": [R]}``. ``batch``
+    (resamples per matrix product) changes memory use and speed only, never the draws.
     """
     c, k, nll = _inputs(confidence, correct, nll_per_sample)
     n = c.size
@@ -41,18 +47,19 @@ def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, 
     seed = whole_number(seed, "bootstrap seed", minimum=0)
     batch = max(1, min(n_resamples, int(batch) if batch else BATCH_ENTRIES // n))
     # A resample holds N samples, so its ECE is sum_b |sum_{i in b} w_i (correct_i - confidence_i)| / N: only
-    # the per-sample gap matters, not the bin counts. Samples are laid out bin by bin, so each bin's weighted
-    # sum is one matrix-vector product over a contiguous block of the count matrix.
+    # the per-sample gap matters, not the bin counts. Samples are laid out in order of confidence (so bin by bin),
+    # so each bin's weighted sum is one matrix-vector product over a contiguous block of the count matrix, and a
+    # run of tied confidences is a contiguous block too (the risk-coverage figures).
     index = equal_width_index(c, bins)
-    order = np.argsort(index, kind="stable")
+    order = np.argsort(c, kind="stable")
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     bounds = np.searchsorted(index[order], np.arange(bins + 1))
     gap = (k - c)[order]
     nll = nll[order]
+    ranking = _Ranking(c[order], k[order] < 0.5)
     rng = np.random.default_rng(seed)
-    ece = np.empty(n_resamples)
-    mean_nll = np.empty(n_resamples)
+    out = {name: np.empty(n_resamples) for name in ("ece", "nll", *RISK_COVERAGE)}
     counts = np.empty((batch, n))
     for first in range(0, n_resamples, batch):
         size = min(batch, n_resamples - first)
@@ -60,14 +67,49 @@ def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, 
             counts[r] = np.bincount(rank[rng.integers(0, n, size=n)], minlength=n)
         w = counts[:size]
         per_bin = [w[:, a:b] @ gap[a:b] for a, b in itertools.pairwise(bounds.tolist())]
-        ece[first : first + size] = np.abs(np.stack(per_bin, axis=1)).sum(1) / n
-        mean_nll[first : first + size] = w @ nll / n
-    return {"ece": ece, "nll": mean_nll}
+        out["ece"][first : first + size] = np.abs(np.stack(per_bin, axis=1)).sum(1) / n
+        out["nll"][first : first + size] = w @ nll / n
+        for name, values in zip(RISK_COVERAGE, ranking.figures(w), strict=True):
+            out[name][first : first + size] = values
+    return out
+
+
+#: The risk-coverage figures resampled beside the ECE and the NLL.
+RISK_COVERAGE = ("aurc", "eaurc", "augrc")
+
+
+class _Ranking:
+    """The risk-coverage figures of weighted resamples of rows given in ascending confidence (``wrong``: whether
+    each is misclassified): a resample's tie blocks are the runs of equal confidence, each holding the weights of
+    its rows (:mod:`tempcal.metrics.selective`'s sums, with a block's size and errors the resample's counts)."""
+
+    def __init__(self, ascending: np.ndarray, wrong: np.ndarray):
+        descending = ascending[::-1]
+        self.starts = np.flatnonzero(np.r_[True, descending[1:] != descending[:-1]])
+        self.wrong = wrong[::-1].astype(np.float64)
+        self.n = ascending.size
+
+    def figures(self, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """AURC, E-AURC and AUGRC of each row of counts ``w`` ``[resamples, n]`` (ascending order)."""
+        w = w[:, ::-1]
+        sizes = np.add.reduceat(w, self.starts, axis=1)
+        errors = np.add.reduceat(w * self.wrong, self.starts, axis=1)
+        starts = np.cumsum(sizes, axis=1) - sizes
+        before = np.cumsum(errors, axis=1) - errors
+        between = np.where(sizes == 1, 1.0 / (starts + 1), harmonic(starts + sizes) - harmonic(starts))
+        share = errors / np.maximum(sizes, 1)  # an empty block (no row drawn) adds nothing
+        n = self.n
+        aurc = (before * between + share * (sizes - starts * between)).sum(1) / n
+        augrc = (before * sizes + share * sizes * (sizes + 1) / 2).sum(1) / (n * n)
+        correct = n - errors.sum(1)
+        optimal = ((n - correct) - correct * (harmonic(n) - harmonic(correct.round()))) / n
+        return aurc, aurc - optimal, augrc
 
 
 def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                         level: float = 0.95, *, batch: int | None = None) -> dict[str, tuple[float, float]]:
-    """Percentile bootstrap intervals ``{"ece": (low, high), "nll": (low, high)}`` at confidence ``level``.
+    """Percentile bootstrap intervals ``{"ece": (low, high), "nll": (low, high), "aurc": ..., "eaurc": ...,
+    "augrc": ...}`` at confidence ``level``.
 
     The bounds are the (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear interpolation) of
     :func:`bootstrap_replicates`; the same seed gives identical intervals. Binned ECE is biased upwards and

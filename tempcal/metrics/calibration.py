@@ -13,18 +13,25 @@
   accuracy q for which ``|p - q| = z sqrt(q(1-q)/n)``. Unlike ``p -+ z sqrt(p(1-p)/n)`` it stays
   inside [0, 1] and does not shrink to a point at p = 0 or 1, so a bin of 3 samples shows its
   uncertainty. An empty bin has none.
+* What T does to decisions (:mod:`.decisions`, from the same pass's per-row confidences): AURC, E-AURC and
+  AUGRC of the risk-coverage curve, the smooth ECE, and the curve itself; with conformal thresholds, the LAC and
+  APS sets' coverage and mean size (:mod:`.conformal`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from statistics import NormalDist
 
+import numpy as np
 import torch
 
 from ..core.scan import CalibrationSums, Scan
+from . import decisions as decisions_module
+from .conformal import ConformalResult
+from .conformal_pass import SetSums, Thresholds, set_results
 
 DEFAULT_BINS = 15
 #: The level of the per-bin accuracy intervals.
@@ -80,14 +87,32 @@ class CalibrationMetrics:
     entropy: float
     mean_confidence: float
     bins: list[ReliabilityBin] = field(default_factory=list)
+    aurc: float = math.nan
+    eaurc: float = math.nan
+    augrc: float = math.nan
+    smece: float = math.nan
+    risk_coverage: dict[str, list[float]] = field(default_factory=dict)  # {"coverage": [...], "risk": [...]}
+    conformal: list[ConformalResult] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         """The contract's five headline figures."""
         return {"nll": self.nll, "ece": self.ece, "mce": self.mce, "brier": self.brier,
                 "accuracy": self.accuracy}
 
+    def decisions(self) -> dict:
+        """The decision figures as JSON: AURC, E-AURC, AUGRC, smooth ECE, the risk-coverage curve and (when asked
+        for) the conformal sets."""
+        figures = {"aurc": self.aurc, "eaurc": self.eaurc, "augrc": self.augrc, "smece": self.smece}
+        out: dict = {name: None if math.isnan(value) else value for name, value in figures.items()}  # not computed
+        out["risk_coverage"] = self.risk_coverage
+        if self.conformal:
+            out["conformal"] = [c.to_json() for c in self.conformal]
+        return out
+
     def to_dict(self, *, with_bins: bool = True) -> dict:
         out = asdict(self)
+        out.pop("conformal")
+        out.update(self.decisions())
         if not with_bins:
             out.pop("bins")
         return out
@@ -123,15 +148,82 @@ def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> Calib
     return evaluate_many(scan, [tau], bins=bins)[0]
 
 
-def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS) -> list[CalibrationMetrics]:
-    """Calibration metrics at several temperatures in one pass over the data."""
+#: Called with a temperature, every row's confidence there (float64, every rank's rows) and the rows'
+#: correctness, before the ranking reorders the confidences: a group's or a fold's figures from the same read.
+RowsHook = Callable[[float, np.ndarray, np.ndarray], None]
+
+
+@dataclass(frozen=True)
+class ConformalPlan:
+    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds.
+
+    With ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) the sets are summed per group
+    too, and ``on_sums`` gets, per temperature, each score's sums ``[num_groups, thresholds, 2]`` (rows covered,
+    classes in the sets; :func:`.conformal_pass.set_results` turns a group's into the contract's list).
+    """
+
+    alphas: list[float]
+    thresholds: list[Thresholds]
+    groups: torch.Tensor | None = None
+    num_groups: int = 1
+    on_sums: Callable[[float, dict[str, torch.Tensor]], None] | None = None
+
+
+def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS, decisions: bool | None = None,
+                  conformal: ConformalPlan | None = None, on_rows: RowsHook | None = None) -> list[CalibrationMetrics]:
+    """Calibration metrics at several temperatures in one pass over the data.
+
+    The decision figures (``decisions``; by default unless ``TEMPCAL_SKIP_DECISIONS=1``) come from the same read:
+    every row's confidence at every temperature, 8 bytes per row and temperature (beyond a quarter of the free
+    memory, the temperatures are taken a group per read). ``conformal`` forms its sets on these rows; ``on_rows``
+    sees every temperature's confidences (:data:`RowsHook`).
+    """
     for tau in taus:
         if not tau > 0:
             raise ValueError(f"temperature must be > 0, got {tau}")
     if bins < 1:
         raise ValueError(f"bins must be at least 1, got {bins}")
-    results = scan.calibration([1.0 / tau for tau in taus], bins)
-    return [from_sums(tau, sums) for tau, (sums, _) in zip(taus, results, strict=True)]
+    if conformal is not None and len(conformal.thresholds) != len(taus):
+        raise ValueError(f"{len(conformal.thresholds)} sets of conformal thresholds for {len(taus)} temperatures")
+    decisions = decisions_module.enabled() if decisions is None else decisions
+    taus = [float(t) for t in taus]
+    step = max(decisions_module.temperatures_per_read(scan.data.num_samples, scan.device), 1) if decisions \
+        else len(taus)
+    out: list[CalibrationMetrics] = []
+    for first in range(0, len(taus), step):
+        plan = None if conformal is None else replace(conformal, thresholds=conformal.thresholds[first:first + step])
+        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, plan, on_rows)
+    return out
+
+
+def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, conformal: ConformalPlan | None,
+                   on_rows: RowsHook | None) -> list[CalibrationMetrics]:
+    """:func:`evaluate_many` of the temperatures that one read serves."""
+    sets = None if conformal is None else SetSums(conformal.thresholds, scan.device, groups=conformal.groups,
+                                                  num_groups=conformal.num_groups)
+    results = scan.calibration([1.0 / tau for tau in taus], bins, keep=("confidence",) if decisions else (),
+                               visitor=sets)
+    correct = decisions_module.gathered_correct(scan.stats.correct) if decisions else None
+    set_sums = sets.reduced() if sets is not None else None
+    out = []
+    for k, (tau, (sums, kept)) in enumerate(zip(taus, results, strict=True)):
+        metrics = from_sums(tau, sums)
+        if kept is not None and correct is not None:
+            confidence = decisions_module.gathered_confidence(kept.pop("confidence"))
+            if on_rows is not None:
+                on_rows(tau, confidence, correct)
+            figures = decisions_module.decision_figures(confidence, correct, overwrite=True)
+            del confidence
+            metrics = replace(metrics, aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc,
+                              smece=figures.smece, risk_coverage=figures.risk_coverage)
+        if set_sums is not None and conformal is not None:
+            if conformal.on_sums is not None:
+                conformal.on_sums(tau, set_sums[k])
+            every = {score: values.sum(0, keepdim=True) for score, values in set_sums[k].items()}
+            metrics = replace(metrics, conformal=set_results(conformal.alphas, conformal.thresholds[k], every,
+                                                             sums.count))
+        out.append(metrics)
+    return out
 
 
 def calibration_metrics(logits, labels, tau: float = 1.0, *, bins: int = DEFAULT_BINS,

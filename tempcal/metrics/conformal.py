@@ -18,7 +18,7 @@ Scores are one float per fitting row; set sizes and coverage are sums over evalu
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from fractions import Fraction
 
@@ -62,16 +62,17 @@ def threshold(scores: np.ndarray, alpha: float) -> float:
     return float(np.partition(np.asarray(scores, dtype=np.float64), rank - 1)[rank - 1])
 
 
-def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: dict[str, Sequence[float]]
-             ) -> dict[str, torch.Tensor]:
-    """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
-    out: dict[str, torch.Tensor] = {}
+def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]
+             ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per score, each row's sets at every threshold: ``(covered, size)``, both ``[len(thresholds), rows]``
+    (whether the set holds the label; its number of classes, float64)."""
+    out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     y = labels[:, None].long()
     if "lac" in thresholds:
         q = torch.tensor(list(thresholds["lac"]), dtype=probs.dtype, device=probs.device)
         inside = (1.0 - probs)[None] <= q[:, None, None]  # [Q, rows, C]
         covered = inside.gather(2, y[None].expand(q.numel(), -1, -1))[..., 0]
-        out["lac"] = torch.stack([covered.sum(1), inside.sum((1, 2))], 1).double()
+        out["lac"] = covered, inside.sum(2).to(torch.float64)
     if "aps" in thresholds:
         q = torch.tensor(list(thresholds["aps"]), dtype=probs.dtype, device=probs.device)
         ordered, _ = torch.sort(probs, dim=1, descending=True, stable=True)
@@ -82,12 +83,18 @@ def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: dict[str, Se
         p_y = probs.gather(1, y)
         index = torch.arange(classes, device=probs.device)[None]
         position = (probs > p_y).sum(1) + ((probs == p_y) & (index < y)).sum(1)  # the label's place in the order
-        covered = position[None] < sizes
-        out["aps"] = torch.stack([covered.sum(1), sizes.sum(1)], 1).double()
+        out["aps"] = position[None] < sizes, sizes.to(torch.float64)
     return out
 
 
-def results(alphas: Sequence[float], thresholds: dict[str, Sequence[float]], sums: dict[str, torch.Tensor],
+def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]
+             ) -> dict[str, torch.Tensor]:
+    """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
+    return {score: torch.stack([covered.sum(1), size.sum(1)], 1).double()
+            for score, (covered, size) in set_rows(probs, labels, thresholds).items()}
+
+
+def results(alphas: Sequence[float], thresholds: Mapping[str, Sequence[float]], sums: dict[str, torch.Tensor],
             rows: int) -> list[ConformalResult]:
     """The contract's list: every alpha, LAC then APS, from the thresholds and the summed set figures."""
     out = []

@@ -11,9 +11,10 @@ first j rows (the expectation over the orders of the tie). With N rows of which 
 * AUGRC ``= (1/N) sum_k errors(k) / N``: the generalised risk (errors kept over all rows), Traub et al. 2024.
 
 Memory: one float64 per row for every confidence and one more per misclassified row, both sorted in
-place; a tie block is found by its run in the sorted confidences and its errors by their run in the
-sorted confidences of the errors, chunk by chunk (:data:`CHUNK` values at a time), so nothing else per row
-is kept. Harmonic sums turn each block's contribution into closed forms:
+place (:func:`ranked_metrics` takes them so; :func:`selective_metrics` sorts copies); a tie block is found by
+its run in the sorted confidences and its errors by their run in the sorted confidences of the errors, chunk by
+chunk (:data:`CHUNK` values at a time), so nothing else per row is kept. Harmonic sums turn each block's
+contribution into closed forms:
 ``sum_{j=1..m} 1/(s+j) = H(s+m) - H(s)`` and ``sum_{j=1..m} j/(s+j) = m - s (H(s+m) - H(s))``.
 """
 
@@ -24,8 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Sorted confidences are walked this many at a time.
-CHUNK = 1 << 20
+#: Sorted confidences are walked this many at a time (the walk's temporaries: about 100 bytes per value of a chunk).
+CHUNK = 1 << 14
 
 
 @dataclass(frozen=True)
@@ -59,17 +60,33 @@ def _block_terms(starts: np.ndarray, sizes: np.ndarray, errors: np.ndarray, erro
     return float(by_rank.sum()), float(total.sum())
 
 
+def rank_in_place(values: np.ndarray) -> np.ndarray:
+    """``values`` (float64) negated and sorted in place: most confident first, with no copy of the rows."""
+    np.negative(values, out=values)
+    values.sort()
+    return values
+
+
 def selective_metrics(confidence: np.ndarray, wrong_confidence: np.ndarray) -> SelectiveMetrics:
     """The figures of ``confidence`` (every row's) and ``wrong_confidence`` (the misclassified rows')."""
-    n = confidence.size
+    return ranked_metrics(np.sort(-np.asarray(confidence, dtype=np.float64)),
+                          np.sort(-np.asarray(wrong_confidence, dtype=np.float64)))
+
+
+def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False) -> SelectiveMetrics:
+    """:func:`selective_metrics` of confidences already ranked: minus every row's and minus the misclassified rows'
+    confidences, each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place.
+
+    With ``right``, the second array holds the correctly classified rows' confidences instead: a block's errors are
+    its size less its right rows, so a caller keeps whichever of the two subsets is smaller.
+    """
+    n = ranked.size
     if n == 0:
         return SelectiveMetrics(math.nan, math.nan, math.nan)
-    ranked = np.sort(-np.asarray(confidence, dtype=np.float64))  # ascending = most confident first
-    wrong = np.sort(-np.asarray(wrong_confidence, dtype=np.float64))
     if wrong.size > n:
-        raise ValueError(f"{wrong.size} misclassified rows among {n}")
-    by_rank = total = 0.0
-    position = errors_seen = 0
+        raise ValueError(f"{wrong.size} {'correctly classified' if right else 'misclassified'} rows among {n}")
+    by_rank = total = errors_seen = 0.0
+    position = counted = 0
     while position < n:
         stop = min(position + CHUNK, n)
         last = ranked[stop - 1]
@@ -80,17 +97,19 @@ def selective_metrics(confidence: np.ndarray, wrong_confidence: np.ndarray) -> S
         firsts = np.concatenate([[0], edges])
         sizes = np.diff(np.concatenate([firsts, [values.size]])).astype(np.float64)
         block_values = values[firsts]
-        errors = (np.searchsorted(wrong, block_values, side="right")
-                  - np.searchsorted(wrong, block_values, side="left")).astype(np.float64)
+        found = (np.searchsorted(wrong, block_values, side="right")
+                 - np.searchsorted(wrong, block_values, side="left")).astype(np.float64)
+        errors = sizes - found if right else found
         before = errors_seen + np.concatenate([[0.0], np.cumsum(errors)[:-1]])
         part_rank, part_total = _block_terms(position + firsts.astype(np.float64), sizes, errors, before)
         by_rank += part_rank
         total += part_total
-        errors_seen += int(errors.sum())
+        errors_seen += float(errors.sum())
+        counted += int(found.sum())
         position = stop
-    if errors_seen != wrong.size:
-        raise ValueError("a misclassified row's confidence is not among the rows' confidences")
-    correct = n - wrong.size
+    if counted != wrong.size:
+        raise ValueError("a subset row's confidence is not among the rows' confidences")
+    correct = wrong.size if right else n - wrong.size
     aurc = by_rank / n
     # Perfect ranking: errors(k) = max(0, k - N_c); sum_{k > N_c} (k - N_c)/k = (n - N_c) - N_c (H(n) - H(N_c)).
     optimal = ((n - correct) - correct * float(harmonic(n) - harmonic(correct))) / n
@@ -103,16 +122,23 @@ def risk_coverage_curve(confidence: np.ndarray, wrong_confidence: np.ndarray, po
 
     Ties are taken in expectation, as in :func:`selective_metrics`; for drawing risk-coverage curves.
     """
-    n = confidence.size
+    return ranked_curve(np.sort(-np.asarray(confidence, dtype=np.float64)),
+                        np.sort(-np.asarray(wrong_confidence, dtype=np.float64)), points)
+
+
+def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200, *, right: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`risk_coverage_curve` of ranked confidences, as :func:`ranked_metrics` takes them (``right`` too)."""
+    n = ranked.size
     if n == 0:
         return np.zeros(0), np.zeros(0)
-    ranked = np.sort(-np.asarray(confidence, dtype=np.float64))
-    wrong = np.sort(-np.asarray(wrong_confidence, dtype=np.float64))
     ks = np.unique(np.linspace(1, n, min(points, n)).round().astype(np.int64))
     kth = ranked[ks - 1]
     first = np.searchsorted(ranked, kth, side="left")  # rows strictly more confident than the k-th
     size = np.searchsorted(ranked, kth, side="right") - first
     errors_before = np.searchsorted(wrong, kth, side="left")
     errors_tie = np.searchsorted(wrong, kth, side="right") - errors_before
+    if right:  # counts of right rows: the errors are the rest
+        errors_before, errors_tie = first - errors_before, size - errors_tie
     errors = errors_before + (ks - first) * errors_tie / size
     return ks / n, errors / ks

@@ -6,7 +6,8 @@ by linear interpolation, smoothed by a Gaussian kernel of width sigma reflected 
 residuals and density (D plus 1e-4). The bandwidth is relplot's fixed point: the sigma found by bisection on
 (0, 1] (10 halvings) where ``smECE(sigma) = sigma`` (sigma below 1e-3 accepted). Everything is a sum over
 rows onto a grid, so it needs only every row's confidence and the misclassified rows' confidences (the same
-arrays the risk-coverage figures keep): ``sum_i w_i(conf_i) r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``.
+arrays the risk-coverage figures keep): ``sum_i w_i(conf_i) r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``, or
+``sum_i w_i conf_i - sum_right w_i`` from the correctly classified rows' confidences when those are fewer.
 
 relplot is not a dependency (it imports pandas and seaborn and keeps every row's pair); the tests check this
 implementation against it to 1e-4 absolute.
@@ -24,20 +25,39 @@ MESH_POINTS = 200
 MIN_BANDWIDTH = 1e-3
 #: relplot's ``search_param(refine=10)``.
 HALVINGS = 10
+#: Rows spread onto the grid at a time (about 50 bytes of temporaries per row of a chunk).
+CHUNK = 1 << 14
 
 
-def _grid_sums(confidence: np.ndarray, wrong_confidence: np.ndarray, points: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(residual, count)`` spread onto ``points`` grid points by linear interpolation."""
-    def spread(values: np.ndarray, weights: np.ndarray | None) -> np.ndarray:
-        position = values * (points - 1)
-        index = position.astype(np.int64).clip(0, points - 2)
-        frac = position - index
-        w = np.ones_like(values) if weights is None else weights
-        return (np.bincount(index, (1 - frac) * w, minlength=points)
-                + np.bincount(index + 1, frac * w, minlength=points))
+def _spread(values: np.ndarray, points: int, offset: float | None) -> np.ndarray:
+    """``values`` spread onto ``points`` grid points by linear interpolation, each weighing ``value + offset`` (1
+    without an offset)."""
+    position = values * (points - 1)
+    index = position.astype(np.int64).clip(0, points - 2)
+    frac = position - index
+    low = 1 - frac
+    if offset is not None:
+        weight = values + offset
+        low *= weight
+        frac *= weight
+    return np.bincount(index, low, minlength=points) + np.bincount(index + 1, frac, minlength=points)
 
-    residual = spread(confidence, confidence - 1.0) + spread(wrong_confidence, None)
-    return residual, spread(confidence, None)
+
+def _grid_sums(confidence: np.ndarray, subset: np.ndarray, points: int, right: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(residual, count)`` spread onto ``points`` grid points, :data:`CHUNK` rows at a time (the temporaries
+    stay a few megabytes, whatever the rows). ``subset`` holds the misclassified rows' confidences (residual
+    ``conf - 1 + [wrong]``), or with ``right`` the correctly classified rows' (``conf - [right]``)."""
+    residual = np.zeros(points)
+    count = np.zeros(points)
+    for start in range(0, confidence.size, CHUNK):
+        part = confidence[start:start + CHUNK]
+        residual += _spread(part, points, 0.0 if right else -1.0)
+        count += _spread(part, points, None)
+    for start in range(0, subset.size, CHUNK):
+        spread = _spread(subset[start:start + CHUNK], points, None)
+        residual += -spread if right else spread
+    return residual, count
 
 
 def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
@@ -58,14 +78,14 @@ def _interpolate(t: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def smooth_ece_at(confidence: np.ndarray, wrong_confidence: np.ndarray, sigma: float,
-                  cache: dict[int, tuple[np.ndarray, np.ndarray]] | None = None) -> float:
-    """smECE at a fixed bandwidth ``sigma`` (relplot's ``smooth_ece``)."""
+                  cache: dict[int, tuple[np.ndarray, np.ndarray]] | None = None, *, right: bool = False) -> float:
+    """smECE at a fixed bandwidth ``sigma`` (relplot's ``smooth_ece``); ``right`` as for :func:`smooth_ece`."""
     mesh = np.linspace(0, 1, max(round(10 / sigma), MESH_POINTS))
     points = max(2000, round(20 / sigma)) // 2 + 1
     if cache is not None and points in cache:
         residual, count = cache[points]
     else:
-        residual, count = _grid_sums(confidence, wrong_confidence, points)
+        residual, count = _grid_sums(confidence, wrong_confidence, points, right)
         if cache is not None:
             cache[points] = (residual, count)
     smoothed = _interpolate(mesh, _smooth(residual, sigma))
@@ -73,8 +93,12 @@ def smooth_ece_at(confidence: np.ndarray, wrong_confidence: np.ndarray, sigma: f
     return float(np.sum(np.abs(smoothed / density) * density) / np.sum(density))
 
 
-def smooth_ece(confidence: np.ndarray, wrong_confidence: np.ndarray) -> float:
-    """smECE at relplot's default bandwidth (the fixed point ``smECE(sigma) = sigma``); NaN without rows."""
+def smooth_ece(confidence: np.ndarray, wrong_confidence: np.ndarray, *, right: bool = False) -> float:
+    """smECE at relplot's default bandwidth (the fixed point ``smECE(sigma) = sigma``); NaN without rows.
+
+    With ``right`` the second array holds the correctly classified rows' confidences instead of the misclassified
+    rows' (a caller keeps the smaller subset).
+    """
     confidence = np.asarray(confidence, dtype=np.float64)
     wrong_confidence = np.asarray(wrong_confidence, dtype=np.float64)
     if confidence.size == 0:
@@ -82,7 +106,7 @@ def smooth_ece(confidence: np.ndarray, wrong_confidence: np.ndarray) -> float:
     cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def accepted(sigma: float) -> bool:
-        return sigma < MIN_BANDWIDTH or sigma < smooth_ece_at(confidence, wrong_confidence, sigma, cache)
+        return sigma < MIN_BANDWIDTH or sigma < smooth_ece_at(confidence, wrong_confidence, sigma, cache, right=right)
 
     sigma = 1.0
     if not accepted(sigma):
@@ -94,4 +118,4 @@ def smooth_ece(confidence: np.ndarray, wrong_confidence: np.ndarray) -> float:
             else:
                 high = middle
         sigma = high
-    return smooth_ece_at(confidence, wrong_confidence, sigma, cache)
+    return smooth_ece_at(confidence, wrong_confidence, sigma, cache, right=right)

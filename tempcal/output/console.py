@@ -82,16 +82,43 @@ def fit_table(report) -> Table:
     status = "converged" if fit.converged else "NOT converged"
     if fit.bound:
         status += f", at the {fit.bound} bound"
-    table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {reads(fit.passes)}, {status})",
-                  title_justify="left")
+    conformal = f", +{report.conformal_reads} for conformal" if report.conformal_reads else ""
+    table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {reads(fit.passes)}{conformal}, "
+                        f"{status})", title_justify="left")
     table.add_column("metric")
     table.add_column("before (T = 1)", justify="right")
     table.add_column(f"after (T = {report.temperature:.4g})", justify="right")
     table.add_column("change", justify="right")
-    for key, label, _ in DISPLAYED_METRICS:
+    for key, label, _ in (*DISPLAYED_METRICS, *FIT_DETAIL):
         a, b = getattr(report.before, key), getattr(report.after, key)
         table.add_row(label, f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}")
     return table
+
+
+#: The fit table's rows beyond :data:`DISPLAYED_METRICS`: the rest of the risk-coverage figures.
+FIT_DETAIL = (("eaurc", "E-AURC", ""), ("augrc", "AUGRC", ""))
+
+
+def conformal_tables(console: Console, report) -> list[Table]:
+    """Each alpha and score's threshold, coverage and mean set size at T = 1 and at the fitted T."""
+    from rich import box
+
+    pairs = list(zip(report.before.conformal, report.after.conformal, strict=True))
+    columns = [Column("alpha", [f"{a.alpha:g}" for a, _ in pairs]),
+               Column("score", [a.score.upper() for a, _ in pairs], justify="left")]
+    for k, side in enumerate(("T = 1", f"T = {report.temperature:.4g}")):
+        sets = [pair[k] for pair in pairs]
+        columns += [Column(f"q\n{side}", [_threshold(c.threshold) for c in sets]),
+                    Column("coverage", [f"{c.coverage:.4f}" for c in sets]),
+                    Column("size", [f"{c.mean_size:.3f}" for c in sets])]
+    return split_tables(console, columns, keys=2, together=3, box=box.SIMPLE_HEAD, show_edge=False,
+                        pad_edge=False, title_justify="left",
+                        title=f"conformal sets (thresholds from the {report.n_fit} fitting rows; coverage and mean "
+                              f"size on the {report.n_eval} evaluation rows)")
+
+
+def _threshold(q: float) -> str:
+    return "inf" if q == float("inf") else f"{q:.4f}"
 
 
 def reliability_tables(console: Console, before, after, temperature: float) -> list[Table]:
@@ -129,6 +156,8 @@ def print_fit(report, console: Console) -> None:
     console.print(fit_header(report), soft_wrap=True)
     console.print(fit_table(report))
     print_tables(console, reliability_tables(console, report.before, report.after, report.temperature))
+    if report.before.conformal:
+        print_tables(console, conformal_tables(console, report))
     if report.extras and any(report.extras):
         print_tables(console, extras_tables(console, [report.before.tau, report.after.tau], report.extras))
 
@@ -136,6 +165,8 @@ def print_fit(report, console: Console) -> None:
 #: The report table's figures: ``(attribute of CalibrationMetrics, header)``.
 REPORT_COLUMNS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "acc"),
                   ("mean_confidence", "conf"), ("entropy", "entropy"))
+#: The report's decision figures, a table of their own beneath (the first one is 80 columns wide already).
+DECISION_COLUMNS = (("smece", "smooth ECE"), ("aurc", "AURC"), ("eaurc", "E-AURC"), ("augrc", "AUGRC"))
 
 
 def report_notes(result) -> list[str]:
@@ -155,9 +186,25 @@ def report_tables(console: Console, result) -> list[Table]:
     rows = result.results
     columns = [Column("tau", [f"{m.tau:.4g}" for m in rows], min_width=7)]
     columns += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7) for key, header in REPORT_COLUMNS]
-    columns.append(Column("", [Text(f" {note}" if note else "", style="bold") for note in report_notes(result)],
+    notes = report_notes(result)
+    columns.append(Column("", [Text(f" {note}" if note else "", style="bold") for note in notes],
                           justify="left", min_width=len(" stored, min NLL")))
-    return split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    tables = split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    if all(m.aurc != m.aurc for m in rows):  # NaN everywhere: the decision figures were not computed
+        return tables
+    decisions = [Column("tau", [f"{m.tau:.4g}" for m in rows], min_width=7)]
+    decisions += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7)
+                  for key, header in DECISION_COLUMNS]
+    return tables + split_tables(console, decisions, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                                 padding=0)
+
+
+def sweep_sentence(result) -> str:
+    """The sweep's best temperature for each decision: the lowest NLL, ECE, smooth ECE and AURC."""
+    best = [(label, result.sweep_lowest(key)) for key, label in (("nll", "NLL"), ("ece", "ECE"),
+                                                                 ("smece", "smooth ECE"), ("aurc", "AURC"))]
+    # the lowest of each figure, one line (at most 80 columns: four temperatures of four significant digits)
+    return "best tau over the sweep: " + ", ".join(f"{label} {tau:.4g}" for label, tau in best if tau is not None)
 
 
 def single_reliability_table(metrics) -> Table:
@@ -191,6 +238,8 @@ def print_report(result, console: Console) -> None:
     console.print(f"{result.source}: {result.count} samples, {result.num_classes} classes, {result.bins} bins",
                   soft_wrap=True)
     print_tables(console, report_tables(console, result))
+    if result.sweep:
+        console.print(sweep_sentence(result), soft_wrap=True)
     if result.extras and any(result.extras):
         print_tables(console, extras_tables(console, [m.tau for m in result.results], result.extras))
     if len(result.results) == 1:

@@ -11,6 +11,8 @@ DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
     ("accuracy", "accuracy", ""),
     ("entropy", "entropy", "nats"),
     ("mean_confidence", "mean confidence", ""),
+    ("smece", "smooth ECE", ""),
+    ("aurc", "AURC", ""),
 )
 
 

@@ -31,8 +31,8 @@ def write_fit_files(report, *, plot: str | None = None, markdown: str | None = N
 
 
 def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
-    """``report``: a reliability diagram (every temperature) or, for a sweep, metrics against tau;
-    a model-card section."""
+    """``report``: a reliability diagram (every temperature) or, for a sweep, metrics against tau; risk-coverage
+    curves per temperature beneath either; a model-card section."""
     lines = []
     if plot:
         from .figures import min_nll_taus
@@ -48,7 +48,7 @@ def write_report_files(result, *, plot: str | None = None, markdown: str | None 
             drawn = sweep_plot(result.results, marks, plot, source=result.source)
         else:
             drawn = reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results], plot,
-                                        source=result.source)
+                                        source=result.source, risk_coverage=True)
         lines.append(WROTE_PLOT.format(drawn))
     if markdown:
         from .markdown import report_markdown

@@ -1,4 +1,5 @@
-"""Pictures for reviewers: reliability diagrams, temperature sweeps, OOD scores (matplotlib, Agg backend).
+"""Pictures for reviewers: reliability diagrams, temperature sweeps, risk-coverage curves, OOD scores (matplotlib,
+Agg backend).
 
 matplotlib is imported only when a plot is asked for; the format follows the file's suffix.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from typing import Any
 
 from ..errors import TempcalError, param
 
@@ -100,13 +102,15 @@ def _figure_legend(figure, axes: list, **options) -> None:
 PANELS_PER_ROW = 3
 
 
-def reliability_figure(panels: list[tuple[str, object]], source: str | None = None):
+def reliability_figure(panels: list[tuple[str, object]], source: str | None = None, *, risk_coverage: bool = False):
     """The figure of :func:`reliability_diagram`: every panel, ``PANELS_PER_ROW`` to a row, the sample counts on
-    one shared y scale, ``source`` in the title."""
+    one shared y scale, ``source`` in the title; with ``risk_coverage``, every panel's risk-coverage curve beneath,
+    on one axes."""
     columns = min(len(panels), PANELS_PER_ROW)
     rows = -(-len(panels) // columns)
-    figure = _figure(figsize=(4.6 * columns, 5.4 * rows + 0.8))
-    spec = figure.add_gridspec(2 * rows, columns, height_ratios=[3, 1] * rows)
+    curves = risk_coverage and any(getattr(m, "risk_coverage", None) for _, m in panels)
+    figure = _figure(figsize=(4.6 * columns, 5.4 * rows + 0.8 + (3.6 if curves else 0)))
+    spec = figure.add_gridspec(2 * rows + curves, columns, height_ratios=[3, 1] * rows + [2.6] * curves)
     axes, first_hist = [], None
     for k, (title, metrics) in enumerate(panels):
         row, column = divmod(k, columns)
@@ -115,28 +119,71 @@ def reliability_figure(panels: list[tuple[str, object]], source: str | None = No
         first_hist = first_hist or hist
         _reliability_axes(ax, hist, metrics, title)
         axes.append(ax)
+    if curves:
+        ax = figure.add_subplot(spec[2 * rows, :])
+        risk_coverage_axes(ax, panels)
+        axes.append(ax)
     if source:
         figure.suptitle(source)
     _figure_legend(figure, axes, ncols=4 if columns > 1 else 2)  # one panel: the legend in two rows
     return figure
 
 
+#: Risk-coverage curves drawn in colours of their own, named in the legend; more are shaded by tau instead.
+NAMED_CURVES = 10
+
+
+def risk_coverage_axes(ax, panels: list[tuple[str, Any]]) -> None:
+    """Risk (error rate among the rows kept, most confident first) against coverage, a curve per ``(label,
+    metrics)``: named in the figure's legend, or, beyond :data:`NAMED_CURVES`, shaded by tau with a colour bar."""
+    shown = [(label, m) for label, m in panels if getattr(m, "risk_coverage", None)]
+    many = len(shown) > NAMED_CURVES
+    if many:
+        from matplotlib import cm, colors
+
+        norm = colors.LogNorm(min(m.tau for _, m in shown), max(m.tau for _, m in shown))
+        shade = cm.ScalarMappable(norm=norm, cmap="viridis")
+    for k, (label, m) in enumerate(shown):
+        colour = shade.to_rgba(m.tau) if many else SCORE_COLOURS[k % len(SCORE_COLOURS)]
+        ax.plot(m.risk_coverage["coverage"], m.risk_coverage["risk"], color=colour, linewidth=1.3,
+                label=None if many else f"{label}: AURC {m.aurc:.4f}")
+    if many:
+        ax.figure.colorbar(shade, ax=ax, label="tau")
+    ax.set_xlim(0, 1)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("coverage (fraction of rows answered, most confident first)")
+    ax.set_ylabel("risk (error rate)")
+    ax.set_title("risk-coverage (lower is better; AURC = the area beneath)")
+    ax.grid(True, alpha=0.3)
+
+
 def reliability_diagram(panels: list[tuple[str, object]], path: str | os.PathLike, *,
-                        source: str | None = None) -> Path:
-    """One reliability diagram per ``(title, CalibrationMetrics)``, all of them, written to ``path``."""
+                        source: str | None = None, risk_coverage: bool = False) -> Path:
+    """One reliability diagram per ``(title, CalibrationMetrics)``, all of them, written to ``path`` (with
+    ``risk_coverage``, their risk-coverage curves beneath)."""
     path = check_plot_path(path)
-    fig = reliability_figure(panels, source)
+    fig = reliability_figure(panels, source, risk_coverage=risk_coverage)
     _save(fig, path)
     return path
 
 
+#: The sweep's panels against tau: ``(attribute, label)``; the decision figures when they were computed.
+SWEEP_PANELS = (("nll", "NLL"), ("ece", "ECE"), ("entropy", "entropy (nats)"), ("smece", "smooth ECE"),
+                ("aurc", "AURC"))
+
+
 def sweep_figure(results: list, marks: dict[str, float], source: str | None = None):
-    """The figure of :func:`sweep_plot`: every row drawn, in order of tau."""
+    """The figure of :func:`sweep_plot`: every row drawn, in order of tau, then every row's risk-coverage curve."""
     rows = sorted(results, key=lambda m: m.tau)
     taus = [m.tau for m in rows]
-    fig = _figure(figsize=(6.5, 7.5))
-    axes = fig.subplots(3, 1, sharex=True)
-    for ax, key, label in zip(axes, ("nll", "ece", "entropy"), ("NLL", "ECE", "entropy (nats)"), strict=True):
+    panels = [(key, label) for key, label in SWEEP_PANELS if any(getattr(m, key, math.nan) == getattr(m, key, math.nan)
+                                                                  for m in rows)]
+    curves = any(getattr(m, "risk_coverage", None) for m in rows)
+    fig = _figure(figsize=(6.5, 2.5 * len(panels) + (3.6 if curves else 0)))
+    spec = fig.add_gridspec(len(panels) + curves, 1, height_ratios=[1] * len(panels) + [1.5] * curves)
+    axes = [fig.add_subplot(spec[0])]
+    axes += [fig.add_subplot(spec[k], sharex=axes[0]) for k in range(1, len(panels))]
+    for ax, (key, label) in zip(axes, panels, strict=True):
         ax.plot(taus, [getattr(m, key) for m in rows], marker="o", markersize=3, label="the temperatures shown")
         ax.set_ylabel(label)
         # one T marked twice (the stored T is the minimum) shows both lines
@@ -145,15 +192,23 @@ def sweep_figure(results: list, marks: dict[str, float], source: str | None = No
             ax.axvline(tau, color=colour, linestyle=line, linewidth=width, label=f"{name} = {tau:.4g}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_xscale("log")
+    for ax in axes[:-1]:
+        ax.tick_params(which="both", labelbottom=False)
     axes[-1].set_xlabel("temperature tau")
+    legend = [axes[0]]
+    if curves:
+        rc = fig.add_subplot(spec[len(panels)])
+        risk_coverage_axes(rc, [(f"tau = {m.tau:.4g}", m) for m in rows])
+        legend.append(rc)
     if source:
         fig.suptitle(source)
-    _figure_legend(fig, [axes[0]], fontsize="small")
+    _figure_legend(fig, legend, fontsize="small", ncols=3)
     return fig
 
 
 def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike, *, source: str | None = None) -> Path:
-    """NLL, ECE and entropy against tau on a log axis, with vertical lines at the ``marks`` (label -> tau)."""
+    """NLL, ECE, entropy, smooth ECE and AURC against tau on a log axis, with vertical lines at the ``marks``
+    (label -> tau), and the risk-coverage curve of every tau."""
     path = check_plot_path(path)
     fig = sweep_figure(results, marks, source)
     _save(fig, path)

@@ -10,8 +10,9 @@ from ..core.data import LogitsData
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
-from ..errors import DataError, StoredNote, param
-from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
+from ..errors import DataError, StoredNote, TempcalError, param
+from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, ConformalPlan, evaluate_many
+from ..metrics.conformal_pass import fit_thresholds
 from ..output.progress import Progress
 from ..sources.base import SourceOptions
 from ..sources.registry import Source, open_source
@@ -37,11 +38,17 @@ class FitReport:
     warnings: list[str] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # SOURCE's files, where write-back goes
     extras: list[dict] = field(default_factory=list)  # before, after: other estimators, bootstrap intervals
+    conformal_reads: int = 0  # reads of the fitting rows for the conformal thresholds (after the fit)
     opened: Any = field(default=None, repr=False)  # the OpenedSource, for write-back and saving a model
 
     @property
     def temperature(self) -> float:
         return self.fit.temperature
+
+    @property
+    def passes(self) -> int:
+        """Reads of the data: the fit's (the validating scan included) and the conformal thresholds'."""
+        return self.fit.passes + self.conformal_reads
 
     def to_json(self) -> dict:
         """The contract's JSON plus how the fit went and the reliability bins."""
@@ -50,6 +57,7 @@ class FitReport:
             out: dict[str, Any] = dict(m.summary())
             out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau,
                        bins=[b.__dict__ for b in m.bins])
+            out.update(m.decisions())
             return out
 
         before, after = block(self.before), block(self.after)
@@ -59,7 +67,7 @@ class FitReport:
         return {
             "temperature": self.temperature, "n_fit": self.n_fit, "n_eval": self.n_eval,
             "num_classes": self.num_classes, "before": before, "after": after,
-            "passes": self.fit.passes, "converged": self.fit.converged, "objective": self.fit.objective,
+            "passes": self.passes, "converged": self.fit.converged, "objective": self.fit.objective,
             "fit_method": self.fit.method, "error_bound": self.fit.error_bound,
             "bound": self.fit.bound, "fit_nll": self.fit.nll, "source": self.source,
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
@@ -71,14 +79,16 @@ class FitReport:
 def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: float = 0.5,
              seed: int = 0, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "auto",
              chunk_rows: int | None = None, estimators: Sequence[str] = (), bootstrap: int = 0,
-             options: SourceOptions | None = None, **keys: Any) -> FitReport:
+             conformal_alpha: Sequence[float] = (), options: SourceOptions | None = None, **keys: Any) -> FitReport:
     """Fit T on ``source`` (a seeded stratified part of it, or all of it with ``eval_file``) and evaluate.
 
     A source is a file, a glob pattern, a list of them (shards read in chunks), or an opened source;
     ``options`` or keyword arguments (``logits_key=...``) say how to read it, as for :func:`open_source`.
     Values that look like probabilities are refused unless ``probs`` says what they are (or the T stored
-    with the source was fitted on them), before anything is fitted.
+    with the source was fitted on them), before anything is fitted. ``conformal_alpha`` forms LAC and APS sets at
+    each miscoverage level, thresholds from the fitting rows (one more read of them), sets on the evaluation rows.
     """
+    alphas = check_alphas(conformal_alpha)
     warnings: list[str] = []
     loaded = open_source(source, options, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
@@ -118,7 +128,9 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings.extend(result.warnings)
-    before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
+    taus = [1.0, result.temperature]
+    plan = ConformalPlan(alphas, fit_thresholds(fit_scan, taus, alphas)) if alphas else None
+    before, after = evaluate_many(eval_scan, taus, bins=bins, conformal=plan)
     extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
                            bootstrap=bootstrap, seed=seed)
     return FitReport(
@@ -126,7 +138,18 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-        opened=loaded)
+        conformal_reads=1 if alphas else 0, opened=loaded)
+
+
+def check_alphas(alphas: Sequence[float]) -> list[float]:
+    """The conformal miscoverage levels, each strictly between 0 and 1, in the order given (repeats dropped)."""
+    out: list[float] = []
+    for alpha in alphas:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+            raise TempcalError(f"{param('conformal_alpha')} {alpha}: expected a number strictly between 0 and 1")
+        if float(alpha) not in out:
+            out.append(float(alpha))
+    return out
 
 
 def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,
@@ -152,4 +175,4 @@ def write_back(report: FitReport, *, output: str | None = None, save_model: str 
     return []
 
 
-__all__ = ["FitReport", "fit_file", "write_back"]
+__all__ = ["FitReport", "check_alphas", "fit_file", "write_back"]

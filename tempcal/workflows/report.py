@@ -32,8 +32,12 @@ class ReportResult:
     @property
     def sweep_best(self) -> float | None:
         """The sweep temperature with the lowest NLL."""
-        in_sweep = [m for m in self.results if m.tau in self.sweep]
-        return min(in_sweep, key=lambda m: m.nll).tau if in_sweep else None
+        return self.sweep_lowest("nll")
+
+    def sweep_lowest(self, figure: str) -> float | None:
+        """The sweep temperature with the lowest ``figure`` (``nll``, ``smece``, ``aurc``...; NaN never counts)."""
+        in_sweep = [m for m in self.results if m.tau in self.sweep and getattr(m, figure) == getattr(m, figure)]
+        return min(in_sweep, key=lambda m: getattr(m, figure)).tau if in_sweep else None
 
     def to_json(self) -> dict:
         rows = []
@@ -45,9 +49,14 @@ class ReportResult:
             rows.append(row)
         return {"results": rows, "source": self.source, "n": self.count, "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
-                "sweep": {"taus": self.sweep, "best_nll_tau": self.sweep_best} if self.sweep else None,
+                "sweep": self._sweep_json() if self.sweep else None,
                 "min_nll_tau": min(self.results, key=lambda m: m.nll).tau if self.results else None,
                 "device": self.device, "warnings": self.warnings}
+
+    def _sweep_json(self) -> dict:
+        """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""
+        return {"taus": self.sweep, "best_nll_tau": self.sweep_best, "best_ece_tau": self.sweep_lowest("ece"),
+                "best_smece_tau": self.sweep_lowest("smece"), "best_aurc_tau": self.sweep_lowest("aurc")}
 
 
 def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sweep: Sequence[float] | None = None,

@@ -75,7 +75,8 @@ def test_report_with_every_estimator_and_the_bootstrap_prints_every_figure_whole
     assert all(name in text for name in [*ESTIMATORS, "ece_ci", "nll_ci"])
     for m, extras in zip(result.results, result.extras, strict=True):
         shown = numbers_in(lines, f"{m.tau:.4g}")
-        figures = [f"{v:.4f}" for v in (m.nll, m.ece, m.mce, m.brier, m.accuracy, m.mean_confidence, m.entropy)]
+        figures = [f"{v:.4f}" for v in (m.nll, m.ece, m.mce, m.brier, m.accuracy, m.mean_confidence, m.entropy,
+                                         m.smece, m.aurc, m.eaurc, m.augrc)]
         assert sorted(shown) == sorted([f"{m.tau:.4g}"] * len(headers) + figures + expected_extras(extras))
 
 
@@ -101,8 +102,10 @@ def test_min_nll_marks_the_lowest_of_every_row_shown_the_stored_t_included(data_
     stored = write_temperature(path, fitted, output=tmp_path / "stored.safetensors")
     result = report_file(str(stored), sweep=log_spaced(0.5, 5, 8), device="cpu")
     lines = rendered(print_report, result).splitlines()
-    rows = {float(line.split()[0]): (float(line.split()[1]), line) for line in lines
-            if line.strip() and line.strip()[0].isdigit()}
+    rows: dict[float, tuple[float, str]] = {}
+    for line in lines:  # the first table's rows (the decision figures' table repeats each tau beneath)
+        if line.strip() and line.strip()[0].isdigit():
+            rows.setdefault(float(line.split()[0]), (float(line.split()[1]), line))
     assert len(rows) == 9  # the eight sweep temperatures and the stored T
     lowest = min(rows, key=lambda tau: rows[tau][0])
     assert lowest == pytest.approx(fitted, rel=1e-3) and lowest not in [round(t, 4) for t in result.sweep]

@@ -1,0 +1,112 @@
+"""What one calibration pass sums per chunk at each temperature, and what it keeps per row when asked.
+
+Per row at ``beta``, with ``d = z - max z`` and ``e = exp(beta d)``: the confidence ``1 / sum(e)`` (the largest
+probability), the NLL, Brier score and entropy (:mod:`tempcal.core.scan`'s formulas), summed over rows in float64,
+and the confidences binned in the contract's equal-width bins. Rankings (the risk-coverage figures, the smooth
+ECE) need every row's confidence: ``keep=("confidence",)`` writes each chunk's confidences (float64) into one
+preallocated ``[betas, rows]`` array while the chunk is at hand, 8 bytes per row and temperature, so they come
+from the same read as the sums. A ``visitor`` (conformal sets, a caller's own per-row figures) is handed each
+chunk's ``d`` at every temperature, in the same read too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from .bins import bin_edges, bin_index
+from .scratch import Scratch
+
+#: What ``keep`` may name: the confidence (max softmax) and the energy ``T logsumexp(z / T)`` of every row.
+KEPT = ("confidence", "energy")
+
+
+@dataclass(frozen=True)
+class CalibrationSums:
+    """Sums over samples at one temperature, with equal-width confidence bins."""
+
+    count: int
+    nll: float
+    brier: float
+    entropy: float
+    correct: float
+    confidence: float
+    bin_count: torch.Tensor  # [bins] float64
+    bin_confidence: torch.Tensor  # [bins] sum of confidences
+    bin_correct: torch.Tensor  # [bins] sum of correct
+
+
+class ChunkVisitor(Protocol):
+    """Whatever else a pass computes from a chunk: ``add`` gets the chunk's ``d = z - max z`` (compute dtype, on
+    the scan's device), its labels and the position of its first row, at the ``k``-th temperature ``beta``."""
+
+    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
+
+
+class CalibrationTerms:
+    """The sums of :meth:`tempcal.core.scan.Scan.calibration` at ``betas``, chunk by chunk, over ``rows`` rows."""
+
+    def __init__(self, betas: Sequence[float], bins: int, device: torch.device, rows: int,
+                 keep: Sequence[str] = (), visitor: ChunkVisitor | None = None):
+        self.betas = [float(b) for b in betas]
+        self.edges = bin_edges(bins, device)
+        self.acc = torch.zeros(len(self.betas), 5, dtype=torch.float64, device=device)
+        self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
+        unknown = set(keep) - set(KEPT)
+        if unknown:
+            raise ValueError(f"cannot keep {sorted(unknown)}; only {KEPT}")
+        self.kept = {name: torch.empty(len(self.betas), rows, dtype=torch.float64, device=device) for name in keep}
+        self.visitor = visitor
+        self.position = 0
+
+    def add_chunk(self, z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor,
+                  correct: torch.Tensor, has_neginf: bool, scratch: Scratch) -> None:
+        """One chunk of :meth:`Scan.row_chunks` (the chunks come in order, so the rows' positions are known)."""
+        start, stop = self.position, self.position + z.shape[0]
+        d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
+        hit = correct.to(torch.float64)
+        d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
+        acc, per_bin = self.acc, self.per_bin
+        for k, beta in enumerate(self.betas):
+            e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
+            s0 = e.sum(1)
+            log_s0 = torch.log(s0)
+            mean_d = torch.linalg.vecdot(e, d_finite) / s0
+            confidence = s0.reciprocal().to(torch.float64)
+            p_true = torch.exp(beta * gap) / s0
+            brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+            acc[k, 0] += (log_s0 - beta * gap).sum(dtype=torch.float64)
+            acc[k, 1] += brier.clamp_min(0).sum(dtype=torch.float64)
+            acc[k, 2] += (log_s0 - beta * mean_d).clamp_min(0).sum(dtype=torch.float64)
+            acc[k, 3] += hit.sum()
+            acc[k, 4] += confidence.sum()
+            index = bin_index(confidence, self.edges)
+            per_bin[k, 0].index_add_(0, index, torch.ones_like(confidence))
+            per_bin[k, 1].index_add_(0, index, confidence)
+            per_bin[k, 2].index_add_(0, index, hit)
+            if "confidence" in self.kept:
+                self.kept["confidence"][k, start:stop] = confidence
+            if "energy" in self.kept:
+                self.kept["energy"][k, start:stop] = row_max.to(torch.float64) + log_s0.to(torch.float64) / beta
+            if self.visitor is not None:
+                self.visitor.add(k, beta, d, y, start)
+        self.position = stop
+
+    def results(self, acc: torch.Tensor, per_bin: torch.Tensor, count: int
+                ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
+        """Per temperature: the sums (``acc`` and ``per_bin`` reduced over ranks) and what was kept of this
+        process's rows (views of the preallocated arrays; None when nothing was)."""
+        out = []
+        for k in range(len(self.betas)):
+            nll, brier, entropy, correct_sum, confidence_sum = acc[k].tolist()
+            sums = CalibrationSums(count, nll, brier, entropy, correct_sum, confidence_sum,
+                                   per_bin[k, 0], per_bin[k, 1], per_bin[k, 2])
+            kept = {name: values[k, :self.position] for name, values in self.kept.items()} if self.kept else None
+            out.append((sums, kept))
+        return out
+
+
+__all__ = ["KEPT", "CalibrationSums", "CalibrationTerms", "ChunkVisitor"]

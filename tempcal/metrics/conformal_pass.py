@@ -1,0 +1,105 @@
+"""Conformal sets over a scan's chunks: the fitting rows' scores in one pass, the sets' sums in the metrics pass.
+
+The thresholds need the fitting rows' scores at each temperature (:class:`ScoreRows`, visited by
+:meth:`Scan.visit`: one read of the fitting rows, two float64 per row and temperature, gathered across ranks);
+the sets need the thresholds, so their sums (:class:`SetSums`) ride on the evaluation rows' calibration pass
+(:meth:`Scan.calibration` ``visitor=``), nothing kept per row. Probabilities are float64 softmaxes of each
+chunk's ``z - max z``, a slice of rows at a time (:data:`SLICE_VALUES` probabilities), so that the sorted copies
+APS needs stay small whatever the chunk. ``SetSums`` also sums per group of rows (any integer labelling of the
+rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under the same thresholds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from ..core.distributed import all_gather_rows, all_reduce
+from ..core.scan import Scan
+from .conformal import SCORES, ConformalResult, results, row_scores, set_rows, threshold
+
+#: Probabilities (rows x classes) formed at a time: 32 MB of float64, and the sorted copy beside them.
+SLICE_VALUES = 1 << 22
+
+Thresholds = dict[str, list[float]]
+
+
+def probabilities(d: torch.Tensor, beta: float) -> torch.Tensor:
+    """The float64 softmax at ``beta`` of rows given as ``d = z - max z`` (``-inf`` entries are probability 0)."""
+    p = torch.exp(d.to(torch.float64) * beta)
+    return p / p.sum(1, keepdim=True)
+
+
+def _slices(rows: int, classes: int) -> Iterator[tuple[int, int]]:
+    step = max(1, SLICE_VALUES // max(classes, 1))
+    for first in range(0, rows, step):
+        yield first, min(first + step, rows)
+
+
+class ScoreRows:
+    """Visitor keeping the LAC and APS scores of every row at each of ``count`` temperatures: ``[count, 2, rows]``
+    float64, preallocated."""
+
+    def __init__(self, count: int, rows: int, device: torch.device):
+        self.scores = torch.empty(count, len(SCORES), rows, dtype=torch.float64, device=device)
+
+    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        for first, stop in _slices(d.shape[0], d.shape[1]):
+            found = row_scores(probabilities(d[first:stop], beta), labels[first:stop])
+            for j, name in enumerate(SCORES):
+                self.scores[k, j, start + first:start + stop] = found[name]
+
+    def gathered(self) -> list[dict[str, np.ndarray]]:
+        """Per temperature, every rank's scores in rank order (the one-process arrays), as numpy on the host."""
+        out = []
+        for k in range(self.scores.shape[0]):
+            every = all_gather_rows(self.scores[k].T.contiguous()).cpu().numpy()  # [rows, scores]
+            out.append({name: every[:, j] for j, name in enumerate(SCORES)})
+        return out
+
+
+def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -> list[Thresholds]:
+    """Per temperature, each score's threshold at every ``alpha`` from ``scan``'s rows (the fitting rows): one
+    read of them."""
+    rows = ScoreRows(len(taus), scan.data.num_samples, scan.device)
+    scan.visit([1.0 / t for t in taus], rows)
+    return [{name: [threshold(values, a) for a in alphas] for name, values in scores.items()}
+            for scores in rows.gathered()]
+
+
+class SetSums:
+    """Visitor summing, at the ``k``-th temperature and its ``thresholds[k]``, the rows covered and the classes in
+    the sets; per group when ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) is given."""
+
+    def __init__(self, thresholds: Sequence[Thresholds], device: torch.device, *,
+                 groups: torch.Tensor | None = None, num_groups: int = 1):
+        self.thresholds = list(thresholds)
+        self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
+        self.sums = [{score: torch.zeros(num_groups, len(qs), 2, dtype=torch.float64, device=device)
+                      for score, qs in t.items()} for t in self.thresholds]
+
+    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        for first, stop in _slices(d.shape[0], d.shape[1]):
+            found = set_rows(probabilities(d[first:stop], beta), labels[first:stop], self.thresholds[k])
+            for score, (covered, size) in found.items():
+                figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
+                if self.groups is None:
+                    self.sums[k][score][0] += figures.sum(1)
+                else:
+                    rows = self.groups[start + first:start + stop]
+                    self.sums[k][score].index_add_(0, rows, figures.transpose(0, 1))
+
+    def reduced(self) -> list[dict[str, torch.Tensor]]:
+        """Per temperature and score, the sums ``[groups, thresholds, 2]`` over every rank, on the host."""
+        return [{score: all_reduce(values).cpu() for score, values in sums.items()} for sums in self.sums]
+
+
+def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
+                group: int = 0) -> list[ConformalResult]:
+    """The contract's list for one temperature (and one group of ``rows`` rows) from :meth:`SetSums.reduced`."""
+    return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
+
+
+__all__ = ["SLICE_VALUES", "ScoreRows", "SetSums", "fit_thresholds", "probabilities", "set_results"]
