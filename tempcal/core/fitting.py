@@ -34,7 +34,7 @@ from ..errors import DataError
 from ..metrics.calibration import DEFAULT_BINS
 from ..validation import probabilities_refused
 from . import certified
-from .certified import T_MAX, T_MIN, FitStart, certified_fit
+from .certified import T_MAX, T_MIN, Evaluator, FitStart, certified_fit
 from .data import as_logits_data
 from .scan import ALL_ROWS, Scan
 
@@ -63,8 +63,8 @@ class FitResult:
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
-                    probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES
-                    ) -> FitResult:
+                    probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES,
+                    evaluate: Evaluator | None = None) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
     ``probs=True``: ``logits`` holds probabilities (rows summing to 1), and T is fitted on log(p);
@@ -78,7 +78,8 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     lets callers validate once and fit on a split without reading the data again; made with
     ``fit_rows`` (the split's fitting rows, then ``select``ed), it carries the fit's start.
     ``xtol`` is the relative tolerance on T (default ``certified.TOL``, 1e-7); ``max_passes``
-    caps the reads, the validating scan included.
+    caps the reads, the validating scan included. ``evaluate`` replaces the scan's pass at one beta (for
+    fits that ride on this one's reads: :mod:`tempcal.core.shared_fits`).
     """
     if isinstance(logits, Scan):
         scan = logits
@@ -91,7 +92,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     if scan.num_samples < 2:
         raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")
     if objective == "nll":
-        result = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
+        result = _fit_nll(scan, xtol=xtol, max_passes=max_passes, evaluate=evaluate)
     elif objective == "ece":
         result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes)
     else:
@@ -104,8 +105,10 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     return result
 
 
-def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
+def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int, evaluate: Evaluator | None = None) -> FitResult:
+    """The NLL fit; ``evaluate`` (default: ``scan.objective``) is the pass at one beta, which other fits may ride."""
     n = scan.num_samples
+    evaluate = evaluate or scan.objective
     if scan.all_top():
         return _no_class_above_the_true_one(scan)
     if scan.slope_at_infinity() >= 0:
@@ -114,7 +117,7 @@ def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
     start = scan.fit_start
     if start is None:  # a scan made without fit_rows: no grid, the scale-aware start (more reads)
         start = FitStart(n, scan.num_classes, reference_beta=scan.initial_beta())
-    fit = certified_fit(start, scan.objective, tol=certified.TOL if xtol is None else xtol,
+    fit = certified_fit(start, evaluate, tol=certified.TOL if xtol is None else xtol,
                         max_passes=min(max_passes, certified.MAX_PASSES))
     if fit.converged:
         return FitResult(1.0 / fit.beta, "nll", n, 0, True, fit.nll, fit.bound, fit.warnings,
@@ -122,14 +125,15 @@ def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
                          method="certified")
     # Not certified within its budget: L-BFGS takes over from the best estimate, with the reads left.
     result = _fit_lbfgs(scan, beta0=fit.beta, xtol=XTOL[scan.compute_dtype] if xtol is None else xtol,
-                        max_passes=max_passes)
+                        max_passes=max_passes, evaluate=evaluate)
     result.warnings[:0] = [w for w in fit.warnings if w not in result.warnings]
     return result
 
 
-def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int) -> FitResult:
+def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int, evaluate: Evaluator | None = None
+               ) -> FitResult:
     """The first method: L-BFGS over log T from ``beta0``, closed by regula falsi on the slope."""
-    search = _SlopeSearch(scan, xtol)
+    search = _SlopeSearch(scan, xtol, evaluate)
     theta0 = min(max(-math.log(beta0), math.log(T_MIN)), math.log(T_MAX))
     sums0, beta0 = search.evaluate(theta0)
     hessian = beta0 * beta0 * sums0.curvature + beta0 * sums0.grad  # d2 NLL / d theta2
@@ -193,8 +197,9 @@ class _SlopeSearch:
     precision is reached.
     """
 
-    def __init__(self, scan: Scan, xtol: float):
+    def __init__(self, scan: Scan, xtol: float, evaluate: Evaluator | None = None):
         self.scan, self.xtol = scan, xtol
+        self.objective = evaluate or scan.objective
         self.points: list[tuple[float, float, float]] = []
         self.seen: dict[float, tuple[float, float, float]] = {}
         self._last_side = 0
@@ -224,7 +229,7 @@ class _SlopeSearch:
     def evaluate(self, theta: float, curvature: bool = False):
         effective, beta = self.effective_theta(theta)
         self._stalled = effective in self.seen
-        sums = self.scan.objective(beta, curvature=curvature)
+        sums = self.objective(beta)
         point = (effective, sums.nll, -beta * sums.grad)
         side = -1 if point[2] < 0 else 1
         # Illinois rule for the regula falsi below: when one end moves twice, halve the other's slope.
