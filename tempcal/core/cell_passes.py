@@ -62,7 +62,8 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
         y = y.to(torch.int64)
         z_true = z.gather(1, y[:, None])[:, 0]
         for s in range(slots):
-            beta: float | torch.Tensor = one[s] if one[s] is not None else on_device[s][cell]
+            fixed = one[s]
+            beta: float | torch.Tensor = fixed if fixed is not None else on_device[s][cell]
             m = row_moments(z, beta, y, scan.scratch, top=row_max, impossible=has_neginf)
             acc[s].index_add_(0, cell, row_terms(m, z_true, beta).T)
     return all_reduce(acc)
@@ -72,13 +73,14 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
 class CellCalibration:
     """A calibration pass's sums: ``[slots, groups, 5]`` (NLL, Brier, entropy, correct, confidence), the bins
     ``[slots, groups, 3, bins]`` (count, confidence, correct), the rows per group; optionally every row's
-    confidence ``[slots, rows]`` and correctness ``[rows]`` (every rank's rows, in order)."""
+    confidence and NLL ``[slots, rows]`` and correctness ``[rows]`` (every rank's rows, in order)."""
 
     sums: torch.Tensor
     bins: torch.Tensor
     counts: torch.Tensor  # [groups] int64
     confidence: torch.Tensor | None = None
     correct: torch.Tensor | None = None
+    nll: torch.Tensor | None = None
 
     def group(self, slot: int, group: int) -> CalibrationSums:
         """One slot's sums over one group's rows."""
@@ -110,7 +112,7 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
     edges = bin_edges(bins, device)
     sums = torch.zeros(slots, num_groups, 5, dtype=torch.float64, device=device)
     per_bin = torch.zeros(slots, 3, num_groups * bins, dtype=torch.float64, device=device)
-    kept: list[list[torch.Tensor]] = [[] for _ in range(slots)]
+    kept: list[list[torch.Tensor]] = [[] for _ in range(2 * slots)]
     hits: list[torch.Tensor] = []
     position = 0
     for z, _, row_max, gap, correct, has_neginf, cell in _chunks_with_cells(scan, cells):
@@ -121,7 +123,8 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
         hit = correct.to(torch.float64)
         hits.append(hit)
         for s in range(slots):
-            beta = one[s] if one[s] is not None else on_device[s][cell].to(z.dtype)
+            fixed = one[s]
+            beta = fixed if fixed is not None else on_device[s][cell].to(z.dtype)
             confidence, values = _row_calibration(scan, d, d_finite, gap, hit, beta)
             sums[s].index_add_(0, group, values)
             slot = bin_index(confidence, edges) + group * bins
@@ -129,17 +132,19 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
             per_bin[s, 1].index_add_(0, slot, confidence)
             per_bin[s, 2].index_add_(0, slot, hit)
             if keep_rows:
-                kept[s].append(confidence)
+                kept[2 * s].append(confidence)
+                kept[2 * s + 1].append(values[:, 0])
     counts = all_reduce(torch.bincount(groups, minlength=num_groups)[:num_groups].to(torch.int64)).cpu()
     sums, per_bin = all_reduce(sums).cpu(), all_reduce(per_bin).cpu()
     result = CellCalibration(sums, per_bin.view(slots, 3, num_groups, bins).transpose(1, 2), counts)
     if not keep_rows:
         return result
     empty = torch.empty(0, dtype=torch.float64, device=device)
-    rows = torch.stack([torch.cat(parts) if parts else empty for parts in kept], 1) if slots else empty
-    gathered = all_gather_rows(rows.reshape(-1, slots))
+    rows = torch.stack([torch.cat(parts) if parts else empty for parts in kept], 1)
+    gathered = all_gather_rows(rows).T.reshape(slots, 2, -1)
     right = all_gather_rows(torch.cat(hits) if hits else empty) > 0.5
-    return CellCalibration(result.sums, result.bins, counts, gathered.T.contiguous(), right)
+    return CellCalibration(result.sums, result.bins, counts, gathered[:, 0].contiguous(), right,
+                           gathered[:, 1].contiguous())
 
 
 def _row_calibration(scan: Scan, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor, hit: torch.Tensor,

@@ -104,9 +104,10 @@ class SharedFits:
         if groups:
             for group in range(g):
                 cells = slice(group * k, (group + 1) * k)
-                for fold in [None, *range(k)] if k > 1 else [None]:
-                    rows = int(count[cells].sum()) - (int(count[cells][fold]) if fold is not None else 0)
-                    self.fits.append(self._fit(group, fold, rows, lam, slope[cells], above[cells], fold))
+                left_out: list[int | None] = [None, *range(k)] if k > 1 else [None]
+                for out in left_out:
+                    rows = int(count[cells].sum()) - (int(count[cells][out]) if out is not None else 0)
+                    self.fits.append(self._fit(group, out, rows, lam, slope[cells], above[cells], out))
 
     def _fit(self, group: int | None, fold: int | None, count: int, lam: float, slope: torch.Tensor,
              above: torch.Tensor, left_out: int | None) -> _Fit:

@@ -42,7 +42,9 @@ def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_fold
     """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
     if groups is None and folds is None:
         raise ValueError("cells need groups or folds")
-    g = torch.zeros_like(folds) if groups is None else groups.to(torch.int64)
+    base = groups if groups is not None else folds
+    assert base is not None
+    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
     k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
     return (g * num_folds + k).to(device)
 

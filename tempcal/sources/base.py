@@ -89,6 +89,8 @@ class OpenedSource:
     stored_problem: TempcalError | None = None
     #: The stored T was fitted on log-probabilities (``tempcal.probs = "true"`` beside it).
     stored_probs: bool = False
+    #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
+    file_rows: list[int] | None = None
 
     @property
     def stored_temperature(self) -> float | None:

@@ -122,6 +122,24 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
     return keys, arrays[logits_key], arrays.get(labels_key), labels_key
 
 
+def read_npz_array(path: Path, key: str, option: str) -> torch.Tensor:
+    """One array of an ``.npz`` archive, its declared size checked first (``option`` names the flag that chose
+    ``key``, for the missing-key error)."""
+    path = checked_path(path)
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise TempcalError(f"{path}: not a readable .npz archive ({first_line(exc)})") from None
+    with archive:
+        members = _npz_members(archive)
+        if key not in members:
+            raise missing(path, "array", key, tuple(members), option)
+        size = os.fstat(archive.fp.fileno()).st_size if archive.fp is not None else path.stat().st_size
+        header = _member_header(path, archive, members[key], key, size)
+        check_fits(path, f"array '{key}'", header.nbytes)
+        return _npz_member(archive, path, members[key], key, "groups")
+
+
 def _npz_members(archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
     """Each array's name (the member's, less ``.npy``, as numpy names them) and its member."""
     members: dict[str, zipfile.ZipInfo] = {}
