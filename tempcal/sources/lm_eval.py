@@ -26,7 +26,7 @@ import os
 import re
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -327,6 +327,11 @@ class LmEvalKind(SourceKind):
                               f"ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit again"))
             stored = None
         return stored, list(notes)
+
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
+        """T, ``metadata`` and the normalisation T was fitted under, into the sidecar (of a copy at ``output``)."""
+        return super().write_reading(path, temperature, output, {**metadata, NORM_KEY: self.norm})
 
     def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
         """T (and the normalisation it was fitted under) into the sidecar of ``path``, or of a copy at ``output``."""

@@ -15,7 +15,7 @@ from ..core.splitting import stratified_split
 from ..errors import DataError, TempcalError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
-from ..sources.groups import read_groups
+from ..sources.groups import group_metadata, read_groups
 from ..sources.registry import Source, open_source
 from .common import extra_figures, scan_source
 from .subsets import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
@@ -229,7 +229,8 @@ def write_back(report: FitReport, *, output: str | None = None, save_model: str 
 
     opened = report.opened
     if not isinstance(opened, ModelSource):
-        return [str(p) for p in opened.write_temperature(report.temperature, output)] if store else []
+        groups = group_metadata(report.subsets.group_key if report.subsets else None, report.group_temperatures)
+        return [str(p) for p in opened.write_temperature(report.temperature, output, groups)] if store else []
     from ..models.save import save_calibrated_model
     from ..models.save import save_logits as write_logits
 
