@@ -23,9 +23,9 @@ from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
 from ..sources.base import OpenedSource, SourceOptions
+from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import as_temperature, check_taus, resolve_taus, whole_number
-from ..sources.groups import RowGroups, read_groups
 from .common import check_stored_reading, scan_source, uses_stored
 from .grouped_ood import GroupTaus, dropped_extra, group_results, group_taus
 

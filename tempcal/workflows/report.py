@@ -8,9 +8,9 @@ from typing import Any
 
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
+from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_taus, resolve_taus
-from ..sources.groups import read_groups
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
 from .grouped_report import GroupRow, StoredGroups, applicable_groups, group_extras, grouped_report
 

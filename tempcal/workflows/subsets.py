@@ -149,8 +149,9 @@ def grouped(loaded: OpenedSource, evaluated: OpenedSource, fit_scan: Scan, eval_
     fits = _fit(fit_scan, layout, plan, objective, bins, names)
     eval_g = torch.from_numpy(eval_of[_share(evaluated, eval_index)]).to(eval_scan.device)
     global_t = fits.fit.temperature
-    betas = torch.stack([torch.ones(count, dtype=torch.float64), torch.full((count,), 1.0 / global_t),
-                         1.0 / torch.tensor(fits.group_temperatures, dtype=torch.float64)])
+    f64 = torch.float64
+    betas = torch.stack([torch.ones(count, dtype=f64), torch.full((count,), 1.0 / global_t, dtype=f64),
+                         1.0 / torch.tensor(fits.group_temperatures, dtype=f64)])
     calibration = cell_calibration(eval_scan, betas, eval_g, eval_g, count, bins, keep_rows=keep_rows or needs_rows())
     before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
     assert before is not None and after is not None
