@@ -25,6 +25,9 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+
+import torch
 
 from .scan import Scan
 
@@ -34,42 +37,83 @@ INITIAL_POINTS = 65
 MAX_ROUNDS = 40
 
 
-def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN
-                 ) -> tuple[float, float, bool]:
+Terms = Callable[[list[float], int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN,
+                 terms: Terms | None = None) -> tuple[float, float, bool]:
     """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
 
     ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each pass evaluates
-    the new midpoints and the bound of every half interval at once, keeping nothing per row.
+    the new midpoints and the bound of every half interval at once, keeping nothing per row. ``terms``
+    (default: :meth:`Scan.ece_terms`) is the pass, for searches that ride on this one's reads.
     """
     n = max(scan.num_samples, 1)
-    ece: dict[float, float] = {}
-    drift: dict[tuple[float, float], float] = {}
+    terms = terms or scan.ece_terms
+    search = EceSearch(centre, tol=tol, span=span)
+    while thetas := search.wanted:
+        per_bin, between = terms([math.exp(-t) for t in thetas], bins)
+        search.take([float((sums[2] - sums[1]).abs().sum()) / n for sums in per_bin],
+                    [value / n for value in between.tolist()])
+    return search.result()
 
-    def evaluate(thetas: list[float]) -> None:
-        """The ECE at each of the sorted ``thetas`` and the drift between each two neighbours, in one pass."""
-        per_bin, between = scan.ece_terms([math.exp(-t) for t in thetas], bins)
-        for theta, sums in zip(thetas, per_bin, strict=True):
-            ece[theta] = float((sums[2] - sums[1]).abs().sum()) / n
-        for pair, value in zip(itertools.pairwise(thetas), between.tolist(), strict=True):
-            drift[pair] = value / n
 
-    def lower_bound(a: float, b: float) -> float:
-        return max(ece[a], ece[b]) - drift[a, b]
+class EceSearch:
+    """One branch-and-bound search, a round at a time: :attr:`wanted` the sorted log-temperatures to evaluate
+    next (empty once done), :meth:`take` their ECE and the drift between each two neighbours.
 
-    low, high = math.log(centre / span), math.log(centre * span)
-    grid = [low + (high - low) * k / (INITIAL_POINTS - 1) for k in range(INITIAL_POINTS)]
-    evaluate(grid)
-    open_intervals = list(itertools.pairwise(grid))
-    certified = False
-    for _ in range(MAX_ROUNDS):
-        best = min(ece.values())
-        open_intervals = [(a, b) for a, b in open_intervals if lower_bound(a, b) < best - tol and b - a > 1e-12]
-        drift.clear()  # every bound still needed is recomputed with its halves
-        if not open_intervals:
-            certified = True
-            break
-        middles = [(a + b) / 2 for a, b in open_intervals]
-        evaluate(sorted({t for (a, b), m in zip(open_intervals, middles, strict=True) for t in (a, m, b)}))
-        open_intervals = [half for (a, b), m in zip(open_intervals, middles, strict=True) for half in ((a, m), (m, b))]
-    best_theta = min(ece, key=lambda t: ece[t])
-    return math.exp(best_theta), ece[best_theta], certified
+    A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
+    toward a global T); the bound on an interval adds the penalty's minimum over it.
+    """
+
+    def __init__(self, centre: float, *, tol: float = 1e-4, span: float = SPAN,
+                 penalty: tuple[float, float] | None = None):
+        self.tol, self.penalty = tol, penalty
+        low, high = math.log(centre / span), math.log(centre * span)
+        self.wanted = [low + (high - low) * k / (INITIAL_POINTS - 1) for k in range(INITIAL_POINTS)]
+        self.ece: dict[float, float] = {}
+        self.drift: dict[tuple[float, float], float] = {}
+        self.open_intervals = list(itertools.pairwise(self.wanted))
+        self.rounds = 0
+        self.certified = False
+
+    def value(self, theta: float) -> float:
+        """The searched objective at an evaluated ``theta``: the ECE, plus the penalty."""
+        return self.ece[theta] + self._penalty(theta, theta)
+
+    def _penalty(self, a: float, b: float) -> float:
+        """The penalty's minimum on ``[a, b]`` (0 without one)."""
+        if self.penalty is None:
+            return 0.0
+        weight, centre = self.penalty
+        nearest = min(max(centre, a), b)
+        return weight * (nearest - centre) ** 2
+
+    def take(self, ece: list[float], drift: list[float]) -> None:
+        """The ECE at each of :attr:`wanted` and the drift between each two neighbours; then the next round."""
+        thetas = self.wanted
+        self.ece.update(zip(thetas, ece, strict=True))
+        self.drift.update(zip(itertools.pairwise(thetas), drift, strict=True))
+        self.wanted = []
+        if self.rounds >= MAX_ROUNDS:
+            return
+        self.rounds += 1
+        best = min(self.value(t) for t in self.ece)
+        self.open_intervals = [(a, b) for a, b in self.open_intervals
+                               if self._lower_bound(a, b) < best - self.tol and b - a > 1e-12]
+        self.drift.clear()  # every bound still needed is recomputed with its halves
+        if not self.open_intervals:
+            self.certified = True
+            return
+        middles = [(a + b) / 2 for a, b in self.open_intervals]
+        self.wanted = sorted({t for (a, b), m in zip(self.open_intervals, middles, strict=True) for t in (a, m, b)})
+        self.open_intervals = [half for (a, b), m in zip(self.open_intervals, middles, strict=True)
+                               for half in ((a, m), (m, b))]
+
+    def _lower_bound(self, a: float, b: float) -> float:
+        return max(self.ece[a], self.ece[b]) - self.drift[a, b] + self._penalty(a, b)
+
+    def result(self) -> tuple[float, float, bool]:
+        """``(T, ECE, certified)`` at the best evaluated temperature."""
+        best_theta = min(self.ece, key=self.value)
+        return math.exp(best_theta), self.ece[best_theta], self.certified

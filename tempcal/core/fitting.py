@@ -27,6 +27,7 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -64,7 +65,7 @@ class FitResult:
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
                     probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES,
-                    evaluate: Evaluator | None = None) -> FitResult:
+                    evaluate: Evaluator | None = None, ece_terms: Any = None) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
     ``probs=True``: ``logits`` holds probabilities (rows summing to 1), and T is fitted on log(p);
@@ -79,7 +80,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     ``fit_rows`` (the split's fitting rows, then ``select``ed), it carries the fit's start.
     ``xtol`` is the relative tolerance on T (default ``certified.TOL``, 1e-7); ``max_passes``
     caps the reads, the validating scan included. ``evaluate`` replaces the scan's pass at one beta (for
-    fits that ride on this one's reads: :mod:`tempcal.core.shared_fits`).
+    fits that ride on this one's reads: :mod:`tempcal.core.shared_fits`); ``ece_terms`` the ECE search's pass.
     """
     if isinstance(logits, Scan):
         scan = logits
@@ -94,7 +95,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     if objective == "nll":
         result = _fit_nll(scan, xtol=xtol, max_passes=max_passes, evaluate=evaluate)
     elif objective == "ece":
-        result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes)
+        result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes, ece_terms=ece_terms)
     else:
         raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
     if scan.distinct_labels() == 1:
@@ -341,12 +342,14 @@ def _clamp(result: FitResult) -> FitResult:
     return result
 
 
-def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int) -> FitResult:
-    """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum."""
+def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int, ece_terms: Any = None) -> FitResult:
+    """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum.
+
+    ``ece_terms`` replaces the search's pass (for searches that ride on this one's reads)."""
     from .ece_fit import minimise_ece
 
     anchor = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
-    temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins)
+    temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins, terms=ece_terms)
     nll = scan.objective(1.0 / temperature).nll
     warnings = list(anchor.warnings)
     if not searched:

@@ -149,3 +149,22 @@ def test_ten_folds_read_the_data_at_most_once_more_than_the_plain_fit(tmp_path, 
         outside = folds != fold
         assert folded.subsets.folds["temperatures"][fold] == pytest.approx(
             penalised_temperature(z[outside], y[outside]), rel=1e-6)
+
+
+def _ece_of(z, y, temperature, bins=15):
+    return figures_per_row(z, y, temperature, bins)["ece"]
+
+
+def test_ece_objective_folds_minimise_each_folds_ece(tmp_path):
+    z, y = miscalibrated(160, 4, 2.0, seed=8)
+    path = _file(tmp_path, z, y)
+    out = fit_file(str(path), folds=3, objective="ece").to_json()
+    plain = fit_file(str(path), val_fraction=1.0, objective="ece")
+    assert out["temperature"] == plain.temperature  # the written T is the plain ECE fit's, exactly
+    folds = assign_folds(y.numpy(), 3, 0)
+    grid = np.exp(np.linspace(np.log(out["temperature"] / 20), np.log(out["temperature"] * 20), 801))
+    for fold, t in enumerate(out["folds"]["temperatures"]):
+        outside = folds != fold
+        best = min(_ece_of(z[outside], y[outside], g) for g in grid)
+        assert _ece_of(z[outside], y[outside], t) <= best + 1e-4, fold
+    _close_figures(out["after"], figures_per_row(z, y, np.asarray(out["folds"]["temperatures"])[folds]))

@@ -177,3 +177,18 @@ def test_more_than_100000_groups_are_refused(tmp_path):
                "domain": torch.arange(n)}, str(path))
     with pytest.raises(TempcalError, match="100,001 groups"):
         report_file(str(path), group_by="domain")
+
+
+def test_ece_objective_groups_minimise_their_penalised_ece(grouped_file):
+    path, z, y, groups = grouped_file
+    out = fit_file(str(path), val_fraction=1.0, group_by="domain", objective="ece", group_prior=2.0).to_json()
+    t0 = out["temperature"]
+    grid = np.exp(np.linspace(np.log(t0 / 30), np.log(t0 * 30), 601))
+    for entry in out["groups"]:
+        rows = (groups == int(entry["group"])).numpy()
+        n = int(rows.sum())
+
+        def value(t, rows=rows, n=n):
+            return figures_per_row(z[rows], y[rows], t)["ece"] + 2.0 / n * np.log(t / t0) ** 2
+
+        assert value(entry["temperature"]) <= min(value(t) for t in grid) + 1e-4, entry["group"]
