@@ -30,7 +30,7 @@ def grouped(tmp_path):
 
 
 def test_fit_folds_and_groups_json_and_write_back(grouped, run_json, cli):
-    path, z, y, domain = grouped
+    path, _z, _y, _domain = grouped
     out = run_json(["fit", str(path), "--folds", "5", "--group-by", "domain"])
     assert out["folds"]["k"] == 5 and len(out["folds"]["temperatures"]) == 5 and sum(out["folds"]["sizes"]) == 400
     assert [g["group"] for g in out["groups"]] == ["0", "100", "200"]
@@ -95,7 +95,7 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(grouped, cli, tmp_pa
                "short": domain[:-3].clone()}, str(path))
     before = sha256(path)
     json_path = tmp_path / "out.json"
-    code, out, err = cli(["fit", str(path), *[a.format(path=path) for a in args], "--json", str(json_path)])
+    code, _out, err = cli(["fit", str(path), *[a.format(path=path) for a in args], "--json", str(json_path)])
     assert code == 2, err
     assert_one_error_line(err, detail)
     assert sha256(path) == before and not json_path.exists()
@@ -133,7 +133,7 @@ def test_group_by_task_needs_lm_eval_logs(grouped, cli):
 
 
 def test_ood_groups(grouped, run_json, tmp_path):
-    path, z, y, domain = grouped
+    path, z, _y, domain = grouped
     ood = tmp_path / "ood.safetensors"
     save_file({"logits": torch.randn(150, 5) * 2}, str(ood))
     run_json(["fit", str(path), "--group-by", "domain", "--val-fraction", "1"])
