@@ -60,11 +60,17 @@ class FitResult:
     warnings: list[str] = field(default_factory=list)
     error_bound: float | None = None  # certified bound on |T - T*| / T* (None: not certified by the bound)
     method: str = "certified"  # "certified" (high-order steps), "l-bfgs" (the fallback), "bound" (degenerate data)
+    #: ``groups=``: each group's T (drawn toward ``temperature`` by ``group_prior``), keyed by its group value.
+    group_temperatures: dict[Any, float] | None = None
+    #: ``folds=K``: T on the rows outside each fold, and each row's fold.
+    fold_temperatures: list[float] | None = None
+    folds: Any = field(default=None, repr=False)
 
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
                     probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES,
+                    groups: Any = None, group_prior: float | None = None, folds: int | None = None, seed: int = 0,
                     evaluate: Evaluator | None = None, ece_terms: Any = None) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
@@ -79,16 +85,31 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     lets callers validate once and fit on a split without reading the data again; made with
     ``fit_rows`` (the split's fitting rows, then ``select``ed), it carries the fit's start.
     ``xtol`` is the relative tolerance on T (default ``certified.TOL``, 1e-7); ``max_passes``
-    caps the reads, the validating scan included. ``evaluate`` replaces the scan's pass at one beta (for
+    caps the reads, the validating scan included.
+
+    ``groups`` (one value per row: integers, strings, any sortable values) also fits each group's T, drawn
+    toward the global T by ``group_prior`` (``lam * (ln T - ln T_global)^2`` added to the group's NLL sum; 0:
+    independent fits; default :data:`tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`): ``group_temperatures``.
+    ``folds`` (K, seeded by ``seed``) also fits T on the rows outside each of K class-stratified folds:
+    ``fold_temperatures``. Both share the global fit's reads.
+
+    ``evaluate`` replaces the scan's pass at one beta (for
     fits that ride on this one's reads: :mod:`tempcal.core.shared_fits`); ``ece_terms`` the ECE search's pass.
     """
+    kept = None
     if isinstance(logits, Scan):
         scan = logits
     else:
-        scan = Scan(as_logits_data(logits, labels, probs=probs), device=device, chunk_rows=chunk_rows,
-                    fit_rows=ALL_ROWS)
+        data = as_logits_data(logits, labels, probs=probs)
+        kept = data.index
+        scan = Scan(data, device=device, chunk_rows=chunk_rows, fit_rows=ALL_ROWS)
         if probs is None and scan.looks_like_probabilities:
             raise probabilities_refused("the logits")
+    if groups is not None or folds is not None:
+        from .subsets import fit_subsets_api
+
+        return fit_subsets_api(scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
+                               objective=objective, bins=bins)
     start_passes = scan.passes
     if scan.num_samples < 2:
         raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")

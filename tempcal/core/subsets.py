@@ -8,9 +8,11 @@ finishes those. ``passes`` of the global result counts every read, the validatin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from ..errors import DataError
 from .certified import TOL
 from .fitting import FitResult, fit_temperature
 from .scan import Scan
@@ -64,4 +66,39 @@ def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float
     return SubsetFits(result, subsets)
 
 
-__all__ = ["SubsetFits", "cell_index", "fit_with_subsets"]
+def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group_prior: float | None,
+                    folds: int | None, seed: int, objective: str, bins: int) -> FitResult:
+    """``fit_temperature(groups=..., folds=...)``: the global fit with its group and fold fits, as one FitResult."""
+    import numpy as np
+
+    from ..workflows.subsets import check_prior
+    from .folds import assign_folds
+
+    lam = check_prior(group_prior)
+    index, keys = None, []
+    if groups is not None:
+        values = np.asarray(groups.cpu() if isinstance(groups, torch.Tensor) else groups).reshape(-1)
+        given = values.shape[0]
+        if kept is not None:  # rows left out by ignore_index: their groups go too
+            values = values[kept.numpy()] if kept.numel() and given > int(kept.max()) else values[:0]
+        if values.shape[0] != scan.num_samples:
+            raise DataError(f"groups holds {given} values, not one per row of the logits (labels included)")
+        distinct, inverse = np.unique(values, return_inverse=True)
+        keys = [v.item() if hasattr(v, "item") else v for v in distinct]
+        index = torch.from_numpy(inverse.reshape(-1).astype(np.int64))
+    k = 1 if folds is None else int(folds)
+    fold_of = None if folds is None else assign_folds(scan.data.labels.numpy(), k, seed)
+    layout = CellLayout(cell_index(index, None if fold_of is None else torch.from_numpy(fold_of), k, scan.device),
+                        max(len(keys), 1), k)
+    fits = fit_with_subsets(scan, layout, groups=groups is not None, lam=lam, objective=objective, bins=bins,
+                            group_names=[str(v) for v in keys] or None)
+    result = fits.fit
+    result.warnings.extend(fits.subsets.warnings)
+    if groups is not None:
+        result.group_temperatures = dict(zip(keys, fits.group_temperatures, strict=True))
+    if folds is not None:
+        result.fold_temperatures, result.folds = fits.fold_temperatures, fold_of
+    return result
+
+
+__all__ = ["SubsetFits", "cell_index", "fit_subsets_api", "fit_with_subsets"]

@@ -192,3 +192,25 @@ def test_ece_objective_groups_minimise_their_penalised_ece(grouped_file):
             return figures_per_row(z[rows], y[rows], t)["ece"] + 2.0 / n * np.log(t / t0) ** 2
 
         assert value(entry["temperature"]) <= min(value(t) for t in grid) + 1e-4, entry["group"]
+
+
+def test_fit_temperature_api_groups_and_folds():
+    import tempcal
+
+    z, y, groups = grouped_logits([60, 90, 50])
+    labels = y.clone()
+    labels[::7] = -100  # left out, as in token-level data
+    names = np.array(["low", "mid", "high"])[(groups.numpy() + 3) // 7]
+    result = tempcal.fit_temperature(z, labels, groups=names, group_prior=0, folds=3, seed=1)
+    kept = (labels != -100).numpy()
+    zk, yk, nk = z[kept], labels[kept], names[kept]
+    assert result.temperature == pytest.approx(penalised_temperature(zk, yk), rel=1e-6)
+    assert sorted(result.group_temperatures) == ["high", "low", "mid"]
+    for name, t in result.group_temperatures.items():
+        assert t == pytest.approx(penalised_temperature(zk[nk == name], yk[nk == name]), rel=1e-6), name
+    folds = assign_folds(yk.numpy(), 3, 1)
+    assert np.array_equal(result.folds, folds)
+    for k, t in enumerate(result.fold_temperatures):
+        assert t == pytest.approx(penalised_temperature(zk[folds != k], yk[folds != k]), rel=1e-6)
+    with pytest.raises(TempcalError, match="one per row"):
+        tempcal.fit_temperature(z, labels, groups=names[:-1])
