@@ -149,3 +149,30 @@ def test_ood_groups(grouped, run_json, tmp_path):
         ood_logits = f.get_tensor("logits").numpy()
     expected = ref_auroc(ref_msp(z[rows].numpy(), tau), ref_msp(ood_logits, tau))
     assert per_group[0]["auroc"] == pytest.approx(expected, abs=1e-12)
+
+
+def test_report_plot_draws_each_groups_ece_before_and_after(grouped, cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    path, *_ = grouped
+    assert cli(["fit", str(path), "--group-by", "domain", "--val-fraction", "1", "-q"])[0] == 0
+    plot = tmp_path / "groups.png"
+    code, out, _ = cli(["report", str(path), "--group-by", "domain", "--tau", "1", "--tau", "fitted", "--plot",
+                        str(plot), "--json", str(tmp_path / "r.json")])
+    assert code == 0 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(plot) in out
+    from tempcal.output.group_plots import report_group_plot
+    from tempcal.workflows.report import report_file
+
+    result = report_file(str(path), taus=[1.0, "fitted"], group_by="domain")
+    figure_path = tmp_path / "again.svg"
+    report_group_plot(result, figure_path)
+    from tempcal.output.group_plots import group_ece_figure
+
+    names = [g.group for g in result.group_rows[0].groups]
+    series = [(str(k), [g.metrics.ece for g in row.groups]) for k, row in enumerate(result.group_rows)]
+    figure = group_ece_figure(names, series, "t")
+    widths = sorted(round(p.get_width(), 12) for p in figure.axes[0].patches)
+    data = json.loads((tmp_path / "r.json").read_text())
+    expected = sorted(round(g["ece"], 12) for row in data["results"] for g in row["groups"])
+    assert widths == expected
+    fitted = next(row for row in data["results"] if row["per_group"])
+    assert {g["tau"] for g in fitted["groups"]} != {fitted["tau"]}  # the 'after' bars are at each group's T
