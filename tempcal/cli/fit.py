@@ -101,9 +101,7 @@ def fit(
     no_config: NoConfig = False,
 ) -> None:
     """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
-    folds, split, eval_file = _cross_fitting(ctx, folds, val_fraction, eval_file)
-    if group_prior is not None and group_by is None:
-        raise TempcalError("--group-prior weighs the per-group fits of --group-by KEY; give --group-by too")
+    folds, split, eval_file = _cross_fitting(ctx, folds, val_fraction, eval_file, group_by, group_prior)
     is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                              save_model=save_model, save_logits=save_logits, output_key=output_key,
                              lm_eval_norm=lm_eval_norm)
@@ -128,30 +126,38 @@ def fit(
     def write() -> list[str]:
         written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
                                   store=not no_write))
-        lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
-        if written and report.group_temperatures is not None:
-            lines.append(f"wrote the temperatures of {len(report.group_temperatures)} groups "
-                         f"(tempcal.group_temperatures, by {group_by}) into {', '.join(written)}")
+        lines = _wrote(report, written)
         if is_model and save_logits:
             lines.append(f"wrote the logits to {save_logits}")
         return lines + write_fit_files(report, plot=plot, markdown=markdown)
 
     def payload() -> dict:
-        out = report.to_json()
-        out.update(written=", ".join(written) or None, max_ece=max_ece,
-                   gate_passed=None if max_ece is None else not gate_failed)
-        return out
+        return {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
+                "gate_passed": None if max_ece is None else not gate_failed}
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
             summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet, html=html,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 
-def _cross_fitting(ctx: typer.Context, folds: int | None, val_fraction: float, eval_file: str | None
-                   ) -> tuple[int | None, float | None, str | None]:
+def _wrote(report, written: list[str]) -> list[str]:
+    """The lines naming what write-back stored where: T, and the groups' temperatures."""
+    if not written:
+        return []
+    lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"]
+    if report.group_temperatures is not None:
+        lines.append(f"wrote the temperatures of {len(report.group_temperatures)} groups (tempcal.group_temperatures, "
+                     f"by {report.subsets.group_key}) into {', '.join(written)}")
+    return lines
+
+
+def _cross_fitting(ctx: typer.Context, folds: int | None, val_fraction: float, eval_file: str | None,
+                   group_by: str | None, group_prior: float | None) -> tuple[int | None, float | None, str | None]:
     """``--folds`` against ``--val-fraction`` and ``--eval``: on the command line together, or in the configuration
     file together, they are refused; across the two, the command line wins. Returns folds, the split (None: the
-    default) and the evaluation file."""
+    default) and the evaluation file. ``--group-prior`` needs ``--group-by``."""
+    if group_prior is not None and group_by is None:
+        raise TempcalError("--group-prior weighs the per-group fits of --group-by KEY; give --group-by too")
     def given(name: str) -> str | None:
         source = ctx.get_parameter_source(name)
         kind = getattr(source, "name", "")

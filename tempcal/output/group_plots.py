@@ -22,7 +22,7 @@ COLOURS = ("tab:gray", "tab:blue", "tab:orange", "tab:green")
 def group_ece_figure(names: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]], title: str):
     """Bars of ECE per group (rows) and series (colours); groups ordered by the last series' ECE, largest first."""
     last = series[-1][1]
-    order = sorted(range(len(names)), key=lambda i: -(last[i] if last[i] is not None else -1.0))
+    order = sorted(range(len(names)), key=lambda i: -(last[i] or 0.0))
     shown = order[:MAX_GROUPS_DRAWN]
     height = 0.8 / max(len(series), 1)
     figure = _figure(figsize=(7.0, 1.2 + 0.32 * len(shown) * max(1, len(series) / 2)))

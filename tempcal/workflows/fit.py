@@ -120,15 +120,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
                          chunk_rows=chunk_rows, estimators=estimators, bootstrap=bootstrap, warnings=warnings)
     val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
     probs = loaded.options.probs
-    evaluated = None
-    if eval_file is not None:
-        evaluated = loaded.open_related(eval_file)
-        if evaluated.data.num_classes != loaded.data.num_classes:
-            raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
-                            f"{loaded.data.num_classes}")
-    eval_groups = None
-    if plan.groups is not None:
-        eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
+    evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
     # The split comes from the labels alone, so the validating scan knows the fitting rows and prepares the
     # fit's start on exactly them: the fit then takes at most a read or two more.
     fit_rows: Any = ALL_ROWS
@@ -157,18 +149,17 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     subsets = None
     try:
         if plan.groups is not None:
-            assert eval_groups is not None
+            eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
             fitted, before, after, subsets = grouped(
                 loaded, evaluated or loaded, fit_scan, eval_scan, plan, fit_index, eval_groups, eval_index,
                 objective=objective, bins=bins, warnings=warnings, keep_rows=bool(estimators or bootstrap))
             result = fitted.fit
         else:
             result = fit_temperature(fit_scan, objective=objective, bins=bins)
+            before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = result.warnings
-    if subsets is None:
-        before, after = evaluate_many(eval_scan, [1.0, result.temperature], bins=bins)
     extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
                            bootstrap=bootstrap, seed=seed)
     if subsets is not None:
@@ -180,6 +171,15 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
         opened=loaded, subsets=subsets)
+
+
+def _evaluation_file(loaded: Any, eval_file: Source) -> Any:
+    """``eval_file`` opened as SOURCE is, with as many classes."""
+    evaluated = loaded.open_related(eval_file)
+    if evaluated.data.num_classes != loaded.data.num_classes:
+        raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
+                        f"{loaded.data.num_classes}")
+    return evaluated
 
 
 def _plan(folds: int | None, group_prior: float | None, eval_file: Any, val_fraction: float | None) -> Plan:
