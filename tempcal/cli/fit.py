@@ -18,6 +18,9 @@ from .options import (
     Device,
     Estimators,
     EvalFile,
+    Folds,
+    GroupBy,
+    GroupPrior,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -61,6 +64,9 @@ def fit(
     source: Source,
     eval_file: EvalFile = None,
     val_fraction: ValFraction = 0.5,
+    folds: Folds = None,
+    group_by: GroupBy = None,
+    group_prior: GroupPrior = None,
     seed: Seed = 0,
     objective: ObjectiveOpt = Objective.nll,
     bins: Bins = 15,
@@ -98,6 +104,7 @@ def fit(
 ) -> None:
     """Fit one temperature T (the NLL's minimum, certified in a few reads of the data), report calibration before and
     after, write T back."""
+    folds, split, eval_file = _cross_fitting(ctx, folds, val_fraction, eval_file, group_by, group_prior)
     is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                              save_model=save_model, save_logits=save_logits, output_key=output_key,
                              lm_eval_norm=lm_eval_norm)
@@ -113,29 +120,67 @@ def fit(
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed, objective=objective.value,
+    report = fit_file(source, eval_file=eval_file, val_fraction=split, seed=seed, objective=objective.value,
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
-                      bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), options=options)
+                      bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), folds=folds, group_by=group_by,
+                      group_prior=group_prior, options=options)
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
 
     def write() -> list[str]:
         written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
                                   store=not no_write))
-        lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
+        lines = _wrote(report, written)
         if is_model and save_logits:
             lines.append(f"wrote the logits to {save_logits}")
         return lines + write_fit_files(report, plot=plot, markdown=markdown)
 
     def payload() -> dict:
-        out = report.to_json()
-        out.update(written=", ".join(written) or None, max_ece=max_ece,
-                   gate_passed=None if max_ece is None else not gate_failed)
-        return out
+        return {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
+                "gate_passed": None if max_ece is None else not gate_failed}
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
             summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet, html=html,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
+
+
+def _wrote(report, written: list[str]) -> list[str]:
+    """The lines naming what write-back stored where: T, and the groups' temperatures."""
+    if not written:
+        return []
+    lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"]
+    if report.group_temperatures is not None:
+        lines.append(f"wrote the temperatures of {len(report.group_temperatures)} groups (tempcal.group_temperatures, "
+                     f"by {report.subsets.group_key}) into {', '.join(written)}")
+    return lines
+
+
+def _cross_fitting(ctx: typer.Context, folds: int | None, val_fraction: float, eval_file: str | None,
+                   group_by: str | None, group_prior: float | None) -> tuple[int | None, float | None, str | None]:
+    """``--folds`` against ``--val-fraction`` and ``--eval``: on the command line together, or in the configuration
+    file together, they are refused; across the two, the command line wins. Returns folds, the split (None: the
+    default) and the evaluation file. ``--group-prior`` needs ``--group-by``."""
+    if group_prior is not None and group_by is None:
+        raise TempcalError("--group-prior weighs the per-group fits of --group-by KEY; give --group-by too")
+    def given(name: str) -> str | None:
+        source = ctx.get_parameter_source(name)
+        kind = getattr(source, "name", "")
+        return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
+
+    split = val_fraction if given("val_fraction") else None
+    if folds is None:
+        return None, split, eval_file
+    for name, flag, value in (("val_fraction", "--val-fraction", split), ("eval_file", "--eval", eval_file)):
+        if value is None:
+            continue
+        if given(name) == given("folds"):
+            where = "" if given(name) == "command line" else " (both in the configuration file)"
+            raise TempcalError(f"--folds K fits and reports on every row of SOURCE, out of fold; {flag} splits it "
+                               f"otherwise: give one or the other{where}")
+        if given("folds") == "file":
+            return None, split, eval_file  # the command line's split wins over the file's folds
+        split, eval_file = (None, eval_file) if name == "val_fraction" else (split, None)
+    return folds, split, eval_file
 
 
 def _check_writes(source: list[str], *, inputs: str | None, output: str | None, no_write: bool,

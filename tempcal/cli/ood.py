@@ -19,6 +19,7 @@ from .options import (
     Device,
     GenGamma,
     GenTop,
+    GroupBy,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -67,6 +68,7 @@ def ood(
     max_fpr95: MaxFpr95 = None,
     bootstrap: OodBootstrap = 0,
     seed: Seed = 0,
+    group_by: GroupBy = None,
     json_out: JsonOut = None,
     scores_out: Annotated[Optional[str], typer.Option(
         "--scores", metavar="PATH",
@@ -123,7 +125,7 @@ def ood(
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
                       chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
-                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
+                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, group_by=group_by, options=options)
     report.warnings.extend(caveats(report))  # scores that mean nothing on probabilities; float32-fragile taus
 
     def payload() -> dict:

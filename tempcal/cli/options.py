@@ -130,6 +130,19 @@ SaveModel = Annotated[Optional[str], typer.Option(
     "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt, .pth, .ts, "
     ".torchscript (from a TorchScript model).", rich_help_panel="Models"), OUTPUT]
 
+# -- cross-fitting and groups ------------------------------------------------------------------
+Folds = Annotated[Optional[int], typer.Option(
+    "--folds", metavar="K", min=2, help="Cross-fitting: the written T is fitted on every row, and K more on the rows "
+    "outside each of K seeded, class-stratified folds; 'after' is out of fold (2 <= K <= N; K = N: leave-one-out). "
+    "Not with --eval or --val-fraction.")]
+GroupBy = Annotated[Optional[str], typer.Option(
+    "--group-by", metavar="KEY", help="Figures (and, for fit, a T) per group: KEY names an integer tensor of SOURCE "
+    "with one value per row; 'task' for lm-evaluation-harness logs (one group per log).")]
+GroupPrior = Annotated[Optional[float], typer.Option(
+    "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
+    "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 20, as many rows' worth)."),
+    NON_NEGATIVE]
+
 # -- hidden states and an output head -------------------------------------------------------
 Head = Annotated[Optional[str], typer.Option(
     "--head", metavar="HEAD", help="Output layer (.safetensors with 'weight' [V, d], 'bias' optional, or a Hugging "
@@ -284,8 +297,11 @@ __all__ = [
     "Device",
     "Estimators",
     "EvalFile",
+    "Folds",
     "GenGamma",
     "GenTop",
+    "GroupBy",
+    "GroupPrior",
     "Head",
     "HeadBiasKey",
     "HeadWeightKey",

@@ -19,6 +19,7 @@ from .options import (
     ConfigFile,
     Device,
     Estimators,
+    GroupBy,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -96,6 +97,7 @@ def report(
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
     seed: Seed = 0,
+    group_by: GroupBy = None,
     inputs: Inputs = None,
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
@@ -130,7 +132,8 @@ def report(
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,
-                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, options=options)
+                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, group_by=group_by,
+                         options=options)
 
     def write() -> list[str]:
         lines = []

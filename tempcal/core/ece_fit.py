@@ -102,12 +102,17 @@ def _pieces(a: _Point, b: _Point, best: float, tol: float, rounding: float, max_
 
 def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN,
                  initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
-                 on_pass: PassCallback | None = None) -> tuple[float, float, bool]:
+                 on_pass: PassCallback | None = None, terms: Terms | None = None) -> tuple[float, float, bool]:
     """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
+
+    ``terms`` replaces the pass (the searches of folds and groups that ride on one read each round): those run
+    the halving search of :class:`EceSearch` on the terms of :meth:`Scan.ece_terms`.
 
     ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each round is one
     pass over the data, evaluating the new temperatures of every open interval at once.
     """
+    if terms is not None:
+        return _shared_search(scan, centre, bins=bins, tol=tol, span=span, terms=terms)
     n = max(scan.num_samples, 1)
     rounding = 16 * torch.finfo(scan.compute_dtype).eps  # a few ulps of confidence per row, as drift
     points: dict[float, _Point] = {}
@@ -137,3 +142,86 @@ def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, spa
                           for piece in itertools.pairwise([a, *ts, b])]
     theta = min(points, key=lambda t: points[t].ece)
     return math.exp(theta), points[theta].ece, not open_intervals
+
+
+#: The shared searches (folds, groups) start from this many points and halve their open intervals.
+SHARED_INITIAL_POINTS = 65
+Terms = Callable[[list[float], int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _shared_search(scan: Scan, centre: float, *, bins: int, tol: float, span: float, terms: Terms
+                   ) -> tuple[float, float, bool]:
+    """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
+
+    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each pass evaluates
+    the new midpoints and the bound of every half interval at once, keeping nothing per row. ``terms``
+    (default: :meth:`Scan.ece_terms`) is the pass, for searches that ride on this one's reads.
+    """
+    n = max(scan.num_samples, 1)
+    search = EceSearch(centre, tol=tol, span=span)
+    while thetas := search.wanted:
+        per_bin, between = terms([math.exp(-t) for t in thetas], bins)
+        search.take([float((sums[2] - sums[1]).abs().sum()) / n for sums in per_bin],
+                    [value / n for value in between.tolist()])
+    return search.result()
+
+
+class EceSearch:
+    """One branch-and-bound search, a round at a time: :attr:`wanted` the sorted log-temperatures to evaluate
+    next (empty once done), :meth:`take` their ECE and the drift between each two neighbours.
+
+    A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
+    toward a global T); the bound on an interval adds the penalty's minimum over it.
+    """
+
+    def __init__(self, centre: float, *, tol: float = 1e-4, span: float = SPAN,
+                 penalty: tuple[float, float] | None = None):
+        self.tol, self.penalty = tol, penalty
+        low, high = math.log(centre / span), math.log(centre * span)
+        self.wanted = [low + (high - low) * k / (SHARED_INITIAL_POINTS - 1) for k in range(SHARED_INITIAL_POINTS)]
+        self.ece: dict[float, float] = {}
+        self.drift: dict[tuple[float, float], float] = {}
+        self.open_intervals = list(itertools.pairwise(self.wanted))
+        self.rounds = 0
+        self.certified = False
+
+    def value(self, theta: float) -> float:
+        """The searched objective at an evaluated ``theta``: the ECE, plus the penalty."""
+        return self.ece[theta] + self._penalty(theta, theta)
+
+    def _penalty(self, a: float, b: float) -> float:
+        """The penalty's minimum on ``[a, b]`` (0 without one)."""
+        if self.penalty is None:
+            return 0.0
+        weight, centre = self.penalty
+        nearest = min(max(centre, a), b)
+        return weight * (nearest - centre) ** 2
+
+    def take(self, ece: list[float], drift: list[float]) -> None:
+        """The ECE at each of :attr:`wanted` and the drift between each two neighbours; then the next round."""
+        thetas = self.wanted
+        self.ece.update(zip(thetas, ece, strict=True))
+        self.drift.update(zip(itertools.pairwise(thetas), drift, strict=True))
+        self.wanted = []
+        if self.rounds >= MAX_ROUNDS:
+            return
+        self.rounds += 1
+        best = min(self.value(t) for t in self.ece)
+        self.open_intervals = [(a, b) for a, b in self.open_intervals
+                               if self._lower_bound(a, b) < best - self.tol and b - a > 1e-12]
+        self.drift.clear()  # every bound still needed is recomputed with its halves
+        if not self.open_intervals:
+            self.certified = True
+            return
+        middles = [(a + b) / 2 for a, b in self.open_intervals]
+        self.wanted = sorted({t for (a, b), m in zip(self.open_intervals, middles, strict=True) for t in (a, m, b)})
+        self.open_intervals = [half for (a, b), m in zip(self.open_intervals, middles, strict=True)
+                               for half in ((a, m), (m, b))]
+
+    def _lower_bound(self, a: float, b: float) -> float:
+        return max(self.ece[a], self.ece[b]) - self.drift[a, b] + self._penalty(a, b)
+
+    def result(self) -> tuple[float, float, bool]:
+        """``(T, ECE, certified)`` at the best evaluated temperature."""
+        best_theta = min(self.ece, key=self.value)
+        return math.exp(best_theta), self.ece[best_theta], self.certified

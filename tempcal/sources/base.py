@@ -89,6 +89,8 @@ class OpenedSource:
     stored_problem: TempcalError | None = None
     #: The stored T was fitted on log-probabilities (``tempcal.probs = "true"`` beside it).
     stored_probs: bool = False
+    #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
+    file_rows: list[int] | None = None
 
     @property
     def stored_temperature(self) -> float | None:
@@ -111,14 +113,15 @@ class OpenedSource:
             return other
         return self.kind.open_related(self, other, labels_optional=labels_optional)
 
-    def write_temperature(self, temperature: float, output: str | Path | None = None) -> list[Path]:
-        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`);
-        returns the paths written."""
+    def write_temperature(self, temperature: float, output: str | Path | None = None,
+                          extra: Mapping[str, str | None] | None = None) -> list[Path]:
+        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`) and
+        ``extra`` metadata (None values remove keys: e.g. per-group temperatures); returns the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
-        if not self.kind.remembered:
+        if not self.kind.remembered and not extra:
             return [self.kind.write_temperature(path, temperature, output) for path in self.paths]
-        reading = self.reading()
+        reading = {**self.reading(), **(extra or {})}
         return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
 
     def reading(self) -> dict[str, str | None]:
