@@ -124,8 +124,7 @@ def fit(
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
                       bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), folds=folds, group_by=group_by,
                       group_prior=group_prior, options=options)
-    gate_failed = max_ece is not None and report.after.ece > max_ece
-    written: list[str] = []
+    gate_failed, written = max_ece is not None and report.after.ece > max_ece, []
 
     def write() -> list[str]:
         written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
@@ -135,11 +134,9 @@ def fit(
             lines.append(f"wrote the logits to {save_logits}")
         return lines + write_fit_files(report, plot=plot, markdown=markdown)
 
-    def payload() -> dict:
-        return {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
-                "gate_passed": None if max_ece is None else not gate_failed}
-
-    deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
+    deliver(ctx, warnings=report.warnings, write=write, render=lambda out: print_fit(report, out),
+            payload=lambda: {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
+                             "gate_passed": None if max_ece is None else not gate_failed},
             summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet, html=html,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 

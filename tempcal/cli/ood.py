@@ -106,26 +106,25 @@ def ood(
 
     Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE.
     """
-    from ..scores import score_names
-
-    scores = score_names(score)
     others = _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps, output_key)
     check_lm_eval_norm(source, lm_eval_norm)
-    outputs = {"--json": json_out, "--scores": scores_out, "--plot": plot, "--html": html, "--markdown": markdown}
-    check_paths(ctx, outputs,
+    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--html": html,
+                      "--markdown": markdown},
                 {"SOURCE": source, "--ood": ood_files, "--inputs": inputs, "--ood-inputs": ood_inputs, "--head": head})
 
     from ..output.console import print_ood
     from ..output.files import write_ood_files
     from ..output.markdown import ood_markdown
     from ..output.ood_checks import caveats
+    from ..scores import score_names
     from ..workflows.ood import ood_file
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
-                      chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
-                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, group_by=group_by, options=options)
+    report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=score_names(score),
+                      device=device, chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap,
+                      seed=seed, min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, group_by=group_by,
+                      options=options)
     report.warnings.extend(caveats(report))  # scores that mean nothing on probabilities; float32-fragile taus
 
     def payload() -> dict:

@@ -125,11 +125,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     plan = _plan(folds, group_prior, eval_file, val_fraction)
     loaded = open_source(source, options, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
-    if group_by is not None:
-        plan = replace(plan, groups=read_groups(loaded, group_by))
-    if alphas and (plan.folds is not None or plan.groups is not None):
-        raise TempcalError(f"{param('conformal_alpha')} is not yet computed out of fold or per group: leave out "
-                           f"{param('folds')} / {param('group_by')} for the conformal sets")
+    plan = _with_groups(plan, loaded, group_by, alphas)
     if plan.folds is not None:
         return _crossfit(loaded, plan, seed=seed, objective=objective, bins=bins, device=device,
                          chunk_rows=chunk_rows, estimators=estimators, bootstrap=bootstrap, warnings=warnings)
@@ -156,11 +152,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         else:
             fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
         fraction = val_fraction
-    if eval_scan.num_samples < 1:
-        where = evaluated.name if evaluated is not None else loaded.name
-        raise DataError(f"{where}: the evaluation part holds no samples"
-                        + ("" if evaluated is not None or loaded.data.num_samples < 2
-                           else f"; lower {param('val_fraction')} or pass {param('eval')}"))
+    _check_evaluation_rows(eval_scan, loaded, evaluated)
     subsets = None
     try:
         if plan.groups is not None:
@@ -186,6 +178,25 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
         conformal_reads=1 if alphas else 0, opened=loaded, subsets=subsets)
+
+
+def _with_groups(plan: Plan, loaded: Any, group_by: str | None, alphas: list[float]) -> Plan:
+    """The plan with SOURCE's groups read (``group_by``); conformal sets refused out of fold or per group."""
+    if group_by is not None:
+        plan = replace(plan, groups=read_groups(loaded, group_by))
+    if alphas and (plan.folds is not None or plan.groups is not None):
+        raise TempcalError(f"{param('conformal_alpha')} is not yet computed out of fold or per group: leave out "
+                           f"{param('folds')} / {param('group_by')} for the conformal sets")
+    return plan
+
+
+def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
+    """Refuse an evaluation part without rows, saying how to get some."""
+    if eval_scan.num_samples < 1:
+        where = evaluated.name if evaluated is not None else loaded.name
+        raise DataError(f"{where}: the evaluation part holds no samples"
+                        + ("" if evaluated is not None or loaded.data.num_samples < 2
+                           else f"; lower {param('val_fraction')} or pass {param('eval')}"))
 
 
 def _fit_and_evaluate(fit_scan: Any, eval_scan: Any, loaded: Any, *, objective: str, bins: int,
