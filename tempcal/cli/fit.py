@@ -7,14 +7,17 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
+from .lm import check_lm_writes, lm_outputs, lm_settings, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
+    BatchTokens,
     Bins,
     Bootstrap,
     ChunkRows,
     ConfigFile,
     Device,
+    DeviceMap,
     Estimators,
     EvalFile,
     Head,
@@ -26,26 +29,33 @@ from .options import (
     InputsKey,
     JsonOut,
     LabelsKey,
+    Lm,
     LmEvalNorm,
     LmEvalNormOpt,
     LogitsKey,
     Markdown,
     MaxEce,
+    MaxLength,
     NoConfig,
     NoWrite,
     Objective,
     ObjectiveOpt,
+    OptionalSource,
     OutputCopy,
     OutputKey,
     Plot,
     Probs,
     Quiet,
+    SaveHidden,
     SaveLogits,
     SaveModel,
     Seed,
     Softcap,
-    Source,
+    SpillDir,
+    Text,
+    TextField,
     ValFraction,
+    WriteGenerationConfig,
     check_lm_eval_norm,
     is_model_source,
     parse_estimators,
@@ -56,7 +66,7 @@ from .options import (
 @app.command(cls=ConfiguredCommand)
 def fit(
     ctx: typer.Context,
-    source: Source,
+    source: OptionalSource = None,
     eval_file: EvalFile = None,
     val_fraction: ValFraction = 0.5,
     seed: Seed = 0,
@@ -88,18 +98,36 @@ def fit(
     output_key: OutputKey = None,
     save_logits: SaveLogits = None,
     save_model: SaveModel = None,
+    lm: Lm = None,
+    text: Text = None,
+    text_field: TextField = "text",
+    max_length: MaxLength = None,
+    batch_tokens: BatchTokens = None,
+    device_map: DeviceMap = None,
+    save_hidden: SaveHidden = None,
+    spill_dir: SpillDir = None,
+    write_generation_config: WriteGenerationConfig = False,
     quiet: Quiet = False,
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
-    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
+    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back.
+
+    With --lm MODEL --text FILE: run a causal language model over the texts and fit its next-token predictions.
+    """
+    source = lm_source(ctx, source, lm=lm, text=text, lm_only=_lm_only(locals()))
+    check_lm_writes(lm=lm, no_write=no_write, write_generation_config=write_generation_config,
+                    save_hidden=save_hidden, output=output)
     is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                              save_model=save_model, save_logits=save_logits, output_key=output_key,
                              lm_eval_norm=lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--output": output,
-                      **_copy_sidecar(output), "--save-model": save_model, "--save-logits": save_logits},
+    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown,
+                      **({} if lm else {"--output": output, **_copy_sidecar(output)}), "--save-model": save_model,
+                      "--save-logits": save_logits, **lm_outputs(lm, record=not no_write, output=output,
+                                                                 generation=write_generation_config,
+                                                                 save_hidden=save_hidden)},
                 {"SOURCE": source, "--eval": eval_file, "--inputs": inputs, "--head": head},
-                write_back=None if no_write or output is not None or is_model else source)
+                write_back=None if no_write or output is not None or is_model or lm else source)
 
     from ..output.console import print_fit
     from ..output.files import write_fit_files
@@ -114,7 +142,23 @@ def fit(
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
 
+    if lm is not None and write_generation_config:
+        from ..io.lm_record import sampling_note
+
+        note = sampling_note(lm)
+        report.warnings.extend([note] if note else [])
+
     def write() -> list[str]:
+        if lm is not None:
+            from ..workflows.lm import write_lm_back
+
+            settings = lm_settings(command="fit", val_fraction=val_fraction, seed=seed, objective=objective,
+                                   bins=bins, eval=eval_file, device=report.device)
+            holding, lines = write_lm_back(report, output=output, store=not no_write,
+                                           generation=write_generation_config, save_hidden=save_hidden,
+                                           settings=settings)
+            written.extend(holding)
+            return lines + write_fit_files(report, plot=plot, markdown=markdown)
         written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
                                   store=not no_write))
         lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
@@ -126,6 +170,8 @@ def fit(
         out = report.to_json()
         out.update(written=", ".join(written) or None, max_ece=max_ece,
                    gate_passed=None if max_ece is None else not gate_failed)
+        if lm is not None:
+            out["lm"] = report.opened.lm_json()
         return out
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
@@ -156,6 +202,14 @@ def _check_writes(source: list[str], *, inputs: str | None, output: str | None, 
 
         save_format(source[0], save_model)  # a format that cannot be written from SOURCE's: refused before any work
     return is_model
+
+
+def _lm_only(values: dict) -> dict[str, object]:
+    """The flags that need --lm, and their values."""
+    return {"--text-field": None if values["text_field"] == "text" else values["text_field"],
+            "--max-length": values["max_length"], "--batch-tokens": values["batch_tokens"],
+            "--device-map": values["device_map"], "--save-hidden": values["save_hidden"],
+            "--spill-dir": values["spill_dir"], "--write-generation-config": values["write_generation_config"]}
 
 
 def _copy_sidecar(output: str | None) -> dict[str, str]:

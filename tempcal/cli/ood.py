@@ -8,15 +8,18 @@ import typer
 
 from ..errors import TempcalError
 from .config import ConfiguredCommand
+from .lm import lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     INPUTS,
     NON_NEGATIVE,
     OUTPUT,
     BatchSize,
+    BatchTokens,
     ChunkRows,
     ConfigFile,
     Device,
+    DeviceMap,
     GenGamma,
     GenTop,
     Head,
@@ -27,24 +30,31 @@ from .options import (
     InputsKey,
     JsonOut,
     LabelsKey,
+    Lm,
     LmEvalNorm,
     LmEvalNormOpt,
     LogitsKey,
     Markdown,
     MaxFpr95,
+    MaxLength,
     MinAuroc,
     NoConfig,
     OodBootstrap,
+    OodText,
+    OptionalSource,
     OutputKey,
     Plot,
     Probs,
     Quiet,
     React,
+    SaveHidden,
     Score,
     Seed,
     Softcap,
-    Source,
+    SpillDir,
     Tau,
+    Text,
+    TextField,
     check_lm_eval_norm,
     is_model_source,
     source_options,
@@ -54,7 +64,7 @@ from .options import (
 @app.command(cls=ConfiguredCommand)
 def ood(
     ctx: typer.Context,
-    source: Source,
+    source: OptionalSource = None,
     ood_files: Annotated[Optional[list[str]], typer.Option(
         "--ood", metavar="FILE", help="Out-of-distribution logits file ('labels' optional); repeat for several."),
         INPUTS] = None,
@@ -94,21 +104,36 @@ def ood(
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
     output_key: OutputKey = None,
+    lm: Lm = None,
+    text: Text = None,
+    ood_text: OodText = None,
+    text_field: TextField = "text",
+    max_length: MaxLength = None,
+    batch_tokens: BatchTokens = None,
+    device_map: DeviceMap = None,
+    save_hidden: SaveHidden = None,
+    spill_dir: SpillDir = None,
     quiet: Quiet = False,
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
     """Detect out-of-distribution inputs by training-free scores at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive).
 
-    Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE.
+    Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE. With --lm MODEL --text FILE
+    --ood-text FILE: a causal language model's next-token predictions on in- and out-of-distribution texts.
     """
     from ..scores import score_names
+    from .report import lm_only
 
+    source = lm_source(ctx, source, lm=lm, text=text, lm_only=lm_only(locals()))
     scores = score_names(score)
-    others = _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps, output_key)
+    others = _lm_ood_sets(ood_files, ood_text) if lm else _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps,
+                                                                       output_key)
     check_lm_eval_norm(source, lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--markdown": markdown},
-                {"SOURCE": source, "--ood": ood_files, "--inputs": inputs, "--ood-inputs": ood_inputs, "--head": head})
+    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--markdown": markdown,
+                      **lm_outputs(lm, record=False, save_hidden=save_hidden)},
+                {"SOURCE": source, "--ood": ood_files, "--inputs": inputs, "--ood-inputs": ood_inputs, "--head": head,
+                 "--ood-text": ood_text})
 
     from ..output.console import print_ood
     from ..output.files import write_ood_files
@@ -117,16 +142,26 @@ def ood(
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
-                      chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
-                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
+    opened = None
+    if lm is not None:  # opened here: the JSON describes its model and every text file it ran over
+        from ..sources.registry import open_source
+
+        opened = open_source(source, options)
+    report = ood_file(opened or (source[0] if len(source) == 1 else source), others, taus=tau, scores=scores,
+                      device=device, chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap,
+                      seed=seed, min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
 
     def write() -> list[str]:
-        return write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown)
+        from ..workflows.lm import save_hidden_lines
+
+        kept = save_hidden_lines(opened, save_hidden) if opened is not None else []
+        return kept + write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown)
 
     def payload() -> dict:
         out = report.to_json()
         out.update(scores_file=scores_out, plot=plot, markdown=markdown, odin_eps=odin_eps)
+        if opened is not None:
+            out["lm"] = opened.lm_json()  # type: ignore[attr-defined]
         return out
 
     deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_ood(report, out),
@@ -148,6 +183,15 @@ def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None
     elif not ood_files:
         raise TempcalError("missing option '--ood FILE': give at least one out-of-distribution logits file")
     return list(ood_files or ood_inputs or [])
+
+
+def _lm_ood_sets(ood_files: list[str] | None, ood_text: list[str] | None) -> list[str]:
+    """The OOD texts of an --lm run (--ood takes logits files, which --lm does not read)."""
+    if ood_files:
+        raise TempcalError("--ood takes logits files; with --lm give out-of-distribution texts with --ood-text FILE")
+    if not ood_text:
+        raise TempcalError("missing option '--ood-text FILE': --lm needs out-of-distribution texts")
+    return list(ood_text)
 
 
 def gate_message(report) -> str | None:

@@ -10,14 +10,17 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX, check_taus
 from .config import ConfiguredCommand
+from .lm import lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
+    BatchTokens,
     Bins,
     Bootstrap,
     ChunkRows,
     ConfigFile,
     Device,
+    DeviceMap,
     Estimators,
     Head,
     HeadBiasKey,
@@ -28,20 +31,26 @@ from .options import (
     InputsKey,
     JsonOut,
     LabelsKey,
+    Lm,
     LmEvalNorm,
     LmEvalNormOpt,
     LogitsKey,
     Markdown,
+    MaxLength,
     NoConfig,
+    OptionalSource,
     OutputKey,
     Plot,
     Probs,
     Quiet,
+    SaveHidden,
     SaveLogits,
     Seed,
     Softcap,
-    Source,
+    SpillDir,
     Tau,
+    Text,
+    TextField,
     check_lm_eval_norm,
     is_model_source,
     parse_estimators,
@@ -71,7 +80,7 @@ def parse_sweep(text: str) -> list[float]:
 @app.command(cls=ConfiguredCommand)
 def report(
     ctx: typer.Context,
-    source: Source,
+    source: OptionalSource = None,
     tau: Tau = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
                                                  help="COUNT log-spaced temperatures from START to STOP.")] = None,
@@ -99,20 +108,31 @@ def report(
     batch_size: BatchSize = 512,
     output_key: OutputKey = None,
     save_logits: SaveLogits = None,
+    lm: Lm = None,
+    text: Text = None,
+    text_field: TextField = "text",
+    max_length: MaxLength = None,
+    batch_tokens: BatchTokens = None,
+    device_map: DeviceMap = None,
+    save_hidden: SaveHidden = None,
+    spill_dir: SpillDir = None,
     quiet: Quiet = False,
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures.
 
-    Without --tau: the T stored with SOURCE, else 1.
+    Without --tau: the T stored with SOURCE, else 1. With --lm MODEL --text FILE: a causal language model's
+    next-token predictions over the texts (the stored T is MODEL/tempcal.json's).
     """
+    source = lm_source(ctx, source, lm=lm, text=text, lm_only=lm_only(locals()))
     taus: list[float | str] = list(tau or [])
     check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(sweep) if sweep else []
     is_model = is_model_source(source, inputs, {"--save-logits": save_logits, "--output-key": output_key})
     check_lm_eval_norm(source, lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-logits": save_logits},
+    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-logits": save_logits,
+                      **lm_outputs(lm, record=False, save_hidden=save_hidden)},
                 {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..core.limits import check_fits
@@ -131,6 +151,10 @@ def report(
 
     def write() -> list[str]:
         lines = []
+        if lm is not None:
+            from ..workflows.lm import save_hidden_lines
+
+            lines.extend(save_hidden_lines(result.opened, save_hidden))
         if is_model and save_logits:
             from ..models.save import save_logits as write_logits
 
@@ -138,6 +162,20 @@ def report(
             lines.append(f"wrote the logits to {kept}")
         return lines + write_report_files(result, plot=plot, markdown=markdown)
 
-    deliver(ctx, warnings=result.warnings, write=write, payload=result.to_json,
+    def payload() -> dict:
+        out = result.to_json()
+        if lm is not None:
+            out["lm"] = result.opened.lm_json()
+        return out
+
+    deliver(ctx, warnings=result.warnings, write=write, payload=payload,
             render=lambda out: print_report(result, out), summary=lambda: report_markdown(result), json_out=json_out,
             quiet=quiet)
+
+
+def lm_only(values: dict) -> dict[str, object]:
+    """The flags that need --lm (of report and ood), and their values."""
+    return {"--text-field": None if values["text_field"] == "text" else values["text_field"],
+            "--max-length": values["max_length"], "--batch-tokens": values["batch_tokens"],
+            "--device-map": values["device_map"], "--save-hidden": values["save_hidden"],
+            "--spill-dir": values["spill_dir"], "--ood-text": values.get("ood_text")}

@@ -16,6 +16,7 @@ from ..errors import TempcalError
 from .base import OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
 from .lm_eval import LmEvalKind
+from .lm_texts import LmKind
 from .model import ModelKind
 from .numpy import NpyKind, NpzKind
 from .safetensors import SafetensorsKind
@@ -23,6 +24,7 @@ from .torch_dict import TorchDictKind
 
 #: Every kind of SOURCE, in the order they are asked whether they claim a SOURCE's paths.
 KINDS: list[SourceKind] = [
+    LmKind(),
     HeadKind(),
     ModelKind(),
     NpzKind(),

@@ -1,0 +1,86 @@
+"""What ``--lm MODEL`` changes in a command: SOURCE is the ``--text`` file, the outputs are in MODEL's folder.
+
+Without ``--lm`` the language-model options are refused (never silently ignored) and a missing SOURCE is
+click's usual usage error; with it, a SOURCE on the command line is refused (one from a configuration file
+is set aside). Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import TempcalError
+
+#: ``tempcal.json`` and ``generation_config.json``, as :mod:`tempcal.io.lm_record` names them (no import there).
+RECORD_NAME, GENERATION_NAME = "tempcal.json", "generation_config.json"
+
+
+def lm_source(ctx: Any, source: list[str] | None, *, lm: str | None, text: str | None,
+              lm_only: dict[str, Any]) -> list[str]:
+    """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. ``lm_only`` maps the flags that need ``--lm`` to
+    their values (None or False: not given)."""
+    given = [flag for flag, value in lm_only.items() if value not in (None, False, [], ())]
+    if lm is None:
+        if text is not None or given:
+            flags = (["--text"] if text is not None else []) + given
+            verb = "applies" if len(flags) == 1 else "apply"
+            raise TempcalError(f"{', '.join(flags)} {verb} to a language model run with --lm MODEL")
+        if not source:  # what a required SOURCE argument says (Typer's own click classes)
+            import sys
+
+            import typer
+
+            missing = sys.modules[typer.BadParameter.__module__].MissingParameter
+            raise missing(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "source"))
+        return source
+    if source and _from_command_line(ctx, "source"):
+        raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
+    if text is None:
+        raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
+                           ".jsonl)")
+    return [text]
+
+
+def _from_command_line(ctx: Any, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return getattr(source, "name", "COMMANDLINE") not in ("DEFAULT_MAP", "DEFAULT")
+
+
+def lm_outputs(lm: str | None, *, record: bool, output: str | None = None, generation: bool = False,
+               save_hidden: str | None = None) -> dict[str, str | None]:
+    """The files an ``--lm`` command writes, to check before any work: the record of T (``MODEL/tempcal.json``,
+    or ``--output``), ``generation_config.json`` when asked, ``--save-hidden``."""
+    if lm is None:
+        return {}
+    out: dict[str, str | None] = {"--save-hidden": save_hidden}
+    if record:
+        out["--output" if output is not None else "the record of T"] = output or str(Path(lm) / RECORD_NAME)
+    if generation:
+        out["--write-generation-config"] = str(Path(lm) / GENERATION_NAME)
+    return out
+
+
+def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: bool, save_hidden: str | None,
+                    output: str | None) -> None:
+    """Refuse contradictory writes before any work."""
+    import os
+
+    if lm is None:
+        return
+    if write_generation_config and no_write:
+        raise TempcalError("--write-generation-config and --no-write contradict each other")
+    if write_generation_config and output is not None:
+        raise TempcalError("--write-generation-config writes into MODEL's folder; --output moves the record of T "
+                           "elsewhere: give one or the other")
+    if save_hidden is not None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise TempcalError("--save-hidden under torchrun: each process holds only its share of the rows; run it "
+                           "in one process")
+
+
+def lm_settings(**settings: Any) -> dict[str, Any]:
+    """The command's settings as ``tempcal.json`` records them (enums by their value)."""
+    return {key: getattr(value, "value", value) for key, value in settings.items()}
+
+
+__all__ = ["check_lm_writes", "lm_outputs", "lm_settings", "lm_source"]
