@@ -36,6 +36,9 @@ def lm_source(ctx: Any, source: list[str] | None, *, lm: str | None, text: str |
         return source
     if source and _from_command_line(ctx, "source"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
+    from ..models.hf_folder import check_model_folder
+
+    check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
     if text is None:
         raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
                            ".jsonl)")

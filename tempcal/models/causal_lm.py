@@ -30,7 +30,16 @@ from ..core.precision import no_tf32
 from ..errors import TempcalError, param
 from .base import error_line, quiet
 from .head import OutputHead, checked_head, config_scales
-from .hf_folder import CONFIG_NAME, INDEX_NAME, MAX_CONFIG_BYTES, SINGLE_NAME, checkpoint_file, read_json, weight_map
+from .hf_folder import (
+    CONFIG_NAME,
+    INDEX_NAME,
+    MAX_CONFIG_BYTES,
+    SINGLE_NAME,
+    check_model_folder,
+    checkpoint_file,
+    read_json,
+    weight_map,
+)
 
 EXTRA = "pip install 'tempcal[lm]'"
 #: Files of a model folder a loader may read: each is checked (a regular file, links kept inside) first.
@@ -99,12 +108,7 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
 
 def check_folder(folder: Path) -> dict:
     """Refuse what is not a local model folder with safetensors weights; the parsed ``config.json``."""
-    if not folder.exists():
-        raise TempcalError(f"{param('lm')} {folder}: no such folder (tempcal runs a model saved in a local folder; "
-                           "download it first, e.g. with huggingface-cli download)")
-    if not folder.is_dir():
-        raise TempcalError(f"{param('lm')} {folder}: not a folder; MODEL is a Hugging Face model folder "
-                           "(config.json, model.safetensors, the tokenizer's files)")
+    check_model_folder(folder, param("lm"))
     if not (folder / CONFIG_NAME).exists() and not (folder / CONFIG_NAME).is_symlink():
         raise TempcalError(f"{folder}: no config.json; {param('lm')} takes a Hugging Face model folder")
     config = read_json(folder, CONFIG_NAME, MAX_CONFIG_BYTES)

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 from conftest import snapshot
-from lm_builders import load_tokenizer, lm_folder, materialised, sampled_texts, write_texts
+from lm_builders import lm_folder, load_tokenizer, materialised, sampled_texts, write_texts
 from reference import optimal_temperature
 from safetensors.torch import load_file, save_file
 
@@ -204,8 +204,8 @@ def test_ctrl_c_during_the_fit_leaves_no_file(tmp_path, cli, monkeypatch, llama)
 
     monkeypatch.setenv("TEMPCAL_LM_MEMORY_BYTES", "0")
     monkeypatch.setattr("tempcal.workflows.fit.fit_temperature", interrupted)
-    code, _, err = cli(["fit", "--lm", str(folder), "--text", str(path), "--spill-dir", str(spill),
-                        "--save-hidden", str(tmp_path / "h.safetensors")])
+    code, _, _ = cli(["fit", "--lm", str(folder), "--text", str(path), "--spill-dir", str(spill),
+                     "--save-hidden", str(tmp_path / "h.safetensors")])
     assert code == 130  # Typer's status for Ctrl-C
     assert list(spill.iterdir()) == [] and snapshot(folder) == before and not (tmp_path / "h.safetensors").exists()
 
