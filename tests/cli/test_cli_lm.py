@@ -262,3 +262,41 @@ def test_small_batches_and_token_budgets_change_nothing(tmp_path, run_json, llam
                      "--batch-tokens", "40"])
     assert many["lm"]["texts"][0]["batches"] > one["lm"]["texts"][0]["batches"] == 1
     assert relative(many["temperature"], one["temperature"]) < 1e-6
+
+
+@pytest.mark.parametrize("flags, shown", [([], True), (["--quiet"], False), (["--json", "-"], False)])
+def test_bars_are_asked_for_unless_quiet_or_json_on_standard_output(tmp_path, cli, monkeypatch, llama, flags, shown):
+    """The forward pass's bar and each head pass's bar: enabled on a plain run (they then draw on a terminal only)."""
+    from tempcal.models import lm_progress
+
+    folder, _, path = fresh(tmp_path, llama)
+    asked: list[tuple[str, object]] = []
+    original = lm_progress.DelayedBar.__init__
+
+    def recording(self, description, total, unit, *, enabled=True, delay=lm_progress.DELAY):
+        if description:
+            asked.append((description, enabled))
+        original(self, description, total, unit, enabled=enabled, delay=delay)
+
+    monkeypatch.setattr(lm_progress.DelayedBar, "__init__", recording)
+    code, _, err = cli(["fit", "--lm", str(folder), "--text", str(path), "--no-write", *flags])
+    assert code == 0 and err == ""
+    assert asked[0][0] == "running model on texts.txt" and any("head: pass 2" in d for d, _ in asked)
+    assert {bool(enabled) for _, enabled in asked} == {shown}
+
+
+@pytest.mark.slow
+def test_two_torchrun_processes_each_run_their_share_and_match_one(tmp_path, llama):
+    from test_cli_distributed import _torchrun, one_and_two_processes
+
+    if _torchrun() is None:
+        pytest.skip("torchrun not installed")
+    folder, _, path = fresh(tmp_path, llama)
+    one, two = one_and_two_processes(tmp_path, ["fit", "--lm", str(folder), "--text", str(path), "--no-write"])
+    assert relative(two["temperature"], one["temperature"]) < 1e-9
+    for side in ("before", "after"):
+        for key in FIGURES:
+            assert two[side][key] == pytest.approx(one[side][key], abs=1e-9), (side, key)
+    rows = one["lm"]["texts"][0]["rows"]
+    assert two["lm"]["texts"][0]["forward_tokens"] < one["lm"]["texts"][0]["forward_tokens"]  # rank 0's share
+    assert two["n_fit"] + two["n_eval"] == rows
