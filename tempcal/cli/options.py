@@ -158,7 +158,7 @@ SpillDir = Annotated[Optional[str], typer.Option(
     "--spill-dir", metavar="DIR", help="Where --lm's hidden states go when they exceed the memory budget (a "
     "temporary file without a name; default: MODEL's folder when writable, else the temporary folder)."), INPUT]
 WriteGenerationConfig = Annotated[bool, typer.Option(
-    "--write-generation-config/--no-write-generation-config",
+    "--write-generation-config",
     help="Also set temperature = T in MODEL/generation_config.json (--lm; every other key kept).")]
 OodText = Annotated[Optional[list[str]], typer.Option(
     "--ood-text", metavar="FILE", help="Out-of-distribution texts for --lm (.txt or .jsonl); repeatable."), INPUTS]
