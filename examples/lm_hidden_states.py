@@ -1,4 +1,4 @@
-"""A language model calibrated on texts: a demo folder to try ``tempcal fit --lm``, and hidden states kept for ``--head``.
+"""A language model calibrated on texts: a demo to try ``tempcal fit --lm``, and hidden states kept for ``--head``.
 
 tempcal runs a causal language model itself (``pip install 'tempcal[lm]'``)::
 

@@ -7,7 +7,7 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
-from .lm import check_lm_writes, lm_outputs, lm_settings, lm_source
+from .lm import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
@@ -111,28 +111,19 @@ def fit(
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
-    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back.
-
-    With --lm MODEL --text FILE: run a causal language model over the texts and fit its next-token predictions.
-    """
-    source = lm_source(ctx, source, lm=lm, text=text, lm_only=_lm_only(locals()))
-    check_lm_writes(lm=lm, no_write=no_write, write_generation_config=write_generation_config,
-                    save_hidden=save_hidden, output=output)
+    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
+    source = lm_source(ctx, source, values=locals())
     is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                              save_model=save_model, save_logits=save_logits, output_key=output_key,
                              lm_eval_norm=lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown,
-                      **({} if lm else {"--output": output, **_copy_sidecar(output)}), "--save-model": save_model,
-                      "--save-logits": save_logits, **lm_outputs(lm, record=not no_write, output=output,
-                                                                 generation=write_generation_config,
-                                                                 save_hidden=save_hidden)},
+    check_paths(ctx, {"--json": json_out, "--plot": plot, "--markdown": markdown, "--save-model": save_model,
+                      "--save-logits": save_logits, **_record_outputs(locals())},
                 {"SOURCE": source, "--eval": eval_file, "--inputs": inputs, "--head": head},
                 write_back=None if no_write or output is not None or is_model or lm else source)
 
     from ..output.console import print_fit
-    from ..output.files import write_fit_files
     from ..output.markdown import fit_markdown
-    from ..workflows.fit import fit_file, write_back
+    from ..workflows.fit import fit_file
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
@@ -140,42 +131,14 @@ def fit(
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
                       bootstrap=bootstrap, options=options)
     gate_failed = max_ece is not None and report.after.ece > max_ece
+    report.warnings.extend(sampling_notes(lm, write_generation_config))
     written: list[str] = []
+    values = locals()
 
-    if lm is not None and write_generation_config:
-        from ..io.lm_record import sampling_note
-
-        note = sampling_note(lm)
-        report.warnings.extend([note] if note else [])
-
-    def write() -> list[str]:
-        if lm is not None:
-            from ..workflows.lm import write_lm_back
-
-            settings = lm_settings(command="fit", val_fraction=val_fraction, seed=seed, objective=objective,
-                                   bins=bins, eval=eval_file, device=report.device)
-            holding, lines = write_lm_back(report, output=output, store=not no_write,
-                                           generation=write_generation_config, save_hidden=save_hidden,
-                                           settings=settings)
-            written.extend(holding)
-            return lines + write_fit_files(report, plot=plot, markdown=markdown)
-        written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
-                                  store=not no_write))
-        lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
-        if is_model and save_logits:
-            lines.append(f"wrote the logits to {save_logits}")
-        return lines + write_fit_files(report, plot=plot, markdown=markdown)
-
-    def payload() -> dict:
-        out = report.to_json()
-        out.update(written=", ".join(written) or None, max_ece=max_ece,
-                   gate_passed=None if max_ece is None else not gate_failed)
-        if lm is not None:
-            out["lm"] = report.opened.lm_json()
-        return out
-
-    deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
-            summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet,
+    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, values, written),
+            payload=lambda: _payload(report, values, written),
+            render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report), json_out=json_out,
+            quiet=quiet,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 
@@ -204,12 +167,54 @@ def _check_writes(source: list[str], *, inputs: str | None, output: str | None, 
     return is_model
 
 
-def _lm_only(values: dict) -> dict[str, object]:
-    """The flags that need --lm, and their values."""
-    return {"--text-field": None if values["text_field"] == "text" else values["text_field"],
-            "--max-length": values["max_length"], "--batch-tokens": values["batch_tokens"],
-            "--device-map": values["device_map"], "--save-hidden": values["save_hidden"],
-            "--spill-dir": values["spill_dir"], "--write-generation-config": values["write_generation_config"]}
+def _record_outputs(values: dict) -> dict[str, str | None]:
+    """Where T goes, to check before any work: ``--output`` (and its sidecar), or, with --lm, MODEL's files."""
+    lm, output = values["lm"], values["output"]
+    if lm is None:
+        return {"--output": output, **_copy_sidecar(output)}
+    return lm_outputs(lm, record=not values["no_write"], output=output,
+                      generation=values["write_generation_config"], save_hidden=values["save_hidden"])
+
+
+def _payload(report, values: dict, written: list[str]) -> dict:
+    """The JSON: the report, the files that hold T, the gate, and with --lm the model and its texts."""
+    out = report.to_json()
+    max_ece = values["max_ece"]
+    out.update(written=", ".join(written) or None, max_ece=max_ece,
+               gate_passed=None if max_ece is None else not values["gate_failed"],
+               **lm_json(report.opened, values["lm"]))
+    return out
+
+
+def _write(report, values: dict, written: list[str]) -> list[str]:
+    """Write T back (or, with --lm, into MODEL's record) and the files asked for; the lines saying so. ``written``
+    gains the files that now hold T."""
+    from ..output.files import write_fit_files
+    from ..workflows.fit import write_back
+
+    if values["lm"] is not None:
+        lines = _write_lm(report, values, written)
+    else:
+        written.extend(write_back(report, output=values["output"], save_model=values["save_model"],
+                                  save_logits=values["save_logits"], store=not values["no_write"]))
+        lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
+        if values["is_model"] and values["save_logits"]:
+            lines.append(f"wrote the logits to {values['save_logits']}")
+    return lines + write_fit_files(report, plot=values["plot"], markdown=values["markdown"])
+
+
+def _write_lm(report, values: dict, written: list[str]) -> list[str]:
+    """--lm's write-back (the record, generation_config.json, --save-hidden); ``written`` gains the files holding T."""
+    from ..workflows.lm import write_lm_back
+
+    settings = lm_settings(command="fit", val_fraction=values["val_fraction"], seed=values["seed"],
+                           objective=values["objective"], bins=values["bins"], eval=values["eval_file"],
+                           device=report.device)
+    holding, lines = write_lm_back(report, output=values["output"], store=not values["no_write"],
+                                   generation=values["write_generation_config"], save_hidden=values["save_hidden"],
+                                   settings=settings)
+    written.extend(holding)
+    return lines
 
 
 def _copy_sidecar(output: str | None) -> dict[str, str]:

@@ -16,11 +16,21 @@ from ..errors import TempcalError
 RECORD_NAME, GENERATION_NAME = "tempcal.json", "generation_config.json"
 
 
-def lm_source(ctx: Any, source: list[str] | None, *, lm: str | None, text: str | None,
-              lm_only: dict[str, Any]) -> list[str]:
-    """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. ``lm_only`` maps the flags that need ``--lm`` to
-    their values (None or False: not given)."""
-    given = [flag for flag, value in lm_only.items() if value not in (None, False, [], ())]
+#: The options that need ``--lm`` (parameter name -> flag), and the value each has when not given.
+LM_ONLY = {"text_field": ("--text-field", "text"), "max_length": ("--max-length", None),
+           "batch_tokens": ("--batch-tokens", None), "device_map": ("--device-map", None),
+           "save_hidden": ("--save-hidden", None), "spill_dir": ("--spill-dir", None),
+           "write_generation_config": ("--write-generation-config", False), "ood_text": ("--ood-text", None)}
+
+
+def lm_source(ctx: Any, source: list[str] | None, *, values: dict[str, Any]) -> list[str]:
+    """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. ``values`` are the command's parameters: the
+    options that need ``--lm`` are refused without it, and contradictory writes with it."""
+    lm, text = values["lm"], values["text"]
+    check_lm_writes(lm=lm, no_write=values.get("no_write", False),
+                    write_generation_config=values.get("write_generation_config", False),
+                    save_hidden=values.get("save_hidden"), output=values.get("output"))
+    given = [flag for name, (flag, unset) in LM_ONLY.items() if values.get(name, unset) not in (unset, None, [])]
     if lm is None:
         if text is not None or given:
             flags = (["--text"] if text is not None else []) + given
@@ -81,9 +91,32 @@ def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: 
                            "in one process")
 
 
+def sampling_notes(lm: str | None, write_generation_config: bool) -> list[str]:
+    """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
+    if lm is None or not write_generation_config:
+        return []
+    from ..io.lm_record import sampling_note
+
+    note = sampling_note(lm)
+    return [note] if note else []
+
+
+def kept_hidden(opened: Any, save_hidden: str | None) -> list[str]:
+    """``--save-hidden``: the hidden states kept (at write time); the lines saying so."""
+    from ..workflows.lm import save_hidden_lines
+
+    return save_hidden_lines(opened, save_hidden)
+
+
+def lm_json(opened: Any, lm: str | None) -> dict[str, Any]:
+    """The JSON's ``lm`` block: the model and every text file it ran over (nothing without ``--lm``)."""
+    return {"lm": opened.lm_json()} if lm is not None else {}
+
+
 def lm_settings(**settings: Any) -> dict[str, Any]:
     """The command's settings as ``tempcal.json`` records them (enums by their value)."""
     return {key: getattr(value, "value", value) for key, value in settings.items()}
 
 
-__all__ = ["check_lm_writes", "lm_outputs", "lm_settings", "lm_source"]
+__all__ = ["LM_ONLY", "check_lm_writes", "kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source",
+           "sampling_notes"]

@@ -8,7 +8,7 @@ import typer
 
 from ..errors import TempcalError
 from .config import ConfiguredCommand
-from .lm import lm_outputs, lm_source
+from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     INPUTS,
@@ -119,59 +119,66 @@ def ood(
 ) -> None:
     """Detect out-of-distribution inputs by training-free scores at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive).
 
-    Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE. With --lm MODEL --text FILE
-    --ood-text FILE: a causal language model's next-token predictions on in- and out-of-distribution texts.
+    Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE.
     """
-    from ..scores import score_names
-    from .report import lm_only
-
-    source = lm_source(ctx, source, lm=lm, text=text, lm_only=lm_only(locals()))
-    scores = score_names(score)
-    others = _lm_ood_sets(ood_files, ood_text) if lm else _ood_sets(source, inputs, ood_files, ood_inputs, odin_eps,
-                                                                       output_key)
-    check_lm_eval_norm(source, lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--scores": scores_out, "--plot": plot, "--markdown": markdown,
-                      **lm_outputs(lm, record=False, save_hidden=save_hidden)},
-                {"SOURCE": source, "--ood": ood_files, "--inputs": inputs, "--ood-inputs": ood_inputs, "--head": head,
-                 "--ood-text": ood_text})
+    source, scores, others = _checked(ctx, locals())
 
     from ..output.console import print_ood
-    from ..output.files import write_ood_files
     from ..output.markdown import ood_markdown
     from ..workflows.ood import ood_file
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    opened = None
-    if lm is not None:  # opened here: the JSON describes its model and every text file it ran over
-        from ..sources.registry import open_source
-
-        opened = open_source(source, options)
-    report = ood_file(opened or (source[0] if len(source) == 1 else source), others, taus=tau, scores=scores,
-                      device=device, chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap,
-                      seed=seed, min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
-
-    def write() -> list[str]:
-        from ..workflows.lm import save_hidden_lines
-
-        kept = save_hidden_lines(opened, save_hidden) if opened is not None else []
-        return kept + write_ood_files(report, scores=scores_out, plot=plot, markdown=markdown)
-
-    def payload() -> dict:
-        out = report.to_json()
-        out.update(scores_file=scores_out, plot=plot, markdown=markdown, odin_eps=odin_eps)
-        if opened is not None:
-            out["lm"] = opened.lm_json()  # type: ignore[attr-defined]
-        return out
-
-    deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_ood(report, out),
+    report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
+                      chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
+                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, options=options)
+    values = locals()
+    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, values),
+            payload=lambda: _payload(report, values), render=lambda out: print_ood(report, out),
             summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, gate=gate_message(report))
 
 
+def _checked(ctx, values: dict) -> tuple[list[str], list[str], list[str]]:
+    """Before any work: SOURCE (with --lm, the --text file), the scores, the OOD sets, every path; what they are."""
+    from ..scores import score_names
+
+    source = lm_source(ctx, values["source"], values=values)
+    scores = score_names(values["score"])
+    ood_files, ood_inputs, ood_text = values["ood_files"], values["ood_inputs"], values["ood_text"]
+    others = _ood_sets(source, values["inputs"], ood_files, ood_inputs, values["odin_eps"], values["output_key"],
+                       lm=values["lm"], ood_text=ood_text)
+    check_lm_eval_norm(source, values["lm_eval_norm"])
+    check_paths(ctx, {"--json": values["json_out"], "--scores": values["scores_out"], "--plot": values["plot"],
+                      "--markdown": values["markdown"],
+                      **lm_outputs(values["lm"], record=False, save_hidden=values["save_hidden"])},
+                {"SOURCE": source, "--ood": ood_files, "--inputs": values["inputs"], "--ood-inputs": ood_inputs,
+                 "--head": values["head"], "--ood-text": ood_text})
+    return source, scores, others
+
+
+def _write(report, values: dict) -> list[str]:
+    """The files asked for (``--save-hidden``, ``--scores``, ``--plot``, ``--markdown``); the lines saying so."""
+    from ..output.files import write_ood_files
+
+    kept = kept_hidden(report.opened, values["save_hidden"]) if values["lm"] else []
+    return kept + write_ood_files(report, scores=values["scores_out"], plot=values["plot"],
+                                  markdown=values["markdown"])
+
+
+def _payload(report, values: dict) -> dict:
+    out = report.to_json()
+    out.update(scores_file=values["scores_out"], plot=values["plot"], markdown=values["markdown"],
+               odin_eps=values["odin_eps"])
+    return {**out, **lm_json(report.opened, values["lm"])}
+
+
 def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None, ood_inputs: list[str] | None,
-              odin_eps: float | None, output_key: str | None) -> list[str]:
-    """The OOD sets: logits files (``--ood``), or inputs files for a model SOURCE (``--ood-inputs``), after
-    refusing options that do not fit."""
+              odin_eps: float | None, output_key: str | None, *, lm: str | None = None,
+              ood_text: list[str] | None = None) -> list[str]:
+    """The OOD sets: logits files (``--ood``), inputs files for a model SOURCE (``--ood-inputs``), or texts for
+    ``--lm`` (``--ood-text``), after refusing options that do not fit."""
+    if lm is not None:
+        return _lm_ood_sets(ood_files, ood_text)
     is_model = is_model_source(source, inputs, {"--output-key": output_key, "--ood-inputs": ood_inputs or None})
     if is_model:
         if ood_files:

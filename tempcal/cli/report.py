@@ -10,7 +10,7 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX, check_taus
 from .config import ConfiguredCommand
-from .lm import lm_outputs, lm_source
+from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
@@ -122,10 +122,9 @@ def report(
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures.
 
-    Without --tau: the T stored with SOURCE, else 1. With --lm MODEL --text FILE: a causal language model's
-    next-token predictions over the texts (the stored T is MODEL/tempcal.json's).
+    Without --tau: the T stored with SOURCE (with --lm: MODEL/tempcal.json's), else 1.
     """
-    source = lm_source(ctx, source, lm=lm, text=text, lm_only=lm_only(locals()))
+    source = lm_source(ctx, source, values=locals())
     taus: list[float | str] = list(tau or [])
     check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(sweep) if sweep else []
@@ -137,7 +136,6 @@ def report(
 
     from ..core.limits import check_fits
     from ..output.console import print_report
-    from ..output.files import write_report_files
     from ..output.markdown import report_markdown
     from ..workflows.report import report_file
 
@@ -149,33 +147,22 @@ def report(
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,
                          estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, options=options)
 
-    def write() -> list[str]:
-        lines = []
-        if lm is not None:
-            from ..workflows.lm import save_hidden_lines
-
-            lines.extend(save_hidden_lines(result.opened, save_hidden))
-        if is_model and save_logits:
-            from ..models.save import save_logits as write_logits
-
-            kept = write_logits(result.opened.data, save_logits, temperature=result.stored_temperature)
-            lines.append(f"wrote the logits to {kept}")
-        return lines + write_report_files(result, plot=plot, markdown=markdown)
-
-    def payload() -> dict:
-        out = result.to_json()
-        if lm is not None:
-            out["lm"] = result.opened.lm_json()
-        return out
-
-    deliver(ctx, warnings=result.warnings, write=write, payload=payload,
-            render=lambda out: print_report(result, out), summary=lambda: report_markdown(result), json_out=json_out,
-            quiet=quiet)
+    values = locals()
+    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, values),
+            render=lambda out: print_report(result, out),
+            payload=lambda: {**result.to_json(), **lm_json(result.opened, lm)}, summary=lambda: report_markdown(result),
+            json_out=json_out, quiet=quiet)
 
 
-def lm_only(values: dict) -> dict[str, object]:
-    """The flags that need --lm (of report and ood), and their values."""
-    return {"--text-field": None if values["text_field"] == "text" else values["text_field"],
-            "--max-length": values["max_length"], "--batch-tokens": values["batch_tokens"],
-            "--device-map": values["device_map"], "--save-hidden": values["save_hidden"],
-            "--spill-dir": values["spill_dir"], "--ood-text": values.get("ood_text")}
+
+def _write(result, values: dict) -> list[str]:
+    """The files asked for (--save-hidden, --save-logits, --plot, --markdown); the lines saying so."""
+    from ..output.files import write_report_files
+
+    lines = kept_hidden(result.opened, values["save_hidden"])
+    if values["is_model"] and values["save_logits"]:
+        from ..models.save import save_logits as write_logits
+
+        kept = write_logits(result.opened.data, values["save_logits"], temperature=result.stored_temperature)
+        lines.append(f"wrote the logits to {kept}")
+    return lines + write_report_files(result, plot=values["plot"], markdown=values["markdown"])

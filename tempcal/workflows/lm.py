@@ -40,8 +40,8 @@ def write_lm_back(report: Any, *, output: str | None = None, store: bool = True,
 
 
 def save_hidden_lines(opened: Any, save_hidden: str | None) -> list[str]:
-    """``--save-hidden``: the hidden states and labels kept as a SOURCE for ``--head MODEL``."""
-    if save_hidden is None:
+    """``--save-hidden``: the hidden states and labels kept as a SOURCE for ``--head MODEL`` (nothing without it)."""
+    if save_hidden is None or opened is None:
         return []
     path = opened.save_hidden(save_hidden)
     return [f"wrote the hidden states and labels to {path} (a SOURCE for --head {opened.lm.folder})"]

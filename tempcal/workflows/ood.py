@@ -108,6 +108,7 @@ class OodReport:
     warnings: list[str] = field(default_factory=list)
     id_scores: dict[str, list[np.ndarray]] = field(default_factory=dict, repr=False)
     ood_scores: list[dict[str, list[np.ndarray]]] = field(default_factory=list, repr=False)
+    opened: Any = field(default=None, repr=False)  # the OpenedSource (an --lm run describes its model and texts)
 
     def rows(self, ood_file: str, score: str) -> list[OodMetrics]:
         return [m for f, m in self.results if f == ood_file and m.score == score]
@@ -338,7 +339,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
         results=results, best=best, best_overall=best_overall, device=device_used, passes=passes,
         score_options=score_options, react=getattr(loaded.data, "react", None), bootstrap=bootstrap, seed=seed,
         min_auroc=min_auroc, max_fpr95=max_fpr95, gate_failures=gate_failures(results, min_auroc, max_fpr95),
-        warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores)
+        warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores, opened=loaded)
 
 
 def _assemble(source: str, ood_names: list[str], scores: list[str], taus: list[float], stored: float | None,

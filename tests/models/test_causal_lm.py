@@ -59,7 +59,7 @@ def test_batches_run_longest_first_within_both_caps(gpt2):
 
 
 def test_a_head_that_does_not_give_the_models_logits_is_refused(gpt2):
-    folder, _, texts = gpt2
+    folder, _, _ = gpt2
     lm = load_causal_lm(folder, "cpu")
     ids = list(range(10))
     assert check_head(lm, ids) < 1e-5
@@ -86,7 +86,7 @@ def test_code_in_the_folder_is_never_run(tmp_path):
     config.update(model_type="evil", auto_map={"AutoConfig": "configuration_evil.EvilConfig",
                                                "AutoModelForCausalLM": "configuration_evil.EvilModel"})
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(TempcalError, match="config.json: transformers .* cannot read it"):
+    with pytest.raises(TempcalError, match=r"config.json: transformers .* cannot read it"):
         load_causal_lm(folder, "cpu")
     assert not marker.exists()
 

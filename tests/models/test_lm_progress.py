@@ -1,4 +1,4 @@
-"""tempcal.models.lm_progress: a bar only on a terminal, only after its delay, never when disabled; erased at the end."""
+"""tempcal.models.lm_progress: a bar on a terminal only, after its delay, never when disabled; erased at the end."""
 
 from __future__ import annotations
 

@@ -13,7 +13,8 @@ from tempcal.errors import TempcalError
 from tempcal.sources.hidden_store import HiddenStore, StoredHidden, save_hidden
 
 
-def filled(budget: int, folder, rows: int = 50, width: int = 6, dtype=torch.bfloat16, lo: int = 0, hi: int | None = None):
+def filled(budget: int, folder, rows: int = 50, width: int = 6, dtype=torch.bfloat16, lo: int = 0,
+           hi: int | None = None):
     hi = rows if hi is None else hi
     data = torch.randn(rows, width, generator=torch.Generator().manual_seed(0)).to(dtype)
     store = HiddenStore(lo, hi, width, dtype, budget=budget, folder=folder)

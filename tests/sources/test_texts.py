@@ -24,7 +24,8 @@ def test_txt_one_text_per_line_keeps_each_line_as_written(tmp_path):
 
 def test_jsonl_reads_the_named_field_of_each_object(tmp_path):
     path = tmp_path / "texts.jsonl"
-    records = [{"id": 1, "body": "first\nwith a newline", "text": "ignored"}, {"body": "caf\u00e9 \u2603"}, {"body": ""}]
+    records = [{"id": 1, "body": "first\nwith a newline", "text": "ignored"}, {"body": "caf\u00e9 \u2603"},
+               {"body": ""}]
     path.write_text("\n".join(json.dumps(r, ensure_ascii=k == 0) for k, r in enumerate(records)) + "\n\n",
                     encoding="utf-8")
     texts = read_texts(path, "body")
