@@ -117,46 +117,61 @@ def plan_batches(tokenized: Tokenized, lo: int, hi: int, batch_size: int, batch_
 def run_forward(lm: CausalLM, tokenized: Tokenized, store: Any, *, lo: int, hi: int, batch_size: int,
                 batch_tokens: int | None, progress: Any = None) -> ForwardStats:
     """Run the model over the texts holding rows ``[lo, hi)`` and write each row's final hidden state into
-    ``store`` (``store.write(row, hidden)``); ``progress(tokens)`` is told the tokens of each batch done."""
+    ``store`` (``store.write(row, hidden)``); ``progress(tokens)`` is told the tokens of each batch done.
+
+    On CUDA a batch's rows are copied to the host without waiting (:class:`HostCopies`) and stored while the
+    next batch runs.
+    """
     if batch_tokens is None:
         batch_tokens = BATCH_TOKENS.get(lm.input_device.type, BATCH_TOKENS["cuda"])
     batches = plan_batches(tokenized, lo, hi, batch_size, batch_tokens)
+    most = max((sum(len(tokenized.ids[i]) for i in batch) for batch in batches), default=0)
+    copies = HostCopies(lm.input_device, most, lm.head.width, lm.dtype)
     began = time.perf_counter()
     tokens = padded = 0
+    pending: tuple[list[int], Any] | None = None
     with torch.inference_mode(), no_tf32():
         for number, batch in enumerate(batches):
             width = len(tokenized.ids[batch[0]])
-            _run_batch(lm, tokenized, store, batch, width, lo, hi, number)
+            arrived = copies.send(_run_batch(lm, tokenized, batch, width, number))
+            if pending is not None:
+                _store(tokenized, store, *pending, lo, hi)
+            pending = (batch, arrived)
             real = sum(len(tokenized.ids[i]) for i in batch)
             tokens, padded = tokens + real, padded + width * len(batch) - real
             if progress is not None:
                 progress(real)
-    if lm.input_device.type == "cuda":
-        torch.cuda.synchronize(lm.input_device)
+        if pending is not None:
+            _store(tokenized, store, *pending, lo, hi)
     return ForwardStats(sum(len(b) for b in batches), tokens, padded, len(batches), time.perf_counter() - began)
 
 
-def _run_batch(lm: CausalLM, tokenized: Tokenized, store: Any, batch: list[int], width: int, lo: int, hi: int,
-               number: int) -> None:
-    """One padded batch through the model; each text's rows (its positions but the last) into the store."""
+def _run_batch(lm: CausalLM, tokenized: Tokenized, batch: list[int], width: int, number: int) -> torch.Tensor:
+    """One padded batch through the model: each text's rows (its positions but the last), text after text, on the
+    model's device."""
     ids = torch.zeros(len(batch), width, dtype=torch.int64)
-    keep = torch.zeros(len(batch), width, dtype=torch.bool)  # positions that have a next token
+    mask = torch.zeros(len(batch), width, dtype=torch.int64)
+    keep = []  # flat positions that have a next token
     for j, i in enumerate(batch):
         n = len(tokenized.ids[i])
         ids[j, :n] = tokenized.ids[i]
-        keep[j, : n - 1] = True
-    mask = torch.zeros_like(ids)
-    for j, i in enumerate(batch):
-        mask[j, : len(tokenized.ids[i])] = 1
+        mask[j, :n] = 1
+        keep.append(torch.arange(j * width, j * width + n - 1))
     try:
         hidden = final_hidden(lm, ids.to(lm.input_device), mask.to(lm.input_device))
-        rows = hidden[keep.to(hidden.device)].to("cpu")  # row-major: text by text, position by position
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return flat.index_select(0, torch.cat(keep).to(flat.device))
     except Exception as exc:
         where = f"batch {number} ({len(batch)} texts of up to {width} tokens)"
         if is_out_of_memory(exc):
             raise TempcalError(f"{lm.folder}: out of memory on {where}; lower {param('batch_tokens')} or "
                                f"{param('batch_size')}") from None
         raise TempcalError(f"{lm.folder} raised on {where}: {error_line(exc)}") from None
+
+
+def _store(tokenized: Tokenized, store: Any, batch: list[int], arrived: Any, lo: int, hi: int) -> None:
+    """A batch's rows (once on the host) into the store: each text's rows inside ``[lo, hi)``."""
+    rows = arrived()
     offset = 0
     for i in batch:
         first, stop = int(tokenized.starts[i]), int(tokenized.starts[i + 1])
@@ -165,4 +180,33 @@ def _run_batch(lm: CausalLM, tokenized: Tokenized, store: Any, batch: list[int],
         offset += stop - first
 
 
-__all__ = ["BATCH_TOKENS", "ForwardStats", "Tokenized", "plan_batches", "run_forward", "tokenize"]
+class HostCopies:
+    """Rows on the model's device copied to the host: on CUDA into two reused pinned buffers without waiting (the
+    caller takes a batch's rows after sending the next); elsewhere at once. ``send`` returns the way to get them."""
+
+    def __init__(self, device: torch.device, rows: int, width: int, dtype: torch.dtype):
+        self.cuda = device.type == "cuda"
+        self.buffers: list[torch.Tensor] = []
+        if self.cuda and rows:
+            self.buffers = [torch.empty(rows * width, dtype=dtype, pin_memory=True) for _ in range(2)]
+        self.turn = 0
+
+    def send(self, rows: torch.Tensor) -> Any:
+        if not self.buffers or rows.device.type != "cuda":
+            host = rows.to("cpu")
+            return lambda: host
+        buffer = self.buffers[self.turn][: rows.numel()].view(rows.shape)
+        self.turn ^= 1  # the other buffer's rows were taken before this send (see run_forward)
+        done = torch.cuda.Event()
+        with torch.cuda.device(rows.device):  # the rows' device (the last GPU under a device_map)
+            buffer.copy_(rows, non_blocking=True)
+            done.record(torch.cuda.current_stream(rows.device))
+
+        def arrived() -> torch.Tensor:
+            done.synchronize()
+            return buffer
+
+        return arrived
+
+
+__all__ = ["BATCH_TOKENS", "ForwardStats", "HostCopies", "Tokenized", "plan_batches", "run_forward", "tokenize"]
