@@ -163,7 +163,7 @@ def report(args, tokenized, batches, times: dict[str, list[tuple[float, float]]]
              f"{len(batches)} batches of at most {args.batch_tokens} padded tokens (longest first). Median of "
              f"{args.repeats} interleaved runs; CPU seconds are this process's (what other jobs on a shared machine "
              "take is not counted).", "",
-             "| loop | wall s | CPU s | tokens/s (wall) | tokens/s (CPU) | vs bare (base), wall | vs bare (base), CPU |",
+             "| loop | wall s | CPU s | tokens/s (wall) | tokens/s (CPU) | vs bare (base), wall | vs bare, CPU |",
              "|---|---:|---:|---:|---:|---:|---:|"]
     for name in times:
         lines.append(f"| {name} | {wall[name]:.3f} | {cpu[name]:.3f} | {tokens / wall[name]:,.0f} | "

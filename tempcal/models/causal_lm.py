@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,7 @@ class CausalLM:
     dtype: torch.dtype
     device_map: str | None = None
     probe_difference: float | None = None
+    load_seconds: float = 0.0
 
     @property
     def vocab(self) -> int:
@@ -89,6 +91,7 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
     """The causal LM in ``folder`` on ``device`` (or placed by transformers' ``device_map``), checked."""
     from ..core.data import resolve_device
 
+    began = time.perf_counter()
     folder = Path(folder)
     config_json = check_folder(folder)
     transformers = require_transformers()
@@ -103,7 +106,7 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
     embedding = model.get_input_embeddings()
     input_device = embedding.weight.device if embedding is not None else next(model.parameters()).device
     return CausalLM(folder, model, base, tokenizer, head, _limit(config, tokenizer), input_device,
-                    next(model.parameters()).dtype, device_map)
+                    next(model.parameters()).dtype, device_map, load_seconds=time.perf_counter() - began)
 
 
 def check_folder(folder: Path) -> dict:

@@ -15,6 +15,7 @@ T goes into ``MODEL/tempcal.json`` (:mod:`tempcal.io.lm_record`), never into the
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -36,6 +37,7 @@ class LmRun:
     max_length: int
     batch_size: int
     batch_tokens: int | None
+    tokenize_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         stats, tokenized = self.stats, self.tokenized
@@ -46,7 +48,8 @@ class LmRun:
             "texts_at_max_length": sum(len(t) >= self.max_length for t in tokenized.ids),
             "max_length": self.max_length, "batch_size": self.batch_size, "batch_tokens": self.batch_tokens,
             "batches": stats.batches, "padding_fraction": stats.padded_tokens / padded if padded else 0.0,
-            "forward_seconds": stats.seconds, "tokens_per_second": stats.tokens_per_second,
+            "tokenize_seconds": self.tokenize_seconds, "forward_seconds": stats.seconds,
+            "tokens_per_second": stats.tokens_per_second,
             "forward_tokens": stats.tokens, "hidden_storage": "file" if self.store.spilled else "memory",
             "hidden_bytes": self.store.nbytes,
         }
@@ -69,7 +72,8 @@ class LmSource(OpenedSource):
         lm, head = self.lm, self.lm.head
         runs = [self.run, *(r.run for r in self.related)]
         return {"model": str(lm.folder), "dtype": str(lm.dtype).removeprefix("torch."),
-                "device": str(lm.input_device), "device_map": lm.device_map, "vocab": head.vocab, "width": head.width,
+                "device": str(lm.input_device), "device_map": lm.device_map, "load_seconds": lm.load_seconds,
+                "vocab": head.vocab, "width": head.width,
                 "logit_scale": head.scale, "softcap": head.softcap, "head_check_difference": lm.probe_difference,
                 "texts": [run.to_json() for run in runs if run is not None]}
 
@@ -153,9 +157,11 @@ class LmKind(SourceKind):
         from .hidden_store import StoredHidden
         from .texts import read_texts
 
+        began = time.perf_counter()
         texts = read_texts(path, options.text_field)
         length = max_length(lm, options.max_length)
         tokenized = tokenize(lm, texts.texts, texts.lines, str(path), length)
+        tokenize_seconds = time.perf_counter() - began
         if lm.probe_difference is None:
             check_head(lm, max(tokenized.ids, key=len).tolist())
         lo, hi = distributed.share(tokenized.rows) if distributed.active() else (0, tokenized.rows)
@@ -163,7 +169,7 @@ class LmKind(SourceKind):
         from ..models.lm_progress import PassCounter
 
         hidden = StoredHidden(store, tokenized.labels, progress=PassCounter(f"{lm.folder.name} head", options.progress))
-        run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens)
+        run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)
         data = HeadLogits(cast(Any, hidden), lm.head)  # StoredHidden reads rows as ShardedLogits does
         source = LmSource([record_path(lm.folder)], data, None, self, options, lm=lm, run=run)
         try:
