@@ -300,3 +300,19 @@ def test_two_torchrun_processes_each_run_their_share_and_match_one(tmp_path, lla
     rows = one["lm"]["texts"][0]["rows"]
     assert two["lm"]["texts"][0]["forward_tokens"] < one["lm"]["texts"][0]["forward_tokens"]  # rank 0's share
     assert two["n_fit"] + two["n_eval"] == rows
+
+
+def test_a_configuration_file_names_the_model_and_texts(tmp_path, cli, monkeypatch, llama):
+    """[fit] lm and text, relative to the file; a top-level source (for other runs) is set aside for --lm."""
+    folder, _, path = fresh(tmp_path, llama)
+    save_file({"logits": torch.randn(20, 3), "labels": torch.zeros(20, dtype=torch.int64)},
+              str(tmp_path / "logits.safetensors"))
+    (tmp_path / "tempcal.toml").write_text('source = "logits.safetensors"\n[fit]\nlm = "model"\ntext = "texts.txt"\n'
+                                           'max-length = 12\n')
+    monkeypatch.chdir(tmp_path)
+    code, out, err = cli(["fit", "--no-write", "--json", "-"])
+    assert code == 0, err
+    result = json.loads(out)
+    assert (tmp_path / result["lm"]["model"]).resolve() == folder.resolve()
+    assert result["lm"]["texts"][0]["max_length"] == 12 and result["n_fit"] + result["n_eval"] < 24 * 11
+    assert "tempcal.toml" in result["config"]
