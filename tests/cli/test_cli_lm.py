@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import snapshot
+from conftest import needs_cuda, snapshot
 from lm_builders import lm_folder, load_tokenizer, materialised, sampled_texts, write_texts
 from reference import optimal_temperature
 from safetensors.torch import load_file, save_file
@@ -316,3 +316,21 @@ def test_a_configuration_file_names_the_model_and_texts(tmp_path, cli, monkeypat
     assert (tmp_path / result["lm"]["model"]).resolve() == folder.resolve()
     assert result["lm"]["texts"][0]["max_length"] == 12 and result["n_fit"] + result["n_eval"] < 24 * 11
     assert "tempcal.toml" in result["config"]
+
+
+@needs_cuda
+def test_cuda_runs_the_model_and_the_fit_as_the_cpu_does(tmp_path, run_json, llama):
+    """On CUDA: several batches through the pinned copies, spilled or not; T as on the CPU (float32, no TF32)."""
+    folder, _, path = fresh(tmp_path, llama)
+    cpu = run_json(["fit", "--lm", str(folder), "--text", str(path), "--no-write", "--device", "cpu"])
+    gpu = run_json(["fit", "--lm", str(folder), "--text", str(path), "--no-write", "--device", "cuda",
+                    "--batch-tokens", "64"])
+    assert gpu["lm"]["device"].startswith("cuda") and gpu["lm"]["texts"][0]["batches"] > 3
+    assert relative(gpu["temperature"], cpu["temperature"]) < 1e-5
+    saved = tmp_path / "hidden.safetensors"
+    run_json(["fit", "--lm", str(folder), "--text", str(path), "--no-write", "--device", "cuda", "--batch-tokens",
+              "64", "--save-hidden", str(saved)])
+    on_cpu = tmp_path / "cpu.safetensors"
+    run_json(["fit", "--lm", str(folder), "--text", str(path), "--no-write", "--device", "cpu", "--save-hidden",
+              str(on_cpu)])
+    assert torch.allclose(load_file(str(saved))["hidden"], load_file(str(on_cpu))["hidden"], atol=1e-5)
