@@ -304,7 +304,7 @@ def test_two_torchrun_processes_each_run_their_share_and_match_one(tmp_path, lla
 
 def test_a_configuration_file_names_the_model_and_texts(tmp_path, cli, monkeypatch, llama):
     """[fit] lm and text, relative to the file; a top-level source (for other runs) is set aside for --lm."""
-    folder, _, path = fresh(tmp_path, llama)
+    folder, _, _ = fresh(tmp_path, llama)
     save_file({"logits": torch.randn(20, 3), "labels": torch.zeros(20, dtype=torch.int64)},
               str(tmp_path / "logits.safetensors"))
     (tmp_path / "tempcal.toml").write_text('source = "logits.safetensors"\n[fit]\nlm = "model"\ntext = "texts.txt"\n'
