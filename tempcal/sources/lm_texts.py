@@ -135,7 +135,13 @@ class LmKind(SourceKind):
         _check_options(paths, options)
         assert options.lm is not None
         lm = load_causal_lm(options.lm, options.device, device_map=options.device_map)
-        return self.run(lm, paths[0], options)
+        opened = self.run(lm, paths[0], options)
+        if options.react is not None:  # ReAct, as --head clips: at the percentile of SOURCE's hidden states
+            from .head import react_threshold
+
+            react = react_threshold(opened.data.hidden, options.react, options.device, opened.name)  # type: ignore
+            opened.data.clip, opened.data.react = react.threshold, react  # type: ignore[attr-defined]
+        return opened
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another text file (``--eval``, ``--ood-text``) through the model ``opened`` already loaded."""
@@ -144,6 +150,7 @@ class LmKind(SourceKind):
         if len(paths) != 1:
             raise TempcalError(f"{paths[0]}: with {param('lm')} each text file is read on its own")
         related = self.run(opened.lm, paths[0], opened.options)
+        related.data.clip, related.data.react = opened.data.clip, opened.data.react  # type: ignore[attr-defined]
         opened.related.append(related)
         return related
 

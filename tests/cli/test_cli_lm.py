@@ -334,3 +334,18 @@ def test_cuda_runs_the_model_and_the_fit_as_the_cpu_does(tmp_path, run_json, lla
     run_json(["fit", "--lm", str(folder), "--text", str(path), "--no-write", "--device", "cpu", "--save-hidden",
               str(on_cpu)])
     assert torch.allclose(load_file(str(saved))["hidden"], load_file(str(on_cpu))["hidden"], atol=1e-5)
+
+
+def test_react_clips_the_models_hidden_states_as_head_does(tmp_path, run_json, llama):
+    folder, model, path = fresh(tmp_path, llama)
+    ood = write_texts(tmp_path / "ood.txt", sampled_texts(model, rows=10, temperature=3.0, seed=6))
+    argv = ["--score", "both", "--tau", "1", "--react", "90"]
+    a = run_json(["ood", "--lm", str(folder), "--text", str(path), "--ood-text", str(ood), *argv,
+                  "--save-hidden", str(tmp_path / "id.safetensors")])
+    run_json(["fit", "--lm", str(folder), "--text", str(ood), "--no-write", "--save-hidden",
+              str(tmp_path / "ood.safetensors")])
+    b = run_json(["ood", str(tmp_path / "id.safetensors"), "--head", str(folder), "--ood",
+                  str(tmp_path / "ood.safetensors"), *argv])
+    assert a["react_threshold"] == b["react_threshold"] is not None
+    for x, x_ in zip(a["results"], b["results"], strict=True):
+        assert x["auroc"] == pytest.approx(x_["auroc"], abs=1e-9) and x["fpr95"] == pytest.approx(x_["fpr95"], abs=1e-9)
