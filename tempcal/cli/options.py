@@ -159,6 +159,40 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
                                                   rich_help_panel="Language models"),
                     POSITIVE]
 
+# -- a causal language model run over texts (--lm) ------------------------------------------
+OptionalSource = Annotated[Optional[list[str]], typer.Argument(
+    metavar="SOURCE", help="Logits file (.safetensors with 'logits' and 'labels'; .npz, .npy, .pt too), an "
+    "lm-evaluation-harness samples_*.jsonl[.gz] log, or a model (.pt2, .onnx, TorchScript) with --inputs; several "
+    "files or a glob pattern are read as shards. Default: the configuration's 'source'. None with --lm.",
+    show_default=False), INPUTS]
+Lm = Annotated[Optional[str], typer.Option(
+    "--lm", metavar="MODEL", help="A Hugging Face causal language model folder (local; pip install "
+    "'tempcal[lm]'): run it over --text and calibrate its next-token predictions (no SOURCE then)."), INPUT]
+Text = Annotated[Optional[str], typer.Option(
+    "--text", metavar="FILE", help="Texts --lm runs over: .txt (one text per line) or .jsonl (the field "
+    "--text-field)."), INPUT]
+TextField = Annotated[str, typer.Option("--text-field", metavar="NAME",
+                                        help="The field of a .jsonl text file that holds the text (--lm).")]
+MaxLength = Annotated[Optional[int], typer.Option(
+    "--max-length", metavar="N", min=2, help="Tokens per text, longer texts cut (--lm; default: the model's limit).")]
+BatchTokens = Annotated[Optional[int], typer.Option(
+    "--batch-tokens", metavar="N", min=1, help="Padded tokens per --lm batch (default 16384 on CPU, 65536 on CUDA); "
+    "--batch-size caps the texts per batch.")]
+DeviceMap = Annotated[Optional[str], typer.Option(
+    "--device-map", metavar="MAP", help="Passed to transformers' from_pretrained (--lm): 'auto' spreads a model "
+    "larger than one GPU over the GPUs (needs accelerate).")]
+SaveHidden = Annotated[Optional[str], typer.Option(
+    "--save-hidden", metavar="PATH", help="Keep --lm's final hidden states and labels as a .safetensors SOURCE "
+    "for later --head MODEL runs."), OUTPUT]
+SpillDir = Annotated[Optional[str], typer.Option(
+    "--spill-dir", metavar="DIR", help="Where --lm's hidden states go when they exceed the memory budget (a "
+    "temporary file without a name; default: MODEL's folder when writable, else the temporary folder)."), INPUT]
+WriteGenerationConfig = Annotated[bool, typer.Option(
+    "--write-generation-config",
+    help="Also set temperature = T in MODEL/generation_config.json (--lm; every other key kept).")]
+OodText = Annotated[Optional[list[str]], typer.Option(
+    "--ood-text", metavar="FILE", help="Out-of-distribution texts for --lm (.txt or .jsonl); repeatable."), INPUTS]
+
 # -- what to compute ------------------------------------------------------------------------
 Tau = Annotated[Optional[list[str]], typer.Option(
     "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.",
@@ -290,11 +324,13 @@ __all__ = [
     "PERCENTILE",
     "POSITIVE",
     "UNIT",
+    "BatchTokens",
     "Bins",
     "Bootstrap",
     "ChunkRows",
     "ConfigFile",
     "Device",
+    "DeviceMap",
     "Estimators",
     "EvalFile",
     "Folds",
@@ -312,32 +348,41 @@ __all__ = [
     "InputsKey",
     "JsonOut",
     "LabelsKey",
+    "Lm",
     "LmEvalNorm",
     "LmEvalNormOpt",
     "LogitsKey",
     "Markdown",
     "MaxEce",
     "MaxFpr95",
+    "MaxLength",
     "MinAuroc",
     "NoConfig",
     "NoWrite",
     "Objective",
     "ObjectiveOpt",
     "OodBootstrap",
+    "OodText",
+    "OptionalSource",
     "OutputCopy",
     "OutputKey",
     "Plot",
     "Probs",
     "Quiet",
     "React",
+    "SaveHidden",
     "SaveLogits",
     "SaveModel",
     "Score",
     "Seed",
     "Softcap",
     "Source",
+    "SpillDir",
     "Tau",
+    "Text",
+    "TextField",
     "ValFraction",
+    "WriteGenerationConfig",
     "check_lm_eval_norm",
     "choice",
     "configured_tau",

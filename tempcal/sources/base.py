@@ -55,11 +55,18 @@ class SourceOptions:
     lm_eval_norm: str = "none"
     # ReAct: clip hidden-state values at this percentile of the SOURCE's values before the head (with head only).
     react: float | None = None
+    # A causal language model run over text files (``--lm``): SOURCE is then a text file (.txt or .jsonl).
+    lm: str | None = None
+    text_field: str = "text"
+    max_length: int | None = None  # tokens per text (None: the model's limit)
+    batch_tokens: int | None = None  # padded tokens per batch (None: by device)
+    device_map: str | None = None  # passed to transformers (a model larger than one GPU)
+    spill_dir: str | None = None  # where hidden states too large for memory go
 
     def __post_init__(self) -> None:
         if self.react is not None:
             check_react(self.react)
-            if self.head is None:
+            if self.head is None and self.lm is None:
                 raise TempcalError(f"{param('react')} clips hidden states before the output head: it needs "
                                    f"{param('head')}")
 

@@ -17,6 +17,7 @@ from ..validation import PROBS_KEY, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
 from .lm_eval import LmEvalKind
+from .lm_texts import LmKind
 from .model import ModelKind
 from .numpy import NpyKind, NpzKind
 from .safetensors import SafetensorsKind
@@ -24,6 +25,7 @@ from .torch_dict import TorchDictKind
 
 #: Every kind of SOURCE, in the order they are asked whether they claim a SOURCE's paths.
 KINDS: list[SourceKind] = [
+    LmKind(),
     HeadKind(),
     ModelKind(),
     NpzKind(),

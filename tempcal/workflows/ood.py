@@ -112,6 +112,7 @@ class OodReport:
     ood_scores: list[dict[str, list[np.ndarray]]] = field(default_factory=list, repr=False)
     group_key: str | None = None  # --group-by KEY
     groups: list[dict] | None = None  # per in-distribution group, its figures against every OOD file
+    opened: Any = field(default=None, repr=False)  # the OpenedSource (an --lm run describes its model and texts)
 
     def rows(self, ood_file: str, score: str) -> list[OodMetrics]:
         return [m for f, m in self.results if f == ood_file and m.score == score]
@@ -354,7 +355,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
         score_options=score_options, react=getattr(loaded.data, "react", None), bootstrap=bootstrap, seed=seed,
         min_auroc=min_auroc, max_fpr95=max_fpr95, gate_failures=gate_failures(results, min_auroc, max_fpr95),
         warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores,
-        group_key=None if groups is None else groups.key, groups=grouped)
+        group_key=None if groups is None else groups.key, groups=grouped, opened=loaded)
 
 
 def _groups(loaded: OpenedSource, group_by: str | None, taus: Sequence[str | float] | None, tau_list: list[float],
