@@ -269,7 +269,8 @@ class SharedFits:
             assert fit.result is not None
             warnings += fit.result.warnings if fit.fixed is not None else []
         if len(warnings) > MAX_WARNINGS:  # one per degenerate subset would flood: the first few and a count
-            warnings = [*warnings[:MAX_WARNINGS], f"... and {len(warnings) - MAX_WARNINGS} more subset fits at a T bound"]
+            more = len(warnings) - MAX_WARNINGS
+            warnings = [*warnings[:MAX_WARNINGS], f"... and {more} more subset fits at a T bound"]
         folds = [f.result for f in self.fits if f.group is None]
         groups = [f for f in self.fits if f.group is not None]
         group_fits = [f.result for f in groups if f.fold is None]
