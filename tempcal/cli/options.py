@@ -140,7 +140,7 @@ GroupBy = Annotated[Optional[str], typer.Option(
     "with one value per row; 'task' for lm-evaluation-harness logs (one group per log).")]
 GroupPrior = Annotated[Optional[float], typer.Option(
     "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
-    "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 20, as many rows' worth)."),
+    "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 10, about as many rows' worth)."),
     NON_NEGATIVE]
 
 # -- hidden states and an output head -------------------------------------------------------

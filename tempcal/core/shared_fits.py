@@ -36,6 +36,8 @@ MAX_EXTRA_PASSES = 12
 COVER_SHARE = 0.25
 #: Slots per pass, at most (the rest wait for the next pass).
 MAX_SLOTS = 64
+#: Subset fits at a bound named in the warnings, at most (the rest are counted).
+MAX_WARNINGS = 3
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,9 @@ class SharedFits:
         for fit in self.fits:
             assert fit.result is not None
             warnings += fit.result.warnings if fit.fixed is not None else []
+        if len(warnings) > MAX_WARNINGS:  # one per degenerate subset would flood: the first few and a count
+            more = len(warnings) - MAX_WARNINGS
+            warnings = [*warnings[:MAX_WARNINGS], f"... and {more} more subset fits at a T bound"]
         folds = [f.result for f in self.fits if f.group is None]
         groups = [f for f in self.fits if f.group is not None]
         group_fits = [f.result for f in groups if f.fold is None]

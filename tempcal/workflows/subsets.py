@@ -29,7 +29,7 @@ from ..sources.groups import RowGroups
 
 #: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
 #: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
-DEFAULT_GROUP_PRIOR = 20.0
+DEFAULT_GROUP_PRIOR = 10.0
 
 
 @dataclass

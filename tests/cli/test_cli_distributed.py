@@ -185,3 +185,24 @@ def test_a_rank_without_rows_matches_one_process(tmp_path):
                                                 "--no-write", "--estimators", "all", "--bootstrap", "50"], nproc=3)
     assert one["n_fit"] == 2 and one["n_eval"] == 800
     assert_same_figures(one, two)
+
+
+@pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
+def test_folds_and_groups_under_two_processes_match_one(tmp_path):
+    g = torch.Generator().manual_seed(12)
+    for k, n in enumerate((700, 500)):
+        z = torch.randn(n, 6, generator=g) * 2
+        y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
+        domain = torch.randint(0, 4, (n,), generator=g)
+        save_file({"logits": z * (1 + domain[:, None] / 3), "labels": y, "domain": domain},
+                  str(tmp_path / f"part-{k}.safetensors"))
+    pattern = str(tmp_path / "part-*.safetensors")
+    one, two = one_and_two_processes(tmp_path, ["fit", pattern, "--no-write", "--folds", "5", "--group-by", "domain",
+                                                "--estimators", "ece_equal_mass", "--bootstrap", "20"])
+    for result in (one, two):  # timing and the device's name aside, every figure agrees
+        result.pop("device")
+    assert_same_figures(one, two)
+    one, two = one_and_two_processes(tmp_path, ["report", pattern, "--group-by", "domain", "--tau", "1.5"])
+    for result in (one, two):
+        result.pop("device")
+    assert_same_figures(one, two)

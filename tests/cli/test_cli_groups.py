@@ -176,3 +176,13 @@ def test_report_plot_draws_each_groups_ece_before_and_after(grouped, cli, tmp_pa
     assert widths == expected
     fitted = next(row for row in data["results"] if row["per_group"])
     assert {g["tau"] for g in fitted["groups"]} != {fitted["tau"]}  # the 'after' bars are at each group's T
+
+
+def test_html_report_lists_the_groups(grouped, cli, tmp_path):
+    pytest.importorskip("matplotlib")
+    path, *_ = grouped
+    page = tmp_path / "fit.html"
+    code, _, err = cli(["fit", str(path), "--folds", "3", "--group-by", "domain", "--no-write", "--html", str(page)])
+    assert code == 0, err
+    text = page.read_text()
+    assert "Groups (3)" in text and "ECE per group" in text
