@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import EXAMPLE, miscalibrated, scan_of
+from conftest import DEVICES, EXAMPLE, miscalibrated, scan_of
 from reference import probabilities, ref_conformal, ref_risk_coverage
 
 from tempcal.core.data import as_logits_data
@@ -204,3 +204,17 @@ def test_the_smaller_subset_kept_gives_the_same_figures(accuracy):
     assert figures.risk_coverage["risk"][-1] == pytest.approx(1 - correct.mean(), abs=1e-12)
     relplot = pytest.importorskip("relplot", reason="relplot (a dev dependency) checks the smooth ECE")
     assert figures.smece == pytest.approx(relplot.smECE(confidence, correct.astype(np.float64)), abs=1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_on_any_device_the_figures_and_sets_are_the_cpus(device):
+    """Confidences kept on the device (a GPU's memory), brought to the host for the ranking; sets summed there."""
+    z, y = tied(600, 5, seed=9)
+    alphas, taus = [0.1], [1.0, 2.0]
+    cpu, there = scan_of(z, y), Scan(as_logits_data(z, y), device=device)
+    plans = [ConformalPlan(alphas, fit_thresholds(scan, taus, alphas)) for scan in (cpu, there)]
+    for a, b in zip(evaluate_many(cpu, taus, conformal=plans[0]), evaluate_many(there, taus, conformal=plans[1]),
+                    strict=True):
+        assert (a.aurc, a.eaurc, a.augrc, a.smece) == pytest.approx((b.aurc, b.eaurc, b.augrc, b.smece), abs=1e-9)
+        assert [(c.threshold, c.coverage, c.mean_size) for c in a.conformal] == pytest.approx(
+            [(c.threshold, c.coverage, c.mean_size) for c in b.conformal], abs=1e-9)
