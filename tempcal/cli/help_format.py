@@ -31,6 +31,7 @@ FALLBACK_PANELS = {
     "--group-by": "Groups", "--group-prior": "Groups", "--lm": "Language models", "--text": "Language models",
     "--text-field": "Language models", "--max-length": "Language models", "--save-hidden": "Language models",
     "--write-generation-config": "Language models", "--ood-text": "Language models",
+    "--batch-tokens": "Language models", "--device-map": "Language models", "--spill-dir": "Language models",
 }
 #: Where one command shows a shared option in another panel than the declaration's.
 PANEL_OVERRIDES = {("report", "--seed"): "Metrics", ("ood", "--seed"): "Metrics", ("ood", "--tau"): "Scores"}

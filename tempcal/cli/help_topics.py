@@ -78,22 +78,12 @@ TOPIC_TEXTS: dict[str, tuple[str, str, str, list[Any]]] = {
                  "    --save-model digits_calibrated.pt2"),
     ]),
     "lm": ("Language models", "docs/language-models.md", "Language models", [
-        "Hidden states and an output head. A language model's logits are too large to save: save its final "
-        "hidden states instead and point --head at the output layer. tempcal computes the logits block by "
-        "block, never all at once, in float32 with TF32 off, and fits T in at most 3 reads on typical data.",
-        ("rows", [
-            ("SOURCE", "'hidden' [N, d] or [B, L, d] and 'labels' [N] or [B, L]; --ignore-index (-100) skips "
-                       "rows."),
-            ("HEAD", "a .safetensors file with 'weight' [V, d] and an optional 'bias' [V], or a Hugging Face "
-                     "model folder: lm_head.weight (or the tied input embedding), with config.json's "
-                     "logit_scale, logits_scaling and final_logit_softcapping applied as the model does."),
-        ]),
-        ("code", "tempcal fit hidden.safetensors --head MODEL_DIR"),
-        "lm-evaluation-harness logs. A samples_*.jsonl[.gz] log of a multiple-choice task (lm_eval "
-        "--log_samples) is a SOURCE: one row per question, its choices' log-likelihoods as logits (padded with "
-        "-inf), its target as the label. --lm-eval-norm chars divides each by its choice's length in "
-        "characters (lm-eval's acc_norm), bytes by its UTF-8 bytes. Several logs, or a quoted glob, are one "
-        "SOURCE; T goes in the sidecar FILE.tempcal.json, with the normalisation it was fitted under.",
+        "--lm MODEL --text FILE runs the model once over the texts and fits T for next-token prediction; "
+        "saved hidden states take --head (a .safetensors weight [V, d], or the model folder). Logits are "
+        "computed block by block in float32, never all at once.",
+        ("code", "tempcal fit --lm MODEL_DIR --text texts.txt\ntempcal fit hidden.safetensors --head MODEL_DIR"),
+        "lm-evaluation-harness logs (samples_*.jsonl[.gz], multiple choice) are a SOURCE: one row per "
+        "question; --lm-eval-norm chars|bytes normalises by length; T goes in the sidecar FILE.tempcal.json.",
         ("code", "tempcal fit 'results/*/samples_hellaswag_*.jsonl' --json fit.json"),
     ]),
     "config": ("Project configuration", "docs/configuration.md", "Configuration", [

@@ -161,13 +161,12 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
 
 # -- a causal language model run over texts (--lm) ------------------------------------------
 OptionalSource = Annotated[Optional[list[str]], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors with 'logits' and 'labels'; .npz, .npy, .pt too), an "
-    "lm-evaluation-harness samples_*.jsonl[.gz] log, or a model (.pt2, .onnx, TorchScript) with --inputs; several "
-    "files or a glob pattern are read as shards. Default: the configuration's 'source'. None with --lm.",
-    show_default=False), INPUTS]
+    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
+    "formats); several files or a glob are shards; none with --lm. Default: the configuration's 'source'.",
+    show_default=False, rich_help_panel="Input"), INPUTS]
 Lm = Annotated[Optional[str], typer.Option(
-    "--lm", metavar="MODEL", help="A Hugging Face causal language model folder (local; pip install "
-    "'tempcal[lm]'): run it over --text and calibrate its next-token predictions (no SOURCE then)."), INPUT]
+    "--lm", metavar="MODEL", help="A local Hugging Face causal LM folder, run over --text "
+    "(pip install 'tempcal[lm]'; no SOURCE then)."), INPUT]
 Text = Annotated[Optional[str], typer.Option(
     "--text", metavar="FILE", help="Texts --lm runs over: .txt (one text per line) or .jsonl (the field "
     "--text-field)."), INPUT]
@@ -176,20 +175,17 @@ TextField = Annotated[str, typer.Option("--text-field", metavar="NAME",
 MaxLength = Annotated[Optional[int], typer.Option(
     "--max-length", metavar="N", min=2, help="Tokens per text, longer texts cut (--lm; default: the model's limit).")]
 BatchTokens = Annotated[Optional[int], typer.Option(
-    "--batch-tokens", metavar="N", min=1, help="Padded tokens per --lm batch (default 16384 on CPU, 65536 on CUDA); "
-    "--batch-size caps the texts per batch.")]
+    "--batch-tokens", metavar="N", min=1, help="Padded tokens per --lm batch (16384 on CPU, 65536 on CUDA).")]
 DeviceMap = Annotated[Optional[str], typer.Option(
-    "--device-map", metavar="MAP", help="Passed to transformers' from_pretrained (--lm): 'auto' spreads a model "
-    "larger than one GPU over the GPUs (needs accelerate).")]
+    "--device-map", metavar="MAP", help="transformers' device_map for --lm ('auto': over several GPUs).")]
 SaveHidden = Annotated[Optional[str], typer.Option(
-    "--save-hidden", metavar="PATH", help="Keep --lm's final hidden states and labels as a .safetensors SOURCE "
-    "for later --head MODEL runs."), OUTPUT]
+    "--save-hidden", metavar="PATH", help="Keep --lm's hidden states as a SOURCE for --head runs."), OUTPUT]
 SpillDir = Annotated[Optional[str], typer.Option(
-    "--spill-dir", metavar="DIR", help="Where --lm's hidden states go when they exceed the memory budget (a "
-    "temporary file without a name; default: MODEL's folder when writable, else the temporary folder)."), INPUT]
+    "--spill-dir", metavar="DIR", help="Folder of --lm's unnamed spill file (default: MODEL, else the temporary "
+    "folder)."), INPUT]
 WriteGenerationConfig = Annotated[bool, typer.Option(
     "--write-generation-config",
-    help="Also set temperature = T in MODEL/generation_config.json (--lm; every other key kept).")]
+    help="Also set temperature = T in MODEL/generation_config.json (--lm).")]
 OodText = Annotated[Optional[list[str]], typer.Option(
     "--ood-text", metavar="FILE", help="Out-of-distribution texts for --lm (.txt or .jsonl); repeatable."), INPUTS]
 

@@ -105,20 +105,19 @@ def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, spa
                  on_pass: PassCallback | None = None, terms: Terms | None = None) -> tuple[float, float, bool]:
     """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
 
-    ``terms`` replaces the pass (the searches of folds and groups that ride on one read each round): those run
-    the halving search of :class:`EceSearch` on the terms of :meth:`Scan.ece_terms`.
+    ``terms`` (the shape of :meth:`Scan.ece_terms`) replaces the pass, so that the searches of folds and groups
+    (:class:`EceSearch`, the halving search) ride on this one's reads; only its per-bin sums are used here.
 
     ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each round is one
     pass over the data, evaluating the new temperatures of every open interval at once.
     """
-    if terms is not None:
-        return _shared_search(scan, centre, bins=bins, tol=tol, span=span, terms=terms)
+    source = bin_sums if terms is None else (lambda _scan, betas, b: terms(list(betas), b)[0].cpu())
     n = max(scan.num_samples, 1)
     rounding = 16 * torch.finfo(scan.compute_dtype).eps  # a few ulps of confidence per row, as drift
     points: dict[float, _Point] = {}
 
     def evaluate(thetas: list[float]) -> None:
-        for theta, sums in zip(thetas, bin_sums(scan, [math.exp(-t) for t in thetas], bins), strict=True):
+        for theta, sums in zip(thetas, source(scan, [math.exp(-t) for t in thetas], bins), strict=True):
             points[theta] = _point(sums, n)
 
     low, high = math.log(centre / span), math.log(centre * span)
@@ -147,23 +146,6 @@ def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, spa
 #: The shared searches (folds, groups) start from this many points and halve their open intervals.
 SHARED_INITIAL_POINTS = 65
 Terms = Callable[[list[float], int], tuple[torch.Tensor, torch.Tensor]]
-
-
-def _shared_search(scan: Scan, centre: float, *, bins: int, tol: float, span: float, terms: Terms
-                   ) -> tuple[float, float, bool]:
-    """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
-
-    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each pass evaluates
-    the new midpoints and the bound of every half interval at once, keeping nothing per row. ``terms``
-    (default: :meth:`Scan.ece_terms`) is the pass, for searches that ride on this one's reads.
-    """
-    n = max(scan.num_samples, 1)
-    search = EceSearch(centre, tol=tol, span=span)
-    while thetas := search.wanted:
-        per_bin, between = terms([math.exp(-t) for t in thetas], bins)
-        search.take([float((sums[2] - sums[1]).abs().sum()) / n for sums in per_bin],
-                    [value / n for value in between.tolist()])
-    return search.result()
 
 
 class EceSearch:
