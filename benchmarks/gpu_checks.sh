@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every check that needs a GPU, in one go, for a machine that has one: the CUDA tests (which skip
-# without CUDA elsewhere), then the GPU benchmark. Prints a summary; writes logs and figures to OUT.
+# without CUDA elsewhere), then the GPU benchmarks (gpu_stream.py, and lm_gpu.py with transformers). Prints a summary; writes logs and figures to OUT.
 #
 #   bash benchmarks/gpu_checks.sh [OUT]        # OUT defaults to gpu-checks/; PYTHON picks the interpreter
 #
@@ -37,6 +37,14 @@ tail -n 25 "$OUT/cuda-tests.log"
 # The copy/compute overlap of the streamed pass (see the script's docstring for the figures).
 timeout 240 "$PYTHON" benchmarks/gpu_stream.py --size-gb 2 --json "$OUT/gpu_stream.json" \
     2>&1 | tee "$OUT/gpu_stream.log" || status=1
+
+# tempcal fit --lm on a 0.6B model built on the GPU (needs transformers: the lm extra).
+if "$PYTHON" -c "import transformers" 2>/dev/null; then
+    timeout 480 "$PYTHON" benchmarks/lm_gpu.py --results "$OUT/lm_gpu.md" --json "$OUT/lm_gpu.json" \
+        2>&1 | tee "$OUT/lm_gpu.log" || status=1
+else
+    echo "gpu_checks: transformers is not installed; lm_gpu.py skipped (pip install 'tempcal[lm]')"
+fi
 
 echo "gpu_checks: $([ $status -eq 0 ] && echo passed || echo FAILED) (logs in $OUT/)"
 exit $status

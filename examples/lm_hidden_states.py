@@ -1,127 +1,97 @@
-"""Dump a causal language model's final hidden states and labels, for ``tempcal fit hidden.safetensors --head MODEL``.
+"""A language model calibrated on texts: a demo to try ``tempcal fit --lm``, and hidden states kept for ``--head``.
 
-A language model's logits are too large to save (100,000 tokens x a 128,000-token vocabulary is
-51 GB in float32); its final hidden states are 16-64 times smaller, and tempcal computes the logits
-from them and the output layer block by block. Two ways to choose the rows:
+tempcal runs a causal language model itself (``pip install 'tempcal[lm]'``)::
 
-* ``next-token``: every position of every text, labelled with the next token (padding and the
-  last position of each text get label -100, which tempcal skips);
-* ``multiple-choice``: one row per question, the hidden state at the prompt's last token, labelled
-  with the answer's first token (the logits then range over the whole vocabulary).
+    tempcal fit --lm MODEL_DIR --text texts.txt
 
-Needs ``transformers`` (``pip install transformers``). Usage::
+This script is a thin caller of the same library code, for two things the command does not do alone:
 
-    python examples/lm_hidden_states.py MODEL_DIR texts.txt hidden.safetensors
-    tempcal fit hidden.safetensors --head MODEL_DIR
+* ``--demo DIR`` builds a tiny randomly initialised Llama-style model and a word-level tokenizer in DIR
+  (nothing downloaded), and ``DIR/texts.txt``: texts the model samples itself at temperature 0.25, so the
+  fitted T should come out near 0.25, the whole path on an answer known in advance;
+* ``MODEL_DIR TEXTS OUT`` writes the final hidden states and next-token labels to OUT (what
+  ``tempcal fit --lm MODEL_DIR --text TEXTS --save-hidden OUT`` keeps), a SOURCE for later
+  ``tempcal fit OUT --head MODEL_DIR`` runs.
 
-``MODEL_DIR`` is a Hugging Face model folder (``save_pretrained`` with safetensors weights) or a hub
-name; ``texts.txt`` holds one text per line. ``--demo DIR`` builds a tiny randomly initialised
-model from a configuration (nothing downloaded) and texts that model samples itself at temperature 0.25,
-so the fitted T should come out near 0.25: the whole path on an answer known in advance.
+Multiple-choice prompts are calibrated from lm-evaluation-harness logs instead (``tempcal fit samples_*.jsonl``).
 """
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-IGNORE_INDEX = -100
 #: ``--demo`` samples its texts from the model at this temperature: the T the fit should find.
 DEMO_TEMPERATURE = 0.25
+#: The demo's words ``w0`` .. ``w511`` are its tokens 0..511; ``<unk>`` is token 512.
+DEMO_WORDS = 512
 
 
-@torch.inference_mode()
-def next_token_rows(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Final hidden states ``[B, L, d]`` and next-token labels ``[B, L]`` (-100 where there is no next token)."""
-    out = model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
-    hidden = out.hidden_states[-1]  # the output layer's input: after the final norm
-    labels = torch.full_like(input_ids, IGNORE_INDEX)
-    labels[:, :-1] = input_ids[:, 1:]
-    if attention_mask is not None:
-        labels[:, :-1][attention_mask[:, 1:] == 0] = IGNORE_INDEX
-    return hidden, labels
-
-
-@torch.inference_mode()
-def multiple_choice_rows(model, prompts: Sequence[torch.Tensor], answers: Sequence[int]
-                         ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row per question: the hidden state at the prompt's last token ``[N, d]``, and the answer's token ``[N]``."""
-    rows = []
-    for ids in prompts:
-        out = model(input_ids=ids[None], output_hidden_states=True)
-        rows.append(out.hidden_states[-1][0, -1])
-    return torch.stack(rows), torch.as_tensor(answers, dtype=torch.int64)
-
-
-def save_rows(path: str | Path, hidden: torch.Tensor, labels: torch.Tensor, **metadata: str) -> None:
-    """Write ``hidden`` and ``labels`` as the SOURCE of ``tempcal fit --head``."""
-    save_file({"hidden": hidden.contiguous(), "labels": labels.to(torch.int64).contiguous()}, str(path),
-              metadata=metadata or None)
-
-
-def tiny_model(folder: str | Path, vocab_size: int = 512, seed: int = 0):
-    """A small randomly initialised Llama-style model saved in ``folder`` (no download)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+def tiny_model(folder: str | Path, seed: int = 0):
+    """A small randomly initialised Llama-style model and a word-level tokenizer saved in ``folder``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    config = LlamaConfig(vocab_size=DEMO_WORDS + 1, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     model = LlamaForCausalLM(config).eval()
     model.save_pretrained(folder)
+    vocab = {f"w{i}": i for i in range(DEMO_WORDS)} | {"<unk>": DEMO_WORDS}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>").save_pretrained(folder)
     return model
 
 
 @torch.inference_mode()
-def sample_texts(model, *, rows: int, length: int, temperature: float, seed: int = 1) -> torch.Tensor:
-    """Token sequences ``[rows, length]`` the model samples itself from ``softmax(logits / temperature)``.
-
-    Every next token is drawn from the model's own distribution at ``temperature`` (no top-k or top-p), so a
-    temperature fitted on these texts recovers ``temperature``: a demo whose answer is known.
-    """
+def sample_texts(model, *, rows: int, length: int, temperature: float, seed: int = 1) -> list[str]:
+    """Texts the model samples itself from ``softmax(logits / temperature)`` (no top-k or top-p, never ``<unk>``),
+    so a temperature fitted on them recovers ``temperature``."""
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.config.vocab_size, (rows, 1), generator=g)
+    ids = torch.randint(0, DEMO_WORDS, (rows, 1), generator=g)
     for _ in range(length - 1):
         logits = model(input_ids=ids).logits[:, -1].double()
+        logits[:, DEMO_WORDS:] = -torch.inf
         ids = torch.cat([ids, torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=g)], 1)
-    return ids
+    return [" ".join(f"w{i}" for i in row) for row in ids.tolist()]
+
+
+def demo(folder: Path) -> None:
+    model = tiny_model(folder)
+    texts = folder / "texts.txt"
+    texts.write_text("\n".join(sample_texts(model, rows=64, length=32, temperature=DEMO_TEMPERATURE)) + "\n")
+    print(f"wrote a tiny model and {texts}: texts the model itself sampled at temperature {DEMO_TEMPERATURE}, so the "
+          f"fit should find T near {DEMO_TEMPERATURE}; now run:\n"
+          f"  tempcal fit --lm {folder} --text {texts} --val-fraction 1.0")
+
+
+def save_hidden_states(model: str, texts: str, out: str, *, max_length: int | None, device: str) -> None:
+    """The model over the texts, through tempcal's own source, and its rows kept as a ``--head`` SOURCE."""
+    from tempcal.sources.registry import open_source
+
+    opened = open_source(texts, lm=model, max_length=max_length, device=device)
+    path = opened.save_hidden(out)  # type: ignore[attr-defined]
+    print(f"wrote {path} ({opened.data.num_samples} rows); now run: tempcal fit {path} --head {model}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("model", nargs="?", help="Hugging Face model folder or hub name")
-    parser.add_argument("texts", nargs="?", help="a text file, one text per line")
+    parser.add_argument("model", nargs="?", help="a Hugging Face model folder")
+    parser.add_argument("texts", nargs="?", help="a text file: .txt (one text per line) or .jsonl (field 'text')")
     parser.add_argument("out", nargs="?", default="hidden.safetensors", help="where to write the rows")
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--demo", metavar="DIR",
-                        help="build a tiny random model in DIR and dump texts it samples at a known temperature")
+    parser.add_argument("--max-length", type=int, default=None, help="tokens per text (default: the model's limit)")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--demo", metavar="DIR", help="build a tiny random model and texts it sampled in DIR")
     args = parser.parse_args()
     if args.demo:
-        model = tiny_model(args.demo)
-        ids = sample_texts(model, rows=32, length=32, temperature=DEMO_TEMPERATURE)
-        hidden, labels = next_token_rows(model, ids)
-        out = Path(args.demo) / "hidden.safetensors"
-        save_rows(out, hidden, labels, model=str(args.demo), sampled_at=str(DEMO_TEMPERATURE))
-        print(f"wrote {out}: texts the model itself sampled at temperature {DEMO_TEMPERATURE}, so the fit should "
-              f"find T near {DEMO_TEMPERATURE}; now run: tempcal fit {out} --head {args.demo} --val-fraction 1.0")
-        return
-    if not (args.model and args.texts):
+        demo(Path(args.demo))
+    elif args.model and args.texts:
+        save_hidden_states(args.model, args.texts, args.out, max_length=args.max_length, device=args.device)
+    else:
         parser.error("give MODEL and TEXTS, or --demo DIR")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(args.model).eval()
-    texts = [line for line in Path(args.texts).read_text(encoding="utf-8").splitlines() if line.strip()]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=args.max_length)
-    hidden, labels = next_token_rows(model, batch["input_ids"], batch["attention_mask"])
-    save_rows(args.out, hidden, labels, model=str(args.model))
-    print(f"wrote {args.out}; now run: tempcal fit {args.out} --head {args.model}")
 
 
 if __name__ == "__main__":

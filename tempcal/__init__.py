@@ -60,6 +60,10 @@ _EXPORTS = {
     "ood_file": "workflows.ood",
     "OodReport": "workflows.ood",
     "score_samples": "workflows.ood",
+    "inspect_file": "workflows.inspect",
+    "InspectReport": "workflows.inspect",
+    "apply_file": "workflows.apply",
+    "ApplyResult": "workflows.apply",
     # write-back and deployment
     "write_temperature": "io.writeback",
     "TemperatureScaler": "scaler",
@@ -102,7 +106,9 @@ if TYPE_CHECKING:
     from .sources.base import OpenedSource, SourceOptions
     from .sources.registry import open_source, read_stored_temperature, write_stored_temperature
     from .validation import PROBS_KEY, TEMPERATURE_KEY, ProbabilitiesError
+    from .workflows.apply import ApplyResult, apply_file
     from .workflows.fit import FitReport, fit_file
+    from .workflows.inspect import InspectReport, inspect_file
     from .workflows.ood import OodReport, ood_file, score_samples
     from .workflows.report import ReportResult, report_file
 

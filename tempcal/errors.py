@@ -34,6 +34,11 @@ class Note(str):
         return note
 
 
+class StoredNote(Note):
+    """A note about the stored T alone (ignored: fitted under other options, or stale): said by the commands that
+    would use that T, left out by a fit, which replaces it."""
+
+
 def for_cli(text: str) -> str:
     """A message or warning as the command line shows it."""
     return render(getattr(text, "raw", text), flags=True)
@@ -63,4 +68,4 @@ class DataError(TempcalError):
     """The logits or labels themselves are invalid (NaN, out-of-range label, ...)."""
 
 
-__all__ = ["DataError", "Note", "TempcalError", "for_cli", "param", "render"]
+__all__ = ["DataError", "Note", "StoredNote", "TempcalError", "for_cli", "param", "render"]

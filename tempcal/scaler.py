@@ -88,7 +88,19 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     0.897
     >>> from sklearn.base import clone
     >>> clone(scaler).get_params()
-    {'bins': 15, 'device': 'cpu', 'objective': 'nll', 'probs': None}
+    {'bins': 15, 'device': 'cpu', 'group_prior': None, 'objective': 'nll', 'probs': None}
+
+    Groups (tasks, domains, subjects): ``fit(X, y, groups=g)`` also fits a T per group, drawn toward the
+    global T by ``group_prior``; ``transform``, ``predict_proba`` and ``score`` given ``groups`` divide each
+    row by its group's T (a group not seen in ``fit``: the global T, with a warning):
+
+    >>> g = np.where(np.arange(2000) % 2 == 0, "even", "odd")
+    >>> per_group = TemperatureScaler().fit(logits, labels, groups=g)
+    >>> sorted(per_group.group_temperatures_), per_group.temperature_ == scaler.temperature_
+    (['even', 'odd'], True)
+    >>> t_odd = per_group.group_temperatures_["odd"]
+    >>> np.allclose(per_group.transform(logits[1:2], groups=g[1:2]), logits[1:2] / t_odd)
+    True
 
     Probabilities (a classifier's ``predict_proba``; here the ones the labels were drawn from, so T is about 1)
     are refused unless ``probs`` says what they are;
@@ -117,6 +129,9 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     objective : ``"nll"`` (default) minimises the mean NLL; ``"ece"`` the binned ECE.
     bins : equal-width bins of the ECE objective.
     device : ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``: where the fit's reductions run.
+    group_prior : how strongly each group's T is drawn toward the global T when ``fit`` is given ``groups``:
+        ``group_prior * (ln T - ln T_global)^2`` is added to the group's NLL sum (0: independent fits; None:
+        the command line's default, :data:`tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`).
     probs : ``True``: ``X`` holds probabilities (rows summing to 1; one binary column: the probability of
         ``classes_[1]``), and T scales ``log(p)`` (log-odds for one column) in every method; ``False``:
         ``X`` holds logits, whatever they look like; ``None`` (default): logits, and ``fit`` refuses ``X``
@@ -131,17 +146,20 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     feature_names_in_ : column names, when ``fit`` was given a pandas frame with string column names.
     classes_ : the label of each logit column (see above).
     fit_result_ : the full :class:`~tempcal.core.fitting.FitResult` (objective value, bound, warnings).
+    group_temperatures_ : each group's T, by group value, when ``fit`` was given ``groups`` (else None).
     """
 
     def __init__(self, *, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "cpu",
-                 probs: bool | None = None):
+                 probs: bool | None = None, group_prior: float | None = None):
         self.objective = objective
         self.bins = bins
         self.device = device
         self.probs = probs
+        self.group_prior = group_prior
 
-    def fit(self, X: Any, y: Any) -> "TemperatureScaler":
-        """Fit T on logits ``X`` and labels ``y`` (``classes_`` by the rule above).
+    def fit(self, X: Any, y: Any, groups: Any = None) -> "TemperatureScaler":
+        """Fit T on logits ``X`` and labels ``y`` (``classes_`` by the rule above); with ``groups`` (one value per
+        row) also a T per group (``group_temperatures_``).
 
         Warnings of the fit (e.g. T at a bound) are issued as ``UserWarning``.
         """
@@ -155,7 +173,9 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         check_classification_targets(labels)
         classes, codes = _column_of_each_label(labels, self.n_features_in_)
         result: FitResult = fit_temperature(z, _as_tensor(codes), objective=self.objective,
-                                            bins=int(self.bins), device=self.device, probs=self.probs)
+                                            bins=int(self.bins), device=self.device, probs=self.probs,
+                                            groups=None if groups is None else _group_values(groups, z.shape[0]),
+                                            group_prior=self.group_prior)
         for message in result.warnings:
             warnings.warn(message, UserWarning, stacklevel=2)
         self.temperature_ = float(result.temperature)
@@ -163,16 +183,37 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         self.converged_ = bool(result.converged)
         self.classes_ = classes
         self.fit_result_ = result
+        self.group_temperatures_ = result.group_temperatures
         return self
 
-    def transform(self, X: Any) -> Any:
+    def fit_transform(self, X: Any, y: Any = None, groups: Any = None, **fit_params: Any) -> Any:
+        """``fit(X, y, groups)`` then ``transform(X, groups)``: each row at its group's T when groups are given."""
+        return self.fit(X, y, groups, **fit_params).transform(X, groups)
+
+    def _temperatures(self, rows: int, groups: Any, device: torch.device) -> torch.Tensor | float:
+        """The T of each of ``rows`` rows (its group's; the global T for an unseen group), or the global T."""
+        if groups is None or not self.group_temperatures_:
+            return self.temperature_
+        values = _group_values(groups, rows)
+        table = self.group_temperatures_
+        unseen = sorted({v for v in values.tolist() if v not in table}, key=str)
+        if unseen:
+            warnings.warn(f"{len(unseen)} group(s) not seen in fit (first: {unseen[0]!r}) take the global T",
+                          UserWarning, stacklevel=3)
+        temps = [table.get(v, self.temperature_) for v in values.tolist()]
+        return torch.tensor(temps, dtype=torch.float64, device=device)
+
+    def transform(self, X: Any, groups: Any = None) -> Any:
         """``X / T`` in the input's float dtype and shape (float16/bfloat16 divided in float32; integers: float64);
-        ``log(X) / T`` with ``probs=True``."""
+        ``log(X) / T`` with ``probs=True``. With ``groups``: each row divided by its group's T."""
         z, is_torch, shape, dtype = self._logits(X)
-        scaled = (z.to(torch.promote_types(z.dtype, torch.float32)) / self.temperature_).to(dtype)
+        compute = torch.promote_types(z.dtype, torch.float32)
+        temperature = self._temperatures(z.shape[0], groups, z.device)
+        divisor = temperature.to(compute)[:, None] if isinstance(temperature, torch.Tensor) else temperature
+        scaled = (z.to(compute) / divisor).to(dtype)
         return _out(scaled.reshape(shape), is_torch)
 
-    def predict_proba(self, X: Any) -> Any:
+    def predict_proba(self, X: Any, groups: Any = None) -> Any:
         """``softmax(X / T)`` ``[N, C]``, columns in the order of ``classes_`` (``[N, 2]`` = ``[1 - sigmoid, sigmoid]``
         for one binary logit).
 
@@ -186,8 +227,12 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         out_dtype = torch.promote_types(dtype, torch.float32) if is_torch else torch.float64
         out = torch.empty(rows, 2 if binary else int(z.shape[1]), dtype=out_dtype, device=z.device)
         step = max(1, CHUNK_ELEMENTS // out.shape[1])
+        temperature = self._temperatures(rows, groups, z.device)
         for start in range(0, rows, step):
-            chunk = z[start : start + step].to(torch.float64) / self.temperature_
+            t = temperature[start : start + step] if isinstance(temperature, torch.Tensor) else temperature
+            if isinstance(t, torch.Tensor) and not binary:
+                t = t[:, None]
+            chunk = z[start : start + step].to(torch.float64) / t
             if binary:
                 p = torch.stack([torch.sigmoid(-chunk), torch.sigmoid(chunk)], dim=1)
             else:
@@ -208,12 +253,20 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
                 return with_labels.to(column.device)[column]
         return self.classes_[column.cpu().numpy()]
 
-    def score(self, X: Any, y: Any) -> float:
-        """Minus the mean NLL of ``softmax(X / T)`` on labels ``y`` (higher is better, as scikit-learn expects)."""
+    def score(self, X: Any, y: Any, groups: Any = None) -> float:
+        """Minus the mean NLL of ``softmax(X / T)`` on labels ``y`` (higher is better, as scikit-learn expects); with
+        ``groups``, each row at its group's T."""
         z, _, labels = self._validate(X, y, reset=False)
         scan = Scan(as_logits_data(z, _as_tensor(self._columns(labels)), probs=bool(self.probs), logits_name="X"),
                     device=self.device)
-        return -scan.objective(1.0 / self.temperature_).nll
+        temperature = self._temperatures(z.shape[0], groups, torch.device("cpu"))
+        if not isinstance(temperature, torch.Tensor):
+            return -scan.objective(1.0 / temperature).nll
+        from .core.cell_passes import cell_objective
+
+        cells = torch.arange(z.shape[0], device=scan.device)
+        sums = cell_objective(scan, (1.0 / temperature)[None, :], cells)[0]
+        return -float(sums[:, 1].sum() / sums[:, 0].sum())
 
     def to_module(self) -> "TemperatureScaling":
         """A :class:`TemperatureScaling` module holding the fitted T, for deployment code."""
@@ -285,6 +338,14 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
             raise TempcalError(f"y holds {int(np.sum(unknown))} label(s) not in classes_; first: {label!r} "
                                f"at index {first}")
         return columns.astype(np.int64, copy=False)
+
+
+def _group_values(groups: Any, rows: int) -> np.ndarray:
+    """One group value per row, as a flat numpy array (its length checked)."""
+    values = np.asarray(groups.detach().cpu() if isinstance(groups, torch.Tensor) else groups).reshape(-1)
+    if values.shape[0] != rows:
+        raise TempcalError(f"groups holds {values.shape[0]} values for X's {rows} rows; give one per row")
+    return values
 
 
 def _validate_data(estimator: BaseEstimator, X: Any, y: Any, **check_params: Any) -> Any:

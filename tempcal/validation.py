@@ -73,12 +73,14 @@ def is_fitted(text: str | float) -> bool:
     return isinstance(text, str) and text.strip().lower() == "fitted"
 
 
-def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike = "SOURCE") -> float:
-    """A temperature from ``--tau``: a finite number > 0, or ``fitted`` for the T stored in ``source``."""
+def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike = "SOURCE",
+              place: str | None = None) -> float:
+    """A temperature from ``--tau``: a finite number > 0, or ``fitted`` for the T stored in ``source`` (``place``
+    says where that T would be and what to do, when it is not the safetensors metadata)."""
     if is_fitted(text):
         if stored is None:
-            raise TempcalError(f"{param('tau')} fitted: {source} has no stored temperature (metadata "
-                               f"'{TEMPERATURE_KEY}'; run tempcal fit first)")
+            raise TempcalError(f"{param('tau')} fitted: {source} has no stored temperature "
+                               f"({place or f'metadata {TEMPERATURE_KEY!r}; run tempcal fit first'})")
         return float(stored)
     value = positive_number(text)
     if value is None:
@@ -94,16 +96,18 @@ def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURC
 
 
 def resolve_taus(values: Sequence[str | float] | None, stored: float | None, source: str | os.PathLike = "SOURCE",
-                 *, defaults: Sequence[float] = (), sweep: Sequence[float] = (), sort: bool = True) -> list[float]:
+                 *, defaults: Sequence[float] = (), sweep: Sequence[float] = (), sort: bool = True,
+                 place: str | None = None) -> list[float]:
     """The temperatures a command reports at, without repeats.
 
     The given values (``fitted`` = the stored T), plus ``sweep``; with no values, ``defaults``
     instead (or, when there are no defaults and no sweep either, the stored T, else 1.0). The
     stored T joins any default set or sweep. ``sort=False`` keeps the given values' order.
+    ``place``: where the stored T would be kept, for the error when ``fitted`` finds none.
     """
     taus: list[float] = []
     for text in values or ():
-        tau = parse_tau(text, stored, source)
+        tau = parse_tau(text, stored, source, place)
         if tau not in taus:
             taus.append(tau)
     extra = [float(t) for t in (sweep if values else [*defaults, *sweep])]

@@ -161,7 +161,7 @@ def test_not_fitted(method):
 def test_clone_get_set_params_and_pickle():
     z, y = miscalibrated_arrays()
     scaler = TemperatureScaler(bins=20).fit(z, y)
-    assert scaler.get_params() == {"objective": "nll", "bins": 20, "device": "cpu", "probs": None}
+    assert scaler.get_params() == {"objective": "nll", "bins": 20, "device": "cpu", "probs": None, "group_prior": None}
     copy = clone(scaler)
     assert copy.get_params() == scaler.get_params() and not hasattr(copy, "temperature_")
     assert copy.set_params(objective="ece") is copy and copy.objective == "ece"
@@ -586,3 +586,37 @@ def test_probs_true_on_one_binary_column_uses_the_log_odds():
     assert np.allclose(scaler.predict_proba(p)[:, 1], expit(log_odds / scaler.temperature_), atol=1e-12)
     with pytest.raises(tempcal.ProbabilitiesError):
         TemperatureScaler().fit(p, y)
+
+
+def test_groups_fit_a_t_per_group_and_transform_applies_it():
+    from subsets_reference import penalised_temperature
+
+    from tempcal.workflows.subsets import DEFAULT_GROUP_PRIOR
+
+    rng = np.random.default_rng(5)
+    base = rng.normal(size=(900, 4)) * 2
+    p = np.exp(base) / np.exp(base).sum(1, keepdims=True)
+    labels = (rng.random((900, 1)) > p.cumsum(1)).sum(1)
+    groups = np.array(["x", "y", "z"])[np.arange(900) % 3]
+    logits = base * np.where(groups == "x", 1.5, 3.0)[:, None]
+    scaler = TemperatureScaler(group_prior=4.0).fit(logits, labels, groups=groups)
+    for name in "xyz":
+        rows = groups == name
+        expected = penalised_temperature(logits[rows], labels[rows], 4.0, scaler.temperature_)
+        assert scaler.group_temperatures_[name] == pytest.approx(expected, rel=1e-6)
+    own = np.array([scaler.group_temperatures_[g] for g in groups])
+    assert np.allclose(scaler.transform(logits, groups=groups), logits / own[:, None])
+    assert np.allclose(scaler.fit_transform(logits, labels, groups=groups), logits / own[:, None])
+    shifted = logits / own[:, None]
+    expected_p = np.exp(shifted - shifted.max(1, keepdims=True))
+    assert np.allclose(scaler.predict_proba(logits, groups=groups), expected_p / expected_p.sum(1, keepdims=True))
+    nll = -np.log(scaler.predict_proba(logits, groups=groups)[np.arange(900), labels]).mean()
+    assert scaler.score(logits, labels, groups=groups) == pytest.approx(-nll, rel=1e-12)
+    with pytest.warns(UserWarning, match="not seen in fit"):
+        unseen = scaler.transform(logits[:2], groups=np.array(["w", "x"]))
+    assert np.allclose(unseen[0], logits[0] / scaler.temperature_)
+    assert np.allclose(scaler.transform(logits), logits / scaler.temperature_)  # no groups: the global T
+    default = TemperatureScaler().fit(logits, labels, groups=groups)
+    rows = groups == "y"
+    assert default.group_temperatures_["y"] == pytest.approx(
+        penalised_temperature(logits[rows], labels[rows], DEFAULT_GROUP_PRIOR, default.temperature_), rel=1e-6)

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from typer.core import TyperCommand
-
 from ..errors import TempcalError
 from ..validation import OutOfRange, check_number, shown_value
 from .config_file import parse_config, read_config_bytes
@@ -41,6 +39,7 @@ from .config_schema import (
     expected,
     toml_kind,
 )
+from .help_format import HelpCommand
 
 CONFIG_NAME = "tempcal.toml"
 PYPROJECT_NAME = "pyproject.toml"
@@ -280,7 +279,7 @@ def config_state(ctx: Any) -> ConfigState:
     return state if isinstance(state, ConfigState) else ConfigState(config=None)
 
 
-class ConfiguredCommand(TyperCommand):
+class ConfiguredCommand(HelpCommand):
     """A Typer command whose defaults come from the project configuration (``@app.command(cls=...)``).
 
     The command declares ``--config`` and ``--no-config`` (``options.ConfigFile``, ``options.NoConfig``).

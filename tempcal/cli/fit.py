@@ -7,17 +7,23 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
+from .lm import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
+    BatchTokens,
     Bins,
     Bootstrap,
     ChunkRows,
     ConfigFile,
     ConformalAlpha,
     Device,
+    DeviceMap,
     Estimators,
     EvalFile,
+    Folds,
+    GroupBy,
+    GroupPrior,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -28,26 +34,33 @@ from .options import (
     InputsKey,
     JsonOut,
     LabelsKey,
+    Lm,
     LmEvalNorm,
     LmEvalNormOpt,
     LogitsKey,
     Markdown,
     MaxEce,
+    MaxLength,
     NoConfig,
     NoWrite,
     Objective,
     ObjectiveOpt,
+    OptionalSource,
     OutputCopy,
     OutputKey,
     Plot,
     Probs,
     Quiet,
+    SaveHidden,
     SaveLogits,
     SaveModel,
     Seed,
     Softcap,
-    Source,
+    SpillDir,
+    Text,
+    TextField,
     ValFraction,
+    WriteGenerationConfig,
     check_lm_eval_norm,
     is_model_source,
     parse_estimators,
@@ -58,9 +71,12 @@ from .options import (
 @app.command(cls=ConfiguredCommand)
 def fit(
     ctx: typer.Context,
-    source: Source,
+    source: OptionalSource = None,
     eval_file: EvalFile = None,
     val_fraction: ValFraction = 0.5,
+    folds: Folds = None,
+    group_by: GroupBy = None,
+    group_prior: GroupPrior = None,
     seed: Seed = 0,
     objective: ObjectiveOpt = Objective.nll,
     bins: Bins = 15,
@@ -92,49 +108,86 @@ def fit(
     output_key: OutputKey = None,
     save_logits: SaveLogits = None,
     save_model: SaveModel = None,
+    lm: Lm = None,
+    text: Text = None,
+    text_field: TextField = "text",
+    max_length: MaxLength = None,
+    batch_tokens: BatchTokens = None,
+    device_map: DeviceMap = None,
+    save_hidden: SaveHidden = None,
+    spill_dir: SpillDir = None,
+    write_generation_config: WriteGenerationConfig = False,
     quiet: Quiet = False,
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
-    """Fit one temperature T by L-BFGS on the NLL, report calibration before and after, write T back."""
+    """Fit one temperature T (the NLL's minimum, certified in a few reads of the data), report calibration before and
+    after, write T back."""
+    folds, split, eval_file = _cross_fitting(ctx, folds, val_fraction, eval_file, group_by, group_prior)
+    source = lm_source(ctx, source, values=locals())
     is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
                              save_model=save_model, save_logits=save_logits, output_key=output_key,
                              lm_eval_norm=lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--plot": plot, "--html": html, "--markdown": markdown, "--output": output,
-                      **_copy_sidecar(output), "--save-model": save_model, "--save-logits": save_logits},
-                {"SOURCE": source, "--eval": eval_file, "--inputs": inputs, "--head": head},
-                write_back=None if no_write or output is not None or is_model else source)
+    _check_paths(ctx, source, eval_file, is_model, locals())
 
     from ..output.console import print_fit
-    from ..output.files import write_fit_files
     from ..output.markdown import fit_markdown
-    from ..workflows.fit import fit_file, write_back
+    from ..workflows.fit import fit_file
 
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    report = fit_file(source, eval_file=eval_file, val_fraction=val_fraction, seed=seed, objective=objective.value,
+    report = fit_file(source, eval_file=eval_file, val_fraction=split, seed=seed, objective=objective.value,
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
-                      bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), options=options)
+                      bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), folds=folds, group_by=group_by,
+                      group_prior=group_prior, options=options)
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
-
-    def write() -> list[str]:
-        written.extend(write_back(report, output=output, save_model=save_model, save_logits=save_logits,
-                                  store=not no_write))
-        lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"] if written else []
-        if is_model and save_logits:
-            lines.append(f"wrote the logits to {save_logits}")
-        return lines + write_fit_files(report, plot=plot, markdown=markdown)
-
-    def payload() -> dict:
-        out = report.to_json()
-        out.update(written=", ".join(written) or None, max_ece=max_ece,
-                   gate_passed=None if max_ece is None else not gate_failed)
-        return out
-
-    deliver(ctx, warnings=report.warnings, write=write, payload=payload, render=lambda out: print_fit(report, out),
-            summary=lambda: fit_markdown(report), json_out=json_out, quiet=quiet, html=html,
+    report.warnings.extend(sampling_notes(lm, write_generation_config))
+    values = locals()
+    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, values, written),
+            payload=lambda: _payload(report, values, written),
+            render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report), json_out=json_out,
+            quiet=quiet, html=html,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
+
+
+def _wrote(report, written: list[str]) -> list[str]:
+    """The lines naming what write-back stored where: T, and the groups' temperatures."""
+    if not written:
+        return []
+    lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"]
+    if report.group_temperatures is not None:
+        lines.append(f"wrote the temperatures of {len(report.group_temperatures)} groups (tempcal.group_temperatures, "
+                     f"by {report.subsets.group_key}) into {', '.join(written)}")
+    return lines
+
+
+def _cross_fitting(ctx: typer.Context, folds: int | None, val_fraction: float, eval_file: str | None,
+                   group_by: str | None, group_prior: float | None) -> tuple[int | None, float | None, str | None]:
+    """``--folds`` against ``--val-fraction`` and ``--eval``: on the command line together, or in the configuration
+    file together, they are refused; across the two, the command line wins. Returns folds, the split (None: the
+    default) and the evaluation file. ``--group-prior`` needs ``--group-by``."""
+    if group_prior is not None and group_by is None:
+        raise TempcalError("--group-prior weighs the per-group fits of --group-by KEY; give --group-by too")
+    def given(name: str) -> str | None:
+        source = ctx.get_parameter_source(name)
+        kind = getattr(source, "name", "")
+        return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
+
+    split = val_fraction if given("val_fraction") else None
+    if folds is None:
+        return None, split, eval_file
+    for name, flag, value in (("val_fraction", "--val-fraction", split), ("eval_file", "--eval", eval_file)):
+        if value is None:
+            continue
+        if given(name) == given("folds"):
+            where = "" if given(name) == "command line" else " (both in the configuration file)"
+            raise TempcalError(f"--folds K fits and reports on every row of SOURCE, out of fold; {flag} splits it "
+                               f"otherwise: give one or the other{where}")
+        if given("folds") == "file":
+            return None, split, eval_file  # the command line's split wins over the file's folds
+        split, eval_file = (None, eval_file) if name == "val_fraction" else (split, None)
+    return folds, split, eval_file
 
 
 def _check_writes(source: list[str], *, inputs: str | None, output: str | None, no_write: bool,
@@ -160,6 +213,66 @@ def _check_writes(source: list[str], *, inputs: str | None, output: str | None, 
 
         save_format(source[0], save_model)  # a format that cannot be written from SOURCE's: refused before any work
     return is_model
+
+
+def _check_paths(ctx: typer.Context, source: list[str], eval_file: str | None, is_model: bool, values: dict) -> None:
+    """Every path the command writes or reads, checked before any work (see :func:`check_paths`)."""
+    no_write, output, lm = values["no_write"], values["output"], values["lm"]
+    check_paths(ctx, {"--json": values["json_out"], "--plot": values["plot"], "--html": values["html"],
+                      "--markdown": values["markdown"], "--save-model": values["save_model"],
+                      "--save-logits": values["save_logits"], **_record_outputs(values)},
+                {"SOURCE": source, "--eval": eval_file, "--inputs": values["inputs"], "--head": values["head"]},
+                write_back=None if no_write or output is not None or is_model or lm else source)
+
+
+def _record_outputs(values: dict) -> dict[str, str | None]:
+    """Where T goes, to check before any work: ``--output`` (and its sidecar), or, with --lm, MODEL's files."""
+    lm, output = values["lm"], values["output"]
+    if lm is None:
+        return {"--output": output, **_copy_sidecar(output)}
+    return lm_outputs(lm, record=not values["no_write"], output=output,
+                      generation=values["write_generation_config"], save_hidden=values["save_hidden"])
+
+
+def _payload(report, values: dict, written: list[str]) -> dict:
+    """The JSON: the report, the files that hold T, the gate, and with --lm the model and its texts."""
+    out = report.to_json()
+    max_ece = values["max_ece"]
+    out.update(written=", ".join(written) or None, max_ece=max_ece,
+               gate_passed=None if max_ece is None else not values["gate_failed"],
+               **lm_json(report.opened, values["lm"]))
+    return out
+
+
+def _write(report, values: dict, written: list[str]) -> list[str]:
+    """Write T back (or, with --lm, into MODEL's record) and the files asked for; the lines saying so. ``written``
+    gains the files that now hold T."""
+    from ..output.files import write_fit_files
+    from ..workflows.fit import write_back
+
+    if values["lm"] is not None:
+        lines = _write_lm(report, values, written)
+    else:
+        written.extend(write_back(report, output=values["output"], save_model=values["save_model"],
+                                  save_logits=values["save_logits"], store=not values["no_write"]))
+        lines = _wrote(report, written)
+        if values["is_model"] and values["save_logits"]:
+            lines.append(f"wrote the logits to {values['save_logits']}")
+    return lines + write_fit_files(report, plot=values["plot"], markdown=values["markdown"])
+
+
+def _write_lm(report, values: dict, written: list[str]) -> list[str]:
+    """--lm's write-back (the record, generation_config.json, --save-hidden); ``written`` gains the files holding T."""
+    from ..workflows.lm import write_lm_back
+
+    settings = lm_settings(command="fit", val_fraction=values["val_fraction"], seed=values["seed"],
+                           objective=values["objective"], bins=values["bins"], eval=values["eval_file"],
+                           device=report.device)
+    holding, lines = write_lm_back(report, output=values["output"], store=not values["no_write"],
+                                   generation=values["write_generation_config"], save_hidden=values["save_hidden"],
+                                   settings=settings)
+    written.extend(holding)
+    return lines
 
 
 def _copy_sidecar(output: str | None) -> dict[str, str]:

@@ -15,14 +15,33 @@ from typing import Annotated, Any
 import typer
 
 from .._version import __version__
+from .help_format import HelpGroup
 
 EXIT_BAD_INPUT = 2
 EXIT_GATE = 3
 #: The arguments of the command being run (after ``tempcal``).
 _ARGV: list[str] = []
+HELP_COMMAND = "help"
+
+
+class TempcalGroup(HelpGroup):
+    """The ``tempcal`` group: its commands, and ``help``, which is served here rather than registered, so that
+    the configuration file's tables stay the configured commands'."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), HELP_COMMAND]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name != HELP_COMMAND:
+            return super().get_command(ctx, cmd_name)
+        from .help_topics import help_click_command
+
+        return help_click_command()
+
 
 app = typer.Typer(
     name="tempcal",
+    cls=TempcalGroup,
     help="Post-hoc temperature scaling and calibration metrics for classifier logits.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -160,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = _run(command, argv)
     except usage_error as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # a bare ``tempcal``: the help, as click gives it
+            exc.show()
+            return EXIT_BAD_INPUT
         hint = f" (see tempcal {exc.ctx.info_name} --help)" if exc.ctx and exc.ctx.parent else ""
         stderr(f"error: {exc.format_message()}{hint}")
         return EXIT_BAD_INPUT

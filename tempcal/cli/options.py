@@ -68,128 +68,190 @@ def lower_case(value: Any) -> str:
 
 # -- what to read ---------------------------------------------------------------------------
 Source = Annotated[list[str], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors with 'logits' and 'labels'; .npz, .npy, .pt too), an "
-    "lm-evaluation-harness samples_*.jsonl[.gz] log, or a model (.pt2, .onnx, TorchScript) with --inputs; several "
-    "files or a glob pattern are read as shards. Default: the configuration's 'source'.", show_default=False), INPUTS]
-LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).")]
-LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].")]
+    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
+    "formats); several files or a glob are shards. Default: the configuration's 'source'.", show_default=False,
+    rich_help_panel="Input"), INPUTS]
+LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).",
+                                        rich_help_panel="Input")]
+LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].",
+                                        rich_help_panel="Input")]
 Probs = Annotated[Optional[bool], typer.Option(
-    "--probs/--no-probs", help="The logits tensor holds probabilities: work on log(p) (--probs), or treat the "
-    "values as logits whatever they look like (--no-probs). Default: as the stored T was fitted; values that all "
-    "look like probabilities are refused.", show_default=False)]
+    "--probs/--no-probs", rich_help_panel="Input", help="Values are probabilities: work on log(p) (--probs), or "
+    "logits whatever they look like (--no-probs). Default: as the stored T was fitted; values that all look like "
+    "probabilities are refused.", show_default=False)]
 LmEvalNormOpt = Annotated[LmEvalNorm, typer.Option(
     "--lm-eval-norm", case_sensitive=False, parser=choice(LmEvalNorm),
     help="lm-evaluation-harness log SOURCE: divide each choice's log-likelihood by its text's "
-    "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).")]
-IgnoreIndex = Annotated[int, typer.Option("--ignore-index",
+    "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).",
+    rich_help_panel="Language models")]
+IgnoreIndex = Annotated[int, typer.Option("--ignore-index", rich_help_panel="Input",
                                           help="Rows whose label is this value are skipped (token-level logits).")]
-Device = Annotated[str, typer.Option("--device", parser=lower_case, help="auto (CUDA when available), cpu or cuda.")]
-ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1,
+Device = Annotated[str, typer.Option("--device", parser=lower_case, rich_help_panel="Scale",
+                                     help="auto (CUDA when available), cpu, cuda or cuda:N.")]
+ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1, rich_help_panel="Scale",
                                                   help="Rows per reduction chunk (default: automatic).")]
 
 # -- a model SOURCE -------------------------------------------------------------------------
 Inputs = Annotated[Optional[str], typer.Option(
     "--inputs", metavar="DATA", help="Inputs file (.safetensors: 'inputs', 'labels') for a model SOURCE (.pt2, "
-    ".onnx, or TorchScript .pt/.pth/.ts/.torchscript)."), INPUT]
-InputsKey = Annotated[str, typer.Option("--inputs-key", help="Tensor holding the model inputs [N, ...].")]
-BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Rows per model batch (model SOURCE).")]
+    ".onnx, or TorchScript .pt, .pth, .ts, .torchscript).", rich_help_panel="Models"), INPUT]
+InputsKey = Annotated[str, typer.Option("--inputs-key", help="Tensor holding the model inputs [N, ...].",
+                                        rich_help_panel="Models")]
+BatchSize = Annotated[int, typer.Option("--batch-size", min=1, help="Rows per model batch (model SOURCE).",
+                                        rich_help_panel="Models")]
 OutputKey = Annotated[Optional[str], typer.Option(
     "--output-key", metavar="KEY", help="The logits among a model's outputs: a dict key or a tuple index (an "
-    "ONNX model's output name).")]
+    "ONNX model's output name).", rich_help_panel="Models")]
 SaveLogits = Annotated[Optional[str], typer.Option(
-    "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file."), OUTPUT]
+    "--save-logits", metavar="PATH", help="Keep a model SOURCE's logits (and labels) as a logits file.",
+    rich_help_panel="Models"), OUTPUT]
 
 # -- fit's own options ---------------------------------------------------------------------------
-EvalFile = Annotated[Optional[str], typer.Option("--eval", metavar="FILE",
+EvalFile = Annotated[Optional[str], typer.Option("--eval", metavar="FILE", rich_help_panel="Input",
                                                  help="Fit on all of SOURCE and report on FILE."), INPUTS]
-ValFraction = Annotated[float, typer.Option("--val-fraction", help="Fraction of SOURCE used to fit T, in (0, 1] "
-                                            "(class-stratified); the rest is used to report."), FRACTION]
+ValFraction = Annotated[float, typer.Option("--val-fraction", help="Fraction of SOURCE that fits T, in (0, 1], "
+                                            "class-stratified; the rest is reported on.", rich_help_panel="Fit"),
+                        FRACTION]
 ObjectiveOpt = Annotated[Objective, typer.Option("--objective", case_sensitive=False,
-                                                 parser=choice(Objective),
-                                                 help="Minimise NLL (default) or ECE.")]
-OutputCopy = Annotated[Optional[str], typer.Option("--output", metavar="PATH",
-                                                   help="Write the updated copy to PATH; SOURCE is untouched."), OUTPUT]
-NoWrite = Annotated[bool, typer.Option("--no-write/--write", help="Write nothing back.")]
-MaxEce = Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0.0,
-                                                 help="Exit 3 when the calibrated ECE is above X.")]
+                                                 parser=choice(Objective), rich_help_panel="Fit",
+                                                 help="Minimise the NLL or the binned ECE.")]
+OutputCopy = Annotated[Optional[str], typer.Option("--output", metavar="PATH", rich_help_panel="Output",
+                                                   help="Write T into a copy at PATH; SOURCE is untouched."), OUTPUT]
+NoWrite = Annotated[bool, typer.Option("--no-write/--write", help="Write T nowhere.", rich_help_panel="Output")]
+MaxEce = Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0.0, rich_help_panel="Gates",
+                                                 help="Exit 3 if the calibrated ECE is above X.")]
 ConformalAlpha = Annotated[Optional[list[float]], typer.Option(
-    "--conformal-alpha", metavar="A", help="Conformal prediction sets (LAC and APS) at miscoverage A (0 < A < 1; "
-    "repeatable): thresholds from the fitting rows, coverage and mean set size on the evaluation rows, at T = 1 "
-    "and at the fitted T (one more read of the fitting rows)."), Bounds(0, 1, low_open=True, high_open=True)]
+    "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal prediction sets (LAC and APS) at "
+    "miscoverage A (0 < A < 1; repeatable): thresholds from the fitting rows, coverage and mean set size on the "
+    "evaluation rows, at T = 1 and at the fitted T (one more read of the fitting rows)."),
+    Bounds(0, 1, low_open=True, high_open=True)]
 SaveModel = Annotated[Optional[str], typer.Option(
     "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
-    "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt/.pth/.ts/"
-    ".torchscript (from a TorchScript model)."), OUTPUT]
+    "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt, .pth, .ts, "
+    ".torchscript (from a TorchScript model).", rich_help_panel="Models"), OUTPUT]
+
+# -- cross-fitting and groups ------------------------------------------------------------------
+Folds = Annotated[Optional[int], typer.Option(
+    "--folds", metavar="K", min=2, help="Cross-fitting: the written T is fitted on every row, and K more on the rows "
+    "outside each of K seeded, class-stratified folds; 'after' is out of fold (2 <= K <= N; K = N: leave-one-out). "
+    "Not with --eval or --val-fraction.")]
+GroupBy = Annotated[Optional[str], typer.Option(
+    "--group-by", metavar="KEY", help="Figures (and, for fit, a T) per group: KEY names an integer tensor of SOURCE "
+    "with one value per row; 'task' for lm-evaluation-harness logs (one group per log).")]
+GroupPrior = Annotated[Optional[float], typer.Option(
+    "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
+    "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 10, about as many rows' worth)."),
+    NON_NEGATIVE]
 
 # -- hidden states and an output head -------------------------------------------------------
 Head = Annotated[Optional[str], typer.Option(
     "--head", metavar="HEAD", help="Output layer (.safetensors with 'weight' [V, d], 'bias' optional, or a Hugging "
-    "Face model folder): SOURCE then holds hidden states, and logits are computed block by block."), INPUT]
+    "Face model folder): SOURCE then holds hidden states, and logits are computed block by block.",
+    rich_help_panel="Language models"), INPUT]
 HiddenKey = Annotated[str, typer.Option("--hidden-key", help="Tensor holding the hidden states [N, d] or [B, L, d] "
-                                        "(with --head).")]
+                                        "(with --head).", rich_help_panel="Language models")]
 HeadWeightKey = Annotated[str, typer.Option("--head-weight-key", help="Tensor of a HEAD file holding the weight "
-                                            "[V, d].")]
+                                            "[V, d].", rich_help_panel="Language models")]
 HeadBiasKey = Annotated[str, typer.Option("--head-bias-key", help="Tensor of a HEAD file holding the bias [V] "
-                                          "(optional).")]
+                                          "(optional).", rich_help_panel="Language models")]
 Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help="Cap the logits as C * tanh(z / C) "
-                                                  "(C > 0; replaces the HEAD config's final_logit_softcapping)."),
+                                                  "(C > 0; replaces the HEAD config's final_logit_softcapping).",
+                                                  rich_help_panel="Language models"),
                     POSITIVE]
+
+# -- a causal language model run over texts (--lm) ------------------------------------------
+OptionalSource = Annotated[Optional[list[str]], typer.Argument(
+    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
+    "formats); several files or a glob are shards; none with --lm. Default: the configuration's 'source'.",
+    show_default=False, rich_help_panel="Input"), INPUTS]
+Lm = Annotated[Optional[str], typer.Option(
+    "--lm", metavar="MODEL", help="A local Hugging Face causal LM folder, run over --text "
+    "(pip install 'tempcal[lm]'; no SOURCE then)."), INPUT]
+Text = Annotated[Optional[str], typer.Option(
+    "--text", metavar="FILE", help="Texts --lm runs over: .txt (one text per line) or .jsonl (the field "
+    "--text-field)."), INPUT]
+TextField = Annotated[str, typer.Option("--text-field", metavar="NAME",
+                                        help="The field of a .jsonl text file that holds the text (--lm).")]
+MaxLength = Annotated[Optional[int], typer.Option(
+    "--max-length", metavar="N", min=2, help="Tokens per text, longer texts cut (--lm; default: the model's limit).")]
+BatchTokens = Annotated[Optional[int], typer.Option(
+    "--batch-tokens", metavar="N", min=1, help="Padded tokens per --lm batch (16384 on CPU, 65536 on CUDA).")]
+DeviceMap = Annotated[Optional[str], typer.Option(
+    "--device-map", metavar="MAP", help="transformers' device_map for --lm ('auto': over several GPUs).")]
+SaveHidden = Annotated[Optional[str], typer.Option(
+    "--save-hidden", metavar="PATH", help="Keep --lm's hidden states as a SOURCE for --head runs."), OUTPUT]
+SpillDir = Annotated[Optional[str], typer.Option(
+    "--spill-dir", metavar="DIR", help="Folder of --lm's unnamed spill file (default: MODEL, else the temporary "
+    "folder)."), INPUT]
+WriteGenerationConfig = Annotated[bool, typer.Option(
+    "--write-generation-config",
+    help="Also set temperature = T in MODEL/generation_config.json (--lm).")]
+OodText = Annotated[Optional[list[str]], typer.Option(
+    "--ood-text", metavar="FILE", help="Out-of-distribution texts for --lm (.txt or .jsonl); repeatable."), INPUTS]
 
 # -- what to compute ------------------------------------------------------------------------
 Tau = Annotated[Optional[list[str]], typer.Option(
-    "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable."),
+    "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.",
+    rich_help_panel="Temperatures"),
     ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
-Bins = Annotated[int, typer.Option("--bins", min=1, max=MAX_BINS, help="Number of equal-width bins for ECE/MCE.")]
-Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and of the bootstrap resamples (>= 0)."),
+Bins = Annotated[int, typer.Option("--bins", min=1, max=MAX_BINS, help="Number of equal-width bins for ECE/MCE.",
+                                   rich_help_panel="Metrics")]
+Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and the bootstrap (>= 0).",
+                                   rich_help_panel="Fit"),
                  NON_NEGATIVE]
 Estimators = Annotated[Optional[str], typer.Option(
     "--estimators", metavar="NAMES", help="More estimators, comma-separated or 'all': ece_equal_mass, ece_classwise, "
-    "rms_ce, l2_ce_debiased.")]
+    "rms_ce, l2_ce_debiased.", rich_help_panel="Metrics")]
 Bootstrap = Annotated[int, typer.Option(
-    "--bootstrap", metavar="N", min=0, max=MAX_RESAMPLES,
+    "--bootstrap", metavar="N", min=0, max=MAX_RESAMPLES, rich_help_panel="Metrics",
     help="95% percentile intervals for ECE and NLL from N seeded resamples.")]
 
 # -- tempcal ood ------------------------------------------------------------------------------
 Score = Annotated[str, typer.Option(
-    "--score", metavar="NAMES", help="msp (max softmax), energy (tau * logsumexp(logits / tau)), maxlogit "
-    "(max logit / tau), entropy (sum p ln p), gen (generalized entropy); both = msp,energy; all; or a "
-    "comma-separated list.")]
-GenGamma = Annotated[float, typer.Option("--gen-gamma", metavar="G", help="GEN's exponent gamma (> 0)."), POSITIVE]
-GenTop = Annotated[int, typer.Option("--gen-top", metavar="M", min=1,
+    "--score", metavar="NAMES", help="Scores, comma-separated: msp (max softmax), energy (tau * logsumexp(z / "
+    "tau)), maxlogit (max z / tau), entropy (sum p ln p), gen (generalized entropy); both = msp,energy; all.",
+    rich_help_panel="Scores")]
+GenGamma = Annotated[float, typer.Option("--gen-gamma", metavar="G", help="GEN's exponent gamma (> 0).",
+                                         rich_help_panel="Scores"), POSITIVE]
+GenTop = Annotated[int, typer.Option("--gen-top", metavar="M", min=1, rich_help_panel="Scores",
                                      help="GEN sums over the M largest probabilities (all classes when C <= M).")]
 React = Annotated[Optional[float], typer.Option(
     "--react", metavar="P", help="ReAct (with --head): clip hidden-state values at the P-th percentile "
-    "(0 < P <= 100) of SOURCE's values before the head; OOD files at the same threshold."), PERCENTILE]
-MinAuroc = Annotated[Optional[float], typer.Option("--min-auroc", metavar="X",
-                                                   help="Exit 3 when any reported row has AUROC below X (0 to 1)."),
+    "(0 < P <= 100) of SOURCE's values before the head; OOD files at the same threshold.",
+    rich_help_panel="Scores"), PERCENTILE]
+MinAuroc = Annotated[Optional[float], typer.Option("--min-auroc", metavar="X", rich_help_panel="Gates",
+                                                   help="Exit 3 if any row's AUROC is below X (0 to 1)."),
                      UNIT]
-MaxFpr95 = Annotated[Optional[float], typer.Option("--max-fpr95", metavar="X",
-                                                   help="Exit 3 when any reported row has FPR95 above X (0 to 1)."),
+MaxFpr95 = Annotated[Optional[float], typer.Option("--max-fpr95", metavar="X", rich_help_panel="Gates",
+                                                   help="Exit 3 if any row's FPR95 is above X (0 to 1)."),
                      UNIT]
 OodBootstrap = Annotated[int, typer.Option(
-    "--bootstrap", metavar="N", min=0, max=MAX_RESAMPLES,
+    "--bootstrap", metavar="N", min=0, max=MAX_RESAMPLES, rich_help_panel="Metrics",
     help="95% percentile intervals for AUROC and FPR95 from N seeded resamples (ID and OOD samples resampled "
     "separately).")]
 
 # -- what to write --------------------------------------------------------------------------
-JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH",
-                                                help="Write the result as JSON to PATH ('-' for standard output)."),
+JsonOut = Annotated[Optional[str], typer.Option("--json", metavar="PATH", rich_help_panel="Output",
+                                                help="The result as JSON to PATH ('-': standard output)."),
                     PathValue(allow_dash=True)]
-Plot = Annotated[Optional[str], typer.Option("--plot", metavar="PATH", help="Draw the result (.png, .svg or .pdf; "
-                                             "needs matplotlib)."), OUTPUT]
-Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", help="Write the result as a Markdown "
-                                                 "section for a model card (the section every run appends to "
-                                                 "$GITHUB_STEP_SUMMARY when that names a file)."), OUTPUT]
-Html = Annotated[Optional[str], typer.Option("--html", metavar="PATH", help="Write a self-contained HTML report "
-                                             "(figures inline, nothing fetched; needs matplotlib)."), OUTPUT]
-Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", "-q", help="Print only warnings, errors and the "
-                                     "configuration file used.")]
+Plot = Annotated[Optional[str], typer.Option("--plot", metavar="PATH", help="Plot the result: .png, .svg or .pdf "
+                                             "(matplotlib).", rich_help_panel="Output"), OUTPUT]
+Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", help="The result as a Markdown section "
+                                                 "for a model card (also appended to $GITHUB_STEP_SUMMARY when "
+                                                 "that names a file).",
+                                                 rich_help_panel="Output"), OUTPUT]
+Html = Annotated[Optional[str], typer.Option("--html", metavar="PATH", help="A self-contained HTML report (figures "
+                                             "inline, nothing fetched; matplotlib).", rich_help_panel="Output"),
+                 OUTPUT]
+Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", "-q", help="Only warnings, errors and the "
+                                     "configuration file.", rich_help_panel="Output")]
 
 # -- the project configuration --------------------------------------------------------------
 ConfigFile = Annotated[Optional[str], typer.Option(
-    "--config", metavar="PATH", help="Read defaults from this file (default: tempcal.toml, or pyproject.toml with a "
-    "tool.tempcal table, in this folder or the nearest parent that has one)."), NOT_CONFIGURABLE]
-NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configuration file."), NOT_CONFIGURABLE]
+    "--config", metavar="PATH", help="Defaults from PATH (default: the nearest tempcal.toml, or pyproject.toml with "
+    "[tool.tempcal], from here up).", rich_help_panel="Configuration"), NOT_CONFIGURABLE]
+NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configuration file.",
+                                        rich_help_panel="Configuration"), NOT_CONFIGURABLE]
 
 
 def source_options(values: dict[str, Any], **overrides: Any) -> Any:
@@ -258,15 +320,20 @@ __all__ = [
     "PERCENTILE",
     "POSITIVE",
     "UNIT",
+    "BatchTokens",
     "Bins",
     "Bootstrap",
     "ChunkRows",
     "ConfigFile",
     "Device",
+    "DeviceMap",
     "Estimators",
     "EvalFile",
+    "Folds",
     "GenGamma",
     "GenTop",
+    "GroupBy",
+    "GroupPrior",
     "Head",
     "HeadBiasKey",
     "HeadWeightKey",
@@ -277,32 +344,41 @@ __all__ = [
     "InputsKey",
     "JsonOut",
     "LabelsKey",
+    "Lm",
     "LmEvalNorm",
     "LmEvalNormOpt",
     "LogitsKey",
     "Markdown",
     "MaxEce",
     "MaxFpr95",
+    "MaxLength",
     "MinAuroc",
     "NoConfig",
     "NoWrite",
     "Objective",
     "ObjectiveOpt",
     "OodBootstrap",
+    "OodText",
+    "OptionalSource",
     "OutputCopy",
     "OutputKey",
     "Plot",
     "Probs",
     "Quiet",
     "React",
+    "SaveHidden",
     "SaveLogits",
     "SaveModel",
     "Score",
     "Seed",
     "Softcap",
     "Source",
+    "SpillDir",
     "Tau",
+    "Text",
+    "TextField",
     "ValFraction",
+    "WriteGenerationConfig",
     "check_lm_eval_norm",
     "choice",
     "configured_tau",

@@ -10,15 +10,19 @@ import typer
 from ..errors import TempcalError
 from ..validation import IGNORE_INDEX, check_taus
 from .config import ConfiguredCommand
+from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
+    BatchTokens,
     Bins,
     Bootstrap,
     ChunkRows,
     ConfigFile,
     Device,
+    DeviceMap,
     Estimators,
+    GroupBy,
     Head,
     HeadBiasKey,
     HeadWeightKey,
@@ -29,20 +33,26 @@ from .options import (
     InputsKey,
     JsonOut,
     LabelsKey,
+    Lm,
     LmEvalNorm,
     LmEvalNormOpt,
     LogitsKey,
     Markdown,
+    MaxLength,
     NoConfig,
+    OptionalSource,
     OutputKey,
     Plot,
     Probs,
     Quiet,
+    SaveHidden,
     SaveLogits,
     Seed,
     Softcap,
-    Source,
+    SpillDir,
     Tau,
+    Text,
+    TextField,
     check_lm_eval_norm,
     is_model_source,
     parse_estimators,
@@ -72,7 +82,7 @@ def parse_sweep(text: str) -> list[float]:
 @app.command(cls=ConfiguredCommand)
 def report(
     ctx: typer.Context,
-    source: Source,
+    source: OptionalSource = None,
     tau: Tau = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
                                                  help="COUNT log-spaced temperatures from START to STOP.")] = None,
@@ -96,31 +106,40 @@ def report(
     estimators: Estimators = None,
     bootstrap: Bootstrap = 0,
     seed: Seed = 0,
+    group_by: GroupBy = None,
     inputs: Inputs = None,
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
     output_key: OutputKey = None,
     save_logits: SaveLogits = None,
+    lm: Lm = None,
+    text: Text = None,
+    text_field: TextField = "text",
+    max_length: MaxLength = None,
+    batch_tokens: BatchTokens = None,
+    device_map: DeviceMap = None,
+    save_hidden: SaveHidden = None,
+    spill_dir: SpillDir = None,
     quiet: Quiet = False,
     config: ConfigFile = None,
     no_config: NoConfig = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures.
 
-    Without --tau: the T stored with SOURCE, else 1.
+    Without --tau: the T stored with SOURCE (with --lm: MODEL/tempcal.json's), else 1.
     """
+    source = lm_source(ctx, source, values=locals())
     taus: list[float | str] = list(tau or [])
     check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(sweep) if sweep else []
     is_model = is_model_source(source, inputs, {"--save-logits": save_logits, "--output-key": output_key})
     check_lm_eval_norm(source, lm_eval_norm)
     check_paths(ctx, {"--json": json_out, "--plot": plot, "--html": html, "--markdown": markdown,
-                      "--save-logits": save_logits},
+                      "--save-logits": save_logits, **lm_outputs(lm, record=False, save_hidden=save_hidden)},
                 {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..core.limits import check_fits
     from ..output.console import print_report
-    from ..output.files import write_report_files
     from ..output.markdown import report_markdown
     from ..workflows.report import report_file
 
@@ -130,17 +149,25 @@ def report(
     device = start(device)
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,
-                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, options=options)
+                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, group_by=group_by,
+                         options=options)
 
-    def write() -> list[str]:
-        lines = []
-        if is_model and save_logits:
-            from ..models.save import save_logits as write_logits
+    values = locals()
+    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, values),
+            render=lambda out: print_report(result, out),
+            payload=lambda: {**result.to_json(), **lm_json(result.opened, lm)}, summary=lambda: report_markdown(result),
+            json_out=json_out, quiet=quiet, html=html)
 
-            kept = write_logits(result.opened.data, save_logits, temperature=result.stored_temperature)
-            lines.append(f"wrote the logits to {kept}")
-        return lines + write_report_files(result, plot=plot, markdown=markdown)
 
-    deliver(ctx, warnings=result.warnings, write=write, payload=result.to_json,
-            render=lambda out: print_report(result, out), summary=lambda: report_markdown(result), json_out=json_out,
-            quiet=quiet, html=html)
+
+def _write(result, values: dict) -> list[str]:
+    """The files asked for (--save-hidden, --save-logits, --plot, --markdown); the lines saying so."""
+    from ..output.files import write_report_files
+
+    lines = kept_hidden(result.opened, values["save_hidden"])
+    if values["is_model"] and values["save_logits"]:
+        from ..models.save import save_logits as write_logits
+
+        kept = write_logits(result.opened.data, values["save_logits"], temperature=result.stored_temperature)
+        lines.append(f"wrote the logits to {kept}")
+    return lines + write_report_files(result, plot=values["plot"], markdown=values["markdown"])

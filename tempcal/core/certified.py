@@ -34,6 +34,10 @@ The NLL is convex in ``beta`` and every pass returns its first four derivatives 
   The fit stops when ``E <= tol * (beta + t)``, or when two passes bracket the optimum that
   tightly; otherwise it takes another pass. The bound covers the truncation of the model,
   not float rounding in a pass (float32 chunks with float64 sums).
+
+A :class:`Prior` adds ``w (ln beta - ln beta_0)^2`` to the mean NLL (a per-group fit drawn toward the
+global T: ``ln T - ln T_0 = -(ln beta - ln beta_0)``); its derivatives are exact and its own 4th and 5th
+derivatives are bounded along the step like the NLL's, so the same search and certificate apply.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +66,33 @@ Evaluator = Callable[[float], NllDerivatives]
 
 
 @dataclass(frozen=True)
+class Prior:
+    """The penalty ``weight * u^2`` with ``u = ln beta - ln centre``, added to the mean NLL.
+
+    With ``lam`` the penalty on a sum over ``n`` rows, ``weight = lam / n``. Its derivatives in beta:
+    ``2w u / b``, ``2w (1 - u) / b^2``, ``2w (2u - 3) / b^3``, ``2w (11 - 6u) / b^4``, ``2w (24u - 50) / b^5``.
+    """
+
+    weight: float
+    centre: float  # the prior's beta (1 / T_0)
+
+    def add(self, s: NllDerivatives) -> NllDerivatives:
+        """The penalised objective's point at ``s.beta`` (the NLL's bound terms ``q``, ``q5`` kept as they are)."""
+        b, w = s.beta, self.weight
+        u = math.log(b / self.centre)
+        return NllDerivatives(b, s.nll + w * u * u, s.d1 + 2 * w * u / b, s.d2 + 2 * w * (1 - u) / b ** 2,
+                              s.d3 + 2 * w * (2 * u - 3) / b ** 3, s.d4 + 2 * w * (11 - 6 * u) / b ** 4, s.q, s.q5)
+
+    def bounds(self, beta: float, r: float) -> tuple[float, float]:
+        """Bounds on the penalty's ``|4th|`` and ``|5th|`` derivatives within ``r`` of ``beta`` (``r < beta``)."""
+        low = beta - r
+        if not low > 0:
+            return math.inf, math.inf
+        u = abs(math.log(beta / self.centre)) + math.log(beta / low)
+        return (2 * self.weight * (11 + 6 * u) / low ** 4, 2 * self.weight * (50 + 24 * u) / low ** 5)
+
+
+@dataclass(frozen=True)
 class FitStart:
     """What the validating scan hands to the fit (all-reduced over ranks)."""
 
@@ -70,6 +102,9 @@ class FitStart:
     grid: tuple[NllDerivatives, ...] = ()  # estimates on a row sample at fixed betas, ascending
     exact_grid: bool = False  # the sample is every row: grid points are exact passes
     reference_beta: float = 1.0  # a scale-aware start when there is no grid
+    #: Every fitting row (a :class:`~tempcal.core.fit_start.ChunkRows`), when the validating scan held them all in
+    #: one chunk: fits on subsets of them need no read.
+    rows: Any = field(default=None, compare=False, repr=False)
 
 
 @dataclass
@@ -87,13 +122,13 @@ class CertifiedFit:
 
 
 def certified_fit(start: FitStart, evaluate: Evaluator, *, tol: float = TOL, max_passes: int = MAX_PASSES,
-                  passes: int = 1) -> CertifiedFit:
+                  passes: int = 1, prior: Prior | None = None) -> CertifiedFit:
     """Minimise the mean NLL over beta from the scan's ``start``, one pass per call of ``evaluate``.
 
     ``passes`` reads are already spent (the validating scan); the fit stops at ``max_passes``.
     Degenerate data (every true class on top, or a slope >= 0 at beta = 0) must be handled first.
     """
-    search = _Search(start, tol, passes)
+    search = Search(start, tol, passes, prior)
     if search.points:  # exact points from the scan may settle it without a pass
         done = search.result(max_passes)
         if done is not None and done.converged:
@@ -111,11 +146,14 @@ def certified_fit(start: FitStart, evaluate: Evaluator, *, tol: float = TOL, max
             return done
 
 
-class _Search:
-    """Full-data points (passes, and the grid when it covers every row), their bracket, the best certificate."""
+class Search:
+    """Full-data points (passes, and the grid when it covers every row), their bracket, the best certificate.
 
-    def __init__(self, start: FitStart, tol: float, passes: int):
-        self.info, self.tol = start, tol
+    With a ``prior`` the points kept are the penalised objective's; :meth:`add` takes the NLL's.
+    """
+
+    def __init__(self, start: FitStart, tol: float, passes: int, prior: Prior | None = None):
+        self.info, self.tol, self.prior = start, tol, prior
         self.points: list[NllDerivatives] = []
         self.passes = passes
         self.betas: list[float] = []
@@ -144,7 +182,8 @@ class _Search:
         self.betas.append(s.beta)
         self._add_point(s)
 
-    def _add_point(self, s: NllDerivatives) -> None:
+    def _add_point(self, nll: NllDerivatives) -> None:
+        s = nll if self.prior is None else self.prior.add(nll)
         self.points.append(s)
         if s.d1 < 0:
             self.lo = max(self.lo, s.beta)
@@ -152,10 +191,17 @@ class _Search:
             self.hi = min(self.hi, s.beta)
         else:
             self.lo = self.hi = s.beta
-        estimate, error = certify(s, self.info.span, self.info.num_classes)
+        info = self.info
+        estimate, error = (certify(nll, info.span, info.num_classes) if self.prior is None
+                           else certify(nll, info.span, info.num_classes, self.prior))
         relative = error / estimate if estimate > 0 else math.inf
         if self.best is None or relative < self.best[1]:
             self.best = (estimate, relative, s)
+
+    def estimate(self) -> float:
+        """The best estimate of the optimum so far (inside the bracket)."""
+        assert self.best is not None
+        return min(max(self.best[0], self.lo), self.hi)
 
     def result(self, max_passes: int) -> CertifiedFit | None:
         """The answer when certified, at a T bound, or out of passes; else None."""
@@ -233,8 +279,17 @@ def cubic_step(s: NllDerivatives) -> float:
     """The root of ``P3(t) = d1 + d2 t + d3 t^2/2 + d4 t^3/6`` nearest the Newton step on its side; else Newton."""
     d1, d2, d3, d4 = s.derivatives
     newton = -d1 / d2 if d2 > 0 else math.inf
-    if not math.isfinite(newton):
+    if not math.isfinite(newton) or newton == 0:
         return newton
+    if abs(d3 * newton) <= 0.1 * d2 and abs(d4 * newton * newton) <= 0.1 * d2:
+        # P3' >= 0.6 d2 on |t| <= 2 |newton|: one root there, within 0.11 |newton| of it, the nearest; Newton finds it.
+        t = newton
+        for _ in range(30):
+            step = (d1 + t * (d2 + t * (d3 / 2 + t * d4 / 6))) / (d2 + t * (d3 + t * d4 / 2))
+            t -= step
+            if abs(step) <= 1e-15 * abs(t):
+                break
+        return t
     coefficients = [d4 / 6, d3 / 2, d2, d1]
     while coefficients and coefficients[0] == 0:
         coefficients.pop(0)
@@ -301,34 +356,49 @@ def _factor_limited(beta: float, candidate: float) -> float:
 
 
 # -- the certificate -------------------------------------------------------------------
-def certify(s: NllDerivatives, span: float, num_classes: int) -> tuple[float, float]:
-    """``(beta + t, E)``: the cubic model's root and a bound on its distance to the optimum (inf if none)."""
-    t = cubic_step(s)
+def certify(s: NllDerivatives, span: float, num_classes: int, prior: Prior | None = None) -> tuple[float, float]:
+    """``(beta + t, E)``: the cubic model's root and a bound on its distance to the optimum (inf if none).
+
+    ``s`` is the NLL's point; with a ``prior`` the penalised objective's optimum is certified.
+    """
+    total = s if prior is None else prior.add(s)
+    t = cubic_step(total)
     beta = s.beta
     if not math.isfinite(t) or beta + t <= 0:
         return beta, math.inf
-    residual = _residual(s, t, span, num_classes)
-    curvature = _lower_curvature(s, abs(t), span, num_classes)
+
+    def bounds(r: float) -> tuple[float, float]:
+        s4, s5 = _derivative_bounds(s, r, span, num_classes)
+        if prior is None:
+            return s4, s5
+        p4, p5 = prior.bounds(beta, r)
+        return s4 + p4, s5 + p5
+
+    residual = _residual(total, t, bounds)
+    curvature = _lower_curvature(total, abs(t), bounds)
     if not (curvature > 0 and math.isfinite(residual)):
         return beta + t, math.inf
     guess = 2 * residual / curvature + 1e-300
-    curvature = _lower_curvature(s, abs(t) + guess, span, num_classes)
+    curvature = _lower_curvature(total, abs(t) + guess, bounds)
     error = residual / curvature if curvature > 0 else math.inf
     return beta + t, error if error <= guess else math.inf
 
 
-def _residual(s: NllDerivatives, t: float, span: float, num_classes: int) -> float:
+Bounds = Callable[[float], tuple[float, float]]
+
+
+def _residual(s: NllDerivatives, t: float, bounds: Bounds) -> float:
     """A bound on ``|d1(beta + t)|`` from the Taylor models of order 2 and 3 with bounded remainders."""
     d1, d2, d3, d4 = s.derivatives
     p2 = d1 + d2 * t + d3 * t * t / 2
     p3 = p2 + d4 * t ** 3 / 6
-    s4, s5 = _derivative_bounds(s, abs(t), span, num_classes)
+    s4, s5 = bounds(abs(t))
     return min(abs(p2) + s4 * abs(t) ** 3 / 6, abs(p3) + s5 * t ** 4 / 24)
 
 
-def _lower_curvature(s: NllDerivatives, r: float, span: float, num_classes: int) -> float:
+def _lower_curvature(s: NllDerivatives, r: float, bounds: Bounds) -> float:
     """A lower bound on ``d2`` within ``r`` of ``s.beta`` (<= 0 means none)."""
-    s4, _ = _derivative_bounds(s, r, span, num_classes)
+    s4, _ = bounds(r)
     return s.d2 - abs(s.d3) * r - s4 * r * r / 2
 
 
@@ -348,4 +418,4 @@ def _derivative_bounds(s: NllDerivatives, r: float, span: float, num_classes: in
 
 
 __all__ = ["BETA_MAX", "BETA_MIN", "MAX_PASSES", "TOL", "T_MAX", "T_MIN", "CertifiedFit", "Evaluator", "FitStart",
-           "certified_fit", "certify", "cubic_step", "hermite_root_log", "pade_log_step"]
+           "Prior", "Search", "certified_fit", "certify", "cubic_step", "hermite_root_log", "pade_log_step"]

@@ -1,75 +1,209 @@
 """The temperature that minimises the binned ECE, by a branch-and-bound search with a certified tolerance.
 
-ECE(T) is piecewise smooth in T and jumps where a confidence crosses a bin edge, so a
-local optimiser can stall on a step. The search instead bounds ECE from below on every
-interval [T_a, T_b] between evaluated temperatures and keeps splitting the intervals
-whose bound could still beat the best value found, until none can by more than ``tol``.
+ECE(T) is piecewise smooth in T and jumps where a confidence crosses a bin edge, so a local optimiser can
+stall on a step. The search instead bounds ECE from below on every interval [T_a, T_b] between evaluated
+temperatures and splits the intervals whose bound could still beat the best value found, until none can by
+more than ``tol``.
 
-The bound: every confidence ``conf_i(T)`` (the max softmax) decreases monotonically in T.
-Moving T from one end of the interval changes ECE = sum_b |sum_{i in b} (c_i - conf_i)| / N
-by at most ``D = (1/N) sum_i (|conf_i(T_b) - conf_i(T_a)| + 2 k_i m_i)``, where ``k_i`` is
-the number of bin edges sample i crosses between the ends and ``m_i`` the larger of
-``|c_i - conf_i|`` at the two ends: a change of confidence inside a bin moves one bin's
-sum by that much, and a crossing moves ``c_i - conf_i`` from one bin's sum to another's.
-So ``min ECE on [T_a, T_b] >= max(ECE(T_a), ECE(T_b)) - D``, and once every interval's
-bound is at least ``best - tol``, no temperature in the searched range has an ECE lower
-than the returned one by more than ``tol``. Each round of splits is one pass.
+The bound: every confidence ``conf_i(T)`` (the max softmax) falls monotonically as T grows. Along the way
+from T_a to T, ECE = sum_b |sum_{i in b} (c_i - conf_i)| / N moves by at most the confidence lost,
+``sum_i |conf_i(T) - conf_i(T_a)|``, plus ``2 |c_i - e|`` each time a sample crosses a bin edge ``e`` (the
+crossing moves ``c_i - e`` from one bin's sum to the next). Both are known from the per-bin sums alone,
+because everything is monotone: the confidence lost is the fall of the confidence sum, and the correct
+(and wrong) samples crossing edge ``e_j`` are the fall of the correct (wrong) count above it. So
+``D(a, b) = F(a) - F(b)`` for a potential ``F`` of each temperature's sums, and ``D`` splits exactly
+between the two sides of any inner T: ``ECE(T) >= max(ECE(a) - s, ECE(b) - (D - s))`` for some
+``s in [0, D]``, whose least value is ``(ECE(a) + ECE(b) - D) / 2``. When exactly one crossing lies in the
+interval, ECE on each side of it is within the confidence drift of that side's end, which bounds it by
+about ``min(ECE(a), ECE(b))`` however near it is. Once every interval's bound is at least ``best - tol``,
+no temperature in the searched range has an ECE lower than the returned one by more than ``tol``.
 
-Memory: both terms are sums over rows, so each pass computes, chunk by chunk, the confidences at every
-temperature it needs (the new midpoints and the ends of their intervals) and keeps only per-bin sums and
-one drift per interval (:mod:`tempcal.core.ece_terms`): nothing per row between chunks or passes, and the
-sums all-reduce across processes like every other pass.
+Each temperature is evaluated once, in one pass with all the others of its round (every open interval is
+cut into 2..``MAX_PIECES`` pieces, more the further its bound is from closing, and the most when the
+last cut left its crossings together, as when rows repeat), and only its per-bin
+sums are kept: nothing per row between chunks or passes, and the sums all-reduce across processes.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
+import torch
+
+from .ece_terms import bin_sums
 from .scan import Scan
 
 #: The searched range is T* / SPAN .. T* * SPAN around the NLL optimum T*.
 SPAN = 100.0
-INITIAL_POINTS = 65
+INITIAL_POINTS = 17
+MAX_PIECES = 16
 MAX_ROUNDS = 40
+#: Intervals narrower than this in log T are closed unsplit (two samples crossing edges at the same T).
+MIN_WIDTH = 1e-12
+#: An interval holding more than this share of its parent's crossing drift is cut into ``MAX_PIECES``.
+CLUSTERED = 0.9
+
+#: ``on_pass(passes, open_intervals)``: after each pass of the search, how many passes it has made and how
+#: many intervals are still open (0 once certified).
+PassCallback = Callable[[int, int], None]
 
 
-def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN
-                 ) -> tuple[float, float, bool]:
+@dataclass(frozen=True)
+class _Point:
+    """One temperature's figures, per sample: ECE, the potential ``F`` and the sum of bin indices."""
+
+    ece: float
+    confidence: float  # mean confidence: its fall is the confidence drift
+    crossing: float  # the crossing potential 2/N sum_j (hits above e_j (1 - e_j) + misses above e_j e_j)
+    index_sum: float  # sum of every sample's bin index: its fall counts the edges crossed
+
+
+def _point(sums: torch.Tensor, n: int) -> _Point:
+    """The figures of one temperature from its per-bin ``[count, confidence, correct]`` sums."""
+    count, confidence, hits = sums[0], sums[1], sums[2]
+    bins = count.numel()
+    edges = torch.arange(1, bins, dtype=torch.float64, device=sums.device) / bins  # e_j between bin j and j + 1
+    hits_above = hits.flip(0).cumsum(0).flip(0)[1:]  # correct samples in bins j + 1 and up
+    misses_above = (count - hits).flip(0).cumsum(0).flip(0)[1:]
+    crossing = 2 * float((hits_above * (1 - edges) + misses_above * edges).sum()) / n
+    index_sum = float((count * torch.arange(bins, dtype=torch.float64, device=sums.device)).sum())
+    return _Point(float((hits - confidence).abs().sum()) / n, float(confidence.sum()) / n, crossing, index_sum)
+
+
+def _pair(u: float, v: float, w: float) -> float:
+    """The least ``max(u - s, v - (w - s))`` over ``s in [0, w]``: the bound from two ends sharing a drift ``w``."""
+    return max((u + v - w) / 2, u - w, v - w)
+
+
+def lower_bound(a: _Point, b: _Point, rounding: float) -> float:
+    """A lower bound of the ECE between the temperatures of ``a`` and ``b`` (``a`` the lower)."""
+    drift = max(a.confidence - b.confidence, 0.0) + rounding
+    crossing = max(a.crossing - b.crossing, 0.0)
+    bound = _pair(a.ece, b.ece, drift + crossing)
+    if round(a.index_sum - b.index_sum) == 1:  # one crossing: each side stays near its own end
+        bound = max(bound, min(_pair(a.ece, b.ece - crossing, drift), _pair(a.ece - crossing, b.ece, drift)))
+    return bound
+
+
+def _pieces(a: _Point, b: _Point, best: float, tol: float, rounding: float, max_pieces: int, parent: float) -> int:
+    """How many pieces to cut an open interval into: enough that each piece's drift fits the room its ends
+    leave above ``best - tol``, were the ECE flat (2 to ``max_pieces``); ``max_pieces`` when nearly all the
+    crossings of its ``parent`` interval (their drift) fell in it, as when several rows cross at one T."""
+    crossing = a.crossing - b.crossing
+    if crossing > CLUSTERED * parent and round(a.index_sum - b.index_sum) > 1:
+        return max_pieces
+    drift = a.confidence - b.confidence + crossing + rounding
+    room = a.ece + b.ece - 2 * (best - tol)
+    return max(2, min(max_pieces, math.ceil(drift / max(room, 1e-300))))
+
+
+def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN,
+                 initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
+                 on_pass: PassCallback | None = None, terms: Terms | None = None) -> tuple[float, float, bool]:
     """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
 
-    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each pass evaluates
-    the new midpoints and the bound of every half interval at once, keeping nothing per row.
+    ``terms`` (the shape of :meth:`Scan.ece_terms`) replaces the pass, so that the searches of folds and groups
+    (:class:`EceSearch`, the halving search) ride on this one's reads; only its per-bin sums are used here.
+
+    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each round is one
+    pass over the data, evaluating the new temperatures of every open interval at once.
     """
+    source = bin_sums if terms is None else (lambda _scan, betas, b: terms(list(betas), b)[0].cpu())
     n = max(scan.num_samples, 1)
-    ece: dict[float, float] = {}
-    drift: dict[tuple[float, float], float] = {}
+    rounding = 16 * torch.finfo(scan.compute_dtype).eps  # a few ulps of confidence per row, as drift
+    points: dict[float, _Point] = {}
 
     def evaluate(thetas: list[float]) -> None:
-        """The ECE at each of the sorted ``thetas`` and the drift between each two neighbours, in one pass."""
-        per_bin, between = scan.ece_terms([math.exp(-t) for t in thetas], bins)
-        for theta, sums in zip(thetas, per_bin, strict=True):
-            ece[theta] = float((sums[2] - sums[1]).abs().sum()) / n
-        for pair, value in zip(itertools.pairwise(thetas), between.tolist(), strict=True):
-            drift[pair] = value / n
-
-    def lower_bound(a: float, b: float) -> float:
-        return max(ece[a], ece[b]) - drift[a, b]
+        for theta, sums in zip(thetas, source(scan, [math.exp(-t) for t in thetas], bins), strict=True):
+            points[theta] = _point(sums, n)
 
     low, high = math.log(centre / span), math.log(centre * span)
-    grid = [low + (high - low) * k / (INITIAL_POINTS - 1) for k in range(INITIAL_POINTS)]
+    grid = [low + (high - low) * k / (initial_points - 1) for k in range(initial_points)]
     evaluate(grid)
-    open_intervals = list(itertools.pairwise(grid))
-    certified = False
-    for _ in range(MAX_ROUNDS):
-        best = min(ece.values())
-        open_intervals = [(a, b) for a, b in open_intervals if lower_bound(a, b) < best - tol and b - a > 1e-12]
-        drift.clear()  # every bound still needed is recomputed with its halves
-        if not open_intervals:
-            certified = True
+    open_intervals = [(a, b, math.inf) for a, b in itertools.pairwise(grid)]  # with the parent's crossing drift
+    for passes in itertools.count(1):
+        best = min(p.ece for p in points.values())
+        open_intervals = [(a, b, parent) for a, b, parent in open_intervals if b - a > MIN_WIDTH
+                          and lower_bound(points[a], points[b], rounding) < best - tol]
+        if on_pass is not None:
+            on_pass(passes, len(open_intervals))
+        if not open_intervals or passes > MAX_ROUNDS:
             break
-        middles = [(a + b) / 2 for a, b in open_intervals]
-        evaluate(sorted({t for (a, b), m in zip(open_intervals, middles, strict=True) for t in (a, m, b)}))
-        open_intervals = [half for (a, b), m in zip(open_intervals, middles, strict=True) for half in ((a, m), (m, b))]
-    best_theta = min(ece, key=lambda t: ece[t])
-    return math.exp(best_theta), ece[best_theta], certified
+        cuts = [_pieces(points[a], points[b], best, tol, rounding, max_pieces, parent)
+                for a, b, parent in open_intervals]
+        inner = [[a + (b - a) * k / m for k in range(1, m)] for (a, b, _), m in zip(open_intervals, cuts, strict=True)]
+        evaluate(sorted(t for ts in inner for t in ts))
+        open_intervals = [(*piece, points[a].crossing - points[b].crossing)
+                          for (a, b, _), ts in zip(open_intervals, inner, strict=True)
+                          for piece in itertools.pairwise([a, *ts, b])]
+    theta = min(points, key=lambda t: points[t].ece)
+    return math.exp(theta), points[theta].ece, not open_intervals
+
+
+#: The shared searches (folds, groups) start from this many points and halve their open intervals.
+SHARED_INITIAL_POINTS = 65
+Terms = Callable[[list[float], int], tuple[torch.Tensor, torch.Tensor]]
+
+
+class EceSearch:
+    """One branch-and-bound search, a round at a time: :attr:`wanted` the sorted log-temperatures to evaluate
+    next (empty once done), :meth:`take` their ECE and the drift between each two neighbours.
+
+    A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
+    toward a global T); the bound on an interval adds the penalty's minimum over it.
+    """
+
+    def __init__(self, centre: float, *, tol: float = 1e-4, span: float = SPAN,
+                 penalty: tuple[float, float] | None = None):
+        self.tol, self.penalty = tol, penalty
+        low, high = math.log(centre / span), math.log(centre * span)
+        self.wanted = [low + (high - low) * k / (SHARED_INITIAL_POINTS - 1) for k in range(SHARED_INITIAL_POINTS)]
+        self.ece: dict[float, float] = {}
+        self.drift: dict[tuple[float, float], float] = {}
+        self.open_intervals = list(itertools.pairwise(self.wanted))
+        self.rounds = 0
+        self.certified = False
+
+    def value(self, theta: float) -> float:
+        """The searched objective at an evaluated ``theta``: the ECE, plus the penalty."""
+        return self.ece[theta] + self._penalty(theta, theta)
+
+    def _penalty(self, a: float, b: float) -> float:
+        """The penalty's minimum on ``[a, b]`` (0 without one)."""
+        if self.penalty is None:
+            return 0.0
+        weight, centre = self.penalty
+        nearest = min(max(centre, a), b)
+        return weight * (nearest - centre) ** 2
+
+    def take(self, ece: list[float], drift: list[float]) -> None:
+        """The ECE at each of :attr:`wanted` and the drift between each two neighbours; then the next round."""
+        thetas = self.wanted
+        self.ece.update(zip(thetas, ece, strict=True))
+        self.drift.update(zip(itertools.pairwise(thetas), drift, strict=True))
+        self.wanted = []
+        if self.rounds >= MAX_ROUNDS:
+            return
+        self.rounds += 1
+        best = min(self.value(t) for t in self.ece)
+        self.open_intervals = [(a, b) for a, b in self.open_intervals
+                               if self._lower_bound(a, b) < best - self.tol and b - a > 1e-12]
+        self.drift.clear()  # every bound still needed is recomputed with its halves
+        if not self.open_intervals:
+            self.certified = True
+            return
+        middles = [(a + b) / 2 for a, b in self.open_intervals]
+        self.wanted = sorted({t for (a, b), m in zip(self.open_intervals, middles, strict=True) for t in (a, m, b)})
+        self.open_intervals = [half for (a, b), m in zip(self.open_intervals, middles, strict=True)
+                               for half in ((a, m), (m, b))]
+
+    def _lower_bound(self, a: float, b: float) -> float:
+        return max(self.ece[a], self.ece[b]) - self.drift[a, b] + self._penalty(a, b)
+
+    def result(self) -> tuple[float, float, bool]:
+        """``(T, ECE, certified)`` at the best evaluated temperature."""
+        best_theta = min(self.ece, key=self.value)
+        return math.exp(best_theta), self.ece[best_theta], self.certified

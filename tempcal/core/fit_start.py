@@ -116,6 +116,7 @@ class StartScan:
         self.cross = torch.zeros(GRID_POINTS, 3, dtype=f64, device=device)
         self.control_sums = torch.zeros(2, dtype=f64, device=device)  # over every fitting row
         self.span = torch.zeros((), dtype=f64, device=device)
+        self.resident: ChunkRows | None = None  # every fitting row, when the first chunk held them all
         self._buffer: list[tuple[ChunkRows, torch.Tensor]] = []
         self._buffered = 0
 
@@ -204,6 +205,8 @@ class StartScan:
             return points[-1]
 
         result = certified_fit(start, evaluate, tol=TOL if everything else CHUNK_TOL, max_passes=CHUNK_PASSES)
+        if everything:
+            self.resident = rows  # every fitting row is in memory: subset fits evaluate them without a read
         if result.bound is None and (result.converged or everything):
             if everything:
                 self.exact_points = sorted(points, key=lambda p: p.beta)
@@ -260,16 +263,17 @@ class StartScan:
         span = float(all_reduce(self.span.reshape(1).clone(), "max")[0])
         rows = self.total_rows
         if self.exact_points:
-            return FitStart(rows, self.num_classes, span, tuple(self.exact_points), True, self.reference_beta)
+            return FitStart(rows, self.num_classes, span, tuple(self.exact_points), True, self.reference_beta,
+                            self.resident)
         grid_sums, cross = grid_sums.view(GRID_POINTS, len(FIELDS)), cross.view(GRID_POINTS, 3)
         grid = [NllDerivatives.from_sums(beta, grid_sums[k]) for k, beta in enumerate(self.betas)]
         exact = self.rates == (1.0, 1.0)
         if not grid or float(moments[0]) <= 0 or rows <= 0:
-            return FitStart(rows, self.num_classes, span, reference_beta=self.reference_beta)
+            return FitStart(rows, self.num_classes, span, reference_beta=self.reference_beta, rows=self.resident)
         if not exact:
             d1 = regression_estimates(moments, cross, control_sums / rows)
             grid = [dataclasses.replace(g, d1=float(v)) for g, v in zip(grid, d1.tolist(), strict=True)]
-        return FitStart(rows, self.num_classes, span, tuple(grid), exact, self.reference_beta)
+        return FitStart(rows, self.num_classes, span, tuple(grid), exact, self.reference_beta, self.resident)
 
 
 def rank_offset(num_rows: int, device: torch.device) -> int:

@@ -27,6 +27,7 @@ import contextlib
 import math
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -34,9 +35,12 @@ from ..errors import DataError
 from ..metrics.calibration import DEFAULT_BINS
 from ..validation import probabilities_refused
 from . import certified
-from .certified import T_MAX, T_MIN, FitStart, certified_fit
+from .certified import T_MAX, T_MIN, Evaluator, FitStart, certified_fit
 from .data import as_logits_data
 from .scan import ALL_ROWS, Scan
+
+if TYPE_CHECKING:
+    from .ece_fit import PassCallback
 
 #: Tolerance on log T of the L-BFGS fallback: float32 arithmetic resolves beta = 1/T to about 6e-8.
 XTOL = {torch.float32: 1e-7, torch.float64: 1e-10}
@@ -59,12 +63,19 @@ class FitResult:
     warnings: list[str] = field(default_factory=list)
     error_bound: float | None = None  # certified bound on |T - T*| / T* (None: not certified by the bound)
     method: str = "certified"  # "certified" (high-order steps), "l-bfgs" (the fallback), "bound" (degenerate data)
+    #: ``groups=``: each group's T (drawn toward ``temperature`` by ``group_prior``), keyed by its group value.
+    group_temperatures: dict[Any, float] | None = None
+    #: ``folds=K``: T on the rows outside each fold, and each row's fold.
+    fold_temperatures: list[float] | None = None
+    folds: Any = field(default=None, repr=False)
 
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
-                    probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES
-                    ) -> FitResult:
+                    probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES,
+                    groups: Any = None, group_prior: float | None = None, folds: int | None = None, seed: int = 0,
+                    evaluate: Evaluator | None = None, ece_terms: Any = None,
+                    on_pass: PassCallback | None = None) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
     ``probs=True``: ``logits`` holds probabilities (rows summing to 1), and T is fitted on log(p);
@@ -79,21 +90,37 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     ``fit_rows`` (the split's fitting rows, then ``select``ed), it carries the fit's start.
     ``xtol`` is the relative tolerance on T (default ``certified.TOL``, 1e-7); ``max_passes``
     caps the reads, the validating scan included.
+
+    ``groups`` (one value per row: integers, strings, any sortable values) also fits each group's T, drawn
+    toward the global T by ``group_prior`` (``lam * (ln T - ln T_global)^2`` added to the group's NLL sum; 0:
+    independent fits; default :data:`tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`): ``group_temperatures``.
+    ``folds`` (K, seeded by ``seed``) also fits T on the rows outside each of K class-stratified folds:
+    ``fold_temperatures``. Both share the global fit's reads.
+
+    ``evaluate`` replaces the scan's pass at one beta (for
+    fits that ride on this one's reads: :mod:`tempcal.core.shared_fits`); ``ece_terms`` the ECE search's pass.
     """
+    kept = None
     if isinstance(logits, Scan):
         scan = logits
     else:
-        scan = Scan(as_logits_data(logits, labels, probs=probs), device=device, chunk_rows=chunk_rows,
-                    fit_rows=ALL_ROWS)
+        data = as_logits_data(logits, labels, probs=probs)
+        kept = data.index
+        scan = Scan(data, device=device, chunk_rows=chunk_rows, fit_rows=ALL_ROWS)
         if probs is None and scan.looks_like_probabilities:
             raise probabilities_refused("the logits")
+    if groups is not None or folds is not None:
+        from .subsets import fit_subsets_api
+
+        return fit_subsets_api(scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
+                               objective=objective, bins=bins)
     start_passes = scan.passes
     if scan.num_samples < 2:
         raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")
     if objective == "nll":
-        result = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
+        result = _fit_nll(scan, xtol=xtol, max_passes=max_passes, evaluate=evaluate)
     elif objective == "ece":
-        result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes)
+        result = _fit_ece(scan, bins=bins, xtol=xtol, max_passes=max_passes, ece_terms=ece_terms, on_pass=on_pass)
     else:
         raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
     if scan.distinct_labels() == 1:
@@ -104,8 +131,10 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     return result
 
 
-def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
+def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int, evaluate: Evaluator | None = None) -> FitResult:
+    """The NLL fit; ``evaluate`` (default: ``scan.objective``) is the pass at one beta, which other fits may ride."""
     n = scan.num_samples
+    evaluate = evaluate or scan.objective
     if scan.all_top():
         return _no_class_above_the_true_one(scan)
     if scan.slope_at_infinity() >= 0:
@@ -114,7 +143,7 @@ def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
     start = scan.fit_start
     if start is None:  # a scan made without fit_rows: no grid, the scale-aware start (more reads)
         start = FitStart(n, scan.num_classes, reference_beta=scan.initial_beta())
-    fit = certified_fit(start, scan.objective, tol=certified.TOL if xtol is None else xtol,
+    fit = certified_fit(start, evaluate, tol=certified.TOL if xtol is None else xtol,
                         max_passes=min(max_passes, certified.MAX_PASSES))
     if fit.converged:
         return FitResult(1.0 / fit.beta, "nll", n, 0, True, fit.nll, fit.bound, fit.warnings,
@@ -122,14 +151,15 @@ def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int) -> FitResult:
                          method="certified")
     # Not certified within its budget: L-BFGS takes over from the best estimate, with the reads left.
     result = _fit_lbfgs(scan, beta0=fit.beta, xtol=XTOL[scan.compute_dtype] if xtol is None else xtol,
-                        max_passes=max_passes)
+                        max_passes=max_passes, evaluate=evaluate)
     result.warnings[:0] = [w for w in fit.warnings if w not in result.warnings]
     return result
 
 
-def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int) -> FitResult:
+def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int, evaluate: Evaluator | None = None
+               ) -> FitResult:
     """The first method: L-BFGS over log T from ``beta0``, closed by regula falsi on the slope."""
-    search = _SlopeSearch(scan, xtol)
+    search = _SlopeSearch(scan, xtol, evaluate)
     theta0 = min(max(-math.log(beta0), math.log(T_MIN)), math.log(T_MAX))
     sums0, beta0 = search.evaluate(theta0)
     hessian = beta0 * beta0 * sums0.curvature + beta0 * sums0.grad  # d2 NLL / d theta2
@@ -193,8 +223,9 @@ class _SlopeSearch:
     precision is reached.
     """
 
-    def __init__(self, scan: Scan, xtol: float):
+    def __init__(self, scan: Scan, xtol: float, evaluate: Evaluator | None = None):
         self.scan, self.xtol = scan, xtol
+        self.objective = evaluate or scan.objective
         self.points: list[tuple[float, float, float]] = []
         self.seen: dict[float, tuple[float, float, float]] = {}
         self._last_side = 0
@@ -224,7 +255,7 @@ class _SlopeSearch:
     def evaluate(self, theta: float, curvature: bool = False):
         effective, beta = self.effective_theta(theta)
         self._stalled = effective in self.seen
-        sums = self.scan.objective(beta, curvature=curvature)
+        sums = self.objective(beta)
         point = (effective, sums.nll, -beta * sums.grad)
         side = -1 if point[2] < 0 else 1
         # Illinois rule for the regula falsi below: when one end moves twice, halve the other's slope.
@@ -336,12 +367,15 @@ def _clamp(result: FitResult) -> FitResult:
     return result
 
 
-def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int) -> FitResult:
-    """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum."""
+def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int, ece_terms: Any = None,
+             on_pass: PassCallback | None = None) -> FitResult:
+    """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum.
+
+    ``ece_terms`` replaces the search's pass (for searches that ride on this one's reads)."""
     from .ece_fit import minimise_ece
 
     anchor = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
-    temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins)
+    temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins, terms=ece_terms, on_pass=on_pass)
     nll = scan.objective(1.0 / temperature).nll
     warnings = list(anchor.warnings)
     if not searched:

@@ -12,11 +12,13 @@ import hashlib
 import json
 import os
 import shutil
+import stat as stat_module
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import TempcalError, param
+from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
 from .atomic import write_atomic
 from .paths import check_target
@@ -55,8 +57,38 @@ def read_sidecar(path: str | os.PathLike) -> tuple[dict[str, str], list[str]]:
     if record["size"] == stat.st_size and (record["mtime_ns"] == stat.st_mtime_ns
                                            or record["sha256"] == file_sha256(path)):
         return dict(record["metadata"]), []
-    return {}, [f"{side}: was written for a different {path.name} (the file changed since); its stored "
-                "temperature is ignored (run tempcal fit again)"]
+    return {}, [StoredNote(f"{side}: was written for a different {path.name} (the file changed since); its stored "
+                           "temperature is ignored (run tempcal fit again)")]
+
+
+@dataclass(frozen=True)
+class SidecarState:
+    """What a file's sidecar holds: ``state`` is "none" (no sidecar), "fresh" (written for this version of the file),
+    "stale" (for another version: its T is ignored) or "broken" (not a readable sidecar); ``metadata`` is what it
+    records even when stale, ``detail`` why it is stale or broken."""
+
+    path: Path
+    state: str
+    metadata: dict[str, str]
+    detail: str | None = None
+
+
+def sidecar_state(path: str | os.PathLike) -> SidecarState:
+    """The state of ``path``'s sidecar, never raising for a stale or broken one (``tempcal inspect`` shows it)."""
+    path = Path(path)
+    side = sidecar_path(path)
+    if not side.exists() and not side.is_symlink():
+        return SidecarState(side, "none", {})
+    try:
+        check_target(side, str(side))
+        record = _read_record(side)
+        metadata, notes = read_sidecar(path)
+    except TempcalError as exc:
+        return SidecarState(side, "broken", {}, str(exc))
+    if notes:
+        return SidecarState(side, "stale", dict(record["metadata"]), "it was written for a different version of "
+                            f"{path.name} (size or contents changed since)")
+    return SidecarState(side, "fresh", metadata)
 
 
 def sidecar_temperature(path: str | os.PathLike) -> tuple[float | None, list[str]]:
@@ -67,13 +99,40 @@ def sidecar_temperature(path: str | os.PathLike) -> tuple[float | None, list[str
     return stored_temperature(metadata.get(TEMPERATURE_KEY), f"{sidecar_path(path)}:"), notes
 
 
+#: A sidecar holds a few keys: anything larger is not one of tempcal's.
+MAX_SIDECAR_BYTES = 1 << 20
+
+
+def _read_small(side: Path) -> bytes:
+    """The sidecar's bytes: a regular file (never a FIFO or device, opened without blocking) of at most
+    :data:`MAX_SIDECAR_BYTES`."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(side, flags)
+    try:
+        info = os.fstat(fd)
+        if not stat_module.S_ISREG(info.st_mode):
+            raise TempcalError(f"{side}: not a regular file, so not a tempcal sidecar; remove it")
+        if info.st_size > MAX_SIDECAR_BYTES:
+            raise TempcalError(f"{side}: {info.st_size} bytes, more than a tempcal sidecar holds "
+                               f"({MAX_SIDECAR_BYTES}); fix or delete it")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(MAX_SIDECAR_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
 def _read_record(side: Path) -> dict[str, Any]:
     try:
-        record = json.loads(side.read_text(encoding="utf-8"))
+        record = json.loads(_read_small(side).decode("utf-8"))
     except OSError as exc:
         raise TempcalError(f"{side}: cannot read ({exc.strerror or exc})") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise TempcalError(f"{side}: not a tempcal sidecar (not UTF-8 JSON); fix or delete it") from None
+    except TempcalError:
+        raise
+    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; nesting deeper than Python's stack
+        why = "nested too deeply" if isinstance(exc, RecursionError) else "a number too long to read"
+        raise TempcalError(f"{side}: not a tempcal sidecar ({why}); fix or delete it") from None
     ok = (isinstance(record, dict) and isinstance(record.get("metadata"), dict)
           and all(isinstance(k, str) and isinstance(v, str) for k, v in record["metadata"].items())
           and all(isinstance(record.get(k), int) and not isinstance(record.get(k), bool) for k in ("size", "mtime_ns"))
@@ -169,5 +228,5 @@ def _current_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-__all__ = ["SIDECAR_SUFFIX", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_temperature", "updated_metadata",
-           "write_sidecar", "write_sidecar_copy"]
+__all__ = ["SIDECAR_SUFFIX", "SidecarState", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_state",
+           "sidecar_temperature", "updated_metadata", "write_sidecar", "write_sidecar_copy"]

@@ -118,6 +118,14 @@ def _from_folder(folder: Path) -> OutputHead:
     bias = None
     if bias_key in files:
         bias = read_tensor(read_header(checkpoint_file(folder, files[bias_key])), bias_key, option="bias")
+    scale, softcap = config_scales(config, config_path)
+    head = OutputHead(weight, bias, scale, softcap, name=f"{folder} ({key})")
+    return _checked(head, "lm_head.bias")
+
+
+def config_scales(config: dict, config_path: Path) -> tuple[float, float | None]:
+    """What a checkpoint's ``config.json`` does to the logits after ``h W^T + b``: the scale (``logit_scale``
+    times, divided by ``logits_scaling``) and the soft cap ``final_logit_softcapping`` (None: no cap)."""
     text_config = config.get("text_config")  # multimodal checkpoints keep the language model's settings here
     settings = {**(text_config if isinstance(text_config, dict) else {}),
                 **{k: v for k, v in config.items() if k != "text_config"}}
@@ -125,9 +133,14 @@ def _from_folder(folder: Path) -> OutputHead:
     divisor = _config_number(settings, "logits_scaling", config_path)
     if divisor:
         scale /= divisor
-    softcap = _config_number(settings, "final_logit_softcapping", config_path)
-    head = OutputHead(weight, bias, scale, softcap, name=f"{folder} ({key})")
-    return _checked(head, "lm_head.bias")
+    return scale, _config_number(settings, "final_logit_softcapping", config_path)
+
+
+def checked_head(head: OutputHead, bias_name: str = "bias") -> OutputHead:
+    """``head`` after the checks every head passes: its shapes, and finite weight, bias and scale."""
+    _checked(head, bias_name)
+    _check_finite(head)
+    return head
 
 
 def _weight_files(folder: Path) -> dict[str, str]:
@@ -198,4 +211,4 @@ def _check_finite(head: OutputHead) -> None:
         raise DataError(f"{head.name}: the logit scale is not finite")
 
 
-__all__ = ["OutputHead", "load_head", "no_tf32"]
+__all__ = ["OutputHead", "checked_head", "config_scales", "load_head", "no_tf32"]

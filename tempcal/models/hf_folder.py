@@ -133,6 +133,16 @@ def checkpoint_file(folder: Path, name: str) -> Path:
     return path
 
 
+def check_model_folder(folder: Path, option: str) -> None:
+    """``folder`` names an existing folder (a model saved locally), else one line naming ``option`` and the folder."""
+    if not folder.exists():
+        raise TempcalError(f"{option} {folder}: no such folder (tempcal runs a model saved in a local folder; "
+                           "download it first, e.g. with huggingface-cli download)")
+    if not folder.is_dir():
+        raise TempcalError(f"{option} {folder}: not a folder; MODEL is a Hugging Face model folder (config.json, "
+                           "model.safetensors, the tokenizer's files)")
+
+
 def weight_map(folder: Path) -> dict[str, str] | None:
     """Each tensor of a sharded checkpoint and its shard's file name (checked, not yet opened); None: no index."""
     if not (folder / INDEX_NAME).exists() and not (folder / INDEX_NAME).is_symlink():
@@ -160,4 +170,4 @@ def _plain_name(file: object) -> bool:
 
 
 __all__ = ["CONFIG_NAME", "INDEX_NAME", "MAX_CONFIG_BYTES", "MAX_INDEX_BYTES", "SINGLE_NAME", "cache_blobs",
-           "checkpoint_file", "parse_json", "read_json", "weight_map"]
+           "check_model_folder", "checkpoint_file", "parse_json", "read_json", "weight_map"]

@@ -19,6 +19,7 @@ from ..metrics.detection import ID_RECALL
 from ..workflows.ood import OodReport, score_label
 from . import ood_checks
 from .figures import DISPLAYED_METRICS, min_nll_taus, reads
+from .groups_console import print_fit_groups, print_report_groups
 
 
 @dataclass
@@ -87,7 +88,8 @@ def fit_table(report) -> Table:
                         f"{status})", title_justify="left")
     table.add_column("metric")
     table.add_column("before (T = 1)", justify="right")
-    table.add_column(f"after (T = {report.temperature:.4g})", justify="right")
+    folds = getattr(report, "subsets", None) is not None and report.subsets.folds is not None
+    table.add_column("after (out of fold)" if folds else f"after (T = {report.temperature:.4g})", justify="right")
     table.add_column("change", justify="right")
     for key, label, _ in (*DISPLAYED_METRICS, *FIT_DETAIL):
         a, b = getattr(report.before, key), getattr(report.after, key)
@@ -144,8 +146,10 @@ def _bin_cells(b) -> list:
 
 def fit_header(report) -> str:
     """What was fitted on what: SOURCE, classes, sizes and how the samples were split."""
+    folds = report.subsets.folds if getattr(report, "subsets", None) is not None else None
     sizes = (f"fitted on {report.n_fit} samples, evaluated on {report.n_eval}"
-             + (f" from {report.eval_source}" if report.eval_source else
+             + (f" out of fold ({folds['k']}-fold cross-fitting, seed {report.seed})" if folds else
+                f" from {report.eval_source}" if report.eval_source else
                 f" (stratified split, val-fraction {report.val_fraction:g}, seed {report.seed})"
                 if report.val_fraction not in (None, 1) else " (the same samples)"))
     return f"{report.source}: {report.num_classes} classes; {sizes}"
@@ -160,6 +164,7 @@ def print_fit(report, console: Console) -> None:
         print_tables(console, conformal_tables(console, report))
     if report.extras and any(report.extras):
         print_tables(console, extras_tables(console, [report.before.tau, report.after.tau], report.extras))
+    print_fit_groups(report, console)
 
 
 #: The report table's figures: ``(attribute of CalibrationMetrics, header)``.
@@ -244,6 +249,7 @@ def print_report(result, console: Console) -> None:
         print_tables(console, extras_tables(console, [m.tau for m in result.results], result.extras))
     if len(result.results) == 1:
         console.print(single_reliability_table(result.results[0]))
+    print_report_groups(result, console)
 
 
 # -- tempcal ood ----------------------------------------------------------------------------

@@ -16,7 +16,11 @@ WROTE_PLOT, WROTE_MARKDOWN = "wrote the plot to {}", "wrote the Markdown section
 def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
     """``fit``: reliability diagrams before and after; a model-card section linking to the plot."""
     lines = []
-    if plot:
+    if plot and getattr(report, "subsets", None) is not None and report.subsets.groups:
+        from .group_plots import fit_group_plot
+
+        lines.append(WROTE_PLOT.format(fit_group_plot(report, plot)))
+    elif plot:
         from .plots import reliability_diagram
 
         drawn = reliability_diagram([("before (T = 1)", report.before),
@@ -38,7 +42,11 @@ def write_report_files(result, *, plot: str | None = None, markdown: str | None 
         from .figures import min_nll_taus
         from .plots import reliability_diagram, sweep_plot
 
-        if result.sweep:
+        if getattr(result, "group_rows", None):
+            from .group_plots import report_group_plot
+
+            drawn = report_group_plot(result, plot)
+        elif result.sweep:
             marks: dict[str, float] = {}
             lowest = min_nll_taus(result.results)  # over every row drawn, the stored T's included
             if lowest:

@@ -101,14 +101,17 @@ def _conformal_table(before: dict, after: dict) -> Table | None:
 def _group_sections(groups: Sequence[dict]) -> Section:
     section = Section("groups", f"Groups ({len(groups)})",
                       note="per group: metrics on its evaluation rows at T = 1, at its own T and at the global T")
-    ordered = sorted(groups, key=lambda g: -(g["before"].get("ece") or 0))
+    # a group without evaluation rows has no figures (null blocks)
+    evaluated = [{**g, "before": g.get("before") or {}, "after": g.get("after") or {}} for g in groups]
+    ordered = sorted(evaluated, key=lambda g: -(g["before"].get("ece") or 0))
     section.tables.append(Table(
         header=["group", "n fit", "n eval", "T", "ECE T=1", "ECE group T", "ECE global T", "NLL T=1", "NLL group T"],
         rows=[{"mark": False, "cells": [g["group"], fmt(g.get("n_fit")), fmt(g.get("n_eval")),
                                         fmt(g.get("temperature")), fmt(g["before"].get("ece")),
                                         fmt(g["after"].get("ece")), fmt((g.get("after_global") or {}).get("ece")),
                                         fmt(g["before"].get("nll")), fmt(g["after"].get("nll"))]} for g in ordered]))
-    section.figures.append({"svg": figures.groups(groups), "caption": "ECE per group (largest first)", "narrow": True})
+    drawn = [g for g in evaluated if g["before"] and g["after"]]
+    section.figures.append({"svg": figures.groups(drawn), "caption": "ECE per group (largest first)", "narrow": True})
     return section
 
 
@@ -158,7 +161,7 @@ def _fit_context(data: dict) -> dict:
 
 def _report_context(data: dict) -> dict:
     results = data["results"]
-    best = (data.get("sweep") or {}).get("best_nll_tau")
+    best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))  # over every row shown
     rows = [(fmt(r["tau"]) + (" (stored)" if r.get("stored") else "") + (" (min NLL)" if r["tau"] == best else ""),
              r, bool(r.get("stored")) or r["tau"] == best) for r in results]
     table = Section("metrics", "Calibration at each temperature", tables=[_metrics_table(rows, "tau")])

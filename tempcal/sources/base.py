@@ -55,11 +55,18 @@ class SourceOptions:
     lm_eval_norm: str = "none"
     # ReAct: clip hidden-state values at this percentile of the SOURCE's values before the head (with head only).
     react: float | None = None
+    # A causal language model run over text files (``--lm``): SOURCE is then a text file (.txt or .jsonl).
+    lm: str | None = None
+    text_field: str = "text"
+    max_length: int | None = None  # tokens per text (None: the model's limit)
+    batch_tokens: int | None = None  # padded tokens per batch (None: by device)
+    device_map: str | None = None  # passed to transformers (a model larger than one GPU)
+    spill_dir: str | None = None  # where hidden states too large for memory go
 
     def __post_init__(self) -> None:
         if self.react is not None:
             check_react(self.react)
-            if self.head is None:
+            if self.head is None and self.lm is None:
                 raise TempcalError(f"{param('react')} clips hidden states before the output head: it needs "
                                    f"{param('head')}")
 
@@ -89,6 +96,8 @@ class OpenedSource:
     stored_problem: TempcalError | None = None
     #: The stored T was fitted on log-probabilities (``tempcal.probs = "true"`` beside it).
     stored_probs: bool = False
+    #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
+    file_rows: list[int] | None = None
 
     @property
     def stored_temperature(self) -> float | None:
@@ -111,14 +120,15 @@ class OpenedSource:
             return other
         return self.kind.open_related(self, other, labels_optional=labels_optional)
 
-    def write_temperature(self, temperature: float, output: str | Path | None = None) -> list[Path]:
-        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`);
-        returns the paths written."""
+    def write_temperature(self, temperature: float, output: str | Path | None = None,
+                          extra: Mapping[str, str | None] | None = None) -> list[Path]:
+        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`) and
+        ``extra`` metadata (None values remove keys: e.g. per-group temperatures); returns the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
-        if not self.kind.remembered:
+        if not self.kind.remembered and not extra:
             return [self.kind.write_temperature(path, temperature, output) for path in self.paths]
-        reading = self.reading()
+        reading = {**self.reading(), **(extra or {})}
         return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
 
     def reading(self) -> dict[str, str | None]:
@@ -129,6 +139,12 @@ class OpenedSource:
             value = getattr(self.options, name)
             values[name] = value if value != default else None
         return {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
+
+    def temperature_place(self) -> str:
+        """Where this SOURCE's T would be stored, for a message saying none is."""
+        if self.paths:
+            return self.kind.temperature_place(self.paths[0])
+        return f"not a calibrated model: write one with tempcal fit {param('save_model')} PATH"
 
     def share(self) -> tuple[int, int]:
         """The rows ``[start, stop)`` this process reduces: all of them, or its rank's share under torch.distributed."""
@@ -193,6 +209,19 @@ class SourceKind(ABC):
         from ..io.sidecar import sidecar_temperature
 
         return sidecar_temperature(path)
+
+    def temperature_place(self, path: Path) -> str:
+        """Where this kind keeps ``path``'s T, why none is there and what to do, as "has no stored temperature
+        (...)" says it; by default its sidecar."""
+        from ..io.sidecar import sidecar_state
+
+        state = sidecar_state(path)
+        why = {"none": "there is none: run tempcal fit first",
+               "stale": "it was written for a different version of the file, so its T is ignored: run tempcal fit "
+                        "again",
+               "fresh": "it holds none: run tempcal fit first",
+               "broken": "it is not a readable sidecar: fix or delete it, or run tempcal fit again"}[state.state]
+        return f"{path.name} has no metadata, so its T is kept in the sidecar {state.path}; {why}"
 
     def stored_metadata(self, path: Path) -> dict[str, str]:
         """The metadata kept with ``path``'s T (by default its current sidecar's; none when it is missing or broken)."""

@@ -26,12 +26,12 @@ import os
 import re
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import Note, TempcalError, param
+from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import OpenedSource, SourceKind, SourceOptions
 from .bounded_lines import BoundedLines, OverLimit
@@ -291,11 +291,13 @@ class LmEvalKind(SourceKind):
         data = as_logits_data(logits, labels, ignore_index=None)
         kind = LmEvalKind(norm)
         warnings = [message for _, info in read for message in info.warnings()]
+        file_rows = [info.records for _, info in read]
         try:
             stored, notes = kind.read_temperature(paths[0])
         except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            return OpenedSource(paths, data, None, kind, options, warnings=warnings, stored_problem=exc)
-        return OpenedSource(paths, data, stored, kind, options, warnings=[*warnings, *notes])
+            return OpenedSource(paths, data, None, kind, options, warnings=warnings, stored_problem=exc,
+                                file_rows=file_rows)
+        return OpenedSource(paths, data, stored, kind, options, warnings=[*warnings, *notes], file_rows=file_rows)
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
@@ -321,10 +323,28 @@ class LmEvalKind(SourceKind):
         fitted_norm = metadata.get(NORM_KEY)
         if stored is not None and self.norm is not None and fitted_norm is not None and fitted_norm != self.norm:
             flag = param("lm_eval_norm")
-            notes.append(Note(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so it is "
-                              f"ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit again"))
+            notes.append(StoredNote(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so "
+                                    f"it is ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit "
+                                    "again"))
             stored = None
         return stored, list(notes)
+
+    def temperature_place(self, path: Path) -> str:
+        """The sidecar, and the normalisation its T was fitted under when that is not this run's."""
+        from ..io.sidecar import sidecar_state
+
+        state = sidecar_state(path)
+        fitted_norm = state.metadata.get(NORM_KEY)
+        if state.state == "fresh" and fitted_norm is not None and self.norm is not None and fitted_norm != self.norm:
+            flag = param("lm_eval_norm")
+            return (f"the T in its sidecar {state.path} was fitted with {flag} {fitted_norm}, not {flag} "
+                    f"{self.norm}: pass {flag} {fitted_norm}, or fit again")
+        return super().temperature_place(path)
+
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
+        """T, ``metadata`` and the normalisation T was fitted under, into the sidecar (of a copy at ``output``)."""
+        return super().write_reading(path, temperature, output, {**metadata, NORM_KEY: self.norm})
 
     def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
         """T (and the normalisation it was fitted under) into the sidecar of ``path``, or of a copy at ``output``."""

@@ -122,6 +122,48 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
     return keys, arrays[logits_key], arrays.get(labels_key), labels_key
 
 
+def npz_arrays(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Every array of an ``.npz`` archive: its numpy dtype and shape, from its header alone (nothing inflated)."""
+    return {key: (str(header.dtype), header.shape) for key, header in _npz_headers(path).items()}
+
+
+def read_npz_array(path: Path, key: str, option: str) -> torch.Tensor:
+    """One array of an ``.npz`` archive as a tensor (its declared size checked first); a missing one names
+    the arrays present and ``option``."""
+    headers = _npz_headers(path)
+    if key not in headers:
+        raise missing(path, "array", key, tuple(headers), option)
+    check_fits(path, f"array '{key}'", headers[key].nbytes)
+    with zipfile.ZipFile(path) as archive:
+        return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
+
+
+def _npz_headers(path: Path) -> dict[str, _NpyHeader]:
+    checked_path(path)
+    if not magic(path).startswith(ZIP_MAGIC):
+        raise TempcalError(f"{path}: not an .npz archive (no zip signature at its start)")
+    try:
+        archive = zipfile.ZipFile(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise TempcalError(f"{path}: not a readable .npz archive ({first_line(exc)})") from None
+    with archive:
+        size = path.stat().st_size
+        return {key: _member_header(path, archive, info, key, size) for key, info in _npz_members(archive).items()}
+
+
+def npy_array(path: Path) -> tuple[str, tuple[int, ...]]:
+    """An ``.npy`` file's numpy dtype and shape, from its header alone."""
+    checked_path(path)
+    if not magic(path).startswith(NPY_MAGIC):
+        raise TempcalError(f"{path}: not an .npy array (no NumPy signature at its start)")
+    try:
+        with open(path, "rb") as f:
+            header = _npy_header(f, str(path))
+    except OSError as exc:
+        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return str(header.dtype), header.shape
+
+
 def _npz_members(archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
     """Each array's name (the member's, less ``.npy``, as numpy names them) and its member."""
     members: dict[str, zipfile.ZipInfo] = {}

@@ -17,6 +17,7 @@ from ..validation import PROBS_KEY, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
 from .lm_eval import LmEvalKind
+from .lm_texts import LmKind
 from .model import ModelKind
 from .numpy import NpyKind, NpzKind
 from .safetensors import SafetensorsKind
@@ -24,6 +25,7 @@ from .torch_dict import TorchDictKind
 
 #: Every kind of SOURCE, in the order they are asked whether they claim a SOURCE's paths.
 KINDS: list[SourceKind] = [
+    LmKind(),
     HeadKind(),
     ModelKind(),
     NpzKind(),
@@ -68,8 +70,12 @@ def _claimant(paths: list[Path], options: SourceOptions) -> SourceKind:
     for kind in KINDS:
         if kind.claims(paths, options):
             return kind
+    if paths[0].is_dir():
+        raise TempcalError(f"{paths[0]}: is a folder, not a logits file (a Hugging Face model folder is given to "
+                           f"--head, with the hidden states as SOURCE; several files are shards: list them or quote "
+                           f"a glob such as '{paths[0]}/*.safetensors')")
     suffix = paths[0].suffix.lower()
-    known = ", ".join(s for k in KINDS for s in k.suffixes)
+    known = ", ".join(dict.fromkeys(s for k in KINDS for s in k.suffixes))
     shown = f"suffix '{suffix}'" if suffix else "no suffix"
     raise TempcalError(f"{paths[0]}: unknown logits file type ({shown}; expected one of {known})")
 

@@ -23,7 +23,15 @@ from ..core.data import as_logits_data, default_chunk_rows
 from ..core.transfer import PinnedStager, to_device
 from ..errors import DataError, TempcalError, param
 from ..io import writeback
-from ..io.safetensors_header import FLOAT_DTYPES, Header, check_unchanged, dtype_name, read_header, read_tensor
+from ..io.safetensors_header import (
+    FLOAT_DTYPES,
+    Header,
+    check_unchanged,
+    dtype_name,
+    read_header,
+    read_tensor,
+    shown,
+)
 from ..validation import check_labels
 from .base import OpenedSource, SourceKind, SourceOptions
 
@@ -307,6 +315,7 @@ class SafetensorsKind(SourceKind):
         return paths[0].suffix.lower() in self.suffixes or not paths[0].exists()
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        check_not_hidden(read_header(paths[0]), options)
         if options.probs:
             data, has_labels = _read_whole(paths, options, labels_optional)
         else:
@@ -318,6 +327,11 @@ class SafetensorsKind(SourceKind):
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         return read_header(path).stored_temperature(), []
 
+    def temperature_place(self, path: Path) -> str:
+        from ..validation import TEMPERATURE_KEY
+
+        return f"metadata '{TEMPERATURE_KEY}'; run tempcal fit first"
+
     def stored_metadata(self, path: Path) -> dict[str, str]:
         """The file's own metadata (where T is stored)."""
         return dict(read_header(path).metadata)
@@ -325,6 +339,17 @@ class SafetensorsKind(SourceKind):
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
         return writeback.write_temperature(path, temperature, output, metadata=metadata)
+
+
+def check_not_hidden(header: Header, options: SourceOptions) -> None:
+    """A file of hidden states read as logits (no ``--head``): the error says ``--head``, which reads them."""
+    tensors = header.tensors
+    if options.logits_key not in tensors and options.hidden_key in tensors:
+        raise TempcalError(f"{header.path}: holds hidden states {shown(options.hidden_key)} "
+                           f"{list(tensors[options.hidden_key].shape)} and no logits {shown(options.logits_key)}: "
+                           f"pass {param('head')} HEAD (the output layer: a .safetensors file with 'weight', or a "
+                           f"Hugging Face model folder) to compute the logits from them, or name the logits tensor "
+                           f"with {param('logits_key')}")
 
 
 def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool):

@@ -37,9 +37,33 @@ class TorchDictKind(SourceKind):
 
 
 def _read_pt(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
+    loaded = load_pt_dict(path)
+    keys = tuple(str(k) for k in loaded)
+    if logits_key not in loaded:
+        raise missing(path, "tensor", logits_key, keys, param("logits_key"))
+    if labels_key not in loaded and labels_required:
+        raise missing(path, "tensor", labels_key, keys, param("labels_key"))
+    logits = _pt_member(loaded[logits_key], path, logits_key)
+    labels = _pt_member(loaded[labels_key], path, labels_key) if labels_key in loaded else None
+    return keys, logits, labels, labels_key
+
+
+def read_pt_tensor(path: Path, key: str, option: str) -> torch.Tensor:
+    """One tensor of a ``.pt`` dict; a missing one names the keys present and ``option``."""
+    loaded = load_pt_dict(path)
+    if key not in loaded:
+        raise missing(path, "tensor", key, tuple(str(k) for k in loaded), option)
+    return _pt_member(loaded[key], path, key)
+
+
+def load_pt_dict(path: Path) -> Mapping:
+    """A ``torch.save`` dict, read with ``weights_only=True`` after its declared storage sizes are checked
+    (tensors memory-mapped where the format allows)."""
     import pickle
 
     import torch
+
+    checked_path(path)
 
     head = magic(path)
     zipped = head.startswith(ZIP_MAGIC)
@@ -73,14 +97,7 @@ def _read_pt(path: Path, logits_key: str, labels_key: str, labels_required: bool
     if not isinstance(loaded, Mapping):
         raise TempcalError(f"{path}: holds a {type(loaded).__name__}, not a dict of tensors "
                            "(save it with torch.save({'logits': ..., 'labels': ...}, PATH))")
-    keys = tuple(str(k) for k in loaded)
-    if logits_key not in loaded:
-        raise missing(path, "tensor", logits_key, keys, param("logits_key"))
-    if labels_key not in loaded and labels_required:
-        raise missing(path, "tensor", labels_key, keys, param("labels_key"))
-    logits = _pt_member(loaded[logits_key], path, logits_key)
-    labels = _pt_member(loaded[labels_key], path, labels_key) if labels_key in loaded else None
-    return keys, logits, labels, labels_key
+    return loaded
 
 
 def _pt_member(value: object, path: Path, key: str) -> torch.Tensor:

@@ -3,19 +3,27 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
+
+import numpy as np
 
 from ..core.data import LogitsData
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, StoredNote, TempcalError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, ConformalPlan, evaluate_many
 from ..metrics.conformal_pass import fit_thresholds
+from ..output.progress import Progress
 from ..sources.base import SourceOptions
+from ..sources.groups import group_metadata, read_groups
 from ..sources.registry import Source, open_source
 from .common import extra_figures, scan_source
+from .subsets import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
+
+#: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.
+DEFAULT_VAL_FRACTION = 0.5
 
 
 @dataclass
@@ -39,6 +47,7 @@ class FitReport:
     extras: list[dict] = field(default_factory=list)  # before, after: other estimators, bootstrap intervals
     conformal_reads: int = 0  # reads of the fitting rows for the conformal thresholds (after the fit)
     opened: Any = field(default=None, repr=False)  # the OpenedSource, for write-back and saving a model
+    subsets: Subsets | None = None  # --folds and --group-by: the fold and group temperatures and figures
 
     @property
     def temperature(self) -> float:
@@ -72,34 +81,62 @@ class FitReport:
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
             "probs": bool(self.opened is not None and self.opened.options.probs),
+            **self._subsets_json(),
         }
 
+    def _subsets_json(self) -> dict[str, Any]:
+        if self.subsets is None:
+            return {}
+        out: dict[str, Any] = {}
+        if self.subsets.folds is not None:
+            out["folds"] = self.subsets.folds
+        if self.subsets.groups is not None:
+            out.update(group_key=self.subsets.group_key, group_prior=self.subsets.group_prior,
+                       groups=[g.to_json() for g in self.subsets.groups])
+        return out
 
-def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: float = 0.5,
+    @property
+    def group_temperatures(self) -> dict[str, float] | None:
+        """Name -> T_g of every group with fitting rows (None without groups)."""
+        return None if self.subsets is None else self.subsets.group_temperatures()
+
+
+def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: float | None = None,
              seed: int = 0, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "auto",
              chunk_rows: int | None = None, estimators: Sequence[str] = (), bootstrap: int = 0,
-             conformal_alpha: Sequence[float] = (), options: SourceOptions | None = None, **keys: Any) -> FitReport:
-    """Fit T on ``source`` (a seeded stratified part of it, or all of it with ``eval_file``) and evaluate.
+             conformal_alpha: Sequence[float] = (), folds: int | None = None, group_by: str | None = None,
+             group_prior: float | None = None, options: SourceOptions | None = None, **keys: Any) -> FitReport:
+    """Fit T on ``source`` (a seeded stratified part of it, ``val_fraction``, default 0.5; or all of it with
+    ``eval_file``) and evaluate.
 
     A source is a file, a glob pattern, a list of them (shards read in chunks), or an opened source;
     ``options`` or keyword arguments (``logits_key=...``) say how to read it, as for :func:`open_source`.
     Values that look like probabilities are refused unless ``probs`` says what they are (or the T stored
     with the source was fitted on them), before anything is fitted. ``conformal_alpha`` forms LAC and APS sets at
     each miscoverage level, thresholds from the fitting rows (one more read of them), sets on the evaluation rows.
+
+    ``folds`` (K): cross-fitting: T on every row, T_k on the rows outside each of K seeded stratified folds,
+    ``after`` out of fold (neither ``eval_file`` nor ``val_fraction`` then). ``group_by`` (a tensor of
+    SOURCE, or ``task`` for lm-evaluation-harness logs): a T per group, drawn toward the global T by
+    ``group_prior`` (0: independent fits; default :data:`~tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`).
     """
     alphas = check_alphas(conformal_alpha)
     warnings: list[str] = []
+    plan = _plan(folds, group_prior, eval_file, val_fraction)
     loaded = open_source(source, options, **keys)
+    loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
+    plan = _with_groups(plan, loaded, group_by, alphas)
+    if plan.folds is not None:
+        return _crossfit(loaded, plan, seed=seed, objective=objective, bins=bins, device=device,
+                         chunk_rows=chunk_rows, estimators=estimators, bootstrap=bootstrap, warnings=warnings)
+    val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
     probs = loaded.options.probs
-    evaluated = None
-    if eval_file is not None:
-        evaluated = loaded.open_related(eval_file)
-        if evaluated.data.num_classes != loaded.data.num_classes:
-            raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
-                            f"{loaded.data.num_classes}")
+    evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
     # The split comes from the labels alone, so the validating scan knows the fitting rows and prepares the
     # fit's start on exactly them: the fit then takes at most a read or two more.
     fit_rows: Any = ALL_ROWS
+    everything = np.arange(loaded.data.num_samples)
+    fit_index, eval_index = everything, everything if evaluated is None else np.arange(evaluated.data.num_samples)
     if evaluated is None and val_fraction != 1:
         fit_index, eval_index = stratified_split(loaded.data.labels.numpy(), val_fraction, seed)
         fit_rows = loaded.local_rows(fit_index)
@@ -115,27 +152,63 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         else:
             fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
         fraction = val_fraction
-    if eval_scan.num_samples < 1:
-        where = evaluated.name if evaluated is not None else loaded.name
-        raise DataError(f"{where}: the evaluation part holds no samples"
-                        + ("" if evaluated is not None or loaded.data.num_samples < 2
-                           else f"; lower {param('val_fraction')} or pass {param('eval')}"))
+    _check_evaluation_rows(eval_scan, loaded, evaluated)
+    subsets = None
     try:
-        result = fit_temperature(fit_scan, objective=objective, bins=bins)
+        if plan.groups is not None:
+            eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
+            fitted, before, after, subsets = grouped(
+                loaded, evaluated or loaded, fit_scan, eval_scan, plan, fit_index, eval_groups, eval_index,
+                objective=objective, bins=bins, warnings=warnings, keep_rows=bool(estimators or bootstrap))
+            result = fitted.fit
+        else:
+            result, before, after = _fit_and_evaluate(fit_scan, eval_scan, loaded, objective=objective, bins=bins,
+                                                      alphas=alphas)
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
-    warnings.extend(result.warnings)
-    taus = [1.0, result.temperature]
-    plan = ConformalPlan(alphas, fit_thresholds(fit_scan, taus, alphas)) if alphas else None
-    before, after = evaluate_many(eval_scan, taus, bins=bins, conformal=plan)
+    warnings[:0] = result.warnings
     extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
                            bootstrap=bootstrap, seed=seed)
+    if subsets is not None:
+        subset_extras(subsets, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins, warnings=warnings,
+                      overall=False)
     return FitReport(
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-        conformal_reads=1 if alphas else 0, opened=loaded)
+        conformal_reads=1 if alphas else 0, opened=loaded, subsets=subsets)
+
+
+def _with_groups(plan: Plan, loaded: Any, group_by: str | None, alphas: list[float]) -> Plan:
+    """The plan with SOURCE's groups read (``group_by``); conformal sets refused out of fold or per group."""
+    if group_by is not None:
+        plan = replace(plan, groups=read_groups(loaded, group_by))
+    if alphas and (plan.folds is not None or plan.groups is not None):
+        raise TempcalError(f"{param('conformal_alpha')} is not yet computed out of fold or per group: leave out "
+                           f"{param('folds')} / {param('group_by')} for the conformal sets")
+    return plan
+
+
+def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
+    """Refuse an evaluation part without rows, saying how to get some."""
+    if eval_scan.num_samples < 1:
+        where = evaluated.name if evaluated is not None else loaded.name
+        raise DataError(f"{where}: the evaluation part holds no samples"
+                        + ("" if evaluated is not None or loaded.data.num_samples < 2
+                           else f"; lower {param('val_fraction')} or pass {param('eval')}"))
+
+
+def _fit_and_evaluate(fit_scan: Any, eval_scan: Any, loaded: Any, *, objective: str, bins: int,
+                      alphas: list[float]) -> tuple[Any, CalibrationMetrics, CalibrationMetrics]:
+    """The one global T (with a progress line on long runs) and the metrics before and after, conformal sets
+    included when ``alphas`` are given."""
+    with Progress("fitting T", enabled=loaded.options.progress) as progress:
+        result = fit_temperature(fit_scan, objective=objective, bins=bins, on_pass=progress.ece_pass)
+    taus = [1.0, result.temperature]
+    sets = ConformalPlan(alphas, fit_thresholds(fit_scan, taus, alphas)) if alphas else None
+    before, after = evaluate_many(eval_scan, taus, bins=bins, conformal=sets)
+    return result, before, after
 
 
 def check_alphas(alphas: Sequence[float]) -> list[float]:
@@ -149,6 +222,53 @@ def check_alphas(alphas: Sequence[float]) -> list[float]:
     return out
 
 
+def _evaluation_file(loaded: Any, eval_file: Source) -> Any:
+    """``eval_file`` opened as SOURCE is, with as many classes."""
+    evaluated = loaded.open_related(eval_file)
+    if evaluated.data.num_classes != loaded.data.num_classes:
+        raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
+                        f"{loaded.data.num_classes}")
+    return evaluated
+
+
+def _plan(folds: int | None, group_prior: float | None, eval_file: Any, val_fraction: float | None) -> Plan:
+    """What to fit besides the global T; ``folds`` refused with ``eval_file`` or a ``val_fraction``."""
+    if folds is not None:
+        if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)) or folds < 2:
+            raise TempcalError(f"{param('folds')} {folds}: expected a whole number K >= 2")
+        if eval_file is not None:
+            raise TempcalError(f"{param('folds')} fits and reports on every row of SOURCE, out of fold; "
+                               f"{param('eval')} names another evaluation set: give one or the other")
+        if val_fraction is not None:
+            raise TempcalError(f"{param('folds')} fits on every row, out of fold; {param('val_fraction')} "
+                               "splits SOURCE once: give one or the other")
+    return Plan(folds=None if folds is None else int(folds), lam=check_prior(group_prior))
+
+
+def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, device: str,
+              chunk_rows: int | None, estimators: Sequence[str], bootstrap: int, warnings: list[str]) -> FitReport:
+    """``--folds K``: every row fits the deployed T, K out-of-fold fits, out-of-fold metrics."""
+    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
+                       fit_rows=ALL_ROWS)
+    if not plan.folds <= scan.num_samples:  # type: ignore[operator]
+        raise TempcalError(f"{param('folds')} {plan.folds}: SOURCE has {scan.num_samples} rows that count; K must "
+                           "lie between 2 and that")
+    try:
+        fitted, before, after, subsets = crossfit(loaded, scan, plan, seed=seed, objective=objective, bins=bins,
+                                                  warnings=warnings, keep_rows=bool(estimators or bootstrap))
+    except DataError as exc:
+        raise exc.prefixed(f"{loaded.name}: ") from None
+    result = fitted.fit
+    warnings[:0] = result.warnings
+    extras = subset_extras(subsets, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
+                           warnings=warnings)
+    n = scan.num_samples
+    return FitReport(source=loaded.name, eval_source=None, fit=result, before=before, after=after,
+                     num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=seed, bins=bins,
+                     device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
+                     opened=loaded, subsets=subsets)
+
+
 def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,
                save_logits: str | None = None, store: bool = True) -> list[str]:
     """Keep the fitted T: in SOURCE's files (or a copy at ``output``); for a model SOURCE, its logits as a
@@ -158,7 +278,8 @@ def write_back(report: FitReport, *, output: str | None = None, save_model: str 
 
     opened = report.opened
     if not isinstance(opened, ModelSource):
-        return [str(p) for p in opened.write_temperature(report.temperature, output)] if store else []
+        groups = group_metadata(report.subsets.group_key if report.subsets else None, report.group_temperatures)
+        return [str(p) for p in opened.write_temperature(report.temperature, output, groups)] if store else []
     from ..models.save import save_calibrated_model
     from ..models.save import save_logits as write_logits
 

@@ -23,9 +23,11 @@ from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
 from ..sources.base import OpenedSource, SourceOptions
+from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import as_temperature, check_taus, resolve_taus, whole_number
 from .common import check_stored_reading, scan_source, uses_stored
+from .grouped_ood import GroupTaus, dropped_extra, group_results, group_taus
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
@@ -108,6 +110,9 @@ class OodReport:
     warnings: list[str] = field(default_factory=list)
     id_scores: dict[str, list[np.ndarray]] = field(default_factory=dict, repr=False)
     ood_scores: list[dict[str, list[np.ndarray]]] = field(default_factory=list, repr=False)
+    group_key: str | None = None  # --group-by KEY
+    groups: list[dict] | None = None  # per in-distribution group, its figures against every OOD file
+    opened: Any = field(default=None, repr=False)  # the OpenedSource (an --lm run describes its model and texts)
 
     def rows(self, ood_file: str, score: str) -> list[OodMetrics]:
         return [m for f, m in self.results if f == ood_file and m.score == score]
@@ -152,6 +157,7 @@ class OodReport:
             "min_auroc": self.min_auroc, "max_fpr95": self.max_fpr95, "gate_passed": self.gate_passed,
             "gate_failures": [asdict(g) for g in self.gate_failures],
             "device": self.device, "passes": self.passes, "warnings": self.warnings,
+            **({} if self.groups is None else {"group_key": self.group_key, "groups": self.groups}),
         }
 
 
@@ -278,7 +284,8 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
              scores: str | Sequence[str] = ("msp",), device: str = "auto", chunk_rows: int | None = None,
              gen_gamma: float = 0.1, gen_top: int = 100, react: float | None = None, bootstrap: int = 0,
              seed: int = 0, min_auroc: float | None = None, max_fpr95: float | None = None,
-             odin_eps: float | None = None, options: SourceOptions | None = None, **keys: Any) -> OodReport:
+             odin_eps: float | None = None, group_by: str | None = None, options: SourceOptions | None = None,
+             **keys: Any) -> OodReport:
     """Score SOURCE (ID) and every OOD set at each tau; ``taus`` holds numbers or ``"fitted"`` (default sweep).
 
     OOD sets are read the way SOURCE is (for a model SOURCE: inputs files run through the same model).
@@ -288,6 +295,8 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
     95% intervals for AUROC and FPR95. ``min_auroc`` / ``max_fpr95``: the rows that fail them are listed
     in ``gate_failures``. ``odin_eps`` (a model SOURCE, MSP) perturbs the inputs first, as ODIN does;
     ``passes`` then counts model runs (each a forward, backward and forward over one file at one tau).
+    ``group_by`` (a tensor of SOURCE, or ``task``): each in-distribution group against every OOD file too, at the
+    stored T each group (and the OOD rows it is compared with) at the T_g stored for that key.
     """
     if not ood_files:
         raise TempcalError(f"no OOD file: give at least one with {param('ood')} FILE")
@@ -312,23 +321,29 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
             raise TempcalError(f"{param('odin_eps')} scores by max softmax: drop {param('score')} or give msp")
     options = options or SourceOptions()
     options = options.but(ignore_index=None, **({"react": react} if react is not None else {}), **keys)
-    loaded = open_source(source, options)
+    loaded = open_source(source, options, labels_optional=True)  # no score uses labels
     # A file is named as given (a glob stays a glob); a model run over its inputs as "MODEL on INPUTS".
     source_name = given_name if given_name and loaded.paths else loaded.name
     stored = loaded.stored_temperature
     check_stored_reading(loaded, uses_stored(taus))
-    tau_list = resolve_taus(taus, stored, source_name, defaults=DEFAULT_TAUS, sort=False)
+    tau_list = resolve_taus(taus, stored, source_name, defaults=DEFAULT_TAUS, sort=False,
+                           place=loaded.temperature_place())
     others = []
     for name, other in zip(ood_names, ood_files, strict=True):
         opened = loaded.open_related(other, labels_optional=True)
         check_compatible(source_name, loaded.data, name, opened.data)
         others.append(opened)
     warnings: list[str] = []
+    groups, applied = _groups(loaded, group_by, taus, tau_list, stored, warnings)
+    scored = [*tau_list, *applied.extra]
     if odin_eps is not None:
-        side_scores, passes, device_used = _odin_sides(loaded, others, tau_list, odin_eps)
+        side_scores, passes, device_used = _odin_sides(loaded, others, scored, odin_eps)
     else:
-        side_scores, passes, device_used = _scan_sides(loaded, others, tau_list, scores, score_options, device,
+        side_scores, passes, device_used = _scan_sides(loaded, others, scored, scores, score_options, device,
                                                        chunk_rows, warnings, [source_name, *ood_names])
+    grouped = None if groups is None else group_results(groups, ood_names, scores, tau_list, applied, stored,
+                                                        side_scores[0], side_scores[1:])
+    side_scores = [dropped_extra(side, len(tau_list)) for side in side_scores]
     id_scores, all_ood_scores = side_scores[0], side_scores[1:]
     results, best, best_overall = _assemble(source_name, ood_names, scores, tau_list, stored, id_scores,
                                             all_ood_scores, bootstrap, seed)
@@ -339,7 +354,23 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
         results=results, best=best, best_overall=best_overall, device=device_used, passes=passes,
         score_options=score_options, react=getattr(loaded.data, "react", None), bootstrap=bootstrap, seed=seed,
         min_auroc=min_auroc, max_fpr95=max_fpr95, gate_failures=gate_failures(results, min_auroc, max_fpr95),
-        warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores)
+        warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores,
+        group_key=None if groups is None else groups.key, groups=grouped, opened=loaded)
+
+
+def _groups(loaded: OpenedSource, group_by: str | None, taus: Sequence[str | float] | None, tau_list: list[float],
+            stored: float | None, warnings: list[str]) -> tuple[RowGroups | None, GroupTaus]:
+    """SOURCE's groups by ``group_by`` and the stored per-group temperatures that apply to them."""
+    if group_by is None:
+        return None, GroupTaus({}, [])
+    from .grouped_report import applicable_groups
+
+    groups = read_groups(loaded, group_by)
+    applied = applicable_groups(loaded, groups, stored) if uses_stored(taus) else None
+    if applied is None:
+        return groups, GroupTaus({}, [])
+    warnings.extend(applied.warnings)
+    return groups, group_taus(applied.temperatures, tau_list, stored, warnings)
 
 
 def _assemble(source: str, ood_names: list[str], scores: list[str], taus: list[float], stored: float | None,

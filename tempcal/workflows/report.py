@@ -8,9 +8,11 @@ from typing import Any
 
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
+from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_taus, resolve_taus
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
+from .grouped_report import GroupRow, StoredGroups, applicable_groups, group_extras, grouped_report
 
 
 @dataclass
@@ -28,6 +30,8 @@ class ReportResult:
     warnings: list[str] = field(default_factory=list)
     extras: list[dict] = field(default_factory=list)  # per temperature: other estimators, bootstrap intervals
     opened: Any = field(default=None, repr=False)  # the OpenedSource (a model's logits can be saved from it)
+    group_key: str | None = None  # --group-by KEY
+    group_rows: list[GroupRow] | None = None  # per temperature, every group's figures
 
     @property
     def sweep_best(self) -> float | None:
@@ -46,10 +50,15 @@ class ReportResult:
             row["stored"] = self.stored_temperature is not None and m.tau == self.stored_temperature
             if self.extras:
                 row.update(self.extras[k])
+            if self.group_rows is not None:
+                row.update(per_group=self.group_rows[k].per_group,
+                           groups=[g.to_json() for g in self.group_rows[k].groups])
             rows.append(row)
-        return {"results": rows, "source": self.source, "n": self.count, "num_classes": self.num_classes,
+        groups = {} if self.group_key is None else {"group_key": self.group_key}
+        return {**groups, "results": rows, "source": self.source, "n": self.count, "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
+                "min_nll_tau": min(self.results, key=lambda m: m.nll).tau if self.results else None,
                 "device": self.device, "warnings": self.warnings}
 
     def _sweep_json(self) -> dict:
@@ -60,13 +69,14 @@ class ReportResult:
 
 def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sweep: Sequence[float] | None = None,
                 bins: int = DEFAULT_BINS, device: str = "auto", chunk_rows: int | None = None,
-                estimators: Sequence[str] = (), bootstrap: int = 0, seed: int = 0,
+                estimators: Sequence[str] = (), bootstrap: int = 0, seed: int = 0, group_by: str | None = None,
                 options: SourceOptions | None = None, **keys: Any) -> ReportResult:
     """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass.
 
     Without ``taus`` (and no ``sweep``): the stored T, else 1. ``options`` or keyword arguments
     (``logits_key=...``) say how to read the source, as for :func:`open_source`; a T fitted on probabilities
-    is applied to log(p), as it was fitted.
+    is applied to log(p), as it was fitted. ``group_by`` (a tensor of SOURCE, or ``task``): every figure per
+    group too, and at the stored T each group's rows at the T_g stored for that key.
     """
     warnings: list[str] = []
     check_taus(taus or [])
@@ -74,12 +84,45 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
     check_stored_reading(loaded, uses_stored(taus, sweep))
-    resolved = resolve_taus(taus, stored, loaded.name, sweep=sweep)
+    resolved = resolve_taus(taus, stored, loaded.name, sweep=sweep, place=loaded.temperature_place())
+    groups = read_groups(loaded, group_by) if group_by is not None else None
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings)
-    results = evaluate_many(scan, resolved, bins=bins)
-    extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
-    return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
-                        str(scan.device), warnings, extras, loaded)
+    if groups is None:
+        results = evaluate_many(scan, resolved, bins=bins)
+        extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
+        return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
+                            str(scan.device), warnings, extras, loaded)
+    applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else StoredGroups({}, [])
+    warnings.extend(applied.warnings)
+    grouped = grouped_report(loaded, scan, groups, resolved, bins=bins, per_group=applied.temperatures, stored=stored,
+                             keep_rows=bool(estimators or bootstrap))
+    plain = [tau for tau, row in zip(resolved, grouped.rows, strict=True) if not row.per_group]
+    extras = _extras(scan, grouped, resolved, plain, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
+                     warnings=warnings)
+    rows = group_extras(grouped, groups, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins)
+    return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, grouped.results, sweep, bins,
+                        str(scan.device), warnings, extras, loaded, groups.key, rows)
+
+
+def _extras(scan: Any, grouped: Any, taus: Sequence[float], plain: Sequence[float], *, estimators: Sequence[str],
+            bootstrap: int, seed: int, bins: int, warnings: list[str]) -> list[dict]:
+    """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
+    the pass kept."""
+    from .subsets import row_extras
+
+    if not (estimators or bootstrap):
+        return []
+    at_plain = iter(extra_figures(scan, plain, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed))
+    out = []
+    for k, row in enumerate(grouped.rows):
+        if not row.per_group:
+            out.append(next(at_plain))
+            continue
+        if "ece_classwise" in estimators:
+            warnings.append("ece_classwise is left out at per-group temperatures (it needs every class's probability "
+                            "at each row's T)")
+        out.append(row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins))
+    return out
 
 
 __all__ = ["ReportResult", "report_file"]

@@ -52,11 +52,13 @@ def test_the_shipped_release_folder_runs_with_no_paths(release, cli):
     fitted = json.loads((release / "fit.json").read_text())
     data = load_file(str(release / "val.safetensors"))
     assert fitted["config"] == str(release / "tempcal.toml")
-    assert fitted["config_keys"] == ["[fit] json", "[fit] markdown", "[fit] max-ece", "[fit] val-fraction", "source"]
+    assert fitted["config_keys"] == ["[fit] html", "[fit] json", "[fit] markdown", "[fit] max-ece",
+                                     "[fit] val-fraction", "source"]
     assert fitted["source"] == "val.safetensors" and fitted["gate_passed"] is True and fitted["max_ece"] == 0.05
     assert fitted["temperature"] == pytest.approx(2.3575053928861727, rel=1e-9)  # the README's digits T
     assert tempcal.read_stored_temperature(release / "val.safetensors")[0] == fitted["temperature"]
     assert "## Calibration" in (release / "calibration.md").read_text()
+    assert "T = 2.35751" in (release / "fit.html").read_text()  # the reviewer's page, a CI artefact
     code, _, err = cli(["report", "--quiet"])
     assert code == 0, err
     report = json.loads((release / "report.json").read_text())
@@ -81,7 +83,7 @@ def test_the_command_line_wins(release, run_json, tmp_path):
     out = run_json(["fit", "other.safetensors", "--val-fraction", "1.0", "--no-write", "--max-ece", "1"])
     assert out["source"] == "other.safetensors" and out["val_fraction"] == 1.0 and out["written"] is None
     assert out["temperature"] == pytest.approx(optimal_temperature(logits, labels), rel=1e-6)
-    assert out["config_keys"] == ["[fit] markdown"]  # json: '-' from the command line; max-ece, val-fraction too
+    assert out["config_keys"] == ["[fit] html", "[fit] markdown"]  # json: '-' from the command line; max-ece too
     assert (release / "val.safetensors").read_bytes() == before and not (release / "fit.json").exists()
     report = run_json(["report", "--tau", "3", "--tau", "4"])  # a repeatable option is replaced, not extended
     assert [r["tau"] for r in report["results"]] == [3.0, 4.0]

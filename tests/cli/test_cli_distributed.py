@@ -55,7 +55,12 @@ def assert_same_figures(one, two, path: str = "") -> None:
         assert one == two, f"{path}: {one!r} (one process) vs {two!r} (torchrun)"
 
 
+#: Reading files whole or a chunk at a time goes through the same reductions: the default run keeps the chunks.
+READS = pytest.mark.parametrize("reads", ["streamed", pytest.param("resident", marks=pytest.mark.slow)], indirect=True)
+
+
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
+@READS
 def test_two_processes_with_gloo_match_one(tmp_path, reads):
     write_shards(tmp_path, [900, 650, 1100], seed=9, dtype=torch.float32)
     pattern = str(tmp_path / "part-*.safetensors")
@@ -69,6 +74,7 @@ def test_two_processes_with_gloo_match_one(tmp_path, reads):
 
 
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
+@pytest.mark.slow  # a head under two processes: also in test_ood_with_react_takes_the_percentile_of_every_rank
 def test_hidden_states_and_a_head_under_two_processes_match_one(tmp_path):
     h, w, b, y = hidden_and_head(1200, 16, 700, seed=5)
     save_file({"hidden": h, "labels": y}, str(tmp_path / "hidden.safetensors"))
@@ -89,6 +95,7 @@ EXTRA = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased", "ece_ci"
 
 
 @needs_torchrun
+@READS
 def test_report_with_every_estimator_and_the_bootstrap_matches_one_process(tmp_path, reads):
     """The issue's case: the equal-mass, classwise and debiased estimators and the bootstrap intervals described
     rank 0's rows only; now every figure describes every row, and the intervals come from the same draws."""
@@ -105,6 +112,7 @@ def test_report_with_every_estimator_and_the_bootstrap_matches_one_process(tmp_p
 
 
 @needs_torchrun
+@pytest.mark.slow  # a split under two processes and every estimator under two: the first and the report test
 def test_fit_with_a_split_every_estimator_and_the_bootstrap_matches_one_process(tmp_path):
     write_shards(tmp_path, [900, 650, 1100, 300], seed=9, dtype=torch.float32)
     one, two = one_and_two_processes(tmp_path, ["fit", str(tmp_path / "part-*.safetensors"), "--no-write",
@@ -118,6 +126,7 @@ def test_fit_with_a_split_every_estimator_and_the_bootstrap_matches_one_process(
 
 
 @needs_torchrun
+@pytest.mark.slow  # the ECE fit under torchrun: also in test_a_rank_without_rows_matches_one_process
 def test_fit_minimising_ece_matches_one_process(tmp_path):
     write_shards(tmp_path, [700, 1200, 450], seed=11, dtype=torch.float32)
     one, two = one_and_two_processes(tmp_path, ["fit", str(tmp_path / "part-*.safetensors"), "--no-write",
@@ -175,4 +184,25 @@ def test_a_rank_without_rows_matches_one_process(tmp_path):
                                                 str(tmp_path / "part-0*.safetensors"), "--objective", "ece",
                                                 "--no-write", "--estimators", "all", "--bootstrap", "50"], nproc=3)
     assert one["n_fit"] == 2 and one["n_eval"] == 800
+    assert_same_figures(one, two)
+
+
+@pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
+def test_folds_and_groups_under_two_processes_match_one(tmp_path):
+    g = torch.Generator().manual_seed(12)
+    for k, n in enumerate((700, 500)):
+        z = torch.randn(n, 6, generator=g) * 2
+        y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]
+        domain = torch.randint(0, 4, (n,), generator=g)
+        save_file({"logits": z * (1 + domain[:, None] / 3), "labels": y, "domain": domain},
+                  str(tmp_path / f"part-{k}.safetensors"))
+    pattern = str(tmp_path / "part-*.safetensors")
+    one, two = one_and_two_processes(tmp_path, ["fit", pattern, "--no-write", "--folds", "5", "--group-by", "domain",
+                                                "--estimators", "ece_equal_mass", "--bootstrap", "20"])
+    for result in (one, two):  # timing and the device's name aside, every figure agrees
+        result.pop("device")
+    assert_same_figures(one, two)
+    one, two = one_and_two_processes(tmp_path, ["report", pattern, "--group-by", "domain", "--tau", "1.5"])
+    for result in (one, two):
+        result.pop("device")
     assert_same_figures(one, two)

@@ -89,6 +89,7 @@ def test_terminal_output_names_the_temperature_and_sizes(capsys):
     assert "reliability" in out and "ECE" in out
 
 
+@pytest.mark.slow  # test_fit_objective_ece_uses_the_search checks the same, and against a reference, in half the time
 def test_objective_ece_lowers_ece_on_the_fitting_samples(capsys):
     assert main(["fit", str(EXAMPLE), "--val-fraction", "1.0", "--no-write", "--json", "-", "--objective", "ece"]) == 0
     by_ece = json.loads(capsys.readouterr().out)

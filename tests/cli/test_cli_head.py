@@ -34,7 +34,8 @@ def assert_same_figures(a: dict, b: dict, tol: float = 1e-6) -> None:
         assert a[key] == pytest.approx(b[key], abs=tol), key
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+# float32 storage takes bfloat16's path less its conversion: the default run keeps bfloat16 and float64.
+@pytest.mark.parametrize("dtype", [pytest.param(torch.float32, marks=pytest.mark.slow), torch.bfloat16, torch.float64])
 def test_fit_report_ood_equal_the_materialised_logits(tmp_path, run_json, dtype):
     h, w, b, y = hidden_and_head(1500, 24, 3000, seed=1)
     h, w, b = h.to(dtype), w.to(dtype), b.to(dtype)
@@ -118,19 +119,26 @@ def test_a_hugging_face_folder_as_head_fits_like_its_logits(tmp_path, run_json):
     assert a["num_classes"] == VOCAB and abs(a["temperature"] - b["temperature"]) / b["temperature"] < 1e-5
 
 
-def test_the_example_script_dumps_rows_that_fit(tmp_path, run_json):
+@pytest.mark.slow  # the example script builds a model with transformers; --lm is tested directly elsewhere
+def test_the_example_script_builds_a_demo_and_dumps_rows_that_fit(tmp_path, run_json):
+    """--demo DIR: a tiny model and texts it sampled at T = 0.25, fitted by --lm; MODEL TEXTS OUT: rows for --head."""
     pytest.importorskip("transformers")
-    done = subprocess.run([sys.executable, str(EXAMPLES / "lm_hidden_states.py"), "--demo", str(tmp_path / "m")],
-                          capture_output=True, text=True, timeout=600)
+    script = [sys.executable, str(EXAMPLES / "lm_hidden_states.py")]
+    done = subprocess.run([*script, "--demo", str(tmp_path / "m")], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
-    rows = load_file(str(tmp_path / "m" / "hidden.safetensors"))
-    assert rows["hidden"].shape == (32, 32, 64) and rows["labels"].shape == (32, 32)
-    assert bool((rows["labels"][:, -1] == -100).all())
-    result = run_json(["fit", str(tmp_path / "m" / "hidden.safetensors"), "--head", str(tmp_path / "m"),
-                       "--no-write", "--val-fraction", "1.0"])
-    assert result["n_fit"] == 32 * 31 and result["num_classes"] == 512
-    # The texts were sampled from the model at temperature 0.25: the fit recovers it (992 tokens: within 10%).
-    assert result["temperature"] == pytest.approx(0.25, rel=0.1)
+    texts = tmp_path / "m" / "texts.txt"
+    by_lm = run_json(["fit", "--lm", str(tmp_path / "m"), "--text", str(texts), "--no-write", "--val-fraction", "1.0"])
+    assert by_lm["n_fit"] == 64 * 31 and by_lm["num_classes"] == 513
+    # The texts were sampled from the model at temperature 0.25: the fit recovers it (1984 tokens: within 10%).
+    assert by_lm["temperature"] == pytest.approx(0.25, rel=0.1)
+    out = tmp_path / "hidden.safetensors"
+    done = subprocess.run([*script, str(tmp_path / "m"), str(texts), str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    rows = load_file(str(out))
+    assert rows["hidden"].shape == (64 * 31, 64) and rows["labels"].shape == (64 * 31,)
+    by_head = run_json(["fit", str(out), "--head", str(tmp_path / "m"), "--no-write", "--val-fraction", "1.0"])
+    assert abs(by_head["temperature"] - by_lm["temperature"]) / by_lm["temperature"] < 1e-9
 
 
 @pytest.mark.parametrize("case", ["width", "label", "key", "no-config", "no-weights", "nan", "softcap", "probs"])

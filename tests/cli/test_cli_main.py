@@ -13,13 +13,21 @@ from conftest import EXAMPLE
 import tempcal
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"], ["--version"]])
+@pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"], ["--version"], ["help"], ["help", "fit"],
+                                  ["help", "lm"], ["help", "--help"]])
 def test_help_does_not_import_torch(argv):
     code = (f"import sys\nfrom tempcal.cli.main import main\ncode = main({argv!r})\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert "tempcal" in done.stdout
+
+
+def test_a_bare_tempcal_shows_the_help_as_a_usage_error(cli):
+    """No command: the app's help on standard error, exit 2 (click's no_args_is_help), and no empty error line."""
+    code, out, err = cli([])
+    assert code == 2 and out == ""
+    assert err.startswith("Usage: tempcal [OPTIONS] COMMAND") and "fit" in err and "error:" not in err
 
 
 def test_python_dash_m_runs():

@@ -341,6 +341,7 @@ def test_bad_react_percentile(tmp_path, cli, percentile):
                         "--ood", str(tmp_path / "hidden.safetensors"), "--react", percentile], f"--react {percentile}")
 
 
+@pytest.mark.slow  # ReAct, scores and the bootstrap under torchrun: tests/cli/test_cli_distributed.py's ood tests
 def test_react_every_score_and_gates_under_two_processes_match_one(tmp_path):
     """torchrun, two gloo processes: each counts its own rows' hidden-state values for ReAct's percentile (the counts
     all-reduced), scores its share, and the scores are gathered for the figures: the same JSON as one process."""

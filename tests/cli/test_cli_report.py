@@ -154,3 +154,15 @@ def test_token_level_logits_skip_the_ignore_index(tmp_path, capsys, reads):
                                        abs=1e-9)
     api = tempcal.calibration_metrics(logits, labels, 2.0, device="cpu")
     assert api.nll == pytest.approx(float(expected), rel=1e-9)
+
+
+def test_min_nll_tau_is_over_every_row_the_stored_t_included(tmp_path, run_json):
+    from conftest import EXAMPLE
+
+    calibrated = tmp_path / "c.safetensors"
+    run_json(["fit", str(EXAMPLE), "--output", str(calibrated)])
+    out = run_json(["report", str(calibrated), "--sweep", "0.5:10:5"])
+    nlls = {r["tau"]: r["nll"] for r in out["results"]}
+    assert out["min_nll_tau"] == min(nlls, key=nlls.get)
+    assert out["min_nll_tau"] == out["stored_temperature"]  # the fitted T beats the sweep's grid points
+    assert out["sweep"]["best_nll_tau"] in out["sweep"]["taus"]

@@ -338,8 +338,9 @@ BAD_VALUES = [
     ("[ood]\nsweep = \"1:2:3\"\n", "tempcal.toml: [ood] sweep: unknown key (did you mean 'seed'?)"),
     ("[ood]\nsweeping = 3\n", "tempcal.toml: [ood] sweeping: unknown key (ood options: "),
     ("tau = 2\n", "tempcal.toml: tau: unknown key; the top level holds 'source' and the tables [fit], [ood], "
-                  "[report]; options go in a command's table ([ood], [report])"),
-    ("[plot]\nx = 1\n", "tempcal.toml: plot: unknown table; the tables are [fit], [ood], [report]"),
+                  "[report], [inspect], [apply]; options go in a command's table ([ood], [report], [apply])"),
+    ("[plot]\nx = 1\n", "tempcal.toml: plot: unknown table; the tables are [fit], [ood], [report], [inspect], "
+                        "[apply]"),
     ("fit = 1\n", "tempcal.toml: fit: must be a table of fit's options ([fit]), got 1"),
     ("source = 3\n", "tempcal.toml: source: expected a path (a string) or a list of them, got 3"),
     ("source = [\"a\", 3]\n", "tempcal.toml: source[1]: expected a path (a string), got 3"),

@@ -44,6 +44,7 @@ def _rank(rank: int, init: str, logits: torch.Tensor, labels: torch.Tensor, out:
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # an empty rank's figures: tests/cli/test_cli_distributed.py's test_a_rank_without_rows_...
 def test_three_ranks_one_of_them_empty_give_the_one_process_figures(tmp_path):
     logits, labels = miscalibrated(7, 4, 2.0, seed=3, dtype=torch.float64)
     mp.spawn(_rank, args=(f"file://{tmp_path / 'store'}", logits, labels, str(tmp_path / "out")), nprocs=len(SHARES))

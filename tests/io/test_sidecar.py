@@ -133,3 +133,23 @@ def test_read_sidecar_without_one(tmp_path):
     z, y = numpy_logits(n=20)
     path = write_logits("npz", tmp_path, z, y)
     assert read_sidecar(path) == ({}, [])
+
+
+@pytest.mark.parametrize("case", ["digits", "nested", "fifo", "huge"])
+def test_a_hostile_sidecar_is_one_line_and_exit_2(tmp_path, cli, case):
+    """A sidecar with a 5,000-digit size, nesting past Python's stack, a FIFO in its place or 2 MB of spaces."""
+    logits, labels = numpy_logits()
+    path = tmp_path / "val.npz"
+    np.savez(path, logits=logits, labels=labels)
+    side = sidecar_path(path)
+    if case == "digits":
+        side.write_text('{"tempcal_sidecar": 1, "size": ' + "9" * 5000 + "}")
+    elif case == "nested":
+        side.write_text("[" * 100_000 + "]" * 100_000)
+    elif case == "fifo":
+        os.mkfifo(side)
+    else:
+        side.write_text("{}" + " " * (2 << 20))
+    code, out, err = cli(["report", str(path), "--no-config"])
+    assert code == 2 and err.count("\n") == 1 and str(side) in err, err
+    assert out == ""

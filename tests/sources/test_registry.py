@@ -199,3 +199,14 @@ def test_output_is_refused_where_no_copy_can_hold_t(tmp_path):
     with pytest.raises(TempcalError, match="suffix"):
         write_stored_temperature(npz, 2.0, tmp_path / "out.safetensors")
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([npy.name, "val_labels.npy", npz.name])
+
+
+def test_a_folder_as_source_is_called_a_folder_and_suffixes_are_listed_once(tmp_path, cli):
+    (tmp_path / "logs").mkdir()
+    code, _, err = cli(["fit", str(tmp_path / "logs"), "--no-config"])
+    assert code == 2 and err.count("\n") == 1 and "is a folder, not a logits file" in err and "--head" in err
+    odd = tmp_path / "x.abc"
+    odd.write_bytes(b"")
+    code, _, err = cli(["fit", str(odd), "--no-config"])
+    listed = err.split("expected one of ", 1)[1].rstrip(")\n").split(", ")
+    assert code == 2 and len(listed) == len(set(listed)) and ".safetensors" in listed

@@ -1,0 +1,118 @@
+"""``tempcal apply``: write a SOURCE's calibrated probabilities (or logits / T) at its stored T, streamed."""
+
+from __future__ import annotations
+
+import os
+from enum import Enum
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import TempcalError
+from ..validation import check_taus
+from .config import ConfiguredCommand
+from .config_schema import OUTPUT, ValueType
+from .main import app, check_paths, deliver
+from .options import (
+    BatchSize,
+    ChunkRows,
+    ConfigFile,
+    Device,
+    Head,
+    HeadBiasKey,
+    HeadWeightKey,
+    HiddenKey,
+    Inputs,
+    InputsKey,
+    JsonOut,
+    LabelsKey,
+    LmEvalNorm,
+    LmEvalNormOpt,
+    LogitsKey,
+    NoConfig,
+    OutputKey,
+    Probs,
+    Quiet,
+    Softcap,
+    Source,
+    check_lm_eval_norm,
+    choice,
+    configured_tau,
+    is_model_source,
+    source_options,
+)
+
+
+class ApplyAs(str, Enum):
+    probs = "probs"
+    logits = "logits"
+    log_probs = "log-probs"
+
+
+ApplyOutput = Annotated[Optional[str], typer.Option(
+    "--output", "-o", metavar="OUT", help="Where to write (.safetensors; .npz; .npy: the values alone, no labels)."),
+    OUTPUT]
+ApplyAsOpt = Annotated[ApplyAs, typer.Option(
+    "--as", case_sensitive=False, parser=choice(ApplyAs),
+    help="What to write: softmax(logits / T) (probs), logits / T (logits) or log_softmax(logits / T) (log-probs).")]
+ApplyTau = Annotated[Optional[str], typer.Option(
+    "--tau", metavar="T", help="The temperature for every row (> 0), instead of the stored T ('fitted', the "
+    "default)."), ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
+Groups = Annotated[bool, typer.Option(
+    "--groups/--no-groups", help="Apply each row's stored group T where SOURCE stores per-group temperatures "
+    "(--no-groups: the global T for every row).")]
+
+
+@app.command(cls=ConfiguredCommand)
+def apply(
+    ctx: typer.Context,
+    source: Source,
+    output: ApplyOutput = None,
+    as_: ApplyAsOpt = ApplyAs.probs,
+    tau: ApplyTau = None,
+    groups: Groups = True,
+    json_out: JsonOut = None,
+    logits_key: LogitsKey = "logits",
+    labels_key: LabelsKey = "labels",
+    probs: Probs = None,
+    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
+    device: Device = "auto",
+    chunk_rows: ChunkRows = None,
+    head: Head = None,
+    hidden_key: HiddenKey = "hidden",
+    head_weight_key: HeadWeightKey = "weight",
+    head_bias_key: HeadBiasKey = "bias",
+    softcap: Softcap = None,
+    inputs: Inputs = None,
+    inputs_key: InputsKey = "inputs",
+    batch_size: BatchSize = 512,
+    output_key: OutputKey = None,
+    quiet: Quiet = False,
+    config: ConfigFile = None,
+    no_config: NoConfig = False,
+) -> None:
+    """Write SOURCE's calibrated probabilities (or logits / T) at its stored T to OUT, chunk by chunk.
+
+    Each row at its group's T where SOURCE stores per-group temperatures. Labels are optional (copied when present).
+    """
+    from ..workflows.apply import check_output
+
+    if output is None:
+        raise TempcalError("missing option '--output OUT': where to write the calibrated values")
+    check_output(output)
+    if tau is not None:
+        check_taus([tau])
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise TempcalError("tempcal apply writes one file from one process: run it without torchrun")
+    is_model_source(source, inputs, {"--output-key": output_key})
+    check_lm_eval_norm(source, lm_eval_norm)
+    check_paths(ctx, {"--output": output, "--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
+
+    from ..output.apply import print_apply
+    from ..workflows.apply import WHAT, apply_file
+
+    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
+    result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
+                        device=device, chunk_rows=chunk_rows, options=options)
+    deliver(ctx, warnings=result.warnings, write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"],
+            payload=result.to_json, render=lambda out: print_apply(result, out), json_out=json_out, quiet=quiet)

@@ -1,0 +1,80 @@
+"""``tempcal inspect``: what a SOURCE holds (keys, shapes, dtypes, values, labels) and the T stored with it."""
+
+from __future__ import annotations
+
+import typer
+
+from ..validation import IGNORE_INDEX
+from .config import ConfiguredCommand
+from .main import app, check_paths, deliver
+from .options import (
+    BatchSize,
+    ConfigFile,
+    Device,
+    Head,
+    HeadBiasKey,
+    HeadWeightKey,
+    HiddenKey,
+    IgnoreIndex,
+    Inputs,
+    InputsKey,
+    JsonOut,
+    LabelsKey,
+    LmEvalNorm,
+    LmEvalNormOpt,
+    LogitsKey,
+    NoConfig,
+    OutputKey,
+    Quiet,
+    Softcap,
+    Source,
+    check_lm_eval_norm,
+    source_options,
+)
+
+
+@app.command(cls=ConfiguredCommand)
+def inspect(
+    ctx: typer.Context,
+    source: Source,
+    json_out: JsonOut = None,
+    logits_key: LogitsKey = "logits",
+    labels_key: LabelsKey = "labels",
+    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
+    ignore_index: IgnoreIndex = IGNORE_INDEX,
+    head: Head = None,
+    hidden_key: HiddenKey = "hidden",
+    head_weight_key: HeadWeightKey = "weight",
+    head_bias_key: HeadBiasKey = "bias",
+    softcap: Softcap = None,
+    inputs: Inputs = None,
+    inputs_key: InputsKey = "inputs",
+    batch_size: BatchSize = 512,
+    output_key: OutputKey = None,
+    device: Device = "auto",
+    quiet: Quiet = False,
+    config: ConfigFile = None,
+    no_config: NoConfig = False,
+) -> None:
+    """What SOURCE holds: keys, shapes, dtypes, whether its values look like probabilities, its labels, the stored
+    T and how it was fitted, and the sidecar's state.
+
+    The first command to run on an unknown file; nothing in it is refused that can be shown.
+    """
+    check_lm_eval_norm(source, lm_eval_norm)
+    check_paths(ctx, {"--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
+
+    from ..errors import for_cli
+    from ..output.inspect import print_inspect
+    from ..workflows.inspect import inspect_file
+
+    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
+    report = inspect_file(source[0] if len(source) == 1 else source, options=options)
+
+    def payload() -> dict:
+        data = report.to_json()
+        data.update(problems=[for_cli(p) for p in report.problems], hints=[for_cli(h) for h in report.hints])
+        return data
+
+    deliver(ctx, warnings=report.warnings, write=list, payload=payload, render=lambda out: print_inspect(report, out),
+            json_out=json_out, quiet=quiet)

@@ -1,0 +1,122 @@
+"""What ``--lm MODEL`` changes in a command: SOURCE is the ``--text`` file, the outputs are in MODEL's folder.
+
+Without ``--lm`` the language-model options are refused (never silently ignored) and a missing SOURCE is
+click's usual usage error; with it, a SOURCE on the command line is refused (one from a configuration file
+is set aside). Nothing here imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import TempcalError
+
+#: ``tempcal.json`` and ``generation_config.json``, as :mod:`tempcal.io.lm_record` names them (no import there).
+RECORD_NAME, GENERATION_NAME = "tempcal.json", "generation_config.json"
+
+
+#: The options that need ``--lm`` (parameter name -> flag), and the value each has when not given.
+LM_ONLY = {"text_field": ("--text-field", "text"), "max_length": ("--max-length", None),
+           "batch_tokens": ("--batch-tokens", None), "device_map": ("--device-map", None),
+           "save_hidden": ("--save-hidden", None), "spill_dir": ("--spill-dir", None),
+           "write_generation_config": ("--write-generation-config", False), "ood_text": ("--ood-text", None)}
+
+
+def lm_source(ctx: Any, source: list[str] | None, *, values: dict[str, Any]) -> list[str]:
+    """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. ``values`` are the command's parameters: the
+    options that need ``--lm`` are refused without it, and contradictory writes with it."""
+    lm, text = values["lm"], values["text"]
+    check_lm_writes(lm=lm, no_write=values.get("no_write", False),
+                    write_generation_config=values.get("write_generation_config", False),
+                    save_hidden=values.get("save_hidden"), output=values.get("output"))
+    given = [flag for name, (flag, unset) in LM_ONLY.items() if values.get(name, unset) not in (unset, None, [])]
+    if lm is None:
+        if text is not None or given:
+            flags = (["--text"] if text is not None else []) + given
+            verb = "applies" if len(flags) == 1 else "apply"
+            raise TempcalError(f"{', '.join(flags)} {verb} to a language model run with --lm MODEL")
+        if not source:  # what a required SOURCE argument says (Typer's own click classes)
+            import sys
+
+            import typer
+
+            missing = sys.modules[typer.BadParameter.__module__].MissingParameter
+            raise missing(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "source"))
+        return source
+    if source and _from_command_line(ctx, "source"):
+        raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
+    from ..models.hf_folder import check_model_folder
+
+    check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
+    if text is None:
+        raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
+                           ".jsonl)")
+    return [text]
+
+
+def _from_command_line(ctx: Any, name: str) -> bool:
+    source = ctx.get_parameter_source(name)
+    return getattr(source, "name", "COMMANDLINE") not in ("DEFAULT_MAP", "DEFAULT")
+
+
+def lm_outputs(lm: str | None, *, record: bool, output: str | None = None, generation: bool = False,
+               save_hidden: str | None = None) -> dict[str, str | None]:
+    """The files an ``--lm`` command writes, to check before any work: the record of T (``MODEL/tempcal.json``,
+    or ``--output``), ``generation_config.json`` when asked, ``--save-hidden``."""
+    if lm is None:
+        return {}
+    out: dict[str, str | None] = {"--save-hidden": save_hidden}
+    if record:
+        out["--output" if output is not None else "the record of T"] = output or str(Path(lm) / RECORD_NAME)
+    if generation:
+        out["--write-generation-config"] = str(Path(lm) / GENERATION_NAME)
+    return out
+
+
+def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: bool, save_hidden: str | None,
+                    output: str | None) -> None:
+    """Refuse contradictory writes before any work."""
+    import os
+
+    if lm is None:
+        return
+    if write_generation_config and no_write:
+        raise TempcalError("--write-generation-config and --no-write contradict each other")
+    if write_generation_config and output is not None:
+        raise TempcalError("--write-generation-config writes into MODEL's folder; --output moves the record of T "
+                           "elsewhere: give one or the other")
+    if save_hidden is not None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise TempcalError("--save-hidden under torchrun: each process holds only its share of the rows; run it "
+                           "in one process")
+
+
+def sampling_notes(lm: str | None, write_generation_config: bool) -> list[str]:
+    """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
+    if lm is None or not write_generation_config:
+        return []
+    from ..io.lm_record import sampling_note
+
+    note = sampling_note(lm)
+    return [note] if note else []
+
+
+def kept_hidden(opened: Any, save_hidden: str | None) -> list[str]:
+    """``--save-hidden``: the hidden states kept (at write time); the lines saying so."""
+    from ..workflows.lm import save_hidden_lines
+
+    return save_hidden_lines(opened, save_hidden)
+
+
+def lm_json(opened: Any, lm: str | None) -> dict[str, Any]:
+    """The JSON's ``lm`` block: the model and every text file it ran over (nothing without ``--lm``)."""
+    return {"lm": opened.lm_json()} if lm is not None else {}
+
+
+def lm_settings(**settings: Any) -> dict[str, Any]:
+    """The command's settings as ``tempcal.json`` records them (enums by their value)."""
+    return {key: getattr(value, "value", value) for key, value in settings.items()}
+
+
+__all__ = ["LM_ONLY", "check_lm_writes", "kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source",
+           "sampling_notes"]

@@ -1,0 +1,168 @@
+"""Passes whose sums are kept per *cell* of rows (a group, a fold, a group within a fold), at per-cell betas.
+
+Cross-fitting and per-group temperatures fit many temperatures on subsets of one data set. Every
+subset is a union of cells, and every figure is a sum over rows, so one read of the data serves all
+the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
+cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their
+per-row values are added into their cell (``index_add``). A fit over the rows outside fold k then reads
+``total - fold k``. Both passes go through :meth:`Scan.row_chunks`, which counts them, and all-reduce
+their sums across ranks.
+
+* :func:`cell_objective`: the NLL's sums and four derivatives (:data:`~tempcal.core.cumulants.FIELDS`),
+  ``[slots, cells, FIELDS]`` float64;
+* :func:`cell_calibration`: the calibration sums of :meth:`Scan.calibration` (NLL, Brier, entropy,
+  accuracy, confidence, equal-width bins) per slot and *report group* (any partition of the rows,
+  e.g. the groups while the betas vary per fold), and, on request, every row's confidence per slot
+  (every rank's rows, in order: what ranking figures of a subset need).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .bins import bin_edges, bin_index
+from .cumulants import FIELDS, row_moments, row_terms
+from .distributed import all_gather_rows, all_reduce
+from .scan import CalibrationSums, Scan
+
+
+def _slot_betas(betas: torch.Tensor) -> list[float | None]:
+    """Per slot, its one beta when every cell shares it (the fast kernel), else None."""
+    first = betas[:, :1]
+    return [float(first[s, 0]) if bool((betas[s] == first[s]).all()) else None for s in range(betas.shape[0])]
+
+
+def _chunks_with_cells(scan: Scan, cells: torch.Tensor):
+    """``row_chunks`` with each chunk's slice of the per-row ``cells`` index (one counted pass)."""
+    position = 0
+    for z, y, row_max, gap, correct, has_neginf in scan.row_chunks():
+        n = z.shape[0]
+        yield z, y, row_max, gap, correct, has_neginf, cells[position:position + n]
+        position += n
+
+
+def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: Any = None) -> torch.Tensor:
+    """One pass: float64 sums of :data:`FIELDS` per slot and cell, ``[slots, cells, FIELDS]`` (all ranks).
+
+    ``betas`` ``[slots, cells]`` (float64, > 0); ``cells`` the cell of each of this process's rows (int64).
+    ``rows`` (a :class:`~tempcal.core.fit_start.ChunkRows` of every row, kept by the validating scan) are
+    evaluated instead of reading the data: no pass.
+    """
+    betas = betas.to(torch.float64).cpu()
+    slots, count = betas.shape
+    one = _slot_betas(betas)
+    on_device = betas.to(scan.device)
+    acc = torch.zeros(slots, count, len(FIELDS), dtype=torch.float64, device=scan.device)
+    chunks = ((rows.z, rows.y, rows.row_max, bool(rows.has_neginf.any()), cells),) if rows is not None else (
+        (z, y, row_max, has_neginf, cell) for z, y, row_max, _, _, has_neginf, cell in _chunks_with_cells(scan, cells))
+    for z, y, row_max, has_neginf, cell in chunks:
+        y = y.to(torch.int64)
+        z_true = z.gather(1, y[:, None])[:, 0]
+        for s in range(slots):
+            fixed = one[s]
+            beta: float | torch.Tensor = fixed if fixed is not None else on_device[s][cell]
+            m = row_moments(z, beta, y, scan.scratch, top=row_max, impossible=has_neginf)
+            acc[s].index_add_(0, cell, row_terms(m, z_true, beta).T)
+    return all_reduce(acc)
+
+
+@dataclass(frozen=True)
+class CellCalibration:
+    """A calibration pass's sums: ``[slots, groups, 5]`` (NLL, Brier, entropy, correct, confidence), the bins
+    ``[slots, groups, 3, bins]`` (count, confidence, correct), the rows per group; optionally every row's
+    confidence and NLL ``[slots, rows]`` and correctness ``[rows]`` (every rank's rows, in order)."""
+
+    sums: torch.Tensor
+    bins: torch.Tensor
+    counts: torch.Tensor  # [groups] int64
+    confidence: torch.Tensor | None = None
+    correct: torch.Tensor | None = None
+    nll: torch.Tensor | None = None
+
+    def group(self, slot: int, group: int) -> CalibrationSums:
+        """One slot's sums over one group's rows."""
+        nll, brier, entropy, correct, confidence = self.sums[slot, group].tolist()
+        count, bin_confidence, bin_correct = self.bins[slot, group]
+        return CalibrationSums(int(self.counts[group]), nll, brier, entropy, correct, confidence, count,
+                               bin_confidence, bin_correct)
+
+    def total(self, slot: int) -> CalibrationSums:
+        """One slot's sums over every row."""
+        nll, brier, entropy, correct, confidence = self.sums[slot].sum(0).tolist()
+        count, bin_confidence, bin_correct = self.bins[slot].sum(0)
+        return CalibrationSums(int(self.counts.sum()), nll, brier, entropy, correct, confidence, count,
+                               bin_confidence, bin_correct)
+
+
+def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, groups: torch.Tensor,
+                     num_groups: int, bins: int, *, keep_rows: bool = False) -> CellCalibration:
+    """One pass: calibration sums per slot and report group, each row at its cell's beta of each slot.
+
+    ``betas`` ``[slots, cells]``; ``cells`` and ``groups`` (the report group of each of this process's rows,
+    ``0..num_groups-1``) are int64 per row. The figures are :meth:`Scan.calibration`'s, row for row.
+    """
+    betas = betas.to(torch.float64).cpu()
+    slots = betas.shape[0]
+    one = _slot_betas(betas)
+    device = scan.device
+    on_device = betas.to(device)
+    edges = bin_edges(bins, device)
+    sums = torch.zeros(slots, num_groups, 5, dtype=torch.float64, device=device)
+    per_bin = torch.zeros(slots, 3, num_groups * bins, dtype=torch.float64, device=device)
+    kept: list[list[torch.Tensor]] = [[] for _ in range(2 * slots)]
+    hits: list[torch.Tensor] = []
+    position = 0
+    for z, _, row_max, gap, correct, has_neginf, cell in _chunks_with_cells(scan, cells):
+        group = groups[position:position + z.shape[0]]
+        position += z.shape[0]
+        d = torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z))
+        d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
+        hit = correct.to(torch.float64)
+        hits.append(hit)
+        for s in range(slots):
+            fixed = one[s]
+            beta = fixed if fixed is not None else on_device[s][cell].to(z.dtype)
+            confidence, values = _row_calibration(scan, d, d_finite, gap, hit, beta)
+            sums[s].index_add_(0, group, values)
+            slot = bin_index(confidence, edges) + group * bins
+            per_bin[s, 0].index_add_(0, slot, torch.ones_like(confidence))
+            per_bin[s, 1].index_add_(0, slot, confidence)
+            per_bin[s, 2].index_add_(0, slot, hit)
+            if keep_rows:
+                kept[2 * s].append(confidence)
+                kept[2 * s + 1].append(values[:, 0])
+    counts = all_reduce(torch.bincount(groups, minlength=num_groups)[:num_groups].to(torch.int64)).cpu()
+    sums, per_bin = all_reduce(sums).cpu(), all_reduce(per_bin).cpu()
+    result = CellCalibration(sums, per_bin.view(slots, 3, num_groups, bins).transpose(1, 2), counts)
+    if not keep_rows:
+        return result
+    empty = torch.empty(0, dtype=torch.float64, device=device)
+    rows = torch.stack([torch.cat(parts) if parts else empty for parts in kept], 1)
+    gathered = all_gather_rows(rows).T.reshape(slots, 2, -1)
+    right = all_gather_rows(torch.cat(hits) if hits else empty) > 0.5
+    return CellCalibration(result.sums, result.bins, counts, gathered[:, 0].contiguous(), right,
+                           gathered[:, 1].contiguous())
+
+
+def _row_calibration(scan: Scan, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor, hit: torch.Tensor,
+                     beta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row at ``beta`` (a number, or one per row): the float64 confidence and ``[rows, 5]`` values as
+    :meth:`Scan.calibration` sums them."""
+    b = beta[:, None] if isinstance(beta, torch.Tensor) else beta
+    e = torch.mul(d, b, out=scan.scratch.like("e", d)).exp_()
+    s0 = e.sum(1)
+    log_s0 = torch.log(s0)
+    mean_d = torch.linalg.vecdot(e, d_finite) / s0
+    confidence = s0.reciprocal().to(torch.float64)
+    p_true = torch.exp(beta * gap) / s0
+    brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+    f64 = torch.float64
+    values = torch.stack([(log_s0 - beta * gap).to(f64), brier.clamp_min(0).to(f64),
+                          (log_s0 - beta * mean_d).clamp_min(0).to(f64), hit, confidence], 1)
+    return confidence, values
+
+
+__all__ = ["CellCalibration", "cell_calibration", "cell_objective"]

@@ -1,0 +1,254 @@
+"""``--objective ece`` with folds and groups: every subset's ECE search from shared reads.
+
+The global T is the plain ECE fit's (:func:`tempcal.core.fitting.fit_temperature`, objective ``ece``): the
+NLL optimum, then the branch-and-bound search of :mod:`tempcal.core.ece_fit` around it. Each fold's search
+(the rows outside fold k) and each group's (``n_g ECE_g(T) + lam (ln T - ln T_0)^2``, toward the global T, or
+toward T_k within fold k) searches the same range, centred on the global NLL optimum. Every pass of the
+global search evaluates, besides its own temperatures, those the fold searches want, and keeps each
+cell's bin sums and drift (:class:`CellEceTerms`); a fit's figures are its cells' sums, its drift between
+two of its temperatures the sum of the drifts between the pass's neighbours in between (a looser but still
+valid bound). The global search sees exactly what its own pass would give. Once it is done, the fold
+searches finish together, then every group's.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .bins import bin_edges, bin_index
+from .certified import CertifiedFit
+from .distributed import all_reduce
+from .ece_fit import EceSearch
+from .fitting import fit_temperature
+from .scan import Scan
+from .shared_fits import CellLayout, SubsetTemperatures
+from .subsets import SubsetFits
+
+#: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
+#: are split over several reads.
+MAX_ENTRIES = 1 << 24
+
+
+class CellEceTerms:
+    """One pass's sums at ``betas`` (sorted by temperature): per cell, the equal-width bin sums
+    ``[betas, cells, 3, bins]`` and the drift between neighbours ``[betas - 1, cells]``; over every row, the bin
+    sums and the drift between neighbours among ``own`` (indices into ``betas``), as :class:`EceTerms` gives them."""
+
+    def __init__(self, betas: Sequence[float], own: Sequence[int], bins: int, cells: int, device: torch.device):
+        self.betas, self.own, self.bins, self.cells = [float(b) for b in betas], list(own), bins, cells
+        self.edges = bin_edges(bins, device)
+        f64 = torch.float64
+        self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=f64, device=device)
+        self.cell_drift = torch.zeros(max(len(self.betas) - 1, 0), cells, dtype=f64, device=device)
+        self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=f64, device=device)
+        self.drift = torch.zeros(max(len(self.own) - 1, 0), dtype=f64, device=device)
+
+    def add_chunk(self, d: torch.Tensor, correct: torch.Tensor, cell: torch.Tensor, scan: Scan) -> None:
+        hit = correct.to(torch.float64)
+        previous: tuple[torch.Tensor, torch.Tensor] | None = None
+        own_previous: tuple[torch.Tensor, torch.Tensor] | None = None
+        mine = {k: j for j, k in enumerate(self.own)}
+        for k, beta in enumerate(self.betas):
+            e = torch.mul(d, beta, out=scan.scratch.like("e", d)).exp_()
+            confidence = e.sum(1).reciprocal().to(torch.float64)
+            index = bin_index(confidence, self.edges)
+            slot = index + cell * self.bins
+            for row, values in enumerate((torch.ones_like(confidence), confidence, hit)):
+                self.per_cell[k, row].index_add_(0, slot, values)
+            if previous is not None:
+                self.cell_drift[k - 1].index_add_(0, cell, _drift(previous, confidence, index, hit))
+            previous = (confidence, index)
+            if k in mine:  # the global search's own sums, exactly as its own pass would add them
+                j = mine[k]
+                self.per_bin[j, 0].index_add_(0, index, torch.ones_like(confidence))
+                self.per_bin[j, 1].index_add_(0, index, confidence)
+                self.per_bin[j, 2].index_add_(0, index, hit)
+                if own_previous is not None:
+                    self.drift[j - 1] += _drift(own_previous, confidence, index, hit).sum()
+                own_previous = (confidence, index)
+
+
+def _drift(previous: tuple[torch.Tensor, torch.Tensor], confidence: torch.Tensor, index: torch.Tensor,
+           hit: torch.Tensor) -> torch.Tensor:
+    """Per row: ``|conf(b) - conf(a)| + 2 k m`` between the previous temperature and this one."""
+    before, before_index = previous
+    slack = torch.maximum((hit - before).abs(), (hit - confidence).abs())
+    crossed = (index - before_index).abs().to(torch.float64)
+    return (confidence - before).abs() + 2 * crossed * slack
+
+
+def cell_ece_pass(scan: Scan, betas: Sequence[float], own: Sequence[int], bins: int, layout: CellLayout
+                  ) -> CellEceTerms:
+    """One pass (through :meth:`Scan.row_chunks`) of :class:`CellEceTerms`, all-reduced."""
+    terms = CellEceTerms(betas, own, bins, layout.count, scan.device)
+    position = 0
+    for z, _, row_max, _, correct, _ in scan.row_chunks():
+        cell = layout.cells[position:position + z.shape[0]]
+        position += z.shape[0]
+        terms.add_chunk(torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z)), correct, cell, scan)
+    for name in ("per_cell", "cell_drift", "per_bin", "drift"):
+        setattr(terms, name, all_reduce(getattr(terms, name)).cpu())
+    return terms
+
+
+@dataclass
+class _EceFit:
+    """One subset's search: its group (None: every cell), the fold it leaves out, its rows, its search."""
+
+    group: int | None
+    fold: int | None
+    count: int
+    search: EceSearch | None = None
+
+
+class SharedEce:
+    """The subset ECE searches of one scan (see the module docstring)."""
+
+    def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float, bins: int):
+        self.scan, self.layout, self.bins, self.lam = scan, layout, bins, lam
+        self.groups = groups
+        g, k = layout.groups, layout.folds
+        counts = torch.bincount(layout.cells.cpu(), minlength=g * k)[:g * k].to(torch.float64)
+        self.counts = all_reduce(counts.to(scan.device)).cpu().view(g, k)
+        total, by_fold = self.counts.sum(), self.counts.sum(0)
+        self.folds = [_EceFit(None, f, int(total - by_fold[f])) for f in range(k)] if k > 1 else []
+        self.group_fits: list[_EceFit] = []
+        if groups:
+            for group in range(g):
+                for fold in [None, *range(k)] if k > 1 else [None]:
+                    rows = self.counts[group].sum() - (self.counts[group, fold] if fold is not None else 0)
+                    self.group_fits.append(_EceFit(group, fold, int(rows)))
+        self.centre: float | None = None
+        self.passes = 0
+
+    def terms(self, betas: list[float], bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The global search's pass at ``betas``, carrying the fold searches' wanted temperatures (in the same read
+        while the per-cell sums fit in memory)."""
+        if self.centre is None:  # the first pass is at the global search's initial grid, around the NLL optimum
+            self.centre = math.sqrt(1.0 / (betas[0] * betas[-1]))
+            for fit in self.folds:
+                fit.search = EceSearch(self.centre)
+        own = [-math.log(b) for b in betas]
+        folds = [f for f in self.folds if f.search is not None and f.search.wanted]
+        if not folds:
+            return self.scan.ece_terms(betas, bins)
+        before = self.passes
+        terms = self._pass(folds, own)
+        if self.passes - before > 1:  # the per-cell sums took several reads: the global search's own pass too
+            return self.scan.ece_terms(betas, bins)
+        self.passes -= 1  # the global fit's own read
+        return terms.per_bin, terms.drift
+
+    def _pass(self, fits: list[_EceFit], own: list[float]) -> CellEceTerms:
+        """One read at ``own`` and every temperature ``fits`` want (more reads only when the per-cell sums of
+        every temperature would not fit :data:`MAX_ENTRIES`); each fit takes its values."""
+        wanted = [t for f in fits if f.search is not None for t in f.search.wanted]
+        thetas, position = _merged(own, wanted)
+        g, k, bins = self.layout.groups, self.layout.folds, self.bins
+        step = max(2, MAX_ENTRIES // (3 * g * k * bins))
+        parts = []
+        for first in range(0, max(len(thetas) - 1, 1), step - 1):  # neighbouring parts share a temperature
+            part = thetas[first:first + step]
+            mine = [position[t] - first for t in own if first <= position[t] < first + len(part)]
+            parts.append(cell_ece_pass(self.scan, [math.exp(-t) for t in part], mine, bins, self.layout))
+            self.passes += 1
+        per_cell = torch.cat([p.per_cell if j == 0 else p.per_cell[1:] for j, p in enumerate(parts)])
+        per_cell = per_cell.view(len(thetas), 3, g, k, bins)
+        drift = torch.cat([p.cell_drift for p in parts]).view(-1, g, k)
+        for fit in fits:
+            if fit.search is not None and fit.search.wanted:
+                self._take(fit, per_cell, drift, position)
+        return parts[0]
+
+    @staticmethod
+    def _take(fit: _EceFit, per_cell: torch.Tensor, drift: torch.Tensor, position: dict[float, int]) -> None:
+        """A fit's ECE at each temperature it wants, and its drift between them, from the cells' sums."""
+        assert fit.search is not None
+        n = max(fit.count, 1)
+        sums = _fit_sum(per_cell, fit, dims=(2, 3))  # [thetas, 3, bins]
+        chained = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.float64), _fit_sum(drift, fit, (1, 2))]), 0)
+        wanted = fit.search.wanted
+        ece = [float((sums[position[t], 2] - sums[position[t], 1]).abs().sum()) / n for t in wanted]
+        between = [float(chained[position[b]] - chained[position[a]]) / n for a, b in itertools.pairwise(wanted)]
+        fit.search.take(ece, between)
+
+    def finish(self, global_t: float) -> SubsetTemperatures:
+        """The fold searches to their end, then every group's; their temperatures."""
+        centre = self.centre if self.centre is not None else global_t
+        for fit in self.folds:
+            fit.search = fit.search or EceSearch(centre)
+        self._run(self.folds)
+        fold_t = [f.search.result()[0] for f in self.folds if f.search is not None]
+        for fit in self.group_fits:
+            target = global_t if fit.fold is None else fold_t[fit.fold]
+            penalty = (self.lam / max(fit.count, 1), math.log(target)) if self.lam > 0 else None
+            fit.search = EceSearch(centre, penalty=penalty)
+        self._run(self.group_fits)
+        return self._answer()
+
+    def _run(self, fits: list[_EceFit]) -> None:
+        while any(f.search is not None and f.search.wanted for f in fits):
+            self._pass(fits, [])
+
+    def _answer(self) -> SubsetTemperatures:
+        def result(fit: _EceFit) -> CertifiedFit:
+            assert fit.search is not None
+            temperature, _, certified = fit.search.result()
+            return CertifiedFit(1.0 / temperature, 0, certified, 0.0 if certified else math.inf, math.nan)
+
+        k = self.layout.folds
+        folds = [result(f) for f in self.folds] or None
+        groups = [result(f) for f in self.group_fits if f.fold is None] or None
+        group_folds = ([[result(f) for f in self.group_fits if f.group == g and f.fold is not None]
+                        for g in range(self.layout.groups)] if k > 1 and self.groups else None)
+        open_fits = sum(1 for f in [*self.folds, *self.group_fits] if f.search and not f.search.certified)
+        warnings = [f"{open_fits} subset ECE search(es) stopped before certifying their tolerance"] if open_fits else []
+        return SubsetTemperatures(folds, groups, group_folds, self.passes, warnings)
+
+
+def _merged(own: list[float], others: list[float]) -> tuple[list[float], dict[float, int]]:
+    """Sorted distinct temperatures, each given one's position; one of ``others`` within 1e-12 in log T of
+    another is counted once, and ``own`` ones (the global search's) are kept exactly."""
+    points = sorted(set(own))
+    for t in sorted(set(others)):
+        j = bisect.bisect_left(points, t)
+        near = [p for p in points[max(j - 1, 0):j + 1] if abs(p - t) <= 1e-12]
+        if not near:
+            points.insert(j, t)
+    position = {p: j for j, p in enumerate(points)}
+    for t in others:
+        if t not in position:
+            j = bisect.bisect_left(points, t)
+            position[t] = min((i for i in (j - 1, j) if 0 <= i < len(points)), key=lambda i: abs(points[i] - t))
+    return points, position
+
+
+def _fit_sum(values: torch.Tensor, fit: _EceFit, dims: tuple[int, int]) -> torch.Tensor:
+    """A fit's sums over its cells: ``values`` with a group and a fold axis at ``dims``."""
+    g_dim, k_dim = dims
+    family = values.sum((g_dim, k_dim)) if fit.group is None else values.select(g_dim, fit.group).sum(k_dim - 1)
+    if fit.fold is None:
+        return family
+    left = (values.select(k_dim, fit.fold).sum(g_dim) if fit.group is None
+            else values.select(g_dim, fit.group).select(k_dim - 1, fit.fold))
+    return family - left
+
+
+def fit_ece_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float, bins: int,
+                         group_names: list[str] | None = None) -> SubsetFits:
+    """The global ECE fit and every subset's, sharing reads; ``passes`` counts every read of the fit."""
+    start = scan.passes
+    shared = SharedEce(scan, layout, groups=groups, lam=lam, bins=bins)
+    result = fit_temperature(scan, objective="ece", bins=bins, ece_terms=shared.terms)
+    subsets = shared.finish(result.temperature)
+    result.passes = scan.passes - start + 1
+    return SubsetFits(result, subsets)
+
+
+__all__ = ["CellEceTerms", "SharedEce", "cell_ece_pass", "fit_ece_with_subsets"]

@@ -1,0 +1,104 @@
+"""The global T and every subset T (folds, groups, groups within folds) from shared reads of one scan.
+
+:func:`fit_with_subsets` runs the global fit as :func:`~tempcal.core.fitting.fit_temperature` does (the
+same T as a fit on every row), its passes carrying the subset fits (:mod:`tempcal.core.shared_fits`), then
+finishes those. ``passes`` of the global result counts every read, the validating scan included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import DataError
+from .certified import TOL
+from .fitting import FitResult, fit_temperature
+from .scan import Scan
+from .shared_fits import CellLayout, SharedFits, SubsetTemperatures
+
+
+@dataclass(frozen=True)
+class SubsetFits:
+    """The global fit, and the subset temperatures fitted beside it."""
+
+    fit: FitResult
+    subsets: SubsetTemperatures
+
+    @property
+    def fold_temperatures(self) -> list[float]:
+        return [1.0 / r.beta for r in self.subsets.folds or []]
+
+    @property
+    def group_temperatures(self) -> list[float]:
+        return [1.0 / r.beta for r in self.subsets.groups or []]
+
+    @property
+    def group_fold_temperatures(self) -> list[list[float]]:
+        return [[1.0 / r.beta for r in row] for row in self.subsets.group_folds or []]
+
+
+def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
+               device: torch.device) -> torch.Tensor:
+    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
+    if groups is None and folds is None:
+        raise ValueError("cells need groups or folds")
+    base = groups if groups is not None else folds
+    assert base is not None
+    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
+    k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
+    return (g * num_folds + k).to(device)
+
+
+def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, objective: str = "nll",
+                     bins: int = 15, group_names: list[str] | None = None, tol: float = TOL) -> SubsetFits:
+    """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads."""
+    if objective != "nll":
+        from .ece_subsets import fit_ece_with_subsets
+
+        return fit_ece_with_subsets(scan, layout, groups=groups, lam=lam, bins=bins, group_names=group_names)
+    start = scan.passes
+    shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
+    result = fit_temperature(scan, evaluate=shared.evaluate)
+    subsets = shared.finish(1.0 / result.temperature)
+    result.passes = scan.passes - start + 1
+    return SubsetFits(result, subsets)
+
+
+def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group_prior: float | None,
+                    folds: int | None, seed: int, objective: str, bins: int) -> FitResult:
+    """``fit_temperature(groups=..., folds=...)``: the global fit with its group and fold fits, as one FitResult."""
+    import numpy as np
+
+    from ..workflows.subsets import check_prior
+    from .folds import assign_folds
+
+    lam = check_prior(group_prior)
+    index, keys = None, []
+    if groups is not None:
+        values = np.asarray(groups.cpu() if isinstance(groups, torch.Tensor) else groups).reshape(-1)
+        given = values.shape[0]
+        if kept is not None:  # rows left out by ignore_index: their groups go too
+            values = values[kept.numpy()] if kept.numel() and given > int(kept.max()) else values[:0]
+        if values.shape[0] != scan.num_samples:
+            raise DataError(f"groups holds {given} values, not one per row of the logits (labels included)")
+        distinct, inverse = np.unique(values, return_inverse=True)
+        keys = [v.item() if hasattr(v, "item") else v for v in distinct]
+        index = torch.from_numpy(inverse.reshape(-1).astype(np.int64))
+    k = 1 if folds is None else int(folds)
+    fold_of = None if folds is None else assign_folds(scan.data.labels.numpy(), k, seed)
+    layout = CellLayout(cell_index(index, None if fold_of is None else torch.from_numpy(fold_of), k, scan.device),
+                        max(len(keys), 1), k)
+    fits = fit_with_subsets(scan, layout, groups=groups is not None, lam=lam, objective=objective, bins=bins,
+                            group_names=[str(v) for v in keys] or None)
+    result = fits.fit
+    result.warnings.extend(fits.subsets.warnings)
+    if groups is not None:
+        result.group_temperatures = dict(zip(keys, fits.group_temperatures, strict=True))
+    if folds is not None:
+        result.fold_temperatures, result.folds = fits.fold_temperatures, fold_of
+    return result
+
+
+__all__ = ["SubsetFits", "cell_index", "fit_subsets_api", "fit_with_subsets"]

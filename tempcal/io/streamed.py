@@ -1,0 +1,132 @@
+"""Tensors written chunk by chunk, never held whole: safetensors, ``.npz`` and ``.npy`` files.
+
+Every tensor's dtype and shape are known before its first chunk, so the file's header is written first
+and the chunks' bytes follow it, in order, into the temporary file that :func:`tempcal.io.atomic.atomic_path`
+renames over the destination once everything is written (an interrupted write leaves the old file or none).
+
+* safetensors: the 8-byte header length, the JSON header (tensors in the order given, their byte offsets
+  contiguous; padded with spaces to a multiple of 8 bytes, as the safetensors library writes it), then the data.
+* ``.npz``: a zip archive (stored, zip64) of one ``NAME.npy`` member per tensor, as ``numpy.savez`` writes it.
+* ``.npy``: the one tensor's array header, then its data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
+
+from ..errors import TempcalError
+from .atomic import atomic_path
+from .safetensors_header import DTYPES
+
+if TYPE_CHECKING:
+    import torch
+
+#: The suffixes a streamed output may have.
+STREAMED_SUFFIXES = (".safetensors", ".npz", ".npy")
+
+
+@dataclass(frozen=True)
+class Planned:
+    """One tensor to write: its name, dtype and shape, and the chunks of its rows (C order), produced on demand."""
+
+    name: str
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    chunks: Callable[[], Iterable[torch.Tensor]]
+
+    @property
+    def nbytes(self) -> int:
+        count = 1
+        for n in self.shape:
+            count *= n
+        return count * self.dtype.itemsize
+
+
+def output_format(path: str | os.PathLike, label: str) -> str:
+    """The format of an output named ``path`` (its suffix), or a one-line error naming the ones written."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in STREAMED_SUFFIXES:
+        shown = f"suffix '{suffix}'" if suffix else "no suffix"
+        raise TempcalError(f"{label}: {shown}; expected {', '.join(STREAMED_SUFFIXES)}")
+    return suffix
+
+
+def write_streamed(path: str | os.PathLike, planned: Sequence[Planned], *, metadata: Mapping[str, str] | None = None,
+                   what: str = "output") -> Path:
+    """Write ``planned`` tensors into ``path`` (format by suffix; ``.npy`` takes one tensor, and no format but
+    safetensors keeps ``metadata``), streamed and atomically. Returns ``path``."""
+    suffix = output_format(path, f"{what} {path}" if what else str(path))
+    if suffix == ".npy" and len(planned) != 1:
+        raise TempcalError(f"{what} {path}: a .npy file holds one array, not {len(planned)}")
+    with atomic_path(path, what=what) as temporary, open(temporary, "wb") as f:
+        if suffix == ".safetensors":
+            _write_safetensors(f, planned, metadata or {})
+        elif suffix == ".npz":
+            _write_npz(f, planned)
+        else:
+            _write_npy(f, planned[0])
+    return Path(path)
+
+
+def safetensors_header(planned: Sequence[Planned], metadata: Mapping[str, str]) -> bytes:
+    """The length field and JSON header of a safetensors file holding ``planned`` in order."""
+    codes = {name: code for code, (_, name) in DTYPES.items()}
+    entries: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for tensor in planned:
+        code = codes[str(tensor.dtype).removeprefix("torch.")]
+        entries[tensor.name] = {"dtype": code, "shape": list(tensor.shape), "data_offsets": [offset,
+                                                                                            offset + tensor.nbytes]}
+        offset += tensor.nbytes
+    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def _write_safetensors(f: BinaryIO, planned: Sequence[Planned], metadata: Mapping[str, str]) -> None:
+    f.write(safetensors_header(planned, metadata))
+    for tensor in planned:
+        _write_data(f, tensor)
+
+
+def _write_npz(f: BinaryIO, planned: Sequence[Planned]) -> None:
+    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for tensor in planned:
+            with archive.open(f"{tensor.name}.npy", "w", force_zip64=True) as member:
+                _write_npy(member, tensor)  # type: ignore[arg-type]
+
+
+def _write_npy(f: BinaryIO, tensor: Planned) -> None:
+    import numpy as np
+    from numpy.lib import format as npy
+
+    descr = npy.dtype_to_descr(np.dtype(str(tensor.dtype).removeprefix("torch.")).newbyteorder("<"))
+    npy.write_array_header_1_0(f, {"descr": descr, "fortran_order": False, "shape": tuple(tensor.shape)})
+    _write_data(f, tensor)
+
+
+def _write_data(f: BinaryIO, tensor: Planned) -> None:
+    """Every chunk's bytes (little-endian, C order), checked against the bytes the header declared."""
+    import sys
+
+    written = 0
+    for chunk in tensor.chunks():
+        block = chunk.detach().to("cpu", tensor.dtype).contiguous()
+        array = block.numpy()
+        if sys.byteorder != "little":  # pragma: no cover (no big-endian machine runs the tests)
+            array = array.byteswap()
+        f.write(array.reshape(-1).data.cast("B") if array.size else b"")
+        written += array.nbytes
+    if written != tensor.nbytes:
+        raise TempcalError(f"'{tensor.name}': {written} bytes were computed where {tensor.nbytes} were declared "
+                           f"({list(tensor.shape)} of {tensor.dtype}); nothing written")
+
+
+__all__ = ["STREAMED_SUFFIXES", "Planned", "output_format", "safetensors_header", "write_streamed"]

@@ -1,0 +1,82 @@
+"""The console's per-group and per-fold views: compact tables, largest ECE first, that fit 80 columns.
+
+A group table lists at most :data:`TOP_GROUPS` groups (the largest ECE first) and says how many more there
+are; names longer than :data:`NAME_WIDTH` characters are shortened with an ellipsis (the JSON keeps them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+#: Groups shown in a table; the rest are counted.
+TOP_GROUPS = 20
+NAME_WIDTH = 16
+
+
+def short_name(name: str) -> str:
+    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "\u2026"
+
+
+def _ece(m: Any) -> float:
+    return -1.0 if m is None else m.ece
+
+
+def _figure(m: Any, key: str = "ece") -> str:
+    return "" if m is None else f"{getattr(m, key):.4f}"
+
+
+def _table(headers: Sequence[str]) -> Table:
+    table = Table(show_edge=False, pad_edge=False)
+    for k, header in enumerate(headers):
+        table.add_column(header, justify="left" if k == 0 else "right", no_wrap=True)
+    return table
+
+
+def _more(console: Console, total: int) -> None:
+    if total > TOP_GROUPS:
+        console.print(f"... and {total - TOP_GROUPS} more groups (every group is in the JSON)")
+
+
+def print_fit_groups(report: Any, console: Console) -> None:
+    """The fold temperatures' range, and each group's T and ECE at T = 1, at T_g and at the global T."""
+    subsets = report.subsets
+    if subsets is None:
+        return
+    if subsets.folds is not None:
+        temps = subsets.folds["temperatures"]
+        console.print(f"T per fold: {min(temps):.4g} to {max(temps):.4g} ({subsets.folds['k']} folds; 'after': each "
+                      "row at its fold's T)")
+    if subsets.groups is None:
+        return
+    groups = sorted(subsets.groups, key=lambda g: -_ece(g.after))
+    oof = ", out of fold" if subsets.folds is not None else ""
+    console.print(f"{len(groups)} groups by {subsets.group_key} (prior {subsets.group_prior:g}{oof}), largest ECE "
+                  "first:")
+    table = _table(["group", "n", "T_g", "ECE T=1", "ECE T_g", "ECE T", "NLL T_g"])
+    for g in groups[:TOP_GROUPS]:
+        table.add_row(short_name(g.group), str(g.n_eval), f"{g.temperature:.4g}", _figure(g.before), _figure(g.after),
+                      _figure(g.after_global), _figure(g.after, "nll"))
+    console.print(table)
+    _more(console, len(groups))
+
+
+def print_report_groups(result: Any, console: Console) -> None:
+    """Per temperature row: each group's figures, largest ECE first."""
+    for row in result.group_rows or []:
+        groups = sorted(row.groups, key=lambda g: -g.metrics.ece)
+        at = "each group at its stored T" if row.per_group else f"T = {row.tau:.4g}"
+        console.print(f"{len(groups)} groups by {result.group_key} at {at}, largest ECE first:")
+        table = _table(["group", "n", "T", "NLL", "ECE", "MCE", "Brier", "acc"])
+        for g in groups[:TOP_GROUPS]:
+            m = g.metrics
+            table.add_row(short_name(g.group), str(m.count), f"{g.tau:.4g}", f"{m.nll:.4f}", f"{m.ece:.4f}",
+                          f"{m.mce:.4f}", f"{m.brier:.4f}", f"{m.accuracy:.4f}")
+        console.print(table)
+        _more(console, len(groups))
+
+
+__all__ = ["NAME_WIDTH", "TOP_GROUPS", "print_fit_groups", "print_report_groups", "short_name"]

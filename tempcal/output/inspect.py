@@ -1,0 +1,111 @@
+"""What ``tempcal inspect`` prints: the tensors, the values and labels, the stored T, the sidecar, and hints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import for_cli
+
+
+def tensors_table(tensors: list[dict[str, Any]], several_files: bool) -> Any:
+    """One row per tensor: (its file,) name, shape, dtype and the role the options give it."""
+    from rich.table import Table
+
+    table = Table(box=None, pad_edge=False, show_edge=False)
+    if several_files:
+        table.add_column("file", overflow="fold")
+    for name in ("tensor", "shape", "dtype", "read as"):
+        table.add_column(name, overflow="fold")
+    for t in tensors:
+        shape = "" if t["shape"] is None else str(t["shape"])
+        cells = [t["name"], shape, t["dtype"], t["role"] or ""]
+        table.add_row(*([t["file"]] if several_files else []), *cells)
+    return table
+
+
+def values_line(values: dict[str, Any] | None) -> str | None:
+    """The first rows' values in words."""
+    if values is None:
+        return None
+    if not values["sampled_rows"]:
+        return "values: none (no rows)"
+    rows = values["sampled_rows"]
+    which = f"all {rows} rows" if rows == values["total_rows"] else f"the first {rows} of {values['total_rows']} rows"
+    looks = values["looks_like"] or "invalid (NaN or +inf)"
+    low, high = values["min"], values["max"]
+    span = "" if low is None else f", finite values from {low:.6g} to {high:.6g}"
+    odd = [f"{values[k]} {label}" for k, label in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
+           if values[k]]
+    return f"values: look like {looks} ({which}{span}{'; ' + ', '.join(odd) if odd else ''})"
+
+
+def labels_line(labels: dict[str, Any] | None, num_classes: int | None) -> str | None:
+    if labels is None:
+        return None
+    if not labels["present"]:
+        return f"labels: none ('{labels['key']}' absent)"
+    spread = "none" if labels["min"] is None else f"{labels['min']}..{labels['max']}"
+    text = f"labels '{labels['key']}': {spread}, {labels['distinct']} distinct of {num_classes} classes"
+    if labels["ignored"]:
+        text += f"; {labels['ignored']} rows ignored (label {labels['ignore_index']})"
+    if labels["out_of_range"]:
+        text += f"; {labels['out_of_range']} outside 0..{(num_classes or 0) - 1}"
+    return text
+
+
+def stored_lines(stored: dict[str, Any], sidecar: dict[str, Any] | None) -> list[str]:
+    """The stored T, how it was fitted, and the sidecar's state."""
+    where = {"metadata": "in the metadata", "sidecar": "in the sidecar", "model": "in the model"}[stored["where"]]
+    t = stored.get("temperature")
+    if t is not None:
+        line = f"stored T = {t!r} {where}"
+    elif stored.get("recorded") is not None:
+        line = f"stored T = {stored['recorded']!r} {where}, ignored: {stored.get('ignored')}"
+    else:
+        line = f"stored T: none {where}"
+    how = []
+    if stored.get("probs"):
+        how.append("on probabilities (--probs: later commands read log p)")
+    if stored.get("lm_eval_norm"):
+        how.append(f"with --lm-eval-norm {stored['lm_eval_norm']}")
+    for key in ("logits_key", "labels_key"):
+        if stored.get(key):
+            how.append(f"--{key.replace('_', '-')} {stored[key]}")
+    if how:
+        line += "; fitted " + ", ".join(how)
+    lines = [line]
+    if stored.get("group_temperatures"):
+        groups = stored["group_temperatures"]
+        shown = ", ".join(f"{name}: {value:.4g}" for name, value in list(groups.items())[:10])
+        more = f" and {len(groups) - 10} more" if len(groups) > 10 else ""
+        lines.append(f"per-group T by '{stored['group_key']}' ({len(groups)} groups): {shown}{more}")
+    if sidecar is not None:
+        detail = f" ({sidecar['detail']})" if sidecar["detail"] else ""
+        lines.append(f"sidecar {sidecar['path']}: {sidecar['state']}{detail}")
+    return lines
+
+
+def print_inspect(report: Any, console: Any) -> None:
+    """The report on the console, every text as the command line spells options."""
+    data = report.to_json()
+    size = f", {data['rows']} rows x {data['num_classes']} classes" if data["rows"] is not None else ""
+    binary = " (one binary logit)" if data["binary"] else ""
+    console.print(f"{data['source']}: {data['kind_name']}{size}{binary}", soft_wrap=True, markup=False)
+    if data["tensors"]:
+        console.print(tensors_table(data["tensors"], len({t["file"] for t in data["tensors"]}) > 1))
+    for detail in data["details"] if isinstance(data["details"], list) else []:
+        counts = ", ".join(f"{v} x {k}" for k, v in detail["choice_counts"].items())
+        console.print(f"{detail['file']}: task {detail['task']}, {detail['records']} records ({counts} choices)",
+                      soft_wrap=True, markup=False)
+    if isinstance(data["details"], dict) and data["details"].get("format"):
+        console.print(f"format: {data['details']['format']}", soft_wrap=True, markup=False)
+    lines = [values_line(data["values"]), labels_line(data["labels"], data["num_classes"]),
+             *stored_lines(data["stored"], data["sidecar"])]
+    lines += [f"problem: {for_cli(p)}" for p in report.problems]
+    lines += [f"hint: {for_cli(h)}" for h in report.hints]
+    for line in lines:
+        if line:
+            console.print(line, soft_wrap=True, markup=False)
+
+
+__all__ = ["labels_line", "print_inspect", "stored_lines", "tensors_table", "values_line"]

@@ -1,0 +1,234 @@
+"""A language model's final hidden states, written once by the forward pass and read by every later pass.
+
+:class:`HiddenStore` holds the rows ``[lo, hi)`` of a run (all rows, or one torchrun rank's share) in the
+model's dtype: in memory when they fit :func:`memory_budget`, else in a temporary file that has no name
+from the moment it is created (``tempfile.TemporaryFile``: unlinked at once on POSIX, deleted on close on
+Windows), so it disappears with the process however that ends, Ctrl-C and kills included. The file's space
+is reserved before the forward pass starts (a full disk is one error up front, not a failure hours in),
+and it is mapped read-only afterwards, so the page cache, not this process, holds what is being read.
+:class:`StoredHidden` is the row source :class:`~tempcal.sources.head.HeadLogits` reads: selections are
+row indices into the store, never copies. :func:`save_hidden` writes the rows as a safetensors SOURCE
+for ``--head`` (``hidden`` [N, d] and ``labels`` [N]).
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..core.data import default_chunk_rows
+from ..core.transfer import to_device
+from ..errors import TempcalError
+from ..io.atomic import write_atomic
+
+#: The most bytes of hidden states kept in memory by default (besides a share of the memory available).
+MEMORY_CAP = 4 << 30
+#: Environment variable that sets the budget in bytes (0: always spill to a file).
+BUDGET_ENV = "TEMPCAL_LM_MEMORY_BYTES"
+#: safetensors' names of the dtypes a model's hidden states come in.
+ST_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
+#: Bytes written to a saved file at a time.
+WRITE_ROWS_BYTES = 64 << 20
+
+
+def memory_budget() -> int:
+    """Bytes of hidden states kept in memory: ``TEMPCAL_LM_MEMORY_BYTES``, else a quarter of the memory available,
+    at most :data:`MEMORY_CAP`."""
+    text = os.environ.get(BUDGET_ENV, "").strip()
+    if text:
+        try:
+            return max(int(text), 0)
+        except ValueError:
+            raise TempcalError(f"{BUDGET_ENV}={text!r}: expected a whole number of bytes") from None
+    from ..core.limits import available_bytes
+
+    free = available_bytes("cpu")
+    return MEMORY_CAP if free is None else min(MEMORY_CAP, free // 4)
+
+
+class HiddenStore:
+    """Rows ``[lo, hi)`` of ``[N, width]`` hidden states, in memory or in an unnamed temporary file in ``folder``."""
+
+    def __init__(self, lo: int, hi: int, width: int, dtype: torch.dtype, *, budget: int, folder: Path | None):
+        self.lo, self.hi, self.width, self.dtype = lo, hi, width, dtype
+        self.row_bytes = width * torch.empty((), dtype=dtype).element_size()
+        self.nbytes = (hi - lo) * self.row_bytes
+        self.folder = folder
+        self._file = None
+        self._tensor: torch.Tensor | None = None
+        if self.nbytes <= budget or self.nbytes == 0:
+            self._tensor = torch.empty(hi - lo, width, dtype=dtype)
+        else:
+            self._file = _unnamed_file(folder, self.nbytes)
+
+    @property
+    def spilled(self) -> bool:
+        return self._file is not None
+
+    def write(self, start: int, rows: torch.Tensor) -> None:
+        """Store ``rows`` (on any device) as global rows ``start, start + 1, ...``."""
+        if rows.shape[0] == 0:
+            return
+        rows = rows.detach().to("cpu", self.dtype).contiguous()
+        first = start - self.lo
+        if not (first >= 0 and first + rows.shape[0] <= self.hi - self.lo):
+            raise RuntimeError(f"rows {start}..{start + rows.shape[0]} outside the store's [{self.lo}, {self.hi})")
+        if self._tensor is not None:
+            self._tensor[first : first + rows.shape[0]] = rows
+            return
+        assert self._file is not None
+        _write_all(self._file.fileno(), memoryview(rows.view(torch.uint8).numpy().data).cast("B"),
+                   first * self.row_bytes, self.folder)
+
+    def tensor(self) -> torch.Tensor:
+        """The stored rows ``[hi - lo, width]`` (the file mapped read-only once the forward pass is done)."""
+        if self._tensor is None:
+            assert self._file is not None
+            mapped = mmap.mmap(self._file.fileno(), self.nbytes, access=mmap.ACCESS_COPY)
+            self._tensor = torch.frombuffer(mapped, dtype=self.dtype).view(self.hi - self.lo, self.width)
+        return self._tensor
+
+
+def _unnamed_file(folder: Path | None, nbytes: int):
+    """A temporary file without a name, in ``folder`` (else the system's temporary folder), ``nbytes`` reserved."""
+    where = folder if folder is not None else Path(tempfile.gettempdir())
+    try:
+        f = tempfile.TemporaryFile(dir=where)  # noqa: SIM115 - kept open for the store's life
+    except OSError as exc:
+        raise TempcalError(f"cannot create a temporary file in {where} for the hidden states ({exc.strerror or exc}); "
+                           "name a writable folder with --spill-dir") from None
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(f.fileno(), 0, nbytes)
+        else:  # pragma: no cover - not POSIX
+            f.truncate(nbytes)
+    except OSError as exc:
+        f.close()
+        from ..core.limits import shown_bytes
+
+        raise TempcalError(f"{where}: cannot reserve {shown_bytes(nbytes)} for the hidden states "
+                           f"({exc.strerror or exc}); free space there, name another folder with --spill-dir, "
+                           "or lower --max-length") from None
+    return f
+
+
+def _write_all(fd: int, data: memoryview, offset: int, folder: Path | None) -> None:
+    while data:
+        try:
+            n = os.pwrite(fd, data, offset)
+        except OSError as exc:
+            raise TempcalError(f"{folder or tempfile.gettempdir()}: cannot write the hidden states "
+                               f"({exc.strerror or exc})") from None
+        data, offset = data[n:], offset + n
+
+
+class StoredHidden:
+    """Rows of a :class:`HiddenStore` and their labels, read in chunks: what ``HeadLogits`` takes as hidden states.
+
+    ``rows`` (global row indices, sorted) restricts it to a selection; every row read must lie in the store.
+    """
+
+    binary = False
+
+    def __init__(self, store: HiddenStore, labels: torch.Tensor, rows: torch.Tensor | None = None,
+                 progress: Any = None):
+        self.store = store
+        self.all_labels = labels
+        self.rows = rows
+        self.labels = labels if rows is None else labels[rows]
+        self.progress = progress  # a models.lm_progress.PassCounter: a bar for each long pass
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def num_classes(self) -> int:
+        return self.store.width
+
+    @property
+    def width(self) -> int:
+        return self.store.width
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.store.dtype
+
+    def numel(self) -> int:
+        return self.num_samples * self.store.width
+
+    def original_index(self, i: int) -> int:
+        return i if self.rows is None else int(self.rows[i])
+
+    def select(self, rows: torch.Tensor) -> StoredHidden:
+        rows = torch.as_tensor(rows, dtype=torch.int64)
+        return StoredHidden(self.store, self.all_labels, rows if self.rows is None else self.rows[rows], self.progress)
+
+    def default_chunk_rows(self, device: torch.device) -> int:
+        return default_chunk_rows(self.store.width, device)
+
+    def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
+               ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """``(position, hidden, labels)`` per chunk of ``chunk_rows`` selected rows (or fewer), on ``device``."""
+        from ..models.lm_progress import DelayedBar
+
+        counter = self.progress
+        with counter.bar(self.num_samples) if counter is not None else DelayedBar("", 0, "", enabled=False) as bar:
+            for position, block in self._blocks(max(1, int(chunk_rows))):
+                labels = self.labels[position : position + block.shape[0]]
+                yield position, to_device(block, device, dtype), to_device(labels, device, torch.int64)
+                bar.advance(block.shape[0])
+
+    def _blocks(self, chunk_rows: int) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(position, rows)`` of the store on the host, ``chunk_rows`` selected rows at a time."""
+        data, lo = self.store.tensor(), self.store.lo
+        gathered = None
+        for position in range(0, self.num_samples, chunk_rows):
+            stop = min(position + chunk_rows, self.num_samples)
+            if self.rows is None:
+                block = data[position - lo : stop - lo] if lo == 0 else self._outside(position)
+            else:
+                index = self.rows[position:stop] - lo
+                if bool((index < 0).any()) or bool((index >= data.shape[0]).any()):
+                    self._outside(int(self.rows[position]))
+                if gathered is None:  # one buffer for every chunk: the caller is done with a chunk when it asks again
+                    gathered = torch.empty(chunk_rows, data.shape[1], dtype=data.dtype)
+                block = torch.index_select(data, 0, index, out=gathered[: stop - position])
+            yield position, block
+
+    def _outside(self, row: int) -> torch.Tensor:
+        raise RuntimeError(f"hidden-state row {row} was not computed by this process (rows {self.store.lo}.."
+                           f"{self.store.hi - 1})")
+
+
+def save_hidden(path: str | os.PathLike, hidden: StoredHidden, metadata: dict[str, str]) -> Path:
+    """Write every row of ``hidden`` (all rows: not a torchrun rank's share) as a safetensors file, atomically:
+    ``hidden`` [N, d] in the model's dtype and ``labels`` [N] int64, with ``metadata``."""
+    store = hidden.store
+    rows, width = hidden.num_samples, store.width
+    hidden_bytes = rows * store.row_bytes
+    header = {"hidden": {"dtype": ST_DTYPES[store.dtype], "shape": [rows, width], "data_offsets": [0, hidden_bytes]},
+              "labels": {"dtype": "I64", "shape": [rows], "data_offsets": [hidden_bytes, hidden_bytes + 8 * rows]},
+              "__metadata__": metadata}
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    per_block = max(1, WRITE_ROWS_BYTES // max(store.row_bytes, 1))
+
+    def write(f) -> None:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for _, block, _ in hidden.chunks(per_block, torch.device("cpu"), store.dtype):
+            f.write(memoryview(block.contiguous().view(torch.uint8).numpy().data).cast("B"))
+        f.write(memoryview(hidden.labels.to(torch.int64).contiguous().numpy().data).cast("B"))
+
+    return write_atomic(path, write, what="--save-hidden")
+
+
+__all__ = ["BUDGET_ENV", "HiddenStore", "StoredHidden", "memory_budget", "save_hidden"]

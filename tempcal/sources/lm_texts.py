@@ -1,0 +1,242 @@
+"""A causal language model run over texts as SOURCE (``--lm MODEL --text FILE``): next-token rows, fitted as ``--head``.
+
+The model (:mod:`tempcal.models.causal_lm`) runs once over the texts (:mod:`tempcal.sources.texts`), in
+batches sorted by length (:mod:`tempcal.models.lm_forward`); the final hidden states stream into a
+:class:`~tempcal.sources.hidden_store.HiddenStore` (memory, or an unnamed temporary file when they
+exceed the memory budget), and every later pass computes the logits from them with the model's own
+output layer, block by block, exactly as ``--head`` does (:class:`~tempcal.sources.head.HeadLogits`):
+the model's logits are never held whole. Under torchrun each rank runs the texts that hold its share
+of the rows and keeps only those. ``--eval`` and OOD text files run through the same loaded model.
+
+T goes into ``MODEL/tempcal.json`` (:mod:`tempcal.io.lm_record`), never into the model's own files;
+``--save-hidden PATH`` keeps the hidden states and labels as a SOURCE for later ``--head MODEL`` runs.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from ..errors import TempcalError, param
+from .base import OpenedSource, SourceKind, SourceOptions
+
+ROLES = ("source", "related")
+
+
+@dataclass
+class LmRun:
+    """One text file run through the model: its texts, their tokens, the forward pass and where the rows are."""
+
+    texts: Any  # sources.texts.Texts
+    tokenized: Any  # models.lm_forward.Tokenized
+    stats: Any  # models.lm_forward.ForwardStats
+    store: Any  # sources.hidden_store.HiddenStore
+    max_length: int
+    batch_size: int
+    batch_tokens: int | None
+    tokenize_seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        stats, tokenized = self.stats, self.tokenized
+        padded = stats.tokens + stats.padded_tokens
+        return {
+            "path": str(self.texts.path), "sha256": self.texts.sha256, "text_field": self.texts.field,
+            "texts": len(self.texts), "tokens": tokenized.tokens, "rows": tokenized.rows,
+            "texts_at_max_length": sum(len(t) >= self.max_length for t in tokenized.ids),
+            "max_length": self.max_length, "batch_size": self.batch_size, "batch_tokens": self.batch_tokens,
+            "batches": stats.batches, "padding_fraction": stats.padded_tokens / padded if padded else 0.0,
+            "tokenize_seconds": self.tokenize_seconds, "forward_seconds": stats.seconds,
+            "tokens_per_second": stats.tokens_per_second,
+            "forward_tokens": stats.tokens, "hidden_storage": "file" if self.store.spilled else "memory",
+            "hidden_bytes": self.store.nbytes,
+        }
+
+
+@dataclass
+class LmSource(OpenedSource):
+    """A text file run through a causal LM: ``data`` computes the logits from the stored final hidden states."""
+
+    lm: Any = None  # models.causal_lm.CausalLM, reused for --eval and OOD texts
+    run: LmRun | None = None
+    related: list[LmSource] = field(default_factory=list)  # --eval and OOD texts run through the same model
+
+    @property
+    def name(self) -> str:
+        return self.label or f"{self.lm.folder} on {self.run.texts.path if self.run else '?'}"
+
+    def lm_json(self) -> dict[str, Any]:
+        """The model and every text file it ran over: what the JSON output says under ``lm``."""
+        lm, head = self.lm, self.lm.head
+        runs = [self.run, *(r.run for r in self.related)]
+        return {"model": str(lm.folder), "dtype": str(lm.dtype).removeprefix("torch."),
+                "device": str(lm.input_device), "device_map": lm.device_map, "load_seconds": lm.load_seconds,
+                "vocab": head.vocab, "width": head.width,
+                "logit_scale": head.scale, "softcap": head.softcap, "head_check_difference": lm.probe_difference,
+                "texts": [run.to_json() for run in runs if run is not None]}
+
+    def record(self, settings: dict[str, Any] | None = None, results: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What ``tempcal.json`` holds besides T: the model, the texts fitted on, the settings and the figures."""
+        assert self.run is not None
+        texts = {key: value for key, value in self.run.to_json().items()
+                 if key in ("path", "sha256", "text_field", "texts", "tokens", "rows", "max_length")}
+        lm = self.lm_json()
+        model = {"folder": lm["model"], **{key: lm[key] for key in ("dtype", "vocab", "logit_scale", "softcap")}}
+        out = {"model": model, "texts": texts, "settings": dict(settings or {})}
+        if results:
+            out["results"] = dict(results)
+        return out
+
+    def write_temperature(self, temperature: float, output: str | Path | None = None,
+                          extra: Mapping[str, str | None] | None = None, *, settings: dict[str, Any] | None = None,
+                          results: dict[str, Any] | None = None) -> list[Path]:
+        """T into ``MODEL/tempcal.json`` (or the record at ``output``), with the texts, ``settings`` and ``results``
+        (``extra`` metadata, such as per-group temperatures, goes into the record's results)."""
+        if extra:
+            results = {**(results or {}), **{k: v for k, v in extra.items() if v is not None}}
+        from ..io.lm_record import record_path, write_record
+
+        target = Path(output) if output is not None else record_path(self.lm.folder)
+        return [write_record(target, temperature, self.record(settings, results))]
+
+    def write_generation_config(self, temperature: float) -> Path:
+        """``temperature`` into ``MODEL/generation_config.json`` (other keys kept)."""
+        from ..io.lm_record import set_generation_temperature
+
+        def derived() -> dict[str, Any]:
+            from transformers import GenerationConfig
+
+            return GenerationConfig.from_model_config(self.lm.model.config).to_diff_dict()
+
+        return set_generation_temperature(self.lm.folder, temperature, derived)
+
+    def save_hidden(self, path: str | os.PathLike) -> Path:
+        """Keep the hidden states and labels as a safetensors SOURCE for ``--head MODEL``."""
+        from ..core import distributed
+        from .hidden_store import save_hidden
+
+        if distributed.active():
+            raise TempcalError(f"{param('save_hidden')} under torchrun: each process holds only its share of the rows")
+        assert self.run is not None
+        metadata = {"tempcal.lm_model": str(self.lm.folder), "tempcal.texts": str(self.run.texts.path),
+                    "tempcal.texts_sha256": self.run.texts.sha256, "tempcal.max_length": str(self.run.max_length)}
+        return save_hidden(path, self.data.hidden, metadata)  # type: ignore[attr-defined]
+
+
+class LmKind(SourceKind):
+    """Text files run through ``--lm MODEL``; T goes into ``MODEL/tempcal.json``."""
+
+    name = "lm"
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        return getattr(options, "lm", None) is not None
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        from ..models.causal_lm import load_causal_lm
+
+        _check_options(paths, options)
+        assert options.lm is not None
+        lm = load_causal_lm(options.lm, options.device, device_map=options.device_map)
+        opened = self.run(lm, paths[0], options)
+        if options.react is not None:  # ReAct, as --head clips: at the percentile of SOURCE's hidden states
+            from .head import react_threshold
+
+            react = react_threshold(opened.data.hidden, options.react, options.device, opened.name)  # type: ignore
+            opened.data.clip, opened.data.react = react.threshold, react  # type: ignore[attr-defined]
+        return opened
+
+    def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
+        """Another text file (``--eval``, ``--ood-text``) through the model ``opened`` already loaded."""
+        assert isinstance(opened, LmSource)
+        paths = [Path(other)] if isinstance(other, (str, os.PathLike)) else [Path(p) for p in other]
+        if len(paths) != 1:
+            raise TempcalError(f"{paths[0]}: with {param('lm')} each text file is read on its own")
+        related = self.run(opened.lm, paths[0], opened.options)
+        related.data.clip, related.data.react = opened.data.clip, opened.data.react  # type: ignore[attr-defined]
+        opened.related.append(related)
+        return related
+
+    def run(self, lm: Any, path: Path, options: SourceOptions) -> LmSource:
+        """The model over the texts in ``path``: the next-token rows as a source of logits."""
+        from ..core import distributed
+        from ..io.lm_record import read_record, record_path
+        from ..models.causal_lm import check_head, max_length
+        from ..models.lm_forward import tokenize
+        from .head import HeadLogits
+        from .hidden_store import StoredHidden
+        from .texts import read_texts
+
+        began = time.perf_counter()
+        texts = read_texts(path, options.text_field)
+        length = max_length(lm, options.max_length)
+        tokenized = tokenize(lm, texts.texts, texts.lines, str(path), length)
+        tokenize_seconds = time.perf_counter() - began
+        if lm.probe_difference is None:
+            check_head(lm, max(tokenized.ids, key=len).tolist())
+        lo, hi = distributed.share(tokenized.rows) if distributed.active() else (0, tokenized.rows)
+        store, stats = _forward(lm, tokenized, options, lo, hi, path)
+        from ..models.lm_progress import PassCounter
+
+        hidden = StoredHidden(store, tokenized.labels, progress=PassCounter(f"{lm.folder.name} head", options.progress))
+        run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)
+        data = HeadLogits(cast(Any, hidden), lm.head)  # StoredHidden reads rows as ShardedLogits does
+        source = LmSource([record_path(lm.folder)], data, None, self, options, lm=lm, run=run)
+        try:
+            source.stored = read_record(lm.folder)
+        except TempcalError as exc:  # reported if the stored T is asked for; a fit replaces the record
+            source.stored_problem = exc
+        return source
+
+    def stored_metadata(self, path: Path) -> dict[str, str]:
+        """Nothing is kept beside the texts (T lives in the model folder's record)."""
+        return {}
+
+    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
+        raise TempcalError(f"{path}: the T of a language model is in MODEL/tempcal.json; open it with {param('lm')}")
+
+    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+        raise TempcalError(f"{path}: the T of a language model goes into MODEL/tempcal.json; open it with "
+                           f"{param('lm')}")
+
+
+def _check_options(paths: list[Path], options: SourceOptions) -> None:
+    if len(paths) != 1:
+        raise TempcalError(f"{param('lm')} runs the model over one text file at a time; got {len(paths)}")
+    if options.probs:
+        raise TempcalError(f"{param('probs')} applies to logits files; with {param('lm')} tempcal computes the logits")
+    if options.head is not None:
+        raise TempcalError(f"{param('lm')} uses the model's own output layer; drop {param('head')}")
+    if options.inputs is not None:
+        raise TempcalError(f"{param('lm')} runs over {param('text')} files; drop {param('inputs')}")
+
+
+def _forward(lm: Any, tokenized: Any, options: SourceOptions, lo: int, hi: int, path: Path) -> tuple[Any, Any]:
+    """The forward pass over the rows ``[lo, hi)`` into a new store (memory, or a temporary file), with a bar."""
+    from ..models.lm_forward import run_forward
+    from ..models.lm_progress import DelayedBar
+    from .hidden_store import HiddenStore, memory_budget
+
+    store = HiddenStore(lo, hi, lm.head.width, lm.dtype, budget=memory_budget(), folder=spill_folder(lm, options))
+    starts = tokenized.starts
+    total = sum(len(t) for i, t in enumerate(tokenized.ids) if starts[i] < hi and starts[i + 1] > lo)
+    with DelayedBar(f"running {lm.folder.name} on {path.name}", total, "tokens", enabled=options.progress) as bar:
+        stats = run_forward(lm, tokenized, store, lo=lo, hi=hi, batch_size=options.batch_size,
+                            batch_tokens=options.batch_tokens, progress=bar.advance)
+    return store, stats
+
+
+def spill_folder(lm: Any, options: SourceOptions) -> Path | None:
+    """Where hidden states too large for memory go: ``--spill-dir``, else the model's folder when it is writable
+    (beside the record T goes into), else the system's temporary folder (None)."""
+    if options.spill_dir is not None:
+        folder = Path(options.spill_dir)
+        if not folder.is_dir():
+            raise TempcalError(f"{param('spill_dir')} {folder}: not a folder")
+        return folder
+    return lm.folder if os.access(lm.folder, os.W_OK) else None
+
+
+__all__ = ["LmKind", "LmRun", "LmSource", "spill_folder"]

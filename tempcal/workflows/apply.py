@@ -1,0 +1,178 @@
+"""``tempcal apply`` as a function: a SOURCE's calibrated probabilities (or logits / T, or log-probabilities) at
+the stored T (each row at its group's T where per-group temperatures are stored), written to a file.
+
+The output is streamed: one validating scan, then one pass over the scan's row chunks, each chunk scaled and
+written after the file's header (:mod:`tempcal.io.streamed`) before the next is read; the probabilities of all
+rows are never held. Every row of SOURCE is written, in file order (token logits ``[B, L, V]`` as ``B * L``
+rows, ``--ignore-index`` rows included: labels are not used), and the labels beside them when SOURCE has them.
+The Python equivalent on logits in memory is :meth:`tempcal.TemperatureScaler.transform` (``as_="logits"``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..core.scan import Scan
+from ..errors import TempcalError, param
+from ..io.paths import same_file
+from ..io.streamed import Planned, output_format, write_streamed
+from ..sources.base import OpenedSource, SourceOptions
+from ..sources.registry import Source, open_source
+from ..validation import check_taus, format_temperature, is_fitted, parse_tau
+from .common import check_stored_reading, scan_source
+from .stored_groups import row_temperatures, stored_groups
+
+#: What ``as_`` may ask for, and the name of the output's tensor for each.
+OUTPUT_KEYS = {"probs": "probs", "logits": "logits", "log-probs": "log_probs"}
+#: Words for each, as the console and messages say them.
+WHAT = {"probs": "calibrated probabilities", "logits": "logits / T", "log-probs": "calibrated log-probabilities"}
+
+
+@dataclass
+class ApplyResult:
+    """What ``tempcal apply`` wrote: where, which tensor, at which T (per group, where stored)."""
+
+    source: str
+    output: str
+    as_: str
+    key: str
+    temperature: float  # the global T: stored, or given
+    tau_from: str  # "stored" or "tau"
+    shape: list[int]
+    dtype: str
+    labels: bool  # the labels were written beside the values
+    num_classes: int
+    passes: int
+    device: str
+    group_key: str | None = None
+    group_temperatures: dict[str, float] | None = None  # the T of every group the rows hold
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return self.shape[0]
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "output": self.output, "as": self.as_, "key": self.key,
+                "temperature": self.temperature, "tau_from": self.tau_from, "rows": self.rows, "shape": self.shape,
+                "dtype": self.dtype, "labels": self.labels, "num_classes": self.num_classes,
+                "group_key": self.group_key, "group_temperatures": self.group_temperatures, "passes": self.passes,
+                "device": self.device, "warnings": self.warnings}
+
+
+def check_as(value: str) -> str:
+    """``as_``: probs, logits or log-probs (any case; ``log_probs`` too)."""
+    text = str(getattr(value, "value", value)).strip().lower().replace("_", "-")
+    if text not in OUTPUT_KEYS:
+        raise TempcalError(f"{param('as_')} {value}: expected probs, logits or log-probs")
+    return text
+
+
+def check_output(output: str | os.PathLike) -> str:
+    """The output's format from its suffix (.safetensors, .npz, .npy), checked before any file is read."""
+    return output_format(output, f"{param('output')} {output}")
+
+
+def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs", tau: str | float | None = None,
+               groups: bool = True, device: str = "auto", chunk_rows: int | None = None,
+               options: SourceOptions | None = None, **keys: Any) -> ApplyResult:
+    """Write ``source``'s calibrated probabilities (``as_="logits"``: logits / T; ``"log-probs"``) to ``output``.
+
+    T is the stored one (``tau`` None or ``"fitted"``), each row at its group's stored T when SOURCE stores
+    per-group temperatures (``groups=False``: the global T for every row); or ``tau``, a number, for every row.
+    ``options`` or keyword arguments (``logits_key=...``) say how to read SOURCE, as for :func:`open_source`;
+    labels are optional. A T fitted on probabilities is applied to log(p), as it was fitted.
+    """
+    as_ = check_as(as_)
+    suffix = check_output(output)
+    if tau is not None:
+        check_taus([tau])
+    options = (options or SourceOptions()).but(ignore_index=None, **keys)  # every row is written
+    loaded = open_source(source, options, labels_optional=True)
+    for path in loaded.paths:
+        if same_file(path, output):
+            raise TempcalError(f"{param('output')} {output}: would overwrite SOURCE {path}; give it a path of its own")
+    temperature, tau_from = _temperature(loaded, tau)
+    warnings: list[str] = []
+    per_row, group_key, per_group = None, None, None
+    stored = stored_groups(_metadata(loaded), f"{loaded.name}:") if groups and tau_from == "stored" else None
+    if stored is not None:
+        per_row, per_group = row_temperatures(loaded, stored, temperature, warnings)
+        group_key = stored.key
+    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
+                       labelled=False)
+    planned = _planned(scan, as_, temperature if per_row is None else per_row)
+    with_labels = loaded.has_labels and suffix != ".npy"
+    if with_labels:
+        labels = scan.data.labels.to(torch.int64)
+        planned.append(Planned("labels", torch.int64, (labels.numel(),), lambda: [labels]))
+    metadata = _output_metadata(loaded, as_, temperature, group_key, per_group)
+    write_streamed(output, planned, metadata=metadata, what=param("output"))
+    main = planned[0]
+    return ApplyResult(loaded.name, str(output), as_, main.name, temperature, tau_from, list(main.shape),
+                       str(main.dtype).removeprefix("torch."), with_labels, scan.num_classes, scan.passes,
+                       str(scan.device), group_key, per_group, warnings)
+
+
+def _temperature(loaded: OpenedSource, tau: str | float | None) -> tuple[float, str]:
+    """The global T and where it came from: the stored T (``tau`` None or ``fitted``), or ``tau``."""
+    if tau is not None and not is_fitted(tau):
+        return parse_tau(tau, None), "tau"
+    check_stored_reading(loaded, True)
+    stored = loaded.stored_temperature
+    if stored is None:
+        raise TempcalError(f"{loaded.name}: has no stored temperature ({loaded.temperature_place()}; or give the "
+                           f"temperature with {param('tau')} T)")
+    return stored, "stored"
+
+
+def _metadata(loaded: OpenedSource) -> dict[str, str]:
+    """What SOURCE keeps beside its T (its first file's; shards are written alike)."""
+    return loaded.kind.stored_metadata(loaded.paths[0]) if loaded.paths else {}
+
+
+def _planned(scan: Scan, as_: str, temperature: float | torch.Tensor) -> list[Planned]:
+    """The output's main tensor: rows x classes (a single binary logit as logits / T keeps its ``[N]`` form)."""
+    dtype = torch.float64 if scan.data.dtype == torch.float64 else torch.float32
+    single = as_ == "logits" and scan.data.binary
+    shape = (scan.num_samples,) if single else (scan.num_samples, scan.num_classes)
+    return [Planned(OUTPUT_KEYS[as_], dtype, shape, lambda: _scaled_chunks(scan, as_, temperature, single))]
+
+
+def _scaled_chunks(scan: Scan, as_: str, temperature: float | torch.Tensor, single: bool) -> Iterator[torch.Tensor]:
+    """One pass over the scan's chunks: each chunk's logits divided by its rows' T, then as asked."""
+    start = 0
+    for z, *_ in scan.row_chunks():
+        n = z.shape[0]
+        t = temperature if isinstance(temperature, float) else temperature[start:start + n, None].to(z.device,
+                                                                                                      z.dtype)
+        start += n
+        scaled = z / t
+        if as_ == "probs":
+            yield torch.softmax(scaled, 1)
+        elif as_ == "log-probs":
+            yield torch.log_softmax(scaled, 1)
+        else:
+            yield scaled[:, 1] if single else scaled  # a binary logit z is the row [0, z]
+
+
+def _output_metadata(loaded: OpenedSource, as_: str, temperature: float, group_key: str | None,
+                     per_group: dict[str, float] | None) -> dict[str, str]:
+    """What the output says of itself (safetensors only): what it holds, at which T, from which SOURCE."""
+    metadata = {"tempcal.applied": as_, "tempcal.applied_temperature": format_temperature(temperature),
+                "tempcal.applied_to": loaded.name}
+    if loaded.options.probs:
+        metadata["tempcal.applied_to_probs"] = "true"  # T scaled log(p)
+    if group_key is not None and per_group is not None:
+        metadata["tempcal.applied_group_key"] = group_key
+        metadata["tempcal.applied_group_temperatures"] = json.dumps(per_group)
+    return metadata
+
+
+__all__ = ["OUTPUT_KEYS", "ApplyResult", "apply_file", "check_as", "check_output"]

@@ -1,0 +1,71 @@
+"""``ood --group-by KEY``: every in-distribution group against every OOD file, at every score and tau.
+
+The groups' figures reuse the per-row scores of the main pass: group g's rows are a slice of them. At the
+stored T, when per-group temperatures are stored for KEY, group g's rows and every OOD row are scored at
+T_g (as an input of group g would be): those temperatures join the one scores pass of each file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..metrics.detection import detection_metrics
+from ..sources.groups import RowGroups
+
+#: At most this many distinct stored per-group temperatures are scored (each is one more exp per logit).
+MAX_GROUP_TAUS = 256
+
+
+@dataclass(frozen=True)
+class GroupTaus:
+    """Each group's temperature at the stored T (empty: none applies), and the extra temperatures to score."""
+
+    per_group: dict[str, float]
+    extra: list[float]
+
+
+def group_taus(per_group: dict[str, float], taus: Sequence[float], stored: float | None, warnings: list[str]
+               ) -> GroupTaus:
+    """The distinct stored T_g not already among ``taus`` (none when the stored T is not reported)."""
+    if not per_group or stored is None or stored not in taus:
+        return GroupTaus({}, [])
+    extra = sorted({t for t in per_group.values() if t not in taus})
+    if len(extra) > MAX_GROUP_TAUS:
+        warnings.append(f"{len(extra)} distinct per-group temperatures: more than {MAX_GROUP_TAUS} are not scored; "
+                        "every group is reported at the global T")
+        return GroupTaus({}, [])
+    return GroupTaus(per_group, extra)
+
+
+def group_results(groups: RowGroups, ood_names: Sequence[str], scores: Sequence[str], taus: Sequence[float],
+                  applied: GroupTaus, stored: float | None, id_scores: dict[str, list[np.ndarray]],
+                  ood_scores: Sequence[dict[str, list[np.ndarray]]]) -> list[dict]:
+    """Per group: its size and its rows' figures against every OOD file; ``id_scores`` and ``ood_scores`` hold
+    ``taus`` then ``applied.extra``."""
+    every = [*taus, *applied.extra]
+    out = []
+    for g, name in enumerate(groups.names):
+        mine = groups.index == g
+        rows = []
+        for ood_name, side in zip(ood_names, ood_scores, strict=True):
+            for score in scores:
+                for tau in taus:
+                    own = bool(applied.per_group) and tau == stored
+                    used = applied.per_group[name] if own else tau
+                    k = every.index(used)
+                    m = detection_metrics(id_scores[score][k][mine], side[score][k], tau=used, score=score)
+                    rows.append({"ood_file": ood_name, "score": score, "tau": used, "per_group": own,
+                                 "auroc": m.auroc, "aupr_in": m.aupr_in, "aupr_out": m.aupr_out, "fpr95": m.fpr95})
+        out.append({"group": name, "n_id": int(mine.sum()), "results": rows})
+    return out
+
+
+def dropped_extra(scores: dict[str, list[np.ndarray]], count: int) -> dict[str, list[np.ndarray]]:
+    """A side's scores at the first ``count`` temperatures only (the extra ones are for the groups)."""
+    return {name: values[:count] for name, values in scores.items()}
+
+
+__all__ = ["MAX_GROUP_TAUS", "GroupTaus", "dropped_extra", "group_results", "group_taus"]

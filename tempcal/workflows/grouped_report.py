@@ -1,0 +1,131 @@
+"""``report --group-by KEY`` (and ``ood --group-by KEY``'s groups): figures per group at every temperature, one pass.
+
+Each temperature is one slot of :func:`~tempcal.core.cell_passes.cell_calibration`, the rows' groups its
+subsets; at the stored T, when per-group temperatures are stored for KEY, each group's rows take their own
+T_g (a group with none stored takes the global T, with a warning).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.cell_passes import CellCalibration, cell_calibration
+from ..core.scan import Scan
+from ..metrics.calibration import CalibrationMetrics
+from ..metrics.subsets import needs_rows, subset_metrics
+from ..sources.base import OpenedSource
+from ..sources.groups import RowGroups, stored_group_temperatures
+
+
+@dataclass(frozen=True)
+class GroupFigures:
+    """One group's figures at one temperature (``tau``: the T its rows took)."""
+
+    group: str
+    tau: float
+    metrics: CalibrationMetrics
+    extras: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        m = self.metrics
+        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "mce": m.mce,
+                "brier": m.brier, "accuracy": m.accuracy, "entropy": m.entropy,
+                "mean_confidence": m.mean_confidence, **self.extras}
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """Every group at one temperature of the report; ``per_group``: each group at its stored T_g."""
+
+    tau: float
+    per_group: bool
+    groups: list[GroupFigures]
+
+
+@dataclass(frozen=True)
+class StoredGroups:
+    """The per-group temperatures that apply to a report by KEY: name -> T (empty: none apply)."""
+
+    temperatures: dict[str, float]
+    warnings: list[str]
+
+
+def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None) -> StoredGroups:
+    """The stored T_g of ``groups`` (with warnings for another key or groups stored without a T)."""
+    key, temperatures = stored_group_temperatures(opened)
+    if key is None or stored is None:
+        return StoredGroups({}, [])
+    if key != groups.key:
+        return StoredGroups({}, [f"{opened.name}: its per-group temperatures are by '{key}', not '{groups.key}'; "
+                                 "every group is reported at the global T"])
+    missing = [name for name in groups.names if name not in temperatures]
+    warnings = []
+    if missing:
+        warnings.append(f"{opened.name}: {len(missing)} of {groups.count} groups have no stored T (first: "
+                        f"{missing[0]}); they are reported at the global T = {stored!r}")
+    return StoredGroups({name: temperatures.get(name, stored) for name in groups.names}, warnings)
+
+
+@dataclass(frozen=True)
+class GroupedPass:
+    """The report's one pass by groups: the overall figures per temperature and each group's."""
+
+    results: list[CalibrationMetrics]
+    rows: list[GroupRow]
+    calibration: CellCalibration
+
+
+def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
+                   per_group: dict[str, float], stored: float | None, keep_rows: bool = False) -> GroupedPass:
+    """Every temperature (the stored one at ``per_group``'s T_g when given) over every row and every group."""
+    start, stop = opened.share()
+    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
+    count = groups.count
+    slots, flags = [], []
+    for tau in taus:
+        own = bool(per_group) and tau == stored
+        temps = [per_group[name] for name in groups.names] if own else [tau] * count
+        slots.append(1.0 / torch.tensor(temps, dtype=torch.float64))
+        flags.append(own)
+    calibration = cell_calibration(scan, torch.stack(slots), local, local, count, bins,
+                                   keep_rows=keep_rows or needs_rows())
+    index = torch.from_numpy(groups.index)
+    results, rows = [], []
+    for k, tau in enumerate(taus):
+        total = subset_metrics(calibration, k, tau)
+        assert total is not None
+        results.append(total)
+        figures = []
+        for g, name in enumerate(groups.names):
+            g_tau = per_group[name] if flags[k] else tau
+            m = subset_metrics(calibration, k, g_tau, g, index)
+            if m is not None:
+                figures.append(GroupFigures(name, g_tau, m))
+        rows.append(GroupRow(tau, flags[k], figures))
+    return GroupedPass(results, rows, calibration)
+
+
+def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
+                 bins: int) -> list[GroupRow]:
+    """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
+    from .subsets import row_extras
+
+    if not (estimators or bootstrap) or grouped.calibration.confidence is None:
+        return grouped.rows
+    out = []
+    for k, row in enumerate(grouped.rows):
+        figures = []
+        for figure in row.groups:
+            mine = torch.from_numpy(groups.index == groups.names.index(figure.group))
+            extra = row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed,
+                               bins=bins, rows=mine.to(grouped.calibration.confidence.device))
+            figures.append(GroupFigures(figure.group, figure.tau, figure.metrics, extra))
+        out.append(GroupRow(row.tau, row.per_group, figures))
+    return out
+
+
+__all__ = ["GroupFigures", "GroupRow", "GroupedPass", "StoredGroups", "applicable_groups", "group_extras",
+           "grouped_report"]

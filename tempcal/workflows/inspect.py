@@ -1,0 +1,230 @@
+"""``tempcal inspect`` as a function: what a SOURCE holds, how its values look, and the T stored with it.
+
+A user's first command on an unknown file: the keys, shapes and dtypes (from the headers, where the format
+has them), whether the first rows' values look like probabilities, log-probabilities or logits, the labels,
+the stored T and how it was fitted (``probs``, lm-eval's normalisation, tensor names, per-group temperatures),
+and the state of the sidecar (fresh or stale). Nothing is refused that can be shown: a file that the other
+commands would refuse (no logits key, values that look like probabilities, hidden states without a head) is
+described, with what is wrong among ``problems`` and what to pass among ``hints``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import Note, TempcalError, param
+from ..io.safetensors_header import read_header
+from ..sources.base import OpenedSource, SourceKind, SourceOptions
+from ..sources.registry import Source, expand_sources, kind_of, open_source
+from .inspect_parts import STORED_IN, labels_summary, lm_eval_details, sample_values, stored_fields, tensors_of
+
+#: What each kind of SOURCE is called in the report.
+KIND_NAMES = {"safetensors": "safetensors logits file", "npz": ".npz archive", "npy": ".npy logits file",
+              "pt": "torch.save dict of tensors", "lm-eval": "lm-evaluation-harness sample log",
+              "model": "model", "head": "hidden states with an output head"}
+
+
+@dataclass
+class InspectReport:
+    """What ``tempcal inspect`` found in one SOURCE (``to_json`` lists every field)."""
+
+    source: str
+    kind: str
+    files: list[str]
+    tensors: list[dict[str, Any]]
+    stored: dict[str, Any]
+    sidecar: dict[str, Any] | None = None
+    rows: int | None = None
+    num_classes: int | None = None
+    binary: bool | None = None
+    labels: dict[str, Any] | None = None
+    values: dict[str, Any] | None = None
+    details: Any = None  # lm-eval logs: per file, task and records; a model: its format
+    problems: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"source": self.source, "kind": self.kind, "kind_name": KIND_NAMES.get(self.kind, self.kind),
+                "files": self.files, "tensors": self.tensors, "rows": self.rows, "num_classes": self.num_classes,
+                "binary": self.binary, "labels": self.labels, "values": self.values, "stored": self.stored,
+                "sidecar": self.sidecar, "details": self.details, "problems": self.problems, "hints": self.hints,
+                "warnings": self.warnings}
+
+
+def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys: Any) -> InspectReport:
+    """Describe ``source`` (a file, shards, a glob; a model with ``inputs``; hidden states with ``head``).
+
+    ``options`` or keyword arguments (``logits_key=...``) say how the other commands would read it. Only a
+    SOURCE that cannot be found or told apart is an error; anything wrong inside it is listed in ``problems``.
+    """
+    options = (options or SourceOptions()).but(**keys)
+    sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)  # type: ignore[arg-type]
+    paths = expand_sources(sources)
+    if not paths:
+        raise TempcalError("no SOURCE file given")
+    kind = kind_of(paths, options)
+    if kind.name != "model" and not paths[0].exists():
+        raise TempcalError(f"{paths[0]}: no such file")
+    report = InspectReport(" ".join(str(s) for s in sources), kind.name, [str(p) for p in paths], [], {})
+    report.tensors = _or_problem(lambda: tensors_of(kind, paths, options), report.problems) or []
+    report.sidecar = _sidecar(kind, paths[0])
+    without_inputs = kind.name == "model" and options.inputs is None  # described from its file alone
+    opened = None if without_inputs else _opened(paths, options, report.problems)
+    if opened is None and not without_inputs and (other := _other_logits(report.tensors, options)) is not None:
+        opened = _opened(paths, options.but(logits_key=other), [])
+        if opened is not None:
+            report.hints.append(Note(f"'{options.logits_key}' is absent; '{other}' is read as the logits here: name "
+                                     f"it with {param('logits_key')} {other}"))
+    report.stored = _stored(kind, paths[0], opened, report)
+    if opened is not None:
+        _describe_data(report, opened, options.ignore_index)
+    if kind.name == "lm-eval":
+        report.details = _or_problem(lambda: lm_eval_details(paths, options.lm_eval_norm), report.problems)
+    if kind.name == "model":
+        report.details = {"format": _model_format(paths[0])}
+    report.hints += _hints(report, options)
+    return report
+
+
+class Said(str):
+    """A problem or hint: reads as Python callers are told it; ``raw`` is how the command line says it."""
+
+    raw: str
+
+    def __new__(cls, python: str, cli: str) -> Said:
+        said = super().__new__(cls, python)
+        said.raw = cli
+        return said
+
+
+def as_problem(exc: TempcalError) -> Said:
+    """An error kept as a problem."""
+    return Said(str(exc), exc.for_cli())
+
+
+def _or_problem(step: Any, problems: list[str]) -> Any:
+    """``step()``, or None with its one-line error among ``problems``."""
+    try:
+        return step()
+    except TempcalError as exc:
+        problems.append(as_problem(exc))
+        return None
+
+
+def _opened(paths: list[Path], options: SourceOptions, problems: list[str]) -> OpenedSource | None:
+    """SOURCE opened as the other commands open it, but as raw values (``probs=False``) with every row kept and
+    labels optional; None (and the reason among ``problems``) when it cannot be."""
+    raw = options.but(probs=False, ignore_index=None)
+    return _or_problem(lambda: open_source(paths, raw, labels_optional=True), problems)
+
+
+def _other_logits(tensors: list[dict[str, Any]], options: SourceOptions) -> str | None:
+    """The one float tensor of rank 1 to 3 that could hold the logits when ``logits_key`` is absent, if there is
+    exactly one (hidden states excepted)."""
+    names = {t["name"] for t in tensors}
+    if options.logits_key in names or options.head is not None:
+        return None
+    floats = {t["name"] for t in tensors if t["role"] is None and t["shape"] is not None and 1 <= len(t["shape"]) <= 3
+              and str(t["dtype"]).startswith(("float", "bfloat"))
+              and t["name"] != options.hidden_key}
+    return floats.pop() if len(floats) == 1 else None
+
+
+def _sidecar(kind: SourceKind, path: Path) -> dict[str, Any] | None:
+    """The sidecar's state, for the kinds that keep T in one."""
+    if kind.name in STORED_IN:
+        return None
+    from ..io.sidecar import sidecar_state
+
+    state = sidecar_state(path)
+    return {"path": str(state.path), "state": state.state, "detail": state.detail}
+
+
+def _stored(kind: SourceKind, path: Path, opened: OpenedSource | None, report: InspectReport) -> dict[str, Any]:
+    """The stored T as the other commands use it (None when there is none, or it is ignored), what is recorded
+    whatever its state, where, and how it was fitted."""
+    from ..io.sidecar import sidecar_state
+
+    where = STORED_IN.get(kind.name, "sidecar")
+    if where == "model":
+        temperature = opened.stored if opened is not None else _model_temperature(path, report.problems)
+        return {"temperature": temperature, "recorded": temperature, "where": where, "probs": False}
+    if where == "metadata":
+        metadata = _or_problem(lambda: dict(read_header(path).metadata), report.problems) or {}
+    else:
+        metadata = sidecar_state(path).metadata  # recorded even when stale
+    shown = f"{path}:" if where == "metadata" else f"{report.sidecar['path'] if report.sidecar else path}:"
+    out = {"temperature": None, "where": where, **stored_fields(metadata, shown, report.problems)}
+    if opened is not None and opened.stored_problem is None:
+        out["temperature"] = opened.stored
+    if out["recorded"] is not None and out["temperature"] is None:
+        out["ignored"] = _why_ignored(report, opened)
+    return out
+
+
+def _why_ignored(report: InspectReport, opened: OpenedSource | None) -> str:
+    if report.sidecar is not None and report.sidecar["state"] == "stale":
+        return "the sidecar was written for a different version of the file"
+    if opened is None:
+        return "SOURCE cannot be read as the other commands read it (see problems)"
+    return "it was fitted under other options (see warnings)"
+
+
+def _describe_data(report: InspectReport, opened: OpenedSource, ignore_index: int | None) -> None:
+    """Rows, classes, labels and a sample of the values of the opened SOURCE."""
+    data = opened.data
+    report.rows, report.num_classes, report.binary = data.num_samples, data.num_classes, data.binary
+    report.labels = labels_summary(data, opened.has_labels, ignore_index, opened.options.labels_key)
+    report.values = _or_problem(lambda: sample_values(data), report.problems)
+    report.warnings.extend(opened.warnings)
+
+
+def _model_temperature(path: Path, problems: list[str]) -> float | None:
+    from ..models.base import load_model
+
+    model = _or_problem(lambda: load_model(path, "cpu"), problems)
+    return None if model is None else model.temperature
+
+
+def _model_format(path: Path) -> str | None:
+    from ..models.detect import FORMAT_NAMES, model_format
+
+    try:
+        return FORMAT_NAMES[model_format(path)]
+    except TempcalError:
+        return None
+
+
+def _hints(report: InspectReport, options: SourceOptions) -> list[str]:
+    """What to pass, or do, to use this SOURCE, from what was found."""
+    hints: list[str] = []
+    roles = {t["role"] for t in report.tensors}
+    if options.head is None and options.hidden_key in {t["name"] for t in report.tensors} and "logits" not in roles:
+        hints.append(Note(f"it holds hidden states '{options.hidden_key}': pass {param('head')} HEAD (the output "
+                          "layer) to compute the logits"))
+    looks = (report.values or {}).get("looks_like")
+    if looks == "probabilities" and not report.stored.get("probs"):
+        text = "the values look like probabilities: pass {} to read them as such (T then scales log p), or {} to " \
+               "treat them as logits"
+        hints.append(Said(text.format("probs=True", "probs=False"), text.format("--probs", "--no-probs")))
+    if report.labels is not None and not report.labels["present"]:
+        hints.append(Note(f"no labels '{report.labels['key']}' (name them with {param('labels_key')}): fit and report "
+                          "need them; ood and apply read the file without"))
+    if report.kind == "model" and options.inputs is None:
+        hints.append(Note(f"a model: give its inputs with {param('inputs')} DATA.safetensors to look at its outputs"))
+    stored = report.stored
+    if stored.get("ignored") and report.sidecar and report.sidecar["state"] == "stale":
+        hints.append("the sidecar's T is for an earlier version of the file: run tempcal fit again")
+    elif stored.get("temperature") is None and not stored.get("recorded") and report.rows:
+        hints.append("no stored temperature: run tempcal fit to fit and store one")
+    if stored.get("lm_eval_norm") and stored["lm_eval_norm"] != options.lm_eval_norm:
+        hints.append(Note(f"its T was fitted with {param('lm_eval_norm')} {stored['lm_eval_norm']}: pass it to use "
+                          "that T"))
+    return hints
+
+
+__all__ = ["KIND_NAMES", "InspectReport", "inspect_file"]

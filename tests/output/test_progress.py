@@ -1,0 +1,109 @@
+"""The progress line (tempcal.output.progress): silent for short runs, when disabled and off a terminal."""
+
+from __future__ import annotations
+
+import io
+import sys
+import threading
+import time
+
+from rich.console import Console
+
+from tempcal.output.progress import Progress
+
+
+def _terminal() -> tuple[Console, io.StringIO]:
+    """A console that is a terminal (as a person's standard error is), writing into a buffer."""
+    buffer = io.StringIO()
+    return Console(file=buffer, force_terminal=True, width=100, color_system=None), buffer
+
+
+def _wait_until(condition, seconds: float = 5.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_a_run_past_the_delay_shows_its_latest_step_and_erases_it_at_the_end(capsys):
+    console, buffer = _terminal()
+    with Progress("fitting T", enabled=console, delay=0.05) as progress:
+        progress.ece_pass(3, 12)
+        assert _wait_until(lambda: progress.shown)
+        assert _wait_until(lambda: "ECE search: pass 3, 12 intervals open" in buffer.getvalue())
+        progress.ece_pass(4, 0)
+        assert _wait_until(lambda: "ECE search: done in 4 passes" in buffer.getvalue())
+    assert not progress.shown
+    text = buffer.getvalue()
+    assert "fitting T" in text and " s" in text
+    assert text.endswith("\x1b[2K")  # the last frame is erased (transient): a kept bar ends "\x1b[?25h"
+    assert capsys.readouterr().out == ""  # never standard output
+
+
+def test_a_short_run_shows_nothing():
+    console, buffer = _terminal()
+    with Progress("fitting T", enabled=console, delay=0.5) as progress:
+        for k in range(1, 6):
+            progress.ece_pass(k, 10 - k)
+    time.sleep(0.7)  # past the delay: the timer was cancelled when the work ended
+    assert buffer.getvalue() == "" and not progress.shown
+
+
+def test_disabled_shows_nothing_and_starts_no_thread():
+    """``enabled=False`` is what ``--quiet`` and ``--json -`` pass."""
+    threads = threading.active_count()
+    for enabled in (False, None):
+        with Progress("fitting T", enabled=enabled, delay=0.0) as progress:  # type: ignore[arg-type]
+            assert threading.active_count() == threads
+            progress.update("pass 1")
+            time.sleep(0.05)
+            assert not progress.shown
+
+
+def test_off_a_terminal_nothing_is_drawn(capfd):
+    """A CI log, a file or a pipe as standard error: no bar frames in it."""
+    buffer = io.StringIO()
+    with Progress("fitting T", enabled=Console(file=buffer), delay=0.0) as progress:
+        progress.update("pass 1")
+        time.sleep(0.1)
+        assert not progress.shown
+    assert buffer.getvalue() == ""
+    with Progress("fitting T", enabled=True, delay=0.0) as progress:  # pytest's captured stderr: not a terminal
+        assert not sys.stderr.isatty()
+        progress.update("pass 1")
+        time.sleep(0.1)
+        assert not progress.shown
+    assert capfd.readouterr() == ("", "")
+
+
+def test_only_rank_0_draws(monkeypatch):
+    """Under torchrun every rank runs the fit on one shared terminal: one line, from rank 0."""
+    import tempcal.output.progress as progress_module
+
+    monkeypatch.setattr(progress_module, "rank", lambda: 1)
+    console, buffer = _terminal()
+    with Progress("fitting T", enabled=console, delay=0.0) as progress:
+        time.sleep(0.1)
+        assert not progress.shown
+    assert buffer.getvalue() == ""
+
+
+def test_the_line_can_appear_during_a_slow_first_step():
+    """The timer draws the line even if no update comes after the delay (one long pass)."""
+    console, buffer = _terminal()
+    with Progress("fitting T", enabled=console, delay=0.05) as progress:
+        assert _wait_until(lambda: progress.shown)
+        assert _wait_until(lambda: "fitting T" in buffer.getvalue())
+        progress.update("ECE search: pass 1")
+        assert _wait_until(lambda: "ECE search: pass 1" in buffer.getvalue())
+
+
+def test_an_error_inside_still_erases_the_line():
+    console, buffer = _terminal()
+    try:
+        with Progress("fitting T", enabled=console, delay=0.0) as progress:
+            assert _wait_until(lambda: progress.shown)
+            raise ValueError("bad row")
+    except ValueError:
+        pass
+    assert not progress.shown and buffer.getvalue().endswith("\x1b[2K")

@@ -1,0 +1,60 @@
+"""tempcal.sources.texts: the texts of .txt and .jsonl files, as written by editors and by json.dumps."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from tempcal.errors import TempcalError
+from tempcal.sources.texts import read_texts
+
+
+def test_txt_one_text_per_line_keeps_each_line_as_written(tmp_path):
+    """Windows line ends dropped, a byte-order mark dropped, blank lines skipped, leading tabs and spaces kept."""
+    raw = "\ufeffthe first text\r\n\r\n\tindented text  \r\n   \nlast line without newline".encode()
+    path = tmp_path / "texts.txt"
+    path.write_bytes(raw)
+    texts = read_texts(path)
+    assert texts.texts == ["the first text", "\tindented text  ", "last line without newline"]
+    assert texts.lines == [1, 3, 5]
+    assert texts.sha256 == hashlib.sha256(raw).hexdigest() and texts.field is None
+
+
+def test_jsonl_reads_the_named_field_of_each_object(tmp_path):
+    path = tmp_path / "texts.jsonl"
+    records = [{"id": 1, "body": "first\nwith a newline", "text": "ignored"}, {"body": "caf\u00e9 \u2603"},
+               {"body": ""}]
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=k == 0) for k, r in enumerate(records)) + "\n\n",
+                    encoding="utf-8")
+    texts = read_texts(path, "body")
+    assert texts.texts == ["first\nwith a newline", "caf\u00e9 \u2603"]  # an empty text is skipped
+    assert texts.lines == [1, 2] and texts.field == "body"
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"ok\n\xff\xfe\n", "line 2: not UTF-8 text (byte 1 of the line)"),
+    (b"", "holds no text (an empty file, or only blank lines)"),
+])
+def test_txt_problems_name_the_line(tmp_path, content, message):
+    path = tmp_path / "t.txt"
+    path.write_bytes(content)
+    with pytest.raises(TempcalError) as exc:
+        read_texts(path)
+    assert str(exc.value) == f"{path}: {message}"
+
+
+def test_a_folder_and_a_missing_file_are_refused(tmp_path):
+    (tmp_path / "folder.txt").mkdir()
+    with pytest.raises(TempcalError, match="not a regular file"):
+        read_texts(tmp_path / "folder.txt")
+    with pytest.raises(TempcalError, match="no such file"):
+        read_texts(tmp_path / "missing.txt")
+
+
+def test_deeply_nested_json_is_one_error_not_a_crash(tmp_path):
+    path = tmp_path / "deep.jsonl"
+    path.write_text('{"text": "fine"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(TempcalError, match="line 2: not valid JSON"):
+        read_texts(path)
