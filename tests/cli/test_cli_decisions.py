@@ -257,3 +257,36 @@ def test_many_groups_leave_out_their_own_decision_figures_not_the_global_ones(tm
     result = run_json(["fit", str(tmp_path / "grouped.safetensors"), "--group-by", "group", "--no-write"])
     assert all(g["after"]["aurc"] is None and g["after"]["smece"] is None for g in result["groups"])
     assert result["after"]["aurc"] is not None and result["after"]["smece"] is not None
+
+
+def test_group_by_gives_every_groups_coverage_under_the_global_sets(tmp_path, run_json, cli):
+    """The thresholds are the global ones (fitting rows, T = 1 and the global T); each group's coverage and set
+    size are those sets on its evaluation rows: a direct construction per group, and two more reads."""
+    z, y, group = grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
+    path = str(tmp_path / "grouped.safetensors")
+    plain = run_json(["fit", path, "--group-by", "group", "--no-write"])
+    result = run_json(["fit", path, "--group-by", "group", "--no-write", "--conformal-alpha", "0.1"])
+    assert result["passes"] == plain["passes"] + 2 and result["temperature"] == plain["temperature"]
+    fit_index, eval_index = tempcal.stratified_split(y.numpy(), 0.5, 0)
+    y = y.numpy()
+    for side, block, tau in (("before", "before", 1.0), ("after", "after_global", result["temperature"])):
+        p = probabilities(z, tau)
+        check_conformal(result[side], p[fit_index], y[fit_index], p[eval_index], y[eval_index], [0.1])
+        coverages = []
+        for g in result["groups"]:
+            rows = eval_index[group[eval_index] == int(g["group"])]
+            check_conformal(g[block], p[fit_index], y[fit_index], p[rows], y[rows], [0.1])
+            coverages.append(g[block]["conformal"][0]["coverage"])
+        assert len(set(coverages)) > 1  # the groups differ: what the per-group figure is for
+        assert [c["threshold"] for c in g[block]["conformal"]] == [c["threshold"] for c in result[side]["conformal"]]
+    code, _, err = cli(["fit", path, "--folds", "3", "--no-write", "--conformal-alpha", "0.1"])
+    assert code == 2 and "out of fold" in assert_one_error_line(err)
+
+
+@needs_torchrun
+def test_group_sets_under_two_processes_match_one(tmp_path):
+    grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
+    one, two = one_and_two_processes(tmp_path, ["fit", str(tmp_path / "grouped.safetensors"), "--group-by", "group",
+                                                "--no-write", "--conformal-alpha", "0.2"])
+    assert_same_figures(one, two)
+    assert all("conformal" in g["after_global"] and g["after"]["aurc"] is not None for g in two["groups"])
