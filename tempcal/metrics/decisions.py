@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ SKIP_VARIABLE = "TEMPCAL_SKIP_DECISIONS"
 ROW_BYTES, MEMORY_SHARE = 8, 0.25
 #: Rows taken at a time where a pass over every row would need a temporary per row.
 BLOCK = 1 << 16
+#: Groups beyond which the groups' own decision figures are left out (each costs about 10 ms per metrics
+#: object, mostly the smooth ECE's bandwidth search); the figures over every row are always there.
+MAX_GROUPS = 1000
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,16 @@ def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: 
                            risk_coverage={"coverage": coverage.tolist(), "risk": risk.tolist()})
 
 
+def subset_decisions(metrics, confidence: torch.Tensor, correct: torch.Tensor):
+    """``metrics`` (a :class:`~tempcal.metrics.calibration.CalibrationMetrics`) with the decision figures of a subset's
+    rows (a group's, the out-of-fold rows): the row figure :mod:`tempcal.metrics.subsets` applies."""
+    if not enabled():
+        return metrics
+    figures = decision_figures(confidence.detach().cpu().numpy(), correct.detach().cpu().numpy())
+    return replace(metrics, aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc, smece=figures.smece,
+                   risk_coverage=figures.risk_coverage)
+
+
 def subset_of(confidence: np.ndarray, correct: np.ndarray, right: bool) -> np.ndarray:
     """The confidences of the correctly classified rows (``right``) or of the misclassified ones: a copy, 8 bytes
     per such row, taken a block of rows at a time (no temporary for every row)."""
@@ -115,5 +128,5 @@ def temperatures_per_read(rows: int, device: torch.device | str) -> int:
     return max(1, int(min(free) * MEMORY_SHARE) // (ROW_BYTES * rows))
 
 
-__all__ = ["CURVE_POINTS", "DecisionFigures", "decision_figures", "enabled", "gathered_confidence", "gathered_correct",
-           "temperatures_per_read"]
+__all__ = ["CURVE_POINTS", "MAX_GROUPS", "DecisionFigures", "decision_figures", "enabled", "gathered_confidence",
+           "gathered_correct", "subset_decisions", "temperatures_per_read"]

@@ -19,13 +19,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from .calibration import CalibrationMetrics, from_sums
+from .decisions import MAX_GROUPS, subset_decisions
 
 if TYPE_CHECKING:
     from ..core.cell_passes import CellCalibration
 
 RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], CalibrationMetrics]
-#: Figures computed from a subset's per-row confidence and correctness (empty: no row is kept).
-ROW_FIGURES: list[RowFigure] = []
+#: Figures computed from a subset's per-row confidence and correctness (empty: no row is kept): the decision
+#: figures (AURC, E-AURC, AUGRC, smooth ECE, the risk-coverage curve).
+ROW_FIGURES: list[RowFigure] = [subset_decisions]
 
 
 def needs_rows() -> bool:
@@ -44,7 +46,8 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
     if sums.count == 0:
         return None
     metrics = from_sums(tau, sums)
-    if ROW_FIGURES and calibration.confidence is not None and calibration.correct is not None:
+    too_many = group is not None and calibration.counts.numel() > MAX_GROUPS  # each group's figures cost time
+    if ROW_FIGURES and calibration.confidence is not None and calibration.correct is not None and not too_many:
         confidence, correct = calibration.confidence[slot], calibration.correct
         if group is not None and rows is not None:
             mine = rows.to(confidence.device) == group
@@ -60,6 +63,7 @@ def metrics_block(m: CalibrationMetrics | None) -> dict | None:
         return None
     out: dict = dict(m.summary())
     out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau, n=m.count)
+    out.update({k: v for k, v in m.decisions().items() if k != "risk_coverage"})  # no curve: a group list stays short
     return out
 
 

@@ -20,6 +20,8 @@ from ..sources.base import SourceOptions
 from ..sources.groups import group_metadata, read_groups
 from ..sources.registry import Source, open_source
 from .common import extra_figures, scan_source
+from .grouped_conformal import READS as GROUP_SET_READS
+from .grouped_conformal import group_sets
 from .subsets import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
 
 #: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.
@@ -153,14 +155,12 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
             fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
         fraction = val_fraction
     _check_evaluation_rows(eval_scan, loaded, evaluated)
-    subsets = None
+    subsets, reads = None, 1 if alphas else 0
     try:
         if plan.groups is not None:
-            eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
-            fitted, before, after, subsets = grouped(
-                loaded, evaluated or loaded, fit_scan, eval_scan, plan, fit_index, eval_groups, eval_index,
-                objective=objective, bins=bins, warnings=warnings, keep_rows=bool(estimators or bootstrap))
-            result = fitted.fit
+            result, before, after, subsets, reads = _grouped_fit(
+                loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, objective=objective, bins=bins,
+                warnings=warnings, keep_rows=bool(estimators or bootstrap), alphas=alphas)
         else:
             result, before, after = _fit_and_evaluate(fit_scan, eval_scan, loaded, objective=objective, bins=bins,
                                                       alphas=alphas)
@@ -177,16 +177,33 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-        conformal_reads=1 if alphas else 0, opened=loaded, subsets=subsets)
+        conformal_reads=reads, opened=loaded, subsets=subsets)
+
+
+def _grouped_fit(loaded: Any, evaluated: Any, fit_scan: Any, eval_scan: Any, plan: Plan, fit_index: np.ndarray,
+                 eval_index: np.ndarray, *, objective: str, bins: int, warnings: list[str], keep_rows: bool,
+                 alphas: list[float]) -> tuple[Any, CalibrationMetrics, CalibrationMetrics, Subsets, int]:
+    """``--group-by``: the group fits and figures, with the conformal sets and each group's coverage when ``alphas``
+    are given; the reads those sets took."""
+    assert plan.groups is not None
+    eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
+    fitted, before, after, subsets = grouped(loaded, evaluated or loaded, fit_scan, eval_scan, plan, fit_index,
+                                             eval_groups, eval_index, objective=objective, bins=bins,
+                                             warnings=warnings, keep_rows=keep_rows)
+    if not alphas:
+        return fitted.fit, before, after, subsets, 0
+    before, after = group_sets(fit_scan, eval_scan, evaluated or loaded, eval_index, subsets, alphas,
+                               fitted.fit.temperature, before, after)
+    return fitted.fit, before, after, subsets, GROUP_SET_READS
 
 
 def _with_groups(plan: Plan, loaded: Any, group_by: str | None, alphas: list[float]) -> Plan:
-    """The plan with SOURCE's groups read (``group_by``); conformal sets refused out of fold or per group."""
+    """The plan with SOURCE's groups read (``group_by``); conformal sets refused out of fold."""
     if group_by is not None:
         plan = replace(plan, groups=read_groups(loaded, group_by))
-    if alphas and (plan.folds is not None or plan.groups is not None):
-        raise TempcalError(f"{param('conformal_alpha')} is not yet computed out of fold or per group: leave out "
-                           f"{param('folds')} / {param('group_by')} for the conformal sets")
+    if alphas and plan.folds is not None:
+        raise TempcalError(f"{param('conformal_alpha')} is not yet computed out of fold: leave out "
+                           f"{param('folds')} for the conformal sets")
     return plan
 
 

@@ -33,7 +33,8 @@ class GroupFigures:
         m = self.metrics
         return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "mce": m.mce,
                 "brier": m.brier, "accuracy": m.accuracy, "entropy": m.entropy,
-                "mean_confidence": m.mean_confidence, **self.extras}
+                "mean_confidence": m.mean_confidence,
+                **{k: v for k, v in m.decisions().items() if k != "risk_coverage"}, **self.extras}
 
 
 @dataclass(frozen=True)

@@ -195,3 +195,98 @@ def test_conformal_sets_and_decision_figures_under_two_processes_match_one(tmp_p
     assert_same_figures(one, two)
     assert all(key in two["after"] for key in (*DECISIONS, "conformal"))
     assert np.isfinite(two["after"]["aurc"]) and len(two["after"]["conformal"]) == 4
+
+
+# -- groups and folds -------------------------------------------------------------------------------------------
+
+
+def grouped_file(path, n: int = 1200, groups: int = 4):
+    """Tied logits (rows repeat) with an integer ``group`` per row; the groups' scales differ."""
+    g = torch.Generator().manual_seed(12)
+    base = torch.randn(n // 3, 5, generator=g, dtype=torch.float64)
+    z = base.repeat(3, 1)
+    group = torch.arange(n) % groups
+    z = z * (1.5 + group[:, None].double())
+    y = torch.multinomial(torch.softmax(z / 2.5, 1), 1, generator=g)[:, 0]
+    save_file({"logits": z.contiguous(), "labels": y, "group": group}, str(path))
+    return z, y, group.numpy()
+
+
+def assert_reference(block: dict, p: np.ndarray, y: np.ndarray) -> None:
+    ref = ref_risk_coverage(p.max(1), p.argmax(1) == y)
+    assert (block["aurc"], block["eaurc"], block["augrc"]) == pytest.approx(tuple(ref.values()), abs=1e-9)
+
+
+def test_each_group_of_a_fit_and_a_report_has_its_own_rows_figures(tmp_path, run_json):
+    z, y, group = grouped_file(tmp_path / "grouped.safetensors")
+    fitted = run_json(["fit", str(tmp_path / "grouped.safetensors"), "--group-by", "group", "--val-fraction", "1.0",
+                       "--no-write"])
+    y = y.numpy()
+    for g in fitted["groups"]:
+        rows = group == int(g["group"])
+        for side, tau in (("before", 1.0), ("after", g["temperature"]), ("after_global", fitted["temperature"])):
+            assert_reference(g[side], probabilities(z[rows], tau), y[rows])
+            assert 0 <= g[side]["smece"] <= 1 and "risk_coverage" not in g[side]
+    assert_reference(fitted["after"], probabilities(z, fitted["temperature"]), y)
+    report = run_json(["report", str(tmp_path / "grouped.safetensors"), "--group-by", "group", "--tau", "2"])
+    [row] = report["results"]
+    assert_reference(row, probabilities(z, 2.0), y)
+    for g in row["groups"]:
+        rows = group == int(g["group"])
+        assert_reference(g, probabilities(z[rows], 2.0), y[rows])
+
+
+def test_out_of_fold_figures_take_each_row_at_its_folds_t(tmp_path, run_json):
+    from tempcal.core.folds import assign_folds
+
+    z, y, _ = grouped_file(tmp_path / "grouped.safetensors")
+    result = run_json(["fit", str(tmp_path / "grouped.safetensors"), "--folds", "4", "--no-write"])
+    folds = assign_folds(y.numpy(), 4, 0)
+    temperatures = np.asarray(result["folds"]["temperatures"])[folds]
+    p = probabilities(z / torch.from_numpy(temperatures)[:, None], 1.0)
+    assert_reference(result["after"], p, y.numpy())
+    assert_reference(result["before"], probabilities(z, 1.0), y.numpy())
+    assert len(result["after"]["risk_coverage"]["coverage"]) == 100
+
+
+def test_many_groups_leave_out_their_own_decision_figures_not_the_global_ones(tmp_path, run_json, monkeypatch):
+    import tempcal.metrics.subsets as subsets
+
+    grouped_file(tmp_path / "grouped.safetensors")
+    monkeypatch.setattr(subsets, "MAX_GROUPS", 3)  # four groups: one too many
+    result = run_json(["fit", str(tmp_path / "grouped.safetensors"), "--group-by", "group", "--no-write"])
+    assert all(g["after"]["aurc"] is None and g["after"]["smece"] is None for g in result["groups"])
+    assert result["after"]["aurc"] is not None and result["after"]["smece"] is not None
+
+
+def test_group_by_gives_every_groups_coverage_under_the_global_sets(tmp_path, run_json, cli):
+    """The thresholds are the global ones (fitting rows, T = 1 and the global T); each group's coverage and set
+    size are those sets on its evaluation rows: a direct construction per group, and two more reads."""
+    z, y, group = grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
+    path = str(tmp_path / "grouped.safetensors")
+    plain = run_json(["fit", path, "--group-by", "group", "--no-write"])
+    result = run_json(["fit", path, "--group-by", "group", "--no-write", "--conformal-alpha", "0.1"])
+    assert result["passes"] == plain["passes"] + 2 and result["temperature"] == plain["temperature"]
+    fit_index, eval_index = tempcal.stratified_split(y.numpy(), 0.5, 0)
+    y = y.numpy()
+    for side, block, tau in (("before", "before", 1.0), ("after", "after_global", result["temperature"])):
+        p = probabilities(z, tau)
+        check_conformal(result[side], p[fit_index], y[fit_index], p[eval_index], y[eval_index], [0.1])
+        coverages = []
+        for g in result["groups"]:
+            rows = eval_index[group[eval_index] == int(g["group"])]
+            check_conformal(g[block], p[fit_index], y[fit_index], p[rows], y[rows], [0.1])
+            coverages.append(g[block]["conformal"][0]["coverage"])
+        assert len(set(coverages)) > 1  # the groups differ: what the per-group figure is for
+        assert [c["threshold"] for c in g[block]["conformal"]] == [c["threshold"] for c in result[side]["conformal"]]
+    code, _, err = cli(["fit", path, "--folds", "3", "--no-write", "--conformal-alpha", "0.1"])
+    assert code == 2 and "out of fold" in assert_one_error_line(err)
+
+
+@needs_torchrun
+def test_group_sets_under_two_processes_match_one(tmp_path):
+    grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
+    one, two = one_and_two_processes(tmp_path, ["fit", str(tmp_path / "grouped.safetensors"), "--group-by", "group",
+                                                "--no-write", "--conformal-alpha", "0.2"])
+    assert_same_figures(one, two)
+    assert all("conformal" in g["after_global"] and g["after"]["aurc"] is not None for g in two["groups"])
