@@ -172,23 +172,28 @@ class SharedFits:
         sums = cell_objective(self.scan, torch.stack(rows), self.layout.cells, None if read else self.resident).cpu()
         view = sums.view(len(rows), g, k, len(FIELDS))
         for slot, beta in enumerate(global_slots):
-            for fit in self.fits:
-                fit.points.append(NllDerivatives.from_sums(beta, self._sums(fit, view[slot])))
+            for fit, row in zip(self.fits, self._all_sums(view[slot]), strict=True):
+                fit.points.append(NllDerivatives.from_sums(beta, row))
         for j in range(width):
-            for fit in self.fits:
+            for fit, row in zip(self.fits, self._all_sums(view[len(global_slots) + j]), strict=True):
                 if fit.group is not None and j < len(group_slots[fit.group]):
-                    beta = group_slots[fit.group][j]
-                    fit.points.append(NllDerivatives.from_sums(beta, self._sums(fit, view[len(global_slots) + j])))
+                    fit.points.append(NllDerivatives.from_sums(group_slots[fit.group][j], row))
         return sums
 
-    @staticmethod
-    def _sums(fit: _Fit, cells: torch.Tensor) -> torch.Tensor:
-        """A fit's sums from one slot's ``[groups, folds, FIELDS]``: its family's total less its left-out fold."""
-        family = cells.sum((0, 1)) if fit.group is None else cells[fit.group].sum(0)
-        if fit.fold is None:
-            return family
-        left = cells[:, fit.fold].sum(0) if fit.group is None else cells[fit.group, fit.fold]
-        return family - left
+    def _all_sums(self, cells: torch.Tensor) -> list[list[float]]:
+        """Every fit's sums from one slot's ``[groups, folds, FIELDS]``: its family's total (every cell, or its
+        group's) less the cells of the fold it leaves out; one list of FIELDS per fit, in order."""
+        if not self.fits:
+            return []
+        group_of = torch.tensor([-1 if f.group is None else f.group for f in self.fits])
+        fold_of = torch.tensor([-1 if f.fold is None else f.fold for f in self.fits])
+        by_group = cells.sum(1)  # [groups, FIELDS]
+        total, by_fold = by_group.sum(0), cells.sum(0)
+        family = torch.where((group_of < 0)[:, None], total, by_group[group_of.clamp_min(0)])
+        left_global = by_fold[fold_of.clamp_min(0)]
+        left_group = cells[group_of.clamp_min(0), fold_of.clamp_min(0)]
+        left = torch.where((group_of < 0)[:, None], left_global, left_group)
+        return torch.where((fold_of < 0)[:, None], family, family - left).tolist()
 
     # -- the searches ------------------------------------------------------------------------
     def _update(self, final: bool = False) -> None:
