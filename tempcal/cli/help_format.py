@@ -39,8 +39,8 @@ PANEL_OVERRIDES = {("report", "--seed"): "Metrics", ("ood", "--seed"): "Metrics"
 COMMON = {
     "fit": ("source", "--eval", "--probs", "--val-fraction", "--seed", "--objective", "--max-ece", "--json",
             "--output", "--no-write", "--plot", "--markdown", "--html", "--quiet", "--config", "--no-config"),
-    "report": ("source", "--probs", "--tau", "--sweep", "--bins", "--bootstrap", "--json", "--plot", "--markdown",
-               "--html", "--quiet", "--config", "--no-config"),
+    "report": ("source", "--probs", "--eval-rows", "--tau", "--sweep", "--bins", "--bootstrap", "--json", "--plot",
+               "--markdown", "--html", "--quiet", "--config", "--no-config"),
     "ood": ("source", "--ood", "--probs", "--tau", "--score", "--min-auroc", "--max-fpr95", "--json", "--scores",
             "--plot", "--markdown", "--quiet", "--config", "--no-config"),
 }

@@ -194,6 +194,9 @@ Tau = Annotated[Optional[list[str]], typer.Option(
     "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.",
     rich_help_panel="Temperatures"),
     ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
+EvalRows = Annotated[bool, typer.Option(
+    "--eval-rows", help="Only the rows the stored T was not fitted on (the held-out part of the split fit stored).",
+    rich_help_panel="Input")]
 Bins = Annotated[int, typer.Option("--bins", min=1, max=MAX_BINS, help="Number of equal-width bins for ECE/MCE.",
                                    rich_help_panel="Metrics")]
 Seed = Annotated[int, typer.Option("--seed", help="Seed of the split and the bootstrap (>= 0).",
@@ -329,6 +332,7 @@ __all__ = [
     "DeviceMap",
     "Estimators",
     "EvalFile",
+    "EvalRows",
     "Folds",
     "GenGamma",
     "GenTop",

@@ -22,6 +22,7 @@ from .options import (
     Device,
     DeviceMap,
     Estimators,
+    EvalRows,
     GroupBy,
     Head,
     HeadBiasKey,
@@ -107,6 +108,7 @@ def report(
     bootstrap: Bootstrap = 0,
     seed: Seed = 0,
     group_by: GroupBy = None,
+    eval_rows: EvalRows = False,
     inputs: Inputs = None,
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
@@ -150,7 +152,7 @@ def report(
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,
                          estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, group_by=group_by,
-                         options=options)
+                         eval_rows=eval_rows, options=options)
 
     values = locals()
     deliver(ctx, warnings=result.warnings, write=lambda: _write(result, values),

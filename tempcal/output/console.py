@@ -240,8 +240,9 @@ def _figure(value) -> str:
 
 
 def print_report(result, console: Console) -> None:
-    console.print(f"{result.source}: {result.count} samples, {result.num_classes} classes, {result.bins} bins",
-                  soft_wrap=True)
+    held_out = " held-out" if result.eval_rows else ""
+    console.print(f"{result.source}: {result.count}{held_out} samples, {result.num_classes} classes, "
+                  f"{result.bins} bins", soft_wrap=True)
     print_tables(console, report_tables(console, result))
     if result.sweep:
         console.print(sweep_sentence(result), soft_wrap=True)

@@ -22,6 +22,7 @@ from ..sources.registry import Source, open_source
 from .common import extra_figures, scan_source
 from .grouped_conformal import READS as GROUP_SET_READS
 from .grouped_conformal import group_sets
+from .stored_split import fitted_split
 from .subsets import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
 
 #: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.
@@ -295,8 +296,9 @@ def write_back(report: FitReport, *, output: str | None = None, save_model: str 
 
     opened = report.opened
     if not isinstance(opened, ModelSource):
-        groups = group_metadata(report.subsets.group_key if report.subsets else None, report.group_temperatures)
-        return [str(p) for p in opened.write_temperature(report.temperature, output, groups)] if store else []
+        extra = {**group_metadata(report.subsets.group_key if report.subsets else None, report.group_temperatures),
+                 **fitted_split(report).to_metadata()}
+        return [str(p) for p in opened.write_temperature(report.temperature, output, extra)] if store else []
     from ..models.save import save_calibrated_model
     from ..models.save import save_logits as write_logits
 

@@ -80,9 +80,11 @@ class GroupedPass:
 
 
 def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
-                   per_group: dict[str, float], stored: float | None, keep_rows: bool = False) -> GroupedPass:
-    """Every temperature (the stored one at ``per_group``'s T_g when given) over every row and every group."""
-    start, stop = opened.share()
+                   per_group: dict[str, float], stored: float | None, keep_rows: bool = False,
+                   share: tuple[int, int] | None = None) -> GroupedPass:
+    """Every temperature (the stored one at ``per_group``'s T_g when given) over every row and every group;
+    ``share``: the part of ``groups``' rows this process reads, when not its share of SOURCE."""
+    start, stop = share or opened.share()
     local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
     count = groups.count
     slots, flags = [], []

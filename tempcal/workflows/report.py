@@ -6,13 +6,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
+from ..errors import TempcalError
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
-from ..sources.groups import read_groups
+from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_taus, resolve_taus
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
 from .grouped_report import GroupRow, StoredGroups, applicable_groups, group_extras, grouped_report
+from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
 @dataclass
@@ -32,6 +36,7 @@ class ReportResult:
     opened: Any = field(default=None, repr=False)  # the OpenedSource (a model's logits can be saved from it)
     group_key: str | None = None  # --group-by KEY
     group_rows: list[GroupRow] | None = None  # per temperature, every group's figures
+    eval_rows: bool = False  # only the rows the stored T was not fitted on (the stored split's held-out rows)
 
     @property
     def sweep_best(self) -> float | None:
@@ -55,7 +60,8 @@ class ReportResult:
                            groups=[g.to_json() for g in self.group_rows[k].groups])
             rows.append(row)
         groups = {} if self.group_key is None else {"group_key": self.group_key}
-        return {**groups, "results": rows, "source": self.source, "n": self.count, "num_classes": self.num_classes,
+        return {**groups, "results": rows, "source": self.source, "n": self.count, "eval_rows": self.eval_rows,
+                "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
                 "min_nll_tau": min(self.results, key=lambda m: m.nll).tau if self.results else None,
@@ -70,13 +76,15 @@ class ReportResult:
 def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sweep: Sequence[float] | None = None,
                 bins: int = DEFAULT_BINS, device: str = "auto", chunk_rows: int | None = None,
                 estimators: Sequence[str] = (), bootstrap: int = 0, seed: int = 0, group_by: str | None = None,
-                options: SourceOptions | None = None, **keys: Any) -> ReportResult:
+                eval_rows: bool = False, options: SourceOptions | None = None, **keys: Any) -> ReportResult:
     """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass.
 
     Without ``taus`` (and no ``sweep``): the stored T, else 1. ``options`` or keyword arguments
     (``logits_key=...``) say how to read the source, as for :func:`open_source`; a T fitted on probabilities
     is applied to log(p), as it was fitted. ``group_by`` (a tensor of SOURCE, or ``task``): every figure per
-    group too, and at the stored T each group's rows at the T_g stored for that key.
+    group too, and at the stored T each group's rows at the T_g stored for that key. ``eval_rows``: only the rows
+    the stored T was not fitted on, re-derived from the split ``fit`` stored beside T; without it, a note says
+    when the figures include the fitting rows.
     """
     warnings: list[str] = []
     check_taus(taus or [])
@@ -87,21 +95,49 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     resolved = resolve_taus(taus, stored, loaded.name, sweep=sweep, place=loaded.temperature_place())
     groups = read_groups(loaded, group_by) if group_by is not None else None
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings)
+    held_out = _scored_rows(loaded, eval_rows, stored is not None and stored in resolved, warnings)
+    share = None
+    if held_out is not None:
+        scan = scan.select(loaded.local_rows(held_out))
+        if groups is not None:
+            groups, share = _held_out_groups(loaded, groups, held_out)
     if groups is None:
         results = evaluate_many(scan, resolved, bins=bins)
         extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
         return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
-                            str(scan.device), warnings, extras, loaded)
+                            str(scan.device), warnings, extras, loaded, eval_rows=eval_rows)
     applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else StoredGroups({}, [])
     warnings.extend(applied.warnings)
     grouped = grouped_report(loaded, scan, groups, resolved, bins=bins, per_group=applied.temperatures, stored=stored,
-                             keep_rows=bool(estimators or bootstrap))
+                             keep_rows=bool(estimators or bootstrap), share=share)
     plain = [tau for tau, row in zip(resolved, grouped.rows, strict=True) if not row.per_group]
     extras = _extras(scan, grouped, resolved, plain, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
                      warnings=warnings)
     rows = group_extras(grouped, groups, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins)
     return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, grouped.results, sweep, bins,
-                        str(scan.device), warnings, extras, loaded, groups.key, rows)
+                        str(scan.device), warnings, extras, loaded, groups.key, rows, eval_rows)
+
+
+def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[str]) -> np.ndarray | None:
+    """The held-out rows with ``eval_rows`` (None: every row; then a note when the stored T was fitted on them)."""
+    if eval_rows:
+        return evaluation_rows(opened, stored_split(opened))
+    try:
+        split = stored_split(opened) if at_stored else None
+    except TempcalError as exc:
+        warnings.append(f"{exc}; the rows the stored T was fitted on are unknown")
+        return None
+    note = None if split is None else in_sample_note(opened, split, opened.data.num_samples)
+    if note is not None:
+        warnings.append(note)
+    return None
+
+
+def _held_out_groups(opened: Any, groups: RowGroups, rows: np.ndarray) -> tuple[RowGroups, tuple[int, int]]:
+    """The groups of the held-out ``rows`` alone, and the part of them this process reads (sorted rows: a range)."""
+    start, stop = opened.share()
+    return (RowGroups(groups.key, groups.names, groups.index[rows]),
+            (int(np.searchsorted(rows, start)), int(np.searchsorted(rows, stop))))
 
 
 def _extras(scan: Any, grouped: Any, taus: Sequence[float], plain: Sequence[float], *, estimators: Sequence[str],

@@ -42,7 +42,9 @@ def test_fit_report_and_ood_on_a_log(log, tmp_path, run_json):
     assert fitted["num_classes"] == 6 and fitted["n_fit"] == 500
     assert fitted["after"]["nll"] == pytest.approx(nll_at(z.numpy(), y.numpy(), fitted["temperature"]), rel=1e-9)
     assert fitted["written"] == str(sidecar_path(path))
-    assert read_sidecar(path)[0] == {"tempcal.temperature": repr(fitted["temperature"]), "tempcal.lm_eval_norm": "none"}
+    stored = read_sidecar(path)[0]
+    assert json.loads(stored.pop("tempcal.split")) == {"fit": "all", "rows": fitted["n_fit"]}
+    assert stored == {"tempcal.temperature": repr(fitted["temperature"]), "tempcal.lm_eval_norm": "none"}
     report = run_json(["report", str(path)])  # the stored T by default
     (row,) = report["results"]
     assert row["tau"] == fitted["temperature"] and row["stored"]

@@ -82,6 +82,7 @@ def test_fit_probs_then_report_without_flags_works_on_log_p(capsys, netcal_file,
     temperature = fitted["temperature"]
     assert abs(temperature - expected) / expected < 1e-6 and fitted["probs"] is True
     record = json.loads(sidecar_path(netcal_file).read_text())["metadata"]
+    assert record.pop("tempcal.split")
     assert record == {"tempcal.temperature": repr(temperature), "tempcal.probs": "true",
                       "tempcal.logits_key": "predictions", "tempcal.labels_key": "ground_truth"}
 
@@ -145,7 +146,8 @@ def test_safetensors_probs_flag_round_trip(capsys, tmp_path):
     temperature = json.loads(out)["temperature"]
     assert code == 0 and abs(temperature - optimal_temperature(z, y)) / temperature < 1e-6  # log p = z - lse(z)
     with safe_open(str(path), "pt") as f:
-        assert f.metadata() == {"tempcal.temperature": repr(temperature), "tempcal.probs": "true"}
+        assert f.metadata() == {"tempcal.temperature": repr(temperature), "tempcal.probs": "true",
+                                "tempcal.split": '{"fit": "all", "rows": 400}'}
         assert torch.equal(f.get_tensor("logits"), torch.softmax(z, 1))
     code, out, _ = run(capsys, "report", path, "--json", "-")
     (row,) = json.loads(out)["results"]
@@ -157,7 +159,7 @@ def test_safetensors_probs_flag_round_trip(capsys, tmp_path):
     raw = json.loads(out)["temperature"]
     assert code == 0 and abs(raw - optimal_temperature(torch.softmax(z, 1), y)) / raw < 1e-6
     with safe_open(str(path), "pt") as f:
-        assert f.metadata() == {"tempcal.temperature": repr(raw)}
+        assert f.metadata() == {"tempcal.temperature": repr(raw), "tempcal.split": '{"fit": "all", "rows": 400}'}
     assert run(capsys, "report", path)[0] == 2  # probability-like again, with no mark: refused
 
 

@@ -60,7 +60,10 @@ def test_fit_writes_temperature_and_keeps_everything_else(tmp_path, source, cli)
     meta = new_header.pop("__metadata__")
     old_meta = old_header.pop("__metadata__")
     assert new_header == old_header  # every tensor entry (dtype, shape, offsets) unchanged
-    assert meta == old_meta | {KEY: meta[KEY]}
+    assert meta == old_meta | {KEY: meta[KEY], "tempcal.split": meta["tempcal.split"]}
+    split_json = json.loads(meta["tempcal.split"])  # the rows that fitted T, beside it
+    assert split_json["fit"] == "split" and split_json["n_fit"] == report["n_fit"]
+    assert split_json["rows"] == report["n_fit"] + report["n_eval"]
 
     text = meta[KEY]
     assert isinstance(text, str)
@@ -68,7 +71,7 @@ def test_fit_writes_temperature_and_keeps_everything_else(tmp_path, source, cli)
     assert float(text) > 0
     assert 2.0 < float(text) < 4.5  # overconfident by about 3x
 
-    assert metadata(source) == {"model": "resnet-18", "split": "val", KEY: text}
+    assert metadata(source) == {"model": "resnet-18", "split": "val", KEY: text, "tempcal.split": meta["tempcal.split"]}
     with safe_open(str(source), framework="pt") as f:
         assert sorted(f.keys()) == ["features", "labels", "logits"]
     assert_same_tensors(source, reference)
@@ -161,7 +164,7 @@ def test_second_fit_overwrites_the_key(tmp_path, source, cli):
     meta = header["__metadata__"]
     assert list(meta).count(KEY) == 1
     assert float(meta[KEY]) == second
-    assert meta == {"model": "resnet-18", "split": "val", KEY: meta[KEY]}
+    assert meta == {"model": "resnet-18", "split": "val", KEY: meta[KEY], "tempcal.split": meta["tempcal.split"]}
     assert data == split(original)[1]
     assert files_in(tmp_path) == ["logits.safetensors"]
 
