@@ -206,3 +206,20 @@ def test_folds_and_groups_under_two_processes_match_one(tmp_path):
     for result in (one, two):
         result.pop("device")
     assert_same_figures(one, two)
+
+
+@pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
+def test_report_on_the_held_out_rows_under_two_processes_matches_one(tmp_path):
+    g = torch.Generator().manual_seed(13)
+    z = torch.randn(900, 5, generator=g) * 3
+    y = torch.multinomial(torch.softmax(z / 3, 1), 1, generator=g)[:, 0]
+    domain = torch.randint(0, 3, (900,), generator=g)
+    path = tmp_path / "val.safetensors"
+    save_file({"logits": z, "labels": y, "domain": domain}, str(path))
+    subprocess.run([sys.executable, "-m", "tempcal", "fit", str(path), "--group-by", "domain", "-q"], check=True,
+                   timeout=300)
+    one, two = one_and_two_processes(tmp_path, ["report", str(path), "--eval-rows", "--group-by", "domain"])
+    for result in (one, two):
+        result.pop("device")
+    assert one["eval_rows"] is True and one["n"] == 450
+    assert_same_figures(one, two)
