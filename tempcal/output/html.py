@@ -164,7 +164,8 @@ def _report_context(data: dict) -> dict:
     best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))  # over every row shown
     rows = [(fmt(r["tau"]) + (" (stored)" if r.get("stored") else "") + (" (min NLL)" if r["tau"] == best else ""),
              r, bool(r.get("stored")) or r["tau"] == best) for r in results]
-    table = Section("metrics", "Calibration at each temperature", tables=[_metrics_table(rows, "tau")])
+    scored = f"on the {data['n']:,} held-out rows (--eval-rows)" if data.get("eval_rows") else f"on {data['n']:,} rows"
+    table = Section("metrics", "Calibration at each temperature", note=scored, tables=[_metrics_table(rows, "tau")])
     sections = [table]
     if len(results) >= 3:
         marks = {"min NLL": best} if best is not None else {}

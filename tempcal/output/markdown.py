@@ -51,7 +51,8 @@ def report_markdown(result, markdown_path: str | os.PathLike | None = None,
     """One table row per temperature."""
     stored = f"stored T = {result.stored_temperature:.6g}" if result.stored_temperature else "no stored T"
     lines = ["## Calibration", "",
-             f"`{result.source}`: {result.count} samples, {result.num_classes} classes, {stored}; "
+             f"`{result.source}`: {result.count}{' held-out' if result.eval_rows else ''} samples, "
+             f"{result.num_classes} classes, {stored}; "
              f"ECE and MCE use {result.bins} equal-width bins.", "",
              "| tau | " + " | ".join(label for label, _ in ROWS) + " |",
              "|---:|" + "---:|" * len(ROWS)]
