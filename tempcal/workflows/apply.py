@@ -23,10 +23,11 @@ from ..errors import TempcalError, param
 from ..io.paths import same_file
 from ..io.streamed import Planned, output_format, write_streamed
 from ..sources.base import OpenedSource, SourceOptions
+from ..sources.groups import parse_stored_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_taus, format_temperature, is_fitted, parse_tau
 from .common import check_stored_reading, scan_source
-from .stored_groups import row_temperatures, stored_groups
+from .stored_groups import row_temperatures
 
 #: What ``as_`` may ask for, and the name of the output's tensor for each.
 OUTPUT_KEYS = {"probs": "probs", "logits": "logits", "log-probs": "log_probs"}
@@ -101,7 +102,7 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
     temperature, tau_from = _temperature(loaded, tau)
     warnings: list[str] = []
     per_row, group_key, per_group = None, None, None
-    stored = stored_groups(_metadata(loaded), f"{loaded.name}:") if groups and tau_from == "stored" else None
+    stored = parse_stored_groups(_metadata(loaded), f"{loaded.name}:") if groups and tau_from == "stored" else None
     if stored is not None:
         per_row, per_group = row_temperatures(loaded, stored, temperature, warnings)
         group_key = stored.key

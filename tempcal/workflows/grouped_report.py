@@ -47,27 +47,27 @@ class GroupRow:
 
 
 @dataclass(frozen=True)
-class StoredGroups:
+class AppliedGroups:
     """The per-group temperatures that apply to a report by KEY: name -> T (empty: none apply)."""
 
     temperatures: dict[str, float]
     warnings: list[str]
 
 
-def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None) -> StoredGroups:
+def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None) -> AppliedGroups:
     """The stored T_g of ``groups`` (with warnings for another key or groups stored without a T)."""
     key, temperatures = stored_group_temperatures(opened)
     if key is None or stored is None:
-        return StoredGroups({}, [])
+        return AppliedGroups({}, [])
     if key != groups.key:
-        return StoredGroups({}, [f"{opened.name}: its per-group temperatures are by '{key}', not '{groups.key}'; "
+        return AppliedGroups({}, [f"{opened.name}: its per-group temperatures are by '{key}', not '{groups.key}'; "
                                  "every group is reported at the global T"])
     missing = [name for name in groups.names if name not in temperatures]
     warnings = []
     if missing:
         warnings.append(f"{opened.name}: {len(missing)} of {groups.count} groups have no stored T (first: "
                         f"{missing[0]}); they are reported at the global T = {stored!r}")
-    return StoredGroups({name: temperatures.get(name, stored) for name in groups.names}, warnings)
+    return AppliedGroups({name: temperatures.get(name, stored) for name in groups.names}, warnings)
 
 
 @dataclass(frozen=True)
@@ -130,5 +130,12 @@ def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequenc
     return out
 
 
-__all__ = ["GroupFigures", "GroupRow", "GroupedPass", "StoredGroups", "applicable_groups", "group_extras",
-           "grouped_report"]
+__all__ = [
+    "AppliedGroups",
+    "GroupFigures",
+    "GroupRow",
+    "GroupedPass",
+    "applicable_groups",
+    "group_extras",
+    "grouped_report",
+]

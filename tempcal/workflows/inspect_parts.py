@@ -13,8 +13,9 @@ import torch
 from ..errors import TempcalError
 from ..io.safetensors_header import dtype_name, read_header
 from ..sources.base import SourceKind, SourceOptions
+from ..sources.groups import GROUP_KEY, parse_stored_groups
+from ..sources.groups import GROUP_TEMPERATURES as GROUP_TEMPERATURES_KEY
 from ..validation import PROBS_KEY, TEMPERATURE_KEY, positive_number
-from .stored_groups import GROUP_KEY, GROUP_TEMPERATURES_KEY, stored_groups
 
 #: The values are judged from at most this many of the first rows (the rest is not read) ...
 SAMPLE_ROWS = 10_000
@@ -139,7 +140,7 @@ def stored_fields(metadata: Mapping[str, str], where: str, problems: list[str]) 
                            "labels_key": metadata.get(READING_KEYS["labels_key"]),
                            "group_key": metadata.get(GROUP_KEY), "group_temperatures": None}
     try:
-        groups = stored_groups(metadata, where)
+        groups = parse_stored_groups(metadata, where)
     except TempcalError as exc:
         problems.append(str(exc))
     else:

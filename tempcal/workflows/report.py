@@ -15,7 +15,7 @@ from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_taus, resolve_taus
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
-from .grouped_report import GroupRow, StoredGroups, applicable_groups, group_extras, grouped_report
+from .grouped_report import AppliedGroups, GroupRow, applicable_groups, group_extras, grouped_report
 from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
@@ -106,7 +106,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
         extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
         return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
                             str(scan.device), warnings, extras, loaded, eval_rows=eval_rows)
-    applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else StoredGroups({}, [])
+    applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else AppliedGroups({}, [])
     warnings.extend(applied.warnings)
     grouped = grouped_report(loaded, scan, groups, resolved, bins=bins, per_group=applied.temperatures, stored=stored,
                              keep_rows=bool(estimators or bootstrap), share=share)
