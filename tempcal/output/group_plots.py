@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .groups_console import short_name
-from .plots import _figure, _save, check_plot_path
+from .plots import _save, check_plot_path, new_figure
 
 #: Groups drawn, at most.
 MAX_GROUPS_DRAWN = 30
@@ -25,7 +25,7 @@ def group_ece_figure(names: Sequence[str], series: Sequence[tuple[str, Sequence[
     order = sorted(range(len(names)), key=lambda i: -(last[i] or 0.0))
     shown = order[:MAX_GROUPS_DRAWN]
     height = 0.8 / max(len(series), 1)
-    figure = _figure(figsize=(7.0, 1.2 + 0.32 * len(shown) * max(1, len(series) / 2)))
+    figure = new_figure(figsize=(7.0, 1.2 + 0.32 * len(shown) * max(1, len(series) / 2)))
     ax = figure.subplots()
     for j, (label, values) in enumerate(series[:len(COLOURS)]):
         positions = [k + (j - (len(series) - 1) / 2) * height for k in range(len(shown))]

@@ -135,7 +135,7 @@ def _fit_context(data: dict) -> dict:
     reliability.figures.append({"svgs": figures.reliability([("before (T = 1)", before),
                                                              (f"after (T = {fmt(data['temperature'])})", after)])})
     sections = [metrics, reliability]
-    curves = [(label, c) for label, m in (("T = 1", before), ("fitted T", after)) if (c := _curve(m))]
+    curves = [(label, m) for label, m in (("T = 1", before), ("fitted T", after)) if _curve(m)]
     if curves:
         rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept")
         rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
@@ -177,7 +177,7 @@ def _report_context(data: dict) -> dict:
     rel = Section("reliability", "Reliability diagrams", note="95% Wilson interval per bin; rows per bin beneath")
     rel.figures.append({"svgs": figures.reliability([(f"tau = {fmt(r['tau'])}", r) for r in shown])})
     sections.append(rel)
-    curves = [(f"tau = {fmt(r['tau'])}", c) for r in results if (c := _curve(r))]
+    curves = [(f"tau = {fmt(r['tau'])}", r) for r in results if _curve(r)]
     if curves:
         rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept, per tau")
         rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ def check_plot_path(path: str | os.PathLike) -> Path:
     return path
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -37,56 +38,62 @@ def _pyplot():
     return plt
 
 
-def _figure(**options):
+def new_figure(**options):
     """A matplotlib Figure on the Agg backend, laid out by constrained layout (legends outside the axes)."""
-    _pyplot()
+    pyplot()
     from matplotlib.figure import Figure
 
     return Figure(layout="constrained", **options)
 
 
-def _reliability_axes(ax, hist, metrics, title: str) -> None:
-    """Accuracy per non-empty bin as bars, the gap to the diagonal shaded, the confidence histogram beneath; ECE
-    and N in the title (the legend, the same for every panel, is the figure's)."""
-    width = 1.0 / len(metrics.bins)
+def reliability_axes(ax, hist, bins: Sequence[Mapping[str, Any]], title: str, ece: float, *,
+                     top: int | None = None) -> None:
+    """Accuracy per non-empty bin as bars, the gap to the diagonal shaded, each bin's 95% Wilson interval, the
+    confidence histogram beneath (up to ``top`` rows when panels share a scale); ECE and N in the title. ``bins``
+    are the JSON's (``lower``, ``count``, ``confidence``, ``accuracy``, ``accuracy_low``/``high``), so the plots
+    and the HTML page draw the same diagram. The legend, the same for every panel, is the figure's."""
+    width = 1.0 / max(len(bins), 1)
     ax.plot([0, 1], [0, 1], color="0.4", linestyle="--", linewidth=1, label="perfect calibration")
-    first_gap = True
-    for b in metrics.bins:
-        if not b.count:
-            continue  # an empty bin is drawn as nothing
-        ax.bar(b.lower, b.accuracy, width=width, align="edge", color="tab:blue", alpha=0.8, edgecolor="white",
-               linewidth=0.5, label="accuracy" if first_gap else None)
-        ax.bar(b.lower, b.confidence - b.accuracy, bottom=b.accuracy, width=width, align="edge",
-               facecolor="none", hatch="///", edgecolor="tab:red", linewidth=0.8,
-               label="gap to mean confidence" if first_gap else None)
-        first_gap = False
-    _interval_bars(ax, metrics.bins, width)
+    full = [b for b in bins if b["count"]]  # an empty bin is drawn as nothing
+    ax.bar([b["lower"] for b in full], [b["accuracy"] for b in full], width=width, align="edge", color="tab:blue",
+           alpha=0.8, edgecolor="white", linewidth=0.5, label="accuracy")
+    ax.bar([b["lower"] for b in full], [b["confidence"] - b["accuracy"] for b in full],
+           bottom=[b["accuracy"] for b in full], width=width, align="edge", facecolor="none", hatch="///",
+           edgecolor="tab:red", linewidth=0.8, label="gap to mean confidence")
+    shown = [b for b in full if b.get("accuracy_low") is not None]
+    if shown:
+        ax.errorbar([b["lower"] + width / 2 for b in shown], [b["accuracy"] for b in shown],
+                    yerr=[[max(0.0, b["accuracy"] - b["accuracy_low"]) for b in shown],
+                          [max(0.0, b["accuracy_high"] - b["accuracy"]) for b in shown]],
+                    fmt="none", ecolor="black", elinewidth=1, capsize=min(3.0, 40 * width), capthick=1,
+                    label="95% interval (Wilson)")
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.set_ylabel("accuracy")
-    ax.set_title(f"{title}\nECE = {metrics.ece:.4f}, N = {metrics.count}")
-    counts = [b.count for b in metrics.bins]
-    hist.bar([b.lower for b in metrics.bins], counts, width=width, align="edge", color="0.5", edgecolor="white")
+    ax.set_title(f"{title}\nECE = {ece:.4f}, N = {sum(b['count'] for b in bins)}")
+    counts = [b["count"] for b in bins]
+    hist.bar([b["lower"] for b in bins], counts, width=width, align="edge", color="0.5", edgecolor="white")
     hist.set_xlim(0, 1)
     hist.set_xlabel("confidence")
     hist.set_ylabel("samples")
     if max(counts, default=0) > 0:
         hist.set_yscale("log")
+        if top is not None:
+            hist.set_ylim(0.8, top * 1.5)
 
 
-def _interval_bars(ax, bins, width: float) -> None:
-    """Each non-empty bin's 95% Wilson interval for its accuracy, as an error bar at the bin's centre."""
-    shown = [b for b in bins if b.count and b.accuracy_low is not None]
-    if not shown:
-        return
-    ax.errorbar([b.lower + width / 2 for b in shown], [b.accuracy for b in shown],
-                yerr=[[max(0.0, b.accuracy - b.accuracy_low) for b in shown],
-                      [max(0.0, b.accuracy_high - b.accuracy) for b in shown]],
-                fmt="none", ecolor="black", elinewidth=1, capsize=min(3.0, 40 * width), capthick=1,
-                label="95% interval (Wilson)")
+def curve_json(metrics) -> dict[str, Any]:
+    """What :func:`risk_coverage_axes` draws of a metrics object, as the JSON has it."""
+    return {"risk_coverage": getattr(metrics, "risk_coverage", None), "tau": metrics.tau,
+            "aurc": getattr(metrics, "aurc", None)}
 
 
-def _figure_legend(figure, axes: list, **options) -> None:
+def json_bins(metrics) -> list[dict]:
+    """A metrics object's bins as the JSON lists them."""
+    return [dict(vars(b)) for b in metrics.bins]
+
+
+def figure_legend(figure, axes: list, **options) -> None:
     """One legend outside every panel (beneath them unless ``loc`` says otherwise), so that it hides no bar, error
     bar or curve: each label once, from whichever panel draws it."""
     handles: dict[str, object] = {}
@@ -102,14 +109,14 @@ def _figure_legend(figure, axes: list, **options) -> None:
 PANELS_PER_ROW = 3
 
 
-def reliability_figure(panels: list[tuple[str, object]], source: str | None = None, *, risk_coverage: bool = False):
+def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None, *, risk_coverage: bool = False):
     """The figure of :func:`reliability_diagram`: every panel, ``PANELS_PER_ROW`` to a row, the sample counts on
     one shared y scale, ``source`` in the title; with ``risk_coverage``, every panel's risk-coverage curve beneath,
     on one axes."""
     columns = min(len(panels), PANELS_PER_ROW)
     rows = -(-len(panels) // columns)
     curves = risk_coverage and any(getattr(m, "risk_coverage", None) for _, m in panels)
-    figure = _figure(figsize=(4.6 * columns, 5.4 * rows + 0.8 + (3.6 if curves else 0)))
+    figure = new_figure(figsize=(4.6 * columns, 5.4 * rows + 0.8 + (3.6 if curves else 0)))
     spec = figure.add_gridspec(2 * rows + curves, columns, height_ratios=[3, 1] * rows + [2.6] * curves)
     axes, first_hist = [], None
     for k, (title, metrics) in enumerate(panels):
@@ -117,15 +124,15 @@ def reliability_figure(panels: list[tuple[str, object]], source: str | None = No
         ax = figure.add_subplot(spec[2 * row, column])
         hist = figure.add_subplot(spec[2 * row + 1, column], sharex=ax, sharey=first_hist)
         first_hist = first_hist or hist
-        _reliability_axes(ax, hist, metrics, title)
+        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece)
         axes.append(ax)
     if curves:
         ax = figure.add_subplot(spec[2 * rows, :])
-        risk_coverage_axes(ax, panels)
+        risk_coverage_axes(ax, [(title, curve_json(m)) for title, m in panels])
         axes.append(ax)
     if source:
         figure.suptitle(source)
-    _figure_legend(figure, axes, ncols=4 if columns > 1 else 2)  # one panel: the legend in two rows
+    figure_legend(figure, axes, ncols=4 if columns > 1 else 2)  # one panel: the legend in two rows
     return figure
 
 
@@ -133,20 +140,22 @@ def reliability_figure(panels: list[tuple[str, object]], source: str | None = No
 NAMED_CURVES = 10
 
 
-def risk_coverage_axes(ax, panels: list[tuple[str, Any]]) -> None:
+def risk_coverage_axes(ax, panels: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
     """Risk (error rate among the rows kept, most confident first) against coverage, a curve per ``(label,
-    metrics)``: named in the figure's legend, or, beyond :data:`NAMED_CURVES`, shaded by tau with a colour bar."""
-    shown = [(label, m) for label, m in panels if getattr(m, "risk_coverage", None)]
+    metrics)`` (the JSON's ``risk_coverage``, ``tau``, ``aurc``): named in the figure's legend, or, beyond
+    :data:`NAMED_CURVES`, shaded by tau with a colour bar."""
+    shown = [(label, m) for label, m in panels if (m.get("risk_coverage") or {}).get("coverage")]
     many = len(shown) > NAMED_CURVES
     if many:
         from matplotlib import cm, colors
 
-        norm = colors.LogNorm(min(m.tau for _, m in shown), max(m.tau for _, m in shown))
+        norm = colors.LogNorm(min(m["tau"] for _, m in shown), max(m["tau"] for _, m in shown))
         shade = cm.ScalarMappable(norm=norm, cmap="viridis")
     for k, (label, m) in enumerate(shown):
-        colour = shade.to_rgba(m.tau) if many else SCORE_COLOURS[k % len(SCORE_COLOURS)]
-        ax.plot(m.risk_coverage["coverage"], m.risk_coverage["risk"], color=colour, linewidth=1.3,
-                label=None if many else f"{label}: AURC {m.aurc:.4f}")
+        colour = shade.to_rgba(m["tau"]) if many else SCORE_COLOURS[k % len(SCORE_COLOURS)]
+        aurc = f": AURC {m['aurc']:.4f}" if m.get("aurc") is not None else ""
+        ax.plot(m["risk_coverage"]["coverage"], m["risk_coverage"]["risk"], color=colour, linewidth=1.3,
+                label=None if many else label + aurc)
     if many:
         ax.figure.colorbar(shade, ax=ax, label="tau")
     ax.set_xlim(0, 1)
@@ -157,7 +166,7 @@ def risk_coverage_axes(ax, panels: list[tuple[str, Any]]) -> None:
     ax.grid(True, alpha=0.3)
 
 
-def reliability_diagram(panels: list[tuple[str, object]], path: str | os.PathLike, *,
+def reliability_diagram(panels: list[tuple[str, Any]], path: str | os.PathLike, *,
                         source: str | None = None, risk_coverage: bool = False) -> Path:
     """One reliability diagram per ``(title, CalibrationMetrics)``, all of them, written to ``path`` (with
     ``risk_coverage``, their risk-coverage curves beneath)."""
@@ -172,19 +181,21 @@ SWEEP_PANELS = (("nll", "NLL"), ("ece", "ECE"), ("entropy", "entropy (nats)"), (
                 ("aurc", "AURC"))
 
 
-def sweep_figure(results: list, marks: dict[str, float], source: str | None = None):
-    """The figure of :func:`sweep_plot`: every row drawn, in order of tau, then every row's risk-coverage curve."""
-    rows = sorted(results, key=lambda m: m.tau)
-    taus = [m.tau for m in rows]
-    panels = [(key, label) for key, label in SWEEP_PANELS if any(getattr(m, key, math.nan) == getattr(m, key, math.nan)
-                                                                  for m in rows)]
-    curves = any(getattr(m, "risk_coverage", None) for m in rows)
-    fig = _figure(figsize=(6.5, 2.5 * len(panels) + (3.6 if curves else 0)))
+def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], source: str | None = None, *,
+                 curves: bool = True):
+    """The figure of :func:`sweep_plot` from the JSON's result rows: every row drawn, in order of tau, then (with
+    ``curves``) every row's risk-coverage curve. The HTML page draws the same figure, its curves apart."""
+    rows = sorted(results, key=lambda m: m["tau"])
+    taus = [m["tau"] for m in rows]
+    panels = [(key, label) for key, label in SWEEP_PANELS if any(_finite(m.get(key)) for m in rows)]
+    curves = curves and any((m.get("risk_coverage") or {}).get("coverage") for m in rows)
+    fig = new_figure(figsize=(6.5, 2.5 * len(panels) + (3.6 if curves else 0)))
     spec = fig.add_gridspec(len(panels) + curves, 1, height_ratios=[1] * len(panels) + [1.5] * curves)
     axes = [fig.add_subplot(spec[0])]
     axes += [fig.add_subplot(spec[k], sharex=axes[0]) for k in range(1, len(panels))]
     for ax, (key, label) in zip(axes, panels, strict=True):
-        ax.plot(taus, [getattr(m, key) for m in rows], marker="o", markersize=3, label="the temperatures shown")
+        ax.plot(taus, [m.get(key) if _finite(m.get(key)) else math.nan for m in rows], marker="o", markersize=3,
+                label="the temperatures shown")
         ax.set_ylabel(label)
         # one T marked twice (the stored T is the minimum) shows both lines
         styles = (("tab:red", "--", 1.2), ("tab:green", ":", 2.0), ("tab:purple", "-.", 1.2))
@@ -198,19 +209,23 @@ def sweep_figure(results: list, marks: dict[str, float], source: str | None = No
     legend = [axes[0]]
     if curves:
         rc = fig.add_subplot(spec[len(panels)])
-        risk_coverage_axes(rc, [(f"tau = {m.tau:.4g}", m) for m in rows])
+        risk_coverage_axes(rc, [(f"tau = {m['tau']:.4g}", m) for m in rows])
         legend.append(rc)
     if source:
         fig.suptitle(source)
-    _figure_legend(fig, legend, fontsize="small", ncols=3)
+    figure_legend(fig, legend, fontsize="small", ncols=3)
     return fig
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike, *, source: str | None = None) -> Path:
     """NLL, ECE, entropy, smooth ECE and AURC against tau on a log axis, with vertical lines at the ``marks``
-    (label -> tau), and the risk-coverage curve of every tau."""
+    (label -> tau), and the risk-coverage curve of every tau (``results``: metrics objects)."""
     path = check_plot_path(path)
-    fig = sweep_figure(results, marks, source)
+    fig = sweep_figure([m.to_dict(with_bins=False) for m in results], marks, source)
     _save(fig, path)
     return path
 
@@ -253,7 +268,7 @@ def _ood_title(report, what: str) -> str:
 def _ood_legend(figure, axes: list, title: str) -> None:
     """Once, above the panels, with the figure's title, so that no curve hides behind it."""
     columns = max(1, int(figure.get_figwidth() // 1.9))  # as many as fit across the figure
-    _figure_legend(figure, axes, loc="outside upper center", ncols=columns, fontsize=TICK_SIZE, title=title,
+    figure_legend(figure, axes, loc="outside upper center", ncols=columns, fontsize=TICK_SIZE, title=title,
                    title_fontsize=TITLE_SIZE)
 
 
@@ -263,7 +278,7 @@ def _ood_one_tau(report):
     files, scores = len(report.ood_files), len(report.scores)
     across = min(2, scores) if files == 1 else 1
     down = -(-scores // across)
-    figure = _figure(figsize=(max(4.6 * files * across, 6.5), 4.8 + 2.6 * down))
+    figure = new_figure(figsize=(max(4.6 * files * across, 6.5), 4.8 + 2.6 * down))
     spec = figure.add_gridspec(1 + down, files * across, height_ratios=[1.7] + [1] * down)
     tau = report.taus[0]
     axes = []
@@ -361,7 +376,7 @@ def _ood_sweep(report):
     calibration = report.stored_temperature if report.stored_temperature in report.taus else None
     per_file = 2 if calibration is not None else 1
     columns = files * per_file
-    figure = _figure(figsize=(max(3.6 * columns, 8.0), 3.0 * 2 + 2.4 * len(report.scores)))
+    figure = new_figure(figsize=(max(3.6 * columns, 8.0), 3.0 * 2 + 2.4 * len(report.scores)))
     spec = figure.add_gridspec(2 + len(report.scores), columns, height_ratios=[1.35, 1.35] + [1] * len(report.scores))
     overall = ood_checks.best_overall(report)
     excluded = ood_checks.left_out(report)

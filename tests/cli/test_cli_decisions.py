@@ -170,7 +170,7 @@ def test_report_plot_draws_a_risk_coverage_curve_per_tau(tmp_path):
         assert list(line.get_ydata()) == m.risk_coverage["risk"]
         assert f"AURC {m.aurc:.4f}" in line.get_label()
     sweep = report_file(str(tmp_path / "tied.safetensors"), sweep=plots.log_spaced(0.3, 8, 14), device="cpu")
-    figure = plots.sweep_figure(sweep.results, {})
+    figure = plots.sweep_figure([m.to_dict() for m in sweep.results], {})
     [ax] = [ax for ax in figure.axes if ax.get_ylabel() == "risk (error rate)"]
     assert len(ax.lines) == 14  # more than are named: shaded by tau, with a colour bar
     assert {a.get_ylabel() for a in figure.axes} >= {"NLL", "ECE", "smooth ECE", "AURC", "tau"}
