@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -100,110 +100,96 @@ def _pieces(a: _Point, b: _Point, best: float, tol: float, rounding: float, max_
     return max(2, min(max_pieces, math.ceil(drift / max(room, 1e-300))))
 
 
-def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN,
-                 initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
-                 on_pass: PassCallback | None = None, terms: Terms | None = None) -> tuple[float, float, bool]:
-    """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
-
-    ``terms`` (the shape of :meth:`Scan.ece_terms`) replaces the pass, so that the searches of folds and groups
-    (:class:`EceSearch`, the halving search) ride on this one's reads; only its per-bin sums are used here.
-
-    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each round is one
-    pass over the data, evaluating the new temperatures of every open interval at once.
-    """
-    source = bin_sums if terms is None else (lambda _scan, betas, b: terms(list(betas), b)[0].cpu())
-    n = max(scan.num_samples, 1)
-    rounding = 16 * torch.finfo(scan.compute_dtype).eps  # a few ulps of confidence per row, as drift
-    points: dict[float, _Point] = {}
-
-    def evaluate(thetas: list[float]) -> None:
-        for theta, sums in zip(thetas, source(scan, [math.exp(-t) for t in thetas], bins), strict=True):
-            points[theta] = _point(sums, n)
-
-    low, high = math.log(centre / span), math.log(centre * span)
-    grid = [low + (high - low) * k / (initial_points - 1) for k in range(initial_points)]
-    evaluate(grid)
-    open_intervals = [(a, b, math.inf) for a, b in itertools.pairwise(grid)]  # with the parent's crossing drift
-    for passes in itertools.count(1):
-        best = min(p.ece for p in points.values())
-        open_intervals = [(a, b, parent) for a, b, parent in open_intervals if b - a > MIN_WIDTH
-                          and lower_bound(points[a], points[b], rounding) < best - tol]
-        if on_pass is not None:
-            on_pass(passes, len(open_intervals))
-        if not open_intervals or passes > MAX_ROUNDS:
-            break
-        cuts = [_pieces(points[a], points[b], best, tol, rounding, max_pieces, parent)
-                for a, b, parent in open_intervals]
-        inner = [[a + (b - a) * k / m for k in range(1, m)] for (a, b, _), m in zip(open_intervals, cuts, strict=True)]
-        evaluate(sorted(t for ts in inner for t in ts))
-        open_intervals = [(*piece, points[a].crossing - points[b].crossing)
-                          for (a, b, _), ts in zip(open_intervals, inner, strict=True)
-                          for piece in itertools.pairwise([a, *ts, b])]
-    theta = min(points, key=lambda t: points[t].ece)
-    return math.exp(theta), points[theta].ece, not open_intervals
-
-
-#: The shared searches (folds, groups) start from this many points and halve their open intervals.
-SHARED_INITIAL_POINTS = 65
-Terms = Callable[[list[float], int], tuple[torch.Tensor, torch.Tensor]]
+#: ``terms(betas, bins)``: the per-bin ``[betas, 3, bins]`` sums at ``betas``, for a search riding on other reads.
+Terms = Callable[[list[float], int], torch.Tensor]
 
 
 class EceSearch:
-    """One branch-and-bound search, a round at a time: :attr:`wanted` the sorted log-temperatures to evaluate
-    next (empty once done), :meth:`take` their ECE and the drift between each two neighbours.
+    """One branch-and-bound search over log T in [log(centre / span), log(centre * span)], a round at a time:
+    :attr:`wanted` the sorted log-temperatures to evaluate next (empty once done), :meth:`take` their per-bin
+    sums. The searches of folds and groups are the same search, fed from the cells' sums of shared reads.
 
     A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
     toward a global T); the bound on an interval adds the penalty's minimum over it.
     """
 
-    def __init__(self, centre: float, *, tol: float = 1e-4, span: float = SPAN,
+    def __init__(self, centre: float, rows: int, *, rounding: float, tol: float = 1e-4, span: float = SPAN,
+                 initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
                  penalty: tuple[float, float] | None = None):
-        self.tol, self.penalty = tol, penalty
+        self.n, self.rounding, self.tol = max(rows, 1), rounding, tol
+        self.max_pieces, self.penalty = max_pieces, penalty
         low, high = math.log(centre / span), math.log(centre * span)
-        self.wanted = [low + (high - low) * k / (SHARED_INITIAL_POINTS - 1) for k in range(SHARED_INITIAL_POINTS)]
-        self.ece: dict[float, float] = {}
-        self.drift: dict[tuple[float, float], float] = {}
-        self.open_intervals = list(itertools.pairwise(self.wanted))
+        self.wanted = [low + (high - low) * k / (initial_points - 1) for k in range(initial_points)]
+        self.points: dict[float, _Point] = {}
+        #: The intervals still open after the last round, each with its parent's crossing drift.
+        self.open_intervals = [(a, b, math.inf) for a, b in itertools.pairwise(self.wanted)]
         self.rounds = 0
-        self.certified = False
+
+    @property
+    def certified(self) -> bool:
+        return not self.open_intervals
 
     def value(self, theta: float) -> float:
         """The searched objective at an evaluated ``theta``: the ECE, plus the penalty."""
-        return self.ece[theta] + self._penalty(theta, theta)
+        return self.points[theta].ece + self._penalty(theta, theta)
 
     def _penalty(self, a: float, b: float) -> float:
         """The penalty's minimum on ``[a, b]`` (0 without one)."""
         if self.penalty is None:
             return 0.0
         weight, centre = self.penalty
-        nearest = min(max(centre, a), b)
-        return weight * (nearest - centre) ** 2
+        return weight * (min(max(centre, a), b) - centre) ** 2
 
-    def take(self, ece: list[float], drift: list[float]) -> None:
-        """The ECE at each of :attr:`wanted` and the drift between each two neighbours; then the next round."""
-        thetas = self.wanted
-        self.ece.update(zip(thetas, ece, strict=True))
-        self.drift.update(zip(itertools.pairwise(thetas), drift, strict=True))
-        self.wanted = []
-        if self.rounds >= MAX_ROUNDS:
-            return
+    def take(self, sums: Sequence[torch.Tensor] | torch.Tensor) -> None:
+        """The per-bin ``[3, bins]`` sums at each of :attr:`wanted`; then the intervals that stay open and the
+        temperatures of the next round (none once certified, or after ``MAX_ROUNDS`` rounds)."""
+        for theta, one in zip(self.wanted, sums, strict=True):
+            self.points[theta] = _point(one, self.n)
         self.rounds += 1
-        best = min(self.value(t) for t in self.ece)
-        self.open_intervals = [(a, b) for a, b in self.open_intervals
-                               if self._lower_bound(a, b) < best - self.tol and b - a > 1e-12]
-        self.drift.clear()  # every bound still needed is recomputed with its halves
-        if not self.open_intervals:
-            self.certified = True
+        points, tol = self.points, self.tol
+        best = min(self.value(t) for t in points)
+        self.open_intervals = [(a, b, parent) for a, b, parent in self.open_intervals if b - a > MIN_WIDTH
+                               and lower_bound(points[a], points[b], self.rounding) + self._penalty(a, b) < best - tol]
+        self.wanted = []
+        if not self.open_intervals or self.rounds > MAX_ROUNDS:
             return
-        middles = [(a + b) / 2 for a, b in self.open_intervals]
-        self.wanted = sorted({t for (a, b), m in zip(self.open_intervals, middles, strict=True) for t in (a, m, b)})
-        self.open_intervals = [half for (a, b), m in zip(self.open_intervals, middles, strict=True)
-                               for half in ((a, m), (m, b))]
-
-    def _lower_bound(self, a: float, b: float) -> float:
-        return max(self.ece[a], self.ece[b]) - self.drift[a, b] + self._penalty(a, b)
+        cuts = [_pieces(points[a], points[b], best - self._penalty(a, b), tol, self.rounding, self.max_pieces, parent)
+                for a, b, parent in self.open_intervals]
+        inner = [[a + (b - a) * k / m for k in range(1, m)]
+                 for (a, b, _), m in zip(self.open_intervals, cuts, strict=True)]
+        self.wanted = sorted(t for ts in inner for t in ts)
+        self.open_intervals = [(*piece, points[a].crossing - points[b].crossing)
+                               for (a, b, _), ts in zip(self.open_intervals, inner, strict=True)
+                               for piece in itertools.pairwise([a, *ts, b])]
 
     def result(self) -> tuple[float, float, bool]:
         """``(T, ECE, certified)`` at the best evaluated temperature."""
-        best_theta = min(self.ece, key=self.value)
-        return math.exp(best_theta), self.ece[best_theta], self.certified
+        theta = min(self.points, key=self.value)
+        return math.exp(theta), self.points[theta].ece, self.certified
+
+
+def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN,
+                 initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
+                 on_pass: PassCallback | None = None, terms: Terms | None = None) -> tuple[float, float, bool]:
+    """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
+
+    ``terms`` replaces the pass, so that the searches of folds and groups ride on this one's reads.
+    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each round is one
+    pass over the data, evaluating the new temperatures of every open interval at once.
+    """
+    search = EceSearch(centre, scan.num_samples, rounding=rounding_of(scan), tol=tol, span=span,
+                       initial_points=initial_points, max_pieces=max_pieces)
+    while search.wanted:
+        betas = [math.exp(-t) for t in search.wanted]
+        search.take(bin_sums(scan, betas, bins) if terms is None else terms(betas, bins).cpu())
+        if on_pass is not None:
+            on_pass(search.rounds, len(search.open_intervals))
+    return search.result()
+
+
+def rounding_of(scan: Scan) -> float:
+    """A few ulps of confidence per row in the scan's compute dtype, counted as drift."""
+    return 16 * torch.finfo(scan.compute_dtype).eps
+
+
+__all__ = ["EceSearch", "PassCallback", "Terms", "lower_bound", "minimise_ece"]

@@ -14,7 +14,6 @@ searches finish together, then every group's.
 from __future__ import annotations
 
 import bisect
-import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +23,8 @@ import torch
 from .bins import bin_edges, bin_index
 from .certified import CertifiedFit
 from .distributed import all_reduce
-from .ece_fit import EceSearch
+from .ece_fit import EceSearch, rounding_of
+from .ece_terms import bin_sums
 from .fitting import fit_temperature
 from .scan import Scan
 from .shared_fits import CellLayout, SubsetTemperatures
@@ -36,23 +36,18 @@ MAX_ENTRIES = 1 << 24
 
 
 class CellEceTerms:
-    """One pass's sums at ``betas`` (sorted by temperature): per cell, the equal-width bin sums
-    ``[betas, cells, 3, bins]`` and the drift between neighbours ``[betas - 1, cells]``; over every row, the bin
-    sums and the drift between neighbours among ``own`` (indices into ``betas``), as :class:`EceTerms` gives them."""
+    """One pass's sums at ``betas``: per cell, the equal-width bin sums ``[betas, cells, 3, bins]``; over every row,
+    the bin sums at ``own`` (indices into ``betas``) exactly as :func:`~tempcal.core.ece_terms.bin_sums` adds them."""
 
     def __init__(self, betas: Sequence[float], own: Sequence[int], bins: int, cells: int, device: torch.device):
         self.betas, self.own, self.bins, self.cells = [float(b) for b in betas], list(own), bins, cells
         self.edges = bin_edges(bins, device)
         f64 = torch.float64
         self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=f64, device=device)
-        self.cell_drift = torch.zeros(max(len(self.betas) - 1, 0), cells, dtype=f64, device=device)
         self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=f64, device=device)
-        self.drift = torch.zeros(max(len(self.own) - 1, 0), dtype=f64, device=device)
 
     def add_chunk(self, d: torch.Tensor, correct: torch.Tensor, cell: torch.Tensor, scan: Scan) -> None:
         hit = correct.to(torch.float64)
-        previous: tuple[torch.Tensor, torch.Tensor] | None = None
-        own_previous: tuple[torch.Tensor, torch.Tensor] | None = None
         mine = {k: j for j, k in enumerate(self.own)}
         for k, beta in enumerate(self.betas):
             e = torch.mul(d, beta, out=scan.scratch.like("e", d)).exp_()
@@ -61,26 +56,11 @@ class CellEceTerms:
             slot = index + cell * self.bins
             for row, values in enumerate((torch.ones_like(confidence), confidence, hit)):
                 self.per_cell[k, row].index_add_(0, slot, values)
-            if previous is not None:
-                self.cell_drift[k - 1].index_add_(0, cell, _drift(previous, confidence, index, hit))
-            previous = (confidence, index)
             if k in mine:  # the global search's own sums, exactly as its own pass would add them
                 j = mine[k]
                 self.per_bin[j, 0].index_add_(0, index, torch.ones_like(confidence))
                 self.per_bin[j, 1].index_add_(0, index, confidence)
                 self.per_bin[j, 2].index_add_(0, index, hit)
-                if own_previous is not None:
-                    self.drift[j - 1] += _drift(own_previous, confidence, index, hit).sum()
-                own_previous = (confidence, index)
-
-
-def _drift(previous: tuple[torch.Tensor, torch.Tensor], confidence: torch.Tensor, index: torch.Tensor,
-           hit: torch.Tensor) -> torch.Tensor:
-    """Per row: ``|conf(b) - conf(a)| + 2 k m`` between the previous temperature and this one."""
-    before, before_index = previous
-    slack = torch.maximum((hit - before).abs(), (hit - confidence).abs())
-    crossed = (index - before_index).abs().to(torch.float64)
-    return (confidence - before).abs() + 2 * crossed * slack
 
 
 def cell_ece_pass(scan: Scan, betas: Sequence[float], own: Sequence[int], bins: int, layout: CellLayout
@@ -92,7 +72,7 @@ def cell_ece_pass(scan: Scan, betas: Sequence[float], own: Sequence[int], bins: 
         cell = layout.cells[position:position + z.shape[0]]
         position += z.shape[0]
         terms.add_chunk(torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z)), correct, cell, scan)
-    for name in ("per_cell", "cell_drift", "per_bin", "drift"):
+    for name in ("per_cell", "per_bin"):
         setattr(terms, name, all_reduce(getattr(terms, name)).cpu())
     return terms
 
@@ -127,23 +107,23 @@ class SharedEce:
         self.centre: float | None = None
         self.passes = 0
 
-    def terms(self, betas: list[float], bins: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def terms(self, betas: list[float], bins: int) -> torch.Tensor:
         """The global search's pass at ``betas``, carrying the fold searches' wanted temperatures (in the same read
         while the per-cell sums fit in memory)."""
         if self.centre is None:  # the first pass is at the global search's initial grid, around the NLL optimum
             self.centre = math.sqrt(1.0 / (betas[0] * betas[-1]))
             for fit in self.folds:
-                fit.search = EceSearch(self.centre)
+                fit.search = self._search(fit)
         own = [-math.log(b) for b in betas]
         folds = [f for f in self.folds if f.search is not None and f.search.wanted]
         if not folds:
-            return self.scan.ece_terms(betas, bins)
+            return bin_sums(self.scan, betas, bins)
         before = self.passes
         terms = self._pass(folds, own)
         if self.passes - before > 1:  # the per-cell sums took several reads: the global search's own pass too
-            return self.scan.ece_terms(betas, bins)
+            return bin_sums(self.scan, betas, bins)
         self.passes -= 1  # the global fit's own read
-        return terms.per_bin, terms.drift
+        return terms.per_bin
 
     def _pass(self, fits: list[_EceFit], own: list[float]) -> CellEceTerms:
         """One read at ``own`` and every temperature ``fits`` want (more reads only when the per-cell sums of
@@ -160,35 +140,28 @@ class SharedEce:
             self.passes += 1
         per_cell = torch.cat([p.per_cell if j == 0 else p.per_cell[1:] for j, p in enumerate(parts)])
         per_cell = per_cell.view(len(thetas), 3, g, k, bins)
-        drift = torch.cat([p.cell_drift for p in parts]).view(-1, g, k)
         for fit in fits:
             if fit.search is not None and fit.search.wanted:
-                self._take(fit, per_cell, drift, position)
+                sums = _fit_sum(per_cell, fit, dims=(2, 3))  # [thetas, 3, bins]: the fit's cells summed
+                fit.search.take([sums[position[t]] for t in fit.search.wanted])
         return parts[0]
 
-    @staticmethod
-    def _take(fit: _EceFit, per_cell: torch.Tensor, drift: torch.Tensor, position: dict[float, int]) -> None:
-        """A fit's ECE at each temperature it wants, and its drift between them, from the cells' sums."""
-        assert fit.search is not None
-        n = max(fit.count, 1)
-        sums = _fit_sum(per_cell, fit, dims=(2, 3))  # [thetas, 3, bins]
-        chained = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.float64), _fit_sum(drift, fit, (1, 2))]), 0)
-        wanted = fit.search.wanted
-        ece = [float((sums[position[t], 2] - sums[position[t], 1]).abs().sum()) / n for t in wanted]
-        between = [float(chained[position[b]] - chained[position[a]]) / n for a, b in itertools.pairwise(wanted)]
-        fit.search.take(ece, between)
+    def _search(self, fit: _EceFit, penalty: tuple[float, float] | None = None) -> EceSearch:
+        """A subset's search: the plain fit's, over the same range around the global NLL optimum."""
+        assert self.centre is not None
+        return EceSearch(self.centre, fit.count, rounding=rounding_of(self.scan), penalty=penalty)
 
     def finish(self, global_t: float) -> SubsetTemperatures:
         """The fold searches to their end, then every group's; their temperatures."""
-        centre = self.centre if self.centre is not None else global_t
+        self.centre = self.centre if self.centre is not None else global_t
         for fit in self.folds:
-            fit.search = fit.search or EceSearch(centre)
+            fit.search = fit.search or self._search(fit)
         self._run(self.folds)
         fold_t = [f.search.result()[0] for f in self.folds if f.search is not None]
         for fit in self.group_fits:
             target = global_t if fit.fold is None else fold_t[fit.fold]
             penalty = (self.lam / max(fit.count, 1), math.log(target)) if self.lam > 0 else None
-            fit.search = EceSearch(centre, penalty=penalty)
+            fit.search = self._search(fit, penalty)
         self._run(self.group_fits)
         return self._answer()
 
