@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -130,18 +131,22 @@ def _reported(stderr: str, name: str) -> float:
     return float(words[0]) if words and words[0].isdigit() else float("nan")
 
 
-def whole_command(hidden_path: Path, head_path: Path, split: list[str], floor: float, rows: int,
+def whole_command(hidden_path: Path, head_path: Path, split: list[str], bare: Callable[[], float], rows: int,
                   startup: float) -> tuple[str, float]:
-    """One line on the whole ``tempcal fit --head`` command with ``split``: seconds and bare passes (also net of a
-    fresh process's start-up), the JSON's ``passes``, and the rows it pushed through ``h @ W.T`` per row of SOURCE
-    (counted in the process: the figure the machine's load does not move); and its peak RSS (MB)."""
+    """One line on the whole ``tempcal fit --head`` command with ``split``: seconds and bare passes (the floor timed
+    just before and just after it, against a machine's drifting load; also net of a fresh process's start-up), the
+    JSON's ``passes``, and the rows it pushed through ``h @ W.T`` per row of SOURCE (counted in the process: the
+    figure the machine's load does not move); and its peak RSS (MB)."""
+    before = bare()
     seconds, stderr, stdout = _child(["fit", str(hidden_path), "--head", str(head_path), "--no-write", "--json", "-",
                                       "--device", "cpu", *split])
+    floor = (before + bare()) / 2
     report = json.loads(stdout)
     multiplied = _reported(stderr, "head_rows")
     fit = rows + (report["passes"] - 1) * report["n_fit"]  # the validating scan, then the fit's reads of its rows
     line = (f"tempcal fit command {' '.join(split) or '(default split, val-fraction 0.5)'}: {seconds:.1f} s = "
-            f"{seconds / floor:.2f} bare passes ({(seconds - startup) / floor:.2f} net of start-up; goal <= 3.5); "
+            f"{seconds / floor:.2f} bare passes of {floor:.2f} s ({(seconds - startup) / floor:.2f} net of start-up; "
+            f"goal <= 3.5); "
             f"{report['passes']} passes in its JSON; h @ W.T rows {multiplied:,.0f} = {multiplied / rows:.3f} N: "
             f"the fit's {fit / rows:.3f} N, then {(multiplied - fit) / rows:.3f} N "
             f"({report['n_eval']:,} evaluation rows = {report['n_eval'] / rows:.3f} N)")
@@ -239,7 +244,9 @@ def main() -> None:
         startup = min(_child(["startup"])[0] for _ in range(2))
         print(f"fresh process start-up (import torch and tempcal's command line, then exit): {startup:.2f} s")
         for split in ([], ["--val-fraction", "1"]):
-            line, peak = whole_command(hidden_path, head_path, split, floor, args.rows, startup)
+            line, peak = whole_command(hidden_path, head_path, split,
+                                       lambda: bare_pass(rows, head, chunk_rows, torch.device("cpu")), args.rows,
+                                       startup)
             print(line)
         base = bare_torch_rss()
         budget = (hidden_path.stat().st_size + head_path.stat().st_size) / 2**20 + 256
