@@ -7,8 +7,11 @@ script measures, in one run on the same data (default N = 20,000, d = 1,024, V =
 * one bare chunked ``h @ W.T`` pass (the floor: the matmuls alone, same block size as tempcal);
 * ``tempcal.fit_temperature`` on the hidden states and head: time, as a ratio to the bare pass (goal:
   at most 3.5), its ``passes``, and T against scipy's float64 optimum on the materialised logits;
-* the whole ``tempcal fit hidden.safetensors --head head.safetensors`` command in a fresh process:
-  time and its peak resident memory (``VmHWM``) less that of a bare ``import torch`` process;
+* the whole ``tempcal fit hidden.safetensors --head head.safetensors`` command in a fresh process, with
+  the default split and with ``--val-fraction 1``: time as a ratio to the bare pass (goal: at most 3.5;
+  also net of a fresh process's start-up), its ``passes``, and the rows it pushes through ``h @ W.T``
+  divided by N (counted in the process, so not moved by the machine's load); then, with ``--val-fraction
+  1``, its peak resident memory (``VmHWM``) less that of a bare ``import torch`` process;
 * what a user would otherwise do: materialise the logits chunk by chunk into a safetensors file
   (time and disk), then ``tempcal fit`` on that file; and the Guo et al. recipe (autograd L-BFGS
   on the whole logits tensor in memory), where memory allows.
@@ -27,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,10 +46,19 @@ import torch
 if sys.argv[1] == "bare":
     sys.exit(0)
 from tempcal.cli.main import main
+from tempcal.models.head import OutputHead
+if sys.argv[1] == "startup":
+    sys.exit(0)
+rows, plain = [0], OutputHead.logits
+def logits(self, h, out):
+    rows[0] += h.shape[0]  # every row pushed through h @ W.T, whichever pass asked for it
+    return plain(self, h, out)
+OutputHead.logits = logits
 code = main(sys.argv[1:])
 with open("/proc/self/status") as f:
     peak = next(line.split()[1] for line in f if line.startswith("VmHWM:"))
 print("peak_kb", peak, file=sys.stderr)
+print("head_rows", rows[0], file=sys.stderr)
 sys.exit(code)
 """
 
@@ -98,13 +111,46 @@ def tempcal_fit(hidden_path: Path, head_path: Path, device: str) -> tuple[float,
 
 def command(args: list[str]) -> tuple[float, float, str]:
     """Seconds, peak RSS (MB) and standard output of ``tempcal ARGS`` (or a bare torch import) in a fresh process."""
+    seconds, stderr, stdout = _child(args)
+    return seconds, _reported(stderr, "peak_kb") / 1024, stdout
+
+
+def _child(args: list[str]) -> tuple[float, str, str]:
+    """Seconds, standard error and standard output of :data:`CHILD` run with ``args`` in a fresh process."""
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"tempcal {' '.join(args)} failed: {done.stderr[-500:]}")
-    peak = done.stderr.split("peak_kb")[-1].split()
-    return seconds, (int(peak[0]) / 1024 if len(peak) and peak[0].isdigit() else float("nan")), done.stdout
+    return seconds, done.stderr, done.stdout
+
+
+def _reported(stderr: str, name: str) -> float:
+    """The number :data:`CHILD` printed after ``name`` on standard error (NaN when it printed none)."""
+    words = stderr.split(name)[-1].split() if name in stderr else []
+    return float(words[0]) if words and words[0].isdigit() else float("nan")
+
+
+def whole_command(hidden_path: Path, head_path: Path, split: list[str], bare: Callable[[], float], rows: int,
+                  startup: float) -> tuple[str, float]:
+    """One line on the whole ``tempcal fit --head`` command with ``split``: seconds and bare passes (the floor timed
+    just before and just after it, against a machine's drifting load; also net of a fresh process's start-up), the
+    JSON's ``passes``, and the rows it pushed through ``h @ W.T`` per row of SOURCE (counted in the process: the
+    figure the machine's load does not move); and its peak RSS (MB)."""
+    before = bare()
+    seconds, stderr, stdout = _child(["fit", str(hidden_path), "--head", str(head_path), "--no-write", "--json", "-",
+                                      "--device", "cpu", *split])
+    floor = (before + bare()) / 2
+    report = json.loads(stdout)
+    multiplied = _reported(stderr, "head_rows")
+    fit = rows + (report["passes"] - 1) * report["n_fit"]  # the validating scan, then the fit's reads of its rows
+    line = (f"tempcal fit command {' '.join(split) or '(default split, val-fraction 0.5)'}: {seconds:.1f} s = "
+            f"{seconds / floor:.2f} bare passes of {floor:.2f} s ({(seconds - startup) / floor:.2f} net of start-up; "
+            f"goal <= 3.5); "
+            f"{report['passes']} passes in its JSON; h @ W.T rows {multiplied:,.0f} = {multiplied / rows:.3f} N: "
+            f"the fit's {fit / rows:.3f} N, then {(multiplied - fit) / rows:.3f} N "
+            f"({report['n_eval']:,} evaluation rows = {report['n_eval'] / rows:.3f} N)")
+    return line, _reported(stderr, "peak_kb") / 1024
 
 
 def bare_torch_rss() -> float:
@@ -195,13 +241,18 @@ def main() -> None:
             t_ref = reference_t(rows, labels, head, chunk_rows)
             error = abs(result.temperature - t_ref) / t_ref
             print(f"scipy float64 optimum: T = {t_ref:.8f}; relative error {error:.1e}")
+        startup = min(_child(["startup"])[0] for _ in range(2))
+        print(f"fresh process start-up (import torch and tempcal's command line, then exit): {startup:.2f} s")
+        for split in ([], ["--val-fraction", "1"]):
+            line, peak = whole_command(hidden_path, head_path, split,
+                                       lambda: bare_pass(rows, head, chunk_rows, torch.device("cpu")), args.rows,
+                                       startup)
+            print(line)
         base = bare_torch_rss()
-        cmd_s, peak, _ = command(["fit", str(hidden_path), "--head", str(head_path), "--no-write", "--json", "-",
-                                    "--device", "cpu", "--val-fraction", "1"])
         budget = (hidden_path.stat().st_size + head_path.stat().st_size) / 2**20 + 256
-        print(f"tempcal fit command (fit on every row, then before/after): {cmd_s:.1f} s; peak RSS {peak:.0f} MB, "
-              f"{peak - base:.0f} MB above a bare import torch ({base:.0f} MB); budget size(head) + size(hidden) + "
-              f"256 MB = {budget:.0f} MB; materialised logits would be {args.rows * args.vocab * 4 / 2**20:.0f} MB")
+        print(f"tempcal fit command --val-fraction 1: peak RSS {peak:.0f} MB, {peak - base:.0f} MB above a bare "
+              f"import torch ({base:.0f} MB); budget size(head) + size(hidden) + 256 MB = {budget:.0f} MB; "
+              f"materialised logits would be {args.rows * args.vocab * 4 / 2**20:.0f} MB")
         if not args.skip_peers:
             logits_path = folder / "logits.safetensors"
             write_s = materialise(rows, labels, head, logits_path, chunk_rows)
