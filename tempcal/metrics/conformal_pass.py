@@ -6,7 +6,8 @@ the sets need the thresholds, so their sums (:class:`SetSums`) ride on the evalu
 (:meth:`Scan.calibration` ``visitor=``), nothing kept per row. Probabilities are float64 softmaxes of each
 chunk's ``z - max z``, a slice of rows at a time (:data:`SLICE_VALUES` probabilities), so that the sorted copies
 APS needs stay small whatever the chunk. ``SetSums`` also sums per group of rows (any integer labelling of the
-rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under the same thresholds.
+rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under the same thresholds;
+:class:`FoldSetSums` forms the sets out of fold (each fold's rows at its own temperature and thresholds).
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ class ScoreRows:
 
     def gathered(self) -> list[dict[str, np.ndarray]]:
         """Per temperature, every rank's scores in rank order (the one-process arrays), as numpy on the host."""
-        out = []
+        return list(self.each_gathered())
+
+    def each_gathered(self) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`gathered` one temperature at a time (one temperature's host copy alive at once)."""
         for k in range(self.scores.shape[0]):
             every = all_gather_rows(self.scores[k].T.contiguous()).cpu().numpy()  # [rows, scores]
-            out.append({name: every[:, j] for j, name in enumerate(SCORES)})
-        return out
+            yield {name: every[:, j] for j, name in enumerate(SCORES)}
 
 
 def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -> list[Thresholds]:
@@ -96,10 +99,60 @@ class SetSums:
         return [{score: all_reduce(values).cpu() for score, values in sums.items()} for sums in self.sums]
 
 
+class FoldSetSums:
+    """Visitor for sets out of fold: at the ``k``-th temperature only the rows of fold ``fold_of[k]`` count (with
+    ``thresholds[k]``, that fold's), summed into slot ``slot_of[k]`` (``[slots, num_groups, thresholds, 2]`` per
+    score), per group when ``groups`` is given. ``folds``: this process's rows' fold numbers."""
+
+    def __init__(self, thresholds: Sequence[Thresholds], folds: torch.Tensor, fold_of: Sequence[int],
+                 slot_of: Sequence[int], device: torch.device, *, groups: torch.Tensor | None = None,
+                 num_groups: int = 1):
+        self.thresholds, self.fold_of, self.slot_of = list(thresholds), list(fold_of), list(slot_of)
+        self.folds = folds.to(device=device, dtype=torch.int64)
+        self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
+        self.num_folds = max(self.fold_of, default=-1) + 1
+        slots = max(self.slot_of, default=-1) + 1
+        self.sums = {score: torch.zeros(slots, num_groups, len(qs), 2, dtype=torch.float64, device=device)
+                     for score, qs in (self.thresholds[0].items() if self.thresholds else ())}
+        self._chunk: tuple[int, int] | None = None
+        self._order = torch.empty(0, dtype=torch.int64)
+        self._offsets: list[int] = []
+
+    def _rows_of(self, fold: int, start: int, rows: int) -> torch.Tensor:
+        """The chunk's rows (relative to ``start``) in ``fold``: the chunk's rows sorted by fold once, then sliced."""
+        if self._chunk != (start, rows):
+            local = self.folds[start:start + rows]
+            self._order = torch.argsort(local, stable=True)
+            counts = torch.bincount(local, minlength=self.num_folds)[:self.num_folds]
+            self._offsets = [0, *torch.cumsum(counts, 0).tolist()]
+            self._chunk = (start, rows)
+        return self._order[self._offsets[fold]:self._offsets[fold + 1]]
+
+    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        rows = self._rows_of(self.fold_of[k], start, d.shape[0])
+        if not rows.numel():
+            return
+        d, labels = d[rows], labels[rows]
+        groups = None if self.groups is None else self.groups[start + rows]
+        slot = self.slot_of[k]
+        for first, stop in _slices(d.shape[0], d.shape[1]):
+            found = set_rows(probabilities(d[first:stop], beta), labels[first:stop], self.thresholds[k])
+            for score, (covered, size) in found.items():
+                figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
+                if groups is None:
+                    self.sums[score][slot, 0] += figures.sum(1)
+                else:
+                    self.sums[score][slot].index_add_(0, groups[first:stop], figures.transpose(0, 1))
+
+    def reduced(self) -> dict[str, torch.Tensor]:
+        """Per score, the sums ``[slots, groups, thresholds, 2]`` over every rank, on the host."""
+        return {score: all_reduce(values).cpu() for score, values in self.sums.items()}
+
+
 def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
                 group: int = 0) -> list[ConformalResult]:
     """The contract's list for one temperature (and one group of ``rows`` rows) from :meth:`SetSums.reduced`."""
     return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
 
 
-__all__ = ["SLICE_VALUES", "ScoreRows", "SetSums", "fit_thresholds", "probabilities", "set_results"]
+__all__ = ["SLICE_VALUES", "FoldSetSums", "ScoreRows", "SetSums", "fit_thresholds", "probabilities", "set_results"]
