@@ -86,20 +86,29 @@ def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str,
              ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per score, each row's sets at every threshold: ``(covered, size)``, both ``[len(thresholds), rows]``
     (whether the set holds the label; its number of classes, float64)."""
+    q = {score: torch.tensor(list(values), dtype=probs.dtype, device=probs.device)[:, None]
+         for score, values in thresholds.items()}
+    return row_sets(probs, labels, q)
+
+
+def row_sets(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, torch.Tensor]
+             ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`set_rows` with the thresholds as tensors ``[Q, rows]`` (each row its own, e.g. its fold's) or
+    ``[Q, 1]`` (the same for every row), in ``probs``' dtype."""
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     y = labels[:, None].long()
     if "lac" in thresholds:
-        q = torch.tensor(list(thresholds["lac"]), dtype=probs.dtype, device=probs.device)
-        inside = (1.0 - probs)[None] <= q[:, None, None]  # [Q, rows, C]
-        covered = inside.gather(2, y[None].expand(q.numel(), -1, -1))[..., 0]
+        q = thresholds["lac"]
+        inside = (1.0 - probs)[None] <= q[:, :, None]  # [Q, rows, C]
+        covered = inside.gather(2, y[None].expand(q.shape[0], -1, -1))[..., 0]
         out["lac"] = covered, inside.sum(2).to(torch.float64)
     if "aps" in thresholds:
-        q = torch.tensor(list(thresholds["aps"]), dtype=probs.dtype, device=probs.device)
+        q = thresholds["aps"]
         ordered, _ = torch.sort(probs, dim=1, descending=True, stable=True)
         running = ordered.cumsum(1)
         classes = probs.shape[1]
         # Classes before the first whose running sum reaches q, plus that one (all of them if none does).
-        sizes = ((running[None] < q[:, None, None]).sum(2) + 1).clamp(max=classes)  # [Q, rows]
+        sizes = ((running[None] < q[:, :, None]).sum(2) + 1).clamp(max=classes)  # [Q, rows]
         p_y = probs.gather(1, y)
         index = torch.arange(classes, device=probs.device)[None]
         position = (probs > p_y).sum(1) + ((probs == p_y) & (index < y)).sum(1)  # the label's place in the order

@@ -7,7 +7,7 @@ the sets need the thresholds, so their sums (:class:`SetSums`) ride on the evalu
 chunk's ``z - max z``, a slice of rows at a time (:data:`SLICE_VALUES` probabilities), so that the sorted copies
 APS needs stay small whatever the chunk. ``SetSums`` also sums per group of rows (any integer labelling of the
 rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under the same thresholds;
-:class:`FoldSetSums` forms the sets out of fold (each fold's rows at its own temperature and thresholds).
+:class:`FoldSetSums` forms the sets out of fold (each row at its fold's temperature, with its fold's thresholds).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import Scan
-from .conformal import SCORES, ConformalResult, results, row_scores, set_rows, threshold
+from .conformal import SCORES, ConformalResult, results, row_scores, row_sets, set_rows, threshold
 
 #: Probabilities (rows x classes) formed at a time: 32 MB of float64, and the sorted copy beside them.
 SLICE_VALUES = 1 << 22
@@ -27,8 +27,9 @@ SLICE_VALUES = 1 << 22
 Thresholds = dict[str, list[float]]
 
 
-def probabilities(d: torch.Tensor, beta: float) -> torch.Tensor:
-    """The float64 softmax at ``beta`` of rows given as ``d = z - max z`` (``-inf`` entries are probability 0)."""
+def probabilities(d: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:
+    """The float64 softmax at ``beta`` (a number, or float64 ``[rows, 1]``: a beta per row) of rows given as
+    ``d = z - max z`` (``-inf`` entries are probability 0)."""
     p = torch.exp(d.to(torch.float64) * beta)
     return p / p.sum(1, keepdim=True)
 
@@ -100,49 +101,35 @@ class SetSums:
 
 
 class FoldSetSums:
-    """Visitor for sets out of fold: at the ``k``-th temperature only the rows of fold ``fold_of[k]`` count (with
-    ``thresholds[k]``, that fold's), summed into slot ``slot_of[k]`` (``[slots, num_groups, thresholds, 2]`` per
-    score), per group when ``groups`` is given. ``folds``: this process's rows' fold numbers."""
+    """Visitor forming every row's sets out of fold, nothing kept per row: in slot ``k``, row i's probabilities at
+    ``betas[k][f]`` and its sets with ``thresholds[k][f]``, f its fold (``folds``: this process's rows' folds);
+    summed per slot, per group when ``groups`` is given. Every fold's rows take their own temperature in the same
+    softmax, so a slot is one visit whatever K: :meth:`Scan.visit`'s betas only number the slots."""
 
-    def __init__(self, thresholds: Sequence[Thresholds], folds: torch.Tensor, fold_of: Sequence[int],
-                 slot_of: Sequence[int], device: torch.device, *, groups: torch.Tensor | None = None,
+    def __init__(self, betas: Sequence[Sequence[float]], thresholds: Sequence[Sequence[Thresholds]],
+                 folds: torch.Tensor, device: torch.device, *, groups: torch.Tensor | None = None,
                  num_groups: int = 1):
-        self.thresholds, self.fold_of, self.slot_of = list(thresholds), list(fold_of), list(slot_of)
+        f64 = torch.float64
+        self.betas = [torch.tensor(list(b), dtype=f64, device=device) for b in betas]  # [K] per slot
+        self.q = [{score: torch.tensor([list(t[score]) for t in per_fold], dtype=f64, device=device).T
+                   for score in per_fold[0]} for per_fold in thresholds]  # per slot and score: [Q, K]
         self.folds = folds.to(device=device, dtype=torch.int64)
         self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
-        self.num_folds = max(self.fold_of, default=-1) + 1
-        slots = max(self.slot_of, default=-1) + 1
-        self.sums = {score: torch.zeros(slots, num_groups, len(qs), 2, dtype=torch.float64, device=device)
-                     for score, qs in (self.thresholds[0].items() if self.thresholds else ())}
-        self._chunk: tuple[int, int] | None = None
-        self._order = torch.empty(0, dtype=torch.int64)
-        self._offsets: list[int] = []
-
-    def _rows_of(self, fold: int, start: int, rows: int) -> torch.Tensor:
-        """The chunk's rows (relative to ``start``) in ``fold``: the chunk's rows sorted by fold once, then sliced."""
-        if self._chunk != (start, rows):
-            local = self.folds[start:start + rows]
-            self._order = torch.argsort(local, stable=True)
-            counts = torch.bincount(local, minlength=self.num_folds)[:self.num_folds]
-            self._offsets = [0, *torch.cumsum(counts, 0).tolist()]
-            self._chunk = (start, rows)
-        return self._order[self._offsets[fold]:self._offsets[fold + 1]]
+        self.sums = {score: torch.zeros(len(self.q), num_groups, q.shape[0], 2, dtype=f64, device=device)
+                     for score, q in (self.q[0].items() if self.q else ())}
 
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
-        rows = self._rows_of(self.fold_of[k], start, d.shape[0])
-        if not rows.numel():
-            return
-        d, labels = d[rows], labels[rows]
-        groups = None if self.groups is None else self.groups[start + rows]
-        slot = self.slot_of[k]
         for first, stop in _slices(d.shape[0], d.shape[1]):
-            found = set_rows(probabilities(d[first:stop], beta), labels[first:stop], self.thresholds[k])
+            folds = self.folds[start + first:start + stop]
+            probs = probabilities(d[first:stop], self.betas[k][folds][:, None])
+            found = row_sets(probs, labels[first:stop], {s: q[:, folds] for s, q in self.q[k].items()})
             for score, (covered, size) in found.items():
                 figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
-                if groups is None:
-                    self.sums[score][slot, 0] += figures.sum(1)
+                if self.groups is None:
+                    self.sums[score][k, 0] += figures.sum(1)
                 else:
-                    self.sums[score][slot].index_add_(0, groups[first:stop], figures.transpose(0, 1))
+                    rows = self.groups[start + first:start + stop]
+                    self.sums[score][k].index_add_(0, rows, figures.transpose(0, 1))
 
     def reduced(self) -> dict[str, torch.Tensor]:
         """Per score, the sums ``[slots, groups, thresholds, 2]`` over every rank, on the host."""

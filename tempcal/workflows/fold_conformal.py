@@ -97,10 +97,10 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
     found = fold_thresholds(scan, subsets.fold_rows, global_t, fold_ts, alphas)
     start, stop = loaded.share()
     groups = None if subsets.groups is None or subsets.rows is None else torch.from_numpy(subsets.rows[start:stop])
-    sets = FoldSetSums([*found.before, *found.after], torch.from_numpy(subsets.fold_rows[start:stop]),
-                       [*range(k), *range(k)], [0] * k + [1] * k, scan.device, groups=groups,
+    sets = FoldSetSums([[1.0] * k, [1.0 / t for t in fold_ts]], [found.before, found.after],
+                       torch.from_numpy(subsets.fold_rows[start:stop]), scan.device, groups=groups,
                        num_groups=len(subsets.groups or [None]))
-    scan.visit([1.0] * k + [1.0 / t for t in fold_ts], sets)
+    scan.visit([1.0, 1.0], sets)  # the slots: T = 1, then each row at its fold's T_k
     sums = sets.reduced()  # per score: [slot (T = 1, T_k), group, alpha, 2]
     n = scan.num_samples
     overall = [_with_folds(results(alphas, found.deployed[slot], {s: v[slot].sum(0) for s, v in sums.items()}, n),

@@ -30,32 +30,34 @@ def test_thresholds_at_many_alphas_are_each_the_ranked_score(n):
     assert np.array_equal(scores, np.round(np.random.default_rng(n).random(n), 1))  # the input is not reordered
 
 
-def test_fold_set_sums_count_each_folds_rows_at_its_own_temperature_and_thresholds():
+def test_fold_set_sums_take_each_row_at_its_folds_temperature_and_thresholds():
     z, y = miscalibrated(420, 6, 2.0, seed=4, dtype=torch.float64)
     z[::7] = z[1::7][: z[::7].shape[0]]  # repeated rows: scores tied across folds
     folds = torch.from_numpy(np.random.default_rng(1).integers(0, 3, 420))
     groups = torch.arange(420) % 4
-    taus = [1.0, 1.0, 1.0, 1.6, 2.1, 2.4]
-    qs = [{"lac": [0.3 + 0.1 * k, 0.6], "aps": [0.8, 0.9 + 0.01 * k]} for k in range(6)]
-    sets = FoldSetSums(qs, folds, [0, 1, 2, 0, 1, 2], [0, 0, 0, 1, 1, 1], torch.device("cpu"), groups=groups,
-                       num_groups=4)
+    betas = [[1.0, 1.0, 1.0], [1 / 1.6, 1 / 2.1, 1 / 2.4]]
+    qs = [[{"lac": [0.3 + 0.1 * f + 0.2 * slot, 0.6], "aps": [0.8, 0.9 + 0.01 * f]} for f in range(3)]
+          for slot in range(2)]
+    sets = FoldSetSums(betas, qs, folds, torch.device("cpu"), groups=groups, num_groups=4)
     scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=53)  # folds and groups straddle chunks
     passes = scan.passes
-    scan.visit([1 / t for t in taus], sets)
+    scan.visit([1.0, 1.0], sets)
     sums = sets.reduced()
     assert scan.passes == passes + 1 and sums["lac"].shape == (2, 4, 2, 2)
     for score in ("lac", "aps"):
         expected = torch.zeros(2, 4, 2, 2, dtype=torch.float64)
-        for k, tau in enumerate(taus):
-            p = chunk_probabilities(z - z.max(1, keepdim=True).values, 1 / tau).numpy()
-            for g in range(4):
-                rows = ((folds == k % 3) & (groups == g)).numpy()
-                for a, q in enumerate(qs[k][score]):
-                    chosen = ref_conformal_sets(p[rows], q, score)
-                    expected[k // 3, g, a, 0] += sum(int(c) in s for c, s in zip(y[rows], chosen, strict=True))
-                    expected[k // 3, g, a, 1] += sum(len(s) for s in chosen)
+        for slot in range(2):
+            for f in range(3):
+                p = chunk_probabilities(z - z.max(1, keepdim=True).values, betas[slot][f]).numpy()
+                for g in range(4):
+                    rows = ((folds == f) & (groups == g)).numpy()
+                    for a, q in enumerate(qs[slot][f][score]):
+                        chosen = ref_conformal_sets(p[rows], q, score)
+                        expected[slot, g, a, 0] += sum(int(c) in s for c, s in zip(y[rows], chosen, strict=True))
+                        expected[slot, g, a, 1] += sum(len(s) for s in chosen)
         torch.testing.assert_close(sums[score], expected, rtol=0, atol=1e-9)
     assert sums["lac"][:, :, :, 0].sum() < 2 * 420 * 2  # not every set covers: the thresholds matter
+    assert not torch.equal(sums["lac"][0], sums["lac"][1])  # the slots differ: each its own temperatures
 
 
 def test_scores_at_t_come_from_the_softmax_there():
