@@ -132,8 +132,17 @@ def test_past_the_score_budget_the_folds_take_more_reads_and_give_the_same_sets(
     one_read = reads[path.name]
     reads.clear()
     monkeypatch.setattr(fold_conformal, "SCORE_BYTES", 16 * 600 * 3)  # three temperatures a read: 7 in 3 reads
+    held = []
+
+    class Recorded(fold_conformal.ScoreRows):
+        def __init__(self, count, rows, device):
+            super().__init__(count, rows, device)
+            held.append(self.scores.numel() * self.scores.element_size())
+
+    monkeypatch.setattr(fold_conformal, "ScoreRows", Recorded)
     batched = run_json(argv)
     assert reads[path.name] == one_read + 2 and batched["passes"] == whole["passes"] + 2
+    assert held == [16 * 600 * 3, 16 * 600 * 3, 16 * 600]  # never more scores than the budget at once
     assert batched["before"]["conformal"] == whole["before"]["conformal"]
     assert batched["after"]["conformal"] == whole["after"]["conformal"]
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import miscalibrated
+from conftest import DEVICES, miscalibrated
 from reference import ref_conformal_scores, ref_conformal_sets, ref_threshold
 
 from tempcal import Scan, as_logits_data
@@ -58,6 +58,27 @@ def test_fold_set_sums_take_each_row_at_its_folds_temperature_and_thresholds():
         torch.testing.assert_close(sums[score], expected, rtol=0, atol=1e-9)
     assert sums["lac"][:, :, :, 0].sum() < 2 * 420 * 2  # not every set covers: the thresholds matter
     assert not torch.equal(sums["lac"][0], sums["lac"][1])  # the slots differ: each its own temperatures
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fold_thresholds_and_sets_on_any_device_are_the_cpus(device):
+    z, y = miscalibrated(500, 7, 2.0, seed=8, dtype=torch.float64)
+    folds = np.arange(500) % 4
+    found = {}
+    for where in ("cpu", device):
+        scan = Scan(as_logits_data(z, y), device=where, chunk_rows=97)
+        q = fold_conformal.fold_thresholds(scan, folds, 1.9, [1.7, 1.8, 2.0, 2.2], [0.1, 0.2])
+        sets = FoldSetSums([[1.0] * 4, [1 / 1.7, 1 / 1.8, 1 / 2.0, 1 / 2.2]], [q.before, q.after],
+                           torch.from_numpy(folds), scan.device)
+        scan.visit([1.0, 1.0], sets)
+        found[where] = q, sets.reduced()
+    (q_cpu, sums_cpu), (q_there, sums_there) = found["cpu"], found[device]
+    def flat(q):
+        return [v for per in (q.deployed, q.before, q.after) for t in per for score in ("lac", "aps") for v in t[score]]
+
+    assert len(flat(q_cpu)) == (2 + 4 + 4) * 2 * 2 and flat(q_there) == pytest.approx(flat(q_cpu), abs=1e-12)
+    for score in ("lac", "aps"):
+        torch.testing.assert_close(sums_there[score], sums_cpu[score], rtol=0, atol=1e-9)
 
 
 def test_scores_at_t_come_from_the_softmax_there():
