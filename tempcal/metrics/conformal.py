@@ -9,7 +9,8 @@ The threshold for miscoverage ``alpha`` is the ``ceil((n + 1)(1 - alpha))``-th s
 rows' scores (``+inf`` when that rank exceeds n). On an evaluation row, the LAC set is ``{c : 1 - p_c <= q}``;
 the APS set holds the classes in decreasing p (ties: lower index first) up to and including the first whose
 running sum reaches q (at least one class). Coverage is the fraction of evaluation rows whose set holds the
-label; ``mean_size`` the mean number of classes in a set.
+label; ``mean_size`` the mean number of classes in a set. Out of fold (``fit --folds``) each row's sets take its
+fold's thresholds, from the other folds' rows (``fold_thresholds``).
 
 Scores are one float per fitting row; set sizes and coverage are sums over evaluation chunks
 (:func:`set_sums`), so they reduce over chunks and ranks like every other figure.
@@ -37,12 +38,21 @@ class ConformalResult:
     threshold: float
     coverage: float
     mean_size: float
+    fold_thresholds: tuple[float, ...] | None = None  # out of fold: each fold's threshold, from the other folds
 
     def to_json(self) -> dict:
         out = asdict(self)
-        if math.isinf(self.threshold):
-            out["threshold"] = None  # JSON has no infinity: +inf (every class) is written as null
+        out["threshold"] = _finite(self.threshold)
+        if self.fold_thresholds is None:
+            out.pop("fold_thresholds")
+        else:
+            out["fold_thresholds"] = [_finite(q) for q in self.fold_thresholds]
         return out
+
+
+def _finite(q: float) -> float | None:
+    """JSON has no infinity: +inf (every class) is written as null."""
+    return None if math.isinf(q) else q
 
 
 def row_scores(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -52,34 +62,53 @@ def row_scores(probs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Ten
     return {"lac": 1.0 - p_y[:, 0], "aps": above + p_y[:, 0]}
 
 
+def rank(n: int, alpha: float) -> int:
+    """``ceil((n + 1)(1 - alpha))``, exactly: alpha as the decimal the user wrote (0.1 is 1/10)."""
+    exact = (n + 1) * (1 - Fraction(repr(alpha)))
+    return -(-exact.numerator // exact.denominator)
+
+
 def threshold(scores: np.ndarray, alpha: float) -> float:
     """The ``ceil((n + 1)(1 - alpha))``-th smallest score, ``+inf`` when that rank exceeds n."""
-    n = scores.size
-    exact = (n + 1) * (1 - Fraction(repr(alpha)))  # alpha as the decimal the user wrote: 0.1 is 1/10
-    rank = -(-exact.numerator // exact.denominator)
-    if rank > n:
-        return math.inf
-    return float(np.partition(np.asarray(scores, dtype=np.float64), rank - 1)[rank - 1])
+    return thresholds(scores, [alpha])[0]
+
+
+def thresholds(scores: np.ndarray, alphas: Sequence[float]) -> list[float]:
+    """:func:`threshold` at every alpha, from one partition of ``scores``."""
+    values = np.asarray(scores, dtype=np.float64)
+    ranks = [rank(values.size, alpha) for alpha in alphas]
+    inside = sorted({r - 1 for r in ranks if r <= values.size})
+    ordered = np.partition(values, inside) if inside else values
+    return [float(ordered[r - 1]) if r <= values.size else math.inf for r in ranks]
 
 
 def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]
              ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per score, each row's sets at every threshold: ``(covered, size)``, both ``[len(thresholds), rows]``
     (whether the set holds the label; its number of classes, float64)."""
+    q = {score: torch.tensor(list(values), dtype=probs.dtype, device=probs.device)[:, None]
+         for score, values in thresholds.items()}
+    return row_sets(probs, labels, q)
+
+
+def row_sets(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, torch.Tensor]
+             ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`set_rows` with the thresholds as tensors ``[Q, rows]`` (each row its own, e.g. its fold's) or
+    ``[Q, 1]`` (the same for every row), in ``probs``' dtype."""
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     y = labels[:, None].long()
     if "lac" in thresholds:
-        q = torch.tensor(list(thresholds["lac"]), dtype=probs.dtype, device=probs.device)
-        inside = (1.0 - probs)[None] <= q[:, None, None]  # [Q, rows, C]
-        covered = inside.gather(2, y[None].expand(q.numel(), -1, -1))[..., 0]
+        q = thresholds["lac"]
+        inside = (1.0 - probs)[None] <= q[:, :, None]  # [Q, rows, C]
+        covered = inside.gather(2, y[None].expand(q.shape[0], -1, -1))[..., 0]
         out["lac"] = covered, inside.sum(2).to(torch.float64)
     if "aps" in thresholds:
-        q = torch.tensor(list(thresholds["aps"]), dtype=probs.dtype, device=probs.device)
+        q = thresholds["aps"]
         ordered, _ = torch.sort(probs, dim=1, descending=True, stable=True)
         running = ordered.cumsum(1)
         classes = probs.shape[1]
         # Classes before the first whose running sum reaches q, plus that one (all of them if none does).
-        sizes = ((running[None] < q[:, None, None]).sum(2) + 1).clamp(max=classes)  # [Q, rows]
+        sizes = ((running[None] < q[:, :, None]).sum(2) + 1).clamp(max=classes)  # [Q, rows]
         p_y = probs.gather(1, y)
         index = torch.arange(classes, device=probs.device)[None]
         position = (probs > p_y).sum(1) + ((probs == p_y) & (index < y)).sum(1)  # the label's place in the order

@@ -6,7 +6,8 @@ the sets need the thresholds, so their sums (:class:`SetSums`) ride on the evalu
 (:meth:`Scan.calibration` ``visitor=``), nothing kept per row. Probabilities are float64 softmaxes of each
 chunk's ``z - max z``, a slice of rows at a time (:data:`SLICE_VALUES` probabilities), so that the sorted copies
 APS needs stay small whatever the chunk. ``SetSums`` also sums per group of rows (any integer labelling of the
-rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under the same thresholds.
+rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under the same thresholds;
+:class:`FoldSetSums` forms the sets out of fold (each row at its fold's temperature, with its fold's thresholds).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import Scan
-from .conformal import SCORES, ConformalResult, results, row_scores, set_rows, threshold
+from .conformal import SCORES, ConformalResult, results, row_scores, row_sets, set_rows, threshold
 
 #: Probabilities (rows x classes) formed at a time: 32 MB of float64, and the sorted copy beside them.
 SLICE_VALUES = 1 << 22
@@ -26,8 +27,9 @@ SLICE_VALUES = 1 << 22
 Thresholds = dict[str, list[float]]
 
 
-def probabilities(d: torch.Tensor, beta: float) -> torch.Tensor:
-    """The float64 softmax at ``beta`` of rows given as ``d = z - max z`` (``-inf`` entries are probability 0)."""
+def probabilities(d: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:
+    """The float64 softmax at ``beta`` (a number, or float64 ``[rows, 1]``: a beta per row) of rows given as
+    ``d = z - max z`` (``-inf`` entries are probability 0)."""
     p = torch.exp(d.to(torch.float64) * beta)
     return p / p.sum(1, keepdim=True)
 
@@ -53,11 +55,13 @@ class ScoreRows:
 
     def gathered(self) -> list[dict[str, np.ndarray]]:
         """Per temperature, every rank's scores in rank order (the one-process arrays), as numpy on the host."""
-        out = []
+        return list(self.each_gathered())
+
+    def each_gathered(self) -> Iterator[dict[str, np.ndarray]]:
+        """:meth:`gathered` one temperature at a time (one temperature's host copy alive at once)."""
         for k in range(self.scores.shape[0]):
             every = all_gather_rows(self.scores[k].T.contiguous()).cpu().numpy()  # [rows, scores]
-            out.append({name: every[:, j] for j, name in enumerate(SCORES)})
-        return out
+            yield {name: every[:, j] for j, name in enumerate(SCORES)}
 
 
 def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -> list[Thresholds]:
@@ -96,10 +100,46 @@ class SetSums:
         return [{score: all_reduce(values).cpu() for score, values in sums.items()} for sums in self.sums]
 
 
+class FoldSetSums:
+    """Visitor forming every row's sets out of fold, nothing kept per row: in slot ``k``, row i's probabilities at
+    ``betas[k][f]`` and its sets with ``thresholds[k][f]``, f its fold (``folds``: this process's rows' folds);
+    summed per slot, per group when ``groups`` is given. Every fold's rows take their own temperature in the same
+    softmax, so a slot is one visit whatever K: :meth:`Scan.visit`'s betas only number the slots."""
+
+    def __init__(self, betas: Sequence[Sequence[float]], thresholds: Sequence[Sequence[Thresholds]],
+                 folds: torch.Tensor, device: torch.device, *, groups: torch.Tensor | None = None,
+                 num_groups: int = 1):
+        f64 = torch.float64
+        self.betas = [torch.tensor(list(b), dtype=f64, device=device) for b in betas]  # [K] per slot
+        self.q = [{score: torch.tensor([list(t[score]) for t in per_fold], dtype=f64, device=device).T
+                   for score in per_fold[0]} for per_fold in thresholds]  # per slot and score: [Q, K]
+        self.folds = folds.to(device=device, dtype=torch.int64)
+        self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
+        self.sums = {score: torch.zeros(len(self.q), num_groups, q.shape[0], 2, dtype=f64, device=device)
+                     for score, q in (self.q[0].items() if self.q else ())}
+
+    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        for first, stop in _slices(d.shape[0], d.shape[1]):
+            folds = self.folds[start + first:start + stop]
+            probs = probabilities(d[first:stop], self.betas[k][folds][:, None])
+            found = row_sets(probs, labels[first:stop], {s: q[:, folds] for s, q in self.q[k].items()})
+            for score, (covered, size) in found.items():
+                figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
+                if self.groups is None:
+                    self.sums[score][k, 0] += figures.sum(1)
+                else:
+                    rows = self.groups[start + first:start + stop]
+                    self.sums[score][k].index_add_(0, rows, figures.transpose(0, 1))
+
+    def reduced(self) -> dict[str, torch.Tensor]:
+        """Per score, the sums ``[slots, groups, thresholds, 2]`` over every rank, on the host."""
+        return {score: all_reduce(values).cpu() for score, values in self.sums.items()}
+
+
 def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
                 group: int = 0) -> list[ConformalResult]:
     """The contract's list for one temperature (and one group of ``rows`` rows) from :meth:`SetSums.reduced`."""
     return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
 
 
-__all__ = ["SLICE_VALUES", "ScoreRows", "SetSums", "fit_thresholds", "probabilities", "set_results"]
+__all__ = ["SLICE_VALUES", "FoldSetSums", "ScoreRows", "SetSums", "fit_thresholds", "probabilities", "set_results"]

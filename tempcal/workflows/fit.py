@@ -20,6 +20,7 @@ from ..sources.base import SourceOptions
 from ..sources.groups import group_metadata, read_groups
 from ..sources.registry import Source, open_source
 from .common import extra_figures, scan_source
+from .fold_conformal import fold_sets
 from .grouped_conformal import READS as GROUP_SET_READS
 from .grouped_conformal import group_sets
 from .stored_split import fitted_split
@@ -128,10 +129,11 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     plan = _plan(folds, group_prior, eval_file, val_fraction)
     loaded = open_source(source, options, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
-    plan = _with_groups(plan, loaded, group_by, alphas)
+    plan = _with_groups(plan, loaded, group_by)
     if plan.folds is not None:
         return _crossfit(loaded, plan, seed=seed, objective=objective, bins=bins, device=device,
-                         chunk_rows=chunk_rows, estimators=estimators, bootstrap=bootstrap, warnings=warnings)
+                         chunk_rows=chunk_rows, estimators=estimators, bootstrap=bootstrap, warnings=warnings,
+                         alphas=alphas)
     val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
     probs = loaded.options.probs
     evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
@@ -198,13 +200,10 @@ def _grouped_fit(loaded: Any, evaluated: Any, fit_scan: Any, eval_scan: Any, pla
     return fitted.fit, before, after, subsets, GROUP_SET_READS
 
 
-def _with_groups(plan: Plan, loaded: Any, group_by: str | None, alphas: list[float]) -> Plan:
-    """The plan with SOURCE's groups read (``group_by``); conformal sets refused out of fold."""
+def _with_groups(plan: Plan, loaded: Any, group_by: str | None) -> Plan:
+    """The plan with SOURCE's groups read (``group_by``)."""
     if group_by is not None:
         plan = replace(plan, groups=read_groups(loaded, group_by))
-    if alphas and plan.folds is not None:
-        raise TempcalError(f"{param('conformal_alpha')} is not yet computed out of fold: leave out "
-                           f"{param('folds')} for the conformal sets")
     return plan
 
 
@@ -264,8 +263,10 @@ def _plan(folds: int | None, group_prior: float | None, eval_file: Any, val_frac
 
 
 def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, device: str,
-              chunk_rows: int | None, estimators: Sequence[str], bootstrap: int, warnings: list[str]) -> FitReport:
-    """``--folds K``: every row fits the deployed T, K out-of-fold fits, out-of-fold metrics."""
+              chunk_rows: int | None, estimators: Sequence[str], bootstrap: int, warnings: list[str],
+              alphas: list[float]) -> FitReport:
+    """``--folds K``: every row fits the deployed T, K out-of-fold fits, out-of-fold metrics (and conformal sets,
+    with ``alphas``)."""
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                        fit_rows=ALL_ROWS)
     if not plan.folds <= scan.num_samples:  # type: ignore[operator]
@@ -274,6 +275,8 @@ def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, 
     try:
         fitted, before, after, subsets = crossfit(loaded, scan, plan, seed=seed, objective=objective, bins=bins,
                                                   warnings=warnings, keep_rows=bool(estimators or bootstrap))
+        before, after, reads = fold_sets(scan, loaded, subsets, alphas, fitted.fit.temperature, before, after) \
+            if alphas else (before, after, 0)
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     result = fitted.fit
@@ -284,7 +287,7 @@ def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, 
     return FitReport(source=loaded.name, eval_source=None, fit=result, before=before, after=after,
                      num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=seed, bins=bins,
                      device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-                     opened=loaded, subsets=subsets)
+                     conformal_reads=reads, opened=loaded, subsets=subsets)
 
 
 def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,

@@ -69,6 +69,7 @@ class Subsets:
     group_prior: float | None = None
     calibration: CellCalibration | None = field(default=None, repr=False)
     rows: np.ndarray | None = field(default=None, repr=False)  # the group of every evaluation row, in order
+    fold_rows: np.ndarray | None = field(default=None, repr=False)  # with folds: the fold of every row, in order
 
     def group_temperatures(self) -> dict[str, float] | None:
         """Name -> T_g of the groups that had fitting rows (what write-back stores)."""
@@ -125,7 +126,7 @@ def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objecti
     assert before is not None and after is not None
     subsets = Subsets(folds={"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes(folds, k)},
                       group_prior=plan.lam if plan.groups is not None else None, calibration=calibration,
-                      rows=None if plan.groups is None else plan.groups.index)
+                      rows=None if plan.groups is None else plan.groups.index, fold_rows=folds)
     if plan.groups is not None:
         sizes = plan.groups.sizes()
         subsets.groups = _group_results(plan.groups.names, sizes, sizes, fits, calibration, global_t,

@@ -1,0 +1,118 @@
+"""``fit --folds K --conformal-alpha A``: the conformal sets out of fold.
+
+Fold k's thresholds come from the rows outside fold k: their scores at T = 1 for ``before``, at T_k for ``after``.
+Fold k's rows get their sets with those thresholds (at T = 1, at T_k), and ``coverage`` and ``mean_size`` are over
+all N rows. ``threshold`` is the one a user would deploy: from all N rows at T = 1 (``before``) and at the deployed
+T (``after``); ``fold_thresholds`` lists the K fold thresholds. With ``--group-by``, each group's ``before`` and
+``after_global`` blocks (T = 1 and T_k, out of fold) get its own coverage and mean set size under the same sets.
+
+Reads: one of the scores at T = 1, the deployed T and every T_k (two float64 per row and temperature, gathered),
+then one forming the sets (nothing kept per row). The scores of N rows at K + 2 temperatures are held at once up to
+:data:`SCORE_BYTES`; beyond, the temperatures are taken a batch per read (:func:`score_reads`), never fewer than
+two per read (what the plain conformal path holds). The batches depend on N and K alone, so every rank agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ..core.scan import Scan
+from ..metrics.calibration import CalibrationMetrics
+from ..metrics.conformal import ConformalResult, results, thresholds
+from ..metrics.conformal_pass import FoldSetSums, ScoreRows, Thresholds
+from ..sources.base import OpenedSource
+from .subsets import Subsets
+
+#: The scores one read may hold (every rank's rows, the gathered host copy of one temperature aside): 256 MiB.
+SCORE_BYTES = 1 << 28
+#: Bytes of scores per row and temperature: LAC and APS, float64.
+ROW_BYTES = 16
+
+
+def temperatures_per_read(rows: int) -> int:
+    """How many temperatures' scores of ``rows`` rows one read holds: :data:`SCORE_BYTES` worth, at least two."""
+    return max(2, SCORE_BYTES // (ROW_BYTES * max(rows, 1)))
+
+
+def score_reads(rows: int, k: int) -> int:
+    """Reads of the scores at T = 1, the deployed T and K fold temperatures."""
+    return -(-(k + 2) // temperatures_per_read(rows))
+
+
+@dataclass
+class FoldThresholds:
+    """The deployed thresholds (all rows; T = 1, the deployed T) and each fold's (the other folds' rows; T = 1,
+    T_k), each a :data:`Thresholds` per temperature or per fold."""
+
+    deployed: list[Thresholds]
+    before: list[Thresholds]
+    after: list[Thresholds]
+
+
+def _thresholds(scores: dict[str, np.ndarray], alphas: Sequence[float], rows: np.ndarray | None = None
+                ) -> Thresholds:
+    return {name: thresholds(values if rows is None else values[rows], alphas) for name, values in scores.items()}
+
+
+def fold_thresholds(scan: Scan, folds: np.ndarray, global_t: float, fold_ts: Sequence[float],
+                    alphas: Sequence[float]) -> FoldThresholds:
+    """Every threshold the out-of-fold sets need, from the scores of every row (``folds``: each row's fold, over all
+    ranks) at T = 1, ``global_t`` and each fold's T: :func:`score_reads` reads."""
+    taus = [1.0, global_t, *fold_ts]
+    step = temperatures_per_read(folds.size)
+    found = FoldThresholds([], [], [{} for _ in fold_ts])
+    for first in range(0, len(taus), step):
+        batch = taus[first:first + step]
+        rows = ScoreRows(len(batch), scan.data.num_samples, scan.device)
+        scan.visit([1.0 / t for t in batch], rows)
+        for i, scores in enumerate(rows.each_gathered(), start=first):
+            if i < 2:
+                found.deployed.append(_thresholds(scores, alphas))
+            if i == 0:
+                found.before = [_thresholds(scores, alphas, folds != f) for f in range(len(fold_ts))]
+            if i >= 2:
+                found.after[i - 2] = _thresholds(scores, alphas, folds != i - 2)
+        del rows
+    return found
+
+
+def _with_folds(entries: list[ConformalResult], alphas: Sequence[float], per_fold: list[Thresholds]
+                ) -> list[ConformalResult]:
+    """``entries`` (alpha by alpha, a score each) with every fold's threshold for that alpha and score."""
+    place = {alpha: a for a, alpha in enumerate(alphas)}
+    return [replace(c, fold_thresholds=tuple(q[c.score][place[c.alpha]] for q in per_fold)) for c in entries]
+
+
+def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[float], global_t: float,
+              before: CalibrationMetrics, after: CalibrationMetrics
+              ) -> tuple[CalibrationMetrics, CalibrationMetrics, int]:
+    """``before`` and ``after`` with the out-of-fold sets over every row, each group's blocks with its own, and the
+    reads they took."""
+    assert subsets.folds is not None and subsets.fold_rows is not None
+    k, fold_ts = subsets.folds["k"], list(subsets.folds["temperatures"])
+    found = fold_thresholds(scan, subsets.fold_rows, global_t, fold_ts, alphas)
+    start, stop = loaded.share()
+    groups = None if subsets.groups is None or subsets.rows is None else torch.from_numpy(subsets.rows[start:stop])
+    sets = FoldSetSums([[1.0] * k, [1.0 / t for t in fold_ts]], [found.before, found.after],
+                       torch.from_numpy(subsets.fold_rows[start:stop]), scan.device, groups=groups,
+                       num_groups=len(subsets.groups or [None]))
+    scan.visit([1.0, 1.0], sets)  # the slots: T = 1, then each row at its fold's T_k
+    sums = sets.reduced()  # per score: [slot (T = 1, T_k), group, alpha, 2]
+    n = scan.num_samples
+    overall = [_with_folds(results(alphas, found.deployed[slot], {s: v[slot].sum(0) for s, v in sums.items()}, n),
+                           alphas, per_fold) for slot, per_fold in ((0, found.before), (1, found.after))]
+    for g, group in enumerate(subsets.groups or []):
+        for slot, block in ((0, group.before_extras), (1, group.after_global_extras)):
+            if group.n_eval:
+                block["conformal"] = [c.to_json() for c in results(
+                    alphas, found.deployed[slot], {s: v[slot, g] for s, v in sums.items()}, group.n_eval)]
+    reads = score_reads(subsets.fold_rows.size, k) + 1
+    return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
+
+
+__all__ = ["ROW_BYTES", "SCORE_BYTES", "FoldThresholds", "fold_sets", "fold_thresholds", "score_reads",
+           "temperatures_per_read"]
