@@ -132,6 +132,7 @@ def fit(
 
     from ..output.console import print_fit
     from ..output.markdown import fit_markdown
+    from ..output.progress import Progress
     from ..workflows.fit import fit_file
 
     device = start(device)
@@ -139,7 +140,8 @@ def fit(
     report = fit_file(source, eval_file=eval_file, val_fraction=split, seed=seed, objective=objective.value,
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
                       bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), folds=folds, group_by=group_by,
-                      group_prior=group_prior, options=options)
+                      group_prior=group_prior, options=options,
+                      progress=Progress("fitting T", enabled=options.progress))
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
     report.warnings.extend(sampling_notes(lm, write_generation_config))
