@@ -173,6 +173,14 @@ def start(device: str) -> str:
     return init_from_environment(device)
 
 
+def progress_line(description: str, enabled: Any) -> Any:
+    """The delayed progress line on standard error (:class:`tempcal.output.progress.Progress`, not yet started) that a
+    command hands to its workflow, which imports no output module; ``enabled`` as the sources' ``progress``."""
+    from ..output.progress import Progress
+
+    return Progress(description, enabled=enabled)
+
+
 def console():
     from rich.console import Console
 
@@ -255,4 +263,4 @@ def run() -> None:
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_GATE", "Interrupted", "app", "check_paths", "console", "deliver",
-           "main", "run", "start", "stderr"]
+           "main", "progress_line", "run", "start", "stderr"]
