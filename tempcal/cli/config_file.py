@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import sys
 from pathlib import Path
 from typing import Any
 
+from ..io.bounded_read import NotRegularFile, TooLarge, read_regular
 from .config_schema import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -29,64 +29,29 @@ MAX_CONFIG_BYTES = 1 << 20
 _LIMIT = f"a configuration file may hold at most {MAX_CONFIG_BYTES >> 20} MiB"
 #: Brackets or braces a value may be nested in (tempcal's values are at most a flat list).
 MAX_NESTING = 64
-_KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe (FIFO)"),
-          (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
-          (stat.S_ISSOCK, "is a socket"))
 
 
 def read_config_bytes(path: Path, shown: str) -> bytes:
-    """The bytes of a configuration file, which must be a regular file of at most :data:`MAX_CONFIG_BYTES`.
-
-    It is opened with ``O_NONBLOCK``, so a FIFO put in its place after the check cannot make the
-    open wait; the open file is checked again, and at most one byte past the limit is read.
-    """
+    """The bytes of a configuration file, which must be a regular file of at most :data:`MAX_CONFIG_BYTES`
+    (checked before and after a non-blocking open: see :func:`~tempcal.io.bounded_read.read_regular`)."""
     try:
-        _check_regular(os.stat(path), path, shown)
-        flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
-        fd = os.open(path, flags)
+        return read_regular(path, MAX_CONFIG_BYTES)
+    except NotRegularFile as exc:
+        link = f" (a link to {exc.link})" if exc.link is not None else ""
+        raise ConfigError(f"{shown}: {exc.kind}{link}; a configuration file must be a regular file") from None
+    except TooLarge as exc:
+        grown = "grew past the limit as it was read" if exc.grew else f"is {exc.size} bytes"
+        raise ConfigError(f"{shown}: {grown}; {_LIMIT}") from None
     except FileNotFoundError:
         raise ConfigError(f"{shown}: {_missing(path)}") from None
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-    try:
-        _check_regular(os.fstat(fd), path, shown)
-        data = _read_at_most(fd, MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ConfigError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{shown}: grew past the limit as it was read; {_LIMIT}")
-    return data
-
-
-def _check_regular(info: os.stat_result, path: Path, shown: str) -> None:
-    """Refuse anything but a regular file (a folder, a FIFO, a device such as /dev/zero, a socket)."""
-    if stat.S_ISREG(info.st_mode):
-        if info.st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{shown}: is {info.st_size} bytes; {_LIMIT}")
-        return
-    kind = next((what for test, what in _KINDS if test(info.st_mode)), "is not a file")
-    link = f" (a link to {os.readlink(path)})" if os.path.islink(path) else ""
-    raise ConfigError(f"{shown}: {kind}{link}; a configuration file must be a regular file")
 
 
 def _missing(path: Path) -> str:
     if os.path.islink(path):
         return f"is a link to {os.readlink(path)}, which does not exist"
     return "no such configuration file"
-
-
-def _read_at_most(fd: int, limit: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while size < limit:
-        chunk = os.read(fd, min(1 << 16, limit - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
 
 
 def parse_config(data: bytes, shown: str) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from ..errors import TempcalError
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .lm import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
-from .main import app, check_paths, deliver, start
+from .main import app, check_paths, deliver, progress_line, start
 from .options import (
     BatchSize,
     BatchTokens,
@@ -139,7 +139,7 @@ def fit(
     report = fit_file(source, eval_file=eval_file, val_fraction=split, seed=seed, objective=objective.value,
                       bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
                       bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), folds=folds, group_by=group_by,
-                      group_prior=group_prior, options=options)
+                      group_prior=group_prior, options=options, progress=progress_line("fitting T", options.progress))
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
     report.warnings.extend(sampling_notes(lm, write_generation_config))

@@ -17,6 +17,7 @@ import typer
 from .._version import __version__
 from .help_format import HelpGroup
 
+EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_GATE = 3
 #: The arguments of the command being run (after ``tempcal``).
@@ -24,9 +25,22 @@ _ARGV: list[str] = []
 HELP_COMMAND = "help"
 
 
+class Interrupted(BaseException):
+    """Ctrl-C (SIGINT) during a command, carried past Typer, which would make a ``KeyboardInterrupt`` its own exit
+    status 130; the contract's status for it is 1 ("anything else")."""
+
+
 class TempcalGroup(HelpGroup):
     """The ``tempcal`` group: its commands, and ``help``, which is served here rather than registered, so that
     the configuration file's tables stay the configured commands'."""
+
+    def invoke(self, ctx: Any) -> Any:
+        """The command; a ``KeyboardInterrupt`` leaves as :class:`Interrupted`, once the files being written (each
+        command's ``with`` and ``finally`` blocks) are removed."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            raise Interrupted from None
 
     def list_commands(self, ctx: Any) -> list[str]:
         return [*super().list_commands(ctx), HELP_COMMAND]
@@ -159,6 +173,14 @@ def start(device: str) -> str:
     return init_from_environment(device)
 
 
+def progress_line(description: str, enabled: Any) -> Any:
+    """The delayed progress line on standard error (:class:`tempcal.output.progress.Progress`, not yet started) that a
+    command hands to its workflow, which imports no output module; ``enabled`` as the sources' ``progress``."""
+    from ..output.progress import Progress
+
+    return Progress(description, enabled=enabled)
+
+
 def console():
     from rich.console import Console
 
@@ -170,7 +192,8 @@ def stderr(message: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point: one-line errors and the contract's exit statuses (0, 1, 2, 3)."""
+    """Console entry point: one-line errors and the contract's exit statuses (0, 1, 2, 3); Ctrl-C is one line
+    ("interrupted") and status 1."""
     # Typer re-exports click's exception classes under different module paths across versions.
     usage_error: Any = _click_class("UsageError")
     click_exception: Any = _click_class("ClickException")
@@ -188,9 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     except click_exception as exc:
         stderr(f"error: {exc.format_message()}")
         return exc.exit_code
-    except (typer.Abort, KeyboardInterrupt):
+    except (Interrupted, KeyboardInterrupt):
+        stderr("interrupted")
+        return EXIT_FAILURE
+    except typer.Abort:
         stderr("aborted")
-        return 1
+        return EXIT_FAILURE
     except typer.Exit as exc:
         return exc.exit_code
     except Exception as exc:  # every failure becomes one line and an exit status
@@ -202,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("TEMPCAL_DEBUG"):
             raise
         stderr(f"internal error: {type(exc).__name__}: {exc} (set TEMPCAL_DEBUG=1 for the traceback)")
-        return 1
+        return EXIT_FAILURE
     return result if isinstance(result, int) else 0
 
 
@@ -236,4 +262,5 @@ def run() -> None:
     os._exit(code)
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_GATE", "app", "check_paths", "console", "deliver", "main", "run", "start", "stderr"]
+__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_GATE", "Interrupted", "app", "check_paths", "console", "deliver",
+           "main", "progress_line", "run", "start", "stderr"]

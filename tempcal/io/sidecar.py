@@ -12,7 +12,6 @@ import hashlib
 import json
 import os
 import shutil
-import stat as stat_module
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, BinaryIO
 from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
 from .atomic import write_atomic
+from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
 from .paths import check_target
 
 SIDECAR_SUFFIX = ".tempcal.json"
@@ -101,37 +101,29 @@ def sidecar_temperature(path: str | os.PathLike) -> tuple[float | None, list[str
 
 #: A sidecar holds a few keys: anything larger is not one of tempcal's.
 MAX_SIDECAR_BYTES = 1 << 20
-
-
-def _read_small(side: Path) -> bytes:
-    """The sidecar's bytes: a regular file (never a FIFO or device, opened without blocking) of at most
-    :data:`MAX_SIDECAR_BYTES`."""
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(side, flags)
-    try:
-        info = os.fstat(fd)
-        if not stat_module.S_ISREG(info.st_mode):
-            raise TempcalError(f"{side}: not a regular file, so not a tempcal sidecar; remove it")
-        if info.st_size > MAX_SIDECAR_BYTES:
-            raise TempcalError(f"{side}: {info.st_size} bytes, more than a tempcal sidecar holds "
-                               f"({MAX_SIDECAR_BYTES}); fix or delete it")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(MAX_SIDECAR_BYTES + 1)
-    finally:
-        os.close(fd)
+#: A sidecar nests two levels; JSON nested deeper than this is not one.
+MAX_SIDECAR_DEPTH = 64
+#: Integers of more digits are not a size or a time (the default of Python's own limit on reading an int).
+MAX_SIDECAR_DIGITS = 4300
 
 
 def _read_record(side: Path) -> dict[str, Any]:
+    """The sidecar's JSON: a regular file (never a FIFO or device, opened without blocking) of at most
+    :data:`MAX_SIDECAR_BYTES`, of bounded nesting and digits, holding the keys a sidecar has."""
     try:
-        record = json.loads(_read_small(side).decode("utf-8"))
+        record = load_json(read_regular(side, MAX_SIDECAR_BYTES).decode("utf-8"), max_depth=MAX_SIDECAR_DEPTH,
+                           max_int_digits=MAX_SIDECAR_DIGITS)
+    except NotRegularFile:
+        raise TempcalError(f"{side}: not a regular file, so not a tempcal sidecar; remove it") from None
+    except TooLarge as exc:
+        raise TempcalError(f"{side}: {exc.size_text}, more than a tempcal sidecar holds ({MAX_SIDECAR_BYTES}); "
+                           "fix or delete it") from None
     except OSError as exc:
         raise TempcalError(f"{side}: cannot read ({exc.strerror or exc})") from None
     except (UnicodeDecodeError, json.JSONDecodeError):
         raise TempcalError(f"{side}: not a tempcal sidecar (not UTF-8 JSON); fix or delete it") from None
-    except TempcalError:
-        raise
-    except (ValueError, RecursionError) as exc:  # an integer of thousands of digits; nesting deeper than Python's stack
-        why = "nested too deeply" if isinstance(exc, RecursionError) else "a number too long to read"
+    except (JsonTooDeep, JsonLongInteger) as exc:
+        why = "nested too deeply" if isinstance(exc, JsonTooDeep) else "a number too long to read"
         raise TempcalError(f"{side}: not a tempcal sidecar ({why}); fix or delete it") from None
     ok = (isinstance(record, dict) and isinstance(record.get("metadata"), dict)
           and all(isinstance(k, str) and isinstance(v, str) for k, v in record["metadata"].items())

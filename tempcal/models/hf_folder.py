@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
+from ..io.bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
 from ..io.safetensors_header import shown
 
 #: Largest ``config.json`` read (configurations are a few kB; label maps of 20k classes about 1 MB).
@@ -32,74 +32,37 @@ MAX_DEPTH = 100
 MAX_INT_DIGITS = 100
 INDEX_NAME, SINGLE_NAME, CONFIG_NAME = "model.safetensors.index.json", "model.safetensors", "config.json"
 
-_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-_LONG_INT = re.compile(rf'"[^"\\]*(?:\\.[^"\\]*)*"|(-?\d{{{MAX_INT_DIGITS + 1},}})(?![\d.eE])')
-
-
-class _LongInt(ValueError):
-    pass
-
 
 def read_json(folder: Path, name: str, limit: int) -> Any:
     """The JSON file ``folder/name``: a regular file (see :func:`checkpoint_file`) of at most ``limit`` bytes, its
     nesting and integers bounded; any problem is one line naming the file and where in it."""
     path = checkpoint_file(folder, name)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > limit:
-                raise TempcalError(f"{folder / name}: {size} bytes, more than the {limit} tempcal reads from a {name}")
-            raw = f.read(limit + 1)
+        raw = read_regular(path, limit)
+    except NotRegularFile:
+        raise TempcalError(f"{path}: not a regular file") from None
+    except TooLarge as exc:
+        raise TempcalError(f"{path}: {exc.size_text}, more than the {limit} tempcal reads from a {name}") from None
     except OSError as exc:
-        raise TempcalError(f"{folder / name}: cannot read ({exc.strerror or exc})") from None
-    return parse_json(folder / name, raw)
+        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    return parse_json(path, raw)
 
 
 def parse_json(where: Path, raw: bytes) -> Any:
-    """``raw`` parsed, after its nesting is checked (no RecursionError); integers longer than
-    :data:`MAX_INT_DIGITS` digits are refused where they stand."""
+    """``raw`` parsed, nested at most :data:`MAX_DEPTH` deep, its integers of at most :data:`MAX_INT_DIGITS` digits;
+    a refusal names the line and column."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TempcalError(f"{where}: not UTF-8 text (byte {exc.start})") from None
-    deep = _too_deep(text)
-    if deep is not None:
-        raise TempcalError(f"{where}: {_place(text, deep)}: nested more than {MAX_DEPTH} levels deep")
     try:
-        return json.loads(text, parse_int=_bounded_int)
-    except _LongInt:
-        found = next((m for m in _LONG_INT.finditer(text) if m.group(1)), None)
-        at = f"{_place(text, found.start(1))}: " if found is not None else ""
-        raise TempcalError(f"{where}: {at}an integer of more than {MAX_INT_DIGITS} digits") from None
+        return load_json(text, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
+    except JsonTooDeep as exc:
+        raise TempcalError(f"{where}: {exc.at}nested more than {MAX_DEPTH} levels deep") from None
+    except JsonLongInteger as exc:
+        raise TempcalError(f"{where}: {exc.at}an integer of more than {MAX_INT_DIGITS} digits") from None
     except json.JSONDecodeError as exc:
         raise TempcalError(f"{where}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})") from None
-    except (ValueError, RecursionError) as exc:
-        raise TempcalError(f"{where}: not valid JSON ({type(exc).__name__})") from None
-
-
-def _bounded_int(digits: str) -> int:
-    if len(digits.lstrip("-")) > MAX_INT_DIGITS:
-        raise _LongInt(digits[:20])
-    return int(digits)
-
-
-def _too_deep(text: str) -> int | None:
-    """Where the nesting of arrays and objects first passes :data:`MAX_DEPTH` (strings skipped), if it does."""
-    depth = 0
-    for match in _BRACKETS.finditer(text):
-        token = match.group()
-        if token in "[{":
-            depth += 1
-            if depth > MAX_DEPTH:
-                return match.start()
-        elif token in "]}":
-            depth -= 1
-    return None
-
-
-def _place(text: str, at: int) -> str:
-    line = text.count("\n", 0, at) + 1
-    return f"line {line} column {at - text.rfind(chr(10), 0, at)}"
 
 
 def cache_blobs(folder: Path) -> Path | None:

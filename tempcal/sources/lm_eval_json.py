@@ -6,8 +6,8 @@ line nested 100,000 deep stops it with ``RecursionError`` and a 5,000-digit numb
 tens of bytes, so a line of tiny values costs many times its size. Here a line of more than
 :data:`MAX_VALUES` values is refused before parsing (the count of separators and brackets outside
 strings, taken only for lines with that many in all), nesting deeper than :data:`MAX_DEPTH` once
-parsed (walked only for lines with that many brackets), and an integer of more than
-:data:`MAX_INT_DIGITS` digits while parsing; each is one
+parsed and an integer of more than :data:`MAX_INT_DIGITS` digits while parsing (both by
+:func:`tempcal.io.bounded_read.load_json`); each is one
 :class:`~.lm_eval_records.LmEvalLogError` naming the file and line.
 """
 
@@ -17,6 +17,7 @@ import json
 import re
 from typing import Any
 
+from ..io.bounded_read import JsonLongInteger, JsonTooDeep, load_json
 from .lm_eval_records import MAX_CHOICES, Where
 
 #: JSON arrays and objects nested deeper than this are refused; an lm-eval record nests about 5 deep.
@@ -31,10 +32,6 @@ _ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _COUNT_BLOCK = 1 << 16
 
 
-class _HugeInteger(Exception):
-    """An integer with too many digits, met while parsing."""
-
-
 def decode_line(data: bytes, where: Where) -> str:
     """The line as text (a byte-order mark at the start of line 1 dropped); bytes that are not UTF-8 are an error."""
     try:
@@ -46,29 +43,24 @@ def decode_line(data: bytes, where: Where) -> str:
 
 def load_record(text: str, data: bytes, where: Where) -> Any:
     """``json.loads`` of the line (``data``: its bytes) with one-line errors naming it."""
-    brackets = data.count(b"[") + data.count(b"{")
-    if brackets + data.count(b",") + data.count(b":") > MAX_VALUES:  # strings included: an upper bound
+    marks = data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":")
+    if marks > MAX_VALUES:  # strings included: an upper bound
         values = count_values(data)
         if values > MAX_VALUES:
             raise where.error(_too_many_values(values, data))
     text = text.rstrip("\r\n")
     try:
-        record = json.loads(text, parse_int=_parse_int)
-    except _HugeInteger as exc:
-        raise where.error(f"an integer of {exc.args[0]:,} digits; tempcal reads integers of at most "
+        return load_json(text, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
+    except JsonLongInteger as exc:
+        raise where.error(f"an integer of {exc.digits:,} digits; tempcal reads integers of at most "
                           f"{MAX_INT_DIGITS:,} digits (an lm-eval record's are indices and counts)") from None
-    except RecursionError:
+    except JsonTooDeep:
         raise where.error(_DEEP) from None
     except json.JSONDecodeError as exc:
         if where.line == 1 and text.strip() == "[":
             raise where.error("not JSON Lines but one JSON array (lm-eval before 0.4.3 wrote sample logs that "
                               "way); re-run lm-eval >= 0.4.3 with --log_samples") from None
         raise where.error(f"not JSON ({exc.msg} at column {exc.pos + 1})") from None
-    except ValueError as exc:  # anything else json refuses (an integer over a lower int limit set by the program)
-        raise where.error(f"not JSON ({exc})") from None
-    if brackets > MAX_DEPTH and deeper_than(record, MAX_DEPTH):
-        raise where.error(_DEEP)
-    return record
 
 
 def _too_many_values(values: int, data: bytes) -> str:
@@ -82,29 +74,6 @@ def _too_many_values(values: int, data: bytes) -> str:
 
 _DEEP = (f"JSON nested more than {MAX_DEPTH} levels deep; an lm-eval sample record nests a few levels, so this is "
          "not a sample log")
-
-
-def _parse_int(digits: str) -> int:
-    """``int`` for json, refusing a number of more than :data:`MAX_INT_DIGITS` digits before converting it."""
-    count = len(digits) - digits.startswith("-")
-    if count > MAX_INT_DIGITS:
-        raise _HugeInteger(count)
-    try:
-        return int(digits)
-    except ValueError:  # the program lowered Python's limit
-        raise _HugeInteger(count) from None
-
-
-def deeper_than(value: Any, limit: int) -> bool:
-    """Whether the arrays and objects of a parsed JSON value nest more than ``limit`` deep (a level at a time)."""
-    level, depth = [value] if isinstance(value, (list, dict)) else [], 1
-    while level:
-        if depth > limit:
-            return True
-        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)
-                 if isinstance(child, (list, dict))]
-        depth += 1
-    return False
 
 
 def count_values(data: bytes) -> int:
@@ -128,4 +97,4 @@ def count_values(data: bytes) -> int:
     return count
 
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "count_values", "decode_line", "deeper_than", "load_record"]
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "count_values", "decode_line", "load_record"]

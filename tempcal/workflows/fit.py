@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -15,7 +16,6 @@ from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, TempcalError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, ConformalPlan, evaluate_many
 from ..metrics.conformal_pass import fit_thresholds
-from ..output.progress import Progress
 from ..sources.base import SourceOptions
 from ..sources.groups import group_metadata, read_groups
 from ..sources.registry import Source, open_source
@@ -109,7 +109,8 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
              seed: int = 0, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "auto",
              chunk_rows: int | None = None, estimators: Sequence[str] = (), bootstrap: int = 0,
              conformal_alpha: Sequence[float] = (), folds: int | None = None, group_by: str | None = None,
-             group_prior: float | None = None, options: SourceOptions | None = None, **keys: Any) -> FitReport:
+             group_prior: float | None = None, options: SourceOptions | None = None, progress: Any = None,
+             **keys: Any) -> FitReport:
     """Fit T on ``source`` (a seeded stratified part of it, ``val_fraction``, default 0.5; or all of it with
     ``eval_file``) and evaluate.
 
@@ -123,6 +124,8 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     ``after`` out of fold (neither ``eval_file`` nor ``val_fraction`` then). ``group_by`` (a tensor of
     SOURCE, or ``task`` for lm-evaluation-harness logs): a T per group, drawn toward the global T by
     ``group_prior`` (0: independent fits; default :data:`~tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`).
+    ``progress``: a context manager shown while the one global T is fitted, its ``ece_pass`` told each pass of the
+    ECE search (the command line's delayed progress line); None: nothing is shown.
     """
     alphas = check_alphas(conformal_alpha)
     warnings: list[str] = []
@@ -166,7 +169,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
                 warnings=warnings, keep_rows=bool(estimators or bootstrap), alphas=alphas)
         else:
             result, before, after = _fit_and_evaluate(fit_scan, eval_scan, loaded, objective=objective, bins=bins,
-                                                      alphas=alphas)
+                                                      alphas=alphas, progress=progress)
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = result.warnings
@@ -217,11 +220,12 @@ def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
 
 
 def _fit_and_evaluate(fit_scan: Any, eval_scan: Any, loaded: Any, *, objective: str, bins: int,
-                      alphas: list[float]) -> tuple[Any, CalibrationMetrics, CalibrationMetrics]:
+                      alphas: list[float], progress: Any = None) -> tuple[Any, CalibrationMetrics, CalibrationMetrics]:
     """The one global T (with a progress line on long runs) and the metrics before and after, conformal sets
     included when ``alphas`` are given."""
-    with Progress("fitting T", enabled=loaded.options.progress) as progress:
-        result = fit_temperature(fit_scan, objective=objective, bins=bins, on_pass=progress.ece_pass)
+    with progress if progress is not None else nullcontext() as display:
+        result = fit_temperature(fit_scan, objective=objective, bins=bins,
+                                 on_pass=None if display is None else display.ece_pass)
     taus = [1.0, result.temperature]
     sets = ConformalPlan(alphas, fit_thresholds(fit_scan, taus, alphas)) if alphas else None
     before, after = evaluate_many(eval_scan, taus, bins=bins, conformal=sets)

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -204,10 +210,49 @@ def test_ctrl_c_during_the_fit_leaves_no_file(tmp_path, cli, monkeypatch, llama)
 
     monkeypatch.setenv("TEMPCAL_LM_MEMORY_BYTES", "0")
     monkeypatch.setattr("tempcal.workflows.fit.fit_temperature", interrupted)
-    code, _, _ = cli(["fit", "--lm", str(folder), "--text", str(path), "--spill-dir", str(spill),
-                     "--save-hidden", str(tmp_path / "h.safetensors")])
-    assert code == 130  # Typer's status for Ctrl-C
+    code, _, err = cli(["fit", "--lm", str(folder), "--text", str(path), "--spill-dir", str(spill),
+                       "--save-hidden", str(tmp_path / "h.safetensors")])
+    assert code == 1 and err == "interrupted\n"  # the contract's status for "anything else", not Typer's 130
     assert list(spill.iterdir()) == [] and snapshot(folder) == before and not (tmp_path / "h.safetensors").exists()
+
+
+def _spilled_file_open(pid: int, spill: Path) -> bool:
+    """Whether process ``pid`` holds a file in ``spill`` open (its unnamed hidden-state file: the forward pass runs)."""
+    fds = Path(f"/proc/{pid}/fd")
+    try:
+        targets = [os.readlink(fd) for fd in fds.iterdir()]
+    except OSError:  # the process ended, or a descriptor closed while listed
+        return False
+    return any(target.startswith(f"{spill}{os.sep}") for target in targets)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="watches the process's open files in /proc")
+def test_sigint_to_a_running_fit_exits_1_in_one_line_and_leaves_no_file(tmp_path, llama):
+    """``python -m tempcal fit --lm`` on 20,000 texts (half a minute of forward pass), sent SIGINT as Ctrl-C sends it
+    once its forward pass writes the hidden states: status 1, one line, no traceback, nothing left behind."""
+    folder, _, _ = fresh(tmp_path, llama)
+    words = torch.randint(0, 20, (20_000, 24), generator=torch.Generator().manual_seed(0))
+    path = write_texts(tmp_path / "many.txt", [" ".join(f"w{int(i)}" for i in row) for row in words])
+    spill, hidden = tmp_path / "spill", tmp_path / "h.safetensors"
+    spill.mkdir()
+    before = snapshot(folder)
+    env = {**os.environ, "TEMPCAL_LM_MEMORY_BYTES": "0"}  # the hidden states go to an unnamed file in --spill-dir
+    process = subprocess.Popen([sys.executable, "-m", "tempcal", "fit", "--lm", str(folder), "--text", str(path),
+                                "--spill-dir", str(spill), "--save-hidden", str(hidden), "--device", "cpu",
+                                "--no-config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while not _spilled_file_open(process.pid, spill) and process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert process.poll() is None, "the fit ended before it could be interrupted"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1, err
+    assert (err, out) == ("interrupted\n", "")
+    assert list(spill.iterdir()) == [] and not hidden.exists() and snapshot(folder) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["many.txt", "model", "spill", "texts.txt"]
 
 
 def test_bfloat16_stays_bfloat16_and_the_fit_is_the_heads_on_its_hidden_states(tmp_path, run_json):

@@ -72,3 +72,23 @@ def test_plain_output_without_a_terminal_or_with_no_color(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tempcal", "report", str(EXAMPLE)], capture_output=True, text=True,
                           env=env)
     assert done.returncode == 0 and "\x1b[" not in done.stdout and "NLL" in done.stdout
+
+
+@pytest.mark.parametrize(("command", "workflow", "extra"), [
+    ("fit", "tempcal.workflows.fit.fit_file", ["--no-write"]),
+    ("report", "tempcal.workflows.report.report_file", []),
+    ("ood", "tempcal.workflows.ood.ood_file", ["--ood", str(EXAMPLE)]),
+    ("apply", "tempcal.workflows.apply.apply_file", ["--output", "OUT"]),
+    ("inspect", "tempcal.workflows.inspect.inspect_file", []),
+])
+def test_ctrl_c_in_any_command_is_status_1_and_one_line(tmp_path, cli, monkeypatch, command, workflow, extra):
+    """The contract's exit statuses: an interrupted run is "anything else", 1 (not Typer's 130), said in one line."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workflow, interrupted)
+    extra = [str(tmp_path / "out.npz") if arg == "OUT" else arg for arg in extra]
+    code, out, err = cli([command, str(EXAMPLE), *extra, "--no-config"])
+    assert (code, out, err) == (1, "", "interrupted\n")
+    assert list(tmp_path.iterdir()) == []

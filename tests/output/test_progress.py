@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 
+import pytest
 from rich.console import Console
 
 from tempcal.output.progress import Progress
@@ -107,3 +108,56 @@ def test_an_error_inside_still_erases_the_line():
     except ValueError:
         pass
     assert not progress.shown and buffer.getvalue().endswith("\x1b[2K")
+
+
+def test_a_bar_with_a_total_is_the_same_line_and_draws_on_rank_0_only(monkeypatch):
+    """The language model's bars (``DelayedBar``) are this progress line with a total: its rules hold for them."""
+    import tempcal.output.progress as progress_module
+    from tempcal.models.lm_progress import DelayedBar
+
+    console, buffer = _terminal()
+    with DelayedBar("running model on texts.txt", 1000, "tokens", enabled=console, delay=0.0) as bar:
+        assert isinstance(bar, Progress) and _wait_until(lambda: bar.shown)
+        bar.advance(400)
+        assert _wait_until(lambda: "400/1,000 tokens" in buffer.getvalue())
+    assert not bar.shown and buffer.getvalue().endswith("\x1b[2K")
+    monkeypatch.setattr(progress_module, "rank", lambda: 1)
+    console, buffer = _terminal()
+    with DelayedBar("running model on texts.txt", 10, "tokens", enabled=console, delay=0.0) as bar:
+        time.sleep(0.1)
+        assert not bar.shown
+    assert buffer.getvalue() == ""
+
+
+@pytest.mark.parametrize("flags, enabled", [(["--json", "REPORT"], True), (["--quiet"], False),
+                                            (["--json", "-"], False)])
+def test_fit_objective_ece_passes_its_progress_line_each_pass(tmp_path, monkeypatch, capsys, flags, enabled):
+    """The command line makes the line (the workflow imports no output module) and the ECE search reports to it."""
+    from conftest import EXAMPLE
+
+    from tempcal.cli.main import main
+
+    made: list[tuple[str, object]] = []
+    passes: list[tuple[int, int]] = []
+    original = Progress.__init__
+
+    def recording(self, description, **kwargs):
+        made.append((description, kwargs.get("enabled")))
+        original(self, description, **kwargs)
+
+    monkeypatch.setattr(Progress, "__init__", recording)
+    monkeypatch.setattr(Progress, "ece_pass", lambda self, k, left: passes.append((k, left)))
+    flags = [str(tmp_path / "r.json") if flag == "REPORT" else flag for flag in flags]
+    assert main(["fit", str(EXAMPLE), "--objective", "ece", "--val-fraction", "1.0", "--no-write", *flags]) == 0
+    assert made == [("fitting T", enabled)]
+    assert passes and passes[-1][1] == 0 and [k for k, _ in passes] == sorted({k for k, _ in passes})
+    capsys.readouterr()
+
+
+def test_the_workflows_import_no_output_module():
+    """Layering: workflows compute, the command line shows; ``import tempcal.workflows.fit`` loads no tempcal.output."""
+    import subprocess
+
+    code = "import sys, tempcal.workflows.fit; print(sorted(m for m in sys.modules if m.startswith('tempcal.output')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout

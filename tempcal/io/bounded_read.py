@@ -1,0 +1,187 @@
+"""Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and digits.
+
+A FIFO named where a file is expected would make ``open`` wait for a writer, ``/dev/zero`` would be
+read until memory runs out, and JSON nested 100,000 deep stops Python's parser with ``RecursionError``
+(an integer of 5,000 digits with ``ValueError``). Here each is a specific exception carrying what its
+caller's one-line message needs (the kind of file, the size, the line and column); the callers (the
+configuration file, a model folder's JSON, lm-eval sample logs, sidecars) word the messages.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from typing import Any
+
+#: ``O_NONBLOCK``: a FIFO or device put where the file was checked cannot make the open wait.
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+#: What a file that is not a regular one is, as messages say it.
+_KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe (FIFO)"),
+          (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
+          (stat.S_ISSOCK, "is a socket"))
+#: A JSON string (skipped) or a bracket.
+_BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+class BoundedReadError(Exception):
+    """A file or text refused by a bound; the subclasses carry the details a message names."""
+
+
+class NotRegularFile(BoundedReadError):
+    """The path is a folder, a FIFO, a device or a socket; ``link`` is where it links to, if it is a link."""
+
+    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
+        self.mode = mode
+        self.kind = next((what for test, what in _KINDS if test(mode)), "is not a file")
+        self.link = os.readlink(os.fspath(path)) if os.path.islink(path) else None
+        super().__init__(f"{path}: {self.kind}")
+
+
+class TooLarge(BoundedReadError):
+    """More than ``limit`` bytes: ``size`` as the file's status gave it, or, when it ``grew`` while being read,
+    the bytes read (one past the limit)."""
+
+    def __init__(self, size: int, limit: int, *, grew: bool = False) -> None:
+        self.size, self.limit, self.grew = size, limit, grew
+        super().__init__(self.size_text)
+
+    @property
+    def size_text(self) -> str:
+        """"N bytes", or that it grew past the limit as it was read."""
+        return f"more than {self.limit} bytes (it grew as it was read)" if self.grew else f"{self.size} bytes"
+
+
+class _Placed(BoundedReadError):
+    """A refusal at a place in JSON text: ``line`` and ``column`` (1-based), None when it was not found."""
+
+    def __init__(self, message: str, line: int | None, column: int | None) -> None:
+        self.line, self.column = line, column
+        super().__init__(message)
+
+    @property
+    def at(self) -> str:
+        """"line L column C: " to start a message with, or "" when the place is not known."""
+        return f"line {self.line} column {self.column}: " if self.line is not None else ""
+
+
+class JsonTooDeep(_Placed):
+    """Arrays and objects nested more than ``limit`` deep; the place is the first bracket past the limit."""
+
+    def __init__(self, limit: int, line: int | None, column: int | None) -> None:
+        self.limit = limit
+        super().__init__(f"nested more than {limit} levels deep", line, column)
+
+
+class JsonLongInteger(_Placed):
+    """An integer of ``digits`` digits, more than allowed (or than Python converts); the place is where it starts."""
+
+    def __init__(self, digits: int, line: int | None, column: int | None) -> None:
+        self.digits = digits
+        super().__init__(f"an integer of {digits} digits", line, column)
+
+
+# -- files ----------------------------------------------------------------------------------------
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of ``path``, which must be a regular file (a link to one is followed) of at most ``limit`` bytes.
+
+    Checked before the open (a device is never opened) and again on the open file, which is opened
+    without blocking; at most one byte past ``limit`` is read, so a file growing meanwhile is noticed.
+    Raises :class:`NotRegularFile`, :class:`TooLarge`, or the ``OSError`` of the system call
+    (``FileNotFoundError`` for a missing file or a link to one).
+    """
+    _check(os.stat(path), path, limit)
+    with os.fdopen(os.open(path, _OPEN_FLAGS), "rb") as f:
+        _check(os.fstat(f.fileno()), path, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(len(data), limit, grew=True)
+    return data
+
+
+def _check(info: os.stat_result, path: str | os.PathLike, limit: int) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise NotRegularFile(path, info.st_mode)
+    if info.st_size > limit:
+        raise TooLarge(info.st_size, limit)
+
+
+# -- JSON -----------------------------------------------------------------------------------------
+
+
+def load_json(text: str, *, max_depth: int, max_int_digits: int) -> Any:
+    """``json.loads(text)``, refusing nesting deeper than ``max_depth`` and integers of more than ``max_int_digits``.
+
+    Raises :class:`JsonTooDeep` (which wins when the text is also otherwise wrong), :class:`JsonLongInteger`
+    or ``json.JSONDecodeError``. The nesting is walked only when the text has more than ``max_depth``
+    brackets, and places are looked up only for a refusal.
+    """
+    def bounded_int(digits: str) -> int:
+        count = len(digits) - digits.startswith("-")
+        try:
+            if count <= max_int_digits:
+                return int(digits)
+        except ValueError:  # the program lowered Python's own limit below ``max_int_digits``
+            pass
+        raise JsonLongInteger(count, None, None)
+
+    brackets = text.count("[") + text.count("{")
+    try:
+        value = json.loads(text, parse_int=bounded_int)
+    except (JsonLongInteger, json.JSONDecodeError, RecursionError) as exc:
+        if brackets > max_depth:
+            _refuse_depth(text, max_depth)
+        if isinstance(exc, JsonLongInteger):
+            raise JsonLongInteger(exc.digits, *_line_column(text, _long_integer_at(text, exc.digits))) from None
+        if isinstance(exc, RecursionError):  # past Python's stack yet not past ``max_depth``: over the stack's limit
+            raise JsonTooDeep(max_depth, None, None) from None
+        raise
+    if brackets > max_depth and deeper_than(value, max_depth):
+        _refuse_depth(text, max_depth)
+    return value
+
+
+def deeper_than(value: Any, limit: int) -> bool:
+    """Whether the arrays and objects of a parsed JSON value nest more than ``limit`` deep (a level at a time)."""
+    level, depth = [value] if isinstance(value, (list, dict)) else [], 1
+    while level:
+        if depth > limit:
+            return True
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)
+                 if isinstance(child, (list, dict))]
+        depth += 1
+    return False
+
+
+def _refuse_depth(text: str, limit: int) -> None:
+    """Raise :class:`JsonTooDeep` at the first bracket past ``limit`` (strings skipped), if there is one."""
+    depth = 0
+    for match in _BRACKETS.finditer(text):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+            if depth > limit:
+                raise JsonTooDeep(limit, *_line_column(text, match.start())) from None
+        elif token in "]}":
+            depth -= 1
+
+
+def _long_integer_at(text: str, digits: int) -> int | None:
+    """Where the first integer of at least ``digits`` digits (outside strings) starts, if found."""
+    pattern = re.compile(rf'"[^"\\]*(?:\\.[^"\\]*)*"|(?<![\d.eE+-])(-?\d{{{digits},}})(?![\d.eE])')
+    found = next((m for m in pattern.finditer(text) if m.group(1)), None)
+    return found.start(1) if found is not None else None
+
+
+def _line_column(text: str, at: int | None) -> tuple[int | None, int | None]:
+    if at is None:
+        return None, None
+    return text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
+
+
+__all__ = ["BoundedReadError", "JsonLongInteger", "JsonTooDeep", "NotRegularFile", "TooLarge", "deeper_than",
+           "load_json", "read_regular"]
