@@ -195,7 +195,7 @@ Tau = Annotated[Optional[list[str]], typer.Option(
     rich_help_panel="Temperatures"),
     ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
 EvalRows = Annotated[bool, typer.Option(
-    "--eval-rows", help="Only the rows the stored T was not fitted on (the held-out part of the split fit stored).",
+    "--eval-rows/--all-rows", help="Only the rows the stored T was not fitted on.",
     rich_help_panel="Input")]
 Bins = Annotated[int, typer.Option("--bins", min=1, max=MAX_BINS, help="Number of equal-width bins for ECE/MCE.",
                                    rich_help_panel="Metrics")]

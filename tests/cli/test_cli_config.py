@@ -85,7 +85,8 @@ def test_the_command_line_wins(release, run_json, tmp_path):
     assert out["temperature"] == pytest.approx(optimal_temperature(logits, labels), rel=1e-6)
     assert out["config_keys"] == ["[fit] html", "[fit] markdown"]  # json: '-' from the command line; max-ece too
     assert (release / "val.safetensors").read_bytes() == before and not (release / "fit.json").exists()
-    report = run_json(["report", "--tau", "3", "--tau", "4"])  # a repeatable option is replaced, not extended
+    # a repeatable option is replaced, not extended; a switch set in the file is turned off (no T stored here)
+    report = run_json(["report", "--tau", "3", "--tau", "4", "--all-rows"])
     assert [r["tau"] for r in report["results"]] == [3.0, 4.0]
 
 
