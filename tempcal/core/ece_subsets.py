@@ -5,9 +5,8 @@ NLL optimum, then the branch-and-bound search of :mod:`tempcal.core.ece_fit` aro
 (the rows outside fold k) and each group's (``n_g ECE_g(T) + lam (ln T - ln T_0)^2``, toward the global T, or
 toward T_k within fold k) searches the same range, centred on the global NLL optimum. Every pass of the
 global search evaluates, besides its own temperatures, those the fold searches want, and keeps each
-cell's bin sums and drift (:class:`CellEceTerms`); a fit's figures are its cells' sums, its drift between
-two of its temperatures the sum of the drifts between the pass's neighbours in between (a looser but still
-valid bound). The global search sees exactly what its own pass would give. Once it is done, the fold
+cell's bin sums (:class:`CellEceTerms`); a fit's figures at a temperature are its cells' sums there. The
+global search sees exactly what its own pass would give. Once it is done, the fold
 searches finish together, then every group's.
 """
 
