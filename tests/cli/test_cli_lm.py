@@ -226,6 +226,13 @@ def _spilled_file_open(pid: int, spill: Path) -> bool:
     return any(target.startswith(f"{spill}{os.sep}") for target in targets)
 
 
+def _default_sigint() -> None:
+    """In the child before it runs Python: SIGINT back to its default. A runner started in the background by a
+    shell without job control ignores SIGINT, its children inherit that, and Python then never raises
+    ``KeyboardInterrupt``, as it should not for a user who ran tempcal that way (``nohup``, ``cmd &``)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="watches the process's open files in /proc")
 def test_sigint_to_a_running_fit_exits_1_in_one_line_and_leaves_no_file(tmp_path, llama):
     """``python -m tempcal fit --lm`` on 20,000 texts (half a minute of forward pass), sent SIGINT as Ctrl-C sends it
@@ -239,7 +246,8 @@ def test_sigint_to_a_running_fit_exits_1_in_one_line_and_leaves_no_file(tmp_path
     env = {**os.environ, "TEMPCAL_LM_MEMORY_BYTES": "0"}  # the hidden states go to an unnamed file in --spill-dir
     process = subprocess.Popen([sys.executable, "-m", "tempcal", "fit", "--lm", str(folder), "--text", str(path),
                                 "--spill-dir", str(spill), "--save-hidden", str(hidden), "--device", "cpu",
-                                "--no-config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                                "--no-config"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=_default_sigint)
     try:
         deadline = time.monotonic() + 120
         while not _spilled_file_open(process.pid, spill) and process.poll() is None and time.monotonic() < deadline:
