@@ -50,6 +50,18 @@ class ConformalResult:
         return out
 
 
+#: A group's coverage counts as short of 1 - alpha when a one-sided binomial test gives p below this.
+SHORT_P = 0.05
+
+
+def under_covered(coverage: float, n: int, alpha: float, p: float = SHORT_P) -> bool:
+    """Whether ``coverage`` over ``n`` rows falls short of ``1 - alpha`` by more than chance: the probability of so
+    few covered rows when each is covered with probability ``1 - alpha`` (binomial, one-sided) is below ``p``."""
+    from scipy.stats import binom
+
+    return n > 0 and bool(binom.cdf(round(coverage * n), n, 1.0 - alpha) < p)
+
+
 def _finite(q: float) -> float | None:
     """JSON has no infinity: +inf (every class) is written as null."""
     return None if math.isinf(q) else q

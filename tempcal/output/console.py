@@ -19,7 +19,7 @@ from ..metrics.detection import ID_RECALL
 from ..workflows.ood import OodReport, score_label
 from . import ood_checks
 from .figures import DISPLAYED_METRICS, min_nll_taus, reads
-from .groups_console import print_fit_groups, print_report_groups
+from .groups_console import print_fit_groups, print_group_coverage, print_report_groups
 
 
 @dataclass
@@ -113,10 +113,13 @@ def conformal_tables(console: Console, report) -> list[Table]:
         columns += [Column(f"q\n{side}", [_threshold(c.threshold) for c in sets]),
                     Column("coverage", [f"{c.coverage:.4f}" for c in sets]),
                     Column("size", [f"{c.mean_size:.3f}" for c in sets])]
+    folds = getattr(report, "subsets", None) is not None and report.subsets.folds is not None
+    title = (f"conformal sets (q: the deployed threshold, from all {report.n_fit} rows; coverage and mean size out "
+             "of fold: each row's set from the other folds' threshold)" if folds else
+             f"conformal sets (thresholds from the {report.n_fit} fitting rows; coverage and mean size on the "
+             f"{report.n_eval} evaluation rows)")
     return split_tables(console, columns, keys=2, together=3, box=box.SIMPLE_HEAD, show_edge=False,
-                        pad_edge=False, title_justify="left",
-                        title=f"conformal sets (thresholds from the {report.n_fit} fitting rows; coverage and mean "
-                              f"size on the {report.n_eval} evaluation rows)")
+                        pad_edge=False, title_justify="left", title=title)
 
 
 def _threshold(q: float) -> str:
@@ -165,6 +168,8 @@ def print_fit(report, console: Console) -> None:
     if report.extras and any(report.extras):
         print_tables(console, extras_tables(console, [report.before.tau, report.after.tau], report.extras))
     print_fit_groups(report, console)
+    if report.before.conformal and getattr(report, "subsets", None) is not None:
+        print_group_coverage(report, console)
 
 
 #: The report table's figures: ``(attribute of CalibrationMetrics, header)``.

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TempcalError, param
+from ..metrics.conformal import SHORT_P, under_covered
 from . import html_figures as figures
 
 #: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.
@@ -110,9 +111,33 @@ def _group_sections(groups: Sequence[dict]) -> Section:
                                         fmt(g.get("temperature")), fmt(g["before"].get("ece")),
                                         fmt(g["after"].get("ece")), fmt((g.get("after_global") or {}).get("ece")),
                                         fmt(g["before"].get("nll")), fmt(g["after"].get("nll"))]} for g in ordered]))
+    coverage = _group_coverage_table(evaluated)
+    if coverage is not None:
+        section.tables.append(coverage)
     drawn = [g for g in evaluated if g["before"] and g["after"]]
     section.figures.append({"svg": figures.groups(drawn), "caption": "ECE per group (largest first)", "narrow": True})
     return section
+
+
+def _group_coverage_table(groups: Sequence[dict]) -> Table | None:
+    """Each group's coverage and mean set size under the global sets at the fitted T, lowest coverage first; a row
+    is marked when a group falls short of 1 - alpha beyond chance."""
+    rows = []
+    for g in groups:
+        entries = (g.get("after_global") or {}).get("conformal") or []
+        for alpha in dict.fromkeys(c["alpha"] for c in entries):
+            cells = {c["score"]: c for c in entries if c["alpha"] == alpha}
+            short = any(under_covered(c["coverage"], g["n_eval"], alpha) for c in cells.values())
+            rows.append((min(c["coverage"] - (1 - alpha) for c in cells.values()), {"mark": short, "cells": [
+                g["group"], fmt(g["n_eval"]), fmt(alpha),
+                *(fmt(c[k]) for c in cells.values() for k in ("coverage", "mean_size"))]}))
+    if not rows:
+        return None
+    scores = [c["score"].upper() for c in (groups[0].get("after_global") or {}).get("conformal") or []]
+    header = ["group", "n eval", "alpha", *(h for s in dict.fromkeys(scores) for h in (f"{s} coverage", f"{s} size"))]
+    return Table(header=header, rows=[row for _, row in sorted(rows, key=lambda r: r[0])],
+                 caption="conformal coverage per group at the fitted T, lowest first; marked: short of 1 - alpha "
+                         f"beyond chance (one-sided binomial p < {SHORT_P:g})")
 
 
 def _fit_context(data: dict) -> dict:
