@@ -168,8 +168,23 @@ def print_fit(report, console: Console) -> None:
     if report.extras and any(report.extras):
         print_tables(console, extras_tables(console, [report.before.tau, report.after.tau], report.extras))
     print_fit_groups(report, console)
+    small_split_note(report, console)
     if report.before.conformal and getattr(report, "subsets", None) is not None:
         print_group_coverage(report, console)
+
+
+#: Below this many fitting rows, a split fit's console view suggests ``--folds``: T and its figures are noisy.
+SMALL_SPLIT = 500
+
+
+def small_split_note(report, console: Console) -> None:
+    """A split of a small set: say that T and its before/after figures are noisy, and how to use every row."""
+    if report.val_fraction in (None, 1) or report.n_fit >= SMALL_SPLIT:
+        return
+    total = report.n_fit + report.n_eval
+    console.print(Text(f"note: T was fitted on {report.n_fit} rows and judged on the other {report.n_eval}; at this "
+                       f"size both are noisy. --folds {min(10, total)} fits T on all {total} rows and reports out of "
+                       "fold.", style="yellow"), soft_wrap=True)
 
 
 #: The report table's figures: ``(attribute of CalibrationMetrics, header)``.

@@ -226,3 +226,20 @@ def test_without_energy_at_tau_1_only_the_reports_probs_flag_tells(tmp_path):
     report.probs = True  # type: ignore[attr-defined]
     text = rendered(print_ood, report)
     assert "MaxLogit is log(max p) / tau" in text and re.search(r" is (\S+) at tau", text).group(1) == "MSP"
+
+
+def test_a_split_of_a_small_set_suggests_folds_and_a_large_one_does_not(tmp_path, cli):
+    from conftest import EXAMPLE
+
+    g = torch.Generator().manual_seed(3)
+    z = torch.randn(300, 4, generator=g) * 2
+    y = torch.multinomial(torch.softmax(z / 0.75, 1), 1, generator=g)[:, 0]
+    save_file({"logits": z, "labels": y}, str(tmp_path / "small.safetensors"))
+    small = str(tmp_path / "small.safetensors")
+    code, out, err = cli(["fit", small, "--no-write"])
+    assert code == 0, err
+    assert "note: T was fitted on 150 rows and judged on the other 150" in out and "--folds 10 fits T on all 300" in out
+    for argv in (["fit", small, "--no-write", "--folds", "5"], ["fit", small, "--no-write", "--val-fraction", "1"],
+                 ["fit", str(EXAMPLE), "--no-write"]):  # the example fits on 674 rows
+        code, out, err = cli(argv)
+        assert code == 0 and "judged on the other" not in out, err
