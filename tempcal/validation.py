@@ -317,8 +317,19 @@ def stored_probs(text: str | None, where: str) -> bool:
                        "or fit again)")
 
 
+def check_alphas(alphas: Sequence[float]) -> list[float]:
+    """The conformal miscoverage levels, each strictly between 0 and 1, in the order given (repeats dropped)."""
+    out: list[float] = []
+    for alpha in alphas:
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
+            raise TempcalError(f"{param('conformal_alpha')} {alpha}: expected a number strictly between 0 and 1")
+        if float(alpha) not in out:
+            out.append(float(alpha))
+    return out
+
+
 __all__ = ["IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES", "PROBS_KEY", "TEMPERATURE_KEY",
-           "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature", "check_bins", "check_confidences",
-           "check_labels", "check_number", "check_taus", "format_temperature", "is_fitted", "parse_tau",
-           "positive_number", "probabilities_refused", "resolve_taus", "shown_value", "stored_probs",
+           "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature", "check_alphas", "check_bins",
+           "check_confidences", "check_labels", "check_number", "check_taus", "format_temperature", "is_fitted",
+           "parse_tau", "positive_number", "probabilities_refused", "resolve_taus", "shown_value", "stored_probs",
            "stored_temperature", "whole_number"]

@@ -125,6 +125,11 @@ ConformalAlpha = Annotated[Optional[list[float]], typer.Option(
     "miscoverage A (0 < A < 1; repeatable): thresholds from the fitting rows, coverage and mean set size on the "
     "evaluation rows, at T = 1 and at the fitted T (one more read of the fitting rows)."),
     Bounds(0, 1, low_open=True, high_open=True)]
+ReportConformalAlpha = Annotated[Optional[list[float]], typer.Option(
+    "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal prediction sets (LAC and APS) at "
+    "miscoverage A (0 < A < 1; repeatable) at every tau: thresholds from the stored split's fitting rows (else a "
+    "seeded half of SOURCE), coverage and mean set size on the other rows (one more read)."),
+    Bounds(0, 1, low_open=True, high_open=True)]
 SaveModel = Annotated[Optional[str], typer.Option(
     "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
     "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt, .pth, .ts, "

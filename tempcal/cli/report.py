@@ -46,6 +46,7 @@ from .options import (
     Plot,
     Probs,
     Quiet,
+    ReportConformalAlpha,
     SaveHidden,
     SaveLogits,
     Seed,
@@ -109,6 +110,7 @@ def report(
     seed: Seed = 0,
     group_by: GroupBy = None,
     eval_rows: EvalRows = False,
+    conformal_alpha: ReportConformalAlpha = None,
     inputs: Inputs = None,
     inputs_key: InputsKey = "inputs",
     batch_size: BatchSize = 512,
@@ -152,7 +154,7 @@ def report(
     options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,
                          estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, group_by=group_by,
-                         eval_rows=eval_rows, options=options)
+                         eval_rows=eval_rows, conformal_alpha=conformal_alpha or (), options=options)
 
     values = locals()
     deliver(ctx, warnings=result.warnings, write=lambda: _write(result, values),

@@ -122,6 +122,30 @@ def conformal_tables(console: Console, report) -> list[Table]:
                         pad_edge=False, title_justify="left", title=title)
 
 
+def report_conformal_tables(console: Console, result) -> list[Table]:
+    """``report --conformal-alpha``: each tau and alpha's thresholds, coverage and mean set size, the sweep's
+    smallest sets marked."""
+    from rich import box
+
+    rows = [(m, c) for m in result.results for c in zip(*[iter(m.conformal or [])] * 2, strict=True)]
+    if not rows:
+        return []
+    smallest = {(b["alpha"], b["score"]): b["tau"] for b in result.smallest_sets()} if result.sweep else {}
+    columns = [Column("tau", [f"{m.tau:.4g}" if k == 0 or rows[k - 1][0] is not m else ""
+                              for k, (m, _) in enumerate(rows)]),
+               Column("alpha", [f"{pair[0].alpha:g}" for _, pair in rows])]
+    for j in range(2):
+        name = rows[0][1][j].score.upper()
+        columns += [Column(f"q\n{name}", [_threshold(pair[j].threshold) for _, pair in rows]),
+                    Column("coverage", [f"{pair[j].coverage:.4f}" for _, pair in rows]),
+                    Column("size", [f"{pair[j].mean_size:.3f}"
+                                    + ("*" if smallest.get((pair[j].alpha, pair[j].score)) == m.tau else " ")
+                                    for m, pair in rows])]
+    note = "; * the sweep's smallest sets" if smallest else ""
+    return split_tables(console, columns, keys=2, together=3, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                        title_justify="left", title=f"conformal sets ({result.conformal_rows.describe()}{note})")
+
+
 def _threshold(q: float) -> str:
     return "inf" if q == float("inf") else f"{q:.4f}"
 
@@ -268,6 +292,7 @@ def print_report(result, console: Console) -> None:
         console.print(sweep_sentence(result), soft_wrap=True)
     if result.extras and any(result.extras):
         print_tables(console, extras_tables(console, [m.tau for m in result.results], result.extras))
+    print_tables(console, report_conformal_tables(console, result))
     if len(result.results) == 1:
         console.print(single_reliability_table(result.results[0]))
     print_report_groups(result, console)

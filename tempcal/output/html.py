@@ -99,6 +99,23 @@ def _conformal_table(before: dict, after: dict) -> Table | None:
     return Table(header=["", "alpha", "score", "threshold", "coverage", "mean set size"], rows=rows)
 
 
+def _report_conformal_table(data: dict) -> Table | None:
+    """``report --conformal-alpha``: each tau's thresholds, coverage and mean set size; the sweep's smallest sets
+    marked."""
+    rows = [(r, c) for r in data["results"] for c in r.get("conformal") or []]
+    if not rows:
+        return None
+    smallest = {(b["alpha"], b["score"]): b["tau"] for b in (data.get("sweep") or {}).get("best_set_size_tau") or []}
+    split = data.get("conformal_rows") or {}
+    where = "the stored split's fitting rows" if split.get("split") == "stored" else "a seeded half of SOURCE"
+    return Table(header=["tau", "alpha", "score", "threshold", "coverage", "mean set size"], rows=[
+        {"mark": smallest.get((c["alpha"], c["score"])) == r["tau"],
+         "cells": [fmt(r["tau"]), fmt(c["alpha"]), c["score"].upper(), fmt(c["threshold"]), fmt(c["coverage"]),
+                   fmt(c["mean_size"])]} for r, c in rows],
+        caption=f"thresholds from {split.get('calibration')} rows of {where}; coverage and mean set size on the "
+                f"{split.get('evaluation')} other rows" + ("; marked: the sweep's smallest sets" if smallest else ""))
+
+
 def _group_sections(groups: Sequence[dict]) -> Section:
     section = Section("groups", f"Groups ({len(groups)})",
                       note="per group: metrics on its evaluation rows at T = 1, at its own T and at the global T")
@@ -207,6 +224,9 @@ def _report_context(data: dict) -> dict:
         rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept, per tau")
         rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
         sections.append(rc)
+    conformal = _report_conformal_table(data)
+    if conformal is not None:
+        sections.append(Section("conformal", "Conformal sets", tables=[conformal]))
     for r in results:
         if r.get("groups"):
             sections.append(Section(f"groups-{fmt(r['tau'])}", f"Groups at tau = {fmt(r['tau'])}",

@@ -188,14 +188,19 @@ def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], 
     rows = sorted(results, key=lambda m: m["tau"])
     taus = [m["tau"] for m in rows]
     panels = [(key, label) for key, label in SWEEP_PANELS if any(_finite(m.get(key)) for m in rows)]
+    if any(m.get("conformal") for m in rows):
+        panels.append(("conformal", "mean set size"))
     curves = curves and any((m.get("risk_coverage") or {}).get("coverage") for m in rows)
     fig = new_figure(figsize=(6.5, 2.5 * len(panels) + (3.6 if curves else 0)))
     spec = fig.add_gridspec(len(panels) + curves, 1, height_ratios=[1] * len(panels) + [1.5] * curves)
     axes = [fig.add_subplot(spec[0])]
     axes += [fig.add_subplot(spec[k], sharex=axes[0]) for k in range(1, len(panels))]
     for ax, (key, label) in zip(axes, panels, strict=True):
-        ax.plot(taus, [m.get(key) if _finite(m.get(key)) else math.nan for m in rows], marker="o", markersize=3,
-                label="the temperatures shown")
+        if key == "conformal":
+            _set_sizes(ax, taus, rows)
+        else:
+            ax.plot(taus, [m.get(key) if _finite(m.get(key)) else math.nan for m in rows], marker="o", markersize=3,
+                    label="the temperatures shown")
         ax.set_ylabel(label)
         # one T marked twice (the stored T is the minimum) shows both lines
         styles = (("tab:red", "--", 1.2), ("tab:green", ":", 2.0), ("tab:purple", "-.", 1.2))
@@ -206,7 +211,7 @@ def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], 
     for ax in axes[:-1]:
         ax.tick_params(which="both", labelbottom=False)
     axes[-1].set_xlabel("temperature tau")
-    legend = [axes[0]]
+    legend = [axes[0], *(ax for ax, (key, _) in zip(axes, panels, strict=True) if key == "conformal")]
     if curves:
         rc = fig.add_subplot(spec[len(panels)])
         risk_coverage_axes(rc, [(f"tau = {m['tau']:.4g}", m) for m in rows])
@@ -215,6 +220,20 @@ def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], 
         fig.suptitle(source)
     figure_legend(fig, legend, fontsize="small", ncols=3)
     return fig
+
+
+#: The set-size lines' colours, one per alpha (LAC solid, APS dashed): apart from the curves' default cycle.
+SET_COLOURS = ("black", "tab:gray", "tab:brown", "tab:olive")
+
+
+def _set_sizes(ax, taus: Sequence[float], rows: Sequence[Mapping[str, Any]]) -> None:
+    """The conformal sets' mean size against tau, a line per alpha and score (named in the figure's legend)."""
+    first = next(m["conformal"] for m in rows if m.get("conformal"))
+    for k, entry in enumerate(first):
+        sizes = [m["conformal"][k]["mean_size"] if m.get("conformal") else math.nan for m in rows]
+        ax.plot(taus, sizes, marker="o" if entry["score"] == "lac" else "s", markersize=3,
+                linestyle="-" if entry["score"] == "lac" else "--", color=SET_COLOURS[(k // 2) % len(SET_COLOURS)],
+                label=f"set size: {entry['score'].upper()}, alpha {entry['alpha']:g}")
 
 
 def _finite(value: Any) -> bool:

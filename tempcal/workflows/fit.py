@@ -19,6 +19,7 @@ from ..metrics.conformal_pass import fit_thresholds
 from ..sources.base import SourceOptions
 from ..sources.groups import group_metadata, read_groups
 from ..sources.registry import Source, open_source
+from ..validation import check_alphas
 from .common import extra_figures, scan_source
 from .fold_conformal import fold_sets
 from .grouped_conformal import READS as GROUP_SET_READS
@@ -230,17 +231,6 @@ def _fit_and_evaluate(fit_scan: Any, eval_scan: Any, loaded: Any, *, objective: 
     sets = ConformalPlan(alphas, fit_thresholds(fit_scan, taus, alphas)) if alphas else None
     before, after = evaluate_many(eval_scan, taus, bins=bins, conformal=sets)
     return result, before, after
-
-
-def check_alphas(alphas: Sequence[float]) -> list[float]:
-    """The conformal miscoverage levels, each strictly between 0 and 1, in the order given (repeats dropped)."""
-    out: list[float] = []
-    for alpha in alphas:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-            raise TempcalError(f"{param('conformal_alpha')} {alpha}: expected a number strictly between 0 and 1")
-        if float(alpha) not in out:
-            out.append(float(alpha))
-    return out
 
 
 def _evaluation_file(loaded: Any, eval_file: Source) -> Any:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -13,9 +13,10 @@ from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_man
 from ..sources.base import SourceOptions
 from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
-from ..validation import check_taus, resolve_taus
+from ..validation import check_alphas, check_taus, resolve_taus
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
 from .grouped_report import AppliedGroups, GroupRow, applicable_groups, group_extras, grouped_report
+from .report_conformal import group_sets, metrics_plan, report_thresholds, with_sets
 from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
@@ -37,6 +38,8 @@ class ReportResult:
     group_key: str | None = None  # --group-by KEY
     group_rows: list[GroupRow] | None = None  # per temperature, every group's figures
     eval_rows: bool = False  # only the rows the stored T was not fitted on (the stored split's held-out rows)
+    conformal_rows: Any = None  # --conformal-alpha: the rows the thresholds came from and the rows judged
+    conformal_reads: int = 0  # the reads the thresholds (and, by groups, the sets) took
 
     @property
     def sweep_best(self) -> float | None:
@@ -60,7 +63,9 @@ class ReportResult:
                            groups=[g.to_json() for g in self.group_rows[k].groups])
             rows.append(row)
         groups = {} if self.group_key is None else {"group_key": self.group_key}
-        return {**groups, "results": rows, "source": self.source, "n": self.count, "eval_rows": self.eval_rows,
+        sets = {} if self.conformal_rows is None else {"conformal_rows": self.conformal_rows.to_json(),
+                                                        "conformal_reads": self.conformal_reads}
+        return {**groups, **sets, "results": rows, "source": self.source, "n": self.count, "eval_rows": self.eval_rows,
                 "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
@@ -69,14 +74,32 @@ class ReportResult:
 
     def _sweep_json(self) -> dict:
         """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""
-        return {"taus": self.sweep, "best_nll_tau": self.sweep_best, "best_ece_tau": self.sweep_lowest("ece"),
-                "best_smece_tau": self.sweep_lowest("smece"), "best_aurc_tau": self.sweep_lowest("aurc")}
+        out: dict[str, Any] = {"taus": self.sweep, "best_nll_tau": self.sweep_best,
+                               "best_ece_tau": self.sweep_lowest("ece"), "best_smece_tau": self.sweep_lowest("smece"),
+                               "best_aurc_tau": self.sweep_lowest("aurc")}
+        if self.conformal_rows is not None:
+            out["best_set_size_tau"] = self.smallest_sets()
+        return out
+
+    def smallest_sets(self) -> list[dict]:
+        """Per alpha and score, the sweep temperature whose conformal sets are smallest on average (at a fixed
+        miscoverage the coverage is held; the size is what T changes)."""
+        in_sweep = [m for m in self.results if m.tau in self.sweep and m.conformal]
+        if not in_sweep:
+            return []
+        out = []
+        for k, entry in enumerate(in_sweep[0].conformal):
+            best = min(in_sweep, key=lambda m: m.conformal[k].mean_size)
+            out.append({"alpha": entry.alpha, "score": entry.score, "tau": best.tau,
+                        "mean_size": best.conformal[k].mean_size})
+        return out
 
 
 def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sweep: Sequence[float] | None = None,
                 bins: int = DEFAULT_BINS, device: str = "auto", chunk_rows: int | None = None,
                 estimators: Sequence[str] = (), bootstrap: int = 0, seed: int = 0, group_by: str | None = None,
-                eval_rows: bool = False, options: SourceOptions | None = None, **keys: Any) -> ReportResult:
+                eval_rows: bool = False, conformal_alpha: Sequence[float] = (), options: SourceOptions | None = None,
+                **keys: Any) -> ReportResult:
     """Calibration metrics of ``source`` at each temperature (``fitted`` = the stored T), in one pass.
 
     Without ``taus`` (and no ``sweep``): the stored T, else 1. ``options`` or keyword arguments
@@ -84,10 +107,12 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     is applied to log(p), as it was fitted. ``group_by`` (a tensor of SOURCE, or ``task``): every figure per
     group too, and at the stored T each group's rows at the T_g stored for that key. ``eval_rows``: only the rows
     the stored T was not fitted on, re-derived from the split ``fit`` stored beside T; without it, a note says
-    when the figures include the fitting rows.
+    when the figures include the fitting rows. ``conformal_alpha``: LAC and APS sets at every temperature (see
+    :mod:`.report_conformal` for the rows they use).
     """
     warnings: list[str] = []
     check_taus(taus or [])
+    alphas = check_alphas(conformal_alpha)
     loaded = open_source(source, options, **keys)
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
@@ -96,16 +121,22 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     groups = read_groups(loaded, group_by) if group_by is not None else None
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings)
     held_out = _scored_rows(loaded, eval_rows, stored is not None and stored in resolved, warnings)
-    share = None
+    full, share, all_groups = scan, None, groups
     if held_out is not None:
         scan = scan.select(loaded.local_rows(held_out))
         if groups is not None:
             groups, share = _held_out_groups(loaded, groups, held_out)
     if groups is None:
-        results = evaluate_many(scan, resolved, bins=bins)
+        sets = report_thresholds(full, loaded, resolved, alphas, seed, warnings) if alphas else None
+        plan, collected = metrics_plan(sets, loaded, held_out is None) if sets is not None else (None, [])
+        results = evaluate_many(scan, resolved, bins=bins, conformal=plan)
+        if sets is not None:
+            results = with_sets(results, sets, collected)
         extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
         return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
-                            str(scan.device), warnings, extras, loaded, eval_rows=eval_rows)
+                            str(scan.device), warnings, extras, loaded, eval_rows=eval_rows,
+                            conformal_rows=None if sets is None else sets.rows,
+                            conformal_reads=0 if sets is None else sets.reads)
     applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else AppliedGroups({}, [])
     warnings.extend(applied.warnings)
     grouped = grouped_report(loaded, scan, groups, resolved, bins=bins, per_group=applied.temperatures, stored=stored,
@@ -114,8 +145,38 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     extras = _extras(scan, grouped, resolved, plain, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
                      warnings=warnings)
     rows = group_extras(grouped, groups, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins)
-    return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, grouped.results, sweep, bins,
-                        str(scan.device), warnings, extras, loaded, groups.key, rows, eval_rows)
+    result = ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, grouped.results, sweep,
+                          bins, str(scan.device), warnings, extras, loaded, groups.key, rows, eval_rows)
+    if alphas:
+        assert all_groups is not None
+        _grouped_sets(result, full, loaded, all_groups, alphas, seed)
+    return result
+
+
+def _grouped_sets(result: ReportResult, full: Any, opened: Any, groups: RowGroups, alphas: list[float],
+                  seed: int) -> None:
+    """``--group-by`` with ``--conformal-alpha``: the sets at every temperature but the per-group one, overall and
+    per group, from a read of the thresholds and one of the evaluation rows."""
+    assert result.group_rows is not None
+    plain = [k for k, row in enumerate(result.group_rows) if not row.per_group]
+    if len(plain) < len(result.group_rows):
+        result.warnings.append("conformal sets are left out at the per-group stored temperatures (each group's "
+                               "rows at their own T_g); they are given at every other tau")
+    if not plain:
+        return
+    sets = report_thresholds(full, opened, [result.results[k].tau for k in plain], alphas, seed, result.warnings)
+    overall, per_group = group_sets(full, opened, sets, groups.index, groups.count)
+    names = {name: g for g, name in enumerate(groups.names)}
+    for j, k in enumerate(plain):
+        result.results[k] = replace(result.results[k], conformal=overall[j])
+        row = result.group_rows[k]
+        figures = []
+        for f in row.groups:
+            found = per_group[j][names[f.group]]
+            figures.append(f if found is None else replace(f, extras={**f.extras,
+                                                                      "conformal": [c.to_json() for c in found]}))
+        result.group_rows[k] = replace(row, groups=figures)
+    result.conformal_rows, result.conformal_reads = sets.rows, sets.reads + 1
 
 
 def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[str]) -> np.ndarray | None:

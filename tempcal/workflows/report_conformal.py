@@ -1,0 +1,149 @@
+"""``report --conformal-alpha A``: conformal sets at every temperature of a report, so that a sweep shows how T moves
+the mean set size (at a fixed miscoverage the sets' coverage is held by construction; their size is what T changes).
+
+The thresholds need rows apart from those the sets are judged on. When SOURCE holds a stored split with held-out
+rows (a ``fit`` that split), the thresholds come from its fitting rows and the sets are formed on its held-out rows,
+so at the stored T the figures equal that fit's ``after.conformal`` (at tau 1, its ``before``). Otherwise a seeded
+(``seed``), class-stratified half of SOURCE gives the thresholds and the other half the sets, as ``fit``'s default
+split would.
+
+Reads: the calibration rows' scores at every temperature (as many temperatures a read as
+:data:`.fold_conformal.SCORE_BYTES` of scores holds); the sets then ride on the report's metrics pass (by groups, on one
+more read of the evaluation rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+
+from ..core.scan import Scan
+from ..core.splitting import stratified_split
+from ..errors import TempcalError
+from ..metrics.calibration import CalibrationMetrics, ConformalPlan
+from ..metrics.conformal import ConformalResult
+from ..metrics.conformal import thresholds as thresholds_of
+from ..metrics.conformal_pass import ScoreRows, SetSums, Thresholds, set_results
+from ..sources.base import OpenedSource
+from .fold_conformal import temperatures_per_read
+from .stored_split import evaluation_rows, stored_split
+
+
+@dataclass(frozen=True)
+class ConformalRows:
+    """Which rows give the thresholds (``calibration``) and which are judged (``evaluation``); ``stored``: they are
+    the stored split's fitting and held-out rows, else a seeded half split."""
+
+    calibration: np.ndarray
+    evaluation: np.ndarray
+    stored: bool
+    seed: int
+
+    def to_json(self) -> dict:
+        return {"calibration": int(self.calibration.size), "evaluation": int(self.evaluation.size),
+                "split": "stored" if self.stored else "seeded", **({} if self.stored else {"seed": self.seed})}
+
+    def describe(self) -> str:
+        where = "the stored split's fitting rows" if self.stored else f"a seeded half of SOURCE (seed {self.seed})"
+        return (f"thresholds from the {self.calibration.size} rows of {where}; coverage and mean size on the "
+                f"{self.evaluation.size} other rows")
+
+
+def conformal_rows(opened: OpenedSource, seed: int, warnings: list[str]) -> ConformalRows:
+    """The stored split's rows when SOURCE has one that held rows out, else a seeded, class-stratified half (with a
+    warning when a stored split no longer matches SOURCE)."""
+    try:
+        split = stored_split(opened)
+        held_out = evaluation_rows(opened, split) if split is not None and split.held_out else None
+    except TempcalError as exc:
+        warnings.append(f"{exc}; the conformal thresholds come from a seeded half of SOURCE instead")
+        split, held_out = None, None
+    if split is not None and held_out is not None:
+        mask = np.ones(opened.data.num_samples, dtype=bool)
+        mask[held_out] = False
+        return ConformalRows(np.flatnonzero(mask), np.sort(held_out), True, int(split.seed))
+    calibration, evaluation = stratified_split(opened.data.labels.numpy(), 0.5, seed)
+    if calibration.size == 0 or evaluation.size == 0:
+        raise TempcalError(f"{opened.name}: conformal sets need rows that set the thresholds and rows that judge "
+                           f"them; its {opened.data.num_samples} row(s) cannot be split")
+    return ConformalRows(np.sort(calibration), np.sort(evaluation), False, seed)
+
+
+@dataclass(frozen=True)
+class ReportSets:
+    """The thresholds at each of ``taus`` and the rows they came from; ``reads``: the reads they took."""
+
+    alphas: list[float]
+    taus: list[float]
+    thresholds: list[Thresholds]
+    rows: ConformalRows
+    reads: int
+
+
+def report_thresholds(full: Scan, opened: OpenedSource, taus: Sequence[float], alphas: list[float], seed: int,
+                      warnings: list[str]) -> ReportSets:
+    """Each temperature's thresholds from the calibration rows of :func:`conformal_rows` (``full``: the scan of
+    every row of SOURCE), as many temperatures a read as the score budget allows."""
+    rows = conformal_rows(opened, seed, warnings)
+    taus = [float(t) for t in taus]
+    scan = full.select(opened.local_rows(rows.calibration))
+    step = temperatures_per_read(rows.calibration.size)
+    found: list[Thresholds] = []
+    for first in range(0, len(taus), step):
+        batch = taus[first:first + step]
+        scores = ScoreRows(len(batch), scan.data.num_samples, scan.device)
+        scan.visit([1.0 / t for t in batch], scores)
+        found += [{name: thresholds_of(values, alphas) for name, values in each.items()}
+                  for each in scores.each_gathered()]
+        del scores
+    return ReportSets(alphas, taus, found, rows, -(-len(taus) // step))
+
+
+def metrics_plan(sets: ReportSets, opened: OpenedSource, scored_all: bool) -> tuple[ConformalPlan, list]:
+    """The sets to form on the metrics pass: over the evaluation rows alone (group 0 of the scored rows, when every
+    row is scored); the list that collects each temperature's sums."""
+    collected: list = []
+    if not scored_all:
+        return ConformalPlan(sets.alphas, sets.thresholds, on_sums=lambda _, s: collected.append(s)), collected
+    start, stop = opened.share()
+    judged = np.ones(opened.data.num_samples, dtype=np.int64)
+    judged[sets.rows.evaluation] = 0
+    plan = ConformalPlan(sets.alphas, sets.thresholds, groups=torch.from_numpy(judged[start:stop]), num_groups=2,
+                         on_sums=lambda _, s: collected.append(s))
+    return plan, collected
+
+
+def with_sets(results: Sequence[CalibrationMetrics], sets: ReportSets, collected: list) -> list[CalibrationMetrics]:
+    """Each result with its sets over the evaluation rows (from the sums the metrics pass collected)."""
+    n = int(sets.rows.evaluation.size)
+    return [replace(m, conformal=set_results(sets.alphas, sets.thresholds[k], sums, n))
+            for k, (m, sums) in enumerate(zip(results, collected, strict=True))]
+
+
+def group_sets(full: Scan, opened: OpenedSource, sets: ReportSets, group_index: np.ndarray, num_groups: int
+               ) -> tuple[list[list[ConformalResult]], list[list[list[ConformalResult] | None]]]:
+    """``report --group-by``: the sets on the evaluation rows in one more read, per temperature overall and per
+    group (``group_index``: every counted row's group)."""
+    evaluation = sets.rows.evaluation
+    scan = full.select(opened.local_rows(evaluation))
+    start, stop = opened.share()
+    lo, hi = int(np.searchsorted(evaluation, start)), int(np.searchsorted(evaluation, stop))
+    local = torch.from_numpy(group_index[evaluation[lo:hi]].astype(np.int64))
+    sums = SetSums(sets.thresholds, scan.device, groups=local, num_groups=num_groups)
+    scan.visit([1.0 / t for t in sets.taus], sums)
+    counts = np.bincount(group_index[evaluation], minlength=num_groups)
+    overall: list[list[ConformalResult]] = []
+    per_group: list[list[list[ConformalResult] | None]] = []
+    for k, found in enumerate(sums.reduced()):
+        every = {score: values.sum(0, keepdim=True) for score, values in found.items()}
+        overall.append(set_results(sets.alphas, sets.thresholds[k], every, int(evaluation.size)))
+        per_group.append([set_results(sets.alphas, sets.thresholds[k], found, int(counts[g]), g) if counts[g] else None
+                          for g in range(num_groups)])
+    return overall, per_group
+
+
+__all__ = ["ConformalRows", "ReportSets", "conformal_rows", "group_sets", "metrics_plan", "report_thresholds",
+           "with_sets"]
