@@ -159,7 +159,8 @@ class ConformalPlan:
 
     With ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) the sets are summed per group
     too, and ``on_sums`` gets, per temperature, each score's sums ``[num_groups, thresholds, 2]`` (rows covered,
-    classes in the sets; :func:`.conformal_pass.set_results` turns a group's into the contract's list).
+    classes in the sets; :func:`.conformal_pass.set_results` turns a group's into the contract's list). With
+    ``judged``, the sets are formed and summed over the rows it marks alone.
     """
 
     alphas: list[float]
@@ -167,6 +168,7 @@ class ConformalPlan:
     groups: torch.Tensor | None = None
     num_groups: int = 1
     on_sums: Callable[[float, dict[str, torch.Tensor]], None] | None = None
+    judged: torch.Tensor | None = None  # this process's rows whose sets count (bool); None: every row
 
 
 def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS, decisions: bool | None = None,
@@ -200,7 +202,7 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, co
                    on_rows: RowsHook | None) -> list[CalibrationMetrics]:
     """:func:`evaluate_many` of the temperatures that one read serves."""
     sets = None if conformal is None else SetSums(conformal.thresholds, scan.device, groups=conformal.groups,
-                                                  num_groups=conformal.num_groups)
+                                                  num_groups=conformal.num_groups, judged=conformal.judged)
     results = scan.calibration([1.0 / tau for tau in taus], bins, keep=("confidence",) if decisions else (),
                                visitor=sets)
     correct = decisions_module.gathered_correct(scan.stats.correct) if decisions else None

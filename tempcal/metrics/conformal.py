@@ -94,38 +94,67 @@ def thresholds(scores: np.ndarray, alphas: Sequence[float]) -> list[float]:
     return [float(ordered[r - 1]) if r <= values.size else math.inf for r in ranks]
 
 
-def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]
-             ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]],
+             ordered: torch.Tensor | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """Per score, each row's sets at every threshold: ``(covered, size)``, both ``[len(thresholds), rows]``
-    (whether the set holds the label; its number of classes, float64)."""
+    (whether the set holds the label; its number of classes, float64). ``ordered``: each row's probabilities
+    sorted in decreasing order, when the caller has them (see :func:`row_sets`)."""
     q = {score: torch.tensor(list(values), dtype=probs.dtype, device=probs.device)[:, None]
          for score, values in thresholds.items()}
-    return row_sets(probs, labels, q)
+    return row_sets(probs, labels, q, ordered)
 
 
-def row_sets(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, torch.Tensor]
-             ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+def row_sets(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, torch.Tensor],
+             ordered: torch.Tensor | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """:func:`set_rows` with the thresholds as tensors ``[Q, rows]`` (each row its own, e.g. its fold's) or
-    ``[Q, 1]`` (the same for every row), in ``probs``' dtype."""
+    ``[Q, 1]`` (the same for every row), in ``probs``' dtype.
+
+    The sizes are counts over each row's sorted probabilities: ``1 - p`` and the running sums are non-decreasing
+    along them, so a binary search per threshold gives the count that comparing every class would (the running
+    sums are checked, and compared class by class where rounding broke their order). ``ordered`` saves the sort.
+    """
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     y = labels[:, None].long()
+    if ordered is None:
+        ordered = torch.sort(probs, dim=1, descending=True, stable=True).values
+    rows = probs.shape[0]
+    p_y = probs.gather(1, y)
     if "lac" in thresholds:
-        q = thresholds["lac"]
-        inside = (1.0 - probs)[None] <= q[:, :, None]  # [Q, rows, C]
-        covered = inside.gather(2, y[None].expand(q.shape[0], -1, -1))[..., 0]
-        out["lac"] = covered, inside.sum(2).to(torch.float64)
+        q = thresholds["lac"].expand(-1, rows)  # [Q, rows]
+        covered = (1.0 - p_y[:, 0])[None] <= q
+        # 1 - p is non-decreasing along the decreasing p (subtraction rounds monotonically)
+        sizes = torch.searchsorted(1.0 - ordered, q.T.contiguous(), right=True).T
+        out["lac"] = covered, sizes.to(torch.float64)
     if "aps" in thresholds:
-        q = thresholds["aps"]
-        ordered, _ = torch.sort(probs, dim=1, descending=True, stable=True)
+        q = thresholds["aps"].expand(-1, rows)
         running = ordered.cumsum(1)
         classes = probs.shape[1]
         # Classes before the first whose running sum reaches q, plus that one (all of them if none does).
-        sizes = ((running[None] < q[:, :, None]).sum(2) + 1).clamp(max=classes)  # [Q, rows]
-        p_y = probs.gather(1, y)
+        before = torch.searchsorted(running, q.T.contiguous()).T  # [Q, rows]: running sums below q
+        broken = (running[:, 1:] < running[:, :-1]).any(1)
+        if bool(broken.any()):
+            before[:, broken] = (running[broken][None] < q[:, broken, None]).sum(2)
+        sizes = (before + 1).clamp(max=classes)
         index = torch.arange(classes, device=probs.device)[None]
         position = (probs > p_y).sum(1) + ((probs == p_y) & (index < y)).sum(1)  # the label's place in the order
         out["aps"] = position[None] < sizes, sizes.to(torch.float64)
     return out
+
+
+def descending(probs: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
+    """``probs`` sorted in decreasing order along each row, given the order of the logits they came from (a
+    softmax keeps it at any temperature): a gather, and a sort only for the rows where rounding broke the
+    order."""
+    ordered = probs.gather(1, order.long())
+    broken = (ordered[:, 1:] > ordered[:, :-1]).any(1)
+    if bool(broken.any()):
+        ordered[broken] = torch.sort(probs[broken], dim=1, descending=True, stable=True).values
+    return ordered
+
+
+def logit_order(d: torch.Tensor) -> torch.Tensor:
+    """Each row's classes in decreasing logit, as int32 (ties: lower index first)."""
+    return torch.sort(d, dim=1, descending=True, stable=True).indices.to(torch.int32)
 
 
 def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]

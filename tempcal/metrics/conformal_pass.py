@@ -19,7 +19,17 @@ import torch
 
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import Scan
-from .conformal import SCORES, ConformalResult, results, row_scores, row_sets, set_rows, threshold
+from .conformal import (
+    SCORES,
+    ConformalResult,
+    descending,
+    logit_order,
+    results,
+    row_scores,
+    row_sets,
+    set_rows,
+    threshold,
+)
 
 #: Probabilities (rows x classes) formed at a time: 32 MB of float64, and the sorted copy beside them.
 SLICE_VALUES = 1 << 22
@@ -38,6 +48,24 @@ def _slices(rows: int, classes: int) -> Iterator[tuple[int, int]]:
     step = max(1, SLICE_VALUES // max(classes, 1))
     for first in range(0, rows, step):
         yield first, min(first + step, rows)
+
+
+class ChunkOrder:
+    """Each chunk's rows' classes in decreasing logit, sorted once and reused at every temperature of the pass (the
+    visits of a chunk come one temperature after another): the sets' sorted probabilities are then a gather."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.order: torch.Tensor | None = None
+
+    def of(self, d: torch.Tensor, start: int) -> torch.Tensor:
+        key = (start, d.data_ptr(), tuple(d.shape))
+        if key != self.key or self.order is None:
+            order = torch.empty(d.shape, dtype=torch.int32, device=d.device)
+            for first, stop in _slices(d.shape[0], d.shape[1]):
+                order[first:stop] = logit_order(d[first:stop])
+            self.key, self.order = key, order
+        return self.order
 
 
 class ScoreRows:
@@ -75,25 +103,43 @@ def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -
 
 class SetSums:
     """Visitor summing, at the ``k``-th temperature and its ``thresholds[k]``, the rows covered and the classes in
-    the sets; per group when ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) is given."""
+    the sets; per group when ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) is given;
+    over the rows ``judged`` marks alone (this process's rows, bool) when it is given."""
 
     def __init__(self, thresholds: Sequence[Thresholds], device: torch.device, *,
-                 groups: torch.Tensor | None = None, num_groups: int = 1):
+                 groups: torch.Tensor | None = None, num_groups: int = 1, judged: torch.Tensor | None = None):
         self.thresholds = list(thresholds)
+        self.order = ChunkOrder()
         self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
+        self.judged = None if judged is None else judged.to(device=device, dtype=torch.bool)
+        self.chunk: tuple | None = None  # (key, the judged rows' d, labels, groups) of the chunk being visited
         self.sums = [{score: torch.zeros(num_groups, len(qs), 2, dtype=torch.float64, device=device)
                       for score, qs in t.items()} for t in self.thresholds]
 
+    def _judged(self, d: torch.Tensor, labels: torch.Tensor, start: int) -> tuple:
+        """The chunk's judged rows (kept for the chunk's other temperatures): ``d``, labels, groups."""
+        key = (start, d.data_ptr(), tuple(d.shape))
+        if self.chunk is None or self.chunk[0] != key:
+            groups = None if self.groups is None else self.groups[start:start + d.shape[0]]
+            if self.judged is not None:
+                rows = self.judged[start:start + d.shape[0]].nonzero()[:, 0]
+                d, labels = d.index_select(0, rows), labels.index_select(0, rows)
+                groups = None if groups is None else groups.index_select(0, rows)
+            self.chunk = (key, d, labels, groups)
+        return self.chunk[1:]
+
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        d, labels, groups = self._judged(d, labels, start)
+        order = self.order.of(d, start)
         for first, stop in _slices(d.shape[0], d.shape[1]):
-            found = set_rows(probabilities(d[first:stop], beta), labels[first:stop], self.thresholds[k])
+            probs = probabilities(d[first:stop], beta)
+            found = set_rows(probs, labels[first:stop], self.thresholds[k], descending(probs, order[first:stop]))
             for score, (covered, size) in found.items():
                 figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
-                if self.groups is None:
+                if groups is None:
                     self.sums[k][score][0] += figures.sum(1)
                 else:
-                    rows = self.groups[start + first:start + stop]
-                    self.sums[k][score].index_add_(0, rows, figures.transpose(0, 1))
+                    self.sums[k][score].index_add_(0, groups[first:stop], figures.transpose(0, 1))
 
     def reduced(self) -> list[dict[str, torch.Tensor]]:
         """Per temperature and score, the sums ``[groups, thresholds, 2]`` over every rank, on the host."""
@@ -114,15 +160,18 @@ class FoldSetSums:
         self.q = [{score: torch.tensor([list(t[score]) for t in per_fold], dtype=f64, device=device).T
                    for score in per_fold[0]} for per_fold in thresholds]  # per slot and score: [Q, K]
         self.folds = folds.to(device=device, dtype=torch.int64)
+        self.order = ChunkOrder()
         self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
         self.sums = {score: torch.zeros(len(self.q), num_groups, q.shape[0], 2, dtype=f64, device=device)
                      for score, q in (self.q[0].items() if self.q else ())}
 
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        order = self.order.of(d, start)
         for first, stop in _slices(d.shape[0], d.shape[1]):
             folds = self.folds[start + first:start + stop]
             probs = probabilities(d[first:stop], self.betas[k][folds][:, None])
-            found = row_sets(probs, labels[first:stop], {s: q[:, folds] for s, q in self.q[k].items()})
+            found = row_sets(probs, labels[first:stop], {s: q[:, folds] for s, q in self.q[k].items()},
+                             descending(probs, order[first:stop]))
             for score, (covered, size) in found.items():
                 figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
                 if self.groups is None:
@@ -142,4 +191,5 @@ def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str,
     return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
 
 
-__all__ = ["SLICE_VALUES", "FoldSetSums", "ScoreRows", "SetSums", "fit_thresholds", "probabilities", "set_results"]
+__all__ = ["SLICE_VALUES", "ChunkOrder", "FoldSetSums", "ScoreRows", "SetSums", "fit_thresholds", "probabilities",
+           "set_results"]

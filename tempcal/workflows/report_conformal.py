@@ -103,15 +103,15 @@ def report_thresholds(full: Scan, opened: OpenedSource, taus: Sequence[float], a
 
 
 def metrics_plan(sets: ReportSets, opened: OpenedSource, scored_all: bool) -> tuple[ConformalPlan, list]:
-    """The sets to form on the metrics pass: over the evaluation rows alone (group 0 of the scored rows, when every
-    row is scored); the list that collects each temperature's sums."""
+    """The sets to form on the metrics pass: over the evaluation rows alone (the rows ``judged``, when every row is
+    scored); the list that collects each temperature's sums."""
     collected: list = []
     if not scored_all:
         return ConformalPlan(sets.alphas, sets.thresholds, on_sums=lambda _, s: collected.append(s)), collected
     start, stop = opened.share()
-    judged = np.ones(opened.data.num_samples, dtype=np.int64)
-    judged[sets.rows.evaluation] = 0
-    plan = ConformalPlan(sets.alphas, sets.thresholds, groups=torch.from_numpy(judged[start:stop]), num_groups=2,
+    judged = np.zeros(opened.data.num_samples, dtype=bool)
+    judged[sets.rows.evaluation] = True
+    plan = ConformalPlan(sets.alphas, sets.thresholds, judged=torch.from_numpy(judged[start:stop]),
                          on_sums=lambda _, s: collected.append(s))
     return plan, collected
 
