@@ -12,7 +12,8 @@ rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,22 +51,27 @@ def _slices(rows: int, classes: int) -> Iterator[tuple[int, int]]:
         yield first, min(first + step, rows)
 
 
-class ChunkOrder:
-    """Each chunk's rows' classes in decreasing logit, sorted once and reused at every temperature of the pass (the
-    visits of a chunk come one temperature after another): the sets' sorted probabilities are then a gather."""
+def chunk_order(d: torch.Tensor) -> torch.Tensor:
+    """Every row's classes in decreasing logit (int32), sorted a slice at a time."""
+    order = torch.empty(d.shape, dtype=torch.int32, device=d.device)
+    for first, stop in _slices(d.shape[0], d.shape[1]):
+        order[first:stop] = logit_order(d[first:stop])
+    return order
+
+
+class ChunkCache:
+    """What a visitor prepares from a chunk once and reuses at every temperature of the pass (the visits of a chunk
+    come one temperature after another): the classes' order, so that the sets' sorted probabilities are a gather."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
-        self.order: torch.Tensor | None = None
+        self.value: Any = None
 
-    def of(self, d: torch.Tensor, start: int) -> torch.Tensor:
+    def get(self, d: torch.Tensor, start: int, prepare: Callable[[], Any]) -> Any:
         key = (start, d.data_ptr(), tuple(d.shape))
-        if key != self.key or self.order is None:
-            order = torch.empty(d.shape, dtype=torch.int32, device=d.device)
-            for first, stop in _slices(d.shape[0], d.shape[1]):
-                order[first:stop] = logit_order(d[first:stop])
-            self.key, self.order = key, order
-        return self.order
+        if key != self.key:
+            self.key, self.value = key, prepare()
+        return self.value
 
 
 class ScoreRows:
@@ -92,13 +98,20 @@ class ScoreRows:
             yield {name: every[:, j] for j, name in enumerate(SCORES)}
 
 
-def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -> list[Thresholds]:
+def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float], per_read: int | None = None
+                   ) -> list[Thresholds]:
     """Per temperature, each score's threshold at every ``alpha`` from ``scan``'s rows (the fitting rows): one
-    read of them."""
-    rows = ScoreRows(len(taus), scan.data.num_samples, scan.device)
-    scan.visit([1.0 / t for t in taus], rows)
-    return [{name: [threshold(values, a) for a in alphas] for name, values in scores.items()}
-            for scores in rows.gathered()]
+    read of them, or one per ``per_read`` temperatures (their scores held at once)."""
+    step = max(1, per_read or len(taus))
+    found: list[Thresholds] = []
+    for first in range(0, len(taus), step):
+        batch = taus[first:first + step]
+        rows = ScoreRows(len(batch), scan.data.num_samples, scan.device)
+        scan.visit([1.0 / t for t in batch], rows)
+        found += [{name: [threshold(values, a) for a in alphas] for name, values in scores.items()}
+                  for scores in rows.each_gathered()]
+        del rows
+    return found
 
 
 class SetSums:
@@ -109,28 +122,23 @@ class SetSums:
     def __init__(self, thresholds: Sequence[Thresholds], device: torch.device, *,
                  groups: torch.Tensor | None = None, num_groups: int = 1, judged: torch.Tensor | None = None):
         self.thresholds = list(thresholds)
-        self.order = ChunkOrder()
+        self.chunk = ChunkCache()
         self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
         self.judged = None if judged is None else judged.to(device=device, dtype=torch.bool)
-        self.chunk: tuple | None = None  # (key, the judged rows' d, labels, groups) of the chunk being visited
         self.sums = [{score: torch.zeros(num_groups, len(qs), 2, dtype=torch.float64, device=device)
                       for score, qs in t.items()} for t in self.thresholds]
 
     def _judged(self, d: torch.Tensor, labels: torch.Tensor, start: int) -> tuple:
-        """The chunk's judged rows (kept for the chunk's other temperatures): ``d``, labels, groups."""
-        key = (start, d.data_ptr(), tuple(d.shape))
-        if self.chunk is None or self.chunk[0] != key:
-            groups = None if self.groups is None else self.groups[start:start + d.shape[0]]
-            if self.judged is not None:
-                rows = self.judged[start:start + d.shape[0]].nonzero()[:, 0]
-                d, labels = d.index_select(0, rows), labels.index_select(0, rows)
-                groups = None if groups is None else groups.index_select(0, rows)
-            self.chunk = (key, d, labels, groups)
-        return self.chunk[1:]
+        """The chunk's judged rows: ``d``, labels, groups and the classes' order."""
+        groups = None if self.groups is None else self.groups[start:start + d.shape[0]]
+        if self.judged is not None:
+            rows = self.judged[start:start + d.shape[0]].nonzero()[:, 0]
+            d, labels = d.index_select(0, rows), labels.index_select(0, rows)
+            groups = None if groups is None else groups.index_select(0, rows)
+        return d, labels, groups, chunk_order(d)
 
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
-        d, labels, groups = self._judged(d, labels, start)
-        order = self.order.of(d, start)
+        d, labels, groups, order = self.chunk.get(d, start, lambda: self._judged(d, labels, start))
         for first, stop in _slices(d.shape[0], d.shape[1]):
             probs = probabilities(d[first:stop], beta)
             found = set_rows(probs, labels[first:stop], self.thresholds[k], descending(probs, order[first:stop]))
@@ -160,13 +168,13 @@ class FoldSetSums:
         self.q = [{score: torch.tensor([list(t[score]) for t in per_fold], dtype=f64, device=device).T
                    for score in per_fold[0]} for per_fold in thresholds]  # per slot and score: [Q, K]
         self.folds = folds.to(device=device, dtype=torch.int64)
-        self.order = ChunkOrder()
+        self.chunk = ChunkCache()
         self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
         self.sums = {score: torch.zeros(len(self.q), num_groups, q.shape[0], 2, dtype=f64, device=device)
                      for score, q in (self.q[0].items() if self.q else ())}
 
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
-        order = self.order.of(d, start)
+        order = self.chunk.get(d, start, lambda: chunk_order(d))
         for first, stop in _slices(d.shape[0], d.shape[1]):
             folds = self.folds[start + first:start + stop]
             probs = probabilities(d[first:stop], self.betas[k][folds][:, None])
@@ -191,5 +199,5 @@ def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str,
     return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
 
 
-__all__ = ["SLICE_VALUES", "ChunkOrder", "FoldSetSums", "ScoreRows", "SetSums", "fit_thresholds", "probabilities",
+__all__ = ["SLICE_VALUES", "ChunkCache", "FoldSetSums", "ScoreRows", "SetSums", "fit_thresholds", "probabilities",
            "set_results"]

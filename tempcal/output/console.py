@@ -127,7 +127,8 @@ def report_conformal_tables(console: Console, result) -> list[Table]:
     smallest sets marked."""
     from rich import box
 
-    rows = [(m, c) for m in result.results for c in zip(*[iter(m.conformal or [])] * 2, strict=True)]
+    # each alpha's entries come as a pair: LAC, then APS
+    rows = [(m, m.conformal[i:i + 2]) for m in result.results for i in range(0, len(m.conformal or []), 2)]
     if not rows:
         return []
     smallest = {(b["alpha"], b["score"]): b["tau"] for b in result.smallest_sets()} if result.sweep else {}

@@ -1,6 +1,10 @@
-"""The calibration figures reports display, in order, with their labels: one list for every output."""
+"""The calibration figures reports display, in order, with their labels: one list for every output; and each
+group's conformal coverage, which the console and the HTML page both show."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 #: ``(attribute of CalibrationMetrics, label, unit or "")``.
 DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
@@ -35,4 +39,37 @@ def min_nll_taus(results) -> list[float]:
     return [m.tau for m in finite if m.nll == lowest]
 
 
-__all__ = ["DISPLAYED_METRICS", "labelled", "min_nll_taus", "reads"]
+
+@dataclass(frozen=True)
+class GroupCoverage:
+    """One group's conformal sets at one alpha under the global sets: per score its JSON entry (``coverage``,
+    ``mean_size``...) and whether the group falls short of 1 - alpha beyond chance."""
+
+    group: str
+    n: int
+    alpha: float
+    cells: dict[str, dict]
+    short: dict[str, bool]
+
+    @property
+    def lowest(self) -> float:
+        return min(c["coverage"] for c in self.cells.values())
+
+
+def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None]]) -> list[list[GroupCoverage]]:
+    """Per alpha (in the order the entries give them), every group's coverage, lowest first; ``groups``: each
+    group's name, evaluation rows and conformal entries under the global sets (None or empty: left out)."""
+    from ..metrics.conformal import under_covered
+
+    blocks: dict[float, list[GroupCoverage]] = {}
+    for name, n, entries in groups:
+        if not n or not entries:
+            continue
+        for alpha in dict.fromkeys(c["alpha"] for c in entries):
+            cells = {c["score"]: c for c in entries if c["alpha"] == alpha}
+            short = {s: under_covered(c["coverage"], n, alpha) for s, c in cells.items()}
+            blocks.setdefault(alpha, []).append(GroupCoverage(name, n, alpha, cells, short))
+    return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
+
+
+__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "group_coverage", "labelled", "min_nll_taus", "reads"]

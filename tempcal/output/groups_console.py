@@ -12,7 +12,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..metrics.conformal import SHORT_P, under_covered
+from ..metrics.conformal import SHORT_P
+from .figures import group_coverage
 
 #: Groups shown in a table; the rest are counted.
 TOP_GROUPS = 20
@@ -70,34 +71,21 @@ def print_group_coverage(report: Any, console: Console) -> None:
     """``--group-by`` with ``--conformal-alpha``: each group's coverage and mean set size under the global sets at
     the fitted T, lowest coverage first, with the groups whose shortfall is more than chance marked."""
     subsets = report.subsets
-    groups = [g for g in (subsets.groups or []) if g.n_eval and g.after_global_extras.get("conformal")]
-    if not groups:
-        return
+    blocks = group_coverage((g.group, g.n_eval, g.after_global_extras.get("conformal"))
+                            for g in subsets.groups or [])
     where = "out of fold" if subsets.folds is not None else f"at T = {report.temperature:.4g}"
-    for alpha in dict.fromkeys(c["alpha"] for c in groups[0].after_global_extras["conformal"]):
-        target = 1.0 - alpha
-
-        def cells(g: Any, a: float = alpha) -> dict:
-            return {c["score"]: c for c in g.after_global_extras["conformal"] if c["alpha"] == a}
-
-        def short(c: dict, n: int, a: float = alpha) -> bool:
-            return under_covered(c["coverage"], n, a)
-
-        ranked = sorted(groups, key=lambda g: min(c["coverage"] for c in cells(g).values()))
-        scores = list(cells(ranked[0]))
-        marked = {s: sum(short(cells(g)[s], g.n_eval) for g in groups) for s in scores}
+    for ranked in blocks:
+        target, scores = 1.0 - ranked[0].alpha, list(ranked[0].cells)
         console.print(f"conformal coverage by group {where} (global sets; target {target:g}), lowest first:")
         table = _table(["group", "n", *(h for s in scores for h in (f"{s.upper()} cov", f"{s.upper()} size"))])
         for g in ranked[:TOP_GROUPS]:
-            row = cells(g)
-            table.add_row(short_name(g.group), str(g.n_eval),
-                          *(v for s in scores for v in (f"{row[s]['coverage']:.4f}" + ("*" if short(row[s], g.n_eval)
-                                                                                      else " "),
-                                                        f"{row[s]['mean_size']:.3f}")))
+            table.add_row(short_name(g.group), str(g.n),
+                          *(v for s in scores for v in (f"{g.cells[s]['coverage']:.4f}" + ("*" if g.short[s] else " "),
+                                                        f"{g.cells[s]['mean_size']:.3f}")))
         console.print(table)
         _more(console, len(ranked))
         console.print(f"* short of {target:g} beyond chance (binomial p < {SHORT_P:g}): "
-                      + ", ".join(f"{s.upper()} {marked[s]} of {len(groups)}" for s in scores))
+                      + ", ".join(f"{s.upper()} {sum(g.short[s] for g in ranked)} of {len(ranked)}" for s in scores))
 
 
 def print_report_groups(result: Any, console: Console) -> None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TempcalError, param
-from ..metrics.conformal import SHORT_P, under_covered
+from ..metrics.conformal import SHORT_P
 from . import html_figures as figures
+from .figures import group_coverage
 
 #: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.
 METRICS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "accuracy"),
@@ -139,20 +140,16 @@ def _group_sections(groups: Sequence[dict]) -> Section:
 def _group_coverage_table(groups: Sequence[dict]) -> Table | None:
     """Each group's coverage and mean set size under the global sets at the fitted T, lowest coverage first; a row
     is marked when a group falls short of 1 - alpha beyond chance."""
-    rows = []
-    for g in groups:
-        entries = (g.get("after_global") or {}).get("conformal") or []
-        for alpha in dict.fromkeys(c["alpha"] for c in entries):
-            cells = {c["score"]: c for c in entries if c["alpha"] == alpha}
-            short = any(under_covered(c["coverage"], g["n_eval"], alpha) for c in cells.values())
-            rows.append((min(c["coverage"] - (1 - alpha) for c in cells.values()), {"mark": short, "cells": [
-                g["group"], fmt(g["n_eval"]), fmt(alpha),
-                *(fmt(c[k]) for c in cells.values() for k in ("coverage", "mean_size"))]}))
-    if not rows:
+    found = [g for block in group_coverage((g["group"], g.get("n_eval"), (g.get("after_global") or {}).get("conformal"))
+                                           for g in groups) for g in block]
+    if not found:
         return None
-    scores = [c["score"].upper() for c in (groups[0].get("after_global") or {}).get("conformal") or []]
-    header = ["group", "n eval", "alpha", *(h for s in dict.fromkeys(scores) for h in (f"{s} coverage", f"{s} size"))]
-    return Table(header=header, rows=[row for _, row in sorted(rows, key=lambda r: r[0])],
+    scores = [s.upper() for s in found[0].cells]
+    header = ["group", "n eval", "alpha", *(h for s in scores for h in (f"{s} coverage", f"{s} size"))]
+    rows = [{"mark": any(g.short.values()), "cells": [
+        g.group, fmt(g.n), fmt(g.alpha), *(fmt(c[k]) for c in g.cells.values() for k in ("coverage", "mean_size"))]}
+        for g in sorted(found, key=lambda g: g.lowest - (1 - g.alpha))]
+    return Table(header=header, rows=rows,
                  caption="conformal coverage per group at the fitted T, lowest first; marked: short of 1 - alpha "
                          f"beyond chance (one-sided binomial p < {SHORT_P:g})")
 

@@ -25,8 +25,7 @@ from ..core.splitting import stratified_split
 from ..errors import TempcalError
 from ..metrics.calibration import CalibrationMetrics, ConformalPlan
 from ..metrics.conformal import ConformalResult
-from ..metrics.conformal import thresholds as thresholds_of
-from ..metrics.conformal_pass import ScoreRows, SetSums, Thresholds, set_results
+from ..metrics.conformal_pass import SetSums, Thresholds, fit_thresholds, set_results
 from ..sources.base import OpenedSource
 from .fold_conformal import temperatures_per_read
 from .stored_split import evaluation_rows, stored_split
@@ -89,16 +88,8 @@ def report_thresholds(full: Scan, opened: OpenedSource, taus: Sequence[float], a
     every row of SOURCE), as many temperatures a read as the score budget allows."""
     rows = conformal_rows(opened, seed, warnings)
     taus = [float(t) for t in taus]
-    scan = full.select(opened.local_rows(rows.calibration))
     step = temperatures_per_read(rows.calibration.size)
-    found: list[Thresholds] = []
-    for first in range(0, len(taus), step):
-        batch = taus[first:first + step]
-        scores = ScoreRows(len(batch), scan.data.num_samples, scan.device)
-        scan.visit([1.0 / t for t in batch], scores)
-        found += [{name: thresholds_of(values, alphas) for name, values in each.items()}
-                  for each in scores.each_gathered()]
-        del scores
+    found = fit_thresholds(full.select(opened.local_rows(rows.calibration)), taus, alphas, step)
     return ReportSets(alphas, taus, found, rows, -(-len(taus) // step))
 
 
