@@ -109,10 +109,11 @@ def _report_conformal_table(data: dict) -> Table | None:
     smallest = {(b["alpha"], b["score"]): b["tau"] for b in (data.get("sweep") or {}).get("best_set_size_tau") or []}
     split = data.get("conformal_rows") or {}
     where = "the stored split's fitting rows" if split.get("split") == "stored" else "a seeded half of SOURCE"
-    return Table(header=["tau", "alpha", "score", "threshold", "coverage", "mean set size"], rows=[
+    # the set size first: on a phone the columns past the screen's width scroll
+    return Table(header=["tau", "alpha", "score", "set size", "coverage", "threshold"], rows=[
         {"mark": smallest.get((c["alpha"], c["score"])) == r["tau"],
-         "cells": [fmt(r["tau"]), fmt(c["alpha"]), c["score"].upper(), fmt(c["threshold"]), fmt(c["coverage"]),
-                   fmt(c["mean_size"])]} for r, c in rows],
+         "cells": [fmt(r["tau"]), fmt(c["alpha"]), c["score"].upper(), fmt(c["mean_size"]), fmt(c["coverage"]),
+                   fmt(c["threshold"])]} for r, c in rows],
         caption=f"thresholds from {split.get('calibration')} rows of {where}; coverage and mean set size on the "
                 f"{split.get('evaluation')} other rows" + ("; marked: the sweep's smallest sets" if smallest else ""))
 
