@@ -39,6 +39,17 @@ def min_nll_taus(results) -> list[float]:
     return [m.tau for m in finite if m.nll == lowest]
 
 
+def threshold_text(q: float, decimals: int = 4) -> str:
+    """A conformal threshold with ``decimals`` decimals, more where fewer would print a threshold short of 1 as
+    ``1.0000`` (or one above 0 as ``0.0000``): 0.99999 stays 0.99999, never reads as 1; ``inf`` as is."""
+    if q != q or q in (float("inf"), float("-inf")):
+        return "inf" if q == float("inf") else str(q)
+    shown = f"{q:.{decimals}f}"
+    while float(shown) in (0.0, 1.0) and q not in (0.0, 1.0) and decimals < 15:
+        decimals += 1
+        shown = f"{q:.{decimals}f}"
+    return shown
+
 
 @dataclass(frozen=True)
 class GroupCoverage:
@@ -72,4 +83,5 @@ def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None
     return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
 
 
-__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "group_coverage", "labelled", "min_nll_taus", "reads"]
+__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "group_coverage", "labelled", "min_nll_taus", "reads",
+           "threshold_text"]
