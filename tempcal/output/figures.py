@@ -40,15 +40,16 @@ def min_nll_taus(results) -> list[float]:
 
 
 def threshold_text(q: float, decimals: int = 4) -> str:
-    """A conformal threshold with ``decimals`` decimals, more where fewer would print a threshold short of 1 as
-    ``1.0000`` (or one above 0 as ``0.0000``): 0.99999 stays 0.99999, never reads as 1; ``inf`` as is."""
+    """A conformal threshold with ``decimals`` decimals, up to two more where fewer would print a threshold short of 1
+    as ``1.0000`` (0.99999 stays 0.99999), and as ``1-5e-10`` (or ``3e-09`` near 0) beyond that: never ``1`` for
+    a threshold that is not 1; ``inf`` as is."""
     if q != q or q in (float("inf"), float("-inf")):
         return "inf" if q == float("inf") else str(q)
-    shown = f"{q:.{decimals}f}"
-    while float(shown) in (0.0, 1.0) and q not in (0.0, 1.0) and decimals < 15:
-        decimals += 1
-        shown = f"{q:.{decimals}f}"
-    return shown
+    for places in range(decimals, decimals + 3):
+        shown = f"{q:.{places}f}"
+        if float(shown) not in (0.0, 1.0) or q in (0.0, 1.0):
+            return shown
+    return f"1-{1 - q:.0e}" if q > 0.5 else f"{q:.0e}"
 
 
 @dataclass(frozen=True)

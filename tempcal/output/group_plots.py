@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import plots
 from .groups_console import short_name
-from .plots import _save, check_plot_path, new_figure, reliability_figure, reliability_size, sweep_figure, sweep_size
+from .plots import _save, check_plot_path, new_figure, reliability_size, sweep_size
 
 #: Groups drawn, at most.
 MAX_GROUPS_DRAWN = 30
@@ -112,10 +113,11 @@ def report_drawing(result) -> tuple[tuple[float, float], Callable[[Any], None]]:
             marks["stored T"] = result.stored_temperature
         rows = [m.to_dict(with_bins=False) for _, m in points]
         labels = [result.basis(k).label() for k, _ in points]
-        return sweep_size(rows), lambda figure: sweep_figure(rows, marks, result.source, figure=figure, labels=labels)
+        return sweep_size(rows), lambda figure: plots.sweep_figure(rows, marks, result.source, figure=figure,
+                                                                   labels=labels)
     panels = [(result.basis(k).label(), m) for k, m in enumerate(result.results)]
     return (reliability_size(panels, True),
-            lambda figure: reliability_figure(panels, result.source, risk_coverage=True, figure=figure))
+            lambda figure: plots.reliability_figure(panels, result.source, risk_coverage=True, figure=figure))
 
 
 def fit_panels(report) -> list[tuple[str, Any]]:
@@ -139,7 +141,7 @@ def fit_group_figure(report):
                ece(g.after_global for g in groups)),
               (f"per-group T{oof}", ece(g.after for g in groups))]
     panels = fit_panels(report)
-    return with_group_bars(reliability_size(panels), lambda figure: reliability_figure(
+    return with_group_bars(reliability_size(panels), lambda figure: plots.reliability_figure(
         panels, report.source, figure=figure), names, series, f"ECE per {report.subsets.group_key}", [2])
 
 
