@@ -255,7 +255,9 @@ def _report_bases(data: dict) -> list[Basis]:
 
 def _report_context(data: dict) -> dict:
     results, bases = data["results"], _report_bases(data)
-    best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))  # over the rows at one T
+    # the lowest NLL of the rows at one T, marked where there are two or more (as the console marks it)
+    best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))
+    best = best if sum(b.sweep_point for b in bases) > 1 else None
 
     def lowest(r: dict, b: Basis) -> bool:
         return b.sweep_point and r["tau"] == best
