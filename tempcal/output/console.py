@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any, cast
 
 from rich.console import Console
 from rich.table import Table
@@ -56,7 +56,7 @@ def output_console(file: Any = None, **options: Any) -> Console:
     import sys
 
     out = sys.stdout if file is None else file
-    return Console(file=out if out.isatty() else TrimmedLines(out), **options)
+    return Console(file=out if out.isatty() else cast(IO[str], TrimmedLines(out)), **options)
 
 
 @dataclass
@@ -431,7 +431,7 @@ def ood_header(report: OodReport) -> list[str]:
     kind = "one binary logit" if report.binary else f"{report.num_classes} classes"
     stored = ("no stored calibration temperature" if report.stored_temperature is None
               else f"calibration T = {report.stored_temperature:.6g}")
-    lines = [f"{report.source}: {kind}, {report.n_id} in-distribution samples, {stored}; "
+    lines = [f"{report.source}: {kind}, {report.n_id:,} in-distribution samples, {stored}; "
              f"{len(report.taus)} temperatures ({report.taus_from})"]
     if report.react is not None:
         lines.append(f"ReAct: hidden states clipped at {report.react.threshold:.6g}, the "
@@ -453,7 +453,7 @@ def print_ood(report: OodReport, console: Console) -> None:
         console.print(line, soft_wrap=True)
     for index, (path, n) in enumerate(zip(report.ood_files, report.n_ood, strict=True)):
         console.print()
-        console.print(Text(f"OOD {path} ({n} samples)", style="bold"), soft_wrap=True)
+        console.print(Text(f"OOD {path} ({n:,} samples)", style="bold"), soft_wrap=True)
         print_tables(console, ood_tables(console, report, index))
         console.print(ood_checks.best_sentence(report, index), soft_wrap=True)
     console.print()

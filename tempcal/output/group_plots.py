@@ -32,7 +32,7 @@ def _colours(series: Sequence[Series], own: set[int]) -> list:
     """A colour per series: :data:`COLOURS` in turn (a viridis ramp when there are more), black for ``own``."""
     plain = [k for k in range(len(series)) if k not in own]
     if len(plain) <= len(COLOURS):
-        ramp = list(COLOURS)
+        ramp: list = list(COLOURS)
     else:
         from matplotlib import colormaps
 

@@ -84,14 +84,15 @@ def ood_markdown(report, markdown_path: str | os.PathLike | None = None,
     calibration = f"calibration T = {stored:.6g}" if stored is not None else "no stored calibration T"
     sets = f"{len(report.ood_files)} out-of-distribution set{'s' if len(report.ood_files) != 1 else ''}"
     lines = ["## Out-of-distribution detection", "",
-             f"`{report.source}`: {report.n_id} in-distribution samples, {report.num_classes} classes, {calibration}; "
+             f"`{report.source}`: {report.n_id:,} in-distribution samples, {report.num_classes} classes, "
+             f"{calibration}; "
              f"against {sets}. In-distribution samples are the positives; FPR95 is the fraction of OOD samples "
              "accepted when 95% of in-distribution samples are kept.", ""]
     for k, ood_file in enumerate(report.ood_files):
         for score in report.scores:
             rows = report.rows(ood_file, score)
             best = max(rows, key=lambda m: m.auroc).tau  # the first of equals, as the sentences say
-            lines += [f"### `{ood_file}` ({report.n_ood[k]} samples), {score_label(score)} score", "",
+            lines += [f"### `{ood_file}` ({report.n_ood[k]:,} samples), {score_label(score)} score", "",
                       "| tau | AUROC | FPR95 |", "|---:|---:|---:|"]
             for m in rows:
                 marks = [name for name, hit in (("calibration T", m.tau == stored), ("best AUROC", m.tau == best))

@@ -251,3 +251,59 @@ def test_report_without_groups_names_tau_one_and_the_stored_t(domains):
     stored = result.stored_temperature
     assert sorted(labels) == sorted(["T = 1", f"T = {stored:.4g} (stored)", "tau = 2.5"])
     assert np.isfinite([m.nll for m in result.results]).all()
+
+
+@pytest.mark.parametrize(("options", "name", "rows"), [
+    ({"val_fraction": 1.0}, "T = {t}", "on all 300 rows, T's fitting rows included"),
+    ({"eval_file": "{plain}"}, "T = {t}", "on the 300 rows of {plain}"),
+])
+def test_fit_on_every_row_or_another_file_says_so(domains, monkeypatch, options, name, rows):
+    plain, _ = domains
+    options = {k: v.format(plain=plain) if isinstance(v, str) else v for k, v in options.items()}
+    report = fit_file(str(plain), device="cpu", **options)
+    name, rows = name.format(t=f"{report.temperature:.4g}"), rows.format(plain=plain)
+    assert report.to_json()["after"]["basis"]["rows_label"] == rows
+    assert rows in console_text(print_fit, report).splitlines()[0]
+    card = fit_markdown(report)
+    assert f"after ({name})" in card and ("in-sample" in card) == ("val_fraction" in options)
+    words, _ = page_text("fit", report.to_json(), monkeypatch)
+    assert rows in words and "None" not in words
+
+
+def test_the_step_summary_and_a_pipe_read_the_same_words(domains, cli, tmp_path, monkeypatch):
+    """``fit --folds`` in CI: the step summary names the out-of-fold column, and the piped console has no
+    trailing blanks (rich pads titles and rows to the table's width)."""
+    plain, _ = domains
+    summary = tmp_path / "summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    code, out, err = cli(["fit", str(plain), "--folds", "5", "--group-by", "domain", "--no-write"])
+    assert code == 0, err
+    text = summary.read_text()
+    assert "| metric | before (T = 1) | after (out of fold) |" in text and "out of fold over all 300 rows" in text
+    assert "fitted and evaluated on the same" not in text
+    assert "after (out of fold)" in out and all(line == line.rstrip() for line in out.splitlines())
+
+
+@pytest.mark.parametrize(("q", "shown"), [(0.99999, "0.99999"), (0.99995, "0.99995"), (0.9999998, "1-2e-07"),
+                                          (1.0, "1.0000"), (0.5, "0.5000"), (0.12345, "0.1235"),
+                                          (3e-9, "3e-09"), (float("inf"), "inf")])
+def test_a_threshold_short_of_one_never_reads_as_one(q, shown):
+    from tempcal.output.figures import threshold_text
+
+    assert threshold_text(q) == shown
+
+
+def test_log_axes_read_plain_numbers(domains):
+    """A sweep within one decade labels its ticks 1.1, 1.2, ..., never 1.1x10^0 (mathtext)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from tempcal.output.plots import sweep_figure
+
+    plain, _ = domains
+    result = report_file(str(plain), taus=[1.0, 1.2, 1.4, 1.6], device="cpu")
+    figure = sweep_figure([m.to_dict(with_bins=False) for m in result.results], {})
+    FigureCanvasAgg(figure).draw()
+    axis = figure.axes[len(figure.axes) - 2]  # the last panel against tau (the curves' axes after it)
+    labels = [t.get_text() for t in axis.get_xticklabels(minor=True) + axis.get_xticklabels() if t.get_text()]
+    assert "1.2" in labels and "1.5" in labels and not any("10^" in t or "times" in t for t in labels)
