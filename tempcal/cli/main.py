@@ -182,9 +182,9 @@ def progress_line(description: str, enabled: Any) -> Any:
 
 
 def console():
-    from rich.console import Console
+    from ..output.console import output_console
 
-    return Console(highlight=False)
+    return output_console(highlight=False)
 
 
 def stderr(message: str) -> None:

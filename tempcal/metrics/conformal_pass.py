@@ -76,14 +76,17 @@ class ChunkCache:
 
 class ScoreRows:
     """Visitor keeping the LAC and APS scores of every row at each of ``count`` temperatures: ``[count, 2, rows]``
-    float64, preallocated."""
+    float64, preallocated. ``row_betas`` (float64 ``[rows]``, this process's rows): each row's own beta, in place of
+    the visit's (per-group temperatures)."""
 
-    def __init__(self, count: int, rows: int, device: torch.device):
+    def __init__(self, count: int, rows: int, device: torch.device, row_betas: torch.Tensor | None = None):
         self.scores = torch.empty(count, len(SCORES), rows, dtype=torch.float64, device=device)
+        self.row_betas = None if row_betas is None else row_betas.to(device=device, dtype=torch.float64)
 
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
         for first, stop in _slices(d.shape[0], d.shape[1]):
-            found = row_scores(probabilities(d[first:stop], beta), labels[first:stop])
+            at = beta if self.row_betas is None else self.row_betas[start + first:start + stop, None]
+            found = row_scores(probabilities(d[first:stop], at), labels[first:stop])
             for j, name in enumerate(SCORES):
                 self.scores[k, j, start + first:start + stop] = found[name]
 

@@ -10,16 +10,53 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import IO, Any, cast
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from ..metrics.detection import ID_RECALL
+from ..workflows.basis import ROWS_HELD_OUT
 from ..workflows.ood import OodReport, score_label
 from . import ood_checks
-from .figures import DISPLAYED_METRICS, min_nll_taus, reads
+from .figures import DISPLAYED_METRICS, min_nll_taus, reads, threshold_text
 from .groups_console import print_fit_groups, print_group_coverage, print_report_groups
+
+
+class TrimmedLines:
+    """A text stream that writes each line without its trailing spaces (rich pads titles and table rows to the
+    table's width): piped output, a CI log, holds no invisible blanks."""
+
+    def __init__(self, out: Any):
+        self.out, self.pending = out, ""
+
+    def write(self, text: str) -> int:
+        *lines, self.pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.out.write(line.rstrip(" ") + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending:
+            self.out.write(self.pending)
+            self.pending = ""
+        self.out.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+    @property
+    def encoding(self) -> str:
+        return getattr(self.out, "encoding", None) or "utf-8"
+
+
+def output_console(file: Any = None, **options: Any) -> Console:
+    """The console a command renders to: standard output (or ``file``), lines trimmed when it is no terminal."""
+    import sys
+
+    out = sys.stdout if file is None else file
+    return Console(file=out if out.isatty() else cast(IO[str], TrimmedLines(out)), **options)
 
 
 @dataclass
@@ -87,9 +124,8 @@ def fit_table(report) -> Table:
     table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {reads(fit.passes)}{conformal}, "
                         f"{status})", title_justify="left")
     table.add_column("metric")
-    table.add_column("before (T = 1)", justify="right")
-    folds = getattr(report, "subsets", None) is not None and report.subsets.folds is not None
-    table.add_column("after (out of fold)" if folds else f"after (T = {report.temperature:.4g})", justify="right")
+    table.add_column(f"before ({report.before_basis.label()})", justify="right")
+    table.add_column(f"after ({report.after_basis.label()})", justify="right")
     table.add_column("change", justify="right")
     for key, label, _ in (*DISPLAYED_METRICS, *FIT_DETAIL):
         a, b = getattr(report.before, key), getattr(report.after, key)
@@ -108,16 +144,16 @@ def conformal_tables(console: Console, report) -> list[Table]:
     pairs = list(zip(report.before.conformal, report.after.conformal, strict=True))
     columns = [Column("alpha", [f"{a.alpha:g}" for a, _ in pairs]),
                Column("score", [a.score.upper() for a, _ in pairs], justify="left")]
-    for k, side in enumerate(("T = 1", f"T = {report.temperature:.4g}")):
+    for k, side in enumerate((report.before_basis.label(), report.after_basis.label())):
         sets = [pair[k] for pair in pairs]
-        columns += [Column(f"q\n{side}", [_threshold(c.threshold) for c in sets]),
+        columns += [Column(f"q\n{side}", [threshold_text(c.threshold) for c in sets]),
                     Column("coverage", [f"{c.coverage:.4f}" for c in sets]),
                     Column("size", [f"{c.mean_size:.3f}" for c in sets])]
-    folds = getattr(report, "subsets", None) is not None and report.subsets.folds is not None
-    title = (f"conformal sets (q: the deployed threshold, from all {report.n_fit} rows; coverage and mean size out "
-             "of fold: each row's set from the other folds' threshold)" if folds else
-             f"conformal sets (thresholds from the {report.n_fit} fitting rows; coverage and mean size on the "
-             f"{report.n_eval} evaluation rows)")
+    title = (f"conformal sets (q: the deployed threshold, at T = 1 and T = {report.temperature:.4g} from all "
+             f"{report.n_fit:,} rows; coverage and mean size {report.after_basis.rows_label()}: each row's set from "
+             "the other folds' threshold)" if report.folds is not None else
+             f"conformal sets (thresholds from the {report.n_fit:,} fitting rows; coverage and mean size "
+             f"{report.after_basis.rows_label()})")
     return split_tables(console, columns, keys=2, together=3, box=box.SIMPLE_HEAD, show_edge=False,
                         pad_edge=False, title_justify="left", title=title)
 
@@ -128,40 +164,59 @@ def report_conformal_tables(console: Console, result) -> list[Table]:
     from rich import box
 
     # each alpha's entries come as a pair: LAC, then APS
-    rows = [(m, m.conformal[i:i + 2]) for m in result.results for i in range(0, len(m.conformal or []), 2)]
+    rows = [(k, m.conformal[i:i + 2]) for k, m in enumerate(result.results)
+            for i in range(0, len(m.conformal or []), 2)]
     if not rows:
         return []
     smallest = {(b["alpha"], b["score"]): b["tau"] for b in result.smallest_sets()} if result.sweep else {}
-    columns = [Column("tau", [f"{m.tau:.4g}" if k == 0 or rows[k - 1][0] is not m else ""
-                              for k, (m, _) in enumerate(rows)]),
+
+    def marked(k: int, entry) -> bool:
+        return result.basis(k).sweep_point and smallest.get((entry.alpha, entry.score)) == result.results[k].tau
+
+    columns = [Column("tau", [tau_cell(result, k) if j == 0 or rows[j - 1][0] != k else ""
+                              for j, (k, _) in enumerate(rows)]),
                Column("alpha", [f"{pair[0].alpha:g}" for _, pair in rows])]
     for j in range(2):
         name = rows[0][1][j].score.upper()
-        columns += [Column(f"q\n{name}", [_threshold(pair[j].threshold) for _, pair in rows]),
+        columns += [Column(f"q\n{name}", [threshold_text(pair[j].threshold) for _, pair in rows]),
                     Column("coverage", [f"{pair[j].coverage:.4f}" for _, pair in rows]),
-                    Column("size", [f"{pair[j].mean_size:.3f}"
-                                    + ("*" if smallest.get((pair[j].alpha, pair[j].score)) == m.tau else " ")
-                                    for m, pair in rows])]
+                    Column("size", [f"{pair[j].mean_size:.3f}" + ("*" if marked(k, pair[j]) else " ")
+                                    for k, pair in rows])]
     note = "; * the sweep's smallest sets" if smallest else ""
+    if any(not result.basis(k).sweep_point for k, _ in rows):
+        note += f"; {PER_GROUP_CELL}: each row's scores and sets at its group's stored T"
     return split_tables(console, columns, keys=2, together=3, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
                         title_justify="left", title=f"conformal sets ({result.conformal_rows.describe()}{note})")
 
 
-def _threshold(q: float) -> str:
-    return "inf" if q == float("inf") else f"{q:.4f}"
+def tau_cell(result, k: int) -> str:
+    """A report row's first cell: its tau, or :data:`PER_GROUP_CELL` for the per-group row."""
+    return f"{result.results[k].tau:.4g}" if result.basis(k).sweep_point else PER_GROUP_CELL
 
 
-def reliability_tables(console: Console, before, after, temperature: float) -> list[Table]:
-    """Per-bin sample count, mean confidence, accuracy and their gap, before and after, side by side (one table
-    per side when both do not fit)."""
+#: The tau cell of a report's per-group row (each group's rows at its own stored T): no temperature of the sweep.
+PER_GROUP_CELL = "T_g"
+
+
+def reliability_tables(console: Console, before, after, labels: Sequence[str]) -> list[Table]:
+    """Per-bin sample count, mean confidence, accuracy and their gap, before and after (``labels``: what each was
+    computed at), side by side (one table per side when both do not fit)."""
     shown = [(a, b) for a, b in zip(before.bins, after.bins, strict=True) if a.count or b.count]
     columns = [Column("bin", [f"{a.lower:.2f}-{a.upper:.2f}" for a, _ in shown], justify="left")]
-    for k, side in enumerate(("T = 1", f"T = {temperature:.4g}")):
+    for k, side in enumerate(labels):
         cells = [_bin_cells(pair[k]) for pair in shown]
         columns += [Column(header, [c[j] for c in cells])
-                    for j, header in enumerate((f"n\n{side}", "conf", "acc", "gap"))]
+                    for j, header in enumerate((f"n\n{stacked(side)}", "conf", "acc", "gap"))]
     return split_tables(console, columns, together=4, title_justify="left", show_edge=False, pad_edge=False,
                         title="reliability (equal-width bins; gap = accuracy - confidence)")
+
+
+def stacked(label: str, width: int = 8) -> str:
+    """A column's label on lines of at most ``width`` characters (``out of fold`` on two), so that both sides of a
+    before/after table fit 80 columns."""
+    import textwrap
+
+    return "\n".join(textwrap.wrap(label, width, break_long_words=False)) or label
 
 
 def _bin_cells(b) -> list:
@@ -174,24 +229,24 @@ def _bin_cells(b) -> list:
 
 def fit_header(report) -> str:
     """What was fitted on what: SOURCE, classes, sizes and how the samples were split."""
-    folds = report.subsets.folds if getattr(report, "subsets", None) is not None else None
-    sizes = (f"fitted on {report.n_fit} samples, evaluated on {report.n_eval}"
-             + (f" out of fold ({folds['k']}-fold cross-fitting, seed {report.seed})" if folds else
-                f" from {report.eval_source}" if report.eval_source else
-                f" (stratified split, val-fraction {report.val_fraction:g}, seed {report.seed})"
-                if report.val_fraction not in (None, 1) else " (the same samples)"))
-    return f"{report.source}: {report.num_classes} classes; {sizes}"
+    after = report.after_basis
+    how = (f" ({report.folds}-fold cross-fitting, seed {report.seed})" if report.folds is not None else
+           f" (stratified split, val-fraction {report.val_fraction:g}, seed {report.seed})"
+           if after.rows == ROWS_HELD_OUT else "")
+    fitted = f"{report.n_fit:,} rows" if after.rows == ROWS_HELD_OUT else f"all {report.n_fit:,} rows"
+    return f"{report.source}: {report.num_classes} classes; T fitted on {fitted}; figures {after.rows_label()}{how}"
 
 
 def print_fit(report, console: Console) -> None:
     """The header, the before/after table, the reliability table and any extra estimators."""
     console.print(fit_header(report), soft_wrap=True)
     console.print(fit_table(report))
-    print_tables(console, reliability_tables(console, report.before, report.after, report.temperature))
+    labels = [report.before_basis.label(), report.after_basis.label()]
+    print_tables(console, reliability_tables(console, report.before, report.after, labels))
     if report.before.conformal:
         print_tables(console, conformal_tables(console, report))
     if report.extras and any(report.extras):
-        print_tables(console, extras_tables(console, [report.before.tau, report.after.tau], report.extras))
+        print_tables(console, extras_tables(console, labels, report.extras, header=""))
     print_fit_groups(report, console)
     small_split_note(report, console)
     if report.before.conformal and getattr(report, "subsets", None) is not None:
@@ -220,12 +275,17 @@ DECISION_COLUMNS = (("smece", "smooth ECE"), ("aurc", "AURC"), ("eaurc", "E-AURC
 
 
 def report_notes(result) -> list[str]:
-    """Per row: ``stored`` at the stored T, ``min NLL`` at the lowest NLL of all the rows shown (of two or more)."""
-    lowest = set(min_nll_taus(result.results)) if len(result.results) > 1 else set()
+    """Per row: ``stored`` at the stored global T, ``min NLL`` at the lowest NLL of the rows at one temperature (of
+    two or more), ``per-group T`` on the row of each group at its own stored T."""
+    points = result.points()
+    lowest = set(min_nll_taus(points)) if len(points) > 1 else set()
     notes = []
-    for m in result.results:
-        marks = (["stored"] if result.stored_temperature is not None and m.tau == result.stored_temperature else [])
-        notes.append(", ".join(marks + (["min NLL"] if m.tau in lowest else [])))
+    for k, m in enumerate(result.results):
+        basis = result.basis(k)
+        if not basis.sweep_point:
+            notes.append(basis.label().replace(" (stored)", ""))
+            continue
+        notes.append(", ".join((["stored"] if basis.stored else []) + (["min NLL"] if m.tau in lowest else [])))
     return notes
 
 
@@ -234,19 +294,23 @@ def report_tables(console: Console, result) -> list[Table]:
     from rich import box
 
     rows = result.results
-    columns = [Column("tau", [f"{m.tau:.4g}" for m in rows], min_width=7)]
+    taus = [tau_cell(result, k) for k in range(len(rows))]
+    # the per-group row, last, set apart from the rows at one temperature
+    looks = Rows(section_ends=frozenset(k - 1 for k in range(1, len(rows)) if not result.basis(k).sweep_point))
+    columns = [Column("tau", taus, min_width=7)]
     columns += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7) for key, header in REPORT_COLUMNS]
     notes = report_notes(result)
     columns.append(Column("", [Text(f" {note}" if note else "", style="bold") for note in notes],
                           justify="left", min_width=len(" stored, min NLL")))
-    tables = split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=0)
+    tables = split_tables(console, columns, rows=looks, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                          padding=0)
     if all(m.aurc != m.aurc for m in rows):  # NaN everywhere: the decision figures were not computed
         return tables
-    decisions = [Column("tau", [f"{m.tau:.4g}" for m in rows], min_width=7)]
+    decisions = [Column("tau", taus, min_width=7)]
     decisions += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7)
                   for key, header in DECISION_COLUMNS]
-    return tables + split_tables(console, decisions, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                                 padding=0)
+    return tables + split_tables(console, decisions, rows=looks, box=box.SIMPLE_HEAD, show_edge=False,
+                                 pad_edge=False, padding=0)
 
 
 def sweep_sentence(result) -> str:
@@ -257,9 +321,9 @@ def sweep_sentence(result) -> str:
     return "best tau over the sweep: " + ", ".join(f"{label} {tau:.4g}" for label, tau in best if tau is not None)
 
 
-def single_reliability_table(metrics) -> Table:
-    """Per-bin count, confidence, accuracy and gap at one temperature."""
-    table = Table(title=f"reliability at tau = {metrics.tau:.4g}", caption="gap = accuracy - confidence",
+def single_reliability_table(metrics, label: str) -> Table:
+    """Per-bin count, confidence, accuracy and gap of one figure set (``label``: what it was computed at)."""
+    table = Table(title=f"reliability at {label}", caption="gap = accuracy - confidence",
                   title_justify="left", show_edge=False, pad_edge=False)
     for name in ("bin", "n", "conf", "acc", "gap"):
         table.add_column(name, justify="left" if name == "bin" else "right", no_wrap=True)
@@ -269,12 +333,13 @@ def single_reliability_table(metrics) -> Table:
     return table
 
 
-def extras_tables(console: Console, taus: list[float], extras: list[dict]) -> list[Table]:
-    """Other estimators and bootstrap intervals, one row per temperature; as many tables as 80 columns need."""
+def extras_tables(console: Console, labels: list[str], extras: list[dict], header: str = "tau") -> list[Table]:
+    """Other estimators and bootstrap intervals, one row per figure set (``labels``: their first cells); as many
+    tables as 80 columns need."""
     from rich import box
 
     names = [k for k in extras[0] if k != "bootstrap"]
-    columns = [Column("tau", [f"{tau:.4g}" for tau in taus])]
+    columns = [Column(header, list(labels), justify="left" if header == "" else "right")]
     columns += [Column(name, [_figure(row[name]) for row in extras]) for name in names]
     return split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
 
@@ -286,16 +351,21 @@ def _figure(value) -> str:
 
 def print_report(result, console: Console) -> None:
     held_out = " held-out" if result.eval_rows else ""
-    console.print(f"{result.source}: {result.count}{held_out} samples, {result.num_classes} classes, "
+    console.print(f"{result.source}: {result.count:,}{held_out} samples, {result.num_classes} classes, "
                   f"{result.bins} bins", soft_wrap=True)
     print_tables(console, report_tables(console, result))
+    own = [result.basis(k) for k in range(len(result.results)) if not result.basis(k).sweep_point]
+    if own:
+        console.print(f"{PER_GROUP_CELL} = {own[0].label()}: each group's rows at the T stored for that group, "
+                      f"{own[0].rows_label()}; not a point of the temperatures above", soft_wrap=True)
     if result.sweep:
         console.print(sweep_sentence(result), soft_wrap=True)
     if result.extras and any(result.extras):
-        print_tables(console, extras_tables(console, [m.tau for m in result.results], result.extras))
+        print_tables(console, extras_tables(console, [tau_cell(result, k) for k in range(len(result.results))],
+                                            result.extras))
     print_tables(console, report_conformal_tables(console, result))
     if len(result.results) == 1:
-        console.print(single_reliability_table(result.results[0]))
+        console.print(single_reliability_table(result.results[0], result.basis(0).label()))
     print_report_groups(result, console)
 
 
@@ -361,7 +431,7 @@ def ood_header(report: OodReport) -> list[str]:
     kind = "one binary logit" if report.binary else f"{report.num_classes} classes"
     stored = ("no stored calibration temperature" if report.stored_temperature is None
               else f"calibration T = {report.stored_temperature:.6g}")
-    lines = [f"{report.source}: {kind}, {report.n_id} in-distribution samples, {stored}; "
+    lines = [f"{report.source}: {kind}, {report.n_id:,} in-distribution samples, {stored}; "
              f"{len(report.taus)} temperatures ({report.taus_from})"]
     if report.react is not None:
         lines.append(f"ReAct: hidden states clipped at {report.react.threshold:.6g}, the "
@@ -383,7 +453,7 @@ def print_ood(report: OodReport, console: Console) -> None:
         console.print(line, soft_wrap=True)
     for index, (path, n) in enumerate(zip(report.ood_files, report.n_ood, strict=True)):
         console.print()
-        console.print(Text(f"OOD {path} ({n} samples)", style="bold"), soft_wrap=True)
+        console.print(Text(f"OOD {path} ({n:,} samples)", style="bold"), soft_wrap=True)
         print_tables(console, ood_tables(console, report, index))
         console.print(ood_checks.best_sentence(report, index), soft_wrap=True)
     console.print()

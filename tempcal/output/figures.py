@@ -39,6 +39,18 @@ def min_nll_taus(results) -> list[float]:
     return [m.tau for m in finite if m.nll == lowest]
 
 
+def threshold_text(q: float, decimals: int = 4) -> str:
+    """A conformal threshold with ``decimals`` decimals, up to two more where fewer would print a threshold short of 1
+    as ``1.0000`` (0.99999 stays 0.99999), and as ``1-5e-10`` (or ``3e-09`` near 0) beyond that: never ``1`` for
+    a threshold that is not 1; ``inf`` as is."""
+    if q != q or q in (float("inf"), float("-inf")):
+        return "inf" if q == float("inf") else str(q)
+    for places in range(decimals, decimals + 3):
+        shown = f"{q:.{places}f}"
+        if float(shown) not in (0.0, 1.0) or q in (0.0, 1.0):
+            return shown
+    return f"1-{1 - q:.0e}" if q > 0.5 else f"{q:.0e}"
+
 
 @dataclass(frozen=True)
 class GroupCoverage:
@@ -72,4 +84,5 @@ def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None
     return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
 
 
-__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "group_coverage", "labelled", "min_nll_taus", "reads"]
+__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "group_coverage", "labelled", "min_nll_taus", "reads",
+           "threshold_text"]

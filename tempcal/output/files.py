@@ -21,12 +21,10 @@ def write_fit_files(report, *, plot: str | None = None, markdown: str | None = N
 
         lines.append(WROTE_PLOT.format(fit_group_plot(report, plot)))
     elif plot:
+        from .group_plots import fit_panels
         from .plots import reliability_diagram
 
-        drawn = reliability_diagram([("before (T = 1)", report.before),
-                                     (f"after (T = {report.temperature:.4g})", report.after)], plot,
-                                    source=report.source)
-        lines.append(WROTE_PLOT.format(drawn))
+        lines.append(WROTE_PLOT.format(reliability_diagram(fit_panels(report), plot, source=report.source)))
     if markdown:
         from .markdown import fit_markdown
 
@@ -36,28 +34,19 @@ def write_fit_files(report, *, plot: str | None = None, markdown: str | None = N
 
 def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
     """``report``: a reliability diagram (every temperature) or, for a sweep, metrics against tau; risk-coverage
-    curves per temperature beneath either; a model-card section."""
+    curves per temperature beneath either; with groups, each group's ECE beneath that; a model-card section."""
     lines = []
     if plot:
-        from .figures import min_nll_taus
-        from .plots import reliability_diagram, sweep_plot
+        from .group_plots import report_drawing, report_group_figure, save_figure
+        from .plots import new_figure
 
         if getattr(result, "group_rows", None):
-            from .group_plots import report_group_plot
-
-            drawn = report_group_plot(result, plot)
-        elif result.sweep:
-            marks: dict[str, float] = {}
-            lowest = min_nll_taus(result.results)  # over every row drawn, the stored T's included
-            if lowest:
-                marks["min NLL"] = lowest[0]
-            if result.stored_temperature is not None:
-                marks["stored T"] = result.stored_temperature
-            drawn = sweep_plot(result.results, marks, plot, source=result.source)
+            figure = report_group_figure(result)
         else:
-            drawn = reliability_diagram([(f"tau = {m.tau:.4g}", m) for m in result.results], plot,
-                                        source=result.source, risk_coverage=True)
-        lines.append(WROTE_PLOT.format(drawn))
+            size, draw = report_drawing(result)
+            figure = new_figure(figsize=size)
+            draw(figure)
+        lines.append(WROTE_PLOT.format(save_figure(figure, plot)))
     if markdown:
         from .markdown import report_markdown
 

@@ -1,78 +1,165 @@
-"""The per-group figure: each group's ECE at each temperature (before / after), largest first.
+"""``--plot`` with ``--group-by``: the command's usual figure, and beneath it each group's ECE as bars.
 
-``report --plot`` and ``fit --plot`` with ``--group-by`` draw it: one horizontal bar per group and series (a
-reported temperature, or each group at its own T), at most :data:`MAX_GROUPS_DRAWN` groups (the largest ECE
-of the last series first; the title says how many are left out).
+``report --plot`` keeps its sweep (or reliability diagrams and risk-coverage curves) and ``fit --plot`` its
+reliability diagrams; the group bars are added below, one bar per group and series (every series drawn: a
+reported temperature, the per-group T, ...), at most :data:`MAX_GROUPS_DRAWN` groups (the largest ECE of the
+first series first; the title says how many are left out). Every series is named from the figure set's
+:class:`~tempcal.workflows.basis.Basis`, as the console and the HTML page name it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+from . import plots
 from .groups_console import short_name
-from .plots import _save, check_plot_path, new_figure
+from .plots import _save, check_plot_path, new_figure, reliability_size, sweep_size
 
 #: Groups drawn, at most.
 MAX_GROUPS_DRAWN = 30
-COLOURS = ("tab:gray", "tab:blue", "tab:orange", "tab:green")
+#: Series colours in order (matplotlib's tab10 without black's neighbours); the per-group series is black.
+COLOURS = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+           "tab:olive", "tab:cyan")
+OWN_COLOUR = "black"
+
+Series = tuple[str, Sequence[float | None]]
 
 
-def group_ece_figure(names: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]], title: str):
-    """Bars of ECE per group (rows) and series (colours); groups ordered by the last series' ECE, largest first."""
-    last = series[-1][1]
-    order = sorted(range(len(names)), key=lambda i: -(last[i] or 0.0))
-    shown = order[:MAX_GROUPS_DRAWN]
+def _colours(series: Sequence[Series], own: set[int]) -> list:
+    """A colour per series: :data:`COLOURS` in turn (a viridis ramp when there are more), black for ``own``."""
+    plain = [k for k in range(len(series)) if k not in own]
+    if len(plain) <= len(COLOURS):
+        ramp: list = list(COLOURS)
+    else:
+        from matplotlib import colormaps
+
+        ramp = [colormaps["viridis"](j / max(len(plain) - 1, 1)) for j in range(len(plain))]
+    colours: list = [OWN_COLOUR] * len(series)
+    for j, k in enumerate(plain):
+        colours[k] = ramp[j]
+    return colours
+
+
+def group_height(names: Sequence[str], series: Sequence[Series]) -> float:
+    """The group bars' height in inches: every series of every group drawn gets a readable bar."""
+    return 1.4 + 0.16 * min(len(names), MAX_GROUPS_DRAWN) * max(2, len(series))
+
+
+def group_ece_axes(ax, names: Sequence[str], series: Sequence[Series], title: str, own: Sequence[int] = ()) -> None:
+    """Bars of ECE per group (rows) and series (colours, every one), groups ordered by the first series' ECE, largest
+    first; ``own``: the series at each group's own T (drawn in black)."""
+    first = series[0][1]
+    shown = sorted(range(len(names)), key=lambda i: -(first[i] or 0.0))[:MAX_GROUPS_DRAWN]
     height = 0.8 / max(len(series), 1)
-    figure = new_figure(figsize=(7.0, 1.2 + 0.32 * len(shown) * max(1, len(series) / 2)))
-    ax = figure.subplots()
-    for j, (label, values) in enumerate(series[:len(COLOURS)]):
+    for j, ((label, values), colour) in enumerate(zip(series, _colours(series, set(own)), strict=True)):
         positions = [k + (j - (len(series) - 1) / 2) * height for k in range(len(shown))]
-        ax.barh(positions, [values[i] or 0.0 for i in shown], height=height, color=COLOURS[j], label=label)
+        ax.barh(positions, [values[i] or 0.0 for i in shown], height=height, color=colour, label=label)
     ax.set_yticks(range(len(shown)), [short_name(names[i]) for i in shown], fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ECE")
     more = len(names) - len(shown)
     ax.set_title(title + (f" ({more} more groups not drawn)" if more > 0 else ""), fontsize=10)
-    ax.legend(loc="best", fontsize=8)
+    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
     ax.grid(axis="x", alpha=0.3)
+
+
+def group_ece_figure(names: Sequence[str], series: Sequence[Series], title: str, own: Sequence[int] = ()):
+    """The group bars alone, as a figure."""
+    figure = new_figure(figsize=(8.0, group_height(names, series)))
+    group_ece_axes(figure.subplots(), names, series, title, own)
     return figure
 
 
-def group_ece_plot(names: Sequence[str], series: Sequence[tuple[str, Sequence[float | None]]], title: str,
-                   path: str | os.PathLike) -> Path:
-    """:func:`group_ece_figure`, written to ``path``."""
-    path = check_plot_path(path)
-    _save(group_ece_figure(names, series, title), path)
-    return path
+def with_group_bars(size: tuple[float, float], draw: Callable[[Any], None], names: Sequence[str],
+                    series: Sequence[Series], title: str, own: Sequence[int] = ()):
+    """One figure: ``draw`` (given a subfigure of ``size`` inches) above, the group bars beneath."""
+    bars = group_height(names, series)
+    figure = new_figure(figsize=(max(size[0], 8.0), size[1] + bars))
+    top, bottom = figure.subfigures(2, 1, height_ratios=[size[1], bars])
+    draw(top)
+    group_ece_axes(bottom.subplots(), names, series, title, own)
+    return figure
 
 
-def report_group_plot(result, path: str | os.PathLike) -> Path:
-    """``report --group-by --plot``: every group's ECE at each reported temperature."""
+def report_group_figure(result):
+    """``report --group-by --plot``: the sweep against tau (its points: the rows at one temperature) or every row's
+    reliability diagram and risk-coverage curve, then every group's ECE for every row of the report."""
     rows = result.group_rows
     names = [g.group for g in rows[0].groups]
-    series = []
-    for row in rows[:len(COLOURS)]:
+    series, own = [], []
+    for k, row in enumerate(rows):
         by_name = {g.group: g.metrics.ece for g in row.groups}
-        label = "each group at its stored T" if row.per_group else f"tau = {row.tau:.4g}"
-        series.append((label, [by_name.get(name) for name in names]))
-    return group_ece_plot(names, series, f"{result.source}: ECE per {result.group_key}", path)
+        series.append((result.basis(k).label(), [by_name.get(name) for name in names]))
+        if not result.basis(k).sweep_point:
+            own.append(k)
+    size, draw = report_drawing(result)
+    return with_group_bars(size, draw, names, series, f"ECE per {result.group_key}", own)
 
 
-def fit_group_plot(report, path: str | os.PathLike) -> Path:
-    """``fit --group-by --plot``: every group's ECE at T = 1, at the global T and at its own T."""
+def report_drawing(result) -> tuple[tuple[float, float], Callable[[Any], None]]:
+    """What ``report --plot`` draws without groups: its size and a function drawing it into a (sub)figure."""
+    from .figures import min_nll_taus
+
+    if result.sweep:
+        points = [(k, m) for k, m in enumerate(result.results) if result.basis(k).sweep_point]
+        marks: dict[str, float] = {}
+        lowest = min_nll_taus([m for _, m in points])  # over every row drawn, the stored T's included
+        if lowest:
+            marks["min NLL"] = lowest[0]
+        if result.stored_temperature is not None:
+            marks["stored T"] = result.stored_temperature
+        rows = [m.to_dict(with_bins=False) for _, m in points]
+        labels = [result.basis(k).label() for k, _ in points]
+        return sweep_size(rows), lambda figure: plots.sweep_figure(rows, marks, result.source, figure=figure,
+                                                                   labels=labels)
+    panels = [(result.basis(k).label(), m) for k, m in enumerate(result.results)]
+    return (reliability_size(panels, True),
+            lambda figure: plots.reliability_figure(panels, result.source, risk_coverage=True, figure=figure))
+
+
+def fit_panels(report) -> list[tuple[str, Any]]:
+    """``fit --plot``'s reliability panels, named by what each side was computed at."""
+    return [(f"before ({report.before_basis.label()})", report.before),
+            (f"after ({report.after_basis.label()})", report.after)]
+
+
+def fit_group_figure(report):
+    """``fit --group-by --plot``: the reliability diagrams before and after, then every group's ECE at T = 1, at the
+    global T (out of fold with folds) and at its own T."""
     groups = report.subsets.groups
     names = [g.group for g in groups]
-    oof = " (out of fold)" if report.subsets.folds is not None else ""
 
     def ece(blocks) -> list[float | None]:
         return [None if m is None else m.ece for m in blocks]
 
-    series = [("before (T = 1)", ece(g.before for g in groups)),
-              (f"global T = {report.temperature:.4g}{oof}", ece(g.after_global for g in groups)),
-              (f"each group at its T{oof}", ece(g.after for g in groups))]
-    return group_ece_plot(names, series, f"{report.source}: ECE per {report.subsets.group_key}", path)
+    oof = " (out of fold)" if report.folds is not None else ""
+    series = [("T = 1", ece(g.before for g in groups)),
+              ("global T (out of fold)" if oof else f"global T = {report.temperature:.4g}",
+               ece(g.after_global for g in groups)),
+              (f"per-group T{oof}", ece(g.after for g in groups))]
+    panels = fit_panels(report)
+    return with_group_bars(reliability_size(panels), lambda figure: plots.reliability_figure(
+        panels, report.source, figure=figure), names, series, f"ECE per {report.subsets.group_key}", [2])
 
 
-__all__ = ["MAX_GROUPS_DRAWN", "fit_group_plot", "group_ece_figure", "group_ece_plot", "report_group_plot"]
+def save_figure(figure, path: str | os.PathLike) -> Path:
+    """``figure`` written to ``path`` (its suffix the format)."""
+    path = check_plot_path(path)
+    _save(figure, path)
+    return path
+
+
+def report_group_plot(result, path: str | os.PathLike) -> Path:
+    return save_figure(report_group_figure(result), path)
+
+
+def fit_group_plot(report, path: str | os.PathLike) -> Path:
+    return save_figure(fit_group_figure(report), path)
+
+
+__all__ = ["MAX_GROUPS_DRAWN", "fit_group_figure", "fit_group_plot", "fit_panels", "group_ece_axes",
+           "group_ece_figure", "report_drawing", "report_group_figure", "report_group_plot", "save_figure",
+           "with_group_bars"]

@@ -59,12 +59,18 @@ def print_fit_groups(report: Any, console: Console) -> None:
     oof = ", out of fold" if subsets.folds is not None else ""
     console.print(f"{len(groups)} groups by {subsets.group_key} (prior {subsets.group_prior:g}{oof}), largest ECE "
                   "first:")
-    table = _table(["group", "n", "T_g", "ECE T=1", "ECE T_g", "ECE T", "NLL T_g"])
+    table = _table(["group", "n", GROUP_T, *(f"{figure}\n{at}" for figure, at in GROUP_COLUMNS)])
     for g in groups[:TOP_GROUPS]:
         table.add_row(short_name(g.group), str(g.n_eval), f"{g.temperature:.4g}", _figure(g.before), _figure(g.after),
                       _figure(g.after_global), _figure(g.after, "nll"))
     console.print(table)
     _more(console, len(groups))
+
+
+#: The per-group columns of ``fit --group-by`` (console and HTML page alike): each group's T, then (figure, the
+#: temperature its rows were at) for its blocks ``before``, ``after`` (its own T) and ``after_global``.
+GROUP_T = "T_g"
+GROUP_COLUMNS = (("ECE", "T = 1"), ("ECE", "per-group T"), ("ECE", "global T"), ("NLL", "per-group T"))
 
 
 def print_group_coverage(report: Any, console: Console) -> None:
@@ -73,7 +79,7 @@ def print_group_coverage(report: Any, console: Console) -> None:
     subsets = report.subsets
     blocks = group_coverage((g.group, g.n_eval, g.after_global_extras.get("conformal"))
                             for g in subsets.groups or [])
-    where = "out of fold" if subsets.folds is not None else f"at T = {report.temperature:.4g}"
+    where = "out of fold" if subsets.folds is not None else f"at {report.after_basis.label()}"
     for ranked in blocks:
         target, scores = 1.0 - ranked[0].alpha, list(ranked[0].cells)
         console.print(f"conformal coverage by group {where} (global sets; target {target:g}), lowest first:")
@@ -90,11 +96,12 @@ def print_group_coverage(report: Any, console: Console) -> None:
 
 def print_report_groups(result: Any, console: Console) -> None:
     """Per temperature row: each group's figures, largest ECE first."""
-    for row in result.group_rows or []:
+    for k, row in enumerate(result.group_rows or []):
         groups = sorted(row.groups, key=lambda g: -g.metrics.ece)
-        at = "each group at its stored T" if row.per_group else f"T = {row.tau:.4g}"
-        console.print(f"{len(groups)} groups by {result.group_key} at {at}, largest ECE first:")
-        table = _table(["group", "n", "T", "NLL", "ECE", "MCE", "Brier", "acc"])
+        basis = result.basis(k)
+        at = basis.label() + (": each group's rows at its own T" if not basis.sweep_point else "")
+        console.print(f"{len(groups)} groups by {result.group_key} at {at}, largest ECE first:", soft_wrap=True)
+        table = _table(["group", "n", "T" if basis.sweep_point else GROUP_T, "NLL", "ECE", "MCE", "Brier", "acc"])
         for g in groups[:TOP_GROUPS]:
             m = g.metrics
             table.add_row(short_name(g.group), str(m.count), f"{g.tau:.4g}", f"{m.nll:.4f}", f"{m.ece:.4f}",
@@ -103,4 +110,5 @@ def print_report_groups(result: Any, console: Console) -> None:
         _more(console, len(groups))
 
 
-__all__ = ["NAME_WIDTH", "TOP_GROUPS", "print_fit_groups", "print_group_coverage", "print_report_groups", "short_name"]
+__all__ = ["GROUP_COLUMNS", "GROUP_T", "NAME_WIDTH", "TOP_GROUPS", "print_fit_groups", "print_group_coverage",
+           "print_report_groups", "short_name"]

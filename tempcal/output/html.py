@@ -16,8 +16,21 @@ from pathlib import Path
 
 from ..errors import TempcalError, param
 from ..metrics.conformal import SHORT_P
+from ..workflows.basis import (
+    AT_FOLDS,
+    AT_GLOBAL,
+    AT_GROUPS,
+    AT_ONE,
+    ROWS_ALL,
+    ROWS_FILE,
+    ROWS_HELD_OUT,
+    ROWS_OUT_OF_FOLD,
+    Basis,
+    report_basis,
+)
 from . import html_figures as figures
-from .figures import group_coverage
+from .figures import group_coverage, threshold_text
+from .groups_console import GROUP_COLUMNS, GROUP_T
 
 #: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.
 METRICS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "accuracy"),
@@ -89,21 +102,28 @@ def _curve(metrics: dict) -> dict | None:
     return curve if curve and curve.get("coverage") else None
 
 
-def _conformal_table(before: dict, after: dict) -> Table | None:
+def _conformal_table(sides: Sequence[tuple[str, dict]]) -> Table | None:
+    """Each side's (label, metrics) sets: the set size first, so that it is on screen on a phone."""
     rows = []
-    for label, metrics in (("T = 1", before), ("fitted T", after)):
+    for label, metrics in sides:
         for c in metrics.get("conformal") or []:
-            rows.append({"mark": False, "cells": [label, fmt(c["alpha"]), c["score"].upper(), fmt(c["threshold"]),
-                                                  fmt(c["coverage"]), fmt(c["mean_size"])]})
+            rows.append({"mark": False, "cells": [label, fmt(c["alpha"]), c["score"].upper(), fmt(c["mean_size"]),
+                                                  fmt(c["coverage"]), threshold_text(c["threshold"])]})
     if not rows:
         return None
-    return Table(header=["", "alpha", "score", "threshold", "coverage", "mean set size"], rows=rows)
+    return Table(header=["", "alpha", "score", "set size", "coverage", "threshold"], rows=rows)
+
+
+def basis_of(block: dict, fallback: Basis) -> Basis:
+    """What a JSON block was computed at (its ``basis``; ``fallback`` for JSON written before it was recorded)."""
+    return Basis.from_json(block["basis"]) if block.get("basis") else fallback
 
 
 def _report_conformal_table(data: dict) -> Table | None:
     """``report --conformal-alpha``: each tau's thresholds, coverage and mean set size; the sweep's smallest sets
     marked."""
-    rows = [(r, c) for r in data["results"] for c in r.get("conformal") or []]
+    bases = _report_bases(data)
+    rows = [(r, b, c) for r, b in zip(data["results"], bases, strict=True) for c in r.get("conformal") or []]
     if not rows:
         return None
     smallest = {(b["alpha"], b["score"]): b["tau"] for b in (data.get("sweep") or {}).get("best_set_size_tau") or []}
@@ -111,34 +131,39 @@ def _report_conformal_table(data: dict) -> Table | None:
     where = "the stored split's fitting rows" if split.get("split") == "stored" else "a seeded half of SOURCE"
     # the set size first: on a phone the columns past the screen's width scroll
     return Table(header=["tau", "alpha", "score", "set size", "coverage", "threshold"], rows=[
-        {"mark": smallest.get((c["alpha"], c["score"])) == r["tau"],
-         "cells": [fmt(r["tau"]), fmt(c["alpha"]), c["score"].upper(), fmt(c["mean_size"]), fmt(c["coverage"]),
-                   fmt(c["threshold"])]} for r, c in rows],
+        {"mark": b.sweep_point and smallest.get((c["alpha"], c["score"])) == r["tau"],
+         "cells": [b.label(), fmt(c["alpha"]), c["score"].upper(), fmt(c["mean_size"]), fmt(c["coverage"]),
+                   threshold_text(c["threshold"])]} for r, b, c in rows],
         caption=f"thresholds from {split.get('calibration')} rows of {where}; coverage and mean set size on the "
                 f"{split.get('evaluation')} other rows" + ("; marked: the sweep's smallest sets" if smallest else ""))
 
 
-def _group_sections(groups: Sequence[dict]) -> Section:
+def _group_sections(groups: Sequence[dict], after: Basis) -> Section:
+    """``fit --group-by``: each group's T and figures (the console's columns), its coverage, its ECE as bars;
+    ``after``: what the fit's ``after`` was computed at (out of fold with folds)."""
     section = Section("groups", f"Groups ({len(groups)})",
-                      note="per group: metrics on its evaluation rows at T = 1, at its own T and at the global T")
+                      note=f"per group: metrics on its evaluation rows ({after.rows_label()} in all) at T = 1, at its "
+                           "own T (per-group T) and at the global T")
     # a group without evaluation rows has no figures (null blocks)
     evaluated = [{**g, "before": g.get("before") or {}, "after": g.get("after") or {}} for g in groups]
     ordered = sorted(evaluated, key=lambda g: -(g["before"].get("ece") or 0))
+    blocks = {"T = 1": "before", "per-group T": "after", "global T": "after_global"}
     section.tables.append(Table(
-        header=["group", "n fit", "n eval", "T", "ECE T=1", "ECE group T", "ECE global T", "NLL T=1", "NLL group T"],
+        header=["group", "n fit", "n eval", GROUP_T, *(f"{figure} {at}" for figure, at in GROUP_COLUMNS)],
         rows=[{"mark": False, "cells": [g["group"], fmt(g.get("n_fit")), fmt(g.get("n_eval")),
-                                        fmt(g.get("temperature")), fmt(g["before"].get("ece")),
-                                        fmt(g["after"].get("ece")), fmt((g.get("after_global") or {}).get("ece")),
-                                        fmt(g["before"].get("nll")), fmt(g["after"].get("nll"))]} for g in ordered]))
-    coverage = _group_coverage_table(evaluated)
+                                        fmt(g.get("temperature")),
+                                        *(fmt((g.get(blocks[at]) or {}).get(figure.lower()))
+                                          for figure, at in GROUP_COLUMNS)]} for g in ordered]))
+    coverage = _group_coverage_table(evaluated, after)
     if coverage is not None:
         section.tables.append(coverage)
     drawn = [g for g in evaluated if g["before"] and g["after"]]
-    section.figures.append({"svg": figures.groups(drawn), "caption": "ECE per group (largest first)", "narrow": True})
+    section.figures.append({"svg": figures.groups(drawn, f"global T ({after.label()})"),
+                            "caption": "ECE per group (largest first)", "narrow": True})
     return section
 
 
-def _group_coverage_table(groups: Sequence[dict]) -> Table | None:
+def _group_coverage_table(groups: Sequence[dict], after: Basis) -> Table | None:
     """Each group's coverage and mean set size under the global sets at the fitted T, lowest coverage first; a row
     is marked when a group falls short of 1 - alpha beyond chance."""
     found = [g for block in group_coverage((g["group"], g.get("n_eval"), (g.get("after_global") or {}).get("conformal"))
@@ -151,15 +176,21 @@ def _group_coverage_table(groups: Sequence[dict]) -> Table | None:
         g.group, fmt(g.n), fmt(g.alpha), *(fmt(c[k]) for c in g.cells.values() for k in ("coverage", "mean_size"))]}
         for g in sorted(found, key=lambda g: g.lowest - (1 - g.alpha))]
     return Table(header=header, rows=rows,
-                 caption="conformal coverage per group at the fitted T, lowest first; marked: short of 1 - alpha "
+                 caption=f"conformal coverage per group at the global T ({after.label()}), lowest first; marked: "
+                         "short of 1 - alpha "
                          f"beyond chance (one-sided binomial p < {SHORT_P:g})")
 
 
 def _fit_context(data: dict) -> dict:
     before, after = data["before"], data["after"]
-    split = (f"evaluated on {data.get('eval_source')}" if data.get("eval_source")
-             else f"val-fraction {data.get('val_fraction')}, seed {data.get('seed')}")
-    cards = [("fitted on", f"{data['n_fit']:,} rows"), ("evaluated on", f"{data['n_eval']:,} rows"),
+    first, last = _fit_bases(data)
+    how = (f"{data['folds']['k']}-fold cross-fitting, seed {data.get('seed')}" if data.get("folds") else
+           f"stratified split, val-fraction {data['val_fraction']:g}, seed {data.get('seed')}"
+           if last.rows == ROWS_HELD_OUT else "")
+    fitted = f"{data['n_fit']:,} rows" if last.rows == ROWS_HELD_OUT else f"all {data['n_fit']:,} rows"
+    split = f"T fitted on {fitted}; figures {last.rows_label()}" + (f" ({how})" if how else "")
+    evaluated = f"{data['n_eval']:,} rows" + (", out of fold" if last.at == AT_FOLDS else "")
+    cards = [("fitted on", f"{data['n_fit']:,} rows"), ("evaluated on", evaluated),
              ("classes", f"{data['num_classes']:,}"), ("objective", data.get("objective", "nll")),
              ("reads of the data", str(data.get("passes"))),
              ("certified error of T", fmt(data.get("error_bound"), 2) if data.get("error_bound") is not None
@@ -167,22 +198,25 @@ def _fit_context(data: dict) -> dict:
              ("NLL", f"{fmt(before['nll'])} → {fmt(after['nll'])}"),
              ("ECE", f"{fmt(before['ece'])} → {fmt(after['ece'])}")]
     metrics = Section("metrics", "Calibration before and after", note=split)
-    metrics.tables.append(_metrics_table([("before (T = 1)", before, False),
-                                          (f"after (T = {fmt(data['temperature'])})", after, True)], "metric"))
+    metrics.tables.append(_metrics_table([(f"before ({first.label()})", before, False),
+                                          (f"after ({last.label()})", after, True)], "metric"))
     reliability = Section("reliability", "Reliability diagrams",
                           note="bars: accuracy per equal-width confidence bin, with its 95% Wilson interval; "
                                "hatched: the gap to the bin's mean confidence; beneath: rows per bin")
-    reliability.figures.append({"svgs": figures.reliability([("before (T = 1)", before),
-                                                             (f"after (T = {fmt(data['temperature'])})", after)])})
+    reliability.figures.append({"svgs": figures.reliability([(f"before ({first.label()})", before),
+                                                             (f"after ({last.label()})", after)])})
     sections = [metrics, reliability]
-    curves = [(label, m) for label, m in (("T = 1", before), ("fitted T", after)) if _curve(m)]
+    curves = [(label, m) for label, m in ((first.label(), before), (last.label(), after)) if _curve(m)]
     if curves:
         rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept")
         rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
         sections.append(rc)
-    conformal = _conformal_table(before, after)
+    conformal = _conformal_table([(first.label(), before), (last.label(), after)])
     if conformal:
-        sections.append(Section("conformal", "Conformal sets", tables=[conformal]))
+        note = (f"thresholds at T = 1 and T = {fmt(data['temperature'])} from all {data['n_fit']:,} rows (deployed); "
+                f"coverage and set size {last.rows_label()}" if last.at == AT_FOLDS else
+                f"thresholds from the {data['n_fit']:,} fitting rows; coverage and set size {last.rows_label()}")
+        sections.append(Section("conformal", "Conformal sets", note=note, tables=[conformal]))
     if data.get("folds"):
         folds = data["folds"]
         sections.append(Section("folds", f"Cross-fitting ({folds['k']} folds)", tables=[Table(
@@ -190,50 +224,94 @@ def _fit_context(data: dict) -> dict:
                                                 for i, (n, t) in enumerate(zip(folds["sizes"], folds["temperatures"],
                                                                                strict=True))])]))
     if data.get("groups"):
-        sections.append(_group_sections(data["groups"]))
+        sections.append(_group_sections(data["groups"], last))
     gate = None
     if data.get("max_ece") is not None:
         passed = bool(data.get("gate_passed"))
         gate = {"passed": passed, "text": f"ECE {fmt(after['ece'])} {'≤' if passed else '>'} max-ece {data['max_ece']}"}
-    return {"temperature": data["temperature"], "cards": cards, "sections": sections, "gate": gate,
+    return {"temperature": data["temperature"], "t_label": "T", "cards": cards, "sections": sections, "gate": gate,
             "title": f"tempcal fit — {data.get('source')}"}
 
 
+def _fit_bases(data: dict) -> tuple[Basis, Basis]:
+    """``before`` and ``after``'s bases (re-derived for JSON written without them)."""
+    folds = data.get("folds")
+    rows = (ROWS_OUT_OF_FOLD if folds else ROWS_FILE if data.get("eval_source") else
+            ROWS_ALL if data.get("val_fraction") in (None, 1) else ROWS_HELD_OUT)
+    n = data["n_eval"]
+    before = Basis(AT_ONE, ROWS_ALL if folds else rows, n, 1.0, source=data.get("eval_source"))
+    after = (Basis(AT_FOLDS, rows, n, folds=folds["k"]) if folds else
+             Basis(AT_GLOBAL, rows, n, data["temperature"], in_sample=rows == ROWS_ALL, source=data.get("eval_source")))
+    return basis_of(data["before"], before), basis_of(data["after"], after)
+
+
+def _report_bases(data: dict) -> list[Basis]:
+    """Every result row's basis (re-derived for JSON written without them)."""
+    rows = ROWS_HELD_OUT if data.get("eval_rows") else ROWS_ALL
+    stored = data.get("stored_temperature")
+    return [basis_of(r, Basis(AT_GROUPS, rows, data["n"], stored=True) if r.get("per_group") and r.get("stored")
+                     else report_basis(r["tau"], rows=rows, n=data["n"], stored=stored)) for r in data["results"]]
+
+
 def _report_context(data: dict) -> dict:
-    results = data["results"]
-    best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))  # over every row shown
-    rows = [(fmt(r["tau"]) + (" (stored)" if r.get("stored") else "") + (" (min NLL)" if r["tau"] == best else ""),
-             r, bool(r.get("stored")) or r["tau"] == best) for r in results]
-    scored = f"on the {data['n']:,} held-out rows (--eval-rows)" if data.get("eval_rows") else f"on {data['n']:,} rows"
+    results, bases = data["results"], _report_bases(data)
+    # the lowest NLL of the rows at one T, marked where there are two or more (as the console marks it)
+    best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))
+    best = best if sum(b.sweep_point for b in bases) > 1 else None
+
+    def lowest(r: dict, b: Basis) -> bool:
+        return b.sweep_point and r["tau"] == best
+
+    rows = [(b.label() + (" (min NLL)" if lowest(r, b) else ""), r, b.stored or lowest(r, b))
+            for r, b in zip(results, bases, strict=True)]
+    scored = bases[0].rows_label() + (" (--eval-rows)" if data.get("eval_rows") else "") if bases else ""
     table = Section("metrics", "Calibration at each temperature", note=scored, tables=[_metrics_table(rows, "tau")])
+    own = [b for b in bases if not b.sweep_point]
+    if own:
+        table.paragraphs.append(f"{own[0].label()}: each {data.get('group_key')} group's rows at the T stored for "
+                                "that group; not a point of the temperatures against which the sweep is drawn.")
     sections = [table]
-    if len(results) >= 3:
+    points = [r for r, b in zip(results, bases, strict=True) if b.sweep_point]
+    if len(points) >= 3:
         marks = {"min NLL": best} if best is not None else {}
         if data.get("stored_temperature") is not None:
             marks["stored T"] = data["stored_temperature"]
-        table.figures.append({"svg": figures.sweep(results, marks), "narrow": True})
-    marked = [r for r in results if r.get("stored") or r["tau"] == best][:2]
-    shown = results if len(results) <= 4 else marked or results[:2]
+        table.figures.append({"svg": figures.sweep(points, marks), "narrow": True})
+    marked = [(r, b) for r, b in zip(results, bases, strict=True) if b.stored or lowest(r, b)][:3]
+    shown = list(zip(results, bases, strict=True))
+    shown = shown if len(shown) <= 4 else marked or shown[:2]
     rel = Section("reliability", "Reliability diagrams", note="95% Wilson interval per bin; rows per bin beneath")
-    rel.figures.append({"svgs": figures.reliability([(f"tau = {fmt(r['tau'])}", r) for r in shown])})
+    rel.figures.append({"svgs": figures.reliability([(b.label(), r) for r, b in shown])})
     sections.append(rel)
-    curves = [(f"tau = {fmt(r['tau'])}", r) for r in results if _curve(r)]
+    curves = [(b.label(), r) for r, b in zip(results, bases, strict=True) if _curve(r)]
     if curves:
-        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept, per tau")
+        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept, per row "
+                                                            "of the table above")
         rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
         sections.append(rc)
     conformal = _report_conformal_table(data)
     if conformal is not None:
         sections.append(Section("conformal", "Conformal sets", tables=[conformal]))
-    for r in results:
-        if r.get("groups"):
-            sections.append(Section(f"groups-{fmt(r['tau'])}", f"Groups at tau = {fmt(r['tau'])}",
-                                    tables=[_metrics_table([(g["group"], g, False) for g in sorted(
-                                        r["groups"], key=lambda g: -(g.get("ece") or 0))], "group")]))
-    stored = data.get("stored_temperature")
-    cards = [("rows", f"{data['n']:,}"), ("classes", f"{data['num_classes']:,}"), ("temperatures", str(len(results)))]
-    return {"temperature": stored, "cards": cards, "sections": sections, "gate": None,
-            "title": f"tempcal report — {data.get('source')}"}
+    sections += [_report_groups(k, r, b) for k, (r, b) in enumerate(zip(results, bases, strict=True))
+                 if r.get("groups")]
+    cards = [("rows", f"{data['n']:,}"), ("classes", f"{data['num_classes']:,}"),
+             ("temperatures", str(len(points)))]
+    if own:
+        cards.append(("per-group T", f"stored for {len(results[bases.index(own[0])]['groups']):,} groups"))
+    return {"temperature": data.get("stored_temperature"), "t_label": "stored global T" if own else "stored T",
+            "cards": cards, "sections": sections, "gate": None, "title": f"tempcal report — {data.get('source')}"}
+
+
+def _report_groups(k: int, row: dict, basis: Basis) -> Section:
+    """One report row's groups, largest ECE first; at the per-group T, each group's own T beside its figures."""
+    ordered = sorted(row["groups"], key=lambda g: -(g.get("ece") or 0))
+    table = _metrics_table([(g["group"], g, False) for g in ordered], "group")
+    if not basis.sweep_point:
+        table.header.insert(1, GROUP_T)
+        for cells, g in zip(table.rows, ordered, strict=True):
+            cells["cells"].insert(1, fmt(g.get("tau")))
+    where = ": each group's rows at its own T" if not basis.sweep_point else ""
+    return Section(f"groups-{k}", f"Groups at {basis.label()}{where}", note=basis.rows_label(), tables=[table])
 
 
 def _ood_context(data: dict) -> dict:
@@ -262,8 +340,8 @@ def _ood_context(data: dict) -> dict:
             str(f) for f in data.get("gate_failures") or [])}
     cards = [("in-distribution rows", f"{data['n_id']:,}"), ("classes", f"{data['num_classes']:,}"),
              ("scores", ", ".join(data.get("scores") or [])), ("temperatures", str(len(data.get("taus") or [])))]
-    return {"temperature": data.get("stored_temperature"), "cards": cards, "sections": sections, "gate": gate,
-            "title": f"tempcal ood — {data.get('source')}"}
+    return {"temperature": data.get("stored_temperature"), "t_label": "T", "cards": cards, "sections": sections,
+            "gate": gate, "title": f"tempcal ood — {data.get('source')}"}
 
 
 CONTEXTS = {"fit": _fit_context, "report": _report_context, "ood": _ood_context}

@@ -12,7 +12,8 @@ import math
 import re
 from collections.abc import Sequence
 
-from .plots import figure_legend, new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
+from .axes import figure_legend, plain_log_ticks
+from .plots import new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
 
 #: Colours of successive series (matplotlib's tab10 order), the same in every figure.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
@@ -65,15 +66,21 @@ def risk_coverage(curves: Sequence[tuple[str, dict]]) -> str:
     return svg(fig)
 
 
-def groups(rows: Sequence[dict], limit: int = 20) -> str:
-    """Per-group ECE before and after, the ``limit`` groups of largest ECE before, as horizontal bars."""
+def groups(rows: Sequence[dict], global_label: str = "global T", limit: int = 20) -> str:
+    """Per-group ECE at T = 1, at the global T (``global_label``) and at each group's own T, the ``limit`` groups of
+    largest ECE at T = 1, as horizontal bars (the series of ``fit --plot``'s group bars)."""
     plt = pyplot()
     rows = sorted(rows, key=lambda g: -(g["before"]["ece"] if g["before"]["ece"] is not None else -1))[:limit]
-    fig, ax = plt.subplots(figsize=(6, 0.32 * len(rows) + 1.2))
+    series = [("T = 1", "before", "0.6"), (global_label, "after_global", "tab:orange"),
+              ("per-group T", "after", "tab:blue")]
+    series = [s for s in series if any((g.get(s[1]) or {}).get("ece") is not None for g in rows)]
+    fig, ax = plt.subplots(figsize=(6, 0.4 * len(rows) * max(1, len(series) / 2) + 1.2))
+    height = 0.8 / len(series)
     ys = list(range(len(rows)))[::-1]
-    ax.barh([y + 0.2 for y in ys], [g["before"]["ece"] for g in rows], height=0.4, color="0.6", label="T = 1")
-    ax.barh([y - 0.2 for y in ys], [g["after"]["ece"] for g in rows], height=0.4, color="tab:blue",
-            label="group T")
+    for j, (label, key, colour) in enumerate(series):
+        offset = ((len(series) - 1) / 2 - j) * height
+        ax.barh([y + offset for y in ys], [(g.get(key) or {}).get("ece") or 0.0 for g in rows], height=height,
+                color=colour, label=label)
     ax.set_yticks(ys, [f"{g['group']} (n={g.get('n_eval', g.get('n', ''))})" for g in rows], fontsize=8)
     ax.set_xlabel("ECE")
     ax.legend(fontsize=8)
@@ -102,6 +109,7 @@ def ood_curves(results: Sequence[dict], ood_file: str) -> list[str]:
             ax.set_xlabel(f"score at tau = {taus[0]:.4g}")
         else:
             ax.set_xscale("log")
+            plain_log_ticks(ax.xaxis)
             ax.set_xlabel("temperature tau")
             ax.legend(fontsize=8)
         ax.set_title(label, fontsize=11)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError, param
+from .axes import figure_legend, plain_log_ticks
 
 FORMATS = (".png", ".svg", ".pdf")
 
@@ -78,6 +79,7 @@ def reliability_axes(ax, hist, bins: Sequence[Mapping[str, Any]], title: str, ec
     hist.set_ylabel("samples")
     if max(counts, default=0) > 0:
         hist.set_yscale("log")
+        plain_log_ticks(hist.yaxis)
         if top is not None:
             hist.set_ylim(0.8, top * 1.5)
 
@@ -93,30 +95,26 @@ def json_bins(metrics) -> list[dict]:
     return [dict(vars(b)) for b in metrics.bins]
 
 
-def figure_legend(figure, axes: list, **options) -> None:
-    """One legend outside every panel (beneath them unless ``loc`` says otherwise), so that it hides no bar, error
-    bar or curve: each label once, from whichever panel draws it."""
-    handles: dict[str, object] = {}
-    for ax in axes:
-        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-            handles.setdefault(label, handle)
-    if handles:
-        figure.legend(list(handles.values()), list(handles), loc=options.pop("loc", "outside lower center"),
-                      ncols=options.pop("ncols", len(handles)), frameon=False, **options)
-
-
 #: Reliability panels per row: a grid that grows by rows, so that every temperature asked for is drawn.
 PANELS_PER_ROW = 3
 
 
-def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None, *, risk_coverage: bool = False):
+def reliability_size(panels: Sequence[tuple[str, Any]], risk_coverage: bool = False) -> tuple[float, float]:
+    """The size in inches of :func:`reliability_figure`'s figure."""
+    columns = min(len(panels), PANELS_PER_ROW)
+    curves = risk_coverage and any(getattr(m, "risk_coverage", None) for _, m in panels)
+    return 4.6 * columns, 5.4 * -(-len(panels) // columns) + 0.8 + (3.6 if curves else 0)
+
+
+def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None, *, risk_coverage: bool = False,
+                       figure: Any = None):
     """The figure of :func:`reliability_diagram`: every panel, ``PANELS_PER_ROW`` to a row, the sample counts on
     one shared y scale, ``source`` in the title; with ``risk_coverage``, every panel's risk-coverage curve beneath,
-    on one axes."""
+    on one axes. ``figure``: a (sub)figure to draw in, else a new one."""
     columns = min(len(panels), PANELS_PER_ROW)
     rows = -(-len(panels) // columns)
     curves = risk_coverage and any(getattr(m, "risk_coverage", None) for _, m in panels)
-    figure = new_figure(figsize=(4.6 * columns, 5.4 * rows + 0.8 + (3.6 if curves else 0)))
+    figure = figure if figure is not None else new_figure(figsize=reliability_size(panels, risk_coverage))
     spec = figure.add_gridspec(2 * rows + curves, columns, height_ratios=[3, 1] * rows + [2.6] * curves)
     axes, first_hist = [], None
     for k, (title, metrics) in enumerate(panels):
@@ -181,17 +179,29 @@ SWEEP_PANELS = (("nll", "NLL"), ("ece", "ECE"), ("entropy", "entropy (nats)"), (
                 ("aurc", "AURC"))
 
 
-def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], source: str | None = None, *,
-                 curves: bool = True):
-    """The figure of :func:`sweep_plot` from the JSON's result rows: every row drawn, in order of tau, then (with
-    ``curves``) every row's risk-coverage curve. The HTML page draws the same figure, its curves apart."""
-    rows = sorted(results, key=lambda m: m["tau"])
-    taus = [m["tau"] for m in rows]
+def _sweep_panels(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
     panels = [(key, label) for key, label in SWEEP_PANELS if any(_finite(m.get(key)) for m in rows)]
-    if any(m.get("conformal") for m in rows):
-        panels.append(("conformal", "mean set size"))
+    return panels + ([("conformal", "mean set size")] if any(m.get("conformal") for m in rows) else [])
+
+
+def sweep_size(results: Sequence[Mapping[str, Any]], curves: bool = True) -> tuple[float, float]:
+    """The size in inches of :func:`sweep_figure`'s figure."""
+    curves = curves and any((m.get("risk_coverage") or {}).get("coverage") for m in results)
+    return 6.5, 2.5 * len(_sweep_panels(results)) + (3.6 if curves else 0)
+
+
+def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], source: str | None = None, *,
+                 curves: bool = True, figure: Any = None, labels: Sequence[str] | None = None):
+    """The figure of :func:`sweep_plot` from the JSON's result rows (each at one temperature: a point of the sweep):
+    every row drawn, in order of tau, then (with ``curves``) every row's risk-coverage curve, named by ``labels``
+    (default ``tau = ...``). The HTML page draws the same figure, its curves apart. ``figure``: a (sub)figure to
+    draw in, else a new one."""
+    order = sorted(range(len(results)), key=lambda k: results[k]["tau"])
+    rows = [results[k] for k in order]
+    taus = [m["tau"] for m in rows]
+    panels = _sweep_panels(rows)
     curves = curves and any((m.get("risk_coverage") or {}).get("coverage") for m in rows)
-    fig = new_figure(figsize=(6.5, 2.5 * len(panels) + (3.6 if curves else 0)))
+    fig = figure if figure is not None else new_figure(figsize=sweep_size(rows, curves))
     spec = fig.add_gridspec(len(panels) + curves, 1, height_ratios=[1] * len(panels) + [1.5] * curves)
     axes = [fig.add_subplot(spec[0])]
     axes += [fig.add_subplot(spec[k], sharex=axes[0]) for k in range(1, len(panels))]
@@ -208,13 +218,15 @@ def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], 
             ax.axvline(tau, color=colour, linestyle=line, linewidth=width, label=f"{name} = {tau:.4g}")
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_xscale("log")
+    plain_log_ticks(axes[0].xaxis)
     for ax in axes[:-1]:
         ax.tick_params(which="both", labelbottom=False)
     axes[-1].set_xlabel("temperature tau")
     legend = [axes[0], *(ax for ax, (key, _) in zip(axes, panels, strict=True) if key == "conformal")]
     if curves:
         rc = fig.add_subplot(spec[len(panels)])
-        risk_coverage_axes(rc, [(f"tau = {m['tau']:.4g}", m) for m in rows])
+        names = [f"tau = {m['tau']:.4g}" for m in rows] if labels is None else [labels[k] for k in order]
+        risk_coverage_axes(rc, list(zip(names, rows, strict=True)))
         legend.append(rc)
     if source:
         fig.suptitle(source)
@@ -240,11 +252,13 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike, *, source: str | None = None) -> Path:
+def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike, *, source: str | None = None,
+               labels: Sequence[str] | None = None) -> Path:
     """NLL, ECE, entropy, smooth ECE and AURC against tau on a log axis, with vertical lines at the ``marks``
-    (label -> tau), and the risk-coverage curve of every tau (``results``: metrics objects)."""
+    (label -> tau), and the risk-coverage curve of every tau (``results``: metrics objects, each at one
+    temperature)."""
     path = check_plot_path(path)
-    fig = sweep_figure([m.to_dict(with_bins=False) for m in results], marks, source)
+    fig = sweep_figure([m.to_dict(with_bins=False) for m in results], marks, source, labels=labels)
     _save(fig, path)
     return path
 
@@ -444,6 +458,7 @@ def _ood_curves(report, ood_file: str, auroc_ax, fpr_ax, *, overall, excluded: l
               ("FPR95 (OOD accepted at 95% ID recall)", report.max_fpr95, "max FPR95", "fpr95"))
     for ax, (title, gate, gate_label, key) in zip((auroc_ax, fpr_ax), bounds, strict=True):
         ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis)
         ax.set_title(f"{name}\n{title}", fontsize=TITLE_SIZE)
         ax.grid(True, which="both", alpha=0.25)
         ax.tick_params(labelsize=TICK_SIZE)

@@ -20,6 +20,7 @@ from ..sources.base import SourceOptions
 from ..sources.groups import group_metadata, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_alphas
+from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis
 from .common import extra_figures, scan_source
 from .fold_conformal import fold_sets
 from .grouped_conformal import READS as GROUP_SET_READS
@@ -59,6 +60,40 @@ class FitReport:
         return self.fit.temperature
 
     @property
+    def rows(self) -> str:
+        """Which rows ``before`` and ``after`` cover (see :mod:`.basis`)."""
+        if self.folds is not None:
+            return ROWS_OUT_OF_FOLD
+        if self.eval_source is not None:
+            return ROWS_FILE
+        return ROWS_ALL if self.val_fraction in (None, 1) else ROWS_HELD_OUT
+
+    @property
+    def folds(self) -> int | None:
+        """K of ``--folds K`` (None without)."""
+        return None if self.subsets is None or self.subsets.folds is None else int(self.subsets.folds["k"])
+
+    @property
+    def before_basis(self) -> Basis:
+        """``before``: T = 1 on the evaluation rows (all rows with ``--folds``)."""
+        rows = ROWS_ALL if self.rows == ROWS_OUT_OF_FOLD else self.rows
+        return Basis(AT_ONE, rows, self.n_eval, 1.0, source=self.eval_source)
+
+    @property
+    def after_basis(self) -> Basis:
+        """``after``: the fitted T on the evaluation rows, or each fold's T out of fold."""
+        if self.folds is not None:
+            return Basis(AT_FOLDS, ROWS_OUT_OF_FOLD, self.n_eval, folds=self.folds)
+        return Basis(AT_GLOBAL, self.rows, self.n_eval, self.temperature, in_sample=self.rows == ROWS_ALL,
+                     source=self.eval_source)
+
+    def group_bases(self, n: int) -> dict[str, Basis]:
+        """A group's blocks (``n`` evaluation rows): T = 1, its own T and the global T (out of fold with folds)."""
+        return {"before": replace(self.before_basis, n=n),
+                "after": Basis(AT_GROUPS, self.rows, n, folds=self.folds, source=self.eval_source),
+                "after_global": replace(self.after_basis, n=n)}
+
+    @property
     def passes(self) -> int:
         """Reads of the data: the fit's (the validating scan included) and the conformal thresholds'."""
         return self.fit.passes + self.conformal_reads
@@ -74,6 +109,7 @@ class FitReport:
             return out
 
         before, after = block(self.before), block(self.after)
+        before["basis"], after["basis"] = self.before_basis.to_json(), self.after_basis.to_json()
         if self.extras:
             before.update(self.extras[0])
             after.update(self.extras[1])
@@ -97,7 +133,14 @@ class FitReport:
             out["folds"] = self.subsets.folds
         if self.subsets.groups is not None:
             out.update(group_key=self.subsets.group_key, group_prior=self.subsets.group_prior,
-                       groups=[g.to_json() for g in self.subsets.groups])
+                       groups=[self._group_json(g) for g in self.subsets.groups])
+        return out
+
+    def _group_json(self, group: Any) -> dict[str, Any]:
+        out = group.to_json()
+        for name, basis in self.group_bases(group.n_eval).items():
+            if out.get(name) is not None:
+                out[name]["basis"] = basis.to_json()
         return out
 
     @property

@@ -1,8 +1,8 @@
 """``report --group-by KEY`` (and ``ood --group-by KEY``'s groups): figures per group at every temperature, one pass.
 
 Each temperature is one slot of :func:`~tempcal.core.cell_passes.cell_calibration`, the rows' groups its
-subsets; at the stored T, when per-group temperatures are stored for KEY, each group's rows take their own
-T_g (a group with none stored takes the global T, with a warning).
+subsets; at the stored T, when per-group temperatures are stored for KEY, one more slot holds each group's rows
+at their own T_g (a group with none stored takes the global T, with a warning), beside the global T's figures.
 """
 
 from __future__ import annotations
@@ -82,22 +82,24 @@ class GroupedPass:
 def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
                    per_group: dict[str, float], stored: float | None, keep_rows: bool = False,
                    share: tuple[int, int] | None = None) -> GroupedPass:
-    """Every temperature (the stored one at ``per_group``'s T_g when given) over every row and every group;
-    ``share``: the part of ``groups``' rows this process reads, when not its share of SOURCE."""
+    """Every temperature over every row and every group, and, when ``per_group``'s T_g apply (the stored T is among
+    ``taus``), one more row last: each group's rows at its own T_g. ``share``: the part of ``groups``' rows this
+    process reads, when not its share of SOURCE."""
     start, stop = share or opened.share()
     local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
     count = groups.count
-    slots, flags = [], []
-    for tau in taus:
-        own = bool(per_group) and tau == stored
-        temps = [per_group[name] for name in groups.names] if own else [tau] * count
-        slots.append(1.0 / torch.tensor(temps, dtype=torch.float64))
-        flags.append(own)
+    flags = [False] * len(taus)
+    slots = [1.0 / torch.tensor([tau] * count, dtype=torch.float64) for tau in taus]
+    rows_taus = list(taus)
+    if per_group and stored is not None and stored in taus:
+        slots.append(1.0 / torch.tensor([per_group[name] for name in groups.names], dtype=torch.float64))
+        flags.append(True)
+        rows_taus.append(stored)
     calibration = cell_calibration(scan, torch.stack(slots), local, local, count, bins,
                                    keep_rows=keep_rows or needs_rows())
     index = torch.from_numpy(groups.index)
     results, rows = [], []
-    for k, tau in enumerate(taus):
+    for k, tau in enumerate(rows_taus):
         total = subset_metrics(calibration, k, tau)
         assert total is not None
         results.append(total)

@@ -14,9 +14,10 @@ from ..sources.base import SourceOptions
 from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_alphas, check_taus, resolve_taus
+from .basis import AT_GROUPS, ROWS_ALL, ROWS_HELD_OUT, Basis, report_basis
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
 from .grouped_report import AppliedGroups, GroupRow, applicable_groups, group_extras, grouped_report
-from .report_conformal import group_sets, metrics_plan, report_thresholds, with_sets
+from .report_conformal import OWN_GROUP_READS, group_sets, metrics_plan, own_group_sets, report_thresholds, with_sets
 from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
@@ -40,6 +41,18 @@ class ReportResult:
     eval_rows: bool = False  # only the rows the stored T was not fitted on (the stored split's held-out rows)
     conformal_rows: Any = None  # --conformal-alpha: the rows the thresholds came from and the rows judged
     conformal_reads: int = 0  # the reads the thresholds (and, by groups, the sets) took
+    bases: list[Basis] = field(default_factory=list)  # per result: the temperature and rows it was computed at
+
+    def basis(self, k: int) -> Basis:
+        """What ``results[k]`` was computed at and on which rows."""
+        if self.bases:
+            return self.bases[k]
+        return report_basis(self.results[k].tau, rows=ROWS_HELD_OUT if self.eval_rows else ROWS_ALL, n=self.count,
+                            stored=self.stored_temperature)
+
+    def points(self) -> list[CalibrationMetrics]:
+        """The results at one global temperature each (a per-group row is no point of a sweep over tau)."""
+        return [m for k, m in enumerate(self.results) if self.basis(k).sweep_point]
 
     @property
     def sweep_best(self) -> float | None:
@@ -48,14 +61,16 @@ class ReportResult:
 
     def sweep_lowest(self, figure: str) -> float | None:
         """The sweep temperature with the lowest ``figure`` (``nll``, ``smece``, ``aurc``...; NaN never counts)."""
-        in_sweep = [m for m in self.results if m.tau in self.sweep and getattr(m, figure) == getattr(m, figure)]
+        in_sweep = [m for m in self.points() if m.tau in self.sweep and getattr(m, figure) == getattr(m, figure)]
         return min(in_sweep, key=lambda m: getattr(m, figure)).tau if in_sweep else None
 
     def to_json(self) -> dict:
         rows = []
         for k, m in enumerate(self.results):
             row = m.to_dict()
-            row["stored"] = self.stored_temperature is not None and m.tau == self.stored_temperature
+            basis = self.basis(k)
+            row["stored"] = basis.stored
+            row["basis"] = basis.to_json()
             if self.extras:
                 row.update(self.extras[k])
             if self.group_rows is not None:
@@ -69,7 +84,7 @@ class ReportResult:
                 "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
-                "min_nll_tau": min(self.results, key=lambda m: m.nll).tau if self.results else None,
+                "min_nll_tau": min(self.points(), key=lambda m: m.nll).tau if self.points() else None,
                 "device": self.device, "warnings": self.warnings}
 
     def _sweep_json(self) -> dict:
@@ -84,7 +99,7 @@ class ReportResult:
     def smallest_sets(self) -> list[dict]:
         """Per alpha and score, the sweep temperature whose conformal sets are smallest on average (at a fixed
         miscoverage the coverage is held; the size is what T changes)."""
-        in_sweep = [m for m in self.results if m.tau in self.sweep and m.conformal]
+        in_sweep = [m for m in self.points() if m.tau in self.sweep and m.conformal]
         if not in_sweep:
             return []
         out = []
@@ -120,12 +135,13 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     resolved = resolve_taus(taus, stored, loaded.name, sweep=sweep, place=loaded.temperature_place())
     groups = read_groups(loaded, group_by) if group_by is not None else None
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings)
-    held_out = _scored_rows(loaded, eval_rows, stored is not None and stored in resolved, warnings)
+    held_out, in_sample = _scored_rows(loaded, eval_rows, stored is not None and stored in resolved, warnings)
     full, share, all_groups = scan, None, groups
     if held_out is not None:
         scan = scan.select(loaded.local_rows(held_out))
         if groups is not None:
             groups, share = _held_out_groups(loaded, groups, held_out)
+    rows = ROWS_HELD_OUT if held_out is not None else ROWS_ALL
     if groups is None:
         sets = report_thresholds(full, loaded, resolved, alphas, seed, warnings) if alphas else None
         plan, collected = metrics_plan(sets, loaded, held_out is None) if sets is not None else (None, [])
@@ -136,62 +152,79 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
         return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
                             str(scan.device), warnings, extras, loaded, eval_rows=eval_rows,
                             conformal_rows=None if sets is None else sets.rows,
-                            conformal_reads=0 if sets is None else sets.reads)
+                            conformal_reads=0 if sets is None else sets.reads,
+                            bases=[report_basis(t, rows=rows, n=scan.num_samples, stored=stored, in_sample=in_sample)
+                                   for t in resolved])
     applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else AppliedGroups({}, [])
     warnings.extend(applied.warnings)
     grouped = grouped_report(loaded, scan, groups, resolved, bins=bins, per_group=applied.temperatures, stored=stored,
                              keep_rows=bool(estimators or bootstrap), share=share)
-    plain = [tau for tau, row in zip(resolved, grouped.rows, strict=True) if not row.per_group]
-    extras = _extras(scan, grouped, resolved, plain, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
+    plain = [row.tau for row in grouped.rows if not row.per_group]
+    extras = _extras(scan, grouped, plain, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
                      warnings=warnings)
-    rows = group_extras(grouped, groups, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins)
+    bases = [Basis(AT_GROUPS, rows, scan.num_samples, stored=True, in_sample=in_sample) if row.per_group else
+             report_basis(row.tau, rows=rows, n=scan.num_samples, stored=stored, in_sample=in_sample)
+             for row in grouped.rows]
     result = ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, grouped.results, sweep,
-                          bins, str(scan.device), warnings, extras, loaded, groups.key, rows, eval_rows)
+                          bins, str(scan.device), warnings, extras, loaded, groups.key,
+                          group_extras(grouped, groups, estimators=estimators, bootstrap=bootstrap, seed=seed,
+                                       bins=bins), eval_rows, bases=bases)
     if alphas:
         assert all_groups is not None
-        _grouped_sets(result, full, loaded, all_groups, alphas, seed)
+        _grouped_sets(result, full, loaded, all_groups, alphas, seed, applied.temperatures)
     return result
 
 
 def _grouped_sets(result: ReportResult, full: Any, opened: Any, groups: RowGroups, alphas: list[float],
-                  seed: int) -> None:
-    """``--group-by`` with ``--conformal-alpha``: the sets at every temperature but the per-group one, overall and
-    per group, from a read of the thresholds and one of the evaluation rows."""
+                  seed: int, per_group: dict[str, float]) -> None:
+    """``--group-by`` with ``--conformal-alpha``: the sets at every temperature, overall and per group, from a read of
+    the thresholds and one of the evaluation rows; at the stored per-group temperatures (``per_group``, name -> T_g),
+    each row's scores and sets at its own group's T, two reads more."""
     assert result.group_rows is not None
     plain = [k for k, row in enumerate(result.group_rows) if not row.per_group]
-    if len(plain) < len(result.group_rows):
-        result.warnings.append("conformal sets are left out at the per-group stored temperatures (each group's "
-                               "rows at their own T_g); they are given at every other tau")
-    if not plain:
-        return
     sets = report_thresholds(full, opened, [result.results[k].tau for k in plain], alphas, seed, result.warnings)
-    overall, per_group = group_sets(full, opened, sets, groups.index, groups.count)
-    names = {name: g for g, name in enumerate(groups.names)}
-    for j, k in enumerate(plain):
+    overall, by_group = group_sets(full, opened, sets, groups.index, groups.count)
+    _place_sets(result, plain, overall, by_group, groups.names)
+    reads = sets.reads + 1
+    own = [k for k, row in enumerate(result.group_rows) if row.per_group]
+    if own:
+        every, mine = own_group_sets(full, opened, sets.rows, alphas, [per_group[name] for name in groups.names],
+                                     groups.index)
+        _place_sets(result, own, [every] * len(own), [mine] * len(own), groups.names)
+        reads += OWN_GROUP_READS
+    result.conformal_rows, result.conformal_reads = sets.rows, reads
+
+
+def _place_sets(result: ReportResult, places: list[int], overall: list, by_group: list, names: list[str]) -> None:
+    """The sets of ``places[j]`` (result rows) from ``overall[j]`` and ``by_group[j][g]`` (None: no rows judged)."""
+    assert result.group_rows is not None
+    number = {name: g for g, name in enumerate(names)}
+    for j, k in enumerate(places):
         result.results[k] = replace(result.results[k], conformal=overall[j])
         row = result.group_rows[k]
         figures = []
         for f in row.groups:
-            found = per_group[j][names[f.group]]
+            found = by_group[j][number[f.group]]
             figures.append(f if found is None else replace(f, extras={**f.extras,
                                                                       "conformal": [c.to_json() for c in found]}))
         result.group_rows[k] = replace(row, groups=figures)
-    result.conformal_rows, result.conformal_reads = sets.rows, sets.reads + 1
 
 
-def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[str]) -> np.ndarray | None:
-    """The held-out rows with ``eval_rows`` (None: every row; then a note when the stored T was fitted on them)."""
+def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[str]
+                 ) -> tuple[np.ndarray | None, bool]:
+    """The held-out rows with ``eval_rows`` (None: every row; then a note when the stored T was fitted on them), and
+    whether the rows scored include the stored T's fitting rows."""
     if eval_rows:
-        return evaluation_rows(opened, stored_split(opened))
+        return evaluation_rows(opened, stored_split(opened)), False
     try:
         split = stored_split(opened) if at_stored else None
     except TempcalError as exc:
         warnings.append(f"{exc}; the rows the stored T was fitted on are unknown")
-        return None
+        return None, False
     note = None if split is None else in_sample_note(opened, split, opened.data.num_samples)
     if note is not None:
         warnings.append(note)
-    return None
+    return None, note is not None
 
 
 def _held_out_groups(opened: Any, groups: RowGroups, rows: np.ndarray) -> tuple[RowGroups, tuple[int, int]]:
@@ -201,7 +234,7 @@ def _held_out_groups(opened: Any, groups: RowGroups, rows: np.ndarray) -> tuple[
             (int(np.searchsorted(rows, start)), int(np.searchsorted(rows, stop))))
 
 
-def _extras(scan: Any, grouped: Any, taus: Sequence[float], plain: Sequence[float], *, estimators: Sequence[str],
+def _extras(scan: Any, grouped: Any, plain: Sequence[float], *, estimators: Sequence[str],
             bootstrap: int, seed: int, bins: int, warnings: list[str]) -> list[dict]:
     """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
     the pass kept."""

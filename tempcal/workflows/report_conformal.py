@@ -24,8 +24,8 @@ from ..core.scan import Scan
 from ..core.splitting import stratified_split
 from ..errors import TempcalError
 from ..metrics.calibration import CalibrationMetrics, ConformalPlan
-from ..metrics.conformal import ConformalResult
-from ..metrics.conformal_pass import SetSums, Thresholds, fit_thresholds, set_results
+from ..metrics.conformal import ConformalResult, results, threshold
+from ..metrics.conformal_pass import FoldSetSums, ScoreRows, SetSums, Thresholds, fit_thresholds, set_results
 from ..sources.base import OpenedSource
 from .fold_conformal import temperatures_per_read
 from .stored_split import evaluation_rows, stored_split
@@ -136,5 +136,38 @@ def group_sets(full: Scan, opened: OpenedSource, sets: ReportSets, group_index: 
     return overall, per_group
 
 
-__all__ = ["ConformalRows", "ReportSets", "conformal_rows", "group_sets", "metrics_plan", "report_thresholds",
-           "with_sets"]
+def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas: list[float],
+                   group_taus: Sequence[float], group_index: np.ndarray
+                   ) -> tuple[list[ConformalResult], list[list[ConformalResult] | None]]:
+    """``report --group-by`` at the stored per-group temperatures: every row's scores and sets at its own group's T
+    (``group_taus``, by group number; ``group_index``: every counted row's group): the thresholds from the
+    calibration rows' scores at their own T (one read), the sets on the evaluation rows at theirs (one more), overall
+    and per group, as a deployment that applies T_g row by row would form them."""
+    start, stop = opened.share()
+    betas = 1.0 / np.asarray(group_taus, dtype=np.float64)
+    calibration = rows.calibration
+    lo, hi = int(np.searchsorted(calibration, start)), int(np.searchsorted(calibration, stop))
+    scan = full.select(opened.local_rows(calibration))
+    scores = ScoreRows(1, scan.data.num_samples, scan.device,
+                       row_betas=torch.from_numpy(betas[group_index[calibration[lo:hi]]]))
+    scan.visit([1.0], scores)
+    [found] = scores.gathered()
+    q = {name: [threshold(values, a) for a in alphas] for name, values in found.items()}
+    evaluation = rows.evaluation
+    lo, hi = int(np.searchsorted(evaluation, start)), int(np.searchsorted(evaluation, stop))
+    local = torch.from_numpy(group_index[evaluation[lo:hi]].astype(np.int64))
+    count = len(betas)
+    sums = FoldSetSums([betas.tolist()], [[q] * count], local, scan.device, groups=local, num_groups=count)
+    full.select(opened.local_rows(evaluation)).visit([1.0], sums)  # one slot: each row at its group's T
+    reduced = {score: values[0] for score, values in sums.reduced().items()}  # [groups, alphas, 2]
+    counts = np.bincount(group_index[evaluation], minlength=count)
+    overall = results(alphas, q, {score: values.sum(0) for score, values in reduced.items()}, int(evaluation.size))
+    return overall, [results(alphas, q, {score: values[g] for score, values in reduced.items()}, int(counts[g]))
+                     if counts[g] else None for g in range(count)]
+
+
+#: Reads :func:`own_group_sets` takes: the calibration rows' scores, then the evaluation rows' sets.
+OWN_GROUP_READS = 2
+
+__all__ = ["OWN_GROUP_READS", "ConformalRows", "ReportSets", "conformal_rows", "group_sets", "metrics_plan",
+           "own_group_sets", "report_thresholds", "with_sets"]

@@ -136,7 +136,8 @@ def test_eval_rows_with_groups(tmp_path, capsys):
     assert code == 0 and out is not None
     z, y, s = logits.double().numpy(), labels.numpy(), site.numpy()
     fit_rows, held_out = stratified_split(y, 0.5, 0)
-    [row] = out["results"]
+    at_global, row = out["results"]
+    assert not at_global["per_group"] and at_global["basis"]["rows"] == row["basis"]["rows"] == "held out"
     assert row["per_group"] is True and sum(g["n"] for g in row["groups"]) == len(held_out) == out["n"]
     for g in row["groups"]:
         mine_fit = fit_rows[s[fit_rows] == int(g["group"])]

@@ -85,7 +85,7 @@ def test_probability_looking_logits_are_refused_unless_told(tmp_path, capsys):
 def test_terminal_output_names_the_temperature_and_sizes(capsys):
     assert main(["fit", str(EXAMPLE), "--no-write"]) == 0
     out = capsys.readouterr().out
-    assert "T = " in out and "fitted on" in out and "evaluated on" in out
+    assert "T = " in out and "T fitted on 674 rows" in out and "on the 674 held-out rows" in out
     assert "reliability" in out and "ECE" in out
 
 
@@ -117,7 +117,8 @@ def test_markdown_for_a_model_card(data_file, tmp_path, run_json):
                             "--seed", "3", "--val-fraction", "0.4"])
     text = card.read_text()
     assert f"T = {out['temperature']:.6g}" in text
-    assert "seed 3" in text and f"{out['n_fit']} samples" in text and f"other {out['n_eval']}" in text
+    assert "seed 3" in text and f"{out['n_fit']} samples" in text
+    assert f"evaluated on the {out['n_eval']} held-out rows" in text
     assert "](../figures/rel.png)" in text
     assert f"| ECE | {out['before']['ece']:.4f} | {out['after']['ece']:.4f} |" in text
     report_card = tmp_path / "report.md"

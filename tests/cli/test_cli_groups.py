@@ -121,8 +121,11 @@ def test_lm_eval_task_groups(tmp_path, run_json):
     stored = json.loads(sidecar["metadata"]["tempcal.group_temperatures"])
     assert stored == {g["group"]: g["temperature"] for g in out["groups"]}
     report = run_json(["report", *map(str, paths), "--group-by", "task"])
-    assert report["results"][0]["per_group"] is True
-    assert {g["group"]: g["tau"] for g in report["results"][0]["groups"]} == stored
+    at_global, own = report["results"]  # the stored global T's figures, then each group at its own T
+    assert not at_global["per_group"] and at_global["basis"]["at"] == "global T"
+    assert {g["tau"] for g in at_global["groups"]} == {out["temperature"]}
+    assert own["per_group"] is True and own["basis"]["at"] == "per-group T"
+    assert {g["group"]: g["tau"] for g in own["groups"]} == stored
 
 
 def test_group_by_task_needs_lm_eval_logs(grouped, cli):

@@ -63,7 +63,7 @@ def test_a_long_path_keeps_the_header_on_one_line(tmp_path):
         assert done.returncode == 0, done.stderr
         header = done.stdout.splitlines()[0]
         assert header.startswith(f"{copy}: ") and len(header) > 80
-        assert ("fitted on 674 samples, evaluated on 674" in header) == (command[0] == "fit")
+        assert ("T fitted on 674 rows; figures on the 674 held-out rows" in header) == (command[0] == "fit")
 
 
 def test_plain_output_without_a_terminal_or_with_no_color(tmp_path):

@@ -20,11 +20,13 @@ import tempcal
 ALPHAS = [0.1, 0.05]
 
 
-def check_sets(row: dict, z, y: np.ndarray, calibration: np.ndarray, evaluation: np.ndarray, alphas) -> None:
-    """``row``'s conformal entries against the direct construction at its tau. Rows that repeat can hold a score
-    equal to the threshold up to the last bit, where two float64 softmaxes may disagree: the figures must lie
-    between the direct sets at q - 1e-12 and at q + 1e-12 (sets only grow with q), which is equality elsewhere."""
-    p = probabilities(z, row["tau"])
+def check_sets(row: dict, z, y: np.ndarray, calibration: np.ndarray, evaluation: np.ndarray, alphas,
+               p: np.ndarray | None = None) -> None:
+    """``row``'s conformal entries against the direct construction at its tau (or from the probabilities ``p``).
+    Rows that repeat can hold a score equal to the threshold up to the last bit, where two float64 softmaxes may
+    disagree: the figures must lie between the direct sets at q - 1e-12 and at q + 1e-12 (sets only grow with q),
+    which is equality elsewhere."""
+    p = probabilities(z, row["tau"]) if p is None else p
     assert [(c["alpha"], c["score"]) for c in row["conformal"]] == [(a, s) for a in alphas for s in ("lac", "aps")]
     for c in row["conformal"]:
         q, _, _ = ref_conformal(p[calibration], y[calibration], p[evaluation], y[evaluation], c["alpha"])[c["score"]]
@@ -108,20 +110,35 @@ def test_group_by_gives_each_groups_coverage_under_the_global_sets(tmp_path, run
             assert [c["threshold"] for c in g["conformal"]] == [c["threshold"] for c in row["conformal"]]
 
 
-def test_the_per_group_stored_row_has_no_sets_and_says_why(tmp_path, cli, run_json):
-    grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
+def test_the_per_group_stored_row_forms_each_rows_sets_at_its_own_groups_t(tmp_path, cli, run_json):
+    """At the stored per-group temperatures every row's scores (for the thresholds) and sets are at its own group's
+    T_g, as a deployment applying T_g row by row forms them; the global T's row keeps its own sets beside."""
+    z, y, group = grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
+    y = y.numpy()
     path = str(tmp_path / "grouped.safetensors")
-    run_json(["fit", path, "--group-by", "group"])
+    fitted = run_json(["fit", path, "--group-by", "group"])
     code, out, err = cli(["report", path, "--group-by", "group", "--tau", "fitted", "--tau", "1",
-                          "--conformal-alpha", "0.1", "--json", "-"])
+                          "--conformal-alpha", "0.1", "--conformal-alpha", "0.05", "--json", "-"])
     assert code == 0, err
     import json
 
-    [stored] = [r for r in json.loads(out)["results"] if r["per_group"]]
-    [plain] = [r for r in json.loads(out)["results"] if not r["per_group"]]
-    assert "conformal" not in stored and "conformal" not in stored["groups"][0]
-    assert plain["conformal"] and plain["groups"][0]["conformal"]
-    assert "conformal sets are left out at the per-group stored temperatures" in err
+    result = json.loads(out)
+    [own] = [r for r in result["results"] if r["per_group"]]
+    plain = [r for r in result["results"] if not r["per_group"]]
+    assert sorted(r["tau"] for r in plain) == [1.0, fitted["temperature"]] and own is result["results"][-1]
+    assert own["basis"]["at"] == "per-group T" and own["basis"]["tau"] is None
+    assert "left out" not in err and result["conformal_reads"] == 4  # thresholds, sets, and two at the T_g
+    calibration, evaluation = tempcal.stratified_split(y, 0.5, 0)  # the stored split's rows
+    t_g = {g["group"]: g["temperature"] for g in fitted["groups"]}
+    own_t = np.array([t_g[str(int(v))] for v in group])[:, None]
+    p = probabilities(z, own_t)  # every row at its own group's T
+    check_sets(own, z, y, calibration, evaluation, [0.1, 0.05], p=p)
+    for g in own["groups"]:
+        mine = evaluation[group[evaluation] == int(g["group"])]
+        check_sets({"conformal": g["conformal"]}, z, y, calibration, mine, [0.1, 0.05], p=p)
+    for row in plain:
+        check_sets(row, z, y, calibration, evaluation, [0.1, 0.05])
+    assert own["conformal"] != plain[0]["conformal"]
 
 
 def test_the_console_shows_every_tau_and_marks_the_smallest_sets(tmp_path, cli):

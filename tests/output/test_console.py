@@ -68,7 +68,7 @@ def test_report_with_every_estimator_and_the_bootstrap_prints_every_figure_whole
                          bootstrap=20, device="cpu")
     text = rendered(print_report, result)
     header, *_ = text.splitlines()
-    assert header == f"{path}: 1500 samples, 8 classes, 15 bins"  # one line however long the path
+    assert header == f"{path}: 1,500 samples, 8 classes, 15 bins"  # one line however long the path
     lines = assert_tables_whole(text, path)
     headers = [line for line in lines if line.lstrip().startswith("tau")]
     assert len(headers) >= 3  # the metrics, then the extras split into two or more tables
@@ -85,8 +85,8 @@ def test_fit_with_every_estimator_and_the_bootstrap_prints_every_figure_whole(da
     report = fit_file(str(path), estimators=list(ESTIMATORS), bootstrap=20, device="cpu")
     text = rendered(print_fit, report)
     lines = assert_tables_whole(text, path)
-    for tau, extras in zip((report.before.tau, report.after.tau), report.extras, strict=True):
-        shown = numbers_in(lines, f"{tau:.4g}")
+    for label, extras in zip(("T = 1", f"T = {report.after.tau:.4g}"), report.extras, strict=True):
+        shown = [n for line in lines if line.startswith(label + " ") for n in NUMBER.findall(line[len(label):])]
         assert all(shown.count(x) >= expected_extras(extras).count(x) for x in expected_extras(extras))
     for b in report.after.bins:  # the reliability table's rows, after T, whole
         if b.count:
