@@ -65,11 +65,24 @@ class CalibrationTerms:
     def add_chunk(self, z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor,
                   correct: torch.Tensor, has_neginf: bool, scratch: Scratch) -> None:
         """One chunk of :meth:`Scan.row_chunks` (the chunks come in order, so the rows' positions are known)."""
-        start, stop = self.position, self.position + z.shape[0]
+        self._add(z, y, row_max, gap, correct, has_neginf, scratch, self.position, self.acc, self.per_bin)
+        self.position += z.shape[0]
+
+    def block_sums(self, z: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor, correct: torch.Tensor,
+                   has_neginf: bool, scratch: Scratch, start: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block's sums ``[betas, 5]`` and bins ``[betas, 3, bins]``, its kept figures written in place: blocks
+        may run on several threads at once (without a visitor); the caller adds the sums up in row order."""
+        acc, per_bin = torch.zeros_like(self.acc), torch.zeros_like(self.per_bin)
+        self._add(z, None, row_max, gap, correct, has_neginf, scratch, start, acc, per_bin)
+        return acc, per_bin
+
+    def _add(self, z: torch.Tensor, y: torch.Tensor | None, row_max: torch.Tensor, gap: torch.Tensor,
+             correct: torch.Tensor, has_neginf: bool, scratch: Scratch, start: int, acc: torch.Tensor,
+             per_bin: torch.Tensor) -> None:
+        stop = start + z.shape[0]
         d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
         hit = correct.to(torch.float64)
         d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
-        acc, per_bin = self.acc, self.per_bin
         for k, beta in enumerate(self.betas):
             e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
             s0 = e.sum(1)
@@ -91,9 +104,8 @@ class CalibrationTerms:
                 self.kept["confidence"][k, start:stop] = confidence
             if "energy" in self.kept:
                 self.kept["energy"][k, start:stop] = row_max.to(torch.float64) + log_s0.to(torch.float64) / beta
-            if self.visitor is not None:
+            if self.visitor is not None and y is not None:
                 self.visitor.add(k, beta, d, y, start)
-        self.position = stop
 
     def results(self, acc: torch.Tensor, per_bin: torch.Tensor, count: int
                 ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
