@@ -11,10 +11,11 @@ arrays in memory; it has no streamed form). Then the default threads again witho
 measured in the same run, idle and busy.
 
 Every figure is the median over ``--repeats`` fresh processes of each process's median fit
-(``--fits`` fits after one warm-up on 2,000 rows; one fit for scikit-learn and ``--base`` above 10,000 x 100); the processes of one repeat run one after the
-other, contenders interleaved, so slow minutes hit them alike. Targets (issue 39): with one core
-busy, default threads within 1.5x of one thread, and faster than scikit-learn by >= 5x at
-10,000 x 100 and >= 10x at 50,000 x 1,000; idle, no slower than ``--base``.
+(``--fits`` fits after one warm-up on 2,000 rows; one fit for scikit-learn and ``--base`` above
+10,000 x 100); the processes of one repeat run one after the other, contenders interleaved, so
+slow minutes hit them alike. Targets (issue 39): with one core busy, default threads within 1.5x
+of one thread, and faster than scikit-learn by >= 5x at 10,000 x 100 and >= 10x at 50,000 x 1,000;
+idle, no slower than ``--base``.
 
 Run: ``python benchmarks/busy_core.py [--repeats 3] [--sizes 10000x100,50000x1000] [--base DIR]``
 """
