@@ -323,10 +323,9 @@ class Scan:
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
         if visitor is None:  # the blocks on the pass's threads; a visitor sees the chunks in order, on one
-            for acc, per_bin in self.block_pass(lambda b, scratch: terms.block_sums(
+            for block in self.block_pass(lambda b, scratch: terms.block_sums(
                     b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start)):
-                terms.acc += acc
-                terms.per_bin += per_bin
+                terms.add_block(block)
             terms.position = self.data.num_samples
         else:
             for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
