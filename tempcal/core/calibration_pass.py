@@ -46,6 +46,10 @@ class ChunkVisitor(Protocol):
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
 
 
+#: One block's figures: sums ``[betas, 5]``, each temperature's (bin index, confidence) per row, correctness.
+BlockSums = tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
+
+
 class CalibrationTerms:
     """The sums of :meth:`tempcal.core.scan.Scan.calibration` at ``betas``, chunk by chunk, over ``rows`` rows."""
 
@@ -65,11 +69,39 @@ class CalibrationTerms:
     def add_chunk(self, z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor,
                   correct: torch.Tensor, has_neginf: bool, scratch: Scratch) -> None:
         """One chunk of :meth:`Scan.row_chunks` (the chunks come in order, so the rows' positions are known)."""
-        start, stop = self.position, self.position + z.shape[0]
+        self._add(z, y, row_max, gap, correct, has_neginf, scratch, self.position, self.acc, self.per_bin)
+        self.position += z.shape[0]
+
+    def block_sums(self, z: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor, correct: torch.Tensor,
+                   has_neginf: bool, scratch: Scratch, start: int) -> BlockSums:
+        """One block's figures, its kept ones written in place: blocks may run on several threads at once (without
+        a visitor); :meth:`add_block` then adds them up in row order, as :meth:`add_chunk` would have."""
+        acc = torch.zeros_like(self.acc)
+        binned = self._add(z, None, row_max, gap, correct, has_neginf, scratch, start, acc, None)
+        return acc, binned, correct.to(torch.float64)
+
+    def add_block(self, block: BlockSums) -> None:
+        acc, binned, hit = block
+        self.acc += acc
+        for k, (index, confidence) in enumerate(binned):
+            self._bin(self.per_bin[k], index, confidence, hit)
+
+    @staticmethod
+    def _bin(per_bin: torch.Tensor, index: torch.Tensor, confidence: torch.Tensor, hit: torch.Tensor) -> None:
+        per_bin[0].index_add_(0, index, torch.ones_like(confidence))
+        per_bin[1].index_add_(0, index, confidence)
+        per_bin[2].index_add_(0, index, hit)
+
+    def _add(self, z: torch.Tensor, y: torch.Tensor | None, row_max: torch.Tensor, gap: torch.Tensor,
+             correct: torch.Tensor, has_neginf: bool, scratch: Scratch, start: int, acc: torch.Tensor,
+             per_bin: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Add a chunk's sums into ``acc`` and its bins into ``per_bin`` (None: each temperature's bin index and
+        confidences are returned instead)."""
+        stop = start + z.shape[0]
         d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
         hit = correct.to(torch.float64)
         d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
-        acc, per_bin = self.acc, self.per_bin
+        binned = []
         for k, beta in enumerate(self.betas):
             e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
             s0 = e.sum(1)
@@ -84,16 +116,17 @@ class CalibrationTerms:
             acc[k, 3] += hit.sum()
             acc[k, 4] += confidence.sum()
             index = bin_index(confidence, self.edges)
-            per_bin[k, 0].index_add_(0, index, torch.ones_like(confidence))
-            per_bin[k, 1].index_add_(0, index, confidence)
-            per_bin[k, 2].index_add_(0, index, hit)
+            if per_bin is None:
+                binned.append((index, confidence))
+            else:
+                self._bin(per_bin[k], index, confidence, hit)
             if "confidence" in self.kept:
                 self.kept["confidence"][k, start:stop] = confidence
             if "energy" in self.kept:
                 self.kept["energy"][k, start:stop] = row_max.to(torch.float64) + log_s0.to(torch.float64) / beta
-            if self.visitor is not None:
+            if self.visitor is not None and y is not None:
                 self.visitor.add(k, beta, d, y, start)
-        self.position = stop
+        return binned
 
     def results(self, acc: torch.Tensor, per_bin: torch.Tensor, count: int
                 ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
@@ -109,4 +142,4 @@ class CalibrationTerms:
         return out
 
 
-__all__ = ["KEPT", "CalibrationSums", "CalibrationTerms", "ChunkVisitor"]
+__all__ = ["KEPT", "BlockSums", "CalibrationSums", "CalibrationTerms", "ChunkVisitor"]

@@ -207,13 +207,15 @@ def row_cumulants(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Buffer
     return chunk_sums(row_moments(z, beta, y, buffers, top=top, impossible=impossible), z_true, beta)
 
 
-def row_range(z: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
-    """Per-row ``max - min`` over finite entries (the fit's error bound uses the largest one)."""
-    low = z.amin(1)
+def row_range(z: torch.Tensor, top: torch.Tensor, low: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-row ``max - min`` over finite entries (the fit's error bound uses the largest one); ``low``: the rows'
+    minima, when already known."""
+    low = z.amin(1) if low is None else low
     odd = low == -math.inf
     if bool(odd.any()):
         rows = z[odd]
         inf = torch.full((), math.inf, dtype=z.dtype, device=z.device)
+        low = low.clone()
         low[odd] = torch.where(torch.isfinite(rows), rows, inf).amin(1)
     return top - low
 

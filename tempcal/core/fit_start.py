@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +36,7 @@ from . import distributed
 from .certified import BETA_MAX, BETA_MIN, TOL, FitStart, certified_fit
 from .cumulants import FIELDS, Buffers, NllDerivatives, row_cumulants, row_moments, row_range, row_terms
 from .distributed import all_reduce
+from .threads import map_blocks
 
 GRID_POINTS = 7
 GRID_RATIO = 4.0
@@ -94,7 +96,8 @@ class StartScan:
     """
 
     def __init__(self, fit_rows: torch.Tensor | None, num_rows: int, num_classes: int, device: torch.device,
-                 buffers: Buffers, offset: int = 0):
+                 buffers: Buffers, offset: int = 0, *, threads: int = 1,
+                 buffers_for: Callable[[int], Buffers] | None = None):
         self.mask: torch.Tensor | None = None
         self.local_rows = num_rows
         if fit_rows is not None:
@@ -102,6 +105,8 @@ class StartScan:
             self.mask[fit_rows.to(device)] = True
             self.local_rows = int(self.mask.sum())
         self.num_classes, self.device, self.buffers, self.offset = num_classes, device, buffers, offset
+        self.threads = threads  # the grid's betas are shared among them (each thread's buffers: buffers_for)
+        self.buffers_for = buffers_for or (lambda worker: buffers)
         self.total_rows = 0
         self.planned = False
         self.betas: list[float] = []
@@ -121,11 +126,12 @@ class StartScan:
         self._buffered = 0
 
     # -- per chunk -----------------------------------------------------------------------
-    def add_chunk(self, position: int, rows: ChunkRows) -> None:
-        """One validated chunk: its rows from ``position`` on (among this process's rows)."""
+    def add_chunk(self, position: int, rows: ChunkRows, low: torch.Tensor | None = None) -> None:
+        """One validated chunk: its rows from ``position`` on (among this process's rows); ``low``: their
+        minima, when known."""
         n = rows.count
         keep = None if self.mask is None else self.mask[position : position + n]
-        spread = row_range(rows.z, rows.row_max)
+        spread = row_range(rows.z, rows.row_max, low)
         if not self.planned:
             self._plan(rows if keep is None else rows.select(keep), spread if keep is None else spread[keep])
         x = rows.controls()
@@ -251,8 +257,12 @@ class StartScan:
             moments = row_moments(z.repeat(k, 1), betas, y.repeat(k), self.buffers, top=rows.row_max.repeat(k),
                                   impossible=impossible)
             return row_terms(moments, z_true.repeat(k), betas).view(len(FIELDS), k, n).transpose(0, 1)
-        return torch.stack([row_terms(row_moments(z, beta, y, self.buffers, top=rows.row_max, impossible=impossible),
-                                      z_true, beta) for beta in self.betas])
+        def terms(k: int, worker: int) -> torch.Tensor:
+            beta = self.betas[k]
+            moments = row_moments(z, beta, y, self.buffers_for(worker), top=rows.row_max, impossible=impossible)
+            return row_terms(moments, z_true, beta)
+
+        return torch.stack(map_blocks(terms, len(self.betas), self.threads))
 
     def finish(self) -> FitStart:
         """The all-reduced summary (every process calls it)."""

@@ -18,9 +18,9 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal, TypeVar
 
 import torch
 
@@ -34,8 +34,11 @@ from .distributed import all_gather_rows, all_reduce
 from .ece_terms import EceTerms
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
+from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
 from .scratch import Scratch
+from .threads import block_bounds, configure_threads, map_blocks, pass_threads, read_rows, single_threaded
 
+R = TypeVar("R")
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
 ALL_ROWS: Literal["all"] = "all"
 FitRows = torch.Tensor | Literal["all"] | None
@@ -54,6 +57,19 @@ class RowStats:
 
     def select(self, rows: torch.Tensor) -> RowStats:
         return RowStats(*(getattr(self, f)[rows] for f in self.__dataclass_fields__))
+
+
+@dataclass(frozen=True)
+class RowBlock:
+    """One block of :meth:`Scan.block_pass`: ``chunk_rows`` rows (fewer at the end) and their kept statistics."""
+
+    z: torch.Tensor  # logits on the device, compute dtype (a binary logit as two classes)
+    y: torch.Tensor
+    row_max: torch.Tensor
+    true_gap: torch.Tensor
+    correct: torch.Tensor
+    has_neginf: bool
+    start: int  # position of the block's first row among this process's rows
 
 
 #: Means over samples of the NLL and its first four derivatives in ``beta = 1/T`` (``grad``, ``curvature``: the
@@ -84,6 +100,7 @@ class Scan:
     def __init__(self, data: LogitsSource, *, device: str | torch.device = "auto",
                  chunk_rows: int | None = None, dtype: torch.dtype | None = None, labelled: bool = True,
                  fit_rows: FitRows = None, _stats: RowStats | None = None, _start: FitStart | None = None):
+        configure_threads()  # once per process: TEMPCAL_THREADS, or the cores this process may use
         self.data = data
         self.labelled = labelled  # False: the labels are placeholders (OOD scores) and are not checked
         self.device = resolve_device(device)
@@ -97,6 +114,7 @@ class Scan:
         self.passes = 0
         self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
+        self._scratches = [self.scratch]  # one per thread of a block pass (:mod:`tempcal.core.threads`)
         self.looks_like_probabilities = False
         self.fit_start = _start  # what a fit on every row of this scan starts from (None: a start without a grid)
         if fit_rows is not None and not (isinstance(fit_rows, str) and fit_rows == ALL_ROWS):
@@ -142,49 +160,70 @@ class Scan:
     # -- the first scan -------------------------------------------------------------
     def _first_scan(self) -> RowStats:
         data = self.data
-        problems = _Problems(data)
+        problems = Problems(data)
         # Filled in place: small per-chunk tensors kept alive between large temporaries fragment the heap.
         n, real = data.num_samples, self.compute_dtype
         stats = RowStats(*(torch.empty(n, dtype=dt, device=self.device)
                            for dt in (real, real, torch.bool, real, real, torch.bool)))
-        probability_like = data.num_samples > 0
-        start = self._start_scan()
+        threads = self.pass_threads()
+        start = self._start_scan(threads)
         self.passes += 1
-        for position, z, y in data.chunks(self.chunk_rows, self.device, self.compute_dtype):
-            y, row_sum, values = self._validated_chunk(problems, position, z, y)
-            if values is None:
-                if start is not None:
-                    start.plan_empty(real)  # a chunk with bad values: the scan fails on every process
-                continue
-            if probability_like:
-                probability_like = _probability_like(z[:, 1] if data.binary else z, values[0], row_sum)
-            stop = position + z.shape[0]
-            for column, value in zip((getattr(stats, f) for f in stats.__dataclass_fields__), values, strict=True):
-                column[position:stop] = value
+        state = _FirstScan(stats, problems, start, data.num_samples > 0)
+        block = self.chunk_rows
+        for read_start, zr, yr in data.chunks(read_rows(block, self.num_classes, threads), self.device, real):
+            bounds = block_bounds(zr.shape[0], block)
+            # The reductions over every logit, shared among the threads; the rest, per row, in order.
+            def reduce(i: int, _: int, zr: torch.Tensor = zr, bounds=bounds) -> Reductions:
+                return row_reductions(zr[bounds[i][0]:bounds[i][1]], low=start is not None)
+
+            reduced = map_blocks(reduce, len(bounds), threads)
+            with single_threaded():
+                for (a, b), rows in zip(bounds, reduced, strict=True):
+                    self._scan_block(state, read_start + a, zr[a:b], yr[a:b], rows)
+        with single_threaded():  # the sample's last block (its grid betas shared among the pass's threads)
             if start is not None:
-                row_max, true_gap, _, mean, var, has_neginf = values
-                start.add_chunk(position, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf))
-        if start is not None:
-            start.plan_empty(real)  # a process without rows
-        problems.raise_first(self.device)
-        flag = torch.tensor([1 if probability_like else 0], device=self.device)
-        self.looks_like_probabilities = bool(all_reduce(flag, "min").item())
-        if start is not None:
-            self.fit_start = start.finish()
+                start.plan_empty(real)  # a process without rows
+            problems.raise_first(self.device)
+            flag = torch.tensor([1 if state.probability_like else 0], device=self.device)
+            self.looks_like_probabilities = bool(all_reduce(flag, "min").item())
+            if start is not None:
+                self.fit_start = start.finish()
         return stats
 
-    def _start_scan(self) -> StartScan | None:
+    def _scan_block(self, state: _FirstScan, position: int, z: torch.Tensor, y: torch.Tensor,
+                    reduced: Reductions) -> None:
+        """One block of the first scan: checked, its statistics stored, handed to the fit's start."""
+        start, stats = state.start, state.stats
+        y, row_sum, values = self._validated_chunk(state.problems, position, z, y, reduced)
+        if values is None:
+            if start is not None:
+                start.plan_empty(self.compute_dtype)  # a chunk with bad values: the scan fails on every process
+            return
+        if state.probability_like:
+            state.probability_like = probability_like(z[:, 1] if self.data.binary else z, values[0], row_sum)
+        stop = position + z.shape[0]
+        for column, value in zip((getattr(stats, f) for f in stats.__dataclass_fields__), values, strict=True):
+            column[position:stop] = value
+        if start is not None:
+            row_max, true_gap, _, mean, var, has_neginf = values
+            start.add_chunk(position, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf), low=reduced.low)
+
+    def _start_scan(self, threads: int) -> StartScan | None:
         """What gathers the fit's start during the first scan, when ``fit_rows`` asks for one."""
         rows = self._fit_rows
         if rows is None or not self.labelled:
             return None
         return StartScan(rows if isinstance(rows, torch.Tensor) else None, self.data.num_samples, self.num_classes,
-                         self.device, self.scratch, rank_offset(self.data.num_samples, self.device))
+                         self.device, self.scratch, rank_offset(self.data.num_samples, self.device),
+                         threads=threads, buffers_for=self.scratch_for)
 
-    def _validated_chunk(self, problems: _Problems, start: int, z: torch.Tensor, y: torch.Tensor
+    def _validated_chunk(self, problems: Problems, start: int, z: torch.Tensor, y: torch.Tensor,
+                         reduced: Reductions | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Check one chunk (its problems go to ``problems``); the clamped labels, the row sums and, when no
-        problem was found so far, the chunk's :class:`RowStats` columns."""
+        problem was found so far, the chunk's :class:`RowStats` columns. ``reduced``: its rows' reductions,
+        when already computed."""
+        reduced = reduced or row_reductions(z)
         data = self.data
         bad_label = (y < 0) | (y >= data.num_classes)
         if not self.labelled:
@@ -192,7 +231,7 @@ class Scan:
         else:
             problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
         y = y.clamp(0, data.num_classes - 1)
-        row_sum = z.sum(1)
+        row_sum = reduced.row_sum
         # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
         odd = ~torch.isfinite(row_sum)
         has_neginf = odd
@@ -204,14 +243,14 @@ class Scan:
             posinf[odd] = (rows == math.inf).any(1)
             problems.add("nan", start, nan)
             problems.add("posinf", start, posinf)
-        row_max, arg_max = torch.max(z, 1)
+        row_max, arg_max = reduced.row_max, reduced.arg_max
         problems.add("all-neginf", start, row_max == -math.inf)
         z_true = z.gather(1, y[:, None])[:, 0]
         problems.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
         if problems:
             return y, row_sum, None
         correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
-        mean, var = _uniform_moments(z, row_sum, row_max, has_neginf)
+        mean, var = uniform_moments(z, row_sum, row_max, has_neginf, reduced.squares)
         return y, row_sum, (row_max, z_true - row_max, correct, mean, var, has_neginf)
 
     # -- passes at one temperature ---------------------------------------------------
@@ -226,6 +265,37 @@ class Scan:
             yield (z, y, stats.row_max[start:stop], stats.true_gap[start:stop],
                    stats.correct[start:stop], bool(neginf[start:stop].any()))
 
+    def scratch_for(self, worker: int) -> Scratch:
+        """The reused buffers of thread ``worker`` of a block pass (0: the caller's, :attr:`scratch`)."""
+        while len(self._scratches) <= worker:
+            self._scratches.append(Scratch())
+        return self._scratches[worker]
+
+    def pass_threads(self) -> int:
+        """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.threads.pass_threads`)."""
+        return pass_threads(self.device, self.data.numel())
+
+    def block_pass(self, fn: Callable[[RowBlock, Scratch], R]) -> Iterator[R]:
+        """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows (the chunks of :meth:`row_chunks`),
+        the blocks of each read shared among the pass's threads, each running torch single-threaded; the
+        results in row order, so sums add up as on one thread. Counted like every pass."""
+        self.passes += 1
+        threads = self.pass_threads()
+        stats, block = self.stats, self.chunk_rows
+        neginf = stats.has_neginf.cpu()
+        for start, z, y in self.data.chunks(read_rows(block, self.num_classes, threads), self.device,
+                                            self.compute_dtype):
+            bounds = block_bounds(z.shape[0], block)
+
+            def run(i: int, worker: int, start=start, z=z, y=y, bounds=bounds) -> R:
+                a, b = bounds[i]
+                s, e = start + a, start + b
+                rows = RowBlock(z[a:b], y[a:b], stats.row_max[s:e], stats.true_gap[s:e], stats.correct[s:e],
+                                bool(neginf[s:e].any()), s)
+                return fn(rows, self.scratch_for(worker))
+
+            yield from map_blocks(run, len(bounds), threads)
+
     def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
         """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
 
@@ -233,8 +303,9 @@ class Scan:
         callers of the first version and changes nothing.
         """
         acc = torch.zeros(len(FIELDS), dtype=torch.float64, device=self.device)
-        for z, y, row_max, _, _, has_neginf in self.row_chunks():
-            acc += row_cumulants(z, y, beta, self.scratch, top=row_max, impossible=has_neginf)
+        for sums in self.block_pass(lambda b, scratch: row_cumulants(b.z, b.y, beta, scratch, top=b.row_max,
+                                                                     impossible=b.has_neginf)):
+            acc += sums
         return ObjectiveSums.from_sums(beta, all_reduce(acc))
 
     def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False, keep: Sequence[str] = (),
@@ -251,8 +322,14 @@ class Scan:
         """
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
-        for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
-            terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
+        if visitor is None:  # the blocks on the pass's threads; a visitor sees the chunks in order, on one
+            for block in self.block_pass(lambda b, scratch: terms.block_sums(
+                    b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start)):
+                terms.add_block(block)
+            terms.position = self.data.num_samples
+        else:
+            for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
+                terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
         return terms.results(all_reduce(terms.acc).cpu(), all_reduce(terms.per_bin).cpu(), self.num_samples)
 
     def visit(self, betas: Sequence[float], visitor: ChunkVisitor) -> None:
@@ -387,76 +464,14 @@ class Scan:
         return self.sum(values) / max(self.num_samples, 1)
 
 
-def _uniform_moments(z: torch.Tensor, row_sum: torch.Tensor, row_max: torch.Tensor, has_neginf: torch.Tensor
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and variance of ``z - max z`` over each row's finite entries (the fit's view at T = infinity)."""
-    mean = row_sum / z.shape[1] - row_max
-    # Only the fit's starting point uses the spread, so the one-read E[z^2] - E[z]^2 form is enough.
-    var = (torch.linalg.vecdot(z, z) / z.shape[1] - (row_sum / z.shape[1]) ** 2).clamp_min(0)
-    if bool(has_neginf.any()):
-        rows = z[has_neginf]
-        finite = torch.isfinite(rows)
-        d = torch.where(finite, rows - row_max[has_neginf, None], torch.zeros((), dtype=z.dtype, device=z.device))
-        count = finite.sum(1)
-        mean[has_neginf] = d.sum(1) / count
-        var[has_neginf] = ((d * d).sum(1) / count - mean[has_neginf] ** 2).clamp_min(0)
-    return mean, var
+@dataclass
+class _FirstScan:
+    """What the first scan carries from block to block."""
 
-
-def _probability_like(z: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tensor) -> bool:
-    """Every value in [0, 1] and (for several classes) every row summing to 1 within 1e-3."""
-    if z.dim() == 1:
-        return bool(((z >= 0) & (z <= 1)).all())
-    if not bool((row_max <= 1).all() and ((row_sum - 1).abs() <= 1e-3).all()):
-        return False
-    return bool((z >= 0).all())
-
-
-class _Problems:
-    """Counts each kind of bad value over the whole scan, so the error says how many and where first."""
-
-    MESSAGES: ClassVar[dict[str, str]] = {
-        "label": "label{s} outside {labels}",
-        "nan": "row{s} with NaN logits",
-        "posinf": "row{s} with +inf logits",
-        "all-neginf": "row{s} whose logits are all -inf",
-        "true-neginf": "row{s} whose true class has logit -inf (infinite NLL)",
-    }
-
-    def __init__(self, data: LogitsSource):
-        self.data = data
-        self.found: dict[str, list] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.found)
-
-    def add(self, kind: str, start: int, mask: torch.Tensor, detail=None) -> None:
-        count = int(mask.sum())
-        if not count:
-            return
-        if kind not in self.found:
-            first = int(mask.nonzero()[0, 0])
-            extra = f" ({detail(first)})" if detail else ""
-            index = self.data.original_index(start + first)
-            self.found[kind] = [0, f"{index}{extra}", index]
-        self.found[kind][0] += count
-
-    def raise_first(self, device: torch.device) -> None:
-        """Raise for the first kind of problem found on any rank, with the count over all ranks."""
-        kinds = list(self.MESSAGES)
-        counts = torch.tensor([self.found.get(k, [0])[0] for k in kinds], dtype=torch.int64, device=device)
-        firsts = torch.tensor([self.found[k][2] if k in self.found else 2**62 for k in kinds], dtype=torch.int64,
-                              device=device)
-        all_reduce(counts)
-        all_reduce(firsts, "min")
-        for kind, message, count, first_index in zip(kinds, self.MESSAGES.values(), counts.tolist(), firsts.tolist(),
-                                                     strict=True):
-            if count:
-                mine = kind in self.found and self.found[kind][2] == first_index
-                first = self.found[kind][1] if mine else str(first_index)
-                labels = "0..1 (binary)" if self.data.binary else f"0..{self.data.num_classes - 1}"
-                raise DataError(f"{count} {message.format(labels=labels, s='' if count == 1 else 's')}; "
-                               f"first at index {first}")
+    stats: RowStats
+    problems: Problems
+    start: StartScan | None
+    probability_like: bool
 
 
 __all__ = ["CalibrationSums", "ClasswiseSums", "ObjectiveSums", "RowStats", "Scan", "Scratch", "bin_edges", "bin_index"]

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ..core.precision import no_tf32
+from ..core.threads import BLOCKS_PER_THREAD, block_bounds, map_blocks
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import FLOAT_DTYPES, dtype_name, read_header, read_tensor, shown
 from ..validation import positive_number
@@ -57,23 +58,30 @@ class OutputHead:
         bias = None if self.bias is None else self.bias.to(device)
         return OutputHead(self.weight.to(device), bias, self.scale, self.softcap, self.name)
 
-    def logits(self, h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile."""
-        dtype = out.dtype
-        h = h.to(dtype)
+    def logits(self, h: torch.Tensor, out: torch.Tensor, threads: int = 1) -> torch.Tensor:
+        """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile;
+        ``threads`` > 1 shares the vocabulary tiles among that many threads, each running torch single-threaded
+        (:mod:`tempcal.core.threads`: robust when another process keeps a core busy)."""
+        h = h.to(out.dtype)
         tile = max(1, TILE_ELEMENTS // max(self.width, 1))
-        with no_tf32():
-            for start in range(0, self.vocab, tile):
-                stop = min(start + tile, self.vocab)
-                w = self.weight[start:stop].to(dtype)
-                torch.matmul(h, w.T, out=out[:, start:stop])
-        if self.bias is not None:
-            out.add_(self.bias.to(dtype))
-        if self.scale != 1.0:
-            out.mul_(self.scale)
-        if self.softcap is not None:
-            out.div_(self.softcap).tanh_().mul_(self.softcap)
+        if threads > 1:
+            tile = min(tile, max(1, -(-self.vocab // (BLOCKS_PER_THREAD * threads))))
+        tiles = block_bounds(self.vocab, tile)
+        with no_tf32():  # entered once: the setting is process-wide
+            map_blocks(lambda i, _: self._tile(h, out, *tiles[i]), len(tiles), threads)
         return out
+
+    def _tile(self, h: torch.Tensor, out: torch.Tensor, start: int, stop: int) -> None:
+        """Columns ``start:stop`` of the logits: the weight's rows widened, then what follows the matmul."""
+        dtype = out.dtype
+        z = out[:, start:stop]
+        torch.matmul(h, self.weight[start:stop].to(dtype).T, out=z)
+        if self.bias is not None:
+            z.add_(self.bias[start:stop].to(dtype))
+        if self.scale != 1.0:
+            z.mul_(self.scale)
+        if self.softcap is not None:
+            z.div_(self.softcap).tanh_().mul_(self.softcap)
 
 
 def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: str = "bias",

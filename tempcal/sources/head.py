@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
+from ..core.threads import pass_threads
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
 from .base import OpenedSource, SourceOptions
@@ -99,10 +100,11 @@ class HeadLogits:
         head = self._on.get(device)
         if head is None:
             head = self._on[device] = self.head.to(device)
+        threads = pass_threads(device, chunk_rows * self.num_classes)
         for position, h, y in self.hidden.chunks(chunk_rows, device, self.dtype):
             if self.clip is not None:
                 h = h.clamp_max(self.clip)
-            z = head.logits(h, self._block(h.shape[0], device))
+            z = head.logits(h, self._block(h.shape[0], device), threads)
             yield position, (z if z.dtype == dtype else z.to(dtype)), y
 
     def _block(self, rows: int, device: torch.device) -> torch.Tensor:

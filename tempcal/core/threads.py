@@ -1,0 +1,280 @@
+"""How many CPU threads tempcal's passes use, and the pool that shares a chunk's row blocks among them.
+
+torch's intra-op threads split every operation in equal static shares and meet at a barrier
+after it; a pass runs a few dozen such operations per chunk. When another process keeps a core
+busy, the thread sharing that core is parked for a scheduler slice at a time, and every barrier
+waits for it: a fit on two cores then ran 7-16 times slower than on one thread. So the heavy
+per-chunk reductions run here instead: each thread (the caller and ``threads - 1`` helpers) runs
+torch single-threaded and takes the next row block of the read as soon as it is free, so a
+parked thread delays only its own block, and the results come back in row order (the sums
+add up in the order one thread would add them).
+
+The thread count is torch's (``torch.get_num_threads()`` on the calling thread, so
+``torch.set_num_threads`` decides); :func:`configure_threads`, called once by the CLI and the
+API's entry points, sets it from ``TEMPCAL_THREADS`` or, when torch still has its own default,
+lowers it to the cores this process may use (its CPU affinity and its control group's quota).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+
+from ..errors import TempcalError
+
+R = TypeVar("R")
+#: Below this many logits per block, a block's arithmetic is too short to be worth handing to another thread.
+MIN_BLOCK_ELEMENTS = 1 << 15
+#: A read of the data holds at most this many logits: enough blocks for every thread, a bounded buffer.
+READ_ELEMENTS = 1 << 22
+#: Blocks per thread in one read, so that a thread held up by another process leaves work to the others.
+BLOCKS_PER_THREAD = 4
+
+_configured = False
+
+
+def usable_cpus() -> int:
+    """The cores this process may run on: its CPU affinity, lowered to its control group's CPU quota."""
+    try:
+        count = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        count = os.cpu_count() or 1
+    quota = cgroup_cpu_quota()
+    if quota is not None:
+        count = min(count, max(1, math.floor(quota)))
+    return max(1, count)
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """Cores' worth of CPU time the control group allows (cgroup v2 ``cpu.max``, v1 CFS quota); None: no limit."""
+    candidates: list[tuple[Path, Path | None]] = [(root / "cpu.max", None)]
+    candidates += [(root / sub / "cpu.cfs_quota_us", root / sub / "cpu.cfs_period_us")
+                   for sub in ("cpu", "cpu,cpuacct")]
+    for quota_file, period_file in candidates:
+        try:
+            if period_file is None:
+                quota_text, _, period_text = quota_file.read_text().strip().partition(" ")
+            else:
+                quota_text, period_text = quota_file.read_text().strip(), period_file.read_text().strip()
+        except OSError:
+            continue
+        if quota_text in ("max", "-1", ""):
+            return None
+        try:
+            quota, period = int(quota_text), int(period_text or "100000")
+        except ValueError:
+            return None
+        return quota / period if quota > 0 and period > 0 else None
+    return None
+
+
+def requested_threads() -> int | None:
+    """``TEMPCAL_THREADS`` as a positive count; None when unset; a usage error when it is not one."""
+    text = os.environ.get("TEMPCAL_THREADS", "").strip()
+    if not text:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise TempcalError(f"TEMPCAL_THREADS={text!r}: expected a whole number of threads, at least 1")
+    return value
+
+
+def configure_threads() -> int:
+    """Set torch's thread count once per process: ``TEMPCAL_THREADS``, else at most the usable cores.
+
+    A count the user chose (``torch.set_num_threads`` to anything but torch's default, or
+    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``) is left as it is. Returns the count in force.
+    """
+    global _configured
+    requested = requested_threads()  # checked on every call: a bad value is refused, not ignored
+    if _configured:
+        return torch.get_num_threads()
+    _configured = True
+    current = torch.get_num_threads()
+    if requested is not None:
+        torch.set_num_threads(requested)
+    elif _is_torch_default(current) and current > usable_cpus():
+        torch.set_num_threads(usable_cpus())
+    return torch.get_num_threads()
+
+
+def _is_torch_default(count: int) -> bool:
+    """Whether ``count`` looks like torch's own choice rather than the user's (torch picks a core count)."""
+    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
+        return False
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        affinity = 0
+    return count in {os.cpu_count(), affinity, _physical_cores()}
+
+
+def _physical_cores() -> int | None:
+    """Distinct (package, core) pairs in /proc/cpuinfo (what MKL, and so torch, counts); None when unknown."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return None
+    pairs, package = set(), ""
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "physical id":
+            package = value.strip()
+        elif key.strip() == "core id":
+            pairs.add((package, value.strip()))
+    return len(pairs) or None
+
+
+@contextlib.contextmanager
+def single_threaded() -> Iterator[None]:
+    """torch single-threaded on the calling thread for the block (restored afterwards)."""
+    count = torch.get_num_threads()
+    if count == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(count)
+
+
+class _Job:
+    """One map: ``fn(i, worker)`` for i < count, each taken by whichever thread is free next."""
+
+    def __init__(self, fn: Callable[[int, int], object], count: int):
+        self.fn, self.count = fn, count
+        self.results: list[object] = [None] * count
+        self.next = 0
+        self.in_flight = 0
+        self.error: BaseException | None = None
+        self.lock = threading.Lock()
+        self.done = threading.Condition(self.lock)
+
+    def work(self, worker: int) -> None:
+        while True:
+            with self.lock:
+                if self.next >= self.count or self.error is not None:
+                    return
+                i = self.next
+                self.next += 1
+                self.in_flight += 1
+            error = None
+            try:
+                self.results[i] = self.fn(i, worker)
+            except BaseException as raised:  # handed to the caller, which raises it
+                error = raised
+            with self.lock:
+                self.in_flight -= 1
+                self.error = self.error or error
+                self.done.notify_all()
+
+    def wait(self) -> None:
+        """Until every item taken is finished (the caller has run out of items to take)."""
+        with self.lock:
+            while self.in_flight:
+                self.done.wait()
+
+
+class BlockPool:
+    """Helper threads, each running torch single-threaded, that share a map's items with the caller."""
+
+    def __init__(self) -> None:
+        self._helpers: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._job: _Job | None = None
+        self._generation = 0
+        self._wanted = 0
+        self._busy = threading.Lock()  # one map at a time; a nested or concurrent map runs serially
+
+    def map(self, fn: Callable[[int, int], R], count: int, threads: int) -> list[R]:
+        """``[fn(i, worker) for i in range(count)]`` on up to ``threads`` threads (``worker`` < ``threads``
+        names the thread, for per-thread buffers). torch runs single-threaded inside ``fn``."""
+        threads = min(threads, count)
+        if threads <= 1 or not self._busy.acquire(blocking=False):
+            with single_threaded():
+                return [fn(i, 0) for i in range(count)]
+        try:
+            self._start(threads - 1)
+            job = _Job(fn, count)
+            with self._lock:
+                self._job, self._generation = job, self._generation + 1
+                self._wanted = threads - 1
+                self._wake.notify_all()
+            with single_threaded():
+                job.work(0)
+            job.wait()
+            with self._lock:
+                self._job = None
+            if job.error is not None:
+                raise job.error
+            return job.results  # type: ignore[return-value]
+        finally:
+            self._busy.release()
+
+    def _start(self, helpers: int) -> None:
+        while len(self._helpers) < helpers:
+            count = torch.get_num_threads()
+            ready = threading.Event()
+            thread = threading.Thread(target=self._run, args=(len(self._helpers) + 1, ready),
+                                      name=f"tempcal-block-{len(self._helpers) + 1}", daemon=True)
+            thread.start()
+            ready.wait()
+            torch.set_num_threads(count)  # the helper's set_num_threads(1) also changed torch's process default
+            self._helpers.append(thread)
+
+    def _run(self, worker: int, ready: threading.Event) -> None:
+        torch.set_num_threads(1)
+        ready.set()
+        seen = 0
+        while True:
+            with self._lock:
+                while self._generation == seen:
+                    self._wake.wait()
+                seen, job, wanted = self._generation, self._job, self._wanted
+            if job is not None and worker <= wanted:
+                job.work(worker)
+
+
+_pool = BlockPool()
+
+
+def pass_threads(device: torch.device, elements: int) -> int:
+    """Threads for a pass over ``elements`` logits on ``device``: torch's count on the CPU, 1 on an accelerator
+    or for too little work."""
+    if device.type != "cpu":
+        return 1
+    return max(1, min(torch.get_num_threads(), elements // MIN_BLOCK_ELEMENTS))
+
+
+def map_blocks(fn: Callable[[int, int], R], count: int, threads: int) -> list[R]:
+    """``[fn(i, worker) for i in range(count)]`` shared among ``threads`` threads, results in order."""
+    return _pool.map(fn, count, threads)
+
+
+def read_rows(chunk_rows: int, num_classes: int, threads: int) -> int:
+    """Rows per read of the data: ``chunk_rows`` times enough blocks for every thread, at most READ_ELEMENTS."""
+    if threads <= 1:
+        return chunk_rows
+    blocks = max(1, min(BLOCKS_PER_THREAD * threads, READ_ELEMENTS // max(chunk_rows * num_classes, 1)))
+    return chunk_rows * blocks
+
+
+def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:
+    """``(start, stop)`` of each block of ``block_rows`` rows among ``rows``."""
+    return [(a, min(a + block_rows, rows)) for a in range(0, rows, block_rows)]
+
+
+__all__ = ["BlockPool", "block_bounds", "cgroup_cpu_quota", "configure_threads", "map_blocks", "pass_threads",
+           "read_rows", "requested_threads", "single_threaded", "usable_cpus"]

@@ -1,0 +1,138 @@
+"""The thread count tempcal sets up, and the block pool its passes share their row blocks through."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+from tempcal.core import threads
+from tempcal.core.data import as_logits_data
+from tempcal.core.scan import ALL_ROWS, Scan
+from tempcal.errors import TempcalError
+from tempcal.models.head import OutputHead
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    saved = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_cgroup_quota_v2_and_v1(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert threads.cgroup_cpu_quota(tmp_path) == 1.5
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert threads.cgroup_cpu_quota(tmp_path) is None
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert threads.cgroup_cpu_quota(tmp_path) is None
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")
+    assert threads.cgroup_cpu_quota(tmp_path) == 0.5
+    assert threads.cgroup_cpu_quota(tmp_path / "missing") is None
+
+
+def test_usable_cpus_follows_affinity_and_quota(monkeypatch):
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: None)
+    assert threads.usable_cpus() == 4
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 2.5)
+    assert threads.usable_cpus() == 2
+    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 0.5)
+    assert threads.usable_cpus() == 1
+
+
+@pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
+def test_bad_tempcal_threads_is_refused(monkeypatch, text):
+    monkeypatch.setenv("TEMPCAL_THREADS", text)
+    with pytest.raises(TempcalError, match="TEMPCAL_THREADS"):
+        threads.requested_threads()
+
+
+def test_configure_threads_sets_the_requested_count_once(monkeypatch):
+    monkeypatch.setattr(threads, "_configured", False)
+    monkeypatch.setenv("TEMPCAL_THREADS", "1")
+    with torch_threads(2):
+        assert threads.configure_threads() == 1
+        torch.set_num_threads(2)  # the user's later choice stands
+        assert threads.configure_threads() == 2
+
+
+def test_configure_threads_lowers_only_torchs_default(monkeypatch):
+    monkeypatch.delenv("TEMPCAL_THREADS", raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(threads, "_physical_cores", lambda: 3)
+    with torch_threads(3):  # what torch picks on three cores: lowered to the one usable
+        monkeypatch.setattr(threads, "_configured", False)
+        assert threads.configure_threads() == 1
+    with torch_threads(2):  # a count the user chose: kept
+        monkeypatch.setattr(threads, "_configured", False)
+        assert threads.configure_threads() == 2
+
+
+def test_map_blocks_keeps_order_runs_single_threaded_and_restores():
+    with torch_threads(2):
+        seen = threads.map_blocks(lambda i, worker: (i, worker, torch.get_num_threads()), 40, 2)
+        assert [s[0] for s in seen] == list(range(40))
+        assert {s[2] for s in seen} == {1}
+        assert {s[1] for s in seen} <= {0, 1}
+        assert torch.get_num_threads() == 2
+
+
+def test_map_blocks_raises_the_first_error():
+    def fn(i, worker):
+        if i == 7:
+            raise ValueError("block 7")
+        return i
+
+    with torch_threads(2), pytest.raises(ValueError, match="block 7"):
+        threads.map_blocks(fn, 20, 2)
+    with torch_threads(2):
+        assert threads.map_blocks(lambda i, w: i * i, 5, 2) == [0, 1, 4, 9, 16]  # the pool still works
+
+
+def _scan_figures(z, y, count):
+    with torch_threads(count):
+        scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+        objective = scan.objective(0.7)
+        (sums, kept), = scan.calibration([0.7], 15, keep=("confidence",))
+        return scan, objective, sums, kept
+
+
+def test_block_passes_add_up_as_one_thread_does():
+    """Blocks are the one-thread chunks and their sums are added in row order: the figures are the same bits."""
+    g = torch.Generator().manual_seed(3)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    one_scan, one, one_sums, one_kept = _scan_figures(z, y, 1)
+    two_scan, two, two_sums, two_kept = _scan_figures(z, y, 2)
+    assert one == two
+    assert one_scan.fit_start == two_scan.fit_start
+    assert (one_sums.nll, one_sums.brier, one_sums.entropy) == (two_sums.nll, two_sums.brier, two_sums.entropy)
+    assert torch.equal(one_kept["confidence"], two_kept["confidence"])
+    assert torch.equal(one_sums.bin_confidence, two_sums.bin_confidence)
+    # and against a float64 reference of the mean NLL
+    reference = float(torch.nn.functional.cross_entropy(0.7 * z.double(), y))
+    assert two.nll == pytest.approx(reference, rel=1e-6)
+
+
+def test_head_logits_on_several_threads_match_float64():
+    g = torch.Generator().manual_seed(5)
+    head = OutputHead(torch.randn(300, 64, generator=g).to(torch.bfloat16), torch.randn(300, generator=g), 0.5, 30.0)
+    h = torch.randn(40, 64, generator=g)
+    reference = 30.0 * torch.tanh(0.5 * (h.double() @ head.weight.double().T + head.bias.double()) / 30.0)
+    for count in (1, 2):
+        with torch_threads(2):
+            out = head.logits(h, torch.empty(40, 300), threads=count)
+        assert torch.allclose(out.double(), reference, rtol=1e-5, atol=1e-5)
