@@ -137,9 +137,12 @@ def ood(
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
                       chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
                       min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, group_by=group_by, options=options)
-    report.warnings.extend(caveats(report))  # scores that mean nothing on probabilities; float32-fragile taus
+    notes = caveats(report)  # scores that mean nothing on probabilities; float32-fragile taus
+    report.warnings.extend(notes)  # in the JSON, the page and the step summary
+    shown = json_out != "-" and not quiet  # the console view prints them as notes beside the tables: not twice
+    warned = [message for message in report.warnings if not (shown and message in notes)]
     values = locals()
-    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, values),
+    deliver(ctx, warnings=warned, write=lambda: _write(report, values),
             payload=lambda: _payload(report, values), render=lambda out: print_ood(report, out),
             summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, html=html,
             gate=gate_message(report))
