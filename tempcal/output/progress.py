@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, TextIO
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, ProgressColumn, SpinnerColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -160,7 +160,7 @@ class Progress:
                 TextColumn(f"{{task.completed:,.0f}}/{{task.total:,.0f}} {self.unit}"), TimeRemainingColumn())
 
 
-def _outlets(enabled: bool | Console | None) -> tuple[Console | None, TextIO | None]:
+def _outlets(enabled: bool | Console | None) -> tuple[Console | None, IO[str] | None]:
     """The terminal console to draw the bar on, or else the stream for plain lines; neither when disabled, and on
     every rank but 0 under torch.distributed (the ranks share one standard error; rank 0 reports, as it does
     everything else)."""
@@ -172,7 +172,7 @@ def _outlets(enabled: bool | Console | None) -> tuple[Console | None, TextIO | N
 
 def _duration(seconds: float) -> str:
     """``9 s``, ``2 min 05 s``, ``1 h 02 min``."""
-    whole = int(round(seconds))
+    whole = round(seconds)
     if whole < 60:
         return f"{whole} s"
     if whole < 3600:
