@@ -41,6 +41,18 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n``), each worker computes on its share of the cores: torch's default of one thread per
+    core in every worker oversubscribes them, and its threads spin waiting for each other (the suite took 2.5x as
+    long on two cores). The processes the tests start (``python -m tempcal``, torchrun) inherit the same share.
+    An ``OMP_NUM_THREADS`` set by the caller is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
 # -- logits and labels ---------------------------------------------------------------------------------------
 
 

@@ -34,15 +34,18 @@ FALLBACK_PANELS = {
     "--batch-tokens": "Language models", "--device-map": "Language models", "--spill-dir": "Language models",
 }
 #: Where one command shows a shared option in another panel than the declaration's.
-PANEL_OVERRIDES = {("report", "--seed"): "Metrics", ("ood", "--seed"): "Metrics", ("ood", "--tau"): "Scores"}
+PANEL_OVERRIDES = {("report", "--seed"): "Metrics", ("ood", "--seed"): "Metrics", ("ood", "--tau"): "Scores",
+                   ("fit", "--group-by"): "Fit", ("fit", "--group-prior"): "Fit"}
 #: The options ``COMMAND --help`` shows (``tempcal help COMMAND`` shows them all); ``source`` is the argument.
+#: The headline options of each release belong here: ``--help`` is where a user looks first.
 COMMON = {
-    "fit": ("source", "--eval", "--probs", "--val-fraction", "--seed", "--objective", "--max-ece", "--json",
-            "--output", "--no-write", "--plot", "--markdown", "--html", "--quiet", "--config", "--no-config"),
-    "report": ("source", "--probs", "--eval-rows", "--tau", "--sweep", "--bins", "--bootstrap", "--json", "--plot",
-               "--markdown", "--html", "--quiet", "--config", "--no-config"),
-    "ood": ("source", "--ood", "--probs", "--tau", "--score", "--min-auroc", "--max-fpr95", "--json", "--scores",
-            "--plot", "--markdown", "--quiet", "--config", "--no-config"),
+    "fit": ("source", "--eval", "--probs", "--val-fraction", "--folds", "--seed", "--objective", "--conformal-alpha",
+            "--group-by", "--max-ece", "--json", "--output", "--no-write", "--plot", "--markdown", "--html", "--quiet",
+            "--lm", "--text", "--config", "--no-config"),
+    "report": ("source", "--probs", "--eval-rows", "--tau", "--sweep", "--bins", "--bootstrap", "--conformal-alpha",
+               "--group-by", "--json", "--plot", "--markdown", "--html", "--quiet", "--config", "--no-config"),
+    "ood": ("source", "--ood", "--probs", "--tau", "--score", "--group-by", "--min-auroc", "--max-fpr95", "--json",
+            "--scores", "--plot", "--markdown", "--quiet", "--config", "--no-config"),
 }
 #: ``tempcal help TOPIC``: the topics besides the commands, with what each covers.
 TOPICS = {

@@ -129,7 +129,6 @@ def ood(
 
     from ..output.console import print_ood
     from ..output.markdown import ood_markdown
-    from ..output.ood_checks import caveats
     from ..workflows.ood import ood_file
 
     device = start(device)
@@ -137,12 +136,23 @@ def ood(
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
                       chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
                       min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, group_by=group_by, options=options)
-    report.warnings.extend(caveats(report))  # scores that mean nothing on probabilities; float32-fragile taus
+    warned = _with_caveats(report, shown=json_out != "-" and not quiet)
     values = locals()
-    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, values),
+    deliver(ctx, warnings=warned, write=lambda: _write(report, values),
             payload=lambda: _payload(report, values), render=lambda out: print_ood(report, out),
             summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, html=html,
             gate=gate_message(report))
+
+
+def _with_caveats(report, *, shown: bool) -> list[str]:
+    """The caveats (scores that mean nothing on probabilities; float32-fragile taus) join the report's warnings, for
+    the JSON, the page and the step summary; the warnings to print, without them when the console view is ``shown``
+    (it prints them as notes beside the tables: said once)."""
+    from ..output.ood_checks import caveats
+
+    notes = caveats(report)
+    report.warnings.extend(notes)
+    return [message for message in report.warnings if not (shown and message in notes)]
 
 
 def _checked(ctx, values: dict) -> tuple[list[str], list[str], list[str]]:

@@ -121,14 +121,13 @@ NoWrite = Annotated[bool, typer.Option("--no-write/--write", help="Write T nowhe
 MaxEce = Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0.0, rich_help_panel="Gates",
                                                  help="Exit 3 if the calibrated ECE is above X.")]
 ConformalAlpha = Annotated[Optional[list[float]], typer.Option(
-    "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal prediction sets (LAC and APS) at "
-    "miscoverage A (0 < A < 1; repeatable): thresholds from the fitting rows, coverage and mean set size on the "
-    "evaluation rows, at T = 1 and at the fitted T (one more read of the fitting rows)."),
+    "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal sets (LAC, APS) at miscoverage A "
+    "(0 < A < 1; repeatable): coverage and mean set size at T = 1 and at the fitted T (one more read)."),
     Bounds(0, 1, low_open=True, high_open=True)]
 ReportConformalAlpha = Annotated[Optional[list[float]], typer.Option(
-    "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal prediction sets (LAC and APS) at "
-    "miscoverage A (0 < A < 1; repeatable) at every tau: thresholds from the stored split's fitting rows (else a "
-    "seeded half of SOURCE), coverage and mean set size on the other rows (one more read)."),
+    "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal sets (LAC, APS) at miscoverage A "
+    "(0 < A < 1; repeatable) at every tau: coverage and mean set size, thresholds from the stored split's fitting "
+    "rows, else a seeded half (one more read)."),
     Bounds(0, 1, low_open=True, high_open=True)]
 SaveModel = Annotated[Optional[str], typer.Option(
     "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
@@ -137,12 +136,11 @@ SaveModel = Annotated[Optional[str], typer.Option(
 
 # -- cross-fitting and groups ------------------------------------------------------------------
 Folds = Annotated[Optional[int], typer.Option(
-    "--folds", metavar="K", min=2, help="Cross-fitting: the written T is fitted on every row, and K more on the rows "
-    "outside each of K seeded, class-stratified folds; 'after' is out of fold (2 <= K <= N; K = N: leave-one-out). "
-    "Not with --eval or --val-fraction.")]
+    "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "
+    "class-stratified folds (K = N: leave-one-out). Not with --eval or --val-fraction.")]
 GroupBy = Annotated[Optional[str], typer.Option(
-    "--group-by", metavar="KEY", help="Figures (and, for fit, a T) per group: KEY names an integer tensor of SOURCE "
-    "with one value per row; 'task' for lm-evaluation-harness logs (one group per log).")]
+    "--group-by", metavar="KEY", help="Figures (and, for fit, a T) per group: KEY is an integer tensor of SOURCE, "
+    "one value per row ('task': one group per lm-eval log).")]
 GroupPrior = Annotated[Optional[float], typer.Option(
     "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
     "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 10, about as many rows' worth)."),
@@ -173,8 +171,7 @@ Lm = Annotated[Optional[str], typer.Option(
     "--lm", metavar="MODEL", help="A local Hugging Face causal LM folder, run over --text "
     "(pip install 'tempcal[lm]'; no SOURCE then)."), INPUT]
 Text = Annotated[Optional[str], typer.Option(
-    "--text", metavar="FILE", help="Texts --lm runs over: .txt (one text per line) or .jsonl (the field "
-    "--text-field)."), INPUT]
+    "--text", metavar="FILE", help="Texts for --lm: .txt, one per line, or .jsonl (--text-field)."), INPUT]
 TextField = Annotated[str, typer.Option("--text-field", metavar="NAME",
                                         help="The field of a .jsonl text file that holds the text (--lm).")]
 MaxLength = Annotated[Optional[int], typer.Option(

@@ -100,6 +100,12 @@ class LogitsData:
     labels: torch.Tensor
     index: torch.Tensor | None = None
 
+    def __post_init__(self) -> None:
+        # Every in-memory input passes here: logits that require grad (a notebook's model outputs) are measured,
+        # never differentiated, and the in-place reductions of a scan refuse them.
+        if self.logits.requires_grad:
+            object.__setattr__(self, "logits", self.logits.detach())
+
     @property
     def binary(self) -> bool:
         return self.logits.dim() == 1

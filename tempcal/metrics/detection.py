@@ -45,14 +45,21 @@ def _kept(n_id: int, recall: float) -> int:
     return -(-fraction.numerator * n_id // fraction.denominator)
 
 
+def as_scores(values) -> np.ndarray:
+    """Per-sample scores as a float64 array: a tensor (on any device, requiring grad or not) is detached and
+    copied to the host first."""
+    if hasattr(values, "detach"):  # a torch tensor (torch is not imported here)
+        values = values.detach().cpu().double()
+    return np.asarray(values, dtype=np.float64)
+
+
 def fpr_at_recall(id_scores, ood_scores, recall: float = ID_RECALL) -> tuple[float, float]:
     """``(fpr, threshold)``: the fraction of OOD scores at or above the largest threshold keeping ``recall`` of ID.
 
     The threshold is the k-th largest ID score with ``k = ceil(recall * n_id)`` (exact rational
     arithmetic, so 0.95 * 20 is 19), the largest ``s`` with ``mean(id >= s) >= recall``.
     """
-    id_scores = np.asarray(id_scores, dtype=np.float64)
-    ood_scores = np.asarray(ood_scores, dtype=np.float64)
+    id_scores, ood_scores = as_scores(id_scores), as_scores(ood_scores)
     if id_scores.size == 0 or ood_scores.size == 0:
         raise DataError("FPR needs at least one in-distribution and one out-of-distribution score")
     if not 0 < recall <= 1:
@@ -83,8 +90,7 @@ class OodMetrics:
 
 def ranking_figures(id_scores, ood_scores) -> tuple[float, float, float]:
     """``(auroc, aupr_in, aupr_out)`` from one sort of all scores (scikit-learn's definitions, ties grouped)."""
-    id_scores = np.asarray(id_scores, dtype=np.float64)
-    ood_scores = np.asarray(ood_scores, dtype=np.float64)
+    id_scores, ood_scores = as_scores(id_scores), as_scores(ood_scores)
     n, m = id_scores.size, ood_scores.size
     values = np.concatenate([id_scores, ood_scores])
     order = np.argsort(values)
@@ -108,8 +114,7 @@ def ranking_figures(id_scores, ood_scores) -> tuple[float, float, float]:
 
 def detection_metrics(id_scores, ood_scores, *, tau: float = 1.0, score: str = "msp") -> OodMetrics:
     """AUROC, AUPR-In, AUPR-Out and FPR95 of per-sample scores, higher = more in-distribution."""
-    id_scores = np.asarray(id_scores, dtype=np.float64)
-    ood_scores = np.asarray(ood_scores, dtype=np.float64)
+    id_scores, ood_scores = as_scores(id_scores), as_scores(ood_scores)
     fpr, threshold = fpr_at_recall(id_scores, ood_scores)
     auroc, aupr_in, aupr_out = ranking_figures(id_scores, ood_scores)
     with np.errstate(invalid="ignore"):  # +inf and -inf scores (MaxLogit beyond float64) have no mean

@@ -88,22 +88,16 @@ def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: in
 
 @contextlib.contextmanager
 def progress_bar(progress: bool | Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A transient rich bar on standard error (only when it is a terminal, or on the console given)."""
+    """The rows done, shown as :class:`tempcal.output.progress.Progress` shows them: a transient bar on a terminal
+    (at once, or on the console given), a plain line at most every 10 s in a log; nothing when ``progress`` is
+    False."""
     if progress is False or progress is None:
         yield lambda n: None
         return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from ..output.progress import Progress
 
-    console = progress if isinstance(progress, Console) else Console(stderr=True)
-    if not console.is_terminal:
-        yield lambda n: None
-        return
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("rows"),
-               TimeRemainingColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
-        task = bar.add_task(description, total=total)
-        yield lambda n: bar.advance(task, n)
+    with Progress(description, enabled=progress, delay=0.0, total=total, unit="rows") as bar:
+        yield bar.advance
 
 
 def check_batch_size(batch_size: int) -> int:

@@ -438,8 +438,9 @@ def ood_header(report: OodReport) -> list[str]:
                      f"{report.react.percentile:g}th percentile of the {report.react.count} values of "
                      f"{report.source} ({report.react.passes} reads)")
     if "gen" in report.scores:
-        lines.append(f"GEN: gamma {report.score_options['gen_gamma']:g}, the "
-                     f"{report.score_options['gen_top']} largest probabilities")
+        top = min(int(report.score_options["gen_top"]), report.num_classes)  # GEN sums over all when C <= M
+        lines.append(f"GEN: gamma {report.score_options['gen_gamma']:g}, the {top} largest probabilities"
+                     + (" (all classes)" if top == report.num_classes else ""))
     if report.bootstrap:
         lines.append(f"95% bootstrap intervals from {report.bootstrap} resamples (seed {report.seed}), ID and OOD "
                      "resampled separately")

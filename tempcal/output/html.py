@@ -79,10 +79,9 @@ def check_html_path(path: str) -> Path:
         raise TempcalError(f"{param('html')} {path}: the page's name must end in .html")
     import importlib.util
 
-    for module, extra in (("matplotlib", "plot"), ("jinja2", "html")):
-        if importlib.util.find_spec(module) is None:
-            raise TempcalError(f"{param('html')} needs {module}, which is not installed: "
-                               f"pip install 'tempcal[{extra}]'")
+    for module in ("matplotlib", "jinja2"):
+        if importlib.util.find_spec(module) is None:  # the html extra brings both
+            raise TempcalError(f"{param('html')} needs {module}, which is not installed: pip install 'tempcal[html]'")
     return out
 
 

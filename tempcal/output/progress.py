@@ -1,20 +1,23 @@
-"""A progress line on standard error for work that may run long, shown only where a person is watching.
+"""A progress line on standard error for work that may run long: a bar where a person watches, a plain line in logs.
 
 :class:`Progress` shows nothing for the first ``delay`` seconds (a short run stays as quiet as before),
 then one transient line: what is running, the latest step and the time since it began; or, given a
-``total``, a bar of how much of it is done and the time left (a language model's passes). It draws only on
-a terminal: with ``enabled=False`` (``--quiet``, ``--json -``) or when standard error is not a terminal
-(a CI log, a file, a pipe) it shows nothing at all, so logs hold no bar frames; under torch.distributed
-only rank 0 draws. It never writes to standard output. The line is drawn by a rich live display, started
-by a timer, so a slow first step shows the line too; it is erased when the work ends.
+``total``, a bar of how much of it is done and the time left (a language model's passes). The bar is drawn
+only on a terminal, by a rich live display started by a timer (so a slow first step shows it too), and
+erased when the work ends. When standard error is not a terminal (a CI log, a file, a pipe), a run longer
+than :data:`PLAIN_EVERY` seconds prints one plain line at most every :data:`PLAIN_EVERY` seconds instead
+(what is running; with a total, the count done, the rate and the time left), so a log shows the run is
+alive and holds no bar frames. With ``enabled=False`` (``--quiet``, ``--json -``) nothing is shown at all;
+under torch.distributed only rank 0 reports. It never writes to standard output.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 from rich.console import Console
 from rich.progress import BarColumn, ProgressColumn, SpinnerColumn, TaskProgressColumn, TextColumn, TimeRemainingColumn
@@ -26,29 +29,36 @@ from ..core.distributed import rank
 
 #: Seconds of silence before the line appears.
 DELAY = 2.0
+#: Off a terminal: seconds before the first plain line, and at least between two.
+PLAIN_EVERY = 10.0
+#: Off a terminal: how often (seconds) the clock is looked at, between the steps the work reports.
+PLAIN_TICK = 1.0
 
 
 class Progress:
     """A context manager: ``with Progress("fitting T", enabled=True) as p: ... p.update("pass 3")``.
 
-    ``enabled`` is True (standard error, when it is a terminal), False (nothing), or a rich ``Console`` to
-    draw on (only when it is a terminal). ``update`` and ``advance`` may be called as often as wanted: they
-    only set text and counts. With a ``total`` (of ``unit``, e.g. "tokens") the line is a bar that
-    ``advance`` moves.
+    ``enabled`` is True (standard error), False (nothing), or a rich ``Console``: a bar when it is a terminal,
+    plain lines when it is not. ``update`` and ``advance`` may be called as often as wanted: they only set
+    text and counts. With a ``total`` (of ``unit``, e.g. "tokens") the line is a bar that ``advance`` moves.
+    ``clock`` (seconds) and ``tick`` (how often a thread looks at it) time the plain lines; tests pass a fake clock.
     """
 
     def __init__(self, description: str, *, enabled: bool | Console | None = True, delay: float = DELAY,
-                 total: int | None = None, unit: str = ""):
+                 total: int | None = None, unit: str = "", clock: Callable[[], float] = time.monotonic,
+                 tick: float = PLAIN_TICK):
         self.description = description
         self.detail = ""
         self.delay = delay
         self.total, self.unit, self.done = total, unit, 0
-        self._console = _terminal_console(enabled)
+        self._console, self._plain = _outlets(enabled)
+        self._clock, self._tick = clock, tick
         self._lock = threading.Lock()
         self._timer: threading.Timer | None = None
+        self._ended = threading.Event()
         self._bar: RichProgress | None = None
         self._task: Any = None
-        self._start = 0.0
+        self._start = self._last_plain = 0.0
 
     @property
     def shown(self) -> bool:
@@ -56,21 +66,57 @@ class Progress:
         return self._bar is not None
 
     def __enter__(self) -> Progress:
-        self._start = time.monotonic()
-        if self._console is not None:
+        self._start = self._last_plain = self._clock()
+        if self._console is not None and self.delay <= 0:
+            self._show()
+        elif self._console is not None:
             self._timer = threading.Timer(self.delay, self._show)
             self._timer.daemon = True
             self._timer.start()
+        elif self._plain is not None:
+            threading.Thread(target=self._ticking, name="tempcal-progress", daemon=True).start()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
                  traceback: TracebackType | None) -> None:
+        self._ended.set()
         with self._lock:
             if self._timer is not None:
                 self._timer.cancel()
             if self._bar is not None:
                 self._bar.stop()
-            self._console = self._bar = None
+            self._console = self._bar = self._plain = None
+
+    def plain_tick(self) -> None:
+        """Off a terminal: print the plain line when :data:`PLAIN_EVERY` seconds have passed since the start and
+        since the last line (called every :data:`PLAIN_TICK` seconds, and after each step the work reports)."""
+        with self._lock:
+            now = self._clock()
+            if self._plain is None or now - self._last_plain < PLAIN_EVERY:
+                return
+            self._last_plain = now
+            self._plain.write(self.plain_line(now - self._start) + "\n")
+            self._plain.flush()
+
+    def plain_line(self, elapsed: float) -> str:
+        """``running gpt2: 4,096/20,000 tokens (20%), 410 tokens/s, 39 s left; 10 s so far``; without a total, the
+        latest step instead of the count."""
+        head = f"{self.description}: " if self.detail or self.total is not None else self.description
+        so_far = f"{_duration(elapsed)} so far"
+        if self.total is None:
+            return f"{head}{self.detail}; {so_far}" if self.detail else f"{head}; {so_far}"
+        share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        count = f"{self.done:,}/{self.total:,} {self.unit}".rstrip() + share
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if rate <= 0:
+            return f"{head}{count}, no {self.unit or 'step'} done yet; {so_far}"
+        left = _duration(max(self.total - self.done, 0) / rate)
+        shown = f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
+        return f"{head}{count}, {shown} {self.unit or 'steps'}/s, {left} left; {so_far}"
+
+    def _ticking(self) -> None:
+        while not self._ended.wait(self._tick):
+            self.plain_tick()
 
     def update(self, detail: str) -> None:
         """Set the latest step's text (shown once the delay has passed)."""
@@ -78,6 +124,7 @@ class Progress:
             self.detail = detail
             if self._bar is not None:
                 self._bar.update(self._task, detail=detail)
+        self.plain_tick()
 
     def advance(self, n: int) -> None:
         """Count ``n`` more of the ``total`` done."""
@@ -85,6 +132,7 @@ class Progress:
             self.done += n
             if self._bar is not None:
                 self._bar.update(self._task, completed=self.done)
+        self.plain_tick()
 
     def ece_pass(self, passes: int, open_intervals: int) -> None:
         """The ``on_pass`` callback of :func:`tempcal.core.ece_fit.minimise_ece`."""
@@ -112,13 +160,24 @@ class Progress:
                 TextColumn(f"{{task.completed:,.0f}}/{{task.total:,.0f}} {self.unit}"), TimeRemainingColumn())
 
 
-def _terminal_console(enabled: bool | Console | None) -> Console | None:
-    """The console to draw on: None when disabled, when it is not a terminal, and on every rank but 0 under
-    torch.distributed (the ranks share one terminal; rank 0 reports, as it does everything else)."""
+def _outlets(enabled: bool | Console | None) -> tuple[Console | None, IO[str] | None]:
+    """The terminal console to draw the bar on, or else the stream for plain lines; neither when disabled, and on
+    every rank but 0 under torch.distributed (the ranks share one standard error; rank 0 reports, as it does
+    everything else)."""
     if enabled is False or enabled is None or rank() != 0:
-        return None
+        return None, None
     console = enabled if isinstance(enabled, Console) else Console(stderr=True)
-    return console if console.is_terminal else None
+    return (console, None) if console.is_terminal else (None, console.file)
+
+
+def _duration(seconds: float) -> str:
+    """``9 s``, ``2 min 05 s``, ``1 h 02 min``."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole} s"
+    if whole < 3600:
+        return f"{whole // 60} min {whole % 60:02d} s"
+    return f"{whole // 3600} h {whole % 3600 // 60:02d} min"
 
 
 class _Line(ProgressColumn):
@@ -134,4 +193,4 @@ class _Line(ProgressColumn):
         return Text.assemble(seconds, "  ", task.description, "  ", task.fields["detail"])
 
 
-__all__ = ["DELAY", "Progress"]
+__all__ = ["DELAY", "PLAIN_EVERY", "Progress"]

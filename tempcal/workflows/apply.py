@@ -53,6 +53,7 @@ class ApplyResult:
     device: str
     group_key: str | None = None
     group_temperatures: dict[str, float] | None = None  # the T of every group the rows hold
+    group_copied: bool = False  # the group tensor (group_key) was written beside the values
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -63,7 +64,8 @@ class ApplyResult:
         return {"source": self.source, "output": self.output, "as": self.as_, "key": self.key,
                 "temperature": self.temperature, "tau_from": self.tau_from, "rows": self.rows, "shape": self.shape,
                 "dtype": self.dtype, "labels": self.labels, "num_classes": self.num_classes,
-                "group_key": self.group_key, "group_temperatures": self.group_temperatures, "passes": self.passes,
+                "group_key": self.group_key, "group_temperatures": self.group_temperatures,
+                "group_copied": self.group_copied, "passes": self.passes,
                 "device": self.device, "warnings": self.warnings}
 
 
@@ -101,10 +103,10 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
             raise TempcalError(f"{param('output')} {output}: would overwrite SOURCE {path}; give it a path of its own")
     temperature, tau_from = _temperature(loaded, tau)
     warnings: list[str] = []
-    per_row, group_key, per_group = None, None, None
+    per_row, group_key, per_group, group_values = None, None, None, None
     stored = parse_stored_groups(_metadata(loaded), f"{loaded.name}:") if groups and tau_from == "stored" else None
     if stored is not None:
-        per_row, per_group = row_temperatures(loaded, stored, temperature, warnings)
+        per_row, per_group, group_values = row_temperatures(loaded, stored, temperature, warnings)
         group_key = stored.key
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                        labelled=False)
@@ -113,12 +115,26 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
     if with_labels:
         labels = scan.data.labels.to(torch.int64)
         planned.append(Planned("labels", torch.int64, (labels.numel(),), lambda: [labels]))
+    group_copied = suffix != ".npy" and _copy_groups(planned, group_key, group_values, loaded.name, warnings)
     metadata = _output_metadata(loaded, as_, temperature, group_key, per_group)
     write_streamed(output, planned, metadata=metadata, what=param("output"))
     main = planned[0]
     return ApplyResult(loaded.name, str(output), as_, main.name, temperature, tau_from, list(main.shape),
                        str(main.dtype).removeprefix("torch."), with_labels, scan.num_classes, scan.passes,
-                       str(scan.device), group_key, per_group, warnings)
+                       str(scan.device), group_key, per_group, group_copied, warnings)
+
+
+def _copy_groups(planned: list[Planned], key: str | None, values: torch.Tensor | None, name: str,
+                 warnings: list[str]) -> bool:
+    """Plan the group tensor KEY beside the values (each output row's group, as SOURCE holds it), so that the rows
+    stay grouped downstream; False when there is none, or when KEY is the name of a tensor written already."""
+    if key is None or values is None:
+        return False
+    if key in {p.name for p in planned}:
+        warnings.append(f"{name}: the group tensor '{key}' is not copied: the output's tensor '{key}' has that name")
+        return False
+    planned.append(Planned(key, torch.int64, (values.numel(),), lambda: [values]))
+    return True
 
 
 def _temperature(loaded: OpenedSource, tau: str | float | None) -> tuple[float, str]:

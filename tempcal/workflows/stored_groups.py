@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 
 
 def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
-                     warnings: list[str]) -> tuple[torch.Tensor, dict[str, float]]:
+                     warnings: list[str]) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
     """Each row's T (float64): its group's stored T, or ``default`` (the global T) for a group none is stored for,
-    with a warning; and the T of every group the rows hold."""
+    with a warning; the T of every group the rows hold; and each row's group value (int64) as the tensor KEY holds
+    it (None for lm-eval logs, grouped by task, which hold no such tensor)."""
     import torch
 
     rows = read_groups(opened, groups.key, option=f"the stored '{GROUP_KEY}'")
@@ -31,7 +32,10 @@ def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
         count = int(torch.isin(index, torch.tensor([rows.names.index(n) for n in unstored])).sum())
         warnings.append(Note(f"{opened.name}: {len(unstored)} group(s) of '{groups.key}' have no stored temperature "
                              f"(first: '{unstored[0]}'); their {count} rows take the global T = {default!r}"))
-    return torch.tensor(per_group, dtype=torch.float64)[index], dict(zip(rows.names, per_group, strict=True))
+    values = None
+    if opened.kind.name != "lm-eval":  # integer groups: their names are the values in decimal
+        values = torch.tensor([int(name) for name in rows.names], dtype=torch.int64)[index]
+    return torch.tensor(per_group, dtype=torch.float64)[index], dict(zip(rows.names, per_group, strict=True)), values
 
 
 __all__ = ["row_temperatures"]

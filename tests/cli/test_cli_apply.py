@@ -314,3 +314,53 @@ def test_a_configuration_file_names_source_output_and_as(tmp_path, cli, monkeypa
     (tmp_path / "tempcal.toml").write_text('[apply]\nas = "odds"\n')
     code, _, err = cli(["apply", str(path), "-o", str(tmp_path / "x.npz")])
     assert code == 2 and "as" in assert_one_error_line(err)
+
+
+def test_per_group_temperatures_are_announced_as_such_and_the_groups_kept(tmp_path, cli):
+    """With per-group temperatures the console does not name one T as the one applied, and the group tensor is
+    written beside the values (flattened with token-level rows), so the output stays grouped."""
+    logits, labels = miscalibrated(60, 4, 2.0, dtype=torch.float64)
+    group = torch.arange(60) % 3 + 10
+    path = tmp_path / "g.safetensors"
+    save_file({"logits": logits, "labels": labels, "domain": group}, str(path),
+              metadata={"tempcal.temperature": "2.5", "tempcal.group_key": "domain",
+                        "tempcal.group_temperatures": json.dumps({"10": 1.5, "11": 3.0, "12": 4.0})})
+    code, out, err = cli(["apply", str(path), "-o", str(tmp_path / "p.safetensors")])
+    assert code == 0, err
+    first, second = out.splitlines()[:2]
+    assert "T = 2.5" not in first and "at each row's group T (stored per group of 'domain')" in first
+    assert first.endswith("labels and 'domain' copied")
+    assert second == "T per group of 'domain': 10: 1.5, 11: 3, 12: 4 (the global T = 2.5 for a group with none stored)"
+    written = load_file(str(tmp_path / "p.safetensors"))
+    assert set(written) == {"probs", "labels", "domain"} and torch.equal(written["domain"], group)
+    t = np.array([1.5, 3.0, 4.0])[group.numpy() - 10][:, None]
+    np.testing.assert_allclose(written["probs"].numpy(), softmax(logits.numpy() / t, axis=1), rtol=1e-12)
+
+    code, out, _ = cli(["apply", str(path), "-o", str(tmp_path / "q.npz"), "--no-groups"])
+    assert code == 0 and "at T = 2.5 (stored)" in out and "domain" not in out
+    assert sorted(np.load(tmp_path / "q.npz")) == ["labels", "probs"]
+
+    tokens = tmp_path / "tokens.safetensors"  # token-level rows: the group of each of B * L rows
+    save_file({"logits": logits.reshape(6, 10, 4), "labels": labels.reshape(6, 10), "domain": group.reshape(6, 10)},
+              str(tokens), metadata={"tempcal.temperature": "2.5", "tempcal.group_key": "domain",
+                                     "tempcal.group_temperatures": json.dumps({"10": 1.5})})
+    code, out, err = cli(["apply", str(tokens), "-o", str(tmp_path / "t.npz"), "--as", "logits", "--json", "-"])
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["group_copied"] is True and result["group_temperatures"] == {"10": 1.5, "11": 2.5, "12": 2.5}
+    with np.load(tmp_path / "t.npz") as saved:
+        np.testing.assert_array_equal(saved["domain"], group.numpy())
+        t = np.where(group.numpy() == 10, 1.5, 2.5)[:, None]
+        np.testing.assert_allclose(saved["logits"], logits.numpy() / t, rtol=1e-12)
+
+
+def test_a_group_key_named_like_an_output_tensor_is_not_copied(tmp_path, run_json):
+    logits, labels = miscalibrated(30, 3, 2.0)
+    path = tmp_path / "g.safetensors"
+    save_file({"logits": logits, "y": labels, "labels": torch.arange(30) % 2}, str(path),
+              metadata={"tempcal.temperature": "2.0", "tempcal.group_key": "labels",
+                        "tempcal.group_temperatures": json.dumps({"0": 1.5, "1": 3.0})})
+    out = run_json(["apply", str(path), "--labels-key", "y", "-o", str(tmp_path / "p.safetensors")])
+    assert out["group_copied"] is False
+    assert any("the group tensor 'labels' is not copied" in w for w in out["warnings"])
+    assert torch.equal(load_file(str(tmp_path / "p.safetensors"))["labels"], labels)

@@ -282,6 +282,7 @@ def test_group_by_gives_every_groups_coverage_under_the_global_sets(tmp_path, ru
 
 
 @needs_torchrun
+@pytest.mark.slow  # the default run: test_cli_decisions_folds.test_folds_groups_and_sets_under_two_processes_match_one
 def test_group_sets_under_two_processes_match_one(tmp_path):
     grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
     one, two = one_and_two_processes(tmp_path, ["fit", str(tmp_path / "grouped.safetensors"), "--group-by", "group",

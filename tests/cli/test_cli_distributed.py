@@ -188,6 +188,7 @@ def test_a_rank_without_rows_matches_one_process(tmp_path):
 
 
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
+@pytest.mark.slow  # the default run: test_cli_decisions_folds.test_folds_groups_and_sets_under_two_processes_match_one
 def test_folds_and_groups_under_two_processes_match_one(tmp_path):
     g = torch.Generator().manual_seed(12)
     for k, n in enumerate((700, 500)):
@@ -209,6 +210,7 @@ def test_folds_and_groups_under_two_processes_match_one(tmp_path):
 
 
 @pytest.mark.skipif(_torchrun() is None, reason="torchrun not installed")
+@pytest.mark.slow  # report under torchrun in the default run: test_report_with_every_estimator_and_the_bootstrap_...
 def test_report_on_the_held_out_rows_under_two_processes_matches_one(tmp_path):
     g = torch.Generator().manual_seed(13)
     z = torch.randn(900, 5, generator=g) * 3

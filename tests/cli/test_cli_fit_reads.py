@@ -105,7 +105,7 @@ def test_shards_streamed_in_small_chunks_with_an_eval_file(tmp_path, run_json, c
     assert result["n_fit"] == len(labels) and result["n_eval"] == 500
 
 
-@pytest.mark.parametrize("val_fraction", [0.5, 1.0])
+@pytest.mark.parametrize("val_fraction", [0.5, pytest.param(1.0, marks=pytest.mark.slow)])
 def test_hidden_states_through_a_head_are_multiplied_at_most_three_times(tmp_path, run_json, counted,
                                                                          val_fraction):
     h, w, b, y = hidden_and_head(3000, 16, 2000, seed=6)

@@ -96,7 +96,7 @@ def expected_rows(result: dict) -> int:
 
 
 @pytest.mark.parametrize("reads", ["streamed", "resident"], indirect=True)
-@pytest.mark.parametrize("val_fraction", [None, 1.0])
+@pytest.mark.parametrize("val_fraction", [None, pytest.param(1.0, marks=pytest.mark.slow)])
 def test_the_whole_command_multiplies_at_most_three_and_a_half_n_rows(files, run_json, counted, reads,
                                                                       val_fraction):
     hidden, head, logits, labels = files

@@ -54,7 +54,7 @@ def help_at(cli, monkeypatch):
 def test_command_help_is_short_and_shows_the_common_options(help_at, command):
     out = help_at([command, "--help"])
     lines = out.splitlines()
-    assert len(lines) <= 50, len(lines)
+    assert len(lines) <= 65, len(lines)
     assert max(map(len, lines)) <= 80
     assert "…" not in out and "<bool>" not in out and "<str>" not in out
     flags = {flag for param in _commands()[command].params for flag in _flags(param)}
@@ -66,6 +66,18 @@ def test_command_help_is_short_and_shows_the_common_options(help_at, command):
     assert f"tempcal help {command}" in _prose(out)
     # options left to ``tempcal help COMMAND``, not shown here
     assert "--head-weight-key" in flags and "--head-weight-key" not in words
+
+
+@pytest.mark.parametrize(("command", "headline"), [
+    ("fit", ("--folds", "--group-by", "--conformal-alpha", "--lm", "--text")),
+    ("report", ("--group-by", "--conformal-alpha", "--eval-rows", "--sweep")),
+    ("ood", ("--group-by",)),
+])
+def test_command_help_shows_the_headline_options(help_at, command, headline):
+    """The options the last releases were about are shown where a user looks first, not only by tempcal help."""
+    words = _words(help_at([command, "--help"]))
+    for flag in headline:
+        assert flag in words, flag
 
 
 @pytest.mark.parametrize("command", COMMANDS)

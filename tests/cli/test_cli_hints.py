@@ -108,3 +108,18 @@ def test_the_release_folder_runs_without_warnings(tmp_path, cli, monkeypatch):
         code, _, err = cli([*command, "-q"])
         assert code == 0, err
         assert [line for line in err.splitlines() if not line.startswith("config: ")] == [], err
+
+
+@pytest.mark.parametrize("missing", ["matplotlib", "jinja2"])
+def test_html_without_its_extra_names_the_html_extra(tmp_path, cli, monkeypatch, missing):
+    """The README installs the page's dependencies as tempcal[html]; the hint must name that extra, for either one."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else find_spec(name, *a))
+    path = tmp_path / "digits.safetensors"
+    shutil.copyfile(EXAMPLES / "digits_logits.safetensors", path)
+    code, _, err = cli(["fit", str(path), "--html", str(tmp_path / "page.html")])
+    assert code == 2
+    assert_one_error_line(err, f"needs {missing}, which is not installed", "pip install 'tempcal[html]'")
+    assert not (tmp_path / "page.html").exists()

@@ -234,6 +234,7 @@ def _default_sigint() -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="watches the process's open files in /proc")
+@pytest.mark.slow  # 20,000 texts; the default run: test_cli_main's interrupted commands (status 1, one line)
 def test_sigint_to_a_running_fit_exits_1_in_one_line_and_leaves_no_file(tmp_path, llama):
     """``python -m tempcal fit --lm`` on 20,000 texts (half a minute of forward pass), sent SIGINT as Ctrl-C sends it
     once its forward pass writes the hidden states: status 1, one line, no traceback, nothing left behind."""

@@ -13,8 +13,9 @@ from conftest import EXAMPLE
 import tempcal
 
 
-@pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"], ["--version"], ["help"], ["help", "fit"],
-                                  ["help", "lm"], ["help", "--help"]])
+@pytest.mark.parametrize("argv", [["--help"], ["fit", "--help"], ["report", "--help"], ["ood", "--help"],
+                                  ["apply", "--help"], ["--version"], ["help"], ["help", "fit"], ["help", "lm"],
+                                  ["help", "--help"]])
 def test_help_does_not_import_torch(argv):
     code = (f"import sys\nfrom tempcal.cli.main import main\ncode = main({argv!r})\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\nsys.exit(code)")

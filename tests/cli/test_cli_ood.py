@@ -365,3 +365,41 @@ def test_react_every_score_and_gates_under_two_processes_match_one(tmp_path):
         for key in ("auroc", "aupr_in", "aupr_out", "fpr95"):
             assert x[key] == pytest.approx(y_[key], abs=1e-6), key
         assert x["auroc_ci"] == pytest.approx(y_["auroc_ci"], abs=1e-6)
+
+
+@pytest.mark.parametrize(("top", "said"), [(None, "the 10 largest probabilities (all classes)"),
+                                           ("4", "the 4 largest probabilities")])
+def test_gen_says_how_many_probabilities_it_sums(tmp_path, cli, top, said):
+    """GEN sums over min(M, C) probabilities: with 10 classes and the default M = 100, that is 10, all of them."""
+    g = torch.Generator().manual_seed(5)
+    save_file({"logits": 3 * torch.randn(80, 10, generator=g), "labels": torch.zeros(80, dtype=torch.int64)},
+              str(tmp_path / "id.safetensors"))
+    save_file({"logits": torch.randn(60, 10, generator=g)}, str(tmp_path / "ood.safetensors"))
+    extra = [] if top is None else ["--gen-top", top]
+    code, out, err = cli(["ood", str(tmp_path / "id.safetensors"), "--ood", str(tmp_path / "ood.safetensors"),
+                          "--tau", "1", "--score", "gen", *extra])
+    assert code == 0, err
+    line = next(line for line in out.splitlines() if line.startswith("GEN: "))
+    assert line == f"GEN: gamma 0.1, {said}"
+
+
+@pytest.mark.parametrize("flags", [[], ["-q"], ["--json", "-"]])
+def test_the_float32_caveat_is_said_once(tmp_path, cli, flags):
+    """A best tau float32 cannot resolve (ID and OOD differ only in spread: entropy at tau = 1000): a note beside
+    the tables when they are printed, else a warning; never both. It stays in the JSON's warnings."""
+    g = torch.Generator().manual_seed(3)
+    z_id, z_ood = 2.0 * torch.randn(400, 10, generator=g), 1.6 * torch.randn(300, 10, generator=g)
+    save_file({"logits": z_id, "labels": torch.zeros(400, dtype=torch.int64)}, str(tmp_path / "id.safetensors"))
+    save_file({"logits": z_ood}, str(tmp_path / "ood.safetensors"))
+    code, out, err = cli(["ood", str(tmp_path / "id.safetensors"), "--ood", str(tmp_path / "ood.safetensors"),
+                          "--score", "entropy", *flags])
+    assert code == 0, err
+    said = "best tau = 1000 cannot be deployed in float32"
+    if flags == ["--json", "-"]:  # standard output holds the JSON only
+        assert sum(said in w for w in json.loads(out)["warnings"]) == 1 and err.count(said) == 1
+        return
+    assert (out + err).count(said) == 1, out + err
+    if flags == ["-q"]:
+        assert said in err and "warning: " in err
+    else:
+        assert said in out and said not in err

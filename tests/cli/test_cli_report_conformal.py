@@ -165,6 +165,7 @@ def test_a_bad_alpha_is_one_line_and_exit_2(tmp_path, cli, value):
 
 
 @needs_torchrun
+@pytest.mark.slow  # the sets under torchrun in the default run: test_cli_decisions (fit's sets, same reductions)
 def test_report_sets_under_two_processes_match_one(tmp_path):
     grouped_file(tmp_path / "grouped.safetensors", n=1500, groups=3)
     path = str(tmp_path / "grouped.safetensors")

@@ -107,7 +107,7 @@ def test_kernel_refusal_as_an_unprivileged_user():
                                     text=True, timeout=180, cwd=folder, user=65534, group=65534, extra_groups=[],
                                     env=child_env(HOME=str(folder)))
         except PermissionError:
-            pytest.skip(f"nobody may not run {PYTHON} here")
+            pytest.skip(f"the user nobody is not allowed to run {PYTHON} here")
         if result.returncode != 2 and "ModuleNotFoundError" in result.stderr:
             pytest.skip("nobody cannot read the Python environment here")
         assert result.returncode == 2, result.stderr
