@@ -9,6 +9,9 @@
   read-only; root's permission bypass does not count), or no write access for this user.
 - The files a command writes differ from each other and from every file it reads: the same
   resolved path, or the same file (device and inode, so hard links too), is refused.
+- A model folder (``--lm MODEL``, ``--head FOLDER``) is read-only: no output may lie inside it or be one of
+  its files under another name (a link, a hard link), except the record tempcal keeps there
+  (``MODEL/tempcal.json``, and ``generation_config.json`` when asked).
 """
 
 from __future__ import annotations
@@ -131,12 +134,20 @@ def expand(paths: Iterable[str | os.PathLike | None]) -> list[str]:
 
 
 def check_distinct(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]], *,
-                   appends: Iterable[str] = ()) -> None:
+                   appends: Iterable[str] = (), folders: Sequence[tuple[str, str]] = (),
+                   writable: Iterable[str] = (), updates: Sequence[tuple[str, str]] = ()) -> None:
     """Every output is a file of its own: not an input, not another output (``(label, path)`` pairs; outputs
-    labelled in ``appends`` are appended to rather than replaced). The first clash is an error naming both."""
-    appending = set(appends)
+    labelled in ``appends`` are appended to rather than replaced), and not inside a read-only model folder of
+    ``folders`` (``(option, folder)`` pairs) unless labelled in ``writable``; nor is a file of ``updates``, the
+    inputs written back into. The first clash is an error naming both."""
+    appending, allowed = set(appends), set(writable)
+    members = [(option, folder, _members(folder)) for option, folder in folders]
+    for label, path in updates:
+        _refuse_inside(label, path, members)
     for k, (label, path) in enumerate(outputs):
         verb = "would append to" if label in appending else "would overwrite"
+        if label not in allowed:
+            _refuse_inside(label, path, members)
         for what, name in inputs:
             if same_file(path, name):
                 raise TempcalError(f"{label} {path}: {verb} the input file {name} ({what}); give it a path of its "
@@ -145,6 +156,42 @@ def check_distinct(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[st
             if same_file(path, name):
                 raise TempcalError(f"{label} {path}: is also the {other} output {name}; give each output a path "
                                    "of its own; nothing written")
+
+
+#: Files of a model folder compared with each output (a model folder holds a few dozen).
+MAX_MEMBERS = 10_000
+
+
+def _members(folder: str) -> list[tuple[str, os.stat_result]]:
+    """The files under ``folder`` (links followed to what they name), at most :data:`MAX_MEMBERS` of them."""
+    found: list[tuple[str, os.stat_result]] = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                found.append((path, os.stat(path)))
+            except OSError:
+                continue
+            if len(found) >= MAX_MEMBERS:
+                return found
+    return found
+
+
+def _refuse_inside(label: str, path: str, members: Sequence[tuple[str, str, list[tuple[str, os.stat_result]]]]
+                   ) -> None:
+    """``path`` is not inside a model folder, nor one of its files under another name (a link, a hard link)."""
+    try:
+        mine: os.stat_result | None = os.stat(path)
+    except OSError:
+        mine = None
+    real = Path(os.path.realpath(path))
+    for option, folder, files in members:
+        clash = (str(real) if real.is_relative_to(os.path.realpath(folder)) else
+                 next((name for name, st in files if mine is not None and os.path.samestat(st, mine)), None))
+        if clash is not None:
+            raise TempcalError(f"{label} {path}: is {clash}, inside the model folder {folder} ({option}); tempcal "
+                               "never changes a model's files (it writes only MODEL/tempcal.json, and "
+                               "generation_config.json when asked): give a path outside it; nothing written")
 
 
 __all__ = ["check_distinct", "check_folder", "check_target", "expand", "kind_of", "problem_with", "refuse_read_only",
