@@ -179,3 +179,34 @@ def test_a_tokenizer_panic_is_one_line(tmp_path, cli, folders, monkeypatch, wher
         detail = "the tokenizer of"
     refused(cli, tmp_path, ["fit", "--lm", str(base / "gpt2"), "--text", str(texts)], detail, "panicked"
             if where == "encode" else "unwrap")
+
+
+def test_a_huge_line_is_cut_before_it_is_tokenised(tmp_path, cli, folders, monkeypatch):
+    """A line of 1.2 MB with --max-length 16: the tokenizer sees at most 64 characters a token, and the figures equal
+    those of the same file with that line replaced by its first 16 words."""
+    base, texts = folders
+    lines = texts.read_text().splitlines()
+    words = [f"w{i % 200}" for i in range(200_000)]
+    long_file = write_texts(tmp_path / "long.txt", [lines[0], " ".join(words), *lines[1:]])
+    short_file = write_texts(tmp_path / "short.txt", [lines[0], " ".join(words[:16]), *lines[1:]])
+    seen: list[int] = []
+    call = transformers.PreTrainedTokenizerFast.__call__
+
+    def spy(self, text, *args, **kwargs):
+        seen.append(max(len(t) for t in ([text] if isinstance(text, str) else text)))
+        return call(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.PreTrainedTokenizerFast, "__call__", spy)
+    results = []
+    for path in (long_file, short_file):
+        code, out, err = cli(["fit", "--lm", str(base / "gpt2"), "--text", str(path), "--max-length", "16",
+                              "--no-write", "--json", "-"])
+        assert code == 0, err
+        results.append(json.loads(out))
+    assert max(seen) <= 64 * 17
+    long_run, short_run = (r["lm"]["texts"][0] for r in results)
+    assert long_run["texts_cut"] == 1 and short_run["texts_cut"] == 0
+    assert long_run["rows"] == short_run["rows"]
+    for key in ("nll", "ece", "brier", "accuracy"):
+        assert results[0]["before"][key] == pytest.approx(results[1]["before"][key], rel=1e-9)
+    assert "before tokenising" not in err
