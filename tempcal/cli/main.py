@@ -89,13 +89,17 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
 
     if rank() != 0:
         raise typer.Exit(EXIT_GATE if gate else 0)
-    from ..errors import for_cli
+    from ..errors import Info, for_cli
     from .config import config_state
 
     state = config_state(ctx)
     if state.config is not None:
         stderr(f"config: {state.config.display}")
     for message in warnings:
+        if isinstance(message, Info):
+            if not quiet:
+                stderr(f"note: {for_cli(message)}")
+            continue
         stderr(f"warning: {for_cli(message)}")
     written = write()
     from ..output.json import emit_json
@@ -211,14 +215,32 @@ def progress_line(description: str, enabled: Any) -> Any:
     return Progress(description, enabled=enabled)
 
 
+class NeutralText:
+    """A text stream that writes bidirectional control characters as escapes (:func:`tempcal.errors.neutral`):
+    what the console shows of a hostile file or group name cannot reorder the line around it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        from ..errors import neutral
+
+        return self.stream.write(neutral(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def console():
     from rich.console import Console
 
-    return Console(highlight=False)
+    return Console(highlight=False, file=NeutralText(sys.stdout))
 
 
 def stderr(message: str) -> None:
-    sys.stderr.write(message.rstrip("\n") + "\n")
+    from ..errors import neutral
+
+    sys.stderr.write(neutral(message.rstrip("\n")) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
