@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import IO, Annotated, Any, cast
 
 import typer
 
@@ -234,7 +234,7 @@ class NeutralText:
 def console():
     from rich.console import Console
 
-    return Console(highlight=False, file=NeutralText(sys.stdout))
+    return Console(highlight=False, file=cast(IO[str], NeutralText(sys.stdout)))
 
 
 def stderr(message: str) -> None:

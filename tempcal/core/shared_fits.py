@@ -288,7 +288,7 @@ class SharedFits:
         if k > 1 and groups:
             group_folds = [[] for _ in range(self.layout.groups)]
             for f in groups:
-                if f.fold is not None:
+                if f.fold is not None and f.group is not None:
                     group_folds[f.group].append(f.result)
         open_fits = [f for f in self.fits if f.result is not None and not f.result.converged]
         if open_fits:

@@ -16,12 +16,13 @@ is bounded (:data:`MAX_JSONL_LINE_BYTES`) and its text cut to ``max_chars`` afte
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import hashlib
 import json
 import os
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TempcalError, param
@@ -48,7 +49,7 @@ class Texts:
     lines: list[int]
     sha256: str
     field: str | None  # the JSON field read (.jsonl), None for .txt
-    cut: list[bool] = field(default_factory=list)
+    cut: list[bool] = dataclasses.field(default_factory=list)  # ``field`` above is the JSON field's name
 
     def __len__(self) -> int:
         return len(self.texts)
