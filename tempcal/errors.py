@@ -34,9 +34,26 @@ class Note(str):
         return note
 
 
+class Info(Note):
+    """A remark rather than a warning (say, how many groups had no fitting rows): the CLI shows it as ``note:``,
+    and not under ``--quiet``; the JSON lists it among the warnings all the same."""
+
+
 class StoredNote(Note):
     """A note about the stored T alone (ignored: fitted under other options, or stale): said by the commands that
     would use that T, left out by a fit, which replaces it."""
+
+
+#: Characters that reorder the text around them (bidirectional embeddings, overrides, isolates and marks): a file
+#: or group name holding U+202E would show the rest of a line reversed. Every console line and page shows them as
+#: escapes (``\u202e``).
+BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+_BIDI_ESCAPES = str.maketrans({c: f"\\u{ord(c):04x}" for c in BIDI_CONTROLS})
+
+
+def neutral(text: str) -> str:
+    """``text`` with its bidirectional control characters written as escapes, so that they show, not act."""
+    return text.translate(_BIDI_ESCAPES)
 
 
 def for_cli(text: str) -> str:
@@ -68,4 +85,5 @@ class DataError(TempcalError):
     """The logits or labels themselves are invalid (NaN, out-of-range label, ...)."""
 
 
-__all__ = ["DataError", "Note", "StoredNote", "TempcalError", "for_cli", "param", "render"]
+__all__ = ["BIDI_CONTROLS", "DataError", "Info", "Note", "StoredNote", "TempcalError", "for_cli", "neutral", "param",
+           "render"]

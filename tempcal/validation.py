@@ -39,11 +39,32 @@ def positive_number(value: object) -> float | None:
     return number if math.isfinite(number) and number > 0 else None
 
 
-def as_temperature(value: object, what: str = "temperature") -> float:
-    """``value`` as a temperature: a finite number > 0, else :class:`TempcalError`."""
+#: The smallest temperature any command takes: logits are multiplied by 1 / T, which must be a finite float64
+#: (below this, 1 / T overflows to inf and every probability becomes NaN).
+MIN_TEMPERATURE = 1.0 / 1.7976931348623157e308
+
+
+def temperature_number(value: object) -> float | None:
+    """``value`` as a temperature: a finite number > 0 whose inverse is finite too (T >= :data:`MIN_TEMPERATURE`),
+    or None when it is not one. Every T a command takes, given or stored, passes here."""
     number = positive_number(value)
+    return number if number is not None and number >= MIN_TEMPERATURE else None
+
+
+def temperature_problem(value: object) -> str:
+    """Why ``value`` is not a temperature, as the end of a message."""
+    number = positive_number(value)
+    if number is not None and number < MIN_TEMPERATURE:
+        return f"too small: 1 / T overflows (T must be at least {MIN_TEMPERATURE:.3g})"
+    return "not a positive number"
+
+
+def as_temperature(value: object, what: str = "temperature") -> float:
+    """``value`` as a temperature: a finite number > 0 with a finite inverse, else :class:`TempcalError`."""
+    number = temperature_number(value)
     if number is None:
-        raise TempcalError(f"{what} must be a positive finite number, got {value}")
+        raise TempcalError(f"{what} must be a positive finite number whose inverse is finite, got {value} "
+                           f"({temperature_problem(value)})")
     return number
 
 
@@ -56,10 +77,10 @@ def stored_temperature(text: str | bytes | None, where: str) -> float | None:
     """A stored T (metadata value, sidecar entry, model extra file): None when absent, else a positive float."""
     if text is None:
         return None
-    value = positive_number(text)
+    value = temperature_number(text)
     if value is None:
         shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {_shown(shown)}, not a positive number")
+        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {_shown(shown)}, {temperature_problem(text)}")
     return value
 
 
@@ -82,8 +103,10 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
             raise TempcalError(f"{param('tau')} fitted: {source} has no stored temperature "
                                f"({place or f'metadata {TEMPERATURE_KEY!r}; run tempcal fit first'})")
         return float(stored)
-    value = positive_number(text)
+    value = temperature_number(text)
     if value is None:
+        if positive_number(text) is not None:
+            raise TempcalError(f"{param('tau')} {text}: {temperature_problem(text)}")
         raise TempcalError(f"{param('tau')} {text}: expected a number > 0 or 'fitted'")
     return value
 
@@ -328,8 +351,8 @@ def check_alphas(alphas: Sequence[float]) -> list[float]:
     return out
 
 
-__all__ = ["IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES", "PROBS_KEY", "TEMPERATURE_KEY",
-           "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature", "check_alphas", "check_bins",
-           "check_confidences", "check_labels", "check_number", "check_taus", "format_temperature", "is_fitted",
-           "parse_tau", "positive_number", "probabilities_refused", "resolve_taus", "shown_value", "stored_probs",
-           "stored_temperature", "whole_number"]
+__all__ = ["IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES", "MIN_TEMPERATURE", "PROBS_KEY",
+           "TEMPERATURE_KEY", "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature", "check_alphas",
+           "check_bins", "check_confidences", "check_labels", "check_number", "check_taus", "format_temperature",
+           "is_fitted", "parse_tau", "positive_number", "probabilities_refused", "resolve_taus", "shown_value",
+           "stored_probs", "stored_temperature", "temperature_number", "temperature_problem", "whole_number"]

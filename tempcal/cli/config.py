@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
+from ..io.paths import is_pattern
 from ..validation import OutOfRange, check_number, shown_value
 from .config_file import parse_config, read_config_bytes
 from .config_schema import (
@@ -46,7 +47,6 @@ PYPROJECT_NAME = "pyproject.toml"
 PYPROJECT_TABLE = ("tool", "tempcal")
 #: Where a run's :class:`ConfigState` is kept (``ctx.meta`` is shared by a context and its children).
 META_KEY = "tempcal.config"
-_GLOB_MAGIC = frozenset("*?[")
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ class Config:
         for item in value if isinstance(value, list) else [value]:
             if spec.path.allow_dash and item == "-":
                 continue
-            if spec.path.glob and _GLOB_MAGIC & set(item):
+            if spec.path.glob and is_pattern(item):
                 if not glob.glob(item):
                     raise self.error(table, key, f"the pattern {item} matches no file")
             elif not os.path.exists(item):

@@ -221,7 +221,8 @@ def _check_paths(ctx: typer.Context, source: list[str], eval_file: str | None, i
     check_paths(ctx, {"--json": values["json_out"], "--plot": values["plot"], "--html": values["html"],
                       "--markdown": values["markdown"], "--save-model": values["save_model"],
                       "--save-logits": values["save_logits"], **_record_outputs(values)},
-                {"SOURCE": source, "--eval": eval_file, "--inputs": values["inputs"], "--head": values["head"]},
+                {"SOURCE": source, "--eval": eval_file, "--inputs": values["inputs"], "--head": values["head"],
+                 "--lm": values["lm"]},
                 write_back=None if no_write or output is not None or is_model or lm else source)
 
 

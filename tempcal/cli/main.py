@@ -89,13 +89,17 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
 
     if rank() != 0:
         raise typer.Exit(EXIT_GATE if gate else 0)
-    from ..errors import for_cli
+    from ..errors import Info, for_cli
     from .config import config_state
 
     state = config_state(ctx)
     if state.config is not None:
         stderr(f"config: {state.config.display}")
     for message in warnings:
+        if isinstance(message, Info):
+            if not quiet:
+                stderr(f"note: {for_cli(message)}")
+            continue
         stderr(f"warning: {for_cli(message)}")
     written = write()
     from ..output.json import emit_json
@@ -134,7 +138,9 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     """Before any work: each output can be written where it is named (a regular file or nothing, not a link, not
     read-only, in a folder that exists), and no output is the same file as another output or as an input
     (SOURCE and its sidecar, the files ``inputs`` name, the configuration file), ``$GITHUB_STEP_SUMMARY``
-    included. ``write_back``: the SOURCE files T is written back into (or into their sidecars)."""
+    included; no output, and no file T is written back into, lies in a model folder (``inputs`` ``--lm`` and
+    ``--head``) but for the record of T. ``write_back``: the SOURCE files T is written back into (or into their
+    sidecars)."""
     from ..io.paths import check_distinct, check_target, expand
     from ..io.sidecar import sidecar_path
     from ..output.github import STEP_SUMMARY_ENV, step_summary_path
@@ -150,7 +156,11 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
         read.append(("the configuration file", str(config.path)))
     summary = step_summary_path()
     summary_flag = f"${STEP_SUMMARY_ENV}"
-    check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag])
+    folders = [(label, str(value)) for label, value in inputs.items()
+               if label in MODEL_FOLDERS and isinstance(value, str) and os.path.isdir(value)]
+    backs = [("writing T back into", target) for _, target in _write_back_targets(write_back)]
+    check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag],
+                   folders=folders, writable=_records(given, folders), updates=backs)
     for flag, path in given:
         check_target(path, f"{flag} {path}", hint=" (--json - writes to standard output)" if flag == "--json" else "")
         if flag == "--plot":
@@ -159,11 +169,35 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
             from ..output.html import check_html_path
 
             check_html_path(path)
+    for _, target in backs:
+        check_target(target, target, follow_link=target.lower().endswith(".safetensors"))
+
+
+def _write_back_targets(write_back: list[str] | None) -> list[tuple[str, str]]:
+    """Each SOURCE file T is written back into, and the file that holds it (itself, or its sidecar)."""
+    from ..io.paths import expand
+    from ..io.sidecar import sidecar_path
+
+    out = []
     for path in expand(write_back or []):
         if os.path.isfile(path):  # a missing SOURCE is for opening it to say
-            in_metadata = path.lower().endswith(".safetensors")
-            target = path if in_metadata else str(sidecar_path(path))
-            check_target(target, target, follow_link=in_metadata)
+            out.append((path, path if path.lower().endswith(".safetensors") else str(sidecar_path(path))))
+    return out
+
+
+#: Input options that name a model folder, which tempcal never writes into (but for its record of T).
+MODEL_FOLDERS = ("--lm", "--head")
+#: The outputs that may go into a model folder, and the one file of it each may be.
+_RECORDS = {"the record of T": "tempcal.json", "--output": "tempcal.json",
+            "--write-generation-config": "generation_config.json"}
+
+
+def _records(given: list[tuple[str, str]], folders: list[tuple[str, str]]) -> list[str]:
+    """The outputs that are the record tempcal keeps in ``--lm MODEL``: ``tempcal.json``, ``generation_config.json``."""
+    from ..io.paths import same_file
+
+    return [flag for flag, path in given for option, folder in folders
+            if option == "--lm" and flag in _RECORDS and same_file(path, os.path.join(folder, _RECORDS[flag]))]
 
 
 def start(device: str) -> str:
@@ -181,14 +215,32 @@ def progress_line(description: str, enabled: Any) -> Any:
     return Progress(description, enabled=enabled)
 
 
+class NeutralText:
+    """A text stream that writes bidirectional control characters as escapes (:func:`tempcal.errors.neutral`):
+    what the console shows of a hostile file or group name cannot reorder the line around it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        from ..errors import neutral
+
+        return self.stream.write(neutral(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def console():
     from ..output.console import output_console
 
-    return output_console(highlight=False)
+    return output_console(NeutralText(sys.stdout), highlight=False)
 
 
 def stderr(message: str) -> None:
-    sys.stderr.write(message.rstrip("\n") + "\n")
+    from ..errors import neutral
+
+    sys.stderr.write(neutral(message.rstrip("\n")) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -169,7 +169,7 @@ def _checked(ctx, values: dict) -> tuple[list[str], list[str], list[str]]:
                       "--html": values["html"], "--markdown": values["markdown"],
                       **lm_outputs(values["lm"], record=False, save_hidden=values["save_hidden"])},
                 {"SOURCE": source, "--ood": ood_files, "--inputs": values["inputs"], "--ood-inputs": ood_inputs,
-                 "--head": values["head"], "--ood-text": ood_text})
+                 "--head": values["head"], "--ood-text": ood_text, "--lm": values["lm"]})
     return source, scores, others
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
-from ..validation import MAX_BINS, MAX_RESAMPLES, Bounds, OutOfRange, check_taus, is_fitted, positive_number
+from ..validation import MAX_BINS, MAX_RESAMPLES, Bounds, OutOfRange, check_taus, is_fitted, temperature_number
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 
@@ -40,7 +40,7 @@ def configured_tau(value: Any) -> str:
         raise TypeError
     if isinstance(value, str) and is_fitted(value):
         return "fitted"
-    if positive_number(value) is None:  # a 400-digit integer too
+    if temperature_number(value) is None:  # a 400-digit integer too, and a T whose inverse overflows
         raise OutOfRange('a number > 0 or "fitted"', value)
     return value if isinstance(value, str) else repr(value)
 

@@ -140,7 +140,7 @@ def report(
     check_lm_eval_norm(source, lm_eval_norm)
     check_paths(ctx, {"--json": json_out, "--plot": plot, "--html": html, "--markdown": markdown,
                       "--save-logits": save_logits, **lm_outputs(lm, record=False, save_hidden=save_hidden)},
-                {"SOURCE": source, "--inputs": inputs, "--head": head})
+                {"SOURCE": source, "--inputs": inputs, "--head": head, "--lm": lm})
 
     from ..core.limits import check_fits
     from ..output.console import print_report

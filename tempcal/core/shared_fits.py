@@ -256,8 +256,13 @@ class SharedFits:
         return slots
 
     def _group_slots(self, global_slots: list[float]) -> list[list[float]]:
-        """Per group, the betas its open fits need beyond ``global_slots``."""
-        return [self._slots([f for f in self.fits if f.group == g], global_slots) for g in range(self.layout.groups)]
+        """Per group, the betas its open fits need beyond ``global_slots`` (the fits bucketed by group once:
+        linear in the number of groups)."""
+        by_group: list[list[_Fit]] = [[] for _ in range(self.layout.groups)]
+        for fit in self.fits:
+            if fit.group is not None and fit.candidate is not None:
+                by_group[fit.group].append(fit)
+        return [self._slots(fits, global_slots) if fits else [] for fits in by_group]
 
     def _covers(self, fit: _Fit, beta: float) -> bool:
         """Whether a point at ``beta`` would certify ``fit``, as its nearest point's Taylor model predicts."""
@@ -279,8 +284,12 @@ class SharedFits:
         folds = [f.result for f in self.fits if f.group is None]
         groups = [f for f in self.fits if f.group is not None]
         group_fits = [f.result for f in groups if f.fold is None]
-        group_folds = [[f.result for f in groups if f.group == g and f.fold is not None]
-                       for g in range(self.layout.groups)] if k > 1 and groups else None
+        group_folds: list[list] | None = None
+        if k > 1 and groups:
+            group_folds = [[] for _ in range(self.layout.groups)]
+            for f in groups:
+                if f.fold is not None and f.group is not None:
+                    group_folds[f.group].append(f.result)
         open_fits = [f for f in self.fits if f.result is not None and not f.result.converged]
         if open_fits:
             warnings.append(f"{len(open_fits)} subset fit(s) not certified after {self.extra_passes} more passes; "

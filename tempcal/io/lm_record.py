@@ -11,7 +11,6 @@ written atomically (:mod:`tempcal.io.atomic`), never through a link.
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import TempcalError
-from ..validation import as_temperature
+from ..validation import as_temperature, temperature_number
 from .atomic import write_text_atomic
 
 RECORD_NAME = "tempcal.json"
@@ -48,9 +47,11 @@ def read_record(folder: str | os.PathLike) -> float | None:
         return None
     record = read_json(folder, RECORD_NAME, MAX_RECORD_BYTES)
     value = record.get("temperature") if isinstance(record, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-        raise TempcalError(f"{path}: not a tempcal record (expected a 'temperature' > 0); fix or delete it")
-    return float(value)
+    number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else temperature_number(value)
+    if number is None:
+        raise TempcalError(f"{path}: not a tempcal record (expected a 'temperature' > 0 whose inverse is finite); "
+                           "fix or delete it")
+    return number
 
 
 def write_record(path: str | os.PathLike, temperature: float, record: dict[str, Any]) -> Path:

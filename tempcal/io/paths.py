@@ -9,6 +9,9 @@
   read-only; root's permission bypass does not count), or no write access for this user.
 - The files a command writes differ from each other and from every file it reads: the same
   resolved path, or the same file (device and inode, so hard links too), is refused.
+- A model folder (``--lm MODEL``, ``--head FOLDER``) is read-only: no output may lie inside it or be one of
+  its files under another name (a link, a hard link), except the record tempcal keeps there
+  (``MODEL/tempcal.json``, and ``generation_config.json`` when asked).
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def check_target(path: str | os.PathLike, label: str, *, follow_link: bool = Fal
     """The file to write for ``path``: refuses a link (unless ``follow_link``: then the file it names), a folder,
     anything but a regular file, a missing folder, and a read-only file or folder. ``hint`` ends a refusal."""
     path = Path(path)
+    check_name_length(path, label)
     if path.is_symlink():
         kind = _kind_named(path)
         if kind is not None:
@@ -80,6 +84,21 @@ def check_target(path: str | os.PathLike, label: str, *, follow_link: bool = Fal
     folder = check_folder(path, label)
     refuse_read_only(path, folder, label)
     return path
+
+
+def check_name_length(path: Path, label: str) -> None:
+    """The file's name and path fit the file system's limits (``NAME_MAX``, usually 255 bytes; ``PATH_MAX``): checked
+    first, since any other look at a name too long fails with ENAMETOOLONG."""
+    folder = path.parent if str(path.parent) else Path(".")
+    for what, text, key, default in (("name", path.name, "PC_NAME_MAX", 255), ("path", str(path), "PC_PATH_MAX", 4096)):
+        try:
+            limit = os.pathconf(folder, key)
+        except (OSError, ValueError, AttributeError):
+            limit = default
+        size = len(os.fsencode(text))
+        if limit > 0 and size > limit:
+            raise TempcalError(f"{label}: the file {what} is {size} bytes, more than the {limit} this file system "
+                               "allows; nothing written")
 
 
 def _kind_named(link: Path) -> str | None:
@@ -119,24 +138,64 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def expand(paths: Iterable[str | os.PathLike | None]) -> list[str]:
-    """Paths with glob patterns expanded (a pattern matching nothing is left out: opening it says so)."""
+#: The characters that make a path a glob pattern.
+GLOB_CHARACTERS = "*?["
+
+
+def is_pattern(text: str) -> bool:
+    """``text`` is a glob pattern: it holds ``*``, ``?`` or ``[`` and names no file as it is written (a file
+    called ``run[1].safetensors`` is that file, not a pattern matching ``run1.safetensors``)."""
+    return any(ch in text for ch in GLOB_CHARACTERS) and not os.path.lexists(text)
+
+
+def expand(paths: Iterable[str | os.PathLike | None], *, strict: bool = False) -> list[str]:
+    """Paths with glob patterns expanded in sorted order: the one expander of SOURCE and input paths. A pattern
+    matching nothing is left out (opening the files says so), or with ``strict`` an error."""
     found: list[str] = []
     for path in paths:
         if path is None:
             continue
         text = str(path)
-        found.extend(sorted(glob.glob(text)) if any(ch in text for ch in "*?[") else [text])
+        if not is_pattern(text):
+            found.append(text)
+            continue
+        matches = sorted(glob.glob(text))
+        if strict and not matches:
+            raise TempcalError(f"{text}: no file matches this pattern")
+        found.extend(matches)
     return found
 
 
+def check_named_once(paths: Sequence[str | os.PathLike]) -> None:
+    """No file is named twice among ``paths`` (the same path, a link or a hard link to it, a glob and the path):
+    its rows would count twice, and copies of one row land on both sides of a split."""
+    seen: dict[object, str] = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+            key: object = (st.st_dev, st.st_ino)
+        except OSError:
+            key = os.path.realpath(path)  # a missing file: opening it says so
+        if key in seen:
+            raise TempcalError(f"{path}: is {seen[key]} again (the same file named twice); name each file once")
+        seen[key] = str(path)
+
+
 def check_distinct(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]], *,
-                   appends: Iterable[str] = ()) -> None:
+                   appends: Iterable[str] = (), folders: Sequence[tuple[str, str]] = (),
+                   writable: Iterable[str] = (), updates: Sequence[tuple[str, str]] = ()) -> None:
     """Every output is a file of its own: not an input, not another output (``(label, path)`` pairs; outputs
-    labelled in ``appends`` are appended to rather than replaced). The first clash is an error naming both."""
-    appending = set(appends)
+    labelled in ``appends`` are appended to rather than replaced), and not inside a read-only model folder of
+    ``folders`` (``(option, folder)`` pairs) unless labelled in ``writable``; nor is a file of ``updates``, the
+    inputs written back into. The first clash is an error naming both."""
+    appending, allowed = set(appends), set(writable)
+    members = [(option, folder, _members(folder)) for option, folder in folders]
+    for label, path in updates:
+        _refuse_inside(label, path, members)
     for k, (label, path) in enumerate(outputs):
         verb = "would append to" if label in appending else "would overwrite"
+        if label not in allowed:
+            _refuse_inside(label, path, members)
         for what, name in inputs:
             if same_file(path, name):
                 raise TempcalError(f"{label} {path}: {verb} the input file {name} ({what}); give it a path of its "
@@ -147,5 +206,41 @@ def check_distinct(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[st
                                    "of its own; nothing written")
 
 
-__all__ = ["check_distinct", "check_folder", "check_target", "expand", "kind_of", "problem_with", "refuse_read_only",
-           "same_file"]
+#: Files of a model folder compared with each output (a model folder holds a few dozen).
+MAX_MEMBERS = 10_000
+
+
+def _members(folder: str) -> list[tuple[str, os.stat_result]]:
+    """The files under ``folder`` (links followed to what they name), at most :data:`MAX_MEMBERS` of them."""
+    found: list[tuple[str, os.stat_result]] = []
+    for root, _, files in os.walk(folder):
+        for name in files:
+            path = os.path.join(root, name)
+            try:
+                found.append((path, os.stat(path)))
+            except OSError:
+                continue
+            if len(found) >= MAX_MEMBERS:
+                return found
+    return found
+
+
+def _refuse_inside(label: str, path: str, members: Sequence[tuple[str, str, list[tuple[str, os.stat_result]]]]
+                   ) -> None:
+    """``path`` is not inside a model folder, nor one of its files under another name (a link, a hard link)."""
+    try:
+        mine: os.stat_result | None = os.stat(path)
+    except OSError:
+        mine = None
+    real = Path(os.path.realpath(path))
+    for option, folder, files in members:
+        clash = (str(real) if real.is_relative_to(os.path.realpath(folder)) else
+                 next((name for name, st in files if mine is not None and os.path.samestat(st, mine)), None))
+        if clash is not None:
+            raise TempcalError(f"{label} {path}: is {clash}, inside the model folder {folder} ({option}); tempcal "
+                               "never changes a model's files (it writes only MODEL/tempcal.json, and "
+                               "generation_config.json when asked): give a path outside it; nothing written")
+
+
+__all__ = ["GLOB_CHARACTERS", "check_distinct", "check_folder", "check_name_length", "check_named_once", "check_target",
+           "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only", "same_file"]

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..core.scan import CalibrationSums, Scan
+from ..errors import TempcalError
 from . import decisions as decisions_module
 from .conformal import ConformalResult
 from .conformal_pass import SetSums, Thresholds, set_results
@@ -119,8 +120,11 @@ class CalibrationMetrics:
 
 
 def from_sums(tau: float, sums: CalibrationSums) -> CalibrationMetrics:
-    """Turn one pass's sums into the reported figures."""
+    """Turn one pass's sums into the reported figures; an NLL that overflows float64 (it grows as 1 / T, so at a
+    T near the smallest one taken) is bad input, not a figure."""
     n = sums.count
+    if n and not math.isfinite(sums.nll):
+        raise TempcalError(f"at T = {tau!r} the NLL overflows float64 (it grows as 1 / T); use a larger temperature")
     bins_total = sums.bin_count.numel()
     count = sums.bin_count
     nonempty = count > 0

@@ -125,6 +125,73 @@ def detection_metrics(id_scores, ood_scores, *, tau: float = 1.0, score: str = "
         n_ood=int(ood_scores.size))
 
 
+# -- one OOD set against many ID subsets ----------------------------------------------------------------------
+class SortedOod:
+    """One OOD score vector sorted once, for the figures of many in-distribution subsets against it (``ood
+    --group-by``): each subset then costs a sort of its own scores and binary searches into these, not a sort of
+    every OOD score. AUPR-Out's sum over the OOD scores, ``sum_j c_j U_j / (U_j + I_j)`` (``c_j`` OOD scores
+    equal to the j-th distinct one, ``U_j`` of them at most it, ``I_j`` the subset's), is constant in ``I`` between
+    the subset's scores; on such a run, ``sum c_j / (U_j + I)`` is the harmonic sum over the run's OOD ranks
+    (``psi(b + I + 1) - psi(a + I)``), corrected at the tied blocks that fall inside it."""
+
+    def __init__(self, scores) -> None:
+        ordered = np.sort(np.asarray(scores, dtype=np.float64))
+        self.sorted = ordered
+        self.m = ordered.size
+        self.values, counts = np.unique(ordered, return_counts=True)
+        self.counts = counts.astype(np.float64)
+        self.up_to = np.cumsum(counts).astype(np.float64)  # U_j
+        self.tied = np.flatnonzero(counts > 1)  # distinct values held by several OOD scores
+        self.mean = float(ordered.mean()) if self.m else math.nan
+
+    def run_sums(self, lo: np.ndarray, hi: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """``sum_{lo <= j < hi} c_j / (U_j + extra)`` for each run (``extra`` > 0: the subset's scores below)."""
+        from scipy.special import digamma
+
+        first = np.where(lo > 0, self.up_to[np.maximum(lo - 1, 0)], 0.0) + 1  # the run's lowest OOD rank
+        last = np.where(hi > 0, self.up_to[np.maximum(hi - 1, 0)], 0.0)
+        out = np.where(hi > lo, digamma(last + extra + 1) - digamma(first + extra), 0.0)
+        if self.tied.size:  # a block of c equal scores counts c / (U + I), not the harmonic sum over its ranks
+            a, b = np.searchsorted(self.tied, lo), np.searchsorted(self.tied, hi)
+            for k in np.flatnonzero(b > a):
+                j = self.tied[a[k]:b[k]]
+                u, c = self.up_to[j], self.counts[j]
+                out[k] += np.sum(c / (u + extra[k]) - (digamma(u + extra[k] + 1) - digamma(u - c + extra[k] + 1)))
+        return out
+
+
+def detection_against(id_scores, ood: SortedOod, *, tau: float = 1.0, score: str = "msp") -> OodMetrics:
+    """:func:`detection_metrics` of ``id_scores`` against the sorted OOD scores ``ood`` (the same figures)."""
+    a = np.sort(np.asarray(id_scores, dtype=np.float64))
+    n, m = a.size, ood.m
+    if n == 0 or m == 0:
+        raise DataError("FPR needs at least one in-distribution and one out-of-distribution score")
+    below = np.searchsorted(ood.sorted, a, side="left")
+    at_most = np.searchsorted(ood.sorted, a, side="right")
+    auroc = float(np.sum(below + 0.5 * (at_most - below)) / (n * m))
+    values, first, id_in = np.unique(a, return_index=True, return_counts=True)
+    tp = n - first  # ID scores at or above each distinct ID score
+    ood_at_or_above = m - np.searchsorted(ood.sorted, values, side="left")
+    aupr_in = float(np.sum(id_in / n * (tp / (tp + ood_at_or_above))))
+    # AUPR-Out: runs of distinct OOD values between the ID values; I ID scores at most each value of run i.
+    cuts = np.searchsorted(ood.values, values, side="left")
+    lo = np.r_[0, cuts]
+    hi = np.r_[cuts, ood.values.size]
+    extra = np.r_[0, np.cumsum(id_in)].astype(np.float64)
+    counts_in = np.where(hi > 0, ood.up_to[np.maximum(hi - 1, 0)], 0.0) - np.where(lo > 0, ood.up_to[np.maximum(
+        lo - 1, 0)], 0.0)
+    sums = counts_in.copy()
+    inside = extra > 0
+    sums[inside] -= extra[inside] * ood.run_sums(lo[inside], hi[inside], extra[inside])
+    aupr_out = float(np.sum(sums) / m)
+    threshold = float(a[n - _kept(n, ID_RECALL)])
+    fpr = float((m - np.searchsorted(ood.sorted, threshold, side="left")) / m)
+    with np.errstate(invalid="ignore"):
+        mean_id = float(a.mean())
+    return OodMetrics(tau=float(tau), score=score, auroc=auroc, aupr_in=aupr_in, aupr_out=aupr_out, fpr95=fpr,
+                      fpr95_threshold=threshold, mean_id=mean_id, mean_ood=ood.mean, n_id=n, n_ood=m)
+
+
 # -- bootstrap intervals ------------------------------------------------------------------------------------
 class _Row:
     """One row of results prepared for resampling: where each ID score falls among the sorted OOD scores, and
@@ -208,5 +275,5 @@ def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.nda
     return out
 
 
-__all__ = ["ID_RECALL", "OodMetrics", "detection_intervals", "detection_metrics", "fpr_at_recall",
-           "ranking_figures"]
+__all__ = ["ID_RECALL", "OodMetrics", "SortedOod", "detection_against", "detection_intervals", "detection_metrics",
+           "fpr_at_recall", "ranking_figures"]

@@ -88,5 +88,12 @@ def error_line(exc: BaseException, *, last: bool = True) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
+def reraise_control(exc: BaseException) -> None:
+    """Re-raise Ctrl-C and exits caught by ``except BaseException``, which a loader's failure needs to catch: the
+    Rust libraries (tokenizers, safetensors) raise ``PanicException``, a BaseException, when they panic."""
+    if isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit)):
+        raise exc
+
+
 __all__ = ["DEFAULT_BATCH_SIZE", "ORIGINAL", "TEMPERATURE_BUFFER", "LoadedModel", "OutputKey", "error_line",
-           "is_out_of_memory", "load_model", "quiet", "runtime"]
+           "is_out_of_memory", "load_model", "quiet", "reraise_control", "runtime"]

@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
+from ..core.limits import shown_bytes
 from ..core.precision import no_tf32
 from ..errors import TempcalError, param
-from .base import error_line, quiet
+from .base import error_line, quiet, reraise_control
 from .head import OutputHead, checked_head, config_scales
 from .hf_folder import (
     CONFIG_NAME,
@@ -41,10 +42,16 @@ from .hf_folder import (
     read_json,
     weight_map,
 )
+from .lm_checks import check_config_json, check_weights, checkpoint_tensors, offline, remote_code_message
 
 EXTRA = "pip install 'tempcal[lm]'"
 #: Files of a model folder a loader may read: each is checked (a regular file, links kept inside) first.
 READ_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".jinja", ".tiktoken", ".spm")
+#: The small JSON files beside a model that its loaders read whole: bounded as config.json is, and checked by tempcal.
+SMALL_JSON = ("tokenizer_config.json", "special_tokens_map.json", "generation_config.json", "added_tokens.json",
+              "preprocessor_config.json", "processor_config.json")
+#: The largest other side file a loader may read (tokenizer.json, vocabularies; the largest are tens of MB).
+MAX_SIDE_FILE_BYTES = 256 << 20
 #: Files one of which a tokenizer needs.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model")
 #: ``config.json`` keys that give the most positions a model takes, in the order they are asked.
@@ -93,12 +100,14 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
 
     began = time.perf_counter()
     folder = Path(folder)
-    config_json = check_folder(folder)
-    transformers = require_transformers()
-    with _transformers_quiet(transformers):
-        config = _config(transformers, folder)
-        model = _model(transformers, folder, config, resolve_device(device), device_map)
-        tokenizer = _tokenizer(transformers, folder)
+    config_json, tensors = check_folder(folder)
+    with offline():
+        transformers = require_transformers()
+        with _transformers_quiet(transformers):
+            config = _config(transformers, folder)
+            check_weights(transformers, config, tensors, folder)
+            model = _model(transformers, folder, config, resolve_device(device), device_map)
+            tokenizer = _tokenizer(transformers, folder)
     base = getattr(model, "base_model", None)
     if base is None or base is model:
         raise TempcalError(f"{folder}: {type(model).__name__} has no base model to give the final hidden states")
@@ -109,27 +118,45 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
                     next(model.parameters()).dtype, device_map, load_seconds=time.perf_counter() - began)
 
 
-def check_folder(folder: Path) -> dict:
-    """Refuse what is not a local model folder with safetensors weights; the parsed ``config.json``."""
+def check_folder(folder: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
+    """Refuse what is not a local model folder with safetensors weights, or that asks for remote code, hub kernels
+    or oversized side files; the parsed ``config.json`` and the checkpoint's tensors (name -> shape)."""
     check_model_folder(folder, param("lm"))
     if not (folder / CONFIG_NAME).exists() and not (folder / CONFIG_NAME).is_symlink():
         raise TempcalError(f"{folder}: no config.json; {param('lm')} takes a Hugging Face model folder")
     config = read_json(folder, CONFIG_NAME, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise TempcalError(f"{folder / CONFIG_NAME}: not a JSON object")
+    check_config_json(config, folder / CONFIG_NAME)
     shards = weight_map(folder)
     if shards is None and not ((folder / SINGLE_NAME).exists() or (folder / SINGLE_NAME).is_symlink()):
         raise TempcalError(f"{folder}: no {SINGLE_NAME} or {INDEX_NAME} (tempcal loads safetensors weights only; "
                            "save with save_pretrained(..., safe_serialization=True))")
-    for name in sorted(set(shards.values()) if shards else [SINGLE_NAME]):
-        checkpoint_file(folder, name)
+    tensors = checkpoint_tensors(folder, shards, SINGLE_NAME)
     for entry in sorted(os.listdir(folder)):
         if entry.lower().endswith(READ_SUFFIXES) and not entry.startswith("."):
-            checkpoint_file(folder, entry)
+            _check_side_file(folder, entry)
     if not any((folder / name).exists() for name in TOKENIZER_FILES):
         raise TempcalError(f"{folder}: no tokenizer (none of {', '.join(TOKENIZER_FILES)}); save it beside the model "
                            "with tokenizer.save_pretrained")
-    return config
+    return config, tensors
+
+
+def _check_side_file(folder: Path, name: str) -> None:
+    """A file a loader may read: inside the folder (:func:`checkpoint_file`), of a bounded size; the small JSON
+    files (a tokenizer's configuration) read through the bounded reader and refused if they ask for remote code."""
+    path = checkpoint_file(folder, name)
+    if name.lower().endswith(".safetensors"):
+        return
+    size = path.stat().st_size
+    limit = MAX_CONFIG_BYTES if name in SMALL_JSON else MAX_SIDE_FILE_BYTES
+    if size > limit:
+        raise TempcalError(f"{path}: {shown_bytes(size)}, more than the {shown_bytes(limit)} tempcal lets a "
+                           "loader read from a model's side file")
+    if name in SMALL_JSON:
+        parsed = read_json(folder, name, limit)
+        if isinstance(parsed, dict):
+            check_config_json(parsed, path)
 
 
 @contextlib.contextmanager
@@ -157,7 +184,7 @@ def _config(transformers: Any, folder: Path) -> Any:
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
     except Exception as exc:
         raise TempcalError(f"{folder / CONFIG_NAME}: transformers {transformers.__version__} cannot read it: "
-                           f"{error_line(exc, last=False)}") from None
+                           f"{remote_code_message(error_line(exc, last=False))}") from None
     if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
         kind = getattr(config, "model_type", None) or type(config).__name__
         raise TempcalError(f"{folder}: not a causal language model (model_type '{kind}' has no causal LM in "
@@ -167,8 +194,6 @@ def _config(transformers: Any, folder: Path) -> Any:
 
 def _model(transformers: Any, folder: Path, config: Any, device: torch.device, device_map: str | None) -> Any:
     """The model in its own dtype, in eval mode, on ``device`` (or placed by ``device_map``)."""
-    from ..core.limits import shown_bytes
-
     dtype_key = "dtype" if _version(transformers) >= (4, 56) else "torch_dtype"
     kwargs: dict[str, Any] = {dtype_key: "auto", "local_files_only": True, "use_safetensors": True,
                               "trust_remote_code": False}
@@ -178,8 +203,9 @@ def _model(transformers: Any, folder: Path, config: Any, device: torch.device, d
         model = transformers.AutoModelForCausalLM.from_pretrained(folder, config=config, **kwargs)
         if device_map is None:
             model = model.to(device)
-    except Exception as exc:
-        line = error_line(exc, last=False)
+    except BaseException as exc:  # a Rust panic in a loader is a BaseException
+        reraise_control(exc)
+        line = remote_code_message(error_line(exc, last=False))
         if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
             line = f"out of memory ({shown_bytes(_weight_bytes(folder))} of weights)"
         raise TempcalError(f"{folder}: transformers {transformers.__version__} cannot load the model: {line}") from None
@@ -201,8 +227,10 @@ def _version(transformers: Any) -> tuple[int, int]:
 def _tokenizer(transformers: Any, folder: Path) -> Any:
     try:
         return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, trust_remote_code=False)
-    except Exception as exc:
-        raise TempcalError(f"{folder}: transformers cannot load the tokenizer: {error_line(exc, last=False)}") from None
+    except BaseException as exc:  # the tokenizers library panics (a BaseException) on some hostile files
+        reraise_control(exc)
+        raise TempcalError(f"{folder}: transformers cannot load the tokenizer: "
+                           f"{remote_code_message(error_line(exc, last=False))}") from None
 
 
 def _head(model: Any, folder: Path, config_json: dict) -> OutputHead:

@@ -20,7 +20,7 @@ import torch
 
 from ..core.precision import no_tf32
 from ..errors import TempcalError, param
-from .base import error_line, is_out_of_memory
+from .base import error_line, is_out_of_memory, reraise_control
 from .causal_lm import CausalLM, final_hidden
 
 #: Padded tokens per batch when ``--batch-tokens`` is not given, per device type.
@@ -71,7 +71,8 @@ def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, lengt
         try:
             encoded = lm.tokenizer(batch, add_special_tokens=True, truncation=True, max_length=length + 1,
                                    return_attention_mask=False)["input_ids"]
-        except Exception as exc:
+        except BaseException as exc:  # a panic of the tokenizers library is a BaseException
+            reraise_control(exc)
             raise TempcalError(f"{where}: the tokenizer of {lm.folder} fails on the texts from line "
                                f"{lines[first]}: {error_line(exc, last=False)}") from None
         for tokens in encoded:

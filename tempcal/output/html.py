@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TempcalError, param
+from ..errors import TempcalError, neutral, param
 from ..metrics.conformal import SHORT_P
 from ..workflows.basis import (
     AT_FOLDS,
@@ -368,5 +368,5 @@ def write_html(path: str, command: str, data: dict, argv: Sequence[str]) -> Path
     from ..io.atomic import write_text_atomic
 
     out = check_html_path(path)
-    write_text_atomic(out, page(command, data, argv), what=param("html"))
+    write_text_atomic(out, neutral(page(command, data, argv)), what=param("html"))  # bidi controls as escapes
     return out

@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+from urllib.parse import quote
 
+from ..errors import neutral
 from ..workflows.basis import ROWS_ALL
 from .figures import DISPLAYED_METRICS, labelled, reads
 
 ROWS = tuple((labelled(label, unit), key) for key, label, unit in DISPLAYED_METRICS)
+
+
+def code(text: object) -> str:
+    """``text`` as a Markdown code span that holds it whatever it holds: a fence of more backticks than any run in
+    it (padded when it starts or ends with one), newlines as spaces, bidirectional controls escaped. Raw HTML in a
+    code span is shown, not rendered."""
+    shown = neutral(str(text)).replace("\r", " ").replace("\n", " ")
+    fence = "`" * (max((len(run) for run in re.findall("`+", shown)), default=0) + 1)
+    pad = " " if shown.startswith("`") or shown.endswith("`") else ""
+    return f"{fence}{pad}{shown}{pad}{fence}"
 
 
 def _plot_link(plot: str | os.PathLike | None, markdown_path: str | os.PathLike | None,
@@ -17,7 +30,7 @@ def _plot_link(plot: str | os.PathLike | None, markdown_path: str | os.PathLike 
     if plot is None or markdown_path is None:
         return ""
     relative = os.path.relpath(Path(plot).resolve(), Path(markdown_path).resolve().parent)
-    return f"\n![{alt}]({Path(relative).as_posix()})\n"
+    return f"\n![{alt}]({quote(Path(relative).as_posix())})\n"
 
 
 def fit_markdown(report, markdown_path: str | os.PathLike | None = None, plot: str | os.PathLike | None = None
@@ -26,17 +39,17 @@ def fit_markdown(report, markdown_path: str | os.PathLike | None = None, plot: s
     fit = report.fit
     before, after = report.before_basis, report.after_basis
     if report.folds is not None:
-        how = (f"fitted on all {report.n_fit:,} samples of `{report.source}`; the figures after are "
+        how = (f"fitted on all {report.n_fit:,} samples of {code(report.source)}; the figures after are "
                f"{after.rows_label()}: each fold's rows at the T fitted on the other folds ({report.folds} folds, "
                f"seed {report.seed})")
     elif report.eval_source:
-        how = f"fitted on all {report.n_fit:,} samples of `{report.source}`, evaluated {after.rows_label()}"
+        how = f"fitted on all {report.n_fit:,} samples of {code(report.source)}, evaluated {after.rows_label()}"
     elif after.rows == ROWS_ALL:
-        how = (f"fitted on all {report.n_fit:,} samples of `{report.source}` and evaluated on the same samples "
+        how = (f"fitted on all {report.n_fit:,} samples of {code(report.source)} and evaluated on the same samples "
                "(in-sample figures)")
     else:
-        how = (f"fitted on a class-stratified {report.val_fraction:g} of `{report.source}` ({report.n_fit:,} samples, "
-               f"seed {report.seed}), evaluated {after.rows_label()}")
+        how = (f"fitted on a class-stratified {report.val_fraction:g} of {code(report.source)} "
+               f"({report.n_fit:,} samples, seed {report.seed}), evaluated {after.rows_label()}")
     lines = [
         "## Calibration", "",
         f"Temperature scaling with **T = {report.temperature:.6g}**, {how}. T minimises the "
@@ -57,7 +70,7 @@ def report_markdown(result, markdown_path: str | os.PathLike | None = None,
     """One table row per temperature."""
     stored = f"stored T = {result.stored_temperature:.6g}" if result.stored_temperature else "no stored T"
     lines = ["## Calibration", "",
-             f"`{result.source}`: {result.count:,}{' held-out' if result.eval_rows else ''} samples, "
+             f"{code(result.source)}: {result.count:,}{' held-out' if result.eval_rows else ''} samples, "
              f"{result.num_classes} classes, {stored}; "
              f"ECE and MCE use {result.bins} equal-width bins.", "",
              "| tau | " + " | ".join(label for label, _ in ROWS) + " |",
@@ -84,7 +97,7 @@ def ood_markdown(report, markdown_path: str | os.PathLike | None = None,
     calibration = f"calibration T = {stored:.6g}" if stored is not None else "no stored calibration T"
     sets = f"{len(report.ood_files)} out-of-distribution set{'s' if len(report.ood_files) != 1 else ''}"
     lines = ["## Out-of-distribution detection", "",
-             f"`{report.source}`: {report.n_id:,} in-distribution samples, {report.num_classes} classes, "
+             f"{code(report.source)}: {report.n_id:,} in-distribution samples, {report.num_classes} classes, "
              f"{calibration}; "
              f"against {sets}. In-distribution samples are the positives; FPR95 is the fraction of OOD samples "
              "accepted when 95% of in-distribution samples are kept.", ""]
@@ -92,7 +105,7 @@ def ood_markdown(report, markdown_path: str | os.PathLike | None = None,
         for score in report.scores:
             rows = report.rows(ood_file, score)
             best = max(rows, key=lambda m: m.auroc).tau  # the first of equals, as the sentences say
-            lines += [f"### `{ood_file}` ({report.n_ood[k]:,} samples), {score_label(score)} score", "",
+            lines += [f"### {code(ood_file)} ({report.n_ood[k]:,} samples), {score_label(score)} score", "",
                       "| tau | AUROC | FPR95 |", "|---:|---:|---:|"]
             for m in rows:
                 marks = [name for name, hit in (("calibration T", m.tau == stored), ("best AUROC", m.tau == best))

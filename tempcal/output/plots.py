@@ -31,9 +31,15 @@ def check_plot_path(path: str | os.PathLike) -> Path:
 
 
 def pyplot():
+    """pyplot on the Agg backend, set up once for every figure: titles hold user text (paths, task names), so
+    ``$...$`` is drawn as written, not parsed as mathtext; tight layout's "not applied" warning is not shown."""
+    import warnings
+
     import matplotlib
 
     matplotlib.use("Agg")
+    matplotlib.rcParams["text.parse_math"] = False
+    warnings.filterwarnings("ignore", message="Tight layout not applied", category=UserWarning)
     import matplotlib.pyplot as plt
 
     return plt

@@ -14,7 +14,6 @@ Write-back keeps, beside ``tempcal.temperature``, :data:`GROUP_KEY` (KEY) and :d
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError, TempcalError, param
+from ..validation import shown_value, temperature_number, temperature_problem
 from .base import OpenedSource
 
 #: The most groups a key may make.
@@ -217,19 +217,20 @@ def parse_stored_groups(metadata: Mapping[str, str], where: str) -> StoredGroups
     if key is None or text is None:
         present, absent = (GROUP_KEY, GROUP_TEMPERATURES) if text is None else (GROUP_TEMPERATURES, GROUP_KEY)
         raise DataError(f"{where} holds '{present}' without '{absent}' (fix it, or fit again)")
-    try:
-        parsed = json.loads(text)
-    except (json.JSONDecodeError, RecursionError):
+    try:  # integers read as floats: 10**400 is inf (then refused by name), not an OverflowError or a digit limit
+        parsed = json.loads(text, parse_int=float)
+    except (ValueError, RecursionError):
         parsed = None
     if not isinstance(parsed, dict) or len(parsed) > MAX_GROUPS:
         raise DataError(f"{where} '{GROUP_TEMPERATURES}' is not a JSON object of at most {MAX_GROUPS:,} group names "
                         "and temperatures (fix it, or fit again)")
     temperatures = {}
     for name, value in parsed.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (math.isfinite(value) and value > 0):
-            raise DataError(f"{where} '{GROUP_TEMPERATURES}': group '{name}' has temperature {value!r}, not a positive "
-                            "number (fix it, or fit again)")
-        temperatures[str(name)] = float(value)
+        number = None if isinstance(value, bool) or not isinstance(value, (int, float)) else temperature_number(value)
+        if number is None:
+            raise DataError(f"{where} '{GROUP_TEMPERATURES}': group '{name}' has temperature {shown_value(value)}, "
+                            f"{temperature_problem(value)} (fix it, or fit again)")
+        temperatures[str(name)] = number
     return StoredGroups(key, temperatures)
 
 

@@ -45,7 +45,8 @@ class LmRun:
         padded = stats.tokens + stats.padded_tokens
         return {
             "path": str(self.texts.path), "sha256": self.texts.sha256, "text_field": self.texts.field,
-            "texts": len(self.texts), "tokens": tokenized.tokens, "rows": tokenized.rows,
+            "texts": len(self.texts), "texts_cut": sum(self.texts.cut), "tokens": tokenized.tokens,
+            "rows": tokenized.rows,
             "texts_at_max_length": sum(len(t) >= self.max_length for t in tokenized.ids),
             "max_length": self.max_length, "batch_size": self.batch_size, "batch_tokens": self.batch_tokens,
             "batches": stats.batches, "padding_fraction": stats.padded_tokens / padded if padded else 0.0,
@@ -167,11 +168,11 @@ class LmKind(SourceKind):
         from ..models.lm_forward import tokenize
         from .head import HeadLogits
         from .hidden_store import StoredHidden
-        from .texts import read_texts
+        from .texts import CHARS_PER_TOKEN, read_texts
 
         began = time.perf_counter()
-        texts = read_texts(path, options.text_field)
         length = max_length(lm, options.max_length)
+        texts = read_texts(path, options.text_field, max_chars=CHARS_PER_TOKEN * (length + 1))
         tokenized = tokenize(lm, texts.texts, texts.lines, str(path), length)
         tokenize_seconds = time.perf_counter() - began
         if lm.probe_difference is None:
@@ -184,6 +185,7 @@ class LmKind(SourceKind):
         run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)
         data = HeadLogits(cast(Any, hidden), lm.head)  # StoredHidden reads rows as ShardedLogits does
         source = LmSource([record_path(lm.folder)], data, None, self, options, lm=lm, run=run)
+        source.warnings.extend(_short_cuts(texts, tokenized, length))
         try:
             source.stored = read_record(lm.folder)
         except TempcalError as exc:  # reported if the stored T is asked for; a fit replaces the record
@@ -200,6 +202,19 @@ class LmKind(SourceKind):
     def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
         raise TempcalError(f"{path}: the T of a language model goes into MODEL/tempcal.json; open it with "
                            f"{param('lm')}")
+
+
+def _short_cuts(texts: Any, tokenized: Any, length: int) -> list[str]:
+    """A warning when a text cut at the character budget gave fewer than ``length`` tokens (its whole line might
+    have given more)."""
+    short = [line for line, cut, ids in zip(texts.lines, texts.cut, tokenized.ids, strict=True)
+             if cut and len(ids) < length]
+    if not short:
+        return []
+    from .texts import CHARS_PER_TOKEN
+
+    return [f"{texts.path}: {len(short)} text(s) (first: line {short[0]}) cut at {CHARS_PER_TOKEN * (length + 1)} "
+            f"characters before tokenising gave fewer than {length} tokens; the rest of each line was not read"]
 
 
 def _check_options(paths: list[Path], options: SourceOptions) -> None:

@@ -6,13 +6,13 @@ line in :data:`KINDS` (earlier kinds are asked first; safetensors, the default, 
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ..errors import Note, TempcalError
+from ..io.paths import check_named_once, expand
 from ..validation import PROBS_KEY, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
@@ -40,17 +40,10 @@ Source = str | os.PathLike | Sequence[str | os.PathLike] | OpenedSource
 
 
 def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
-    """Paths, with glob patterns expanded in sorted order; a pattern that matches nothing is an error."""
-    paths: list[Path] = []
-    for source in sources:
-        text = str(source)
-        if any(ch in text for ch in "*?["):
-            matches = sorted(glob.glob(text))
-            if not matches:
-                raise TempcalError(f"{text}: no file matches this pattern")
-            paths.extend(Path(m) for m in matches)
-        else:
-            paths.append(Path(text))
+    """Paths, with glob patterns expanded in sorted order (:func:`tempcal.io.paths.expand`: a path that exists is
+    itself, ``[`` and all); a pattern that matches nothing is an error; the same file named twice is refused."""
+    paths = [Path(p) for p in expand(sources, strict=True)]
+    check_named_once(paths)
     return paths
 
 

@@ -6,14 +6,22 @@ lines and empty texts skipped. The file must be UTF-8 (a byte-order mark at its 
 line that is not a JSON object, a missing field or one that is not a string, and a file with no text
 at all are bad input naming the file and the line. The file's SHA-256 is kept, so that the record of
 a fit names the exact texts it was fitted on.
+
+Files are read a block at a time and a line is never held whole: a ``.txt`` line keeps its first
+``max_chars`` characters (the rest is still checked to be UTF-8 and hashed, then dropped), so that a
+hostile line of gigabytes costs a block of memory; a ``.jsonl`` record is parsed whole, so its line
+is bounded (:data:`MAX_JSONL_LINE_BYTES`) and its text cut to ``max_chars`` after parsing.
 """
 
 from __future__ import annotations
 
+import codecs
+import dataclasses
 import hashlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,17 +30,26 @@ from ..io.safetensors_header import shown
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 _BOM = b"\xef\xbb\xbf"
+#: Bytes read at a time.
+BLOCK_BYTES = 1 << 20
+#: Characters of a text kept per token of ``--max-length``: tokens of real tokenizers cover a few characters, so the
+#: first ``max_length`` tokens of a text lie well inside its first ``CHARS_PER_TOKEN * (max_length + 1)`` characters.
+CHARS_PER_TOKEN = 64
+#: The longest ``.jsonl`` line read (a record is parsed whole; its text is cut afterwards).
+MAX_JSONL_LINE_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
 class Texts:
-    """The texts of one file, in file order, with the line each came from and the file's SHA-256."""
+    """The texts of one file, in file order, with the line each came from and the file's SHA-256; ``cut`` says
+    which texts were cut at the character budget."""
 
     path: Path
     texts: list[str]
     lines: list[int]
     sha256: str
     field: str | None  # the JSON field read (.jsonl), None for .txt
+    cut: list[bool] = dataclasses.field(default_factory=list)  # ``field`` above is the JSON field's name
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -42,31 +59,37 @@ def is_text_file(path: str | os.PathLike) -> bool:
     return Path(path).suffix.lower() in TEXT_SUFFIXES
 
 
-def read_texts(path: str | os.PathLike, text_field: str = "text") -> Texts:
-    """Every text of ``path`` (``.txt`` or ``.jsonl``), checked; any problem is one line naming the file and line."""
+def read_texts(path: str | os.PathLike, text_field: str = "text", max_chars: int | None = None) -> Texts:
+    """Every text of ``path`` (``.txt`` or ``.jsonl``), checked, each cut to its first ``max_chars`` characters
+    (None: kept whole); any problem is one line naming the file and line."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in TEXT_SUFFIXES:
         shown_suffix = f"suffix '{suffix}'" if suffix else "no suffix"
         raise TempcalError(f"{path}: not a text file ({shown_suffix}; expected .txt, one text per line, or .jsonl "
                            f"with the text in {param('text_field')})")
-    raw = _read_bytes(path)
-    field = text_field if suffix == ".jsonl" else None
+    field_name = text_field if suffix == ".jsonl" else None
     texts: list[str] = []
     lines: list[int] = []
-    for number, line in enumerate(_decoded_lines(path, raw), start=1):
-        text = _line_text(path, number, line, field)
-        if text is not None:
-            texts.append(text)
-            lines.append(number)
+    cuts: list[bool] = []
+    digest = hashlib.sha256()
+    with _open_regular(path) as f:
+        keep = max_chars if field_name is None else None
+        for number, line in _lines(path, f, digest, keep, None if field_name is None else MAX_JSONL_LINE_BYTES):
+            text = _line_text(path, number, line.text, field_name, complete=not line.cut)
+            if text is not None and (line.content or field_name is not None):
+                cut = line.cut or (max_chars is not None and len(text) > max_chars)
+                texts.append(text[:max_chars] if max_chars is not None else text)
+                lines.append(number)
+                cuts.append(cut)
     if not texts:
-        raise TempcalError(f"{path}: holds no text" + (f" (no line with a non-empty '{field}' field)" if field else
-                                                        " (an empty file, or only blank lines)"))
-    return Texts(path, texts, lines, hashlib.sha256(raw).hexdigest(), field)
+        raise TempcalError(f"{path}: holds no text" + (f" (no line with a non-empty '{field_name}' field)"
+                                                        if field_name else " (an empty file, or only blank lines)"))
+    return Texts(path, texts, lines, digest.hexdigest(), field_name, cuts)
 
 
-def _read_bytes(path: Path) -> bytes:
-    """The whole file, which must be a regular file (not a folder, a pipe or a device)."""
+def _open_regular(path: Path):
+    """``path`` opened for reading, which must be a regular file (not a folder, a pipe or a device)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -76,31 +99,76 @@ def _read_bytes(path: Path) -> bytes:
     if not stat.S_ISREG(mode):
         raise TempcalError(f"{path}: not a regular file")
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return open(path, "rb")  # closed by the caller's ``with``
     except OSError as exc:
         raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
 
 
-def _decoded_lines(path: Path, raw: bytes) -> list[str]:
-    """The file's lines as text (a byte-order mark at the start dropped); bytes that are not UTF-8 name their line."""
-    body = raw[len(_BOM):] if raw.startswith(_BOM) else raw
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = body.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise TempcalError(f"{path}: line {line}: not UTF-8 text (byte {column} of the line)") from None
-    return text.split("\n")
+class _Line:
+    """One line being read: decoded piece by piece (so a bad byte names its column), at most ``keep`` characters
+    kept, at most ``limit`` bytes accepted."""
+
+    def __init__(self, keep: int | None, limit: int | None) -> None:
+        self.decoder = codecs.getincrementaldecoder("utf-8")()
+        self.parts: list[str] = []
+        self.kept = self.fed = 0
+        self.keep, self.limit = keep, limit
+        self.cut = self.content = False
+
+    def feed(self, path: Path, number: int, piece: bytes, final: bool = False) -> None:
+        start = self.fed - len(self.decoder.getstate()[0])
+        self.fed += len(piece)
+        if self.limit is not None and self.fed > self.limit:
+            raise TempcalError(f"{path}: line {number}: longer than {self.limit} bytes, the most tempcal reads of "
+                               "one line")
+        try:
+            text = self.decoder.decode(piece, final)
+        except UnicodeDecodeError as exc:
+            raise TempcalError(f"{path}: line {number}: not UTF-8 text (byte {start + exc.start + 1} of the "
+                               "line)") from None
+        self.content = self.content or bool(text.strip())
+        room = len(text) if self.keep is None else max(self.keep - self.kept, 0)
+        if room < len(text):
+            self.cut, text = True, text[:room]
+        if text:
+            self.parts.append(text)
+            self.kept += len(text)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
-def _line_text(path: Path, number: int, line: str, field: str | None) -> str | None:
-    """The text of one line (None: a line with nothing to read)."""
-    line = line.removesuffix("\r")
+def _lines(path: Path, f, digest, keep: int | None, limit: int | None) -> Iterator[tuple[int, _Line]]:
+    """Each line of ``f`` (a byte-order mark at the start dropped, a trailing ``\\r`` dropped) as a :class:`_Line`;
+    every byte goes into ``digest``."""
+    number, line, first = 1, _Line(keep, limit), True
+    while block := f.read(BLOCK_BYTES):
+        digest.update(block)
+        if first and block.startswith(_BOM):
+            block = block[len(_BOM):]
+        first = False
+        pos = 0
+        while (end := block.find(b"\n", pos)) >= 0:
+            yield number, _finished(path, number, line, block[pos:end])
+            number, line, pos = number + 1, _Line(keep, limit), end + 1
+        line.feed(path, number, block[pos:])
+    yield number, _finished(path, number, line, b"")
+
+
+def _finished(path: Path, number: int, line: _Line, piece: bytes) -> _Line:
+    line.feed(path, number, piece, final=True)
+    if not line.cut and line.parts and line.parts[-1].endswith("\r"):
+        line.parts[-1] = line.parts[-1][:-1]
+    return line
+
+
+def _line_text(path: Path, number: int, line: str, field: str | None, *, complete: bool = True) -> str | None:
+    """The text of one line (None: a line with nothing to read; a cut line of ``.txt`` is never blank)."""
+    if field is None:
+        return line if line.strip() or not complete else None
     if not line.strip():
         return None
-    if field is None:
-        return line
     try:
         record = json.loads(line)
     except (ValueError, RecursionError):
@@ -114,6 +182,11 @@ def _line_text(path: Path, number: int, line: str, field: str | None) -> str | N
     value = record[field]
     if not isinstance(value, str):
         raise TempcalError(f"{path}: line {number}: '{field}' is {shown(value)}, not a string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # JSON's \ud800 escapes decode to lone surrogates, which are not text
+        raise TempcalError(f"{path}: line {number}: '{field}' holds a lone surrogate "
+                           f"({value[exc.start]!r} at character {exc.start + 1}), not Unicode text") from None
     return value or None
 
 
@@ -121,4 +194,4 @@ def _json_kind(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
-__all__ = ["TEXT_SUFFIXES", "Texts", "is_text_file", "read_texts"]
+__all__ = ["CHARS_PER_TOKEN", "TEXT_SUFFIXES", "Texts", "is_text_file", "read_texts"]

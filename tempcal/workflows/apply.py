@@ -165,18 +165,36 @@ def _planned(scan: Scan, as_: str, temperature: float | torch.Tensor) -> list[Pl
 def _scaled_chunks(scan: Scan, as_: str, temperature: float | torch.Tensor, single: bool) -> Iterator[torch.Tensor]:
     """One pass over the scan's chunks: each chunk's logits divided by its rows' T, then as asked."""
     start = 0
+    written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32  # as _planned writes it
     for z, *_ in scan.row_chunks():
         n = z.shape[0]
-        t = temperature if isinstance(temperature, float) else temperature[start:start + n, None].to(z.device,
-                                                                                                      z.dtype)
+        t = temperature if isinstance(temperature, float) else temperature[start:start + n, None].to(z.device)
         start += n
-        scaled = z / t
+        if not _overflows(z, t, written):
+            scaled = z / (t if isinstance(t, float) else t.to(z.dtype))
+        elif as_ == "logits":
+            shown = float(t) if isinstance(t, float) else float(t.min())
+            raise TempcalError(f"the logits / T overflow {str(written).removeprefix('torch.')} at T = {shown!r}; "
+                               "write probs or log-probs (--as), or use a larger T; nothing written")
+        else:  # at a tiny T, z / T overflows: each row less its largest logit first (in float64), then / T
+            shifted = (z.to(torch.float64) - z.max(1, keepdim=True).values.to(torch.float64)) / t
+            out = torch.softmax(shifted, 1) if as_ == "probs" else torch.log_softmax(shifted, 1)
+            yield out.to(z.dtype)
+            continue
         if as_ == "probs":
             yield torch.softmax(scaled, 1)
         elif as_ == "log-probs":
             yield torch.log_softmax(scaled, 1)
         else:
             yield scaled[:, 1] if single else scaled  # a binary logit z is the row [0, z]
+
+
+def _overflows(z: torch.Tensor, t: float | torch.Tensor, written: torch.dtype) -> bool:
+    """Whether ``z / t`` could leave the range of ``z``'s dtype or the one ``written`` (or ``t`` is below it)."""
+    narrow = min(torch.finfo(z.dtype).max, torch.finfo(written).max)
+    smallest = float(t) if isinstance(t, float) else float(t.min())
+    largest = float(torch.nan_to_num(z, posinf=0.0, neginf=0.0).abs().max()) if z.numel() else 0.0
+    return smallest < max(torch.finfo(z.dtype).tiny, torch.finfo(written).tiny) or largest / smallest >= narrow / 4
 
 
 def _output_metadata(loaded: OpenedSource, as_: str, temperature: float, group_key: str | None,

@@ -87,6 +87,7 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
     if kind.name == "model":
         report.details = {"format": _model_format(paths[0])}
     report.hints += _hints(report, options)
+    report.problems = list(dict.fromkeys(report.problems))  # each problem once, however many steps met it
     return report
 
 
@@ -158,7 +159,8 @@ def _stored(kind: SourceKind, path: Path, opened: OpenedSource | None, report: I
     else:
         metadata = sidecar_state(path).metadata  # recorded even when stale
     shown = f"{path}:" if where == "metadata" else f"{report.sidecar['path'] if report.sidecar else path}:"
-    out = {"temperature": None, "where": where, **stored_fields(metadata, shown, report.problems)}
+    said = f"{path}: metadata" if where == "metadata" else shown  # as reading the file says it
+    out = {"temperature": None, "where": where, **stored_fields(metadata, shown, report.problems, said=said)}
     if opened is not None and opened.stored_problem is None:
         out["temperature"] = opened.stored
     if out["recorded"] is not None and out["temperature"] is None:

@@ -15,7 +15,7 @@ from ..io.safetensors_header import dtype_name, read_header
 from ..sources.base import SourceKind, SourceOptions
 from ..sources.groups import GROUP_KEY, parse_stored_groups
 from ..sources.groups import GROUP_TEMPERATURES as GROUP_TEMPERATURES_KEY
-from ..validation import PROBS_KEY, TEMPERATURE_KEY, positive_number
+from ..validation import PROBS_KEY, TEMPERATURE_KEY, temperature_number, temperature_problem
 
 #: The values are judged from at most this many of the first rows (the rest is not read) ...
 SAMPLE_ROWS = 10_000
@@ -124,16 +124,18 @@ def labels_summary(data: Any, has_labels: bool, ignore_index: int | None, key: s
             "distinct": int(torch.unique(counted).numel()), "out_of_range": int(bad.sum())}
 
 
-def stored_fields(metadata: Mapping[str, str], where: str, problems: list[str]) -> dict[str, Any]:
+def stored_fields(metadata: Mapping[str, str], where: str, problems: list[str], *, said: str | None = None
+                  ) -> dict[str, Any]:
     """What ``metadata`` says of the stored T: its value, and how it was fitted (probabilities, lm-eval's
-    normalisation, tensor names, groups). A value that does not parse is a problem, not an error."""
+    normalisation, tensor names, groups). A value that does not parse is a problem, not an error, worded as the
+    other commands word it (``said`` starts the message about T: where they say it is)."""
     from ..sources.base import READING_KEYS
     from ..sources.lm_eval import NORM_KEY
 
     text = metadata.get(TEMPERATURE_KEY)
-    recorded = positive_number(text) if text is not None else None
+    recorded = temperature_number(text) if text is not None else None
     if text is not None and recorded is None:
-        problems.append(f"{where} '{TEMPERATURE_KEY}' is {text!r}, not a positive number")
+        problems.append(f"{said or where} '{TEMPERATURE_KEY}' is {text!r}, {temperature_problem(text)}")
     out: dict[str, Any] = {"recorded": recorded, "probs": metadata.get(PROBS_KEY) == "true",
                            "lm_eval_norm": metadata.get(NORM_KEY),
                            "logits_key": metadata.get(READING_KEYS["logits_key"]),

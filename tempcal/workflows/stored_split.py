@@ -93,8 +93,11 @@ def _parse(text: str, where: str) -> StoredSplit:
     digest = value.get("labels")
     if not isinstance(digest, str) or len(digest) > 64:
         raise DataError(f"{where}: 'labels' is {digest!r}; expected the digest of the labels tempcal wrote")
-    return StoredSplit(rows, float(fraction), _whole(value.get("seed"), where, "seed"),
-                       _whole(value.get("n_fit"), where, "n_fit"), digest)
+    n_fit = _whole(value.get("n_fit"), where, "n_fit")
+    if not 0 < n_fit < rows:  # the fields together: a split fits on some rows and holds out the others
+        raise DataError(f"{where}: 'n_fit' is {n_fit} of 'rows' {rows}; a split fits on at least one row and holds "
+                        "out at least one (fix it, or fit again)")
+    return StoredSplit(rows, float(fraction), _whole(value.get("seed"), where, "seed"), n_fit, digest)
 
 
 def _whole(value: Any, where: str, name: str) -> int:

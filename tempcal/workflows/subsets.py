@@ -21,11 +21,12 @@ from ..core.folds import assign_folds, fold_sizes
 from ..core.scan import Scan
 from ..core.shared_fits import CellLayout
 from ..core.subsets import SubsetFits, cell_index, fit_with_subsets
-from ..errors import TempcalError, param
+from ..errors import Info, TempcalError, param
 from ..metrics.calibration import CalibrationMetrics
 from ..metrics.subsets import metrics_block, needs_rows, subset_metrics
 from ..sources.base import OpenedSource
 from ..sources.groups import RowGroups
+from ..validation import shown_value
 
 #: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
 #: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
@@ -91,13 +92,24 @@ class Plan:
         return self.folds is not None or self.groups is not None
 
 
+#: Groups named in the line about groups without fitting rows.
+FIRST_SHOWN = 5
+#: The largest ``group_prior``: far past the point where every group's T is the global T to the fit's tolerance,
+#: and below where the prior's derivatives (``lam / rows * ln T``) would overflow.
+MAX_GROUP_PRIOR = 1e15
+
+
 def check_prior(lam: Any) -> float:
     """``group_prior``: a number >= 0 (None: the default)."""
     if lam is None:
         return DEFAULT_GROUP_PRIOR
-    value = float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float("nan")
-    if not (value >= 0 and value != float("inf")):
-        raise TempcalError(f"{param('group_prior')} {lam}: expected a number >= 0 (0: independent fits per group)")
+    try:
+        value = float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float("nan")
+    except OverflowError:  # an integer beyond any float
+        value = float("inf")
+    if not (0 <= value <= MAX_GROUP_PRIOR):
+        raise TempcalError(f"{param('group_prior')} {shown_value(lam)}: expected a number from 0 (independent fits per "
+                           f"group) to {MAX_GROUP_PRIOR:g} (every group at the global T already)")
     return value
 
 
@@ -159,9 +171,11 @@ def grouped(loaded: OpenedSource, evaluated: OpenedSource, fit_scan: Scan, eval_
     n_fit = _counts(fit_g, count, fit_scan)
     rows = eval_of[eval_index]
     results = _group_results(names, n_fit, calibration.counts.tolist(), fits, calibration, global_t, rows)
-    for g in results:
-        if g.n_fit == 0:
-            warnings.append(f"group {g.group} has no fitting rows; its rows are evaluated at the global T")
+    empty = [g.group for g in results if g.n_fit == 0]
+    if empty:  # one line however many groups (thousands, with many small groups)
+        shown = ", ".join(empty[:FIRST_SHOWN]) + (", ..." if len(empty) > FIRST_SHOWN else "")
+        warnings.append(Info(f"{len(empty)} group(s) have no fitting rows ({shown}); their rows are evaluated at "
+                             "the global T"))
     warnings.extend(fits.subsets.warnings)
     return fits, before, after, Subsets(groups=results, group_key=plan.groups.key, group_prior=plan.lam,
                                         calibration=calibration, rows=rows)

@@ -138,3 +138,28 @@ def test_bad_bootstrap_arguments():
         detection_intervals([a], [b], 10, 0, level=1.0)
     with pytest.raises(TempcalError):
         detection_intervals([np.empty(0)], [b], 10, 0)
+
+
+@pytest.mark.parametrize("ties", [0, 2, 5])
+def test_figures_against_a_sorted_ood_set_equal_scikit_learns(ties):
+    """``ood --group-by``'s path: one OOD set sorted once, many small ID subsets against it (ties included, in
+    either set and across them), figure for figure as scikit-learn and :func:`detection_metrics` give them."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    from tempcal.metrics.detection import SortedOod, detection_against
+
+    rng = np.random.default_rng(ties)
+    ood = rng.normal(0.0, 1.0, 300)
+    if ties:
+        ood = np.round(ood * ties) / ties
+    sorted_ood = SortedOod(ood)
+    for n in (1, 2, 7, 40):
+        ids = rng.normal(0.7, 1.0, n)
+        if ties:
+            ids = np.round(ids * ties) / ties
+        got, plain = detection_against(ids, sorted_ood), detection_metrics(ids, ood)
+        labels, scores = np.r_[np.ones(n), np.zeros(ood.size)], np.r_[ids, ood]
+        assert got.auroc == pytest.approx(roc_auc_score(labels, scores), abs=1e-12)
+        assert got.aupr_in == pytest.approx(average_precision_score(labels, scores), abs=1e-12)
+        assert got.aupr_out == pytest.approx(average_precision_score(1 - labels, -scores), abs=1e-12)
+        assert (got.fpr95, got.fpr95_threshold) == (plain.fpr95, plain.fpr95_threshold)

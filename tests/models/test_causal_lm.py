@@ -86,9 +86,9 @@ def test_code_in_the_folder_is_never_run(tmp_path):
     config.update(model_type="evil", auto_map={"AutoConfig": "configuration_evil.EvilConfig",
                                                "AutoModelForCausalLM": "configuration_evil.EvilModel"})
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(TempcalError, match=r"config.json: transformers .* cannot read it"):
+    with pytest.raises(TempcalError, match=r"config.json: 'auto_map' asks for code") as caught:
         load_causal_lm(folder, "cpu")
-    assert not marker.exists()
+    assert not marker.exists() and "trust_remote_code=True" not in str(caught.value)
 
 
 def test_loading_prints_nothing(tmp_path, capfd):

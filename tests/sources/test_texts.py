@@ -58,3 +58,49 @@ def test_deeply_nested_json_is_one_error_not_a_crash(tmp_path):
     path.write_text('{"text": "fine"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
     with pytest.raises(TempcalError, match="line 2: not valid JSON"):
         read_texts(path)
+
+
+def test_a_long_line_is_cut_to_the_budget_and_the_rest_still_hashed_and_checked(tmp_path, monkeypatch):
+    """A line is never held whole: its first ``max_chars`` characters are kept (a multi-byte character split by a
+    block boundary included), the rest is hashed and checked to be UTF-8, then dropped."""
+    import tempcal.sources.texts as texts_module
+
+    monkeypatch.setattr(texts_module, "BLOCK_BYTES", 7)  # lines and characters cross block boundaries
+    long = "\u00e9a\u2603 " * 50
+    raw = f"short one\r\n{long}\r\n\n   \nlast".encode()
+    path = tmp_path / "texts.txt"
+    path.write_bytes(raw)
+    texts = read_texts(path, max_chars=10)
+    assert texts.texts == ["short one", long[:10], "last"]
+    assert texts.cut == [False, True, False] and texts.lines == [1, 2, 5]
+    assert texts.sha256 == hashlib.sha256(raw).hexdigest()
+    path.write_bytes(long.encode() + b"\xff tail\n")
+    with pytest.raises(TempcalError, match=rf"line 1: not UTF-8 text \(byte {len(long.encode()) + 1} of the line\)"):
+        read_texts(path, max_chars=10)
+
+
+def test_a_line_of_spaces_past_the_budget_with_words_behind_is_kept(tmp_path):
+    path = tmp_path / "texts.txt"
+    path.write_bytes(b" " * 50 + b"word\n" + b" " * 50 + b"\n")
+    texts = read_texts(path, max_chars=10)
+    assert texts.texts == [" " * 10] and texts.cut == [True]
+
+
+def test_jsonl_lines_are_bounded_and_texts_cut_after_parsing(tmp_path, monkeypatch):
+    import tempcal.sources.texts as texts_module
+
+    path = tmp_path / "texts.jsonl"
+    path.write_text(json.dumps({"text": "x" * 40}) + "\n" + json.dumps({"text": "y" * 200}) + "\n")
+    texts = read_texts(path, max_chars=16)
+    assert texts.texts == ["x" * 16, "y" * 16] and texts.cut == [True, True]
+    monkeypatch.setattr(texts_module, "MAX_JSONL_LINE_BYTES", 100)
+    with pytest.raises(TempcalError, match=r"texts.jsonl: line 2: longer than 100 bytes"):
+        read_texts(path, max_chars=16)
+
+
+def test_a_lone_surrogate_names_its_line(tmp_path):
+    path = tmp_path / "texts.jsonl"
+    path.write_text('{"text": "fine"}\n{"text": "bad \\ud800 here"}\n')
+    with pytest.raises(TempcalError, match=r"texts.jsonl: line 2: 'text' holds a lone surrogate \('\\ud800' at "
+                                           r"character 5\)"):
+        read_texts(path)
