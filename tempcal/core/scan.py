@@ -31,7 +31,6 @@ from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
-from .ece_terms import EceTerms
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
 from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
@@ -406,15 +405,6 @@ class Scan:
         reduced = all_reduce(torch.stack([count, probability, hits])).cpu()
         return ClasswiseSums(reduced[0].view(shape), reduced[1].view(shape), reduced[2].view(shape),
                              self.num_samples)
-
-    def ece_terms(self, betas: Sequence[float], bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ECE search's sums in one pass, nothing kept per row (:mod:`tempcal.core.ece_terms`): equal-width
-        bin sums ``[betas, 3, bins]`` (count, confidence, correct) and the drift between neighbours ``[betas - 1]``.
-        """
-        terms = EceTerms(betas, bins, self.device)
-        for z, _, row_max, _, correct, _ in self.row_chunks():
-            terms.add_chunk(torch.sub(z, row_max[:, None], out=self.scratch.like("d", z)), correct, self.scratch)
-        return all_reduce(terms.per_bin).cpu(), all_reduce(terms.drift).cpu()
 
     def initial_beta(self) -> float:
         """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""

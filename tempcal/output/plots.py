@@ -198,7 +198,8 @@ def sweep_size(results: Sequence[Mapping[str, Any]], curves: bool = True) -> tup
 
 def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], source: str | None = None, *,
                  curves: bool = True, figure: Any = None, labels: Sequence[str] | None = None):
-    """The figure of :func:`sweep_plot` from the JSON's result rows (each at one temperature: a point of the sweep):
+    """NLL, ECE, entropy, smooth ECE and AURC against tau on a log axis, with vertical lines at the ``marks``
+    (label -> tau), from the JSON's result rows (each at one temperature: a point of the sweep):
     every row drawn, in order of tau, then (with ``curves``) every row's risk-coverage curve, named by ``labels``
     (default ``tau = ...``). The HTML page draws the same figure, its curves apart. ``figure``: a (sub)figure to
     draw in, else a new one."""
@@ -256,17 +257,6 @@ def _set_sizes(ax, taus: Sequence[float], rows: Sequence[Mapping[str, Any]]) -> 
 
 def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def sweep_plot(results: list, marks: dict[str, float], path: str | os.PathLike, *, source: str | None = None,
-               labels: Sequence[str] | None = None) -> Path:
-    """NLL, ECE, entropy, smooth ECE and AURC against tau on a log axis, with vertical lines at the ``marks``
-    (label -> tau), and the risk-coverage curve of every tau (``results``: metrics objects, each at one
-    temperature)."""
-    path = check_plot_path(path)
-    fig = sweep_figure([m.to_dict(with_bins=False) for m in results], marks, source, labels=labels)
-    _save(fig, path)
-    return path
 
 
 def _save(fig, path: Path, dpi: int = 120) -> None:
