@@ -18,9 +18,9 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import torch
 
@@ -317,7 +317,8 @@ class Scan:
         this process's rows returned too, float64 on the scan's device, 8 bytes per row and temperature:
         ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z / T)``); ``keep_scores``
         keeps both. A ``visitor`` sees every chunk at every temperature in the same read. (Figures of every rank's
-        rows gather the kept values: :meth:`per_sample`, :meth:`scores`, :mod:`tempcal.metrics.decisions`.)
+        rows gather the kept values: :meth:`per_sample`, :func:`tempcal.scores.engine.scan_scores`,
+        :mod:`tempcal.metrics.decisions`.)
         """
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
@@ -340,27 +341,6 @@ class Scan:
             for k, beta in enumerate(betas):
                 visitor.add(k, float(beta), d, y, position)
             position += z.shape[0]
-
-    def scores(self, betas: Sequence[float], names: Sequence[str] = ("msp", "energy"),
-               options: Mapping[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:
-        """Per-sample float64 OOD scores ``{name: [rows]}`` at each ``beta``, in one pass.
-
-        Every score at every temperature comes from the same read of each chunk
-        (:class:`tempcal.scores.engine.ScorePass`); ``options`` set up scores that take parameters
-        (``gen_gamma``, ``gen_top``).
-        """
-        from ..scores import get_score
-        from ..scores.engine import ScorePass
-
-        scoring = ScorePass([get_score(name, options) for name in names], betas, workspace=self.scratch)
-        parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
-        for z, _, row_max, _, _, has_neginf in self.row_chunks():
-            for name, values in scoring.chunk(z, row_max, has_neginf).items():
-                parts[name].append(values)
-        joined = {name: torch.cat(values, dim=1) if values else
-                  torch.empty(len(scoring.betas), 0, dtype=torch.float64, device=self.device)
-                  for name, values in parts.items()}
-        return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
         """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) of every row

@@ -21,16 +21,12 @@ from ..core.folds import assign_folds, fold_sizes
 from ..core.scan import Scan
 from ..core.shared_fits import CellLayout
 from ..core.subsets import SubsetFits, cell_index, fit_with_subsets
-from ..errors import Info, TempcalError, param
+from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
 from ..metrics.subsets import metrics_block, subset_metrics
 from ..sources.base import OpenedSource
 from ..sources.groups import RowGroups
-from ..validation import shown_value
-
-#: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
-#: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
-DEFAULT_GROUP_PRIOR = 10.0
+from ..validation import DEFAULT_GROUP_PRIOR, check_prior
 
 
 @dataclass
@@ -94,25 +90,6 @@ class Plan:
 
 #: Groups named in the line about groups without fitting rows.
 FIRST_SHOWN = 5
-#: The largest ``group_prior``: far past the point where every group's T is the global T to the fit's tolerance,
-#: and below where the prior's derivatives (``lam / rows * ln T``) would overflow.
-MAX_GROUP_PRIOR = 1e15
-
-
-def check_prior(lam: Any) -> float:
-    """``group_prior``: a number >= 0 (None: the default)."""
-    if lam is None:
-        return DEFAULT_GROUP_PRIOR
-    try:
-        value = float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float("nan")
-    except OverflowError:  # an integer beyond any float
-        value = float("inf")
-    if not (0 <= value <= MAX_GROUP_PRIOR):
-        raise TempcalError(f"{param('group_prior')} {shown_value(lam)}: expected a number from 0 (independent fits per "
-                           f"group) to {MAX_GROUP_PRIOR:g} (every group at the global T already)")
-    return value
-
-
 def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objective: str, bins: int,
              warnings: list[str]) -> tuple[SubsetFits, CalibrationMetrics, CalibrationMetrics, Subsets]:
     """Fold fits on ``scan`` (every row of ``loaded``, this process's share) and the out-of-fold metrics."""
