@@ -17,9 +17,15 @@ from tempcal.core.scan import Scan
 from tempcal.metrics import decisions
 from tempcal.metrics.bootstrap import bootstrap_replicates
 from tempcal.metrics.calibration import ConformalPlan, evaluate_many
-from tempcal.metrics.conformal import set_sums
+from tempcal.metrics.conformal import set_rows
 from tempcal.metrics.conformal_pass import SetSums, fit_thresholds, set_results
 from tempcal.metrics.conformal_pass import probabilities as chunk_probabilities
+
+
+def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds) -> dict[str, torch.Tensor]:
+    """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
+    return {score: torch.stack([covered.sum(1), size.sum(1)], 1).double()
+            for score, (covered, size) in set_rows(probs, labels, thresholds).items()}
 
 
 def tied(n: int = 600, c: int = 6, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -158,6 +158,16 @@ def test_smooth_ece_of_the_shipped_example_equals_relplot():
 # -- conformal sets ----------------------------------------------------------------------------------------
 
 
+def set_sums(probs, labels, thresholds):
+    """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
+    import torch
+
+    from tempcal.metrics import conformal
+
+    return {score: torch.stack([covered.sum(1), size.sum(1)], 1).double()
+            for score, (covered, size) in conformal.set_rows(probs, labels, thresholds).items()}
+
+
 def direct_sets(p: np.ndarray, labels: np.ndarray, q: float, score: str) -> list[set[int]]:
     """Each row's set built one class at a time, as the contract words it."""
     sets = []
@@ -205,7 +215,7 @@ def test_conformal_sets_match_a_direct_construction(alpha):
         np.testing.assert_allclose(scores[name].numpy(), ref_scores, atol=1e-15)
         qs[name] = conformal.threshold(scores[name].numpy(), alpha)
         assert qs[name] == direct_threshold(ref_scores, alpha)
-    sums = conformal.set_sums(torch.from_numpy(p[ev]), torch.from_numpy(labels[ev]),
+    sums = set_sums(torch.from_numpy(p[ev]), torch.from_numpy(labels[ev]),
                               {k: [v] for k, v in qs.items()})
     found = conformal.results([alpha], {k: [v] for k, v in qs.items()}, sums, 201)
     for result in found:
