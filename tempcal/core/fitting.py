@@ -17,7 +17,6 @@ from .certified import T_MAX, T_MIN, Evaluator
 from .data import as_logits_data
 from .scan import ALL_ROWS, Scan
 from .scan_fit import MAX_PASSES, FitResult, fit_scan
-from .subsets import fit_subsets_api
 
 if TYPE_CHECKING:
     from .ece_fit import PassCallback
@@ -63,6 +62,8 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
         if probs is None and scan.looks_like_probabilities:
             raise probabilities_refused("the logits")
     if groups is not None or folds is not None:
+        from .subsets import fit_subsets_api  # the subset fits' modules load only when asked for
+
         return fit_subsets_api(scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
                                objective=objective, bins=bins)
     return fit_scan(scan, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes, evaluate=evaluate,
