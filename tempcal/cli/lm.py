@@ -46,7 +46,7 @@ def lm_source(ctx: Any, source: list[str] | None, *, values: dict[str, Any]) -> 
         return source
     if source and _from_command_line(ctx, "source"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
-    from ..models.hf_folder import check_model_folder
+    from ..io.hf_folder import check_model_folder
 
     check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
     if text is None:

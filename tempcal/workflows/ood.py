@@ -1,7 +1,7 @@
 """``tempcal ood`` as a function: score SOURCE (in-distribution) and every OOD set at each tau, then rank.
 
 Every score at every temperature comes from one scores-only pass per file after validation
-(:meth:`Scan.scores`); ODIN, which perturbs a model's inputs, runs the model instead. The figures
+(:func:`~tempcal.scores.engine.scan_scores`); ODIN, which perturbs a model's inputs, runs the model instead. The figures
 (:mod:`tempcal.metrics.detection`), the optional bootstrap intervals, the best score and tau per OOD
 set, the sentences and the release gate are assembled the same way for both.
 """
@@ -22,6 +22,7 @@ from ..core.scan import Scan
 from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
+from ..scores.engine import scan_scores
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
@@ -259,7 +260,7 @@ def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("m
 
     Rankings need every sample's score: under torch.distributed the ranks' scores are gathered.
     """
-    parts = scan.scores([1.0 / as_temperature(tau) for tau in taus], scores, options)
+    parts = scan_scores(scan, [1.0 / as_temperature(tau) for tau in taus], scores, options)
     return {name: [all_gather_1d(part[name]).cpu().numpy() for part in parts] for name in scores}
 
 
