@@ -11,7 +11,20 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
-from ..validation import MAX_BINS, MAX_RESAMPLES, Bounds, OutOfRange, check_taus, is_fitted, temperature_number
+from ..validation import (
+    FRACTION,
+    MAX_BINS,
+    MAX_RESAMPLES,
+    MISCOVERAGE,
+    NON_NEGATIVE,
+    PERCENTILE,
+    POSITIVE,
+    UNIT,
+    OutOfRange,
+    check_taus,
+    is_fitted,
+    temperature_number,
+)
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 if TYPE_CHECKING:
@@ -29,12 +42,6 @@ class LmEvalNorm(str, Enum):
     bytes = "bytes"
 
 
-#: Open-ended ranges, which ``typer.Option(min=, max=)`` cannot say; checked before any file is read.
-POSITIVE = Bounds(0, low_open=True)
-FRACTION = Bounds(0, 1, low_open=True)
-UNIT = Bounds(0, 1)
-NON_NEGATIVE = Bounds(0)
-PERCENTILE = Bounds(0, 100, low_open=True)
 
 
 def configured_tau(value: Any) -> str:
@@ -126,12 +133,12 @@ MaxEce = Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0
 ConformalAlpha = Annotated[Optional[list[float]], typer.Option(
     "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal sets (LAC, APS) at miscoverage A "
     "(0 < A < 1; repeatable): coverage and mean set size at T = 1 and at the fitted T (one more read)."),
-    Bounds(0, 1, low_open=True, high_open=True)]
+    MISCOVERAGE]
 ReportConformalAlpha = Annotated[Optional[list[float]], typer.Option(
     "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal sets (LAC, APS) at miscoverage A "
     "(0 < A < 1; repeatable) at every tau: coverage and mean set size, thresholds from the stored split's fitting "
     "rows, else a seeded half (one more read)."),
-    Bounds(0, 1, low_open=True, high_open=True)]
+    MISCOVERAGE]
 SaveModel = Annotated[Optional[str], typer.Option(
     "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
     "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt, .pth, .ts, "
