@@ -10,7 +10,7 @@ import typer
 from ..errors import TempcalError
 from ..requests import Outputs, ReportRequest, Texts
 from ..sources.base import SourceOptions
-from ..validation import IGNORE_INDEX, check_taus
+from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
@@ -152,7 +152,6 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     """The command, from its request: the checks before any work, the figures, the outputs."""
     source = lm_source(ctx, request)
     taus: list[float | str] = list(request.taus or [])
-    check_taus(taus)  # numbers are checked before any file is read
     grid = parse_sweep(request.sweep) if request.sweep else []
     reading, outputs = request.reading, request.outputs
     is_model = is_model_source(source, reading.inputs, {"--save-logits": outputs.save_logits,
