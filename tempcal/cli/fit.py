@@ -207,7 +207,7 @@ def _cross_fitting(ctx: typer.Context, request: FitRequest) -> FitRequest:
             raise TempcalError(f"--folds K fits and reports on every row of SOURCE, out of fold; {flag} splits it "
                                f"otherwise: give one or the other{where}")
         if given("folds") == "file":
-            return replace(request, folds=None, split=split)  # the command line's split wins over the file's folds
+            return replace(request, folds=None, split=split, eval_file=eval_file)  # the command line wins
         split, eval_file = (None, eval_file) if name == "val_fraction" else (split, None)
     return replace(request, split=split, eval_file=eval_file)
 
