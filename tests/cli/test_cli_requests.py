@@ -80,3 +80,43 @@ def test_the_api_and_the_command_line_refuse_alike(tmp_path, cli, argv, api):
         api()
     assert code == 2 and out == ""
     assert err == f"error: {render(str(raised.value.args[0]), flags=True)}\n"
+
+
+@pytest.mark.parametrize(("given", "in_file", "folds", "split", "eval_file"), [
+    (["--folds", "3"], "val-fraction = 0.3\n", 3, None, None),  # the command line's folds win over the file's split
+    (["--val-fraction", "0.3"], "folds = 3\n", None, 0.3, None),  # ... and its split over the file's folds
+    (["--folds", "3"], 'eval = "e.safetensors"\n', 3, None, None),
+    (["--eval", "e.safetensors"], "folds = 3\n", None, None, "e.safetensors"),
+    (["--val-fraction", "0.3"], "", None, 0.3, None),
+    ([], "", None, None, None),  # the default split
+])
+def test_folds_against_a_split_across_the_file_and_the_command_line(monkeypatch, cli, tmp_path, given, in_file,
+                                                                    folds, split, eval_file):
+    seen = []
+
+    def settled(ctx, request):
+        seen.append(request)
+        raise TempcalError("settled")  # where the fit command has settled its cross-fitting: nothing is read
+
+    monkeypatch.setattr(fit_cli, "lm_source", settled)
+    config = tmp_path / "tempcal.toml"
+    config.write_text("[fit]\n" + in_file)
+    (tmp_path / "e.safetensors").touch()  # the file's paths must exist when it is read
+    assert cli(["fit", "val.safetensors", *given, "--config", str(config)]) == (2, "", "error: settled\n")
+    (request,) = seen
+    assert (request.folds, request.split) == (folds, split)
+    assert request.eval_file == eval_file
+
+
+@pytest.mark.parametrize(("given", "in_file", "where"), [
+    (["--folds", "3", "--val-fraction", "0.3"], "", ""),
+    (["--folds", "3", "--eval", "e.safetensors"], "", ""),
+    ([], "folds = 3\nval-fraction = 0.3\n", " (both in the configuration file)"),
+])
+def test_folds_with_a_split_from_the_same_place_are_refused(cli, tmp_path, given, in_file, where):
+    config = tmp_path / "tempcal.toml"
+    config.write_text("[fit]\n" + in_file)
+    code, out, err = cli(["fit", str(tmp_path / "val.safetensors"), *given, "--config", str(config)])
+    assert code == 2 and out == ""
+    assert err.startswith("error: --folds K fits and reports on every row of SOURCE, out of fold; ")
+    assert f"give one or the other{where}" in err and err.count("\n") == 1
