@@ -19,9 +19,12 @@ from ..errors import TempcalError, param
 from ..validation import IGNORE_INDEX, PROBS_KEY
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..core.data import LogitsSource
+    from ..validation import ProbabilitiesError
+    from .grouping import RowGroups
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,47 @@ class SourceKind(ABC):
         from .registry import open_source
 
         return open_source(other, opened.options, labels_optional=labels_optional)
+
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        """Why values that look like probabilities, read without ``probs``, are refused: by default, they come from a
+        model, which gives logits; logits files override (``--probs`` reads them as log p)."""
+        from ..validation import AS_LOGITS, ProbabilitiesError
+
+        return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values "
+                                  f"in [0, 1], each row summing to 1), and probabilities are read only from logits "
+                                  f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "
+                                  "the values as logits")
+
+    # -- --group-by KEY: the groups of the counted rows (see tempcal.sources.groups) ---------------------------
+    def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
+        """The groups of ``opened``'s counted rows by the integer tensor ``key`` (:meth:`group_values`), cut to the
+        rows that count; ``option`` names where KEY came from in messages."""
+        from ..errors import DataError
+        from .grouping import TASK, check_row_count, kept_rows, named
+
+        if key == TASK and key not in self.tensor_names(opened):
+            raise TempcalError(f"{option} {TASK} groups lm-evaluation-harness logs by their task; "
+                               f"{opened.name} has no tensor '{TASK}'")
+        values = self.group_values(opened, key, option)
+        kept = kept_rows(opened.data)
+        if kept is not None and kept.numel() and int(kept.max()) >= values.shape[0]:
+            raise DataError(f"{opened.name}: '{key}' ({option}) has {values.shape[0]} values; the data has "
+                            f"more rows")
+        if kept is not None:
+            values = values[kept.numpy()]
+        groups = named(key, values, opened.name, option)
+        check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
+        return groups
+
+    def tensor_names(self, opened: OpenedSource) -> set[str]:
+        """The tensors SOURCE's header lists, where the format has one (none by default)."""
+        return set()
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """The flat integer values of tensor ``key`` over every row of every file, before rows are left out;
+        by default this kind has no named tensors."""
+        raise TempcalError(f"{opened.name}: {option} reads a named tensor of a .safetensors, .npz or .pt "
+                           f"SOURCE (or of a model's inputs file); a {self.name} SOURCE has none")
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The T stored for ``path`` and warnings about it; by default in its sidecar ``FILE.tempcal.json``."""

@@ -41,6 +41,8 @@ from .lm_eval_records import NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, W
 if TYPE_CHECKING:
     import torch
 
+    from .grouping import RowGroups
+
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 #: The longest line read, and the most whitespace in a row between records (see :mod:`.bounded_lines`).
 #: Records are kilobytes; one around an 8 MB context (about 2M tokens), held in ``doc`` and once per choice
@@ -311,6 +313,25 @@ class LmEvalKind(SourceKind):
             pad = torch.full((data.num_samples, width - data.num_classes), float("-inf"), dtype=data.dtype)
             related.data = LogitsData(torch.cat([data.logits, pad], dim=1), data.labels, data.index)
         return related
+
+    def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
+        """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
+        import numpy as np
+
+        from ..errors import DataError
+        from .grouping import TASK, RowGroups
+
+        if key != TASK:
+            raise TempcalError(f"{opened.name}: lm-evaluation-harness logs hold no tensors; {option} "
+                               f"{TASK} groups their rows by each log's task")
+        rows = opened.file_rows or [opened.data.num_samples]
+        tasks = [task_from_filename(p) or p.name for p in opened.paths]
+        names = sorted(set(tasks))
+        if len(names) < len(tasks):
+            seen = next(t for t in tasks if tasks.count(t) > 1)
+            raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")
+        index = np.concatenate([np.full(n, names.index(t), dtype=np.int64) for t, n in zip(tasks, rows, strict=True)])
+        return RowGroups(key, names, index, numeric=False)
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""

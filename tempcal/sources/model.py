@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
 from .base import OpenedSource, SourceKind, SourceOptions
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass
@@ -74,6 +77,13 @@ class ModelKind(SourceKind):
             raise exc.prefixed(f"{inputs_path}: ") from None
         return ModelSource([], data, model.temperature, self, options, has_labels=has_labels, label=label,
                            model=model, inputs_path=inputs_path)
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """``key`` in the inputs file, checked against its labels' shape."""
+        from .grouping import safetensors_values
+
+        assert isinstance(opened, ModelSource) and opened.inputs_path is not None
+        return safetensors_values(opened.inputs_path, key, opened.options.labels_key, option)
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """A calibrated model's T (None for any other model), read by loading it as a SOURCE would."""

@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DataError, Note, TempcalError, param
 from ..io.safetensors_header import shown
 from ..io.sidecar import sidecar_path
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import OpenedSource, SourceOptions
 from .memory import (
     NPY_MAGIC,
     ZIP_MAGIC,
+    InMemoryKind,
     check_fits,
     checked_member,
     checked_path,
@@ -34,6 +35,7 @@ from .memory import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 #: What a reader returns: the keys present, the logits, the labels (None when absent) and the labels' name.
@@ -44,7 +46,7 @@ NETCAL_KEYS = {"logits": "predictions", "labels": "ground_truth"}
 REMEMBERED = ("probs", "logits_key", "labels_key")
 
 
-class NpzKind(SourceKind):
+class NpzKind(InMemoryKind):
     name = "npz"
     suffixes = (".npz",)
     remembered = REMEMBERED
@@ -63,6 +65,15 @@ class NpzKind(SourceKind):
             opened.warnings.insert(0, Note(f"{path}: read netcal's array names: {' and '.join(taken)}"))
         return opened
 
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """The array ``key``, checked against the labels' shape."""
+        from .grouping import checked, labels_shape
+
+        path = opened.paths[0]
+        values = read_npz_array(path, key, option)
+        shape = labels_shape(lambda name, said: read_npz_array(path, name, said), opened.options.labels_key)
+        return checked(path, key, values, shape, option)
+
 
 def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
     """The keys to read: netcal's name stands in for a default one that is absent when netcal's is present."""
@@ -73,7 +84,7 @@ def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tupl
     return key(logits_key, "logits"), key(labels_key, "labels")
 
 
-class NpyKind(SourceKind):
+class NpyKind(InMemoryKind):
     name = "npy"
     suffixes = (".npy",)
     remembered = REMEMBERED

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..core.data import as_logits_data, default_chunk_rows
@@ -32,7 +33,7 @@ from ..io.safetensors_header import (
     read_tensor,
     shown,
 )
-from ..validation import check_labels
+from ..validation import ProbabilitiesError, check_labels, probabilities_refused
 from .base import OpenedSource, SourceKind, SourceOptions
 
 #: Logits of at most this many bytes (all shards together) are read once and kept, about what
@@ -323,6 +324,19 @@ class SafetensorsKind(SourceKind):
                                             ignore_index=options.ignore_index, labels_optional=labels_optional)
         stored = read_header(paths[0]).stored_temperature()
         return OpenedSource(paths, data, stored, self, options, has_labels=has_labels)
+
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
+
+    def tensor_names(self, opened: OpenedSource) -> set[str]:
+        return set(read_header(opened.paths[0]).tensors)
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """``key`` in every shard, each checked against its labels' shape."""
+        from .grouping import safetensors_values
+
+        labels_key = opened.options.labels_key
+        return np.concatenate([safetensors_values(path, key, labels_key, option) for path in opened.paths])
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         return read_header(path).stored_temperature(), []
