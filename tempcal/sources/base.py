@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
-from ..validation import IGNORE_INDEX, PROBS_KEY
+from ..validation import IGNORE_INDEX, READING_KEYS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
     from ..core.data import LogitsSource
     from ..validation import ProbabilitiesError
+    from .described import Findings
     from .grouping import RowGroups
 
 
@@ -164,8 +165,6 @@ class OpenedSource:
         return rows[(rows >= start) & (rows < stop)] - start
 
 
-#: The ``SourceOptions`` fields a kind may keep beside T, and their metadata keys.
-READING_KEYS = {"probs": PROBS_KEY, "logits_key": "tempcal.logits_key", "labels_key": "tempcal.labels_key"}
 #: The tensor names a SOURCE is read with unless told otherwise.
 DEFAULT_KEYS = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key}
 
@@ -192,6 +191,10 @@ class SourceKind(ABC):
     #: :data:`READING_KEYS`), written by :meth:`write_reading`; later opens without those options read
     #: the file the same way.
     remembered: tuple[str, ...] = ()
+    #: How ``tempcal inspect`` names this kind (its ``kind_name``; the ``name`` when empty).
+    title: str = ""
+    #: Whether ``tempcal inspect`` refuses a SOURCE whose first path is missing (a model's is checked by loading it).
+    inspect_needs_file: bool = True
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         """Whether ``paths`` are a SOURCE of this kind (by default: the first path's suffix)."""
@@ -247,6 +250,39 @@ class SourceKind(ABC):
         by default this kind has no named tensors."""
         raise TempcalError(f"{opened.name}: {option} reads a named tensor of a .safetensors, .npz or .pt "
                            f"SOURCE (or of a model's inputs file); a {self.name} SOURCE has none")
+
+    # -- what tempcal inspect says of this kind (see tempcal.workflows.inspect and .described) ---------------
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """Every tensor (array) in SOURCE's files, from their headers where the format has them (none by default)."""
+        return []
+
+    def describes_unopened(self, options: SourceOptions) -> bool:
+        """Whether inspect describes SOURCE from its files alone, without opening it as the other commands do."""
+        return False
+
+    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
+        """The state of the sidecar T is kept in (None for a kind that keeps T elsewhere)."""
+        from .described import sidecar_block
+
+        return sidecar_block(path)
+
+    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
+                        findings: Findings) -> dict[str, Any]:
+        """The stored T as the other commands use it, what is recorded whatever its state, where, and how it was
+        fitted; by default from the sidecar (recorded even when stale)."""
+        from ..io.sidecar import sidecar_state
+        from .described import stored_block
+
+        shown = f"{sidecar['path'] if sidecar else path}:"
+        return stored_block("sidecar", sidecar_state(path).metadata, shown, shown, opened, findings.problems)
+
+    def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
+        """What else inspect shows of this kind (None by default); an error is kept as a problem."""
+        return None
+
+    def describe_hints(self, options: SourceOptions) -> list[str]:
+        """What to pass to use a SOURCE of this kind, beyond what every kind is told (none by default)."""
+        return []
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The T stored for ``path`` and warnings about it; by default in its sidecar ``FILE.tempcal.json``."""

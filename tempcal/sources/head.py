@@ -120,6 +120,7 @@ class HeadKind(SafetensorsKind):
     """Hidden states in safetensors files with ``--head``; T goes into their metadata."""
 
     name = "head"
+    title = "hidden states with an output head"
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return options.head is not None

@@ -48,6 +48,7 @@ REMEMBERED = ("probs", "logits_key", "labels_key")
 
 class NpzKind(InMemoryKind):
     name = "npz"
+    title = ".npz archive"
     suffixes = (".npz",)
     remembered = REMEMBERED
 
@@ -64,6 +65,12 @@ class NpzKind(InMemoryKind):
         if taken:
             opened.warnings.insert(0, Note(f"{path}: read netcal's array names: {' and '.join(taken)}"))
         return opened
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        from .described import tensor_entry
+
+        return [tensor_entry(path, name, shape, dtype, options) for path in paths
+                for name, (dtype, shape) in npz_arrays(path).items()]
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """The array ``key``, checked against the labels' shape."""
@@ -86,6 +93,7 @@ def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tupl
 
 class NpyKind(InMemoryKind):
     name = "npy"
+    title = ".npy logits file"
     suffixes = (".npy",)
     remembered = REMEMBERED
 
@@ -94,6 +102,19 @@ class NpyKind(InMemoryKind):
         _, logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key,
                                                         not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """The logits array, and its labels file when there is one."""
+        from .described import tensor_entry
+
+        path = paths[0]
+        dtype, shape = npy_array(path)
+        entries = [{**tensor_entry(path, path.name, shape, dtype, options), "role": "logits"}]
+        labels = npy_labels_path(path, options.logits_key, options.labels_key)
+        if labels is not None and labels.is_file():
+            dtype, shape = npy_array(labels)
+            entries.append({**tensor_entry(labels, labels.name, shape, dtype, options), "role": "labels"})
+        return entries
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -35,6 +36,9 @@ from ..io.safetensors_header import (
 )
 from ..validation import ProbabilitiesError, check_labels, probabilities_refused
 from .base import OpenedSource, SourceKind, SourceOptions
+
+if TYPE_CHECKING:
+    from .described import Findings
 
 #: Logits of at most this many bytes (all shards together) are read once and kept, about what
 #: importing torch already takes; every pass over larger inputs reads them again, a chunk at a time.
@@ -310,6 +314,7 @@ class SafetensorsKind(SourceKind):
     suffixes = (".safetensors",)
     shards = True
     remembered = ("probs",)  # tensor names are not kept: a file's header lists them
+    title = "safetensors logits file"
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         # A missing file is claimed too, so that the error says it is missing.
@@ -337,6 +342,23 @@ class SafetensorsKind(SourceKind):
 
         labels_key = opened.options.labels_key
         return np.concatenate([safetensors_values(path, key, labels_key, option) for path in opened.paths])
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        from .described import tensor_entry
+
+        return [tensor_entry(path, name, info.shape, dtype_name(info.dtype), options)
+                for path in paths for name, info in read_header(path).tensors.items()]
+
+    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
+        return None  # T is in the file's own metadata
+
+    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
+                        findings: Findings) -> dict[str, Any]:
+        """The stored T from the file's metadata."""
+        from .described import stored_block
+
+        metadata = findings.attempt(lambda: dict(read_header(path).metadata)) or {}
+        return stored_block("metadata", metadata, f"{path}:", f"{path}: metadata", opened, findings.problems)
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         return read_header(path).stored_temperature(), []

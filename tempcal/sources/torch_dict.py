@@ -10,7 +10,7 @@ import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
 from ..models.detect import archive_kind
@@ -27,6 +27,7 @@ _Read = tuple[tuple[str, ...], "torch.Tensor", "torch.Tensor | None", str]
 
 class TorchDictKind(InMemoryKind):
     name = "pt"
+    title = "torch.save dict of tensors"
     suffixes = (".pt", ".pth")
     remembered = ("probs", "logits_key", "labels_key")  # kept in the sidecar beside T
 
@@ -35,6 +36,21 @@ class TorchDictKind(InMemoryKind):
         _, logits, labels, labels_name = _read_pt(path, options.logits_key, options.labels_key, not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=options.logits_key,
                                 labels_name=labels_name)
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """Every entry of the dict: tensors with their shapes, anything else by its type."""
+        import torch
+
+        from .described import tensor_entry
+
+        path, entries = paths[0], []
+        for name, value in load_pt_dict(path).items():
+            if isinstance(value, torch.Tensor):
+                entries.append(tensor_entry(path, str(name), value.shape, str(value.dtype).removeprefix("torch."),
+                                            options))
+            else:
+                entries.append({**tensor_entry(path, str(name), None, type(value).__name__, options), "role": None})
+        return entries
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """The tensor ``key``, checked against the labels' shape."""
