@@ -79,6 +79,42 @@ class SourceOptions:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Keep:
+    """What a fit asks to keep with its T; each kind reads what concerns it (see :meth:`OpenedSource.keep`)."""
+
+    store: bool = True  # False (``--no-write``): no T is written (a model's logits still are, without it)
+    output: str | Path | None = None  # a copy (a record) written instead of SOURCE's own place
+    metadata: Mapping[str, str | None] = field(default_factory=dict)  # more kept beside T (the fitted split)
+    group_key: str | None = None  # per-group temperatures (``--group-by KEY``)
+    group_temperatures: Mapping[str, float] | None = None
+    save_model: str | None = None  # a model: written calibrated here
+    save_logits: str | None = None  # a model: its logits kept as a logits file
+    generation: bool = False  # a language model: T as generation_config.json's temperature too
+    save_hidden: str | None = None  # a language model: its hidden states kept as a SOURCE for --head
+    settings: Mapping[str, Any] | None = None  # a language model's record: how the command was run
+    results: Mapping[str, Any] | None = None  # ... and the figures it found
+
+
+@dataclass
+class Kept:
+    """What :meth:`OpenedSource.keep` wrote: the files that now hold T, and the lines saying what was written."""
+
+    paths: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+def wrote_lines(temperature: float, paths: list[str], ask: Keep) -> list[str]:
+    """The lines naming what was stored where: T, and the groups' temperatures (nothing when nothing was)."""
+    if not paths:
+        return []
+    lines = [f"wrote tempcal.temperature = {temperature!r} into {', '.join(paths)}"]
+    if ask.group_temperatures is not None:
+        lines.append(f"wrote the temperatures of {len(ask.group_temperatures)} groups (tempcal.group_temperatures, "
+                     f"by {ask.group_key}) into {', '.join(paths)}")
+    return lines
+
+
 @dataclass
 class OpenedSource:
     """One opened SOURCE: its files, its logits as a chunked source, and the T stored with it.
@@ -123,6 +159,18 @@ class OpenedSource:
         if isinstance(other, OpenedSource):
             return other
         return self.kind.open_related(self, other, labels_optional=labels_optional)
+
+    def keep(self, temperature: float, ask: Keep) -> Kept:
+        """Keep a fitted T where this kind keeps it, with what ``ask`` says to keep beside it; by default in each
+        of SOURCE's files (or a copy at ``ask.output``), with how it was read, the groups' temperatures and
+        ``ask.metadata``. The read side is :attr:`stored`, which the kind fills when it opens SOURCE."""
+        if not ask.store:
+            return Kept()
+        from .grouping import group_metadata
+
+        extra = {**group_metadata(ask.group_key, ask.group_temperatures), **ask.metadata}
+        paths = [str(p) for p in self.write_temperature(temperature, ask.output, extra)]
+        return Kept(paths, wrote_lines(temperature, paths, ask))
 
     def write_temperature(self, temperature: float, output: str | Path | None = None,
                           extra: Mapping[str, str | None] | None = None) -> list[Path]:
@@ -329,4 +377,5 @@ class SourceKind(ABC):
         return write_sidecar_copy(path, temperature, Path(output), updates=metadata)
 
 
-__all__ = ["DEFAULT_KEYS", "READING_KEYS", "OpenedSource", "SourceKind", "SourceOptions", "check_react"]
+__all__ = ["DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions", "check_react",
+           "wrote_lines"]

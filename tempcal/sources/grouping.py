@@ -108,7 +108,7 @@ def check_row_count(groups: RowGroups, rows: int, where: str, option: str | None
 
 
 # -- the stored per-group temperatures -------------------------------------------------------
-def group_metadata(key: str | None, temperatures: dict[str, float] | None) -> dict[str, str | None]:
+def group_metadata(key: str | None, temperatures: Mapping[str, float] | None) -> dict[str, str | None]:
     """The write-back entries for per-group temperatures (None values remove stale ones)."""
     if key is None or temperatures is None:
         return {GROUP_KEY: None, GROUP_TEMPERATURES: None}

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Note, TempcalError, param
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions, wrote_lines
 
 if TYPE_CHECKING:
     import numpy as np
@@ -32,6 +32,24 @@ class ModelSource(OpenedSource):
     @property
     def name(self) -> str:
         return self.label or f"{self.model.path} on {self.inputs_path}"
+
+
+    def keep(self, temperature: float, ask: Keep) -> Kept:
+        """A model has no file T goes into: its logits as a logits file (``ask.save_logits``, with T unless
+        ``ask.store`` is False), and the model written calibrated (``ask.save_model``)."""
+        from ..core.data import LogitsData
+        from ..models.save import save_calibrated_model, save_logits
+
+        if ask.save_logits:
+            save_logits(cast(LogitsData, self.data), ask.save_logits, temperature=temperature if ask.store else None,
+                        metadata={"tempcal.model": str(self.model.path), "tempcal.inputs": str(self.inputs_path)})
+        paths = []
+        if ask.save_model and ask.store:
+            paths = [str(save_calibrated_model(self.model.path, temperature, ask.save_model,
+                                               output_key=self.options.output_key, check_inputs=self.inputs_path,
+                                               inputs_key=self.options.inputs_key))]
+        saved = [f"wrote the logits to {ask.save_logits}"] if ask.save_logits else []
+        return Kept(paths, wrote_lines(temperature, paths, ask) + saved)
 
 
 class ModelKind(SourceKind):
