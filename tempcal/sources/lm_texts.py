@@ -96,10 +96,7 @@ class LmSource(OpenedSource):
         """T into ``MODEL/tempcal.json`` (or the record at ``ask.output``) with the texts, ``ask.settings`` and
         ``ask.results`` unless ``ask.store`` is False; into ``generation_config.json`` when ``ask.generation``; the
         hidden states at ``ask.save_hidden``."""
-        kept = Kept()
-        if ask.save_hidden is not None:
-            path = self.save_hidden(ask.save_hidden)
-            kept.lines.append(f"wrote the hidden states and labels to {path} (a SOURCE for --head {self.lm.folder})")
+        kept = Kept(lines=self.keep_hidden(ask.save_hidden))
         written = []
         if ask.store:
             written.append(self.record_temperature(temperature, ask.output, ask.settings, ask.results))
@@ -134,6 +131,13 @@ class LmSource(OpenedSource):
             return GenerationConfig.from_model_config(self.lm.model.config).to_diff_dict()
 
         return set_generation_temperature(self.lm.folder, temperature, derived)
+
+    def keep_hidden(self, path: str | os.PathLike | None) -> list[str]:
+        """``--save-hidden``: the hidden states and labels kept at ``path`` (nothing without it); the line saying so."""
+        if path is None:
+            return []
+        saved = self.save_hidden(path)
+        return [f"wrote the hidden states and labels to {saved} (a SOURCE for --head {self.lm.folder})"]
 
     def save_hidden(self, path: str | os.PathLike) -> Path:
         """Keep the hidden states and labels as a safetensors SOURCE for ``--head MODEL``."""

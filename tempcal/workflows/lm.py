@@ -32,8 +32,7 @@ def save_hidden_lines(opened: Any, save_hidden: str | None) -> list[str]:
     """``--save-hidden``: the hidden states and labels kept as a SOURCE for ``--head MODEL`` (nothing without it)."""
     if save_hidden is None or opened is None:
         return []
-    path = opened.save_hidden(save_hidden)
-    return [f"wrote the hidden states and labels to {path} (a SOURCE for --head {opened.lm.folder})"]
+    return opened.keep_hidden(save_hidden)
 
 
 __all__ = ["save_hidden_lines", "write_lm_back"]
