@@ -1,16 +1,14 @@
-"""Passes and time of the ECE-minimising search (``tempcal fit --objective ece``), the first search beside the new one.
+"""Passes and time of the ECE-minimising search (``tempcal fit --objective ece``) in two shapes.
 
-Three searches run on each data set, in this process, one after the other, on the same validated
+Two searches run on each data set, in this process, one after the other, on the same validated
 :class:`tempcal.Scan` and around the same NLL optimum T*:
 
-* ``first``: the search as first shipped (65 points over T*/100..T*x100, each open interval halved per
-  round, bounded by a per-row drift summed in the same pass, so both ends of every interval are evaluated
-  again each round), reproduced here from :class:`tempcal.core.ece_terms.EceTerms`;
-* ``2 pieces``: the new bound with the first search's shape (65 points, ``max_pieces=2``);
+* ``2 pieces``: the bound of :mod:`tempcal.core.ece_fit` in the first shipped search's shape (65 points over
+  T*/100..T*x100, each open interval halved per round: ``max_pieces=2``);
 * ``new``: the defaults (``INITIAL_POINTS`` points, up to ``MAX_PIECES`` pieces a round).
 
 Each line gives the passes over the data, the temperatures evaluated, the best of ``--repeat`` wall times, and
-the T and ECE found (all three are certified to ``tol`` = 1e-4 on ECE over the same range). A last line per data
+the T and ECE found (both are certified to ``tol`` = 1e-4 on ECE over the same range). A last line per data
 set times one pass of the search at 1 and at 65 temperatures: a temperature costs about what the pass itself does.
 
 Run: ``python benchmarks/ece_fit_passes.py [--sizes 10000x100,100000x10] [--threads 1] [--repeat 3]``
@@ -20,7 +18,6 @@ Run: ``python benchmarks/ece_fit_passes.py [--sizes 10000x100,100000x10] [--thre
 from __future__ import annotations
 
 import argparse
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -30,43 +27,11 @@ import torch
 
 import tempcal
 from tempcal.core import ece_fit
-from tempcal.core.ece_terms import EceTerms, bin_sums
+from tempcal.core.ece_terms import bin_sums
 from tempcal.core.scan import Scan
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "digits_logits.safetensors"
 BINS = 15
-
-
-def first_search(scan: Scan, centre: float, counted: list[int]) -> tuple[float, float, bool]:
-    """The search as first shipped: halve each open interval per round, the drift summed per row in the pass."""
-    n, ece, drift = max(scan.num_samples, 1), {}, {}
-
-    def evaluate(thetas: list[float]) -> None:
-        counted[0] += len(thetas)
-        terms = EceTerms([math.exp(-t) for t in thetas], BINS, scan.device)
-        for z, _, row_max, _, correct, _ in scan.row_chunks():
-            terms.add_chunk(torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z)), correct, scan.scratch)
-        for theta, sums in zip(thetas, terms.per_bin.cpu(), strict=True):
-            ece[theta] = float((sums[2] - sums[1]).abs().sum()) / n
-        for pair, value in zip(itertools.pairwise(thetas), terms.drift.tolist(), strict=True):
-            drift[pair] = value / n
-
-    low, high = math.log(centre / 100), math.log(centre * 100)
-    grid = [low + (high - low) * k / 64 for k in range(65)]
-    evaluate(grid)
-    intervals = list(itertools.pairwise(grid))
-    for _ in range(40):
-        best = min(ece.values())
-        intervals = [(a, b) for a, b in intervals
-                     if max(ece[a], ece[b]) - drift[a, b] < best - 1e-4 and b - a > 1e-12]
-        drift.clear()
-        if not intervals:
-            break
-        middles = [(a + b) / 2 for a, b in intervals]
-        evaluate(sorted({t for (a, b), m in zip(intervals, middles, strict=True) for t in (a, m, b)}))
-        intervals = [h for (a, b), m in zip(intervals, middles, strict=True) for h in ((a, m), (m, b))]
-    theta = min(ece, key=lambda t: ece[t])
-    return math.exp(theta), ece[theta], not intervals
 
 
 def counting(counted: list[int]) -> Callable:
@@ -79,7 +44,6 @@ def counting(counted: list[int]) -> Callable:
 
 def run(name: str, scan: Scan, centre: float, repeat: int) -> None:
     searches = {
-        "first": lambda counted: first_search(scan, centre, counted),
         "2 pieces": lambda counted: ece_fit.minimise_ece(scan, centre, bins=BINS, initial_points=65, max_pieces=2),
         "new": lambda counted: ece_fit.minimise_ece(scan, centre, bins=BINS),
     }

@@ -5,7 +5,7 @@ Each command runs in a fresh process (``python -m tempcal ... --json -``) on see
 the ratio of the counts, is about 1 when the work is linear in the groups (and 10 at 100,000 against 10,000
 when it is quadratic). ``--checkout PATH`` times another checkout of tempcal (an older one) the same way.
 
-Run: ``python benchmarks/group_count.py [--groups 10000,40000,100000] [--checkout ../tempcal-old]``
+Run: ``python benchmarks/group_count.py [--groups 10000,40000,100000] [--checkout ../tempcal-old] [--commands ood]``
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", default="10000,40000,100000")
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--commands", default="fit,report,ood", help="a comma-separated subset of fit,report,ood")
     args = parser.parse_args()
     counts = [int(c) for c in args.groups.split(",")]
     print(f"checkout {args.checkout}; {ROWS_PER_GROUP} rows a group, {CLASSES} classes")
@@ -61,7 +62,8 @@ def main() -> None:
         commands = {"fit": lambda s, o: ["fit", str(s), "--group-by", "group", "--no-write"],
                     "report": lambda s, o: ["report", str(s), "--group-by", "group", "--tau", "1.5"],
                     "ood": lambda s, o: ["ood", str(s), "--ood", str(o), "--group-by", "group", "--tau", "1.5"]}
-        for name, argv in commands.items():
+        for name in args.commands.split(","):
+            argv = commands[name]
             seconds = [timed(args.checkout, argv(*files[c]), scratch) for c in counts]
             ratio = (seconds[-1] / seconds[0]) / (counts[-1] / counts[0])
             print(f"| {name} | " + " | ".join(f"{s:.1f}" for s in seconds) + f" | {ratio:.2f} |", flush=True)

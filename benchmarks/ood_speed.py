@@ -11,9 +11,9 @@ variants take turns (a busy moment on a shared machine slows them alike):
   (per chunk ``d = z - max z``; per tau ``s0 = sum exp(beta d)``, ``msp = 1 / s0``: a copy of its loop),
   then its figures for the 10 rows (scikit-learn's ``roc_auc_score`` and two ``average_precision_score``
   calls, the FPR95 partition), as ``tempcal ood --score msp`` ran;
-* ``all``: ``Scan.scores`` with msp, energy, maxlogit, entropy and GEN (gamma 0.1, M 100) at the same
+* ``all``: ``scan_scores`` with msp, energy, maxlogit, entropy and GEN (gamma 0.1, M 100) at the same
   10 taus, one read of each chunk, then ``detection_metrics`` (one sort per row) for the 50 rows;
-* ``msp``: ``Scan.scores`` with MSP alone, and its 10 rows (for reference).
+* ``msp``: ``scan_scores`` with MSP alone, and its 10 rows (for reference).
 
 Reported: each variant's median over the rounds of the scores pass, of the figures, and of both
 (the run), in wall-clock and in process CPU time, and the ratios ``all / today``. The target is
@@ -40,6 +40,7 @@ from _machine import RESULTS, load_average, machine_lines, markdown_table, text_
 import tempcal
 from tempcal.core.scan import Scan
 from tempcal.metrics.detection import detection_metrics, fpr_at_recall
+from tempcal.scores.engine import scan_scores
 
 TAUS = [0.5, 1.0, 1.5, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0]
 ALL = ["msp", "energy", "maxlogit", "entropy", "gen"]
@@ -85,9 +86,9 @@ def run_today(scans: list[Scan], betas: list[float]) -> tuple[float, float, floa
 
 
 def run_ours(scans: list[Scan], betas: list[float], names: list[str]) -> tuple[float, float, float, float]:
-    """(pass wall, pass cpu, figures wall, figures cpu) of Scan.scores and detection_metrics for ``names``."""
+    """(pass wall, pass cpu, figures wall, figures cpu) of scan_scores and detection_metrics for ``names``."""
     wall, cpu = time.perf_counter(), time.process_time()
-    scores = [scan.scores(betas, names) for scan in scans]
+    scores = [scan_scores(scan, betas, names) for scan in scans]
     pass_wall, pass_cpu = time.perf_counter() - wall, time.process_time() - cpu
     wall, cpu = time.perf_counter(), time.process_time()
     for name in names:

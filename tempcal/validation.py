@@ -234,6 +234,27 @@ def check_number(value: Any, bounds: Bounds | None = None, *, whole: bool = Fals
     return number
 
 
+def check_option(name: str, value: Any, bounds: Bounds, *, whole: bool = False) -> Any:
+    """The one range check of an option, for the commands and the API alike: ``value`` as :func:`check_number`
+    gives it, else ``NAME VALUE: expected RANGE`` (``name``: the flag, or the marked argument name)."""
+    try:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise OutOfRange(bounds.describe("a whole number" if whole else "a number"), value)
+        return check_number(value, bounds, whole=whole)
+    except OutOfRange as exc:
+        raise TempcalError(f"{name} {shown_value(value, quote=False)}: expected {exc.expected}") from None
+
+
+#: Ranges that ``typer.Option(min=, max=)`` cannot say (open ends), each declared once: the commands' options carry
+#: them as markers, and the API checks its arguments against the same ones.
+POSITIVE = Bounds(0, low_open=True)
+FRACTION = Bounds(0, 1, low_open=True)
+UNIT = Bounds(0, 1)
+NON_NEGATIVE = Bounds(0)
+PERCENTILE = Bounds(0, 100, low_open=True)
+MISCOVERAGE = Bounds(0, 1, low_open=True, high_open=True)
+
+
 # -- sizes --------------------------------------------------------------------------------
 def whole_number(value: object, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:
     """``value`` as an int in ``[minimum, maximum]``; booleans and fractions are refused."""
@@ -342,20 +363,42 @@ def stored_probs(text: str | None, where: str) -> bool:
                        "or fit again)")
 
 
+#: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
+#: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
+DEFAULT_GROUP_PRIOR = 10.0
+#: The largest ``group_prior``: far past the point where every group's T is the global T to the fit's tolerance,
+#: and below where the prior's derivatives (``lam / rows * ln T``) would overflow.
+MAX_GROUP_PRIOR = 1e15
+
+
+def check_prior(lam: Any) -> float:
+    """``group_prior``: a number >= 0 (None: the default)."""
+    if lam is None:
+        return DEFAULT_GROUP_PRIOR
+    try:
+        value = float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float("nan")
+    except OverflowError:  # an integer beyond any float
+        value = float("inf")
+    if not (0 <= value <= MAX_GROUP_PRIOR):
+        raise TempcalError(f"{param('group_prior')} {shown_value(lam)}: expected a number from 0 (independent fits per "
+                           f"group) to {MAX_GROUP_PRIOR:g} (every group at the global T already)")
+    return value
+
+
 def check_alphas(alphas: Sequence[float]) -> list[float]:
     """The conformal miscoverage levels, each strictly between 0 and 1, in the order given (repeats dropped)."""
     out: list[float] = []
     for alpha in alphas:
-        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not 0 < alpha < 1:
-            raise TempcalError(f"{param('conformal_alpha')} {alpha}: expected a number strictly between 0 and 1")
-        if float(alpha) not in out:
-            out.append(float(alpha))
+        value = check_option(param("conformal_alpha"), alpha, MISCOVERAGE)
+        if value not in out:
+            out.append(value)
     return out
 
 
-__all__ = ["IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES", "MIN_TEMPERATURE", "PROBS_KEY",
-           "READING_KEYS", "TEMPERATURE_KEY", "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature",
-           "check_alphas", "check_bins", "check_confidences", "check_labels", "check_number", "check_taus",
-           "format_temperature", "is_fitted", "parse_tau", "positive_number", "probabilities_refused", "resolve_taus",
-           "shown_value", "stored_probs", "stored_temperature", "temperature_number", "temperature_problem",
-           "whole_number"]
+__all__ = ["DEFAULT_GROUP_PRIOR", "FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_GROUP_PRIOR",
+           "MAX_RESAMPLES", "MIN_TEMPERATURE", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE", "POSITIVE", "PROBS_KEY",
+           "READING_KEYS", "TEMPERATURE_KEY", "UNIT", "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature",
+           "check_alphas", "check_bins", "check_confidences", "check_labels", "check_number", "check_option",
+           "check_prior", "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number",
+           "probabilities_refused", "resolve_taus", "shown_value", "stored_probs", "stored_temperature",
+           "temperature_number", "temperature_problem", "whole_number"]

@@ -9,6 +9,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
+from ..requests import Outputs
+from ..sources.base import SourceOptions
 from ..validation import check_taus
 from .config import ConfiguredCommand
 from .config_schema import OUTPUT, ValueType
@@ -39,7 +41,7 @@ from .options import (
     choice,
     configured_tau,
     is_model_source,
-    source_options,
+    reading_options,
 )
 
 
@@ -100,18 +102,20 @@ def apply(
     if output is None:
         raise TempcalError("missing option '--output OUT': where to write the calibrated values")
     check_output(output)
-    if tau is not None:
-        check_taus([tau])
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TempcalError("tempcal apply writes one file from one process: run it without torchrun")
     is_model_source(source, inputs, {"--output-key": output_key})
-    check_lm_eval_norm(source, lm_eval_norm)
+    check_lm_eval_norm(source, lm_eval_norm.value)
     check_paths(ctx, {"--output": output, "--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..output.apply import print_apply
     from ..workflows.apply import WHAT, apply_file
 
-    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
+    reading = SourceOptions(
+        logits_key=logits_key, labels_key=labels_key, probs=probs, inputs=inputs, inputs_key=inputs_key,
+        batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
+        head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value)
+    options = reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
     result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
                         device=device, chunk_rows=chunk_rows, options=options)
     deliver(ctx, warnings=result.warnings, write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"],

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..errors import TempcalError
 from ..io.paths import is_pattern
-from ..validation import OutOfRange, check_number, shown_value
+from ..validation import Bounds, check_option
 from .config_file import parse_config, read_config_bytes
 from .config_schema import (
     SOURCE_KEY,
@@ -381,10 +381,7 @@ class ConfiguredCommand(HelpCommand):
 def check_given(spec: OptionSpec, value: Any) -> None:
     """A command-line value in its option's range: ``--seed -5: expected a whole number from 0 to ...``."""
     if spec.kind in ("int", "float"):
-        try:
-            check_number(value, spec.bounds, whole=spec.kind == "int")
-        except OutOfRange as exc:
-            raise TempcalError(f"--{spec.key} {shown_value(value, quote=False)}: expected {exc.expected}") from None
+        check_option(f"--{spec.key}", value, spec.bounds or Bounds(), whole=spec.kind == "int")
     elif spec.value_type is not None and spec.value_type.check is not None:
         spec.value_type.check(value)
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 
 from ..errors import TempcalError
+from ..requests import FitRequest, Outputs, Texts
+from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .lm import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
@@ -64,7 +68,7 @@ from .options import (
     check_lm_eval_norm,
     is_model_source,
     parse_estimators,
-    source_options,
+    reading_options,
 )
 
 
@@ -123,31 +127,49 @@ def fit(
 ) -> None:
     """Fit one temperature T (the NLL's minimum, certified in a few reads of the data), report calibration before and
     after, write T back."""
-    folds, split, eval_file = _cross_fitting(ctx, folds, val_fraction, eval_file, group_by, group_prior)
-    source = lm_source(ctx, source, values=locals())
-    is_model = _check_writes(source, inputs=inputs, output=output, no_write=no_write, max_ece=max_ece, probs=probs,
-                             save_model=save_model, save_logits=save_logits, output_key=output_key,
-                             lm_eval_norm=lm_eval_norm)
-    _check_paths(ctx, source, eval_file, is_model, locals())
+    reading = SourceOptions(
+        logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index, inputs=inputs,
+        inputs_key=inputs_key, batch_size=batch_size, output_key=output_key, device=device, head=head,
+        hidden_key=hidden_key, head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap,
+        lm_eval_norm=lm_eval_norm.value, lm=lm, text_field=text_field, max_length=max_length,
+        batch_tokens=batch_tokens, device_map=device_map, spill_dir=spill_dir)
+    outputs = Outputs(json_out=json_out, plot=plot, html=html, markdown=markdown, quiet=quiet, output=output,
+                      no_write=no_write, save_model=save_model, save_logits=save_logits, save_hidden=save_hidden,
+                      write_generation_config=write_generation_config)
+    _fit(ctx, FitRequest(
+        source=source, reading=reading, outputs=outputs, texts=Texts(text=text), chunk_rows=chunk_rows,
+        eval_file=eval_file, val_fraction=val_fraction, folds=folds, group_by=group_by, group_prior=group_prior,
+        seed=seed, objective=objective.value, bins=bins, max_ece=max_ece, estimators=estimators,
+        bootstrap=bootstrap, conformal_alpha=conformal_alpha))
+
+
+def _fit(ctx: typer.Context, request: FitRequest) -> None:
+    """The command, from its request: the checks before any work, the fit, the write-back and the outputs."""
+    request = _cross_fitting(ctx, request)
+    source = lm_source(ctx, request)
+    is_model = _check_writes(source, request)
+    _check_paths(ctx, source, is_model, request)
 
     from ..output.console import print_fit
     from ..output.markdown import fit_markdown
     from ..workflows.fit import fit_file
 
-    device = start(device)
-    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    report = fit_file(source, eval_file=eval_file, val_fraction=split, seed=seed, objective=objective.value,
-                      bins=bins, device=device, chunk_rows=chunk_rows, estimators=parse_estimators(estimators),
-                      bootstrap=bootstrap, conformal_alpha=conformal_alpha or (), folds=folds, group_by=group_by,
-                      group_prior=group_prior, options=options, progress=progress_line("fitting T", options.progress))
+    device = start(request.reading.device)
+    options = reading_options(request.reading, device=device, progress=request.outputs.progress)
+    report = fit_file(source, eval_file=request.eval_file, val_fraction=request.split, seed=request.seed,
+                      objective=request.objective, bins=request.bins, device=device, chunk_rows=request.chunk_rows,
+                      estimators=parse_estimators(request.estimators), bootstrap=request.bootstrap,
+                      conformal_alpha=request.conformal_alpha or (), folds=request.folds, group_by=request.group_by,
+                      group_prior=request.group_prior, options=options,
+                      progress=progress_line("fitting T", options.progress))
+    max_ece, outputs = request.max_ece, request.outputs
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
-    report.warnings.extend(sampling_notes(lm, write_generation_config))
-    values = locals()
-    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, values, written),
-            payload=lambda: _payload(report, values, written),
-            render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report), json_out=json_out,
-            quiet=quiet, html=html,
+    report.warnings.extend(sampling_notes(request.reading.lm, outputs.write_generation_config))
+    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, is_model, written),
+            payload=lambda: _payload(report, request, gate_failed, written),
+            render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
+            json_out=outputs.json_out, quiet=outputs.quiet, html=outputs.html,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 
@@ -162,21 +184,21 @@ def _wrote(report, written: list[str]) -> list[str]:
     return lines
 
 
-def _cross_fitting(ctx: typer.Context, folds: int | None, val_fraction: float, eval_file: str | None,
-                   group_by: str | None, group_prior: float | None) -> tuple[int | None, float | None, str | None]:
+def _cross_fitting(ctx: typer.Context, request: FitRequest) -> FitRequest:
     """``--folds`` against ``--val-fraction`` and ``--eval``: on the command line together, or in the configuration
-    file together, they are refused; across the two, the command line wins. Returns folds, the split (None: the
-    default) and the evaluation file. ``--group-prior`` needs ``--group-by``."""
-    if group_prior is not None and group_by is None:
+    file together, they are refused; across the two, the command line wins. Returns the request with its folds, its
+    split (None: the default) and its evaluation file settled. ``--group-prior`` needs ``--group-by``."""
+    if request.group_prior is not None and request.group_by is None:
         raise TempcalError("--group-prior weighs the per-group fits of --group-by KEY; give --group-by too")
     def given(name: str) -> str | None:
         source = ctx.get_parameter_source(name)
         kind = getattr(source, "name", "")
         return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
 
-    split = val_fraction if given("val_fraction") else None
-    if folds is None:
-        return None, split, eval_file
+    split = request.val_fraction if given("val_fraction") else None
+    eval_file = request.eval_file
+    if request.folds is None:
+        return replace(request, split=split)
     for name, flag, value in (("val_fraction", "--val-fraction", split), ("eval_file", "--eval", eval_file)):
         if value is None:
             continue
@@ -185,92 +207,92 @@ def _cross_fitting(ctx: typer.Context, folds: int | None, val_fraction: float, e
             raise TempcalError(f"--folds K fits and reports on every row of SOURCE, out of fold; {flag} splits it "
                                f"otherwise: give one or the other{where}")
         if given("folds") == "file":
-            return None, split, eval_file  # the command line's split wins over the file's folds
+            return replace(request, folds=None, split=split, eval_file=eval_file)  # the command line wins
         split, eval_file = (None, eval_file) if name == "val_fraction" else (split, None)
-    return folds, split, eval_file
+    return replace(request, split=split, eval_file=eval_file)
 
 
-def _check_writes(source: list[str], *, inputs: str | None, output: str | None, no_write: bool,
-                  max_ece: float | None, probs: bool | None, save_model: str | None, save_logits: str | None,
-                  output_key: str | None, lm_eval_norm: LmEvalNorm) -> bool:
+def _check_writes(source: list[str], request: FitRequest) -> bool:
     """Refuse contradictory options before any file is read; whether SOURCE is a model."""
-    check_lm_eval_norm(source, lm_eval_norm)
-    if no_write and output is not None:
+    outputs = request.outputs
+    check_lm_eval_norm(source, request.reading.lm_eval_norm)
+    if outputs.no_write and outputs.output is not None:
         raise TempcalError("--output and --no-write contradict each other")
-    if output is not None and (len(source) > 1 or any(ch in source[0] for ch in "*?[")):
+    if outputs.output is not None and (len(source) > 1 or any(ch in source[0] for ch in "*?[")):
         raise TempcalError("--output takes a single SOURCE file; shards get T written into each of them")
-    if max_ece is not None and not max_ece >= 0:
-        raise TempcalError(f"--max-ece must be a number >= 0, got {max_ece}")
-    is_model = is_model_source(source, inputs, {"--save-model": save_model, "--save-logits": save_logits,
-                                                "--output-key": output_key})
-    if is_model and output is not None:
+    is_model = is_model_source(source, request.reading.inputs, {"--save-model": outputs.save_model,
+                                                                "--save-logits": outputs.save_logits,
+                                                                "--output-key": request.reading.output_key})
+    if is_model and outputs.output is not None:
         raise TempcalError("--output writes a logits file; for a model SOURCE use --save-model PATH "
                            "(and --save-logits PATH)")
-    if is_model and probs:
+    if is_model and request.reading.probs:
         raise TempcalError("--probs applies to logits files, not to a model SOURCE")
-    if is_model and save_model is not None:
+    if is_model and outputs.save_model is not None:
         from ..models.detect import save_format
 
-        save_format(source[0], save_model)  # a format that cannot be written from SOURCE's: refused before any work
+        save_format(source[0], outputs.save_model)  # a format that cannot be written from SOURCE's: refused early
     return is_model
 
 
-def _check_paths(ctx: typer.Context, source: list[str], eval_file: str | None, is_model: bool, values: dict) -> None:
+def _check_paths(ctx: typer.Context, source: list[str], is_model: bool, request: FitRequest) -> None:
     """Every path the command writes or reads, checked before any work (see :func:`check_paths`)."""
-    no_write, output, lm = values["no_write"], values["output"], values["lm"]
-    check_paths(ctx, {"--json": values["json_out"], "--plot": values["plot"], "--html": values["html"],
-                      "--markdown": values["markdown"], "--save-model": values["save_model"],
-                      "--save-logits": values["save_logits"], **_record_outputs(values)},
-                {"SOURCE": source, "--eval": eval_file, "--inputs": values["inputs"], "--head": values["head"],
-                 "--lm": values["lm"]},
-                write_back=None if no_write or output is not None or is_model or lm else source)
+    outputs, lm = request.outputs, request.reading.lm
+    check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
+                      "--markdown": outputs.markdown, "--save-model": outputs.save_model,
+                      "--save-logits": outputs.save_logits, **_record_outputs(request)},
+                {"SOURCE": source, "--eval": request.eval_file, "--inputs": request.reading.inputs,
+                 "--head": request.reading.head, "--lm": lm},
+                write_back=None if outputs.no_write or outputs.output is not None or is_model or lm else source)
 
 
-def _record_outputs(values: dict) -> dict[str, str | None]:
+def _record_outputs(request: FitRequest) -> dict[str, str | None]:
     """Where T goes, to check before any work: ``--output`` (and its sidecar), or, with --lm, MODEL's files."""
-    lm, output = values["lm"], values["output"]
+    lm, outputs = request.reading.lm, request.outputs
     if lm is None:
-        return {"--output": output, **_copy_sidecar(output)}
-    return lm_outputs(lm, record=not values["no_write"], output=output,
-                      generation=values["write_generation_config"], save_hidden=values["save_hidden"])
+        return {"--output": outputs.output, **_copy_sidecar(outputs.output)}
+    return lm_outputs(lm, record=not outputs.no_write, output=outputs.output,
+                      generation=outputs.write_generation_config, save_hidden=outputs.save_hidden)
 
 
-def _payload(report, values: dict, written: list[str]) -> dict:
+def _payload(report, request: FitRequest, gate_failed: bool, written: list[str]) -> dict:
     """The JSON: the report, the files that hold T, the gate, and with --lm the model and its texts."""
     out = report.to_json()
-    max_ece = values["max_ece"]
+    max_ece = request.max_ece
     out.update(written=", ".join(written) or None, max_ece=max_ece,
-               gate_passed=None if max_ece is None else not values["gate_failed"],
-               **lm_json(report.opened, values["lm"]))
+               gate_passed=None if max_ece is None else not gate_failed,
+               **lm_json(report.opened, request.reading.lm))
     return out
 
 
-def _write(report, values: dict, written: list[str]) -> list[str]:
+def _write(report, request: FitRequest, is_model: bool, written: list[str]) -> list[str]:
     """Write T back (or, with --lm, into MODEL's record) and the files asked for; the lines saying so. ``written``
     gains the files that now hold T."""
     from ..output.files import write_fit_files
     from ..workflows.fit import write_back
 
-    if values["lm"] is not None:
-        lines = _write_lm(report, values, written)
+    outputs = request.outputs
+    if request.reading.lm is not None:
+        lines = _write_lm(report, request, written)
     else:
-        written.extend(write_back(report, output=values["output"], save_model=values["save_model"],
-                                  save_logits=values["save_logits"], store=not values["no_write"]))
+        written.extend(write_back(report, output=outputs.output, save_model=outputs.save_model,
+                                  save_logits=outputs.save_logits, store=not outputs.no_write))
         lines = _wrote(report, written)
-        if values["is_model"] and values["save_logits"]:
-            lines.append(f"wrote the logits to {values['save_logits']}")
-    return lines + write_fit_files(report, plot=values["plot"], markdown=values["markdown"])
+        if is_model and outputs.save_logits:
+            lines.append(f"wrote the logits to {outputs.save_logits}")
+    return lines + write_fit_files(report, plot=outputs.plot, markdown=outputs.markdown)
 
 
-def _write_lm(report, values: dict, written: list[str]) -> list[str]:
+def _write_lm(report, request: FitRequest, written: list[str]) -> list[str]:
     """--lm's write-back (the record, generation_config.json, --save-hidden); ``written`` gains the files holding T."""
     from ..workflows.lm import write_lm_back
 
-    settings = lm_settings(command="fit", val_fraction=values["val_fraction"], seed=values["seed"],
-                           objective=values["objective"], bins=values["bins"], eval=values["eval_file"],
+    outputs = request.outputs
+    settings = lm_settings(command="fit", val_fraction=request.val_fraction, seed=request.seed,
+                           objective=request.objective, bins=request.bins, eval=request.eval_file,
                            device=report.device)
-    holding, lines = write_lm_back(report, output=values["output"], store=not values["no_write"],
-                                   generation=values["write_generation_config"], save_hidden=values["save_hidden"],
+    holding, lines = write_lm_back(report, output=outputs.output, store=not outputs.no_write,
+                                   generation=outputs.write_generation_config, save_hidden=outputs.save_hidden,
                                    settings=settings)
     written.extend(holding)
     return lines

@@ -150,19 +150,11 @@ def resolve(topic: str) -> str:
     raise TempcalError(f"unknown help topic '{topic}'; the topics are {', '.join([*COMMANDS, *TOPICS])}")
 
 
-def _group(ctx: Any) -> tuple[Any, Any]:
-    """The ``tempcal`` group and its context (a bare one when the command runs on its own)."""
-    if ctx.parent is not None:
-        return ctx.parent.command, ctx.parent
-    from .main import app
-
-    group = typer.main.get_command(app)
-    return group, group.make_context("tempcal", [], resilient_parsing=True)
-
-
 def _command_context(ctx: Any, name: str) -> tuple[Any, Any]:
-    group, parent = _group(ctx)
-    command = group.get_command(parent, name)
+    """The ``tempcal`` command ``name`` and its context. ``help`` runs only as the group's command (it is served by
+    ``TempcalGroup.get_command``), so the group is ``ctx.parent``'s."""
+    parent = ctx.parent
+    command = parent.command.get_command(parent, name)
     return command, command.context_class(command, info_name=name, parent=parent)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from ..requests import Outputs
+from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver
@@ -29,7 +31,7 @@ from .options import (
     Softcap,
     Source,
     check_lm_eval_norm,
-    source_options,
+    reading_options,
 )
 
 
@@ -61,14 +63,18 @@ def inspect(
 
     The first command to run on an unknown file; nothing in it is refused that can be shown.
     """
-    check_lm_eval_norm(source, lm_eval_norm)
+    check_lm_eval_norm(source, lm_eval_norm.value)
     check_paths(ctx, {"--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..errors import for_cli
     from ..output.inspect import print_inspect
     from ..workflows.inspect import inspect_file
 
-    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
+    reading = SourceOptions(
+        logits_key=logits_key, labels_key=labels_key, ignore_index=ignore_index, inputs=inputs, inputs_key=inputs_key,
+        batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
+        head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value)
+    options = reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
     report = inspect_file(source[0] if len(source) == 1 else source, options=options)
 
     def payload() -> dict:

@@ -11,26 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
+from ..requests import Request
 
 #: ``tempcal.json`` and ``generation_config.json``, as :mod:`tempcal.io.lm_record` names them (no import there).
 RECORD_NAME, GENERATION_NAME = "tempcal.json", "generation_config.json"
 
 
-#: The options that need ``--lm`` (parameter name -> flag), and the value each has when not given.
-LM_ONLY = {"text_field": ("--text-field", "text"), "max_length": ("--max-length", None),
-           "batch_tokens": ("--batch-tokens", None), "device_map": ("--device-map", None),
-           "save_hidden": ("--save-hidden", None), "spill_dir": ("--spill-dir", None),
-           "write_generation_config": ("--write-generation-config", False), "ood_text": ("--ood-text", None)}
-
-
-def lm_source(ctx: Any, source: list[str] | None, *, values: dict[str, Any]) -> list[str]:
-    """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. ``values`` are the command's parameters: the
-    options that need ``--lm`` are refused without it, and contradictory writes with it."""
-    lm, text = values["lm"], values["text"]
-    check_lm_writes(lm=lm, no_write=values.get("no_write", False),
-                    write_generation_config=values.get("write_generation_config", False),
-                    save_hidden=values.get("save_hidden"), output=values.get("output"))
-    given = [flag for name, (flag, unset) in LM_ONLY.items() if values.get(name, unset) not in (unset, None, [])]
+def lm_source(ctx: Any, request: Request) -> list[str]:
+    """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. The options that need ``--lm`` are refused
+    without it, and contradictory writes with it."""
+    lm, text, outputs, source = request.reading.lm, request.texts.text, request.outputs, request.source
+    check_lm_writes(lm=lm, no_write=outputs.no_write, write_generation_config=outputs.write_generation_config,
+                    save_hidden=outputs.save_hidden, output=outputs.output)
+    given = lm_only_given(request)
     if lm is None:
         if text is not None or given:
             flags = (["--text"] if text is not None else []) + given
@@ -46,13 +39,24 @@ def lm_source(ctx: Any, source: list[str] | None, *, values: dict[str, Any]) -> 
         return source
     if source and _from_command_line(ctx, "source"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
-    from ..models.hf_folder import check_model_folder
+    from ..io.hf_folder import check_model_folder
 
     check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
     if text is None:
         raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
                            ".jsonl)")
     return [text]
+
+
+def lm_only_given(request: Request) -> list[str]:
+    """The options that need ``--lm`` that were given (set to other than the value each has when not given)."""
+    reading, outputs = request.reading, request.outputs
+    options = (("--text-field", reading.text_field, "text"), ("--max-length", reading.max_length, None),
+               ("--batch-tokens", reading.batch_tokens, None), ("--device-map", reading.device_map, None),
+               ("--save-hidden", outputs.save_hidden, None), ("--spill-dir", reading.spill_dir, None),
+               ("--write-generation-config", outputs.write_generation_config, False),
+               ("--ood-text", request.texts.ood_text, None))
+    return [flag for flag, value, unset in options if value not in (unset, None, [])]
 
 
 def _from_command_line(ctx: Any, name: str) -> bool:
@@ -118,5 +122,5 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
     return {key: getattr(value, "value", value) for key, value in settings.items()}
 
 
-__all__ = ["LM_ONLY", "check_lm_writes", "kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source",
+__all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_only_given", "lm_outputs", "lm_settings", "lm_source",
            "sampling_notes"]

@@ -208,9 +208,9 @@ def start(device: str) -> str:
 
 
 def progress_line(description: str, enabled: Any) -> Any:
-    """The delayed progress line on standard error (:class:`tempcal.output.progress.Progress`, not yet started) that a
+    """The delayed progress line on standard error (:class:`tempcal.progress.Progress`, not yet started) that a
     command hands to its workflow, which imports no output module; ``enabled`` as the sources' ``progress``."""
-    from ..output.progress import Progress
+    from ..progress import Progress
 
     return Progress(description, enabled=enabled)
 

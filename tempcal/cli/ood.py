@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
+from ..requests import OodRequest, Outputs, Texts
+from ..sources.base import SourceOptions
 from .config import ConfiguredCommand
 from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
@@ -59,7 +61,7 @@ from .options import (
     TextField,
     check_lm_eval_norm,
     is_model_source,
-    source_options,
+    reading_options,
 )
 
 
@@ -125,22 +127,41 @@ def ood(
 
     Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE.
     """
-    source, scores, others = _checked(ctx, locals())
+    reading = SourceOptions(
+        logits_key=logits_key, labels_key=labels_key, probs=probs, inputs=inputs, inputs_key=inputs_key,
+        batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
+        head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
+        react=react, lm=lm, text_field=text_field, max_length=max_length, batch_tokens=batch_tokens,
+        device_map=device_map, spill_dir=spill_dir)
+    outputs = Outputs(json_out=json_out, plot=plot, html=html, markdown=markdown, quiet=quiet, scores=scores_out,
+                      save_hidden=save_hidden)
+    _ood(ctx, OodRequest(
+        source=source, reading=reading, outputs=outputs, texts=Texts(text=text, ood_text=ood_text),
+        chunk_rows=chunk_rows, ood_files=ood_files, ood_inputs=ood_inputs, taus=tau, score=score, gen_gamma=gen_gamma,
+        gen_top=gen_top, odin_eps=odin_eps, min_auroc=min_auroc, max_fpr95=max_fpr95, bootstrap=bootstrap,
+        seed=seed, group_by=group_by))
+
+
+def _ood(ctx: typer.Context, request: OodRequest) -> None:
+    """The command, from its request: the checks before any work, the scores, the outputs, the gate."""
+    source, scores, others = _checked(ctx, request)
 
     from ..output.console import print_ood
     from ..output.markdown import ood_markdown
     from ..workflows.ood import ood_file
 
-    device = start(device)
-    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    report = ood_file(source[0] if len(source) == 1 else source, others, taus=tau, scores=scores, device=device,
-                      chunk_rows=chunk_rows, gen_gamma=gen_gamma, gen_top=gen_top, bootstrap=bootstrap, seed=seed,
-                      min_auroc=min_auroc, max_fpr95=max_fpr95, odin_eps=odin_eps, group_by=group_by, options=options)
-    warned = _with_caveats(report, shown=json_out != "-" and not quiet)
-    values = locals()
-    deliver(ctx, warnings=warned, write=lambda: _write(report, values),
-            payload=lambda: _payload(report, values), render=lambda out: print_ood(report, out),
-            summary=lambda: ood_markdown(report), json_out=json_out, quiet=quiet, html=html,
+    outputs = request.outputs
+    device = start(request.reading.device)
+    options = reading_options(request.reading, device=device, progress=outputs.progress)
+    report = ood_file(source[0] if len(source) == 1 else source, others, taus=request.taus, scores=scores,
+                      device=device, chunk_rows=request.chunk_rows, gen_gamma=request.gen_gamma,
+                      gen_top=request.gen_top, bootstrap=request.bootstrap, seed=request.seed,
+                      min_auroc=request.min_auroc, max_fpr95=request.max_fpr95, odin_eps=request.odin_eps,
+                      group_by=request.group_by, options=options)
+    warned = _with_caveats(report, shown=outputs.progress)
+    deliver(ctx, warnings=warned, write=lambda: _write(report, request),
+            payload=lambda: _payload(report, request), render=lambda out: print_ood(report, out),
+            summary=lambda: ood_markdown(report), json_out=outputs.json_out, quiet=outputs.quiet, html=outputs.html,
             gate=gate_message(report))
 
 
@@ -155,42 +176,43 @@ def _with_caveats(report, *, shown: bool) -> list[str]:
     return [message for message in report.warnings if not (shown and message in notes)]
 
 
-def _checked(ctx, values: dict) -> tuple[list[str], list[str], list[str]]:
+def _checked(ctx, request: OodRequest) -> tuple[list[str], list[str], list[str]]:
     """Before any work: SOURCE (with --lm, the --text file), the scores, the OOD sets, every path; what they are."""
     from ..scores import score_names
 
-    source = lm_source(ctx, values["source"], values=values)
-    scores = score_names(values["score"])
-    ood_files, ood_inputs, ood_text = values["ood_files"], values["ood_inputs"], values["ood_text"]
-    others = _ood_sets(source, values["inputs"], ood_files, ood_inputs, values["odin_eps"], values["output_key"],
-                       lm=values["lm"], ood_text=ood_text)
-    check_lm_eval_norm(source, values["lm_eval_norm"])
-    check_paths(ctx, {"--json": values["json_out"], "--scores": values["scores_out"], "--plot": values["plot"],
-                      "--html": values["html"], "--markdown": values["markdown"],
-                      **lm_outputs(values["lm"], record=False, save_hidden=values["save_hidden"])},
-                {"SOURCE": source, "--ood": ood_files, "--inputs": values["inputs"], "--ood-inputs": ood_inputs,
-                 "--head": values["head"], "--ood-text": ood_text, "--lm": values["lm"]})
+    reading, outputs = request.reading, request.outputs
+    source = lm_source(ctx, request)
+    scores = score_names(request.score)
+    ood_files, ood_inputs, ood_text = request.ood_files, request.ood_inputs, request.texts.ood_text
+    others = _ood_sets(source, reading.inputs, ood_files, ood_inputs, request.odin_eps, reading.output_key,
+                       lm=reading.lm, ood_text=ood_text)
+    check_lm_eval_norm(source, reading.lm_eval_norm)
+    check_paths(ctx, {"--json": outputs.json_out, "--scores": outputs.scores, "--plot": outputs.plot,
+                      "--html": outputs.html, "--markdown": outputs.markdown,
+                      **lm_outputs(reading.lm, record=False, save_hidden=outputs.save_hidden)},
+                {"SOURCE": source, "--ood": ood_files, "--inputs": reading.inputs, "--ood-inputs": ood_inputs,
+                 "--head": reading.head, "--ood-text": ood_text, "--lm": reading.lm})
     return source, scores, others
 
 
-def _write(report, values: dict) -> list[str]:
+def _write(report, request: OodRequest) -> list[str]:
     """The files asked for (``--save-hidden``, ``--scores``, ``--plot``, ``--markdown``); the lines saying so."""
     from ..output.files import write_ood_files
 
-    kept = kept_hidden(report.opened, values["save_hidden"]) if values["lm"] else []
-    return kept + write_ood_files(report, scores=values["scores_out"], plot=values["plot"],
-                                  markdown=values["markdown"])
+    outputs = request.outputs
+    kept = kept_hidden(report.opened, outputs.save_hidden) if request.reading.lm else []
+    return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 
-def _payload(report, values: dict) -> dict:
+def _payload(report, request: OodRequest) -> dict:
     out = report.to_json()
-    out.update(scores_file=values["scores_out"], plot=values["plot"], markdown=values["markdown"],
-               odin_eps=values["odin_eps"])
-    return {**out, **lm_json(report.opened, values["lm"])}
+    outputs = request.outputs
+    out.update(scores_file=outputs.scores, plot=outputs.plot, markdown=outputs.markdown, odin_eps=request.odin_eps)
+    return {**out, **lm_json(report.opened, request.reading.lm)}
 
 
 def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None, ood_inputs: list[str] | None,
-              odin_eps: float | None, output_key: str | None, *, lm: str | None = None,
+              odin_eps: float | None, output_key: str | int | None, *, lm: str | None = None,
               ood_text: list[str] | None = None) -> list[str]:
     """The OOD sets: logits files (``--ood``), inputs files for a model SOURCE (``--ood-inputs``), or texts for
     ``--lm`` (``--ood-text``), after refusing options that do not fit."""

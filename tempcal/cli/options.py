@@ -6,13 +6,29 @@ Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
 from __future__ import annotations
 
 from enum import Enum
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
 from ..errors import TempcalError
-from ..validation import MAX_BINS, MAX_RESAMPLES, Bounds, OutOfRange, check_taus, is_fitted, temperature_number
+from ..validation import (
+    FRACTION,
+    MAX_BINS,
+    MAX_RESAMPLES,
+    MISCOVERAGE,
+    NON_NEGATIVE,
+    PERCENTILE,
+    POSITIVE,
+    UNIT,
+    OutOfRange,
+    check_taus,
+    is_fitted,
+    temperature_number,
+)
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
+
+if TYPE_CHECKING:
+    from ..sources.base import SourceOptions
 
 
 class Objective(str, Enum):
@@ -26,12 +42,6 @@ class LmEvalNorm(str, Enum):
     bytes = "bytes"
 
 
-#: Open-ended ranges, which ``typer.Option(min=, max=)`` cannot say; checked before any file is read.
-POSITIVE = Bounds(0, low_open=True)
-FRACTION = Bounds(0, 1, low_open=True)
-UNIT = Bounds(0, 1)
-NON_NEGATIVE = Bounds(0)
-PERCENTILE = Bounds(0, 100, low_open=True)
 
 
 def configured_tau(value: Any) -> str:
@@ -123,12 +133,12 @@ MaxEce = Annotated[Optional[float], typer.Option("--max-ece", metavar="X", min=0
 ConformalAlpha = Annotated[Optional[list[float]], typer.Option(
     "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal sets (LAC, APS) at miscoverage A "
     "(0 < A < 1; repeatable): coverage and mean set size at T = 1 and at the fitted T (one more read)."),
-    Bounds(0, 1, low_open=True, high_open=True)]
+    MISCOVERAGE]
 ReportConformalAlpha = Annotated[Optional[list[float]], typer.Option(
     "--conformal-alpha", metavar="A", rich_help_panel="Metrics", help="Conformal sets (LAC, APS) at miscoverage A "
     "(0 < A < 1; repeatable) at every tau: coverage and mean set size, thresholds from the stored split's fitting "
     "rows, else a seeded half (one more read)."),
-    Bounds(0, 1, low_open=True, high_open=True)]
+    MISCOVERAGE]
 SaveModel = Annotated[Optional[str], typer.Option(
     "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
     "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt, .pth, .ts, "
@@ -259,23 +269,15 @@ NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configurati
                                         rich_help_panel="Configuration"), NOT_CONFIGURABLE]
 
 
-def source_options(values: dict[str, Any], **overrides: Any) -> Any:
-    """The options of every kind of SOURCE, as the API takes them, from a command's parameter ``values``
-    (``locals()``: the ones named like ``SourceOptions`` fields are taken, choices by their value) and
-    ``overrides``."""
-    from dataclasses import fields
-
-    from ..sources.base import SourceOptions
-
-    chosen = {f.name: values[f.name] for f in fields(SourceOptions) if f.name in values}
-    chosen.update({name: value.value for name, value in chosen.items() if isinstance(value, Enum)})
-    chosen.update(overrides)
-    if chosen.get("head") is None and chosen.get("softcap") is not None:
+def reading_options(reading: SourceOptions, *, device: str, progress: Any) -> SourceOptions:
+    """How a command reads its SOURCE: ``reading`` on the ``device`` it computes on, with ``progress`` (True, False or
+    a console), after refusing ``--softcap`` without ``--head`` and ``--head`` with a model's ``--inputs``."""
+    if reading.head is None and reading.softcap is not None:
         raise TempcalError("--softcap applies to logits computed with --head")
-    if chosen.get("head") is not None and chosen.get("inputs") is not None:
+    if reading.head is not None and reading.inputs is not None:
         raise TempcalError("--head computes logits from hidden states; a model SOURCE with --inputs computes them "
                            "itself: give one or the other")
-    return SourceOptions(**chosen)
+    return reading.but(device=device, progress=progress)
 
 
 def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:
@@ -291,13 +293,13 @@ def is_model_source(source: list[str], inputs: str | None, model_only: dict[str,
     return model
 
 
-def check_lm_eval_norm(source: list[str], norm: LmEvalNorm) -> None:
+def check_lm_eval_norm(source: list[str], norm: str) -> None:
     """``--lm-eval-norm`` chars or bytes only with an lm-evaluation-harness log SOURCE (never silently ignored)."""
     from ..sources.lm_eval import is_lm_eval_log
 
-    if norm is not LmEvalNorm.none and not all(is_lm_eval_log(name) for name in source):
+    if norm != LmEvalNorm.none.value and not all(is_lm_eval_log(name) for name in source):
         other = next(name for name in source if not is_lm_eval_log(name))
-        raise TempcalError(f"--lm-eval-norm {norm.value} applies to lm-evaluation-harness sample logs "
+        raise TempcalError(f"--lm-eval-norm {norm} applies to lm-evaluation-harness sample logs "
                            f"(samples_*.jsonl or .jsonl.gz), not to {other}")
 
 
@@ -390,5 +392,5 @@ __all__ = [
     "configured_tau",
     "is_model_source",
     "parse_estimators",
-    "source_options",
+    "reading_options",
 ]

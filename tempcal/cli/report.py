@@ -8,7 +8,9 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
-from ..validation import IGNORE_INDEX, check_taus
+from ..requests import Outputs, ReportRequest, Texts
+from ..sources.base import SourceOptions
+from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
@@ -58,7 +60,7 @@ from .options import (
     check_lm_eval_norm,
     is_model_source,
     parse_estimators,
-    source_options,
+    reading_options,
 )
 
 #: Memory per reliability bin and temperature: its sums, and its entry in the results and the JSON.
@@ -132,15 +134,33 @@ def report(
 
     Without --tau: the T stored with SOURCE (with --lm: MODEL/tempcal.json's), else 1.
     """
-    source = lm_source(ctx, source, values=locals())
-    taus: list[float | str] = list(tau or [])
-    check_taus(taus)  # numbers are checked before any file is read
-    grid = parse_sweep(sweep) if sweep else []
-    is_model = is_model_source(source, inputs, {"--save-logits": save_logits, "--output-key": output_key})
-    check_lm_eval_norm(source, lm_eval_norm)
-    check_paths(ctx, {"--json": json_out, "--plot": plot, "--html": html, "--markdown": markdown,
-                      "--save-logits": save_logits, **lm_outputs(lm, record=False, save_hidden=save_hidden)},
-                {"SOURCE": source, "--inputs": inputs, "--head": head, "--lm": lm})
+    reading = SourceOptions(
+        logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index, inputs=inputs,
+        inputs_key=inputs_key, batch_size=batch_size, output_key=output_key, device=device, head=head,
+        hidden_key=hidden_key, head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap,
+        lm_eval_norm=lm_eval_norm.value, lm=lm, text_field=text_field, max_length=max_length,
+        batch_tokens=batch_tokens, device_map=device_map, spill_dir=spill_dir)
+    outputs = Outputs(json_out=json_out, plot=plot, html=html, markdown=markdown, quiet=quiet, save_logits=save_logits,
+                      save_hidden=save_hidden)
+    _report(ctx, ReportRequest(
+        source=source, reading=reading, outputs=outputs, texts=Texts(text=text), chunk_rows=chunk_rows, taus=tau,
+        sweep=sweep, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed, group_by=group_by,
+        eval_rows=eval_rows, conformal_alpha=conformal_alpha))
+
+
+def _report(ctx: typer.Context, request: ReportRequest) -> None:
+    """The command, from its request: the checks before any work, the figures, the outputs."""
+    source = lm_source(ctx, request)
+    taus: list[float | str] = list(request.taus or [])
+    grid = parse_sweep(request.sweep) if request.sweep else []
+    reading, outputs = request.reading, request.outputs
+    is_model = is_model_source(source, reading.inputs, {"--save-logits": outputs.save_logits,
+                                                        "--output-key": reading.output_key})
+    check_lm_eval_norm(source, reading.lm_eval_norm)
+    check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
+                      "--markdown": outputs.markdown, "--save-logits": outputs.save_logits,
+                      **lm_outputs(reading.lm, record=False, save_hidden=outputs.save_hidden)},
+                {"SOURCE": source, "--inputs": reading.inputs, "--head": reading.head, "--lm": reading.lm})
 
     from ..core.limits import check_fits
     from ..output.console import print_report
@@ -148,30 +168,30 @@ def report(
     from ..workflows.report import report_file
 
     # every bin is kept, and listed in the output, at every temperature
-    temperatures = len(taus) + len(grid) + 1
+    bins, temperatures = request.bins, len(taus) + len(grid) + 1
     check_fits("bins", bins, BIN_BYTES * temperatures, "cpu", f"{bins} bins at up to {temperatures} temperatures")
-    device = start(device)
-    options = source_options(locals(), device=device, progress=json_out != "-" and not quiet)
-    result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=chunk_rows,
-                         estimators=parse_estimators(estimators), bootstrap=bootstrap, seed=seed, group_by=group_by,
-                         eval_rows=eval_rows, conformal_alpha=conformal_alpha or (), options=options)
+    device = start(reading.device)
+    options = reading_options(reading, device=device, progress=outputs.progress)
+    result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=request.chunk_rows,
+                         estimators=parse_estimators(request.estimators), bootstrap=request.bootstrap,
+                         seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,
+                         conformal_alpha=request.conformal_alpha or (), options=options)
 
-    values = locals()
-    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, values),
+    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, outputs, is_model),
             render=lambda out: print_report(result, out),
-            payload=lambda: {**result.to_json(), **lm_json(result.opened, lm)}, summary=lambda: report_markdown(result),
-            json_out=json_out, quiet=quiet, html=html)
+            payload=lambda: {**result.to_json(), **lm_json(result.opened, reading.lm)},
+            summary=lambda: report_markdown(result), json_out=outputs.json_out, quiet=outputs.quiet,
+            html=outputs.html)
 
 
-
-def _write(result, values: dict) -> list[str]:
+def _write(result, outputs: Outputs, is_model: bool) -> list[str]:
     """The files asked for (--save-hidden, --save-logits, --plot, --markdown); the lines saying so."""
     from ..output.files import write_report_files
 
-    lines = kept_hidden(result.opened, values["save_hidden"])
-    if values["is_model"] and values["save_logits"]:
+    lines = kept_hidden(result.opened, outputs.save_hidden)
+    if is_model and outputs.save_logits:
         from ..models.save import save_logits as write_logits
 
-        kept = write_logits(result.opened.data, values["save_logits"], temperature=result.stored_temperature)
+        kept = write_logits(result.opened.data, outputs.save_logits, temperature=result.stored_temperature)
         lines.append(f"wrote the logits to {kept}")
-    return lines + write_report_files(result, plot=values["plot"], markdown=values["markdown"])
+    return lines + write_report_files(result, plot=outputs.plot, markdown=outputs.markdown)

@@ -10,6 +10,9 @@ import torch
 
 from ..validation import check_bins
 
+#: The bins of every binned figure unless ``--bins`` (or ``bins=``) says otherwise.
+DEFAULT_BINS = 15
+
 
 def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); bins checked first."""
@@ -21,4 +24,4 @@ def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
     return (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, edges.numel() - 2)
 
 
-__all__ = ["bin_edges", "bin_index"]
+__all__ = ["DEFAULT_BINS", "bin_edges", "bin_index"]

@@ -98,8 +98,9 @@ class CellCalibration:
 
 
 def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, groups: torch.Tensor,
-                     num_groups: int, bins: int, *, keep_rows: bool = False) -> CellCalibration:
-    """One pass: calibration sums per slot and report group, each row at its cell's beta of each slot.
+                     num_groups: int, bins: int) -> CellCalibration:
+    """One pass: calibration sums per slot and report group, each row at its cell's beta of each slot, and every
+    row's confidence, NLL and correctness for the figures that rank a subset's rows.
 
     ``betas`` ``[slots, cells]``; ``cells`` and ``groups`` (the report group of each of this process's rows,
     ``0..num_groups-1``) are int64 per row. The figures are :meth:`Scan.calibration`'s, row for row.
@@ -131,20 +132,16 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
             per_bin[s, 0].index_add_(0, slot, torch.ones_like(confidence))
             per_bin[s, 1].index_add_(0, slot, confidence)
             per_bin[s, 2].index_add_(0, slot, hit)
-            if keep_rows:
-                kept[2 * s].append(confidence)
-                kept[2 * s + 1].append(values[:, 0])
+            kept[2 * s].append(confidence)
+            kept[2 * s + 1].append(values[:, 0])
     counts = all_reduce(torch.bincount(groups, minlength=num_groups)[:num_groups].to(torch.int64)).cpu()
     sums, per_bin = all_reduce(sums).cpu(), all_reduce(per_bin).cpu()
-    result = CellCalibration(sums, per_bin.view(slots, 3, num_groups, bins).transpose(1, 2), counts)
-    if not keep_rows:
-        return result
     empty = torch.empty(0, dtype=torch.float64, device=device)
     rows = torch.stack([torch.cat(parts) if parts else empty for parts in kept], 1)
     gathered = all_gather_rows(rows).T.reshape(slots, 2, -1)
     right = all_gather_rows(torch.cat(hits) if hits else empty) > 0.5
-    return CellCalibration(result.sums, result.bins, counts, gathered[:, 0].contiguous(), right,
-                           gathered[:, 1].contiguous())
+    return CellCalibration(sums, per_bin.view(slots, 3, num_groups, bins).transpose(1, 2), counts,
+                           gathered[:, 0].contiguous(), right, gathered[:, 1].contiguous())
 
 
 def _row_calibration(scan: Scan, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor, hit: torch.Tensor,

@@ -1,6 +1,6 @@
 """``--objective ece`` with folds and groups: every subset's ECE search from shared reads.
 
-The global T is the plain ECE fit's (:func:`tempcal.core.fitting.fit_temperature`, objective ``ece``): the
+The global T is the plain ECE fit's (:func:`tempcal.core.scan_fit.fit_scan`, objective ``ece``): the
 NLL optimum, then the branch-and-bound search of :mod:`tempcal.core.ece_fit` around it. Each fold's search
 (the rows outside fold k) and each group's (``n_g ECE_g(T) + lam (ln T - ln T_0)^2``, toward the global T, or
 toward T_k within fold k) searches the same range, centred on the global NLL optimum. Every pass of the
@@ -24,10 +24,9 @@ from .certified import CertifiedFit
 from .distributed import all_reduce
 from .ece_fit import EceSearch, rounding_of
 from .ece_terms import bin_sums
-from .fitting import fit_temperature
 from .scan import Scan
-from .shared_fits import CellLayout, SubsetTemperatures
-from .subsets import SubsetFits
+from .scan_fit import fit_scan
+from .shared_fits import CellLayout, SubsetFits, SubsetTemperatures
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
 #: are split over several reads.
@@ -217,7 +216,7 @@ def fit_ece_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: f
     """The global ECE fit and every subset's, sharing reads; ``passes`` counts every read of the fit."""
     start = scan.passes
     shared = SharedEce(scan, layout, groups=groups, lam=lam, bins=bins)
-    result = fit_temperature(scan, objective="ece", bins=bins, ece_terms=shared.terms)
+    result = fit_scan(scan, objective="ece", bins=bins, ece_terms=shared.terms)
     subsets = shared.finish(result.temperature)
     result.passes = scan.passes - start + 1
     return SubsetFits(result, subsets)

@@ -4,10 +4,6 @@
 two ends alone (count, confidence and correct per bin). They are sums over rows, so a pass computes every row's
 confidence at all of its temperatures while the chunk is at hand and keeps only the sums: nothing per row
 survives the chunk, and the sums all-reduce across processes.
-
-``EceTerms`` can also sum, for sorted temperatures, the per-row drift ``sum_i |conf_i(b) - conf_i(a)| + 2 k_i m_i``
-between neighbours (``k_i`` bin edges crossed, ``m_i`` the larger ``|correct_i - conf_i|`` of the two ends),
-the bound the search first used (:meth:`tempcal.core.scan.Scan.ece_terms`); the search no longer needs it.
 """
 
 from __future__ import annotations
@@ -27,20 +23,17 @@ if TYPE_CHECKING:
 
 class EceTerms:
     """Sums for the ECE search at ``betas``: ``per_bin`` ``[betas, 3, bins]`` (count, confidence, correct, binned
-    as :meth:`Scan.calibration` bins) and, with ``drift``, ``drift`` ``[betas - 1]`` between sorted neighbours."""
+    as :meth:`Scan.calibration` bins)."""
 
-    def __init__(self, betas: Sequence[float], bins: int, device: torch.device, *, drift: bool = True):
+    def __init__(self, betas: Sequence[float], bins: int, device: torch.device):
         self.betas = [float(b) for b in betas]
         self.edges = bin_edges(bins, device)
         self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
-        self.drift = torch.zeros(max(len(self.betas) - 1, 0), dtype=torch.float64, device=device)
-        self.with_drift = drift
 
     def add_chunk(self, d: torch.Tensor, correct: torch.Tensor, buffers: Scratch) -> None:
         """Add one chunk: ``d`` the logits minus their row maximum, ``correct`` whether the arg-max is right."""
         hit = correct.to(torch.float64)
         ones = torch.ones_like(hit)
-        previous: tuple[torch.Tensor, torch.Tensor] | None = None
         for k, beta in enumerate(self.betas):
             # The confidence exactly as the calibration pass forms it, so both put it in the same bin.
             e = torch.mul(d, beta, out=buffers.like("e", d)).exp_()
@@ -49,20 +42,12 @@ class EceTerms:
             self.per_bin[k, 0].index_add_(0, index, ones)
             self.per_bin[k, 1].index_add_(0, index, confidence)
             self.per_bin[k, 2].index_add_(0, index, hit)
-            if not self.with_drift:
-                continue
-            if previous is not None:
-                before, before_index = previous
-                slack = torch.maximum((hit - before).abs(), (hit - confidence).abs())
-                crossed = (index - before_index).abs().to(torch.float64)
-                self.drift[k - 1] += ((confidence - before).abs() + 2 * crossed * slack).sum()
-            previous = (confidence, index)
 
 
 def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
     """One pass of ``scan``: the per-bin count, confidence and correct sums ``[betas, 3, bins]`` at each beta,
     all-reduced across processes, on the CPU."""
-    terms = EceTerms(betas, bins, scan.device, drift=False)
+    terms = EceTerms(betas, bins, scan.device)
     for z, _, row_max, _, correct, _ in scan.row_chunks():
         terms.add_chunk(torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z)), correct, scan.scratch)
     return all_reduce(terms.per_bin).cpu()

@@ -18,9 +18,9 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 import torch
 
@@ -31,7 +31,6 @@ from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
-from .ece_terms import EceTerms
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
 from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
@@ -318,7 +317,8 @@ class Scan:
         this process's rows returned too, float64 on the scan's device, 8 bytes per row and temperature:
         ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z / T)``); ``keep_scores``
         keeps both. A ``visitor`` sees every chunk at every temperature in the same read. (Figures of every rank's
-        rows gather the kept values: :meth:`per_sample`, :meth:`scores`, :mod:`tempcal.metrics.decisions`.)
+        rows gather the kept values: :meth:`per_sample`, :func:`tempcal.scores.engine.scan_scores`,
+        :mod:`tempcal.metrics.decisions`.)
         """
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
@@ -341,27 +341,6 @@ class Scan:
             for k, beta in enumerate(betas):
                 visitor.add(k, float(beta), d, y, position)
             position += z.shape[0]
-
-    def scores(self, betas: Sequence[float], names: Sequence[str] = ("msp", "energy"),
-               options: Mapping[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:
-        """Per-sample float64 OOD scores ``{name: [rows]}`` at each ``beta``, in one pass.
-
-        Every score at every temperature comes from the same read of each chunk
-        (:class:`tempcal.scores.engine.ScorePass`); ``options`` set up scores that take parameters
-        (``gen_gamma``, ``gen_top``).
-        """
-        from ..scores import get_score
-        from ..scores.engine import ScorePass
-
-        scoring = ScorePass([get_score(name, options) for name in names], betas, workspace=self.scratch)
-        parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
-        for z, _, row_max, _, _, has_neginf in self.row_chunks():
-            for name, values in scoring.chunk(z, row_max, has_neginf).items():
-                parts[name].append(values)
-        joined = {name: torch.cat(values, dim=1) if values else
-                  torch.empty(len(scoring.betas), 0, dtype=torch.float64, device=self.device)
-                  for name, values in parts.items()}
-        return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
         """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) of every row
@@ -406,15 +385,6 @@ class Scan:
         reduced = all_reduce(torch.stack([count, probability, hits])).cpu()
         return ClasswiseSums(reduced[0].view(shape), reduced[1].view(shape), reduced[2].view(shape),
                              self.num_samples)
-
-    def ece_terms(self, betas: Sequence[float], bins: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The ECE search's sums in one pass, nothing kept per row (:mod:`tempcal.core.ece_terms`): equal-width
-        bin sums ``[betas, 3, bins]`` (count, confidence, correct) and the drift between neighbours ``[betas - 1]``.
-        """
-        terms = EceTerms(betas, bins, self.device)
-        for z, _, row_max, _, correct, _ in self.row_chunks():
-            terms.add_chunk(torch.sub(z, row_max[:, None], out=self.scratch.like("d", z)), correct, self.scratch)
-        return all_reduce(terms.per_bin).cpu(), all_reduce(terms.drift).cpu()
 
     def initial_beta(self) -> float:
         """A scale-aware start for the fit: the minimiser of the NLL's quadratic expansion at T = infinity."""

@@ -29,6 +29,7 @@ from .certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, S
 from .cumulants import FIELDS, NllDerivatives
 from .distributed import all_reduce
 from .scan import Scan
+from .scan_fit import FitResult
 
 #: Passes after the global fit before the fits still open are given up (reported as not converged).
 MAX_EXTRA_PASSES = 12
@@ -78,6 +79,26 @@ class SubsetTemperatures:
     group_folds: list[list[CertifiedFit]] | None
     passes: int  # reads taken after the global fit (its own are counted by the scan)
     warnings: list[str]
+
+
+@dataclass(frozen=True)
+class SubsetFits:
+    """The global fit, and the subset temperatures fitted beside it."""
+
+    fit: FitResult
+    subsets: SubsetTemperatures
+
+    @property
+    def fold_temperatures(self) -> list[float]:
+        return [1.0 / r.beta for r in self.subsets.folds or []]
+
+    @property
+    def group_temperatures(self) -> list[float]:
+        return [1.0 / r.beta for r in self.subsets.groups or []]
+
+    @property
+    def group_fold_temperatures(self) -> list[list[float]]:
+        return [[1.0 / r.beta for r in row] for row in self.subsets.group_folds or []]
 
 
 class SharedFits:
@@ -319,4 +340,4 @@ def _cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Ten
     return reduced[0].to(torch.int64), reduced[1], reduced[2].to(torch.int64)
 
 
-__all__ = ["MAX_EXTRA_PASSES", "CellLayout", "SharedFits", "SubsetTemperatures"]
+__all__ = ["MAX_EXTRA_PASSES", "CellLayout", "SharedFits", "SubsetFits", "SubsetTemperatures"]

@@ -1,42 +1,22 @@
 """The global T and every subset T (folds, groups, groups within folds) from shared reads of one scan.
 
-:func:`fit_with_subsets` runs the global fit as :func:`~tempcal.core.fitting.fit_temperature` does (the
+:func:`fit_with_subsets` runs the global fit as :func:`~tempcal.core.scan_fit.fit_scan` does (the
 same T as a fit on every row), its passes carrying the subset fits (:mod:`tempcal.core.shared_fits`), then
 finishes those. ``passes`` of the global result counts every read, the validating scan included.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..errors import DataError
+from ..validation import check_prior
 from .certified import TOL
-from .fitting import FitResult, fit_temperature
 from .scan import Scan
-from .shared_fits import CellLayout, SharedFits, SubsetTemperatures
-
-
-@dataclass(frozen=True)
-class SubsetFits:
-    """The global fit, and the subset temperatures fitted beside it."""
-
-    fit: FitResult
-    subsets: SubsetTemperatures
-
-    @property
-    def fold_temperatures(self) -> list[float]:
-        return [1.0 / r.beta for r in self.subsets.folds or []]
-
-    @property
-    def group_temperatures(self) -> list[float]:
-        return [1.0 / r.beta for r in self.subsets.groups or []]
-
-    @property
-    def group_fold_temperatures(self) -> list[list[float]]:
-        return [[1.0 / r.beta for r in row] for row in self.subsets.group_folds or []]
+from .scan_fit import FitResult, fit_scan
+from .shared_fits import CellLayout, SharedFits, SubsetFits
 
 
 def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
@@ -60,7 +40,7 @@ def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float
         return fit_ece_with_subsets(scan, layout, groups=groups, lam=lam, bins=bins, group_names=group_names)
     start = scan.passes
     shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
-    result = fit_temperature(scan, evaluate=shared.evaluate)
+    result = fit_scan(scan, evaluate=shared.evaluate)
     subsets = shared.finish(1.0 / result.temperature)
     result.passes = scan.passes - start + 1
     return SubsetFits(result, subsets)
@@ -71,7 +51,6 @@ def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group
     """``fit_temperature(groups=..., folds=...)``: the global fit with its group and fold fits, as one FitResult."""
     import numpy as np
 
-    from ..workflows.subsets import check_prior
     from .folds import assign_folds
 
     lam = check_prior(group_prior)

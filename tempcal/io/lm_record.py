@@ -20,6 +20,7 @@ from .._version import __version__
 from ..errors import TempcalError
 from ..validation import as_temperature, temperature_number
 from .atomic import write_text_atomic
+from .hf_folder import read_json
 
 RECORD_NAME = "tempcal.json"
 GENERATION_NAME = "generation_config.json"
@@ -39,8 +40,6 @@ def generation_path(folder: str | os.PathLike) -> Path:
 
 def read_record(folder: str | os.PathLike) -> float | None:
     """The T in ``folder/tempcal.json`` (None when there is none); a record that is not tempcal's is an error."""
-    from ..models.hf_folder import read_json
-
     folder = Path(folder)
     path = record_path(folder)
     if not path.exists() and not path.is_symlink():
@@ -85,8 +84,6 @@ def sampling_note(folder: str | os.PathLike) -> str | None:
 
 def _generation_config(folder: Path) -> dict[str, Any] | None:
     """The folder's ``generation_config.json`` (None when it has none), which must be a JSON object."""
-    from ..models.hf_folder import read_json
-
     path = generation_path(folder)
     if not path.exists() and not path.is_symlink():
         return None

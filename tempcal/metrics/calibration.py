@@ -28,13 +28,13 @@ from statistics import NormalDist
 import numpy as np
 import torch
 
+from ..core.bins import DEFAULT_BINS
 from ..core.scan import CalibrationSums, Scan
 from ..errors import TempcalError
 from . import decisions as decisions_module
 from .conformal import ConformalResult
 from .conformal_pass import SetSums, Thresholds, set_results
 
-DEFAULT_BINS = 15
 #: The level of the per-bin accuracy intervals.
 BIN_INTERVAL_LEVEL = 0.95
 

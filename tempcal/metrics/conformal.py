@@ -13,7 +13,8 @@ label; ``mean_size`` the mean number of classes in a set. Out of fold (``fit --f
 fold's thresholds, from the other folds' rows (``fold_thresholds``).
 
 Scores are one float per fitting row; set sizes and coverage are sums over evaluation chunks
-(:func:`set_sums`), so they reduce over chunks and ranks like every other figure.
+(:func:`set_rows` per row, summed by :class:`~tempcal.metrics.conformal_pass.SetSums`), so they reduce over
+chunks and ranks like every other figure.
 """
 
 from __future__ import annotations
@@ -155,13 +156,6 @@ def descending(probs: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
 def logit_order(d: torch.Tensor) -> torch.Tensor:
     """Each row's classes in decreasing logit, as int32 (ties: lower index first)."""
     return torch.sort(d, dim=1, descending=True, stable=True).indices.to(torch.int32)
-
-
-def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, Sequence[float]]
-             ) -> dict[str, torch.Tensor]:
-    """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
-    return {score: torch.stack([covered.sum(1), size.sum(1)], 1).double()
-            for score, (covered, size) in set_rows(probs, labels, thresholds).items()}
 
 
 def results(alphas: Sequence[float], thresholds: Mapping[str, Sequence[float]], sums: dict[str, torch.Tensor],

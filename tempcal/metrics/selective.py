@@ -11,7 +11,7 @@ first j rows (the expectation over the orders of the tie). With N rows of which 
 * AUGRC ``= (1/N) sum_k errors(k) / N``: the generalised risk (errors kept over all rows), Traub et al. 2024.
 
 Memory: one float64 per row for every confidence and one more per misclassified row, both sorted in
-place (:func:`ranked_metrics` takes them so; :func:`selective_metrics` sorts copies); a tie block is found by
+place (:func:`rank_in_place`, then :func:`ranked_metrics`); a tie block is found by
 its run in the sorted confidences and its errors by their run in the sorted confidences of the errors, chunk by
 chunk (:data:`CHUNK` values at a time), so nothing else per row is kept. Harmonic sums turn each block's
 contribution into closed forms:
@@ -67,15 +67,9 @@ def rank_in_place(values: np.ndarray) -> np.ndarray:
     return values
 
 
-def selective_metrics(confidence: np.ndarray, wrong_confidence: np.ndarray) -> SelectiveMetrics:
-    """The figures of ``confidence`` (every row's) and ``wrong_confidence`` (the misclassified rows')."""
-    return ranked_metrics(np.sort(-np.asarray(confidence, dtype=np.float64)),
-                          np.sort(-np.asarray(wrong_confidence, dtype=np.float64)))
-
-
 def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False) -> SelectiveMetrics:
-    """:func:`selective_metrics` of confidences already ranked: minus every row's and minus the misclassified rows'
-    confidences, each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place.
+    """The figures of confidences already ranked: minus every row's and minus the misclassified rows' confidences,
+    each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place.
 
     With ``right``, the second array holds the correctly classified rows' confidences instead: a block's errors are
     its size less its right rows, so a caller keeps whichever of the two subsets is smaller.
@@ -116,19 +110,11 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
     return SelectiveMetrics(aurc=aurc, eaurc=aurc - optimal, augrc=total / (n * n))
 
 
-def risk_coverage_curve(confidence: np.ndarray, wrong_confidence: np.ndarray, points: int = 200
-                        ) -> tuple[np.ndarray, np.ndarray]:
-    """``(coverage, risk)`` at up to ``points`` coverages: the error rate among the k most confident rows.
-
-    Ties are taken in expectation, as in :func:`selective_metrics`; for drawing risk-coverage curves.
-    """
-    return ranked_curve(np.sort(-np.asarray(confidence, dtype=np.float64)),
-                        np.sort(-np.asarray(wrong_confidence, dtype=np.float64)), points)
-
-
 def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200, *, right: bool = False
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`risk_coverage_curve` of ranked confidences, as :func:`ranked_metrics` takes them (``right`` too)."""
+    """``(coverage, risk)`` at up to ``points`` coverages: the error rate among the k most confident rows, ties taken
+    in expectation; from ranked confidences, as :func:`ranked_metrics` takes them (``right`` too). For the
+    risk-coverage plots."""
     n = ranked.size
     if n == 0:
         return np.zeros(0), np.zeros(0)

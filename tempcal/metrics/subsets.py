@@ -6,9 +6,8 @@ contract's figures, exactly as :func:`~tempcal.metrics.calibration.from_sums` do
 
 Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums:
 they take the subset's per-row confidences and correctness. Such a figure is a function
-``(metrics, confidence, correct) -> metrics`` appended to :data:`ROW_FIGURES`; when the list is not
-empty the pass keeps every row's confidence (``keep_rows``) and :func:`subset_metrics` hands each figure
-the subset's rows.
+``(metrics, confidence, correct) -> metrics`` appended to :data:`ROW_FIGURES`; the subset passes keep every
+row's confidence for them and :func:`subset_metrics` hands each figure the subset's rows.
 """
 
 from __future__ import annotations
@@ -28,11 +27,6 @@ RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], Calibrati
 #: Figures computed from a subset's per-row confidence and correctness (empty: no row is kept): the decision
 #: figures (AURC, E-AURC, AUGRC, smooth ECE, the risk-coverage curve).
 ROW_FIGURES: list[RowFigure] = [subset_decisions]
-
-
-def needs_rows() -> bool:
-    """Whether any figure needs the per-row confidences (the pass keeps them only then)."""
-    return bool(ROW_FIGURES)
 
 
 def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: int | None = None,
@@ -67,4 +61,4 @@ def metrics_block(m: CalibrationMetrics | None) -> dict | None:
     return out
 
 
-__all__ = ["ROW_FIGURES", "RowFigure", "metrics_block", "needs_rows", "subset_metrics"]
+__all__ = ["ROW_FIGURES", "RowFigure", "metrics_block", "subset_metrics"]

@@ -1,6 +1,6 @@
 """A Hugging Face causal language model loaded from a local folder (``--lm MODEL``), untrusted input as ever.
 
-The folder is checked before transformers sees it (:mod:`tempcal.models.hf_folder`): ``config.json``
+The folder is checked before transformers sees it (:mod:`tempcal.io.hf_folder`): ``config.json``
 bounded and parsed, safetensors weights only (``model.safetensors`` or a sharded index, every shard a
 plain name), and every file it holds that a loader reads a regular file or a link that stays inside
 the folder (or the hub cache's ``blobs/``). Then transformers loads it with ``local_files_only=True``,
@@ -30,9 +30,7 @@ import torch
 from ..core.limits import shown_bytes
 from ..core.precision import no_tf32
 from ..errors import TempcalError, param
-from .base import error_line, quiet, reraise_control
-from .head import OutputHead, checked_head, config_scales
-from .hf_folder import (
+from ..io.hf_folder import (
     CONFIG_NAME,
     INDEX_NAME,
     MAX_CONFIG_BYTES,
@@ -42,6 +40,8 @@ from .hf_folder import (
     read_json,
     weight_map,
 )
+from .base import error_line, quiet, reraise_control
+from .head import OutputHead, checked_head, config_scales
 from .lm_checks import check_config_json, check_weights, checkpoint_tensors, offline, remote_code_message
 
 EXTRA = "pip install 'tempcal[lm]'"

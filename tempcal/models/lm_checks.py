@@ -75,7 +75,7 @@ def _entries(config: dict, keys: tuple[str, ...] = (), depth: int = 0) -> Iterat
 def checkpoint_tensors(folder: Path, shards: dict[str, str] | None, single: str) -> dict[str, tuple[int, ...]]:
     """Every tensor of the checkpoint and its shape, from the safetensors headers; a shard that is not a
     safetensors file (``.bin``, ``.pt``, ``.ckpt``: pickles) is refused before anything else reads it."""
-    from .hf_folder import INDEX_NAME, checkpoint_file
+    from ..io.hf_folder import INDEX_NAME, checkpoint_file
 
     files = sorted(set(shards.values())) if shards else [single]
     tensors: dict[str, tuple[int, ...]] = {}

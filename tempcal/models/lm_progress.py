@@ -1,6 +1,6 @@
 """Progress bars for a language model's long steps (the forward pass, each pass of the head over the rows).
 
-A bar is a :class:`tempcal.output.progress.Progress` with a total: on a terminal (rank 0) it shows once its
+A bar is a :class:`tempcal.progress.Progress` with a total: on a terminal (rank 0) it shows once its
 step has run for :data:`DELAY` seconds (short runs stay as quiet as before) and is erased when its step ends;
 off a terminal (a CI log) a step longer than 10 s prints a plain line (count, rate, time left) at most every
 10 s; never anything under ``--quiet`` or ``--json -`` (``enabled=False``).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..output.progress import DELAY, Progress
+from ..progress import DELAY, Progress
 
 
 class DelayedBar(Progress):

@@ -88,13 +88,13 @@ def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: in
 
 @contextlib.contextmanager
 def progress_bar(progress: bool | Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """The rows done, shown as :class:`tempcal.output.progress.Progress` shows them: a transient bar on a terminal
+    """The rows done, shown as :class:`tempcal.progress.Progress` shows them: a transient bar on a terminal
     (at once, or on the console given), a plain line at most every 10 s in a log; nothing when ``progress`` is
     False."""
     if progress is False or progress is None:
         yield lambda n: None
         return
-    from ..output.progress import Progress
+    from ..progress import Progress
 
     with Progress(description, enabled=progress, delay=0.0, total=total, unit="rows") as bar:
         yield bar.advance

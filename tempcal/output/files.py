@@ -63,7 +63,7 @@ def write_ood_files(report, *, scores: str | None = None, plot: str | None = Non
 
         lines.append(f"wrote per-sample scores to {save_scores(report, scores)}")
     if plot is not None:
-        from .plots import ood_plot
+        from .ood_plots import ood_plot
 
         lines.append(WROTE_PLOT.format(ood_plot(report, plot)))
     if markdown is not None:

@@ -66,13 +66,6 @@ def group_ece_axes(ax, names: Sequence[str], series: Sequence[Series], title: st
     ax.grid(axis="x", alpha=0.3)
 
 
-def group_ece_figure(names: Sequence[str], series: Sequence[Series], title: str, own: Sequence[int] = ()):
-    """The group bars alone, as a figure."""
-    figure = new_figure(figsize=(8.0, group_height(names, series)))
-    group_ece_axes(figure.subplots(), names, series, title, own)
-    return figure
-
-
 def with_group_bars(size: tuple[float, float], draw: Callable[[Any], None], names: Sequence[str],
                     series: Sequence[Series], title: str, own: Sequence[int] = ()):
     """One figure: ``draw`` (given a subfigure of ``size`` inches) above, the group bars beneath."""
@@ -152,14 +145,10 @@ def save_figure(figure, path: str | os.PathLike) -> Path:
     return path
 
 
-def report_group_plot(result, path: str | os.PathLike) -> Path:
-    return save_figure(report_group_figure(result), path)
-
-
 def fit_group_plot(report, path: str | os.PathLike) -> Path:
     return save_figure(fit_group_figure(report), path)
 
 
 __all__ = ["MAX_GROUPS_DRAWN", "fit_group_figure", "fit_group_plot", "fit_panels", "group_ece_axes",
-           "group_ece_figure", "report_drawing", "report_group_figure", "report_group_plot", "save_figure",
+           "report_drawing", "report_group_figure", "save_figure",
            "with_group_bars"]

@@ -8,7 +8,6 @@ small, searchable and sharp at any width; sizes come from the viewBox and the pa
 from __future__ import annotations
 
 import io
-import math
 import re
 from collections.abc import Sequence
 
@@ -117,7 +116,3 @@ def ood_curves(results: Sequence[dict], ood_file: str) -> list[str]:
         fig.tight_layout()
         out.append(svg(fig))
     return out
-
-
-def finite(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -14,14 +14,19 @@ Compute dtype: float64 chunks stay float64; float16, bfloat16 and float32 are co
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..core.scratch import Scratch
 from ..errors import TempcalError, param
+from . import get_score
 from .base import Score
 from .shared import FLAT, FLOAT64, Buffers, Intermediates, beta_fits
+
+if TYPE_CHECKING:
+    from ..core.scan import Scan
 
 
 def as_classes(z: torch.Tensor) -> torch.Tensor:
@@ -180,4 +185,22 @@ class ScorePass:
         return top, torch.topk(top, 2, dim=1).values[:, 1]
 
 
-__all__ = ["ScorePass", "as_classes", "check_betas"]
+def scan_scores(scan: Scan, betas: Sequence[float], names: Sequence[str] = ("msp", "energy"),
+                options: Mapping[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:
+    """Per-sample float64 OOD scores ``{name: [rows]}`` of ``scan``'s rows at each ``beta``, in one pass.
+
+    Every score at every temperature comes from the same read of each chunk (:class:`ScorePass`, with the scan's
+    buffers); ``options`` set up scores that take parameters (``gen_gamma``, ``gen_top``).
+    """
+    scoring = ScorePass([get_score(name, options) for name in names], betas, workspace=scan.scratch)
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
+    for z, _, row_max, _, _, has_neginf in scan.row_chunks():
+        for name, values in scoring.chunk(z, row_max, has_neginf).items():
+            parts[name].append(values)
+    joined = {name: torch.cat(values, dim=1) if values else
+              torch.empty(len(scoring.betas), 0, dtype=torch.float64, device=scan.device)
+              for name, values in parts.items()}
+    return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
+
+
+__all__ = ["ScorePass", "as_classes", "check_betas", "scan_scores"]

@@ -209,7 +209,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         if plan.groups is not None:
             result, before, after, subsets, reads = _grouped_fit(
                 loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, objective=objective, bins=bins,
-                warnings=warnings, keep_rows=bool(estimators or bootstrap), alphas=alphas)
+                warnings=warnings, alphas=alphas)
         else:
             result, before, after = _fit_and_evaluate(fit_scan, eval_scan, loaded, objective=objective, bins=bins,
                                                       alphas=alphas, progress=progress)
@@ -230,7 +230,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
 
 
 def _grouped_fit(loaded: Any, evaluated: Any, fit_scan: Any, eval_scan: Any, plan: Plan, fit_index: np.ndarray,
-                 eval_index: np.ndarray, *, objective: str, bins: int, warnings: list[str], keep_rows: bool,
+                 eval_index: np.ndarray, *, objective: str, bins: int, warnings: list[str],
                  alphas: list[float]) -> tuple[Any, CalibrationMetrics, CalibrationMetrics, Subsets, int]:
     """``--group-by``: the group fits and figures, with the conformal sets and each group's coverage when ``alphas``
     are given; the reads those sets took."""
@@ -238,7 +238,7 @@ def _grouped_fit(loaded: Any, evaluated: Any, fit_scan: Any, eval_scan: Any, pla
     eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
     fitted, before, after, subsets = grouped(loaded, evaluated or loaded, fit_scan, eval_scan, plan, fit_index,
                                              eval_groups, eval_index, objective=objective, bins=bins,
-                                             warnings=warnings, keep_rows=keep_rows)
+                                             warnings=warnings)
     if not alphas:
         return fitted.fit, before, after, subsets, 0
     before, after = group_sets(fit_scan, eval_scan, evaluated or loaded, eval_index, subsets, alphas,
@@ -310,7 +310,7 @@ def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, 
                            "lie between 2 and that")
     try:
         fitted, before, after, subsets = crossfit(loaded, scan, plan, seed=seed, objective=objective, bins=bins,
-                                                  warnings=warnings, keep_rows=bool(estimators or bootstrap))
+                                                  warnings=warnings)
         before, after, reads = fold_sets(scan, loaded, subsets, alphas, fitted.fit.temperature, before, after) \
             if alphas else (before, after, 0)
     except DataError as exc:

@@ -15,7 +15,7 @@ import torch
 from ..core.cell_passes import CellCalibration, cell_calibration
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
-from ..metrics.subsets import needs_rows, subset_metrics
+from ..metrics.subsets import subset_metrics
 from ..sources.base import OpenedSource
 from ..sources.groups import RowGroups, stored_group_temperatures
 
@@ -80,7 +80,7 @@ class GroupedPass:
 
 
 def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
-                   per_group: dict[str, float], stored: float | None, keep_rows: bool = False,
+                   per_group: dict[str, float], stored: float | None,
                    share: tuple[int, int] | None = None) -> GroupedPass:
     """Every temperature over every row and every group, and, when ``per_group``'s T_g apply (the stored T is among
     ``taus``), one more row last: each group's rows at its own T_g. ``share``: the part of ``groups``' rows this
@@ -95,8 +95,7 @@ def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Se
         slots.append(1.0 / torch.tensor([per_group[name] for name in groups.names], dtype=torch.float64))
         flags.append(True)
         rows_taus.append(stored)
-    calibration = cell_calibration(scan, torch.stack(slots), local, local, count, bins,
-                                   keep_rows=keep_rows or needs_rows())
+    calibration = cell_calibration(scan, torch.stack(slots), local, local, count, bins)
     index = torch.from_numpy(groups.index)
     results, rows = [], []
     for k, tau in enumerate(rows_taus):

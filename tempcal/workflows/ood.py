@@ -1,7 +1,7 @@
 """``tempcal ood`` as a function: score SOURCE (in-distribution) and every OOD set at each tau, then rank.
 
 Every score at every temperature comes from one scores-only pass per file after validation
-(:meth:`Scan.scores`); ODIN, which perturbs a model's inputs, runs the model instead. The figures
+(:func:`~tempcal.scores.engine.scan_scores`); ODIN, which perturbs a model's inputs, runs the model instead. The figures
 (:mod:`tempcal.metrics.detection`), the optional bootstrap intervals, the best score and tau per OOD
 set, the sentences and the release gate are assembled the same way for both.
 """
@@ -9,7 +9,6 @@ set, the sentences and the release gate are assembled the same way for both.
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -22,10 +21,11 @@ from ..core.scan import Scan
 from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
+from ..scores.engine import scan_scores
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
-from ..validation import as_temperature, check_taus, resolve_taus, whole_number
+from ..validation import UNIT, as_temperature, check_option, check_taus, resolve_taus, whole_number
 from .common import check_stored_reading, scan_source, uses_stored
 from .grouped_ood import GroupTaus, dropped_extra, group_results, group_taus
 
@@ -245,12 +245,7 @@ def gate_failures(results: Sequence[tuple[str, OodMetrics]], min_auroc: float | 
 
 def check_gate(value: float | None, name: str) -> float | None:
     """A gate's bound: None, or a number in [0, 1] (AUROC and FPR95 are fractions)."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value)
-                                                                                and 0 <= value <= 1):
-        raise TempcalError(f"{param(name)} {value}: expected a number from 0 to 1")
-    return float(value)
+    return None if value is None else check_option(param(name), value, UNIT)
 
 
 def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("msp", "energy"),
@@ -259,7 +254,7 @@ def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("m
 
     Rankings need every sample's score: under torch.distributed the ranks' scores are gathered.
     """
-    parts = scan.scores([1.0 / as_temperature(tau) for tau in taus], scores, options)
+    parts = scan_scores(scan, [1.0 / as_temperature(tau) for tau in taus], scores, options)
     return {name: [all_gather_1d(part[name]).cpu().numpy() for part in parts] for name in scores}
 
 

@@ -158,7 +158,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else AppliedGroups({}, [])
     warnings.extend(applied.warnings)
     grouped = grouped_report(loaded, scan, groups, resolved, bins=bins, per_group=applied.temperatures, stored=stored,
-                             keep_rows=bool(estimators or bootstrap), share=share)
+                             share=share)
     plain = [row.tau for row in grouped.rows if not row.per_group]
     extras = _extras(scan, grouped, plain, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
                      warnings=warnings)

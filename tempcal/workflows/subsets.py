@@ -21,16 +21,12 @@ from ..core.folds import assign_folds, fold_sizes
 from ..core.scan import Scan
 from ..core.shared_fits import CellLayout
 from ..core.subsets import SubsetFits, cell_index, fit_with_subsets
-from ..errors import Info, TempcalError, param
+from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
-from ..metrics.subsets import metrics_block, needs_rows, subset_metrics
+from ..metrics.subsets import metrics_block, subset_metrics
 from ..sources.base import OpenedSource
 from ..sources.groups import RowGroups
-from ..validation import shown_value
-
-#: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
-#: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
-DEFAULT_GROUP_PRIOR = 10.0
+from ..validation import DEFAULT_GROUP_PRIOR, check_prior
 
 
 @dataclass
@@ -94,28 +90,8 @@ class Plan:
 
 #: Groups named in the line about groups without fitting rows.
 FIRST_SHOWN = 5
-#: The largest ``group_prior``: far past the point where every group's T is the global T to the fit's tolerance,
-#: and below where the prior's derivatives (``lam / rows * ln T``) would overflow.
-MAX_GROUP_PRIOR = 1e15
-
-
-def check_prior(lam: Any) -> float:
-    """``group_prior``: a number >= 0 (None: the default)."""
-    if lam is None:
-        return DEFAULT_GROUP_PRIOR
-    try:
-        value = float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float("nan")
-    except OverflowError:  # an integer beyond any float
-        value = float("inf")
-    if not (0 <= value <= MAX_GROUP_PRIOR):
-        raise TempcalError(f"{param('group_prior')} {shown_value(lam)}: expected a number from 0 (independent fits per "
-                           f"group) to {MAX_GROUP_PRIOR:g} (every group at the global T already)")
-    return value
-
-
 def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objective: str, bins: int,
-             warnings: list[str], keep_rows: bool = False
-             ) -> tuple[SubsetFits, CalibrationMetrics, CalibrationMetrics, Subsets]:
+             warnings: list[str]) -> tuple[SubsetFits, CalibrationMetrics, CalibrationMetrics, Subsets]:
     """Fold fits on ``scan`` (every row of ``loaded``, this process's share) and the out-of-fold metrics."""
     k = plan.folds
     assert k is not None
@@ -131,8 +107,7 @@ def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objecti
     if plan.groups is not None:
         betas.append(1.0 / torch.tensor(fits.group_fold_temperatures, dtype=torch.float64).reshape(-1))
     report = _zeros(layout.cells) if groups is None else groups.to(scan.device)
-    calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, bins,
-                                   keep_rows=keep_rows or needs_rows())
+    calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, bins)
     global_t = fits.fit.temperature
     before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
     assert before is not None and after is not None
@@ -150,8 +125,7 @@ def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objecti
 
 def grouped(loaded: OpenedSource, evaluated: OpenedSource, fit_scan: Scan, eval_scan: Scan, plan: Plan,
             fit_index: np.ndarray, eval_groups: RowGroups, eval_index: np.ndarray, *, objective: str, bins: int,
-            warnings: list[str], keep_rows: bool = False
-            ) -> tuple[SubsetFits, CalibrationMetrics, CalibrationMetrics, Subsets]:
+            warnings: list[str]) -> tuple[SubsetFits, CalibrationMetrics, CalibrationMetrics, Subsets]:
     """Group fits on ``fit_scan`` (rows ``fit_index`` of ``loaded``) and metrics on ``eval_scan`` (rows
     ``eval_index`` of ``evaluated``, grouped by ``eval_groups``); the indices are global and sorted."""
     assert plan.groups is not None
@@ -165,7 +139,7 @@ def grouped(loaded: OpenedSource, evaluated: OpenedSource, fit_scan: Scan, eval_
     f64 = torch.float64
     betas = torch.stack([torch.ones(count, dtype=f64), torch.full((count,), 1.0 / global_t, dtype=f64),
                          1.0 / torch.tensor(fits.group_temperatures, dtype=f64)])
-    calibration = cell_calibration(eval_scan, betas, eval_g, eval_g, count, bins, keep_rows=keep_rows or needs_rows())
+    calibration = cell_calibration(eval_scan, betas, eval_g, eval_g, count, bins)
     before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
     assert before is not None and after is not None
     n_fit = _counts(fit_g, count, fit_scan)

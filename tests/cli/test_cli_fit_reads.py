@@ -50,9 +50,9 @@ def counted(monkeypatch) -> Reads:
             reads.rows[name] += item[1].shape[0]
             yield item
 
-    def logits(self, h, out):
+    def logits(self, h, out, *rest):
         reads.head_rows += h.shape[0]
-        return plain_logits(self, h, out)
+        return plain_logits(self, h, out, *rest)
 
     def fit_temperature(*args, **kwargs):
         reads.at_fit = reads.snapshot()

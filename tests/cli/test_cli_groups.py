@@ -162,18 +162,19 @@ def test_report_plot_draws_each_groups_ece_before_and_after(grouped, cli, tmp_pa
     code, out, _ = cli(["report", str(path), "--group-by", "domain", "--tau", "1", "--tau", "fitted", "--plot",
                         str(plot), "--json", str(tmp_path / "r.json")])
     assert code == 0 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(plot) in out
-    from tempcal.output.group_plots import report_group_plot
+    from tempcal.output.group_plots import group_ece_axes, report_group_figure, save_figure
+    from tempcal.output.plots import new_figure
     from tempcal.workflows.report import report_file
 
     result = report_file(str(path), taus=[1.0, "fitted"], group_by="domain")
     figure_path = tmp_path / "again.svg"
-    report_group_plot(result, figure_path)
-    from tempcal.output.group_plots import group_ece_figure
+    save_figure(report_group_figure(result), figure_path)
 
     names = [g.group for g in result.group_rows[0].groups]
     series = [(str(k), [g.metrics.ece for g in row.groups]) for k, row in enumerate(result.group_rows)]
-    figure = group_ece_figure(names, series, "t")
-    widths = sorted(round(p.get_width(), 12) for p in figure.axes[0].patches)
+    ax = new_figure().subplots()
+    group_ece_axes(ax, names, series, "t")
+    widths = sorted(round(p.get_width(), 12) for p in ax.patches)
     data = json.loads((tmp_path / "r.json").read_text())
     expected = sorted(round(g["ece"], 12) for row in data["results"] for g in row["groups"])
     assert widths == expected

@@ -41,9 +41,9 @@ def counted(monkeypatch) -> HeadRows:
     seen = HeadRows()
     plain_logits, plain_fit = OutputHead.logits, fit_workflow.fit_temperature
 
-    def logits(self, h, out):
+    def logits(self, h, out, *rest):
         seen.rows += h.shape[0]
-        return plain_logits(self, h, out)
+        return plain_logits(self, h, out, *rest)
 
     def fit_temperature(*args, **kwargs):
         seen.at_fit = seen.rows
@@ -118,9 +118,9 @@ import os, sys
 from tempcal.cli.main import main
 from tempcal.models.head import OutputHead
 rows, plain = [0], OutputHead.logits
-def logits(self, h, out):
+def logits(self, h, out, *rest):
     rows[0] += h.shape[0]
-    return plain(self, h, out)
+    return plain(self, h, out, *rest)
 OutputHead.logits = logits
 code = main(sys.argv[2:])
 with open(sys.argv[1] + "-" + os.environ.get("RANK", "0"), "w") as f:

@@ -236,7 +236,7 @@ def test_react_on_hidden_states(tmp_path, run_json):
 def test_plot_histograms_only_at_each_score_s_best_tau_and_the_calibration_t(ood_files, tmp_path, monkeypatch):
     """All five scores, two OOD files and a stored T: 4 curve panels (AUROC and FPR95 per file) and, per file and
     score, histograms at its best tau and at the calibration T (one panel when they coincide), not at every tau."""
-    from tempcal.output import plots
+    from tempcal.output import ood_plots
 
     id_path, ood_path, _, z_ood = ood_files
     far = tmp_path / "far.safetensors"
@@ -244,8 +244,8 @@ def test_plot_histograms_only_at_each_score_s_best_tau_and_the_calibration_t(ood
     calibrated = tmp_path / "calibrated.safetensors"
     write_temperature(id_path, 2.5, output=calibrated)
     figures = []
-    save = plots._save
-    monkeypatch.setattr(plots, "_save", lambda fig, path, dpi=120: (figures.append(fig), save(fig, path, dpi))[1])
+    save = ood_plots._save
+    monkeypatch.setattr(ood_plots, "_save", lambda fig, path, dpi=120: (figures.append(fig), save(fig, path, dpi))[1])
     out = tmp_path / "ood.png"
     assert main(["ood", str(calibrated), "--ood", str(ood_path), "--ood", str(far), "--score", "all",
                  "--plot", str(out), "--json", str(tmp_path / "ood.json")]) == 0

@@ -12,6 +12,7 @@ import torch.multiprocessing as mp
 from conftest import miscalibrated
 
 from tempcal.core.data import as_logits_data
+from tempcal.core.ece_terms import bin_sums
 from tempcal.core.scan import Scan
 
 SHARES = [(0, 0), (0, 3), (3, 7)]  # rank 0 holds no rows
@@ -21,10 +22,10 @@ BETAS = [2.0, 1.0, 0.4]
 def _figures(scan: Scan) -> dict[str, torch.Tensor]:
     per_sample = scan.per_sample(0.7)
     classwise = scan.classwise(0.7, 5)
-    per_bin, drift = scan.ece_terms(BETAS, 5)
+    per_bin = bin_sums(scan, BETAS, 5)
     return {**{f"per_sample.{k}": v.cpu() for k, v in per_sample.items()}, "classwise": classwise.count,
             "classwise_hits": classwise.hits, "classwise_p": classwise.probability, "per_bin": per_bin,
-            "drift": drift, "n": torch.tensor(scan.num_samples)}
+            "n": torch.tensor(scan.num_samples)}
 
 
 def _rank(rank: int, init: str, logits: torch.Tensor, labels: torch.Tensor, out: str) -> None:

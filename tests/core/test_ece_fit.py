@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -172,16 +171,18 @@ class _LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def test_one_pass_of_the_ece_search_keeps_nothing_per_sample():
-    """The pass the search repeats (bins and drifts at several temperatures): no tensor longer than a chunk's logits,
-    and the bins those of the calibration pass. The whole search is checked so in the slow test below."""
+    """The pass the search repeats (bins at several temperatures): no tensor longer than a chunk's logits, and the
+    bins those of the calibration pass. The whole search is checked so in the slow test below."""
+    from tempcal.core.ece_terms import bin_sums
+
     logits, labels = miscalibrated(3000, 10, 2.0, seed=7)
     scan = tempcal.Scan(tempcal.as_logits_data(logits, labels), device="cpu", chunk_rows=1024)
     betas = [0.3, 0.45, 0.7]
     with _LargestTensor() as seen:
-        per_bin, drift = scan.ece_terms(betas, 15)
-    assert 0 < seen.largest <= 1024 * 10 and drift.shape == (2,)
+        per_bin = bin_sums(scan, betas, 15)
+    assert 0 < seen.largest <= 1024 * 10 and per_bin.shape == (3, 3, 15)
     [(sums, _)] = scan.calibration([betas[1]], 15)
-    assert torch.equal(per_bin[1, 0], sums.bin_count)
+    assert torch.equal(per_bin[1, 0], sums.bin_count) and torch.equal(per_bin[1, 1], sums.bin_confidence)
 
 
 @pytest.mark.slow  # about 80 s on two busy cores; its faster sibling is the test above
@@ -201,30 +202,6 @@ def test_the_ece_search_keeps_nothing_per_sample():
     # the same confidences in the same bins: one sample in another bin would move the ECE by far more
     assert tempcal.evaluate(scan, temperature, bins=15).ece == pytest.approx(ece, abs=1e-14)
     assert scan.passes - passes <= 10
-
-
-def _old_drift(scan, a: float, b: float, bins: int) -> float:
-    """The drift bound as the search first computed it: from every row's confidence at both ends, held at once."""
-    [(_, kept_a)] = scan.calibration([math.exp(-a)], bins, keep_scores=True)
-    [(_, kept_b)] = scan.calibration([math.exp(-b)], bins, keep_scores=True)
-    conf_a, conf_b = kept_a["confidence"], kept_b["confidence"]
-    edges = torch.arange(bins + 1, dtype=torch.float64) / bins
-    bin_a, bin_b = ((torch.searchsorted(edges, c) - 1).clamp(0, bins - 1) for c in (conf_a, conf_b))
-    correct = scan.stats.correct.double()
-    slack = torch.maximum((correct - conf_a).abs(), (correct - conf_b).abs())
-    return float(((conf_b - conf_a).abs() + 2 * (bin_b - bin_a).abs() * slack).sum())
-
-
-def test_the_chunked_drift_is_the_drift_of_every_row():
-    logits, labels = miscalibrated(3000, 7, 2.5, seed=2)
-    scan = tempcal.Scan(tempcal.as_logits_data(logits, labels), device="cpu", chunk_rows=333)
-    thetas = [-1.0, -0.2, 0.3, 0.31, 1.7]
-    per_bin, drift = scan.ece_terms([math.exp(-t) for t in thetas], 15)
-    assert per_bin.shape == (5, 3, 15) and drift.shape == (4,)
-    for k, (a, b) in enumerate(itertools.pairwise(thetas)):
-        assert float(drift[k]) == pytest.approx(_old_drift(scan, a, b, 15), rel=1e-12)
-    [(sums, _)] = scan.calibration([math.exp(-0.3)], 15)
-    assert torch.equal(per_bin[2, 0], sums.bin_count) and torch.equal(per_bin[2, 1], sums.bin_confidence)
 
 
 # On the CPU the reference is the same computation: only with CUDA does this say more than the tests above.

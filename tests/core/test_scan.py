@@ -12,6 +12,7 @@ from reference import reference_per_sample
 
 from tempcal.core.data import as_logits_data
 from tempcal.core.scan import Scan
+from tempcal.scores.engine import scan_scores
 
 
 @pytest.mark.parametrize(("shape", "expected"), [((30000, 20), torch.float32), ((100, 2000), torch.float64),
@@ -45,7 +46,7 @@ def test_the_scores_pass_keeps_what_the_calibration_pass_keeps():
     logits[3, 4] = -math.inf
     scan = Scan(as_logits_data(logits, labels), device="cpu", chunk_rows=64)
     before = scan.passes
-    fast = scan.scores([1.0, 0.25, 3.0])
+    fast = scan_scores(scan, [1.0, 0.25, 3.0])
     assert scan.passes == before + 1
     full = scan.calibration([1.0, 0.25, 3.0], 15, keep_scores=True)
     for mine, (_, kept) in zip(fast, full, strict=True):

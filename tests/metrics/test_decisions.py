@@ -11,7 +11,7 @@ import pytest
 from conftest import EXAMPLE
 
 from tempcal.metrics import selective
-from tempcal.metrics.selective import risk_coverage_curve, selective_metrics
+from tempcal.metrics.selective import rank_in_place, ranked_curve, ranked_metrics
 from tempcal.metrics.smooth_ece import smooth_ece
 
 
@@ -33,17 +33,25 @@ def loop_reference(conf: np.ndarray, correct: np.ndarray) -> tuple[float, float,
     return tuple(totals / count)
 
 
-def by_blocks(conf: np.ndarray, correct: np.ndarray) -> tuple[float, float, float]:
-    return tuple(vars(selective_metrics(conf, conf[~correct])).values())
+def ranked(values: np.ndarray) -> np.ndarray:
+    """A ranked float64 copy of ``values``, as the passes hand them over."""
+    return rank_in_place(np.array(values, dtype=np.float64))
 
 
+def by_blocks(conf: np.ndarray, correct: np.ndarray, *, right: bool = False) -> tuple[float, float, float]:
+    """The figures from every row's confidence and the misclassified rows' (``right``: the correct rows')."""
+    kept = conf[correct] if right else conf[~correct]
+    return tuple(vars(ranked_metrics(ranked(conf), ranked(kept), right=right)).values())
+
+
+@pytest.mark.parametrize("right", [False, True])
 @pytest.mark.parametrize("seed", range(6))
-def test_risk_coverage_figures_match_a_loop_over_every_tie_order(seed):
+def test_risk_coverage_figures_match_a_loop_over_every_tie_order(seed, right):
     rng = np.random.default_rng(seed)
     n = 9
     conf = rng.choice([0.3, 0.5, 0.5, 0.7, 0.9, 0.95], size=n)  # ties of up to 4 rows
     correct = rng.random(n) < 0.6
-    assert by_blocks(conf, correct) == pytest.approx(loop_reference(conf, correct), abs=1e-12)
+    assert by_blocks(conf, correct, right=right) == pytest.approx(loop_reference(conf, correct), abs=1e-12)
 
 
 def test_without_ties_aurc_is_the_plain_sum_and_a_perfect_ranking_has_zero_eaurc():
@@ -100,10 +108,14 @@ def test_risk_coverage_curve_ends_at_the_error_rate():
     rng = np.random.default_rng(5)
     conf = rng.random(500)
     correct = rng.random(500) < conf
-    coverage, risk = risk_coverage_curve(conf, conf[~correct])
+    coverage, risk = ranked_curve(ranked(conf), ranked(conf[~correct]))
     assert coverage[-1] == 1.0 and risk[-1] == pytest.approx(1 - correct.mean())
     order = np.argsort(-conf)
     assert risk[0] == float(~correct[order[0]])
+    k = np.round(coverage * 500).astype(np.int64)  # no ties: the plain error rate among the k most confident
+    assert risk == pytest.approx(np.cumsum(~correct[order])[k - 1] / k, abs=1e-12)
+    same = ranked_curve(ranked(conf), ranked(conf[correct]), right=True)
+    assert np.array_equal(same[0], coverage) and same[1] == pytest.approx(risk, abs=1e-12)
 
 
 relplot = pytest.importorskip("relplot", reason="relplot (a dev dependency) checks the smooth ECE")
@@ -144,6 +156,16 @@ def test_smooth_ece_of_the_shipped_example_equals_relplot():
 
 
 # -- conformal sets ----------------------------------------------------------------------------------------
+
+
+def set_sums(probs, labels, thresholds):
+    """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
+    import torch
+
+    from tempcal.metrics import conformal
+
+    return {score: torch.stack([covered.sum(1), size.sum(1)], 1).double()
+            for score, (covered, size) in conformal.set_rows(probs, labels, thresholds).items()}
 
 
 def direct_sets(p: np.ndarray, labels: np.ndarray, q: float, score: str) -> list[set[int]]:
@@ -193,7 +215,7 @@ def test_conformal_sets_match_a_direct_construction(alpha):
         np.testing.assert_allclose(scores[name].numpy(), ref_scores, atol=1e-15)
         qs[name] = conformal.threshold(scores[name].numpy(), alpha)
         assert qs[name] == direct_threshold(ref_scores, alpha)
-    sums = conformal.set_sums(torch.from_numpy(p[ev]), torch.from_numpy(labels[ev]),
+    sums = set_sums(torch.from_numpy(p[ev]), torch.from_numpy(labels[ev]),
                               {k: [v] for k, v in qs.items()})
     found = conformal.results([alpha], {k: [v] for k, v in qs.items()}, sums, 201)
     for result in found:

@@ -17,7 +17,7 @@ import tempcal
 matplotlib = pytest.importorskip("matplotlib")
 
 from tempcal.io.writeback import write_temperature  # noqa: E402
-from tempcal.output import plots  # noqa: E402
+from tempcal.output import ood_plots, plots  # noqa: E402
 from tempcal.output.files import write_fit_files, write_report_files  # noqa: E402
 from tempcal.workflows.fit import fit_file  # noqa: E402
 from tempcal.workflows.ood import ood_file  # noqa: E402
@@ -162,7 +162,7 @@ def test_ood_at_one_tau_draws_roc_curves_and_histograms(calibrated_ood):
 
     id_path, oods = calibrated_ood
     report = ood_file(id_path, oods, taus=["fitted"], scores="msp,energy,gen")
-    figure = plots.ood_figure(report)
+    figure = ood_plots.ood_figure(report)
     axes = drawn(figure)
     assert len(axes) == len(figure.axes) == 2 * (1 + 3)
     assert all(ax.get_xscale() == "linear" for ax in axes)
@@ -193,7 +193,7 @@ def test_ood_at_one_tau_draws_roc_curves_and_histograms(calibrated_ood):
 def test_ood_sweep_is_readable_and_names_each_file_in_titles(calibrated_ood):
     id_path, oods = calibrated_ood
     report = ood_file(id_path, oods, scores="msp,energy")
-    figure = plots.ood_figure(report)
+    figure = ood_plots.ood_figure(report)
     axes = drawn(figure)
     assert all(not ax.get_ylabel().endswith(".safetensors") for ax in figure.axes)
     for ax in axes:
@@ -210,6 +210,6 @@ def test_flat_fpr95_is_not_zoomed_to_its_rounding(ood_files, tmp_path):
     report = ood_file(id_path, [ood_path], taus=[1.0, 1.001], scores="msp")
     values = [m.fpr95 for _, m in report.results]
     assert max(values) - min(values) < 1e-2
-    fpr = next(ax for ax in plots.ood_figure(report).axes if "FPR95 (OOD" in ax.get_title())
+    fpr = next(ax for ax in ood_plots.ood_figure(report).axes if "FPR95 (OOD" in ax.get_title())
     low, high = fpr.get_ylim()
     assert high - low >= 0.05 and low <= min(values) and max(values) <= high

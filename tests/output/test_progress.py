@@ -1,4 +1,4 @@
-"""The progress line (tempcal.output.progress): silent for short runs, when disabled and off a terminal."""
+"""The progress line (tempcal.progress): silent for short runs, when disabled and off a terminal."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import time
 import pytest
 from rich.console import Console
 
-from tempcal.output.progress import Progress
+from tempcal.progress import Progress
 
 
 def _terminal() -> tuple[Console, io.StringIO]:
@@ -79,7 +79,7 @@ def test_off_a_terminal_nothing_is_drawn(capfd):
 
 def test_only_rank_0_draws(monkeypatch):
     """Under torchrun every rank runs the fit on one shared terminal: one line, from rank 0."""
-    import tempcal.output.progress as progress_module
+    import tempcal.progress as progress_module
 
     monkeypatch.setattr(progress_module, "rank", lambda: 1)
     console, buffer = _terminal()
@@ -112,7 +112,7 @@ def test_an_error_inside_still_erases_the_line():
 
 def test_a_bar_with_a_total_is_the_same_line_and_draws_on_rank_0_only(monkeypatch):
     """The language model's bars (``DelayedBar``) are this progress line with a total: its rules hold for them."""
-    import tempcal.output.progress as progress_module
+    import tempcal.progress as progress_module
     from tempcal.models.lm_progress import DelayedBar
 
     console, buffer = _terminal()
@@ -226,7 +226,7 @@ def test_off_a_terminal_a_line_without_a_total_says_the_latest_step():
 
 @pytest.mark.parametrize("how", ["quiet", "rank 1", "terminal", "short"])
 def test_no_plain_line_when_quiet_on_other_ranks_on_a_terminal_or_in_a_short_run(monkeypatch, how):
-    import tempcal.output.progress as progress_module
+    import tempcal.progress as progress_module
 
     clock, (console, log) = FakeClock(), _log()
     if how == "rank 1":
@@ -247,7 +247,7 @@ def test_no_plain_line_when_quiet_on_other_ranks_on_a_terminal_or_in_a_short_run
 
 def test_off_a_terminal_the_clock_is_read_by_a_thread_during_a_slow_step(monkeypatch):
     """One long step with no report (a model's first batch): the line still comes, from the ticking thread."""
-    import tempcal.output.progress as progress_module
+    import tempcal.progress as progress_module
 
     monkeypatch.setattr(progress_module, "PLAIN_EVERY", 0.05)
     console, log = _log()
@@ -262,7 +262,7 @@ def test_a_piped_command_prints_plain_progress_lines_and_none_under_quiet(tmp_pa
     """``fit`` and a model run as a CI log sees them (PLAIN_EVERY cut to 0 s so a short run shows its lines)."""
     from conftest import EXAMPLE
 
-    import tempcal.output.progress as progress_module
+    import tempcal.progress as progress_module
     from tempcal.cli.main import main
 
     monkeypatch.setattr(progress_module, "PLAIN_EVERY", 0.0)
@@ -281,7 +281,7 @@ def test_a_piped_command_prints_plain_progress_lines_and_none_under_quiet(tmp_pa
 def test_a_model_run_off_a_terminal_prints_plain_lines(digits, monkeypatch, capsys):
     from conftest import run_model_source
 
-    import tempcal.output.progress as progress_module
+    import tempcal.progress as progress_module
 
     monkeypatch.setattr(progress_module, "PLAIN_EVERY", 0.0)
     run_model_source(digits["model"], digits["inputs"], device="cpu", batch_size=500, progress=True)

@@ -25,7 +25,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Column
 from rich.text import Text
 
-from ..core.distributed import rank
+from .core.distributed import rank
 
 #: Seconds of silence before the line appears.
 DELAY = 2.0

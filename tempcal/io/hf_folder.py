@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
-from ..io.bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
-from ..io.safetensors_header import shown
+from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
+from .safetensors_header import shown
 
 #: Largest ``config.json`` read (configurations are a few kB; label maps of 20k classes about 1 MB).
 MAX_CONFIG_BYTES = 16 << 20

@@ -1,0 +1,71 @@
+"""No module imports from a layer above its own, counting imports inside functions and under ``TYPE_CHECKING``.
+
+The layers, low to high: errors and validation, core (and the progress line beside it), metrics and scores, io,
+models, sources, workflows (and the scikit-learn estimator), output, cli. A lower layer that needs something from
+a higher one takes it as an argument (or the thing moves down), so a reader can follow the package from the bottom
+up without meeting a name defined further up.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "tempcal"
+
+#: Each top-level module or package of ``tempcal`` and its layer; a module may import its own layer and below.
+LAYERS = {
+    "_version": 0, "errors": 0, "validation": 0,
+    "core": 1, "progress": 1,
+    "metrics": 2, "scores": 2,
+    "io": 3,
+    "models": 4,
+    "sources": 5,
+    "workflows": 6, "scaler": 6,
+    "output": 7,
+    "cli": 8, "__main__": 8, "__init__": 9,
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS["__init__"] if len(parts) == 1 else LAYERS[parts[1]]
+
+
+def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The ``tempcal`` modules ``name`` imports anywhere in its body: the module itself for ``from m import x``
+    unless ``m.x`` is a module, as the import then loads that module."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {m for m in found if m in modules and m != name}
+
+
+def arrows_up() -> list[str]:
+    modules = _modules()
+    return sorted(f"{name} -> {target}" for name, path in modules.items()
+                  for target in _imported(name, path, modules) if _layer(target) > _layer(name))
+
+
+def test_every_top_level_module_has_a_layer():
+    assert {name.split(".")[1] for name in _modules() if "." in name} <= set(LAYERS)
+
+
+def test_no_import_runs_up_a_layer():
+    assert arrows_up() == []
