@@ -25,6 +25,8 @@ IGNORE_INDEX = -100
 TEMPERATURE_KEY = "tempcal.temperature"
 #: The metadata key saying the stored T was fitted on log-probabilities (``"true"``): later reads take log(p) too.
 PROBS_KEY = "tempcal.probs"
+#: The ``SourceOptions`` fields a kind may keep beside T, and their metadata keys.
+READING_KEYS = {"probs": PROBS_KEY, "logits_key": "tempcal.logits_key", "labels_key": "tempcal.labels_key"}
 
 
 # -- temperatures -------------------------------------------------------------------------
@@ -395,8 +397,8 @@ def check_alphas(alphas: Sequence[float]) -> list[float]:
 
 __all__ = ["DEFAULT_GROUP_PRIOR", "FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_GROUP_PRIOR",
            "MAX_RESAMPLES", "MIN_TEMPERATURE", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE", "POSITIVE", "PROBS_KEY",
-           "TEMPERATURE_KEY", "UNIT", "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature", "check_alphas",
-           "check_bins", "check_confidences", "check_labels", "check_number", "check_option", "check_prior",
-           "check_taus", "format_temperature",
-           "is_fitted", "parse_tau", "positive_number", "probabilities_refused", "resolve_taus", "shown_value",
-           "stored_probs", "stored_temperature", "temperature_number", "temperature_problem", "whole_number"]
+           "READING_KEYS", "TEMPERATURE_KEY", "UNIT", "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature",
+           "check_alphas", "check_bins", "check_confidences", "check_labels", "check_number", "check_option",
+           "check_prior", "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number",
+           "probabilities_refused", "resolve_taus", "shown_value", "stored_probs", "stored_temperature",
+           "temperature_number", "temperature_problem", "whole_number"]

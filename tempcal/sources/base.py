@@ -16,12 +16,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
-from ..validation import IGNORE_INDEX, PROBS_KEY
+from ..validation import IGNORE_INDEX, READING_KEYS
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
     from ..core.data import LogitsSource
+    from ..validation import ProbabilitiesError
+    from .described import Findings
+    from .grouping import RowGroups
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,42 @@ class SourceOptions:
         return replace(self, **changes)
 
 
+@dataclass(frozen=True)
+class Keep:
+    """What a fit asks to keep with its T; each kind reads what concerns it (see :meth:`OpenedSource.keep`)."""
+
+    store: bool = True  # False (``--no-write``): no T is written (a model's logits still are, without it)
+    output: str | Path | None = None  # a copy (a record) written instead of SOURCE's own place
+    metadata: Mapping[str, str | None] = field(default_factory=dict)  # more kept beside T (the fitted split)
+    group_key: str | None = None  # per-group temperatures (``--group-by KEY``)
+    group_temperatures: Mapping[str, float] | None = None
+    save_model: str | None = None  # a model: written calibrated here
+    save_logits: str | None = None  # a model: its logits kept as a logits file
+    generation: bool = False  # a language model: T as generation_config.json's temperature too
+    save_hidden: str | None = None  # a language model: its hidden states kept as a SOURCE for --head
+    settings: Mapping[str, Any] | None = None  # a language model's record: how the command was run
+    results: Mapping[str, Any] | None = None  # ... and the figures it found
+
+
+@dataclass
+class Kept:
+    """What :meth:`OpenedSource.keep` wrote: the files that now hold T, and the lines saying what was written."""
+
+    paths: list[str] = field(default_factory=list)
+    lines: list[str] = field(default_factory=list)
+
+
+def wrote_lines(temperature: float, paths: list[str], ask: Keep) -> list[str]:
+    """The lines naming what was stored where: T, and the groups' temperatures (nothing when nothing was)."""
+    if not paths:
+        return []
+    lines = [f"wrote tempcal.temperature = {temperature!r} into {', '.join(paths)}"]
+    if ask.group_temperatures is not None:
+        lines.append(f"wrote the temperatures of {len(ask.group_temperatures)} groups (tempcal.group_temperatures, "
+                     f"by {ask.group_key}) into {', '.join(paths)}")
+    return lines
+
+
 @dataclass
 class OpenedSource:
     """One opened SOURCE: its files, its logits as a chunked source, and the T stored with it.
@@ -120,6 +160,18 @@ class OpenedSource:
             return other
         return self.kind.open_related(self, other, labels_optional=labels_optional)
 
+    def keep(self, temperature: float, ask: Keep) -> Kept:
+        """Keep a fitted T where this kind keeps it, with what ``ask`` says to keep beside it; by default in each
+        of SOURCE's files (or a copy at ``ask.output``), with how it was read, the groups' temperatures and
+        ``ask.metadata``. The read side is :attr:`stored`, which the kind fills when it opens SOURCE."""
+        if not ask.store:
+            return Kept()
+        from .grouping import group_metadata
+
+        extra = {**group_metadata(ask.group_key, ask.group_temperatures), **ask.metadata}
+        paths = [str(p) for p in self.write_temperature(temperature, ask.output, extra)]
+        return Kept(paths, wrote_lines(temperature, paths, ask))
+
     def write_temperature(self, temperature: float, output: str | Path | None = None,
                           extra: Mapping[str, str | None] | None = None) -> list[Path]:
         """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`) and
@@ -161,8 +213,6 @@ class OpenedSource:
         return rows[(rows >= start) & (rows < stop)] - start
 
 
-#: The ``SourceOptions`` fields a kind may keep beside T, and their metadata keys.
-READING_KEYS = {"probs": PROBS_KEY, "logits_key": "tempcal.logits_key", "labels_key": "tempcal.labels_key"}
 #: The tensor names a SOURCE is read with unless told otherwise.
 DEFAULT_KEYS = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key}
 
@@ -189,6 +239,10 @@ class SourceKind(ABC):
     #: :data:`READING_KEYS`), written by :meth:`write_reading`; later opens without those options read
     #: the file the same way.
     remembered: tuple[str, ...] = ()
+    #: How ``tempcal inspect`` names this kind (its ``kind_name``; the ``name`` when empty).
+    title: str = ""
+    #: Whether ``tempcal inspect`` refuses a SOURCE whose first path is missing (a model's is checked by loading it).
+    inspect_needs_file: bool = True
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         """Whether ``paths`` are a SOURCE of this kind (by default: the first path's suffix)."""
@@ -203,6 +257,80 @@ class SourceKind(ABC):
         from .registry import open_source
 
         return open_source(other, opened.options, labels_optional=labels_optional)
+
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        """Why values that look like probabilities, read without ``probs``, are refused: by default, they come from a
+        model, which gives logits; logits files override (``--probs`` reads them as log p)."""
+        from ..validation import AS_LOGITS, ProbabilitiesError
+
+        return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values "
+                                  f"in [0, 1], each row summing to 1), and probabilities are read only from logits "
+                                  f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "
+                                  "the values as logits")
+
+    # -- --group-by KEY: the groups of the counted rows (see tempcal.sources.groups) ---------------------------
+    def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
+        """The groups of ``opened``'s counted rows by the integer tensor ``key`` (:meth:`group_values`), cut to the
+        rows that count; ``option`` names where KEY came from in messages."""
+        from ..errors import DataError
+        from .grouping import TASK, check_row_count, kept_rows, named
+
+        if key == TASK and key not in self.tensor_names(opened):
+            raise TempcalError(f"{option} {TASK} groups lm-evaluation-harness logs by their task; "
+                               f"{opened.name} has no tensor '{TASK}'")
+        values = self.group_values(opened, key, option)
+        kept = kept_rows(opened.data)
+        if kept is not None and kept.numel() and int(kept.max()) >= values.shape[0]:
+            raise DataError(f"{opened.name}: '{key}' ({option}) has {values.shape[0]} values; the data has "
+                            f"more rows")
+        if kept is not None:
+            values = values[kept.numpy()]
+        groups = named(key, values, opened.name, option)
+        check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
+        return groups
+
+    def tensor_names(self, opened: OpenedSource) -> set[str]:
+        """The tensors SOURCE's header lists, where the format has one (none by default)."""
+        return set()
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """The flat integer values of tensor ``key`` over every row of every file, before rows are left out;
+        by default this kind has no named tensors."""
+        raise TempcalError(f"{opened.name}: {option} reads a named tensor of a .safetensors, .npz or .pt "
+                           f"SOURCE (or of a model's inputs file); a {self.name} SOURCE has none")
+
+    # -- what tempcal inspect says of this kind (see tempcal.workflows.inspect and .described) ---------------
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """Every tensor (array) in SOURCE's files, from their headers where the format has them (none by default)."""
+        return []
+
+    def describes_unopened(self, options: SourceOptions) -> bool:
+        """Whether inspect describes SOURCE from its files alone, without opening it as the other commands do."""
+        return False
+
+    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
+        """The state of the sidecar T is kept in (None for a kind that keeps T elsewhere)."""
+        from .described import sidecar_block
+
+        return sidecar_block(path)
+
+    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
+                        findings: Findings) -> dict[str, Any]:
+        """The stored T as the other commands use it, what is recorded whatever its state, where, and how it was
+        fitted; by default from the sidecar (recorded even when stale)."""
+        from ..io.sidecar import sidecar_state
+        from .described import stored_block
+
+        shown = f"{sidecar['path'] if sidecar else path}:"
+        return stored_block("sidecar", sidecar_state(path).metadata, shown, shown, opened, findings.problems)
+
+    def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
+        """What else inspect shows of this kind (None by default); an error is kept as a problem."""
+        return None
+
+    def describe_hints(self, options: SourceOptions) -> list[str]:
+        """What to pass to use a SOURCE of this kind, beyond what every kind is told (none by default)."""
+        return []
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The T stored for ``path`` and warnings about it; by default in its sidecar ``FILE.tempcal.json``."""
@@ -249,4 +377,5 @@ class SourceKind(ABC):
         return write_sidecar_copy(path, temperature, Path(output), updates=metadata)
 
 
-__all__ = ["DEFAULT_KEYS", "READING_KEYS", "OpenedSource", "SourceKind", "SourceOptions", "check_react"]
+__all__ = ["DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions", "check_react",
+           "wrote_lines"]

@@ -29,7 +29,8 @@ from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 from ..core.threads import pass_threads
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
-from .base import OpenedSource, SourceOptions
+from ..validation import ProbabilitiesError
+from .base import OpenedSource, SourceKind, SourceOptions
 from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
 
 #: Logits per block: larger than for stored logits, since each block is also a matmul that wants many rows;
@@ -119,9 +120,14 @@ class HeadKind(SafetensorsKind):
     """Hidden states in safetensors files with ``--head``; T goes into their metadata."""
 
     name = "head"
+    title = "hidden states with an output head"
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return options.head is not None
+
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        """The head computes the logits: refused as a model's output is."""
+        return SourceKind.probabilities_refused(self, opened)
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from ..models.head import load_head

@@ -36,10 +36,12 @@ from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import OpenedSource, SourceKind, SourceOptions
 from .bounded_lines import BoundedLines, OverLimit
 from .lm_eval_json import decode_line, load_record
-from .lm_eval_records import NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, Where, parse_record, short
+from .lm_eval_records import NORM_KEY, NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, Where, parse_record, short
 
 if TYPE_CHECKING:
     import torch
+
+    from .grouping import RowGroups
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 #: The longest line read, and the most whitespace in a row between records (see :mod:`.bounded_lines`).
@@ -49,8 +51,6 @@ MAX_LINE_BYTES = 64 << 20
 #: The largest padded matrix (records x the most choices x 8 bytes) a SOURCE of logs is read into.
 MAX_PADDED_BYTES = 1 << 30
 GZIP_MAGIC = b"\x1f\x8b"
-#: The sidecar key recording the ``--lm-eval-norm`` a stored T was fitted under.
-NORM_KEY = "tempcal.lm_eval_norm"
 #: ``samples_<task>_<date>`` with lm-eval's ``datetime.now().isoformat().replace(":", "-")`` date.
 _NAME_WITH_DATE = re.compile(r"^samples_(?P<task>.+?)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)$")
 
@@ -269,6 +269,7 @@ class LmEvalKind(SourceKind):
     """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with."""
 
     name = "lm-eval"
+    title = "lm-evaluation-harness sample log"
     suffixes = LOG_SUFFIXES
     shards = True
 
@@ -311,6 +312,36 @@ class LmEvalKind(SourceKind):
             pad = torch.full((data.num_samples, width - data.num_classes), float("-inf"), dtype=data.dtype)
             related.data = LogitsData(torch.cat([data.logits, pad], dim=1), data.labels, data.index)
         return related
+
+    def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
+        """Per log: its task, records, choice counts, filter and the forms of its arguments and targets."""
+        details = []
+        for path in paths:
+            info = read_lm_eval_log(path, options.lm_eval_norm)[2]
+            details.append({"file": str(path), "task": info.task, "records": info.records,
+                            "choice_counts": {str(k): v for k, v in sorted(info.choice_counts.items())},
+                            "filter": info.filter, "arguments_forms": info.arguments_forms,
+                            "targets": info.targets})
+        return details
+
+    def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
+        """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
+        import numpy as np
+
+        from ..errors import DataError
+        from .grouping import TASK, RowGroups
+
+        if key != TASK:
+            raise TempcalError(f"{opened.name}: lm-evaluation-harness logs hold no tensors; {option} "
+                               f"{TASK} groups their rows by each log's task")
+        rows = opened.file_rows or [opened.data.num_samples]
+        tasks = [task_from_filename(p) or p.name for p in opened.paths]
+        names = sorted(set(tasks))
+        if len(names) < len(tasks):
+            seen = next(t for t in tasks if tasks.count(t) > 1)
+            raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")
+        index = np.concatenate([np.full(n, names.index(t), dtype=np.int64) for t, n in zip(tasks, rows, strict=True)])
+        return RowGroups(key, names, index, numeric=False)
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""

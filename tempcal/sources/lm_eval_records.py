@@ -23,6 +23,8 @@ from ..errors import DataError, param
 
 #: ``--lm-eval-norm`` values: log-likelihood as is, per character of the choice text, per UTF-8 byte of it.
 NORMS: tuple[str, ...] = ("none", "chars", "bytes")
+#: The sidecar key recording the ``--lm-eval-norm`` a stored T was fitted under.
+NORM_KEY = "tempcal.lm_eval_norm"
 #: The per-sample metric of lm-eval whose prediction each normalisation reproduces (a consistency check).
 NORM_METRIC = {"none": "acc", "chars": "acc_norm", "bytes": "acc_bytes"}
 #: The most choices a record may have (lm-eval's multiple-choice tasks have 2 to a few hundred); the check comes
@@ -351,5 +353,5 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-__all__ = ["NORMS", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where", "first_argmax", "json_kind",
+__all__ = ["NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where", "first_argmax", "json_kind",
            "normalise", "parse_record", "resolve_target", "short"]

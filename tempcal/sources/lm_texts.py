@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..errors import TempcalError, param
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
 
 ROLES = ("source", "related")
 
@@ -79,7 +79,8 @@ class LmSource(OpenedSource):
                 "logit_scale": head.scale, "softcap": head.softcap, "head_check_difference": lm.probe_difference,
                 "texts": [run.to_json() for run in runs if run is not None]}
 
-    def record(self, settings: dict[str, Any] | None = None, results: dict[str, Any] | None = None) -> dict[str, Any]:
+    def record(self, settings: Mapping[str, Any] | None = None,
+               results: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """What ``tempcal.json`` holds besides T: the model, the texts fitted on, the settings and the figures."""
         assert self.run is not None
         texts = {key: value for key, value in self.run.to_json().items()
@@ -91,17 +92,34 @@ class LmSource(OpenedSource):
             out["results"] = dict(results)
         return out
 
+    def keep(self, temperature: float, ask: Keep) -> Kept:
+        """T into ``MODEL/tempcal.json`` (or the record at ``ask.output``) with the texts, ``ask.settings`` and
+        ``ask.results`` unless ``ask.store`` is False; into ``generation_config.json`` when ``ask.generation``; the
+        hidden states at ``ask.save_hidden``."""
+        kept = Kept(lines=self.keep_hidden(ask.save_hidden))
+        written = []
+        if ask.store:
+            written.append(self.record_temperature(temperature, ask.output, ask.settings, ask.results))
+        if ask.generation:
+            written.append(self.write_generation_config(temperature))
+        kept.paths += [str(path) for path in written]
+        kept.lines += [f"wrote temperature = {temperature!r} into {path}" for path in written]
+        return kept
+
     def write_temperature(self, temperature: float, output: str | Path | None = None,
-                          extra: Mapping[str, str | None] | None = None, *, settings: dict[str, Any] | None = None,
-                          results: dict[str, Any] | None = None) -> list[Path]:
-        """T into ``MODEL/tempcal.json`` (or the record at ``output``), with the texts, ``settings`` and ``results``
-        (``extra`` metadata, such as per-group temperatures, goes into the record's results)."""
-        if extra:
-            results = {**(results or {}), **{k: v for k, v in extra.items() if v is not None}}
+                          extra: Mapping[str, str | None] | None = None) -> list[Path]:
+        """T into ``MODEL/tempcal.json`` (or the record at ``output``), with the texts (``extra`` metadata, such as
+        per-group temperatures, goes into the record's results)."""
+        results = {k: v for k, v in (extra or {}).items() if v is not None}
+        return [self.record_temperature(temperature, output, None, results)]
+
+    def record_temperature(self, temperature: float, output: str | Path | None, settings: Mapping[str, Any] | None,
+                     results: Mapping[str, Any] | None) -> Path:
+        """T, the model, the texts, ``settings`` and ``results`` into ``MODEL/tempcal.json`` (or ``output``)."""
         from ..io.lm_record import record_path, write_record
 
         target = Path(output) if output is not None else record_path(self.lm.folder)
-        return [write_record(target, temperature, self.record(settings, results))]
+        return write_record(target, temperature, self.record(settings, results))
 
     def write_generation_config(self, temperature: float) -> Path:
         """``temperature`` into ``MODEL/generation_config.json`` (other keys kept)."""
@@ -113,6 +131,13 @@ class LmSource(OpenedSource):
             return GenerationConfig.from_model_config(self.lm.model.config).to_diff_dict()
 
         return set_generation_temperature(self.lm.folder, temperature, derived)
+
+    def keep_hidden(self, path: str | os.PathLike | None) -> list[str]:
+        """``--save-hidden``: the hidden states and labels kept at ``path`` (nothing without it); the line saying so."""
+        if path is None:
+            return []
+        saved = self.save_hidden(path)
+        return [f"wrote the hidden states and labels to {saved} (a SOURCE for --head {self.lm.folder})"]
 
     def save_hidden(self, path: str | os.PathLike) -> Path:
         """Keep the hidden states and labels as a safetensors SOURCE for ``--head MODEL``."""

@@ -19,6 +19,8 @@ from .base import OpenedSource, SourceKind, SourceOptions
 if TYPE_CHECKING:
     import torch
 
+    from ..validation import ProbabilitiesError
+
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK"  # a local file header, or an empty archive's end record
 PICKLE_MAGIC = b"\x80"  # pickle protocol 2 and later: torch.save's legacy format
@@ -27,6 +29,15 @@ PICKLE_MAGIC = b"\x80"  # pickle protocol 2 and later: torch.save's legacy forma
 MAX_EXPANSION = 100
 #: ... or to this many bytes, whatever its ratio (padded token labels compress very well, and are small).
 EXPANSION_FLOOR = 256 << 20
+
+
+class InMemoryKind(SourceKind):
+    """A logits file read whole into memory: what these kinds share beyond the sidecar."""
+
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        from ..validation import probabilities_refused
+
+        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
 
 
 def in_memory_source(kind: SourceKind, path: Path, logits: torch.Tensor, labels: torch.Tensor | None,

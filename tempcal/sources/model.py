@@ -11,10 +11,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import TempcalError, param
-from .base import OpenedSource, SourceKind, SourceOptions
+from ..errors import Note, TempcalError, param
+from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions, wrote_lines
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .described import Findings
 
 
 @dataclass
@@ -29,10 +34,30 @@ class ModelSource(OpenedSource):
         return self.label or f"{self.model.path} on {self.inputs_path}"
 
 
+    def keep(self, temperature: float, ask: Keep) -> Kept:
+        """A model has no file T goes into: its logits as a logits file (``ask.save_logits``, with T unless
+        ``ask.store`` is False), and the model written calibrated (``ask.save_model``)."""
+        from ..core.data import LogitsData
+        from ..models.save import save_calibrated_model, save_logits
+
+        if ask.save_logits:
+            save_logits(cast(LogitsData, self.data), ask.save_logits, temperature=temperature if ask.store else None,
+                        metadata={"tempcal.model": str(self.model.path), "tempcal.inputs": str(self.inputs_path)})
+        paths = []
+        if ask.save_model and ask.store:
+            paths = [str(save_calibrated_model(self.model.path, temperature, ask.save_model,
+                                               output_key=self.options.output_key, check_inputs=self.inputs_path,
+                                               inputs_key=self.options.inputs_key))]
+        saved = [f"wrote the logits to {ask.save_logits}"] if ask.save_logits else []
+        return Kept(paths, wrote_lines(temperature, paths, ask) + saved)
+
+
 class ModelKind(SourceKind):
     """Models (``.pt2``, ``.onnx``; TorchScript ``.pt``, ``.pth``, ``.ts``, ``.torchscript``) run over ``--inputs``."""
 
     name = "model"
+    title = "model"
+    inspect_needs_file = False  # loading it says what is wrong with its path
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         from ..models.detect import looks_like_model
@@ -74,6 +99,55 @@ class ModelKind(SourceKind):
             raise exc.prefixed(f"{inputs_path}: ") from None
         return ModelSource([], data, model.temperature, self, options, has_labels=has_labels, label=label,
                            model=model, inputs_path=inputs_path)
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """``key`` in the inputs file, checked against its labels' shape."""
+        from .grouping import safetensors_values
+
+        assert isinstance(opened, ModelSource) and opened.inputs_path is not None
+        return safetensors_values(opened.inputs_path, key, opened.options.labels_key, option)
+
+    def describes_unopened(self, options: SourceOptions) -> bool:
+        return options.inputs is None  # described from its file alone
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """The tensors of its inputs file, when given."""
+        if options.inputs is None:
+            return []
+        from ..io.safetensors_header import dtype_name, read_header
+        from .described import tensor_entry
+
+        header = read_header(options.inputs)
+        renamed = options.but(logits_key=options.inputs_key)
+        return [{**tensor_entry(options.inputs, name, info.shape, dtype_name(info.dtype), renamed),
+                 "role": {options.inputs_key: "inputs", options.labels_key: "labels"}.get(name)}
+                for name, info in header.tensors.items()]
+
+    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
+        return None  # T is in the model itself
+
+    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
+                        findings: Findings) -> dict[str, Any]:
+        """The T a calibrated model holds (loaded from its file when it was not run)."""
+        from ..models.base import load_model
+
+        temperature = opened.stored if opened is not None else findings.attempt(
+            lambda: load_model(path, "cpu").temperature)
+        return {"temperature": temperature, "recorded": temperature, "where": "model", "probs": False}
+
+    def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
+        """Its format (None when it cannot be told)."""
+        from ..models.detect import FORMAT_NAMES, model_format
+
+        try:
+            return {"format": FORMAT_NAMES[model_format(paths[0])]}
+        except TempcalError:
+            return {"format": None}
+
+    def describe_hints(self, options: SourceOptions) -> list[str]:
+        if options.inputs is not None:
+            return []
+        return [Note(f"a model: give its inputs with {param('inputs')} DATA.safetensors to look at its outputs")]
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """A calibrated model's T (None for any other model), read by loading it as a SOURCE would."""

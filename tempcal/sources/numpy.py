@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DataError, Note, TempcalError, param
 from ..io.safetensors_header import shown
 from ..io.sidecar import sidecar_path
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import OpenedSource, SourceOptions
 from .memory import (
     NPY_MAGIC,
     ZIP_MAGIC,
+    InMemoryKind,
     check_fits,
     checked_member,
     checked_path,
@@ -34,6 +35,7 @@ from .memory import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 #: What a reader returns: the keys present, the logits, the labels (None when absent) and the labels' name.
@@ -44,8 +46,9 @@ NETCAL_KEYS = {"logits": "predictions", "labels": "ground_truth"}
 REMEMBERED = ("probs", "logits_key", "labels_key")
 
 
-class NpzKind(SourceKind):
+class NpzKind(InMemoryKind):
     name = "npz"
+    title = ".npz archive"
     suffixes = (".npz",)
     remembered = REMEMBERED
 
@@ -63,6 +66,21 @@ class NpzKind(SourceKind):
             opened.warnings.insert(0, Note(f"{path}: read netcal's array names: {' and '.join(taken)}"))
         return opened
 
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        from .described import tensor_entry
+
+        return [tensor_entry(path, name, shape, dtype, options) for path in paths
+                for name, (dtype, shape) in npz_arrays(path).items()]
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """The array ``key``, checked against the labels' shape."""
+        from .grouping import checked, labels_shape
+
+        path = opened.paths[0]
+        values = read_npz_array(path, key, option)
+        shape = labels_shape(lambda name, said: read_npz_array(path, name, said), opened.options.labels_key)
+        return checked(path, key, values, shape, option)
+
 
 def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
     """The keys to read: netcal's name stands in for a default one that is absent when netcal's is present."""
@@ -73,8 +91,9 @@ def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tupl
     return key(logits_key, "logits"), key(labels_key, "labels")
 
 
-class NpyKind(SourceKind):
+class NpyKind(InMemoryKind):
     name = "npy"
+    title = ".npy logits file"
     suffixes = (".npy",)
     remembered = REMEMBERED
 
@@ -83,6 +102,19 @@ class NpyKind(SourceKind):
         _, logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key,
                                                         not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """The logits array, and its labels file when there is one."""
+        from .described import tensor_entry
+
+        path = paths[0]
+        dtype, shape = npy_array(path)
+        entries = [{**tensor_entry(path, path.name, shape, dtype, options), "role": "logits"}]
+        labels = npy_labels_path(path, options.logits_key, options.labels_key)
+        if labels is not None and labels.is_file():
+            dtype, shape = npy_array(labels)
+            entries.append({**tensor_entry(labels, labels.name, shape, dtype, options), "role": "labels"})
+        return entries
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:

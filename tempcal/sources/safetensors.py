@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..core.data import as_logits_data, default_chunk_rows
@@ -32,8 +34,11 @@ from ..io.safetensors_header import (
     read_tensor,
     shown,
 )
-from ..validation import check_labels
+from ..validation import ProbabilitiesError, check_labels, probabilities_refused
 from .base import OpenedSource, SourceKind, SourceOptions
+
+if TYPE_CHECKING:
+    from .described import Findings
 
 #: Logits of at most this many bytes (all shards together) are read once and kept, about what
 #: importing torch already takes; every pass over larger inputs reads them again, a chunk at a time.
@@ -309,6 +314,7 @@ class SafetensorsKind(SourceKind):
     suffixes = (".safetensors",)
     shards = True
     remembered = ("probs",)  # tensor names are not kept: a file's header lists them
+    title = "safetensors logits file"
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         # A missing file is claimed too, so that the error says it is missing.
@@ -323,6 +329,36 @@ class SafetensorsKind(SourceKind):
                                             ignore_index=options.ignore_index, labels_optional=labels_optional)
         stored = read_header(paths[0]).stored_temperature()
         return OpenedSource(paths, data, stored, self, options, has_labels=has_labels)
+
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
+
+    def tensor_names(self, opened: OpenedSource) -> set[str]:
+        return set(read_header(opened.paths[0]).tensors)
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """``key`` in every shard, each checked against its labels' shape."""
+        from .grouping import safetensors_values
+
+        labels_key = opened.options.labels_key
+        return np.concatenate([safetensors_values(path, key, labels_key, option) for path in opened.paths])
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        from .described import tensor_entry
+
+        return [tensor_entry(path, name, info.shape, dtype_name(info.dtype), options)
+                for path in paths for name, info in read_header(path).tensors.items()]
+
+    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
+        return None  # T is in the file's own metadata
+
+    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
+                        findings: Findings) -> dict[str, Any]:
+        """The stored T from the file's metadata."""
+        from .described import stored_block
+
+        metadata = findings.attempt(lambda: dict(read_header(path).metadata)) or {}
+        return stored_block("metadata", metadata, f"{path}:", f"{path}: metadata", opened, findings.problems)
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         return read_header(path).stored_temperature(), []

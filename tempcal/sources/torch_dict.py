@@ -10,22 +10,24 @@ import re
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
 from ..models.detect import archive_kind
-from .base import OpenedSource, SourceKind, SourceOptions
-from .memory import PICKLE_MAGIC, ZIP_MAGIC, checked_path, first_line, in_memory_source, magic, missing
+from .base import OpenedSource, SourceOptions
+from .memory import PICKLE_MAGIC, ZIP_MAGIC, InMemoryKind, checked_path, first_line, in_memory_source, magic, missing
 from .torch_pickle import check_storages
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
 _Read = tuple[tuple[str, ...], "torch.Tensor", "torch.Tensor | None", str]
 
 
-class TorchDictKind(SourceKind):
+class TorchDictKind(InMemoryKind):
     name = "pt"
+    title = "torch.save dict of tensors"
     suffixes = (".pt", ".pth")
     remembered = ("probs", "logits_key", "labels_key")  # kept in the sidecar beside T
 
@@ -34,6 +36,30 @@ class TorchDictKind(SourceKind):
         _, logits, labels, labels_name = _read_pt(path, options.logits_key, options.labels_key, not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=options.logits_key,
                                 labels_name=labels_name)
+
+    def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """Every entry of the dict: tensors with their shapes, anything else by its type."""
+        import torch
+
+        from .described import tensor_entry
+
+        path, entries = paths[0], []
+        for name, value in load_pt_dict(path).items():
+            if isinstance(value, torch.Tensor):
+                entries.append(tensor_entry(path, str(name), value.shape, str(value.dtype).removeprefix("torch."),
+                                            options))
+            else:
+                entries.append({**tensor_entry(path, str(name), None, type(value).__name__, options), "role": None})
+        return entries
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """The tensor ``key``, checked against the labels' shape."""
+        from .grouping import checked, labels_shape
+
+        path = opened.paths[0]
+        values = read_pt_tensor(path, key, option)
+        shape = labels_shape(lambda name, said: read_pt_tensor(path, name, said), opened.options.labels_key)
+        return checked(path, key, values, shape, option)
 
 
 def _read_pt(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:

@@ -11,7 +11,7 @@ from ..core import distributed
 from ..core.scan import Scan
 from ..errors import DataError, param
 from ..sources.base import OpenedSource
-from ..validation import AS_LOGITS, AS_PROBS, PROBS_KEY, ProbabilitiesError, is_fitted, probabilities_refused
+from ..validation import AS_LOGITS, AS_PROBS, PROBS_KEY, ProbabilitiesError, is_fitted
 
 
 def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows: int | None, probs: bool | None,
@@ -31,18 +31,8 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
     except DataError as exc:
         raise exc.prefixed(f"{opened.name}: ") from None
     if scan.looks_like_probabilities and probs is None:
-        raise _looks_like_probabilities(opened)
+        raise opened.kind.probabilities_refused(opened)
     return scan
-
-
-def _looks_like_probabilities(opened: OpenedSource) -> ProbabilitiesError:
-    """The refusal of probability-like values read without ``probs``; a model's outputs cannot be read as log p."""
-    if opened.kind.name in ("npz", "npy", "pt", "safetensors"):
-        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
-    return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values in "
-                              f"[0, 1], each row summing to 1), and probabilities are read only from logits files; "
-                              f"use the model's output before its softmax, or pass {AS_LOGITS} to treat the values "
-                              "as logits")
 
 
 def uses_stored(taus: Sequence[str | float] | None, sweep: Sequence[float] = ()) -> bool:

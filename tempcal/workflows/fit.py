@@ -5,19 +5,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from ..core.data import LogitsData
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, TempcalError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, ConformalPlan, evaluate_many
 from ..metrics.conformal_pass import fit_thresholds
-from ..sources.base import SourceOptions
-from ..sources.groups import group_metadata, read_groups
+from ..sources.base import Keep, Kept, SourceOptions
+from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_alphas
 from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis
@@ -327,29 +326,32 @@ def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, 
                      conformal_reads=reads, opened=loaded, subsets=subsets)
 
 
+def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True, save_model: str | None = None,
+             save_logits: str | None = None, generation: bool = False, save_hidden: str | None = None,
+             settings: dict[str, Any] | None = None) -> Kept:
+    """Keep the fitted T where SOURCE's kind keeps it (:meth:`~tempcal.sources.base.OpenedSource.keep`: its files
+    or a copy at ``output``; a model's ``save_model`` and ``save_logits``; a language model's record, with
+    ``settings``, its ``generation`` configuration and ``save_hidden``), with the groups' temperatures and the split
+    that fitted it. ``store=False`` writes no T (a model's logits are still saved, without T). Returns the files
+    that now hold T and the lines saying what was written."""
+    ask = Keep(store=store, output=output, metadata=fitted_split(report).to_metadata(),
+               group_key=report.subsets.group_key if report.subsets else None,
+               group_temperatures=report.group_temperatures, save_model=save_model, save_logits=save_logits,
+               generation=generation, save_hidden=save_hidden, settings=settings, results=_results(report))
+    return report.opened.keep(report.temperature, ask)
+
+
+def _results(report: FitReport) -> dict[str, Any]:
+    """The figures a language model's record keeps beside T."""
+    return {"n_fit": report.n_fit, "n_eval": report.n_eval, "fit_method": report.fit.method,
+            "before": {"nll": report.before.nll, "ece": report.before.ece},
+            "after": {"nll": report.after.nll, "ece": report.after.ece}}
+
+
 def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,
                save_logits: str | None = None, store: bool = True) -> list[str]:
-    """Keep the fitted T: in SOURCE's files (or a copy at ``output``); for a model SOURCE, its logits as a
-    logits file (``save_logits``) and the model calibrated (``save_model``). ``store=False`` writes no T
-    (the logits are still saved, without T). Returns the paths that now hold T."""
-    from ..sources.model import ModelSource
-
-    opened = report.opened
-    if not isinstance(opened, ModelSource):
-        extra = {**group_metadata(report.subsets.group_key if report.subsets else None, report.group_temperatures),
-                 **fitted_split(report).to_metadata()}
-        return [str(p) for p in opened.write_temperature(report.temperature, output, extra)] if store else []
-    from ..models.save import save_calibrated_model
-    from ..models.save import save_logits as write_logits
-
-    if save_logits:
-        write_logits(cast(LogitsData, opened.data), save_logits, temperature=report.temperature if store else None,
-                     metadata={"tempcal.model": str(opened.model.path), "tempcal.inputs": str(opened.inputs_path)})
-    if save_model and store:
-        return [str(save_calibrated_model(opened.model.path, report.temperature, save_model,
-                                          output_key=opened.options.output_key, check_inputs=opened.inputs_path,
-                                          inputs_key=opened.options.inputs_key))]
-    return []
+    """:func:`keep_fit` without a language model's settings; returns the paths that now hold T."""
+    return keep_fit(report, output=output, store=store, save_model=save_model, save_logits=save_logits).paths
 
 
-__all__ = ["FitReport", "check_alphas", "fit_file", "write_back"]
+__all__ = ["FitReport", "check_alphas", "fit_file", "keep_fit", "write_back"]

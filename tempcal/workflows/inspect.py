@@ -16,15 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Note, TempcalError, param
-from ..io.safetensors_header import read_header
 from ..sources.base import OpenedSource, SourceKind, SourceOptions
+from ..sources.described import Findings
 from ..sources.registry import Source, expand_sources, kind_of, open_source
-from .inspect_parts import STORED_IN, labels_summary, lm_eval_details, sample_values, stored_fields, tensors_of
-
-#: What each kind of SOURCE is called in the report.
-KIND_NAMES = {"safetensors": "safetensors logits file", "npz": ".npz archive", "npy": ".npy logits file",
-              "pt": "torch.save dict of tensors", "lm-eval": "lm-evaluation-harness sample log",
-              "model": "model", "head": "hidden states with an output head"}
+from .inspect_parts import labels_summary, sample_values
 
 
 @dataclass
@@ -46,9 +41,10 @@ class InspectReport:
     problems: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    title: str = ""  # how the kind is called in the report (``kind_name``)
 
     def to_json(self) -> dict:
-        return {"source": self.source, "kind": self.kind, "kind_name": KIND_NAMES.get(self.kind, self.kind),
+        return {"source": self.source, "kind": self.kind, "kind_name": self.title or self.kind,
                 "files": self.files, "tensors": self.tensors, "rows": self.rows, "num_classes": self.num_classes,
                 "binary": self.binary, "labels": self.labels, "values": self.values, "stored": self.stored,
                 "sidecar": self.sidecar, "details": self.details, "problems": self.problems, "hints": self.hints,
@@ -67,14 +63,15 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
     if not paths:
         raise TempcalError("no SOURCE file given")
     kind = kind_of(paths, options)
-    if kind.name != "model" and not paths[0].exists():
+    if kind.inspect_needs_file and not paths[0].exists():
         raise TempcalError(f"{paths[0]}: no such file")
-    report = InspectReport(" ".join(str(s) for s in sources), kind.name, [str(p) for p in paths], [], {})
-    report.tensors = _or_problem(lambda: tensors_of(kind, paths, options), report.problems) or []
-    report.sidecar = _sidecar(kind, paths[0])
-    without_inputs = kind.name == "model" and options.inputs is None  # described from its file alone
-    opened = None if without_inputs else _opened(paths, options, report.problems)
-    if opened is None and not without_inputs and (other := _other_logits(report.tensors, options)) is not None:
+    report = InspectReport(" ".join(str(s) for s in sources), kind.name, [str(p) for p in paths], [], {},
+                           title=kind.title or kind.name)
+    report.tensors = _or_problem(lambda: kind.describe_tensors(paths, options), report.problems) or []
+    report.sidecar = kind.describe_sidecar(paths[0])
+    unopened = kind.describes_unopened(options)
+    opened = None if unopened else _opened(paths, options, report.problems)
+    if opened is None and not unopened and (other := _other_logits(report.tensors, options)) is not None:
         opened = _opened(paths, options.but(logits_key=other), [])
         if opened is not None:
             report.hints.append(Note(f"'{options.logits_key}' is absent; '{other}' is read as the logits here: name "
@@ -82,11 +79,8 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
     report.stored = _stored(kind, paths[0], opened, report)
     if opened is not None:
         _describe_data(report, opened, options.ignore_index)
-    if kind.name == "lm-eval":
-        report.details = _or_problem(lambda: lm_eval_details(paths, options.lm_eval_norm), report.problems)
-    if kind.name == "model":
-        report.details = {"format": _model_format(paths[0])}
-    report.hints += _hints(report, options)
+    report.details = _or_problem(lambda: kind.describe_details(paths, options), report.problems)
+    report.hints += _hints(report, kind, options)
     report.problems = list(dict.fromkeys(report.problems))  # each problem once, however many steps met it
     return report
 
@@ -135,34 +129,9 @@ def _other_logits(tensors: list[dict[str, Any]], options: SourceOptions) -> str 
     return floats.pop() if len(floats) == 1 else None
 
 
-def _sidecar(kind: SourceKind, path: Path) -> dict[str, Any] | None:
-    """The sidecar's state, for the kinds that keep T in one."""
-    if kind.name in STORED_IN:
-        return None
-    from ..io.sidecar import sidecar_state
-
-    state = sidecar_state(path)
-    return {"path": str(state.path), "state": state.state, "detail": state.detail}
-
-
 def _stored(kind: SourceKind, path: Path, opened: OpenedSource | None, report: InspectReport) -> dict[str, Any]:
-    """The stored T as the other commands use it (None when there is none, or it is ignored), what is recorded
-    whatever its state, where, and how it was fitted."""
-    from ..io.sidecar import sidecar_state
-
-    where = STORED_IN.get(kind.name, "sidecar")
-    if where == "model":
-        temperature = opened.stored if opened is not None else _model_temperature(path, report.problems)
-        return {"temperature": temperature, "recorded": temperature, "where": where, "probs": False}
-    if where == "metadata":
-        metadata = _or_problem(lambda: dict(read_header(path).metadata), report.problems) or {}
-    else:
-        metadata = sidecar_state(path).metadata  # recorded even when stale
-    shown = f"{path}:" if where == "metadata" else f"{report.sidecar['path'] if report.sidecar else path}:"
-    said = f"{path}: metadata" if where == "metadata" else shown  # as reading the file says it
-    out = {"temperature": None, "where": where, **stored_fields(metadata, shown, report.problems, said=said)}
-    if opened is not None and opened.stored_problem is None:
-        out["temperature"] = opened.stored
+    """The stored T as its kind describes it, and why a recorded T is ignored."""
+    out = kind.describe_stored(path, opened, report.sidecar, Findings(report.problems, as_problem))
     if out["recorded"] is not None and out["temperature"] is None:
         out["ignored"] = _why_ignored(report, opened)
     return out
@@ -185,23 +154,7 @@ def _describe_data(report: InspectReport, opened: OpenedSource, ignore_index: in
     report.warnings.extend(opened.warnings)
 
 
-def _model_temperature(path: Path, problems: list[str]) -> float | None:
-    from ..models.base import load_model
-
-    model = _or_problem(lambda: load_model(path, "cpu"), problems)
-    return None if model is None else model.temperature
-
-
-def _model_format(path: Path) -> str | None:
-    from ..models.detect import FORMAT_NAMES, model_format
-
-    try:
-        return FORMAT_NAMES[model_format(path)]
-    except TempcalError:
-        return None
-
-
-def _hints(report: InspectReport, options: SourceOptions) -> list[str]:
+def _hints(report: InspectReport, kind: SourceKind, options: SourceOptions) -> list[str]:
     """What to pass, or do, to use this SOURCE, from what was found."""
     hints: list[str] = []
     roles = {t["role"] for t in report.tensors}
@@ -216,8 +169,7 @@ def _hints(report: InspectReport, options: SourceOptions) -> list[str]:
     if report.labels is not None and not report.labels["present"]:
         hints.append(Note(f"no labels '{report.labels['key']}' (name them with {param('labels_key')}): fit and report "
                           "need them; ood and apply read the file without"))
-    if report.kind == "model" and options.inputs is None:
-        hints.append(Note(f"a model: give its inputs with {param('inputs')} DATA.safetensors to look at its outputs"))
+    hints += kind.describe_hints(options)
     stored = report.stored
     if stored.get("ignored") and report.sidecar and report.sidecar["state"] == "stale":
         hints.append("the sidecar's T is for an earlier version of the file: run tempcal fit again")
@@ -229,4 +181,4 @@ def _hints(report: InspectReport, options: SourceOptions) -> list[str]:
     return hints
 
 
-__all__ = ["KIND_NAMES", "InspectReport", "inspect_file"]
+__all__ = ["InspectReport", "inspect_file"]

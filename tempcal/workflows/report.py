@@ -230,7 +230,7 @@ def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[s
 def _held_out_groups(opened: Any, groups: RowGroups, rows: np.ndarray) -> tuple[RowGroups, tuple[int, int]]:
     """The groups of the held-out ``rows`` alone, and the part of them this process reads (sorted rows: a range)."""
     start, stop = opened.share()
-    return (RowGroups(groups.key, groups.names, groups.index[rows]),
+    return (replace(groups, index=groups.index[rows]),
             (int(np.searchsorted(rows, start)), int(np.searchsorted(rows, stop))))
 
 

@@ -1,0 +1,96 @@
+"""What ``tempcal inspect`` says of a SOURCE in the forms every kind shares: a tensor entry, the fields of the
+stored T, the sidecar's state. Each :class:`~tempcal.sources.base.SourceKind` describes itself with these
+(``describe_tensors``, ``describe_stored``, ...); :mod:`tempcal.workflows.inspect` puts the report together.
+This module knows no kind, so every kind can import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ..errors import TempcalError
+from ..validation import PROBS_KEY, READING_KEYS, TEMPERATURE_KEY, temperature_number, temperature_problem
+from .grouping import GROUP_KEY, parse_stored_groups
+from .grouping import GROUP_TEMPERATURES as GROUP_TEMPERATURES_KEY
+from .lm_eval_records import NORM_KEY
+
+T = TypeVar("T")
+
+
+@dataclass
+class Findings:
+    """What inspect found wrong so far (``problems``), and how a step's error is kept as one (``keep``): nothing
+    that can be shown is refused."""
+
+    problems: list[str]
+    keep: Callable[[TempcalError], str] = str
+
+    def attempt(self, step: Callable[[], T]) -> T | None:
+        """``step()``, or None with its one-line error among the problems."""
+        try:
+            return step()
+        except TempcalError as exc:
+            self.problems.append(self.keep(exc))
+            return None
+
+
+def tensor_entry(file: Path | str, name: str, shape: Any, dtype: str, options: Any) -> dict[str, Any]:
+    """One tensor as the report lists it, with the role the options (a ``SourceOptions``) give its name (logits,
+    labels, hidden)."""
+    roles = {options.logits_key: "logits", options.labels_key: "labels"}
+    if options.head is not None:
+        roles = {options.hidden_key: "hidden", options.labels_key: "labels"}
+    return {"file": str(file), "name": name, "shape": None if shape is None else [int(n) for n in shape],
+            "dtype": dtype, "role": roles.get(name)}
+
+
+def sidecar_block(path: Path) -> dict[str, Any]:
+    """The state of ``path``'s sidecar (``FILE.tempcal.json``): where it is, fresh or stale, and why."""
+    from ..io.sidecar import sidecar_state
+
+    state = sidecar_state(path)
+    return {"path": str(state.path), "state": state.state, "detail": state.detail}
+
+
+def stored_block(where: str, metadata: Mapping[str, str], shown: str, said: str, opened: Any,
+                 problems: list[str]) -> dict[str, Any]:
+    """The stored T kept in ``metadata`` (``where``: the file's metadata or its sidecar): as the other commands use
+    it (None when there is none or it is ignored), what is recorded whatever its state, and how it was fitted.
+    ``shown`` starts messages about the metadata, ``said`` those about T (as reading the file says it)."""
+    out = {"temperature": None, "where": where, **stored_fields(metadata, shown, problems, said=said)}
+    if opened is not None and opened.stored_problem is None:
+        out["temperature"] = opened.stored
+    return out
+
+
+def stored_fields(metadata: Mapping[str, str], where: str, problems: list[str], *, said: str | None = None
+                  ) -> dict[str, Any]:
+    """What ``metadata`` says of the stored T: its value, and how it was fitted (probabilities, lm-eval's
+    normalisation, tensor names, groups). A value that does not parse is a problem, not an error, worded as the
+    other commands word it (``said`` starts the message about T: where they say it is)."""
+    text = metadata.get(TEMPERATURE_KEY)
+    recorded = temperature_number(text) if text is not None else None
+    if text is not None and recorded is None:
+        problems.append(f"{said or where} '{TEMPERATURE_KEY}' is {text!r}, {temperature_problem(text)}")
+    out: dict[str, Any] = {"recorded": recorded, "probs": metadata.get(PROBS_KEY) == "true",
+                           "lm_eval_norm": metadata.get(NORM_KEY),
+                           "logits_key": metadata.get(READING_KEYS["logits_key"]),
+                           "labels_key": metadata.get(READING_KEYS["labels_key"]),
+                           "group_key": metadata.get(GROUP_KEY), "group_temperatures": None}
+    try:
+        groups = parse_stored_groups(metadata, where)
+    except TempcalError as exc:
+        problems.append(str(exc))
+    else:
+        if groups is not None:
+            out["group_temperatures"] = groups.temperatures
+    out["metadata"] = {k: v for k, v in metadata.items() if k.startswith("tempcal.")}
+    if GROUP_TEMPERATURES_KEY in out["metadata"] and out["group_temperatures"] is not None:
+        out["metadata"].pop(GROUP_TEMPERATURES_KEY)  # listed, parsed, above
+    return out
+
+
+__all__ = ["Findings", "sidecar_block", "stored_block", "stored_fields", "tensor_entry"]
