@@ -166,22 +166,11 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
     report.warnings.extend(sampling_notes(request.reading.lm, outputs.write_generation_config))
-    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, is_model, written),
+    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, written),
             payload=lambda: _payload(report, request, gate_failed, written),
             render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
             json_out=outputs.json_out, quiet=outputs.quiet, html=outputs.html,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
-
-
-def _wrote(report, written: list[str]) -> list[str]:
-    """The lines naming what write-back stored where: T, and the groups' temperatures."""
-    if not written:
-        return []
-    lines = [f"wrote tempcal.temperature = {report.temperature!r} into {', '.join(written)}"]
-    if report.group_temperatures is not None:
-        lines.append(f"wrote the temperatures of {len(report.group_temperatures)} groups (tempcal.group_temperatures, "
-                     f"by {report.subsets.group_key}) into {', '.join(written)}")
-    return lines
 
 
 def _cross_fitting(ctx: typer.Context, request: FitRequest) -> FitRequest:
@@ -265,37 +254,22 @@ def _payload(report, request: FitRequest, gate_failed: bool, written: list[str])
     return out
 
 
-def _write(report, request: FitRequest, is_model: bool, written: list[str]) -> list[str]:
-    """Write T back (or, with --lm, into MODEL's record) and the files asked for; the lines saying so. ``written``
+def _write(report, request: FitRequest, written: list[str]) -> list[str]:
+    """Keep T where SOURCE's kind keeps it (its files or a copy; a model's --save-model and --save-logits; --lm's
+    record, generation_config.json and --save-hidden) and the files asked for; the lines saying so. ``written``
     gains the files that now hold T."""
     from ..output.files import write_fit_files
-    from ..workflows.fit import write_back
-
-    outputs = request.outputs
-    if request.reading.lm is not None:
-        lines = _write_lm(report, request, written)
-    else:
-        written.extend(write_back(report, output=outputs.output, save_model=outputs.save_model,
-                                  save_logits=outputs.save_logits, store=not outputs.no_write))
-        lines = _wrote(report, written)
-        if is_model and outputs.save_logits:
-            lines.append(f"wrote the logits to {outputs.save_logits}")
-    return lines + write_fit_files(report, plot=outputs.plot, markdown=outputs.markdown)
-
-
-def _write_lm(report, request: FitRequest, written: list[str]) -> list[str]:
-    """--lm's write-back (the record, generation_config.json, --save-hidden); ``written`` gains the files holding T."""
-    from ..workflows.lm import write_lm_back
+    from ..workflows.fit import keep_fit
 
     outputs = request.outputs
     settings = lm_settings(command="fit", val_fraction=request.val_fraction, seed=request.seed,
                            objective=request.objective, bins=request.bins, eval=request.eval_file,
                            device=report.device)
-    holding, lines = write_lm_back(report, output=outputs.output, store=not outputs.no_write,
-                                   generation=outputs.write_generation_config, save_hidden=outputs.save_hidden,
-                                   settings=settings)
-    written.extend(holding)
-    return lines
+    kept = keep_fit(report, output=outputs.output, store=not outputs.no_write, save_model=outputs.save_model,
+                    save_logits=outputs.save_logits, generation=outputs.write_generation_config,
+                    save_hidden=outputs.save_hidden, settings=settings)
+    written.extend(kept.paths)
+    return kept.lines + write_fit_files(report, plot=outputs.plot, markdown=outputs.markdown)
 
 
 def _copy_sidecar(output: str | None) -> dict[str, str]:

@@ -1,31 +1,13 @@
-"""What ``--lm`` commands write once their figures are known: T's record, generation_config.json, the hidden states.
+"""What ``--lm`` commands other than ``fit`` write once their figures are known: the hidden states.
 
 Nothing is written before the command's work has succeeded: the hidden states live in memory or in an
-unnamed temporary file until :func:`write_lm_back` copies them to ``--save-hidden``.
+unnamed temporary file until ``--save-hidden`` copies them (a fit keeps them through
+:meth:`tempcal.sources.lm_texts.LmSource.keep`).
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from ..errors import TempcalError
-
-
-def write_lm_back(report: Any, *, output: str | None = None, store: bool = True, generation: bool = False,
-                  save_hidden: str | None = None, settings: dict[str, Any] | None = None
-                  ) -> tuple[list[str], list[str]]:
-    """Keep a fit of ``--lm``: the hidden states (``save_hidden``), T in ``MODEL/tempcal.json`` (or ``output``)
-    unless ``store`` is False, and T as ``generation_config.json``'s temperature (``generation``). Returns the
-    files that now hold T, and the lines saying what was written. (:func:`tempcal.workflows.fit.keep_fit` does
-    this for a fit of any kind.)"""
-    from ..sources.lm_texts import LmSource
-    from .fit import keep_fit
-
-    if not isinstance(report.opened, LmSource):
-        raise TempcalError("write_lm_back takes the report of a fit with --lm")
-    kept = keep_fit(report, output=output, store=store, generation=generation, save_hidden=save_hidden,
-                    settings=settings)
-    return kept.paths, kept.lines
 
 
 def save_hidden_lines(opened: Any, save_hidden: str | None) -> list[str]:
@@ -35,4 +17,4 @@ def save_hidden_lines(opened: Any, save_hidden: str | None) -> list[str]:
     return opened.keep_hidden(save_hidden)
 
 
-__all__ = ["save_hidden_lines", "write_lm_back"]
+__all__ = ["save_hidden_lines"]
