@@ -318,7 +318,11 @@ def sweep_sentence(result) -> str:
     best = [(label, result.sweep_lowest(key)) for key, label in (("nll", "NLL"), ("ece", "ECE"),
                                                                  ("smece", "smooth ECE"), ("aurc", "AURC"))]
     # the lowest of each figure, one line (at most 80 columns: four temperatures of four significant digits)
-    return "best tau over the sweep: " + ", ".join(f"{label} {tau:.4g}" for label, tau in best if tau is not None)
+    line = "best tau over the sweep: " + ", ".join(f"{label} {tau:.4g}" for label, tau in best if tau is not None)
+    outside = [m.tau for m in result.points() if m.tau not in result.sweep and m.tau != 1]
+    if outside:  # a stored or given T shown beside the sweep is not one of its points, whatever its figures
+        line += f" (its {len(result.sweep)} points; tau {', '.join(f'{t:.4g}' for t in outside)} is not one)"
+    return line
 
 
 def single_reliability_table(metrics, label: str) -> Table:

@@ -159,6 +159,19 @@ def test_report_rows_and_the_sweep_name_the_best_tau_of_each_figure(tmp_path, ru
     assert f"AURC {sweep['best_aurc_tau']:.4g}" in best and f"smooth ECE {sweep['best_smece_tau']:.4g}" in best
 
 
+def test_the_sweep_sentence_says_a_stored_t_beside_it_is_not_one_of_its_points(tmp_path, run_json, cli):
+    path = tmp_path / "fitted.safetensors"
+    save_file(load_file(str(EXAMPLE)), str(path))
+    stored = run_json(["fit", str(path), "--val-fraction", "1"])["temperature"]
+    result = run_json(["report", str(path), "--sweep", "1:10:5"])
+    taus = result["sweep"]["taus"]
+    assert not any(math.isclose(stored, t) for t in taus)  # the stored T is a row, not a point of the sweep
+    code, out, _ = cli(["report", str(path), "--sweep", "1:10:5"])
+    best = next(line for line in out.splitlines() if line.startswith("best tau over the sweep"))
+    assert code == 0 and f"NLL {result['sweep']['best_nll_tau']:.4g}" in best
+    assert f"its {len(taus)} points; tau {stored:.4g} is not one" in best
+
+
 def test_report_plot_draws_a_risk_coverage_curve_per_tau(tmp_path):
     tied_file(tmp_path / "tied.safetensors")
     result = report_file(str(tmp_path / "tied.safetensors"), taus=[0.5, 1, 4], device="cpu")
