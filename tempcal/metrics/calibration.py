@@ -14,8 +14,8 @@
   inside [0, 1] and does not shrink to a point at p = 0 or 1, so a bin of 3 samples shows its
   uncertainty. An empty bin has none.
 * What T does to decisions (:mod:`.decisions`, from the same pass's per-row confidences): AURC, E-AURC and
-  AUGRC of the risk-coverage curve, the smooth ECE, and the curve itself; with conformal thresholds, the LAC and
-  APS sets' coverage and mean size (:mod:`.conformal`).
+  AUGRC of the risk-coverage curve, the smooth ECE, and the curve itself. Figures of an optional capability that
+  ride on the same read (the conformal sets of :mod:`tempcal.conformal`) come in through :class:`ReadExtra`.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from statistics import NormalDist
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -32,11 +33,24 @@ from ..core.bins import DEFAULT_BINS
 from ..core.scan import CalibrationSums, Scan
 from ..errors import TempcalError
 from . import decisions as decisions_module
-from .conformal import ConformalResult
-from .conformal_pass import SetSums, Thresholds, set_results
 
 #: The level of the per-bin accuracy intervals.
 BIN_INTERVAL_LEVEL = 0.95
+
+
+class SetFigures(Protocol):
+    """One entry of a result's ``conformal`` list (a :class:`tempcal.conformal.ConformalResult`), as the metrics
+    and the renderers read it."""
+
+    @property
+    def alpha(self) -> float: ...
+    @property
+    def score(self) -> str: ...
+    @property
+    def coverage(self) -> float: ...
+    @property
+    def mean_size(self) -> float: ...
+    def to_json(self) -> dict: ...
 
 
 @dataclass(frozen=True)
@@ -93,7 +107,7 @@ class CalibrationMetrics:
     augrc: float = math.nan
     smece: float = math.nan
     risk_coverage: dict[str, list[float]] = field(default_factory=dict)  # {"coverage": [...], "risk": [...]}
-    conformal: list[ConformalResult] = field(default_factory=list)
+    conformal: Sequence[SetFigures] = field(default_factory=list)
 
     def summary(self) -> dict[str, float]:
         """The contract's five headline figures."""
@@ -157,31 +171,41 @@ def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> Calib
 RowsHook = Callable[[float, np.ndarray, np.ndarray], None]
 
 
-@dataclass(frozen=True)
-class ConformalPlan:
-    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds.
+#: After a read, what a :class:`ReadExtra` adds to the ``k``-th temperature's result: ``(k, tau, metrics, rows)``.
+Finish = Callable[[int, float, "CalibrationMetrics", int], "CalibrationMetrics"]
 
-    With ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) the sets are summed per group
-    too, and ``on_sums`` gets, per temperature, each score's sums ``[num_groups, thresholds, 2]`` (rows covered,
-    classes in the sets; :func:`.conformal_pass.set_results` turns a group's into the contract's list). With
-    ``judged``, the sets are formed and summed over the rows it marks alone.
-    """
 
-    alphas: list[float]
-    thresholds: list[Thresholds]
-    groups: torch.Tensor | None = None
-    num_groups: int = 1
-    on_sums: Callable[[float, dict[str, torch.Tensor]], None] | None = None
-    judged: torch.Tensor | None = None  # this process's rows whose sets count (bool); None: every row
+class ExtraVisitor(Protocol):
+    """The chunk visitor of one read for a :class:`ReadExtra` (see :meth:`Scan.calibration` ``visitor=``)."""
+
+    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
+
+    def settle(self) -> Finish:
+        """Reduce across ranks once the read is over; the function that adds the figures to each result."""
+        ...
+
+
+class ReadExtra(Protocol):
+    """Figures of an optional capability that ride on the metrics pass (e.g. :class:`tempcal.conformal.ConformalPlan`):
+    planned for every temperature of :func:`evaluate_many`, visited a read at a time."""
+
+    def check(self, temperatures: int) -> None:
+        """Raise ``ValueError`` when the plan is not for ``temperatures`` temperatures."""
+        ...
+
+    def visitor(self, first: int, stop: int, device: torch.device) -> ExtraVisitor:
+        """The visitor of the read that serves temperatures ``first`` to ``stop`` (exclusive)."""
+        ...
 
 
 def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS, decisions: bool | None = None,
-                  conformal: ConformalPlan | None = None, on_rows: RowsHook | None = None) -> list[CalibrationMetrics]:
+                  extra: ReadExtra | None = None, on_rows: RowsHook | None = None) -> list[CalibrationMetrics]:
     """Calibration metrics at several temperatures in one pass over the data.
 
     The decision figures (``decisions``; by default unless ``TEMPCAL_SKIP_DECISIONS=1``) come from the same read:
     every row's confidence at every temperature, 8 bytes per row and temperature (beyond a quarter of the free
-    memory, the temperatures are taken a group per read). ``conformal`` forms its sets on these rows; ``on_rows``
+    memory, the temperatures are taken a group per read). ``extra`` adds its figures from these rows (the conformal
+    sets); ``on_rows``
     sees every temperature's confidences (:data:`RowsHook`).
     """
     for tau in taus:
@@ -189,28 +213,26 @@ def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS
             raise ValueError(f"temperature must be > 0, got {tau}")
     if bins < 1:
         raise ValueError(f"bins must be at least 1, got {bins}")
-    if conformal is not None and len(conformal.thresholds) != len(taus):
-        raise ValueError(f"{len(conformal.thresholds)} sets of conformal thresholds for {len(taus)} temperatures")
+    if extra is not None:
+        extra.check(len(taus))
     decisions = decisions_module.enabled() if decisions is None else decisions
     taus = [float(t) for t in taus]
     step = max(decisions_module.temperatures_per_read(scan.data.num_samples, scan.device), 1) if decisions \
         else len(taus)
     out: list[CalibrationMetrics] = []
     for first in range(0, len(taus), step):
-        plan = None if conformal is None else replace(conformal, thresholds=conformal.thresholds[first:first + step])
-        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, plan, on_rows)
+        visitor = None if extra is None else extra.visitor(first, min(first + step, len(taus)), scan.device)
+        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, visitor, on_rows)
     return out
 
 
-def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, conformal: ConformalPlan | None,
+def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, sets: ExtraVisitor | None,
                    on_rows: RowsHook | None) -> list[CalibrationMetrics]:
     """:func:`evaluate_many` of the temperatures that one read serves."""
-    sets = None if conformal is None else SetSums(conformal.thresholds, scan.device, groups=conformal.groups,
-                                                  num_groups=conformal.num_groups, judged=conformal.judged)
     results = scan.calibration([1.0 / tau for tau in taus], bins, keep=("confidence",) if decisions else (),
                                visitor=sets)
     correct = decisions_module.gathered_correct(scan.stats.correct) if decisions else None
-    set_sums = sets.reduced() if sets is not None else None
+    finish = sets.settle() if sets is not None else None
     out = []
     for k, (tau, (sums, kept)) in enumerate(zip(taus, results, strict=True)):
         metrics = from_sums(tau, sums)
@@ -222,12 +244,8 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, co
             del confidence
             metrics = replace(metrics, aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc,
                               smece=figures.smece, risk_coverage=figures.risk_coverage)
-        if set_sums is not None and conformal is not None:
-            if conformal.on_sums is not None:
-                conformal.on_sums(tau, set_sums[k])
-            every = {score: values.sum(0, keepdim=True) for score, values in set_sums[k].items()}
-            metrics = replace(metrics, conformal=set_results(conformal.alphas, conformal.thresholds[k], every,
-                                                             sums.count))
+        if finish is not None:
+            metrics = finish(k, tau, metrics, sums.count)
         out.append(metrics)
     return out
 

@@ -71,7 +71,7 @@ class GroupCoverage:
 def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None]]) -> list[list[GroupCoverage]]:
     """Per alpha (in the order the entries give them), every group's coverage, lowest first; ``groups``: each
     group's name, evaluation rows and conformal entries under the global sets (None or empty: left out)."""
-    from ..metrics.conformal import under_covered
+    from ..conformal.sets import under_covered
 
     blocks: dict[float, list[GroupCoverage]] = {}
     for name, n, entries in groups:

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from ..metrics.conformal import SHORT_P
+from ..conformal.sets import SHORT_P
 from .figures import group_coverage
 
 #: Groups shown in a table; the rest are counted.

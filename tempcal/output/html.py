@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..conformal.sets import SHORT_P
 from ..errors import TempcalError, neutral, param
-from ..metrics.conformal import SHORT_P
 from ..workflows.basis import (
     AT_FOLDS,
     AT_GLOBAL,

@@ -9,21 +9,18 @@ from typing import Any
 
 import numpy as np
 
+from ..conformal import GROUP_SET_READS, ConformalPlan, fit_group_sets, fit_thresholds, fold_sets
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, TempcalError, param
-from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, ConformalPlan, evaluate_many
-from ..metrics.conformal_pass import fit_thresholds
+from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_alphas
 from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis
 from .common import extra_figures, scan_source
-from .fold_conformal import fold_sets
-from .grouped_conformal import READS as GROUP_SET_READS
-from .grouped_conformal import group_sets
 from .stored_split import fitted_split
 from .subsets import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
 
@@ -241,8 +238,8 @@ def _grouped_fit(loaded: Any, evaluated: Any, fit_scan: Any, eval_scan: Any, pla
                                              warnings=warnings)
     if not alphas:
         return fitted.fit, before, after, subsets, 0
-    before, after = group_sets(fit_scan, eval_scan, evaluated or loaded, eval_index, subsets, alphas,
-                               fitted.fit.temperature, before, after)
+    before, after = fit_group_sets(fit_scan, eval_scan, evaluated or loaded, eval_index, subsets, alphas,
+                                   fitted.fit.temperature, before, after)
     return fitted.fit, before, after, subsets, GROUP_SET_READS
 
 
@@ -271,7 +268,7 @@ def _fit_and_evaluate(fit_scan: Any, eval_scan: Any, loaded: Any, *, objective: 
                                  on_pass=None if display is None else display.ece_pass)
     taus = [1.0, result.temperature]
     sets = ConformalPlan(alphas, fit_thresholds(fit_scan, taus, alphas)) if alphas else None
-    before, after = evaluate_many(eval_scan, taus, bins=bins, conformal=sets)
+    before, after = evaluate_many(eval_scan, taus, bins=bins, extra=sets)
     return result, before, after
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from ..conformal import OWN_GROUP_READS, metrics_plan, own_group_sets, report_group_sets, report_thresholds, with_sets
 from ..errors import TempcalError
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
@@ -17,7 +18,6 @@ from ..validation import check_alphas, check_taus, resolve_taus
 from .basis import AT_GROUPS, ROWS_ALL, ROWS_HELD_OUT, Basis, report_basis
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
 from .grouped_report import AppliedGroups, GroupRow, applicable_groups, group_extras, grouped_report
-from .report_conformal import OWN_GROUP_READS, group_sets, metrics_plan, own_group_sets, report_thresholds, with_sets
 from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
@@ -123,7 +123,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     group too, and at the stored T each group's rows at the T_g stored for that key. ``eval_rows``: only the rows
     the stored T was not fitted on, re-derived from the split ``fit`` stored beside T; without it, a note says
     when the figures include the fitting rows. ``conformal_alpha``: LAC and APS sets at every temperature (see
-    :mod:`.report_conformal` for the rows they use).
+    :mod:`tempcal.conformal.report` for the rows they use).
     """
     warnings: list[str] = []
     check_taus(taus or [])
@@ -145,7 +145,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     if groups is None:
         sets = report_thresholds(full, loaded, resolved, alphas, seed, warnings) if alphas else None
         plan, collected = metrics_plan(sets, loaded, held_out is None) if sets is not None else (None, [])
-        results = evaluate_many(scan, resolved, bins=bins, conformal=plan)
+        results = evaluate_many(scan, resolved, bins=bins, extra=plan)
         if sets is not None:
             results = with_sets(results, sets, collected)
         extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
@@ -183,7 +183,7 @@ def _grouped_sets(result: ReportResult, full: Any, opened: Any, groups: RowGroup
     assert result.group_rows is not None
     plain = [k for k, row in enumerate(result.group_rows) if not row.per_group]
     sets = report_thresholds(full, opened, [result.results[k].tau for k in plain], alphas, seed, result.warnings)
-    overall, by_group = group_sets(full, opened, sets, groups.index, groups.count)
+    overall, by_group = report_group_sets(full, opened, sets, groups.index, groups.count)
     _place_sets(result, plain, overall, by_group, groups.names)
     reads = sets.reads + 1
     own = [k for k, row in enumerate(result.group_rows) if row.per_group]

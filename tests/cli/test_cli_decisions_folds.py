@@ -16,8 +16,9 @@ from subsets_reference import penalised_temperature
 from test_cli_decisions import counted, grouped_file, tied_file  # noqa: F401 (counted: a fixture)
 from test_cli_distributed import assert_same_figures, needs_torchrun, one_and_two_processes
 
+from tempcal.conformal import folds as fold_conformal
+from tempcal.conformal import passes
 from tempcal.core.folds import assign_folds
-from tempcal.workflows import fold_conformal
 
 SCORES = ("lac", "aps")
 
@@ -131,7 +132,7 @@ def test_past_the_score_budget_the_folds_take_more_reads_and_give_the_same_sets(
     whole = run_json(argv)
     one_read = reads[path.name]
     reads.clear()
-    monkeypatch.setattr(fold_conformal, "SCORE_BYTES", 16 * 600 * 3)  # three temperatures a read: 7 in 3 reads
+    monkeypatch.setattr(passes, "SCORE_BYTES", 16 * 600 * 3)  # three temperatures a read: 7 in 3 reads
     held = []
 
     class Recorded(fold_conformal.ScoreRows):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tempcal.metrics.conformal import descending, logit_order, row_scores, row_sets
-from tempcal.metrics.conformal_pass import probabilities
+from tempcal.conformal.passes import probabilities
+from tempcal.conformal.sets import descending, logit_order, row_scores, row_sets
 
 
 def by_every_class(probs: torch.Tensor, labels: torch.Tensor, q: dict[str, torch.Tensor]) -> dict:

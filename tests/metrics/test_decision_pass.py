@@ -12,14 +12,15 @@ import torch
 from conftest import DEVICES, EXAMPLE, miscalibrated, scan_of
 from reference import probabilities, ref_conformal, ref_risk_coverage
 
+from tempcal.conformal.passes import SetSums, fit_thresholds, set_results
+from tempcal.conformal.passes import probabilities as chunk_probabilities
+from tempcal.conformal.plan import ConformalPlan
+from tempcal.conformal.sets import set_rows
 from tempcal.core.data import as_logits_data
 from tempcal.core.scan import Scan
 from tempcal.metrics import decisions
 from tempcal.metrics.bootstrap import bootstrap_replicates
-from tempcal.metrics.calibration import ConformalPlan, evaluate_many
-from tempcal.metrics.conformal import set_rows
-from tempcal.metrics.conformal_pass import SetSums, fit_thresholds, set_results
-from tempcal.metrics.conformal_pass import probabilities as chunk_probabilities
+from tempcal.metrics.calibration import evaluate_many
 
 
 def set_sums(probs: torch.Tensor, labels: torch.Tensor, thresholds) -> dict[str, torch.Tensor]:
@@ -124,7 +125,7 @@ def test_conformal_sets_from_fitting_rows_on_evaluation_rows_match_a_direct_cons
     before = fitting.passes
     thresholds = fit_thresholds(fitting, taus, alphas)
     assert fitting.passes == before + 1
-    results = evaluate_many(evaluation, taus, conformal=ConformalPlan(alphas, thresholds))
+    results = evaluate_many(evaluation, taus, extra=ConformalPlan(alphas, thresholds))
     for tau, m in zip(taus, results, strict=True):
         p = probabilities(z, tau)
         assert [(c.alpha, c.score) for c in m.conformal] == [(a, s) for a in alphas for s in ("lac", "aps")]
@@ -177,7 +178,7 @@ def test_the_hooks_give_each_groups_figures_and_sets_from_the_same_read():
     plan = ConformalPlan([0.2], thresholds, groups=groups, num_groups=4,
                          on_sums=lambda tau, sums: seen_sums.update({tau: sums}))
     before = scan.passes
-    [m] = evaluate_many(scan, [1.4], conformal=plan,
+    [m] = evaluate_many(scan, [1.4], extra=plan,
                         on_rows=lambda tau, conf, ok: seen_rows.update({tau: (conf.copy(), ok.copy())}))
     assert scan.passes == before + 1
     confidence, correct = seen_rows[1.4]
@@ -217,7 +218,7 @@ def test_on_any_device_the_figures_and_sets_are_the_cpus(device):
     alphas, taus = [0.1], [1.0, 2.0]
     cpu, there = scan_of(z, y), Scan(as_logits_data(z, y), device=device)
     plans = [ConformalPlan(alphas, fit_thresholds(scan, taus, alphas)) for scan in (cpu, there)]
-    for a, b in zip(evaluate_many(cpu, taus, conformal=plans[0]), evaluate_many(there, taus, conformal=plans[1]),
+    for a, b in zip(evaluate_many(cpu, taus, extra=plans[0]), evaluate_many(there, taus, extra=plans[1]),
                     strict=True):
         assert (a.aurc, a.eaurc, a.augrc, a.smece) == pytest.approx((b.aurc, b.eaurc, b.augrc, b.smece), abs=1e-9)
         assert [v for c in a.conformal for v in (c.threshold, c.coverage, c.mean_size)] == pytest.approx(

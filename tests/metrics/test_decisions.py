@@ -162,7 +162,7 @@ def set_sums(probs, labels, thresholds):
     """Per score, ``[len(thresholds), 2]`` float64 sums over the rows: (rows covered, classes in the sets)."""
     import torch
 
-    from tempcal.metrics import conformal
+    from tempcal.conformal import sets as conformal
 
     return {score: torch.stack([covered.sum(1), size.sum(1)], 1).double()
             for score, (covered, size) in conformal.set_rows(probs, labels, thresholds).items()}
@@ -196,7 +196,7 @@ def direct_threshold(scores: list[float], alpha: float) -> float:
 def test_conformal_sets_match_a_direct_construction(alpha):
     import torch
 
-    from tempcal.metrics import conformal
+    from tempcal.conformal import sets as conformal
 
     rng = np.random.default_rng(int(alpha * 1000))
     z = rng.normal(size=(400, 6)) * 2

@@ -12,10 +12,11 @@ from conftest import DEVICES, miscalibrated
 from reference import ref_conformal_scores, ref_conformal_sets, ref_threshold
 
 from tempcal import Scan, as_logits_data
-from tempcal.metrics.conformal import ConformalResult, threshold, thresholds
-from tempcal.metrics.conformal_pass import FoldSetSums
-from tempcal.metrics.conformal_pass import probabilities as chunk_probabilities
-from tempcal.workflows import fold_conformal
+from tempcal.conformal import folds as fold_conformal
+from tempcal.conformal import passes
+from tempcal.conformal.passes import FoldSetSums
+from tempcal.conformal.passes import probabilities as chunk_probabilities
+from tempcal.conformal.sets import ConformalResult, threshold, thresholds
 
 
 @pytest.mark.parametrize("n", [0, 1, 2, 9, 10, 11, 99, 500])
@@ -103,7 +104,7 @@ def test_fold_thresholds_in_json_write_infinity_as_null_and_are_absent_without_f
     (10 ** 9, 10, 1 << 28, 6),  # never fewer than two temperatures a read
 ])
 def test_score_reads_take_the_temperatures_in_batches_past_the_budget(monkeypatch, rows, k, budget, reads):
-    monkeypatch.setattr(fold_conformal, "SCORE_BYTES", budget)
-    assert fold_conformal.score_reads(rows, k) == reads
-    per_read = fold_conformal.temperatures_per_read(rows)
+    monkeypatch.setattr(passes, "SCORE_BYTES", budget)
+    assert fold_conformal.fold_score_reads(rows, k) == reads
+    per_read = passes.temperatures_per_read(rows)
     assert per_read >= 2 and (per_read == 2 or per_read * 16 * rows <= budget)

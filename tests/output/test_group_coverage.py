@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 from scipy.stats import binomtest
 
-from tempcal.metrics.conformal import under_covered
+from tempcal.conformal.sets import under_covered
 
 ROW = re.compile(r"^(\S+)\s+[│|]\s+(\d+)\s+[│|]\s+([\d.]+)(\*?)\s+[│|]\s+([\d.]+)\s+[│|]\s+([\d.]+)(\*?)\s+[│|]")
 

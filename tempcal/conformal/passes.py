@@ -20,7 +20,7 @@ import torch
 
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import Scan
-from .conformal import (
+from .sets import (
     SCORES,
     ConformalResult,
     descending,
@@ -36,6 +36,23 @@ from .conformal import (
 SLICE_VALUES = 1 << 22
 
 Thresholds = dict[str, list[float]]
+
+#: The scores one read may hold (every rank's rows, the gathered host copy of one temperature aside): 256 MiB.
+SCORE_BYTES = 1 << 28
+#: Bytes of scores per row and temperature: LAC and APS, float64.
+ROW_BYTES = 16
+
+
+def temperatures_per_read(rows: int) -> int:
+    """How many temperatures' scores of ``rows`` rows (over every rank) one read holds: :data:`SCORE_BYTES` worth,
+    at least two. The one memory policy of every conformal path: it depends on the row count alone, so every rank
+    takes the same batches."""
+    return max(2, SCORE_BYTES // (ROW_BYTES * max(rows, 1)))
+
+
+def score_reads(rows: int, temperatures: int) -> int:
+    """Reads of the scores of ``rows`` rows at ``temperatures`` temperatures (:func:`temperatures_per_read` a read)."""
+    return -(-temperatures // temperatures_per_read(rows))
 
 
 def probabilities(d: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:
@@ -101,11 +118,10 @@ class ScoreRows:
             yield {name: every[:, j] for j, name in enumerate(SCORES)}
 
 
-def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float], per_read: int | None = None
-                   ) -> list[Thresholds]:
+def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -> list[Thresholds]:
     """Per temperature, each score's threshold at every ``alpha`` from ``scan``'s rows (the fitting rows): one
-    read of them, or one per ``per_read`` temperatures (their scores held at once)."""
-    step = max(1, per_read or len(taus))
+    read of them per :func:`temperatures_per_read` temperatures (their scores held at once)."""
+    step = temperatures_per_read(scan.num_samples)
     found: list[Thresholds] = []
     for first in range(0, len(taus), step):
         batch = taus[first:first + step]
@@ -202,5 +218,5 @@ def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str,
     return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
 
 
-__all__ = ["SLICE_VALUES", "ChunkCache", "FoldSetSums", "ScoreRows", "SetSums", "fit_thresholds", "probabilities",
-           "set_results"]
+__all__ = ["ROW_BYTES", "SCORE_BYTES", "SLICE_VALUES", "ChunkCache", "FoldSetSums", "ScoreRows", "SetSums",
+           "fit_thresholds", "probabilities", "score_reads", "set_results", "temperatures_per_read"]

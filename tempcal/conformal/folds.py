@@ -8,8 +8,9 @@ T (``after``); ``fold_thresholds`` lists the K fold thresholds. With ``--group-b
 
 Reads: one of the scores at T = 1, the deployed T and every T_k (two float64 per row and temperature, gathered),
 then one forming the sets (nothing kept per row). The scores of N rows at K + 2 temperatures are held at once up to
-:data:`SCORE_BYTES`; beyond, the temperatures are taken a batch per read (:func:`score_reads`), never fewer than
-two per read (what the plain conformal path holds). The batches depend on N and K alone, so every rank agrees.
+:data:`.passes.SCORE_BYTES`; beyond, the temperatures are taken a batch per read (:func:`fold_score_reads`), never
+fewer than two per read (:func:`.passes.temperatures_per_read`, the policy of every conformal path). The batches
+depend on N and K alone, so every rank agrees.
 """
 
 from __future__ import annotations
@@ -22,25 +23,15 @@ import torch
 
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
-from ..metrics.conformal import ConformalResult, results, thresholds
-from ..metrics.conformal_pass import FoldSetSums, ScoreRows, Thresholds
 from ..sources.base import OpenedSource
-from .subsets import Subsets
-
-#: The scores one read may hold (every rank's rows, the gathered host copy of one temperature aside): 256 MiB.
-SCORE_BYTES = 1 << 28
-#: Bytes of scores per row and temperature: LAC and APS, float64.
-ROW_BYTES = 16
+from ..workflows.subsets import Subsets
+from .passes import FoldSetSums, ScoreRows, Thresholds, score_reads, temperatures_per_read
+from .sets import ConformalResult, results, thresholds
 
 
-def temperatures_per_read(rows: int) -> int:
-    """How many temperatures' scores of ``rows`` rows one read holds: :data:`SCORE_BYTES` worth, at least two."""
-    return max(2, SCORE_BYTES // (ROW_BYTES * max(rows, 1)))
-
-
-def score_reads(rows: int, k: int) -> int:
+def fold_score_reads(rows: int, k: int) -> int:
     """Reads of the scores at T = 1, the deployed T and K fold temperatures."""
-    return -(-(k + 2) // temperatures_per_read(rows))
+    return score_reads(rows, k + 2)
 
 
 @dataclass
@@ -61,7 +52,7 @@ def _thresholds(scores: dict[str, np.ndarray], alphas: Sequence[float], rows: np
 def fold_thresholds(scan: Scan, folds: np.ndarray, global_t: float, fold_ts: Sequence[float],
                     alphas: Sequence[float]) -> FoldThresholds:
     """Every threshold the out-of-fold sets need, from the scores of every row (``folds``: each row's fold, over all
-    ranks) at T = 1, ``global_t`` and each fold's T: :func:`score_reads` reads."""
+    ranks) at T = 1, ``global_t`` and each fold's T: :func:`fold_score_reads` reads."""
     taus = [1.0, global_t, *fold_ts]
     step = temperatures_per_read(folds.size)
     found = FoldThresholds([], [], [{} for _ in fold_ts])
@@ -110,9 +101,8 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
             if group.n_eval:
                 block["conformal"] = [c.to_json() for c in results(
                     alphas, found.deployed[slot], {s: v[slot, g] for s, v in sums.items()}, group.n_eval)]
-    reads = score_reads(subsets.fold_rows.size, k) + 1
+    reads = fold_score_reads(subsets.fold_rows.size, k) + 1
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
 
 
-__all__ = ["ROW_BYTES", "SCORE_BYTES", "FoldThresholds", "fold_sets", "fold_thresholds", "score_reads",
-           "temperatures_per_read"]
+__all__ = ["FoldThresholds", "fold_score_reads", "fold_sets", "fold_thresholds"]

@@ -8,7 +8,7 @@ so at the stored T the figures equal that fit's ``after.conformal`` (at tau 1, i
 split would.
 
 Reads: the calibration rows' scores at every temperature (as many temperatures a read as
-:data:`.fold_conformal.SCORE_BYTES` of scores holds); the sets then ride on the report's metrics pass (by groups, on one
+:data:`.passes.SCORE_BYTES` of scores holds); the sets then ride on the report's metrics pass (by groups, on one
 more read of the evaluation rows).
 """
 
@@ -23,12 +23,13 @@ import torch
 from ..core.scan import Scan
 from ..core.splitting import stratified_split
 from ..errors import TempcalError
-from ..metrics.calibration import CalibrationMetrics, ConformalPlan
-from ..metrics.conformal import ConformalResult, results, threshold
-from ..metrics.conformal_pass import FoldSetSums, ScoreRows, SetSums, Thresholds, fit_thresholds, set_results
+from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from .fold_conformal import temperatures_per_read
-from .stored_split import evaluation_rows, stored_split
+from ..workflows.stored_split import evaluation_rows, stored_split
+from .groups import group_sets
+from .passes import FoldSetSums, ScoreRows, Thresholds, fit_thresholds, score_reads, set_results
+from .plan import ConformalPlan
+from .sets import ConformalResult, results, threshold
 
 
 @dataclass(frozen=True)
@@ -88,9 +89,8 @@ def report_thresholds(full: Scan, opened: OpenedSource, taus: Sequence[float], a
     every row of SOURCE), as many temperatures a read as the score budget allows."""
     rows = conformal_rows(opened, seed, warnings)
     taus = [float(t) for t in taus]
-    step = temperatures_per_read(rows.calibration.size)
-    found = fit_thresholds(full.select(opened.local_rows(rows.calibration)), taus, alphas, step)
-    return ReportSets(alphas, taus, found, rows, -(-len(taus) // step))
+    found = fit_thresholds(full.select(opened.local_rows(rows.calibration)), taus, alphas)
+    return ReportSets(alphas, taus, found, rows, score_reads(int(rows.calibration.size), len(taus)))
 
 
 def metrics_plan(sets: ReportSets, opened: OpenedSource, scored_all: bool) -> tuple[ConformalPlan, list]:
@@ -114,26 +114,17 @@ def with_sets(results: Sequence[CalibrationMetrics], sets: ReportSets, collected
             for k, (m, sums) in enumerate(zip(results, collected, strict=True))]
 
 
-def group_sets(full: Scan, opened: OpenedSource, sets: ReportSets, group_index: np.ndarray, num_groups: int
-               ) -> tuple[list[list[ConformalResult]], list[list[list[ConformalResult] | None]]]:
+def report_group_sets(full: Scan, opened: OpenedSource, sets: ReportSets, group_index: np.ndarray, num_groups: int
+                      ) -> tuple[list[list[ConformalResult]], list[list[list[ConformalResult] | None]]]:
     """``report --group-by``: the sets on the evaluation rows in one more read, per temperature overall and per
-    group (``group_index``: every counted row's group)."""
+    group (``group_index``: every counted row's group), by :func:`.groups.group_sets`."""
     evaluation = sets.rows.evaluation
-    scan = full.select(opened.local_rows(evaluation))
     start, stop = opened.share()
     lo, hi = int(np.searchsorted(evaluation, start)), int(np.searchsorted(evaluation, stop))
     local = torch.from_numpy(group_index[evaluation[lo:hi]].astype(np.int64))
-    sums = SetSums(sets.thresholds, scan.device, groups=local, num_groups=num_groups)
-    scan.visit([1.0 / t for t in sets.taus], sums)
     counts = np.bincount(group_index[evaluation], minlength=num_groups)
-    overall: list[list[ConformalResult]] = []
-    per_group: list[list[list[ConformalResult] | None]] = []
-    for k, found in enumerate(sums.reduced()):
-        every = {score: values.sum(0, keepdim=True) for score, values in found.items()}
-        overall.append(set_results(sets.alphas, sets.thresholds[k], every, int(evaluation.size)))
-        per_group.append([set_results(sets.alphas, sets.thresholds[k], found, int(counts[g]), g) if counts[g] else None
-                          for g in range(num_groups)])
-    return overall, per_group
+    return group_sets(full.select(opened.local_rows(evaluation)), sets.taus, sets.alphas, sets.thresholds, local,
+                      [int(n) for n in counts])
 
 
 def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas: list[float],
@@ -169,5 +160,5 @@ def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas
 #: Reads :func:`own_group_sets` takes: the calibration rows' scores, then the evaluation rows' sets.
 OWN_GROUP_READS = 2
 
-__all__ = ["OWN_GROUP_READS", "ConformalRows", "ReportSets", "conformal_rows", "group_sets", "metrics_plan",
-           "own_group_sets", "report_thresholds", "with_sets"]
+__all__ = ["OWN_GROUP_READS", "ConformalRows", "ReportSets", "conformal_rows", "metrics_plan", "own_group_sets",
+           "report_group_sets", "report_thresholds", "with_sets"]

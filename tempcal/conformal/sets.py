@@ -13,7 +13,7 @@ label; ``mean_size`` the mean number of classes in a set. Out of fold (``fit --f
 fold's thresholds, from the other folds' rows (``fold_thresholds``).
 
 Scores are one float per fitting row; set sizes and coverage are sums over evaluation chunks
-(:func:`set_rows` per row, summed by :class:`~tempcal.metrics.conformal_pass.SetSums`), so they reduce over
+(:func:`set_rows` per row, summed by :class:`~tempcal.conformal.passes.SetSums`), so they reduce over
 chunks and ranks like every other figure.
 """
 

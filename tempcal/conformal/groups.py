@@ -1,0 +1,69 @@
+"""The sets per group of rows under one set of thresholds, for ``fit --group-by KEY --conformal-alpha A`` and
+``report --group-by KEY --conformal-alpha A``: the figure that shows one group under-covered.
+
+:func:`group_sets` forms the sets on the judged rows at each temperature and sums them per group (one read of them:
+the grouped metrics pass sums per cell at per-group temperatures, and the sets need the thresholds first).
+:func:`fit_group_sets` is ``fit``'s: the thresholds come from the fitting rows at T = 1 and at the global T (one read
+of them); ``before`` and ``after`` get the sets over every evaluation row, and each group's ``before`` and
+``after_global`` blocks its own coverage and mean set size under the same thresholds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from ..core.scan import Scan
+from ..metrics.calibration import CalibrationMetrics
+from ..sources.base import OpenedSource
+from ..workflows.subsets import Subsets
+from .passes import SetSums, Thresholds, fit_thresholds, set_results
+from .sets import ConformalResult
+
+#: Reads ``fit``'s grouped sets take beyond the fit: the fitting rows' scores, then the evaluation rows' sets.
+READS = 2
+
+
+def group_sets(scan: Scan, taus: Sequence[float], alphas: Sequence[float], thresholds: Sequence[Thresholds],
+               groups: torch.Tensor, counts: Sequence[int]
+               ) -> tuple[list[list[ConformalResult]], list[list[list[ConformalResult] | None]]]:
+    """The sets on ``scan``'s rows at each of ``taus`` with its ``thresholds``, in one read: per temperature, over
+    every row and per group (``groups``: this process's rows' group numbers; ``counts``: each group's rows over
+    every rank; None for a group without rows)."""
+    sums = SetSums(thresholds, scan.device, groups=groups, num_groups=len(counts))
+    scan.visit([1.0 / t for t in taus], sums)
+    overall: list[list[ConformalResult]] = []
+    per_group: list[list[list[ConformalResult] | None]] = []
+    for k, found in enumerate(sums.reduced()):
+        every = {score: values.sum(0, keepdim=True) for score, values in found.items()}
+        overall.append(set_results(alphas, thresholds[k], every, scan.num_samples))
+        per_group.append([set_results(alphas, thresholds[k], found, int(n), g) if n else None
+                          for g, n in enumerate(counts)])
+    return overall, per_group
+
+
+def fit_group_sets(fit_scan: Scan, eval_scan: Scan, evaluated: OpenedSource, eval_index: np.ndarray,
+                   subsets: Subsets, alphas: list[float], global_t: float, before: CalibrationMetrics,
+                   after: CalibrationMetrics) -> tuple[CalibrationMetrics, CalibrationMetrics]:
+    """``before`` and ``after`` with the sets over every evaluation row; each group's blocks with its own (in its
+    ``before_extras`` and ``after_global_extras``)."""
+    assert subsets.groups is not None and subsets.rows is not None
+    taus = [1.0, global_t]
+    thresholds = fit_thresholds(fit_scan, taus, alphas)
+    start, stop = evaluated.share()
+    mine = (eval_index >= start) & (eval_index < stop)  # this process's evaluation rows, in order
+    local = torch.from_numpy(subsets.rows[mine].astype(np.int64))
+    overall, per_group = group_sets(eval_scan, taus, alphas, thresholds, local,
+                                    [group.n_eval for group in subsets.groups])
+    for g, group in enumerate(subsets.groups):
+        for k, block in ((0, group.before_extras), (1, group.after_global_extras)):
+            found = per_group[k][g]
+            if found is not None:
+                block["conformal"] = [c.to_json() for c in found]
+    return replace(before, conformal=overall[0]), replace(after, conformal=overall[1])
+
+
+__all__ = ["READS", "fit_group_sets", "group_sets"]
