@@ -351,12 +351,13 @@ class Scan:
         hold contiguous shares of the rows), so every rank holds the one-process tensors: rankings, the
         equal-mass bins and the bootstrap's draws see every row. The tensors are on the scan's device.
         """
-        parts: list[torch.Tensor] = []
-        for z, _, row_max, gap, correct, _ in self.row_chunks():
-            e = torch.mul(z - row_max[:, None], beta).exp_()
+        def figures(b: RowBlock, _: Scratch) -> torch.Tensor:
+            e = torch.mul(b.z - b.row_max[:, None], beta).exp_()
             s0 = e.sum(1)
-            parts.append(torch.stack([s0.reciprocal().to(torch.float64), (torch.log(s0) - beta * gap).to(
-                torch.float64), correct.to(torch.float64)], 1))
+            return torch.stack([s0.reciprocal().to(torch.float64), (torch.log(s0) - beta * b.true_gap).to(
+                torch.float64), b.correct.to(torch.float64)], 1)
+
+        parts = list(self.block_pass(figures))  # per row, in row order
         mine = torch.cat(parts) if parts else torch.empty(0, 3, dtype=torch.float64, device=self.device)
         rows = all_gather_rows(mine)
         return {"confidence": rows[:, 0], "correct": rows[:, 2] > 0.5, "nll": rows[:, 1]}
@@ -364,25 +365,30 @@ class Scan:
     def classwise(self, beta: float, bins: int) -> ClasswiseSums:
         """Every class's probability binned in equal-width bins at ``beta``, in one pass.
 
-        Only one chunk's probabilities exist at a time. A single binary logit counts as two classes
-        (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier score does.
+        Only one block's probabilities per thread exist at a time; the blocks' sums are added in row order. A
+        single binary logit counts as two classes (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier
+        score does.
         """
         classes, device = self.num_classes, self.device
         edges = bin_edges(bins, device)
-        count = torch.zeros(classes * bins, dtype=torch.float64, device=device)
-        probability = torch.zeros_like(count)
-        hits = torch.zeros_like(count)
         offset = torch.arange(classes, device=device) * bins
-        for z, y, row_max, _, _, _ in self.row_chunks():
-            e = torch.mul(z - row_max[:, None], beta).exp_()
+
+        def sums(b: RowBlock, _: Scratch) -> torch.Tensor:
+            e = torch.mul(b.z - b.row_max[:, None], beta).exp_()
             p = (e / e.sum(1, keepdim=True)).to(torch.float64)
             slot = (torch.searchsorted(edges, p, right=False) - 1).clamp_(0, bins - 1).add_(offset)
-            count += torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
-            probability.index_add_(0, slot.view(-1), p.view(-1))
-            true_slot = slot.gather(1, y[:, None])[:, 0]
-            hits.index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
+            out = torch.zeros(3, classes * bins, dtype=torch.float64, device=device)
+            out[0] = torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
+            out[1].index_add_(0, slot.view(-1), p.view(-1))
+            true_slot = slot.gather(1, b.y[:, None])[:, 0]
+            out[2].index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
+            return out
+
+        acc = torch.zeros(3, classes * bins, dtype=torch.float64, device=device)
+        for block in self.block_pass(sums):  # in row order: the sums add up as on one thread
+            acc += block
         shape = (classes, bins)
-        reduced = all_reduce(torch.stack([count, probability, hits])).cpu()
+        reduced = all_reduce(acc).cpu()
         return ClasswiseSums(reduced[0].view(shape), reduced[1].view(shape), reduced[2].view(shape),
                              self.num_samples)
 
