@@ -17,6 +17,7 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -328,19 +329,28 @@ class Scan:
                 terms.add_block(block)
             terms.position = self.data.num_samples
         else:
-            for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
-                terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
+            with self._visitor_threads():
+                for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
+                    terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
         return terms.results(all_reduce(terms.acc).cpu(), all_reduce(terms.per_bin).cpu(), self.num_samples)
 
     def visit(self, betas: Sequence[float], visitor: ChunkVisitor) -> None:
         """One pass handing each chunk's ``z - max z`` at every ``beta`` to ``visitor`` (its own figures per row:
         conformal scores, say); the visitor reduces or gathers them across ranks itself."""
         position = 0
-        for z, y, row_max, *_ in self.row_chunks():
-            d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
-            for k, beta in enumerate(betas):
-                visitor.add(k, float(beta), d, y, position)
-            position += z.shape[0]
+        with self._visitor_threads():
+            for z, y, row_max, *_ in self.row_chunks():
+                d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
+                for k, beta in enumerate(betas):
+                    visitor.add(k, float(beta), d, y, position)
+                position += z.shape[0]
+
+    def _visitor_threads(self) -> contextlib.AbstractContextManager[None]:
+        """A visitor keeps its own state from chunk to chunk, so its chunks cannot be shared among threads; on the
+        CPU they run torch single-threaded: torch's threads would meet at a barrier after every op, and wait
+        there whenever another process holds one of their cores (a conformal fit on 2 cores with one kept
+        busy: 3 times the one-thread time)."""
+        return single_threaded() if self.device.type == "cpu" else contextlib.nullcontext()
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
         """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) of every row

@@ -188,3 +188,37 @@ def test_per_row_and_cell_passes_on_two_threads_equal_one_thread():
     by_cell = torch.zeros(5, dtype=torch.float64).index_add_(0, cells, nll)
     assert torch.allclose(two["cell_objective"][0, :, 1], by_cell, rtol=1e-6)
     assert torch.allclose(two["cell_calibration"].sums[0, :, 0].sum(), nll.sum(), rtol=1e-6)
+
+
+class _Recorder:
+    """A visitor that keeps each row's float64 max softmax per temperature and the torch threads it ran on."""
+
+    def __init__(self, rows: int, temperatures: int):
+        self.confidence = torch.zeros(temperatures, rows, dtype=torch.float64)
+        self.threads: set[int] = set()
+
+    def add(self, k, beta, d, labels, start):
+        self.threads.add(torch.get_num_threads())
+        self.confidence[k, start:start + d.shape[0]] = torch.softmax(beta * d.double(), 1).amax(1)
+
+
+def test_visitor_passes_run_single_threaded_with_the_one_thread_figures():
+    """A visitor keeps state from chunk to chunk: its chunks run in order, torch single-threaded (no barrier to wait
+    at), and the figures are those of one thread."""
+    g = torch.Generator().manual_seed(11)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    seen = {}
+    for count in (1, 2):
+        with torch_threads(count):
+            scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+            visited, calibrated = _Recorder(3000, 2), _Recorder(3000, 2)
+            scan.visit([1.0, 0.7], visited)
+            (sums, _), _ = scan.calibration([1.0, 0.7], 15, visitor=calibrated)
+            assert visited.threads == calibrated.threads == {1}
+            assert torch.get_num_threads() == count  # restored
+            seen[count] = (visited.confidence, calibrated.confidence, sums.nll)
+    assert all(torch.equal(a, b) for a, b in zip(seen[1][:2], seen[2][:2], strict=True))
+    assert seen[1][2] == seen[2][2]
+    reference = torch.softmax(0.7 * z.double(), 1).amax(1)
+    assert torch.allclose(seen[2][0][1], reference, rtol=1e-6)
