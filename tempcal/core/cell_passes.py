@@ -30,6 +30,7 @@ from .cumulants import FIELDS, row_moments, row_terms
 from .distributed import all_gather_rows, all_reduce
 from .scan import CalibrationSums, RowBlock, Scan
 from .scratch import Scratch
+from .threads import block_bounds, map_blocks, pass_threads
 
 
 def _slot_betas(betas: torch.Tensor) -> list[float | None]:
@@ -68,8 +69,16 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
         cell = cells[b.start:b.start + b.z.shape[0]]
         return cell, terms(b.z, b.y, b.row_max, b.has_neginf, cell, scratch)
 
-    parts: Iterable[tuple[torch.Tensor, torch.Tensor]] = scan.block_pass(block) if rows is None else [
-        (cells, terms(rows.z, rows.y, rows.row_max, bool(rows.has_neginf.any()), cells, scan.scratch))]
+    def kept(i: int, worker: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = bounds[i]
+        return cells[a:b], terms(rows.z[a:b], rows.y[a:b], rows.row_max[a:b], bool(rows.has_neginf[a:b].any()),
+                                 cells[a:b], scan.scratch_for(worker))
+
+    if rows is None:
+        parts: Iterable[tuple[torch.Tensor, torch.Tensor]] = scan.block_pass(block)
+    else:  # the kept rows in blocks of a chunk, shared among threads as a pass's blocks are
+        bounds = block_bounds(rows.z.shape[0], scan.chunk_rows)
+        parts = map_blocks(kept, len(bounds), pass_threads(scan.device, rows.z.numel()))
     # the blocks' C-wide work ran on the pass's threads; their rows are added into their cells here, in row order
     for cell, values in parts:
         for s in range(slots):

@@ -222,3 +222,26 @@ def test_visitor_passes_run_single_threaded_with_the_one_thread_figures():
     assert seen[1][2] == seen[2][2]
     reference = torch.softmax(0.7 * z.double(), 1).amax(1)
     assert torch.allclose(seen[2][0][1], reference, rtol=1e-6)
+
+
+def test_cell_objective_on_kept_rows_on_two_threads_equals_one_thread(monkeypatch):
+    """When the validating scan kept every fitting row, the cell objective evaluates them without a read, in
+    blocks of ``chunk_rows`` shared among threads: the same bits on one thread and on two."""
+    monkeypatch.setattr(threads, "MIN_BLOCK_ELEMENTS", 1)  # small enough data for the first chunk to hold it all
+    g = torch.Generator().manual_seed(13)
+    z = 3 * torch.randn(500, 40, generator=g)
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]  # labels that follow the logits
+    cells = torch.arange(500) % 5
+    betas = torch.tensor([[0.7] * 5, [0.5, 0.6, 0.7, 0.8, 0.9]], dtype=torch.float64)
+    out = {}
+    for count in (1, 2):
+        with torch_threads(count):
+            scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=500, fit_rows=ALL_ROWS)
+            assert scan.fit_start.rows is not None
+            scan.chunk_rows, passes = 37, scan.passes
+            out[count] = cell_objective(scan, betas, cells, scan.fit_start.rows)
+            assert scan.passes == passes  # no read
+    assert torch.equal(out[1], out[2])
+    nll = torch.nn.functional.cross_entropy(0.7 * z.double(), y, reduction="none")
+    by_cell = torch.zeros(5, dtype=torch.float64).index_add_(0, cells, nll)
+    assert torch.allclose(out[2][0, :, 1], by_cell, rtol=1e-6)
