@@ -17,7 +17,14 @@ slow minutes hit them alike. Targets (issue 39): with one core busy, default thr
 of one thread, and faster than scikit-learn by >= 5x at 10,000 x 100 and >= 10x at 50,000 x 1,000;
 idle, no slower than ``--base``.
 
-Run: ``python benchmarks/busy_core.py [--repeats 3] [--sizes 10000x100,50000x1000] [--base DIR]``
+With ``--commands also`` (or ``only``), the CLI commands whose passes are not the fit's are timed too, each
+run in a fresh process at ``--command-size`` (default 50,000 x 1,000 float32, a group column and an OOD
+file), the busy process running: ``ood``, ``fit --estimators all``, ``fit --conformal-alpha 0.1`` and
+``fit --folds 5 --group-by g``, on the default threads and with ``TEMPCAL_THREADS=1`` (interleaved, the
+median of ``--repeats``).
+
+Run: ``python benchmarks/busy_core.py [--repeats 3] [--sizes 10000x100,50000x1000] [--base DIR]
+[--commands also|only]``
 """
 
 from __future__ import annotations
@@ -82,6 +89,79 @@ def child(args: argparse.Namespace) -> None:
         times.append(time.perf_counter() - start)
     print(json.dumps({"seconds": statistics.median(times), "times": times, "temperature": temperature,
                       "threads": torch.get_num_threads()}), flush=True)
+
+
+# --- the CLI commands ------------------------------------------------------------------------------------------
+
+COMMANDS = {"ood": ["ood", "{id}", "--ood", "{ood}"], "fit --estimators all": ["fit", "{id}", "--estimators", "all"],
+            "fit --conformal-alpha 0.1": ["fit", "{id}", "--conformal-alpha", "0.1"],
+            "fit --folds 5 --group-by g": ["fit", "{id}", "--folds", "5", "--group-by", "g"]}
+
+
+def make_command_data(folder: Path, n: int, c: int) -> dict[str, Path]:
+    """Seeded float32 logits (2.5 z, labels drawn from softmax(z)), a group column ``g`` of 8 groups, and OOD logits
+    (2 z): the files the commands read."""
+    files = {"id": folder / "id.safetensors", "ood": folder / "ood.safetensors"}
+    if all(path.exists() for path in files.values()):
+        return files
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    z = 2.5 * torch.randn(n, c, generator=g)
+    tensors = {"id": {"logits": z, "labels": torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0],
+                      "g": torch.randint(0, 8, (n,), generator=g)},
+               "ood": {"logits": 2.0 * torch.randn(n, c, generator=g)}}
+    for name, path in files.items():
+        save_file(tensors[name], str(path.with_suffix(".tmp")))
+        path.with_suffix(".tmp").rename(path)
+    return files
+
+
+def run_command(name: str, files: dict[str, Path], threads: str, out: Path) -> float:
+    """Seconds of one CLI command in a fresh process (``threads``: "default" or a ``TEMPCAL_THREADS`` value)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("TEMPCAL_THREADS", None)
+    if threads != "default":
+        env["TEMPCAL_THREADS"] = threads
+    words = [w.format(**{k: str(v) for k, v in files.items()}) for w in COMMANDS[name]]
+    words += ["--json", str(out), "-q"] + (["--no-write"] if words[0] == "fit" else [])
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-m", "tempcal", *words], capture_output=True, text=True, env=env,
+                              timeout=CHILD_TIMEOUT_S * 2)
+    except subprocess.TimeoutExpired:
+        return float("nan")
+    if done.returncode:
+        print(done.stderr[-2000:], file=sys.stderr)
+        return float("nan")
+    return time.perf_counter() - start
+
+
+def measure_commands(args: argparse.Namespace) -> list[str]:
+    """The commands with the busy process running: a table (markdown lines) of median seconds per thread count."""
+    n, c = (int(v) for v in args.command_size.lower().split("x"))
+    files = make_command_data(args.cache / f"commands-{args.command_size}", n, c)
+    samples: dict[tuple[str, str], list[float]] = {(name, t): [] for name in COMMANDS for t in ("default", "1")}
+    seen = []
+    process = start_busy(args.busy)
+    try:
+        time.sleep(0.5)
+        for _ in range(args.repeats):
+            for name, threads in samples:
+                samples[name, threads].append(run_command(name, files, threads, args.cache / "command.json"))
+            seen.append(f"load {load_average():.2f}")
+    finally:
+        stop_busy(process)
+    header = ["command", "default s", "1 thread s", "default / 1 thread"]
+    rows = []
+    for name in COMMANDS:
+        default, one = statistics.median(samples[name, "default"]), statistics.median(samples[name, "1"])
+        rows.append([f"tempcal {name}", f"{default:.2f}", f"{one:.2f}", ratio(default, one)])
+    title = f"CLI commands at {args.command_size}, {args.busy} busy loop; load seen: {', '.join(seen)}"
+    print(f"\n{title}\n{text_table(header, rows)}", flush=True)
+    return ["", f"## {title}", "", markdown_table(header, rows)]
 
 
 # --- the parent ---------------------------------------------------------------------------------------------
@@ -183,6 +263,9 @@ def main() -> None:
     parser.add_argument("--fits", type=int, default=3, help="fits per process (its median counts)")
     parser.add_argument("--busy", choices=("pinned", "free"), default="pinned")
     parser.add_argument("--base", help="a checkout of an earlier tempcal to measure alongside (idle and busy)")
+    parser.add_argument("--commands", choices=("none", "also", "only"), default="none",
+                        help="also (or only) time the CLI commands ood, fit --estimators/--conformal-alpha/--folds")
+    parser.add_argument("--command-size", default="50000x1000")
     parser.add_argument("--cache", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")) / "tempcal-busy-core")
     parser.add_argument("--out", type=Path, default=RESULTS / "busy_core.md")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -200,8 +283,8 @@ def main() -> None:
     lines.append(f"other jobs before the run: {busy_cores():.1f} cores busy, load {load_average():.2f}")
     print("\n".join(lines), flush=True)
     report = ["# A fit with one core kept busy (benchmarks/busy_core.py)", "", *[f"- {x}" for x in lines]]
-    verdicts = []
-    for size in args.sizes.split(","):
+    verdicts: list[str] = []
+    for size in args.sizes.split(",") if args.commands != "only" else []:
         n, c = (int(v) for v in size.lower().split("x"))
         data = args.cache / size
         make_data(data, n, c)
@@ -225,8 +308,11 @@ def main() -> None:
             if args.base:
                 now, before = idle[f"default, {mode}"], idle[f"base default, {mode}"]
                 verdicts.append(f"{size} {mode}: idle default / base {now / before:.2f} (target <= 1, within noise)")
-    print("\n" + "\n".join(verdicts))
-    report += ["", "## Against the targets", "", *[f"- {v}" for v in verdicts]]
+    if verdicts:
+        print("\n" + "\n".join(verdicts))
+        report += ["", "## Against the targets", "", *[f"- {v}" for v in verdicts]]
+    if args.commands != "none":
+        report += measure_commands(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(report) + "\n")
     print(f"\nwritten: {args.out} ({time.perf_counter() - began:.0f} s)")

@@ -5,8 +5,9 @@ subset is a union of cells, and every figure is a sum over rows, so one read of 
 the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
 cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their
 per-row values are added into their cell (``index_add``). A fit over the rows outside fold k then reads
-``total - fold k``. Both passes go through :meth:`Scan.row_chunks`, which counts them, and all-reduce
-their sums across ranks.
+``total - fold k``. Both passes go through :meth:`Scan.block_pass`, which counts them: the blocks' C-wide
+work runs on the pass's threads, and their per-row values are added into the cells in row order (the
+figures of one thread, bit for bit); the sums are all-reduced across ranks.
 
 * :func:`cell_objective`: the NLL's sums and four derivatives (:data:`~tempcal.core.cumulants.FIELDS`),
   ``[slots, cells, FIELDS]`` float64;
@@ -18,6 +19,7 @@ their sums across ranks.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,22 +28,15 @@ import torch
 from .bins import bin_edges, bin_index
 from .cumulants import FIELDS, row_moments, row_terms
 from .distributed import all_gather_rows, all_reduce
-from .scan import CalibrationSums, Scan
+from .scan import CalibrationSums, RowBlock, Scan
+from .scratch import Scratch
+from .threads import block_bounds, map_blocks, pass_threads
 
 
 def _slot_betas(betas: torch.Tensor) -> list[float | None]:
     """Per slot, its one beta when every cell shares it (the fast kernel), else None."""
     first = betas[:, :1]
     return [float(first[s, 0]) if bool((betas[s] == first[s]).all()) else None for s in range(betas.shape[0])]
-
-
-def _chunks_with_cells(scan: Scan, cells: torch.Tensor):
-    """``row_chunks`` with each chunk's slice of the per-row ``cells`` index (one counted pass)."""
-    position = 0
-    for z, y, row_max, gap, correct, has_neginf in scan.row_chunks():
-        n = z.shape[0]
-        yield z, y, row_max, gap, correct, has_neginf, cells[position:position + n]
-        position += n
 
 
 def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: Any = None) -> torch.Tensor:
@@ -56,16 +51,38 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
     one = _slot_betas(betas)
     on_device = betas.to(scan.device)
     acc = torch.zeros(slots, count, len(FIELDS), dtype=torch.float64, device=scan.device)
-    chunks = ((rows.z, rows.y, rows.row_max, bool(rows.has_neginf.any()), cells),) if rows is not None else (
-        (z, y, row_max, has_neginf, cell) for z, y, row_max, _, _, has_neginf, cell in _chunks_with_cells(scan, cells))
-    for z, y, row_max, has_neginf, cell in chunks:
+
+    def terms(z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, has_neginf: bool, cell: torch.Tensor,
+              scratch: Scratch) -> torch.Tensor:
+        """``[slots, rows, FIELDS]``: each row's terms at its cell's beta of each slot."""
         y = y.to(torch.int64)
         z_true = z.gather(1, y[:, None])[:, 0]
+        out = []
         for s in range(slots):
             fixed = one[s]
             beta: float | torch.Tensor = fixed if fixed is not None else on_device[s][cell]
-            m = row_moments(z, beta, y, scan.scratch, top=row_max, impossible=has_neginf)
-            acc[s].index_add_(0, cell, row_terms(m, z_true, beta).T)
+            m = row_moments(z, beta, y, scratch, top=row_max, impossible=has_neginf)
+            out.append(row_terms(m, z_true, beta).T)
+        return torch.stack(out)
+
+    def block(b: RowBlock, scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor]:
+        cell = cells[b.start:b.start + b.z.shape[0]]
+        return cell, terms(b.z, b.y, b.row_max, b.has_neginf, cell, scratch)
+
+    def kept(i: int, worker: int) -> tuple[torch.Tensor, torch.Tensor]:
+        a, b = bounds[i]
+        return cells[a:b], terms(rows.z[a:b], rows.y[a:b], rows.row_max[a:b], bool(rows.has_neginf[a:b].any()),
+                                 cells[a:b], scan.scratch_for(worker))
+
+    if rows is None:
+        parts: Iterable[tuple[torch.Tensor, torch.Tensor]] = scan.block_pass(block)
+    else:  # the kept rows in blocks of a chunk, shared among threads as a pass's blocks are
+        bounds = block_bounds(rows.z.shape[0], scan.chunk_rows)
+        parts = map_blocks(kept, len(bounds), pass_threads(scan.device, rows.z.numel()))
+    # the blocks' C-wide work ran on the pass's threads; their rows are added into their cells here, in row order
+    for cell, values in parts:
+        for s in range(slots):
+            acc[s].index_add_(0, cell, values[s])
     return all_reduce(acc)
 
 
@@ -115,18 +132,24 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
     per_bin = torch.zeros(slots, 3, num_groups * bins, dtype=torch.float64, device=device)
     kept: list[list[torch.Tensor]] = [[] for _ in range(2 * slots)]
     hits: list[torch.Tensor] = []
-    position = 0
-    for z, _, row_max, gap, correct, has_neginf, cell in _chunks_with_cells(scan, cells):
-        group = groups[position:position + z.shape[0]]
-        position += z.shape[0]
-        d = torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z))
-        d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
-        hit = correct.to(torch.float64)
-        hits.append(hit)
+
+    def block(b: RowBlock, scratch: Scratch) -> tuple[int, torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]:
+        """A block's C-wide work: its rows' correctness and, per slot, their confidence and ``[rows, 5]`` values."""
+        d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
+        d_finite = d.nan_to_num(neginf=0.0) if b.has_neginf else d
+        hit = b.correct.to(torch.float64)
+        cell = cells[b.start:b.start + b.z.shape[0]]
+        per_slot = []
         for s in range(slots):
             fixed = one[s]
-            beta = fixed if fixed is not None else on_device[s][cell].to(z.dtype)
-            confidence, values = _row_calibration(scan, d, d_finite, gap, hit, beta)
+            beta = fixed if fixed is not None else on_device[s][cell].to(b.z.dtype)
+            per_slot.append(_row_calibration(scratch, d, d_finite, b.true_gap, hit, beta))
+        return b.start, hit, per_slot
+
+    for start, hit, per_slot in scan.block_pass(block):  # added into the groups here, in row order
+        group = groups[start:start + hit.shape[0]]
+        hits.append(hit)
+        for s, (confidence, values) in enumerate(per_slot):
             sums[s].index_add_(0, group, values)
             slot = bin_index(confidence, edges) + group * bins
             per_bin[s, 0].index_add_(0, slot, torch.ones_like(confidence))
@@ -144,12 +167,12 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
                            gathered[:, 0].contiguous(), right, gathered[:, 1].contiguous())
 
 
-def _row_calibration(scan: Scan, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor, hit: torch.Tensor,
+def _row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor, hit: torch.Tensor,
                      beta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row at ``beta`` (a number, or one per row): the float64 confidence and ``[rows, 5]`` values as
     :meth:`Scan.calibration` sums them."""
     b = beta[:, None] if isinstance(beta, torch.Tensor) else beta
-    e = torch.mul(d, b, out=scan.scratch.like("e", d)).exp_()
+    e = torch.mul(d, b, out=scratch.like("e", d)).exp_()
     s0 = e.sum(1)
     log_s0 = torch.log(s0)
     mean_d = torch.linalg.vecdot(e, d_finite) / s0

@@ -17,6 +17,7 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -328,19 +329,28 @@ class Scan:
                 terms.add_block(block)
             terms.position = self.data.num_samples
         else:
-            for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
-                terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
+            with self._visitor_threads():
+                for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
+                    terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
         return terms.results(all_reduce(terms.acc).cpu(), all_reduce(terms.per_bin).cpu(), self.num_samples)
 
     def visit(self, betas: Sequence[float], visitor: ChunkVisitor) -> None:
         """One pass handing each chunk's ``z - max z`` at every ``beta`` to ``visitor`` (its own figures per row:
         conformal scores, say); the visitor reduces or gathers them across ranks itself."""
         position = 0
-        for z, y, row_max, *_ in self.row_chunks():
-            d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
-            for k, beta in enumerate(betas):
-                visitor.add(k, float(beta), d, y, position)
-            position += z.shape[0]
+        with self._visitor_threads():
+            for z, y, row_max, *_ in self.row_chunks():
+                d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
+                for k, beta in enumerate(betas):
+                    visitor.add(k, float(beta), d, y, position)
+                position += z.shape[0]
+
+    def _visitor_threads(self) -> contextlib.AbstractContextManager[None]:
+        """A visitor keeps its own state from chunk to chunk, so its chunks cannot be shared among threads; on the
+        CPU they run torch single-threaded: torch's threads would meet at a barrier after every op, and wait
+        there whenever another process holds one of their cores (a conformal fit on 2 cores with one kept
+        busy: 3 times the one-thread time)."""
+        return single_threaded() if self.device.type == "cpu" else contextlib.nullcontext()
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
         """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) of every row
@@ -351,12 +361,13 @@ class Scan:
         hold contiguous shares of the rows), so every rank holds the one-process tensors: rankings, the
         equal-mass bins and the bootstrap's draws see every row. The tensors are on the scan's device.
         """
-        parts: list[torch.Tensor] = []
-        for z, _, row_max, gap, correct, _ in self.row_chunks():
-            e = torch.mul(z - row_max[:, None], beta).exp_()
+        def figures(b: RowBlock, _: Scratch) -> torch.Tensor:
+            e = torch.mul(b.z - b.row_max[:, None], beta).exp_()
             s0 = e.sum(1)
-            parts.append(torch.stack([s0.reciprocal().to(torch.float64), (torch.log(s0) - beta * gap).to(
-                torch.float64), correct.to(torch.float64)], 1))
+            return torch.stack([s0.reciprocal().to(torch.float64), (torch.log(s0) - beta * b.true_gap).to(
+                torch.float64), b.correct.to(torch.float64)], 1)
+
+        parts = list(self.block_pass(figures))  # per row, in row order
         mine = torch.cat(parts) if parts else torch.empty(0, 3, dtype=torch.float64, device=self.device)
         rows = all_gather_rows(mine)
         return {"confidence": rows[:, 0], "correct": rows[:, 2] > 0.5, "nll": rows[:, 1]}
@@ -364,25 +375,30 @@ class Scan:
     def classwise(self, beta: float, bins: int) -> ClasswiseSums:
         """Every class's probability binned in equal-width bins at ``beta``, in one pass.
 
-        Only one chunk's probabilities exist at a time. A single binary logit counts as two classes
-        (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier score does.
+        Only one block's probabilities per thread exist at a time; the blocks' sums are added in row order. A
+        single binary logit counts as two classes (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier
+        score does.
         """
         classes, device = self.num_classes, self.device
         edges = bin_edges(bins, device)
-        count = torch.zeros(classes * bins, dtype=torch.float64, device=device)
-        probability = torch.zeros_like(count)
-        hits = torch.zeros_like(count)
         offset = torch.arange(classes, device=device) * bins
-        for z, y, row_max, _, _, _ in self.row_chunks():
-            e = torch.mul(z - row_max[:, None], beta).exp_()
+
+        def sums(b: RowBlock, _: Scratch) -> torch.Tensor:
+            e = torch.mul(b.z - b.row_max[:, None], beta).exp_()
             p = (e / e.sum(1, keepdim=True)).to(torch.float64)
             slot = (torch.searchsorted(edges, p, right=False) - 1).clamp_(0, bins - 1).add_(offset)
-            count += torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
-            probability.index_add_(0, slot.view(-1), p.view(-1))
-            true_slot = slot.gather(1, y[:, None])[:, 0]
-            hits.index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
+            out = torch.zeros(3, classes * bins, dtype=torch.float64, device=device)
+            out[0] = torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
+            out[1].index_add_(0, slot.view(-1), p.view(-1))
+            true_slot = slot.gather(1, b.y[:, None])[:, 0]
+            out[2].index_add_(0, true_slot, torch.ones_like(true_slot, dtype=torch.float64))
+            return out
+
+        acc = torch.zeros(3, classes * bins, dtype=torch.float64, device=device)
+        for block in self.block_pass(sums):  # in row order: the sums add up as on one thread
+            acc += block
         shape = (classes, bins)
-        reduced = all_reduce(torch.stack([count, probability, hits])).cpu()
+        reduced = all_reduce(acc).cpu()
         return ClasswiseSums(reduced[0].view(shape), reduced[1].view(shape), reduced[2].view(shape),
                              self.num_samples)
 

@@ -26,7 +26,7 @@ from .base import Score
 from .shared import FLAT, FLOAT64, Buffers, Intermediates, beta_fits
 
 if TYPE_CHECKING:
-    from ..core.scan import Scan
+    from ..core.scan import RowBlock, Scan
 
 
 def as_classes(z: torch.Tensor) -> torch.Tensor:
@@ -189,14 +189,24 @@ def scan_scores(scan: Scan, betas: Sequence[float], names: Sequence[str] = ("msp
                 options: Mapping[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:
     """Per-sample float64 OOD scores ``{name: [rows]}`` of ``scan``'s rows at each ``beta``, in one pass.
 
-    Every score at every temperature comes from the same read of each chunk (:class:`ScorePass`, with the scan's
-    buffers); ``options`` set up scores that take parameters (``gen_gamma``, ``gen_top``).
+    Every score at every temperature comes from the same read of each block (:class:`ScorePass`, with the
+    buffers of the :meth:`Scan.block_pass` thread that takes it; the values joined in row order); ``options``
+    set up scores that take parameters (``gen_gamma``, ``gen_top``).
     """
-    scoring = ScorePass([get_score(name, options) for name in names], betas, workspace=scan.scratch)
+    scores = [get_score(name, options) for name in names]
+    scoring = ScorePass(scores, betas, workspace=scan.scratch)
+    passes = {id(scan.scratch): scoring}  # one per thread of the block pass, each with that thread's buffers
+
+    def block(b: RowBlock, scratch: Scratch) -> dict[str, torch.Tensor]:
+        mine = passes.get(id(scratch))
+        if mine is None:
+            mine = passes[id(scratch)] = ScorePass(scores, scoring.betas, workspace=scratch)
+        return mine.chunk(b.z, b.row_max, b.has_neginf)
+
     parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
-    for z, _, row_max, _, _, has_neginf in scan.row_chunks():
-        for name, values in scoring.chunk(z, row_max, has_neginf).items():
-            parts[name].append(values)
+    for values in scan.block_pass(block):  # the blocks' values in row order
+        for name in names:
+            parts[name].append(values[name])
     joined = {name: torch.cat(values, dim=1) if values else
               torch.empty(len(scoring.betas), 0, dtype=torch.float64, device=scan.device)
               for name, values in parts.items()}

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
 
 from tempcal.core import threads
+from tempcal.core.cell_passes import cell_calibration, cell_objective
 from tempcal.core.data import as_logits_data
 from tempcal.core.scan import ALL_ROWS, Scan
 from tempcal.errors import TempcalError
 from tempcal.models.head import OutputHead
+from tempcal.scores.engine import scan_scores
 
 
 @contextlib.contextmanager
@@ -136,3 +139,109 @@ def test_head_logits_on_several_threads_match_float64():
         with torch_threads(2):
             out = head.logits(h, torch.empty(40, 300), threads=count)
         assert torch.allclose(out.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+def _rest_figures(z, y, count):
+    """Each pass that shares its blocks among threads besides the objective and calibration, on ``count`` threads."""
+    with torch_threads(count):
+        scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+        cells = torch.arange(z.shape[0]) % 5
+        betas = torch.tensor([[0.7] * 5, [0.5, 0.6, 0.7, 0.8, 0.9]], dtype=torch.float64)
+        return {"per_sample": scan.per_sample(0.7), "classwise": scan.classwise(0.7, 15),
+                "scores": scan_scores(scan, [1.0, 0.7], ("msp", "energy", "gen"), {"gen_top": 10}),
+                "cell_objective": cell_objective(scan, betas, cells),
+                "cell_calibration": cell_calibration(scan, betas, cells, cells % 3, 3, 15)}
+
+
+def _same(a, b):
+    """Equal to the bit: tensors, and the tensors inside lists, dicts and dataclasses."""
+    if isinstance(a, torch.Tensor):
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_same(x, w) for x, w in zip(a, b, strict=True))
+    if dataclasses.is_dataclass(a):
+        return all(_same(getattr(a, f.name), getattr(b, f.name)) for f in dataclasses.fields(a))
+    return a == b
+
+
+def test_per_row_and_cell_passes_on_two_threads_equal_one_thread():
+    """per_sample, classwise, the OOD scores and the cell passes: the same bits on one thread and on two."""
+    g = torch.Generator().manual_seed(7)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    one, two = _rest_figures(z, y, 1), _rest_figures(z, y, 2)
+    for name in one:
+        assert _same(one[name], two[name]), name
+    # and against float64 references computed here
+    p = torch.softmax(0.7 * z.double(), 1)
+    assert torch.allclose(two["per_sample"]["confidence"], p.amax(1), rtol=1e-6)
+    assert torch.allclose(two["per_sample"]["nll"], -p.gather(1, y[:, None])[:, 0].log(), rtol=1e-5)
+    assert torch.allclose(two["scores"][1]["msp"], p.amax(1), rtol=1e-6)
+    assert torch.allclose(two["scores"][0]["energy"], torch.logsumexp(z.double(), 1), rtol=1e-6)
+    assert float(two["classwise"].count.sum()) == 3000 * 120
+    assert torch.allclose(two["classwise"].probability.sum(1), p.sum(0), rtol=1e-5)
+    nll = torch.nn.functional.cross_entropy(0.7 * z.double(), y, reduction="none")
+    cells = torch.arange(3000) % 5
+    assert two["cell_objective"][0, :, 0].tolist() == [600.0] * 5  # rows per cell
+    by_cell = torch.zeros(5, dtype=torch.float64).index_add_(0, cells, nll)
+    assert torch.allclose(two["cell_objective"][0, :, 1], by_cell, rtol=1e-6)
+    assert torch.allclose(two["cell_calibration"].sums[0, :, 0].sum(), nll.sum(), rtol=1e-6)
+
+
+class _Recorder:
+    """A visitor that keeps each row's float64 max softmax per temperature and the torch threads it ran on."""
+
+    def __init__(self, rows: int, temperatures: int):
+        self.confidence = torch.zeros(temperatures, rows, dtype=torch.float64)
+        self.threads: set[int] = set()
+
+    def add(self, k, beta, d, labels, start):
+        self.threads.add(torch.get_num_threads())
+        self.confidence[k, start:start + d.shape[0]] = torch.softmax(beta * d.double(), 1).amax(1)
+
+
+def test_visitor_passes_run_single_threaded_with_the_one_thread_figures():
+    """A visitor keeps state from chunk to chunk: its chunks run in order, torch single-threaded (no barrier to wait
+    at), and the figures are those of one thread."""
+    g = torch.Generator().manual_seed(11)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    seen = {}
+    for count in (1, 2):
+        with torch_threads(count):
+            scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+            visited, calibrated = _Recorder(3000, 2), _Recorder(3000, 2)
+            scan.visit([1.0, 0.7], visited)
+            (sums, _), _ = scan.calibration([1.0, 0.7], 15, visitor=calibrated)
+            assert visited.threads == calibrated.threads == {1}
+            assert torch.get_num_threads() == count  # restored
+            seen[count] = (visited.confidence, calibrated.confidence, sums.nll)
+    assert all(torch.equal(a, b) for a, b in zip(seen[1][:2], seen[2][:2], strict=True))
+    assert seen[1][2] == seen[2][2]
+    reference = torch.softmax(0.7 * z.double(), 1).amax(1)
+    assert torch.allclose(seen[2][0][1], reference, rtol=1e-6)
+
+
+def test_cell_objective_on_kept_rows_on_two_threads_equals_one_thread(monkeypatch):
+    """When the validating scan kept every fitting row, the cell objective evaluates them without a read, in
+    blocks of ``chunk_rows`` shared among threads: the same bits on one thread and on two."""
+    monkeypatch.setattr(threads, "MIN_BLOCK_ELEMENTS", 1)  # small enough data for the first chunk to hold it all
+    g = torch.Generator().manual_seed(13)
+    z = 3 * torch.randn(500, 40, generator=g)
+    y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]  # labels that follow the logits
+    cells = torch.arange(500) % 5
+    betas = torch.tensor([[0.7] * 5, [0.5, 0.6, 0.7, 0.8, 0.9]], dtype=torch.float64)
+    out = {}
+    for count in (1, 2):
+        with torch_threads(count):
+            scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=500, fit_rows=ALL_ROWS)
+            assert scan.fit_start.rows is not None
+            scan.chunk_rows, passes = 37, scan.passes
+            out[count] = cell_objective(scan, betas, cells, scan.fit_start.rows)
+            assert scan.passes == passes  # no read
+    assert torch.equal(out[1], out[2])
+    nll = torch.nn.functional.cross_entropy(0.7 * z.double(), y, reduction="none")
+    by_cell = torch.zeros(5, dtype=torch.float64).index_add_(0, cells, nll)
+    assert torch.allclose(out[2][0, :, 1], by_cell, rtol=1e-6)
