@@ -296,11 +296,12 @@ class LightevalKind(LmEvalKind):
         return opened
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
-        """Per file: its task, rows, complete rows and choice counts, the rows left out by reason, gold forms."""
+        """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the
+        rows left out by reason, and the gold index's forms (an integer or a list)."""
         details = []
         for path in paths:
             info = read_details(path, options.lm_eval_norm)[1]
-            details.append({"file": str(path), "task": info.task, "rows": info.rows, "complete": info.complete,
+            details.append({"file": str(path), "task": info.task, "rows": info.rows, "records": info.complete,
                             "rows_incomplete": dict(info.incomplete),
                             "choice_counts": {str(k): v for k, v in sorted(info.choice_counts.items())},
                             "gold_index": info.gold_forms})
