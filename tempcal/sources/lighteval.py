@@ -234,8 +234,10 @@ def _gold(gold: Any, k: int, where: RowWhere, info: DetailsInfo) -> int | None:
     """The gold index (an integer or a one-element list); several are counted as incomplete (None)."""
     form = "list" if isinstance(gold, list) else "index"
     listed = gold if isinstance(gold, list) else [gold]
-    if not listed or any(g is None for g in listed):
-        raise where.error(f"doc.gold_index is {short(gold)}: it names no choice")
+    if any(g is None for g in listed):
+        raise where.error(f"doc.gold_index is {short(gold)}: missing")
+    if not listed:
+        raise where.error("doc.gold_index [] names no choice")
     bad = next((g for g in listed if not 0 <= g < k), None)
     if bad is not None:
         raise where.error(f"doc.gold_index {short(gold)} names no choice of the {k} in doc.choices")
