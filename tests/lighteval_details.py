@@ -63,7 +63,8 @@ def matrix(rows: list[dict[str, Any]], norm: str = "none", width: int | None = N
 def write_details(path: Path, rows: list[dict[str, Any]], *, drop: tuple[str, ...] = (),
                   row_group_size: int | None = None) -> Path:
     """A details file in lighteval's layout (``doc``, ``metric``, ``model_response`` structs) from rows of
-    ``gold_index``, ``choices`` and ``logprobs``; ``drop`` leaves out fields (``doc.gold_index``, ``model_response``)."""
+    ``gold_index``, ``choices`` and ``logprobs``; ``drop`` leaves out fields (``doc.gold_index``,
+    ``model_response``)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
