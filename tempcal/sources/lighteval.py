@@ -156,11 +156,16 @@ def _check_row_groups(path: Path, parquet: Any) -> None:
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
-                   if any(group.column(c).path_in_schema.startswith(name) for name in COLUMNS))
+                   if _under(group.column(c).path_in_schema))
         if size > MAX_ROW_GROUP_BYTES:
             raise LightevalDetailsError(f"{path}: row group {g} holds {size_text(size)} of {', '.join(COLUMNS)}; "
                                         f"tempcal reads row groups of at most {size_text(MAX_ROW_GROUP_BYTES)} "
                                         "(lighteval writes a few kilobytes per row)")
+
+
+def _under(leaf: str) -> bool:
+    """Whether a parquet leaf column (``doc.choices.list.element``) belongs to one of :data:`COLUMNS`."""
+    return any(leaf == name or leaf.startswith(name + ".") for name in COLUMNS)
 
 
 def _batches(path: Path, parquet: Any) -> Any:
@@ -181,9 +186,16 @@ def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[_Row
     path = Path(path)
     if norm not in NORMS:
         raise TempcalError(f"{param('lm_eval_norm')} {norm}: expected one of {', '.join(NORMS)}")
-    parquet = _parquet(path)
-    _check_columns(path, parquet)
-    _check_row_groups(path, parquet)
+    with _parquet(path) as parquet:
+        _check_columns(path, parquet)
+        _check_row_groups(path, parquet)
+        rows, info = _read_rows(path, parquet, norm)
+    if not info.rows:
+        raise LightevalDetailsError(f"{path}: no rows")
+    return rows, info
+
+
+def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[_Rows, DetailsInfo]:
     info = DetailsInfo(path=str(path), task=task_from_filename(path), norm=norm)
     rows = _Rows()
     for golds, choices, logprobs in _batches(path, parquet):
@@ -202,8 +214,6 @@ def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[_Row
             if info.complete * info.max_choices * 8 > MAX_PADDED_BYTES:
                 raise where.error(f"{info.complete:,} rows padded to {info.max_choices:,} choices would pass "
                                   f"{size_text(MAX_PADDED_BYTES)}, tempcal's limit on a SOURCE's padded rows")
-    if not info.rows:
-        raise LightevalDetailsError(f"{path}: no rows")
     return rows, info
 
 
