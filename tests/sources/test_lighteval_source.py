@@ -81,6 +81,18 @@ def test_a_live_read_agrees_with_the_reference(task: str) -> None:
 
 
 @pytest.mark.parametrize("task", TASKS)
+def test_lightevals_own_acc_is_the_argmax_of_the_rows_read(task: str) -> None:
+    """lighteval scored each row ``acc = argmax(logprobs) in gold``: the rows tempcal reads reproduce it."""
+    pd = pytest.importorskip("pandas")
+    frame = pd.read_parquet(fixture(task))
+    kept = [i for i, r in enumerate(reference_rows(task)) if r in complete(reference_rows(task))]
+    acc = [int(frame["metric"][i]["acc"]) for i in kept]
+    opened = open_source(fixture(task))
+    mine = (opened.data.logits.argmax(dim=1) == opened.data.labels).int().tolist()
+    assert mine == acc and 0 < sum(acc) < len(acc)
+
+
+@pytest.mark.parametrize("task", TASKS)
 @pytest.mark.parametrize("norm", ["none", "chars", "bytes"])
 def test_fitted_t_matches_scipy_on_the_reference_rows(task: str, norm: str) -> None:
     z, y = matrix(complete(reference_rows(task)), norm)
