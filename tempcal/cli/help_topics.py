@@ -47,6 +47,7 @@ TOPIC_TEXTS: dict[str, tuple[str, str, str, list[Any]]] = {
                      "PATH.npy."),
             (".pt, .pth", "a dict of tensors (a model under these names is a model SOURCE)."),
             ("samples_*.jsonl", "an lm-evaluation-harness log, .gz too: see tempcal help lm."),
+            ("details_*.parquet", "a lighteval details file (the logs extra): see docs/evaluation-logs.md."),
             (".pt2, .onnx, .ts", "a model, run over --inputs DATA: see tempcal help models."),
         ]),
         "Files other than .safetensors keep T in the sidecar FILE.tempcal.json, which records the file's size, "

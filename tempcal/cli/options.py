@@ -91,7 +91,7 @@ Probs = Annotated[Optional[bool], typer.Option(
     "probabilities are refused.", show_default=False)]
 LmEvalNormOpt = Annotated[LmEvalNorm, typer.Option(
     "--lm-eval-norm", case_sensitive=False, parser=choice(LmEvalNorm),
-    help="lm-evaluation-harness log SOURCE: divide each choice's log-likelihood by its text's "
+    help="lm-evaluation-harness log or lighteval details SOURCE: divide each choice's log-likelihood by its text's "
     "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).",
     rich_help_panel="Language models")]
 IgnoreIndex = Annotated[int, typer.Option("--ignore-index", rich_help_panel="Input",
@@ -294,13 +294,18 @@ def is_model_source(source: list[str], inputs: str | None, model_only: dict[str,
 
 
 def check_lm_eval_norm(source: list[str], norm: str) -> None:
-    """``--lm-eval-norm`` chars or bytes only with an lm-evaluation-harness log SOURCE (never silently ignored)."""
+    """``--lm-eval-norm`` chars or bytes only with an lm-evaluation-harness log or lighteval details SOURCE (never
+    silently ignored)."""
+    from ..sources.lighteval import is_lighteval_details
     from ..sources.lm_eval import is_lm_eval_log
 
-    if norm != LmEvalNorm.none.value and not all(is_lm_eval_log(name) for name in source):
-        other = next(name for name in source if not is_lm_eval_log(name))
+    def normalised(name: str) -> bool:
+        return is_lm_eval_log(name) or is_lighteval_details(name)
+
+    if norm != LmEvalNorm.none.value and not all(normalised(name) for name in source):
+        other = next(name for name in source if not normalised(name))
         raise TempcalError(f"--lm-eval-norm {norm} applies to lm-evaluation-harness sample logs "
-                           f"(samples_*.jsonl or .jsonl.gz), not to {other}")
+                           f"(samples_*.jsonl or .jsonl.gz) and lighteval details (details_*.parquet), not to {other}")
 
 
 def parse_estimators(text: str | None) -> list[str]:

@@ -97,6 +97,10 @@ def print_inspect(report: Any, console: Any) -> None:
         counts = ", ".join(f"{v} x {k}" for k, v in detail["choice_counts"].items())
         console.print(f"{detail['file']}: task {detail['task']}, {detail['records']} records ({counts} choices)",
                       soft_wrap=True, markup=False)
+        left = {reason: n for reason, n in detail.get("rows_incomplete", {}).items() if n}
+        if left:
+            said = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in left.items())
+            console.print(f"  {sum(left.values())} more left out as incomplete: {said}", soft_wrap=True, markup=False)
     if isinstance(data["details"], dict) and data["details"].get("format"):
         console.print(f"format: {data['details']['format']}", soft_wrap=True, markup=False)
     lines = [values_line(data["values"]), labels_line(data["labels"], data["num_classes"]),

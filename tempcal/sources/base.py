@@ -138,6 +138,8 @@ class OpenedSource:
     stored_probs: bool = False
     #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
     file_rows: list[int] | None = None
+    #: What the JSON output adds for this SOURCE (evaluation logs: ``source_kind``, ``rows_incomplete``).
+    source_json: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stored_temperature(self) -> float | None:

@@ -324,6 +324,10 @@ class LmEvalKind(SourceKind):
                             "targets": info.targets})
         return details
 
+    def task_of(self, path: Path) -> str:
+        """The task a log's rows belong to: from its name (the name itself when it does not follow lm-eval's)."""
+        return task_from_filename(path) or path.name
+
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
         import numpy as np
@@ -332,10 +336,10 @@ class LmEvalKind(SourceKind):
         from .grouping import TASK, RowGroups
 
         if key != TASK:
-            raise TempcalError(f"{opened.name}: lm-evaluation-harness logs hold no tensors; {option} "
-                               f"{TASK} groups their rows by each log's task")
+            raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
+                               f"{TASK} groups their rows by each file's task")
         rows = opened.file_rows or [opened.data.num_samples]
-        tasks = [task_from_filename(p) or p.name for p in opened.paths]
+        tasks = [self.task_of(p) for p in opened.paths]
         names = sorted(set(tasks))
         if len(names) < len(tasks):
             seen = next(t for t in tasks if tasks.count(t) > 1)

@@ -118,7 +118,7 @@ class FitReport:
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
             "probs": bool(self.opened is not None and self.opened.options.probs),
-            **self._subsets_json(),
+            **self._subsets_json(), **getattr(self.opened, "source_json", {}),
         }
 
     def _subsets_json(self) -> dict[str, Any]:

@@ -158,6 +158,7 @@ class OodReport:
             "gate_failures": [asdict(g) for g in self.gate_failures],
             "device": self.device, "passes": self.passes, "warnings": self.warnings,
             **({} if self.groups is None else {"group_key": self.group_key, "groups": self.groups}),
+            **getattr(self.opened, "source_json", {}),
         }
 
 

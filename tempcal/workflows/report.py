@@ -85,7 +85,7 @@ class ReportResult:
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
                 "min_nll_tau": min(self.points(), key=lambda m: m.nll).tau if self.points() else None,
-                "device": self.device, "warnings": self.warnings}
+                "device": self.device, "warnings": self.warnings, **getattr(self.opened, "source_json", {})}
 
     def _sweep_json(self) -> dict:
         """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""

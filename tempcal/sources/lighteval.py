@@ -1,0 +1,329 @@
+"""lighteval details files as SOURCE: ``details_<task>_<date>.parquet``, written by ``lighteval ... --save-details``.
+
+Each row of a log-likelihood multiple-choice task holds ``doc.choices``, ``doc.gold_index`` (an integer, or a list)
+and ``model_response.logprobs``, one summed log-probability per choice. Row i of the logits is those
+log-probabilities, padded with ``-inf`` up to the widest row; its label is the gold index. ``--lm-eval-norm chars``
+or ``bytes`` divides each by its choice text's length (leading whitespace removed), as for lm-eval logs
+(:func:`.lm_eval_records.normalise`). Rows with several gold indices, or not one log-probability per choice, are
+incomplete: left out, counted by reason, and a warning says so. Rows need not be in dataset order.
+
+The file is read with pyarrow (the ``logs`` extra), only the three columns, one batch of rows at a time; a row group
+whose three columns pass :data:`MAX_ROW_GROUP_BYTES` is refused before it is read. T is kept as for lm-eval logs, in
+the sidecar ``FILE.tempcal.json`` with the normalisation it was fitted under (:class:`.lm_eval.LmEvalKind`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TempcalError, param
+from .base import OpenedSource, SourceOptions
+from .lm_eval import MAX_PADDED_BYTES, LmEvalKind, _padded, _Rows, size_text
+from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalise, short
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+#: The columns read: name in messages -> (struct column, field).
+COLUMNS = {"doc.gold_index": ("doc", "gold_index"), "doc.choices": ("doc", "choices"),
+           "model_response.logprobs": ("model_response", "logprobs")}
+#: Rows converted to Python at a time.
+BATCH_ROWS = 1024
+#: The most bytes the three columns of one row group may hold uncompressed (pyarrow reads a row group's columns at
+#: once); lighteval writes row groups of a few thousand rows, kilobytes each.
+MAX_ROW_GROUP_BYTES = 256 << 20
+#: ``rows_incomplete`` keys: several gold indices; a log-probability count that is not the choice count.
+INCOMPLETE = ("several_targets", "logprobs_count")
+_SAID = {"several_targets": "with several gold indices", "logprobs_count": "without one log-probability per choice"}
+#: ``details_<task>_<date>`` with lighteval's ``datetime.now().isoformat().replace(":", "-")`` date.
+_NAME_WITH_DATE = re.compile(r"^details_(?P<task>.+?)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)$")
+
+
+class LightevalDetailsError(LmEvalLogError):
+    """Bad input in a details file: one line naming the file (and the row, counted from 1, where it applies)."""
+
+
+@dataclass(frozen=True)
+class RowWhere(Where):
+    """File and row (counted from 1), for messages."""
+
+    def error(self, message: str) -> LmEvalLogError:
+        return LightevalDetailsError(f"{self.path}: row {self.line}: {message}")
+
+
+def is_lighteval_details(path: str | os.PathLike[str]) -> bool:
+    """True for ``details_*.parquet`` (the suffix in any case)."""
+    name = Path(path).name
+    return name.startswith("details_") and name.lower().endswith(".parquet")
+
+
+def task_from_filename(path: str | os.PathLike[str]) -> str | None:
+    """The task of ``details_<task>_<date>.parquet`` (``details_<task>.parquet`` too), else None."""
+    name = Path(path).name
+    if not is_lighteval_details(name):
+        return None
+    stem = name[: -len(".parquet")]
+    match = _NAME_WITH_DATE.match(stem)
+    if match:
+        return match.group("task")
+    return stem[len("details_"):] or None
+
+
+@dataclass
+class DetailsInfo:
+    """What was read from one details file: its task, rows, choice counts and the rows left out by reason."""
+
+    path: str
+    task: str | None
+    norm: str
+    rows: int = 0  # every row of the file
+    complete: int = 0
+    choice_counts: dict[int, int] = field(default_factory=dict)  # of the complete rows
+    gold_forms: dict[str, int] = field(default_factory=dict)  # "index" (an integer) / "list"
+    incomplete: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INCOMPLETE, 0))
+    first_incomplete: int | None = None  # the first incomplete row, counted from 1
+
+    @property
+    def max_choices(self) -> int:
+        return max(self.choice_counts, default=0)
+
+    def leave_out(self, reason: str, row: int) -> None:
+        self.incomplete[reason] += 1
+        if self.first_incomplete is None:
+            self.first_incomplete = row
+
+    def warnings(self) -> list[str]:
+        """One line when rows were left out."""
+        left = sum(self.incomplete.values())
+        if not left:
+            return []
+        return [f"{self.path}: {left} of {self.rows} rows left out as incomplete ({_counts(self.incomplete)}; the "
+                f"first is row {self.first_incomplete})"]
+
+
+def _parquet(path: Path) -> Any:
+    """The open ``pyarrow.parquet.ParquetFile``; not parquet, or unreadable, is bad input naming the file."""
+    from ..io.optional import pyarrow_parquet
+    from ..io.sidecar import check_regular_file
+
+    pq: ModuleType = pyarrow_parquet(f"{path}: reading a lighteval details file")
+    check_regular_file(path)
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow's ArrowInvalid / ArrowIOError, OSError
+        raise LightevalDetailsError(f"{path}: not a readable parquet file ({_first_line(exc)})") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def _check_columns(path: Path, parquet: Any) -> None:
+    """The three columns exist with the types lighteval writes; a missing one is named."""
+    from ..io.optional import require
+
+    pa = require("pyarrow", "logs", needed_for=f"{path}: reading a lighteval details file")
+    schema = parquet.schema_arrow
+    for name, (top, child) in COLUMNS.items():
+        struct = schema.field(top).type if top in schema.names else None
+        if struct is None or not pa.types.is_struct(struct) or struct.get_field_index(child) < 0:
+            raise LightevalDetailsError(f"{path}: no column '{name}'; a lighteval details file of a log-likelihood "
+                                        f"task has {', '.join(COLUMNS)} (written by lighteval --save-details)")
+        kind = struct.field(child).type
+        listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
+        inner = kind.value_type if listed else kind
+        fits = {"doc.gold_index": pa.types.is_integer(inner) or pa.types.is_null(inner),
+                "doc.choices": listed and (pa.types.is_string(inner) or pa.types.is_large_string(inner)
+                                           or pa.types.is_null(inner)),
+                "model_response.logprobs": listed and (pa.types.is_floating(inner) or pa.types.is_integer(inner)
+                                                       or pa.types.is_null(inner))}[name]
+        if not fits:
+            raise LightevalDetailsError(f"{path}: column '{name}' is {kind}; expected "
+                                        + {"doc.gold_index": "an integer or a list of integers",
+                                           "doc.choices": "a list of strings",
+                                           "model_response.logprobs": "a list of numbers"}[name])
+
+
+def _check_row_groups(path: Path, parquet: Any) -> None:
+    """Refuse a row group whose three columns are larger than :data:`MAX_ROW_GROUP_BYTES` uncompressed."""
+    meta = parquet.metadata
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
+                   if _under(group.column(c).path_in_schema))
+        if size > MAX_ROW_GROUP_BYTES:
+            raise LightevalDetailsError(f"{path}: row group {g} holds {size_text(size)} of {', '.join(COLUMNS)}; "
+                                        f"tempcal reads row groups of at most {size_text(MAX_ROW_GROUP_BYTES)} "
+                                        "(lighteval writes a few kilobytes per row)")
+
+
+def _under(leaf: str) -> bool:
+    """Whether a parquet leaf column (``doc.choices.list.element``) belongs to one of :data:`COLUMNS`."""
+    return any(leaf == name or leaf.startswith(name + ".") for name in COLUMNS)
+
+
+def _batches(path: Path, parquet: Any) -> Any:
+    """Per batch of rows: the gold indices, choices and log-probabilities as Python lists."""
+    try:
+        for batch in parquet.iter_batches(batch_size=BATCH_ROWS, columns=list(COLUMNS)):
+            doc, response = batch.column("doc"), batch.column("model_response")
+            yield (doc.field("gold_index").to_pylist(), doc.field("choices").to_pylist(),
+                   response.field("logprobs").to_pylist())
+    except LightevalDetailsError:
+        raise
+    except Exception as exc:  # a damaged page or row group
+        raise LightevalDetailsError(f"{path}: cannot read its rows ({_first_line(exc)})") from None
+
+
+def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[_Rows, DetailsInfo]:
+    """One file's complete rows (flat, as :func:`.lm_eval._padded` takes them) and what was read."""
+    path = Path(path)
+    if norm not in NORMS:
+        raise TempcalError(f"{param('lm_eval_norm')} {norm}: expected one of {', '.join(NORMS)}")
+    with _parquet(path) as parquet:
+        _check_columns(path, parquet)
+        _check_row_groups(path, parquet)
+        rows, info = _read_rows(path, parquet, norm)
+    if not info.rows:
+        raise LightevalDetailsError(f"{path}: no rows")
+    return rows, info
+
+
+def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[_Rows, DetailsInfo]:
+    info = DetailsInfo(path=str(path), task=task_from_filename(path), norm=norm)
+    rows = _Rows()
+    for golds, choices, logprobs in _batches(path, parquet):
+        for gold, texts, values in zip(golds, choices, logprobs, strict=True):
+            info.rows += 1
+            where = RowWhere(str(path), info.rows)
+            row = _row(gold, texts, values, norm, where, info)
+            if row is None:
+                continue
+            logits, label = row
+            rows.values.extend(logits)
+            rows.counts.append(len(logits))
+            rows.labels.append(label)
+            info.complete += 1
+            info.choice_counts[len(logits)] = info.choice_counts.get(len(logits), 0) + 1
+            if info.complete * info.max_choices * 8 > MAX_PADDED_BYTES:
+                raise where.error(f"{info.complete:,} rows padded to {info.max_choices:,} choices would pass "
+                                  f"{size_text(MAX_PADDED_BYTES)}, tempcal's limit on a SOURCE's padded rows")
+    return rows, info
+
+
+def _row(gold: Any, texts: Any, values: Any, norm: str, where: RowWhere, info: DetailsInfo
+         ) -> tuple[list[float], int] | None:
+    """A row's (normalised) log-probabilities and label; None (counted) for an incomplete row."""
+    if texts is None or len(texts) < 2:
+        raise where.error(f"doc.choices holds {0 if texts is None else len(texts)} choices; a multiple-choice "
+                          "row has at least two (a softmax over one choice carries no calibration)")
+    k = len(texts)
+    if k > MAX_CHOICES:
+        raise where.error(f"{k:,} choices; tempcal reads rows of at most {MAX_CHOICES:,} choices")
+    label = _gold(gold, k, where, info)
+    if label is None:
+        return None
+    if values is None or len(values) != k:
+        info.leave_out("logprobs_count", where.line)
+        return None
+    for i, value in enumerate(values):
+        if value is None or math.isnan(value) or value == math.inf:
+            raise where.error(f"model_response.logprobs[{i}] is {value}; expected a finite number or -inf")
+    if values[label] == -math.inf:
+        raise where.error(f"the gold choice ({label}) has log-probability -inf: its NLL would be infinite")
+    return normalise([float(v) for v in values], [str(t).lstrip() for t in texts], norm, where), label
+
+
+def _gold(gold: Any, k: int, where: RowWhere, info: DetailsInfo) -> int | None:
+    """The gold index (an integer or a one-element list); several are counted as incomplete (None)."""
+    form = "list" if isinstance(gold, list) else "index"
+    listed = gold if isinstance(gold, list) else [gold]
+    if any(g is None for g in listed):
+        raise where.error(f"doc.gold_index is {short(gold)}: missing")
+    if not listed:
+        raise where.error("doc.gold_index [] names no choice")
+    bad = next((g for g in listed if not 0 <= g < k), None)
+    if bad is not None:
+        raise where.error(f"doc.gold_index {short(gold)} names no choice of the {k} in doc.choices")
+    info.gold_forms[form] = info.gold_forms.get(form, 0) + 1
+    if len(listed) > 1:
+        info.leave_out("several_targets", where.line)
+        return None
+    return int(listed[0])
+
+
+class LightevalKind(LmEvalKind):
+    """lighteval details files; T and the normalisation are kept as for lm-eval logs (the sidecar)."""
+
+    name = "lighteval"
+    title = "lighteval details"
+    suffixes = (".parquet",)  # type: ignore[assignment]  # LmEvalKind's are two
+    shards = True
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        return is_lighteval_details(paths[0])
+
+    def task_of(self, path: Path) -> str:
+        return task_from_filename(path) or path.name
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        from ..core.data import as_logits_data
+
+        norm = options.lm_eval_norm
+        if options.probs:
+            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is a lighteval details file "
+                               "of log-probabilities")
+        read = [read_details(path, norm) for path in paths]
+        for _, info in read:
+            if not info.complete:
+                raise LightevalDetailsError(f"{info.path}: none of its {info.rows} rows is complete "
+                                            f"({_counts(info.incomplete)}); a details file of a log-likelihood "
+                                            "multiple-choice task holds one gold index and one log-probability "
+                                            "per choice")
+        width = max(info.max_choices for _, info in read)
+        rows = sum(info.complete for _, info in read)
+        if rows * width * 8 > MAX_PADDED_BYTES:
+            raise LightevalDetailsError(f"{paths[0]}: {rows:,} rows of {len(paths)} files padded to {width:,} "
+                                        f"choices would pass {size_text(MAX_PADDED_BYTES)}")
+        logits, labels = _padded([r for r, _ in read], width)
+        data = as_logits_data(logits, labels, ignore_index=None)
+        kind = LightevalKind(norm)
+        incomplete = {reason: sum(info.incomplete[reason] for _, info in read) for reason in INCOMPLETE}
+        warnings = [message for _, info in read for message in info.warnings()]
+        opened = OpenedSource(paths, data, None, kind, options, warnings=warnings,
+                              file_rows=[info.complete for _, info in read],
+                              source_json={"source_kind": "lighteval", "rows_incomplete": incomplete})
+        try:
+            opened.stored, notes = kind.read_temperature(paths[0])
+        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
+            opened.stored_problem = exc
+        else:
+            opened.warnings.extend(notes)
+        return opened
+
+    def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
+        """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the
+        rows left out by reason, and the gold index's forms (an integer or a list)."""
+        details = []
+        for path in paths:
+            info = read_details(path, options.lm_eval_norm)[1]
+            details.append({"file": str(path), "task": info.task, "rows": info.rows, "records": info.complete,
+                            "rows_incomplete": dict(info.incomplete),
+                            "choice_counts": {str(k): v for k, v in sorted(info.choice_counts.items())},
+                            "gold_index": info.gold_forms})
+        return details
+
+
+def _counts(incomplete: dict[str, int]) -> str:
+    """``2 with several gold indices, 1 without one log-probability per choice`` (reasons with rows only)."""
+    return ", ".join(f"{n} {_SAID[reason]}" for reason, n in incomplete.items() if n) or "no rows"
+
+
+__all__ = ["COLUMNS", "INCOMPLETE", "DetailsInfo", "LightevalDetailsError", "LightevalKind", "is_lighteval_details",
+           "read_details", "task_from_filename"]
