@@ -21,6 +21,9 @@ from typing import Any
 
 from ..errors import DataError
 from ..io.bounded_read import BoundedReadError, TooLarge, read_regular
+from ..io.optional import zstandard
+from ..io.sidecar import check_regular_file
+from .lm_eval import size_text as _size
 
 #: The largest member of an ``.eval`` log, decompressed: a sample with top-20 log-probabilities over a few
 #: thousand generated tokens is a few MB; a header with a long plan less.
@@ -38,18 +41,10 @@ class InspectLogError(DataError):
     """An inspect_ai log that cannot be read: the message names the file and the member, sample or place."""
 
 
-def _size(nbytes: int) -> str:
-    from .lm_eval import size_text
-
-    return size_text(nbytes)
-
-
 class EvalArchive:
     """An open ``.eval`` log: its members by name (the last of a repeated name wins, as for every zip reader)."""
 
     def __init__(self, path: Path) -> None:
-        from ..io.sidecar import check_regular_file
-
         check_regular_file(path)
         self.path = path
         try:
@@ -105,8 +100,6 @@ class EvalArchive:
 
     def _zstd(self, info: zipfile.ZipInfo, where: str) -> bytes:
         """A zstd member (Python's zipfile reads none before 3.14): its raw bytes after the local header."""
-        from ..io.optional import zstandard
-
         zstd = zstandard(needed_for=f"{where}: a zstd-compressed member")
         fp = self.zip.fp
         assert fp is not None

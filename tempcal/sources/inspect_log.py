@@ -196,7 +196,7 @@ class InspectLogKind(SourceKind):
             raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an inspect_ai log of "
                                "log-probabilities")
         infos = self.read_all(paths)
-        name = str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more)"
+        name = str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more logs)"
         models = sorted({i.model for i in infos})
         if len(models) > 1 and options.group_by != "model":
             raise TempcalError(f"{name}: logs of {len(models)} models ({', '.join(models[:4])}); one T for several "
@@ -212,7 +212,8 @@ class InspectLogKind(SourceKind):
         warnings = _warning(infos, name)
         file_rows = [i.complete for i in infos]
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        opened = OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows, json=extra)
+        opened = OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows, json=extra,
+                              label=name)
         try:
             opened.stored, notes = kind.read_temperature(files[0])
         except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
