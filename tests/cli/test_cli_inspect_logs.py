@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import assert_one_error_line, snapshot
 from inspect_logs import FIXTURES, expected_rows, rewritten
-from reference import ece_loop, nll_at, optimal_temperature, predictions
+from reference import ece_loop, nll_at, optimal_temperature, predictions, ref_msp, sk_figures
 from safetensors.torch import save_file
 
 from tempcal.io.sidecar import read_sidecar, sidecar_path
@@ -138,3 +138,14 @@ def test_bad_logs_are_exit_2_on_one_line_and_write_nothing(logs, cli, make, deta
     assert code == 2 and out == ""
     assert_one_error_line(err, *details)
     assert snapshot(logs) == before
+
+
+def test_ood_between_two_logs_matches_scikit_learn(logs, run_json):
+    z, _, _ = expected_rows("mc_word.eval")
+    other, _, _ = expected_rows("mc_cot_bpe.eval")
+    other = np.concatenate([other, np.full((len(other), z.shape[1] - other.shape[1]), -np.inf)], axis=1)
+    result = run_json(["ood", str(logs / "mc_word.eval"), "--ood", str(logs / "mc_cot_bpe.eval"), "--tau", "1.7"])
+    assert result["source_kind"] == "inspect" and result["rows_incomplete"] == expected_rows("mc_word.eval")[2]
+    (row,) = result["results"]
+    expected = sk_figures(ref_msp(z, 1.7), ref_msp(other, 1.7))
+    assert row["auroc"] == pytest.approx(expected["auroc"], abs=1e-9)
