@@ -223,3 +223,28 @@ def test_logsumexp_over_several_pieces_of_one_letter(tmp_path):
     four = next(r for r in info.rows if r.choices == 4)
     assert four.logits == pytest.approx([-1.5, math.log(math.exp(-1.0) + math.exp(-2.0)), -3.0, -4.0], abs=1e-15)
     assert info.incomplete["missing_choice"] == 0
+
+
+def test_memory_stays_flat_in_the_log_size(tmp_path):
+    """Samples are read one at a time: the peak while reading 400 samples is a small share of their bytes."""
+    import tracemalloc
+
+    content = members(fixture("mc_word.eval"))
+    one = json.loads(content["samples/q00_epoch_1.json"])
+    header = {name: blob for name, blob in content.items() if not name.startswith("samples/")}
+
+    def peak(n: int) -> tuple[int, int]:
+        samples = {f"samples/s{k:04d}_epoch_1.json": json.dumps({**one, "id": f"s{k:04d}"}).encode()
+                   for k in range(n)}
+        path = write_eval(tmp_path / f"n{n}.eval", {**header, **samples})
+        del samples
+        tracemalloc.start()
+        info = read_inspect_log(path)
+        size = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert info.complete == n
+        return size, n * len(content["samples/q00_epoch_1.json"])
+
+    small, _ = peak(40)
+    large, nbytes = peak(400)
+    assert large < nbytes / 5 and large < 3 * small
