@@ -149,3 +149,20 @@ def test_ood_between_two_logs_matches_scikit_learn(logs, run_json):
     (row,) = result["results"]
     expected = sk_figures(ref_msp(z, 1.7), ref_msp(other, 1.7))
     assert row["auroc"] == pytest.approx(expected["auroc"], abs=1e-9)
+
+
+def test_a_folder_keeps_t_in_each_logs_sidecar(logs, tmp_path, run_json):
+    folder = tmp_path / "one_model"
+    folder.mkdir()
+    for name in ("alpha_word1.eval", "beta_word1.eval"):
+        shutil.copy(logs / "multi" / name, folder / name)
+    fitted = run_json(["fit", str(folder), "--val-fraction", "1.0"])
+    zs = [expected_rows(f"multi/{n}")[:2] for n in ("alpha_word1.eval", "beta_word1.eval")]
+    z, y = np.concatenate([a for a, _ in zs]), np.concatenate([b for _, b in zs])
+    assert fitted["temperature"] == pytest.approx(optimal_temperature(z, y), rel=1e-6)
+    for name in ("alpha_word1.eval", "beta_word1.eval"):
+        assert read_sidecar(folder / name)[0]["tempcal.temperature"] == repr(fitted["temperature"])
+    assert run_json(["report", str(folder)])["results"][0]["tau"] == fitted["temperature"]
+    described = run_json(["inspect", str(folder)])
+    assert described["stored"]["temperature"] == fitted["temperature"]
+    assert described["sidecar"]["path"] == str(sidecar_path(folder / "alpha_word1.eval"))
