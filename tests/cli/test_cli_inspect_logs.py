@@ -93,8 +93,10 @@ def test_group_by_model_and_task(logs, tmp_path, run_json, cli):
     assert code == 2
     assert_one_error_line(err, "logs of 2 models", "--group-by model")
     assert snapshot(logs) == before
-    by_model = run_json(["fit", str(folder), "--group-by", "model", "--group-prior", "0", "--val-fraction", "1.0",
-                         "--no-write"])
+    by_model = run_json(["fit", str(folder), "--group-by", "model", "--group-prior", "0", "--val-fraction", "1.0"])
+    stored = run_json(["report", str(folder), "--group-by", "model"])["results"][-1]
+    assert stored["per_group"] and [(g["group"], g["tau"]) for g in stored["groups"]] == [
+        (g["group"], g["temperature"]) for g in by_model["groups"]]
     assert [g["group"] for g in by_model["groups"]] == ["hf/word1", "hf/word3"]
     for group in by_model["groups"]:
         glob = "*_word1.eval" if group["group"] == "hf/word1" else "*_word3.eval"
