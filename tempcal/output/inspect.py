@@ -94,6 +94,9 @@ def print_inspect(report: Any, console: Any) -> None:
     if data["tensors"]:
         console.print(tensors_table(data["tensors"], len({t["file"] for t in data["tensors"]}) > 1))
     for detail in data["details"] if isinstance(data["details"], list) else []:
+        if "summary" in detail:  # a kind that words its own line
+            console.print(f"{detail['file']}: {detail['summary']}", soft_wrap=True, markup=False)
+            continue
         counts = ", ".join(f"{v} x {k}" for k, v in detail["choice_counts"].items())
         console.print(f"{detail['file']}: task {detail['task']}, {detail['records']} records ({counts} choices)",
                       soft_wrap=True, markup=False)

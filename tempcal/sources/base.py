@@ -66,6 +66,8 @@ class SourceOptions:
     batch_tokens: int | None = None  # padded tokens per batch (None: by device)
     device_map: str | None = None  # passed to transformers (a model larger than one GPU)
     spill_dir: str | None = None  # where hidden states too large for memory go
+    # The --group-by key the rows will be grouped by: a kind may need one (inspect_ai logs of several models).
+    group_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.react is not None:
@@ -138,8 +140,8 @@ class OpenedSource:
     stored_probs: bool = False
     #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
     file_rows: list[int] | None = None
-    #: What the JSON output adds for this SOURCE (evaluation logs: ``source_kind``, ``rows_incomplete``).
-    source_json: dict[str, Any] = field(default_factory=dict)
+    #: Keys the kind adds to every command's JSON (``source_kind``, ``rows_incomplete``).
+    json: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stored_temperature(self) -> float | None:

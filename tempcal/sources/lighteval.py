@@ -298,7 +298,7 @@ class LightevalKind(LmEvalKind):
         warnings = [message for _, info in read for message in info.warnings()]
         opened = OpenedSource(paths, data, None, kind, options, warnings=warnings,
                               file_rows=[info.complete for _, info in read],
-                              source_json={"source_kind": "lighteval", "rows_incomplete": incomplete})
+                              json={"source_kind": "lighteval", "rows_incomplete": incomplete})
         try:
             opened.stored, notes = kind.read_temperature(paths[0])
         except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it

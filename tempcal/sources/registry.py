@@ -16,6 +16,7 @@ from ..io.paths import check_named_once, expand
 from ..validation import PROBS_KEY, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
+from .inspect_log import InspectLogKind
 from .lighteval import LightevalKind
 from .lm_eval import LmEvalKind
 from .lm_texts import LmKind
@@ -32,6 +33,7 @@ KINDS: list[SourceKind] = [
     NpzKind(),
     NpyKind(),
     TorchDictKind(),
+    InspectLogKind(),
     LmEvalKind(),
     LightevalKind(),
     SafetensorsKind(),

@@ -118,7 +118,8 @@ class FitReport:
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
             "probs": bool(self.opened is not None and self.opened.options.probs),
-            **self._subsets_json(), **getattr(self.opened, "source_json", {}),
+            **(self.opened.json if self.opened is not None else {}),
+            **self._subsets_json(),
         }
 
     def _subsets_json(self) -> dict[str, Any]:
@@ -170,7 +171,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     alphas = check_alphas(conformal_alpha)
     warnings: list[str] = []
     plan = _plan(folds, group_prior, eval_file, val_fraction)
-    loaded = open_source(source, options, **keys)
+    loaded = open_source(source, options, group_by=group_by, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
     plan = _with_groups(plan, loaded, group_by)
     if plan.folds is not None:

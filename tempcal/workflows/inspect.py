@@ -42,13 +42,14 @@ class InspectReport:
     hints: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     title: str = ""  # how the kind is called in the report (``kind_name``)
+    extra: dict[str, Any] = field(default_factory=dict)  # the keys the kind adds to the JSON (``source_kind``)
 
     def to_json(self) -> dict:
         return {"source": self.source, "kind": self.kind, "kind_name": self.title or self.kind,
                 "files": self.files, "tensors": self.tensors, "rows": self.rows, "num_classes": self.num_classes,
                 "binary": self.binary, "labels": self.labels, "values": self.values, "stored": self.stored,
                 "sidecar": self.sidecar, "details": self.details, "problems": self.problems, "hints": self.hints,
-                "warnings": self.warnings}
+                "warnings": self.warnings, **self.extra}
 
 
 def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys: Any) -> InspectReport:
@@ -152,6 +153,7 @@ def _describe_data(report: InspectReport, opened: OpenedSource, ignore_index: in
     report.labels = labels_summary(data, opened.has_labels, ignore_index, opened.options.labels_key)
     report.values = _or_problem(lambda: sample_values(data), report.problems)
     report.warnings.extend(opened.warnings)
+    report.extra = dict(opened.json)
 
 
 def _hints(report: InspectReport, kind: SourceKind, options: SourceOptions) -> list[str]:

@@ -158,7 +158,7 @@ class OodReport:
             "gate_failures": [asdict(g) for g in self.gate_failures],
             "device": self.device, "passes": self.passes, "warnings": self.warnings,
             **({} if self.groups is None else {"group_key": self.group_key, "groups": self.groups}),
-            **getattr(self.opened, "source_json", {}),
+            **(self.opened.json if self.opened is not None else {}),
         }
 
 
@@ -317,7 +317,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
             raise TempcalError(f"{param('odin_eps')} scores by max softmax: drop {param('score')} or give msp")
     options = options or SourceOptions()
     options = options.but(ignore_index=None, **({"react": react} if react is not None else {}), **keys)
-    loaded = open_source(source, options, labels_optional=True)  # no score uses labels
+    loaded = open_source(source, options, labels_optional=True, group_by=group_by)  # no score uses labels
     # A file is named as given (a glob stays a glob); a model run over its inputs as "MODEL on INPUTS".
     source_name = given_name if given_name and loaded.paths else loaded.name
     stored = loaded.stored_temperature

@@ -85,7 +85,8 @@ class ReportResult:
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
                 "min_nll_tau": min(self.points(), key=lambda m: m.nll).tau if self.points() else None,
-                "device": self.device, "warnings": self.warnings, **getattr(self.opened, "source_json", {})}
+                "device": self.device, "warnings": self.warnings,
+                **(self.opened.json if self.opened is not None else {})}
 
     def _sweep_json(self) -> dict:
         """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""
@@ -128,7 +129,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     warnings: list[str] = []
     check_taus(taus or [])
     alphas = check_alphas(conformal_alpha)
-    loaded = open_source(source, options, **keys)
+    loaded = open_source(source, options, group_by=group_by, **keys)
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
     check_stored_reading(loaded, uses_stored(taus, sweep))

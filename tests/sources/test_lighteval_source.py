@@ -57,7 +57,7 @@ def test_the_listed_task_has_one_row_with_two_gold_indices() -> None:
     assert info.incomplete == {"several_targets": 1, "logprobs_count": 0}
     assert info.first_incomplete == several[0] + 1 and info.gold_forms == {"list": len(rows)}
     opened = open_source(fixture("tempcal_listed"))
-    assert opened.source_json == {"source_kind": "lighteval",
+    assert opened.json == {"source_kind": "lighteval",
                                   "rows_incomplete": {"several_targets": 1, "logprobs_count": 0}}
     assert any(f"1 of {len(rows)} rows left out as incomplete (1 with several gold indices; the first is row "
                f"{several[0] + 1})" in w for w in opened.warnings)
@@ -161,7 +161,7 @@ def test_a_wrong_logprob_count_is_incomplete(tmp_path: Path) -> None:
     rows[4]["logprobs"] = [*rows[4]["logprobs"], -1.0]
     path = write_details(tmp_path / "details_t.parquet", rows)
     opened = open_source(path)
-    assert opened.source_json["rows_incomplete"] == {"several_targets": 0, "logprobs_count": 2}
+    assert opened.json["rows_incomplete"] == {"several_targets": 0, "logprobs_count": 2}
     z, y = matrix([r for i, r in enumerate(rows) if i not in (2, 4)])
     np.testing.assert_array_equal(opened.data.logits.numpy(), z)
     assert opened.data.labels.tolist() == y.tolist()

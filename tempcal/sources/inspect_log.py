@@ -1,0 +1,289 @@
+"""inspect_ai logs as SOURCE: ``.eval`` (zip) or ``.json`` logs, or a folder or glob of them.
+
+One row per sample and epoch of a multiple-choice sample (read by :mod:`.inspect_rows`): the choice letters'
+log-probabilities at the answer position as logits, padded with ``-inf`` to the most choices, its label the
+target's choice. Rows are in the order inspect_ai's ``read_eval_log`` gives (epoch, then id), log after log.
+Samples left out (several targets, no answer position, a letter missing from ``top_logprobs``) are counted
+by reason. A log without log-probabilities, a plan that shuffled choices inside ``multiple_choice`` and logs
+of several models (unless grouped by model) are refused. T is kept in each log's sidecar ``FILE.tempcal.json``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import TempcalError, param
+from .base import OpenedSource, SourceKind, SourceOptions
+from .inspect_files import EvalArchive, InspectLogError, json_log
+from .inspect_rows import INCOMPLETE, SampleRow, sample_row
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .grouping import RowGroups
+
+#: The options of ``inspect eval`` that record log-probabilities.
+LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
+#: The ``--group-by`` keys of inspect_ai logs.
+GROUP_KEYS = ("task", "model")
+SUFFIXES = (".eval", ".json")
+_SNIFF = 4096
+
+
+@dataclass
+class InspectLogInfo:
+    """One log: its task and model, and its rows (complete) and the samples left out, by reason."""
+
+    path: Path
+    task: str = ""
+    model: str = ""
+    rows: list[SampleRow] = field(default_factory=list)
+    incomplete: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INCOMPLETE, 0))
+    epochs: set[int] = field(default_factory=set)
+    samples: int = 0
+
+    @property
+    def complete(self) -> int:
+        return len(self.rows)
+
+    @property
+    def max_choices(self) -> int:
+        return max((r.choices for r in self.rows), default=0)
+
+
+def is_inspect_log(path: Path) -> bool:
+    """An ``.eval`` file, or a ``.json`` file whose start reads like inspect_ai's JSON log (not a sidecar)."""
+    name = path.name.lower()
+    if name.endswith(".eval"):
+        return True
+    if not name.endswith(".json") or name.endswith(".tempcal.json") or not path.is_file():
+        return False
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_SNIFF)
+    except OSError:
+        return False
+    return b'"eval"' in head and b'"version"' in head and b'"status"' in head
+
+
+def log_files(paths: list[Path]) -> list[Path]:
+    """The logs of ``paths``: a folder gives its ``.eval`` and ``.json`` logs, sorted by name."""
+    out: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and is_inspect_log(p))
+            if not found:
+                raise TempcalError(f"{path}: a folder without inspect_ai logs (.eval or .json)")
+            out.extend(found)
+        else:
+            out.append(path)
+    return out
+
+
+def read_inspect_log(path: Path) -> InspectLogInfo:
+    """Every row of one log, and what it says of itself; refusals name the file and the sample or member."""
+    info = InspectLogInfo(path)
+    seen: list[bool] = [False]
+
+    def take(sample: dict[str, Any]) -> None:
+        row = sample_row(sample, str(path))
+        if row is None:
+            return
+        info.samples += 1
+        info.epochs.add(row.epoch)
+        if row.incomplete == "no_logprobs":
+            info.incomplete["no_answer"] += 1
+        elif row.incomplete is not None:
+            seen[0] = True
+            info.incomplete[row.incomplete] += 1
+        else:
+            seen[0] = True
+            info.rows.append(row)
+
+    if path.name.lower().endswith(".json"):
+        header = json_log(path, take)
+    else:
+        with EvalArchive(path) as archive:
+            name = "header.json" if "header.json" in archive.members else "_journal/start.json"
+            if name not in archive.members:
+                raise InspectLogError(f"{path}: no header.json or _journal/start.json; not an inspect_ai .eval log")
+            header = archive.json(name)
+            for member in archive.sample_names():
+                sample = archive.json(member)
+                if not isinstance(sample, dict):
+                    raise InspectLogError(f"{path}: member {member} is not a sample (a JSON object)")
+                take(sample)
+    _read_header(info, header)
+    if info.samples and not seen[0]:
+        raise InspectLogError(f"{path}: written without log-probabilities; run inspect eval with "
+                              f"{LOGPROB_OPTIONS} (or eval(..., logprobs=True, top_logprobs=20))")
+    info.rows.sort(key=lambda r: (r.epoch, r.id if isinstance(r.id, str) else str(r.id).zfill(20)))
+    return info
+
+
+def _read_header(info: InspectLogInfo, header: Any) -> None:
+    """Task and model; a plan that shuffled choices inside ``multiple_choice`` is refused."""
+    spec = header.get("eval") if isinstance(header, dict) else None
+    if not isinstance(spec, dict):
+        raise InspectLogError(f"{info.path}: no 'eval' record (task, model); not an inspect_ai log")
+    info.task, info.model = str(spec.get("task", "")), str(spec.get("model", ""))
+    plan = header.get("plan")
+    steps = plan.get("steps") if isinstance(plan, dict) else None
+    for step in steps if isinstance(steps, list) else []:
+        solver = str(step.get("solver", "")) if isinstance(step, dict) else ""
+        params = step.get("params") if isinstance(step, dict) else None
+        if solver.rsplit("/", 1)[-1] == "multiple_choice" and isinstance(params, dict) and params.get("shuffle"):
+            raise InspectLogError(f"{info.path}: its plan's multiple_choice shuffled the choices (shuffle=True, "
+                                  "deprecated in inspect_ai): the stored choices and target are not those the "
+                                  "model saw; shuffle the dataset's choices instead (Sample/dataset shuffle_choices)")
+
+
+def incomplete_total(infos: list[InspectLogInfo]) -> dict[str, int]:
+    return {reason: sum(i.incomplete[reason] for i in infos) for reason in INCOMPLETE}
+
+
+def _warning(infos: list[InspectLogInfo], name: str) -> list[str]:
+    counts = incomplete_total(infos)
+    left = sum(counts.values())
+    if not left:
+        return []
+    said = {"several_targets": "with several targets", "no_answer": "without an answer position",
+            "missing_choice": "with a choice's letter missing from the answer's top_logprobs"}
+    parts = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n)
+    total = left + sum(i.complete for i in infos)
+    return [f"{name}: {left} of {total} samples left out of every figure ({parts})"]
+
+
+def _matrix(infos: list[InspectLogInfo]) -> tuple[Any, Any]:
+    import numpy as np
+    import torch
+
+    width = max(i.max_choices for i in infos)
+    rows = [r for i in infos for r in i.rows]
+    logits = np.full((len(rows), width), -np.inf, dtype=np.float64)
+    for k, row in enumerate(rows):
+        logits[k, : len(row.logits or [])] = row.logits
+    labels = np.array([r.label for r in rows], dtype=np.int64)
+    return torch.from_numpy(logits), torch.from_numpy(labels)
+
+
+class InspectLogKind(SourceKind):
+    """inspect_ai ``.eval`` / ``.json`` logs, a folder or a glob of them."""
+
+    name = "inspect"
+    title = "inspect_ai log"
+    suffixes = SUFFIXES
+    shards = True
+
+    def __init__(self, names: dict[str, list[str]] | None = None) -> None:
+        self.names = names  # an opened SOURCE's: each log's task and model, for its groups
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        path = paths[0]
+        if path.is_dir():
+            return any(p.is_file() and is_inspect_log(p) for p in path.iterdir())
+        return is_inspect_log(path)
+
+    def read_all(self, paths: list[Path]) -> list[InspectLogInfo]:
+        return [read_inspect_log(path) for path in log_files(paths)]
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        from ..core.data import as_logits_data
+
+        if options.probs:
+            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an inspect_ai log of "
+                               "log-probabilities")
+        infos = self.read_all(paths)
+        name = str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more logs)"
+        models = sorted({i.model for i in infos})
+        if len(models) > 1 and options.group_by != "model":
+            raise TempcalError(f"{name}: logs of {len(models)} models ({', '.join(models[:4])}); one T for several "
+                               f"models means nothing: pass {param('group_by')} model, or one model's logs")
+        if not any(i.complete for i in infos):
+            counts = ", ".join(f"{k} {n}" for k, n in incomplete_total(infos).items())
+            raise InspectLogError(f"{name}: no sample has a complete row ({counts}); see the answer position "
+                                  "rules in docs/evaluation-logs.md")
+        logits, labels = _matrix(infos)
+        data = as_logits_data(logits, labels, ignore_index=None)
+        files = [i.path for i in infos]
+        extra = {"source_kind": "inspect", "rows_incomplete": incomplete_total(infos)}
+        warnings = _warning(infos, name)
+        file_rows = [i.complete for i in infos]
+        kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
+        opened = OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows, json=extra,
+                              label=name)
+        try:
+            opened.stored, notes = kind.read_temperature(files[0])
+        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
+            opened.stored_problem = exc
+            return opened
+        opened.warnings.extend(notes)
+        return opened
+
+    def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
+        """One group per task or model, each log's rows in its group."""
+        import numpy as np
+
+        from .grouping import RowGroups
+
+        if key not in GROUP_KEYS:
+            raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
+        names_of = self._names(opened, key)
+        names = sorted(set(names_of))
+        rows = opened.file_rows or [opened.data.num_samples]
+        index = np.concatenate([np.full(n, names.index(t), dtype=np.int64) for t, n in zip(names_of, rows,
+                                                                                         strict=True)])
+        return RowGroups(key, names, index, numeric=False)
+
+    def _names(self, opened: OpenedSource, key: str) -> list[str]:
+        if self.names is not None:
+            return list(self.names[key])
+        return [getattr(i, key) for i in self.read_all(opened.paths)]
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
+
+    # A folder's T lives in the sidecars of its logs: the first log's stands for it.
+    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
+        return super().describe_sidecar(_first_log(path))
+
+    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
+                        findings: Any) -> dict[str, Any]:
+        return super().describe_stored(_first_log(path), opened, sidecar, findings)
+
+    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
+        return super().read_temperature(_first_log(path))
+
+    def temperature_place(self, path: Path) -> str:
+        return super().temperature_place(_first_log(path))
+
+    def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
+        """Per log: task, model, epochs, samples, complete rows and the samples left out by reason."""
+        return [{"file": str(i.path), "task": i.task, "model": i.model, "epochs": sorted(i.epochs),
+                 "samples": i.samples, "rows": i.complete, "rows_incomplete": dict(i.incomplete),
+                 "choice_counts": _choice_counts(i), "summary": _summary(i)} for i in self.read_all(paths)]
+
+
+def _first_log(path: Path) -> Path:
+    """``path``, or a folder's first log."""
+    return log_files([path])[0] if path.is_dir() else path
+
+
+def _summary(info: InspectLogInfo) -> str:
+    left = ", ".join(f"{k} {n}" for k, n in info.incomplete.items())
+    counts = ", ".join(f"{v} x {k}" for k, v in _choice_counts(info).items())
+    return (f"task {info.task}, model {info.model}, epochs {len(info.epochs)}, {info.samples} samples: "
+            f"{info.complete} rows ({counts} choices), incomplete: {left}")
+
+
+def _choice_counts(info: InspectLogInfo) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in info.rows:
+        counts[str(row.choices)] = counts.get(str(row.choices), 0) + 1
+    return dict(sorted(counts.items()))
+
+
+__all__ = ["GROUP_KEYS", "LOGPROB_OPTIONS", "InspectLogInfo", "InspectLogKind", "is_inspect_log", "log_files",
+           "read_inspect_log"]
