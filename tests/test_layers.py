@@ -21,7 +21,7 @@ LAYERS = {
     "metrics": 2, "scores": 2,
     "io": 3,
     "models": 4,
-    "sources": 5,
+    "sources": 5, "lm": 5,
     "workflows": 6, "scaler": 6, "conformal": 6, "requests": 6,
     "output": 7,
     "cli": 8, "__main__": 8, "__init__": 9,

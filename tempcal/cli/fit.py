@@ -7,11 +7,11 @@ from dataclasses import replace
 import typer
 
 from ..errors import TempcalError
+from ..lm.command import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from ..requests import FitRequest, Outputs, Texts
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
-from .lm import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from .main import app, check_paths, deliver, progress_line, start
 from .options import (
     BatchSize,

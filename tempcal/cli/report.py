@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
+from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source
 from ..requests import Outputs, ReportRequest, Texts
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
-from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,

@@ -13,11 +13,11 @@ from typing import Any
 
 from ..errors import Note, TempcalError
 from ..io.paths import check_named_once, expand
+from ..lm.source import LmKind
 from ..validation import PROBS_KEY, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
 from .head import HeadKind
 from .lm_eval import LmEvalKind
-from .lm_texts import LmKind
 from .model import ModelKind
 from .numpy import NpyKind, NpzKind
 from .safetensors import SafetensorsKind

@@ -2,7 +2,9 @@
 
 Without ``--lm`` the language-model options are refused (never silently ignored) and a missing SOURCE is
 click's usual usage error; with it, a SOURCE on the command line is refused (one from a configuration file
-is set aside). Nothing here imports torch or transformers.
+is set aside). Nothing is written before the command's work has succeeded: the hidden states live in memory
+or in an unnamed temporary file until ``--save-hidden`` copies them. The commands hand their request in as
+it is (a :class:`tempcal.requests.Request`). Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -11,13 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
-from ..requests import Request
-
-#: ``tempcal.json`` and ``generation_config.json``, as :mod:`tempcal.io.lm_record` names them (no import there).
-RECORD_NAME, GENERATION_NAME = "tempcal.json", "generation_config.json"
+from .record import GENERATION_NAME, RECORD_NAME, sampling_note
 
 
-def lm_source(ctx: Any, request: Request) -> list[str]:
+def lm_source(ctx: Any, request: Any) -> list[str]:
     """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. The options that need ``--lm`` are refused
     without it, and contradictory writes with it."""
     lm, text, outputs, source = request.reading.lm, request.texts.text, request.outputs, request.source
@@ -48,7 +47,7 @@ def lm_source(ctx: Any, request: Request) -> list[str]:
     return [text]
 
 
-def lm_only_given(request: Request) -> list[str]:
+def lm_only_given(request: Any) -> list[str]:
     """The options that need ``--lm`` that were given (set to other than the value each has when not given)."""
     reading, outputs = request.reading, request.outputs
     options = (("--text-field", reading.text_field, "text"), ("--max-length", reading.max_length, None),
@@ -99,17 +98,25 @@ def sampling_notes(lm: str | None, write_generation_config: bool) -> list[str]:
     """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
     if lm is None or not write_generation_config:
         return []
-    from ..io.lm_record import sampling_note
-
     note = sampling_note(lm)
     return [note] if note else []
 
 
 def kept_hidden(opened: Any, save_hidden: str | None) -> list[str]:
-    """``--save-hidden``: the hidden states kept (at write time); the lines saying so."""
-    from ..workflows.lm import save_hidden_lines
+    """``--save-hidden``: the hidden states and labels kept as a SOURCE for ``--head MODEL``, once the command's
+    work has succeeded; the lines saying so (nothing without it)."""
+    if save_hidden is None or opened is None:
+        return []
+    return opened.keep_hidden(save_hidden)
 
-    return save_hidden_lines(opened, save_hidden)
+
+def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[str]:
+    """The OOD texts of an --lm run (--ood takes logits files, which --lm does not read)."""
+    if ood_files:
+        raise TempcalError("--ood takes logits files; with --lm give out-of-distribution texts with --ood-text FILE")
+    if not ood_text:
+        raise TempcalError("missing option '--ood-text FILE': --lm needs out-of-distribution texts")
+    return list(ood_text)
 
 
 def lm_json(opened: Any, lm: str | None) -> dict[str, Any]:
@@ -123,4 +130,4 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
 
 
 __all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_only_given", "lm_outputs", "lm_settings", "lm_source",
-           "sampling_notes"]
+           "ood_texts", "sampling_notes"]
