@@ -9,10 +9,13 @@ it is (a :class:`tempcal.requests.Request`). Nothing here imports torch or trans
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
+from ..io.hf_folder import check_model_folder
+from ..io.paths import same_file
 from .record import GENERATION_NAME, RECORD_NAME, sampling_note
 
 
@@ -38,8 +41,6 @@ def lm_source(ctx: Any, request: Any) -> list[str]:
         return source
     if source and _from_command_line(ctx, "source"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
-    from ..io.hf_folder import check_model_folder
-
     check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
     if text is None:
         raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
@@ -77,11 +78,20 @@ def lm_outputs(lm: str | None, *, record: bool, output: str | None = None, gener
     return out
 
 
+#: The outputs that may go into ``--lm MODEL``'s folder, and the one file of it each may be.
+_RECORDS = {"the record of T": RECORD_NAME, "--output": RECORD_NAME, "--write-generation-config": GENERATION_NAME}
+
+
+def record_outputs(given: list[tuple[str, str]], folders: list[tuple[str, str]]) -> list[str]:
+    """Of the outputs ``given`` (flag, path), those that are the record tempcal keeps in an ``--lm`` folder of
+    ``folders`` (option, folder): ``tempcal.json``, ``generation_config.json``."""
+    return [flag for flag, path in given for option, folder in folders
+            if option == "--lm" and flag in _RECORDS and same_file(path, os.path.join(folder, _RECORDS[flag]))]
+
+
 def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: bool, save_hidden: str | None,
                     output: str | None) -> None:
     """Refuse contradictory writes before any work."""
-    import os
-
     if lm is None:
         return
     if write_generation_config and no_write:
@@ -130,4 +140,4 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
 
 
 __all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_only_given", "lm_outputs", "lm_settings", "lm_source",
-           "ood_texts", "sampling_notes"]
+           "ood_texts", "record_outputs", "sampling_notes"]

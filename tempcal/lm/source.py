@@ -23,6 +23,8 @@ from typing import Any, cast
 
 from ..errors import TempcalError, param
 from ..sources.base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
+from .record import read_record, record_path, set_generation_temperature, write_record
+from .texts import CHARS_PER_TOKEN, read_texts
 
 ROLES = ("source", "related")
 
@@ -116,15 +118,11 @@ class LmSource(OpenedSource):
     def record_temperature(self, temperature: float, output: str | Path | None, settings: Mapping[str, Any] | None,
                      results: Mapping[str, Any] | None) -> Path:
         """T, the model, the texts, ``settings`` and ``results`` into ``MODEL/tempcal.json`` (or ``output``)."""
-        from .record import record_path, write_record
-
         target = Path(output) if output is not None else record_path(self.lm.folder)
         return write_record(target, temperature, self.record(settings, results))
 
     def write_generation_config(self, temperature: float) -> Path:
         """``temperature`` into ``MODEL/generation_config.json`` (other keys kept)."""
-        from .record import set_generation_temperature
-
         def derived() -> dict[str, Any]:
             from transformers import GenerationConfig
 
@@ -190,10 +188,8 @@ class LmKind(SourceKind):
         from ..core import distributed
         from ..sources.head import HeadLogits
         from .forward import tokenize
-        from .hidden import StoredHidden
+        from .hidden import PassCounter, StoredHidden
         from .model import check_head, max_length
-        from .record import read_record, record_path
-        from .texts import CHARS_PER_TOKEN, read_texts
 
         began = time.perf_counter()
         length = max_length(lm, options.max_length)
@@ -204,8 +200,6 @@ class LmKind(SourceKind):
             check_head(lm, max(tokenized.ids, key=len).tolist())
         lo, hi = distributed.share(tokenized.rows) if distributed.active() else (0, tokenized.rows)
         store, stats = _forward(lm, tokenized, options, lo, hi, path)
-        from .hidden import PassCounter
-
         hidden = StoredHidden(store, tokenized.labels, progress=PassCounter(f"{lm.folder.name} head", options.progress))
         run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)
         data = HeadLogits(cast(Any, hidden), lm.head)  # StoredHidden reads rows as ShardedLogits does
@@ -217,17 +211,6 @@ class LmKind(SourceKind):
             source.stored_problem = exc
         return source
 
-    def stored_metadata(self, path: Path) -> dict[str, str]:
-        """Nothing is kept beside the texts (T lives in the model folder's record)."""
-        return {}
-
-    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
-        raise TempcalError(f"{path}: the T of a language model is in MODEL/tempcal.json; open it with {param('lm')}")
-
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
-        raise TempcalError(f"{path}: the T of a language model goes into MODEL/tempcal.json; open it with "
-                           f"{param('lm')}")
-
 
 def _short_cuts(texts: Any, tokenized: Any, length: int) -> list[str]:
     """A warning when a text cut at the character budget gave fewer than ``length`` tokens (its whole line might
@@ -236,8 +219,6 @@ def _short_cuts(texts: Any, tokenized: Any, length: int) -> list[str]:
              if cut and len(ids) < length]
     if not short:
         return []
-    from .texts import CHARS_PER_TOKEN
-
     return [f"{texts.path}: {len(short)} text(s) (first: line {short[0]}) cut at {CHARS_PER_TOKEN * (length + 1)} "
             f"characters before tokenising gave fewer than {length} tokens; the rest of each line was not read"]
 
