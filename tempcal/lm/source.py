@@ -26,8 +26,6 @@ from ..sources.base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
 from .record import read_record, record_path, set_generation_temperature, write_record
 from .texts import CHARS_PER_TOKEN, read_texts
 
-ROLES = ("source", "related")
-
 
 @dataclass
 class LmRun:
