@@ -189,7 +189,7 @@ def _checked(ctx, request: OodRequest) -> tuple[list[str], list[str], list[str]]
     check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--scores": outputs.scores, "--plot": outputs.plot,
                       "--html": outputs.html, "--markdown": outputs.markdown,
-                      **lm_outputs(reading.lm, record=False, save_hidden=outputs.save_hidden)},
+                      **lm_outputs(request)},
                 {"SOURCE": source, "--ood": ood_files, "--inputs": reading.inputs, "--ood-inputs": ood_inputs,
                  "--head": reading.head, "--ood-text": ood_text, "--lm": reading.lm})
     return source, scores, others

@@ -159,7 +159,7 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
                       "--markdown": outputs.markdown, "--save-logits": outputs.save_logits,
-                      **lm_outputs(reading.lm, record=False, save_hidden=outputs.save_hidden)},
+                      **lm_outputs(request)},
                 {"SOURCE": source, "--inputs": reading.inputs, "--head": reading.head, "--lm": reading.lm})
 
     from ..core.limits import check_fits

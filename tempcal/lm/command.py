@@ -64,16 +64,17 @@ def _from_command_line(ctx: Any, name: str) -> bool:
     return getattr(source, "name", "COMMANDLINE") not in ("DEFAULT_MAP", "DEFAULT")
 
 
-def lm_outputs(lm: str | None, *, record: bool, output: str | None = None, generation: bool = False,
-               save_hidden: str | None = None) -> dict[str, str | None]:
-    """The files an ``--lm`` command writes, to check before any work: the record of T (``MODEL/tempcal.json``,
-    or ``--output``), ``generation_config.json`` when asked, ``--save-hidden``."""
+def lm_outputs(request: Any, *, record: bool = False) -> dict[str, str | None]:
+    """The files an ``--lm`` command writes, to check before any work: ``--save-hidden``, the record of T when
+    ``record`` (``MODEL/tempcal.json``, or ``--output``), ``generation_config.json`` when asked."""
+    lm, outputs = request.reading.lm, request.outputs
     if lm is None:
         return {}
-    out: dict[str, str | None] = {"--save-hidden": save_hidden}
+    out: dict[str, str | None] = {"--save-hidden": outputs.save_hidden}
     if record:
-        out["--output" if output is not None else "the record of T"] = output or str(Path(lm) / RECORD_NAME)
-    if generation:
+        named = "--output" if outputs.output is not None else "the record of T"
+        out[named] = outputs.output or str(Path(lm) / RECORD_NAME)
+    if outputs.write_generation_config:
         out["--write-generation-config"] = str(Path(lm) / GENERATION_NAME)
     return out
 
@@ -104,9 +105,10 @@ def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: 
                            "in one process")
 
 
-def sampling_notes(lm: str | None, write_generation_config: bool) -> list[str]:
+def sampling_notes(request: Any) -> list[str]:
     """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
-    if lm is None or not write_generation_config:
+    lm = request.reading.lm
+    if lm is None or not request.outputs.write_generation_config:
         return []
     note = sampling_note(lm)
     return [note] if note else []
