@@ -200,7 +200,7 @@ def _write(report, request: OodRequest) -> list[str]:
     from ..output.files import write_ood_files
 
     outputs = request.outputs
-    kept = kept_hidden(report.opened, outputs.save_hidden) if request.reading.lm else []
+    kept = kept_hidden(report.opened, outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 
