@@ -9,7 +9,7 @@ a word-level tokenizer, writes random texts of 16 to 256 tokens, and measures in
   texts, lengths and order), the output dropped: the floor;
 * **bare (logits)**: ``model(input_ids, attention_mask).logits`` over the same batches: what a user's
   loop computes (the full vocabulary's logits of every position);
-* **tempcal**: :func:`tempcal.models.lm_forward.run_forward` into an in-memory store (building the
+* **tempcal**: :func:`tempcal.lm.forward.run_forward` into an in-memory store (building the
   batches, the forward pass, the rows gathered and stored).
 
 It prints tokens per second of each, the ratio tempcal / bare (base) (target: at least 0.9), and then
@@ -90,8 +90,8 @@ def bare(model, tokenized, batches, logits: bool) -> tuple[float, float]:
 
 
 def timed_tempcal(lm, tokenized, batch_tokens: int) -> tuple[float, float]:
-    from tempcal.models.lm_forward import run_forward
-    from tempcal.sources.hidden_store import HiddenStore
+    from tempcal.lm.forward import run_forward
+    from tempcal.lm.hidden import HiddenStore
 
     store = HiddenStore(0, tokenized.rows, lm.head.width, lm.dtype, budget=1 << 40, folder=None)
     began, cpu = time.perf_counter(), time.process_time()
@@ -130,9 +130,9 @@ def main() -> None:
     parser.add_argument("--results", default=None, help="write the table here (Markdown)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    from tempcal.models.causal_lm import load_causal_lm
-    from tempcal.models.lm_forward import plan_batches, tokenize
-    from tempcal.sources.texts import read_texts
+    from tempcal.lm.forward import plan_batches, tokenize
+    from tempcal.lm.model import load_causal_lm
+    from tempcal.lm.texts import read_texts
 
     with tempfile.TemporaryDirectory() as scratch:
         folder, texts_path = Path(scratch) / "model", Path(scratch) / "texts.txt"

@@ -6,7 +6,7 @@ V = 32,000: about 0.6B parameters) is initialised at random on the GPU in bfloat
 ``save_pretrained`` with a word-level tokenizer; ``--sampled`` texts of ``--length`` tokens are sampled
 from it at temperature 0.7 (so the fit has a T to find) and repeated up to ``--texts`` texts. Then, timed:
 
-* loading the model as tempcal does (:func:`tempcal.models.causal_lm.load_causal_lm`);
+* loading the model as tempcal does (:func:`tempcal.lm.model.load_causal_lm`);
 * a bare transformers loop over tempcal's own batches (``model.model(ids, mask)``, the output dropped):
   tokens per second, the floor;
 * the whole ``tempcal fit --lm DIR --text FILE --no-write --device cuda`` in this process: its forward
@@ -77,9 +77,9 @@ def sync(device: str) -> None:
 
 def bare_loop(folder: Path, texts: Path, batch_tokens: int, device: str) -> dict:
     """The model loaded as tempcal loads it, and a bare loop over tempcal's batches: seconds and tokens/s."""
-    from tempcal.models.causal_lm import load_causal_lm
-    from tempcal.models.lm_forward import plan_batches, tokenize
-    from tempcal.sources.texts import read_texts
+    from tempcal.lm.forward import plan_batches, tokenize
+    from tempcal.lm.model import load_causal_lm
+    from tempcal.lm.texts import read_texts
 
     began = time.perf_counter()
     lm = load_causal_lm(folder, device)
@@ -111,7 +111,7 @@ def bare_loop(folder: Path, texts: Path, batch_tokens: int, device: str) -> dict
 
 
 def args_length(lm) -> int:
-    from tempcal.models.causal_lm import max_length
+    from tempcal.lm.model import max_length
 
     return max_length(lm, None)
 

@@ -9,6 +9,7 @@ exactly), or a byte-pair tokenizer trained on a small corpus with a beginning-of
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -109,3 +110,33 @@ def materialised(model, tokenizer, texts: list[str], max_length: int | None = No
 def load_tokenizer(folder: Path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+
+
+# -- the bad-input tests' model and texts (tests/cli/test_cli_lm_bad_input.py, test_cli_model_folders.py) --------
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A small GPT-2 folder and texts sampled from it, built once per test module."""
+    folder = tmp_path_factory.mktemp("gpt2") / "model"
+    model = lm_folder("gpt2", folder)
+    return folder, sampled_texts(model, rows=8, length=8)
+
+
+@pytest.fixture
+def setup(tmp_path, prepared):
+    """A model folder and a texts file of the test's own, in ``tmp_path``."""
+    folder = tmp_path / "model"
+    shutil.copytree(prepared[0], folder)
+    return folder, write_texts(tmp_path / "texts.txt", prepared[1])
+
+
+def refused(cli, tmp_path, argv: list[str], *details: str) -> str:
+    """Run ``argv``: exit status 2, one error line naming ``details``, nothing printed, nothing in ``tmp_path``
+    changed; the line."""
+    from conftest import assert_one_error_line, snapshot
+
+    before = snapshot(tmp_path)
+    code, out, err = cli(argv)
+    assert code == 2, err
+    line = assert_one_error_line(err, *details)
+    assert out == "" and snapshot(tmp_path) == before
+    return line

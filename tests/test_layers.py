@@ -21,7 +21,7 @@ LAYERS = {
     "metrics": 2, "scores": 2,
     "io": 3,
     "models": 4,
-    "sources": 5,
+    "sources": 5, "lm": 5,
     "workflows": 6, "scaler": 6, "conformal": 6, "requests": 6,
     "output": 7,
     "cli": 8, "__main__": 8, "__init__": 9,
@@ -70,3 +70,16 @@ def test_every_top_level_module_has_a_layer():
 
 def test_no_import_runs_up_a_layer():
     assert arrows_up() == []
+
+
+def test_the_source_kinds_do_not_reach_back_to_the_registry():
+    """The registry imports the kinds and ``sources/base.py``; neither imports the registry, and base imports no kind
+    (counting imports inside functions), so a new kind adds no circle."""
+    modules = _modules()
+    registry = "tempcal.sources.registry"
+    below = _imported(registry, modules[registry], modules)
+    kinds = {name for name in below if name.startswith(("tempcal.sources.", "tempcal.lm."))} - {"tempcal.sources.base"}
+    assert "tempcal.sources.base" in below and "tempcal.lm.source" in kinds
+    for name in below:
+        assert registry not in _imported(name, modules[name], modules), name
+    assert not _imported("tempcal.sources.base", modules["tempcal.sources.base"], modules) & kinds

@@ -7,11 +7,11 @@ from dataclasses import replace
 import typer
 
 from ..errors import TempcalError
+from ..lm.command import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from ..requests import FitRequest, Outputs, Texts
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
-from .lm import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from .main import app, check_paths, deliver, progress_line, start
 from .options import (
     BatchSize,
@@ -165,7 +165,7 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     max_ece, outputs = request.max_ece, request.outputs
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
-    report.warnings.extend(sampling_notes(request.reading.lm, outputs.write_generation_config))
+    report.warnings.extend(sampling_notes(request))
     deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, written),
             payload=lambda: _payload(report, request, gate_failed, written),
             render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
@@ -240,8 +240,7 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
     lm, outputs = request.reading.lm, request.outputs
     if lm is None:
         return {"--output": outputs.output, **_copy_sidecar(outputs.output)}
-    return lm_outputs(lm, record=not outputs.no_write, output=outputs.output,
-                      generation=outputs.write_generation_config, save_hidden=outputs.save_hidden)
+    return lm_outputs(request, record=not outputs.no_write)
 
 
 def _payload(report, request: FitRequest, gate_failed: bool, written: list[str]) -> dict:

@@ -28,10 +28,7 @@ PANEL_ORDER = ("Arguments", "Input", "Fit", "Temperatures", "Scores", "Metrics",
 FALLBACK_PANELS = {
     "--ood": "Input", "--sweep": "Temperatures", "--scores": "Output", "--html": "Output",
     "--ood-inputs": "Models", "--odin-eps": "Models", "--folds": "Fit", "--conformal-alpha": "Metrics",
-    "--group-by": "Groups", "--group-prior": "Groups", "--lm": "Language models", "--text": "Language models",
-    "--text-field": "Language models", "--max-length": "Language models", "--save-hidden": "Language models",
-    "--write-generation-config": "Language models", "--ood-text": "Language models",
-    "--batch-tokens": "Language models", "--device-map": "Language models", "--spill-dir": "Language models",
+    "--group-by": "Groups", "--group-prior": "Groups",
 }
 #: Where one command shows a shared option in another panel than the declaration's.
 PANEL_OVERRIDES = {("report", "--seed"): "Metrics", ("ood", "--seed"): "Metrics", ("ood", "--tau"): "Scores",

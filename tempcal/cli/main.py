@@ -143,6 +143,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     sidecars)."""
     from ..io.paths import check_distinct, check_target, expand
     from ..io.sidecar import sidecar_path
+    from ..lm.command import record_outputs
     from ..output.github import STEP_SUMMARY_ENV, step_summary_path
     from ..output.plots import check_plot_path
     from .config import config_state
@@ -160,7 +161,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
                if label in MODEL_FOLDERS and isinstance(value, str) and os.path.isdir(value)]
     backs = [("writing T back into", target) for _, target in _write_back_targets(write_back)]
     check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag],
-                   folders=folders, writable=_records(given, folders), updates=backs)
+                   folders=folders, writable=record_outputs(given, folders), updates=backs)
     for flag, path in given:
         check_target(path, f"{flag} {path}", hint=" (--json - writes to standard output)" if flag == "--json" else "")
         if flag == "--plot":
@@ -187,17 +188,6 @@ def _write_back_targets(write_back: list[str] | None) -> list[tuple[str, str]]:
 
 #: Input options that name a model folder, which tempcal never writes into (but for its record of T).
 MODEL_FOLDERS = ("--lm", "--head")
-#: The outputs that may go into a model folder, and the one file of it each may be.
-_RECORDS = {"the record of T": "tempcal.json", "--output": "tempcal.json",
-            "--write-generation-config": "generation_config.json"}
-
-
-def _records(given: list[tuple[str, str]], folders: list[tuple[str, str]]) -> list[str]:
-    """The outputs that are the record tempcal keeps in ``--lm MODEL``: ``tempcal.json``, ``generation_config.json``."""
-    from ..io.paths import same_file
-
-    return [flag for flag, path in given for option, folder in folders
-            if option == "--lm" and flag in _RECORDS and same_file(path, os.path.join(folder, _RECORDS[flag]))]
 
 
 def start(device: str) -> str:

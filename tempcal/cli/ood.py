@@ -7,10 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
+from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source, ood_texts
 from ..requests import OodRequest, Outputs, Texts
 from ..sources.base import SourceOptions
 from .config import ConfiguredCommand
-from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     INPUTS,
@@ -189,7 +189,7 @@ def _checked(ctx, request: OodRequest) -> tuple[list[str], list[str], list[str]]
     check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--scores": outputs.scores, "--plot": outputs.plot,
                       "--html": outputs.html, "--markdown": outputs.markdown,
-                      **lm_outputs(reading.lm, record=False, save_hidden=outputs.save_hidden)},
+                      **lm_outputs(request)},
                 {"SOURCE": source, "--ood": ood_files, "--inputs": reading.inputs, "--ood-inputs": ood_inputs,
                  "--head": reading.head, "--ood-text": ood_text, "--lm": reading.lm})
     return source, scores, others
@@ -200,7 +200,7 @@ def _write(report, request: OodRequest) -> list[str]:
     from ..output.files import write_ood_files
 
     outputs = request.outputs
-    kept = kept_hidden(report.opened, outputs.save_hidden) if request.reading.lm else []
+    kept = kept_hidden(report.opened, outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 
@@ -217,7 +217,7 @@ def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None
     """The OOD sets: logits files (``--ood``), inputs files for a model SOURCE (``--ood-inputs``), or texts for
     ``--lm`` (``--ood-text``), after refusing options that do not fit."""
     if lm is not None:
-        return _lm_ood_sets(ood_files, ood_text)
+        return ood_texts(ood_files, ood_text)
     is_model = is_model_source(source, inputs, {"--output-key": output_key, "--ood-inputs": ood_inputs or None})
     if is_model:
         if ood_files:
@@ -229,15 +229,6 @@ def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None
     elif not ood_files:
         raise TempcalError("missing option '--ood FILE': give at least one out-of-distribution logits file")
     return list(ood_files or ood_inputs or [])
-
-
-def _lm_ood_sets(ood_files: list[str] | None, ood_text: list[str] | None) -> list[str]:
-    """The OOD texts of an --lm run (--ood takes logits files, which --lm does not read)."""
-    if ood_files:
-        raise TempcalError("--ood takes logits files; with --lm give out-of-distribution texts with --ood-text FILE")
-    if not ood_text:
-        raise TempcalError("missing option '--ood-text FILE': --lm needs out-of-distribution texts")
-    return list(ood_text)
 
 
 def gate_message(report) -> str | None:

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
+from ..lm import options as lm_options
+from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
 from ..validation import (
     FRACTION,
     MAX_BINS,
@@ -177,29 +179,12 @@ OptionalSource = Annotated[Optional[list[str]], typer.Argument(
     metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
     "formats); several files or a glob are shards; none with --lm. Default: the configuration's 'source'.",
     show_default=False, rich_help_panel="Input"), INPUTS]
-Lm = Annotated[Optional[str], typer.Option(
-    "--lm", metavar="MODEL", help="A local Hugging Face causal LM folder, run over --text "
-    "(pip install 'tempcal[lm]'; no SOURCE then)."), INPUT]
-Text = Annotated[Optional[str], typer.Option(
-    "--text", metavar="FILE", help="Texts for --lm: .txt, one per line, or .jsonl (--text-field)."), INPUT]
-TextField = Annotated[str, typer.Option("--text-field", metavar="NAME",
-                                        help="The field of a .jsonl text file that holds the text (--lm).")]
-MaxLength = Annotated[Optional[int], typer.Option(
-    "--max-length", metavar="N", min=2, help="Tokens per text, longer texts cut (--lm; default: the model's limit).")]
-BatchTokens = Annotated[Optional[int], typer.Option(
-    "--batch-tokens", metavar="N", min=1, help="Padded tokens per --lm batch (16384 on CPU, 65536 on CUDA).")]
-DeviceMap = Annotated[Optional[str], typer.Option(
-    "--device-map", metavar="MAP", help="transformers' device_map for --lm ('auto': over several GPUs).")]
-SaveHidden = Annotated[Optional[str], typer.Option(
-    "--save-hidden", metavar="PATH", help="Keep --lm's hidden states as a SOURCE for --head runs."), OUTPUT]
-SpillDir = Annotated[Optional[str], typer.Option(
-    "--spill-dir", metavar="DIR", help="Folder of --lm's unnamed spill file (default: MODEL, else the temporary "
-    "folder)."), INPUT]
-WriteGenerationConfig = Annotated[bool, typer.Option(
-    "--write-generation-config",
-    help="Also set temperature = T in MODEL/generation_config.json (--lm).")]
-OodText = Annotated[Optional[list[str]], typer.Option(
-    "--ood-text", metavar="FILE", help="Out-of-distribution texts for --lm (.txt or .jsonl); repeatable."), INPUTS]
+# Declared by tempcal.lm.options (flags, types, help, ranges); the paths among them are marked here.
+Lm = Annotated[lm_options.Lm, INPUT]
+Text = Annotated[lm_options.Text, INPUT]
+SaveHidden = Annotated[lm_options.SaveHidden, OUTPUT]
+SpillDir = Annotated[lm_options.SpillDir, INPUT]
+OodText = Annotated[lm_options.OodText, INPUTS]
 
 # -- what to compute ------------------------------------------------------------------------
 Tau = Annotated[Optional[list[str]], typer.Option(

@@ -8,11 +8,11 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import TempcalError
+from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source
 from ..requests import Outputs, ReportRequest, Texts
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
-from .lm import kept_hidden, lm_json, lm_outputs, lm_source
 from .main import app, check_paths, deliver, start
 from .options import (
     BatchSize,
@@ -159,7 +159,7 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
                       "--markdown": outputs.markdown, "--save-logits": outputs.save_logits,
-                      **lm_outputs(reading.lm, record=False, save_hidden=outputs.save_hidden)},
+                      **lm_outputs(request)},
                 {"SOURCE": source, "--inputs": reading.inputs, "--head": reading.head, "--lm": reading.lm})
 
     from ..core.limits import check_fits

@@ -9,13 +9,15 @@ the T stored with them, the files T is written back into), and knows where its T
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..errors import TempcalError, param
+from ..io.paths import check_named_once, expand
 from ..validation import IGNORE_INDEX, READING_KEYS
 
 if TYPE_CHECKING:
@@ -232,6 +234,14 @@ def check_react(percentile: Any) -> float:
     return value
 
 
+def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
+    """Paths, with glob patterns expanded in sorted order (:func:`tempcal.io.paths.expand`: a path that exists is
+    itself, ``[`` and all); a pattern that matches nothing is an error; the same file named twice is refused."""
+    paths = [Path(p) for p in expand(sources, strict=True)]
+    check_named_once(paths)
+    return paths
+
+
 class SourceKind(ABC):
     """One kind of SOURCE. Subclasses override :meth:`open`, and :meth:`claims` unless a suffix says it all."""
 
@@ -247,6 +257,9 @@ class SourceKind(ABC):
     title: str = ""
     #: Whether ``tempcal inspect`` refuses a SOURCE whose first path is missing (a model's is checked by loading it).
     inspect_needs_file: bool = True
+    #: Opens a SOURCE of whichever kind claims it: :func:`tempcal.sources.registry.open_source`, set by the registry
+    #: as it is imported, so that kinds reach it without importing the registry that imports them.
+    open_any: ClassVar[Callable[..., OpenedSource]]
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         """Whether ``paths`` are a SOURCE of this kind (by default: the first path's suffix)."""
@@ -258,9 +271,7 @@ class SourceKind(ABC):
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another SOURCE beside ``opened`` (``--eval``, ``--ood``): by default a logits file of any kind."""
-        from .registry import open_source
-
-        return open_source(other, opened.options, labels_optional=labels_optional)
+        return self.open_any(other, opened.options, labels_optional=labels_optional)
 
     def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
         """Why values that look like probabilities, read without ``probs``, are refused: by default, they come from a
@@ -382,4 +393,4 @@ class SourceKind(ABC):
 
 
 __all__ = ["DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions", "check_react",
-           "wrote_lines"]
+           "expand_sources", "wrote_lines"]

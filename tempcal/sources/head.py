@@ -30,7 +30,7 @@ from ..core.threads import pass_threads
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
 from ..validation import ProbabilitiesError
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import OpenedSource, SourceKind, SourceOptions, expand_sources
 from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
 
 #: Logits per block: larger than for stored logits, since each block is also a matmul that wants many rows;
@@ -146,8 +146,6 @@ class HeadKind(SafetensorsKind):
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another hidden-states file through the head ``opened`` already loaded."""
-        from .registry import expand_sources
-
         assert isinstance(opened.data, HeadLogits)
         paths = expand_sources([other] if isinstance(other, (str, Path)) else list(other))
         related = self._open_with(opened.data.head, paths, opened.options, labels_optional)

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Note, TempcalError
-from ..io.paths import check_named_once, expand
+from ..lm.source import LmKind
 from ..validation import PROBS_KEY, stored_probs
-from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
+from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
 from .head import HeadKind
 from .inspect_log import InspectLogKind
 from .lighteval import LightevalKind
 from .lm_eval import LmEvalKind
-from .lm_texts import LmKind
 from .model import ModelKind
 from .numpy import NpyKind, NpzKind
 from .safetensors import SafetensorsKind
@@ -41,14 +40,6 @@ KINDS: list[SourceKind] = [
 
 #: A SOURCE as callers give it: a path, a glob pattern, a list of them, or an already opened source.
 Source = str | os.PathLike | Sequence[str | os.PathLike] | OpenedSource
-
-
-def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
-    """Paths, with glob patterns expanded in sorted order (:func:`tempcal.io.paths.expand`: a path that exists is
-    itself, ``[`` and all); a pattern that matches nothing is an error; the same file named twice is refused."""
-    paths = [Path(p) for p in expand(sources, strict=True)]
-    check_named_once(paths)
-    return paths
 
 
 def kind_of(paths: list[Path], options: SourceOptions | None = None) -> SourceKind:
@@ -97,6 +88,9 @@ def open_source(source: Source, options: SourceOptions | None = None, *, labels_
     opened.stored_probs = fitted_on_probs
     opened.warnings[:0] = notes
     return opened
+
+
+SourceKind.open_any = staticmethod(open_source)
 
 
 def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tuple[SourceOptions, bool, list[str]]:

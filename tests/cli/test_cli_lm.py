@@ -321,18 +321,18 @@ def test_small_batches_and_token_budgets_change_nothing(tmp_path, run_json, llam
 @pytest.mark.parametrize("flags, shown", [([], True), (["--quiet"], False), (["--json", "-"], False)])
 def test_bars_are_asked_for_unless_quiet_or_json_on_standard_output(tmp_path, cli, monkeypatch, llama, flags, shown):
     """The forward pass's bar and each head pass's bar: enabled on a plain run (they then draw on a terminal only)."""
-    from tempcal.models import lm_progress
+    from tempcal.lm import hidden
 
     folder, _, path = fresh(tmp_path, llama)
     asked: list[tuple[str, object]] = []
-    original = lm_progress.DelayedBar.__init__
+    original = hidden.DelayedBar.__init__
 
-    def recording(self, description, total, unit, *, enabled=True, delay=lm_progress.DELAY):
+    def recording(self, description, total, unit, *, enabled=True, delay=hidden.DELAY):
         if description:
             asked.append((description, enabled))
         original(self, description, total, unit, enabled=enabled, delay=delay)
 
-    monkeypatch.setattr(lm_progress.DelayedBar, "__init__", recording)
+    monkeypatch.setattr(hidden.DelayedBar, "__init__", recording)
     code, _, err = cli(["fit", "--lm", str(folder), "--text", str(path), "--no-write", *flags])
     assert code == 0 and err == ""
     assert asked[0][0] == "running model on texts.txt" and any("head: pass 2" in d for d, _ in asked)

@@ -7,36 +7,14 @@ import json
 import os
 import shutil
 
+import lm_builders
 import pytest
 import torch
-from conftest import assert_one_error_line, snapshot
-from lm_builders import lm_folder, sampled_texts, write_texts
+from lm_builders import refused
 from safetensors.torch import save_file
 
 transformers = pytest.importorskip("transformers")
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("gpt2") / "model"
-    model = lm_folder("gpt2", folder)
-    return folder, sampled_texts(model, rows=8, length=8)
-
-
-@pytest.fixture
-def setup(tmp_path, prepared):
-    folder = tmp_path / "model"
-    shutil.copytree(prepared[0], folder)
-    return folder, write_texts(tmp_path / "texts.txt", prepared[1])
-
-
-def refused(cli, tmp_path, argv: list[str], *details: str) -> str:
-    before = snapshot(tmp_path)
-    code, out, err = cli(argv)
-    assert code == 2, err
-    line = assert_one_error_line(err, *details)
-    assert out == "" and snapshot(tmp_path) == before
-    return line
+prepared, setup = lm_builders.prepared, lm_builders.setup  # fixtures: a model folder and texts of its own
 
 
 @pytest.mark.parametrize("command, option, name", [

@@ -113,7 +113,7 @@ def test_an_error_inside_still_erases_the_line():
 def test_a_bar_with_a_total_is_the_same_line_and_draws_on_rank_0_only(monkeypatch):
     """The language model's bars (``DelayedBar``) are this progress line with a total: its rules hold for them."""
     import tempcal.progress as progress_module
-    from tempcal.models.lm_progress import DelayedBar
+    from tempcal.lm.hidden import DelayedBar
 
     console, buffer = _terminal()
     with DelayedBar("running model on texts.txt", 1000, "tokens", enabled=console, delay=0.0) as bar:

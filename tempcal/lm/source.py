@@ -1,14 +1,14 @@
 """A causal language model run over texts as SOURCE (``--lm MODEL --text FILE``): next-token rows, fitted as ``--head``.
 
-The model (:mod:`tempcal.models.causal_lm`) runs once over the texts (:mod:`tempcal.sources.texts`), in
-batches sorted by length (:mod:`tempcal.models.lm_forward`); the final hidden states stream into a
-:class:`~tempcal.sources.hidden_store.HiddenStore` (memory, or an unnamed temporary file when they
+The model (:mod:`.model`) runs once over the texts (:mod:`.texts`), in
+batches sorted by length (:mod:`.forward`); the final hidden states stream into a
+:class:`~.hidden.HiddenStore` (memory, or an unnamed temporary file when they
 exceed the memory budget), and every later pass computes the logits from them with the model's own
 output layer, block by block, exactly as ``--head`` does (:class:`~tempcal.sources.head.HeadLogits`):
 the model's logits are never held whole. Under torchrun each rank runs the texts that hold its share
 of the rows and keeps only those. ``--eval`` and OOD text files run through the same loaded model.
 
-T goes into ``MODEL/tempcal.json`` (:mod:`tempcal.io.lm_record`), never into the model's own files;
+T goes into ``MODEL/tempcal.json`` (:mod:`.record`), never into the model's own files;
 ``--save-hidden PATH`` keeps the hidden states and labels as a SOURCE for later ``--head MODEL`` runs.
 """
 
@@ -22,19 +22,19 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..errors import TempcalError, param
-from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
-
-ROLES = ("source", "related")
+from ..sources.base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
+from .record import read_record, record_path, set_generation_temperature, write_record
+from .texts import CHARS_PER_TOKEN, read_texts
 
 
 @dataclass
 class LmRun:
     """One text file run through the model: its texts, their tokens, the forward pass and where the rows are."""
 
-    texts: Any  # sources.texts.Texts
-    tokenized: Any  # models.lm_forward.Tokenized
-    stats: Any  # models.lm_forward.ForwardStats
-    store: Any  # sources.hidden_store.HiddenStore
+    texts: Any  # texts.Texts
+    tokenized: Any  # forward.Tokenized
+    stats: Any  # forward.ForwardStats
+    store: Any  # hidden.HiddenStore
     max_length: int
     batch_size: int
     batch_tokens: int | None
@@ -61,7 +61,7 @@ class LmRun:
 class LmSource(OpenedSource):
     """A text file run through a causal LM: ``data`` computes the logits from the stored final hidden states."""
 
-    lm: Any = None  # models.causal_lm.CausalLM, reused for --eval and OOD texts
+    lm: Any = None  # model.CausalLM, reused for --eval and OOD texts
     run: LmRun | None = None
     related: list[LmSource] = field(default_factory=list)  # --eval and OOD texts run through the same model
 
@@ -116,15 +116,11 @@ class LmSource(OpenedSource):
     def record_temperature(self, temperature: float, output: str | Path | None, settings: Mapping[str, Any] | None,
                      results: Mapping[str, Any] | None) -> Path:
         """T, the model, the texts, ``settings`` and ``results`` into ``MODEL/tempcal.json`` (or ``output``)."""
-        from ..io.lm_record import record_path, write_record
-
         target = Path(output) if output is not None else record_path(self.lm.folder)
         return write_record(target, temperature, self.record(settings, results))
 
     def write_generation_config(self, temperature: float) -> Path:
         """``temperature`` into ``MODEL/generation_config.json`` (other keys kept)."""
-        from ..io.lm_record import set_generation_temperature
-
         def derived() -> dict[str, Any]:
             from transformers import GenerationConfig
 
@@ -142,7 +138,7 @@ class LmSource(OpenedSource):
     def save_hidden(self, path: str | os.PathLike) -> Path:
         """Keep the hidden states and labels as a safetensors SOURCE for ``--head MODEL``."""
         from ..core import distributed
-        from .hidden_store import save_hidden
+        from .hidden import save_hidden
 
         if distributed.active():
             raise TempcalError(f"{param('save_hidden')} under torchrun: each process holds only its share of the rows")
@@ -161,14 +157,14 @@ class LmKind(SourceKind):
         return getattr(options, "lm", None) is not None
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        from ..models.causal_lm import load_causal_lm
+        from .model import load_causal_lm
 
         _check_options(paths, options)
         assert options.lm is not None
         lm = load_causal_lm(options.lm, options.device, device_map=options.device_map)
         opened = self.run(lm, paths[0], options)
         if options.react is not None:  # ReAct, as --head clips: at the percentile of SOURCE's hidden states
-            from .head import react_threshold
+            from ..sources.head import react_threshold
 
             react = react_threshold(opened.data.hidden, options.react, options.device, opened.name)  # type: ignore
             opened.data.clip, opened.data.react = react.threshold, react  # type: ignore[attr-defined]
@@ -188,12 +184,10 @@ class LmKind(SourceKind):
     def run(self, lm: Any, path: Path, options: SourceOptions) -> LmSource:
         """The model over the texts in ``path``: the next-token rows as a source of logits."""
         from ..core import distributed
-        from ..io.lm_record import read_record, record_path
-        from ..models.causal_lm import check_head, max_length
-        from ..models.lm_forward import tokenize
-        from .head import HeadLogits
-        from .hidden_store import StoredHidden
-        from .texts import CHARS_PER_TOKEN, read_texts
+        from ..sources.head import HeadLogits
+        from .forward import tokenize
+        from .hidden import PassCounter, StoredHidden
+        from .model import check_head, max_length
 
         began = time.perf_counter()
         length = max_length(lm, options.max_length)
@@ -204,8 +198,6 @@ class LmKind(SourceKind):
             check_head(lm, max(tokenized.ids, key=len).tolist())
         lo, hi = distributed.share(tokenized.rows) if distributed.active() else (0, tokenized.rows)
         store, stats = _forward(lm, tokenized, options, lo, hi, path)
-        from ..models.lm_progress import PassCounter
-
         hidden = StoredHidden(store, tokenized.labels, progress=PassCounter(f"{lm.folder.name} head", options.progress))
         run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)
         data = HeadLogits(cast(Any, hidden), lm.head)  # StoredHidden reads rows as ShardedLogits does
@@ -217,17 +209,6 @@ class LmKind(SourceKind):
             source.stored_problem = exc
         return source
 
-    def stored_metadata(self, path: Path) -> dict[str, str]:
-        """Nothing is kept beside the texts (T lives in the model folder's record)."""
-        return {}
-
-    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
-        raise TempcalError(f"{path}: the T of a language model is in MODEL/tempcal.json; open it with {param('lm')}")
-
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
-        raise TempcalError(f"{path}: the T of a language model goes into MODEL/tempcal.json; open it with "
-                           f"{param('lm')}")
-
 
 def _short_cuts(texts: Any, tokenized: Any, length: int) -> list[str]:
     """A warning when a text cut at the character budget gave fewer than ``length`` tokens (its whole line might
@@ -236,8 +217,6 @@ def _short_cuts(texts: Any, tokenized: Any, length: int) -> list[str]:
              if cut and len(ids) < length]
     if not short:
         return []
-    from .texts import CHARS_PER_TOKEN
-
     return [f"{texts.path}: {len(short)} text(s) (first: line {short[0]}) cut at {CHARS_PER_TOKEN * (length + 1)} "
             f"characters before tokenising gave fewer than {length} tokens; the rest of each line was not read"]
 
@@ -255,9 +234,8 @@ def _check_options(paths: list[Path], options: SourceOptions) -> None:
 
 def _forward(lm: Any, tokenized: Any, options: SourceOptions, lo: int, hi: int, path: Path) -> tuple[Any, Any]:
     """The forward pass over the rows ``[lo, hi)`` into a new store (memory, or a temporary file), with a bar."""
-    from ..models.lm_forward import run_forward
-    from ..models.lm_progress import DelayedBar
-    from .hidden_store import HiddenStore, memory_budget
+    from .forward import run_forward
+    from .hidden import DelayedBar, HiddenStore, memory_budget
 
     store = HiddenStore(lo, hi, lm.head.width, lm.dtype, budget=memory_budget(), folder=spill_folder(lm, options))
     starts = tokenized.starts

@@ -40,9 +40,9 @@ from ..io.hf_folder import (
     read_json,
     weight_map,
 )
-from .base import error_line, quiet, reraise_control
-from .head import OutputHead, checked_head, config_scales
-from .lm_checks import check_config_json, check_weights, checkpoint_tensors, offline, remote_code_message
+from ..models.base import error_line, quiet, reraise_control
+from ..models.head import OutputHead, checked_head, config_scales
+from .checks import check_config_json, check_weights, checkpoint_tensors, offline, remote_code_message
 
 EXTRA = "pip install 'tempcal[lm]'"
 #: Files of a model folder a loader may read: each is checked (a regular file, links kept inside) first.

@@ -2,22 +2,24 @@
 
 Without ``--lm`` the language-model options are refused (never silently ignored) and a missing SOURCE is
 click's usual usage error; with it, a SOURCE on the command line is refused (one from a configuration file
-is set aside). Nothing here imports torch or transformers.
+is set aside). Nothing is written before the command's work has succeeded: the hidden states live in memory
+or in an unnamed temporary file until ``--save-hidden`` copies them. The commands hand their request in as
+it is (a :class:`tempcal.requests.Request`). Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
-from ..requests import Request
+from ..io.hf_folder import check_model_folder
+from ..io.paths import same_file
+from .record import GENERATION_NAME, RECORD_NAME, sampling_note
 
-#: ``tempcal.json`` and ``generation_config.json``, as :mod:`tempcal.io.lm_record` names them (no import there).
-RECORD_NAME, GENERATION_NAME = "tempcal.json", "generation_config.json"
 
-
-def lm_source(ctx: Any, request: Request) -> list[str]:
+def lm_source(ctx: Any, request: Any) -> list[str]:
     """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. The options that need ``--lm`` are refused
     without it, and contradictory writes with it."""
     lm, text, outputs, source = request.reading.lm, request.texts.text, request.outputs, request.source
@@ -39,8 +41,6 @@ def lm_source(ctx: Any, request: Request) -> list[str]:
         return source
     if source and _from_command_line(ctx, "source"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
-    from ..io.hf_folder import check_model_folder
-
     check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
     if text is None:
         raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
@@ -48,7 +48,7 @@ def lm_source(ctx: Any, request: Request) -> list[str]:
     return [text]
 
 
-def lm_only_given(request: Request) -> list[str]:
+def lm_only_given(request: Any) -> list[str]:
     """The options that need ``--lm`` that were given (set to other than the value each has when not given)."""
     reading, outputs = request.reading, request.outputs
     options = (("--text-field", reading.text_field, "text"), ("--max-length", reading.max_length, None),
@@ -64,25 +64,35 @@ def _from_command_line(ctx: Any, name: str) -> bool:
     return getattr(source, "name", "COMMANDLINE") not in ("DEFAULT_MAP", "DEFAULT")
 
 
-def lm_outputs(lm: str | None, *, record: bool, output: str | None = None, generation: bool = False,
-               save_hidden: str | None = None) -> dict[str, str | None]:
-    """The files an ``--lm`` command writes, to check before any work: the record of T (``MODEL/tempcal.json``,
-    or ``--output``), ``generation_config.json`` when asked, ``--save-hidden``."""
+def lm_outputs(request: Any, *, record: bool = False) -> dict[str, str | None]:
+    """The files an ``--lm`` command writes, to check before any work: ``--save-hidden``, the record of T when
+    ``record`` (``MODEL/tempcal.json``, or ``--output``), ``generation_config.json`` when asked."""
+    lm, outputs = request.reading.lm, request.outputs
     if lm is None:
         return {}
-    out: dict[str, str | None] = {"--save-hidden": save_hidden}
+    out: dict[str, str | None] = {"--save-hidden": outputs.save_hidden}
     if record:
-        out["--output" if output is not None else "the record of T"] = output or str(Path(lm) / RECORD_NAME)
-    if generation:
+        named = "--output" if outputs.output is not None else "the record of T"
+        out[named] = outputs.output or str(Path(lm) / RECORD_NAME)
+    if outputs.write_generation_config:
         out["--write-generation-config"] = str(Path(lm) / GENERATION_NAME)
     return out
+
+
+#: The outputs that may go into ``--lm MODEL``'s folder, and the one file of it each may be.
+_RECORDS = {"the record of T": RECORD_NAME, "--output": RECORD_NAME, "--write-generation-config": GENERATION_NAME}
+
+
+def record_outputs(given: list[tuple[str, str]], folders: list[tuple[str, str]]) -> list[str]:
+    """Of the outputs ``given`` (flag, path), those that are the record tempcal keeps in an ``--lm`` folder of
+    ``folders`` (option, folder): ``tempcal.json``, ``generation_config.json``."""
+    return [flag for flag, path in given for option, folder in folders
+            if option == "--lm" and flag in _RECORDS and same_file(path, os.path.join(folder, _RECORDS[flag]))]
 
 
 def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: bool, save_hidden: str | None,
                     output: str | None) -> None:
     """Refuse contradictory writes before any work."""
-    import os
-
     if lm is None:
         return
     if write_generation_config and no_write:
@@ -95,21 +105,30 @@ def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: 
                            "in one process")
 
 
-def sampling_notes(lm: str | None, write_generation_config: bool) -> list[str]:
+def sampling_notes(request: Any) -> list[str]:
     """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
-    if lm is None or not write_generation_config:
+    lm = request.reading.lm
+    if lm is None or not request.outputs.write_generation_config:
         return []
-    from ..io.lm_record import sampling_note
-
     note = sampling_note(lm)
     return [note] if note else []
 
 
 def kept_hidden(opened: Any, save_hidden: str | None) -> list[str]:
-    """``--save-hidden``: the hidden states kept (at write time); the lines saying so."""
-    from ..workflows.lm import save_hidden_lines
+    """``--save-hidden``: the hidden states and labels kept as a SOURCE for ``--head MODEL``, once the command's
+    work has succeeded; the lines saying so (nothing without it)."""
+    if save_hidden is None or opened is None:
+        return []
+    return opened.keep_hidden(save_hidden)
 
-    return save_hidden_lines(opened, save_hidden)
+
+def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[str]:
+    """The OOD texts of an --lm run (--ood takes logits files, which --lm does not read)."""
+    if ood_files:
+        raise TempcalError("--ood takes logits files; with --lm give out-of-distribution texts with --ood-text FILE")
+    if not ood_text:
+        raise TempcalError("missing option '--ood-text FILE': --lm needs out-of-distribution texts")
+    return list(ood_text)
 
 
 def lm_json(opened: Any, lm: str | None) -> dict[str, Any]:
@@ -123,4 +142,4 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
 
 
 __all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_only_given", "lm_outputs", "lm_settings", "lm_source",
-           "sampling_notes"]
+           "ood_texts", "record_outputs", "sampling_notes"]

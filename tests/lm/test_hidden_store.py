@@ -1,4 +1,4 @@
-"""tempcal.sources.hidden_store: hidden states in memory or in a file without a name read the same; saving them."""
+"""tempcal.lm.hidden: hidden states in memory or in a file without a name read the same; saving them."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from tempcal.errors import TempcalError
-from tempcal.sources.hidden_store import HiddenStore, StoredHidden, save_hidden
+from tempcal.lm.hidden import HiddenStore, StoredHidden, save_hidden
 
 
 def filled(budget: int, folder, rows: int = 50, width: int = 6, dtype=torch.bfloat16, lo: int = 0,

@@ -1,4 +1,4 @@
-"""tempcal.models.lm_progress: a bar on a terminal only, after its delay, never when disabled; erased at the end."""
+"""tempcal.lm.hidden's progress bars: drawn on a terminal only, after their delay, never when disabled; erased."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 from rich.console import Console
 
-from tempcal.models.lm_progress import DelayedBar, PassCounter
+from tempcal.lm.hidden import DelayedBar, PassCounter
 
 
 def terminal() -> tuple[Console, io.StringIO]:

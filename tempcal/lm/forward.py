@@ -20,8 +20,8 @@ import torch
 
 from ..core.precision import no_tf32
 from ..errors import TempcalError, param
-from .base import error_line, is_out_of_memory, reraise_control
-from .causal_lm import CausalLM, final_hidden
+from ..models.base import error_line, is_out_of_memory, reraise_control
+from .model import CausalLM, final_hidden
 
 #: Padded tokens per batch when ``--batch-tokens`` is not given, per device type.
 BATCH_TOKENS = {"cpu": 16384, "cuda": 65536}

@@ -9,6 +9,12 @@ and it is mapped read-only afterwards, so the page cache, not this process, hold
 :class:`StoredHidden` is the row source :class:`~tempcal.sources.head.HeadLogits` reads: selections are
 row indices into the store, never copies. :func:`save_hidden` writes the rows as a safetensors SOURCE
 for ``--head`` (``hidden`` [N, d] and ``labels`` [N]).
+
+The long steps (the forward pass, each pass over the rows) show a :class:`DelayedBar`: a
+:class:`tempcal.progress.Progress` with a total. On a terminal (rank 0) it shows once its step has run for
+:data:`~tempcal.progress.DELAY` seconds (short runs stay quiet) and is erased when its step ends; off a terminal
+(a CI log) a step longer than 10 s prints a plain line (count, rate, time left) at most every 10 s; never anything
+under ``--quiet`` or ``--json -`` (``enabled=False``).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..core.data import default_chunk_rows
 from ..core.transfer import to_device
 from ..errors import TempcalError
 from ..io.atomic import write_atomic
+from ..progress import DELAY, Progress
 
 #: The most bytes of hidden states kept in memory by default (besides a share of the memory available).
 MEMORY_CAP = 4 << 30
@@ -143,7 +150,7 @@ class StoredHidden:
         self.all_labels = labels
         self.rows = rows
         self.labels = labels if rows is None else labels[rows]
-        self.progress = progress  # a models.lm_progress.PassCounter: a bar for each long pass
+        self.progress = progress  # a PassCounter: a bar for each long pass
 
     @property
     def num_samples(self) -> int:
@@ -177,7 +184,6 @@ class StoredHidden:
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """``(position, hidden, labels)`` per chunk of ``chunk_rows`` selected rows (or fewer), on ``device``."""
-        from ..models.lm_progress import DelayedBar
 
         counter = self.progress
         with counter.bar(self.num_samples) if counter is not None else DelayedBar("", 0, "", enabled=False) as bar:
@@ -231,4 +237,23 @@ def save_hidden(path: str | os.PathLike, hidden: StoredHidden, metadata: dict[st
     return write_atomic(path, write, what="--save-hidden")
 
 
-__all__ = ["BUDGET_ENV", "HiddenStore", "StoredHidden", "memory_budget", "save_hidden"]
+class DelayedBar(Progress):
+    """``with DelayedBar("running MODEL", total, "tokens", enabled=...) as bar: ... bar.advance(n)``."""
+
+    def __init__(self, description: str, total: int, unit: str, *, enabled: Any = True, delay: float = DELAY):
+        super().__init__(description, enabled=enabled, delay=delay, total=total, unit=unit)
+
+
+class PassCounter:
+    """Counts the passes over a language model's rows and shows a delayed bar for each (``enabled`` as above)."""
+
+    def __init__(self, name: str, enabled: Any):
+        self.name, self.enabled, self.passes = name, enabled, 0
+
+    def bar(self, rows: int) -> DelayedBar:
+        self.passes += 1
+        return DelayedBar(f"{self.name}: pass {self.passes} over the rows", rows, "rows", enabled=self.enabled)
+
+
+__all__ = ["BUDGET_ENV", "DELAY", "DelayedBar", "HiddenStore", "PassCounter", "StoredHidden", "memory_budget",
+           "save_hidden"]

@@ -1,4 +1,4 @@
-"""tempcal.sources.texts: the texts of .txt and .jsonl files, as written by editors and by json.dumps."""
+"""tempcal.lm.texts: the texts of .txt and .jsonl files, as written by editors and by json.dumps."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tempcal.errors import TempcalError
-from tempcal.sources.texts import read_texts
+from tempcal.lm.texts import read_texts
 
 
 def test_txt_one_text_per_line_keeps_each_line_as_written(tmp_path):
@@ -63,7 +63,7 @@ def test_deeply_nested_json_is_one_error_not_a_crash(tmp_path):
 def test_a_long_line_is_cut_to_the_budget_and_the_rest_still_hashed_and_checked(tmp_path, monkeypatch):
     """A line is never held whole: its first ``max_chars`` characters are kept (a multi-byte character split by a
     block boundary included), the rest is hashed and checked to be UTF-8, then dropped."""
-    import tempcal.sources.texts as texts_module
+    import tempcal.lm.texts as texts_module
 
     monkeypatch.setattr(texts_module, "BLOCK_BYTES", 7)  # lines and characters cross block boundaries
     long = "\u00e9a\u2603 " * 50
@@ -87,7 +87,7 @@ def test_a_line_of_spaces_past_the_budget_with_words_behind_is_kept(tmp_path):
 
 
 def test_jsonl_lines_are_bounded_and_texts_cut_after_parsing(tmp_path, monkeypatch):
-    import tempcal.sources.texts as texts_module
+    import tempcal.lm.texts as texts_module
 
     path = tmp_path / "texts.jsonl"
     path.write_text(json.dumps({"text": "x" * 40}) + "\n" + json.dumps({"text": "y" * 200}) + "\n")

@@ -18,9 +18,9 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import TempcalError
+from ..io.atomic import write_text_atomic
+from ..io.hf_folder import read_json
 from ..validation import as_temperature, temperature_number
-from .atomic import write_text_atomic
-from .hf_folder import read_json
 
 RECORD_NAME = "tempcal.json"
 GENERATION_NAME = "generation_config.json"

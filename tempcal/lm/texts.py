@@ -55,10 +55,6 @@ class Texts:
         return len(self.texts)
 
 
-def is_text_file(path: str | os.PathLike) -> bool:
-    return Path(path).suffix.lower() in TEXT_SUFFIXES
-
-
 def read_texts(path: str | os.PathLike, text_field: str = "text", max_chars: int | None = None) -> Texts:
     """Every text of ``path`` (``.txt`` or ``.jsonl``), checked, each cut to its first ``max_chars`` characters
     (None: kept whole); any problem is one line naming the file and line."""
@@ -194,4 +190,4 @@ def _json_kind(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
-__all__ = ["CHARS_PER_TOKEN", "TEXT_SUFFIXES", "Texts", "is_text_file", "read_texts"]
+__all__ = ["CHARS_PER_TOKEN", "TEXT_SUFFIXES", "Texts", "read_texts"]

@@ -1,4 +1,4 @@
-"""tempcal.models.causal_lm and lm_forward: a local folder loaded without running its code; one batched forward pass."""
+"""tempcal.lm.model and tempcal.lm.forward: a local folder loaded without running its code; one batched forward pass."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch
 from lm_builders import lm_folder, load_tokenizer, sampled_texts
 
 from tempcal.errors import TempcalError
-from tempcal.models.causal_lm import check_head, load_causal_lm
-from tempcal.models.lm_forward import plan_batches, run_forward, tokenize
-from tempcal.sources.hidden_store import HiddenStore
+from tempcal.lm.forward import plan_batches, run_forward, tokenize
+from tempcal.lm.hidden import HiddenStore
+from tempcal.lm.model import check_head, load_causal_lm
 
 transformers = pytest.importorskip("transformers")
 

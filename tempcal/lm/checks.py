@@ -100,7 +100,7 @@ def check_weights(transformers: Any, config: Any, tensors: dict[str, tuple[int, 
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
     except Exception as exc:
-        from .base import error_line
+        from ..models.base import error_line
 
         raise TempcalError(f"{folder}: transformers {transformers.__version__} cannot build the model its "
                            f"config.json describes: {error_line(exc, last=False)}") from None
