@@ -1,8 +1,8 @@
-"""The HTML report's figures, drawn from a command's JSON (the same dict pipelines read) as inline SVG.
+"""The HTML page's figures, drawn from the command's JSON blocks (the same dicts pipelines read) as inline SVG.
 
-Working from the JSON keeps the page a pure function of what the command reported: a page rendered later from a
-saved ``--json`` file is the same page. Text stays text in the SVG (``svg.fonttype = none``), so figures are
-small, searchable and sharp at any width; sizes come from the viewBox and the page's CSS.
+Working from the JSON blocks keeps every figure drawn the number the JSON holds. Text stays text in the SVG
+(``svg.fonttype = none``), so figures are small, searchable and sharp at any width; sizes come from the viewBox and
+the page's CSS.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import io
 import re
 from collections.abc import Sequence
 
-from .axes import figure_legend, plain_log_ticks
-from .plots import new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
+from ..output.axes import figure_legend, plain_log_ticks
+from ..output.plots import new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
 
 #: Colours of successive series (matplotlib's tab10 order), the same in every figure.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")

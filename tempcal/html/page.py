@@ -1,8 +1,10 @@
-"""``--html PATH``: one self-contained page of a command's results, for reviewers and CI artefacts.
+"""The ``--html`` page of a command's result model: its sections, tables and figures, rendered through the one
+template.
 
-The page is rendered from the command's JSON (:func:`page`), through one jinja2 template with autoescaping;
-figures are inline SVG (:mod:`.html_figures`), styles inline, nothing fetched: the file opens anywhere,
-offline, on a phone (360 px) or a desktop, and prints.
+Every label comes from the model's :class:`~tempcal.workflows.basis.Basis` (the same objects the console and the
+Markdown card read); every figure is the model's JSON block (the JSON the command wrote, so the page never shows a
+number the JSON does not hold). Figures are inline SVG (:mod:`.figures`), styles inline, nothing fetched: the file
+opens anywhere, offline, on a phone (360 px) or a desktop, and prints.
 """
 
 from __future__ import annotations
@@ -12,25 +14,13 @@ import math
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import Any
 
 from ..conformal.sets import SHORT_P
-from ..errors import TempcalError, neutral, param
-from ..workflows.basis import (
-    AT_FOLDS,
-    AT_GLOBAL,
-    AT_GROUPS,
-    AT_ONE,
-    ROWS_ALL,
-    ROWS_FILE,
-    ROWS_HELD_OUT,
-    ROWS_OUT_OF_FOLD,
-    Basis,
-    report_basis,
-)
-from . import html_figures as figures
-from .figures import group_coverage, threshold_text
-from .groups_console import GROUP_COLUMNS, GROUP_T
+from ..output.figures import fit_split, group_coverage, threshold_text
+from ..output.groups_console import GROUP_COLUMNS, GROUP_T
+from ..workflows.basis import AT_FOLDS, Basis
+from . import figures
 
 #: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.
 METRICS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "accuracy"),
@@ -72,19 +62,6 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
-def check_html_path(path: str) -> Path:
-    """The page's path after checking its suffix and that matplotlib (the figures) is installed."""
-    out = Path(path)
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise TempcalError(f"{param('html')} {path}: the page's name must end in .html")
-    import importlib.util
-
-    for module in ("matplotlib", "jinja2"):
-        if importlib.util.find_spec(module) is None:  # the html extra brings both
-            raise TempcalError(f"{param('html')} needs {module}, which is not installed: pip install 'tempcal[html]'")
-    return out
-
-
 def _columns(objects: Sequence[dict]) -> list[tuple[str, str]]:
     return [(k, h) for k, h in METRICS if any(o.get(k) is not None for o in objects)]
 
@@ -113,16 +90,10 @@ def _conformal_table(sides: Sequence[tuple[str, dict]]) -> Table | None:
     return Table(header=["", "alpha", "score", "set size", "coverage", "threshold"], rows=rows)
 
 
-def basis_of(block: dict, fallback: Basis) -> Basis:
-    """What a JSON block was computed at (its ``basis``; ``fallback`` for JSON written before it was recorded)."""
-    return Basis.from_json(block["basis"]) if block.get("basis") else fallback
-
-
-def _report_conformal_table(data: dict) -> Table | None:
+def _report_conformal_table(result: Any, data: dict) -> Table | None:
     """``report --conformal-alpha``: each tau's thresholds, coverage and mean set size; the sweep's smallest sets
     marked."""
-    bases = _report_bases(data)
-    rows = [(r, b, c) for r, b in zip(data["results"], bases, strict=True) for c in r.get("conformal") or []]
+    rows = [(r, result.basis(k), c) for k, r in enumerate(data["results"]) for c in r.get("conformal") or []]
     if not rows:
         return None
     smallest = {(b["alpha"], b["score"]): b["tau"] for b in (data.get("sweep") or {}).get("best_set_size_tau") or []}
@@ -180,23 +151,19 @@ def _group_coverage_table(groups: Sequence[dict], after: Basis) -> Table | None:
                          f"beyond chance (one-sided binomial p < {SHORT_P:g})")
 
 
-def _fit_context(data: dict) -> dict:
+def _fit_context(report: Any, data: dict) -> dict:
+    """``fit``: T, the before/after table and diagrams, curves, sets, folds and groups; the gate from ``data``."""
     before, after = data["before"], data["after"]
-    first, last = _fit_bases(data)
-    how = (f"{data['folds']['k']}-fold cross-fitting, seed {data.get('seed')}" if data.get("folds") else
-           f"stratified split, val-fraction {data['val_fraction']:g}, seed {data.get('seed')}"
-           if last.rows == ROWS_HELD_OUT else "")
-    fitted = f"{data['n_fit']:,} rows" if last.rows == ROWS_HELD_OUT else f"all {data['n_fit']:,} rows"
-    split = f"T fitted on {fitted}; figures {last.rows_label()}" + (f" ({how})" if how else "")
-    evaluated = f"{data['n_eval']:,} rows" + (", out of fold" if last.at == AT_FOLDS else "")
-    cards = [("fitted on", f"{data['n_fit']:,} rows"), ("evaluated on", evaluated),
-             ("classes", f"{data['num_classes']:,}"), ("objective", data.get("objective", "nll")),
-             ("reads of the data", str(data.get("passes"))),
-             ("certified error of T", fmt(data.get("error_bound"), 2) if data.get("error_bound") is not None
-              else data.get("fit_method", "")),
+    first, last = report.before_basis, report.after_basis
+    fit = report.fit
+    evaluated = f"{report.n_eval:,} rows" + (", out of fold" if last.at == AT_FOLDS else "")
+    cards = [("fitted on", f"{report.n_fit:,} rows"), ("evaluated on", evaluated),
+             ("classes", f"{report.num_classes:,}"), ("objective", fit.objective),
+             ("reads of the data", str(report.passes)),
+             ("certified error of T", fmt(fit.error_bound, 2) if fit.error_bound is not None else fit.method),
              ("NLL", f"{fmt(before['nll'])} → {fmt(after['nll'])}"),
              ("ECE", f"{fmt(before['ece'])} → {fmt(after['ece'])}")]
-    metrics = Section("metrics", "Calibration before and after", note=split)
+    metrics = Section("metrics", "Calibration before and after", note=fit_split(report))
     metrics.tables.append(_metrics_table([(f"before ({first.label()})", before, False),
                                           (f"after ({last.label()})", after, True)], "metric"))
     reliability = Section("reliability", "Reliability diagrams",
@@ -212,13 +179,13 @@ def _fit_context(data: dict) -> dict:
         sections.append(rc)
     conformal = _conformal_table([(first.label(), before), (last.label(), after)])
     if conformal:
-        note = (f"thresholds at T = 1 and T = {fmt(data['temperature'])} from all {data['n_fit']:,} rows (deployed); "
+        note = (f"thresholds at T = 1 and T = {fmt(report.temperature)} from all {report.n_fit:,} rows (deployed); "
                 f"coverage and set size {last.rows_label()}" if last.at == AT_FOLDS else
-                f"thresholds from the {data['n_fit']:,} fitting rows; coverage and set size {last.rows_label()}")
+                f"thresholds from the {report.n_fit:,} fitting rows; coverage and set size {last.rows_label()}")
         sections.append(Section("conformal", "Conformal sets", note=note, tables=[conformal]))
-    if data.get("folds"):
-        folds = data["folds"]
-        sections.append(Section("folds", f"Cross-fitting ({folds['k']} folds)", tables=[Table(
+    if report.folds is not None:
+        folds = report.subsets.folds
+        sections.append(Section("folds", f"Cross-fitting ({report.folds} folds)", tables=[Table(
             header=["fold", "rows", "T"], rows=[{"mark": False, "cells": [str(i + 1), fmt(n), fmt(t)]}
                                                 for i, (n, t) in enumerate(zip(folds["sizes"], folds["temperatures"],
                                                                                strict=True))])]))
@@ -228,53 +195,34 @@ def _fit_context(data: dict) -> dict:
     if data.get("max_ece") is not None:
         passed = bool(data.get("gate_passed"))
         gate = {"passed": passed, "text": f"ECE {fmt(after['ece'])} {'≤' if passed else '>'} max-ece {data['max_ece']}"}
-    return {"temperature": data["temperature"], "t_label": "T", "cards": cards, "sections": sections, "gate": gate,
-            "title": f"tempcal fit — {data.get('source')}"}
+    return {"temperature": report.temperature, "t_label": "T", "cards": cards, "sections": sections, "gate": gate,
+            "title": f"tempcal fit — {report.source}"}
 
 
-def _fit_bases(data: dict) -> tuple[Basis, Basis]:
-    """``before`` and ``after``'s bases (re-derived for JSON written without them)."""
-    folds = data.get("folds")
-    rows = (ROWS_OUT_OF_FOLD if folds else ROWS_FILE if data.get("eval_source") else
-            ROWS_ALL if data.get("val_fraction") in (None, 1) else ROWS_HELD_OUT)
-    n = data["n_eval"]
-    before = Basis(AT_ONE, ROWS_ALL if folds else rows, n, 1.0, source=data.get("eval_source"))
-    after = (Basis(AT_FOLDS, rows, n, folds=folds["k"]) if folds else
-             Basis(AT_GLOBAL, rows, n, data["temperature"], in_sample=rows == ROWS_ALL, source=data.get("eval_source")))
-    return basis_of(data["before"], before), basis_of(data["after"], after)
-
-
-def _report_bases(data: dict) -> list[Basis]:
-    """Every result row's basis (re-derived for JSON written without them)."""
-    rows = ROWS_HELD_OUT if data.get("eval_rows") else ROWS_ALL
-    stored = data.get("stored_temperature")
-    return [basis_of(r, Basis(AT_GROUPS, rows, data["n"], stored=True) if r.get("per_group") and r.get("stored")
-                     else report_basis(r["tau"], rows=rows, n=data["n"], stored=stored)) for r in data["results"]]
-
-
-def _report_context(data: dict) -> dict:
-    results, bases = data["results"], _report_bases(data)
+def _report_context(result: Any, data: dict) -> dict:
+    """``report``: the table at each temperature, the sweep, diagrams, curves, sets and groups."""
+    results = data["results"]
+    bases = [result.basis(k) for k in range(len(result.results))]
     # the lowest NLL of the rows at one T, marked where there are two or more (as the console marks it)
-    best = data.get("min_nll_tau", (data.get("sweep") or {}).get("best_nll_tau"))
-    best = best if sum(b.sweep_point for b in bases) > 1 else None
+    best = data["min_nll_tau"] if sum(b.sweep_point for b in bases) > 1 else None
 
     def lowest(r: dict, b: Basis) -> bool:
         return b.sweep_point and r["tau"] == best
 
     rows = [(b.label() + (" (min NLL)" if lowest(r, b) else ""), r, b.stored or lowest(r, b))
             for r, b in zip(results, bases, strict=True)]
-    scored = bases[0].rows_label() + (" (--eval-rows)" if data.get("eval_rows") else "") if bases else ""
+    scored = bases[0].rows_label() + (" (--eval-rows)" if result.eval_rows else "") if bases else ""
     table = Section("metrics", "Calibration at each temperature", note=scored, tables=[_metrics_table(rows, "tau")])
     own = [b for b in bases if not b.sweep_point]
     if own:
-        table.paragraphs.append(f"{own[0].label()}: each {data.get('group_key')} group's rows at the T stored for "
+        table.paragraphs.append(f"{own[0].label()}: each {result.group_key} group's rows at the T stored for "
                                 "that group; not a point of the temperatures against which the sweep is drawn.")
     sections = [table]
     points = [r for r, b in zip(results, bases, strict=True) if b.sweep_point]
     if len(points) >= 3:
         marks = {"min NLL": best} if best is not None else {}
-        if data.get("stored_temperature") is not None:
-            marks["stored T"] = data["stored_temperature"]
+        if result.stored_temperature is not None:
+            marks["stored T"] = result.stored_temperature
         table.figures.append({"svg": figures.sweep(points, marks), "narrow": True})
     marked = [(r, b) for r, b in zip(results, bases, strict=True) if b.stored or lowest(r, b)][:3]
     shown = list(zip(results, bases, strict=True))
@@ -288,17 +236,17 @@ def _report_context(data: dict) -> dict:
                                                             "of the table above")
         rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
         sections.append(rc)
-    conformal = _report_conformal_table(data)
+    conformal = _report_conformal_table(result, data)
     if conformal is not None:
         sections.append(Section("conformal", "Conformal sets", tables=[conformal]))
     sections += [_report_groups(k, r, b) for k, (r, b) in enumerate(zip(results, bases, strict=True))
                  if r.get("groups")]
-    cards = [("rows", f"{data['n']:,}"), ("classes", f"{data['num_classes']:,}"),
+    cards = [("rows", f"{result.count:,}"), ("classes", f"{result.num_classes:,}"),
              ("temperatures", str(len(points)))]
     if own:
         cards.append(("per-group T", f"stored for {len(results[bases.index(own[0])]['groups']):,} groups"))
-    return {"temperature": data.get("stored_temperature"), "t_label": "stored global T" if own else "stored T",
-            "cards": cards, "sections": sections, "gate": None, "title": f"tempcal report — {data.get('source')}"}
+    return {"temperature": result.stored_temperature, "t_label": "stored global T" if own else "stored T",
+            "cards": cards, "sections": sections, "gate": None, "title": f"tempcal report — {result.source}"}
 
 
 def _report_groups(k: int, row: dict, basis: Basis) -> Section:
@@ -313,47 +261,44 @@ def _report_groups(k: int, row: dict, basis: Basis) -> Section:
     return Section(f"groups-{k}", f"Groups at {basis.label()}{where}", note=basis.rows_label(), tables=[table])
 
 
-def _ood_context(data: dict) -> dict:
+def _ood_context(report: Any, data: dict) -> dict:
+    """``ood``: per OOD file its best sentence, curves and AUROC / FPR95 tables; the gate."""
     sections: list[Section] = []
-    for ood_file in data["ood_files"]:
-        name = ood_file if isinstance(ood_file, str) else ood_file.get("path", str(ood_file))
+    calibration = report.stored_temperature
+    for name, best in zip(report.ood_files, report.best_overall, strict=True):
         rows = [r for r in data["results"] if r["ood_file"] == name]
-        section = Section(f"ood-{len(sections)}", f"OOD: {name}")
-        section.paragraphs.extend(b["sentence"] for b in data.get("best_overall", []) if b.get("ood_file") == name)
+        section = Section(f"ood-{len(sections)}", f"OOD: {name}", paragraphs=[best.sentence])
         section.figures.append({"svgs": figures.ood_curves(data["results"], name)})
-        scores = list(dict.fromkeys(r["score"] for r in rows))
-        taus = sorted({r["tau"] for r in rows})
-        calibration = data.get("stored_temperature")
         for key, caption in (("auroc", "AUROC (higher is better)"), ("fpr95", "FPR95 (lower is better)")):
             cell = {(r["tau"], r["score"]): r[key] for r in rows}
-            section.tables.append(Table(caption=caption, header=["tau", *scores], rows=[
+            section.tables.append(Table(caption=caption, header=["tau", *report.scores], rows=[
                 {"mark": tau == calibration,
                  "cells": [fmt(tau) + (" (T)" if tau == calibration else ""),
-                           *(fmt(cell.get((tau, s))) for s in scores)]}
-                for tau in taus]))
+                           *(fmt(cell.get((tau, s))) for s in report.scores)]}
+                for tau in sorted(set(report.taus))]))
         sections.append(section)
     gate = None
-    if data.get("gate_passed") is not None:
-        passed = bool(data["gate_passed"])
-        gate = {"passed": passed, "text": "every row passes" if passed else "; ".join(
-            str(f) for f in data.get("gate_failures") or [])}
-    cards = [("in-distribution rows", f"{data['n_id']:,}"), ("classes", f"{data['num_classes']:,}"),
-             ("scores", ", ".join(data.get("scores") or [])), ("temperatures", str(len(data.get("taus") or [])))]
-    return {"temperature": data.get("stored_temperature"), "t_label": "T", "cards": cards, "sections": sections,
-            "gate": gate, "title": f"tempcal ood — {data.get('source')}"}
+    if report.gate_passed is not None:
+        gate = {"passed": report.gate_passed, "text": "every row passes" if report.gate_passed else "; ".join(
+            f.line() for f in report.gate_failures)}
+    cards = [("in-distribution rows", f"{report.n_id:,}"), ("classes", f"{report.num_classes:,}"),
+             ("scores", ", ".join(report.scores)), ("temperatures", str(len(report.taus)))]
+    return {"temperature": calibration, "t_label": "T", "cards": cards, "sections": sections,
+            "gate": gate, "title": f"tempcal ood — {report.source}"}
 
 
 CONTEXTS = {"fit": _fit_context, "report": _report_context, "ood": _ood_context}
 
 
-def page(command: str, data: dict, argv: Sequence[str]) -> str:
-    """The HTML page of ``command``'s JSON ``data``; ``argv`` is the command line shown in its footer."""
+def page(command: str, result: Any, data: dict, argv: Sequence[str]) -> str:
+    """The HTML page of ``command``'s ``result`` model and the JSON ``data`` it was written as (the warnings as
+    printed, the gate); ``argv`` is the command line shown in its footer."""
     import jinja2
 
     from .._version import __version__
 
-    context = CONTEXTS[command](data)
-    env = jinja2.Environment(loader=jinja2.PackageLoader("tempcal.output", "templates"),
+    context = CONTEXTS[command](result, data)
+    env = jinja2.Environment(loader=jinja2.PackageLoader("tempcal.html", "templates"),
                              autoescape=jinja2.select_autoescape(default=True), trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -361,12 +306,3 @@ def page(command: str, data: dict, argv: Sequence[str]) -> str:
     return env.get_template("report.html.j2").render(
         **context, warnings=data.get("warnings") or [], fmt=fmt, version=__version__, generated=when,
         subtitle=subtitle, command=shlex.join(["tempcal", *argv]))
-
-
-def write_html(path: str, command: str, data: dict, argv: Sequence[str]) -> Path:
-    """Render and write the page atomically; returns its path."""
-    from ..io.atomic import write_text_atomic
-
-    out = check_html_path(path)
-    write_text_atomic(out, neutral(page(command, data, argv)), what=param("html"))  # bidi controls as escapes
-    return out
