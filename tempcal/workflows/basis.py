@@ -4,8 +4,8 @@ A command's figure sets (``fit``'s ``before`` and ``after``, each ``report`` row
 (``T = 1``, the fitted or stored global T, a temperature asked for), at each group's own T (``per-group T``) or at
 each fold's T (``out of fold``), over the held-out rows, all rows, the rows T was fitted on, or out of fold. The
 console, the Markdown card, the HTML page and the plots all take their words from the result's :class:`Basis`
-objects (the JSON's ``basis`` is the same object written out), so that no output names a figure set by a temperature it was not computed at. Only a set at one
-temperature is a point of a sweep over global temperatures.
+objects (the JSON's ``basis`` is the same object written out), so that no output names a figure set by a temperature
+it was not computed at. Only a set at one temperature is a point of a sweep over global temperatures.
 """
 
 from __future__ import annotations
