@@ -45,19 +45,11 @@ class ReportResult:
 
     def basis(self, k: int) -> Basis:
         """What ``results[k]`` was computed at and on which rows."""
-        if self.bases:
-            return self.bases[k]
-        return report_basis(self.results[k].tau, rows=ROWS_HELD_OUT if self.eval_rows else ROWS_ALL, n=self.count,
-                            stored=self.stored_temperature)
+        return self.bases[k]
 
     def points(self) -> list[CalibrationMetrics]:
         """The results at one global temperature each (a per-group row is no point of a sweep over tau)."""
         return [m for k, m in enumerate(self.results) if self.basis(k).sweep_point]
-
-    @property
-    def sweep_best(self) -> float | None:
-        """The sweep temperature with the lowest NLL."""
-        return self.sweep_lowest("nll")
 
     def sweep_lowest(self, figure: str) -> float | None:
         """The sweep temperature with the lowest ``figure`` (``nll``, ``smece``, ``aurc``...; NaN never counts)."""
@@ -89,7 +81,7 @@ class ReportResult:
 
     def _sweep_json(self) -> dict:
         """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""
-        out: dict[str, Any] = {"taus": self.sweep, "best_nll_tau": self.sweep_best,
+        out: dict[str, Any] = {"taus": self.sweep, "best_nll_tau": self.sweep_lowest("nll"),
                                "best_ece_tau": self.sweep_lowest("ece"), "best_smece_tau": self.sweep_lowest("smece"),
                                "best_aurc_tau": self.sweep_lowest("aurc")}
         if self.conformal_rows is not None:
