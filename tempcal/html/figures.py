@@ -87,17 +87,16 @@ def groups(rows: Sequence[dict], global_label: str = "global T", limit: int = 20
     return svg(fig)
 
 
-def ood_curves(results: Sequence[dict], ood_file: str) -> list[str]:
-    """AUROC, then FPR95, against tau for every score on one OOD file (a single tau: a bar per score)."""
+def ood_curves(report, ood_file: str) -> list[str]:
+    """AUROC, then FPR95, against tau for every score of ``report`` (``ood``'s result) on one OOD file (a single
+    tau: a bar per score)."""
     plt = pyplot()
-    rows = [r for r in results if r["ood_file"] == ood_file]
-    scores = list(dict.fromkeys(r["score"] for r in rows))
-    taus = sorted({r["tau"] for r in rows})
+    scores, taus = report.scores, sorted(set(report.taus))
     out = []
     for key, label in (("auroc", "AUROC (higher is better)"), ("fpr95", "FPR95 (lower is better)")):
         fig, ax = plt.subplots(figsize=(4.4, 3.2))
         for score, colour in zip(scores, COLOURS * 4, strict=False):
-            points = sorted((r["tau"], r[key]) for r in rows if r["score"] == score)
+            points = sorted((m.tau, getattr(m, key)) for m in report.rows(ood_file, score))
             if len(taus) == 1:
                 ax.bar(scores.index(score), points[0][1], color=colour, label=score)
             else:

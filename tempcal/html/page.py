@@ -90,22 +90,22 @@ def _conformal_table(sides: Sequence[tuple[str, dict]]) -> Table | None:
     return Table(header=["", "alpha", "score", "set size", "coverage", "threshold"], rows=rows)
 
 
-def _report_conformal_table(result: Any, data: dict) -> Table | None:
+def _report_conformal_table(result: Any) -> Table | None:
     """``report --conformal-alpha``: each tau's thresholds, coverage and mean set size; the sweep's smallest sets
     marked."""
-    rows = [(r, result.basis(k), c) for k, r in enumerate(data["results"]) for c in r.get("conformal") or []]
+    rows = [(m, result.basis(k), c) for k, m in enumerate(result.results) for c in m.conformal or []]
     if not rows:
         return None
-    smallest = {(b["alpha"], b["score"]): b["tau"] for b in (data.get("sweep") or {}).get("best_set_size_tau") or []}
-    split = data.get("conformal_rows") or {}
-    where = "the stored split's fitting rows" if split.get("split") == "stored" else "a seeded half of SOURCE"
+    smallest = {(b["alpha"], b["score"]): b["tau"] for b in result.smallest_sets()} if result.sweep else {}
+    split = result.conformal_rows
+    where = "the stored split's fitting rows" if split.stored else "a seeded half of SOURCE"
     # the set size first: on a phone the columns past the screen's width scroll
     return Table(header=["tau", "alpha", "score", "set size", "coverage", "threshold"], rows=[
-        {"mark": b.sweep_point and smallest.get((c["alpha"], c["score"])) == r["tau"],
-         "cells": [b.label(), fmt(c["alpha"]), c["score"].upper(), fmt(c["mean_size"]), fmt(c["coverage"]),
-                   threshold_text(c["threshold"])]} for r, b, c in rows],
-        caption=f"thresholds from {split.get('calibration')} rows of {where}; coverage and mean set size on the "
-                f"{split.get('evaluation')} other rows" + ("; marked: the sweep's smallest sets" if smallest else ""))
+        {"mark": b.sweep_point and smallest.get((c.alpha, c.score)) == m.tau,
+         "cells": [b.label(), fmt(c.alpha), c.score.upper(), fmt(c.mean_size), fmt(c.coverage),
+                   threshold_text(c.threshold)]} for m, b, c in rows],
+        caption=f"thresholds from {split.calibration.size} rows of {where}; coverage and mean set size on the "
+                f"{split.evaluation.size} other rows" + ("; marked: the sweep's smallest sets" if smallest else ""))
 
 
 def _group_sections(groups: Sequence[dict], after: Basis) -> Section:
@@ -204,7 +204,7 @@ def _report_context(result: Any, data: dict) -> dict:
     results = data["results"]
     bases = [result.basis(k) for k in range(len(result.results))]
     # the lowest NLL of the rows at one T, marked where there are two or more (as the console marks it)
-    best = data["min_nll_tau"] if sum(b.sweep_point for b in bases) > 1 else None
+    best = result.min_nll_tau if sum(b.sweep_point for b in bases) > 1 else None
 
     def lowest(r: dict, b: Basis) -> bool:
         return b.sweep_point and r["tau"] == best
@@ -236,7 +236,7 @@ def _report_context(result: Any, data: dict) -> dict:
                                                             "of the table above")
         rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
         sections.append(rc)
-    conformal = _report_conformal_table(result, data)
+    conformal = _report_conformal_table(result)
     if conformal is not None:
         sections.append(Section("conformal", "Conformal sets", tables=[conformal]))
     sections += [_report_groups(k, r, b) for k, (r, b) in enumerate(zip(results, bases, strict=True))
@@ -262,15 +262,14 @@ def _report_groups(k: int, row: dict, basis: Basis) -> Section:
 
 
 def _ood_context(report: Any, data: dict) -> dict:
-    """``ood``: per OOD file its best sentence, curves and AUROC / FPR95 tables; the gate."""
+    """``ood``: per OOD file its best sentence, curves and AUROC / FPR95 tables; the gate (all from the model)."""
     sections: list[Section] = []
     calibration = report.stored_temperature
     for name, best in zip(report.ood_files, report.best_overall, strict=True):
-        rows = [r for r in data["results"] if r["ood_file"] == name]
         section = Section(f"ood-{len(sections)}", f"OOD: {name}", paragraphs=[best.sentence])
-        section.figures.append({"svgs": figures.ood_curves(data["results"], name)})
+        section.figures.append({"svgs": figures.ood_curves(report, name)})
         for key, caption in (("auroc", "AUROC (higher is better)"), ("fpr95", "FPR95 (lower is better)")):
-            cell = {(r["tau"], r["score"]): r[key] for r in rows}
+            cell = {(m.tau, s): getattr(m, key) for s in report.scores for m in report.rows(name, s)}
             section.tables.append(Table(caption=caption, header=["tau", *report.scores], rows=[
                 {"mark": tau == calibration,
                  "cells": [fmt(tau) + (" (T)" if tau == calibration else ""),

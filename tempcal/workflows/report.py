@@ -51,6 +51,11 @@ class ReportResult:
         """The results at one global temperature each (a per-group row is no point of a sweep over tau)."""
         return [m for k, m in enumerate(self.results) if self.basis(k).sweep_point]
 
+    @property
+    def min_nll_tau(self) -> float | None:
+        """The temperature of the lowest NLL among the rows at one temperature (the first of equals)."""
+        return min(self.points(), key=lambda m: m.nll).tau if self.points() else None
+
     def sweep_lowest(self, figure: str) -> float | None:
         """The sweep temperature with the lowest ``figure`` (``nll``, ``smece``, ``aurc``...; NaN never counts)."""
         in_sweep = [m for m in self.points() if m.tau in self.sweep and getattr(m, figure) == getattr(m, figure)]
@@ -76,7 +81,7 @@ class ReportResult:
                 "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
-                "min_nll_tau": min(self.points(), key=lambda m: m.nll).tau if self.points() else None,
+                "min_nll_tau": self.min_nll_tau,
                 "device": self.device, "warnings": self.warnings}
 
     def _sweep_json(self) -> dict:
