@@ -10,9 +10,10 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Sequence
+from typing import Any
 
 from ..output.axes import figure_legend, plain_log_ticks
-from ..output.plots import new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
+from ..output.plots import curve_json, json_bins, new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
 
 #: Colours of successive series (matplotlib's tab10 order), the same in every figure.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
@@ -33,18 +34,18 @@ def svg(fig) -> str:
     return text
 
 
-def reliability(panels: Sequence[tuple[str, dict]]) -> list[str]:
+def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:
     """One reliability diagram per ``(title, metrics)`` (as ``--plot`` draws it), the rows per bin beneath on one
     count scale for every panel (the page lays them side by side on a wide screen and one under another on a
     phone)."""
-    top = max((b["count"] for _, m in panels for b in m.get("bins") or []), default=1)
+    top = max((b.count for _, m in panels for b in m.bins), default=1)
     out = []
     for title, metrics in panels:
         fig = new_figure(figsize=(4.2, 5.0))
         spec = fig.add_gridspec(2, 1, height_ratios=[3, 1])
         ax = fig.add_subplot(spec[0])
         hist = fig.add_subplot(spec[1], sharex=ax)
-        reliability_axes(ax, hist, metrics.get("bins") or [], title, metrics["ece"], top=top)
+        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece, top=top)
         figure_legend(fig, [ax], ncols=2)
         out.append(svg(fig))
     return out
@@ -55,12 +56,12 @@ def sweep(results: Sequence[dict], marks: dict[str, float]) -> str:
     return svg(sweep_figure(results, marks, curves=False))
 
 
-def risk_coverage(curves: Sequence[tuple[str, dict]]) -> str:
+def risk_coverage(curves: Sequence[tuple[str, Any]]) -> str:
     """Risk (error rate among the rows kept) against coverage, one line per ``(label, metrics)``, as ``--plot``
     draws it."""
     fig = new_figure(figsize=(5.5, 4.2))
     ax = fig.add_subplot()
-    risk_coverage_axes(ax, curves)
+    risk_coverage_axes(ax, [(label, curve_json(m)) for label, m in curves])
     figure_legend(fig, [ax], ncols=2)
     return svg(fig)
 

@@ -62,29 +62,32 @@ def fmt(value, digits: int = 4) -> str:
     return str(value)
 
 
-def _columns(objects: Sequence[dict]) -> list[tuple[str, str]]:
-    return [(k, h) for k, h in METRICS if any(o.get(k) is not None for o in objects)]
+def _figure(metrics: Any, key: str) -> Any:
+    """One figure of a metrics object or a group's JSON figures; None where it was not computed."""
+    value = metrics.get(key) if isinstance(metrics, dict) else getattr(metrics, key, None)
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
-def _metrics_table(rows: Sequence[tuple[str, dict, bool]], first: str) -> Table:
-    columns = _columns([m for _, m, _ in rows])
+def _metrics_table(rows: Sequence[tuple[str, Any, bool]], first: str) -> Table:
+    """A row of :data:`METRICS` per ``(label, metrics, marked)``; a figure no row has is no column."""
+    columns = [(k, h) for k, h in METRICS if any(_figure(m, k) is not None for _, m, _ in rows)]
     return Table(header=[first, *(h for _, h in columns)],
-                 rows=[{"mark": mark, "cells": [label, *(fmt(m.get(k)) for k, _ in columns)]}
+                 rows=[{"mark": mark, "cells": [label, *(fmt(_figure(m, k)) for k, _ in columns)]}
                        for label, m, mark in rows])
 
 
-def _curve(metrics: dict) -> dict | None:
-    curve = metrics.get("risk_coverage")
-    return curve if curve and curve.get("coverage") else None
+def _curve(metrics: Any) -> bool:
+    """Whether a risk-coverage curve was computed for ``metrics``."""
+    return bool(metrics.risk_coverage and metrics.risk_coverage.get("coverage"))
 
 
-def _conformal_table(sides: Sequence[tuple[str, dict]]) -> Table | None:
+def _conformal_table(sides: Sequence[tuple[str, Any]]) -> Table | None:
     """Each side's (label, metrics) sets: the set size first, so that it is on screen on a phone."""
     rows = []
     for label, metrics in sides:
-        for c in metrics.get("conformal") or []:
-            rows.append({"mark": False, "cells": [label, fmt(c["alpha"]), c["score"].upper(), fmt(c["mean_size"]),
-                                                  fmt(c["coverage"]), threshold_text(c["threshold"])]})
+        for c in metrics.conformal or []:
+            rows.append({"mark": False, "cells": [label, fmt(c.alpha), c.score.upper(), fmt(c.mean_size),
+                                                  fmt(c.coverage), threshold_text(c.threshold)]})
     if not rows:
         return None
     return Table(header=["", "alpha", "score", "set size", "coverage", "threshold"], rows=rows)
@@ -153,7 +156,7 @@ def _group_coverage_table(groups: Sequence[dict], after: Basis) -> Table | None:
 
 def _fit_context(report: Any, data: dict) -> dict:
     """``fit``: T, the before/after table and diagrams, curves, sets, folds and groups; the gate from ``data``."""
-    before, after = data["before"], data["after"]
+    before, after = report.before, report.after
     first, last = report.before_basis, report.after_basis
     fit = report.fit
     evaluated = f"{report.n_eval:,} rows" + (", out of fold" if last.at == AT_FOLDS else "")
@@ -161,8 +164,7 @@ def _fit_context(report: Any, data: dict) -> dict:
              ("classes", f"{report.num_classes:,}"), ("objective", fit.objective),
              ("reads of the data", str(report.passes)),
              ("certified error of T", fmt(fit.error_bound, 2) if fit.error_bound is not None else fit.method),
-             ("NLL", f"{fmt(before['nll'])} → {fmt(after['nll'])}"),
-             ("ECE", f"{fmt(before['ece'])} → {fmt(after['ece'])}")]
+             ("NLL", f"{fmt(before.nll)} → {fmt(after.nll)}"), ("ECE", f"{fmt(before.ece)} → {fmt(after.ece)}")]
     metrics = Section("metrics", "Calibration before and after", note=fit_split(report))
     metrics.tables.append(_metrics_table([(f"before ({first.label()})", before, False),
                                           (f"after ({last.label()})", after, True)], "metric"))
@@ -194,20 +196,20 @@ def _fit_context(report: Any, data: dict) -> dict:
     gate = None
     if data.get("max_ece") is not None:
         passed = bool(data.get("gate_passed"))
-        gate = {"passed": passed, "text": f"ECE {fmt(after['ece'])} {'≤' if passed else '>'} max-ece {data['max_ece']}"}
+        gate = {"passed": passed, "text": f"ECE {fmt(after.ece)} {'≤' if passed else '>'} max-ece {data['max_ece']}"}
     return {"temperature": report.temperature, "t_label": "T", "cards": cards, "sections": sections, "gate": gate,
             "title": f"tempcal fit — {report.source}"}
 
 
 def _report_context(result: Any, data: dict) -> dict:
     """``report``: the table at each temperature, the sweep, diagrams, curves, sets and groups."""
-    results = data["results"]
-    bases = [result.basis(k) for k in range(len(result.results))]
+    results = result.results
+    bases = [result.basis(k) for k in range(len(results))]
     # the lowest NLL of the rows at one T, marked where there are two or more (as the console marks it)
     best = result.min_nll_tau if sum(b.sweep_point for b in bases) > 1 else None
 
-    def lowest(r: dict, b: Basis) -> bool:
-        return b.sweep_point and r["tau"] == best
+    def lowest(r: Any, b: Basis) -> bool:
+        return b.sweep_point and r.tau == best
 
     rows = [(b.label() + (" (min NLL)" if lowest(r, b) else ""), r, b.stored or lowest(r, b))
             for r, b in zip(results, bases, strict=True)]
@@ -223,7 +225,8 @@ def _report_context(result: Any, data: dict) -> dict:
         marks = {"min NLL": best} if best is not None else {}
         if result.stored_temperature is not None:
             marks["stored T"] = result.stored_temperature
-        table.figures.append({"svg": figures.sweep(points, marks), "narrow": True})
+        table.figures.append({"svg": figures.sweep([m.to_dict(with_bins=False) for m in points], marks),
+                              "narrow": True})
     marked = [(r, b) for r, b in zip(results, bases, strict=True) if b.stored or lowest(r, b)][:3]
     shown = list(zip(results, bases, strict=True))
     shown = shown if len(shown) <= 4 else marked or shown[:2]
@@ -239,19 +242,20 @@ def _report_context(result: Any, data: dict) -> dict:
     conformal = _report_conformal_table(result)
     if conformal is not None:
         sections.append(Section("conformal", "Conformal sets", tables=[conformal]))
-    sections += [_report_groups(k, r, b) for k, (r, b) in enumerate(zip(results, bases, strict=True))
-                 if r.get("groups")]
+    groups = [[g.to_json() for g in row.groups] for row in result.group_rows or []]
+    sections += [_report_groups(k, rows, b) for k, (rows, b) in enumerate(zip(groups, bases, strict=False)) if rows]
     cards = [("rows", f"{result.count:,}"), ("classes", f"{result.num_classes:,}"),
              ("temperatures", str(len(points)))]
     if own:
-        cards.append(("per-group T", f"stored for {len(results[bases.index(own[0])]['groups']):,} groups"))
+        cards.append(("per-group T", f"stored for {len(groups[bases.index(own[0])]):,} groups"))
     return {"temperature": result.stored_temperature, "t_label": "stored global T" if own else "stored T",
             "cards": cards, "sections": sections, "gate": None, "title": f"tempcal report — {result.source}"}
 
 
-def _report_groups(k: int, row: dict, basis: Basis) -> Section:
-    """One report row's groups, largest ECE first; at the per-group T, each group's own T beside its figures."""
-    ordered = sorted(row["groups"], key=lambda g: -(g.get("ece") or 0))
+def _report_groups(k: int, groups: list[dict], basis: Basis) -> Section:
+    """One report row's groups (their JSON figures), largest ECE first; at the per-group T, each group's own T beside
+    its figures."""
+    ordered = sorted(groups, key=lambda g: -(g.get("ece") or 0))
     table = _metrics_table([(g["group"], g, False) for g in ordered], "group")
     if not basis.sweep_point:
         table.header.insert(1, GROUP_T)
