@@ -2,6 +2,6 @@
 
 ``option``: the option, its check and its writer, registered as an extra output (:mod:`tempcal.output.extra`);
 ``page``: the page built from the command's result model (every figure set labelled by its
-:class:`~tempcal.workflows.basis.Basis`, every figure the JSON's) through one jinja2 template with autoescaping
-(``templates/``); ``figures``: its figures as inline SVG.
+:class:`~tempcal.workflows.basis.Basis`, as the console and the Markdown card label it) through one jinja2 template
+with autoescaping (``templates/``); ``figures``: its figures as inline SVG.
 """

@@ -1,8 +1,7 @@
-"""The HTML page's figures, drawn from the command's JSON blocks (the same dicts pipelines read) as inline SVG.
+"""The HTML page's figures as inline SVG, drawn from the result's metrics objects with ``--plot``'s axes.
 
-Working from the JSON blocks keeps every figure drawn the number the JSON holds. Text stays text in the SVG
-(``svg.fonttype = none``), so figures are small, searchable and sharp at any width; sizes come from the viewBox and
-the page's CSS.
+Text stays text in the SVG (``svg.fonttype = none``), so figures are small, searchable and sharp at any width; sizes
+come from the viewBox and the page's CSS.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The ``--html`` page of a command's result model: its sections, tables and figures, rendered through the one
 template.
 
-Every label comes from the model's :class:`~tempcal.workflows.basis.Basis` (the same objects the console and the
-Markdown card read); every figure is the model's JSON block (the JSON the command wrote, so the page never shows a
-number the JSON does not hold). Figures are inline SVG (:mod:`.figures`), styles inline, nothing fetched: the file
+The page reads what the console and the Markdown card read: every label from the model's
+:class:`~tempcal.workflows.basis.Basis`, every figure from its metrics objects (``fit``'s groups from their JSON, as
+the subsets package writes them; the gate and the warnings as the command wrote them). Figures are inline SVG (:mod:`.figures`), styles inline, nothing fetched: the file
 opens anywhere, offline, on a phone (360 px) or a desktop, and prints.
 """
 
