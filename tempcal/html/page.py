@@ -3,8 +3,9 @@ template.
 
 The page reads what the console and the Markdown card read: every label from the model's
 :class:`~tempcal.workflows.basis.Basis`, every figure from its metrics objects (``fit``'s groups from their JSON, as
-the subsets package writes them; the gate and the warnings as the command wrote them). Figures are inline SVG (:mod:`.figures`), styles inline, nothing fetched: the file
-opens anywhere, offline, on a phone (360 px) or a desktop, and prints.
+the subsets package writes them; the gate and the warnings as the command wrote them). Figures are inline SVG
+(:mod:`.figures`), styles inline, nothing fetched: the file opens anywhere, offline, on a phone (360 px) or a
+desktop, and prints.
 """
 
 from __future__ import annotations
