@@ -173,3 +173,17 @@ def test_a_failed_ood_gate_lists_each_failing_row_as_the_console_does(tmp_path, 
     assert failures and "{&#39;" not in words
     for f in failures:  # the reasons as the JSON states them, each beside its file and tau
         assert f"{escape(f['ood_file'])}, MSP, tau = {f['tau']:.6g}: {f['reasons'][0]}" in words
+
+
+def test_an_infinite_conformal_threshold_is_shown_as_inf(tmp_path, cli):
+    """Fewer rows than 1 / alpha: the threshold is infinite (every class in every set), null in the JSON."""
+    import json
+
+    out, page_path = tmp_path / "fit.json", tmp_path / "fit.html"
+    code, _, err = cli(["fit", str(EXAMPLE), "--conformal-alpha", "0.0001", "--no-write", "--json", str(out),
+                        "--html", str(page_path), "-q", "--no-config"])
+    assert code == 0, err
+    sets = json.loads(out.read_text())["after"]["conformal"]
+    assert sets and all(c["threshold"] is None and c["coverage"] == 1 for c in sets)
+    rows = re.findall(r"<tr><td>(?:T = [\d.]+)</td><td>1.00e-04</td>.*", page_path.read_text())  # 4 significant
+    assert len(rows) == 2 * len(sets) and all(row.endswith("<td>inf</td></tr>") for row in rows)  # before, after
