@@ -2,10 +2,9 @@
 template.
 
 The page reads what the console and the Markdown card read: every label from the model's
-:class:`~tempcal.workflows.basis.Basis`, every figure from its metrics objects (``fit``'s groups from their JSON, as
-the subsets package writes them; the gate and the warnings as the command wrote them). Figures are inline SVG
-(:mod:`.figures`), styles inline, nothing fetched: the file opens anywhere, offline, on a phone (360 px) or a
-desktop, and prints.
+:class:`~tempcal.workflows.basis.Basis`, every figure from its metrics objects (``fit``'s groups from the model's JSON
+of them; the gate and the warnings as the command wrote them). Figures are inline SVG (:mod:`.figures`), styles
+inline, nothing fetched: the file opens anywhere, offline, on a phone (360 px) or a desktop, and prints.
 """
 
 from __future__ import annotations
@@ -192,8 +191,8 @@ def _fit_context(report: Any, data: dict) -> dict:
             header=["fold", "rows", "T"], rows=[{"mark": False, "cells": [str(i + 1), fmt(n), fmt(t)]}
                                                 for i, (n, t) in enumerate(zip(folds["sizes"], folds["temperatures"],
                                                                                strict=True))])]))
-    if data.get("groups"):
-        sections.append(_group_sections(data["groups"], last))
+    if report.subsets is not None and report.subsets.groups:
+        sections.append(_group_sections(report.groups_json(), last))
     gate = None
     if data.get("max_ece") is not None:
         passed = bool(data.get("gate_passed"))
