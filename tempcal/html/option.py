@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError, param
-from ..output.extra import ExtraOutput, register
+from ..output.extra import register
 
 #: The option and its help (the commands declare it from these).
 FLAG = "--html"
@@ -40,6 +40,6 @@ def write_html(path: str, command: str, result: Any, data: dict, argv: Sequence[
     return f"wrote the HTML report to {out}"
 
 
-register(ExtraOutput(FLAG, check_html_path, write_html))
+register(FLAG, check_html_path, write_html)
 
 __all__ = ["FLAG", "HELP", "check_html_path", "write_html"]
