@@ -187,3 +187,12 @@ def test_an_infinite_conformal_threshold_is_shown_as_inf(tmp_path, cli):
     assert sets and all(c["threshold"] is None and c["coverage"] == 1 for c in sets)
     rows = re.findall(r"<tr><td>(?:T = [\d.]+)</td><td>1.00e-04</td>.*", page_path.read_text())  # 4 significant
     assert len(rows) == 2 * len(sets) and all(row.endswith("<td>inf</td></tr>") for row in rows)  # before, after
+
+
+def test_the_page_registers_itself_and_loading_the_commands_loads_no_jinja2_or_matplotlib():
+    import sys
+
+    code = ("import sys, tempcal.cli.main; from tempcal.output.extra import EXTRA_OUTPUTS; "
+            "print(sorted(EXTRA_OUTPUTS), [m for m in ('jinja2', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['--html']", "[]"]
