@@ -115,3 +115,6 @@ def ood_curves(report, ood_file: str) -> list[str]:
         fig.tight_layout()
         out.append(svg(fig))
     return out
+
+
+__all__ = ["groups", "ood_curves", "reliability", "risk_coverage", "svg", "sweep"]

@@ -309,3 +309,6 @@ def page(command: str, result: Any, data: dict, argv: Sequence[str]) -> str:
     return env.get_template("report.html.j2").render(
         **context, warnings=data.get("warnings") or [], fmt=fmt, version=__version__, generated=when,
         subtitle=subtitle, command=shlex.join(["tempcal", *argv]))
+
+
+__all__ = ["page"]
