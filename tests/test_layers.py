@@ -1,9 +1,9 @@
 """No module imports from a layer above its own, counting imports inside functions and under ``TYPE_CHECKING``.
 
-The layers, low to high: errors and validation, core (and the progress line beside it), metrics and scores, io,
-models, sources, workflows (and the scikit-learn estimator, the conformal sets' package and the commands'
-typed requests beside them), output, cli. A lower layer that needs something from a higher one takes it as an
-argument (or the thing moves down), so a reader can follow the package from the bottom up without meeting a
+The layers, low to high: errors and validation, core (and the progress line beside it), metrics and scores, io, models,
+sources, workflows (and the scikit-learn estimator, the conformal sets' package and the commands' typed requests beside
+them), output (and the HTML page's package beside it), cli. A lower layer that needs something from a higher one takes
+it as an argument (or the thing moves down), so a reader can follow the package from the bottom up without meeting a
 name defined further up.
 """
 
@@ -23,7 +23,7 @@ LAYERS = {
     "models": 4,
     "sources": 5, "lm": 5,
     "workflows": 6, "scaler": 6, "conformal": 6, "requests": 6,
-    "output": 7,
+    "output": 7, "html": 7,
     "cli": 8, "__main__": 8, "__init__": 9,
 }
 

@@ -169,7 +169,7 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, written),
             payload=lambda: _payload(report, request, gate_failed, written),
             render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
-            json_out=outputs.json_out, quiet=outputs.quiet, html=outputs.html,
+            json_out=outputs.json_out, quiet=outputs.quiet, result=report, extras={"--html": outputs.html},
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 

@@ -79,10 +79,12 @@ def _root(
 
 def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], payload: Callable[[], dict],
             render: Callable[[Any], None], json_out: str | None, quiet: bool, gate: str | None = None,
-            summary: Callable[[], str] | None = None, html: str | None = None) -> None:
+            summary: Callable[[], str] | None = None, result: Any = None,
+            extras: dict[str, str | None] | None = None) -> None:
     """How every command ends: only rank 0 goes on (under torch.distributed); the configuration file applied
     (``config: PATH`` on standard error, under --quiet too: it changed the run's defaults), warnings, the files
-    asked for, the JSON (naming the configuration file used) and the HTML page drawn from it, the Markdown
+    asked for, the JSON (naming the configuration file used), the registered extra outputs given a path in ``extras``
+    (``--html``: drawn from the ``result`` model and that JSON), the Markdown
     ``summary`` appended to ``$GITHUB_STEP_SUMMARY`` when that names a file, the console view and the lines saying
     what was written; then the gate's exit status."""
     from ..core.distributed import rank
@@ -111,10 +113,10 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     emit_json(json_out, data)
     if json_out not in (None, "-"):
         written.append(f"wrote the JSON to {json_out}")
-    if html is not None:
-        from ..output.html import write_html
+    if extras:
+        from ..output.extra import write_extras
 
-        written.append(f"wrote the HTML report to {write_html(html, ctx.info_name, data, _ARGV)}")
+        written += write_extras(extras, ctx.info_name, result, data, _ARGV)
     if summary is not None:
         from ..output.github import STEP_SUMMARY_ENV, append_step_summary, step_summary_path
 
@@ -144,6 +146,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     from ..io.paths import check_distinct, check_target, expand
     from ..io.sidecar import sidecar_path
     from ..lm.command import record_outputs
+    from ..output.extra import check_extra
     from ..output.github import STEP_SUMMARY_ENV, step_summary_path
     from ..output.plots import check_plot_path
     from .config import config_state
@@ -166,10 +169,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
         check_target(path, f"{flag} {path}", hint=" (--json - writes to standard output)" if flag == "--json" else "")
         if flag == "--plot":
             check_plot_path(path)
-        if flag == "--html":
-            from ..output.html import check_html_path
-
-            check_html_path(path)
+        check_extra(flag, path)
     for _, target in backs:
         check_target(target, target, follow_link=target.lower().endswith(".safetensors"))
 

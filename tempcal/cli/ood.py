@@ -161,7 +161,8 @@ def _ood(ctx: typer.Context, request: OodRequest) -> None:
     warned = _with_caveats(report, shown=outputs.progress)
     deliver(ctx, warnings=warned, write=lambda: _write(report, request),
             payload=lambda: _payload(report, request), render=lambda out: print_ood(report, out),
-            summary=lambda: ood_markdown(report), json_out=outputs.json_out, quiet=outputs.quiet, html=outputs.html,
+            summary=lambda: ood_markdown(report), json_out=outputs.json_out, quiet=outputs.quiet, result=report,
+            extras={"--html": outputs.html},
             gate=gate_message(report))
 
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 import typer
 
 from ..errors import TempcalError
+from ..html import option as html
 from ..lm import options as lm_options
 from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
 from ..validation import (
@@ -240,8 +241,7 @@ Markdown = Annotated[Optional[str], typer.Option("--markdown", metavar="PATH", h
                                                  "for a model card (also appended to $GITHUB_STEP_SUMMARY when "
                                                  "that names a file).",
                                                  rich_help_panel="Output"), OUTPUT]
-Html = Annotated[Optional[str], typer.Option("--html", metavar="PATH", help="A self-contained HTML report (figures "
-                                             "inline, nothing fetched; matplotlib).", rich_help_panel="Output"),
+Html = Annotated[Optional[str], typer.Option(html.FLAG, metavar="PATH", help=html.HELP, rich_help_panel="Output"),
                  OUTPUT]
 Quiet = Annotated[bool, typer.Option("--quiet/--no-quiet", "-q", help="Only warnings, errors and the "
                                      "configuration file.", rich_help_panel="Output")]

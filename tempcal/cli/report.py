@@ -181,7 +181,7 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
             render=lambda out: print_report(result, out),
             payload=lambda: {**result.to_json(), **lm_json(result.opened, reading.lm)},
             summary=lambda: report_markdown(result), json_out=outputs.json_out, quiet=outputs.quiet,
-            html=outputs.html)
+            result=result, extras={"--html": outputs.html})
 
 
 def _write(result, outputs: Outputs, is_model: bool) -> list[str]:

@@ -17,10 +17,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..metrics.detection import ID_RECALL
-from ..workflows.basis import ROWS_HELD_OUT
 from ..workflows.ood import OodReport, score_label
 from . import ood_checks
-from .figures import DISPLAYED_METRICS, min_nll_taus, reads, threshold_text
+from .figures import DISPLAYED_METRICS, fit_split, min_nll_taus, reads, threshold_text
 from .groups_console import print_fit_groups, print_group_coverage, print_report_groups
 
 
@@ -229,12 +228,7 @@ def _bin_cells(b) -> list:
 
 def fit_header(report) -> str:
     """What was fitted on what: SOURCE, classes, sizes and how the samples were split."""
-    after = report.after_basis
-    how = (f" ({report.folds}-fold cross-fitting, seed {report.seed})" if report.folds is not None else
-           f" (stratified split, val-fraction {report.val_fraction:g}, seed {report.seed})"
-           if after.rows == ROWS_HELD_OUT else "")
-    fitted = f"{report.n_fit:,} rows" if after.rows == ROWS_HELD_OUT else f"all {report.n_fit:,} rows"
-    return f"{report.source}: {report.num_classes} classes; T fitted on {fitted}; figures {after.rows_label()}{how}"
+    return f"{report.source}: {report.num_classes} classes; {fit_split(report)}"
 
 
 def print_fit(report, console: Console) -> None:

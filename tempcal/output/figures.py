@@ -30,6 +30,18 @@ def reads(passes: int) -> str:
     return f"{passes} pass" if passes == 1 else f"{passes} passes"
 
 
+def fit_split(report) -> str:
+    """How ``fit`` split its rows, as the console's header and the page say it: ``T fitted on 674 rows; figures on the
+    674 held-out rows (stratified split, val-fraction 0.5, seed 0)``."""
+    from ..workflows.basis import ROWS_HELD_OUT
+
+    held_out = report.after_basis.rows == ROWS_HELD_OUT
+    how = (f" ({report.folds}-fold cross-fitting, seed {report.seed})" if report.folds is not None else
+           f" (stratified split, val-fraction {report.val_fraction:g}, seed {report.seed})" if held_out else "")
+    fitted = f"{report.n_fit:,} rows" if held_out else f"all {report.n_fit:,} rows"
+    return f"T fitted on {fitted}; figures {report.after_basis.rows_label()}{how}"
+
+
 def min_nll_taus(results) -> list[float]:
     """The temperatures of the rows with the lowest NLL, over every row given (the stored T's included)."""
     finite = [m for m in results if m.nll == m.nll]  # NaN compares unequal to itself
@@ -84,5 +96,5 @@ def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None
     return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
 
 
-__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "group_coverage", "labelled", "min_nll_taus", "reads",
+__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "fit_split", "group_coverage", "labelled", "min_nll_taus", "reads",
            "threshold_text"]

@@ -3,9 +3,9 @@
 A command's figure sets (``fit``'s ``before`` and ``after``, each ``report`` row) are computed at one temperature
 (``T = 1``, the fitted or stored global T, a temperature asked for), at each group's own T (``per-group T``) or at
 each fold's T (``out of fold``), over the held-out rows, all rows, the rows T was fitted on, or out of fold. The
-console, the Markdown card, the HTML page (from the JSON's ``basis``) and the plots all take their words from
-:class:`Basis`, so that no output names a figure set by a temperature it was not computed at. Only a set at one
-temperature is a point of a sweep over global temperatures.
+console, the Markdown card, the HTML page and the plots all take their words from the result's :class:`Basis`
+objects (the JSON's ``basis`` is the same object written out), so that no output names a figure set by a temperature
+it was not computed at. Only a set at one temperature is a point of a sweep over global temperatures.
 """
 
 from __future__ import annotations
@@ -18,11 +18,6 @@ AT_ONE, AT_GLOBAL, AT_TAU, AT_GROUPS, AT_FOLDS = "T = 1", "global T", "tau", "pe
 #: Which rows it covers.
 ROWS_HELD_OUT, ROWS_ALL, ROWS_FITTING, ROWS_OUT_OF_FOLD, ROWS_FILE = (
     "held out", "all", "fitting", "out of fold", "evaluation file")
-
-
-def tau_text(tau: float) -> str:
-    """A temperature as every label shows it: four significant digits."""
-    return f"{tau:.4g}"
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,7 @@ class Basis:
             return AT_GROUPS + (" (stored)" if self.stored else "")
         assert self.tau is not None
         name = "tau" if self.at == AT_TAU else "T"
-        return f"{name} = {tau_text(self.tau)}" + (" (stored)" if self.stored and self.at == AT_GLOBAL else "")
+        return f"{name} = {self.tau:.4g}" + (" (stored)" if self.stored and self.at == AT_GLOBAL else "")
 
     def rows_label(self) -> str:
         """The rows it covers, as a phrase: ``on the 150 held-out rows``, ``out of fold over all 300 rows``."""
@@ -70,19 +65,10 @@ class Basis:
             return f"on the {n} rows of {self.source}"
         return f"on all {n} rows" + (", T's fitting rows included" if self.in_sample else "")
 
-    def describe(self) -> str:
-        """Label and rows in one phrase: ``T = 2.02, on the 150 held-out rows``."""
-        return f"{self.label()}, {self.rows_label()}"
-
     def to_json(self) -> dict[str, Any]:
         return {"at": self.at, "tau": self.tau, "rows": self.rows, "n": self.n, "stored": self.stored,
                 "in_sample": self.in_sample, "folds": self.folds, "source": self.source, "label": self.label(),
                 "rows_label": self.rows_label()}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Basis:
-        return cls(data["at"], data["rows"], int(data["n"]), data.get("tau"), bool(data.get("stored")),
-                   bool(data.get("in_sample")), data.get("folds"), data.get("source"))
 
 
 def report_basis(tau: float, *, rows: str, n: int, stored: float | None, in_sample: bool = False) -> Basis:
@@ -93,4 +79,4 @@ def report_basis(tau: float, *, rows: str, n: int, stored: float | None, in_samp
 
 
 __all__ = ["AT_FOLDS", "AT_GLOBAL", "AT_GROUPS", "AT_ONE", "AT_TAU", "ROWS_ALL", "ROWS_FILE", "ROWS_FITTING",
-           "ROWS_HELD_OUT", "ROWS_OUT_OF_FOLD", "Basis", "report_basis", "tau_text"]
+           "ROWS_HELD_OUT", "ROWS_OUT_OF_FOLD", "Basis", "report_basis"]

@@ -130,14 +130,18 @@ class FitReport:
             out["folds"] = self.subsets.folds
         if self.subsets.groups is not None:
             out.update(group_key=self.subsets.group_key, group_prior=self.subsets.group_prior,
-                       groups=[self._group_json(g) for g in self.subsets.groups])
+                       groups=self.groups_json())
         return out
 
-    def _group_json(self, group: Any) -> dict[str, Any]:
-        out = group.to_json()
-        for name, basis in self.group_bases(group.n_eval).items():
-            if out.get(name) is not None:
-                out[name]["basis"] = basis.to_json()
+    def groups_json(self) -> list[dict[str, Any]]:
+        """``--group-by``: each group's JSON (its T, counts and figure blocks, each block with its basis)."""
+        out = []
+        for group in self.subsets.groups if self.subsets is not None and self.subsets.groups else []:
+            one = group.to_json()
+            for name, basis in self.group_bases(group.n_eval).items():
+                if one.get(name) is not None:
+                    one[name]["basis"] = basis.to_json()
+            out.append(one)
         return out
 
     @property

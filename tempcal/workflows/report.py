@@ -45,19 +45,16 @@ class ReportResult:
 
     def basis(self, k: int) -> Basis:
         """What ``results[k]`` was computed at and on which rows."""
-        if self.bases:
-            return self.bases[k]
-        return report_basis(self.results[k].tau, rows=ROWS_HELD_OUT if self.eval_rows else ROWS_ALL, n=self.count,
-                            stored=self.stored_temperature)
+        return self.bases[k]
 
     def points(self) -> list[CalibrationMetrics]:
         """The results at one global temperature each (a per-group row is no point of a sweep over tau)."""
         return [m for k, m in enumerate(self.results) if self.basis(k).sweep_point]
 
     @property
-    def sweep_best(self) -> float | None:
-        """The sweep temperature with the lowest NLL."""
-        return self.sweep_lowest("nll")
+    def min_nll_tau(self) -> float | None:
+        """The temperature of the lowest NLL among the rows at one temperature (the first of equals)."""
+        return min(self.points(), key=lambda m: m.nll).tau if self.points() else None
 
     def sweep_lowest(self, figure: str) -> float | None:
         """The sweep temperature with the lowest ``figure`` (``nll``, ``smece``, ``aurc``...; NaN never counts)."""
@@ -84,13 +81,13 @@ class ReportResult:
                 "num_classes": self.num_classes,
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
-                "min_nll_tau": min(self.points(), key=lambda m: m.nll).tau if self.points() else None,
+                "min_nll_tau": self.min_nll_tau,
                 "device": self.device, "warnings": self.warnings,
                 **(self.opened.json if self.opened is not None else {})}
 
     def _sweep_json(self) -> dict:
         """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""
-        out: dict[str, Any] = {"taus": self.sweep, "best_nll_tau": self.sweep_best,
+        out: dict[str, Any] = {"taus": self.sweep, "best_nll_tau": self.sweep_lowest("nll"),
                                "best_ece_tau": self.sweep_lowest("ece"), "best_smece_tau": self.sweep_lowest("smece"),
                                "best_aurc_tau": self.sweep_lowest("aurc")}
         if self.conformal_rows is not None:

@@ -15,7 +15,7 @@ from conftest import EXAMPLE, EXAMPLES
 pytest.importorskip("matplotlib")
 pytest.importorskip("jinja2")
 
-from tempcal.output.html import page
+from tempcal.html.page import page
 
 CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
 needs_browser = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium here (Debian: apt-get install chromium)")
@@ -41,7 +41,8 @@ class References(HTMLParser):
 
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory) -> dict[str, tuple[str, dict]]:
-    """The pages of fit, report (a sweep) and ood (every score) on the shipped example, from each command's JSON."""
+    """The pages of fit, report (a sweep) and ood (every score) on the shipped example, as each command wrote them,
+    and its JSON."""
     import json
 
     from tempcal.cli.main import main
@@ -53,9 +54,10 @@ def pages(tmp_path_factory) -> dict[str, tuple[str, dict]]:
                 "ood": ["ood", str(calibrated), "--ood", str(NOISE), "--score", "all"]}
     out = {}
     for name, argv in commands.items():
-        assert main([*argv, "--json", str(folder / f"{name}.json"), "-q", "--no-config"]) == 0
+        written = folder / f"{name}.html"
+        assert main([*argv, "--json", str(folder / f"{name}.json"), "--html", str(written), "-q", "--no-config"]) == 0
         data = json.loads((folder / f"{name}.json").read_text())
-        out[name] = (page(name, data, [name, "SOURCE"]), data)
+        out[name] = (written.read_text(), data)
     return out
 
 
@@ -71,13 +73,17 @@ def test_pages_are_self_contained_and_show_t_and_their_figures(pages):
         assert parser.tags.count("svg") >= 2 + curves, name
         temperature = data.get("temperature", data.get("stored_temperature"))
         assert f"T = {temperature:.6g}" in html
-        assert "tempcal " + name + " SOURCE" in html  # the command that produced it
+        assert f"tempcal {name} {data['source']}" in html  # the command that produced it
 
 
-def test_values_are_escaped(pages):
-    _, data = pages["fit"]
-    data = dict(data, source="<script>alert(1)</script>.safetensors", warnings=["<b>careful</b>"])
-    html = page("fit", data, ["fit", "<x>"])
+def test_values_are_escaped():
+    from dataclasses import replace
+
+    from tempcal.workflows.fit import fit_file
+
+    report = replace(fit_file(str(EXAMPLE), device="cpu"), source="<script>alert(1)</script>.safetensors")
+    data = dict(report.to_json(), warnings=["<b>careful</b>"])
+    html = page("fit", report, data, ["fit", "<x>"])
     assert "<script>alert" not in html and "&lt;script&gt;" in html and "<b>careful" not in html
 
 
@@ -153,3 +159,40 @@ def test_a_page_in_the_configuration_file_and_a_bad_name(tmp_path, cli, monkeypa
     code, _, err = cli(["fit", "--html", "same.html", "--json", "same.html"])
     assert code == 2 and err.count("\n") == 1 and "same.html" in err
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_failed_ood_gate_lists_each_failing_row_as_the_console_does(tmp_path, cli):
+    import json
+
+    out, page_path = tmp_path / "ood.json", tmp_path / "ood.html"
+    code, _, err = cli(["ood", str(EXAMPLE), "--ood", str(NOISE), "--tau", "1", "--min-auroc", "0.99",
+                        "--json", str(out), "--html", str(page_path), "-q", "--no-config"])
+    assert code == 3, err
+    failures = json.loads(out.read_text())["gate_failures"]
+    words = re.sub(r"<[^>]+>", " ", page_path.read_text())
+    assert failures and "{&#39;" not in words
+    for f in failures:  # the reasons as the JSON states them, each beside its file and tau
+        assert f"{escape(f['ood_file'])}, MSP, tau = {f['tau']:.6g}: {f['reasons'][0]}" in words
+
+
+def test_an_infinite_conformal_threshold_is_shown_as_inf(tmp_path, cli):
+    """Fewer rows than 1 / alpha: the threshold is infinite (every class in every set), null in the JSON."""
+    import json
+
+    out, page_path = tmp_path / "fit.json", tmp_path / "fit.html"
+    code, _, err = cli(["fit", str(EXAMPLE), "--conformal-alpha", "0.0001", "--no-write", "--json", str(out),
+                        "--html", str(page_path), "-q", "--no-config"])
+    assert code == 0, err
+    sets = json.loads(out.read_text())["after"]["conformal"]
+    assert sets and all(c["threshold"] is None and c["coverage"] == 1 for c in sets)
+    rows = re.findall(r"<tr><td>(?:T = [\d.]+)</td><td>1.00e-04</td>.*", page_path.read_text())  # 4 significant
+    assert len(rows) == 2 * len(sets) and all(row.endswith("<td>inf</td></tr>") for row in rows)  # before, after
+
+
+def test_the_page_registers_itself_and_loading_the_commands_loads_no_jinja2_or_matplotlib():
+    import sys
+
+    code = ("import sys, tempcal.cli.main; from tempcal.output.extra import EXTRA_OUTPUTS; "
+            "print(sorted(EXTRA_OUTPUTS), [m for m in ('jinja2', 'matplotlib') if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["['--html']", "[]"]

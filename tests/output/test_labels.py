@@ -18,7 +18,7 @@ import torch
 from rich.console import Console
 from safetensors.torch import save_file
 
-from tempcal.output import html
+from tempcal.html import page as html
 from tempcal.output.console import TrimmedLines, print_fit, print_report
 from tempcal.output.markdown import fit_markdown, report_markdown
 from tempcal.workflows.fit import fit_file, write_back
@@ -52,7 +52,7 @@ def console_text(render, result) -> str:
     return buffer.getvalue()
 
 
-def page_text(command: str, data: dict, monkeypatch) -> tuple[str, dict]:
+def page_text(command: str, result, monkeypatch) -> tuple[str, dict]:
     """The HTML page's visible words, and what each figure was asked to draw (its titles and series)."""
     drawn: dict = {}
 
@@ -63,7 +63,7 @@ def page_text(command: str, data: dict, monkeypatch) -> tuple[str, dict]:
     monkeypatch.setattr(html.figures, "sweep", record("sweep", "<svg></svg>"))
     monkeypatch.setattr(html.figures, "risk_coverage", record("curves", "<svg></svg>"))
     monkeypatch.setattr(html.figures, "groups", lambda rows, label: (drawn.__setitem__("groups", label), "<svg/>")[1])
-    text = html.page(command, data, ["x"])
+    text = html.page(command, result, result.to_json(), ["x"])
     words = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", text)).replace("&#39;", "'").replace("&amp;", "&")
     return words, drawn
 
@@ -102,7 +102,7 @@ def test_fit_every_renderer_names_after_by_what_it_was_computed_at(domains, monk
     assert f"| metric | before (T = 1) | after ({name}) |" in card and rows in card
     assert "fitted and evaluated on the same" not in card and (wrong in card) != bool(folds)
     # HTML page
-    words, drawn = page_text("fit", data, monkeypatch)
+    words, drawn = page_text("fit", report, monkeypatch)
     assert f"after ({name})" in words and rows in words and "None" not in words
     assert [title for title, _ in drawn["reliability"]] == ["before (T = 1)", f"after ({name})"]
     assert [label for label, _ in drawn["curves"]] == ["T = 1", name]
@@ -157,7 +157,7 @@ def test_report_every_renderer_keeps_the_per_group_figures_apart(domains, monkey
         assert r["basis"]["label"] == expected_label(r, stored) and r["basis"]["rows_label"].startswith(scope)
     _check_report_console(result, data, stored, lowest)
     _check_report_markdown(result, data, stored)
-    _check_report_page(data, stored, lowest, monkeypatch)
+    _check_report_page(result, data, stored, lowest, monkeypatch)
     if sets:
         for r in rows:
             assert r["conformal"] and all(g.get("conformal") for g in r.get("groups", []))
@@ -188,8 +188,8 @@ def _check_report_markdown(result, data: dict, stored: float) -> None:
     assert f"{data['n']:,}" in card
 
 
-def _check_report_page(data: dict, stored: float, lowest: float, monkeypatch) -> None:
-    words, drawn = page_text("report", data, monkeypatch)
+def _check_report_page(result, data: dict, stored: float, lowest: float, monkeypatch) -> None:
+    words, drawn = page_text("report", result, monkeypatch)
     own = [r for r in data["results"] if r.get("per_group")]
     assert ("stored global T = " if own else "stored T = ") in words
     for r in data["results"]:
@@ -266,7 +266,7 @@ def test_fit_on_every_row_or_another_file_says_so(domains, monkeypatch, options,
     assert rows in console_text(print_fit, report).splitlines()[0]
     card = fit_markdown(report)
     assert f"after ({name})" in card and ("in-sample" in card) == ("val_fraction" in options)
-    words, _ = page_text("fit", report.to_json(), monkeypatch)
+    words, _ = page_text("fit", report, monkeypatch)
     assert rows in words and "None" not in words
 
 

@@ -1,8 +1,7 @@
-"""The HTML report's figures, drawn from a command's JSON (the same dict pipelines read) as inline SVG.
+"""The HTML page's figures as inline SVG, drawn from the result's metrics objects with ``--plot``'s axes.
 
-Working from the JSON keeps the page a pure function of what the command reported: a page rendered later from a
-saved ``--json`` file is the same page. Text stays text in the SVG (``svg.fonttype = none``), so figures are
-small, searchable and sharp at any width; sizes come from the viewBox and the page's CSS.
+Text stays text in the SVG (``svg.fonttype = none``), so figures are small, searchable and sharp at any width; sizes
+come from the viewBox and the page's CSS.
 """
 
 from __future__ import annotations
@@ -10,9 +9,10 @@ from __future__ import annotations
 import io
 import re
 from collections.abc import Sequence
+from typing import Any
 
-from .axes import figure_legend, plain_log_ticks
-from .plots import new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
+from ..output.axes import figure_legend, plain_log_ticks
+from ..output.plots import curve_json, json_bins, new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
 
 #: Colours of successive series (matplotlib's tab10 order), the same in every figure.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
@@ -33,18 +33,18 @@ def svg(fig) -> str:
     return text
 
 
-def reliability(panels: Sequence[tuple[str, dict]]) -> list[str]:
+def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:
     """One reliability diagram per ``(title, metrics)`` (as ``--plot`` draws it), the rows per bin beneath on one
     count scale for every panel (the page lays them side by side on a wide screen and one under another on a
     phone)."""
-    top = max((b["count"] for _, m in panels for b in m.get("bins") or []), default=1)
+    top = max((b.count for _, m in panels for b in m.bins), default=1)
     out = []
     for title, metrics in panels:
         fig = new_figure(figsize=(4.2, 5.0))
         spec = fig.add_gridspec(2, 1, height_ratios=[3, 1])
         ax = fig.add_subplot(spec[0])
         hist = fig.add_subplot(spec[1], sharex=ax)
-        reliability_axes(ax, hist, metrics.get("bins") or [], title, metrics["ece"], top=top)
+        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece, top=top)
         figure_legend(fig, [ax], ncols=2)
         out.append(svg(fig))
     return out
@@ -55,12 +55,12 @@ def sweep(results: Sequence[dict], marks: dict[str, float]) -> str:
     return svg(sweep_figure(results, marks, curves=False))
 
 
-def risk_coverage(curves: Sequence[tuple[str, dict]]) -> str:
+def risk_coverage(curves: Sequence[tuple[str, Any]]) -> str:
     """Risk (error rate among the rows kept) against coverage, one line per ``(label, metrics)``, as ``--plot``
     draws it."""
     fig = new_figure(figsize=(5.5, 4.2))
     ax = fig.add_subplot()
-    risk_coverage_axes(ax, curves)
+    risk_coverage_axes(ax, [(label, curve_json(m)) for label, m in curves])
     figure_legend(fig, [ax], ncols=2)
     return svg(fig)
 
@@ -87,17 +87,16 @@ def groups(rows: Sequence[dict], global_label: str = "global T", limit: int = 20
     return svg(fig)
 
 
-def ood_curves(results: Sequence[dict], ood_file: str) -> list[str]:
-    """AUROC, then FPR95, against tau for every score on one OOD file (a single tau: a bar per score)."""
+def ood_curves(report, ood_file: str) -> list[str]:
+    """AUROC, then FPR95, against tau for every score of ``report`` (``ood``'s result) on one OOD file (a single
+    tau: a bar per score)."""
     plt = pyplot()
-    rows = [r for r in results if r["ood_file"] == ood_file]
-    scores = list(dict.fromkeys(r["score"] for r in rows))
-    taus = sorted({r["tau"] for r in rows})
+    scores, taus = report.scores, sorted(set(report.taus))
     out = []
     for key, label in (("auroc", "AUROC (higher is better)"), ("fpr95", "FPR95 (lower is better)")):
         fig, ax = plt.subplots(figsize=(4.4, 3.2))
         for score, colour in zip(scores, COLOURS * 4, strict=False):
-            points = sorted((r["tau"], r[key]) for r in rows if r["score"] == score)
+            points = sorted((m.tau, getattr(m, key)) for m in report.rows(ood_file, score))
             if len(taus) == 1:
                 ax.bar(scores.index(score), points[0][1], color=colour, label=score)
             else:
@@ -116,3 +115,6 @@ def ood_curves(results: Sequence[dict], ood_file: str) -> list[str]:
         fig.tight_layout()
         out.append(svg(fig))
     return out
+
+
+__all__ = ["groups", "ood_curves", "reliability", "risk_coverage", "svg", "sweep"]
