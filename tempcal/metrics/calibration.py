@@ -4,7 +4,8 @@
   a single binary logit predicts class 1 when ``sigmoid >= 0.5``).
 * ECE: ``bins`` equal-width bins over [0, 1]; bin i holds confidences in (i/B, (i+1)/B]
   and the first also holds 0; ``ECE = sum_i (n_i / N) |acc_i - conf_i|``. MCE: the largest
-  such gap over non-empty bins.
+  such gap over non-empty bins. RMS calibration error (``rmsce``): the same bins,
+  ``sqrt(sum_i (n_i / N) (acc_i - conf_i)^2)`` (the figure confidence-based leaderboards quote).
 * NLL: mean negative natural log of the true class's probability. Brier: mean over samples
   of ``sum_c (p_c - onehot_c)^2``. Entropy: mean of ``-sum_c p_c ln p_c`` (nats).
 * Each bin's accuracy carries a 95% Wilson score interval (Wilson 1927): with k correct of n,
@@ -108,10 +109,11 @@ class CalibrationMetrics:
     smece: float = math.nan
     risk_coverage: dict[str, list[float]] = field(default_factory=dict)  # {"coverage": [...], "risk": [...]}
     conformal: Sequence[SetFigures] = field(default_factory=list)
+    rmsce: float = math.nan  # RMS calibration error over the ECE's bins
 
     def summary(self) -> dict[str, float]:
-        """The contract's five headline figures."""
-        return {"nll": self.nll, "ece": self.ece, "mce": self.mce, "brier": self.brier,
+        """The contract's five headline figures, with the RMS calibration error beside ECE."""
+        return {"nll": self.nll, "ece": self.ece, "rmsce": self.rmsce, "mce": self.mce, "brier": self.brier,
                 "accuracy": self.accuracy}
 
     def decisions(self) -> dict:
@@ -144,7 +146,9 @@ def from_sums(tau: float, sums: CalibrationSums) -> CalibrationMetrics:
     nonempty = count > 0
     safe = count.clamp_min(1)
     gap = (sums.bin_correct / safe - sums.bin_confidence / safe).abs()
-    ece = float((count / max(n, 1) * gap).sum())
+    weight = count / max(n, 1)
+    ece = float((weight * gap).sum())
+    rmsce = math.sqrt(float((weight * gap * gap).sum()))
     mce = float(gap[nonempty].max()) if bool(nonempty.any()) else 0.0
     rows = []
     for i in range(bins_total):
@@ -158,7 +162,7 @@ def from_sums(tau: float, sums: CalibrationSums) -> CalibrationMetrics:
     return CalibrationMetrics(
         tau=float(tau), count=n, nll=sums.nll / n, ece=ece, mce=mce, brier=sums.brier / n,
         accuracy=sums.correct / n, entropy=sums.entropy / n, mean_confidence=sums.confidence / n,
-        bins=rows)
+        bins=rows, rmsce=rmsce)
 
 
 def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> CalibrationMetrics:
