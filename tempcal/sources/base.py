@@ -10,7 +10,7 @@ the T stored with them, the files T is written back into), and knows where its T
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -66,6 +66,11 @@ class SourceOptions:
     batch_tokens: int | None = None  # padded tokens per batch (None: by device)
     device_map: str | None = None  # passed to transformers (a model larger than one GPU)
     spill_dir: str | None = None  # where hidden states too large for memory go
+    # A confidence table (.csv, .jsonl, .parquet): the columns of the confidence and of whether the answer was right,
+    # and what a confidence of 1 is written as (100: percentages).
+    confidence: str | None = None
+    correct: str | None = None
+    confidence_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.react is not None:
@@ -138,6 +143,8 @@ class OpenedSource:
     stored_probs: bool = False
     #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
     file_rows: list[int] | None = None
+    #: What the kind adds to every command's JSON (``source_kind``, counts of rows left out or clipped).
+    json_fields: dict[str, Any] = field(default_factory=dict)
 
     @property
     def stored_temperature(self) -> float | None:
@@ -213,6 +220,11 @@ class OpenedSource:
         return rows[(rows >= start) & (rows < stop)] - start
 
 
+def json_fields(opened: OpenedSource | None) -> dict[str, Any]:
+    """The fields ``opened``'s kind adds to a command's JSON (none without a source)."""
+    return {} if opened is None else dict(opened.json_fields)
+
+
 #: The tensor names a SOURCE is read with unless told otherwise.
 DEFAULT_KEYS = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key}
 
@@ -267,6 +279,12 @@ class SourceKind(ABC):
                                   f"in [0, 1], each row summing to 1), and probabilities are read only from logits "
                                   f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "
                                   "the values as logits")
+
+    def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str] | None:
+        """How ``apply`` writes this kind's calibrated probabilities when not as a tensor file: a function of the
+        output path and each row's calibrated probability of class 1 that writes them and returns the name they are
+        written under (a confidence table: its own format with a column added). None by default."""
+        return None
 
     # -- --group-by KEY: the groups of the counted rows (see tempcal.sources.groups) ---------------------------
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
@@ -378,4 +396,4 @@ class SourceKind(ABC):
 
 
 __all__ = ["DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions", "check_react",
-           "wrote_lines"]
+           "json_fields", "wrote_lines"]

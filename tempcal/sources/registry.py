@@ -15,6 +15,7 @@ from ..errors import Note, TempcalError
 from ..io.paths import check_named_once, expand
 from ..validation import PROBS_KEY, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions
+from .confidence_table import ConfidenceTableKind
 from .head import HeadKind
 from .lm_eval import LmEvalKind
 from .lm_texts import LmKind
@@ -31,6 +32,7 @@ KINDS: list[SourceKind] = [
     NpzKind(),
     NpyKind(),
     TorchDictKind(),
+    ConfidenceTableKind(),
     LmEvalKind(),
     SafetensorsKind(),
 ]
