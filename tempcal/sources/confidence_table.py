@@ -79,7 +79,7 @@ def confidence_value(value: Any, where: str, scale: float) -> float:
     else:
         raise TableError(f"{where}: {_shown(value)} is not a number")
     if not 0 <= number <= scale:
-        raise TableError(f"{where}: {_shown(value)} is outside [0, {scale:g}] (--confidence-scale {scale:g})")
+        raise TableError(f"{where}: {_shown(value)} is outside [0, {scale:g}] ({param('confidence_scale')} {scale:g})")
     return number / scale
 
 
@@ -118,6 +118,14 @@ def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = Fa
     return TableRows(logits, labels, clipped, labelled)
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
     """Each row's value of column ``key`` (ints, or strings), and whether they are all integers."""
     values: list[Any] = []
@@ -131,6 +139,10 @@ def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
             raise TableError(f"{where}: {_shown(value)} is not a string or an integer")
         values.append(value)
     as_int = all(isinstance(v, int) or _INTEGER.match(v.strip()) for v in values)
+    if not as_int and values and all(isinstance(v, int) or _is_number(v) for v in values):  # a CSV's float column
+        row = next(k for k, v in enumerate(values, start=1) if not (isinstance(v, int) or _INTEGER.match(v.strip())))
+        raise TableError(f"{path}: row {row}: '{key}' ({option}): {_shown(values[row - 1])} is not a string or an "
+                         "integer; groups are named by a column of strings or integers")
     return ([int(v) for v in values] if as_int else [str(v) for v in values]), as_int
 
 
