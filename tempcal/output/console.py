@@ -272,7 +272,7 @@ REPORT_COLUMNS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Bri
                   ("mean_confidence", "conf"), ("entropy", "entropy"))
 #: The report's decision figures (and the RMS calibration error), a table of their own beneath (the first one is 80
 #: columns wide already).
-DECISION_COLUMNS = (("smece", "smooth ECE"), ("rmsce", "RMS CE"), ("aurc", "AURC"), ("eaurc", "E-AURC"),
+DECISION_COLUMNS = (("smece", "smooth ECE"), ("rms_ce", "RMS CE"), ("aurc", "AURC"), ("eaurc", "E-AURC"),
                     ("augrc", "AUGRC"))
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
     ("nll", "NLL", ""),
     ("ece", "ECE", ""),
-    ("rmsce", "RMS calibration error", ""),
+    ("rms_ce", "RMS calibration error", ""),
     ("mce", "MCE", ""),
     ("brier", "Brier", ""),
     ("accuracy", "accuracy", ""),

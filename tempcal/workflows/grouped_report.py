@@ -31,7 +31,7 @@ class GroupFigures:
 
     def to_json(self) -> dict:
         m = self.metrics
-        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "rmsce": m.rmsce,
+        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "rms_ce": m.rms_ce,
                 "mce": m.mce,
                 "brier": m.brier, "accuracy": m.accuracy, "entropy": m.entropy,
                 "mean_confidence": m.mean_confidence,

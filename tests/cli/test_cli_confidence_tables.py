@@ -35,11 +35,11 @@ def test_fit_then_report_at_the_stored_t(table, run_json):
     assert fitted["num_classes"] == 2 and fitted["n_fit"] == 500
     assert read_sidecar(path)[0]["tempcal.temperature"] == repr(fitted["temperature"])
     assert fitted["written"] == str(sidecar_path(path))
-    assert 0 <= fitted["after"]["ece"] <= fitted["after"]["rmsce"] <= fitted["after"]["mce"]
+    assert 0 <= fitted["after"]["ece"] <= fitted["after"]["rms_ce"] <= fitted["after"]["mce"]
     report = run_json(["report", str(path), *COLUMNS])
     (row,) = report["results"]
     assert row["tau"] == fitted["temperature"] and row["stored"]
-    assert row["rmsce"] == pytest.approx(fitted["after"]["rmsce"], rel=1e-12)
+    assert row["rms_ce"] == pytest.approx(fitted["after"]["rms_ce"], rel=1e-12)
     assert report["source_kind"] == "confidence-table" and report["clipped"] == 2
 
 

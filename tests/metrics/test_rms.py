@@ -1,7 +1,7 @@
-"""The RMS calibration error (``rmsce``) against a plain numpy loop written from its definition.
+"""The RMS calibration error (``rms_ce``) against a plain numpy loop written from its definition.
 
 Definition (docs/metrics.md): the ECE's bins, (i/B, (i+1)/B] with 0 in the first;
-``rmsce = sqrt(sum over bins of (n_b / N) (accuracy_b - mean confidence_b)^2)``, every bin counted.
+``rms_ce = sqrt(sum over bins of (n_b / N) (accuracy_b - mean confidence_b)^2)``, every bin counted.
 """
 
 from __future__ import annotations
@@ -51,27 +51,27 @@ def hle_calib_err(confidence: np.ndarray, correct: np.ndarray, beta: int = 100) 
 
 @pytest.mark.parametrize("tau", [0.5, 1.0, 2.7])
 @pytest.mark.parametrize("bins", [1, 10, 15])
-def test_rmsce_matches_a_plain_loop_multiclass(tau, bins):
+def test_rms_ce_matches_a_plain_loop_multiclass(tau, bins):
     logits, labels = miscalibrated(2000, 7, 2.2, seed=5)
     m = tempcal.calibration_metrics(logits, labels, tau, bins=bins, device="cpu")
-    assert m.rmsce == pytest.approx(rms_loop(logits, labels, tau, bins), abs=1e-9)
-    assert m.ece <= m.rmsce + 1e-12  # Jensen: a weighted mean of gaps is at most their weighted RMS
-    assert m.rmsce <= m.mce + 1e-12
+    assert m.rms_ce == pytest.approx(rms_loop(logits, labels, tau, bins), abs=1e-9)
+    assert m.ece <= m.rms_ce + 1e-12  # Jensen: a weighted mean of gaps is at most their weighted RMS
+    assert m.rms_ce <= m.mce + 1e-12
 
 
 @pytest.mark.parametrize("tau", [0.7, 1.0, 3.0])
-def test_rmsce_matches_a_plain_loop_binary(tau):
+def test_rms_ce_matches_a_plain_loop_binary(tau):
     logits, labels = miscalibrated_binary(1500, 2.5, seed=2)
     m = tempcal.calibration_metrics(logits, labels, tau, device="cpu")
-    assert m.rmsce == pytest.approx(rms_loop(logits, labels, tau), abs=1e-9)
+    assert m.rms_ce == pytest.approx(rms_loop(logits, labels, tau), abs=1e-9)
 
 
 def test_one_bin_is_the_gap_of_the_means():
     """With one bin the RMS error is |accuracy - mean confidence|, as is the ECE."""
     logits, labels = miscalibrated(800, 4, 3.0, seed=9)
     m = tempcal.calibration_metrics(logits, labels, bins=1, device="cpu")
-    assert m.rmsce == pytest.approx(abs(m.accuracy - m.mean_confidence), abs=1e-12)
-    assert m.rmsce == pytest.approx(m.ece, abs=1e-12)
+    assert m.rms_ce == pytest.approx(abs(m.accuracy - m.mean_confidence), abs=1e-12)
+    assert m.rms_ce == pytest.approx(m.ece, abs=1e-12)
 
 
 def test_known_value_by_hand():
@@ -80,7 +80,7 @@ def test_known_value_by_hand():
     z = torch.tensor([math.log(0.7 / 0.3)] * 10 + [math.log(0.9 / 0.1)] * 10, dtype=torch.float64)
     y = torch.tensor([1] * 5 + [0] * 5 + [1] * 9 + [0], dtype=torch.int64)
     m = tempcal.calibration_metrics(z, y, bins=10, device="cpu")
-    assert m.rmsce == pytest.approx(math.sqrt(0.5 * 0.2 ** 2), abs=1e-9)
+    assert m.rms_ce == pytest.approx(math.sqrt(0.5 * 0.2 ** 2), abs=1e-9)
     assert m.ece == pytest.approx(0.5 * 0.2, abs=1e-9)
 
 
@@ -93,12 +93,12 @@ def test_differs_from_the_hle_script_which_skips_its_last_bin():
     correct = (rng.uniform(size=1000) < np.where(c > 0.9, 0.5, c)).astype(np.int64)  # overconfident at the top
     logits = torch.tensor(np.log(c / (1 - c)))
     m = tempcal.calibration_metrics(logits, torch.tensor(correct), bins=15, device="cpu")
-    assert m.rmsce == pytest.approx(rms_loop(logits, correct), abs=1e-9)
+    assert m.rms_ce == pytest.approx(rms_loop(logits, correct), abs=1e-9)
     hle = hle_calib_err(c, correct.astype(np.float64))
-    assert m.rmsce > hle + 0.05  # the skipped top bin holds most of the miscalibration
+    assert m.rms_ce > hle + 0.05  # the skipped top bin holds most of the miscalibration
 
 
-def test_rmsce_in_json_of_fit_and_report(tmp_path):
+def test_rms_ce_in_json_of_fit_and_report(tmp_path):
     from safetensors.torch import save_file
 
     logits, labels = miscalibrated(600, 5, 2.0, seed=1)
@@ -107,8 +107,8 @@ def test_rmsce_in_json_of_fit_and_report(tmp_path):
     report = tempcal.fit_file(str(path), val_fraction=1.0, device="cpu")
     data = report.to_json()
     t = report.temperature
-    assert data["before"]["rmsce"] == pytest.approx(rms_loop(logits.float(), labels, 1.0), abs=1e-6)
-    assert data["after"]["rmsce"] == pytest.approx(rms_loop(logits.float(), labels, t), abs=1e-6)
+    assert data["before"]["rms_ce"] == pytest.approx(rms_loop(logits.float(), labels, 1.0), abs=1e-6)
+    assert data["after"]["rms_ce"] == pytest.approx(rms_loop(logits.float(), labels, t), abs=1e-6)
     result = tempcal.report_file(str(path), taus=[1.0, 2.0], device="cpu").to_json()
     for row in result["results"]:
-        assert row["rmsce"] == pytest.approx(rms_loop(logits.float(), labels, row["tau"]), abs=1e-6)
+        assert row["rms_ce"] == pytest.approx(rms_loop(logits.float(), labels, row["tau"]), abs=1e-6)

@@ -26,7 +26,7 @@ def opened_table(path, **options):
 
 
 def figures(block: dict) -> dict:
-    return {k: block[k] for k in ("nll", "ece", "rmsce", "mce", "brier", "accuracy", "entropy", "smece", "aurc")}
+    return {k: block[k] for k in ("nll", "ece", "rms_ce", "mce", "brier", "accuracy", "entropy", "smece", "aurc")}
 
 
 @pytest.mark.parametrize("suffix", FORMATS)
@@ -118,12 +118,12 @@ def test_bad_values_in_jsonl_and_parquet(tmp_path, suffix):
     rows = make_rows(10, seed=6)
     rows["confidence"] = rows["confidence"].astype(object)
     rows["confidence"][4] = None
-    with pytest.raises(DataError, match="row 5: 'confidence' .*missing value"):
+    with pytest.raises(DataError, match=r"row 5: 'confidence' .*missing value"):
         opened_table(write_table(tmp_path / f"t{suffix}", rows))
     rows = make_rows(10, seed=6)
     rows["correct"] = rows["correct"].copy()
     rows["correct"][2] = 3
-    with pytest.raises(DataError, match="row 3: 'correct' .*3 is not 0/1 or true/false"):
+    with pytest.raises(DataError, match=r"row 3: 'correct' .*3 is not 0/1 or true/false"):
         opened_table(write_table(tmp_path / f"u{suffix}", rows))
 
 
@@ -137,7 +137,7 @@ def test_a_missing_column_is_named_with_the_columns_there_are(tmp_path, suffix):
 
 def test_without_the_columns_named_a_table_is_refused_with_the_options(tmp_path):
     path = write_table(tmp_path / "t.csv", make_rows(10))
-    with pytest.raises(TempcalError, match="confidence COLUMN and .*correct COLUMN"):
+    with pytest.raises(TempcalError, match=r"confidence COLUMN and .*correct COLUMN"):
         open_source(path)
 
 
