@@ -203,3 +203,15 @@ def _column(path, name):
     import pyarrow.parquet as pq
 
     return np.array(pq.read_table(path).column(name).to_pylist(), dtype=np.float64)
+
+
+def test_the_example_table_is_what_its_script_makes(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    out = tmp_path / "again.csv"
+    subprocess.run([sys.executable, str(examples / "make_confidence_table.py"), str(out)], check=True,
+                   capture_output=True)
+    assert out.read_bytes() == (examples / "confidence_table.csv").read_bytes()
