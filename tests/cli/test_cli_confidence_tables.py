@@ -179,3 +179,18 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, cli, monkeypatch):
     monkeypatch.setattr("importlib.import_module", lambda name, *a: no_pyarrow(name))
     code, _, err = cli(["fit", str(path), *COLUMNS])
     assert code == 2 and "pip install 'tempcal[logs]'" in assert_one_error_line(err)
+
+
+def test_apply_at_each_rows_stored_group_t(tmp_path, cli):
+    rows = make_rows(300, seed=17)
+    path = write_table(tmp_path / "t.jsonl", rows)
+    assert cli(["fit", str(path), *COLUMNS, "--group-by", "task", "-q"])[0] == 0
+    per_group = json.loads(read_sidecar(path)[0]["tempcal.group_temperatures"])
+    out = tmp_path / "out.jsonl"
+    code, _, err = cli(["apply", str(path), *COLUMNS, "-o", str(out)])
+    assert code == 0, err
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    t = np.array([per_group[task] for task in rows["task"]])
+    expected = 1 / (1 + np.exp(-logits_of(rows["confidence"]) / t))
+    np.testing.assert_allclose([r["calibrated_confidence"] for r in written], expected, rtol=1e-12)
+    assert [r["task"] for r in written] == rows["task"].tolist()
