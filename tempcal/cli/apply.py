@@ -18,7 +18,10 @@ from .main import app, check_paths, deliver
 from .options import (
     BatchSize,
     ChunkRows,
+    Confidence,
+    ConfidenceScale,
     ConfigFile,
+    Correct,
     Device,
     Head,
     HeadBiasKey,
@@ -52,7 +55,8 @@ class ApplyAs(str, Enum):
 
 
 ApplyOutput = Annotated[Optional[str], typer.Option(
-    "--output", "-o", metavar="OUT", help="Where to write (.safetensors; .npz; .npy: the values alone, no labels)."),
+    "--output", "-o", metavar="OUT", help="Where to write (.safetensors; .npz; .npy: the values alone, no labels; "
+    "a confidence table: a table of its format with a column calibrated_confidence added)."),
     OUTPUT]
 ApplyAsOpt = Annotated[ApplyAs, typer.Option(
     "--as", case_sensitive=False, parser=choice(ApplyAs),
@@ -78,6 +82,9 @@ def apply(
     labels_key: LabelsKey = "labels",
     probs: Probs = None,
     lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
+    confidence: Confidence = None,
+    correct: Correct = None,
+    confidence_scale: ConfidenceScale = 1.0,
     device: Device = "auto",
     chunk_rows: ChunkRows = None,
     head: Head = None,
@@ -101,7 +108,8 @@ def apply(
 
     if output is None:
         raise TempcalError("missing option '--output OUT': where to write the calibrated values")
-    check_output(output)
+    if confidence is None:  # a confidence table is written in its own format (checked when it is read)
+        check_output(output)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TempcalError("tempcal apply writes one file from one process: run it without torchrun")
     is_model_source(source, inputs, {"--output-key": output_key})
@@ -114,7 +122,8 @@ def apply(
     reading = SourceOptions(
         logits_key=logits_key, labels_key=labels_key, probs=probs, inputs=inputs, inputs_key=inputs_key,
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
-        head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value)
+        head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
+        confidence=confidence, correct=correct, confidence_scale=confidence_scale)
     options = reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
     result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
                         device=device, chunk_rows=chunk_rows, options=options)

@@ -11,7 +11,10 @@ from .config import ConfiguredCommand
 from .main import app, check_paths, deliver
 from .options import (
     BatchSize,
+    Confidence,
+    ConfidenceScale,
     ConfigFile,
+    Correct,
     Device,
     Head,
     HeadBiasKey,
@@ -43,6 +46,9 @@ def inspect(
     logits_key: LogitsKey = "logits",
     labels_key: LabelsKey = "labels",
     lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
+    confidence: Confidence = None,
+    correct: Correct = None,
+    confidence_scale: ConfidenceScale = 1.0,
     ignore_index: IgnoreIndex = IGNORE_INDEX,
     head: Head = None,
     hidden_key: HiddenKey = "hidden",
@@ -73,7 +79,8 @@ def inspect(
     reading = SourceOptions(
         logits_key=logits_key, labels_key=labels_key, ignore_index=ignore_index, inputs=inputs, inputs_key=inputs_key,
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
-        head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value)
+        head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
+        confidence=confidence, correct=correct, confidence_scale=confidence_scale)
     options = reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
     report = inspect_file(source[0] if len(source) == 1 else source, options=options)
 

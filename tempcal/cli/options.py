@@ -97,6 +97,16 @@ LmEvalNormOpt = Annotated[LmEvalNorm, typer.Option(
     help="lm-evaluation-harness log or lighteval details SOURCE: divide each choice's log-likelihood by its text's "
     "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).",
     rich_help_panel="Language models")]
+Confidence = Annotated[Optional[str], typer.Option(
+    "--confidence", metavar="COLUMN", help="Confidence table SOURCE (.csv, .jsonl, .parquet): the column of each "
+    "answer's confidence, a probability that it is right (its logit ln(c / (1 - c)) is scaled by T).",
+    rich_help_panel="Input")]
+Correct = Annotated[Optional[str], typer.Option(
+    "--correct", metavar="COLUMN", help="Confidence table SOURCE: the column saying whether each answer was right "
+    "(0/1, true/false).", rich_help_panel="Input")]
+ConfidenceScale = Annotated[float, typer.Option(
+    "--confidence-scale", metavar="S", help="Confidence table SOURCE: what a confidence of 1 is written as (100 "
+    "reads percentages).", rich_help_panel="Input"), POSITIVE]
 IgnoreIndex = Annotated[int, typer.Option("--ignore-index", rich_help_panel="Input",
                                           help="Rows whose label is this value are skipped (token-level logits).")]
 Device = Annotated[str, typer.Option("--device", parser=lower_case, rich_help_panel="Scale",
@@ -321,7 +331,10 @@ __all__ = [
     "Bins",
     "Bootstrap",
     "ChunkRows",
+    "Confidence",
+    "ConfidenceScale",
     "ConfigFile",
+    "Correct",
     "Device",
     "DeviceMap",
     "Estimators",

@@ -23,9 +23,9 @@ from ..workflows.basis import AT_FOLDS, Basis
 from . import figures
 
 #: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.
-METRICS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "accuracy"),
-           ("mean_confidence", "confidence"), ("entropy", "entropy"), ("smece", "smooth ECE"), ("aurc", "AURC"),
-           ("eaurc", "E-AURC"), ("augrc", "AUGRC"))
+METRICS = (("nll", "NLL"), ("ece", "ECE"), ("rms_ce", "RMS CE"), ("mce", "MCE"), ("brier", "Brier"),
+           ("accuracy", "accuracy"), ("mean_confidence", "confidence"), ("entropy", "entropy"),
+           ("smece", "smooth ECE"), ("aurc", "AURC"), ("eaurc", "E-AURC"), ("augrc", "AUGRC"))
 
 
 @dataclass

@@ -4,7 +4,8 @@
   a single binary logit predicts class 1 when ``sigmoid >= 0.5``).
 * ECE: ``bins`` equal-width bins over [0, 1]; bin i holds confidences in (i/B, (i+1)/B]
   and the first also holds 0; ``ECE = sum_i (n_i / N) |acc_i - conf_i|``. MCE: the largest
-  such gap over non-empty bins.
+  such gap over non-empty bins. RMS calibration error (``rms_ce``, :func:`.estimators.rms_from_sums`): the
+  same bins, ``sqrt(sum_i (n_i / N) (acc_i - conf_i)^2)`` (the figure confidence-based leaderboards quote).
 * NLL: mean negative natural log of the true class's probability. Brier: mean over samples
   of ``sum_c (p_c - onehot_c)^2``. Entropy: mean of ``-sum_c p_c ln p_c`` (nats).
 * Each bin's accuracy carries a 95% Wilson score interval (Wilson 1927): with k correct of n,
@@ -33,6 +34,7 @@ from ..core.bins import DEFAULT_BINS
 from ..core.scan import CalibrationSums, Scan
 from ..errors import TempcalError
 from . import decisions as decisions_module
+from .estimators import rms_from_sums
 
 #: The level of the per-bin accuracy intervals.
 BIN_INTERVAL_LEVEL = 0.95
@@ -108,10 +110,11 @@ class CalibrationMetrics:
     smece: float = math.nan
     risk_coverage: dict[str, list[float]] = field(default_factory=dict)  # {"coverage": [...], "risk": [...]}
     conformal: Sequence[SetFigures] = field(default_factory=list)
+    rms_ce: float = math.nan  # RMS calibration error over the ECE's bins
 
     def summary(self) -> dict[str, float]:
-        """The contract's five headline figures."""
-        return {"nll": self.nll, "ece": self.ece, "mce": self.mce, "brier": self.brier,
+        """The contract's five headline figures, with the RMS calibration error beside ECE."""
+        return {"nll": self.nll, "ece": self.ece, "rms_ce": self.rms_ce, "mce": self.mce, "brier": self.brier,
                 "accuracy": self.accuracy}
 
     def decisions(self) -> dict:
@@ -158,7 +161,7 @@ def from_sums(tau: float, sums: CalibrationSums) -> CalibrationMetrics:
     return CalibrationMetrics(
         tau=float(tau), count=n, nll=sums.nll / n, ece=ece, mce=mce, brier=sums.brier / n,
         accuracy=sums.correct / n, entropy=sums.entropy / n, mean_confidence=sums.confidence / n,
-        bins=rows)
+        bins=rows, rms_ce=rms_from_sums(sums) if n else 0.0)
 
 
 def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> CalibrationMetrics:

@@ -264,8 +264,10 @@ def small_split_note(report, console: Console) -> None:
 #: The report table's figures: ``(attribute of CalibrationMetrics, header)``.
 REPORT_COLUMNS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "acc"),
                   ("mean_confidence", "conf"), ("entropy", "entropy"))
-#: The report's decision figures, a table of their own beneath (the first one is 80 columns wide already).
-DECISION_COLUMNS = (("smece", "smooth ECE"), ("aurc", "AURC"), ("eaurc", "E-AURC"), ("augrc", "AUGRC"))
+#: The report's decision figures (and the RMS calibration error), a table of their own beneath (the first one is 80
+#: columns wide already).
+DECISION_COLUMNS = (("smece", "smooth ECE"), ("rms_ce", "RMS CE"), ("aurc", "AURC"), ("eaurc", "E-AURC"),
+                    ("augrc", "AUGRC"))
 
 
 def report_notes(result) -> list[str]:

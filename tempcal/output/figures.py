@@ -10,6 +10,7 @@ from dataclasses import dataclass
 DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
     ("nll", "NLL", ""),
     ("ece", "ECE", ""),
+    ("rms_ce", "RMS calibration error", ""),
     ("mce", "MCE", ""),
     ("brier", "Brier", ""),
     ("accuracy", "accuracy", ""),

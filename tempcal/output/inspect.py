@@ -106,6 +106,8 @@ def print_inspect(report: Any, console: Any) -> None:
             console.print(f"  {sum(left.values())} more left out as incomplete: {said}", soft_wrap=True, markup=False)
     if isinstance(data["details"], dict) and data["details"].get("format"):
         console.print(f"format: {data['details']['format']}", soft_wrap=True, markup=False)
+    if isinstance(data["details"], dict) and data["details"].get("summary"):
+        console.print(data["details"]["summary"], soft_wrap=True, markup=False)
     lines = [values_line(data["values"]), labels_line(data["labels"], data["num_classes"]),
              *stored_lines(data["stored"], data["sidecar"])]
     lines += [f"problem: {for_cli(p)}" for p in report.problems]

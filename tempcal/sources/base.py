@@ -70,6 +70,11 @@ class SourceOptions:
     spill_dir: str | None = None  # where hidden states too large for memory go
     # The --group-by key the rows will be grouped by: a kind may need one (inspect_ai logs of several models).
     group_by: str | None = None
+    # A confidence table (.csv, .jsonl, .parquet): the columns of the confidence and of whether the answer was right,
+    # and what a confidence of 1 is written as (100: percentages).
+    confidence: str | None = None
+    correct: str | None = None
+    confidence_scale: float = 1.0
 
     def __post_init__(self) -> None:
         if self.react is not None:
@@ -219,6 +224,11 @@ class OpenedSource:
         return rows[(rows >= start) & (rows < stop)] - start
 
 
+def json_fields(opened: OpenedSource | None) -> dict[str, Any]:
+    """The fields ``opened``'s kind adds to a command's JSON (none without a source)."""
+    return {} if opened is None else dict(opened.json)
+
+
 #: The tensor names a SOURCE is read with unless told otherwise.
 DEFAULT_KEYS = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key}
 
@@ -282,6 +292,12 @@ class SourceKind(ABC):
                                   f"in [0, 1], each row summing to 1), and probabilities are read only from logits "
                                   f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "
                                   "the values as logits")
+
+    def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str] | None:
+        """How ``apply`` writes this kind's calibrated probabilities when not as a tensor file: a function of the
+        output path and each row's calibrated probability of class 1 that writes them and returns the name they are
+        written under (a confidence table: its own format with a column added). None by default."""
+        return None
 
     # -- --group-by KEY: the groups of the counted rows (see tempcal.sources.groups) ---------------------------
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
@@ -393,4 +409,4 @@ class SourceKind(ABC):
 
 
 __all__ = ["DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions", "check_react",
-           "expand_sources", "wrote_lines"]
+           "expand_sources", "json_fields", "wrote_lines"]

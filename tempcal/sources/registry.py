@@ -15,6 +15,7 @@ from ..errors import Note, TempcalError
 from ..lm.source import LmKind
 from ..validation import PROBS_KEY, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
+from .confidence_table import ConfidenceTableKind
 from .head import HeadKind
 from .inspect_log import InspectLogKind
 from .lighteval import LightevalKind
@@ -33,6 +34,7 @@ KINDS: list[SourceKind] = [
     NpyKind(),
     TorchDictKind(),
     InspectLogKind(),
+    ConfidenceTableKind(),
     LmEvalKind(),
     LightevalKind(),
     SafetensorsKind(),

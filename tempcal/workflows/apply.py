@@ -93,11 +93,14 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
     labels are optional. A T fitted on probabilities is applied to log(p), as it was fitted.
     """
     as_ = check_as(as_)
-    suffix = check_output(output)
     if tau is not None:
         check_taus([tau])
     options = (options or SourceOptions()).but(ignore_index=None, **keys)  # every row is written
     loaded = open_source(source, options, labels_optional=True)
+    writer = loaded.kind.apply_writer(loaded)
+    suffix = check_output(output) if writer is None else ""
+    if writer is not None and as_ != "probs":
+        raise TempcalError(f"{param('as_')} {as_}: {loaded.name} gets its calibrated confidences (probs) added")
     for path in loaded.paths:
         if same_file(path, output):
             raise TempcalError(f"{param('output')} {output}: would overwrite SOURCE {path}; give it a path of its own")
@@ -110,6 +113,9 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
         group_key = stored.key
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                        labelled=False)
+    if writer is not None:
+        return _written_by_kind(loaded, scan, writer, output, temperature, tau_from, per_row, group_key, per_group,
+                                warnings)
     planned = _planned(scan, as_, temperature if per_row is None else per_row)
     with_labels = loaded.has_labels and suffix != ".npy"
     if with_labels:
@@ -122,6 +128,18 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
     return ApplyResult(loaded.name, str(output), as_, main.name, temperature, tau_from, list(main.shape),
                        str(main.dtype).removeprefix("torch."), with_labels, scan.num_classes, scan.passes,
                        str(scan.device), group_key, per_group, group_copied, warnings)
+
+
+def _written_by_kind(loaded: OpenedSource, scan: Scan, writer: Any, output: str | os.PathLike, temperature: float,
+                     tau_from: str, per_row: torch.Tensor | None, group_key: str | None,
+                     per_group: dict[str, float] | None, warnings: list[str]) -> ApplyResult:
+    """A kind that writes its own output (a confidence table): each row's calibrated probability of class 1."""
+    chunks = _scaled_chunks(scan, "probs", temperature if per_row is None else per_row, False)
+    calibrated = torch.cat([chunk[:, -1].to(torch.float64).cpu() for chunk in chunks]).numpy()
+    key = writer(output, calibrated)
+    return ApplyResult(loaded.name, str(output), "probs", key, temperature, tau_from, [len(calibrated)], "float64",
+                       loaded.has_labels, scan.num_classes, scan.passes, str(scan.device), group_key, per_group,
+                       False, warnings)
 
 
 def _copy_groups(planned: list[Planned], key: str | None, values: torch.Tensor | None, name: str,

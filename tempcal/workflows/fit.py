@@ -15,7 +15,7 @@ from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, TempcalError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from ..sources.base import Keep, Kept, SourceOptions
+from ..sources.base import Keep, Kept, SourceOptions, json_fields
 from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_alphas
@@ -118,8 +118,7 @@ class FitReport:
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
             "probs": bool(self.opened is not None and self.opened.options.probs),
-            **(self.opened.json if self.opened is not None else {}),
-            **self._subsets_json(),
+            **json_fields(self.opened), **self._subsets_json(),
         }
 
     def _subsets_json(self) -> dict[str, Any]:

@@ -31,7 +31,8 @@ class GroupFigures:
 
     def to_json(self) -> dict:
         m = self.metrics
-        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "mce": m.mce,
+        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "rms_ce": m.rms_ce,
+                "mce": m.mce,
                 "brier": m.brier, "accuracy": m.accuracy, "entropy": m.entropy,
                 "mean_confidence": m.mean_confidence,
                 **{k: v for k, v in m.decisions().items() if k != "risk_coverage"}, **self.extras}

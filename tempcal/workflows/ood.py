@@ -22,7 +22,7 @@ from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
-from ..sources.base import OpenedSource, SourceOptions
+from ..sources.base import OpenedSource, SourceOptions, json_fields
 from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import UNIT, as_temperature, check_option, check_taus, resolve_taus, whole_number
@@ -158,7 +158,7 @@ class OodReport:
             "gate_failures": [asdict(g) for g in self.gate_failures],
             "device": self.device, "passes": self.passes, "warnings": self.warnings,
             **({} if self.groups is None else {"group_key": self.group_key, "groups": self.groups}),
-            **(self.opened.json if self.opened is not None else {}),
+            **json_fields(self.opened),
         }
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from ..conformal import OWN_GROUP_READS, metrics_plan, own_group_sets, report_group_sets, report_thresholds, with_sets
 from ..errors import TempcalError
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from ..sources.base import SourceOptions
+from ..sources.base import SourceOptions, json_fields
 from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_alphas, check_taus, resolve_taus
@@ -82,8 +82,7 @@ class ReportResult:
                 "stored_temperature": self.stored_temperature, "bins_count": self.bins,
                 "sweep": self._sweep_json() if self.sweep else None,
                 "min_nll_tau": self.min_nll_tau,
-                "device": self.device, "warnings": self.warnings,
-                **(self.opened.json if self.opened is not None else {})}
+                "device": self.device, "warnings": self.warnings, **json_fields(self.opened)}
 
     def _sweep_json(self) -> dict:
         """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""

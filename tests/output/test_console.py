@@ -75,8 +75,8 @@ def test_report_with_every_estimator_and_the_bootstrap_prints_every_figure_whole
     assert all(name in text for name in [*ESTIMATORS, "ece_ci", "nll_ci"])
     for m, extras in zip(result.results, result.extras, strict=True):
         shown = numbers_in(lines, f"{m.tau:.4g}")
-        figures = [f"{v:.4f}" for v in (m.nll, m.ece, m.mce, m.brier, m.accuracy, m.mean_confidence, m.entropy,
-                                         m.smece, m.aurc, m.eaurc, m.augrc)]
+        figures = [f"{v:.4f}" for v in (m.nll, m.ece, m.rms_ce, m.mce, m.brier, m.accuracy, m.mean_confidence,
+                                         m.entropy, m.smece, m.aurc, m.eaurc, m.augrc)]
         assert sorted(shown) == sorted([f"{m.tau:.4g}"] * len(headers) + figures + expected_extras(extras))
 
 

@@ -16,12 +16,12 @@ pytest.importorskip("jinja2")
 
 NOISE = EXAMPLES / "digits_noise_logits.safetensors"
 #: The page's metric headings and the card's metric labels, each with its JSON key (the contract's names).
-PAGE_KEYS = {"NLL": "nll", "ECE": "ece", "MCE": "mce", "Brier": "brier", "accuracy": "accuracy",
+PAGE_KEYS = {"NLL": "nll", "ECE": "ece", "RMS CE": "rms_ce", "MCE": "mce", "Brier": "brier", "accuracy": "accuracy",
              "confidence": "mean_confidence", "entropy": "entropy", "smooth ECE": "smece", "AURC": "aurc",
              "E-AURC": "eaurc", "AUGRC": "augrc"}
-CARD_KEYS = {"NLL": "nll", "ECE": "ece", "MCE": "mce", "Brier": "brier", "accuracy": "accuracy",
-             "entropy (nats)": "entropy", "mean confidence": "mean_confidence", "smooth ECE": "smece",
-             "AURC": "aurc"}
+CARD_KEYS = {"NLL": "nll", "ECE": "ece", "RMS calibration error": "rms_ce", "MCE": "mce", "Brier": "brier",
+             "accuracy": "accuracy", "entropy (nats)": "entropy", "mean confidence": "mean_confidence",
+             "smooth ECE": "smece", "AURC": "aurc"}
 
 
 class Tables(HTMLParser):

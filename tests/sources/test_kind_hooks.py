@@ -63,7 +63,7 @@ def test_probability_like_values_are_refused_as_each_kind_reads_them():
     logits, so its refusal says to use the output before the softmax."""
     by_name = {kind.name: kind for kind in KINDS}
     logits_files = {"safetensors", "npz", "npy", "pt"}
-    assert set(by_name) == logits_files | {"head", "model", "lm", "lm-eval", "inspect", "lighteval"}
+    assert set(by_name) == logits_files | {"head", "model", "lm", "lm-eval", "inspect", "lighteval", "confidence-table"}
     for name, kind in by_name.items():
         message = str(kind.probabilities_refused(fake()))
         assert message.startswith("x.bin: ")

@@ -80,7 +80,8 @@ def test_probs_flag_reads_probabilities_as_log_probabilities(tmp_path):
 
 
 @pytest.mark.parametrize(("name", "content", "words"), [
-    ("x.csv", b"1,2", ["unknown logits file type", ".npz"]),
+    ("x.tsv", b"1\t2", ["unknown logits file type", ".npz"]),
+    ("x.csv", b"1,2", ["confidence table", "--confidence COLUMN"]),
     ("noise.npz", b"not a zip", ["not an .npz archive"]),
     ("noise.npy", b"not numpy", ["not an .npy array"]),
     ("noise.pt", b"not torch", ["not a torch.save file"]),

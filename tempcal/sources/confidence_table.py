@@ -1,0 +1,260 @@
+"""Confidence tables as SOURCE: a ``.csv``, ``.jsonl`` or ``.parquet`` table of a confidence and whether the answer
+was right, for models that give a confidence but no log-probabilities (verbalised confidence, a judge's score).
+
+``--confidence COLUMN`` names a probability that the answer is right (``--confidence-scale 100`` reads
+percentages), ``--correct COLUMN`` whether it was (0/1, true/false). Each row is a binary sample with the single
+logit ``ln(c / (1 - c))`` and label ``correct``, so T is the temperature of ``sigmoid(logit / T)``, fitted as for
+any one-logit SOURCE. A confidence of exactly 0 or 1 is clipped to [1e-6, 1 - 1e-6] and counted (JSON
+``clipped``, a warning). A value outside [0, scale], a missing value or a ``correct`` that is not 0/1 is bad input
+naming its row (data rows from 1; a CSV header is not one). ``--group-by COLUMN`` groups by a column of strings or
+integers. T is kept in the sidecar ``FILE.tempcal.json``; ``apply`` writes the table with ``calibrated_confidence``
+added (:func:`apply_table`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import DataError, TempcalError, param
+from .base import OpenedSource, SourceKind, SourceOptions
+from .tables import TABLE_FORMATS, TableError, has_column, read_rows, table_format, write_with_column
+
+if TYPE_CHECKING:
+    from .grouping import RowGroups
+
+#: Where a confidence of exactly 0 or 1 is clipped to: [CLIP, 1 - CLIP].
+CLIP = 1e-6
+#: The column ``apply`` adds.
+CALIBRATED_COLUMN = "calibrated_confidence"
+SOURCE_KIND = "confidence-table"
+_TRUE = {"1", "true", "1.0"}
+_FALSE = {"0", "false", "0.0"}
+_INTEGER = re.compile(r"^[+-]?[0-9]{1,18}$")
+
+
+@dataclass
+class TableRows:
+    """What was read from a confidence table: each row's logit and label, and how many confidences were clipped."""
+
+    logits: array
+    labels: array
+    clipped: int
+    has_labels: bool
+
+
+def _shown(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else f"'{value}'"
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_scale(scale: Any) -> float:
+    """``--confidence-scale``: a finite number > 0 (1: probabilities; 100: percentages)."""
+    value = float(scale) if isinstance(scale, (int, float)) and not isinstance(scale, bool) else math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise TempcalError(f"{param('confidence_scale')} {scale}: expected a number > 0 (1 for probabilities, 100 "
+                           "for percentages)")
+    return value
+
+
+def confidence_value(value: Any, where: str, scale: float) -> float:
+    """A confidence as a probability in [0, 1]: a number (or numeric text) in [0, scale], divided by scale."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise TableError(f"{where}: missing value")
+    number = math.nan
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            raise TableError(f"{where}: {_shown(value)} is not a number") from None
+        if math.isnan(number):
+            raise TableError(f"{where}: missing value ({_shown(value)})")
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    else:
+        raise TableError(f"{where}: {_shown(value)} is not a number")
+    if not 0 <= number <= scale:
+        raise TableError(f"{where}: {_shown(value)} is outside [0, {scale:g}] ({param('confidence_scale')} {scale:g})")
+    return number / scale
+
+
+def correct_value(value: Any, where: str) -> int:
+    """Whether the answer was right: 0/1 (numbers or text) or true/false (booleans or text, any case)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        raise TableError(f"{where}: missing value")
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return int(value)
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return int(value.strip().lower() in _TRUE)
+    raise TableError(f"{where}: {_shown(value)} is not 0/1 or true/false")
+
+
+def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = False) -> TableRows:
+    """Every row's logit ``ln(c / (1 - c))`` (c clipped to [CLIP, 1 - CLIP]) and label, one row at a time."""
+    confidence, correct = options.confidence, options.correct
+    if confidence is None or (correct is None and not labels_optional):
+        raise TempcalError(f"{path}: a table is read as a confidence table: name its columns with "
+                           f"{param('confidence')} COLUMN and {param('correct')} COLUMN")
+    scale = check_scale(options.confidence_scale)
+    labelled = correct is not None and (not labels_optional or has_column(path, correct))
+    wanted = [confidence, correct] if labelled and correct is not None else [confidence]
+    flags = [param("confidence"), param("correct")][:len(wanted)]
+    logits, labels, clipped = array("d"), array("q"), 0
+    for row, values in read_rows(path, wanted, flags):
+        c = confidence_value(values[0], f"{path}: row {row}: '{confidence}' ({flags[0]})", scale)
+        if c <= 0 or c >= 1:
+            c, clipped = (CLIP if c <= 0 else 1 - CLIP), clipped + 1
+        logits.append(math.log(c) - math.log1p(-c))
+        labels.append(correct_value(values[1], f"{path}: row {row}: '{correct}' ({flags[1]})") if labelled else 0)
+    if not logits:
+        raise TableError(f"{path}: no data rows")
+    return TableRows(logits, labels, clipped, labelled)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
+    """Each row's value of column ``key`` (ints, or strings), and whether they are all integers."""
+    values: list[Any] = []
+    for row, (value,) in read_rows(path, [key], [option]):
+        where = f"{path}: row {row}: '{key}' ({option})"
+        if value is None or isinstance(value, (bool, float)):
+            missing = value is None or value != value
+            what = "missing value" if missing else f"{_shown(value)} is not a string or an integer"
+            raise TableError(f"{where}: {what}; groups are named by a column of strings or integers")
+        if not isinstance(value, (int, str)):
+            raise TableError(f"{where}: {_shown(value)} is not a string or an integer")
+        values.append(value)
+    as_int = all(isinstance(v, int) or _INTEGER.match(v.strip()) for v in values)
+    if not as_int and values and all(isinstance(v, int) or _is_number(v) for v in values):  # a CSV's float column
+        row = next(k for k, v in enumerate(values, start=1) if not (isinstance(v, int) or _INTEGER.match(v.strip())))
+        raise TableError(f"{path}: row {row}: '{key}' ({option}): {_shown(values[row - 1])} is not a string or an "
+                         "integer; groups are named by a column of strings or integers")
+    return ([int(v) for v in values] if as_int else [str(v) for v in values]), as_int
+
+
+class ConfidenceTableKind(SourceKind):
+    """Tables of a confidence and a correctness per row (``--confidence``, ``--correct``)."""
+
+    name = SOURCE_KIND
+    title = "confidence table"
+    suffixes = tuple(TABLE_FORMATS)
+
+    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
+        """A table named with ``--confidence`` or ``--correct``; any ``.csv`` (no other kind reads one)."""
+        fmt = table_format(paths[0])
+        return fmt is not None and (options.confidence is not None or options.correct is not None or fmt == "csv")
+
+    def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        import torch
+
+        from ..core.data import as_logits_data
+
+        if len(paths) > 1:
+            raise TempcalError(f"{paths[1]}: a confidence table is one file; give one table as SOURCE")
+        if options.probs:
+            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is a confidence table, read "
+                               f"with {param('confidence')} and {param('confidence_scale')}")
+        from ..io.sidecar import check_regular_file
+
+        check_regular_file(paths[0])
+        rows = read_table(paths[0], options, labels_optional=labels_optional)
+        logits = torch.frombuffer(rows.logits, dtype=torch.float64).clone()
+        labels = torch.frombuffer(rows.labels, dtype=torch.int64).clone()
+        data = as_logits_data(logits, labels, ignore_index=None)
+        warnings = [] if not rows.clipped else [
+            f"{paths[0]}: {rows.clipped} confidence{'s' if rows.clipped != 1 else ''} of exactly 0 or 1 clipped to "
+            f"[{CLIP:g}, 1 - {CLIP:g}] (their logits would be infinite)"]
+        fields = {"source_kind": SOURCE_KIND, "clipped": rows.clipped, "confidence_column": options.confidence,
+                  "correct_column": options.correct, "confidence_scale": check_scale(options.confidence_scale)}
+        try:
+            stored, notes = self.read_temperature(paths[0])
+        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
+            return OpenedSource(paths, data, None, self, options, warnings=warnings, stored_problem=exc,
+                                has_labels=rows.has_labels, json=fields)
+        return OpenedSource(paths, data, stored, self, options, warnings=[*warnings, *notes],
+                            has_labels=rows.has_labels, json=fields)
+
+    def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str]:
+        """``apply`` writes the table in its format with :data:`CALIBRATED_COLUMN` added (:func:`apply_table`)."""
+
+        def write(output: str | Path, calibrated: Any) -> str:
+            apply_table(opened, output, calibrated)
+            return CALIBRATED_COLUMN
+
+        return write
+
+    def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
+        """One group per value of column ``key`` (strings, or integers sorted numerically)."""
+        import numpy as np
+
+        from .grouping import MAX_GROUPS, RowGroups, check_row_count, named
+
+        values, numeric = _group_names(opened.paths[0], key, option)
+        if numeric:
+            groups = named(key, np.asarray(values, dtype=np.int64), opened.name, option)
+        else:
+            names = sorted(set(values))
+            if len(names) > MAX_GROUPS:
+                raise DataError(f"{opened.name}: {option} {key} makes {len(names):,} groups; at most "
+                                f"{MAX_GROUPS:,} are allowed")
+            at = {name: k for k, name in enumerate(names)}
+            groups = RowGroups(key, names, np.asarray([at[v] for v in values], dtype=np.int64), numeric=False)
+        check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
+        return groups
+
+    def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
+        """The table's format, columns, rows, clipped confidences and the columns read."""
+        from .tables import columns_of
+
+        details: dict[str, Any] = {"file": str(paths[0]), "format": table_format(paths[0]),
+                                   "columns": columns_of(paths[0]), "confidence": options.confidence,
+                                   "correct": options.correct, "confidence_scale": options.confidence_scale}
+        shown = ", ".join(f"'{c}'" for c in details["columns"][:20])
+        more = f" and {len(details['columns']) - 20} more" if len(details["columns"]) > 20 else ""
+        details["summary"] = f"columns: {shown}{more}"
+        if options.confidence is not None:
+            rows = read_table(paths[0], options, labels_optional=True)
+            right = sum(rows.labels) if rows.has_labels else None
+            details.update(rows=len(rows.logits), clipped=rows.clipped, correct_rows=right)
+            details["summary"] += (f"; confidence '{options.confidence}' (scale {options.confidence_scale:g}), "
+                                   f"{rows.clipped} clipped at 0 or 1" +
+                                   (f"; correct '{options.correct}': {right} of {len(rows.logits)} right"
+                                    if right is not None else ""))
+        return details
+
+    def describe_hints(self, options: SourceOptions) -> list[str]:
+        if options.confidence is None or options.correct is None:
+            return [f"a confidence table: name its columns with {param('confidence')} COLUMN and "
+                    f"{param('correct')} COLUMN ({param('confidence_scale')} 100 for percentages)"]
+        return []
+
+
+def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> None:
+    """Write SOURCE's table to ``output`` (the same format) with :data:`CALIBRATED_COLUMN` added, atomically:
+    ``calibrated`` (each row's calibrated probability) on the confidence's scale."""
+    path, out = opened.paths[0], Path(output)
+    if table_format(out) != table_format(path):
+        raise TempcalError(f"{param('output')} {output}: a confidence table is written in its own format; name it "
+                           f"with the suffix {path.suffix}")
+    if has_column(path, CALIBRATED_COLUMN):
+        raise TableError(f"{path}: already has a column '{CALIBRATED_COLUMN}'; apply to the table without it")
+    scale = check_scale(opened.options.confidence_scale)
+    write_with_column(path, out, CALIBRATED_COLUMN, [float(p) * scale for p in calibrated])
+
+
+__all__ = ["CALIBRATED_COLUMN", "CLIP", "ConfidenceTableKind", "TableRows", "apply_table", "check_scale",
+           "confidence_value", "correct_value", "read_table"]

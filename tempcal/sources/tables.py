@@ -1,0 +1,223 @@
+"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time, in bounded memory.
+
+A confidence table is read column by column as rows arrive: CSV through :mod:`csv` (a field is bounded by
+:data:`MAX_FIELD_CHARS`), JSON Lines a bounded line at a time (:mod:`tempcal.sources.bounded_lines`), parquet a
+record batch at a time (pyarrow, the ``logs`` extra). Data rows are numbered from 1 (a CSV header is not a row;
+JSON Lines' blank lines are not rows). A column that is not there is a :class:`TableError` naming it and listing
+the columns there are. Values come back raw (CSV: strings; JSON: JSON values; parquet: Python values), None when
+missing; the caller checks them. Writing a copy with one more column (:func:`write_with_column`) streams the same
+way into a temporary file beside the output, renamed over it at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import DataError
+
+#: The table formats, by suffix.
+TABLE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
+#: The longest JSON Lines row, and the longest CSV field, read.
+MAX_LINE_BYTES = 16 << 20
+MAX_FIELD_CHARS = 16 << 20
+#: Rows per parquet record batch.
+BATCH_ROWS = 65_536
+
+
+class TableError(DataError):
+    """Bad input in a table: one line naming the file (and the row, where it applies)."""
+
+    columns: list[str] | None = None  # a missing column: the columns there are
+
+
+def table_format(path: str | os.PathLike) -> str | None:
+    """``csv``, ``jsonl`` or ``parquet`` by ``path``'s suffix (any case), else None."""
+    return TABLE_FORMATS.get(Path(path).suffix.lower())
+
+
+def missing_columns(path: Path, wanted: Sequence[str], have: Sequence[str], options: Sequence[str]) -> TableError:
+    """The error for columns not in the table: which option named which, and the columns there are."""
+    absent = [f"'{name}' ({option})" for name, option in zip(wanted, options, strict=True) if name not in have]
+    listed = ", ".join(f"'{c}'" for c in have[:50]) + (f" and {len(have) - 50} more" if len(have) > 50 else "")
+    error = TableError(f"{path}: no column {', '.join(absent)}; its columns are {listed or 'none'}")
+    error.columns = list(have)
+    return error
+
+
+def read_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
+    """``(row number from 1, [value of each wanted column])`` for every data row of the table at ``path``."""
+    fmt = table_format(path)
+    if fmt == "csv":
+        yield from _csv_rows(path, wanted, options)
+    elif fmt == "jsonl":
+        yield from _jsonl_rows(path, wanted, options)
+    elif fmt == "parquet":
+        yield from _parquet_rows(path, wanted, options)
+    else:
+        raise TableError(f"{path}: not a table (expected .csv, .jsonl or .parquet)")
+
+
+def _open_text(path: Path) -> io.TextIOWrapper:
+    try:
+        return open(path, encoding="utf-8-sig", newline="")
+    except OSError as exc:
+        raise TableError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _csv_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
+    csv.field_size_limit(MAX_FIELD_CHARS)
+    row = 0
+    with _open_text(path) as f:
+        reader = csv.reader(f)
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise TableError(f"{path}: empty (no header row)")
+            header = [h.strip() for h in header]
+            if any(name not in header for name in wanted):
+                raise missing_columns(path, wanted, header, options)
+            at = [header.index(name) for name in wanted]
+            for row, values in enumerate(reader, start=1):
+                if not values:  # a blank line
+                    continue
+                yield row, [values[i] if i < len(values) and values[i].strip() != "" else None for i in at]
+        except csv.Error as exc:
+            raise TableError(f"{path}: row {row + 1}: not readable as CSV ({exc})") from None
+        except UnicodeDecodeError:
+            raise TableError(f"{path}: row {row + 1}: not UTF-8 text") from None
+
+
+def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
+    from .bounded_lines import BoundedLines, OverLimit
+
+    try:
+        raw = open(path, "rb")  # noqa: SIM115 (closed below)
+    except OSError as exc:
+        raise TableError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    row = 0
+    with raw:
+        try:
+            for _, data in BoundedLines(raw, MAX_LINE_BYTES):
+                row += 1
+                try:
+                    record = json.loads(data)
+                except (ValueError, RecursionError):
+                    raise TableError(f"{path}: row {row}: not a JSON object") from None
+                if not isinstance(record, dict):
+                    raise TableError(f"{path}: row {row}: not a JSON object")
+                if row == 1 and any(name not in record for name in wanted):
+                    raise missing_columns(path, wanted, list(record), options)
+                yield row, [record.get(name) for name in wanted]
+        except OverLimit:
+            raise TableError(f"{path}: row {row + 1}: longer than {MAX_LINE_BYTES >> 20} MiB (tempcal's limit on a "
+                             "row of a table)") from None
+
+
+def _parquet_file(path: Path) -> Any:
+    from ..io.optional import pyarrow_parquet
+
+    pq = pyarrow_parquet(f"reading {path}")
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError on a damaged file
+        raise TableError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0] if str(exc) else exc})"
+                         ) from None
+
+
+def _parquet_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
+    table = _parquet_file(path)
+    names = list(table.schema_arrow.names)
+    if any(name not in names for name in wanted):
+        raise missing_columns(path, wanted, names, options)
+    row = 0
+    for batch in table.iter_batches(batch_size=BATCH_ROWS, columns=list(dict.fromkeys(wanted))):
+        columns = [batch.column(name).to_pylist() for name in wanted]
+        for values in zip(*columns, strict=True):
+            row += 1
+            yield row, list(values)
+
+
+def write_with_column(path: Path, output: Path, column: str, values: Sequence[float]) -> None:
+    """Write the table at ``path`` to ``output`` (same format) with ``column`` added: ``values[i]`` on data row i,
+    atomically (a temporary file beside ``output``, renamed over it)."""
+    from ..io.atomic import atomic_path
+
+    fmt = table_format(path)
+    with atomic_path(output, what="--output") as temporary:
+        if fmt == "csv":
+            _write_csv(path, temporary, column, values)
+        elif fmt == "jsonl":
+            _write_jsonl(path, temporary, column, values)
+        else:
+            _write_parquet(path, temporary, column, values)
+
+
+def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
+    csv.field_size_limit(MAX_FIELD_CHARS)
+    with _open_text(path) as f, open(temporary, "w", encoding="utf-8", newline="") as out:
+        reader, writer = csv.reader(f), csv.writer(out)
+        writer.writerow([*next(reader), column])
+        k = 0
+        for row in reader:
+            if not row:
+                continue
+            writer.writerow([*row, repr(float(values[k]))])
+            k += 1
+
+
+def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
+    from .bounded_lines import BoundedLines
+
+    with open(path, "rb") as raw, open(temporary, "w", encoding="utf-8") as out:
+        for k, (_, data) in enumerate(BoundedLines(raw, MAX_LINE_BYTES)):
+            record = json.loads(data)
+            record[column] = float(values[k])
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
+    import pyarrow as pa  # type: ignore[import-untyped]
+
+    table = _parquet_file(path)
+    from ..io.optional import pyarrow_parquet
+
+    pq = pyarrow_parquet(f"writing {temporary}")
+    schema = table.schema_arrow.append(pa.field(column, pa.float64()))
+    start = 0
+    with pq.ParquetWriter(temporary, schema) as writer:
+        for batch in table.iter_batches(batch_size=BATCH_ROWS):
+            added = pa.array(values[start:start + batch.num_rows], type=pa.float64())
+            start += batch.num_rows
+            writer.write_batch(pa.RecordBatch.from_arrays([*batch.columns, added], schema=schema))
+
+
+def columns_of(path: Path) -> list[str]:
+    """The table's columns: a CSV's header, a JSON Lines table's first row's keys, a parquet file's schema."""
+    fmt = table_format(path)
+    if fmt == "parquet":
+        return list(_parquet_file(path).schema_arrow.names)
+    try:
+        next(read_rows(path, ["\x00"], ["-"]), None)
+    except TableError as exc:
+        found = getattr(exc, "columns", None)
+        if found is not None:
+            return list(found)
+        raise
+    return []
+
+
+def has_column(path: Path, column: str) -> bool:
+    """Whether the table at ``path`` has ``column`` (CSV: its header; JSON Lines: its first row; parquet: schema)."""
+    fmt = table_format(path)
+    if fmt == "parquet":
+        return column in _parquet_file(path).schema_arrow.names
+    return column in columns_of(path)
+
+
+__all__ = ["TABLE_FORMATS", "TableError", "columns_of", "has_column", "read_rows", "table_format", "write_with_column"]
