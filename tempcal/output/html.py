@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..conformal.sets import SHORT_P
 from ..errors import TempcalError, neutral, param
+from ..subsets.console import GROUP_COLUMNS, GROUP_T
 from ..workflows.basis import (
     AT_FOLDS,
     AT_GLOBAL,
@@ -30,7 +31,6 @@ from ..workflows.basis import (
 )
 from . import html_figures as figures
 from .figures import group_coverage, threshold_text
-from .groups_console import GROUP_COLUMNS, GROUP_T
 
 #: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.
 METRICS = (("nll", "NLL"), ("ece", "ECE"), ("mce", "MCE"), ("brier", "Brier"), ("accuracy", "accuracy"),

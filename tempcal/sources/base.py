@@ -268,7 +268,7 @@ class SourceKind(ABC):
                                   f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "
                                   "the values as logits")
 
-    # -- --group-by KEY: the groups of the counted rows (see tempcal.sources.groups) ---------------------------
+    # -- --group-by KEY: the groups of the counted rows (see tempcal.subsets.groups) ---------------------------
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """The groups of ``opened``'s counted rows by the integer tensor ``key`` (:meth:`group_values`), cut to the
         rows that count; ``option`` names where KEY came from in messages."""

@@ -16,13 +16,13 @@ from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, TempcalError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions
-from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
+from ..subsets.fit_figures import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
+from ..subsets.groups import read_groups
 from ..validation import check_alphas
 from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis
 from .common import extra_figures, scan_source
 from .stored_split import fitted_split
-from .subsets import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
 
 #: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.
 DEFAULT_VAL_FRACTION = 0.5
@@ -163,7 +163,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     ``folds`` (K): cross-fitting: T on every row, T_k on the rows outside each of K seeded stratified folds,
     ``after`` out of fold (neither ``eval_file`` nor ``val_fraction`` then). ``group_by`` (a tensor of
     SOURCE, or ``task`` for lm-evaluation-harness logs): a T per group, drawn toward the global T by
-    ``group_prior`` (0: independent fits; default :data:`~tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`).
+    ``group_prior`` (0: independent fits; default :data:`~tempcal.subsets.fit_figures.DEFAULT_GROUP_PRIOR`).
     ``progress``: a context manager shown while the one global T is fitted, its ``ece_pass`` told each pass of the
     ECE search (the command line's delayed progress line); None: nothing is shown.
     """

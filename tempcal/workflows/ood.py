@@ -23,11 +23,11 @@ from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, dete
 from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
 from ..sources.base import OpenedSource, SourceOptions
-from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
+from ..subsets.groups import RowGroups, read_groups
+from ..subsets.ood import GroupTaus, dropped_extra, group_results, group_taus
 from ..validation import UNIT, as_temperature, check_option, check_taus, resolve_taus, whole_number
 from .common import check_stored_reading, scan_source, uses_stored
-from .grouped_ood import GroupTaus, dropped_extra, group_results, group_taus
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
@@ -358,7 +358,7 @@ def _groups(loaded: OpenedSource, group_by: str | None, taus: Sequence[str | flo
     """SOURCE's groups by ``group_by`` and the stored per-group temperatures that apply to them."""
     if group_by is None:
         return None, GroupTaus({}, [])
-    from .grouped_report import applicable_groups
+    from ..subsets.report import applicable_groups
 
     groups = read_groups(loaded, group_by)
     applied = applicable_groups(loaded, groups, stored) if uses_stored(taus) else None

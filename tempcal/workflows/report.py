@@ -12,12 +12,12 @@ from ..conformal import OWN_GROUP_READS, metrics_plan, own_group_sets, report_gr
 from ..errors import TempcalError
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
-from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
+from ..subsets.groups import RowGroups, read_groups
+from ..subsets.report import AppliedGroups, GroupRow, applicable_groups, group_extras, grouped_report
 from ..validation import check_alphas, check_taus, resolve_taus
 from .basis import AT_GROUPS, ROWS_ALL, ROWS_HELD_OUT, Basis, report_basis
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
-from .grouped_report import AppliedGroups, GroupRow, applicable_groups, group_extras, grouped_report
 from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
@@ -238,7 +238,7 @@ def _extras(scan: Any, grouped: Any, plain: Sequence[float], *, estimators: Sequ
             bootstrap: int, seed: int, bins: int, warnings: list[str]) -> list[dict]:
     """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
     the pass kept."""
-    from .subsets import row_extras
+    from ..subsets.fit_figures import row_extras
 
     if not (estimators or bootstrap):
         return []

@@ -1,7 +1,7 @@
 """Per-group temperatures stored with a SOURCE, applied row by row: what ``apply`` reads of them.
 
 ``fit --group-by KEY`` stores, beside ``tempcal.temperature``, the key ``tempcal.group_key`` (KEY) and
-``tempcal.group_temperatures`` (a JSON object string, group name -> T_g); see :mod:`tempcal.sources.groups`,
+``tempcal.group_temperatures`` (a JSON object string, group name -> T_g); see :mod:`tempcal.subsets.groups`,
 which reads both and each row's group.
 """
 
@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import Note
 from ..sources.base import OpenedSource
-from ..sources.groups import GROUP_KEY, StoredGroups, read_groups
+from .groups import GROUP_KEY, StoredGroups, read_groups
 
 if TYPE_CHECKING:
     import torch

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..metrics.detection import SortedOod, detection_against
-from ..sources.groups import RowGroups
+from .groups import RowGroups
 
 #: At most this many distinct stored per-group temperatures are scored (each is one more exp per logit).
 MAX_GROUP_TAUS = 256

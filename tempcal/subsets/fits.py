@@ -1,8 +1,11 @@
 """The global T and every subset T (folds, groups, groups within folds) from shared reads of one scan.
 
 :func:`fit_with_subsets` runs the global fit as :func:`~tempcal.core.scan_fit.fit_scan` does (the
-same T as a fit on every row), its passes carrying the subset fits (:mod:`tempcal.core.shared_fits`), then
+same T as a fit on every row), its passes carrying the subset fits (:mod:`tempcal.subsets.nll_fits`), then
 finishes those. ``passes`` of the global result counts every read, the validating scan included.
+
+Loading this module registers :func:`fit_subsets_api` as core's :data:`~tempcal.core.fitting.SUBSET_FIT`, so
+``fit_temperature(groups=..., folds=...)`` reaches it; ``tempcal.fit_temperature`` is read from here for that.
 """
 
 from __future__ import annotations
@@ -11,12 +14,14 @@ from typing import Any
 
 import torch
 
+from ..core import fitting
+from ..core.certified import TOL
+from ..core.fitting import fit_temperature
+from ..core.scan import Scan
+from ..core.scan_fit import FitResult, fit_scan
 from ..errors import DataError
 from ..validation import check_prior
-from .certified import TOL
-from .scan import Scan
-from .scan_fit import FitResult, fit_scan
-from .shared_fits import CellLayout, SharedFits, SubsetFits
+from .nll_fits import CellLayout, SharedFits, SubsetFits
 
 
 def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
@@ -35,7 +40,7 @@ def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float
                      bins: int = 15, group_names: list[str] | None = None, tol: float = TOL) -> SubsetFits:
     """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads."""
     if objective != "nll":
-        from .ece_subsets import fit_ece_with_subsets
+        from .ece_fits import fit_ece_with_subsets
 
         return fit_ece_with_subsets(scan, layout, groups=groups, lam=lam, bins=bins, group_names=group_names)
     start = scan.passes
@@ -80,4 +85,7 @@ def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group
     return result
 
 
-__all__ = ["SubsetFits", "cell_index", "fit_subsets_api", "fit_with_subsets"]
+if fit_subsets_api not in fitting.SUBSET_FIT:
+    fitting.SUBSET_FIT.append(fit_subsets_api)
+
+__all__ = ["SubsetFits", "cell_index", "fit_subsets_api", "fit_temperature", "fit_with_subsets"]

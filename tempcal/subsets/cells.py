@@ -25,12 +25,12 @@ from typing import Any
 
 import torch
 
-from .bins import bin_edges, bin_index
-from .cumulants import FIELDS, row_moments, row_terms
-from .distributed import all_gather_rows, all_reduce
-from .scan import CalibrationSums, RowBlock, Scan
-from .scratch import Scratch
-from .threads import block_bounds, map_blocks, pass_threads
+from ..core.bins import bin_edges, bin_index
+from ..core.cumulants import FIELDS, row_moments, row_terms
+from ..core.distributed import all_gather_rows, all_reduce
+from ..core.scan import CalibrationSums, RowBlock, Scan
+from ..core.scratch import Scratch
+from ..core.threads import block_bounds, map_blocks, pass_threads
 
 
 def _slot_betas(betas: torch.Tensor) -> list[float | None]:

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ..errors import DataError, param
-from .base import OpenedSource
-from .grouping import (
+from ..sources.base import OpenedSource
+from ..sources.grouping import (
     GROUP_KEY,
     GROUP_TEMPERATURES,
     MAX_GROUPS,

@@ -1,6 +1,6 @@
 """Metrics of subsets of rows (each group, the out-of-fold rows) from one pass's per-subset sums.
 
-:func:`tempcal.core.cell_passes.cell_calibration` sums every calibration figure per slot (a beta for each
+:func:`tempcal.subsets.cells.cell_calibration` sums every calibration figure per slot (a beta for each
 row) and per subset in one read; :func:`subset_metrics` turns one slot's sums over one subset into the
 contract's figures, exactly as :func:`~tempcal.metrics.calibration.from_sums` does for every row.
 
@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .calibration import CalibrationMetrics, from_sums
-from .decisions import MAX_GROUPS, subset_decisions
+from ..metrics.calibration import CalibrationMetrics, from_sums
+from ..metrics.decisions import MAX_GROUPS, subset_decisions
 
 if TYPE_CHECKING:
-    from ..core.cell_passes import CellCalibration
+    from .cells import CellCalibration
 
 RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], CalibrationMetrics]
 #: Figures computed from a subset's per-row confidence and correctness (empty: no row is kept): the decision

@@ -16,17 +16,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.cell_passes import CellCalibration, cell_calibration
-from ..core.folds import assign_folds, fold_sizes
 from ..core.scan import Scan
-from ..core.shared_fits import CellLayout
-from ..core.subsets import SubsetFits, cell_index, fit_with_subsets
 from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
-from ..metrics.subsets import metrics_block, subset_metrics
 from ..sources.base import OpenedSource
-from ..sources.groups import RowGroups
 from ..validation import DEFAULT_GROUP_PRIOR, check_prior
+from .cells import CellCalibration, cell_calibration
+from .fits import SubsetFits, cell_index, fit_with_subsets
+from .folds import assign_folds, fold_sizes
+from .groups import RowGroups
+from .metrics import metrics_block, subset_metrics
+from .nll_fits import CellLayout
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """``report --group-by KEY`` (and ``ood --group-by KEY``'s groups): figures per group at every temperature, one pass.
 
-Each temperature is one slot of :func:`~tempcal.core.cell_passes.cell_calibration`, the rows' groups its
+Each temperature is one slot of :func:`~tempcal.subsets.cells.cell_calibration`, the rows' groups its
 subsets; at the stored T, when per-group temperatures are stored for KEY, one more slot holds each group's rows
 at their own T_g (a group with none stored takes the global T, with a warning), beside the global T's figures.
 """
@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..core.cell_passes import CellCalibration, cell_calibration
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
-from ..metrics.subsets import subset_metrics
 from ..sources.base import OpenedSource
-from ..sources.groups import RowGroups, stored_group_temperatures
+from .cells import CellCalibration, cell_calibration
+from .groups import RowGroups, stored_group_temperatures
+from .metrics import subset_metrics
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Se
 def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
                  bins: int) -> list[GroupRow]:
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    from .subsets import row_extras
+    from .fit_figures import row_extras
 
     if not (estimators or bootstrap) or grouped.calibration.confidence is None:
         return grouped.rows
