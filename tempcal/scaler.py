@@ -132,7 +132,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     device : ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``: where the fit's reductions run.
     group_prior : how strongly each group's T is drawn toward the global T when ``fit`` is given ``groups``:
         ``group_prior * (ln T - ln T_global)^2`` is added to the group's NLL sum (0: independent fits; None:
-        the command line's default, :data:`tempcal.subsets.fit_figures.DEFAULT_GROUP_PRIOR`).
+        the command line's default, :data:`tempcal.subsets.options.DEFAULT_GROUP_PRIOR`).
     probs : ``True``: ``X`` holds probabilities (rows summing to 1; one binary column: the probability of
         ``classes_[1]``), and T scales ``log(p)`` (log-odds for one column) in every method; ``False``:
         ``X`` holds logits, whatever they look like; ``None`` (default): logits, and ``fit`` refuses ``X``

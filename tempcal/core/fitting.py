@@ -52,7 +52,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
 
     ``groups`` (one value per row: integers, strings, any sortable values) also fits each group's T, drawn
     toward the global T by ``group_prior`` (``lam * (ln T - ln T_global)^2`` added to the group's NLL sum; 0:
-    independent fits; default :data:`tempcal.validation.DEFAULT_GROUP_PRIOR`): ``group_temperatures``.
+    independent fits; default :data:`tempcal.subsets.options.DEFAULT_GROUP_PRIOR`): ``group_temperatures``.
     ``folds`` (K, seeded by ``seed``) also fits T on the rows outside each of K class-stratified folds:
     ``fold_temperatures``. Both share the global fit's reads.
 

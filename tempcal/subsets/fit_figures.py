@@ -20,13 +20,13 @@ from ..core.scan import Scan
 from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from ..validation import DEFAULT_GROUP_PRIOR, check_prior
 from .cells import CellCalibration, cell_calibration
 from .fits import SubsetFits, cell_index, fit_with_subsets
 from .folds import assign_folds, fold_sizes
 from .groups import RowGroups
 from .metrics import metrics_block, subset_metrics
 from .nll_fits import CellLayout
+from .options import Plan
 
 
 @dataclass
@@ -73,19 +73,6 @@ class Subsets:
         if self.groups is None:
             return None
         return {g.group: g.temperature for g in self.groups if g.n_fit > 0}
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What to fit besides the global T: ``folds`` (K or None), the rows' groups, the prior's weight."""
-
-    folds: int | None = None
-    groups: RowGroups | None = None
-    lam: float = DEFAULT_GROUP_PRIOR
-
-    @property
-    def active(self) -> bool:
-        return self.folds is not None or self.groups is not None
 
 
 #: Groups named in the line about groups without fitting rows.
@@ -262,5 +249,5 @@ def _counts(index: torch.Tensor, count: int, scan: Scan) -> list[int]:
     return all_reduce(counts).cpu().tolist()
 
 
-__all__ = ["DEFAULT_GROUP_PRIOR", "GroupResult", "Plan", "Subsets", "check_prior", "crossfit", "group_order",
+__all__ = ["GroupResult", "Subsets", "crossfit", "group_order",
            "grouped", "row_extras", "subset_extras"]

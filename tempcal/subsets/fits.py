@@ -20,8 +20,8 @@ from ..core.fitting import fit_temperature
 from ..core.scan import Scan
 from ..core.scan_fit import FitResult, fit_scan
 from ..errors import DataError
-from ..validation import check_prior
 from .nll_fits import CellLayout, SharedFits, SubsetFits
+from .options import check_prior
 
 
 def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,

@@ -6,7 +6,7 @@ import itertools
 
 import numpy as np
 
-from ..errors import TempcalError, param
+from .options import check_folds
 
 
 def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
@@ -18,8 +18,7 @@ def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
     """
     labels = np.asarray(labels)
     n = int(labels.shape[0])
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or not 2 <= k <= max(n, 2) or k > n:
-        raise TempcalError(f"{param('folds')} {k}: expected a whole number K with 2 <= K <= {n} (the rows that count)")
+    k = check_folds(k, n)
     if k == n:
         return np.arange(n, dtype=np.int64)
     rng = np.random.default_rng(seed)

@@ -13,12 +13,14 @@ from ..conformal import GROUP_SET_READS, ConformalPlan, fit_group_sets, fit_thre
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
-from ..errors import DataError, StoredNote, TempcalError, param
+from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
-from ..subsets.fit_figures import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
+from ..subsets.fit_figures import Subsets, crossfit, grouped, subset_extras
 from ..subsets.groups import read_groups
+from ..subsets.options import Plan, check_folds
+from ..subsets.options import plan as subset_plan
 from ..validation import check_alphas
 from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis
 from .common import extra_figures, scan_source
@@ -163,13 +165,13 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     ``folds`` (K): cross-fitting: T on every row, T_k on the rows outside each of K seeded stratified folds,
     ``after`` out of fold (neither ``eval_file`` nor ``val_fraction`` then). ``group_by`` (a tensor of
     SOURCE, or ``task`` for lm-evaluation-harness logs): a T per group, drawn toward the global T by
-    ``group_prior`` (0: independent fits; default :data:`~tempcal.subsets.fit_figures.DEFAULT_GROUP_PRIOR`).
+    ``group_prior`` (0: independent fits; default :data:`~tempcal.subsets.options.DEFAULT_GROUP_PRIOR`).
     ``progress``: a context manager shown while the one global T is fitted, its ``ece_pass`` told each pass of the
     ECE search (the command line's delayed progress line); None: nothing is shown.
     """
     alphas = check_alphas(conformal_alpha)
     warnings: list[str] = []
-    plan = _plan(folds, group_prior, eval_file, val_fraction)
+    plan = subset_plan(folds, group_prior, eval_file, val_fraction)
     loaded = open_source(source, options, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
     plan = _with_groups(plan, loaded, group_by)
@@ -281,20 +283,6 @@ def _evaluation_file(loaded: Any, eval_file: Source) -> Any:
     return evaluated
 
 
-def _plan(folds: int | None, group_prior: float | None, eval_file: Any, val_fraction: float | None) -> Plan:
-    """What to fit besides the global T; ``folds`` refused with ``eval_file`` or a ``val_fraction``."""
-    if folds is not None:
-        if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)) or folds < 2:
-            raise TempcalError(f"{param('folds')} {folds}: expected a whole number K >= 2")
-        if eval_file is not None:
-            raise TempcalError(f"{param('folds')} fits and reports on every row of SOURCE, out of fold; "
-                               f"{param('eval')} names another evaluation set: give one or the other")
-        if val_fraction is not None:
-            raise TempcalError(f"{param('folds')} fits on every row, out of fold; {param('val_fraction')} "
-                               "splits SOURCE once: give one or the other")
-    return Plan(folds=None if folds is None else int(folds), lam=check_prior(group_prior))
-
-
 def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, device: str,
               chunk_rows: int | None, estimators: Sequence[str], bootstrap: int, warnings: list[str],
               alphas: list[float]) -> FitReport:
@@ -302,9 +290,7 @@ def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, 
     with ``alphas``)."""
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                        fit_rows=ALL_ROWS)
-    if not plan.folds <= scan.num_samples:  # type: ignore[operator]
-        raise TempcalError(f"{param('folds')} {plan.folds}: SOURCE has {scan.num_samples} rows that count; K must "
-                           "lie between 2 and that")
+    check_folds(plan.folds, scan.num_samples)
     try:
         fitted, before, after, subsets = crossfit(loaded, scan, plan, seed=seed, objective=objective, bins=bins,
                                                   warnings=warnings)

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from subsets_reference import figures_per_row, penalised_temperature
 
-from tempcal.subsets.fit_figures import DEFAULT_GROUP_PRIOR
+from tempcal.subsets.options import DEFAULT_GROUP_PRIOR
 
 
 @pytest.fixture
