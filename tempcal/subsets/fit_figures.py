@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +73,22 @@ class Subsets:
         if self.groups is None:
             return None
         return {g.group: g.temperature for g in self.groups if g.n_fit > 0}
+
+    def to_json(self, bases: Callable[[int], dict[str, dict]]) -> dict[str, Any]:
+        """The fit JSON's ``folds`` and ``group_key``, ``group_prior``, ``groups`` (those asked for); ``bases(n)``:
+        the ``basis`` of each block of a group with ``n`` evaluation rows, by block name."""
+        out: dict[str, Any] = {}
+        if self.folds is not None:
+            out["folds"] = self.folds
+        if self.groups is not None:
+            out.update(group_key=self.group_key, group_prior=self.group_prior, groups=[])
+            for group in self.groups:
+                block = group.to_json()
+                for name, basis in bases(group.n_eval).items():
+                    if block.get(name) is not None:
+                        block[name]["basis"] = basis
+                out["groups"].append(block)
+        return out
 
 
 #: Groups named in the line about groups without fitting rows.

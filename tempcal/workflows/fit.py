@@ -120,26 +120,9 @@ class FitReport:
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
             "probs": bool(self.opened is not None and self.opened.options.probs),
-            **self._subsets_json(),
+            **({} if self.subsets is None else self.subsets.to_json(
+                lambda n: {name: basis.to_json() for name, basis in self.group_bases(n).items()})),
         }
-
-    def _subsets_json(self) -> dict[str, Any]:
-        if self.subsets is None:
-            return {}
-        out: dict[str, Any] = {}
-        if self.subsets.folds is not None:
-            out["folds"] = self.subsets.folds
-        if self.subsets.groups is not None:
-            out.update(group_key=self.subsets.group_key, group_prior=self.subsets.group_prior,
-                       groups=[self._group_json(g) for g in self.subsets.groups])
-        return out
-
-    def _group_json(self, group: Any) -> dict[str, Any]:
-        out = group.to_json()
-        for name, basis in self.group_bases(group.n_eval).items():
-            if out.get(name) is not None:
-                out[name]["basis"] = basis.to_json()
-        return out
 
     @property
     def group_temperatures(self) -> dict[str, float] | None:
