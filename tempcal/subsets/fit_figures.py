@@ -20,11 +20,9 @@ from ..core.scan import Scan
 from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from .cells import CellCalibration, cell_calibration
-from .fits import SubsetFits, cell_index, fit_with_subsets
-from .folds import assign_folds, fold_sizes
+from .cells import CellCalibration, cell_calibration, metrics_block, subset_metrics
+from .fits import SubsetFits, assign_folds, cell_index, fit_with_subsets, fold_sizes
 from .groups import RowGroups
-from .metrics import metrics_block, subset_metrics
 from .nll_fits import CellLayout
 from .options import Plan
 
@@ -101,7 +99,7 @@ def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objecti
     labels = loaded.data.labels.numpy()
     folds = assign_folds(labels, k, seed)
     start, stop = loaded.share()
-    groups = _local(plan.groups, start, stop)
+    groups = None if plan.groups is None else torch.from_numpy(plan.groups.index[start:stop])
     count = plan.groups.count if plan.groups is not None else 1
     layout = CellLayout(cell_index(groups, torch.from_numpy(folds[start:stop]), k, scan.device), count, k)
     fits = _fit(scan, layout, plan, objective, bins, plan.groups.names if plan.groups is not None else None)
@@ -109,7 +107,7 @@ def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objecti
     betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
     if plan.groups is not None:
         betas.append(1.0 / torch.tensor(fits.group_fold_temperatures, dtype=torch.float64).reshape(-1))
-    report = _zeros(layout.cells) if groups is None else groups.to(scan.device)
+    report = torch.zeros_like(layout.cells) if groups is None else groups.to(scan.device)
     calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, bins)
     global_t = fits.fit.temperature
     before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
@@ -247,14 +245,6 @@ def group_order(name: str) -> tuple[int, int, str]:
         return 0, int(name), ""
     except ValueError:
         return 1, 0, name
-
-
-def _local(groups: RowGroups | None, start: int, stop: int) -> torch.Tensor | None:
-    return None if groups is None else torch.from_numpy(groups.index[start:stop])
-
-
-def _zeros(like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(like)
 
 
 def _counts(index: torch.Tensor, count: int, scan: Scan) -> list[int]:

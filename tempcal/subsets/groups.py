@@ -13,12 +13,7 @@ Write-back keeps, beside ``tempcal.temperature``, :data:`GROUP_KEY` (KEY) and :d
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-import torch
-
-from ..errors import DataError, param
+from ..errors import param
 from ..sources.base import OpenedSource
 from ..sources.grouping import (
     GROUP_KEY,
@@ -29,7 +24,6 @@ from ..sources.grouping import (
     StoredGroups,
     check_row_count,
     group_metadata,
-    named,
     parse_stored_groups,
 )
 
@@ -38,16 +32,6 @@ def read_groups(opened: OpenedSource, key: str, *, option: str | None = None) ->
     """The groups of ``opened``'s counted rows by ``key`` (see the module docstring), as its kind reads them;
     ``option`` names where KEY came from in messages (default ``--group-by``; ``apply`` reads the stored key)."""
     return opened.kind.read_groups(opened, key, option or param("group_by"))
-
-
-def groups_of_values(key: str, values: Any, where: str = "groups") -> RowGroups:
-    """Groups from one integer per row (the Python API's ``groups=``)."""
-    array = np.asarray(values.cpu() if isinstance(values, torch.Tensor) else values)
-    if array.ndim != 1:
-        raise DataError(f"{where}: expected one group per row ([N]), got shape {list(array.shape)}")
-    if array.dtype.kind not in "biu":
-        raise DataError(f"{where}: has dtype {array.dtype}; group values must be integers")
-    return named(key, array.astype(np.int64), where, "groups=")
 
 
 def stored_group_temperatures(opened: OpenedSource) -> tuple[str | None, dict[str, float]]:
@@ -59,4 +43,4 @@ def stored_group_temperatures(opened: OpenedSource) -> tuple[str | None, dict[st
 
 
 __all__ = ["GROUP_KEY", "GROUP_TEMPERATURES", "MAX_GROUPS", "TASK", "RowGroups", "StoredGroups", "check_row_count",
-           "group_metadata", "groups_of_values", "parse_stored_groups", "read_groups", "stored_group_temperatures"]
+           "group_metadata", "parse_stored_groups", "read_groups", "stored_group_temperatures"]

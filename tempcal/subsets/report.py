@@ -15,9 +15,8 @@ import torch
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from .cells import CellCalibration, cell_calibration
+from .cells import CellCalibration, cell_calibration, subset_metrics
 from .groups import RowGroups, stored_group_temperatures
-from .metrics import subset_metrics
 
 
 @dataclass(frozen=True)
