@@ -45,10 +45,6 @@ class RowGroups:
     def sizes(self) -> list[int]:
         return np.bincount(self.index, minlength=self.count).astype(np.int64).tolist()
 
-    def select(self, rows: Any) -> np.ndarray:
-        """The group of each of ``rows`` (indices into the counted rows)."""
-        return self.index[np.asarray(rows, dtype=np.int64)]
-
 
 def named(key: str, values: np.ndarray, where: str, option: str) -> RowGroups:
     """Sorted distinct values as names, each row's index into them; more than MAX_GROUPS refused."""

@@ -73,10 +73,6 @@ class Plan:
     groups: RowGroups | None = None
     lam: float = DEFAULT_GROUP_PRIOR
 
-    @property
-    def active(self) -> bool:
-        return self.folds is not None or self.groups is not None
-
 
 def plan(folds: Any, group_prior: Any, eval_file: Any, val_fraction: Any) -> Plan:
     """``fit``'s plan from its arguments; ``folds`` refused with ``eval_file`` or a ``val_fraction``."""

@@ -24,8 +24,7 @@ from ..io.paths import same_file
 from ..io.streamed import Planned, output_format, write_streamed
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
-from ..subsets.apply import row_temperatures
-from ..subsets.groups import parse_stored_groups
+from ..subsets.groups import parse_stored_groups, row_temperatures
 from ..validation import check_taus, format_temperature, is_fitted, parse_tau
 from .common import check_stored_reading, scan_source
 
