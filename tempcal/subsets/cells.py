@@ -33,6 +33,7 @@ from typing import Any
 import torch
 
 from ..core.bins import bin_edges, bin_index
+from ..core.calibration_pass import row_calibration
 from ..core.cumulants import FIELDS, row_moments, row_terms
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import CalibrationSums, RowBlock, Scan
@@ -180,18 +181,9 @@ def _row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, 
                      beta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row at ``beta`` (a number, or one per row): the float64 confidence and ``[rows, 5]`` values as
     :meth:`Scan.calibration` sums them."""
-    b = beta[:, None] if isinstance(beta, torch.Tensor) else beta
-    e = torch.mul(d, b, out=scratch.like("e", d)).exp_()
-    s0 = e.sum(1)
-    log_s0 = torch.log(s0)
-    mean_d = torch.linalg.vecdot(e, d_finite) / s0
-    confidence = s0.reciprocal().to(torch.float64)
-    p_true = torch.exp(beta * gap) / s0
-    brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+    nll, brier, entropy, confidence, _ = row_calibration(scratch, d, d_finite, gap, beta)
     f64 = torch.float64
-    values = torch.stack([(log_s0 - beta * gap).to(f64), brier.clamp_min(0).to(f64),
-                          (log_s0 - beta * mean_d).clamp_min(0).to(f64), hit, confidence], 1)
-    return confidence, values
+    return confidence, torch.stack([nll.to(f64), brier.to(f64), entropy.to(f64), hit, confidence], 1)
 
 
 RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], CalibrationMetrics]
