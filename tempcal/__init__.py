@@ -33,7 +33,7 @@ _EXPORTS = {
     # the scan and the fit
     "Scan": "core.scan",
     "stratified_split": "core.splitting",
-    "fit_temperature": "core.fitting",
+    "fit_temperature": "subsets.fits",  # core's fit, with groups= and folds= registered
     "FitResult": "core.fitting",
     "T_MIN": "core.fitting",
     "T_MAX": "core.fitting",
@@ -81,7 +81,7 @@ __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
     from .core.data import LogitsData, as_logits_data, resolve_device
-    from .core.fitting import T_MAX, T_MIN, FitResult, fit_temperature
+    from .core.fitting import T_MAX, T_MIN, FitResult
     from .core.scan import Scan
     from .core.splitting import stratified_split
     from .errors import DataError, TempcalError
@@ -105,6 +105,7 @@ if TYPE_CHECKING:
     from .scaler import TemperatureScaler, TemperatureScaling
     from .sources.base import OpenedSource, SourceOptions
     from .sources.registry import open_source, read_stored_temperature, write_stored_temperature
+    from .subsets.fits import fit_temperature
     from .validation import PROBS_KEY, TEMPERATURE_KEY, ProbabilitiesError
     from .workflows.apply import ApplyResult, apply_file
     from .workflows.fit import FitReport, fit_file

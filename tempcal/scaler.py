@@ -1,6 +1,6 @@
 """Temperature scaling for Python users: a scikit-learn estimator and a ``torch.nn.Module`` for deployment.
 
-:class:`TemperatureScaler` fits T with :func:`tempcal.core.fitting.fit_temperature` (the CLI's exact
+:class:`TemperatureScaler` fits T with :func:`tempcal.fit_temperature` (the CLI's exact
 L-BFGS fit). It is a scikit-learn classifier and transformer on logits and passes scikit-learn's
 estimator checks except the few that cannot apply to a scaler of logits (listed with reasons in the tests).
 :class:`TemperatureScaling` divides logits by a fitted T inside a model.
@@ -17,10 +17,11 @@ from sklearn.utils.multiclass import check_classification_targets  # type: ignor
 from sklearn.utils.validation import check_is_fitted  # type: ignore[import-untyped]
 
 from .core.data import as_logits_data, probabilities_to_logits
-from .core.fitting import FitResult, fit_temperature
+from .core.fitting import FitResult
 from .core.scan import Scan
 from .errors import DataError, TempcalError
 from .metrics.calibration import DEFAULT_BINS
+from .subsets.fits import fit_temperature  # core's fit, with groups= registered
 from .validation import as_temperature
 
 try:  # scikit-learn >= 1.6
@@ -131,7 +132,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     device : ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"``: where the fit's reductions run.
     group_prior : how strongly each group's T is drawn toward the global T when ``fit`` is given ``groups``:
         ``group_prior * (ln T - ln T_global)^2`` is added to the group's NLL sum (0: independent fits; None:
-        the command line's default, :data:`tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`).
+        the command line's default, :data:`tempcal.subsets.options.DEFAULT_GROUP_PRIOR`).
     probs : ``True``: ``X`` holds probabilities (rows summing to 1; one binary column: the probability of
         ``classes_[1]``), and T scales ``log(p)`` (log-odds for one column) in every method; ``False``:
         ``X`` holds logits, whatever they look like; ``None`` (default): logits, and ``fit`` refuses ``X``
@@ -262,7 +263,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         temperature = self._temperatures(z.shape[0], groups, torch.device("cpu"))
         if not isinstance(temperature, torch.Tensor):
             return -scan.objective(1.0 / temperature).nll
-        from .core.cell_passes import cell_objective
+        from .subsets.cells import cell_objective
 
         cells = torch.arange(z.shape[0], device=scan.device)
         sums = cell_objective(scan, (1.0 / temperature)[None, :], cells)[0]

@@ -363,28 +363,6 @@ def stored_probs(text: str | None, where: str) -> bool:
                        "or fit again)")
 
 
-#: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
-#: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
-DEFAULT_GROUP_PRIOR = 10.0
-#: The largest ``group_prior``: far past the point where every group's T is the global T to the fit's tolerance,
-#: and below where the prior's derivatives (``lam / rows * ln T``) would overflow.
-MAX_GROUP_PRIOR = 1e15
-
-
-def check_prior(lam: Any) -> float:
-    """``group_prior``: a number >= 0 (None: the default)."""
-    if lam is None:
-        return DEFAULT_GROUP_PRIOR
-    try:
-        value = float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float("nan")
-    except OverflowError:  # an integer beyond any float
-        value = float("inf")
-    if not (0 <= value <= MAX_GROUP_PRIOR):
-        raise TempcalError(f"{param('group_prior')} {shown_value(lam)}: expected a number from 0 (independent fits per "
-                           f"group) to {MAX_GROUP_PRIOR:g} (every group at the global T already)")
-    return value
-
-
 def check_alphas(alphas: Sequence[float]) -> list[float]:
     """The conformal miscoverage levels, each strictly between 0 and 1, in the order given (repeats dropped)."""
     out: list[float] = []
@@ -395,10 +373,10 @@ def check_alphas(alphas: Sequence[float]) -> list[float]:
     return out
 
 
-__all__ = ["DEFAULT_GROUP_PRIOR", "FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_GROUP_PRIOR",
+__all__ = ["FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS",
            "MAX_RESAMPLES", "MIN_TEMPERATURE", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE", "POSITIVE", "PROBS_KEY",
            "READING_KEYS", "TEMPERATURE_KEY", "UNIT", "Bounds", "OutOfRange", "ProbabilitiesError", "as_temperature",
            "check_alphas", "check_bins", "check_confidences", "check_labels", "check_number", "check_option",
-           "check_prior", "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number",
+           "check_taus", "format_temperature", "is_fitted", "parse_tau", "positive_number",
            "probabilities_refused", "resolve_taus", "shown_value", "stored_probs", "stored_temperature",
            "temperature_number", "temperature_problem", "whole_number"]

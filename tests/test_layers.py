@@ -1,10 +1,12 @@
 """No module imports from a layer above its own, counting imports inside functions and under ``TYPE_CHECKING``.
 
-The layers, low to high: errors and validation, core (and the progress line beside it), metrics and scores, io, models,
-sources, workflows (and the scikit-learn estimator, the conformal sets' package and the commands' typed requests beside
-them), output (and the HTML page's package beside it), cli. A lower layer that needs something from a higher one takes
-it as an argument (or the thing moves down), so a reader can follow the package from the bottom up without meeting a
-name defined further up.
+The layers, low to high: errors and validation, core (and the progress line beside it), metrics and scores, io,
+models, sources (and the language-model package beside them), workflows (and the scikit-learn estimator, the
+conformal sets' and the subsets' packages and the commands' typed requests beside them), output (and the HTML page's
+package beside it), cli. A capability package's drawing modules (the subsets' console tables and plots) sit with
+output, a layer above the rest of their package. A lower layer that needs something from a higher one takes it as
+an argument (or the thing moves down), so a reader can follow the package from the bottom up without meeting a name
+defined further up.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "tempcal"
 
-#: Each top-level module or package of ``tempcal`` and its layer; a module may import its own layer and below.
+#: Each top-level module or package of ``tempcal`` (or a module of one, where it differs) and its layer; a module may
+#: import its own layer and below.
 LAYERS = {
     "_version": 0, "errors": 0, "validation": 0,
     "core": 1, "progress": 1,
@@ -22,8 +25,8 @@ LAYERS = {
     "io": 3,
     "models": 4,
     "sources": 5, "lm": 5,
-    "workflows": 6, "scaler": 6, "conformal": 6, "requests": 6,
-    "output": 7, "html": 7,
+    "workflows": 6, "scaler": 6, "conformal": 6, "subsets": 6, "requests": 6,
+    "output": 7, "html": 7, "subsets.console": 7, "subsets.plots": 7,
     "cli": 8, "__main__": 8, "__init__": 9,
 }
 
@@ -38,7 +41,9 @@ def _modules() -> dict[str, Path]:
 
 def _layer(module: str) -> int:
     parts = module.split(".")
-    return LAYERS["__init__"] if len(parts) == 1 else LAYERS[parts[1]]
+    if len(parts) == 1:
+        return LAYERS["__init__"]
+    return LAYERS.get(".".join(parts[1:3]), LAYERS[parts[1]])
 
 
 def _imported(name: str, path: Path, modules: dict[str, Path]) -> set[str]:

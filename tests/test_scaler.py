@@ -591,7 +591,7 @@ def test_probs_true_on_one_binary_column_uses_the_log_odds():
 def test_groups_fit_a_t_per_group_and_transform_applies_it():
     from subsets_reference import penalised_temperature
 
-    from tempcal.workflows.subsets import DEFAULT_GROUP_PRIOR
+    from tempcal.subsets.options import DEFAULT_GROUP_PRIOR
 
     rng = np.random.default_rng(5)
     base = rng.normal(size=(900, 4)) * 2

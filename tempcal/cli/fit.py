@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import typer
 
 from ..errors import TempcalError
 from ..lm.command import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from ..requests import FitRequest, Outputs, Texts
 from ..sources.base import SourceOptions
+from ..subsets.options import settle_folds
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, progress_line, start
@@ -181,31 +180,13 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
 
 
 def _cross_fitting(ctx: typer.Context, request: FitRequest) -> FitRequest:
-    """``--folds`` against ``--val-fraction`` and ``--eval``: on the command line together, or in the configuration
-    file together, they are refused; across the two, the command line wins. Returns the request with its folds, its
-    split (None: the default) and its evaluation file settled. ``--group-prior`` needs ``--group-by``."""
-    if request.group_prior is not None and request.group_by is None:
-        raise TempcalError("--group-prior weighs the per-group fits of --group-by KEY; give --group-by too")
+    """The request with ``--folds`` settled against ``--val-fraction`` and ``--eval`` (:func:`settle_folds`)."""
+
     def given(name: str) -> str | None:
-        source = ctx.get_parameter_source(name)
-        kind = getattr(source, "name", "")
+        kind = getattr(ctx.get_parameter_source(name), "name", "")
         return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
 
-    split = request.val_fraction if given("val_fraction") else None
-    eval_file = request.eval_file
-    if request.folds is None:
-        return replace(request, split=split)
-    for name, flag, value in (("val_fraction", "--val-fraction", split), ("eval_file", "--eval", eval_file)):
-        if value is None:
-            continue
-        if given(name) == given("folds"):
-            where = "" if given(name) == "command line" else " (both in the configuration file)"
-            raise TempcalError(f"--folds K fits and reports on every row of SOURCE, out of fold; {flag} splits it "
-                               f"otherwise: give one or the other{where}")
-        if given("folds") == "file":
-            return replace(request, folds=None, split=split, eval_file=eval_file)  # the command line wins
-        split, eval_file = (None, eval_file) if name == "val_fraction" else (split, None)
-    return replace(request, split=split, eval_file=eval_file)
+    return settle_folds(request, given)
 
 
 def _check_writes(source: list[str], request: FitRequest) -> bool:

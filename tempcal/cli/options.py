@@ -14,6 +14,7 @@ from ..errors import TempcalError
 from ..html import option as html
 from ..lm import options as lm_options
 from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
+from ..subsets.options import Folds, GroupBy, GroupPrior
 from ..validation import (
     FRACTION,
     MAX_BINS,
@@ -156,18 +157,6 @@ SaveModel = Annotated[Optional[str], typer.Option(
     "--save-model", metavar="PATH", help="Write the model SOURCE calibrated (its logits / T), in the format of "
     "PATH's suffix: .pt2 (from a .pt2 or TorchScript model), .onnx (from an ONNX model), or .pt, .pth, .ts, "
     ".torchscript (from a TorchScript model).", rich_help_panel="Models"), OUTPUT]
-
-# -- cross-fitting and groups ------------------------------------------------------------------
-Folds = Annotated[Optional[int], typer.Option(
-    "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "
-    "class-stratified folds (K = N: leave-one-out). Not with --eval or --val-fraction.")]
-GroupBy = Annotated[Optional[str], typer.Option(
-    "--group-by", metavar="KEY", help="Figures (and, for fit, a T) per group: KEY is an integer tensor of SOURCE, "
-    "one value per row ('task': one group per lm-eval log).")]
-GroupPrior = Annotated[Optional[float], typer.Option(
-    "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
-    "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 10, about as many rows' worth)."),
-    NON_NEGATIVE]
 
 # -- hidden states and an output head -------------------------------------------------------
 Head = Annotated[Optional[str], typer.Option(

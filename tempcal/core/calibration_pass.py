@@ -103,16 +103,10 @@ class CalibrationTerms:
         d_finite = d.nan_to_num(neginf=0.0) if has_neginf else d
         binned = []
         for k, beta in enumerate(self.betas):
-            e = torch.mul(d, beta, out=scratch.like("e", z)).exp_()
-            s0 = e.sum(1)
-            log_s0 = torch.log(s0)
-            mean_d = torch.linalg.vecdot(e, d_finite) / s0
-            confidence = s0.reciprocal().to(torch.float64)
-            p_true = torch.exp(beta * gap) / s0
-            brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
-            acc[k, 0] += (log_s0 - beta * gap).sum(dtype=torch.float64)
-            acc[k, 1] += brier.clamp_min(0).sum(dtype=torch.float64)
-            acc[k, 2] += (log_s0 - beta * mean_d).clamp_min(0).sum(dtype=torch.float64)
+            nll, brier, entropy, confidence, log_s0 = row_calibration(scratch, d, d_finite, gap, beta)
+            acc[k, 0] += nll.sum(dtype=torch.float64)
+            acc[k, 1] += brier.sum(dtype=torch.float64)
+            acc[k, 2] += entropy.sum(dtype=torch.float64)
             acc[k, 3] += hit.sum()
             acc[k, 4] += confidence.sum()
             index = bin_index(confidence, self.edges)
@@ -142,4 +136,20 @@ class CalibrationTerms:
         return out
 
 
-__all__ = ["KEPT", "BlockSums", "CalibrationSums", "CalibrationTerms", "ChunkVisitor"]
+
+def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor,
+                    beta: float | torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Each row's NLL, Brier score and entropy (in ``d``'s dtype, as the pass sums them), float64 confidence and
+    ``log sum e`` (the energy's) at ``beta`` (a number, or one per row), from ``d = z - max z`` (``d_finite``: -inf
+    made 0) and the true class's ``gap``; one exp per logit, in the scratch buffer ``e``."""
+    b = beta[:, None] if isinstance(beta, torch.Tensor) else beta
+    e = torch.mul(d, b, out=scratch.like("e", d)).exp_()
+    s0 = e.sum(1)
+    log_s0 = torch.log(s0)
+    mean_d = torch.linalg.vecdot(e, d_finite) / s0
+    p_true = torch.exp(beta * gap) / s0
+    brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+    return (log_s0 - beta * gap, brier.clamp_min(0), (log_s0 - beta * mean_d).clamp_min(0),
+            s0.reciprocal().to(torch.float64), log_s0)
+
+__all__ = ["KEPT", "BlockSums", "CalibrationSums", "CalibrationTerms", "ChunkVisitor", "row_calibration"]

@@ -1,16 +1,19 @@
 """The public fit: :func:`fit_temperature` on tensors or a :class:`~tempcal.core.scan.Scan`, with groups and folds.
 
 It validates what it is given (one scan of the data), then fits on that scan (:mod:`tempcal.core.scan_fit`: the
-certified NLL fit, its L-BFGS fallback, the ECE search) or, with ``groups`` or ``folds``, fits every subset T
-beside the global one from the same reads (:mod:`tempcal.core.subsets`).
+certified NLL fit, its L-BFGS fallback, the ECE search) or, with ``groups`` or ``folds``, hands the scan to the
+subset fit :mod:`tempcal.subsets` registers in :data:`SUBSET_FIT` (every subset T beside the global one, from the
+same reads); core does not import that package.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import TempcalError
 from ..validation import probabilities_refused
 from .bins import DEFAULT_BINS
 from .certified import T_MAX, T_MIN, Evaluator
@@ -20,6 +23,10 @@ from .scan_fit import MAX_PASSES, FitResult, fit_scan
 
 if TYPE_CHECKING:
     from .ece_fit import PassCallback
+
+#: The fit of ``groups=`` and ``folds=``, ``(scan, groups, kept rows, group_prior=, folds=, seed=, objective=, bins=)
+#: -> FitResult``: registered when :mod:`tempcal.subsets.fits` loads (``tempcal.fit_temperature`` loads it).
+SUBSET_FIT: list[Callable[..., FitResult]] = []
 
 
 def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = DEFAULT_BINS,
@@ -45,12 +52,12 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
 
     ``groups`` (one value per row: integers, strings, any sortable values) also fits each group's T, drawn
     toward the global T by ``group_prior`` (``lam * (ln T - ln T_global)^2`` added to the group's NLL sum; 0:
-    independent fits; default :data:`tempcal.validation.DEFAULT_GROUP_PRIOR`): ``group_temperatures``.
+    independent fits; default :data:`tempcal.subsets.options.DEFAULT_GROUP_PRIOR`): ``group_temperatures``.
     ``folds`` (K, seeded by ``seed``) also fits T on the rows outside each of K class-stratified folds:
     ``fold_temperatures``. Both share the global fit's reads.
 
     ``evaluate`` replaces the scan's pass at one beta (for
-    fits that ride on this one's reads: :mod:`tempcal.core.shared_fits`); ``ece_terms`` the ECE search's pass.
+    fits that ride on this one's reads: :mod:`tempcal.subsets.nll_fits`); ``ece_terms`` the ECE search's pass.
     """
     kept = None
     if isinstance(logits, Scan):
@@ -62,12 +69,13 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
         if probs is None and scan.looks_like_probabilities:
             raise probabilities_refused("the logits")
     if groups is not None or folds is not None:
-        from .subsets import fit_subsets_api  # the subset fits' modules load only when asked for
-
-        return fit_subsets_api(scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
-                               objective=objective, bins=bins)
+        if not SUBSET_FIT:
+            raise TempcalError("groups= and folds= are fitted by tempcal.subsets: call tempcal.fit_temperature, or "
+                               "import tempcal.subsets.fits first")
+        return SUBSET_FIT[0](scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
+                             objective=objective, bins=bins)
     return fit_scan(scan, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes, evaluate=evaluate,
                     ece_terms=ece_terms, on_pass=on_pass)
 
 
-__all__ = ["MAX_PASSES", "T_MAX", "T_MIN", "FitResult", "fit_temperature"]
+__all__ = ["MAX_PASSES", "SUBSET_FIT", "T_MAX", "T_MIN", "FitResult", "fit_temperature"]

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..conformal.sets import SHORT_P
 from ..output.figures import fit_split, group_coverage, threshold_text
-from ..output.groups_console import GROUP_COLUMNS, GROUP_T
+from ..subsets.console import GROUP_COLUMNS, GROUP_T
 from ..workflows.basis import AT_FOLDS, Basis
 from . import figures
 

@@ -83,7 +83,7 @@ def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: 
 
 def subset_decisions(metrics, confidence: torch.Tensor, correct: torch.Tensor):
     """``metrics`` (a :class:`~tempcal.metrics.calibration.CalibrationMetrics`) with the decision figures of a subset's
-    rows (a group's, the out-of-fold rows): the row figure :mod:`tempcal.metrics.subsets` applies."""
+    rows (a group's, the out-of-fold rows): the row figure :mod:`tempcal.subsets.cells` applies."""
     if not enabled():
         return metrics
     figures = decision_figures(confidence.detach().cpu().numpy(), correct.detach().cpu().numpy())

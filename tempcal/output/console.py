@@ -17,10 +17,10 @@ from rich.table import Table
 from rich.text import Text
 
 from ..metrics.detection import ID_RECALL
+from ..subsets.console import print_fit_groups, print_group_coverage, print_report_groups
 from ..workflows.ood import OodReport, score_label
 from . import ood_checks
 from .figures import DISPLAYED_METRICS, fit_split, min_nll_taus, reads, threshold_text
-from .groups_console import print_fit_groups, print_group_coverage, print_report_groups
 
 
 class TrimmedLines:

@@ -17,11 +17,11 @@ def write_fit_files(report, *, plot: str | None = None, markdown: str | None = N
     """``fit``: reliability diagrams before and after; a model-card section linking to the plot."""
     lines = []
     if plot and getattr(report, "subsets", None) is not None and report.subsets.groups:
-        from .group_plots import fit_group_plot
+        from ..subsets.plots import fit_group_plot
 
         lines.append(WROTE_PLOT.format(fit_group_plot(report, plot)))
     elif plot:
-        from .group_plots import fit_panels
+        from ..subsets.plots import fit_panels
         from .plots import reliability_diagram
 
         lines.append(WROTE_PLOT.format(reliability_diagram(fit_panels(report), plot, source=report.source)))
@@ -37,7 +37,7 @@ def write_report_files(result, *, plot: str | None = None, markdown: str | None 
     curves per temperature beneath either; with groups, each group's ECE beneath that; a model-card section."""
     lines = []
     if plot:
-        from .group_plots import report_drawing, report_group_figure, save_figure
+        from ..subsets.plots import report_drawing, report_group_figure, save_figure
         from .plots import new_figure
 
         if getattr(result, "group_rows", None):

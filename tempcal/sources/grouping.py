@@ -2,7 +2,7 @@
 per-group temperatures stored beside T.
 
 Each :class:`~tempcal.sources.base.SourceKind` reads its group values (``read_groups``, ``group_values``) with
-these; :mod:`tempcal.sources.groups` is where the rest of tempcal asks. This module knows no kind and no opened
+these; :mod:`tempcal.subsets.groups` is where the rest of tempcal asks. This module knows no kind and no opened
 source, so every kind can import it.
 """
 
@@ -44,10 +44,6 @@ class RowGroups:
 
     def sizes(self) -> list[int]:
         return np.bincount(self.index, minlength=self.count).astype(np.int64).tolist()
-
-    def select(self, rows: Any) -> np.ndarray:
-        """The group of each of ``rows`` (indices into the counted rows)."""
-        return self.index[np.asarray(rows, dtype=np.int64)]
 
 
 def named(key: str, values: np.ndarray, where: str, option: str) -> RowGroups:

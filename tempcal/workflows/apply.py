@@ -23,11 +23,10 @@ from ..errors import TempcalError, param
 from ..io.paths import same_file
 from ..io.streamed import Planned, output_format, write_streamed
 from ..sources.base import OpenedSource, SourceOptions
-from ..sources.groups import parse_stored_groups
 from ..sources.registry import Source, open_source
+from ..subsets.groups import parse_stored_groups, row_temperatures
 from ..validation import check_taus, format_temperature, is_fitted, parse_tau
 from .common import check_stored_reading, scan_source
-from .stored_groups import row_temperatures
 
 #: What ``as_`` may ask for, and the name of the output's tensor for each.
 OUTPUT_KEYS = {"probs": "probs", "logits": "logits", "log-probs": "log_probs"}

@@ -9,20 +9,22 @@ from typing import Any
 
 import numpy as np
 
-from ..conformal import GROUP_SET_READS, ConformalPlan, fit_group_sets, fit_thresholds, fold_sets
+from ..conformal import ConformalPlan, fit_thresholds
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
-from ..errors import DataError, StoredNote, TempcalError, param
+from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions, json_fields
-from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
+from ..subsets.fit_figures import Subsets
+from ..subsets.fit_runs import Asked, crossfit_run, grouped_run, with_groups
+from ..subsets.options import Plan
+from ..subsets.options import plan as subset_plan
 from ..validation import check_alphas
 from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis
 from .common import extra_figures, scan_source
 from .stored_split import fitted_split
-from .subsets import Plan, Subsets, check_prior, crossfit, grouped, subset_extras
 
 #: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.
 DEFAULT_VAL_FRACTION = 0.5
@@ -122,26 +124,12 @@ class FitReport:
         }
 
     def _subsets_json(self) -> dict[str, Any]:
-        if self.subsets is None:
-            return {}
-        out: dict[str, Any] = {}
-        if self.subsets.folds is not None:
-            out["folds"] = self.subsets.folds
-        if self.subsets.groups is not None:
-            out.update(group_key=self.subsets.group_key, group_prior=self.subsets.group_prior,
-                       groups=self.groups_json())
-        return out
+        return {} if self.subsets is None else self.subsets.to_json(
+            lambda n: {name: basis.to_json() for name, basis in self.group_bases(n).items()})
 
     def groups_json(self) -> list[dict[str, Any]]:
         """``--group-by``: each group's JSON (its T, counts and figure blocks, each block with its basis)."""
-        out = []
-        for group in self.subsets.groups if self.subsets is not None and self.subsets.groups else []:
-            one = group.to_json()
-            for name, basis in self.group_bases(group.n_eval).items():
-                if one.get(name) is not None:
-                    one[name]["basis"] = basis.to_json()
-            out.append(one)
-        return out
+        return self._subsets_json().get("groups", [])
 
     @property
     def group_temperatures(self) -> dict[str, float] | None:
@@ -167,20 +155,19 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     ``folds`` (K): cross-fitting: T on every row, T_k on the rows outside each of K seeded stratified folds,
     ``after`` out of fold (neither ``eval_file`` nor ``val_fraction`` then). ``group_by`` (a tensor of
     SOURCE, or ``task`` for lm-evaluation-harness logs): a T per group, drawn toward the global T by
-    ``group_prior`` (0: independent fits; default :data:`~tempcal.workflows.subsets.DEFAULT_GROUP_PRIOR`).
+    ``group_prior`` (0: independent fits; default :data:`~tempcal.subsets.options.DEFAULT_GROUP_PRIOR`).
     ``progress``: a context manager shown while the one global T is fitted, its ``ece_pass`` told each pass of the
     ECE search (the command line's delayed progress line); None: nothing is shown.
     """
     alphas = check_alphas(conformal_alpha)
     warnings: list[str] = []
-    plan = _plan(folds, group_prior, eval_file, val_fraction)
+    plan = subset_plan(folds, group_prior, eval_file, val_fraction)
     loaded = open_source(source, options, group_by=group_by, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
-    plan = _with_groups(plan, loaded, group_by)
+    plan = with_groups(plan, loaded, group_by)
+    asked = Asked(objective, bins, seed, estimators, bootstrap, alphas)
     if plan.folds is not None:
-        return _crossfit(loaded, plan, seed=seed, objective=objective, bins=bins, device=device,
-                         chunk_rows=chunk_rows, estimators=estimators, bootstrap=bootstrap, warnings=warnings,
-                         alphas=alphas)
+        return _crossfit(loaded, plan, asked, device=device, chunk_rows=chunk_rows, warnings=warnings)
     val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
     probs = loaded.options.probs
     evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
@@ -208,9 +195,8 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     subsets, reads = None, 1 if alphas else 0
     try:
         if plan.groups is not None:
-            result, before, after, subsets, reads = _grouped_fit(
-                loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, objective=objective, bins=bins,
-                warnings=warnings, alphas=alphas)
+            run = grouped_run(loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, asked, warnings)
+            result, before, after, subsets, reads = run.fit, run.before, run.after, run.subsets, run.reads
         else:
             result, before, after = _fit_and_evaluate(fit_scan, eval_scan, loaded, objective=objective, bins=bins,
                                                       alphas=alphas, progress=progress)
@@ -219,39 +205,12 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     warnings[:0] = result.warnings
     extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
                            bootstrap=bootstrap, seed=seed)
-    if subsets is not None:
-        subset_extras(subsets, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins, warnings=warnings,
-                      overall=False)
     return FitReport(
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
         conformal_reads=reads, opened=loaded, subsets=subsets)
-
-
-def _grouped_fit(loaded: Any, evaluated: Any, fit_scan: Any, eval_scan: Any, plan: Plan, fit_index: np.ndarray,
-                 eval_index: np.ndarray, *, objective: str, bins: int, warnings: list[str],
-                 alphas: list[float]) -> tuple[Any, CalibrationMetrics, CalibrationMetrics, Subsets, int]:
-    """``--group-by``: the group fits and figures, with the conformal sets and each group's coverage when ``alphas``
-    are given; the reads those sets took."""
-    assert plan.groups is not None
-    eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
-    fitted, before, after, subsets = grouped(loaded, evaluated or loaded, fit_scan, eval_scan, plan, fit_index,
-                                             eval_groups, eval_index, objective=objective, bins=bins,
-                                             warnings=warnings)
-    if not alphas:
-        return fitted.fit, before, after, subsets, 0
-    before, after = fit_group_sets(fit_scan, eval_scan, evaluated or loaded, eval_index, subsets, alphas,
-                                   fitted.fit.temperature, before, after)
-    return fitted.fit, before, after, subsets, GROUP_SET_READS
-
-
-def _with_groups(plan: Plan, loaded: Any, group_by: str | None) -> Plan:
-    """The plan with SOURCE's groups read (``group_by``)."""
-    if group_by is not None:
-        plan = replace(plan, groups=read_groups(loaded, group_by))
-    return plan
 
 
 def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
@@ -285,46 +244,18 @@ def _evaluation_file(loaded: Any, eval_file: Source) -> Any:
     return evaluated
 
 
-def _plan(folds: int | None, group_prior: float | None, eval_file: Any, val_fraction: float | None) -> Plan:
-    """What to fit besides the global T; ``folds`` refused with ``eval_file`` or a ``val_fraction``."""
-    if folds is not None:
-        if isinstance(folds, bool) or not isinstance(folds, (int, np.integer)) or folds < 2:
-            raise TempcalError(f"{param('folds')} {folds}: expected a whole number K >= 2")
-        if eval_file is not None:
-            raise TempcalError(f"{param('folds')} fits and reports on every row of SOURCE, out of fold; "
-                               f"{param('eval')} names another evaluation set: give one or the other")
-        if val_fraction is not None:
-            raise TempcalError(f"{param('folds')} fits on every row, out of fold; {param('val_fraction')} "
-                               "splits SOURCE once: give one or the other")
-    return Plan(folds=None if folds is None else int(folds), lam=check_prior(group_prior))
-
-
-def _crossfit(loaded: Any, plan: Plan, *, seed: int, objective: str, bins: int, device: str,
-              chunk_rows: int | None, estimators: Sequence[str], bootstrap: int, warnings: list[str],
-              alphas: list[float]) -> FitReport:
-    """``--folds K``: every row fits the deployed T, K out-of-fold fits, out-of-fold metrics (and conformal sets,
-    with ``alphas``)."""
+def _crossfit(loaded: Any, plan: Plan, asked: Asked, *, device: str, chunk_rows: int | None,
+              warnings: list[str]) -> FitReport:
+    """``--folds K``: the validating scan of every row, then the cross-fitting run, as a report."""
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                        fit_rows=ALL_ROWS)
-    if not plan.folds <= scan.num_samples:  # type: ignore[operator]
-        raise TempcalError(f"{param('folds')} {plan.folds}: SOURCE has {scan.num_samples} rows that count; K must "
-                           "lie between 2 and that")
-    try:
-        fitted, before, after, subsets = crossfit(loaded, scan, plan, seed=seed, objective=objective, bins=bins,
-                                                  warnings=warnings)
-        before, after, reads = fold_sets(scan, loaded, subsets, alphas, fitted.fit.temperature, before, after) \
-            if alphas else (before, after, 0)
-    except DataError as exc:
-        raise exc.prefixed(f"{loaded.name}: ") from None
-    result = fitted.fit
-    warnings[:0] = result.warnings
-    extras = subset_extras(subsets, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
-                           warnings=warnings)
+    run = crossfit_run(loaded, scan, plan, asked, warnings)
     n = scan.num_samples
-    return FitReport(source=loaded.name, eval_source=None, fit=result, before=before, after=after,
-                     num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=seed, bins=bins,
-                     device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-                     conformal_reads=reads, opened=loaded, subsets=subsets)
+    return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
+                     num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=asked.seed,
+                     bins=asked.bins, device=str(scan.device), warnings=warnings,
+                     paths=[str(p) for p in loaded.paths], extras=run.extras, conformal_reads=run.reads,
+                     opened=loaded, subsets=run.subsets)
 
 
 def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True, save_model: str | None = None,

@@ -23,11 +23,10 @@ from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, dete
 from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
 from ..sources.base import OpenedSource, SourceOptions, json_fields
-from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
+from ..subsets.ood import dropped_extra, group_results, ood_groups
 from ..validation import UNIT, as_temperature, check_option, check_taus, resolve_taus, whole_number
 from .common import check_stored_reading, scan_source, uses_stored
-from .grouped_ood import GroupTaus, dropped_extra, group_results, group_taus
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)
@@ -330,7 +329,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
         check_compatible(source_name, loaded.data, name, opened.data)
         others.append(opened)
     warnings: list[str] = []
-    groups, applied = _groups(loaded, group_by, taus, tau_list, stored, warnings)
+    groups, applied = ood_groups(loaded, group_by, uses_stored(taus), tau_list, stored, warnings)
     scored = [*tau_list, *applied.extra]
     if odin_eps is not None:
         side_scores, passes, device_used = _odin_sides(loaded, others, scored, odin_eps)
@@ -352,21 +351,6 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
         min_auroc=min_auroc, max_fpr95=max_fpr95, gate_failures=gate_failures(results, min_auroc, max_fpr95),
         warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores,
         group_key=None if groups is None else groups.key, groups=grouped, opened=loaded)
-
-
-def _groups(loaded: OpenedSource, group_by: str | None, taus: Sequence[str | float] | None, tau_list: list[float],
-            stored: float | None, warnings: list[str]) -> tuple[RowGroups | None, GroupTaus]:
-    """SOURCE's groups by ``group_by`` and the stored per-group temperatures that apply to them."""
-    if group_by is None:
-        return None, GroupTaus({}, [])
-    from .grouped_report import applicable_groups
-
-    groups = read_groups(loaded, group_by)
-    applied = applicable_groups(loaded, groups, stored) if uses_stored(taus) else None
-    if applied is None:
-        return groups, GroupTaus({}, [])
-    warnings.extend(applied.warnings)
-    return groups, group_taus(applied.temperatures, tau_list, stored, warnings)
 
 
 def _assemble(source: str, ood_names: list[str], scores: list[str], taus: list[float], stored: float | None,

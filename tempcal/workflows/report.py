@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..conformal import OWN_GROUP_READS, metrics_plan, own_group_sets, report_group_sets, report_thresholds, with_sets
+from ..conformal import metrics_plan, report_thresholds, with_sets
 from ..errors import TempcalError
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions, json_fields
-from ..sources.groups import RowGroups, read_groups
 from ..sources.registry import Source, open_source
+from ..subsets.groups import read_groups
+from ..subsets.report import GroupRow, held_out_groups, report_groups
 from ..validation import check_alphas, check_taus, resolve_taus
 from .basis import AT_GROUPS, ROWS_ALL, ROWS_HELD_OUT, Basis, report_basis
 from .common import check_stored_reading, extra_figures, scan_source, uses_stored
-from .grouped_report import AppliedGroups, GroupRow, applicable_groups, group_extras, grouped_report
 from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
@@ -137,7 +137,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     if held_out is not None:
         scan = scan.select(loaded.local_rows(held_out))
         if groups is not None:
-            groups, share = _held_out_groups(loaded, groups, held_out)
+            groups, share = held_out_groups(loaded, groups, held_out)
     rows = ROWS_HELD_OUT if held_out is not None else ROWS_ALL
     if groups is None:
         sets = report_thresholds(full, loaded, resolved, alphas, seed, warnings) if alphas else None
@@ -152,59 +152,16 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
                             conformal_reads=0 if sets is None else sets.reads,
                             bases=[report_basis(t, rows=rows, n=scan.num_samples, stored=stored, in_sample=in_sample)
                                    for t in resolved])
-    applied = applicable_groups(loaded, groups, stored) if uses_stored(taus, sweep) else AppliedGroups({}, [])
-    warnings.extend(applied.warnings)
-    grouped = grouped_report(loaded, scan, groups, resolved, bins=bins, per_group=applied.temperatures, stored=stored,
-                             share=share)
-    plain = [row.tau for row in grouped.rows if not row.per_group]
-    extras = _extras(scan, grouped, plain, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins,
-                     warnings=warnings)
+    assert all_groups is not None
+    run = report_groups(loaded, scan, full, groups, all_groups, resolved, share=share, stored=stored,
+                        at_stored=uses_stored(taus, sweep), bins=bins, estimators=estimators, bootstrap=bootstrap,
+                        seed=seed, alphas=alphas, warnings=warnings)
     bases = [Basis(AT_GROUPS, rows, scan.num_samples, stored=True, in_sample=in_sample) if row.per_group else
              report_basis(row.tau, rows=rows, n=scan.num_samples, stored=stored, in_sample=in_sample)
-             for row in grouped.rows]
-    result = ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, grouped.results, sweep,
-                          bins, str(scan.device), warnings, extras, loaded, groups.key,
-                          group_extras(grouped, groups, estimators=estimators, bootstrap=bootstrap, seed=seed,
-                                       bins=bins), eval_rows, bases=bases)
-    if alphas:
-        assert all_groups is not None
-        _grouped_sets(result, full, loaded, all_groups, alphas, seed, applied.temperatures)
-    return result
-
-
-def _grouped_sets(result: ReportResult, full: Any, opened: Any, groups: RowGroups, alphas: list[float],
-                  seed: int, per_group: dict[str, float]) -> None:
-    """``--group-by`` with ``--conformal-alpha``: the sets at every temperature, overall and per group, from a read of
-    the thresholds and one of the evaluation rows; at the stored per-group temperatures (``per_group``, name -> T_g),
-    each row's scores and sets at its own group's T, two reads more."""
-    assert result.group_rows is not None
-    plain = [k for k, row in enumerate(result.group_rows) if not row.per_group]
-    sets = report_thresholds(full, opened, [result.results[k].tau for k in plain], alphas, seed, result.warnings)
-    overall, by_group = report_group_sets(full, opened, sets, groups.index, groups.count)
-    _place_sets(result, plain, overall, by_group, groups.names)
-    reads = sets.reads + 1
-    own = [k for k, row in enumerate(result.group_rows) if row.per_group]
-    if own:
-        every, mine = own_group_sets(full, opened, sets.rows, alphas, [per_group[name] for name in groups.names],
-                                     groups.index)
-        _place_sets(result, own, [every] * len(own), [mine] * len(own), groups.names)
-        reads += OWN_GROUP_READS
-    result.conformal_rows, result.conformal_reads = sets.rows, reads
-
-
-def _place_sets(result: ReportResult, places: list[int], overall: list, by_group: list, names: list[str]) -> None:
-    """The sets of ``places[j]`` (result rows) from ``overall[j]`` and ``by_group[j][g]`` (None: no rows judged)."""
-    assert result.group_rows is not None
-    number = {name: g for g, name in enumerate(names)}
-    for j, k in enumerate(places):
-        result.results[k] = replace(result.results[k], conformal=overall[j])
-        row = result.group_rows[k]
-        figures = []
-        for f in row.groups:
-            found = by_group[j][number[f.group]]
-            figures.append(f if found is None else replace(f, extras={**f.extras,
-                                                                      "conformal": [c.to_json() for c in found]}))
-        result.group_rows[k] = replace(row, groups=figures)
+             for row in run.rows]
+    return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, run.results, sweep, bins,
+                        str(scan.device), warnings, run.extras, loaded, groups.key, run.rows, eval_rows,
+                        conformal_rows=run.conformal_rows, conformal_reads=run.conformal_reads, bases=bases)
 
 
 def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[str]
@@ -222,34 +179,6 @@ def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[s
     if note is not None:
         warnings.append(note)
     return None, note is not None
-
-
-def _held_out_groups(opened: Any, groups: RowGroups, rows: np.ndarray) -> tuple[RowGroups, tuple[int, int]]:
-    """The groups of the held-out ``rows`` alone, and the part of them this process reads (sorted rows: a range)."""
-    start, stop = opened.share()
-    return (replace(groups, index=groups.index[rows]),
-            (int(np.searchsorted(rows, start)), int(np.searchsorted(rows, stop))))
-
-
-def _extras(scan: Any, grouped: Any, plain: Sequence[float], *, estimators: Sequence[str],
-            bootstrap: int, seed: int, bins: int, warnings: list[str]) -> list[dict]:
-    """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
-    the pass kept."""
-    from .subsets import row_extras
-
-    if not (estimators or bootstrap):
-        return []
-    at_plain = iter(extra_figures(scan, plain, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed))
-    out = []
-    for k, row in enumerate(grouped.rows):
-        if not row.per_group:
-            out.append(next(at_plain))
-            continue
-        if "ece_classwise" in estimators:
-            warnings.append("ece_classwise is left out at per-group temperatures (it needs every class's probability "
-                            "at each row's T)")
-        out.append(row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins))
-    return out
 
 
 __all__ = ["ReportResult", "report_file"]

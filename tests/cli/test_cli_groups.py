@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from subsets_reference import figures_per_row, penalised_temperature
 
-from tempcal.workflows.subsets import DEFAULT_GROUP_PRIOR
+from tempcal.subsets.options import DEFAULT_GROUP_PRIOR
 
 
 @pytest.fixture
@@ -162,8 +162,8 @@ def test_report_plot_draws_each_groups_ece_before_and_after(grouped, cli, tmp_pa
     code, out, _ = cli(["report", str(path), "--group-by", "domain", "--tau", "1", "--tau", "fitted", "--plot",
                         str(plot), "--json", str(tmp_path / "r.json")])
     assert code == 0 and plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and str(plot) in out
-    from tempcal.output.group_plots import group_ece_axes, report_group_figure, save_figure
     from tempcal.output.plots import new_figure
+    from tempcal.subsets.plots import group_ece_axes, report_group_figure, save_figure
     from tempcal.workflows.report import report_file
 
     result = report_file(str(path), taus=[1.0, "fitted"], group_by="domain")

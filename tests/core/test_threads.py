@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from tempcal.core import threads
-from tempcal.core.cell_passes import cell_calibration, cell_objective
 from tempcal.core.data import as_logits_data
 from tempcal.core.scan import ALL_ROWS, Scan
 from tempcal.errors import TempcalError
 from tempcal.models.head import OutputHead
 from tempcal.scores.engine import scan_scores
+from tempcal.subsets.cells import cell_calibration, cell_objective
 
 
 @contextlib.contextmanager

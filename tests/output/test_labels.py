@@ -214,7 +214,7 @@ def test_plots_with_groups_keep_their_panels_and_draw_every_series(domains):
     """``report --group-by --plot`` over a sweep of 5 temperatures: the sweep's panels stay (their points the rows
     at one temperature), and the group bars show all 7 series (tau = 10 and the per-group series included)."""
     pytest.importorskip("matplotlib")
-    from tempcal.output.group_plots import fit_group_figure, report_group_figure
+    from tempcal.subsets.plots import fit_group_figure, report_group_figure
 
     _, stored_file = domains
     result = report_file(str(stored_file), **report_args(True, False, True, True))

@@ -11,9 +11,9 @@ from conftest import miscalibrated, miscalibrated_binary
 from safetensors.torch import save_file
 from subsets_reference import figures_per_row, penalised_temperature
 
-from tempcal.core.folds import assign_folds
 from tempcal.errors import TempcalError
 from tempcal.sources.safetensors import ShardedLogits
+from tempcal.subsets.fits import assign_folds
 from tempcal.workflows.fit import fit_file
 
 FIGURES = ("nll", "ece", "mce", "brier", "accuracy", "entropy")

@@ -12,12 +12,12 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from subsets_reference import figures_per_row, penalised_temperature
 
-from tempcal.core.folds import assign_folds
 from tempcal.core.splitting import stratified_split
 from tempcal.errors import TempcalError
+from tempcal.subsets.fits import assign_folds
+from tempcal.subsets.options import DEFAULT_GROUP_PRIOR
 from tempcal.workflows.fit import fit_file, write_back
 from tempcal.workflows.report import report_file
-from tempcal.workflows.subsets import DEFAULT_GROUP_PRIOR
 
 FIGURES = ("nll", "ece", "mce", "brier", "accuracy", "entropy")
 

@@ -14,23 +14,33 @@ figures of one thread, bit for bit); the sums are all-reduced across ranks.
 * :func:`cell_calibration`: the calibration sums of :meth:`Scan.calibration` (NLL, Brier, entropy,
   accuracy, confidence, equal-width bins) per slot and *report group* (any partition of the rows,
   e.g. the groups while the betas vary per fold), and, on request, every row's confidence per slot
-  (every rank's rows, in order: what ranking figures of a subset need).
+  (every rank's rows, in order: what ranking figures of a subset need);
+* :func:`subset_metrics`: one slot's sums over one subset turned into the contract's figures, exactly as
+  :func:`~tempcal.metrics.calibration.from_sums` does for every row.
+
+Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums:
+they take the subset's per-row confidences and correctness. Such a figure is a function
+``(metrics, confidence, correct) -> metrics`` appended to :data:`ROW_FIGURES`; the subset passes keep every
+row's confidence for them and :func:`subset_metrics` hands each figure the subset's rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from .bins import bin_edges, bin_index
-from .cumulants import FIELDS, row_moments, row_terms
-from .distributed import all_gather_rows, all_reduce
-from .scan import CalibrationSums, RowBlock, Scan
-from .scratch import Scratch
-from .threads import block_bounds, map_blocks, pass_threads
+from ..core.bins import bin_edges, bin_index
+from ..core.calibration_pass import row_calibration
+from ..core.cumulants import FIELDS, row_moments, row_terms
+from ..core.distributed import all_gather_rows, all_reduce
+from ..core.scan import CalibrationSums, RowBlock, Scan
+from ..core.scratch import Scratch
+from ..core.threads import block_bounds, map_blocks, pass_threads
+from ..metrics.calibration import CalibrationMetrics, from_sums
+from ..metrics.decisions import MAX_GROUPS, subset_decisions
 
 
 def _slot_betas(betas: torch.Tensor) -> list[float | None]:
@@ -171,18 +181,48 @@ def _row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, 
                      beta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per row at ``beta`` (a number, or one per row): the float64 confidence and ``[rows, 5]`` values as
     :meth:`Scan.calibration` sums them."""
-    b = beta[:, None] if isinstance(beta, torch.Tensor) else beta
-    e = torch.mul(d, b, out=scratch.like("e", d)).exp_()
-    s0 = e.sum(1)
-    log_s0 = torch.log(s0)
-    mean_d = torch.linalg.vecdot(e, d_finite) / s0
-    confidence = s0.reciprocal().to(torch.float64)
-    p_true = torch.exp(beta * gap) / s0
-    brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+    nll, brier, entropy, confidence, _ = row_calibration(scratch, d, d_finite, gap, beta)
     f64 = torch.float64
-    values = torch.stack([(log_s0 - beta * gap).to(f64), brier.clamp_min(0).to(f64),
-                          (log_s0 - beta * mean_d).clamp_min(0).to(f64), hit, confidence], 1)
-    return confidence, values
+    return confidence, torch.stack([nll.to(f64), brier.to(f64), entropy.to(f64), hit, confidence], 1)
 
 
-__all__ = ["CellCalibration", "cell_calibration", "cell_objective"]
+RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], CalibrationMetrics]
+#: Figures computed from a subset's per-row confidence and correctness (empty: no row is kept): the decision
+#: figures (AURC, E-AURC, AUGRC, smooth ECE, the risk-coverage curve).
+ROW_FIGURES: list[RowFigure] = [subset_decisions]
+
+
+def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: int | None = None,
+                   rows: torch.Tensor | None = None) -> CalibrationMetrics | None:
+    """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset.
+
+    ``rows`` (the group of every row, all ranks, in order) selects the subset's kept confidences for
+    :data:`ROW_FIGURES` (given when the pass kept them).
+    """
+    sums = calibration.total(slot) if group is None else calibration.group(slot, group)
+    if sums.count == 0:
+        return None
+    metrics = from_sums(tau, sums)
+    too_many = group is not None and calibration.counts.numel() > MAX_GROUPS  # each group's figures cost time
+    if ROW_FIGURES and calibration.confidence is not None and calibration.correct is not None and not too_many:
+        confidence, correct = calibration.confidence[slot], calibration.correct
+        if group is not None and rows is not None:
+            mine = rows.to(confidence.device) == group
+            confidence, correct = confidence[mine], correct[mine]
+        for figure in ROW_FIGURES:
+            metrics = figure(metrics, confidence, correct)
+    return metrics
+
+
+def metrics_block(m: CalibrationMetrics | None) -> dict | None:
+    """A subset's figures as the JSON shows them (no reliability bins: a group list stays compact)."""
+    if m is None:
+        return None
+    out: dict = dict(m.summary())
+    out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau, n=m.count)
+    out.update({k: v for k, v in m.decisions().items() if k != "risk_coverage"})  # no curve: a group list stays short
+    return out
+
+
+__all__ = ["ROW_FIGURES", "CellCalibration", "RowFigure", "cell_calibration", "cell_objective", "metrics_block",
+           "subset_metrics"]

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..metrics.detection import SortedOod, detection_against
-from ..sources.groups import RowGroups
+from ..sources.base import OpenedSource
+from .groups import RowGroups, read_groups
 
 #: At most this many distinct stored per-group temperatures are scored (each is one more exp per logit).
 MAX_GROUP_TAUS = 256
@@ -40,6 +41,22 @@ def group_taus(per_group: dict[str, float], taus: Sequence[float], stored: float
                         "every group is reported at the global T")
         return GroupTaus({}, [])
     return GroupTaus(per_group, extra)
+
+
+def ood_groups(loaded: OpenedSource, group_by: str | None, at_stored: bool, taus: Sequence[float],
+               stored: float | None, warnings: list[str]) -> tuple[RowGroups | None, GroupTaus]:
+    """SOURCE's groups by ``group_by`` and, when the stored T is reported (``at_stored``), the stored per-group
+    temperatures that apply to them."""
+    if group_by is None:
+        return None, GroupTaus({}, [])
+    from .report import applicable_groups
+
+    groups = read_groups(loaded, group_by)
+    if not at_stored:
+        return groups, GroupTaus({}, [])
+    applied = applicable_groups(loaded, groups, stored)
+    warnings.extend(applied.warnings)
+    return groups, group_taus(applied.temperatures, taus, stored, warnings)
 
 
 def group_results(groups: RowGroups, ood_names: Sequence[str], scores: Sequence[str], taus: Sequence[float],
@@ -76,4 +93,4 @@ def dropped_extra(scores: dict[str, list[np.ndarray]], count: int) -> dict[str, 
     return {name: values[:count] for name, values in scores.items()}
 
 
-__all__ = ["MAX_GROUP_TAUS", "GroupTaus", "dropped_extra", "group_results", "group_taus"]
+__all__ = ["MAX_GROUP_TAUS", "GroupTaus", "dropped_extra", "group_results", "group_taus", "ood_groups"]

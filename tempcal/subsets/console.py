@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..conformal.sets import SHORT_P
-from .figures import group_coverage
+from ..output.figures import group_coverage
 
 #: Groups shown in a table; the rest are counted.
 TOP_GROUPS = 20

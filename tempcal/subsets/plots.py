@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import plots
-from .groups_console import short_name
-from .plots import _save, check_plot_path, new_figure, reliability_size, sweep_size
+from ..output import plots
+from ..output.plots import _save, check_plot_path, new_figure, reliability_size, sweep_size
+from .console import short_name
 
 #: Groups drawn, at most.
 MAX_GROUPS_DRAWN = 30
@@ -94,7 +94,7 @@ def report_group_figure(result):
 
 def report_drawing(result) -> tuple[tuple[float, float], Callable[[Any], None]]:
     """What ``report --plot`` draws without groups: its size and a function drawing it into a (sub)figure."""
-    from .figures import min_nll_taus
+    from ..output.figures import min_nll_taus
 
     if result.sweep:
         points = [(k, m) for k, m in enumerate(result.results) if result.basis(k).sweep_point]

@@ -1,22 +1,57 @@
-"""The global T and every subset T (folds, groups, groups within folds) from shared reads of one scan.
+"""The global T and every subset T (folds, groups, groups within folds) from shared reads of one scan, and the
+seeded, class-stratified folds they are fitted on (:func:`assign_folds`; K = N: leave-one-out).
 
 :func:`fit_with_subsets` runs the global fit as :func:`~tempcal.core.scan_fit.fit_scan` does (the
-same T as a fit on every row), its passes carrying the subset fits (:mod:`tempcal.core.shared_fits`), then
+same T as a fit on every row), its passes carrying the subset fits (:mod:`tempcal.subsets.nll_fits`), then
 finishes those. ``passes`` of the global result counts every read, the validating scan included.
+
+Loading this module registers :func:`fit_subsets_api` as core's :data:`~tempcal.core.fitting.SUBSET_FIT`, so
+``fit_temperature(groups=..., folds=...)`` reaches it; ``tempcal.fit_temperature`` is read from here for that.
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+import numpy as np
 import torch
 
+from ..core import fitting
+from ..core.certified import TOL
+from ..core.fitting import fit_temperature
+from ..core.scan import Scan
+from ..core.scan_fit import FitResult, fit_scan
 from ..errors import DataError
-from ..validation import check_prior
-from .certified import TOL
-from .scan import Scan
-from .scan_fit import FitResult, fit_scan
-from .shared_fits import CellLayout, SharedFits, SubsetFits
+from .nll_fits import CellLayout, SharedFits, SubsetFits
+from .options import check_folds, check_prior
+
+
+def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
+    """The fold (0..k-1, int64) of every row of ``labels``.
+
+    Each class's rows are shuffled with ``seed`` and dealt in turn, the classes one after another, so
+    every fold holds about ``1/k`` of each class and fold sizes differ by at most one. With ``k`` equal to
+    the number of rows, row i is fold i (leave-one-out).
+    """
+    labels = np.asarray(labels)
+    n = int(labels.shape[0])
+    k = check_folds(k, n)
+    if k == n:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    order = np.argsort(labels, kind="stable")
+    _, starts = np.unique(labels[order], return_index=True)
+    bounds = [*starts.tolist(), n]
+    dealt = np.concatenate([rng.permutation(order[a:b]) for a, b in itertools.pairwise(bounds)])
+    folds = np.empty(n, dtype=np.int64)
+    folds[dealt] = np.arange(n, dtype=np.int64) % k
+    return folds
+
+
+def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
+    """Rows per fold."""
+    return np.bincount(folds, minlength=k).astype(np.int64).tolist()
 
 
 def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
@@ -35,7 +70,7 @@ def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float
                      bins: int = 15, group_names: list[str] | None = None, tol: float = TOL) -> SubsetFits:
     """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads."""
     if objective != "nll":
-        from .ece_subsets import fit_ece_with_subsets
+        from .ece_fits import fit_ece_with_subsets
 
         return fit_ece_with_subsets(scan, layout, groups=groups, lam=lam, bins=bins, group_names=group_names)
     start = scan.passes
@@ -49,10 +84,6 @@ def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float
 def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group_prior: float | None,
                     folds: int | None, seed: int, objective: str, bins: int) -> FitResult:
     """``fit_temperature(groups=..., folds=...)``: the global fit with its group and fold fits, as one FitResult."""
-    import numpy as np
-
-    from .folds import assign_folds
-
     lam = check_prior(group_prior)
     index, keys = None, []
     if groups is not None:
@@ -80,4 +111,8 @@ def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group
     return result
 
 
-__all__ = ["SubsetFits", "cell_index", "fit_subsets_api", "fit_with_subsets"]
+if fit_subsets_api not in fitting.SUBSET_FIT:
+    fitting.SUBSET_FIT.append(fit_subsets_api)
+
+__all__ = ["SubsetFits", "assign_folds", "cell_index", "fit_subsets_api", "fit_temperature", "fit_with_subsets",
+           "fold_sizes"]

@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from .bins import bin_edges, bin_index
-from .certified import CertifiedFit
-from .distributed import all_reduce
-from .ece_fit import EceSearch, rounding_of
-from .ece_terms import bin_sums
-from .scan import Scan
-from .scan_fit import fit_scan
-from .shared_fits import CellLayout, SubsetFits, SubsetTemperatures
+from ..core.bins import bin_edges, bin_index
+from ..core.certified import CertifiedFit
+from ..core.distributed import all_reduce
+from ..core.ece_fit import EceSearch, rounding_of
+from ..core.ece_terms import bin_sums
+from ..core.scan import Scan
+from ..core.scan_fit import fit_scan
+from .nll_fits import CellLayout, SubsetFits, SubsetTemperatures
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
 #: are split over several reads.

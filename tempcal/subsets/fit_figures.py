@@ -9,24 +9,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..core.cell_passes import CellCalibration, cell_calibration
-from ..core.folds import assign_folds, fold_sizes
 from ..core.scan import Scan
-from ..core.shared_fits import CellLayout
-from ..core.subsets import SubsetFits, cell_index, fit_with_subsets
 from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
-from ..metrics.subsets import metrics_block, subset_metrics
 from ..sources.base import OpenedSource
-from ..sources.groups import RowGroups
-from ..validation import DEFAULT_GROUP_PRIOR, check_prior
+from .cells import CellCalibration, cell_calibration, metrics_block, subset_metrics
+from .fits import SubsetFits, assign_folds, cell_index, fit_with_subsets, fold_sizes
+from .groups import RowGroups
+from .nll_fits import CellLayout
+from .options import Plan
 
 
 @dataclass
@@ -74,18 +72,21 @@ class Subsets:
             return None
         return {g.group: g.temperature for g in self.groups if g.n_fit > 0}
 
-
-@dataclass(frozen=True)
-class Plan:
-    """What to fit besides the global T: ``folds`` (K or None), the rows' groups, the prior's weight."""
-
-    folds: int | None = None
-    groups: RowGroups | None = None
-    lam: float = DEFAULT_GROUP_PRIOR
-
-    @property
-    def active(self) -> bool:
-        return self.folds is not None or self.groups is not None
+    def to_json(self, bases: Callable[[int], dict[str, dict]]) -> dict[str, Any]:
+        """The fit JSON's ``folds`` and ``group_key``, ``group_prior``, ``groups`` (those asked for); ``bases(n)``:
+        the ``basis`` of each block of a group with ``n`` evaluation rows, by block name."""
+        out: dict[str, Any] = {}
+        if self.folds is not None:
+            out["folds"] = self.folds
+        if self.groups is not None:
+            out.update(group_key=self.group_key, group_prior=self.group_prior, groups=[])
+            for group in self.groups:
+                block = group.to_json()
+                for name, basis in bases(group.n_eval).items():
+                    if block.get(name) is not None:
+                        block[name]["basis"] = basis
+                out["groups"].append(block)
+        return out
 
 
 #: Groups named in the line about groups without fitting rows.
@@ -98,7 +99,7 @@ def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objecti
     labels = loaded.data.labels.numpy()
     folds = assign_folds(labels, k, seed)
     start, stop = loaded.share()
-    groups = _local(plan.groups, start, stop)
+    groups = None if plan.groups is None else torch.from_numpy(plan.groups.index[start:stop])
     count = plan.groups.count if plan.groups is not None else 1
     layout = CellLayout(cell_index(groups, torch.from_numpy(folds[start:stop]), k, scan.device), count, k)
     fits = _fit(scan, layout, plan, objective, bins, plan.groups.names if plan.groups is not None else None)
@@ -106,7 +107,7 @@ def crossfit(loaded: OpenedSource, scan: Scan, plan: Plan, *, seed: int, objecti
     betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
     if plan.groups is not None:
         betas.append(1.0 / torch.tensor(fits.group_fold_temperatures, dtype=torch.float64).reshape(-1))
-    report = _zeros(layout.cells) if groups is None else groups.to(scan.device)
+    report = torch.zeros_like(layout.cells) if groups is None else groups.to(scan.device)
     calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, bins)
     global_t = fits.fit.temperature
     before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
@@ -246,14 +247,6 @@ def group_order(name: str) -> tuple[int, int, str]:
         return 1, 0, name
 
 
-def _local(groups: RowGroups | None, start: int, stop: int) -> torch.Tensor | None:
-    return None if groups is None else torch.from_numpy(groups.index[start:stop])
-
-
-def _zeros(like: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(like)
-
-
 def _counts(index: torch.Tensor, count: int, scan: Scan) -> list[int]:
     """Rows per group over all ranks."""
     from ..core.distributed import all_reduce
@@ -262,5 +255,5 @@ def _counts(index: torch.Tensor, count: int, scan: Scan) -> list[int]:
     return all_reduce(counts).cpu().tolist()
 
 
-__all__ = ["DEFAULT_GROUP_PRIOR", "GroupResult", "Plan", "Subsets", "check_prior", "crossfit", "group_order",
+__all__ = ["GroupResult", "Subsets", "crossfit", "group_order",
            "grouped", "row_extras", "subset_extras"]

@@ -6,7 +6,7 @@ Rows fall into cells (group g, fold k: cell ``g * K + k``). Every fit is a union
 * group g: g's cells, its NLL drawn toward the global T by the prior ``lam (ln T - ln T_global)^2``;
 * group g in fold k: g's cells outside fold k, drawn toward fold k's T.
 
-One pass of :func:`~tempcal.core.cell_passes.cell_objective` gives every cell's NLL sums and four
+One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums and four
 derivatives at each of a few *slots* of betas, so every fit gets exact points from every pass (a fit's sums
 are its family's total less the cells it leaves out) and runs its own certified search
 (:class:`~tempcal.core.certified.Search`) on them. The global fit runs as without subsets; its passes
@@ -24,12 +24,12 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .cell_passes import cell_objective
-from .certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
-from .cumulants import FIELDS, NllDerivatives
-from .distributed import all_reduce
-from .scan import Scan
-from .scan_fit import FitResult
+from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
+from ..core.cumulants import FIELDS, NllDerivatives
+from ..core.distributed import all_reduce
+from ..core.scan import Scan
+from ..core.scan_fit import FitResult
+from .cells import cell_objective
 
 #: Passes after the global fit before the fits still open are given up (reported as not converged).
 MAX_EXTRA_PASSES = 12

@@ -1,0 +1,115 @@
+"""``--folds K``, ``--group-by KEY``, ``--group-prior LAM``: the options of folds and groups, declared and checked once.
+
+The command line's declarations (:data:`Folds`, :data:`GroupBy`, :data:`GroupPrior`), the checks the commands and
+the Python API share (:func:`check_folds`, :func:`check_prior`), ``--folds`` settled against ``--val-fraction`` and
+``--eval`` (:func:`settle_folds`), and what ``fit`` fits besides the global T (:class:`Plan`). Nothing here imports
+torch or numpy: ``tempcal --help`` and usage errors stay fast.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Annotated, Any, Optional
+
+import typer
+
+from ..errors import TempcalError, param
+from ..validation import NON_NEGATIVE, shown_value
+
+if TYPE_CHECKING:
+    from ..requests import FitRequest
+    from .groups import RowGroups
+
+Folds = Annotated[Optional[int], typer.Option(
+    "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "
+    "class-stratified folds (K = N: leave-one-out). Not with --eval or --val-fraction.")]
+GroupBy = Annotated[Optional[str], typer.Option(
+    "--group-by", metavar="KEY", help="Figures (and, for fit, a T) per group: KEY is an integer tensor of SOURCE, "
+    "one value per row ('task': one group per lm-eval log).")]
+GroupPrior = Annotated[Optional[float], typer.Option(
+    "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
+    "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 10, about as many rows' worth)."),
+    NON_NEGATIVE]
+
+#: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
+#: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
+DEFAULT_GROUP_PRIOR = 10.0
+#: The largest ``group_prior``: far past the point where every group's T is the global T to the fit's tolerance,
+#: and below where the prior's derivatives (``lam / rows * ln T``) would overflow.
+MAX_GROUP_PRIOR = 1e15
+
+
+def check_prior(lam: Any) -> float:
+    """``group_prior``: a number >= 0 (None: the default)."""
+    if lam is None:
+        return DEFAULT_GROUP_PRIOR
+    try:
+        value = float(lam) if isinstance(lam, (int, float)) and not isinstance(lam, bool) else float("nan")
+    except OverflowError:  # an integer beyond any float
+        value = float("inf")
+    if not (0 <= value <= MAX_GROUP_PRIOR):
+        raise TempcalError(f"{param('group_prior')} {shown_value(lam)}: expected a number from 0 (independent fits per "
+                           f"group) to {MAX_GROUP_PRIOR:g} (every group at the global T already)")
+    return value
+
+
+def check_folds(k: Any, rows: int | None = None) -> int:
+    """``folds``: a whole number K with 2 <= K, and K <= ``rows`` (the rows that count) once they are known."""
+    whole = isinstance(k, numbers.Integral) and not isinstance(k, bool)
+    if not whole or k < 2 or (rows is not None and k > rows):
+        most = "" if rows is None else f" <= {rows}"
+        raise TempcalError(f"{param('folds')} {shown_value(k, quote=False)}: expected a whole number K with 2 <= K"
+                           f"{most}" + ("" if rows is None else " (the rows that count)"))
+    return int(k)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to fit besides the global T: ``folds`` (K or None), the rows' groups, the prior's weight."""
+
+    folds: int | None = None
+    groups: RowGroups | None = None
+    lam: float = DEFAULT_GROUP_PRIOR
+
+
+def plan(folds: Any, group_prior: Any, eval_file: Any, val_fraction: Any) -> Plan:
+    """``fit``'s plan from its arguments; ``folds`` refused with ``eval_file`` or a ``val_fraction``."""
+    if folds is not None:
+        folds = check_folds(folds)
+        if eval_file is not None:
+            raise TempcalError(f"{param('folds')} fits and reports on every row of SOURCE, out of fold; "
+                               f"{param('eval')} names another evaluation set: give one or the other")
+        if val_fraction is not None:
+            raise TempcalError(f"{param('folds')} fits on every row, out of fold; {param('val_fraction')} "
+                               "splits SOURCE once: give one or the other")
+    return Plan(folds=folds, lam=check_prior(group_prior))
+
+
+def settle_folds(request: FitRequest, given: Callable[[str], str | None]) -> FitRequest:
+    """``--folds`` against ``--val-fraction`` and ``--eval``: on the command line together, or in the configuration
+    file together, they are refused; across the two, the command line wins. ``given(name)`` says where a parameter
+    came from (``"command line"``, ``"file"`` or None). Returns the request with its folds, its split (None: the
+    default) and its evaluation file settled. ``--group-prior`` needs ``--group-by``."""
+    if request.group_prior is not None and request.group_by is None:
+        raise TempcalError("--group-prior weighs the per-group fits of --group-by KEY; give --group-by too")
+    split = request.val_fraction if given("val_fraction") else None
+    eval_file = request.eval_file
+    if request.folds is None:
+        return replace(request, split=split)
+    for name, flag, value in (("val_fraction", "--val-fraction", split), ("eval_file", "--eval", eval_file)):
+        if value is None:
+            continue
+        if given(name) == given("folds"):
+            where = "" if given(name) == "command line" else " (both in the configuration file)"
+            raise TempcalError(f"--folds K fits and reports on every row of SOURCE, out of fold; {flag} splits it "
+                               f"otherwise: give one or the other{where}")
+        if given("folds") == "file":
+            return replace(request, folds=None, split=split, eval_file=eval_file)  # the command line wins
+        split, eval_file = (None, eval_file) if name == "val_fraction" else (split, None)
+    return replace(request, split=split, eval_file=eval_file)
+
+
+__all__ = ["DEFAULT_GROUP_PRIOR", "MAX_GROUP_PRIOR", "Folds", "GroupBy", "GroupPrior", "Plan", "check_folds",
+           "check_prior", "plan", "settle_folds"]

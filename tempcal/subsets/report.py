@@ -1,0 +1,243 @@
+"""``report --group-by KEY`` (and ``ood --group-by KEY``'s groups): figures per group at every temperature, one pass.
+
+Each temperature is one slot of :func:`~tempcal.subsets.cells.cell_calibration`, the rows' groups its
+subsets; at the stored T, when per-group temperatures are stored for KEY, one more slot holds each group's rows
+at their own T_g (a group with none stored takes the global T, with a warning), beside the global T's figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..conformal import OWN_GROUP_READS, own_group_sets, report_group_sets, report_thresholds
+from ..core.scan import Scan
+from ..metrics.calibration import CalibrationMetrics
+from ..sources.base import OpenedSource
+from ..workflows.common import extra_figures
+from .cells import CellCalibration, cell_calibration, subset_metrics
+from .groups import RowGroups, stored_group_temperatures
+
+
+@dataclass(frozen=True)
+class GroupFigures:
+    """One group's figures at one temperature (``tau``: the T its rows took)."""
+
+    group: str
+    tau: float
+    metrics: CalibrationMetrics
+    extras: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        m = self.metrics
+        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "rms_ce": m.rms_ce,
+                "mce": m.mce,
+                "brier": m.brier, "accuracy": m.accuracy, "entropy": m.entropy,
+                "mean_confidence": m.mean_confidence,
+                **{k: v for k, v in m.decisions().items() if k != "risk_coverage"}, **self.extras}
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """Every group at one temperature of the report; ``per_group``: each group at its stored T_g."""
+
+    tau: float
+    per_group: bool
+    groups: list[GroupFigures]
+
+
+@dataclass(frozen=True)
+class AppliedGroups:
+    """The per-group temperatures that apply to a report by KEY: name -> T (empty: none apply)."""
+
+    temperatures: dict[str, float]
+    warnings: list[str]
+
+
+def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None) -> AppliedGroups:
+    """The stored T_g of ``groups`` (with warnings for another key or groups stored without a T)."""
+    key, temperatures = stored_group_temperatures(opened)
+    if key is None or stored is None:
+        return AppliedGroups({}, [])
+    if key != groups.key:
+        return AppliedGroups({}, [f"{opened.name}: its per-group temperatures are by '{key}', not '{groups.key}'; "
+                                 "every group is reported at the global T"])
+    missing = [name for name in groups.names if name not in temperatures]
+    warnings = []
+    if missing:
+        warnings.append(f"{opened.name}: {len(missing)} of {groups.count} groups have no stored T (first: "
+                        f"{missing[0]}); they are reported at the global T = {stored!r}")
+    return AppliedGroups({name: temperatures.get(name, stored) for name in groups.names}, warnings)
+
+
+@dataclass(frozen=True)
+class GroupedPass:
+    """The report's one pass by groups: the overall figures per temperature and each group's."""
+
+    results: list[CalibrationMetrics]
+    rows: list[GroupRow]
+    calibration: CellCalibration
+
+
+def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
+                   per_group: dict[str, float], stored: float | None,
+                   share: tuple[int, int] | None = None) -> GroupedPass:
+    """Every temperature over every row and every group, and, when ``per_group``'s T_g apply (the stored T is among
+    ``taus``), one more row last: each group's rows at its own T_g. ``share``: the part of ``groups``' rows this
+    process reads, when not its share of SOURCE."""
+    start, stop = share or opened.share()
+    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
+    count = groups.count
+    flags = [False] * len(taus)
+    slots = [1.0 / torch.tensor([tau] * count, dtype=torch.float64) for tau in taus]
+    rows_taus = list(taus)
+    if per_group and stored is not None and stored in taus:
+        slots.append(1.0 / torch.tensor([per_group[name] for name in groups.names], dtype=torch.float64))
+        flags.append(True)
+        rows_taus.append(stored)
+    calibration = cell_calibration(scan, torch.stack(slots), local, local, count, bins)
+    index = torch.from_numpy(groups.index)
+    results, rows = [], []
+    for k, tau in enumerate(rows_taus):
+        total = subset_metrics(calibration, k, tau)
+        assert total is not None
+        results.append(total)
+        figures = []
+        for g, name in enumerate(groups.names):
+            g_tau = per_group[name] if flags[k] else tau
+            m = subset_metrics(calibration, k, g_tau, g, index)
+            if m is not None:
+                figures.append(GroupFigures(name, g_tau, m))
+        rows.append(GroupRow(tau, flags[k], figures))
+    return GroupedPass(results, rows, calibration)
+
+
+def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
+                 bins: int) -> list[GroupRow]:
+    """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
+    from .fit_figures import row_extras
+
+    if not (estimators or bootstrap) or grouped.calibration.confidence is None:
+        return grouped.rows
+    out = []
+    for k, row in enumerate(grouped.rows):
+        figures = []
+        for figure in row.groups:
+            mine = torch.from_numpy(groups.index == groups.names.index(figure.group))
+            extra = row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed,
+                               bins=bins, rows=mine.to(grouped.calibration.confidence.device))
+            figures.append(GroupFigures(figure.group, figure.tau, figure.metrics, extra))
+        out.append(GroupRow(row.tau, row.per_group, figures))
+    return out
+
+
+
+@dataclass
+class GroupedRun:
+    """``report --group-by``'s figures: per row of the report (each temperature, and the stored T_g's row last when
+    they apply) the overall metrics, every group's and the estimators; the rows and reads the sets took."""
+
+    results: list[CalibrationMetrics]
+    rows: list[GroupRow]
+    extras: list[dict]
+    conformal_rows: Any = None  # the conformal sets' rows (ConformalRows), when asked for
+    conformal_reads: int = 0
+
+
+def held_out_groups(opened: OpenedSource, groups: RowGroups, rows: np.ndarray) -> tuple[RowGroups, tuple[int, int]]:
+    """The groups of the held-out ``rows`` alone, and the part of them this process reads (sorted rows: a range)."""
+    start, stop = opened.share()
+    return (replace(groups, index=groups.index[rows]),
+            (int(np.searchsorted(rows, start)), int(np.searchsorted(rows, stop))))
+
+
+def report_groups(opened: OpenedSource, scan: Scan, full: Scan, groups: RowGroups, all_groups: RowGroups,
+                  taus: Sequence[float], *, share: tuple[int, int] | None, stored: float | None, at_stored: bool,
+                  bins: int, estimators: Sequence[str], bootstrap: int, seed: int, alphas: list[float],
+                  warnings: list[str]) -> GroupedRun:
+    """Every temperature over ``scan``'s rows and ``groups`` (each group at its stored T_g too, when ``at_stored``
+    and they apply), the estimators, and with ``alphas`` the
+    conformal sets from ``full`` (every row, grouped by ``all_groups``)."""
+    applied = applicable_groups(opened, groups, stored) if at_stored else AppliedGroups({}, [])
+    warnings.extend(applied.warnings)
+    grouped = grouped_report(opened, scan, groups, taus, bins=bins, per_group=applied.temperatures, stored=stored,
+                             share=share)
+    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
+    extras = _extras(scan, grouped, warnings, **options)
+    run = GroupedRun(grouped.results, group_extras(grouped, groups, **options), extras)
+    if alphas:
+        _grouped_sets(run, full, opened, all_groups, alphas, seed, applied.temperatures, warnings)
+    return run
+
+
+def _extras(scan: Scan, grouped: GroupedPass, warnings: list[str], *,
+            estimators: Sequence[str], bootstrap: int, seed: int, bins: int) -> list[dict]:
+    """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
+    the pass kept."""
+    from .fit_figures import row_extras
+
+    if not (estimators or bootstrap):
+        return []
+    plain = [row.tau for row in grouped.rows if not row.per_group]
+    at_plain = iter(extra_figures(scan, plain, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed))
+    out = []
+    for k, row in enumerate(grouped.rows):
+        if not row.per_group:
+            out.append(next(at_plain))
+            continue
+        if "ece_classwise" in estimators:
+            warnings.append("ece_classwise is left out at per-group temperatures (it needs every class's probability "
+                            "at each row's T)")
+        out.append(row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins))
+    return out
+
+
+def _grouped_sets(run: GroupedRun, full: Scan, opened: OpenedSource, groups: RowGroups, alphas: list[float],
+                  seed: int, per_group: dict[str, float], warnings: list[str]) -> None:
+    """``--group-by`` with ``--conformal-alpha``: the sets at every temperature, overall and per group, from a read of
+    the thresholds and one of the evaluation rows; at the stored per-group temperatures (``per_group``, name -> T_g),
+    each row's scores and sets at its own group's T, two reads more."""
+    plain = [k for k, row in enumerate(run.rows) if not row.per_group]
+    sets = report_thresholds(full, opened, [run.results[k].tau for k in plain], alphas, seed, warnings)
+    overall, by_group = report_group_sets(full, opened, sets, groups.index, groups.count)
+    _place_sets(run, plain, overall, by_group, groups.names)
+    reads = sets.reads + 1
+    own = [k for k, row in enumerate(run.rows) if row.per_group]
+    if own:
+        every, mine = own_group_sets(full, opened, sets.rows, alphas, [per_group[name] for name in groups.names],
+                                     groups.index)
+        _place_sets(run, own, [every] * len(own), [mine] * len(own), groups.names)
+        reads += OWN_GROUP_READS
+    run.conformal_rows, run.conformal_reads = sets.rows, reads
+
+
+def _place_sets(run: GroupedRun, places: list[int], overall: list, by_group: list, names: list[str]) -> None:
+    """The sets of ``places[j]`` (report rows) from ``overall[j]`` and ``by_group[j][g]`` (None: no rows judged)."""
+    number = {name: g for g, name in enumerate(names)}
+    for j, k in enumerate(places):
+        run.results[k] = replace(run.results[k], conformal=overall[j])
+        row = run.rows[k]
+        figures = []
+        for f in row.groups:
+            found = by_group[j][number[f.group]]
+            figures.append(f if found is None else replace(f, extras={**f.extras,
+                                                                      "conformal": [c.to_json() for c in found]}))
+        run.rows[k] = replace(row, groups=figures)
+
+
+__all__ = [
+    "AppliedGroups",
+    "GroupFigures",
+    "GroupRow",
+    "GroupedPass",
+    "GroupedRun",
+    "applicable_groups",
+    "group_extras",
+    "grouped_report",
+    "held_out_groups",
+    "report_groups",
+]
