@@ -30,7 +30,7 @@ from .bins import bin_edges, bin_index
 from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor
 from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
-from .data import LogitsSource, compute_dtype, resolve_device
+from .data import LogitsData, LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
@@ -170,7 +170,7 @@ class Scan:
         self.passes += 1
         state = _FirstScan(stats, problems, start, data.num_samples > 0)
         block = self.chunk_rows
-        for read_start, zr, yr in data.chunks(read_rows(block, self.num_classes, threads), self.device, real):
+        for read_start, zr, yr in data.chunks(self._read_rows(threads), self.device, real):
             bounds = block_bounds(zr.shape[0], block)
             # The reductions over every logit, shared among the threads; the rest, per row, in order.
             def reduce(i: int, _: int, zr: torch.Tensor = zr, bounds=bounds) -> Reductions:
@@ -275,6 +275,14 @@ class Scan:
         """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.threads.pass_threads`)."""
         return pass_threads(self.device, self.data.numel())
 
+    def _read_rows(self, threads: int) -> int:
+        """Rows per read of a block pass: every row at once when the data's chunks are views of a tensor in memory
+        (already on the device, in the compute dtype), so that the pass is one map of its blocks."""
+        data = self.data
+        held = (isinstance(data, LogitsData) and not data.binary and data.logits.device == self.device
+                and data.logits.dtype == self.compute_dtype)
+        return read_rows(self.chunk_rows, self.num_classes, threads, data.num_samples if held else None)
+
     def block_pass(self, fn: Callable[[RowBlock, Scratch], R]) -> Iterator[R]:
         """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows (the chunks of :meth:`row_chunks`),
         the blocks of each read shared among the pass's threads, each running torch single-threaded; the
@@ -283,8 +291,7 @@ class Scan:
         threads = self.pass_threads()
         stats, block = self.stats, self.chunk_rows
         neginf = stats.has_neginf.cpu()
-        for start, z, y in self.data.chunks(read_rows(block, self.num_classes, threads), self.device,
-                                            self.compute_dtype):
+        for start, z, y in self.data.chunks(self._read_rows(threads), self.device, self.compute_dtype):
             bounds = block_bounds(z.shape[0], block)
 
             def run(i: int, worker: int, start=start, z=z, y=y, bounds=bounds) -> R:
