@@ -290,7 +290,11 @@ class Scan:
         the blocks of each read shared among the pass's threads, each running torch single-threaded; the
         results in row order, so sums add up as on one thread. ``few``: each result is a few numbers (longer
         reads of logits held in memory: fewer maps); ``row_bytes``: what each result keeps per row (shorter reads
-        when it is large). Counted like every pass."""
+        when it is large). Counted like every pass.
+
+        The caller's own work on the results (adding them up in row order, between the yields) runs torch
+        single-threaded on the CPU too: it is small, and torch's threads would wait at a barrier after each of
+        its operations whenever another process holds a core."""
         self.passes += 1
         threads = self.pass_threads()
         stats, block = self.stats, self.chunk_rows
@@ -305,7 +309,9 @@ class Scan:
                                 bool(neginf[s:e].any()), s)
                 return fn(rows, self.scratch_for(worker))
 
-            yield from map_blocks(run, len(bounds), threads)
+            results = map_blocks(run, len(bounds), threads)
+            with self._visitor_threads():
+                yield from results
 
     def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
         """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
@@ -360,7 +366,7 @@ class Scan:
         """A visitor keeps its own state from chunk to chunk, so its chunks cannot be shared among threads; on the
         CPU they run torch single-threaded: torch's threads would meet at a barrier after every op, and wait
         there whenever another process holds one of their cores (a conformal fit on 2 cores with one kept
-        busy: 3 times the one-thread time)."""
+        busy: 3 times the one-thread time). The same for the row-order work on a block pass's results."""
         return single_threaded() if self.device.type == "cpu" else contextlib.nullcontext()
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
