@@ -288,3 +288,33 @@ def test_ece_search_tie_check_and_apply_on_two_threads_equal_one_thread():
     rows = torch.linspace(0.5, 2.0, 3000, dtype=torch.float64)
     assert torch.allclose(two["log-probs per row"].double(), torch.log_softmax(z.double() / rows[:, None], 1),
                           atol=1e-5)
+
+
+def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(monkeypatch):
+    """Logits held in memory in the compute dtype are read at once, so the threads meet once per pass; reads cut
+    shorter (HELD_READ_ROWS) give the same bits, and so do logits that need a conversion (bounded reads)."""
+    g = torch.Generator().manual_seed(19)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    maps = []
+    original = threads.BlockPool.map
+
+    def counted(self, fn, count, workers):
+        maps.append(count)
+        return original(self, fn, count, workers)
+
+    monkeypatch.setattr(threads.BlockPool, "map", counted)
+    figures = {}
+    with torch_threads(2):
+        for name, logits, held in (("one read", z, None), ("short reads", z, 97 * 3), ("float64", z.double(), None)):
+            if held is not None:
+                monkeypatch.setattr(threads, "HELD_READ_ROWS", held)
+            scan = Scan(as_logits_data(logits, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS,
+                        dtype=torch.float32)
+            maps.clear()
+            figures[name] = (scan.objective(0.7), scan.top_ties(0.7))
+            figures[name + " maps"] = list(maps)
+    assert figures["one read maps"] == [31, 31]  # 3000 rows in blocks of 97: one map per pass
+    assert figures["short reads maps"] == [3] * 10 + [1] + [3] * 10 + [1]
+    assert len(figures["float64 maps"]) == 2 * 4  # converted a read at a time: 8 blocks per read
+    assert figures["one read"] == figures["short reads"] == figures["float64"]
