@@ -18,7 +18,7 @@ from .distributed import all_reduce
 from .scratch import Scratch
 
 if TYPE_CHECKING:
-    from .scan import Scan
+    from .scan import RowBlock, Scan
 
 
 class EceTerms:
@@ -32,13 +32,24 @@ class EceTerms:
 
     def add_chunk(self, d: torch.Tensor, correct: torch.Tensor, buffers: Scratch) -> None:
         """Add one chunk: ``d`` the logits minus their row maximum, ``correct`` whether the arg-max is right."""
-        hit = correct.to(torch.float64)
-        ones = torch.ones_like(hit)
-        for k, beta in enumerate(self.betas):
+        self.add_block(self.block_bins(d, buffers), correct)
+
+    def block_bins(self, d: torch.Tensor, buffers: Scratch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each beta's bin index and confidence of a block's rows (``d`` as :meth:`add_chunk` takes it): the work
+        over every logit, which blocks may do on several threads at once."""
+        binned = []
+        for beta in self.betas:
             # The confidence exactly as the calibration pass forms it, so both put it in the same bin.
             e = torch.mul(d, beta, out=buffers.like("e", d)).exp_()
             confidence = e.sum(1).reciprocal().to(torch.float64)
-            index = bin_index(confidence, self.edges)
+            binned.append((bin_index(confidence, self.edges), confidence))
+        return binned
+
+    def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
+        """Add a block's :meth:`block_bins`; blocks added in row order give the bits of :meth:`add_chunk`."""
+        hit = correct.to(torch.float64)
+        ones = torch.ones_like(hit)
+        for k, (index, confidence) in enumerate(binned):
             self.per_bin[k, 0].index_add_(0, index, ones)
             self.per_bin[k, 1].index_add_(0, index, confidence)
             self.per_bin[k, 2].index_add_(0, index, hit)
@@ -46,10 +57,15 @@ class EceTerms:
 
 def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
     """One pass of ``scan``: the per-bin count, confidence and correct sums ``[betas, 3, bins]`` at each beta,
-    all-reduced across processes, on the CPU."""
+    all-reduced across processes, on the CPU. The blocks' confidences are computed on the pass's threads and
+    binned in row order (the sums of one thread, bit for bit)."""
     terms = EceTerms(betas, bins, scan.device)
-    for z, _, row_max, _, correct, _ in scan.row_chunks():
-        terms.add_chunk(torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z)), correct, scan.scratch)
+
+    def block(b: RowBlock, scratch: Scratch) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        return terms.block_bins(torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z)), scratch), b.correct
+
+    for binned, correct in scan.block_pass(block, row_bytes=16 * len(terms.betas)):  # int64 index, float64 value
+        terms.add_block(binned, correct)
     return all_reduce(terms.per_bin).cpu()
 
 

@@ -30,7 +30,7 @@ from .bins import bin_edges, bin_index
 from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor
 from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
-from .data import LogitsSource, compute_dtype, resolve_device
+from .data import LogitsData, LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
@@ -170,7 +170,7 @@ class Scan:
         self.passes += 1
         state = _FirstScan(stats, problems, start, data.num_samples > 0)
         block = self.chunk_rows
-        for read_start, zr, yr in data.chunks(read_rows(block, self.num_classes, threads), self.device, real):
+        for read_start, zr, yr in data.chunks(self._read_rows(threads, few=True), self.device, real):
             bounds = block_bounds(zr.shape[0], block)
             # The reductions over every logit, shared among the threads; the rest, per row, in order.
             def reduce(i: int, _: int, zr: torch.Tensor = zr, bounds=bounds) -> Reductions:
@@ -275,16 +275,31 @@ class Scan:
         """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.threads.pass_threads`)."""
         return pass_threads(self.device, self.data.numel())
 
-    def block_pass(self, fn: Callable[[RowBlock, Scratch], R]) -> Iterator[R]:
+    def _read_rows(self, threads: int, few: bool = False, row_bytes: int = 0) -> int:
+        """Rows per read of a block pass (:func:`tempcal.core.threads.read_rows`). ``few``: the pass keeps a few
+        numbers per block or row, so when the data's chunks are views of a tensor in memory (already on the device,
+        in the compute dtype) one read may take every row: the pass is then one map of its blocks."""
+        data = self.data
+        held = (few and isinstance(data, LogitsData) and not data.binary and data.logits.device == self.device
+                and data.logits.dtype == self.compute_dtype)
+        return read_rows(self.chunk_rows, self.num_classes, threads, data.num_samples if held else None, row_bytes)
+
+    def block_pass(self, fn: Callable[[RowBlock, Scratch], R], *, few: bool = False, row_bytes: int = 0
+                   ) -> Iterator[R]:
         """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows (the chunks of :meth:`row_chunks`),
         the blocks of each read shared among the pass's threads, each running torch single-threaded; the
-        results in row order, so sums add up as on one thread. Counted like every pass."""
+        results in row order, so sums add up as on one thread. ``few``: each result is a few numbers (longer
+        reads of logits held in memory: fewer maps); ``row_bytes``: what each result keeps per row (shorter reads
+        when it is large). Counted like every pass.
+
+        The caller's own work on the results (adding them up in row order, between the yields) runs torch
+        single-threaded on the CPU too: it is small, and torch's threads would wait at a barrier after each of
+        its operations whenever another process holds a core."""
         self.passes += 1
         threads = self.pass_threads()
         stats, block = self.stats, self.chunk_rows
         neginf = stats.has_neginf.cpu()
-        for start, z, y in self.data.chunks(read_rows(block, self.num_classes, threads), self.device,
-                                            self.compute_dtype):
+        for start, z, y in self.data.chunks(self._read_rows(threads, few, row_bytes), self.device, self.compute_dtype):
             bounds = block_bounds(z.shape[0], block)
 
             def run(i: int, worker: int, start=start, z=z, y=y, bounds=bounds) -> R:
@@ -294,7 +309,9 @@ class Scan:
                                 bool(neginf[s:e].any()), s)
                 return fn(rows, self.scratch_for(worker))
 
-            yield from map_blocks(run, len(bounds), threads)
+            results = map_blocks(run, len(bounds), threads)
+            with self._visitor_threads():
+                yield from results
 
     def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
         """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
@@ -304,7 +321,7 @@ class Scan:
         """
         acc = torch.zeros(len(FIELDS), dtype=torch.float64, device=self.device)
         for sums in self.block_pass(lambda b, scratch: row_cumulants(b.z, b.y, beta, scratch, top=b.row_max,
-                                                                     impossible=b.has_neginf)):
+                                                                     impossible=b.has_neginf), few=True):
             acc += sums
         return ObjectiveSums.from_sums(beta, all_reduce(acc))
 
@@ -349,7 +366,7 @@ class Scan:
         """A visitor keeps its own state from chunk to chunk, so its chunks cannot be shared among threads; on the
         CPU they run torch single-threaded: torch's threads would meet at a barrier after every op, and wait
         there whenever another process holds one of their cores (a conformal fit on 2 cores with one kept
-        busy: 3 times the one-thread time)."""
+        busy: 3 times the one-thread time). The same for the row-order work on a block pass's results."""
         return single_threaded() if self.device.type == "cpu" else contextlib.nullcontext()
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
@@ -418,12 +435,17 @@ class Scan:
     def top_ties(self, beta: float) -> tuple[int, int, float]:
         """One pass: the rows whose largest logit is shared by another class, the rows whose finite logits are
         all equal (their NLL is the same at every T), and the mean NLL at ``beta``, over all ranks."""
+        def block(b: RowBlock, scratch: Scratch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            at_top = b.z == b.row_max[:, None]
+            flat = (at_top | torch.isinf(b.z) if b.has_neginf else at_top).all(1).sum()
+            return (at_top.sum(1) > 1).sum(), flat, row_cumulants(b.z, b.y, beta, scratch, top=b.row_max,
+                                                                   impossible=b.has_neginf)
+
         acc = torch.zeros(len(FIELDS) + 2, dtype=torch.float64, device=self.device)
-        for z, y, row_max, _, _, has_neginf in self.row_chunks():
-            at_top = z == row_max[:, None]
-            acc[-2] += (at_top.sum(1) > 1).sum()
-            acc[-1] += (at_top | torch.isinf(z) if has_neginf else at_top).all(1).sum()
-            acc[:-2] += row_cumulants(z, y, beta, self.scratch, top=row_max, impossible=has_neginf)
+        for tied, flat, sums in self.block_pass(block, few=True):  # in row order: the sums of one thread
+            acc[-2] += tied
+            acc[-1] += flat
+            acc[:-2] += sums
         acc = all_reduce(acc)
         return int(acc[-2]), int(acc[-1]), ObjectiveSums.from_sums(beta, acc[:-2]).nll
 

@@ -24,8 +24,9 @@ class Reductions(NamedTuple):
 
 def row_reductions(z: torch.Tensor, low: bool = False) -> Reductions:
     """The reductions over every logit of ``z``'s rows (``low``: their minima too)."""
+    row_sum = z.sum(1)  # first, as the validating scan did before its blocks
     row_max, arg_max = torch.max(z, 1)
-    return Reductions(z.sum(1), row_max, arg_max, torch.linalg.vecdot(z, z), z.amin(1) if low else None)
+    return Reductions(row_sum, row_max, arg_max, torch.linalg.vecdot(z, z), z.amin(1) if low else None)
 
 
 def uniform_moments(z: torch.Tensor, row_sum: torch.Tensor, row_max: torch.Tensor, has_neginf: torch.Tensor,

@@ -34,6 +34,10 @@ R = TypeVar("R")
 MIN_BLOCK_ELEMENTS = 1 << 15
 #: A read of the data holds at most this many logits: enough blocks for every thread, a bounded buffer.
 READ_ELEMENTS = 1 << 22
+#: At most this many rows per read of logits held in memory (what a pass keeps per row of a read stays bounded).
+HELD_READ_ROWS = 1 << 20
+#: At most this many bytes of per-row results kept from one read (a pass that declares its ``row_bytes``).
+KEPT_BYTES = 1 << 28
 #: Blocks per thread in one read, so that a thread held up by another process leaves work to the others.
 BLOCKS_PER_THREAD = 4
 
@@ -263,12 +267,25 @@ def map_blocks(fn: Callable[[int, int], R], count: int, threads: int) -> list[R]
     return _pool.map(fn, count, threads)
 
 
-def read_rows(chunk_rows: int, num_classes: int, threads: int) -> int:
-    """Rows per read of the data: ``chunk_rows`` times enough blocks for every thread, at most READ_ELEMENTS."""
+def read_rows(chunk_rows: int, num_classes: int, threads: int, held_rows: int | None = None, row_bytes: int = 0
+              ) -> int:
+    """Rows per read of the data: ``chunk_rows`` times enough blocks for every thread, at most READ_ELEMENTS.
+
+    ``held_rows``: the data's reads are views of this many rows already in memory (nothing copied) and the
+    pass keeps a few numbers per block, so one read takes up to HELD_READ_ROWS of them and a pass is one map:
+    the threads meet once per pass, not once per read (each meeting leaves a thread idle for about half a
+    block on an idle machine: a tenth of the pass at eight blocks a read). The blocks stay ``chunk_rows``
+    rows, so the sums are the same bits. ``row_bytes``: what the pass keeps per row until its read is done;
+    a read then holds at most KEPT_BYTES of it (but one block).
+    """
     if threads <= 1:
         return chunk_rows
-    blocks = max(1, min(BLOCKS_PER_THREAD * threads, READ_ELEMENTS // max(chunk_rows * num_classes, 1)))
-    return chunk_rows * blocks
+    if held_rows is not None:
+        return max(chunk_rows, min(held_rows, HELD_READ_ROWS))
+    blocks = min(BLOCKS_PER_THREAD * threads, READ_ELEMENTS // max(chunk_rows * num_classes, 1))
+    if row_bytes:
+        blocks = min(blocks, KEPT_BYTES // (chunk_rows * row_bytes))
+    return chunk_rows * max(1, blocks)
 
 
 def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..core.scan import Scan
+from ..core.scan import RowBlock, Scan, Scratch
 from ..errors import TempcalError, param
 from ..io.paths import same_file
 from ..io.streamed import Planned, output_format, write_streamed
@@ -180,30 +180,41 @@ def _planned(scan: Scan, as_: str, temperature: float | torch.Tensor) -> list[Pl
 
 
 def _scaled_chunks(scan: Scan, as_: str, temperature: float | torch.Tensor, single: bool) -> Iterator[torch.Tensor]:
-    """One pass over the scan's chunks: each chunk's logits divided by its rows' T, then as asked."""
-    start = 0
+    """One pass over the scan's blocks (shared among the pass's threads, in row order): each block's logits divided
+    by its rows' T, then as asked. An overflow is raised for the first block, in row order, that has one."""
     written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32  # as _planned writes it
-    for z, *_ in scan.row_chunks():
-        n = z.shape[0]
-        t = temperature if isinstance(temperature, float) else temperature[start:start + n, None].to(z.device)
-        start += n
-        if not _overflows(z, t, written):
-            scaled = z / (t if isinstance(t, float) else t.to(z.dtype))
-        elif as_ == "logits":
-            shown = float(t) if isinstance(t, float) else float(t.min())
-            raise TempcalError(f"the logits / T overflow {str(written).removeprefix('torch.')} at T = {shown!r}; "
-                               "write probs or log-probs (--as), or use a larger T; nothing written")
-        else:  # at a tiny T, z / T overflows: each row less its largest logit first (in float64), then / T
-            shifted = (z.to(torch.float64) - z.max(1, keepdim=True).values.to(torch.float64)) / t
-            out = torch.softmax(shifted, 1) if as_ == "probs" else torch.log_softmax(shifted, 1)
-            yield out.to(z.dtype)
-            continue
-        if as_ == "probs":
-            yield torch.softmax(scaled, 1)
-        elif as_ == "log-probs":
-            yield torch.log_softmax(scaled, 1)
-        else:
-            yield scaled[:, 1] if single else scaled  # a binary logit z is the row [0, z]
+
+    def block(b: RowBlock, _: Scratch) -> torch.Tensor | TempcalError:
+        z, n = b.z, b.z.shape[0]
+        t = temperature if isinstance(temperature, float) else temperature[b.start:b.start + n, None].to(z.device)
+        try:
+            return _scaled(z, t, as_, single, written)
+        except TempcalError as error:  # raised by the caller, in row order
+            return error
+
+    for out in scan.block_pass(block):
+        if isinstance(out, TempcalError):
+            raise out
+        yield out
+
+
+def _scaled(z: torch.Tensor, t: float | torch.Tensor, as_: str, single: bool, written: torch.dtype) -> torch.Tensor:
+    """One block's logits ``z`` divided by ``t``, then as asked."""
+    if not _overflows(z, t, written):
+        scaled = z / (t if isinstance(t, float) else t.to(z.dtype))
+    elif as_ == "logits":
+        shown = float(t) if isinstance(t, float) else float(t.min())
+        raise TempcalError(f"the logits / T overflow {str(written).removeprefix('torch.')} at T = {shown!r}; "
+                           "write probs or log-probs (--as), or use a larger T; nothing written")
+    else:  # at a tiny T, z / T overflows: each row less its largest logit first (in float64), then / T
+        shifted = (z.to(torch.float64) - z.max(1, keepdim=True).values.to(torch.float64)) / t
+        out = torch.softmax(shifted, 1) if as_ == "probs" else torch.log_softmax(shifted, 1)
+        return out.to(z.dtype)
+    if as_ == "probs":
+        return torch.softmax(scaled, 1)
+    if as_ == "log-probs":
+        return torch.log_softmax(scaled, 1)
+    return scaled[:, 1] if single else scaled  # a binary logit z is the row [0, z]
 
 
 def _overflows(z: torch.Tensor, t: float | torch.Tensor, written: torch.dtype) -> bool:

@@ -85,22 +85,23 @@ def test_npz_and_npy_outputs_read_back_with_numpy(tmp_path, cli, run_json, suffi
 
 
 def test_rows_are_streamed_chunk_by_chunk(tmp_path, cli, monkeypatch):
-    """Every chunk is written before the next is read: the pass goes through the scan's row chunks, as many as
+    """The pass goes through the scan's row blocks (shared among the threads, bounded reads), as many as
     --chunk-rows makes, and the file is the same as the one from whole chunks."""
     path, _ = fitted_copy(tmp_path, cli)
     monkeypatch.setenv("TEMPCAL_RESIDENT_BYTES", "0")  # read from the file a chunk at a time
     sizes: list[int] = []
-    original = Scan.row_chunks
+    original = Scan.block_pass
 
-    def counted(self):
-        for chunk in original(self):
-            sizes.append(chunk[0].shape[0])
-            yield chunk
+    def counted(self, fn, **kwargs):
+        def sized(block, scratch):
+            sizes.append(block.z.shape[0])
+            return fn(block, scratch)
+        return original(self, sized, **kwargs)
 
-    monkeypatch.setattr(Scan, "row_chunks", counted)
+    monkeypatch.setattr(Scan, "block_pass", counted)
     code, _, err = cli(["apply", str(path), "-o", str(tmp_path / "small.safetensors"), "--chunk-rows", "100", "-q"])
     assert code == 0, err
-    assert sizes == [100] * 13 + [48]
+    assert sorted(sizes, reverse=True) == [100] * 13 + [48]
     monkeypatch.undo()
     code, _, _ = cli(["apply", str(path), "-o", str(tmp_path / "whole.safetensors"), "-q"])
     assert load_file(str(tmp_path / "small.safetensors"))["probs"].equal(
@@ -276,15 +277,16 @@ def test_refused_outputs_write_nothing(tmp_path, cli, bad):
 def test_a_failure_while_writing_leaves_no_file(tmp_path, cli, monkeypatch):
     path = tmp_path / "digits.safetensors"
     path.write_bytes(EXAMPLE.read_bytes())
-    original = Scan.row_chunks
+    original = Scan.block_pass
 
-    def fails_midway(self):
-        for k, chunk in enumerate(original(self)):
-            if k == 3 and self.passes == 2:
+    def fails_midway(self, fn, **kwargs):
+        def failing(block, scratch):  # the fourth block of the output pass
+            if block.start >= 3 * 64 and self.passes == 2:
                 raise OSError(28, "No space left on device")
-            yield chunk
+            return fn(block, scratch)
+        return original(self, failing, **kwargs)
 
-    monkeypatch.setattr(Scan, "row_chunks", fails_midway)
+    monkeypatch.setattr(Scan, "block_pass", fails_midway)
     before = files_in(tmp_path)
     code, _, err = cli(["apply", str(path), "-o", str(tmp_path / "p.safetensors"), "--tau", "2", "--chunk-rows", "64"])
     assert code == 2 and "No space left on device" in err

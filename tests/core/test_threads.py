@@ -5,16 +5,19 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
 from tempcal.core import threads
 from tempcal.core.data import as_logits_data
+from tempcal.core.ece_terms import bin_sums
 from tempcal.core.scan import ALL_ROWS, Scan
 from tempcal.errors import TempcalError
 from tempcal.models.head import OutputHead
 from tempcal.scores.engine import scan_scores
 from tempcal.subsets.cells import cell_calibration, cell_objective
+from tempcal.workflows.apply import _scaled_chunks
 
 
 @contextlib.contextmanager
@@ -245,3 +248,73 @@ def test_cell_objective_on_kept_rows_on_two_threads_equals_one_thread(monkeypatc
     nll = torch.nn.functional.cross_entropy(0.7 * z.double(), y, reduction="none")
     by_cell = torch.zeros(5, dtype=torch.float64).index_add_(0, cells, nll)
     assert torch.allclose(out[2][0, :, 1], by_cell, rtol=1e-6)
+
+
+def _search_tie_and_apply_figures(z, y, count):
+    """The ECE search's pass, the tie check and apply's output pass on ``count`` threads."""
+    with torch_threads(count):
+        scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+        rows = torch.linspace(0.5, 2.0, z.shape[0], dtype=torch.float64)
+        return {"bin_sums": bin_sums(scan, [0.3, 0.7, 1.9], 15), "top_ties": scan.top_ties(0.7),
+                "probs": torch.cat(list(_scaled_chunks(scan, "probs", 2.0, False))),
+                "log-probs per row": torch.cat(list(_scaled_chunks(scan, "log-probs", rows, False)))}
+
+
+def test_ece_search_tie_check_and_apply_on_two_threads_equal_one_thread():
+    """The ECE search's bin sums, Scan.top_ties and apply's output: the same bits on one thread and on two, and
+    the figures of plain loops here."""
+    g = torch.Generator().manual_seed(17)
+    z = torch.randint(-4, 5, (3000, 120), generator=g).float()  # whole numbers: rows with a tied largest logit
+    y = torch.randint(0, 120, (3000,), generator=g)
+    one, two = _search_tie_and_apply_figures(z, y, 1), _search_tie_and_apply_figures(z, y, 2)
+    for name in one:
+        assert _same(one[name], two[name]), name
+    tied, flat, nll = two["top_ties"]
+    top = z.amax(1, keepdim=True)
+    assert tied == int(((z == top).sum(1) > 1).sum()) > 0 and flat == 0
+    assert nll == pytest.approx(float(torch.nn.functional.cross_entropy(0.7 * z.double(), y)), rel=1e-6)
+    zd = z.double().numpy()
+    for k, beta in enumerate((0.3, 0.7, 1.9)):  # a numpy loop over rows: each confidence into its equal-width bin
+        p = np.exp(beta * (zd - zd.max(1, keepdims=True)))
+        confidence = 1 / p.sum(1)
+        correct = zd.argmax(1) == y.numpy()
+        expected = np.zeros((3, 15))
+        for c, hit in zip(confidence, correct, strict=True):
+            b = min(int(c * 15), 14)
+            expected[:, b] += (1, c, hit)
+        np.testing.assert_array_equal(two["bin_sums"][k][[0, 2]].numpy(), expected[[0, 2]])  # counts, hits
+        np.testing.assert_allclose(two["bin_sums"][k][1].numpy(), expected[1], rtol=1e-6)  # float32 confidences
+    assert torch.allclose(two["probs"].double(), torch.softmax(z.double() / 2, 1), atol=1e-7)
+    rows = torch.linspace(0.5, 2.0, 3000, dtype=torch.float64)
+    assert torch.allclose(two["log-probs per row"].double(), torch.log_softmax(z.double() / rows[:, None], 1),
+                          atol=1e-5)
+
+
+def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(monkeypatch):
+    """Logits held in memory in the compute dtype are read at once, so the threads meet once per pass; reads cut
+    shorter (HELD_READ_ROWS) give the same bits, and so do logits that need a conversion (bounded reads)."""
+    g = torch.Generator().manual_seed(19)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    maps = []
+    original = threads.BlockPool.map
+
+    def counted(self, fn, count, workers):
+        maps.append(count)
+        return original(self, fn, count, workers)
+
+    monkeypatch.setattr(threads.BlockPool, "map", counted)
+    figures = {}
+    with torch_threads(2):
+        for name, logits, held in (("one read", z, None), ("short reads", z, 97 * 3), ("float64", z.double(), None)):
+            if held is not None:
+                monkeypatch.setattr(threads, "HELD_READ_ROWS", held)
+            scan = Scan(as_logits_data(logits, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS,
+                        dtype=torch.float32)
+            maps.clear()
+            figures[name] = (scan.objective(0.7), scan.top_ties(0.7))
+            figures[name + " maps"] = list(maps)
+    assert figures["one read maps"] == [31, 31]  # 3000 rows in blocks of 97: one map per pass
+    assert figures["short reads maps"] == [3] * 10 + [1] + [3] * 10 + [1]
+    assert len(figures["float64 maps"]) == 2 * 4  # converted a read at a time: 8 blocks per read
+    assert figures["one read"] == figures["short reads"] == figures["float64"]
