@@ -22,6 +22,7 @@ division first.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Iterator
@@ -59,24 +60,21 @@ class OnnxInfo:
     external: tuple[tuple[str, str], ...]  # (tensor name, location) of every tensor with external data
 
 
-def import_onnx() -> Any:
-    """The ``onnx`` package, or a one-line error naming the extra to install."""
+def _import(package: str) -> Any:
+    """``package`` (``onnx`` or ``onnxruntime``), or a one-line error naming the extra to install."""
     try:
-        import onnx
+        return importlib.import_module(package)
     except ImportError:
-        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the 'onnx' package is not "
+        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the '{package}' package is not "
                            "installed)") from None
-    return onnx
+
+
+def import_onnx() -> Any:
+    return _import("onnx")
 
 
 def import_onnxruntime() -> Any:
-    """The ``onnxruntime`` package, or a one-line error naming the extra to install."""
-    try:
-        import onnxruntime
-    except ImportError:
-        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the 'onnxruntime' package is "
-                           "not installed)") from None
-    return onnxruntime
+    return _import("onnxruntime")
 
 
 # -- inspecting -----------------------------------------------------------------------------------
