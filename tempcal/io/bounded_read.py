@@ -1,10 +1,7 @@
 """Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and digits.
 
-A FIFO named where a file is expected would make ``open`` wait for a writer, ``/dev/zero`` would be
-read until memory runs out, and JSON nested 100,000 deep stops Python's parser with ``RecursionError``
-(an integer of 5,000 digits with ``ValueError``). Here each is a specific exception carrying what its
-caller's one-line message needs (the kind of file, the size, the line and column); the callers (the
-configuration file, a model folder's JSON, lm-eval sample logs, sidecars) word the messages.
+A FIFO, ``/dev/zero`` or JSON nested 100,000 deep become specific exceptions carrying what the caller's
+one-line message needs (kind of file, size, line and column); the callers word the messages.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """T for files that have no metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file.
 
-The sidecar records the file's size, mtime and SHA-256, so that one left behind by an older
-version of the file is noticed and its T ignored. It is written atomically; a sidecar that is
-a symbolic link (say, planted in a downloaded folder) or not a regular file is refused, never
-written through. A new sidecar gets the file's permission bits plus the owner's write bit.
+The sidecar records the file's size, mtime and SHA-256, so one left behind by an older version of the file is
+noticed and its T ignored. It is written atomically and never through a link.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """ODIN scores (Liang et al., ICLR 2018): max softmax at tau after a small input step that raises it.
 
-Each input is moved by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)``
-(so the max softmax rises, more for in-distribution inputs), and scored by ``max softmax(f(x') / tau)``.
-It needs autograd through the model (a ``.pt2`` or TorchScript model; onnxruntime gives no gradients)
-and floating-point inputs; ``eps = 0`` is the plain MSP at tau. A calibrated model is run through its
-original (tau applies to the raw logits). The OOD report is
-assembled by :mod:`tempcal.workflows.ood`, as for every other score.
+Each input moves by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)`` and is scored
+by ``max softmax(f(x') / tau)``; it needs autograd (a ``.pt2`` or TorchScript model) and ``eps = 0`` is the
+plain MSP at tau. A calibrated model runs through its original.
 """
 
 from __future__ import annotations
