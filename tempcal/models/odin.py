@@ -80,14 +80,13 @@ class _Gradients:
         return grad
 
 
-def _odin_batch(net: torch.nn.Module, x: torch.Tensor, gradients: _Gradients, eps: float,
-                output_key: OutputKey, name: str) -> torch.Tensor:
+def _odin_batch(x: torch.Tensor, gradients: _Gradients, eps: float) -> torch.Tensor:
     """ODIN scores of one batch: max softmax at ``tau`` after one signed-gradient step of size ``eps``."""
     grad = gradients(x)
     # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
     perturbed = x.detach() - eps * torch.sign(-grad)
     with torch.inference_mode():
-        z = _two_class(select_output(net(perturbed), output_key, name))
+        z = _two_class(select_output(gradients.net(perturbed), gradients.output_key, gradients.name))
         return torch.softmax(z.to(torch.float64) / gradients.tau, dim=1).max(dim=1).values.cpu()
 
 
@@ -140,7 +139,7 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
             if not x.dtype.is_floating_point:
                 raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")
             try:
-                parts.append(_odin_batch(net, x.to(model.device), gradients, eps, output_key, name))
+                parts.append(_odin_batch(x.to(model.device), gradients, eps))
             except TempcalError:
                 raise
             except Exception as exc:

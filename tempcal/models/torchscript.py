@@ -149,27 +149,16 @@ def to_graph_module(module: torch.jit.ScriptModule, example: tuple[torch.Tensor,
     return graph
 
 
-def _drop_assertions(block: Any) -> int:
+def _drop_assertions(block: Any) -> None:
     """Remove ``prim::If`` nodes that only raise (TorchScript ``assert`` and size checks), recursively."""
-    removed = 0
     for node in list(block.nodes()):
         for inner in node.blocks():
-            removed += _drop_assertions(inner)
+            _drop_assertions(inner)
         if node.kind() == "prim::If" and node.outputsSize() == 0:
-            first, second = list(node.blocks())
-            if (_only_raises(first) and _is_empty(second)) or (_only_raises(second) and _is_empty(first)):
+            first, second = (list(b.nodes()) for b in node.blocks())
+            raises = [bool(nodes) and nodes[-1].kind() == "prim::RaiseException" for nodes in (first, second)]
+            if (raises[0] and not second) or (raises[1] and not first):
                 node.destroy()
-                removed += 1
-    return removed
-
-
-def _only_raises(block: Any) -> bool:
-    nodes = list(block.nodes())
-    return bool(nodes) and nodes[-1].kind() == "prim::RaiseException"
-
-
-def _is_empty(block: Any) -> bool:
-    return not list(block.nodes())
 
 
 def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
