@@ -102,11 +102,8 @@ def _kind_named(link: Path) -> str | None:
 
 
 def refuse_read_only(destination: Path, folder: Path, label: str) -> None:
-    """A read-only destination or folder is a clear error before anything is written.
-
-    Write bits are checked as well as access: root may write anything, but a file or folder
-    with no write bit at all was marked read-only on purpose.
-    """
+    """A read-only destination or folder is an error before anything is written: no write access, or no write bit
+    at all (marked read-only on purpose, which root respects too)."""
     for path, kind in ((destination, "file"), (folder, "folder")):
         try:
             mode = path.stat().st_mode & 0o7777

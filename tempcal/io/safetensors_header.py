@@ -257,10 +257,8 @@ def _tensor_info(path: Path, name: str, entry, data_size: int) -> TensorInfo:
 
 
 def _byte_count(shape: list[int], itemsize: int, limit: int) -> int:
-    """Bytes a tensor of ``shape`` needs, or any number above ``limit`` once it is known to exceed it.
-
-    Stopping early keeps a hostile shape (a million huge dimensions) from costing time.
-    """
+    """Bytes a tensor of ``shape`` needs, or any number above ``limit`` once it exceeds it (a hostile shape costs
+    no time)."""
     if 0 in shape:
         return 0
     count = itemsize

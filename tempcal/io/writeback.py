@@ -65,11 +65,8 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
 
 
 def copy_with_header(destination: Path, header: Header, new_header: bytes) -> None:
-    """Write ``new_header`` + the source's data section to ``destination`` atomically, under the source's lock.
-
-    A new ``--output`` file gets SOURCE's permission bits plus the owner's write bit, so that a copy
-    of a read-only source is not itself refused as read-only by the next write-back.
-    """
+    """Write ``new_header`` + the source's data section to ``destination`` atomically, under the source's lock;
+    a new file gets SOURCE's mode plus the owner's write bit (a copy of a read-only source stays writable)."""
     mode = None if os.path.lexists(destination) else header.path.stat().st_mode & 0o7777 | 0o200
     with atomic_path(destination, what="", mode=mode,
                      guard=lambda: _unchanged_under_lock(header)) as temporary, \

@@ -79,11 +79,8 @@ def model_format(path: str | os.PathLike) -> str:
 
 
 def is_model_path(path: str | os.PathLike) -> bool:
-    """True for a model file: a ``.pt2``/``.pt``/``.pth``/``.ts``/``.torchscript`` file that is a TorchScript or
-    exported-program archive, or an existing ``.onnx`` file.
-
-    A ``.pt`` dict of tensors saved by ``torch.save`` is not a model. Nothing in the file is unpickled.
-    """
+    """True for a model file: a torch-suffixed TorchScript or exported-program archive (never a ``torch.save``
+    dict of tensors; nothing unpickled), or an existing ``.onnx`` file."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in MODEL_SUFFIXES:

@@ -112,11 +112,8 @@ def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> Ex
 
 def graph_module(program: ExportedProgram, temperature: float | None, label: str, *,
                  original: bool = True) -> torch.fx.GraphModule:
-    """The program as a callable module; by default a calibrated one without its division by T.
-
-    As a SOURCE a calibrated program gives the original logits with its stored T (as TorchScript does), so
-    the default ``--tau`` (the stored T) reproduces the calibrated outputs and ``--tau 1`` the original's.
-    """
+    """The program as a callable module; by default a calibrated one without its division by T, so that as a
+    SOURCE the default ``--tau`` (the stored T) reproduces the calibrated outputs and ``--tau 1`` the original's."""
     with quiet():
         graph = program.module()
     if original and temperature is not None:

@@ -78,10 +78,8 @@ class OutputHead:
 
 def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: str = "bias",
               softcap: float | None = None) -> OutputHead:
-    """The output layer in ``path`` (a safetensors file or a Hugging Face model folder), checked.
-
-    ``softcap`` (``--softcap``) replaces the configuration's ``final_logit_softcapping``.
-    """
+    """The output layer in ``path`` (a safetensors file or a Hugging Face model folder), checked; ``softcap``
+    (``--softcap``) replaces the configuration's ``final_logit_softcapping``."""
     path = Path(path)
     head = _from_folder(path) if path.is_dir() else _from_file(path, weight_key, bias_key)
     if softcap is not None:

@@ -52,11 +52,8 @@ def _cudnn_off(off: bool) -> Iterator[None]:
 
 
 class _Gradients:
-    """The gradient of ``log max softmax(f(x) / tau)`` in ``x``, with the model in eval mode (dropout off).
-
-    cuDNN refuses an RNN's backward in eval mode, so on the first such refusal the gradient is taken
-    again, and from then on, with cuDNN off (torch's own RNN kernels, the same outputs).
-    """
+    """The gradient of ``log max softmax(f(x) / tau)`` in ``x``, model in eval mode; after cuDNN refuses an RNN's
+    backward in eval mode, taken with cuDNN off (torch's own kernels, the same outputs)."""
 
     def __init__(self, net: torch.nn.Module, tau: float, output_key: OutputKey, name: str):
         self.net, self.tau, self.output_key, self.name = net, tau, output_key, name

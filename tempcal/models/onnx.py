@@ -152,11 +152,8 @@ def session_for(model: onnx.ModelProto, folder: Path, label: str,
 # -- writing a calibrated model ---------------------------------------------------------------------
 def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
-    """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``.
-
-    The calibrated model runs against the original before anything is written, on ``check_inputs`` (else on
-    seeded inputs of the declared type, which suit models that take any real numbers).
-    """
+    """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``, after running it
+    against the original on ``check_inputs`` (else on seeded inputs of the declared type)."""
     value = as_temperature(temperature)
     info = inspect_onnx(model.path)
     label = str(info.path)

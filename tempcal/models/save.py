@@ -32,11 +32,8 @@ CHECK_ROWS = 16
 
 def save_logits(data: LogitsData, path: str | os.PathLike, *, labels: bool = True,
                 temperature: float | None = None, metadata: dict[str, str] | None = None) -> Path:
-    """Write computed logits (and labels) as a safetensors logits file, atomically.
-
-    ``labels=False`` leaves out placeholder labels (an OOD set without them); ``temperature`` is stored
-    under ``tempcal.temperature`` like a write-back, so the file reads back as the SOURCE it came from.
-    """
+    """Write computed logits (and labels, unless ``labels=False``) as a safetensors logits file, atomically;
+    ``temperature`` is stored as a write-back stores it, so the file reads back as the SOURCE it came from."""
     from safetensors.torch import save
 
     tensors = {"logits": data.logits.detach().to("cpu").contiguous()}
