@@ -1,13 +1,7 @@
 """Which model format a file holds, read from its suffix, first bytes and zip directory only (nothing is unpickled).
 
-Formats and the modules that load them (:data:`FORMATS`):
-
-- ``export``: a ``torch.export`` program (``.pt2``; also a ``.pt``/``.pth`` zip holding one), :mod:`.export`;
-- ``onnx``: an ONNX model (``.onnx``; protobuf has no magic bytes, so the suffix decides), :mod:`.onnx`;
-- ``torchscript``: a TorchScript archive (``.pt``, ``.pth``, ``.ts``, ``.torchscript``; legacy), :mod:`.torchscript`.
-
-``.pt``/``.pth`` may also be dicts of tensors (logits files): those are models only when their zip
-directory says so, or when ``--inputs`` is given. This module imports neither torch nor onnx.
+``.onnx`` is told by its suffix (protobuf has no magic bytes); ``.pt``/``.pth`` may also be dicts of tensors
+(logits files), models only when their zip directory says so or ``--inputs`` is given. Imports no torch or onnx.
 """
 
 from __future__ import annotations
