@@ -1,18 +1,8 @@
 """The one way tempcal writes a file: a temporary file beside the destination, fsynced, then renamed over it.
 
-Every output (JSON, Markdown, plots, scores, models, sidecars, write-back of T) goes through
-:func:`atomic_path`, so a crash at any point leaves either the old file or the complete new one.
-
-- The temporary file is ``.NAME.tempcal-XXXXXXXX.tmp`` in the destination's folder, locked
-  while it is written. One left by a killed process is removed by the next write into that
-  folder once it is a minute old and nobody holds its lock.
-- The destination passes :func:`tempcal.io.paths.check_target` before anything is written and
-  again right before the rename: a regular file or nothing, in a folder that exists, neither
-  read-only (root included), and not a symbolic link: write-back into a SOURCE the user named
-  as a link passes the file the link names (:func:`destination_of`), so the link stays.
-- The new file keeps the replaced file's permission bits and (where allowed) its owner.
-- ``guard`` is a context manager entered around the rename itself: write-back uses it to hold
-  a lock on the source and check, under that lock, that the source did not change.
+Every output goes through :func:`atomic_path`, so a crash leaves the old file or the complete new one
+(docs/reliability.md). The temporary ``.NAME.tempcal-XXXXXXXX.tmp`` is locked while written, and one left by a
+killed process is swept once a minute old; ``guard`` wraps the rename (write-back checks its source under it).
 """
 
 from __future__ import annotations
@@ -51,10 +41,8 @@ def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | No
                 guard: Callable[[], AbstractContextManager[object]] | None = None) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; when the block succeeds it is fsynced and renamed over ``path``.
 
-    ``mode`` defaults to the existing file's permissions, else what a plain ``open(path, "w")``
-    gives. A destination that is not a regular file, a link, or read-only (the file or its folder)
-    is refused before anything is written. On any failure the temporary file is removed and the
-    destination is untouched.
+    ``mode`` defaults to the existing file's permissions, else ``open(path, "w")``'s. A destination that fails
+    :func:`~tempcal.io.paths.check_target` is refused; on any failure the destination is untouched.
     """
     label = f"{what} {path}" if what else str(path)
     destination = check_target(path, label)

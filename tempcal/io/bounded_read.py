@@ -1,10 +1,7 @@
 """Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and digits.
 
-A FIFO named where a file is expected would make ``open`` wait for a writer, ``/dev/zero`` would be
-read until memory runs out, and JSON nested 100,000 deep stops Python's parser with ``RecursionError``
-(an integer of 5,000 digits with ``ValueError``). Here each is a specific exception carrying what its
-caller's one-line message needs (the kind of file, the size, the line and column); the callers (the
-configuration file, a model folder's JSON, lm-eval sample logs, sidecars) word the messages.
+A FIFO, ``/dev/zero`` or JSON nested 100,000 deep become specific exceptions carrying what the caller's
+one-line message needs (kind of file, size, line and column); the callers word the messages.
 """
 
 from __future__ import annotations
@@ -89,10 +86,8 @@ class JsonLongInteger(_Placed):
 def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of ``path``, which must be a regular file (a link to one is followed) of at most ``limit`` bytes.
 
-    Checked before the open (a device is never opened) and again on the open file, which is opened
-    without blocking; at most one byte past ``limit`` is read, so a file growing meanwhile is noticed.
-    Raises :class:`NotRegularFile`, :class:`TooLarge`, or the ``OSError`` of the system call
-    (``FileNotFoundError`` for a missing file or a link to one).
+    Checked before the open (a device is never opened) and on the open file, opened without blocking; reading
+    one byte past ``limit`` notices a growing file. Raises :class:`NotRegularFile`, :class:`TooLarge` or ``OSError``.
     """
     _check(os.stat(path), path, limit)
     with os.fdopen(os.open(path, _OPEN_FLAGS), "rb") as f:
@@ -116,9 +111,8 @@ def _check(info: os.stat_result, path: str | os.PathLike, limit: int) -> None:
 def load_json(text: str, *, max_depth: int, max_int_digits: int) -> Any:
     """``json.loads(text)``, refusing nesting deeper than ``max_depth`` and integers of more than ``max_int_digits``.
 
-    Raises :class:`JsonTooDeep` (which wins when the text is also otherwise wrong), :class:`JsonLongInteger`
-    or ``json.JSONDecodeError``. The nesting is walked only when the text has more than ``max_depth``
-    brackets, and places are looked up only for a refusal.
+    Raises :class:`JsonTooDeep` (first, when the text is also otherwise wrong), :class:`JsonLongInteger` or
+    ``json.JSONDecodeError``; the nesting is walked only when the text has more than ``max_depth`` brackets.
     """
     def bounded_int(digits: str) -> int:
         count = len(digits) - digits.startswith("-")

@@ -1,11 +1,7 @@
 """The files of a Hugging Face model folder, read as untrusted input: its JSON bounded, its links kept inside.
 
-``config.json`` and ``model.safetensors.index.json`` are checked as files (regular, of a bounded size)
-before they are read, and their text (nesting depth, integer sizes) before it is parsed, so a hostile
-file is one error naming the file and the line and column. Every file the folder names is a plain
-file name; a link is followed only to a file inside the folder or, in the hub's cache
-(``models--ORG--NAME/snapshots/REV/``, whose files link to ``../../blobs/HASH``), inside that
-repository's ``blobs/``: single and sharded checkpoints alike.
+Every file the folder names is a plain file name; a link is followed only to a file inside the folder or, in
+the hub's cache (``models--ORG--NAME/snapshots/REV/`` linking to ``../../blobs/HASH``), inside ``blobs/``.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """Where tempcal may write: the checks every output path passes, before any work and again at the rename.
 
-- An output that exists must be a regular file. A device node, a pipe or a socket is refused:
-  renaming a file over ``/dev/null`` would replace the machine's ``/dev/null``.
-- A symbolic link is never written through: a link where an output goes (``--output``, ``--json``,
-  a sidecar ``FILE.tempcal.json``) is refused, naming it. Only SOURCE itself, which the user
-  named, is followed when T is written back into it (``follow_link``).
-- A read-only file or folder is refused, root included: no write bit at all (someone marked it
-  read-only; root's permission bypass does not count), or no write access for this user.
-- The files a command writes differ from each other and from every file it reads: the same
-  resolved path, or the same file (device and inode, so hard links too), is refused.
-- A model folder (``--lm MODEL``, ``--head FOLDER``) is read-only: no output may lie inside it or be one of
-  its files under another name (a link, a hard link), except the record tempcal keeps there
-  (``MODEL/tempcal.json``, and ``generation_config.json`` when asked).
+An output is a regular file or nothing, never a link (only SOURCE, followed for write-back), not read-only
+(root included), distinct from every other file the command reads or writes, and not inside a model folder
+except tempcal's own record there (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -111,11 +102,8 @@ def _kind_named(link: Path) -> str | None:
 
 
 def refuse_read_only(destination: Path, folder: Path, label: str) -> None:
-    """A read-only destination or folder is a clear error before anything is written.
-
-    Write bits are checked as well as access: root may write anything, but a file or folder
-    with no write bit at all was marked read-only on purpose.
-    """
+    """A read-only destination or folder is an error before anything is written: no write access, or no write bit
+    at all (marked read-only on purpose, which root respects too)."""
     for path, kind in ((destination, "file"), (folder, "folder")):
         try:
             mode = path.stat().st_mode & 0o7777

@@ -1,8 +1,7 @@
 """Reading logits files: the safetensors header is checked against the file before any tensor is read.
 
-Nothing is allocated from a size the header declares before that size is checked against
-the file's size, and the file's identity (device, inode, size, mtime) is recorded when the
-header is read, so that a file changed while tempcal works on it is noticed, never overwritten.
+The file's identity (device, inode, size, mtime) is recorded with the header, so a file changed while tempcal
+works on it is noticed, never overwritten.
 """
 
 from __future__ import annotations
@@ -143,9 +142,8 @@ def shown(value: object) -> str:
 def read_header(path: str | os.PathLike) -> Header:
     """Parse and check a safetensors header; any problem is a one-line :class:`TempcalError`.
 
-    The declared header length is checked against the file's size before anything is read,
-    so a hostile length costs no memory. The file's stamp is recorded as the version this
-    process read: a later write-back of T into it refuses if it is no longer that version.
+    The declared length is checked against the file's size before anything is read; the file's stamp is
+    recorded, so a later write-back of T refuses a file that changed since.
     """
     header = reread_header(path)
     record_stamp(path, header.stamp)
@@ -259,10 +257,8 @@ def _tensor_info(path: Path, name: str, entry, data_size: int) -> TensorInfo:
 
 
 def _byte_count(shape: list[int], itemsize: int, limit: int) -> int:
-    """Bytes a tensor of ``shape`` needs, or any number above ``limit`` once it is known to exceed it.
-
-    Stopping early keeps a hostile shape (a million huge dimensions) from costing time.
-    """
+    """Bytes a tensor of ``shape`` needs, or any number above ``limit`` once it exceeds it (a hostile shape costs
+    no time)."""
     if 0 in shape:
         return 0
     count = itemsize

@@ -1,9 +1,7 @@
 """T for files that have no metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file.
 
-The sidecar records the file's size, mtime and SHA-256, so that one left behind by an older
-version of the file is noticed and its T ignored. It is written atomically; a sidecar that is
-a symbolic link (say, planted in a downloaded folder) or not a regular file is refused, never
-written through. A new sidecar gets the file's permission bits plus the owner's write bit.
+The sidecar records the file's size, mtime and SHA-256, so one left behind by an older version of the file is
+noticed and its T ignored. It is written atomically and never through a link.
 """
 
 from __future__ import annotations
@@ -43,11 +41,8 @@ def check_regular_file(path: Path) -> None:
 
 
 def read_sidecar(path: str | os.PathLike) -> tuple[dict[str, str], list[str]]:
-    """The metadata in ``path``'s sidecar, and warnings; ``{}`` when there is none or it is stale.
-
-    A sidecar is current when the file's size matches and either its mtime or its SHA-256
-    does (the hash is only computed when the mtime differs, e.g. after a copy).
-    """
+    """The metadata in ``path``'s sidecar, and warnings; ``{}`` when there is none or it is stale (current: the size
+    matches and the mtime or, computed only when the mtime differs, the SHA-256)."""
     path = Path(path)
     side = sidecar_path(path)
     if not side.exists():
@@ -149,11 +144,8 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapping[str, str] | None = None,
                   updates: Mapping[str, str | None] | None = None) -> Path:
-    """Store ``temperature`` for ``path`` in its sidecar (atomically); other metadata of a current sidecar is kept.
-
-    ``updates`` are set with T in the same write (how the file was read, e.g. ``tempcal.probs``); a None
-    value removes its key. Returns the sidecar's path. A malformed or stale existing sidecar is replaced.
-    """
+    """Store ``temperature`` (and ``updates``; a None value removes its key) in ``path``'s sidecar, atomically, and
+    return its path. Other metadata of a current sidecar is kept; a malformed or stale one is replaced."""
     path = Path(path)
     temperature = as_temperature(temperature)
     check_regular_file(path)

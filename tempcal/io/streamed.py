@@ -1,13 +1,7 @@
 """Tensors written chunk by chunk, never held whole: safetensors, ``.npz`` and ``.npy`` files.
 
-Every tensor's dtype and shape are known before its first chunk, so the file's header is written first
-and the chunks' bytes follow it, in order, into the temporary file that :func:`tempcal.io.atomic.atomic_path`
-renames over the destination once everything is written (an interrupted write leaves the old file or none).
-
-* safetensors: the 8-byte header length, the JSON header (tensors in the order given, their byte offsets
-  contiguous; padded with spaces to a multiple of 8 bytes, as the safetensors library writes it), then the data.
-* ``.npz``: a zip archive (stored, zip64) of one ``NAME.npy`` member per tensor, as ``numpy.savez`` writes it.
-* ``.npy``: the one tensor's array header, then its data.
+Every tensor's dtype and shape are known before its first chunk, so the header (as the safetensors library or
+``numpy.savez`` writes it) goes first and the chunks follow, into :func:`tempcal.io.atomic.atomic_path`'s file.
 """
 
 from __future__ import annotations

@@ -1,22 +1,8 @@
 """Writing the fitted T into a safetensors file's metadata, atomically and without touching tensor bytes.
 
-The new file is the old data section copied byte for byte behind a new header, written
-to a temporary file in the destination folder, flushed and fsynced, then renamed over
-the destination: a crash at any point leaves either the old file or the complete new one.
-
-- Nothing is written when the source changed since it was read (other inode, size or
-  mtime), or when the destination or its folder is read-only (no write permission, or
-  no write bit at all: even root does not overwrite a file someone marked read-only).
-- A SOURCE given as a symbolic link gets T in the file the link names (the link stays);
-  an ``output`` that is a link, or anything but a regular file, is refused.
-- Concurrent write-backs of one file: the "source unchanged" check and the rename run
-  under an advisory ``flock`` on the source, so the first to rename wins and every other
-  one finds the file changed and refuses (exit 2), nothing written. Writers into the same
-  ``--output`` from different sources: the last rename wins, the file is always complete.
-- A failure Python sees (an exception, a full disk) removes the temporary file. One left
-  by a killed process (``.NAME.tempcal-XXXX.tmp``, hidden, next to the destination) is
-  removed by the next write-back into that folder once it is a minute old and no live
-  writer holds its lock.
+The old data section is copied byte for byte behind a new header (:mod:`tempcal.io.atomic`). The "source
+unchanged" check and the rename run under an advisory ``flock`` on the source, so of concurrent write-backs the
+first to rename wins and the others refuse, nothing written (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -57,14 +43,11 @@ def updated_header(header: Header, metadata: dict[str, str]) -> bytes:
 
 def write_temperature(source: str | os.PathLike, temperature: float, output: str | os.PathLike | None = None,
                       *, expected: Header | None = None, metadata: Mapping[str, str | None] | None = None) -> Path:
-    """Write ``temperature`` under ``tempcal.temperature`` into ``source`` (or a copy at ``output``).
+    """Write ``temperature`` under ``tempcal.temperature`` into ``source`` (or a copy at ``output``); the path written.
 
-    Other metadata is kept (``metadata`` entries set in the same write, a None value removing its key) and
-    every tensor byte is copied unchanged. Returns the path written.
-    ``expected`` is the header the fitted data was read with; by default, the version of
-    ``source`` whose header this process last read (:func:`tempcal.read_header`, which every
-    loader calls) or wrote. If ``source`` has changed since (size, mtime or inode), nothing is
-    written and a :class:`TempcalError` says so; read it again to accept the new version.
+    Other metadata is kept (``metadata`` entries set too, a None value removing its key), tensor bytes copied
+    unchanged. Nothing is written when ``source`` changed (size, mtime or inode) since ``expected`` was read,
+    by default since this process last read (:func:`tempcal.read_header`) or wrote it.
     """
     stamp = expected.stamp if expected is not None else recorded_stamp(source)
     check_unchanged(source, stamp)  # before parsing: "it changed" says more than "it is truncated"
@@ -82,11 +65,8 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
 
 
 def copy_with_header(destination: Path, header: Header, new_header: bytes) -> None:
-    """Write ``new_header`` + the source's data section to ``destination`` atomically, under the source's lock.
-
-    A new ``--output`` file gets SOURCE's permission bits plus the owner's write bit, so that a copy
-    of a read-only source is not itself refused as read-only by the next write-back.
-    """
+    """Write ``new_header`` + the source's data section to ``destination`` atomically, under the source's lock;
+    a new file gets SOURCE's mode plus the owner's write bit (a copy of a read-only source stays writable)."""
     mode = None if os.path.lexists(destination) else header.path.stat().st_mode & 0o7777 | 0o200
     with atomic_path(destination, what="", mode=mode,
                      guard=lambda: _unchanged_under_lock(header)) as temporary, \

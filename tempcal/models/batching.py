@@ -1,13 +1,7 @@
 """Exported programs that take only some batch sizes (a static export, a bounded ``Dim``), run on any number of rows.
 
-``torch.export.export(model, (x,))`` without ``dynamic_shapes`` fixes the batch to ``len(x)``, and
-``Dim("batch", min=..., max=...)`` bounds it; the program refuses any other size. :func:`batch_limits` reads
-what the program accepts (with torch's own rule: a lower bound of 2 or less is not enforced, as torch lets 0
-and 1 through), and :class:`FittedBatches` runs the program on batches it accepts: rows in chunks of at most
-the upper bound, a chunk below the lower bound padded by repeating its last row, the padding's outputs dropped.
-The rows of a model in eval mode do not see each other, so the outputs are those of the rows given.
-:func:`run_batch_size` is the batch the SOURCE pass uses: the static size itself, so that only the last batch
-is padded.
+:class:`FittedBatches` runs rows in chunks the program accepts, padding a short chunk by repeating its last row
+and dropping the padding's outputs (rows of a model in eval mode do not see each other).
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Which model format a file holds, read from its suffix, first bytes and zip directory only (nothing is unpickled).
 
-Formats and the modules that load them (:data:`FORMATS`):
-
-- ``export``: a ``torch.export`` program (``.pt2``; also a ``.pt``/``.pth`` zip holding one), :mod:`.export`;
-- ``onnx``: an ONNX model (``.onnx``; protobuf has no magic bytes, so the suffix decides), :mod:`.onnx`;
-- ``torchscript``: a TorchScript archive (``.pt``, ``.pth``, ``.ts``, ``.torchscript``; legacy), :mod:`.torchscript`.
-
-``.pt``/``.pth`` may also be dicts of tensors (logits files): those are models only when their zip
-directory says so, or when ``--inputs`` is given. This module imports neither torch nor onnx.
+``.onnx`` is told by its suffix (protobuf has no magic bytes); ``.pt``/``.pth`` may also be dicts of tensors
+(logits files), models only when their zip directory says so or ``--inputs`` is given. Imports no torch or onnx.
 """
 
 from __future__ import annotations
@@ -79,11 +73,8 @@ def model_format(path: str | os.PathLike) -> str:
 
 
 def is_model_path(path: str | os.PathLike) -> bool:
-    """True for a model file: a ``.pt2``/``.pt``/``.pth``/``.ts``/``.torchscript`` file that is a TorchScript or
-    exported-program archive, or an existing ``.onnx`` file.
-
-    A ``.pt`` dict of tensors saved by ``torch.save`` is not a model. Nothing in the file is unpickled.
-    """
+    """True for a model file: a torch-suffixed TorchScript or exported-program archive (never a ``torch.save``
+    dict of tensors; nothing unpickled), or an existing ``.onnx`` file."""
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix not in MODEL_SUFFIXES:

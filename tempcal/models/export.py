@@ -1,23 +1,9 @@
 """``torch.export`` programs (``.pt2``): loaded without unpickling anything, run as a SOURCE, written calibrated.
 
-Loading: the archive is checked member by member and only a fresh copy of the checked members reaches
-torch's archive reader (:mod:`tempcal.models.pt2_archive`: ``torch.export.load`` itself unpickles some
-members and has no ``weights_only`` switch). A program captured in training mode is refused (its
-outputs are not eval outputs), and a calibrated program's two copies of T must agree.
-
-Writing (``--save-model PATH.pt2``, from a ``.pt2`` or TorchScript SOURCE): the original becomes a flat
-``torch.fx.GraphModule`` (a TorchScript model is converted by :func:`tempcal.models.torchscript.to_graph_module`:
-the migration path off TorchScript), and the division is added to its graph, so parameter names stay those
-of the original and re-calibrating never nests:
-
-* a float64 buffer ``tempcal_temperature`` of shape ``[1]`` and, on the selected output,
-  ``aten.div.Tensor(logits, tempcal_temperature)`` then a cast back to the logits' dtype: the division runs
-  in float64, so outputs are ``(logits.double() / T).to(logits.dtype)``, the exact quotient rounded once;
-* a calibrated program given as SOURCE has that division removed first (every node that depends on the
-  buffer is tempcal's): re-calibrating divides the original logits, never twice;
-* the graph is exported again with one dynamic batch dimension shared by all inputs, saved with T in the
-  extra file ``tempcal.temperature`` (its repr), reloaded through the safe loader and run on a batch of a
-  size the export did not see, against the source model, before anything is written (atomically).
+Only a fresh copy of the members :mod:`tempcal.models.pt2_archive` checked reaches torch. Writing turns the
+original (or a TorchScript model, via :func:`tempcal.models.torchscript.to_graph_module`) into a flat graph,
+removes a calibrated source's division, and adds ``(logits.double() / T).to(logits.dtype)`` with T in a float64
+buffer; the program is exported with the source's batch sizes, reloaded safely and checked before it is written.
 """
 
 from __future__ import annotations
@@ -126,11 +112,8 @@ def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> Ex
 
 def graph_module(program: ExportedProgram, temperature: float | None, label: str, *,
                  original: bool = True) -> torch.fx.GraphModule:
-    """The program as a callable module; by default a calibrated one without its division by T.
-
-    As a SOURCE a calibrated program gives the original logits with its stored T (as TorchScript does), so
-    the default ``--tau`` (the stored T) reproduces the calibrated outputs and ``--tau 1`` the original's.
-    """
+    """The program as a callable module; by default a calibrated one without its division by T, so that as a
+    SOURCE the default ``--tau`` (the stored T) reproduces the calibrated outputs and ``--tau 1`` the original's."""
     with quiet():
         graph = program.module()
     if original and temperature is not None:
@@ -184,10 +167,9 @@ def program_temperature(program: ExportedProgram, label: str = "the program") ->
 
 
 def strip_division(graph: torch.fx.GraphModule, label: str = "the program") -> None:
-    """Remove tempcal's division by ``tempcal_temperature`` from a calibrated program's graph, in place.
+    """Remove tempcal's division by ``tempcal_temperature`` (and the cast after it) from a calibrated graph, in place.
 
-    Every node that depends on the buffer is tempcal's (the original never sees it): each
-    ``div(logits, T)`` and the cast after it are replaced by ``logits``, then the buffer is deleted.
+    Every node that depends on the buffer is tempcal's: the original never sees it.
     """
     aten = torch.ops.aten
     getters = [n for n in graph.graph.nodes if n.op == "get_attr" and n.target == TEMPERATURE_BUFFER]
@@ -214,11 +196,8 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
     """Write, atomically, an exported program whose selected output is ``model``'s divided by ``temperature``.
 
-    ``model`` is a ``.pt2`` or TorchScript model loaded on the CPU (a ``.pt2`` model's graph gets the division in
-    place: load a fresh one to save another). ``check_inputs`` (a batch of the inputs it takes, batch first)
-    drive the export and the check; other outputs are returned untouched. Nothing is written unless the saved
-    bytes, loaded back safely and run on a batch of another size, reproduce the original's outputs with the
-    logits divided by T.
+    ``model`` is a ``.pt2`` (its graph gets the division in place) or TorchScript model on the CPU;
+    ``check_inputs`` drive the export and the check of the saved bytes, run on a batch of another size.
     """
     value = as_temperature(temperature)
     label = model.name

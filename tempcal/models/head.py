@@ -1,16 +1,8 @@
 """A language model's output layer read from a file, and the logits it gives for a block of hidden states.
 
-HEAD is a safetensors file (``weight`` [V, d], optional ``bias`` [V]) or a Hugging Face model folder
-(``config.json`` with ``model.safetensors`` or a sharded ``model.safetensors.index.json``). In a folder
-the weight is ``lm_head.weight`` (any prefix), else GPT-NeoX's ``embed_out.weight``, else, in a
-checkpoint with tied embeddings, the input embedding (``embed_tokens``, ``wte``, ``word_embeddings``,
-``embed_in``). ``config.json``'s ``logit_scale`` multiplies the logits (Cohere), ``logits_scaling``
-divides them (Granite), and ``final_logit_softcapping`` caps them as ``c * tanh(z / c)`` (Gemma 2),
-in that order, as the models do; a temperature applies after all of them.
-
-Logits are computed in float32 (float64 for float64 hidden states), never in a 16-bit storage
-dtype and without TF32: the weight stays in its stored dtype and is widened one vocabulary tile at
-a time, so memory holds the head once and a bounded block.
+HEAD is a safetensors file (``weight`` [V, d], optional ``bias``) or a Hugging Face model folder
+(docs/language-models.md says which weight and which ``config.json`` scalings apply). Logits are computed in
+float32 (float64 for float64 hidden states) without TF32, the weight widened one vocabulary tile at a time.
 """
 
 from __future__ import annotations
@@ -86,10 +78,8 @@ class OutputHead:
 
 def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: str = "bias",
               softcap: float | None = None) -> OutputHead:
-    """The output layer in ``path`` (a safetensors file or a Hugging Face model folder), checked.
-
-    ``softcap`` (``--softcap``) replaces the configuration's ``final_logit_softcapping``.
-    """
+    """The output layer in ``path`` (a safetensors file or a Hugging Face model folder), checked; ``softcap``
+    (``--softcap``) replaces the configuration's ``final_logit_softcapping``."""
     path = Path(path)
     head = _from_folder(path) if path.is_dir() else _from_file(path, weight_key, bias_key)
     if softcap is not None:

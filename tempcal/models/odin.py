@@ -1,11 +1,8 @@
 """ODIN scores (Liang et al., ICLR 2018): max softmax at tau after a small input step that raises it.
 
-Each input is moved by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)``
-(so the max softmax rises, more for in-distribution inputs), and scored by ``max softmax(f(x') / tau)``.
-It needs autograd through the model (a ``.pt2`` or TorchScript model; onnxruntime gives no gradients)
-and floating-point inputs; ``eps = 0`` is the plain MSP at tau. A calibrated model is run through its
-original (tau applies to the raw logits). The OOD report is
-assembled by :mod:`tempcal.workflows.ood`, as for every other score.
+Each input moves by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)`` and is scored
+by ``max softmax(f(x') / tau)``; it needs autograd (a ``.pt2`` or TorchScript model) and ``eps = 0`` is the
+plain MSP at tau. A calibrated model runs through its original.
 """
 
 from __future__ import annotations
@@ -55,11 +52,8 @@ def _cudnn_off(off: bool) -> Iterator[None]:
 
 
 class _Gradients:
-    """The gradient of ``log max softmax(f(x) / tau)`` in ``x``, with the model in eval mode (dropout off).
-
-    cuDNN refuses an RNN's backward in eval mode, so on the first such refusal the gradient is taken
-    again, and from then on, with cuDNN off (torch's own RNN kernels, the same outputs).
-    """
+    """The gradient of ``log max softmax(f(x) / tau)`` in ``x``, model in eval mode; after cuDNN refuses an RNN's
+    backward in eval mode, taken with cuDNN off (torch's own kernels, the same outputs)."""
 
     def __init__(self, net: torch.nn.Module, tau: float, output_key: OutputKey, name: str):
         self.net, self.tau, self.output_key, self.name = net, tau, output_key, name
@@ -83,14 +77,13 @@ class _Gradients:
         return grad
 
 
-def _odin_batch(net: torch.nn.Module, x: torch.Tensor, gradients: _Gradients, eps: float,
-                output_key: OutputKey, name: str) -> torch.Tensor:
+def _odin_batch(x: torch.Tensor, gradients: _Gradients, eps: float) -> torch.Tensor:
     """ODIN scores of one batch: max softmax at ``tau`` after one signed-gradient step of size ``eps``."""
     grad = gradients(x)
     # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
     perturbed = x.detach() - eps * torch.sign(-grad)
     with torch.inference_mode():
-        z = _two_class(select_output(net(perturbed), output_key, name))
+        z = _two_class(select_output(gradients.net(perturbed), gradients.output_key, gradients.name))
         return torch.softmax(z.to(torch.float64) / gradients.tau, dim=1).max(dim=1).values.cpu()
 
 
@@ -143,7 +136,7 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
             if not x.dtype.is_floating_point:
                 raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")
             try:
-                parts.append(_odin_batch(net, x.to(model.device), gradients, eps, output_key, name))
+                parts.append(_odin_batch(x.to(model.device), gradients, eps))
             except TempcalError:
                 raise
             except Exception as exc:

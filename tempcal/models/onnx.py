@@ -1,23 +1,8 @@
 """ONNX models (an optional extra: ``pip install 'tempcal[onnx]'``): run with onnxruntime, written calibrated.
 
-Loading checks the model first (:mod:`tempcal.models.onnx_graph`: external data must stay in the model's
-folder); the runtime then gets the checked model's bytes, not the path, and the folder to resolve external
-data in, so the model that runs is the model that was checked. A calibrated model runs without tempcal's
-division (its original), with its stored T, as every format does.
-
-``net(x)`` (:class:`OnnxNet`) maps a batch (a torch tensor, never cast: its dtype and shape must be the
-model's input's) to the outputs as torch tensors: the only output, or a dict by output name, so
-``--output-key NAME`` picks the logits as for a model returning a dict. onnxruntime gives no gradients:
-ODIN needs a torch model.
-
-Writing (``--save-model PATH.onnx``, from an ONNX SOURCE) appends ``Div(logits, T)`` to the chosen output,
-T a scalar of the output's dtype: onnxruntime computes ``fl(logits / fl(T))``, bitwise numpy's
-``logits / np.float32(T)`` for float32 logits and within one unit in the last place of ``logits / T``.
-Every other output, and the order of outputs, stay as they were. Before anything is written, both models run
-in onnxruntime on the first rows of the inputs: the chosen output must be the original's / T and every
-other output identical. External data is copied into one file beside the output, ``OUT.data`` (tensors
-aligned to 4096 bytes), so the calibrated model does not depend on the original's files; both files are
-written to temporary files first and renamed only when both are complete.
+The runtime gets the checked model's bytes (:mod:`tempcal.models.onnx_graph`), so the model that runs is the
+one that was checked. Writing appends ``Div(logits, T)`` to the chosen output, runs both models on the first
+input rows before anything is written, and copies external data into ``OUT.data`` beside the output.
 """
 
 from __future__ import annotations
@@ -167,11 +152,8 @@ def session_for(model: onnx.ModelProto, folder: Path, label: str,
 # -- writing a calibrated model ---------------------------------------------------------------------
 def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
-    """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``.
-
-    The calibrated model runs against the original before anything is written, on ``check_inputs`` (else on
-    seeded inputs of the declared type, which suit models that take any real numbers).
-    """
+    """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``, after running it
+    against the original on ``check_inputs`` (else on seeded inputs of the declared type)."""
     value = as_temperature(temperature)
     info = inspect_onnx(model.path)
     label = str(info.path)

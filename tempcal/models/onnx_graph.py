@@ -1,27 +1,14 @@
-"""An ONNX model read without running it: checked (external data must stay in the model's folder), and edited
-(tempcal's division by T added or removed). :mod:`tempcal.models.onnx` runs and writes models.
+"""An ONNX model read without running it: checked (docs/models.md, "What is checked before a model runs") and
+edited (tempcal's division by T added or removed). :mod:`tempcal.models.onnx` runs and writes models.
 
-``onnx`` and ``onnxruntime`` are an optional extra, imported only when an ONNX model is read: their absence is
-a one-line error telling the user to ``pip install 'tempcal[onnx]'``.
-
-Safety: a model is parsed once without its external data; every external-data ``location`` (of
-initializers, sparse initializers, node attributes, subgraphs and functions) must name a regular file
-inside the model's folder: no empty or absolute location, no ``..`` component, no link that resolves
-outside. Locations are checked with ``stat`` only, never opened, before any runtime sees the model.
-Every string must be valid UTF-8 (damaged names would otherwise fail deep inside graph edits). Every node, in
-subgraphs and functions too, must be of the standard operator sets ('', 'ai.onnx', 'ai.onnx.ml') or call one of
-the model's own functions: runtimes load custom-domain operators from libraries. Every stored tensor must hold
-the bytes its dims imply (external data: within the file's length), since runtimes allocate by the dims.
-
-A calibrated model divides the chosen output by a scalar initializer ``tempcal_temperature`` of the
-output's dtype, in a ``Div`` node named ``tempcal_divide_by_temperature``; the output keeps its name
-(the edge that fed it is renamed ``NAME_uncalibrated``), and T is also in ``metadata_props`` under
-``tempcal.temperature``. The two must agree. A calibrated model given as source is stripped of that
-division first.
+A calibrated model divides the chosen output by a scalar initializer ``tempcal_temperature`` in a ``Div`` node
+named ``tempcal_divide_by_temperature`` (the edge that fed the output renamed ``NAME_uncalibrated``), and holds
+T in ``metadata_props`` under ``tempcal.temperature``; the two must agree.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from collections.abc import Iterator
@@ -32,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import TempcalError, param
+from ..io.sidecar import check_regular_file
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
 from .base import TEMPERATURE_BUFFER, error_line
 
@@ -59,39 +47,29 @@ class OnnxInfo:
     external: tuple[tuple[str, str], ...]  # (tensor name, location) of every tensor with external data
 
 
-def import_onnx() -> Any:
-    """The ``onnx`` package, or a one-line error naming the extra to install."""
+def _import(package: str) -> Any:
+    """``package`` (``onnx`` or ``onnxruntime``), or a one-line error naming the extra to install."""
     try:
-        import onnx
+        return importlib.import_module(package)
     except ImportError:
-        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the 'onnx' package is not "
+        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the '{package}' package is not "
                            "installed)") from None
-    return onnx
+
+
+def import_onnx() -> Any:
+    return _import("onnx")
 
 
 def import_onnxruntime() -> Any:
-    """The ``onnxruntime`` package, or a one-line error naming the extra to install."""
-    try:
-        import onnxruntime
-    except ImportError:
-        raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the 'onnxruntime' package is "
-                           "not installed)") from None
-    return onnxruntime
+    return _import("onnxruntime")
 
 
 # -- inspecting -----------------------------------------------------------------------------------
 def inspect_onnx(path: str | os.PathLike) -> OnnxInfo:
-    """Parse ``path`` without external data and check every external-data location stays in its folder.
-
-    External files are checked with ``stat`` only (never opened). Errors are one line, naming the
-    tensor and location for a refused reference.
-    """
+    """Parse ``path`` without external data and check it (external files with ``stat`` only, never opened)."""
     onnx = import_onnx()
     path = Path(path)
-    if not path.exists():
-        raise TempcalError(f"{path}: no such file")
-    if not path.is_file():
-        raise TempcalError(f"{path}: not a regular file")
+    check_regular_file(path)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf's DecodeError and friends: one line
@@ -196,10 +174,8 @@ def _node_tensors(node: onnx.NodeProto) -> Iterator[tuple[str, onnx.TensorProto]
 
 
 def _check_domains(model: onnx.ModelProto, path: Path) -> None:
-    """Refuse a node of a custom operator domain (runtimes run those from libraries), in any graph or function.
-
-    A node calling one of the model's own functions is allowed: that function's nodes are checked in turn.
-    """
+    """Refuse a node of a custom operator domain (runtimes run those from libraries), in any graph or function;
+    a call of one of the model's own functions is allowed (its nodes are checked in turn)."""
     local = {(f.domain, f.name) for f in model.functions}
     graphs: list[tuple[str, Any]] = [("the graph", model.graph.node)]
     graphs += [(f"function '{f.domain}::{f.name}'", f.node) for f in model.functions]
@@ -360,10 +336,7 @@ def add_division(model: onnx.ModelProto, output: str, temperature: float, label:
 
 
 def strip_calibration(model: onnx.ModelProto) -> int:
-    """Remove tempcal's divisions (and their T initializers and metadata) from a calibrated model, in place.
-
-    Returns how many were removed. Each output gets back the value that fed the division.
-    """
+    """Remove tempcal's divisions (their T initializers and metadata) in place; how many were removed."""
     graph = model.graph
     outputs = {o.name for o in graph.output}
     ours = [n for n in graph.node if n.op_type == "Div" and n.name.startswith(DIV_NODE) and n.output[0] in outputs]

@@ -1,20 +1,8 @@
 """Which operators a model file may run: torch's own pure computations, told from each operator's schema.
 
-TorchScript graphs (:mod:`tempcal.models.torchscript_check`) and exported programs
-(:mod:`tempcal.models.pt2_program`) are checked node by node before they run. An operator is allowed when
-
-1. it belongs to torch's built-in operator library, namespace ``aten`` (TorchScript also ``prim``, its
-   interpreter's own operators): any other namespace is code from a library or a ``torch.library`` custom op;
-2. its schema takes no ``filename`` (``aten::save`` and ``aten::from_file`` write and read files);
-3. it is not a ``prim`` operator taking any arguments at all: ``prim::Print(...)``, ``prim::PythonOp``,
-   ``prim::rpc_*`` and the other ``(...)`` operators are the interpreter's own machinery, not computations
-   (``prim::tolist`` is allowed; ``aten`` ones such as ``aten::format`` and ``aten::einsum`` are computations);
-4. it returns something or writes to one of its arguments: an operator that does neither runs only for a
-   side effect (``aten::_print``, ``aten::manual_seed``, ``prim::AddStatValue``), except checks that can only
-   raise (torch's own list of side-effecting checks, ``torch.fx.node._side_effectful_functions``, and
-   ``prim::RaiseException``), ``aten::warn`` (a warning) and ``aten::set_grad_enabled`` (``torch.no_grad()``).
-
-The rules read torch's schemas, so operators a later torch adds are judged by what they declare.
+Used by :mod:`tempcal.models.torchscript_check` and :mod:`tempcal.models.pt2_program`; the rules are in
+docs/models.md ("Operators, for both"). They read torch's schemas, so operators a later torch adds are judged
+by what they declare.
 """
 
 from __future__ import annotations

@@ -1,29 +1,10 @@
 """The ``.pt2`` archive checked member by member before torch sees it: nothing in it is unpickled or executed.
 
-``torch.export.load`` (torch 2.13) has no ``weights_only`` switch, and several archive members reach a
-pickle loader: pickled weights and tensor constants (``"use_pickle": true``) go to
-``torch.load(weights_only=False)``, opaque-object constants to plain ``pickle.loads``, torchbind objects to
-``torch._C._pickle_load_obj``, sample inputs and legacy members to a ``torch.load`` that falls back to
-``weights_only=False``, AOTInductor members to a shared-library loader; the legacy archive format
-(torch <= 2.7) is read the same way. So:
-
-1. :func:`inspect_pt2` reads the zip directory and the small JSON members only, and refuses any archive
-   with a member that torch would unpickle or execute, the legacy format, compressed or duplicate
-   members, or tensor records smaller than their declared shapes. Sample inputs are scanned opcode by
-   opcode (never executed) and must be plain tensors and containers. Every program in the archive is
-   checked, since torch would read every one. This is an allowlist: a member kind that a later torch
-   adds is refused, not loaded.
-   The program JSON is checked too (:mod:`tempcal.models.pt2_program`): torch's deserializer calls any
-   ``torch.*`` name a node targets and ``eval``s symbolic sizes, so only allowed operators and plain size
-   expressions pass. Every member's declared size must lie within the file, and text, JSON and sample-input
-   members are read only below a limit.
-2. :func:`write_checked_copy` copies the members the program needs into a fresh archive (the bytes just
-   checked, CRC-verified; sample inputs left empty, so torch has nothing to unpickle, and no ``guards_code``,
-   which torch would ``exec``; weights mapped to the CPU). Only that copy reaches torch
-   (:mod:`tempcal.models.export`).
-
-Both steps read the file through one open handle, so swapping the file between the check and the load
-changes nothing. Every failure is a :class:`~tempcal.errors.TempcalError` with a one-line message.
+``torch.export.load`` has no ``weights_only`` switch and unpickles or runs several members (docs/models.md,
+"What is checked before a model runs"). :func:`inspect_pt2` reads the zip directory and the small JSON members
+only and refuses, by allowlist, any member torch would unpickle or execute; :func:`write_checked_copy` copies
+the checked members into a fresh archive (sample inputs empty, no ``guards_code``), the only one torch reads.
+Both read through one open handle, so swapping the file between check and load changes nothing.
 """
 
 from __future__ import annotations
@@ -83,11 +64,7 @@ class Pt2Info:
 
 # -- checking the archive (nothing unpickled) -----------------------------------------------------
 def inspect_pt2(path: str | os.PathLike) -> Pt2Info:
-    """Check that ``path`` is a torch.export archive that can be loaded without unpickling anything.
-
-    Reads the zip directory and the JSON members only. Raises a one-line error naming the member
-    that torch would unpickle (or the reason the file is not a usable archive).
-    """
+    """Check that ``path`` is a torch.export archive that loads without unpickling anything (one-line errors)."""
     with open_archive(path) as archive:
         return inspect_archive(archive, str(path))
 
@@ -251,8 +228,6 @@ def _check_program(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo]
             needed.add(member)
             non_cpu |= off_cpu
     sample = f"{_SAMPLE_INPUTS}{program}.pt"
-    if sample not in members:
-        raise TempcalError(f"{label}: member '{sample}' is missing")
     _check_sample_inputs(_read(archive, members, sample, label, _SAMPLE_LIMIT), sample, label)
     member = f"{_MODELS}{program}.json"
     check_program_json(_json_member(archive, members, member, label), label, member)
@@ -261,8 +236,6 @@ def _check_program(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo]
 
 def _json_member(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], name: str, label: str) -> Any:
     """A member parsed as JSON (one-line errors for a missing or malformed member)."""
-    if name not in members:
-        raise TempcalError(f"{label}: member '{name}' is missing")
     data = _read(archive, members, name, label, _JSON_LIMIT)
     try:
         return json.loads(data)
@@ -342,13 +315,8 @@ def _device_type(meta: dict[str, Any]) -> str:
 
 
 def _check_sample_inputs(blob: bytes, member: str, label: str) -> None:
-    """Refuse sample inputs that ``torch.load(weights_only=True)`` would reject, by torch's own rules.
-
-    torch.export.load retries such a member with ``weights_only=False``, i.e. runs its pickle (the checked
-    copy leaves the member empty, so this is a second line of defence). The pickle is disassembled, never run:
-    :func:`torch.serialization.get_unsafe_globals_in_checkpoint` lists the globals it names that torch's
-    weights-only unpickler does not allow, and refuses opcodes that unpickler does not implement.
-    """
+    """Refuse sample inputs that ``torch.load(weights_only=True)`` would reject (torch.export.load would retry
+    them with ``weights_only=False``); the pickle is disassembled by torch's own check, never run."""
     if not blob:
         return
     where = f"{label}: member '{member}'"

@@ -1,19 +1,10 @@
 """The program JSON of a ``.pt2`` archive checked before torch reads it: what it calls, and what torch evaluates.
 
-torch's deserializer (torch 2.13) turns three parts of ``models/<name>.json`` into code:
-
-* node targets: ``torch.<path>`` is looked up on the torch module and called as it stands (``torch.save``
-  would do), ``torch.ops.<namespace>.<op>`` resolves to any registered operator, custom ones included;
-* symbolic sizes (``expr_str``) go to ``sympy.sympify``, which ``eval``s them as Python;
-* ``guards_code`` strings are compiled with ``exec`` into the input guards of ``program.module()``.
-
-So every node, in the graph and every nested subgraph, must call an ``aten`` operator that
-:func:`tempcal.models.op_check.schema_refusal` allows, one of torch's higher-order operators that only run
-nested subgraphs (:data:`_HIGHER_ORDER`, whose subgraphs are checked the same way), or torch's own symbolic-size
-arithmetic (the serializer's ``_SYM_OPS``: ``_operator.mul``, ``torch.sym_max``, ...). Every ``expr_str`` must be a
-sympy expression in the serializer's notation (calls of sympy and torch size functions on numbers and symbols),
-parsed with ``ast``, never evaluated. The checked copy that torch reads carries no ``guards_code``
-(:func:`without_guards`). :func:`graph_refusal` checks the deserialized graph the same way before it runs.
+torch's deserializer calls any ``torch.*`` name a node targets, ``eval``s symbolic sizes (``expr_str``) through
+sympy and ``exec``s ``guards_code``. So every node, nested subgraphs included, must call an operator
+:func:`tempcal.models.op_check.schema_refusal` allows, a higher-order operator of :data:`_HIGHER_ORDER` or
+torch's size arithmetic; every ``expr_str`` is parsed with ``ast``, never evaluated; the checked copy carries
+no ``guards_code`` (:func:`without_guards`). :func:`graph_refusal` checks the deserialized graph the same way.
 """
 
 from __future__ import annotations

@@ -1,13 +1,9 @@
 """Writing what a model SOURCE gives: its logits as a logits file, and the model calibrated.
 
-:func:`save_calibrated_model` writes the format ``--save-model PATH``'s suffix names: ``.pt2`` (from a
-``.pt2`` or TorchScript SOURCE: :mod:`tempcal.models.export`), ``.onnx`` (from an ONNX SOURCE:
-:mod:`tempcal.models.onnx`) or a TorchScript suffix (from a TorchScript SOURCE, here). A calibrated
-TorchScript model wraps the original as its submodule ``original`` and divides the selected logits by
-the float64 buffer ``tempcal_temperature``; a model returning a dict or tuple keeps that structure.
-A calibrated model given as SOURCE is calibrated from its original, never divided twice. Before
-anything is written, the saved bytes are loaded back and run on a few inputs: their logits must be
-the original's divided by T.
+:func:`save_calibrated_model` writes the format ``--save-model PATH``'s suffix names (``.pt2``: :mod:`.export`,
+``.onnx``: :mod:`.onnx`, TorchScript: here, the original wrapped as submodule ``original`` and its selected
+logits divided by the float64 buffer ``tempcal_temperature``); nothing is written before the saved bytes,
+loaded back, reproduce the original's logits divided by T.
 """
 
 from __future__ import annotations
@@ -36,11 +32,8 @@ CHECK_ROWS = 16
 
 def save_logits(data: LogitsData, path: str | os.PathLike, *, labels: bool = True,
                 temperature: float | None = None, metadata: dict[str, str] | None = None) -> Path:
-    """Write computed logits (and labels) as a safetensors logits file, atomically.
-
-    ``labels=False`` leaves out placeholder labels (an OOD set without them); ``temperature`` is stored
-    under ``tempcal.temperature`` like a write-back, so the file reads back as the SOURCE it came from.
-    """
+    """Write computed logits (and labels, unless ``labels=False``) as a safetensors logits file, atomically;
+    ``temperature`` is stored as a write-back stores it, so the file reads back as the SOURCE it came from."""
     from safetensors.torch import save
 
     tensors = {"logits": data.logits.detach().to("cpu").contiguous()}
@@ -137,15 +130,11 @@ def calibrated_wrapper(original: torch.nn.Module, temperature: float, output_key
 def save_calibrated_model(model_path: str | os.PathLike, temperature: float, out_path: str | os.PathLike, *,
                           output_key: OutputKey = None, check_inputs: torch.Tensor | str | os.PathLike | None = None,
                           inputs_key: str = "inputs") -> Path:
-    """Write, atomically, a model whose logits are the original's divided by ``temperature``.
+    """Write, atomically, a model whose logits are the original's divided by ``temperature``, for the CPU.
 
-    The format follows ``out_path``'s suffix (:func:`tempcal.models.detect.save_format`): ``.pt2`` from a
-    ``.pt2`` or TorchScript model (:mod:`tempcal.models.export`), ``.onnx`` from an ONNX model
-    (:mod:`tempcal.models.onnx`), a TorchScript suffix from a TorchScript model (here: a wrapper whose float64
-    buffer ``tempcal_temperature`` and extra file ``tempcal.temperature`` hold T). ``check_inputs`` (a tensor,
-    or an inputs file whose first rows are used) is run through the saved model before it is written:
-    outputs must be the original's divided by T, else nothing is written. A ``.pt2`` needs them (they drive the
-    export). The model is saved for CPU.
+    The format follows ``out_path``'s suffix (:func:`tempcal.models.detect.save_format`). ``check_inputs`` (a
+    tensor, or an inputs file whose first rows are used; a ``.pt2`` needs them) run through the saved model: its
+    outputs must be the original's divided by T, else nothing is written.
     """
     prefix = f"{param('save_model')} {out_path}: "
     try:

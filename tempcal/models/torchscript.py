@@ -1,12 +1,8 @@
 """TorchScript models (legacy; torch has deprecated TorchScript): loaded by torch's TorchScript importer only.
 
-A file must be a TorchScript zip archive (``constants.pkl`` and ``code/`` inside, checked without
-reading any of it, see :mod:`tempcal.models.detect`) before torch is asked to load it; its code is
-checked before torch loads it and every function compiled from it before anything runs
-(:mod:`tempcal.models.torchscript_check`: no ``__setstate__``, no ``aten::save``, ``print`` or custom
-ops). A calibrated model's T is its float64 buffer ``tempcal_temperature`` and the archive's extra file
-``tempcal.temperature`` (read as text, never unpickled). :func:`to_graph_module` converts a TorchScript
-model for writing it as a ``.pt2`` exported program: the migration path off TorchScript.
+The file is checked first (:mod:`tempcal.models.torchscript_check`). A calibrated model's T is its float64
+buffer ``tempcal_temperature`` and the extra file ``tempcal.temperature`` (read as text, never unpickled).
+:func:`to_graph_module` is the migration path to a ``.pt2`` exported program.
 """
 
 from __future__ import annotations
@@ -107,11 +103,8 @@ def forward_schema(model: torch.nn.Module):
 
 
 def strip_debug_info(blob: bytes) -> bytes:
-    """A saved TorchScript archive without its ``.debug_pkl`` records (they hold source file paths).
-
-    The model runs the same; error tracebacks show the serialized code only. Used for files that must be
-    reproducible byte for byte wherever they are rebuilt, like the shipped example model.
-    """
+    """A saved TorchScript archive without its ``.debug_pkl`` records (source file paths): reproducible bytes
+    for the shipped example model; the model runs the same."""
     reader = torch._C.PyTorchFileReader(io.BytesIO(blob))
     out = io.BytesIO()
     writer = torch._C.PyTorchFileWriter(out)
@@ -129,10 +122,8 @@ def to_graph_module(module: torch.jit.ScriptModule, example: tuple[torch.Tensor,
                     label: str) -> torch.fx.GraphModule:
     """``module`` as a flat graph module (to export with a dynamic batch), by torch's TorchScript converter.
 
-    Size assertions (``if cond: raise``) are dropped from the TorchScript graph first: the converter turns
-    them into ``torch.cond`` over size lists, which fixes the batch size; they change nothing on valid
-    inputs. Outputs keep the TorchScript model's structure (the converter returns lists for tuples). The
-    converter is best effort: what it cannot convert is a one-line error advising to export the original.
+    Size assertions are dropped first (the converter turns them into ``torch.cond``, fixing the batch size), and
+    outputs keep the model's structure. What the converter cannot convert is a one-line error.
     """
     advice = "export the original nn.Module with torch.export and calibrate that"
     try:
@@ -158,27 +149,16 @@ def to_graph_module(module: torch.jit.ScriptModule, example: tuple[torch.Tensor,
     return graph
 
 
-def _drop_assertions(block: Any) -> int:
+def _drop_assertions(block: Any) -> None:
     """Remove ``prim::If`` nodes that only raise (TorchScript ``assert`` and size checks), recursively."""
-    removed = 0
     for node in list(block.nodes()):
         for inner in node.blocks():
-            removed += _drop_assertions(inner)
+            _drop_assertions(inner)
         if node.kind() == "prim::If" and node.outputsSize() == 0:
-            first, second = list(node.blocks())
-            if (_only_raises(first) and _is_empty(second)) or (_only_raises(second) and _is_empty(first)):
+            first, second = (list(b.nodes()) for b in node.blocks())
+            raises = [bool(nodes) and nodes[-1].kind() == "prim::RaiseException" for nodes in (first, second)]
+            if (raises[0] and not second) or (raises[1] and not first):
                 node.destroy()
-                removed += 1
-    return removed
-
-
-def _only_raises(block: Any) -> bool:
-    nodes = list(block.nodes())
-    return bool(nodes) and nodes[-1].kind() == "prim::RaiseException"
-
-
-def _is_empty(block: Any) -> bool:
-    return not list(block.nodes())
 
 
 def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:

@@ -1,17 +1,9 @@
 """TorchScript files checked before torch loads them and before anything of theirs runs.
 
-``torch.jit.load`` runs code from the file while loading it: its unpickler calls the ``__setstate__`` method a
-class of the file defines (and ``torch.jit.save`` calls ``__getstate__``). So, before torch reads the file, every
-source record (``code/**.py``) is parsed with Python's ``ast``, never run, and a file whose code defines either
-method is refused. The file is then compiled into a compilation unit of its own, and every function and method
-in it, whatever calls it (``forward``, hooks, helpers, ``__enter__``), is walked block by block:
-
-* a node with a schema must pass :func:`tempcal.models.op_check.schema_refusal` (``aten::save``, ``prim::Print``,
-  custom ops and the like are refused, naming the operator);
-* a node without one must be structural (constants, attributes, control flow, containers: :data:`_STRUCTURAL`);
-* a call (``prim::CallMethod``, ``prim::CallFunction``, a ``with`` block's ``prim::Enter``/``prim::Exit``) must
-  reach a function compiled from the file, which is walked too: a method of a C++ custom class
-  (``torch.classes``) or of an interface is code tempcal cannot see, refused.
+``torch.jit.load`` calls a file's ``__setstate__``: the code records are parsed with ``ast`` first and a file
+defining it (or ``__getstate__``) is refused. Then every function compiled from the file is walked: each node
+must pass :func:`tempcal.models.op_check.schema_refusal` or be structural (:data:`_STRUCTURAL`), and each call
+must reach a function of the file (docs/models.md, "What is checked before a model runs").
 """
 
 from __future__ import annotations
