@@ -196,11 +196,12 @@ class OpenedSource:
 
     def reading(self) -> dict[str, str | None]:
         """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove):
-        ``tempcal.probs = "true"`` for probabilities, and the tensor names when they are not the defaults."""
+        ``tempcal.probs = "true"`` for probabilities, the tensor names (a confidence table's columns and scale) when
+        they are not the defaults."""
         values = {"probs": "true" if self.options.probs else None}
         for name, default in DEFAULT_KEYS.items():
             value = getattr(self.options, name)
-            values[name] = value if value != default else None
+            values[name] = None if value == default else value if isinstance(value, str) else repr(float(value))
         return {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
 
     def temperature_place(self) -> str:
@@ -229,8 +230,10 @@ def json_fields(opened: OpenedSource | None) -> dict[str, Any]:
     return {} if opened is None else dict(opened.json)
 
 
-#: The tensor names a SOURCE is read with unless told otherwise.
-DEFAULT_KEYS = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key}
+#: The tensor names a SOURCE is read with unless told otherwise, and a confidence table's columns and scale.
+DEFAULT_KEYS: dict[str, Any] = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key,
+                                "confidence": SourceOptions.confidence, "correct": SourceOptions.correct,
+                                "confidence_scale": SourceOptions.confidence_scale}
 
 
 def check_react(percentile: Any) -> float:
