@@ -81,8 +81,9 @@ def lower_case(value: Any) -> str:
 
 # -- what to read ---------------------------------------------------------------------------
 Source = Annotated[list[str], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
-    "formats); several files or a glob are shards. Default: the configuration's 'source'.", show_default=False,
+    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
+    "model (tempcal help formats); several files or a glob are shards. Default: the configuration's 'source'.",
+    show_default=False,
     rich_help_panel="Input"), INPUTS]
 LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).",
                                         rich_help_panel="Input")]
@@ -162,8 +163,8 @@ Folds = Annotated[Optional[int], typer.Option(
     "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "
     "class-stratified folds (K = N: leave-one-out). Not with --eval or --val-fraction.")]
 GroupBy = Annotated[Optional[str], typer.Option(
-    "--group-by", metavar="KEY", help="Figures (and, for fit, a T) per group: KEY is an integer tensor of SOURCE, "
-    "one value per row ('task': one group per lm-eval log).")]
+    "--group-by", metavar="KEY", help="Per-group figures (fit: a T each): KEY is an integer tensor (a value per "
+    "row), an evaluation log's task (inspect_ai: or model), a confidence table's COLUMN.")]
 GroupPrior = Annotated[Optional[float], typer.Option(
     "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
     "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 10, about as many rows' worth)."),
@@ -187,8 +188,8 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
 
 # -- a causal language model run over texts (--lm) ------------------------------------------
 OptionalSource = Annotated[Optional[list[str]], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
-    "formats); several files or a glob are shards; none with --lm. Default: the configuration's 'source'.",
+    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
+    "model (tempcal help formats); several files or a glob are shards; none with --lm. Default: the configuration's 'source'.",
     show_default=False, rich_help_panel="Input"), INPUTS]
 # Declared by tempcal.lm.options (flags, types, help, ranges); the paths among them are marked here.
 Lm = Annotated[lm_options.Lm, INPUT]
