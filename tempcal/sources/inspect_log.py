@@ -132,9 +132,9 @@ def _check_json_log(path: Path) -> None:
     top = json_log(path, lambda sample: None)
     missing = [key for key in LOG_KEYS if key not in top]
     if missing:
-        said = ", ".join(f"'{key}'" for key in missing)
+        said = ("keys " if len(missing) > 1 else "key ") + ", ".join(f"'{key}'" for key in missing)
         raise InspectLogError(f"{path}: a .json SOURCE is read as an inspect_ai log (written by inspect eval "
-                              f"--log-format json), and this one has no key{'s' if len(missing) > 1 else ''} {said} (a log's top level has "
+                              f"--log-format json), and this one has no {said} (a log's top level has "
                               f"{', '.join(repr(k) for k in LOG_KEYS)} and 'samples')")
 
 

@@ -15,7 +15,7 @@ from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, TempcalError, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from ..sources.base import Keep, Kept, SourceOptions, json_fields
+from ..sources.base import Keep, Kept, SourceOptions, eval_json_fields, json_fields
 from ..sources.groups import read_groups
 from ..sources.registry import Source, open_source
 from ..validation import check_alphas
@@ -50,6 +50,7 @@ class FitReport:
     conformal_reads: int = 0  # reads of the fitting rows for the conformal thresholds (after the fit)
     opened: Any = field(default=None, repr=False)  # the OpenedSource, for write-back and saving a model
     subsets: Subsets | None = None  # --folds and --group-by: the fold and group temperatures and figures
+    evaluated: Any = field(default=None, repr=False)  # the --eval file's OpenedSource (its counts in the JSON)
 
     @property
     def temperature(self) -> float:
@@ -118,7 +119,7 @@ class FitReport:
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
             "probs": bool(self.opened is not None and self.opened.options.probs),
-            **json_fields(self.opened), **self._subsets_json(),
+            **json_fields(self.opened), **eval_json_fields(self.evaluated), **self._subsets_json(),
         }
 
     def _subsets_json(self) -> dict[str, Any]:
@@ -227,7 +228,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-        conformal_reads=reads, opened=loaded, subsets=subsets)
+        conformal_reads=reads, opened=loaded, subsets=subsets, evaluated=evaluated)
 
 
 def _grouped_fit(loaded: Any, evaluated: Any, fit_scan: Any, eval_scan: Any, plan: Plan, fit_index: np.ndarray,

@@ -134,7 +134,8 @@ def _bad_target(sample):
      ["cut.json"]),
     (lambda d: (d / "other.json").write_text('{"results": {"acc": 0.5}}') and d / "other.json",
      ["other.json: a .json SOURCE is read as an inspect_ai log", "no keys 'version', 'status', 'eval'"]),
-    (lambda d: (d / "noeval.json").write_text('{"version": 2, "status": "success", "samples": []}') and d / "noeval.json",
+    (lambda d: (d / "noeval.json").write_text('{"version": 2, "status": "success", "samples": []}')
+     and d / "noeval.json",
      ["noeval.json: a .json SOURCE is read as an inspect_ai log", "no key 'eval'"]),
     (lambda d: (d / "list.json").write_text("[1, 2]") and d / "list.json",
      ["list.json: a .json SOURCE is read as an inspect_ai log, a JSON object; this one is not an object"]),
