@@ -165,7 +165,10 @@ class ConfidenceTableKind(SourceKind):
             return False
         if options.confidence is not None or options.correct is not None or fmt == "csv":
             return True
-        return READING_KEYS["confidence"] in self.stored_metadata(paths[0])
+        from ..io.sidecar import sidecar_state
+
+        # A stale sidecar too: the table changed since its fit, and opening asks for the columns again.
+        return paths[0].is_file() and READING_KEYS["confidence"] in sidecar_state(paths[0]).metadata
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         import torch

@@ -197,7 +197,7 @@ def test_apply_at_each_rows_stored_group_t(tmp_path, cli):
 
 
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
-def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, suffix):
+def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, cli, suffix):
     """The columns and scale of a fit are kept in the sidecar: ``report FILE`` alone reads percentages and the
     renamed columns as the fit did (no "outside [0, 1]"), and a note says what was taken."""
     rows = make_rows(300, seed=21)
@@ -218,3 +218,9 @@ def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, s
     # A column given on the command line wins; what is not given is still taken from the sidecar.
     mine = run_json(["report", str(path), "--confidence", "c", "--tau", "1"])
     assert (mine["confidence_column"], mine["correct_column"], mine["confidence_scale"]) == ("c", "k", 100)
+    # The table changed since: its sidecar is stale, and the columns are asked for again (not read as an lm-eval log).
+    if suffix != ".parquet":
+        path.write_bytes(path.read_bytes() + b"\n")
+        code, out, err = cli(["report", str(path)])
+        assert code == 2 and "name its columns with --confidence COLUMN and --correct COLUMN" in \
+            assert_one_error_line(err)
