@@ -222,5 +222,6 @@ def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, c
     if suffix != ".parquet":
         path.write_bytes(path.read_bytes() + b"\n")
         code, out, err = cli(["report", str(path)])
+        assert out == ""
         assert code == 2 and "name its columns with --confidence COLUMN and --correct COLUMN" in \
             assert_one_error_line(err)
