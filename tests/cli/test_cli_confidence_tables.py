@@ -215,6 +215,9 @@ def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, c
     assert row["ece"] == pytest.approx(fitted["after"]["ece"], rel=1e-12)
     assert report["confidence_scale"] == 100 and report["correct_column"] == "k"
     assert any("read as the stored T was fitted" in w and "confidence scale 100.0" in w for w in report["warnings"])
+    described = run_json(["inspect", str(path)])  # described as read, with no hint to name the columns
+    assert (described["details"]["confidence"], described["details"]["confidence_scale"]) == ("confidence", 100)
+    assert described["details"]["correct_rows"] == int(rows["k"].sum()) and described["hints"] == []
     # A column given on the command line wins; what is not given is still taken from the sidecar.
     mine = run_json(["report", str(path), "--confidence", "c", "--tau", "1"])
     assert (mine["confidence_column"], mine["correct_column"], mine["confidence_scale"]) == ("c", "k", 100)
