@@ -181,7 +181,7 @@ def test_each_command_gives_the_figures_of_the_same_logits_in_safetensors(case, 
             assert kind[f"ood_{key}"] == [value], key
     if command.endswith("group-by"):
         groups = kind["groups"] if command.startswith("fit") else kind["results"][-1]["groups"]
-        assert len(groups) == len(np.unique(case.source.groups)) > 1 or case.kind == "lighteval"
+        assert len(groups) == len(np.unique(case.source.groups)) > 1
     if html:
         assert "<html" in (tmp_path / "page.html").read_text().lower()
 
