@@ -100,6 +100,10 @@ _SAID = {"logits_key": "logits", "labels_key": "labels", "confidence": "confiden
          "confidence_scale": "confidence scale"}
 
 
+def _shown(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
 def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tuple[SourceOptions, bool, list[str]]:
     """``options`` completed by what the kind keeps beside ``path``'s T (see ``SourceKind.remembered``): the tensor
     names a fit used, where the defaults are asked for, and probabilities when ``probs`` is not given. Also
@@ -119,7 +123,7 @@ def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tupl
     if not taken:
         return options, fitted_on_probs, []
     said = ["the values as probabilities (log p)"] if "probs" in taken else []
-    said += [f"{_SAID[name]} {taken[name]!r}" for name in DEFAULT_KEYS if name in taken]
+    said += [f"{_SAID[name]} {_shown(taken[name])}" for name in DEFAULT_KEYS if name in taken]
     return options.but(**taken), fitted_on_probs, [Note(f"{path}: read as the stored T was fitted: {', '.join(said)}")]
 
 

@@ -214,7 +214,8 @@ def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, c
     assert row["stored"] and row["tau"] == fitted["temperature"]
     assert row["ece"] == pytest.approx(fitted["after"]["ece"], rel=1e-12)
     assert report["confidence_scale"] == 100 and report["correct_column"] == "k"
-    assert any("read as the stored T was fitted" in w and "confidence scale 100.0" in w for w in report["warnings"])
+    (note,) = [w for w in report["warnings"] if "read as the stored T was fitted" in w]
+    assert "confidence column 'confidence', correct column 'k', confidence scale 100" in note
     described = run_json(["inspect", str(path)])  # described as read, with no hint to name the columns
     assert (described["details"]["confidence"], described["details"]["confidence_scale"]) == ("confidence", 100)
     assert described["details"]["correct_rows"] == int(rows["k"].sum()) and described["hints"] == []
