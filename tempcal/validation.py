@@ -26,7 +26,9 @@ TEMPERATURE_KEY = "tempcal.temperature"
 #: The metadata key saying the stored T was fitted on log-probabilities (``"true"``): later reads take log(p) too.
 PROBS_KEY = "tempcal.probs"
 #: The ``SourceOptions`` fields a kind may keep beside T, and their metadata keys.
-READING_KEYS = {"probs": PROBS_KEY, "logits_key": "tempcal.logits_key", "labels_key": "tempcal.labels_key"}
+READING_KEYS = {"probs": PROBS_KEY, "logits_key": "tempcal.logits_key", "labels_key": "tempcal.labels_key",
+                "confidence": "tempcal.confidence", "correct": "tempcal.correct",
+                "confidence_scale": "tempcal.confidence_scale"}
 
 
 # -- temperatures -------------------------------------------------------------------------

@@ -46,8 +46,10 @@ TOPIC_TEXTS: dict[str, tuple[str, str, str, list[Any]]] = {
             (".npy", "logits.npy and its labels sibling (val_logits.npy -> val_labels.npy), or --labels-key "
                      "PATH.npy."),
             (".pt, .pth", "a dict of tensors (a model under these names is a model SOURCE)."),
-            ("samples_*.jsonl", "an lm-evaluation-harness log, .gz too: see tempcal help lm."),
-            ("details_*.parquet", "a lighteval details file (the logs extra): see docs/evaluation-logs.md."),
+            ("samples_*.jsonl", "an lm-evaluation-harness log (.gz too); lighteval's and inspect_ai's logs "
+                                "too: tempcal help lm."),
+            (".csv, .jsonl", "a confidence table (.parquet too): --confidence COLUMN, --correct COLUMN (0/1); "
+                             "one binary row each."),
             (".pt2, .onnx, .ts", "a model, run over --inputs DATA: see tempcal help models."),
         ]),
         "Files other than .safetensors keep T in the sidecar FILE.tempcal.json, which records the file's size, "
@@ -83,8 +85,10 @@ TOPIC_TEXTS: dict[str, tuple[str, str, str, list[Any]]] = {
         "saved hidden states take --head (a .safetensors weight [V, d], or the model folder). Logits are "
         "computed block by block in float32, never all at once.",
         ("code", "tempcal fit --lm MODEL_DIR --text texts.txt\ntempcal fit hidden.safetensors --head MODEL_DIR"),
-        "lm-evaluation-harness logs (samples_*.jsonl[.gz], multiple choice) are a SOURCE: one row per "
-        "question; --lm-eval-norm chars|bytes normalises by length; T goes in the sidecar FILE.tempcal.json.",
+        "Multiple-choice evaluation logs are a SOURCE, one row per question, T in the sidecar FILE.tempcal.json "
+        "(docs/evaluation-logs.md): lm-evaluation-harness samples_*.jsonl[.gz] and lighteval details_*.parquet "
+        "(--lm-eval-norm chars|bytes normalises by length), inspect_ai .eval/.json logs recorded with --logprobs "
+        "--top-logprobs 20; --group-by task (inspect_ai: or model).",
         ("code", "tempcal fit 'results/*/samples_hellaswag_*.jsonl' --json fit.json"),
     ]),
     "config": ("Project configuration", "docs/configuration.md", "Configuration", [

@@ -82,8 +82,9 @@ def lower_case(value: Any) -> str:
 
 # -- what to read ---------------------------------------------------------------------------
 Source = Annotated[list[str], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
-    "formats); several files or a glob are shards. Default: the configuration's 'source'.", show_default=False,
+    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
+    "model (tempcal help formats); several files or a glob are shards. Default: the configuration's 'source'.",
+    show_default=False,
     rich_help_panel="Input"), INPUTS]
 LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).",
                                         rich_help_panel="Input")]
@@ -176,8 +177,9 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
 
 # -- a causal language model run over texts (--lm) ------------------------------------------
 OptionalSource = Annotated[Optional[list[str]], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), lm-eval log or model (tempcal help "
-    "formats); several files or a glob are shards; none with --lm. Default: the configuration's 'source'.",
+    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
+    "model (tempcal help formats); several files or a glob are shards; none with --lm. Default: the "
+    "configuration's 'source'.",
     show_default=False, rich_help_panel="Input"), INPUTS]
 # Declared by tempcal.lm.options (flags, types, help, ranges); the paths among them are marked here.
 Lm = Annotated[lm_options.Lm, INPUT]

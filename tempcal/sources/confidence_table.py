@@ -7,7 +7,8 @@ logit ``ln(c / (1 - c))`` and label ``correct``, so T is the temperature of ``si
 any one-logit SOURCE. A confidence of exactly 0 or 1 is clipped to [1e-6, 1 - 1e-6] and counted (JSON
 ``clipped``, a warning). A value outside [0, scale], a missing value or a ``correct`` that is not 0/1 is bad input
 naming its row (data rows from 1; a CSV header is not one). ``--group-by COLUMN`` groups by a column of strings or
-integers. T is kept in the sidecar ``FILE.tempcal.json``; ``apply`` writes the table with ``calibrated_confidence``
+integers. T is kept in the sidecar ``FILE.tempcal.json`` with the columns and scale it was fitted with (later
+commands take them when not given); ``apply`` writes the table with ``calibrated_confidence``
 added (:func:`apply_table`).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, TempcalError, param
+from ..validation import READING_KEYS
 from .base import OpenedSource, SourceKind, SourceOptions
 from .tables import TABLE_FORMATS, TableError, has_column, read_rows, table_format, write_with_column
 
@@ -152,11 +154,21 @@ class ConfidenceTableKind(SourceKind):
     name = SOURCE_KIND
     title = "confidence table"
     suffixes = tuple(TABLE_FORMATS)
+    #: The columns and scale a T was fitted with are kept beside it: ``report FILE`` then reads FILE the same way.
+    remembered = ("confidence", "correct", "confidence_scale")
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        """A table named with ``--confidence`` or ``--correct``; any ``.csv`` (no other kind reads one)."""
+        """A table named with ``--confidence`` or ``--correct``, or whose sidecar names them (an earlier fit); any
+        ``.csv`` (no other kind reads one)."""
         fmt = table_format(paths[0])
-        return fmt is not None and (options.confidence is not None or options.correct is not None or fmt == "csv")
+        if fmt is None:
+            return False
+        if options.confidence is not None or options.correct is not None or fmt == "csv":
+            return True
+        from ..io.sidecar import sidecar_state
+
+        # A stale sidecar too: the table changed since its fit, and opening asks for the columns again.
+        return paths[0].is_file() and READING_KEYS["confidence"] in sidecar_state(paths[0]).metadata
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         import torch

@@ -149,7 +149,8 @@ def json_log(path: Path, on_sample: Callable[[dict[str, Any]], None]) -> dict[st
     top: dict[str, Any] = {}
     at = _skip(text, 0)
     if text[at:at + 1] != "{":
-        raise InspectLogError(f"{path}: not an inspect_ai log (a JSON object)")
+        raise InspectLogError(f"{path}: a .json SOURCE is read as an inspect_ai log, a JSON object; this one is not "
+                              "an object")
     at = _skip(text, at + 1)
     while text[at:at + 1] not in ("}", ""):
         key, at = _decode(decoder, text, at, path)

@@ -29,6 +29,8 @@ LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
 #: The ``--group-by`` keys of inspect_ai logs.
 GROUP_KEYS = ("task", "model")
 SUFFIXES = (".eval", ".json")
+#: The top-level keys every inspect_ai log has, beside ``samples``.
+LOG_KEYS = ("version", "status", "eval")
 _SNIFF = 4096
 
 
@@ -103,6 +105,8 @@ def read_inspect_log(path: Path) -> InspectLogInfo:
             info.rows.append(row)
 
     if path.name.lower().endswith(".json"):
+        if not is_inspect_log(path):
+            _check_json_log(path)
         header = json_log(path, take)
     else:
         with EvalArchive(path) as archive:
@@ -121,6 +125,17 @@ def read_inspect_log(path: Path) -> InspectLogInfo:
                               f"{LOGPROB_OPTIONS} (or eval(..., logprobs=True, top_logprobs=20))")
     info.rows.sort(key=lambda r: (r.epoch, r.id if isinstance(r.id, str) else str(r.id).zfill(20)))
     return info
+
+
+def _check_json_log(path: Path) -> None:
+    """A ``.json`` SOURCE is read as an inspect_ai log: one without the log's top-level keys is refused, naming them."""
+    top = json_log(path, lambda sample: None)
+    missing = [key for key in LOG_KEYS if key not in top]
+    if missing:
+        said = ("keys " if len(missing) > 1 else "key ") + ", ".join(f"'{key}'" for key in missing)
+        raise InspectLogError(f"{path}: a .json SOURCE is read as an inspect_ai log (written by inspect eval "
+                              f"--log-format json), and this one has no {said} (a log's top level has "
+                              f"{', '.join(repr(k) for k in LOG_KEYS)} and 'samples')")
 
 
 def _read_header(info: InspectLogInfo, header: Any) -> None:
@@ -184,7 +199,8 @@ class InspectLogKind(SourceKind):
         path = paths[0]
         if path.is_dir():
             return any(p.is_file() and is_inspect_log(p) for p in path.iterdir())
-        return is_inspect_log(path)
+        name = path.name.lower()  # any .json but a sidecar: opening says what an inspect_ai log lacks
+        return is_inspect_log(path) or (name.endswith(".json") and not name.endswith(".tempcal.json"))
 
     def read_all(self, paths: list[Path]) -> list[InspectLogInfo]:
         return [read_inspect_log(path) for path in log_files(paths)]

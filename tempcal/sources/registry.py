@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import Note, TempcalError
 from ..lm.source import LmKind
-from ..validation import PROBS_KEY, stored_probs
+from ..validation import PROBS_KEY, positive_number, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
 from .confidence_table import ConfidenceTableKind
 from .head import HeadKind
@@ -95,6 +95,15 @@ def open_source(source: Source, options: SourceOptions | None = None, *, labels_
 SourceKind.open_any = staticmethod(open_source)
 
 
+#: How the note on a stored reading names each remembered option.
+_SAID = {"logits_key": "logits", "labels_key": "labels", "confidence": "confidence column", "correct": "correct column",
+         "confidence_scale": "confidence scale"}
+
+
+def _shown(value: object) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
 def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tuple[SourceOptions, bool, list[str]]:
     """``options`` completed by what the kind keeps beside ``path``'s T (see ``SourceKind.remembered``): the tensor
     names a fit used, where the defaults are asked for, and probabilities when ``probs`` is not given. Also
@@ -107,13 +116,14 @@ def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tupl
     for name, default in DEFAULT_KEYS.items():
         value = metadata.get(READING_KEYS[name])
         if name in kind.remembered and value and getattr(options, name) == default:
-            taken[name] = value
+            taken[name] = positive_number(value) if isinstance(default, float) else value
+    taken = {name: value for name, value in taken.items() if value is not None}  # a scale that is no number: unread
     if fitted_on_probs and options.probs is None:
         taken["probs"] = True
     if not taken:
         return options, fitted_on_probs, []
     said = ["the values as probabilities (log p)"] if "probs" in taken else []
-    said += [f"{name.removesuffix('_key')} '{taken[name]}'" for name in DEFAULT_KEYS if name in taken]
+    said += [f"{_SAID[name]} {_shown(taken[name])}" for name in DEFAULT_KEYS if name in taken]
     return options.but(**taken), fitted_on_probs, [Note(f"{path}: read as the stored T was fitted: {', '.join(said)}")]
 
 

@@ -15,7 +15,7 @@ from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from ..sources.base import Keep, Kept, SourceOptions, json_fields
+from ..sources.base import Keep, Kept, SourceOptions, eval_json_fields, json_fields
 from ..sources.registry import Source, open_source
 from ..subsets.fit_figures import Subsets
 from ..subsets.fit_runs import Asked, crossfit_run, grouped_run, with_groups
@@ -52,6 +52,7 @@ class FitReport:
     conformal_reads: int = 0  # reads of the fitting rows for the conformal thresholds (after the fit)
     opened: Any = field(default=None, repr=False)  # the OpenedSource, for write-back and saving a model
     subsets: Subsets | None = None  # --folds and --group-by: the fold and group temperatures and figures
+    evaluated: Any = field(default=None, repr=False)  # the --eval file's OpenedSource (its counts in the JSON)
 
     @property
     def temperature(self) -> float:
@@ -120,7 +121,7 @@ class FitReport:
             "eval_source": self.eval_source, "val_fraction": self.val_fraction, "seed": self.seed,
             "bins_count": self.bins, "device": self.device, "warnings": self.warnings,
             "probs": bool(self.opened is not None and self.opened.options.probs),
-            **json_fields(self.opened), **self._subsets_json(),
+            **json_fields(self.opened), **eval_json_fields(self.evaluated), **self._subsets_json(),
         }
 
     def _subsets_json(self) -> dict[str, Any]:
@@ -210,7 +211,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-        conformal_reads=reads, opened=loaded, subsets=subsets)
+        conformal_reads=reads, opened=loaded, subsets=subsets, evaluated=evaluated)
 
 
 def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import Note, TempcalError, param
-from ..sources.base import OpenedSource, SourceKind, SourceOptions
+from ..sources.base import DEFAULT_KEYS, OpenedSource, SourceKind, SourceOptions
 from ..sources.described import Findings
-from ..sources.registry import Source, expand_sources, kind_of, open_source
+from ..sources.registry import Source, expand_sources, kind_of, open_source, stored_reading
 from .inspect_parts import labels_summary, sample_values
 
 
@@ -80,6 +80,9 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
     report.stored = _stored(kind, paths[0], opened, report)
     if opened is not None:
         _describe_data(report, opened, options.ignore_index)
+        # SOURCE as the other commands read it: with what its kind keeps beside T (a confidence table's columns)
+        read = stored_reading(kind, paths[0], options)[0]
+        options = options.but(**{name: getattr(read, name) for name in DEFAULT_KEYS})
     report.details = _or_problem(lambda: kind.describe_details(paths, options), report.problems)
     report.hints += _hints(report, kind, options)
     report.problems = list(dict.fromkeys(report.problems))  # each problem once, however many steps met it

@@ -22,7 +22,7 @@ from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
-from ..sources.base import OpenedSource, SourceOptions, json_fields
+from ..sources.base import OpenedSource, SourceOptions, json_fields, ood_json_fields
 from ..sources.registry import Source, open_source
 from ..subsets.ood import dropped_extra, group_results, ood_groups
 from ..validation import UNIT, as_temperature, check_option, check_taus, resolve_taus, whole_number
@@ -112,6 +112,7 @@ class OodReport:
     group_key: str | None = None  # --group-by KEY
     groups: list[dict] | None = None  # per in-distribution group, its figures against every OOD file
     opened: Any = field(default=None, repr=False)  # the OpenedSource (an --lm run describes its model and texts)
+    others: list[Any] = field(default_factory=list, repr=False)  # the --ood files' OpenedSources (their counts)
 
     def rows(self, ood_file: str, score: str) -> list[OodMetrics]:
         return [m for f, m in self.results if f == ood_file and m.score == score]
@@ -157,7 +158,7 @@ class OodReport:
             "gate_failures": [asdict(g) for g in self.gate_failures],
             "device": self.device, "passes": self.passes, "warnings": self.warnings,
             **({} if self.groups is None else {"group_key": self.group_key, "groups": self.groups}),
-            **json_fields(self.opened),
+            **json_fields(self.opened), **ood_json_fields(self.others),
         }
 
 
@@ -350,7 +351,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
         score_options=score_options, react=getattr(loaded.data, "react", None), bootstrap=bootstrap, seed=seed,
         min_auroc=min_auroc, max_fpr95=max_fpr95, gate_failures=gate_failures(results, min_auroc, max_fpr95),
         warnings=warnings, id_scores=id_scores, ood_scores=all_ood_scores,
-        group_key=None if groups is None else groups.key, groups=grouped, opened=loaded)
+        group_key=None if groups is None else groups.key, groups=grouped, opened=loaded, others=others)
 
 
 def _assemble(source: str, ood_names: list[str], scores: list[str], taus: list[float], stored: float | None,

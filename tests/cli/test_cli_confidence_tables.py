@@ -194,3 +194,38 @@ def test_apply_at_each_rows_stored_group_t(tmp_path, cli):
     expected = 1 / (1 + np.exp(-logits_of(rows["confidence"]) / t))
     np.testing.assert_allclose([r["calibrated_confidence"] for r in written], expected, rtol=1e-12)
     assert [r["task"] for r in written] == rows["task"].tolist()
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
+def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, cli, suffix):
+    """The columns and scale of a fit are kept in the sidecar: ``report FILE`` alone reads percentages and the
+    renamed columns as the fit did (no "outside [0, 1]"), and a note says what was taken."""
+    rows = make_rows(300, seed=21)
+    rows["c"], rows["k"] = rows.pop("confidence"), rows.pop("correct")
+    path = write_table(tmp_path / f"pct{suffix}", {**rows, "confidence": rows["c"]}, scale=100)
+    renamed = ["--confidence", "confidence", "--correct", "k", "--confidence-scale", "100"]
+    fitted = run_json(["fit", str(path), *renamed, "--val-fraction", "1"])
+    assert fitted["temperature"] == pytest.approx(optimal_temperature(logits_of(rows["c"]), rows["k"]), rel=1e-6)
+    stored = read_sidecar(path)[0]
+    assert (stored["tempcal.confidence"], stored["tempcal.correct"]) == ("confidence", "k")
+    assert float(stored["tempcal.confidence_scale"]) == 100
+    report = run_json(["report", str(path)])
+    (row,) = report["results"]
+    assert row["stored"] and row["tau"] == fitted["temperature"]
+    assert row["ece"] == pytest.approx(fitted["after"]["ece"], rel=1e-12)
+    assert report["confidence_scale"] == 100 and report["correct_column"] == "k"
+    (note,) = [w for w in report["warnings"] if "read as the stored T was fitted" in w]
+    assert "confidence column 'confidence', correct column 'k', confidence scale 100" in note
+    described = run_json(["inspect", str(path)])  # described as read, with no hint to name the columns
+    assert (described["details"]["confidence"], described["details"]["confidence_scale"]) == ("confidence", 100)
+    assert described["details"]["correct_rows"] == int(rows["k"].sum()) and described["hints"] == []
+    # A column given on the command line wins; what is not given is still taken from the sidecar.
+    mine = run_json(["report", str(path), "--confidence", "c", "--tau", "1"])
+    assert (mine["confidence_column"], mine["correct_column"], mine["confidence_scale"]) == ("c", "k", 100)
+    # The table changed since: its sidecar is stale, and the columns are asked for again (not read as an lm-eval log).
+    if suffix != ".parquet":
+        path.write_bytes(path.read_bytes() + b"\n")
+        code, out, err = cli(["report", str(path)])
+        assert out == ""
+        assert code == 2 and "name its columns with --confidence COLUMN and --correct COLUMN" in \
+            assert_one_error_line(err)

@@ -174,3 +174,18 @@ def test_options_left_out_of_the_short_help_still_work(cli, tmp_path):
     """``--head-weight-key`` is not in ``fit --help`` but parses: the run gets as far as the missing SOURCE."""
     code, _, err = cli(["fit", str(tmp_path / "missing.safetensors"), "--head-weight-key", "w", "--no-config"])
     assert code == 2 and "No such option" not in err and "missing.safetensors" in err
+
+
+def test_help_names_every_kind_of_source(help_at):
+    """SOURCE's help, the formats and lm topics and --group-by name the evaluation logs and confidence tables."""
+    fit = _prose(help_at(["fit", "--help"]))
+    assert "evaluation log, confidence table or model" in fit and "lm-eval log or model" not in fit
+    assert "an evaluation log's task (inspect_ai: or model), a confidence table's COLUMN" in fit
+    formats = _prose(help_at(["help", "formats"]))
+    for said in ("samples_*.jsonl", "lighteval's and inspect_ai's logs", "a confidence table (.parquet too)",
+                 "--confidence COLUMN, --correct COLUMN"):
+        assert said in formats, said
+    lm = _prose(help_at(["help", "lm"]))
+    for said in ("samples_*.jsonl[.gz]", "lighteval details_*.parquet", "inspect_ai .eval/.json",
+                 "--logprobs --top-logprobs 20", "--group-by task (inspect_ai: or model)"):
+        assert said in lm, said

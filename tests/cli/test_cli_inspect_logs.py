@@ -132,6 +132,13 @@ def _bad_target(sample):
      ["cut.eval: not a readable .eval log"]),
     (lambda d: (d / "cut.json").write_bytes((d / "mc_json_bpe.json").read_bytes()[:-2000]) and d / "cut.json",
      ["cut.json"]),
+    (lambda d: (d / "other.json").write_text('{"results": {"acc": 0.5}}') and d / "other.json",
+     ["other.json: a .json SOURCE is read as an inspect_ai log", "no keys 'version', 'status', 'eval'"]),
+    (lambda d: (d / "noeval.json").write_text('{"version": 2, "status": "success", "samples": []}')
+     and d / "noeval.json",
+     ["noeval.json: a .json SOURCE is read as an inspect_ai log", "no key 'eval'"]),
+    (lambda d: (d / "list.json").write_text("[1, 2]") and d / "list.json",
+     ["list.json: a .json SOURCE is read as an inspect_ai log, a JSON object; this one is not an object"]),
 ])
 def test_bad_logs_are_exit_2_on_one_line_and_write_nothing(logs, cli, make, details):
     path = make(logs)

@@ -141,7 +141,13 @@ def test_a_folder_and_a_glob_are_claimed(tmp_path):
     assert groups.names == ["alpha", "beta"]
     other = tmp_path / "config.json"
     other.write_text('{"a": 1}')
-    assert not InspectLogKind().claims([other], SourceOptions())
+    # A folder of other .json files is no log folder; a .json named alone is claimed, so that opening it says
+    # what an inspect_ai log would have (the sidecar of a log is never claimed).
+    assert not InspectLogKind().claims([tmp_path], SourceOptions())
+    assert InspectLogKind().claims([other], SourceOptions())
+    assert not InspectLogKind().claims([tmp_path / "x.eval.tempcal.json"], SourceOptions())
+    with pytest.raises(TempcalError, match=r"config\.json: .*inspect_ai log.*no keys 'version', 'status', 'eval'"):
+        open_source(other)
 
 
 def test_a_truncated_or_corrupt_zip_is_refused(tmp_path):
