@@ -8,11 +8,12 @@ from typing import Annotated, Optional
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..requests import Outputs
 from ..sources.base import SourceOptions
 from ..validation import check_taus
-from . import options as opt
 from .config import ConfiguredCommand
 from .config_schema import OUTPUT, ValueType
 from .main import app, check_paths, deliver

@@ -171,12 +171,6 @@ class Config:
 # -- finding and reading files --------------------------------------------------------------------
 
 
-def find_config(start_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The nearest ``tempcal.toml``, or ``pyproject.toml`` with a ``[tool.tempcal]`` table, from ``start_dir`` up."""
-    found = _discover(start_dir)
-    return found.path if found is not None else None
-
-
 def load_config(path: str | os.PathLike[str], *, display: str | None = None, named: str | None = None) -> Config:
     """Read a configuration file: a pyproject.toml gives its ``[tool.tempcal]`` table, any other name the whole file.
 
@@ -377,5 +371,5 @@ def check_given(spec: OptionSpec, value: Any) -> None:
         spec.value_type.check(value)
 
 
-__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "find_config",
-           "load_config", "resolve_config"]
+__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "load_config",
+           "resolve_config"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..lm.command import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from ..requests import FitRequest, Outputs, Texts
 from ..sources.base import SourceOptions
 from ..subsets.options import settle_folds
 from ..validation import IGNORE_INDEX
-from . import options as opt
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
 
@@ -166,11 +167,16 @@ def _check_paths(ctx: typer.Context, source: list[str], is_model: bool, request:
 
 
 def _record_outputs(request: FitRequest) -> dict[str, str | None]:
-    """Where T goes, to check before any work: ``--output`` (and its sidecar), or, with --lm, MODEL's files."""
-    lm, outputs = request.reading.lm, request.outputs
-    if lm is None:
-        return {"--output": outputs.output, **_copy_sidecar(outputs.output)}
-    return lm_outputs(request, record=not outputs.no_write)
+    """Where T goes, to check before any work: ``--output`` (and its sidecar, when the copy is no safetensors file
+    whose metadata can hold T), or, with --lm, MODEL's files."""
+    output = request.outputs.output
+    if request.reading.lm is not None:
+        return lm_outputs(request, record=not request.outputs.no_write)
+    if output is None or output.lower().endswith(".safetensors"):
+        return {"--output": output}
+    from ..io.sidecar import sidecar_path
+
+    return {"--output": output, "the sidecar of --output": str(sidecar_path(output))}
 
 
 def _payload(report, request: FitRequest, gate_failed: bool, written: list[str]) -> dict:
@@ -199,12 +205,3 @@ def _write(report, request: FitRequest, written: list[str]) -> list[str]:
                     save_hidden=outputs.save_hidden, settings=settings)
     written.extend(kept.paths)
     return kept.lines + write_fit_files(report, plot=outputs.plot, markdown=outputs.markdown)
-
-
-def _copy_sidecar(output: str | None) -> dict[str, str]:
-    """The sidecar ``--output`` gets when the copy is not a safetensors file (T cannot go in its metadata)."""
-    if output is None or output.lower().endswith(".safetensors"):
-        return {}
-    from ..io.sidecar import sidecar_path
-
-    return {"the sidecar of --output": str(sidecar_path(output))}

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..requests import Outputs
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
-from . import options as opt
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver
 

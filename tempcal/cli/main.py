@@ -156,7 +156,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     summary_flag = f"${STEP_SUMMARY_ENV}"
     folders = [(label, str(value)) for label, value in inputs.items()
                if label in MODEL_FOLDERS and isinstance(value, str) and os.path.isdir(value)]
-    backs = [("writing T back into", target) for _, target in _write_back_targets(write_back)]
+    backs = [("writing T back into", target) for target in _write_back_targets(write_back)]
     check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag],
                    folders=folders, writable=record_outputs(given, folders), updates=backs)
     for flag, path in given:
@@ -168,16 +168,13 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
         check_target(target, target, follow_link=target.lower().endswith(".safetensors"))
 
 
-def _write_back_targets(write_back: list[str] | None) -> list[tuple[str, str]]:
-    """Each SOURCE file T is written back into, and the file that holds it (itself, or its sidecar)."""
+def _write_back_targets(write_back: list[str] | None) -> list[str]:
+    """The file that takes T for each SOURCE file it is written back into: itself, or its sidecar."""
     from ..io.paths import expand
     from ..io.sidecar import sidecar_path
 
-    out = []
-    for path in expand(write_back or []):
-        if os.path.isfile(path):  # a missing SOURCE is for opening it to say
-            out.append((path, path if path.lower().endswith(".safetensors") else str(sidecar_path(path))))
-    return out
+    return [path if path.lower().endswith(".safetensors") else str(sidecar_path(path))
+            for path in expand(write_back or []) if os.path.isfile(path)]  # a missing SOURCE is for opening to say
 
 
 #: Input options that name a model folder, which tempcal never writes into (but for its record of T).

@@ -6,11 +6,12 @@ from typing import Annotated, Optional
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source, ood_texts
 from ..requests import OodRequest, Outputs, Texts
 from ..sources.base import SourceOptions
-from . import options as opt
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
 
@@ -171,7 +172,7 @@ def _ood_sets(source: list[str], request: OodRequest) -> list[str]:
     ood_files, ood_inputs, reading = request.ood_files, request.ood_inputs, request.reading
     if reading.lm is not None:
         return ood_texts(ood_files, request.texts.ood_text)
-    flags = {"--output-key": reading.output_key, "--ood-inputs": ood_inputs or None}
+    flags: dict[str, object] = {"--output-key": reading.output_key, "--ood-inputs": ood_inputs or None}
     if opt.is_model_source(source, reading.inputs, flags):
         if ood_files:
             raise TempcalError("--ood takes logits files; with a model SOURCE give --ood-inputs DATA")

@@ -7,12 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source
 from ..requests import Outputs, ReportRequest, Texts
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
-from . import options as opt
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
 
