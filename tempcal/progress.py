@@ -1,14 +1,7 @@
 """A progress line on standard error for work that may run long: a bar where a person watches, a plain line in logs.
 
-:class:`Progress` shows nothing for the first ``delay`` seconds (a short run stays as quiet as before),
-then one transient line: what is running, the latest step and the time since it began; or, given a
-``total``, a bar of how much of it is done and the time left (a language model's passes). The bar is drawn
-only on a terminal, by a rich live display started by a timer (so a slow first step shows it too), and
-erased when the work ends. When standard error is not a terminal (a CI log, a file, a pipe), a run longer
-than :data:`PLAIN_EVERY` seconds prints one plain line at most every :data:`PLAIN_EVERY` seconds instead
-(what is running; with a total, the count done, the rate and the time left), so a log shows the run is
-alive and holds no bar frames. With ``enabled=False`` (``--quiet``, ``--json -``) nothing is shown at all;
-under torch.distributed only rank 0 reports. It never writes to standard output.
+Nothing shows for the first ``delay`` seconds; then a transient rich line or bar on a terminal, or off one a plain
+line at most every :data:`PLAIN_EVERY` seconds. Nothing with ``enabled=False``, nor on ranks but 0; never stdout.
 """
 
 from __future__ import annotations
@@ -38,10 +31,8 @@ PLAIN_TICK = 1.0
 class Progress:
     """A context manager: ``with Progress("fitting T", enabled=True) as p: ... p.update("pass 3")``.
 
-    ``enabled`` is True (standard error), False (nothing), or a rich ``Console``: a bar when it is a terminal,
-    plain lines when it is not. ``update`` and ``advance`` may be called as often as wanted: they only set
-    text and counts. With a ``total`` (of ``unit``, e.g. "tokens") the line is a bar that ``advance`` moves.
-    ``clock`` (seconds) and ``tick`` (how often a thread looks at it) time the plain lines; tests pass a fake clock.
+    ``enabled``: True (standard error), False, or a rich ``Console``. With a ``total`` (of ``unit``) the line is a
+    bar that ``advance`` moves. ``clock`` and ``tick`` time the plain lines (tests pass a fake clock).
     """
 
     def __init__(self, description: str, *, enabled: bool | Console | None = True, delay: float = DELAY,
@@ -161,9 +152,8 @@ class Progress:
 
 
 def _outlets(enabled: bool | Console | None) -> tuple[Console | None, IO[str] | None]:
-    """The terminal console to draw the bar on, or else the stream for plain lines; neither when disabled, and on
-    every rank but 0 under torch.distributed (the ranks share one standard error; rank 0 reports, as it does
-    everything else)."""
+    """The terminal console to draw the bar on, or else the stream for plain lines; neither when disabled, nor on
+    ranks but 0 (they share one standard error)."""
     if enabled is False or enabled is None or rank() != 0:
         return None, None
     console = enabled if isinstance(enabled, Console) else Console(stderr=True)
@@ -181,8 +171,8 @@ def _duration(seconds: float) -> str:
 
 
 class _Line(ProgressColumn):
-    """``12 s  what is running  the latest step``: the time since the work began (not since the line
-    appeared) comes first, so a narrow terminal cuts the end of the line, not the time."""
+    """``12 s  what is running  the latest step``: the time since the work began first, so a narrow terminal cuts
+    the end of the line, not the time."""
 
     def __init__(self, start: float):
         super().__init__(table_column=Column(no_wrap=True, overflow="ellipsis"))

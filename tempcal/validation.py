@@ -125,13 +125,9 @@ def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURC
 def resolve_taus(values: Sequence[str | float] | None, stored: float | None, source: str | os.PathLike = "SOURCE",
                  *, defaults: Sequence[float] = (), sweep: Sequence[float] = (), sort: bool = True,
                  place: str | None = None) -> list[float]:
-    """The temperatures a command reports at, without repeats.
-
-    The given values (``fitted`` = the stored T), plus ``sweep``; with no values, ``defaults``
-    instead (or, when there are no defaults and no sweep either, the stored T, else 1.0). The
-    stored T joins any default set or sweep. ``sort=False`` keeps the given values' order.
-    ``place``: where the stored T would be kept, for the error when ``fitted`` finds none.
-    """
+    """The temperatures a command reports at, without repeats: the given values (``fitted``: the stored T) and
+    ``sweep``; with no values, ``defaults`` and ``sweep``, else the stored T, else 1.0. The stored T joins any default
+    set or sweep. ``place``: where the stored T would be kept, for the error when ``fitted`` finds none."""
     taus: list[float] = []
     for text in values or ():
         tau = parse_tau(text, stored, source, place)
@@ -330,11 +326,8 @@ EITHER, AS_LOGITS, AS_PROBS = _PROBS_CHOICES
 
 
 class ProbabilitiesError(DataError):
-    """Probabilities given where logits are read, or a T fitted on log(p) about to meet raw values.
-
-    Its message names the choice as the caller makes it: ``probs=True`` in Python, ``--probs`` on the
-    command line (the marks :data:`EITHER`, :data:`AS_LOGITS`, :data:`AS_PROBS`).
-    """
+    """Probabilities given where logits are read, or a T fitted on log(p) about to meet raw values; the message names
+    the choice as the caller makes it (``probs=True`` in Python, ``--probs`` on the command line)."""
 
     def _shown(self, cli: bool) -> str:
         text = self.raw

@@ -8,6 +8,8 @@ from typing import Annotated, Optional
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..requests import Outputs
 from ..sources.base import SourceOptions
@@ -15,37 +17,6 @@ from ..validation import check_taus
 from .config import ConfiguredCommand
 from .config_schema import OUTPUT, ValueType
 from .main import app, check_paths, deliver
-from .options import (
-    BatchSize,
-    ChunkRows,
-    Confidence,
-    ConfidenceScale,
-    ConfigFile,
-    Correct,
-    Device,
-    Head,
-    HeadBiasKey,
-    HeadWeightKey,
-    HiddenKey,
-    Inputs,
-    InputsKey,
-    JsonOut,
-    LabelsKey,
-    LmEvalNorm,
-    LmEvalNormOpt,
-    LogitsKey,
-    NoConfig,
-    OutputKey,
-    Probs,
-    Quiet,
-    Softcap,
-    Source,
-    check_lm_eval_norm,
-    choice,
-    configured_tau,
-    is_model_source,
-    reading_options,
-)
 
 
 class ApplyAs(str, Enum):
@@ -59,11 +30,11 @@ ApplyOutput = Annotated[Optional[str], typer.Option(
     "a confidence table: a table of its format with a column calibrated_confidence added)."),
     OUTPUT]
 ApplyAsOpt = Annotated[ApplyAs, typer.Option(
-    "--as", case_sensitive=False, parser=choice(ApplyAs),
+    "--as", case_sensitive=False, parser=opt.choice(ApplyAs),
     help="What to write: softmax(logits / T) (probs), logits / T (logits) or log_softmax(logits / T) (log-probs).")]
 ApplyTau = Annotated[Optional[str], typer.Option(
     "--tau", metavar="T", help="The temperature for every row (> 0), instead of the stored T ('fitted', the "
-    "default)."), ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
+    "default)."), ValueType('a number or "fitted"', opt.configured_tau, check=lambda text: check_taus([text]))]
 Groups = Annotated[bool, typer.Option(
     "--groups/--no-groups", help="Apply each row's stored group T where SOURCE stores per-group temperatures "
     "(--no-groups: the global T for every row).")]
@@ -72,33 +43,33 @@ Groups = Annotated[bool, typer.Option(
 @app.command(cls=ConfiguredCommand)
 def apply(
     ctx: typer.Context,
-    source: Source,
+    source: opt.Source,
     output: ApplyOutput = None,
     as_: ApplyAsOpt = ApplyAs.probs,
     tau: ApplyTau = None,
     groups: Groups = True,
-    json_out: JsonOut = None,
-    logits_key: LogitsKey = "logits",
-    labels_key: LabelsKey = "labels",
-    probs: Probs = None,
-    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
-    confidence: Confidence = None,
-    correct: Correct = None,
-    confidence_scale: ConfidenceScale = 1.0,
-    device: Device = "auto",
-    chunk_rows: ChunkRows = None,
-    head: Head = None,
-    hidden_key: HiddenKey = "hidden",
-    head_weight_key: HeadWeightKey = "weight",
-    head_bias_key: HeadBiasKey = "bias",
-    softcap: Softcap = None,
-    inputs: Inputs = None,
-    inputs_key: InputsKey = "inputs",
-    batch_size: BatchSize = 512,
-    output_key: OutputKey = None,
-    quiet: Quiet = False,
-    config: ConfigFile = None,
-    no_config: NoConfig = False,
+    json_out: opt.JsonOut = None,
+    logits_key: opt.LogitsKey = "logits",
+    labels_key: opt.LabelsKey = "labels",
+    probs: opt.Probs = None,
+    lm_eval_norm: opt.LmEvalNormOpt = opt.LmEvalNorm.none,
+    confidence: opt.Confidence = None,
+    correct: opt.Correct = None,
+    confidence_scale: opt.ConfidenceScale = 1.0,
+    device: opt.Device = "auto",
+    chunk_rows: opt.ChunkRows = None,
+    head: opt.Head = None,
+    hidden_key: opt.HiddenKey = "hidden",
+    head_weight_key: opt.HeadWeightKey = "weight",
+    head_bias_key: opt.HeadBiasKey = "bias",
+    softcap: opt.Softcap = None,
+    inputs: opt.Inputs = None,
+    inputs_key: opt.InputsKey = "inputs",
+    batch_size: opt.BatchSize = 512,
+    output_key: opt.OutputKey = None,
+    quiet: opt.Quiet = False,
+    config: opt.ConfigFile = None,
+    no_config: opt.NoConfig = False,
 ) -> None:
     """Write SOURCE's calibrated probabilities (or logits / T) at its stored T to OUT, chunk by chunk.
 
@@ -112,8 +83,8 @@ def apply(
         check_output(output)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TempcalError("tempcal apply writes one file from one process: run it without torchrun")
-    is_model_source(source, inputs, {"--output-key": output_key})
-    check_lm_eval_norm(source, lm_eval_norm.value)
+    opt.is_model_source(source, inputs, {"--output-key": output_key})
+    opt.check_lm_eval_norm(source, lm_eval_norm.value)
     check_paths(ctx, {"--output": output, "--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..output.apply import print_apply
@@ -124,7 +95,7 @@ def apply(
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
-    options = reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
+    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
     result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
                         device=device, chunk_rows=chunk_rows, options=options)
     deliver(ctx, warnings=result.warnings, write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"],

@@ -1,17 +1,8 @@
-"""Project configuration: the commands' defaults from ``tempcal.toml`` or ``[tool.tempcal]`` in ``pyproject.toml``.
+"""Project configuration: the commands' defaults from ``tempcal.toml`` or ``[tool.tempcal]`` in ``pyproject.toml``
+(docs/configuration.md).
 
-The file is the nearest one from the current folder up (``--config PATH`` names one, ``--no-config``
-reads none). In one folder ``tempcal.toml`` comes first; a ``pyproject.toml`` without the table
-does not count and the search goes on upwards. Its top-level ``source`` stands in for a missing
-SOURCE; a table per command (``[fit]``, ``[report]``, ``[ood]``; in pyproject ``[tool.tempcal.fit]``
-...) holds that command's options under their long names, and may hold its own ``source``. Every
-table is checked on every run, so a typo in ``[report]`` fails ``tempcal fit`` too.
-
-Values become the command's ``default_map``, so the command line always wins (a repeatable option
-given there replaces the configured list) and a value taken from the file has the parameter source
-``DEFAULT_MAP``, which the JSON reports. Relative paths are relative to the file's folder. An input
-file the command is about to use must exist; one the command line replaces is not looked at.
-Every problem is a :class:`~tempcal.cli.config_schema.ConfigError`: one line naming the file and key.
+Values become the command's ``default_map``, so the command line always wins and a value taken from the file has
+the parameter source ``DEFAULT_MAP``, which the JSON reports. Every table is checked on every run.
 """
 
 from __future__ import annotations
@@ -178,12 +169,6 @@ class Config:
 
 
 # -- finding and reading files --------------------------------------------------------------------
-
-
-def find_config(start_dir: str | os.PathLike[str] | None = None) -> Path | None:
-    """The nearest ``tempcal.toml``, or ``pyproject.toml`` with a ``[tool.tempcal]`` table, from ``start_dir`` up."""
-    found = _discover(start_dir)
-    return found.path if found is not None else None
 
 
 def load_config(path: str | os.PathLike[str], *, display: str | None = None, named: str | None = None) -> Config:
@@ -386,5 +371,5 @@ def check_given(spec: OptionSpec, value: Any) -> None:
         spec.value_type.check(value)
 
 
-__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "find_config",
-           "load_config", "resolve_config"]
+__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "load_config",
+           "resolve_config"]

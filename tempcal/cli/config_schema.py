@@ -1,18 +1,9 @@
 """What a configuration file may hold, derived from the commands' own parameters: keys, kinds, values.
 
-A command's configurable keys are its options' long names without the dashes (``--val-fraction``
-is ``val-fraction``); the kind of value each takes comes from the parameter's Python annotation
-(``bool``, ``int``, ``float``, ``str``, an Enum, ``list[...]`` of these, ``Optional`` of any), ranges
-from ``typer.Option(min=, max=)`` or a :class:`~tempcal.validation.Bounds` marker (open ends), and
-the rest from markers in the annotation's metadata, which Typer ignores: :class:`PathValue` (file
-paths, relative to the configuration file), :class:`ValueType` (a custom conversion, such as
-``--tau``'s "a number or fitted") and :data:`NOT_CONFIGURABLE`. So an option added to a command
-(declared once, in ``options.py`` or in the command's signature) is configurable with no second
-declaration. Whole numbers must also fit in 64 bits and other numbers be finite, so a 400-digit
-integer is an error naming the key, never an OverflowError.
-
-TOML values are checked here before they reach Typer, which would otherwise turn ``true`` into
-``"True"`` for a text option or into ``1`` for a number. Nothing here imports torch.
+A key is an option's long name without the dashes; its kind comes from the parameter's annotation, its range from
+``typer.Option(min=, max=)`` or a :class:`~tempcal.validation.Bounds` marker, the rest from markers Typer ignores
+(:class:`PathValue`, :class:`ValueType`, :data:`NOT_CONFIGURABLE`): an option is declared once. TOML values are
+checked here before Typer would turn ``true`` into ``"True"`` or ``1``.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..lm.command import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from ..requests import FitRequest, Outputs, Texts
@@ -11,124 +13,64 @@ from ..sources.base import SourceOptions
 from ..subsets.options import settle_folds
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
-from .main import app, check_paths, deliver, progress_line, start
-from .options import (
-    BatchSize,
-    BatchTokens,
-    Bins,
-    Bootstrap,
-    ChunkRows,
-    Confidence,
-    ConfidenceScale,
-    ConfigFile,
-    ConformalAlpha,
-    Correct,
-    Device,
-    DeviceMap,
-    Estimators,
-    EvalFile,
-    Folds,
-    GroupBy,
-    GroupPrior,
-    Head,
-    HeadBiasKey,
-    HeadWeightKey,
-    HiddenKey,
-    Html,
-    IgnoreIndex,
-    Inputs,
-    InputsKey,
-    JsonOut,
-    LabelsKey,
-    Lm,
-    LmEvalNorm,
-    LmEvalNormOpt,
-    LogitsKey,
-    Markdown,
-    MaxEce,
-    MaxLength,
-    NoConfig,
-    NoWrite,
-    Objective,
-    ObjectiveOpt,
-    OptionalSource,
-    OutputCopy,
-    OutputKey,
-    Plot,
-    Probs,
-    Quiet,
-    SaveHidden,
-    SaveLogits,
-    SaveModel,
-    Seed,
-    Softcap,
-    SpillDir,
-    Text,
-    TextField,
-    ValFraction,
-    WriteGenerationConfig,
-    check_lm_eval_norm,
-    is_model_source,
-    parse_estimators,
-    reading_options,
-)
+from .main import app, check_paths, deliver, start
 
 
 @app.command(cls=ConfiguredCommand)
 def fit(
     ctx: typer.Context,
-    source: OptionalSource = None,
-    eval_file: EvalFile = None,
-    val_fraction: ValFraction = 0.5,
-    folds: Folds = None,
-    group_by: GroupBy = None,
-    group_prior: GroupPrior = None,
-    seed: Seed = 0,
-    objective: ObjectiveOpt = Objective.nll,
-    bins: Bins = 15,
-    json_out: JsonOut = None,
-    output: OutputCopy = None,
-    no_write: NoWrite = False,
-    max_ece: MaxEce = None,
-    plot: Plot = None,
-    html: Html = None,
-    markdown: Markdown = None,
-    logits_key: LogitsKey = "logits",
-    labels_key: LabelsKey = "labels",
-    probs: Probs = None,
-    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
-    confidence: Confidence = None,
-    correct: Correct = None,
-    confidence_scale: ConfidenceScale = 1.0,
-    device: Device = "auto",
-    chunk_rows: ChunkRows = None,
-    head: Head = None,
-    hidden_key: HiddenKey = "hidden",
-    head_weight_key: HeadWeightKey = "weight",
-    head_bias_key: HeadBiasKey = "bias",
-    softcap: Softcap = None,
-    ignore_index: IgnoreIndex = IGNORE_INDEX,
-    estimators: Estimators = None,
-    bootstrap: Bootstrap = 0,
-    conformal_alpha: ConformalAlpha = None,
-    inputs: Inputs = None,
-    inputs_key: InputsKey = "inputs",
-    batch_size: BatchSize = 512,
-    output_key: OutputKey = None,
-    save_logits: SaveLogits = None,
-    save_model: SaveModel = None,
-    lm: Lm = None,
-    text: Text = None,
-    text_field: TextField = "text",
-    max_length: MaxLength = None,
-    batch_tokens: BatchTokens = None,
-    device_map: DeviceMap = None,
-    save_hidden: SaveHidden = None,
-    spill_dir: SpillDir = None,
-    write_generation_config: WriteGenerationConfig = False,
-    quiet: Quiet = False,
-    config: ConfigFile = None,
-    no_config: NoConfig = False,
+    source: opt.OptionalSource = None,
+    eval_file: opt.EvalFile = None,
+    val_fraction: opt.ValFraction = 0.5,
+    folds: opt.Folds = None,
+    group_by: opt.GroupBy = None,
+    group_prior: opt.GroupPrior = None,
+    seed: opt.Seed = 0,
+    objective: opt.ObjectiveOpt = opt.Objective.nll,
+    bins: opt.Bins = 15,
+    json_out: opt.JsonOut = None,
+    output: opt.OutputCopy = None,
+    no_write: opt.NoWrite = False,
+    max_ece: opt.MaxEce = None,
+    plot: opt.Plot = None,
+    html: opt.Html = None,
+    markdown: opt.Markdown = None,
+    logits_key: opt.LogitsKey = "logits",
+    labels_key: opt.LabelsKey = "labels",
+    probs: opt.Probs = None,
+    lm_eval_norm: opt.LmEvalNormOpt = opt.LmEvalNorm.none,
+    confidence: opt.Confidence = None,
+    correct: opt.Correct = None,
+    confidence_scale: opt.ConfidenceScale = 1.0,
+    device: opt.Device = "auto",
+    chunk_rows: opt.ChunkRows = None,
+    head: opt.Head = None,
+    hidden_key: opt.HiddenKey = "hidden",
+    head_weight_key: opt.HeadWeightKey = "weight",
+    head_bias_key: opt.HeadBiasKey = "bias",
+    softcap: opt.Softcap = None,
+    ignore_index: opt.IgnoreIndex = IGNORE_INDEX,
+    estimators: opt.Estimators = None,
+    bootstrap: opt.Bootstrap = 0,
+    conformal_alpha: opt.ConformalAlpha = None,
+    inputs: opt.Inputs = None,
+    inputs_key: opt.InputsKey = "inputs",
+    batch_size: opt.BatchSize = 512,
+    output_key: opt.OutputKey = None,
+    save_logits: opt.SaveLogits = None,
+    save_model: opt.SaveModel = None,
+    lm: opt.Lm = None,
+    text: opt.Text = None,
+    text_field: opt.TextField = "text",
+    max_length: opt.MaxLength = None,
+    batch_tokens: opt.BatchTokens = None,
+    device_map: opt.DeviceMap = None,
+    save_hidden: opt.SaveHidden = None,
+    spill_dir: opt.SpillDir = None,
+    write_generation_config: opt.WriteGenerationConfig = False,
+    quiet: opt.Quiet = False,
+    config: opt.ConfigFile = None,
+    no_config: opt.NoConfig = False,
 ) -> None:
     """Fit one temperature T (the NLL's minimum, certified in a few reads of the data), report calibration before and
     after, write T back."""
@@ -158,16 +100,17 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
 
     from ..output.console import print_fit
     from ..output.markdown import fit_markdown
+    from ..progress import Progress
     from ..workflows.fit import fit_file
 
     device = start(request.reading.device)
-    options = reading_options(request.reading, device=device, progress=request.outputs.progress)
+    options = opt.reading_options(request.reading, device=device, progress=request.outputs.progress)
     report = fit_file(source, eval_file=request.eval_file, val_fraction=request.split, seed=request.seed,
                       objective=request.objective, bins=request.bins, device=device, chunk_rows=request.chunk_rows,
-                      estimators=parse_estimators(request.estimators), bootstrap=request.bootstrap,
+                      estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
                       conformal_alpha=request.conformal_alpha or (), folds=request.folds, group_by=request.group_by,
                       group_prior=request.group_prior, options=options,
-                      progress=progress_line("fitting T", options.progress))
+                      progress=Progress("fitting T", enabled=options.progress))
     max_ece, outputs = request.max_ece, request.outputs
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
@@ -192,14 +135,14 @@ def _cross_fitting(ctx: typer.Context, request: FitRequest) -> FitRequest:
 def _check_writes(source: list[str], request: FitRequest) -> bool:
     """Refuse contradictory options before any file is read; whether SOURCE is a model."""
     outputs = request.outputs
-    check_lm_eval_norm(source, request.reading.lm_eval_norm)
+    opt.check_lm_eval_norm(source, request.reading.lm_eval_norm)
     if outputs.no_write and outputs.output is not None:
         raise TempcalError("--output and --no-write contradict each other")
     if outputs.output is not None and (len(source) > 1 or any(ch in source[0] for ch in "*?[")):
         raise TempcalError("--output takes a single SOURCE file; shards get T written into each of them")
-    is_model = is_model_source(source, request.reading.inputs, {"--save-model": outputs.save_model,
-                                                                "--save-logits": outputs.save_logits,
-                                                                "--output-key": request.reading.output_key})
+    is_model = opt.is_model_source(source, request.reading.inputs, {"--save-model": outputs.save_model,
+                                                                    "--save-logits": outputs.save_logits,
+                                                                    "--output-key": request.reading.output_key})
     if is_model and outputs.output is not None:
         raise TempcalError("--output writes a logits file; for a model SOURCE use --save-model PATH "
                            "(and --save-logits PATH)")
@@ -224,11 +167,16 @@ def _check_paths(ctx: typer.Context, source: list[str], is_model: bool, request:
 
 
 def _record_outputs(request: FitRequest) -> dict[str, str | None]:
-    """Where T goes, to check before any work: ``--output`` (and its sidecar), or, with --lm, MODEL's files."""
-    lm, outputs = request.reading.lm, request.outputs
-    if lm is None:
-        return {"--output": outputs.output, **_copy_sidecar(outputs.output)}
-    return lm_outputs(request, record=not outputs.no_write)
+    """Where T goes, to check before any work: ``--output`` (and its sidecar, when the copy is no safetensors file
+    whose metadata can hold T), or, with --lm, MODEL's files."""
+    output = request.outputs.output
+    if request.reading.lm is not None:
+        return lm_outputs(request, record=not request.outputs.no_write)
+    if output is None or output.lower().endswith(".safetensors"):
+        return {"--output": output}
+    from ..io.sidecar import sidecar_path
+
+    return {"--output": output, "the sidecar of --output": str(sidecar_path(output))}
 
 
 def _payload(report, request: FitRequest, gate_failed: bool, written: list[str]) -> dict:
@@ -257,12 +205,3 @@ def _write(report, request: FitRequest, written: list[str]) -> list[str]:
                     save_hidden=outputs.save_hidden, settings=settings)
     written.extend(kept.paths)
     return kept.lines + write_fit_files(report, plot=outputs.plot, markdown=outputs.markdown)
-
-
-def _copy_sidecar(output: str | None) -> dict[str, str]:
-    """The sidecar ``--output`` gets when the copy is not a safetensors file (T cannot go in its metadata)."""
-    if output is None or output.lower().endswith(".safetensors"):
-        return {}
-    from ..io.sidecar import sidecar_path
-
-    return {"the sidecar of --output": str(sidecar_path(output))}

@@ -1,10 +1,8 @@
 """How tempcal's help reads: a command's common options by panel (``--help``), every option on request
 (``tempcal help COMMAND``), wrapped at any width rather than cut.
 
-Typer's own layout gives each option six columns (names, negative names, a type such as ``<bool>``, the help)
-and leaves the help about 20 characters at 80 columns, cutting long words with "…". Here an option is two
-columns: its names with the value it takes, then its help, defaults and range, wrapped; a name too long for
-the first column gets a line of its own. Rich is imported only while help is shown.
+An option is two columns (its names with the value it takes; its help, defaults and range, wrapped), where
+Typer's six leave the help about 20 characters at 80 columns. Rich is imported only while help is shown.
 """
 
 from __future__ import annotations

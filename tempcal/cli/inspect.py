@@ -4,72 +4,47 @@ from __future__ import annotations
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..requests import Outputs
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver
-from .options import (
-    BatchSize,
-    Confidence,
-    ConfidenceScale,
-    ConfigFile,
-    Correct,
-    Device,
-    Head,
-    HeadBiasKey,
-    HeadWeightKey,
-    HiddenKey,
-    IgnoreIndex,
-    Inputs,
-    InputsKey,
-    JsonOut,
-    LabelsKey,
-    LmEvalNorm,
-    LmEvalNormOpt,
-    LogitsKey,
-    NoConfig,
-    OutputKey,
-    Quiet,
-    Softcap,
-    Source,
-    check_lm_eval_norm,
-    reading_options,
-)
 
 
 @app.command(cls=ConfiguredCommand)
 def inspect(
     ctx: typer.Context,
-    source: Source,
-    json_out: JsonOut = None,
-    logits_key: LogitsKey = "logits",
-    labels_key: LabelsKey = "labels",
-    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
-    confidence: Confidence = None,
-    correct: Correct = None,
-    confidence_scale: ConfidenceScale = 1.0,
-    ignore_index: IgnoreIndex = IGNORE_INDEX,
-    head: Head = None,
-    hidden_key: HiddenKey = "hidden",
-    head_weight_key: HeadWeightKey = "weight",
-    head_bias_key: HeadBiasKey = "bias",
-    softcap: Softcap = None,
-    inputs: Inputs = None,
-    inputs_key: InputsKey = "inputs",
-    batch_size: BatchSize = 512,
-    output_key: OutputKey = None,
-    device: Device = "auto",
-    quiet: Quiet = False,
-    config: ConfigFile = None,
-    no_config: NoConfig = False,
+    source: opt.Source,
+    json_out: opt.JsonOut = None,
+    logits_key: opt.LogitsKey = "logits",
+    labels_key: opt.LabelsKey = "labels",
+    lm_eval_norm: opt.LmEvalNormOpt = opt.LmEvalNorm.none,
+    confidence: opt.Confidence = None,
+    correct: opt.Correct = None,
+    confidence_scale: opt.ConfidenceScale = 1.0,
+    ignore_index: opt.IgnoreIndex = IGNORE_INDEX,
+    head: opt.Head = None,
+    hidden_key: opt.HiddenKey = "hidden",
+    head_weight_key: opt.HeadWeightKey = "weight",
+    head_bias_key: opt.HeadBiasKey = "bias",
+    softcap: opt.Softcap = None,
+    inputs: opt.Inputs = None,
+    inputs_key: opt.InputsKey = "inputs",
+    batch_size: opt.BatchSize = 512,
+    output_key: opt.OutputKey = None,
+    device: opt.Device = "auto",
+    quiet: opt.Quiet = False,
+    config: opt.ConfigFile = None,
+    no_config: opt.NoConfig = False,
 ) -> None:
     """What SOURCE holds: keys, shapes, dtypes, whether its values look like probabilities, its labels, the stored
     T and how it was fitted, and the sidecar's state.
 
     The first command to run on an unknown file; nothing in it is refused that can be shown.
     """
-    check_lm_eval_norm(source, lm_eval_norm.value)
+    opt.check_lm_eval_norm(source, lm_eval_norm.value)
     check_paths(ctx, {"--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..errors import for_cli
@@ -81,7 +56,7 @@ def inspect(
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
-    options = reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
+    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
     report = inspect_file(source[0] if len(source) == 1 else source, options=options)
 
     def payload() -> dict:

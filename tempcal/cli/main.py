@@ -81,11 +81,8 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
             render: Callable[[Any], None], json_out: str | None, quiet: bool, gate: str | None = None,
             summary: Callable[[], str] | None = None, result: Any = None,
             extras: dict[str, str | None] | None = None) -> None:
-    """How every command ends: only rank 0 goes on (under torch.distributed); the configuration file applied
-    (``config: PATH`` on standard error, under --quiet too: it changed the run's defaults), warnings, the files
-    asked for, the JSON (naming the configuration file used), the registered extra outputs given a path in ``extras``
-    (``--html``: drawn from the ``result`` model and that JSON), the Markdown
-    ``summary`` appended to ``$GITHUB_STEP_SUMMARY`` when that names a file, the console view and the lines saying
+    """How every command ends, on rank 0 only: the configuration file used (under --quiet too), warnings, the files
+    asked for, the JSON, the ``extras`` (``--html``), the step ``summary``, the console view and the lines saying
     what was written; then the gate's exit status."""
     from ..core.distributed import rank
 
@@ -137,12 +134,9 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
 
 def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str | list[str] | None], *,
                 write_back: list[str] | None = None) -> None:
-    """Before any work: each output can be written where it is named (a regular file or nothing, not a link, not
-    read-only, in a folder that exists), and no output is the same file as another output or as an input
-    (SOURCE and its sidecar, the files ``inputs`` name, the configuration file), ``$GITHUB_STEP_SUMMARY``
-    included; no output, and no file T is written back into, lies in a model folder (``inputs`` ``--lm`` and
-    ``--head``) but for the record of T. ``write_back``: the SOURCE files T is written back into (or into their
-    sidecars)."""
+    """Before any work: each output can be written where it is named, no output is the same file as another output
+    or an input (SOURCE's sidecar, the configuration file and ``$GITHUB_STEP_SUMMARY`` included), and none, nor a
+    file T is written back into (``write_back``: SOURCE files), lies in a model folder but the record of T."""
     from ..io.paths import check_distinct, check_target, expand
     from ..io.sidecar import sidecar_path
     from ..lm.command import record_outputs
@@ -162,7 +156,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     summary_flag = f"${STEP_SUMMARY_ENV}"
     folders = [(label, str(value)) for label, value in inputs.items()
                if label in MODEL_FOLDERS and isinstance(value, str) and os.path.isdir(value)]
-    backs = [("writing T back into", target) for _, target in _write_back_targets(write_back)]
+    backs = [("writing T back into", target) for target in _write_back_targets(write_back)]
     check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag],
                    folders=folders, writable=record_outputs(given, folders), updates=backs)
     for flag, path in given:
@@ -174,16 +168,13 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
         check_target(target, target, follow_link=target.lower().endswith(".safetensors"))
 
 
-def _write_back_targets(write_back: list[str] | None) -> list[tuple[str, str]]:
-    """Each SOURCE file T is written back into, and the file that holds it (itself, or its sidecar)."""
+def _write_back_targets(write_back: list[str] | None) -> list[str]:
+    """The file that takes T for each SOURCE file it is written back into: itself, or its sidecar."""
     from ..io.paths import expand
     from ..io.sidecar import sidecar_path
 
-    out = []
-    for path in expand(write_back or []):
-        if os.path.isfile(path):  # a missing SOURCE is for opening it to say
-            out.append((path, path if path.lower().endswith(".safetensors") else str(sidecar_path(path))))
-    return out
+    return [path if path.lower().endswith(".safetensors") else str(sidecar_path(path))
+            for path in expand(write_back or []) if os.path.isfile(path)]  # a missing SOURCE is for opening to say
 
 
 #: Input options that name a model folder, which tempcal never writes into (but for its record of T).
@@ -195,14 +186,6 @@ def start(device: str) -> str:
     from ..core.distributed import init_from_environment
 
     return init_from_environment(device)
-
-
-def progress_line(description: str, enabled: Any) -> Any:
-    """The delayed progress line on standard error (:class:`tempcal.progress.Progress`, not yet started) that a
-    command hands to its workflow, which imports no output module; ``enabled`` as the sources' ``progress``."""
-    from ..progress import Progress
-
-    return Progress(description, enabled=enabled)
 
 
 class NeutralText:
@@ -289,12 +272,8 @@ def _click_class(name: str) -> type[Exception]:
 
 
 def run() -> None:
-    """The ``tempcal`` command: :func:`main`, then an exit that skips the interpreter's teardown.
-
-    Every file is closed (and renamed into place) before ``main`` returns, so once standard output
-    and error are flushed nothing is left to do; tearing down torch's modules would still take about
-    half a second. A flush that fails (a closed pipe) takes the ordinary exit, which reports it.
-    """
+    """The ``tempcal`` command: :func:`main`, then, once standard output and error are flushed, an exit that skips
+    tearing down torch (about half a second); a flush that fails (a closed pipe) takes the ordinary exit."""
     code = main()
     try:
         sys.stdout.flush()
@@ -305,4 +284,4 @@ def run() -> None:
 
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_GATE", "Interrupted", "app", "check_paths", "console", "deliver",
-           "main", "progress_line", "run", "start", "stderr"]
+           "main", "run", "start", "stderr"]

@@ -6,128 +6,76 @@ from typing import Annotated, Optional
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source, ood_texts
 from ..requests import OodRequest, Outputs, Texts
 from ..sources.base import SourceOptions
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
-from .options import (
-    INPUTS,
-    NON_NEGATIVE,
-    OUTPUT,
-    BatchSize,
-    BatchTokens,
-    ChunkRows,
-    Confidence,
-    ConfidenceScale,
-    ConfigFile,
-    Correct,
-    Device,
-    DeviceMap,
-    GenGamma,
-    GenTop,
-    GroupBy,
-    Head,
-    HeadBiasKey,
-    HeadWeightKey,
-    HiddenKey,
-    Html,
-    Inputs,
-    InputsKey,
-    JsonOut,
-    LabelsKey,
-    Lm,
-    LmEvalNorm,
-    LmEvalNormOpt,
-    LogitsKey,
-    Markdown,
-    MaxFpr95,
-    MaxLength,
-    MinAuroc,
-    NoConfig,
-    OodBootstrap,
-    OodText,
-    OptionalSource,
-    OutputKey,
-    Plot,
-    Probs,
-    Quiet,
-    React,
-    SaveHidden,
-    Score,
-    Seed,
-    Softcap,
-    SpillDir,
-    Tau,
-    Text,
-    TextField,
-    check_lm_eval_norm,
-    is_model_source,
-    reading_options,
-)
 
 
 @app.command(cls=ConfiguredCommand)
 def ood(
     ctx: typer.Context,
-    source: OptionalSource = None,
+    source: opt.OptionalSource = None,
     ood_files: Annotated[Optional[list[str]], typer.Option(
         "--ood", metavar="FILE", help="Out-of-distribution logits file ('labels' optional); repeat for several."),
-        INPUTS] = None,
-    tau: Tau = None,
-    score: Score = "msp",
-    gen_gamma: GenGamma = 0.1,
-    gen_top: GenTop = 100,
-    min_auroc: MinAuroc = None,
-    max_fpr95: MaxFpr95 = None,
-    bootstrap: OodBootstrap = 0,
-    seed: Seed = 0,
-    group_by: GroupBy = None,
-    json_out: JsonOut = None,
+        opt.INPUTS] = None,
+    tau: opt.Tau = None,
+    score: opt.Score = "msp",
+    gen_gamma: opt.GenGamma = 0.1,
+    gen_top: opt.GenTop = 100,
+    min_auroc: opt.MinAuroc = None,
+    max_fpr95: opt.MaxFpr95 = None,
+    bootstrap: opt.OodBootstrap = 0,
+    seed: opt.Seed = 0,
+    group_by: opt.GroupBy = None,
+    json_out: opt.JsonOut = None,
     scores_out: Annotated[Optional[str], typer.Option(
         "--scores", metavar="PATH",
-        help="Write the per-sample scores (one tensor per score, tau and side) as safetensors."), OUTPUT] = None,
-    plot: Plot = None,
-    html: Html = None,
-    markdown: Markdown = None,
-    logits_key: LogitsKey = "logits",
-    labels_key: LabelsKey = "labels",
-    probs: Probs = None,
-    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
-    confidence: Confidence = None,
-    correct: Correct = None,
-    confidence_scale: ConfidenceScale = 1.0,
-    device: Device = "auto",
-    chunk_rows: ChunkRows = None,
-    head: Head = None,
-    hidden_key: HiddenKey = "hidden",
-    head_weight_key: HeadWeightKey = "weight",
-    head_bias_key: HeadBiasKey = "bias",
-    softcap: Softcap = None,
-    react: React = None,
-    inputs: Inputs = None,
+        help="Write the per-sample scores (one tensor per score, tau and side) as safetensors."), opt.OUTPUT] = None,
+    plot: opt.Plot = None,
+    html: opt.Html = None,
+    markdown: opt.Markdown = None,
+    logits_key: opt.LogitsKey = "logits",
+    labels_key: opt.LabelsKey = "labels",
+    probs: opt.Probs = None,
+    lm_eval_norm: opt.LmEvalNormOpt = opt.LmEvalNorm.none,
+    confidence: opt.Confidence = None,
+    correct: opt.Correct = None,
+    confidence_scale: opt.ConfidenceScale = 1.0,
+    device: opt.Device = "auto",
+    chunk_rows: opt.ChunkRows = None,
+    head: opt.Head = None,
+    hidden_key: opt.HiddenKey = "hidden",
+    head_weight_key: opt.HeadWeightKey = "weight",
+    head_bias_key: opt.HeadBiasKey = "bias",
+    softcap: opt.Softcap = None,
+    react: opt.React = None,
+    inputs: opt.Inputs = None,
     ood_inputs: Annotated[Optional[list[str]], typer.Option(
         "--ood-inputs", metavar="DATA", help="OOD inputs for a model SOURCE ('inputs'; labels optional); repeatable."),
-        INPUTS] = None,
+        opt.INPUTS] = None,
     odin_eps: Annotated[Optional[float], typer.Option(
         "--odin-eps", metavar="E", help="ODIN: perturb each input by E against the gradient of the tau-scaled "
-        "max log-softmax before scoring (model SOURCE, MSP; E >= 0)."), NON_NEGATIVE] = None,
-    inputs_key: InputsKey = "inputs",
-    batch_size: BatchSize = 512,
-    output_key: OutputKey = None,
-    lm: Lm = None,
-    text: Text = None,
-    ood_text: OodText = None,
-    text_field: TextField = "text",
-    max_length: MaxLength = None,
-    batch_tokens: BatchTokens = None,
-    device_map: DeviceMap = None,
-    save_hidden: SaveHidden = None,
-    spill_dir: SpillDir = None,
-    quiet: Quiet = False,
-    config: ConfigFile = None,
-    no_config: NoConfig = False,
+        "max log-softmax before scoring (model SOURCE, MSP; E >= 0)."), opt.NON_NEGATIVE] = None,
+    inputs_key: opt.InputsKey = "inputs",
+    batch_size: opt.BatchSize = 512,
+    output_key: opt.OutputKey = None,
+    lm: opt.Lm = None,
+    text: opt.Text = None,
+    ood_text: opt.OodText = None,
+    text_field: opt.TextField = "text",
+    max_length: opt.MaxLength = None,
+    batch_tokens: opt.BatchTokens = None,
+    device_map: opt.DeviceMap = None,
+    save_hidden: opt.SaveHidden = None,
+    spill_dir: opt.SpillDir = None,
+    quiet: opt.Quiet = False,
+    config: opt.ConfigFile = None,
+    no_config: opt.NoConfig = False,
 ) -> None:
     """Detect out-of-distribution inputs by training-free scores at each tau: AUROC, AUPR-In/Out, FPR95 (ID positive).
 
@@ -159,7 +107,7 @@ def _ood(ctx: typer.Context, request: OodRequest) -> None:
 
     outputs = request.outputs
     device = start(request.reading.device)
-    options = reading_options(request.reading, device=device, progress=outputs.progress)
+    options = opt.reading_options(request.reading, device=device, progress=outputs.progress)
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=request.taus, scores=scores,
                       device=device, chunk_rows=request.chunk_rows, gen_gamma=request.gen_gamma,
                       gen_top=request.gen_top, bootstrap=request.bootstrap, seed=request.seed,
@@ -192,9 +140,8 @@ def _checked(ctx, request: OodRequest) -> tuple[list[str], list[str], list[str]]
     source = lm_source(ctx, request)
     scores = score_names(request.score)
     ood_files, ood_inputs, ood_text = request.ood_files, request.ood_inputs, request.texts.ood_text
-    others = _ood_sets(source, reading.inputs, ood_files, ood_inputs, request.odin_eps, reading.output_key,
-                       lm=reading.lm, ood_text=ood_text)
-    check_lm_eval_norm(source, reading.lm_eval_norm)
+    others = _ood_sets(source, request)
+    opt.check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--scores": outputs.scores, "--plot": outputs.plot,
                       "--html": outputs.html, "--markdown": outputs.markdown,
                       **lm_outputs(request)},
@@ -219,20 +166,19 @@ def _payload(report, request: OodRequest) -> dict:
     return {**out, **lm_json(report.opened, request.reading.lm)}
 
 
-def _ood_sets(source: list[str], inputs: str | None, ood_files: list[str] | None, ood_inputs: list[str] | None,
-              odin_eps: float | None, output_key: str | int | None, *, lm: str | None = None,
-              ood_text: list[str] | None = None) -> list[str]:
+def _ood_sets(source: list[str], request: OodRequest) -> list[str]:
     """The OOD sets: logits files (``--ood``), inputs files for a model SOURCE (``--ood-inputs``), or texts for
     ``--lm`` (``--ood-text``), after refusing options that do not fit."""
-    if lm is not None:
-        return ood_texts(ood_files, ood_text)
-    is_model = is_model_source(source, inputs, {"--output-key": output_key, "--ood-inputs": ood_inputs or None})
-    if is_model:
+    ood_files, ood_inputs, reading = request.ood_files, request.ood_inputs, request.reading
+    if reading.lm is not None:
+        return ood_texts(ood_files, request.texts.ood_text)
+    flags: dict[str, object] = {"--output-key": reading.output_key, "--ood-inputs": ood_inputs or None}
+    if opt.is_model_source(source, reading.inputs, flags):
         if ood_files:
             raise TempcalError("--ood takes logits files; with a model SOURCE give --ood-inputs DATA")
         if not ood_inputs:
             raise TempcalError("missing option '--ood-inputs DATA': a model SOURCE needs out-of-distribution inputs")
-    elif odin_eps is not None:
+    elif request.odin_eps is not None:
         raise TempcalError("--odin-eps needs a model SOURCE (.pt2 or TorchScript) with --inputs and --ood-inputs")
     elif not ood_files:
         raise TempcalError("missing option '--ood FILE': give at least one out-of-distribution logits file")

@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+import tempcal.cli.options as opt
+
 from ..errors import TempcalError
 from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source
 from ..requests import Outputs, ReportRequest, Texts
@@ -14,57 +16,6 @@ from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
-from .options import (
-    BatchSize,
-    BatchTokens,
-    Bins,
-    Bootstrap,
-    ChunkRows,
-    Confidence,
-    ConfidenceScale,
-    ConfigFile,
-    Correct,
-    Device,
-    DeviceMap,
-    Estimators,
-    EvalRows,
-    GroupBy,
-    Head,
-    HeadBiasKey,
-    HeadWeightKey,
-    HiddenKey,
-    Html,
-    IgnoreIndex,
-    Inputs,
-    InputsKey,
-    JsonOut,
-    LabelsKey,
-    Lm,
-    LmEvalNorm,
-    LmEvalNormOpt,
-    LogitsKey,
-    Markdown,
-    MaxLength,
-    NoConfig,
-    OptionalSource,
-    OutputKey,
-    Plot,
-    Probs,
-    Quiet,
-    ReportConformalAlpha,
-    SaveHidden,
-    SaveLogits,
-    Seed,
-    Softcap,
-    SpillDir,
-    Tau,
-    Text,
-    TextField,
-    check_lm_eval_norm,
-    is_model_source,
-    parse_estimators,
-    reading_options,
-)
 
 #: Memory per reliability bin and temperature: its sums, and its entry in the results and the JSON.
 BIN_BYTES = 512
@@ -89,52 +40,52 @@ def parse_sweep(text: str) -> list[float]:
 @app.command(cls=ConfiguredCommand)
 def report(
     ctx: typer.Context,
-    source: OptionalSource = None,
-    tau: Tau = None,
+    source: opt.OptionalSource = None,
+    tau: opt.Tau = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
                                                  help="COUNT log-spaced temperatures from START to STOP.")] = None,
-    bins: Bins = 15,
-    json_out: JsonOut = None,
-    plot: Plot = None,
-    html: Html = None,
-    markdown: Markdown = None,
-    logits_key: LogitsKey = "logits",
-    labels_key: LabelsKey = "labels",
-    probs: Probs = None,
-    lm_eval_norm: LmEvalNormOpt = LmEvalNorm.none,
-    confidence: Confidence = None,
-    correct: Correct = None,
-    confidence_scale: ConfidenceScale = 1.0,
-    device: Device = "auto",
-    chunk_rows: ChunkRows = None,
-    head: Head = None,
-    hidden_key: HiddenKey = "hidden",
-    head_weight_key: HeadWeightKey = "weight",
-    head_bias_key: HeadBiasKey = "bias",
-    softcap: Softcap = None,
-    ignore_index: IgnoreIndex = IGNORE_INDEX,
-    estimators: Estimators = None,
-    bootstrap: Bootstrap = 0,
-    seed: Seed = 0,
-    group_by: GroupBy = None,
-    eval_rows: EvalRows = False,
-    conformal_alpha: ReportConformalAlpha = None,
-    inputs: Inputs = None,
-    inputs_key: InputsKey = "inputs",
-    batch_size: BatchSize = 512,
-    output_key: OutputKey = None,
-    save_logits: SaveLogits = None,
-    lm: Lm = None,
-    text: Text = None,
-    text_field: TextField = "text",
-    max_length: MaxLength = None,
-    batch_tokens: BatchTokens = None,
-    device_map: DeviceMap = None,
-    save_hidden: SaveHidden = None,
-    spill_dir: SpillDir = None,
-    quiet: Quiet = False,
-    config: ConfigFile = None,
-    no_config: NoConfig = False,
+    bins: opt.Bins = 15,
+    json_out: opt.JsonOut = None,
+    plot: opt.Plot = None,
+    html: opt.Html = None,
+    markdown: opt.Markdown = None,
+    logits_key: opt.LogitsKey = "logits",
+    labels_key: opt.LabelsKey = "labels",
+    probs: opt.Probs = None,
+    lm_eval_norm: opt.LmEvalNormOpt = opt.LmEvalNorm.none,
+    confidence: opt.Confidence = None,
+    correct: opt.Correct = None,
+    confidence_scale: opt.ConfidenceScale = 1.0,
+    device: opt.Device = "auto",
+    chunk_rows: opt.ChunkRows = None,
+    head: opt.Head = None,
+    hidden_key: opt.HiddenKey = "hidden",
+    head_weight_key: opt.HeadWeightKey = "weight",
+    head_bias_key: opt.HeadBiasKey = "bias",
+    softcap: opt.Softcap = None,
+    ignore_index: opt.IgnoreIndex = IGNORE_INDEX,
+    estimators: opt.Estimators = None,
+    bootstrap: opt.Bootstrap = 0,
+    seed: opt.Seed = 0,
+    group_by: opt.GroupBy = None,
+    eval_rows: opt.EvalRows = False,
+    conformal_alpha: opt.ReportConformalAlpha = None,
+    inputs: opt.Inputs = None,
+    inputs_key: opt.InputsKey = "inputs",
+    batch_size: opt.BatchSize = 512,
+    output_key: opt.OutputKey = None,
+    save_logits: opt.SaveLogits = None,
+    lm: opt.Lm = None,
+    text: opt.Text = None,
+    text_field: opt.TextField = "text",
+    max_length: opt.MaxLength = None,
+    batch_tokens: opt.BatchTokens = None,
+    device_map: opt.DeviceMap = None,
+    save_hidden: opt.SaveHidden = None,
+    spill_dir: opt.SpillDir = None,
+    quiet: opt.Quiet = False,
+    config: opt.ConfigFile = None,
+    no_config: opt.NoConfig = False,
 ) -> None:
     """Calibration metrics (NLL, ECE, MCE, Brier, accuracy, entropy, reliability bins) at one or more temperatures.
 
@@ -161,9 +112,9 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     taus: list[float | str] = list(request.taus or [])
     grid = parse_sweep(request.sweep) if request.sweep else []
     reading, outputs = request.reading, request.outputs
-    is_model = is_model_source(source, reading.inputs, {"--save-logits": outputs.save_logits,
-                                                        "--output-key": reading.output_key})
-    check_lm_eval_norm(source, reading.lm_eval_norm)
+    is_model = opt.is_model_source(source, reading.inputs, {"--save-logits": outputs.save_logits,
+                                                            "--output-key": reading.output_key})
+    opt.check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
                       "--markdown": outputs.markdown, "--save-logits": outputs.save_logits,
                       **lm_outputs(request)},
@@ -178,9 +129,9 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     bins, temperatures = request.bins, len(taus) + len(grid) + 1
     check_fits("bins", bins, BIN_BYTES * temperatures, "cpu", f"{bins} bins at up to {temperatures} temperatures")
     device = start(reading.device)
-    options = reading_options(reading, device=device, progress=outputs.progress)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=request.chunk_rows,
-                         estimators=parse_estimators(request.estimators), bootstrap=request.bootstrap,
+                         estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
                          seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,
                          conformal_alpha=request.conformal_alpha or (), options=options)
 

@@ -14,7 +14,7 @@ import typer
 import tempcal.cli.config as cfg
 import tempcal.cli.config_file as config_file
 from tempcal.cli import app
-from tempcal.cli.config import ConfigError, find_config, load_config, resolve_config
+from tempcal.cli.config import ConfigError, load_config, resolve_config
 from tempcal.cli.config_schema import INPUTS, PathValue, command_schema
 from tempcal.errors import TempcalError
 from tempcal.validation import MAX_BINS, Bounds
@@ -42,6 +42,12 @@ def config_in(tmp_path: Path, text: str | None, name: str = "tempcal.toml") -> c
 
 
 # -- discovery -----------------------------------------------------------------------------------------------
+
+
+def find_config(start):
+    """The file a run in ``start`` uses (no --config, no --no-config), or None."""
+    config = resolve_config(None, False, start)
+    return config.path if config is not None else None
 
 
 def test_found_in_the_current_folder_or_the_nearest_parent(tmp_path):
