@@ -1,8 +1,5 @@
-"""The HTML page's figures as inline SVG, drawn from the result's metrics objects with ``--plot``'s axes.
-
-Text stays text in the SVG (``svg.fonttype = none``), so figures are small, searchable and sharp at any width; sizes
-come from the viewBox and the page's CSS.
-"""
+"""The HTML page's figures as inline SVG (text kept as text: small, searchable, sharp), drawn with ``--plot``'s
+axes from the result's metrics objects."""
 
 from __future__ import annotations
 

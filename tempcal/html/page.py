@@ -1,11 +1,5 @@
-"""The ``--html`` page of a command's result model: its sections, tables and figures, rendered through the one
-template.
-
-The page reads what the console and the Markdown card read: every label from the model's
-:class:`~tempcal.workflows.basis.Basis`, every figure from its metrics objects (``fit``'s groups from the model's JSON
-of them; the gate and the warnings as the command wrote them). Figures are inline SVG (:mod:`.figures`), styles
-inline, nothing fetched: the file opens anywhere, offline, on a phone (360 px) or a desktop, and prints.
-"""
+"""The ``--html`` page of a command's result model, labelled from its :class:`~tempcal.workflows.basis.Basis`
+objects as the console is; figures inline SVG, nothing fetched, so the file opens anywhere offline."""
 
 from __future__ import annotations
 
@@ -76,9 +70,13 @@ def _metrics_table(rows: Sequence[tuple[str, Any, bool]], first: str) -> Table:
                        for label, m, mark in rows])
 
 
-def _curve(metrics: Any) -> bool:
-    """Whether a risk-coverage curve was computed for ``metrics``."""
-    return bool(metrics.risk_coverage and metrics.risk_coverage.get("coverage"))
+def _risk_coverage(sides: Sequence[tuple[str, Any]], note: str) -> list[Section]:
+    """The risk-coverage section of the ``(label, metrics)`` that have a curve (none when none has)."""
+    curves = [(label, m) for label, m in sides if m.risk_coverage and m.risk_coverage.get("coverage")]
+    if not curves:
+        return []
+    return [Section("risk-coverage", "Risk-coverage", note=f"error rate among the most confident rows kept{note}",
+                    figures=[{"svg": figures.risk_coverage(curves), "narrow": True}])]
 
 
 def _conformal_table(sides: Sequence[tuple[str, Any]]) -> Table | None:
@@ -174,11 +172,7 @@ def _fit_context(report: Any, data: dict) -> dict:
     reliability.figures.append({"svgs": figures.reliability([(f"before ({first.label()})", before),
                                                              (f"after ({last.label()})", after)])})
     sections = [metrics, reliability]
-    curves = [(label, m) for label, m in ((first.label(), before), (last.label(), after)) if _curve(m)]
-    if curves:
-        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept")
-        rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
-        sections.append(rc)
+    sections += _risk_coverage([(first.label(), before), (last.label(), after)], "")
     conformal = _conformal_table([(first.label(), before), (last.label(), after)])
     if conformal:
         note = (f"thresholds at T = 1 and T = {fmt(report.temperature)} from all {report.n_fit:,} rows (deployed); "
@@ -233,12 +227,8 @@ def _report_context(result: Any, data: dict) -> dict:
     rel = Section("reliability", "Reliability diagrams", note="95% Wilson interval per bin; rows per bin beneath")
     rel.figures.append({"svgs": figures.reliability([(b.label(), r) for r, b in shown])})
     sections.append(rel)
-    curves = [(b.label(), r) for r, b in zip(results, bases, strict=True) if _curve(r)]
-    if curves:
-        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept, per row "
-                                                            "of the table above")
-        rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
-        sections.append(rc)
+    sections += _risk_coverage([(b.label(), r) for r, b in zip(results, bases, strict=True)],
+                               ", per row of the table above")
     conformal = _report_conformal_table(result)
     if conformal is not None:
         sections.append(Section("conformal", "Conformal sets", tables=[conformal]))

@@ -1,10 +1,5 @@
-"""Terminal rendering with rich: fit and report tables, a compact reliability view, and ood's tables.
-
-Headers that hold a file's path are printed unwrapped (``soft_wrap``): a long path must not
-break a line in the middle of a sentence, whatever the terminal's width. Tables never cut a
-figure: one wider than the terminal is printed as several tables of fewer columns
-(:func:`split_tables`), each beginning with the columns that name its rows.
-"""
+"""Terminal rendering with rich: fit, report and ood tables. Lines holding a path are never hard-wrapped
+(``soft_wrap``); a table wider than the terminal becomes several (:func:`split_tables`), never a cut figure."""
 
 from __future__ import annotations
 
@@ -226,14 +221,9 @@ def _bin_cells(b) -> list:
     return [str(b.count), f"{b.confidence:.3f}", f"{b.accuracy:.3f}", Text(f"{gap:+.3f}", style=style)]
 
 
-def fit_header(report) -> str:
-    """What was fitted on what: SOURCE, classes, sizes and how the samples were split."""
-    return f"{report.source}: {report.num_classes} classes; {fit_split(report)}"
-
-
 def print_fit(report, console: Console) -> None:
     """The header, the before/after table, the reliability table and any extra estimators."""
-    console.print(fit_header(report), soft_wrap=True)
+    console.print(f"{report.source}: {report.num_classes} classes; {fit_split(report)}", soft_wrap=True)
     console.print(fit_table(report))
     labels = [report.before_basis.label(), report.after_basis.label()]
     print_tables(console, reliability_tables(console, report.before, report.after, labels))

@@ -1,8 +1,5 @@
-"""Pictures for reviewers: reliability diagrams, temperature sweeps, risk-coverage curves (matplotlib,
-Agg backend).
-
-matplotlib is imported only when a plot is asked for; the format follows the file's suffix.
-"""
+"""Reliability diagrams, temperature sweeps and risk-coverage curves (matplotlib, Agg backend, imported only when a
+plot is asked for; the format follows the file's suffix)."""
 
 from __future__ import annotations
 
