@@ -31,9 +31,7 @@ def svg(fig) -> str:
 
 
 def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:
-    """One reliability diagram per ``(title, metrics)`` (as ``--plot`` draws it), the rows per bin beneath on one
-    count scale for every panel (the page lays them side by side on a wide screen and one under another on a
-    phone)."""
+    """One reliability diagram per ``(title, metrics)`` as ``--plot`` draws it, the rows per bin on one scale."""
     top = max((b.count for _, m in panels for b in m.bins), default=1)
     out = []
     for title, metrics in panels:

@@ -79,16 +79,19 @@ def _risk_coverage(sides: Sequence[tuple[str, Any]], note: str) -> list[Section]
                     figures=[{"svg": figures.risk_coverage(curves), "narrow": True}])]
 
 
+#: A conformal table's columns after the first: the set size first, so that it is on screen on a phone.
+SET_COLUMNS = ("alpha", "score", "set size", "coverage", "threshold")
+
+
+def _set_row(label: str, c: Any, mark: bool = False) -> dict:
+    return {"mark": mark, "cells": [label, fmt(c.alpha), c.score.upper(), fmt(c.mean_size), fmt(c.coverage),
+                                    threshold_text(c.threshold)]}
+
+
 def _conformal_table(sides: Sequence[tuple[str, Any]]) -> Table | None:
-    """Each side's (label, metrics) sets: the set size first, so that it is on screen on a phone."""
-    rows = []
-    for label, metrics in sides:
-        for c in metrics.conformal or []:
-            rows.append({"mark": False, "cells": [label, fmt(c.alpha), c.score.upper(), fmt(c.mean_size),
-                                                  fmt(c.coverage), threshold_text(c.threshold)]})
-    if not rows:
-        return None
-    return Table(header=["", "alpha", "score", "set size", "coverage", "threshold"], rows=rows)
+    """Each side's (label, metrics) sets."""
+    rows = [_set_row(label, c) for label, metrics in sides for c in metrics.conformal or []]
+    return Table(header=["", *SET_COLUMNS], rows=rows) if rows else None
 
 
 def _report_conformal_table(result: Any) -> Table | None:
@@ -100,11 +103,8 @@ def _report_conformal_table(result: Any) -> Table | None:
     smallest = {(b["alpha"], b["score"]): b["tau"] for b in result.smallest_sets()} if result.sweep else {}
     split = result.conformal_rows
     where = "the stored split's fitting rows" if split.stored else "a seeded half of SOURCE"
-    # the set size first: on a phone the columns past the screen's width scroll
-    return Table(header=["tau", "alpha", "score", "set size", "coverage", "threshold"], rows=[
-        {"mark": b.sweep_point and smallest.get((c.alpha, c.score)) == m.tau,
-         "cells": [b.label(), fmt(c.alpha), c.score.upper(), fmt(c.mean_size), fmt(c.coverage),
-                   threshold_text(c.threshold)]} for m, b, c in rows],
+    return Table(header=["tau", *SET_COLUMNS], rows=[
+        _set_row(b.label(), c, b.sweep_point and smallest.get((c.alpha, c.score)) == m.tau) for m, b, c in rows],
         caption=f"thresholds from {split.calibration.size} rows of {where}; coverage and mean set size on the "
                 f"{split.evaluation.size} other rows" + ("; marked: the sweep's smallest sets" if smallest else ""))
 

@@ -1,6 +1,5 @@
 """The OOD figure of ``ood --plot``: at one tau each OOD file's ROC curves above ID-vs-OOD score histograms; at
-several, AUROC and FPR95 against tau, then the histograms at each score's best tau and at the calibration T.
-"""
+several, AUROC and FPR95 against tau, then the histograms at each score's best tau and at the calibration T."""
 
 from __future__ import annotations
 
@@ -23,9 +22,7 @@ def ood_plot(report, path: str | os.PathLike) -> Path:
 
 
 def ood_figure(report):
-    """At one tau, what matters there: each OOD file's ROC curves (a curve per score) above ID-vs-OOD score
-    histograms. At several, AUROC and FPR95 against tau (a line per score, a column per OOD file), then the score
-    histograms where a reviewer looks: each score's best tau and the calibration T."""
+    """The figure at one tau or at several, as the module says."""
     return _ood_one_tau(report) if len(report.taus) == 1 else _ood_sweep(report)
 
 
