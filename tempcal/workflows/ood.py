@@ -31,8 +31,8 @@ BOOTSTRAP_LEVEL = 0.95
 
 
 @dataclass(frozen=True)
-class OodBest:
-    """The temperature with the best AUROC for one OOD set and score, beside the calibration temperature."""
+class _Best:
+    """The best row of one OOD set (the fields both kinds of best share, first in their JSON)."""
 
     ood_file: str
     score: str
@@ -40,21 +40,21 @@ class OodBest:
     auroc: float
     fpr95: float
     calibration_tau: float | None  # the stored T, when there is one
+
+
+@dataclass(frozen=True)
+class OodBest(_Best):
+    """The temperature with the best AUROC for one OOD set and score, beside the calibration temperature."""
+
     calibration_auroc: float | None  # its figures, when it was evaluated
     calibration_fpr95: float | None
     sentence: str
 
 
 @dataclass(frozen=True)
-class OodBestOverall:
+class OodBestOverall(_Best):
     """The score and temperature with the best AUROC for one OOD set, beside the best score at the calibration T."""
 
-    ood_file: str
-    score: str
-    tau: float
-    auroc: float
-    fpr95: float
-    calibration_tau: float | None  # the stored T, when there is one
     calibration_score: str | None  # the best score at it, when it was evaluated
     calibration_auroc: float | None
     calibration_fpr95: float | None
