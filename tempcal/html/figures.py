@@ -1,8 +1,5 @@
-"""The HTML page's figures as inline SVG, drawn from the result's metrics objects with ``--plot``'s axes.
-
-Text stays text in the SVG (``svg.fonttype = none``), so figures are small, searchable and sharp at any width; sizes
-come from the viewBox and the page's CSS.
-"""
+"""The HTML page's figures as inline SVG (text kept as text: small, searchable, sharp), drawn with ``--plot``'s
+axes from the result's metrics objects."""
 
 from __future__ import annotations
 
@@ -34,9 +31,7 @@ def svg(fig) -> str:
 
 
 def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:
-    """One reliability diagram per ``(title, metrics)`` (as ``--plot`` draws it), the rows per bin beneath on one
-    count scale for every panel (the page lays them side by side on a wide screen and one under another on a
-    phone)."""
+    """One reliability diagram per ``(title, metrics)`` as ``--plot`` draws it, the rows per bin on one scale."""
     top = max((b.count for _, m in panels for b in m.bins), default=1)
     out = []
     for title, metrics in panels:

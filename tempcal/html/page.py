@@ -1,11 +1,5 @@
-"""The ``--html`` page of a command's result model: its sections, tables and figures, rendered through the one
-template.
-
-The page reads what the console and the Markdown card read: every label from the model's
-:class:`~tempcal.workflows.basis.Basis`, every figure from its metrics objects (``fit``'s groups from the model's JSON
-of them; the gate and the warnings as the command wrote them). Figures are inline SVG (:mod:`.figures`), styles
-inline, nothing fetched: the file opens anywhere, offline, on a phone (360 px) or a desktop, and prints.
-"""
+"""The ``--html`` page of a command's result model, labelled from its :class:`~tempcal.workflows.basis.Basis`
+objects as the console is; figures inline SVG, nothing fetched, so the file opens anywhere offline."""
 
 from __future__ import annotations
 
@@ -76,21 +70,28 @@ def _metrics_table(rows: Sequence[tuple[str, Any, bool]], first: str) -> Table:
                        for label, m, mark in rows])
 
 
-def _curve(metrics: Any) -> bool:
-    """Whether a risk-coverage curve was computed for ``metrics``."""
-    return bool(metrics.risk_coverage and metrics.risk_coverage.get("coverage"))
+def _risk_coverage(sides: Sequence[tuple[str, Any]], note: str) -> list[Section]:
+    """The risk-coverage section of the ``(label, metrics)`` that have a curve (none when none has)."""
+    curves = [(label, m) for label, m in sides if m.risk_coverage and m.risk_coverage.get("coverage")]
+    if not curves:
+        return []
+    return [Section("risk-coverage", "Risk-coverage", note=f"error rate among the most confident rows kept{note}",
+                    figures=[{"svg": figures.risk_coverage(curves), "narrow": True}])]
+
+
+#: A conformal table's columns after the first: the set size first, so that it is on screen on a phone.
+SET_COLUMNS = ("alpha", "score", "set size", "coverage", "threshold")
+
+
+def _set_row(label: str, c: Any, mark: bool = False) -> dict:
+    return {"mark": mark, "cells": [label, fmt(c.alpha), c.score.upper(), fmt(c.mean_size), fmt(c.coverage),
+                                    threshold_text(c.threshold)]}
 
 
 def _conformal_table(sides: Sequence[tuple[str, Any]]) -> Table | None:
-    """Each side's (label, metrics) sets: the set size first, so that it is on screen on a phone."""
-    rows = []
-    for label, metrics in sides:
-        for c in metrics.conformal or []:
-            rows.append({"mark": False, "cells": [label, fmt(c.alpha), c.score.upper(), fmt(c.mean_size),
-                                                  fmt(c.coverage), threshold_text(c.threshold)]})
-    if not rows:
-        return None
-    return Table(header=["", "alpha", "score", "set size", "coverage", "threshold"], rows=rows)
+    """Each side's (label, metrics) sets."""
+    rows = [_set_row(label, c) for label, metrics in sides for c in metrics.conformal or []]
+    return Table(header=["", *SET_COLUMNS], rows=rows) if rows else None
 
 
 def _report_conformal_table(result: Any) -> Table | None:
@@ -102,11 +103,8 @@ def _report_conformal_table(result: Any) -> Table | None:
     smallest = {(b["alpha"], b["score"]): b["tau"] for b in result.smallest_sets()} if result.sweep else {}
     split = result.conformal_rows
     where = "the stored split's fitting rows" if split.stored else "a seeded half of SOURCE"
-    # the set size first: on a phone the columns past the screen's width scroll
-    return Table(header=["tau", "alpha", "score", "set size", "coverage", "threshold"], rows=[
-        {"mark": b.sweep_point and smallest.get((c.alpha, c.score)) == m.tau,
-         "cells": [b.label(), fmt(c.alpha), c.score.upper(), fmt(c.mean_size), fmt(c.coverage),
-                   threshold_text(c.threshold)]} for m, b, c in rows],
+    return Table(header=["tau", *SET_COLUMNS], rows=[
+        _set_row(b.label(), c, b.sweep_point and smallest.get((c.alpha, c.score)) == m.tau) for m, b, c in rows],
         caption=f"thresholds from {split.calibration.size} rows of {where}; coverage and mean set size on the "
                 f"{split.evaluation.size} other rows" + ("; marked: the sweep's smallest sets" if smallest else ""))
 
@@ -174,11 +172,7 @@ def _fit_context(report: Any, data: dict) -> dict:
     reliability.figures.append({"svgs": figures.reliability([(f"before ({first.label()})", before),
                                                              (f"after ({last.label()})", after)])})
     sections = [metrics, reliability]
-    curves = [(label, m) for label, m in ((first.label(), before), (last.label(), after)) if _curve(m)]
-    if curves:
-        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept")
-        rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
-        sections.append(rc)
+    sections += _risk_coverage([(first.label(), before), (last.label(), after)], "")
     conformal = _conformal_table([(first.label(), before), (last.label(), after)])
     if conformal:
         note = (f"thresholds at T = 1 and T = {fmt(report.temperature)} from all {report.n_fit:,} rows (deployed); "
@@ -233,12 +227,8 @@ def _report_context(result: Any, data: dict) -> dict:
     rel = Section("reliability", "Reliability diagrams", note="95% Wilson interval per bin; rows per bin beneath")
     rel.figures.append({"svgs": figures.reliability([(b.label(), r) for r, b in shown])})
     sections.append(rel)
-    curves = [(b.label(), r) for r, b in zip(results, bases, strict=True) if _curve(r)]
-    if curves:
-        rc = Section("risk-coverage", "Risk-coverage", note="error rate among the most confident rows kept, per row "
-                                                            "of the table above")
-        rc.figures.append({"svg": figures.risk_coverage(curves), "narrow": True})
-        sections.append(rc)
+    sections += _risk_coverage([(b.label(), r) for r, b in zip(results, bases, strict=True)],
+                               ", per row of the table above")
     conformal = _report_conformal_table(result)
     if conformal is not None:
         sections.append(Section("conformal", "Conformal sets", tables=[conformal]))

@@ -1,10 +1,5 @@
-"""Terminal rendering with rich: fit and report tables, a compact reliability view, and ood's tables.
-
-Headers that hold a file's path are printed unwrapped (``soft_wrap``): a long path must not
-break a line in the middle of a sentence, whatever the terminal's width. Tables never cut a
-figure: one wider than the terminal is printed as several tables of fewer columns
-(:func:`split_tables`), each beginning with the columns that name its rows.
-"""
+"""Terminal rendering with rich: fit, report and ood tables. Lines holding a path are never hard-wrapped
+(``soft_wrap``); a table wider than the terminal becomes several (:func:`split_tables`), never a cut figure."""
 
 from __future__ import annotations
 
@@ -12,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any, cast
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -21,6 +17,9 @@ from ..subsets.console import print_fit_groups, print_group_coverage, print_repo
 from ..workflows.ood import OodReport, score_label
 from . import ood_checks
 from .figures import DISPLAYED_METRICS, fit_split, min_nll_taus, reads, threshold_text
+
+#: The look of every table but the fit's: a rule under the header, no outer edge or padding.
+PLAIN: dict[str, Any] = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False}
 
 
 class TrimmedLines:
@@ -89,9 +88,8 @@ def _table(columns: Sequence[Column], rows: Rows, options: dict) -> Table:
 
 def split_tables(console: Console, columns: Sequence[Column], *, keys: int = 1, together: int = 1,
                  rows: Rows | None = None, **options) -> list[Table]:
-    """The columns in as few tables as fit the console's width, each beginning with the first ``keys`` columns
-    and the others moved in blocks of ``together``: a wide table becomes several, and no cell is ever cut.
-    ``options`` go to every :class:`rich.table.Table` (a ``title`` to the first only)."""
+    """The columns in as few tables as fit the console's width, each beginning with the first ``keys`` columns, the
+    others in blocks of ``together``; ``options`` go to every table (a ``title`` to the first only)."""
     rows = rows or Rows()
     unbounded = console.options.update_width(1 << 20)  # a table's natural width, not the console's
     head, rest = list(columns[:keys]), list(columns[keys:])
@@ -138,8 +136,6 @@ FIT_DETAIL = (("eaurc", "E-AURC", ""), ("augrc", "AUGRC", ""))
 
 def conformal_tables(console: Console, report) -> list[Table]:
     """Each alpha and score's threshold, coverage and mean set size at T = 1 and at the fitted T."""
-    from rich import box
-
     pairs = list(zip(report.before.conformal, report.after.conformal, strict=True))
     columns = [Column("alpha", [f"{a.alpha:g}" for a, _ in pairs]),
                Column("score", [a.score.upper() for a, _ in pairs], justify="left")]
@@ -153,15 +149,12 @@ def conformal_tables(console: Console, report) -> list[Table]:
              "the other folds' threshold)" if report.folds is not None else
              f"conformal sets (thresholds from the {report.n_fit:,} fitting rows; coverage and mean size "
              f"{report.after_basis.rows_label()})")
-    return split_tables(console, columns, keys=2, together=3, box=box.SIMPLE_HEAD, show_edge=False,
-                        pad_edge=False, title_justify="left", title=title)
+    return split_tables(console, columns, keys=2, together=3, **PLAIN, title_justify="left", title=title)
 
 
 def report_conformal_tables(console: Console, result) -> list[Table]:
     """``report --conformal-alpha``: each tau and alpha's thresholds, coverage and mean set size, the sweep's
     smallest sets marked."""
-    from rich import box
-
     # each alpha's entries come as a pair: LAC, then APS
     rows = [(k, m.conformal[i:i + 2]) for k, m in enumerate(result.results)
             for i in range(0, len(m.conformal or []), 2)]
@@ -184,8 +177,8 @@ def report_conformal_tables(console: Console, result) -> list[Table]:
     note = "; * the sweep's smallest sets" if smallest else ""
     if any(not result.basis(k).sweep_point for k, _ in rows):
         note += f"; {PER_GROUP_CELL}: each row's scores and sets at its group's stored T"
-    return split_tables(console, columns, keys=2, together=3, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                        title_justify="left", title=f"conformal sets ({result.conformal_rows.describe()}{note})")
+    return split_tables(console, columns, keys=2, together=3, **PLAIN, title_justify="left",
+                        title=f"conformal sets ({result.conformal_rows.describe()}{note})")
 
 
 def tau_cell(result, k: int) -> str:
@@ -226,14 +219,9 @@ def _bin_cells(b) -> list:
     return [str(b.count), f"{b.confidence:.3f}", f"{b.accuracy:.3f}", Text(f"{gap:+.3f}", style=style)]
 
 
-def fit_header(report) -> str:
-    """What was fitted on what: SOURCE, classes, sizes and how the samples were split."""
-    return f"{report.source}: {report.num_classes} classes; {fit_split(report)}"
-
-
 def print_fit(report, console: Console) -> None:
     """The header, the before/after table, the reliability table and any extra estimators."""
-    console.print(fit_header(report), soft_wrap=True)
+    console.print(f"{report.source}: {report.num_classes} classes; {fit_split(report)}", soft_wrap=True)
     console.print(fit_table(report))
     labels = [report.before_basis.label(), report.after_basis.label()]
     print_tables(console, reliability_tables(console, report.before, report.after, labels))
@@ -287,8 +275,6 @@ def report_notes(result) -> list[str]:
 
 def report_tables(console: Console, result) -> list[Table]:
     """One row per temperature (one table at 80 columns). Marks the stored T and the NLL minimum of the rows."""
-    from rich import box
-
     rows = result.results
     taus = [tau_cell(result, k) for k in range(len(rows))]
     # the per-group row, last, set apart from the rows at one temperature
@@ -298,15 +284,13 @@ def report_tables(console: Console, result) -> list[Table]:
     notes = report_notes(result)
     columns.append(Column("", [Text(f" {note}" if note else "", style="bold") for note in notes],
                           justify="left", min_width=len(" stored, min NLL")))
-    tables = split_tables(console, columns, rows=looks, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                          padding=0)
+    tables = split_tables(console, columns, rows=looks, **PLAIN, padding=0)
     if all(m.aurc != m.aurc for m in rows):  # NaN everywhere: the decision figures were not computed
         return tables
     decisions = [Column("tau", taus, min_width=7)]
     decisions += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7)
                   for key, header in DECISION_COLUMNS]
-    return tables + split_tables(console, decisions, rows=looks, box=box.SIMPLE_HEAD, show_edge=False,
-                                 pad_edge=False, padding=0)
+    return tables + split_tables(console, decisions, rows=looks, **PLAIN, padding=0)
 
 
 def sweep_sentence(result) -> str:
@@ -336,12 +320,10 @@ def single_reliability_table(metrics, label: str) -> Table:
 def extras_tables(console: Console, labels: list[str], extras: list[dict], header: str = "tau") -> list[Table]:
     """Other estimators and bootstrap intervals, one row per figure set (``labels``: their first cells); as many
     tables as 80 columns need."""
-    from rich import box
-
     names = [k for k in extras[0] if k != "bootstrap"]
     columns = [Column(header, list(labels), justify="left" if header == "" else "right")]
     columns += [Column(name, [_figure(row[name]) for row in extras]) for name in names]
-    return split_tables(console, columns, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
+    return split_tables(console, columns, **PLAIN)
 
 
 def _figure(value) -> str:
@@ -371,11 +353,8 @@ def print_report(result, console: Console) -> None:
 
 # -- tempcal ood ----------------------------------------------------------------------------
 def ood_tables(console: Console, report: OodReport, index: int) -> list[Table]:
-    """One OOD file's figures, grouped by score, a row per tau. Marks: ``T`` the calibration temperature, ``*`` the
-    score's best tau, ``**`` the best score and tau for this file, ``!`` a row failing the gate. With bootstrap
-    intervals, they replace the mean scores (so that the table still fits 80 columns)."""
-    from rich import box
-
+    """One OOD file's figures, grouped by score, a row per tau, marked as the legend says; bootstrap intervals
+    replace the mean scores (so that the table still fits 80 columns)."""
     ood_file = report.ood_files[index]
     excluded = ood_checks.left_out(report)
     best = {(b.score, b.tau) for b in report.best if b.ood_file == ood_file and b.score not in excluded}
@@ -400,8 +379,7 @@ def ood_tables(console: Console, report: OodReport, index: int) -> list[Table]:
     looks = Rows(styles=["red" if key in failing else "bold" if key in best else None for key in keys],
                  section_ends=frozenset(k for k, m in enumerate(rows) if k + 1 == len(rows)
                                         or rows[k + 1].score != m.score))
-    return split_tables(console, columns, keys=3, rows=looks, box=box.SIMPLE_HEAD, show_edge=False,
-                        pad_edge=False, padding=0)  # columns a space apart
+    return split_tables(console, columns, keys=3, rows=looks, **PLAIN, padding=0)  # columns a space apart
 
 
 def _interval(bounds: tuple[float, float] | None) -> str:

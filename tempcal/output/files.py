@@ -1,8 +1,5 @@
-"""The pictures and model-card sections a command writes beside its results (``--plot``, ``--markdown``).
-
-Each function returns the lines saying what it wrote ("wrote the plot to PATH"), which the command
-prints after its results (not under ``--quiet`` or ``--json -``).
-"""
+"""The pictures and model-card sections a command writes beside its results (``--plot``, ``--markdown``); each
+function returns the lines saying what it wrote."""
 
 from __future__ import annotations
 

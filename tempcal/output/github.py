@@ -1,14 +1,5 @@
-"""GitHub Actions: each command's Markdown summary appended to the job's step summary.
-
-GitHub Actions names a file in the environment variable ``GITHUB_STEP_SUMMARY``; whatever a step
-appends there is shown on the run's summary page. ``fit``, ``report`` and ``ood`` append their
-model-card section (the ``--markdown`` text, without the plot link, whose picture GitHub could not
-show), and a line saying so when a release gate failed. The text goes in with one ``write`` on a
-file opened for appending, so commands running side by side in one step cannot interleave their
-sections, and nothing already in the file is touched. The file must be a regular file, not a
-symbolic link, and writable (its mode, root included); otherwise a warning says why and nothing is
-appended.
-"""
+"""GitHub Actions: each command's Markdown summary appended to ``$GITHUB_STEP_SUMMARY`` in one ``write`` (commands
+running side by side cannot interleave); a file that is no regular writable file gets a warning, not a byte."""
 
 from __future__ import annotations
 
@@ -27,11 +18,8 @@ def step_summary_path() -> str | None:
 
 
 def append_step_summary(summary: Callable[[], str], *, gate: str | None = None) -> str | None:
-    """Append ``summary()`` (and the gate's failure, if any) to the step summary file, when one is named.
-
-    Returns None when done or when no file is named, else a warning saying why nothing was appended
-    (the command's results and exit status do not depend on a summary page).
-    """
+    """Append ``summary()`` (and the gate's failure) to the step summary file, when one is named; None, or a
+    warning saying why nothing was appended (results and exit status do not depend on it)."""
     path = step_summary_path()
     if path is None:
         return None

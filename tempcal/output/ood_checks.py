@@ -1,10 +1,5 @@
-"""What an OOD report's figures do not say by themselves, for the console and the plot to say it.
-
-* On probabilities (``--probs``) the logits are ``log p``: energy is ``log(sum p)``, 0 up to rounding, at
-  tau = 1 (and ``(tau - 1)`` times a Renyi entropy elsewhere), MaxLogit is ``log(max p) / tau``, MSP at
-  tau = 1 under another name. Neither is the score of its paper, so neither is named the best.
-* A best tau whose scores float32 cannot tell apart (:mod:`tempcal.metrics.resolution`) is said so.
-"""
+"""What an OOD report's figures do not say by themselves: energy and MaxLogit on probabilities are not the scores
+of their papers (so never named the best), and a best tau whose scores float32 cannot tell apart."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """The OOD figure of ``ood --plot``: at one tau each OOD file's ROC curves above ID-vs-OOD score histograms; at
-several, AUROC and FPR95 against tau, then the histograms at each score's best tau and at the calibration T.
-"""
+several, AUROC and FPR95 against tau, then the histograms at each score's best tau and at the calibration T."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+from ..scores import score_label
 from .axes import figure_legend, plain_log_ticks
 from .plots import SCORE_COLOURS, _save, check_plot_path, new_figure
 
@@ -23,9 +23,7 @@ def ood_plot(report, path: str | os.PathLike) -> Path:
 
 
 def ood_figure(report):
-    """At one tau, what matters there: each OOD file's ROC curves (a curve per score) above ID-vs-OOD score
-    histograms. At several, AUROC and FPR95 against tau (a line per score, a column per OOD file), then the score
-    histograms where a reviewer looks: each score's best tau and the calibration T."""
+    """The figure at one tau or at several, as the module says."""
     return _ood_one_tau(report) if len(report.taus) == 1 else _ood_sweep(report)
 
 
@@ -59,17 +57,11 @@ def _ood_one_tau(report):
             m = report.rows(ood_file, score)[0]
             ax = figure.add_subplot(spec[1 + k // across, i * across + k % across])
             _score_histogram(ax, report.id_scores[score][0], report.ood_scores[i][score][0],
-                             f"{Path(ood_file).name}: {_label(score)}\nAUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
+                             f"{Path(ood_file).name}: {score_label(score)}\nAUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
             axes.append(ax)
     calibration = " (the calibration T)" if tau == report.stored_temperature else ""
     _ood_legend(figure, axes, _ood_title(report, f"at tau = {tau:.4g}{calibration}"))
     return figure
-
-
-def _label(score: str) -> str:
-    from ..scores import score_label
-
-    return score_label(score)
 
 
 def roc_points(id_scores, ood_scores, limit: int = 4000):
@@ -105,7 +97,7 @@ def _roc_axes(report, index: int, ax) -> None:
         id_values, ood_values = report.id_scores[score][0], report.ood_scores[index][score][0]
         colour = SCORE_COLOURS[k % len(SCORE_COLOURS)]
         fpr, tpr = roc_points(id_values, ood_values)
-        ax.plot(fpr, tpr, color=colour, linewidth=1.5, label=_label(score))
+        ax.plot(fpr, tpr, color=colour, linewidth=1.5, label=score_label(score))
         kept = float(np.mean(np.asarray(id_values) >= m.fpr95_threshold))
         ax.plot([m.fpr95], [kept], marker="o", markersize=6, color=colour, markeredgecolor="black", linestyle="none")
     ax.set_xlim(0, 1)
@@ -182,7 +174,7 @@ def _ood_curves(report, ood_file: str, auroc_ax, fpr_ax, *, overall, excluded: l
         colour = SCORE_COLOURS[k % len(SCORE_COLOURS)]
         for ax, key in ((auroc_ax, "auroc"), (fpr_ax, "fpr95")):
             ax.plot([m.tau for m in rows], [getattr(m, key) for m in rows], marker="o", markersize=3, linewidth=1.2,
-                    color=colour, label=_label(score))
+                    color=colour, label=score_label(score))
             plotted[key] += [getattr(m, key) for m in rows]
             if score in excluded:
                 continue
@@ -216,7 +208,7 @@ def _ood_histograms(report, index: int, score: str, calibration: float | None, a
         panels.append((calibration, "calibration T"))
     if len(panels) == 2 and best.tau == calibration:  # one picture says it: the best tau is the calibration T
         axes[1].axis("off")
-        axes[1].text(0.5, 0.5, f"{_label(score)}: the best tau is\nthe calibration T", ha="center", va="center",
+        axes[1].text(0.5, 0.5, f"{score_label(score)}: the best tau is\nthe calibration T", ha="center", va="center",
                      fontsize=TITLE_SIZE, color="0.35", transform=axes[1].transAxes)
         panels = panels[:1]
     for ax, (tau, what) in zip(axes, panels, strict=False):
@@ -224,7 +216,7 @@ def _ood_histograms(report, index: int, score: str, calibration: float | None, a
         m = report.rows(ood_file, score)[k]
         same = " = calibration T" if what == "best tau" and tau == calibration else ""
         _score_histogram(ax, report.id_scores[score][k], report.ood_scores[index][score][k],
-                         f"{Path(ood_file).name}\n{_label(score)}, {what}{same}: tau = {tau:.4g}\n"
+                         f"{Path(ood_file).name}\n{score_label(score)}, {what}{same}: tau = {tau:.4g}\n"
                          f"AUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
 
 

@@ -1,8 +1,5 @@
-"""Pictures for reviewers: reliability diagrams, temperature sweeps, risk-coverage curves (matplotlib,
-Agg backend).
-
-matplotlib is imported only when a plot is asked for; the format follows the file's suffix.
-"""
+"""Reliability diagrams, temperature sweeps and risk-coverage curves (matplotlib, Agg backend, imported only when a
+plot is asked for; the format follows the file's suffix)."""
 
 from __future__ import annotations
 
@@ -55,10 +52,8 @@ def new_figure(**options):
 
 def reliability_axes(ax, hist, bins: Sequence[Mapping[str, Any]], title: str, ece: float, *,
                      top: int | None = None) -> None:
-    """Accuracy per non-empty bin as bars, the gap to the diagonal shaded, each bin's 95% Wilson interval, the
-    confidence histogram beneath (up to ``top`` rows when panels share a scale); ECE and N in the title. ``bins``
-    are the JSON's (``lower``, ``count``, ``confidence``, ``accuracy``, ``accuracy_low``/``high``), so the plots
-    and the HTML page draw the same diagram. The legend, the same for every panel, is the figure's."""
+    """Accuracy per bin with the gap to the diagonal and its Wilson interval, the rows per bin beneath (up to
+    ``top``); ``bins`` as the JSON has them, so that the plots and the HTML page draw the same diagram."""
     width = 1.0 / max(len(bins), 1)
     ax.plot([0, 1], [0, 1], color="0.4", linestyle="--", linewidth=1, label="perfect calibration")
     full = [b for b in bins if b["count"]]  # an empty bin is drawn as nothing
@@ -114,9 +109,8 @@ def reliability_size(panels: Sequence[tuple[str, Any]], risk_coverage: bool = Fa
 
 def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None, *, risk_coverage: bool = False,
                        figure: Any = None):
-    """The figure of :func:`reliability_diagram`: every panel, ``PANELS_PER_ROW`` to a row, the sample counts on
-    one shared y scale, ``source`` in the title; with ``risk_coverage``, every panel's risk-coverage curve beneath,
-    on one axes. ``figure``: a (sub)figure to draw in, else a new one."""
+    """Every panel, ``PANELS_PER_ROW`` to a row, the row counts on one scale, with ``risk_coverage`` their curves
+    beneath; drawn in ``figure`` or a new one."""
     columns = min(len(panels), PANELS_PER_ROW)
     rows = -(-len(panels) // columns)
     curves = risk_coverage and any(getattr(m, "risk_coverage", None) for _, m in panels)
@@ -148,9 +142,8 @@ NAMED_CURVES = 10
 
 
 def risk_coverage_axes(ax, panels: Sequence[tuple[str, Mapping[str, Any]]]) -> None:
-    """Risk (error rate among the rows kept, most confident first) against coverage, a curve per ``(label,
-    metrics)`` (the JSON's ``risk_coverage``, ``tau``, ``aurc``): named in the figure's legend, or, beyond
-    :data:`NAMED_CURVES`, shaded by tau with a colour bar."""
+    """Risk against coverage, a curve per ``(label, JSON metrics)``: named in the legend, or beyond
+    :data:`NAMED_CURVES` shaded by tau with a colour bar."""
     shown = [(label, m) for label, m in panels if (m.get("risk_coverage") or {}).get("coverage")]
     many = len(shown) > NAMED_CURVES
     if many:
@@ -201,11 +194,8 @@ def sweep_size(results: Sequence[Mapping[str, Any]], curves: bool = True) -> tup
 
 def sweep_figure(results: Sequence[Mapping[str, Any]], marks: dict[str, float], source: str | None = None, *,
                  curves: bool = True, figure: Any = None, labels: Sequence[str] | None = None):
-    """NLL, ECE, entropy, smooth ECE and AURC against tau on a log axis, with vertical lines at the ``marks``
-    (label -> tau), from the JSON's result rows (each at one temperature: a point of the sweep):
-    every row drawn, in order of tau, then (with ``curves``) every row's risk-coverage curve, named by ``labels``
-    (default ``tau = ...``). The HTML page draws the same figure, its curves apart. ``figure``: a (sub)figure to
-    draw in, else a new one."""
+    """:data:`SWEEP_PANELS` against tau from the JSON's result rows, lines at the ``marks`` (label -> tau), then with
+    ``curves`` every row's risk-coverage curve named by ``labels``; drawn in ``figure`` or a new one."""
     order = sorted(range(len(results)), key=lambda k: results[k]["tau"])
     rows = [results[k] for k in order]
     taus = [m["tau"] for m in rows]

@@ -1,12 +1,5 @@
-"""``tempcal apply`` as a function: a SOURCE's calibrated probabilities (or logits / T, or log-probabilities) at
-the stored T (each row at its group's T where per-group temperatures are stored), written to a file.
-
-The output is streamed: one validating scan, then one pass over the scan's row chunks, each chunk scaled and
-written after the file's header (:mod:`tempcal.io.streamed`) before the next is read; the probabilities of all
-rows are never held. Every row of SOURCE is written, in file order (token logits ``[B, L, V]`` as ``B * L``
-rows, ``--ignore-index`` rows included: labels are not used), and the labels beside them when SOURCE has them.
-The Python equivalent on logits in memory is :meth:`tempcal.TemperatureScaler.transform` (``as_="logits"``).
-"""
+"""``tempcal apply`` as a function: every row of SOURCE, in file order, scaled by the stored T (or its group's T)
+and streamed to a file chunk by chunk (:mod:`tempcal.io.streamed`): all rows' probabilities are never held."""
 
 from __future__ import annotations
 
@@ -121,8 +114,8 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
         labels = scan.data.labels.to(torch.int64)
         planned.append(Planned("labels", torch.int64, (labels.numel(),), lambda: [labels]))
     group_copied = suffix != ".npy" and _copy_groups(planned, group_key, group_values, loaded.name, warnings)
-    metadata = _output_metadata(loaded, as_, temperature, group_key, per_group)
-    write_streamed(output, planned, metadata=metadata, what=param("output"))
+    write_streamed(output, planned, metadata=_output_metadata(loaded, as_, temperature, group_key, per_group),
+                   what=param("output"))
     main = planned[0]
     return ApplyResult(loaded.name, str(output), as_, main.name, temperature, tau_from, list(main.shape),
                        str(main.dtype).removeprefix("torch."), with_labels, scan.num_classes, scan.passes,

@@ -1,12 +1,5 @@
-"""What a figure set was computed at and on which rows: the one description every output labels from.
-
-A command's figure sets (``fit``'s ``before`` and ``after``, each ``report`` row) are computed at one temperature
-(``T = 1``, the fitted or stored global T, a temperature asked for), at each group's own T (``per-group T``) or at
-each fold's T (``out of fold``), over the held-out rows, all rows, the rows T was fitted on, or out of fold. The
-console, the Markdown card, the HTML page and the plots all take their words from the result's :class:`Basis`
-objects (the JSON's ``basis`` is the same object written out), so that no output names a figure set by a temperature
-it was not computed at. Only a set at one temperature is a point of a sweep over global temperatures.
-"""
+"""What a figure set was computed at and on which rows: the one description every output (and the JSON's
+``basis``) labels from, so that no output names a figure set by a temperature it was not computed at."""
 
 from __future__ import annotations
 

@@ -16,11 +16,8 @@ from ..validation import AS_LOGITS, AS_PROBS, PROBS_KEY, ProbabilitiesError, is_
 
 def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows: int | None, probs: bool | None,
                 warnings: list[str], labelled: bool = True, fit_rows: Any = None) -> Scan:
-    """Validate a source's values (this process's share of them) in one pass; refuse probability-like values
-    unless ``probs`` says what they are (before anything is fitted or written).
-
-    ``fit_rows`` (``"all"``, or indices into this process's share) prepares a fit's start in the same pass.
-    """
+    """Validate this process's share of a source in one pass (preparing a fit on ``fit_rows`` too); refuse
+    probability-like values unless ``probs`` says what they are."""
     data = opened.data
     warnings.extend(opened.warnings)
     if distributed.active():

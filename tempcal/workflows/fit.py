@@ -270,15 +270,11 @@ def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True
     ask = Keep(store=store, output=output, metadata=fitted_split(report).to_metadata(),
                group_key=report.subsets.group_key if report.subsets else None,
                group_temperatures=report.group_temperatures, save_model=save_model, save_logits=save_logits,
-               generation=generation, save_hidden=save_hidden, settings=settings, results=_results(report))
+               generation=generation, save_hidden=save_hidden, settings=settings,
+               results={"n_fit": report.n_fit, "n_eval": report.n_eval, "fit_method": report.fit.method,
+                        "before": {"nll": report.before.nll, "ece": report.before.ece},
+                        "after": {"nll": report.after.nll, "ece": report.after.ece}})  # a language model's record
     return report.opened.keep(report.temperature, ask)
-
-
-def _results(report: FitReport) -> dict[str, Any]:
-    """The figures a language model's record keeps beside T."""
-    return {"n_fit": report.n_fit, "n_eval": report.n_eval, "fit_method": report.fit.method,
-            "before": {"nll": report.before.nll, "ece": report.before.ece},
-            "after": {"nll": report.after.nll, "ece": report.after.ece}}
 
 
 def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,

@@ -1,12 +1,5 @@
-"""``tempcal inspect`` as a function: what a SOURCE holds, how its values look, and the T stored with it.
-
-A user's first command on an unknown file: the keys, shapes and dtypes (from the headers, where the format
-has them), whether the first rows' values look like probabilities, log-probabilities or logits, the labels,
-the stored T and how it was fitted (``probs``, lm-eval's normalisation, tensor names, per-group temperatures),
-and the state of the sidecar (fresh or stale). Nothing is refused that can be shown: a file that the other
-commands would refuse (no logits key, values that look like probabilities, hidden states without a head) is
-described, with what is wrong among ``problems`` and what to pass among ``hints``.
-"""
+"""``tempcal inspect`` as a function: what a SOURCE holds, how its values look, and the T stored with it. A file
+the other commands would refuse is still described, with what is wrong in ``problems`` and what to pass in ``hints``."""
 
 from __future__ import annotations
 

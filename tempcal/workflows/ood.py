@@ -1,10 +1,6 @@
 """``tempcal ood`` as a function: score SOURCE (in-distribution) and every OOD set at each tau, then rank.
 
-Every score at every temperature comes from one scores-only pass per file after validation
-(:func:`~tempcal.scores.engine.scan_scores`); ODIN, which perturbs a model's inputs, runs the model instead. The figures
-(:mod:`tempcal.metrics.detection`), the optional bootstrap intervals, the best score and tau per OOD
-set, the sentences and the release gate are assembled the same way for both.
-"""
+Every score at every tau comes from one scores-only pass per file (ODIN runs the model instead)."""
 
 from __future__ import annotations
 
@@ -35,8 +31,8 @@ BOOTSTRAP_LEVEL = 0.95
 
 
 @dataclass(frozen=True)
-class OodBest:
-    """The temperature with the best AUROC for one OOD set and score, beside the calibration temperature."""
+class _Best:
+    """The best row of one OOD set (the fields both kinds of best share, first in their JSON)."""
 
     ood_file: str
     score: str
@@ -44,21 +40,21 @@ class OodBest:
     auroc: float
     fpr95: float
     calibration_tau: float | None  # the stored T, when there is one
+
+
+@dataclass(frozen=True)
+class OodBest(_Best):
+    """The temperature with the best AUROC for one OOD set and score, beside the calibration temperature."""
+
     calibration_auroc: float | None  # its figures, when it was evaluated
     calibration_fpr95: float | None
     sentence: str
 
 
 @dataclass(frozen=True)
-class OodBestOverall:
+class OodBestOverall(_Best):
     """The score and temperature with the best AUROC for one OOD set, beside the best score at the calibration T."""
 
-    ood_file: str
-    score: str
-    tau: float
-    auroc: float
-    fpr95: float
-    calibration_tau: float | None  # the stored T, when there is one
     calibration_score: str | None  # the best score at it, when it was evaluated
     calibration_auroc: float | None
     calibration_fpr95: float | None
@@ -251,10 +247,7 @@ def check_gate(value: float | None, name: str) -> float | None:
 
 def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("msp", "energy"),
                   options: dict[str, Any] | None = None) -> dict[str, list[np.ndarray]]:
-    """Per-sample float64 scores ``{score: [array per tau]}`` from one pass over ``scan``.
-
-    Rankings need every sample's score: under torch.distributed the ranks' scores are gathered.
-    """
+    """Per-sample float64 scores ``{score: [array per tau]}`` from one pass, every rank's samples gathered."""
     parts = scan_scores(scan, [1.0 / as_temperature(tau) for tau in taus], scores, options)
     return {name: [all_gather_1d(part[name]).cpu().numpy() for part in parts] for name in scores}
 
@@ -268,12 +261,6 @@ def check_compatible(source: str, id_data: Any, ood_path: str, ood_data: Any) ->
         one, two = (ood_path, source) if ood_data.binary else (source, ood_path)
         raise DataError(f"{one}: holds one binary logit per sample but {two} holds 2 logit columns; "
                         "save both sides the same way")
-
-
-def check_scores(scores: str | Sequence[str]) -> list[str]:
-    """Score names (``--score`` texts: names, ``both``, ``all``, comma-separated lists), checked against
-    the registry of :mod:`tempcal.scores`."""
-    return score_names(scores)
 
 
 def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str | float] | None = None,
@@ -296,7 +283,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
     """
     if not ood_files:
         raise TempcalError(f"no OOD file: give at least one with {param('ood')} FILE")
-    scores = check_scores(scores)
+    scores = score_names(scores)
     from ..scores.gen import check_gamma, check_top
 
     score_options = {"gen_gamma": check_gamma(gen_gamma), "gen_top": check_top(gen_top)}
@@ -411,5 +398,5 @@ def _odin_sides(loaded: OpenedSource, others: list[OpenedSource], taus: list[flo
 
 
 __all__ = ["BOOTSTRAP_LEVEL", "DEFAULT_TAUS", "GateFailure", "OodBest", "OodBestOverall", "OodReport",
-           "best_overall_sentence", "best_sentence", "check_compatible", "check_scores", "gate_failures",
+           "best_overall_sentence", "best_sentence", "check_compatible", "gate_failures",
            "ood_file", "score_label", "score_samples"]

@@ -78,10 +78,8 @@ class ReportResult:
         sets = {} if self.conformal_rows is None else {"conformal_rows": self.conformal_rows.to_json(),
                                                         "conformal_reads": self.conformal_reads}
         return {**groups, **sets, "results": rows, "source": self.source, "n": self.count, "eval_rows": self.eval_rows,
-                "num_classes": self.num_classes,
-                "stored_temperature": self.stored_temperature, "bins_count": self.bins,
-                "sweep": self._sweep_json() if self.sweep else None,
-                "min_nll_tau": self.min_nll_tau,
+                "num_classes": self.num_classes, "stored_temperature": self.stored_temperature, "bins_count": self.bins,
+                "sweep": self._sweep_json() if self.sweep else None, "min_nll_tau": self.min_nll_tau,
                 "device": self.device, "warnings": self.warnings, **json_fields(self.opened)}
 
     def _sweep_json(self) -> dict:

@@ -1,11 +1,6 @@
-"""Which rows of a SOURCE fitted its stored T: written beside T by ``fit``, read by ``report``.
-
-``fit`` stores ``tempcal.split``, a JSON object: ``{"fit": "split", "val_fraction": F, "seed": S, "rows": N,
-"n_fit": M}`` for the default seeded stratified split, or ``{"fit": "all", "rows": N}`` when every row of SOURCE
-fitted T (``--val-fraction 1``, ``--eval FILE``, ``--folds K``). The split comes from the labels alone, so
-``report --eval-rows`` re-derives the held-out rows exactly, and checks that SOURCE still has N rows and
-the split M fitting rows.
-"""
+"""Which rows of a SOURCE fitted its stored T: ``tempcal.split`` (``{"fit": "split", "val_fraction", "seed", "rows",
+"n_fit", "labels"}`` or ``{"fit": "all", "rows"}``), written by ``fit``; ``report --eval-rows`` re-derives the held-out
+rows from it (the split comes from the labels alone)."""
 
 from __future__ import annotations
 
