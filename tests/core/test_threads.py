@@ -17,6 +17,8 @@ from tempcal.errors import TempcalError
 from tempcal.models.head import OutputHead
 from tempcal.scores.engine import scan_scores
 from tempcal.subsets.cells import cell_calibration, cell_objective
+from tempcal.subsets.ece_fits import cell_ece_pass
+from tempcal.subsets.nll_fits import CellLayout
 from tempcal.workflows.apply import _scaled_chunks
 
 
@@ -318,3 +320,38 @@ def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(
     assert figures["short reads maps"] == [3] * 10 + [1] + [3] * 10 + [1]
     assert len(figures["float64 maps"]) == 2 * 4  # converted a read at a time: 8 blocks per read
     assert figures["one read"] == figures["short reads"] == figures["float64"]
+
+
+def test_cell_ece_pass_on_two_threads_equals_one_thread_and_a_numpy_loop():
+    """The subset ECE searches' pass: its blocks' confidences on the pass's threads, added into the cells in row
+    order: the same bits on one thread and on two, and each cell's bin sums those of a plain loop over rows."""
+    g = torch.Generator().manual_seed(19)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    cells = torch.arange(3000) % 6
+    betas = [0.4, 1.0, 1.7]
+    out = {}
+    for count in (1, 2):
+        with torch_threads(count):
+            scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+            passes = scan.passes
+            terms = cell_ece_pass(scan, betas, [1], 15, CellLayout(cells, 2, 3))
+            assert scan.passes == passes + 1
+            out[count] = (terms.per_cell, terms.per_bin)
+    assert _same(out[1], out[2])
+    per_cell, per_bin = out[2]
+    zd = z.double().numpy()
+    correct = zd.argmax(1) == y.numpy()
+    for k, beta in enumerate(betas):
+        confidence = 1 / np.exp(beta * (zd - zd.max(1, keepdims=True))).sum(1)
+        expected = np.zeros((3, 6, 15))
+        for c, hit, cell in zip(confidence, correct, cells.tolist(), strict=True):
+            b = min(int(c * 15), 14)
+            expected[:, cell, b] += (1, c, hit)
+        got = per_cell[k].view(3, 6, 15).numpy()
+        np.testing.assert_array_equal(got[[0, 2]], expected[[0, 2]])  # counts, hits
+        np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)  # float32 confidences
+        if k == 1:  # the global search's own sums: every cell's
+            np.testing.assert_array_equal(per_bin[0][[0, 2]].numpy(), expected[[0, 2]].sum(1))
+    assert _same(per_bin[0], bin_sums(Scan(as_logits_data(z, y), device="cpu", chunk_rows=97,
+                                           fit_rows=ALL_ROWS), [1.0], 15)[0])
