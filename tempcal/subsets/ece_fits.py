@@ -46,7 +46,7 @@ class CellEceTerms:
         self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=f64, device=device)
 
     def block_bins(self, b: RowBlock, scratch: Scratch) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]],
-                                                                  torch.Tensor]:
+                                                                  int]:
         """A block's work over every logit (run on the pass's threads): its rows' correctness and each beta's bin
         index and confidence."""
         d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))

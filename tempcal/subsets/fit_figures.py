@@ -20,7 +20,7 @@ from ..core.scan import Scan
 from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from .cells import CellCalibration, cell_calibration, metrics_block, subset_metrics
+from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, subset_metrics
 from .fits import SubsetFits, assign_folds, cell_index, fit_with_subsets, fold_sizes
 from .groups import RowGroups
 from .nll_fits import CellLayout
@@ -218,7 +218,7 @@ def _group_results(names: Sequence[str], n_fit: Sequence[int], n_eval: Sequence[
                    ) -> list[GroupResult]:
     """Each group's T and its figures: slot 0 (T = 1), ``slot`` (T_g, out of fold with folds), 1 (global T)."""
     results = []
-    index = torch.from_numpy(rows)
+    index = GroupRows.kept(calibration, rows, len(names))
     for g, name in enumerate(names):
         fitted = (fits.subsets.groups or [])[g]
         results.append(GroupResult(
