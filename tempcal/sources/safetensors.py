@@ -117,6 +117,11 @@ class ShardedLogits:
     def default_chunk_rows(self, device: torch.device) -> int:
         return default_chunk_rows(self.num_classes, device)
 
+    def fresh_chunks(self, device: torch.device) -> bool:
+        """Whether :meth:`chunks` on ``device`` yields tensors of their own (read from the files on the CPU, never a
+        reused buffer): a pass may then read the next chunk while it works on this one."""
+        return device.type == "cpu" and self.resident is None
+
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk.

@@ -355,3 +355,40 @@ def test_cell_ece_pass_on_two_threads_equals_one_thread_and_a_numpy_loop():
             np.testing.assert_array_equal(per_bin[0][[0, 2]].numpy(), expected[[0, 2]].sum(1))
     assert _same(per_bin[0], bin_sums(Scan(as_logits_data(z, y), device="cpu", chunk_rows=97,
                                            fit_rows=ALL_ROWS), [1.0], 15)[0])
+
+
+def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp_path, monkeypatch):
+    """Logits read from a file a chunk at a time: on two threads each map also takes the next read (one item more
+    than its blocks), and every figure is the bits of one thread and of the same logits in memory."""
+    from safetensors.torch import save_file
+
+    from tempcal import open_source
+
+    monkeypatch.setenv("TEMPCAL_RESIDENT_BYTES", "0")  # read from the file a chunk at a time
+    g = torch.Generator().manual_seed(29)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    save_file({"logits": z, "labels": y}, str(tmp_path / "logits.safetensors"))
+    maps = []
+    original = threads.BlockPool.map
+
+    def counted(self, fn, count, workers):
+        maps.append(count)
+        return original(self, fn, count, workers)
+
+    monkeypatch.setattr(threads.BlockPool, "map", counted)
+    figures = {}
+    for name, count in (("one thread", 1), ("two threads", 2), ("memory", 2)):
+        data = as_logits_data(z, y) if name == "memory" else open_source(tmp_path / "logits.safetensors").data
+        with torch_threads(count):
+            maps.clear()
+            scan = Scan(data, device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+            figures[name] = (scan.stats, scan.fit_start, scan.objective(0.7), scan.top_ties(0.7),
+                             bin_sums(scan, [0.5, 1.3], 15), scan.per_sample(0.7))
+            figures[name + " maps"] = list(maps)
+    assert _same(figures["one thread"], figures["two threads"]) and _same(figures["memory"], figures["two threads"])
+    reads = 3000 // (97 * 8) + 1  # eight blocks of 97 rows per read on two threads
+    assert figures["two threads maps"][:reads] == [9, 9, 9, 1 + (3000 - 3 * 97 * 8 + 96) // 97]
+    assert figures["memory maps"][0] == 31  # held in memory: one map, nothing to read ahead
+    reference = float(torch.nn.functional.cross_entropy(0.7 * z.double(), y))
+    assert figures["two threads"][2].nll == pytest.approx(reference, rel=1e-6)
