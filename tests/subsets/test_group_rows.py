@@ -54,3 +54,17 @@ def test_too_many_groups_keep_no_sorted_rows():
     assert GroupRows.kept(calibration, groups, 1001) is None
     m = subset_metrics(calibration, 0, 1.0, 3, None)
     assert m is not None and np.isnan(m.aurc)
+
+
+def test_group_estimators_from_the_sorted_rows_equal_those_of_a_numpy_mask():
+    from tempcal.subsets.fit_figures import row_extras
+
+    groups = np.random.default_rng(7).integers(0, 5, 900)
+    calibration = _calibration(groups, 5)
+    grouped = GroupRows(calibration, groups, 5)
+    options = {"estimators": ["ece_equal_mass", "rms_ce"], "bootstrap": 20, "seed": 3, "bins": 10}
+    for group in range(5):
+        mask = torch.from_numpy(groups == group)
+        for slot in range(2):
+            assert row_extras(calibration, slot, rows=(grouped, group), **options) == row_extras(
+                calibration, slot, rows=mask, **options)
