@@ -37,13 +37,7 @@ class EceTerms:
     def block_bins(self, d: torch.Tensor, buffers: Scratch) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each beta's bin index and confidence of a block's rows (``d`` as :meth:`add_chunk` takes it): the work
         over every logit, which blocks may do on several threads at once."""
-        binned = []
-        for beta in self.betas:
-            # The confidence exactly as the calibration pass forms it, so both put it in the same bin.
-            e = torch.mul(d, beta, out=buffers.like("e", d)).exp_()
-            confidence = e.sum(1).reciprocal().to(torch.float64)
-            binned.append((bin_index(confidence, self.edges), confidence))
-        return binned
+        return confidence_bins(d, self.betas, self.edges, buffers)
 
     def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
         """Add a block's :meth:`block_bins`; blocks added in row order give the bits of :meth:`add_chunk`."""
@@ -53,6 +47,18 @@ class EceTerms:
             self.per_bin[k, 0].index_add_(0, index, ones)
             self.per_bin[k, 1].index_add_(0, index, confidence)
             self.per_bin[k, 2].index_add_(0, index, hit)
+
+
+def confidence_bins(d: torch.Tensor, betas: Sequence[float], edges: torch.Tensor, buffers: Scratch
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per beta, the equal-width bin index and float64 confidence of each row of ``d`` (logits minus their row
+    maximum): the confidence exactly as the calibration pass forms it, so both put it in the same bin."""
+    binned = []
+    for beta in betas:
+        e = torch.mul(d, beta, out=buffers.like("e", d)).exp_()
+        confidence = e.sum(1).reciprocal().to(torch.float64)
+        binned.append((bin_index(confidence, edges), confidence))
+    return binned
 
 
 def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
@@ -69,4 +75,4 @@ def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
     return all_reduce(terms.per_bin).cpu()
 
 
-__all__ = ["EceTerms", "bin_sums"]
+__all__ = ["EceTerms", "bin_sums", "confidence_bins"]

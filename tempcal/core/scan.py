@@ -36,7 +36,7 @@ from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
 from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
 from .scratch import Scratch
-from .threads import block_bounds, configure_threads, map_blocks, pass_threads, read_rows, single_threaded
+from .threads import block_bounds, configure_threads, mapped_reads, pass_threads, read_rows, single_threaded
 
 R = TypeVar("R")
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
@@ -170,13 +170,14 @@ class Scan:
         self.passes += 1
         state = _FirstScan(stats, problems, start, data.num_samples > 0)
         block = self.chunk_rows
-        for read_start, zr, yr in data.chunks(self._read_rows(threads, few=True), self.device, real):
-            bounds = block_bounds(zr.shape[0], block)
+        def plan(read: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[Callable[[int, int], Reductions], int]:
+            zr, bounds = read[1], block_bounds(read[1].shape[0], block)
             # The reductions over every logit, shared among the threads; the rest, per row, in order.
-            def reduce(i: int, _: int, zr: torch.Tensor = zr, bounds=bounds) -> Reductions:
-                return row_reductions(zr[bounds[i][0]:bounds[i][1]], low=start is not None)
+            return lambda i, _: row_reductions(zr[bounds[i][0]:bounds[i][1]], low=start is not None), len(bounds)
 
-            reduced = map_blocks(reduce, len(bounds), threads)
+        reads = data.chunks(self._read_rows(threads, few=True), self.device, real)
+        for (read_start, zr, yr), reduced in mapped_reads(reads, plan, threads, self._reads_ahead()):
+            bounds = block_bounds(zr.shape[0], block)
             with single_threaded():
                 for (a, b), rows in zip(bounds, reduced, strict=True):
                     self._scan_block(state, read_start + a, zr[a:b], yr[a:b], rows)
@@ -284,6 +285,11 @@ class Scan:
                 and data.logits.dtype == self.compute_dtype)
         return read_rows(self.chunk_rows, self.num_classes, threads, data.num_samples if held else None, row_bytes)
 
+    def _reads_ahead(self) -> bool:
+        """Whether the data's reads are tensors of their own (a file read), so a pass may read ahead."""
+        fresh = getattr(self.data, "fresh_chunks", None)
+        return bool(fresh is not None and fresh(self.device))
+
     def block_pass(self, fn: Callable[[RowBlock, Scratch], R], *, few: bool = False, row_bytes: int = 0
                    ) -> Iterator[R]:
         """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows (the chunks of :meth:`row_chunks`),
@@ -299,17 +305,20 @@ class Scan:
         threads = self.pass_threads()
         stats, block = self.stats, self.chunk_rows
         neginf = stats.has_neginf.cpu()
-        for start, z, y in self.data.chunks(self._read_rows(threads, few, row_bytes), self.device, self.compute_dtype):
+        def plan(read: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[Callable[[int, int], R], int]:
+            start, z, y = read
             bounds = block_bounds(z.shape[0], block)
 
-            def run(i: int, worker: int, start=start, z=z, y=y, bounds=bounds) -> R:
+            def run(i: int, worker: int) -> R:
                 a, b = bounds[i]
                 s, e = start + a, start + b
                 rows = RowBlock(z[a:b], y[a:b], stats.row_max[s:e], stats.true_gap[s:e], stats.correct[s:e],
                                 bool(neginf[s:e].any()), s)
                 return fn(rows, self.scratch_for(worker))
+            return run, len(bounds)
 
-            results = map_blocks(run, len(bounds), threads)
+        reads = self.data.chunks(self._read_rows(threads, few, row_bytes), self.device, self.compute_dtype)
+        for _, results in mapped_reads(reads, plan, threads, self._reads_ahead()):
             with self._visitor_threads():
                 yield from results
 

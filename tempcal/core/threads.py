@@ -21,7 +21,7 @@ import contextlib
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -30,6 +30,8 @@ import torch
 from ..errors import TempcalError
 
 R = TypeVar("R")
+T = TypeVar("T")
+_END = object()
 #: Below this many logits per block, a block's arithmetic is too short to be worth handing to another thread.
 MIN_BLOCK_ELEMENTS = 1 << 15
 #: A read of the data holds at most this many logits: enough blocks for every thread, a bounded buffer.
@@ -267,6 +269,36 @@ def map_blocks(fn: Callable[[int, int], R], count: int, threads: int) -> list[R]
     return _pool.map(fn, count, threads)
 
 
+def mapped_reads(reads: Iterable[T], plan: Callable[[T], tuple[Callable[[int, int], R], int]], threads: int,
+                 ahead: bool = False) -> Iterator[tuple[T, list[R]]]:
+    """``(read, results)`` per read: ``plan(read)`` is its block function and block count, mapped on ``threads``.
+
+    ``ahead``: each read is a tensor of its own (not a reused buffer), so one thread of a read's map takes the next
+    read while the others run this read's blocks; a file read (and its fresh pages) then no longer runs alone on
+    the caller between two maps, with the other threads idle. At most two reads are held at once.
+    """
+    it = iter(reads)
+    current = next(it, _END)
+    while current is not _END:
+        fn, count = plan(current)  # type: ignore[arg-type]
+        if not ahead or threads <= 1:
+            yield current, map_blocks(fn, count, threads)  # type: ignore[misc]
+            current = next(it, _END)
+            continue
+        following: list[object] = []
+
+        def run(i: int, worker: int, fn: Callable[[int, int], R] = fn, following: list[object] = following
+                ) -> R | None:
+            if i == 0:
+                following.append(next(it, _END))
+                return None
+            return fn(i - 1, worker)
+
+        results = map_blocks(run, count + 1, threads)
+        yield current, results[1:]  # type: ignore[misc]
+        current = following[0]
+
+
 def read_rows(chunk_rows: int, num_classes: int, threads: int, held_rows: int | None = None, row_bytes: int = 0
               ) -> int:
     """Rows per read of the data: ``chunk_rows`` times enough blocks for every thread, at most READ_ELEMENTS.
@@ -293,5 +325,5 @@ def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:
     return [(a, min(a + block_rows, rows)) for a in range(0, rows, block_rows)]
 
 
-__all__ = ["BlockPool", "block_bounds", "cgroup_cpu_quota", "configure_threads", "map_blocks", "pass_threads",
-           "read_rows", "requested_threads", "single_threaded", "usable_cpus"]
+__all__ = ["BlockPool", "block_bounds", "cgroup_cpu_quota", "configure_threads", "map_blocks", "mapped_reads",
+           "pass_threads", "read_rows", "requested_threads", "single_threaded", "usable_cpus"]

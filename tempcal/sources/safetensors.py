@@ -117,6 +117,11 @@ class ShardedLogits:
     def default_chunk_rows(self, device: torch.device) -> int:
         return default_chunk_rows(self.num_classes, device)
 
+    def fresh_chunks(self, device: torch.device) -> bool:
+        """Whether :meth:`chunks` on ``device`` yields tensors of their own (read from the files on the CPU, never a
+        reused buffer): a pass may then read the next chunk while it works on this one."""
+        return device.type == "cpu" and self.resident is None
+
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk.
@@ -164,12 +169,13 @@ class ShardedLogits:
         reader = _BlockReader(chunk_rows * self.shards[0].row_bytes)
         position = 0
         for f, shard, block_start, block_stop, pick in self._file_blocks(chunk_rows):
-            block = reader.read(f, shard, block_start, block_stop)
+            own = pick is None and shard.dtype == dtype  # read straight into a tensor of its own: no second copy
+            block = reader.read(f, shard, block_start, block_stop, own=own)
             if pick is not None:
                 block = block.index_select(0, pick)
             n = block.shape[0]
             z = block.to(dtype=dtype)
-            z = z.clone() if z.data_ptr() == block.data_ptr() else z  # never a view of the reused buffer
+            z = z.clone() if not own and z.data_ptr() == block.data_ptr() else z  # never a view of the reused buffer
             yield position, self._two_class(z), self.labels[position : position + n]
             position += n
 
@@ -299,9 +305,11 @@ class _BlockReader:
     def __init__(self, capacity: int):
         self.buffer = torch.empty(max(capacity, 1), dtype=torch.uint8)
 
-    def read(self, f, shard: Shard, start: int, stop: int) -> torch.Tensor:
-        """Rows ``[start, stop)`` of ``shard``, a view of the buffer valid until the next read."""
-        view = self.buffer[: (stop - start) * shard.row_bytes]
+    def read(self, f, shard: Shard, start: int, stop: int, own: bool = False) -> torch.Tensor:
+        """Rows ``[start, stop)`` of ``shard``, a view of the buffer valid until the next read (``own``: a new
+        tensor instead)."""
+        size = (stop - start) * shard.row_bytes
+        view = torch.empty(size, dtype=torch.uint8) if own else self.buffer[:size]
         offset = shard.offset + start * shard.row_bytes
         _read_exactly(f, memoryview(view.numpy().data).cast("B"), offset, shard.header.path)
         return view.view(shard.dtype).view(stop - start, shard.width)

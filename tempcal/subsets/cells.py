@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..core.bins import bin_edges, bin_index
@@ -38,7 +39,7 @@ from ..core.cumulants import FIELDS, row_moments, row_terms
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import CalibrationSums, RowBlock, Scan
 from ..core.scratch import Scratch
-from ..core.threads import block_bounds, map_blocks, pass_threads
+from ..core.threads import block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
 
@@ -192,25 +193,59 @@ RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], Calibrati
 ROW_FIGURES: list[RowFigure] = [subset_decisions]
 
 
+class GroupRows:
+    """The rows the pass kept (confidence, NLL, correctness), sorted by group once: each group's rows are then one
+    slice, in their order (what a mask per group selects, without a pass over every row for each group).
+
+    ``rows``: the group of every row (all ranks, in order), ``0..count-1``."""
+
+    def __init__(self, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int):
+        assert calibration.confidence is not None and calibration.correct is not None
+        device = calibration.confidence.device
+        index = torch.as_tensor(rows).to(torch.int64)
+        with single_threaded():  # a few long operations; torch's threads would only add barriers to wait at
+            order = torch.argsort(index, stable=True).to(device)
+            self.bounds = [0, *torch.bincount(index, minlength=count)[:count].cumsum(0).tolist()]
+            self.confidence = calibration.confidence[:, order]
+            self.correct = calibration.correct[order]
+            self.nll = None if calibration.nll is None else calibration.nll[:, order]
+
+    @classmethod
+    def kept(cls, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int) -> GroupRows | None:
+        """The kept rows sorted by group, or None when the pass kept none or there are too many groups for their
+        row figures (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
+        if calibration.confidence is None or calibration.correct is None or count > MAX_GROUPS or not ROW_FIGURES:
+            return None
+        return cls(calibration, rows, count)
+
+    def of(self, values: torch.Tensor, group: int) -> torch.Tensor:
+        """One group's rows of ``values`` (one of this object's sorted tensors, rows on the last axis)."""
+        return values[..., self.bounds[group]:self.bounds[group + 1]]
+
+
 def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: int | None = None,
-                   rows: torch.Tensor | None = None) -> CalibrationMetrics | None:
+                   rows: GroupRows | None = None) -> CalibrationMetrics | None:
     """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset.
 
-    ``rows`` (the group of every row, all ranks, in order) selects the subset's kept confidences for
-    :data:`ROW_FIGURES` (given when the pass kept them).
+    A group's :data:`ROW_FIGURES` come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
+    the group's figures go without them, as when there are too many groups).
     """
     sums = calibration.total(slot) if group is None else calibration.group(slot, group)
     if sums.count == 0:
         return None
     metrics = from_sums(tau, sums)
-    too_many = group is not None and calibration.counts.numel() > MAX_GROUPS  # each group's figures cost time
-    if ROW_FIGURES and calibration.confidence is not None and calibration.correct is not None and not too_many:
-        confidence, correct = calibration.confidence[slot], calibration.correct
-        if group is not None and rows is not None:
-            mine = rows.to(confidence.device) == group
-            confidence, correct = confidence[mine], correct[mine]
-        for figure in ROW_FIGURES:
-            metrics = figure(metrics, confidence, correct)
+    if group is not None:
+        if rows is not None:
+            metrics = _row_figures(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
+    elif calibration.confidence is not None and calibration.correct is not None:
+        metrics = _row_figures(metrics, calibration.confidence[slot], calibration.correct)
+    return metrics
+
+
+def _row_figures(metrics: CalibrationMetrics, confidence: torch.Tensor, correct: torch.Tensor) -> CalibrationMetrics:
+    """``metrics`` with the :data:`ROW_FIGURES` of a subset's kept rows."""
+    for figure in ROW_FIGURES:
+        metrics = figure(metrics, confidence, correct)
     return metrics
 
 
@@ -224,5 +259,5 @@ def metrics_block(m: CalibrationMetrics | None) -> dict | None:
     return out
 
 
-__all__ = ["ROW_FIGURES", "CellCalibration", "RowFigure", "cell_calibration", "cell_objective", "metrics_block",
-           "subset_metrics"]
+__all__ = ["ROW_FIGURES", "CellCalibration", "GroupRows", "RowFigure", "cell_calibration", "cell_objective",
+           "metrics_block", "subset_metrics"]

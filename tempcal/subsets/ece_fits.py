@@ -19,13 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.bins import bin_edges, bin_index
+from ..core.bins import bin_edges
 from ..core.certified import CertifiedFit
 from ..core.distributed import all_reduce
 from ..core.ece_fit import EceSearch, rounding_of
-from ..core.ece_terms import bin_sums
-from ..core.scan import Scan
+from ..core.ece_terms import bin_sums, confidence_bins
+from ..core.scan import RowBlock, Scan
 from ..core.scan_fit import fit_scan
+from ..core.scratch import Scratch
 from .nll_fits import CellLayout, SubsetFits, SubsetTemperatures
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
@@ -44,32 +45,36 @@ class CellEceTerms:
         self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=f64, device=device)
         self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=f64, device=device)
 
-    def add_chunk(self, d: torch.Tensor, correct: torch.Tensor, cell: torch.Tensor, scan: Scan) -> None:
+    def block_bins(self, b: RowBlock, scratch: Scratch) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]],
+                                                                  int]:
+        """A block's work over every logit (run on the pass's threads): its rows' correctness and each beta's bin
+        index and confidence."""
+        d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
+        return b.correct, confidence_bins(d, self.betas, self.edges, scratch), b.start
+
+    def add_block(self, correct: torch.Tensor, binned: list[tuple[torch.Tensor, torch.Tensor]], cell: torch.Tensor
+                  ) -> None:
+        """Add a block's :meth:`block_bins` into its cells' sums (and the global search's); blocks added in row
+        order give the bits of one thread."""
         hit = correct.to(torch.float64)
         mine = {k: j for j, k in enumerate(self.own)}
-        for k, beta in enumerate(self.betas):
-            e = torch.mul(d, beta, out=scan.scratch.like("e", d)).exp_()
-            confidence = e.sum(1).reciprocal().to(torch.float64)
-            index = bin_index(confidence, self.edges)
+        for k, (index, confidence) in enumerate(binned):
+            ones = torch.ones_like(confidence)
             slot = index + cell * self.bins
-            for row, values in enumerate((torch.ones_like(confidence), confidence, hit)):
+            for row, values in enumerate((ones, confidence, hit)):
                 self.per_cell[k, row].index_add_(0, slot, values)
             if k in mine:  # the global search's own sums, exactly as its own pass would add them
-                j = mine[k]
-                self.per_bin[j, 0].index_add_(0, index, torch.ones_like(confidence))
-                self.per_bin[j, 1].index_add_(0, index, confidence)
-                self.per_bin[j, 2].index_add_(0, index, hit)
+                for row, values in enumerate((ones, confidence, hit)):
+                    self.per_bin[mine[k], row].index_add_(0, index, values)
 
 
 def cell_ece_pass(scan: Scan, betas: Sequence[float], own: Sequence[int], bins: int, layout: CellLayout
                   ) -> CellEceTerms:
-    """One pass (through :meth:`Scan.row_chunks`) of :class:`CellEceTerms`, all-reduced."""
+    """One pass (:meth:`Scan.block_pass`: the blocks' confidences on the pass's threads, added into the cells in row
+    order) of :class:`CellEceTerms`, all-reduced."""
     terms = CellEceTerms(betas, own, bins, layout.count, scan.device)
-    position = 0
-    for z, _, row_max, _, correct, _ in scan.row_chunks():
-        cell = layout.cells[position:position + z.shape[0]]
-        position += z.shape[0]
-        terms.add_chunk(torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z)), correct, cell, scan)
+    for correct, binned, start in scan.block_pass(terms.block_bins, row_bytes=16 * len(terms.betas)):
+        terms.add_block(correct, binned, layout.cells[start:start + correct.shape[0]])
     for name in ("per_cell", "per_bin"):
         setattr(terms, name, all_reduce(getattr(terms, name)).cpu())
     return terms

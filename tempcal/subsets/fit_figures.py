@@ -20,7 +20,7 @@ from ..core.scan import Scan
 from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from .cells import CellCalibration, cell_calibration, metrics_block, subset_metrics
+from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, subset_metrics
 from .fits import SubsetFits, assign_folds, cell_index, fit_with_subsets, fold_sizes
 from .groups import RowGroups
 from .nll_fits import CellLayout
@@ -163,16 +163,21 @@ def _share(opened: OpenedSource, rows: np.ndarray) -> np.ndarray:
 
 
 def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[str], bootstrap: int, seed: int,
-               bins: int, rows: torch.Tensor | None = None) -> dict:
-    """The per-row estimators and bootstrap intervals of one slot (over the rows ``rows`` selects, a mask; None:
-    every row), from the confidences the pass kept; the classwise ECE is not among them (it needs every
-    class's probability)."""
+               bins: int, rows: torch.Tensor | tuple[GroupRows, int] | None = None) -> dict:
+    """The per-row estimators and bootstrap intervals of one slot (over the rows ``rows`` selects: a mask, or the
+    kept rows sorted by group and a group; None: every row), from the confidences the pass kept; the classwise ECE
+    is not among them (it needs every class's probability)."""
     from ..metrics.bootstrap import bootstrap_intervals
     from ..metrics.estimators import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
 
     assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
     confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]
-    if rows is not None:
+    if isinstance(rows, tuple):
+        grouped, g = rows
+        assert grouped.nll is not None
+        confidence, correct = grouped.of(grouped.confidence[slot], g), grouped.of(grouped.correct, g)
+        nll = grouped.of(grouped.nll[slot], g)
+    elif rows is not None:
         confidence, correct, nll = confidence[rows], correct[rows], nll[rows]
     out: dict = {}
     if not confidence.numel():
@@ -199,11 +204,12 @@ def subset_extras(subsets: Subsets, *, estimators: Sequence[str], bootstrap: int
                         "at each row's T); the other estimators are reported")
     options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
     extras = [row_extras(calibration, 0, **options), row_extras(calibration, 1, **options)] if overall else []
-    for g, group in enumerate(subsets.groups or []):
+    if subsets.groups:
         assert subsets.rows is not None
-        mine = torch.from_numpy(subsets.rows == g).to(calibration.confidence.device)
-        for block, slot in ((group.before_extras, 0), (group.after_extras, 2), (group.after_global_extras, 1)):
-            block.update(row_extras(calibration, slot, rows=mine, **options))
+        grouped = GroupRows(calibration, subsets.rows, len(subsets.groups))  # each group's rows: one slice
+        for g, group in enumerate(subsets.groups):
+            for block, slot in ((group.before_extras, 0), (group.after_extras, 2), (group.after_global_extras, 1)):
+                block.update(row_extras(calibration, slot, rows=(grouped, g), **options))
     return extras
 
 
@@ -218,7 +224,7 @@ def _group_results(names: Sequence[str], n_fit: Sequence[int], n_eval: Sequence[
                    ) -> list[GroupResult]:
     """Each group's T and its figures: slot 0 (T = 1), ``slot`` (T_g, out of fold with folds), 1 (global T)."""
     results = []
-    index = torch.from_numpy(rows)
+    index = GroupRows.kept(calibration, rows, len(names))
     for g, name in enumerate(names):
         fitted = (fits.subsets.groups or [])[g]
         results.append(GroupResult(

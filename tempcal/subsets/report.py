@@ -19,7 +19,7 @@ from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..workflows.common import extra_figures
-from .cells import CellCalibration, cell_calibration, subset_metrics
+from .cells import CellCalibration, GroupRows, cell_calibration, subset_metrics
 from .groups import RowGroups, stored_group_temperatures
 
 
@@ -100,7 +100,7 @@ def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Se
         flags.append(True)
         rows_taus.append(stored)
     calibration = cell_calibration(scan, torch.stack(slots), local, local, count, bins)
-    index = torch.from_numpy(groups.index)
+    index = GroupRows.kept(calibration, groups.index, count)
     results, rows = [], []
     for k, tau in enumerate(rows_taus):
         total = subset_metrics(calibration, k, tau)

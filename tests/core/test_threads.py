@@ -17,6 +17,8 @@ from tempcal.errors import TempcalError
 from tempcal.models.head import OutputHead
 from tempcal.scores.engine import scan_scores
 from tempcal.subsets.cells import cell_calibration, cell_objective
+from tempcal.subsets.ece_fits import cell_ece_pass
+from tempcal.subsets.nll_fits import CellLayout
 from tempcal.workflows.apply import _scaled_chunks
 
 
@@ -318,3 +320,75 @@ def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(
     assert figures["short reads maps"] == [3] * 10 + [1] + [3] * 10 + [1]
     assert len(figures["float64 maps"]) == 2 * 4  # converted a read at a time: 8 blocks per read
     assert figures["one read"] == figures["short reads"] == figures["float64"]
+
+
+def test_cell_ece_pass_on_two_threads_equals_one_thread_and_a_numpy_loop():
+    """The subset ECE searches' pass: its blocks' confidences on the pass's threads, added into the cells in row
+    order: the same bits on one thread and on two, and each cell's bin sums those of a plain loop over rows."""
+    g = torch.Generator().manual_seed(19)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    cells = torch.arange(3000) % 6
+    betas = [0.4, 1.0, 1.7]
+    out = {}
+    for count in (1, 2):
+        with torch_threads(count):
+            scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+            passes = scan.passes
+            terms = cell_ece_pass(scan, betas, [1], 15, CellLayout(cells, 2, 3))
+            assert scan.passes == passes + 1
+            out[count] = (terms.per_cell, terms.per_bin)
+    assert _same(out[1], out[2])
+    per_cell, per_bin = out[2]
+    zd = z.double().numpy()
+    correct = zd.argmax(1) == y.numpy()
+    for k, beta in enumerate(betas):
+        confidence = 1 / np.exp(beta * (zd - zd.max(1, keepdims=True))).sum(1)
+        expected = np.zeros((3, 6, 15))
+        for c, hit, cell in zip(confidence, correct, cells.tolist(), strict=True):
+            b = min(int(c * 15), 14)
+            expected[:, cell, b] += (1, c, hit)
+        got = per_cell[k].view(3, 6, 15).numpy()
+        np.testing.assert_array_equal(got[[0, 2]], expected[[0, 2]])  # counts, hits
+        np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)  # float32 confidences
+        if k == 1:  # the global search's own sums: every cell's
+            np.testing.assert_array_equal(per_bin[0][[0, 2]].numpy(), expected[[0, 2]].sum(1))
+    assert _same(per_bin[0], bin_sums(Scan(as_logits_data(z, y), device="cpu", chunk_rows=97,
+                                           fit_rows=ALL_ROWS), [1.0], 15)[0])
+
+
+def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp_path, monkeypatch):
+    """Logits read from a file a chunk at a time: on two threads each map also takes the next read (one item more
+    than its blocks), and every figure is the bits of one thread and of the same logits in memory."""
+    from safetensors.torch import save_file
+
+    from tempcal import open_source
+
+    monkeypatch.setenv("TEMPCAL_RESIDENT_BYTES", "0")  # read from the file a chunk at a time
+    g = torch.Generator().manual_seed(29)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    save_file({"logits": z, "labels": y}, str(tmp_path / "logits.safetensors"))
+    maps = []
+    original = threads.BlockPool.map
+
+    def counted(self, fn, count, workers):
+        maps.append(count)
+        return original(self, fn, count, workers)
+
+    monkeypatch.setattr(threads.BlockPool, "map", counted)
+    figures = {}
+    for name, count in (("one thread", 1), ("two threads", 2), ("memory", 2)):
+        data = as_logits_data(z, y) if name == "memory" else open_source(tmp_path / "logits.safetensors").data
+        with torch_threads(count):
+            maps.clear()
+            scan = Scan(data, device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+            figures[name] = (scan.stats, scan.fit_start, scan.objective(0.7), scan.top_ties(0.7),
+                             bin_sums(scan, [0.5, 1.3], 15), scan.per_sample(0.7))
+            figures[name + " maps"] = list(maps)
+    assert _same(figures["one thread"], figures["two threads"]) and _same(figures["memory"], figures["two threads"])
+    reads = 3000 // (97 * 8) + 1  # eight blocks of 97 rows per read on two threads
+    assert figures["two threads maps"][:reads] == [9, 9, 9, 1 + (3000 - 3 * 97 * 8 + 96) // 97]
+    assert figures["memory maps"][0] == 31  # held in memory: one map, nothing to read ahead
+    reference = float(torch.nn.functional.cross_entropy(0.7 * z.double(), y))
+    assert figures["two threads"][2].nll == pytest.approx(reference, rel=1e-6)
