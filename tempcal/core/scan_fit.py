@@ -1,25 +1,11 @@
 """Fit one temperature T > 0 on a validated :class:`~tempcal.core.scan.Scan` by minimising the mean NLL of
 ``softmax(logits / T)`` (or, with ``objective="ece"``, the binned ECE around that optimum).
 
-Every read of the data is the cost (a file, or ``h W^T`` over a vocabulary), so the fit is built
-to take at most three, the validating scan included, on typical data:
-
-* the validating scan prepares the start (:mod:`tempcal.core.fit_start`): a short fit on a few
-  of the first chunk's rows centres a grid of seven betas, evaluated on a small stratified row
-  sample, whose sign change of the slope is the start; on small inputs the whole fit happens
-  within that scan;
-* each pass returns the NLL and its first four derivatives in ``beta = 1/T`` with one exp per
-  logit (:mod:`tempcal.core.cumulants`); from them a third-order Householder step, or the
-  Hermite root of two passes bracketing the optimum, and an error bound that certifies T to
-  ``TOL`` relative (:mod:`tempcal.core.certified`), so the fit stops as soon as it is sure.
-
-Should the certified steps not reach their bound within ``certified.MAX_PASSES`` reads (never on
-the test corpora), the first method takes over from their best estimate: L-BFGS
-(``torch.optim.LBFGS`` with a strong-Wolfe line search) over ``theta = log T``, each objective
-evaluation one pass, the optimum bracketed by the slope's sign and closed on the gradient
-alone (regula falsi) until it is known to within ``xtol`` in log T: the secant root lies that
-close to an evaluated point, or a third point bounds the secant's error. ``FitResult.method``
-says which method answered, ``passes`` counts every read.
+Every read of the data is the cost, so the fit takes about three on typical data: the validating scan prepares
+the start (:mod:`tempcal.core.fit_start`), and certified steps (:mod:`tempcal.core.certified`) stop as soon as T is
+certain. Should they not certify T within ``certified.MAX_PASSES`` reads (never on the test corpora), L-BFGS over
+``theta = log T`` takes over from their best estimate, its bracket closed on the slope alone (regula falsi) until T
+is known to within ``xtol``. ``FitResult.method`` says which method answered, ``passes`` counts every read.
 """
 
 from __future__ import annotations

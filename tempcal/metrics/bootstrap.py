@@ -1,14 +1,8 @@
 """Seeded percentile-bootstrap confidence intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC.
 
-The per-sample statistics (confidence, correctness, NLL) come from one pass over the logits
-(:meth:`Scan.per_sample`). A bootstrap resample of N samples is then just a vector of multinomial
-counts over the N samples, so every resample's bin sums are weighted sums of fixed per-sample figures:
-for a batch of R resamples, an ``[R, N]`` count matrix times each bin's block of per-sample gaps
-(correct - confidence) and times the NLL vector. Nothing is re-read, re-binned or re-sorted per resample.
-The samples are laid out in order of confidence, so a resample's risk-coverage figures (AURC, E-AURC,
-AUGRC, ties in expectation) come from the same counts: each run of tied confidences is one block whose size
-and errors are the counts summed over it (``numpy.add.reduceat``), in the closed forms of
-:mod:`tempcal.metrics.selective`.
+The per-sample statistics come from one pass (:meth:`Scan.per_sample`); a resample is a vector of multinomial
+counts, so its figures are an ``[R, N]`` count matrix times fixed per-sample figures, the samples laid out in order
+of confidence for the risk-coverage closed forms of :mod:`tempcal.metrics.selective`. Nothing is re-read or re-sorted.
 
 Resample r draws ``numpy.random.default_rng(seed).integers(0, N, size=N)`` (the r-th such call on
 one generator) and counts how often each sample was drawn, so the draws do not depend on batching.
@@ -111,9 +105,8 @@ def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, s
     """Percentile bootstrap intervals ``{"ece": (low, high), "nll": (low, high), "aurc": ..., "eaurc": ...,
     "augrc": ...}`` at confidence ``level``.
 
-    The bounds are the (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear interpolation) of
-    :func:`bootstrap_replicates`; the same seed gives identical intervals. Binned ECE is biased upwards and
-    resampling adds ties, so for a well-calibrated model the interval may lie above the point estimate.
+    The (1 - level)/2 and (1 + level)/2 quantiles of :func:`bootstrap_replicates`. Binned ECE is biased upwards, so
+    for a well-calibrated model the interval may lie above the point estimate.
     """
     if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0 < level < 1):
         raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")

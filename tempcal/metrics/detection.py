@@ -10,16 +10,9 @@
   i.e. the largest ``s`` with ``mean(id >= s) >= 0.95``; FPR95 ``= mean(ood >= s)``, ties
   counted as accepted.
 
-All of them come from one sort of the ID and OOD scores together (:func:`detection_metrics`), and
-the tests compare them with scikit-learn's.
-
-:func:`detection_intervals` adds seeded percentile-bootstrap intervals for AUROC and FPR95 from the
-same per-sample scores: ID and OOD samples are resampled separately, each resample a vector of
-multinomial counts, and one resample's AUROC is ``sum_i w_i (C[lo_i] + C[hi_i]) / 2 / (n m)``
-with ``w`` the ID counts, ``C`` the cumulative OOD counts in ascending score order, and ``lo_i``,
-``hi_i`` the numbers of OOD scores below and at most ID score ``i`` (positions found once per row
-of results). Its FPR95 threshold is the ``(n - k + 1)``-th smallest resampled ID score, found from
-the cumulative ID counts over the lowest ID scores only. Nothing is re-read or re-sorted per resample.
+All of them come from one sort of the ID and OOD scores together (:func:`detection_metrics`).
+:func:`detection_intervals` adds seeded percentile-bootstrap intervals for AUROC and FPR95, ID and OOD resampled
+separately as multinomial counts over the scores sorted once: nothing is re-read or re-sorted per resample.
 """
 
 from __future__ import annotations
