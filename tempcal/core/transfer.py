@@ -1,11 +1,8 @@
 """Moving row chunks between the host and a CUDA device without reading a buffer before its copy lands.
 
-Two rules. :func:`to_device` copies asynchronously (``non_blocking``) only from pinned host memory toward
-CUDA: a non-blocking copy toward the host returns before the bytes arrive, so the host could read a
-stale buffer, and from pageable memory it gains nothing. :class:`PinnedStager` streams chunks read on the
-host to a CUDA device: the host fills one of two pinned buffers (logits and labels together) while the
-device copies the other on a side stream created on the target device, and a buffer is refilled only
-after its copy's event has completed; the compute stream waits for each copy on the GPU, not the host.
+:func:`to_device` copies asynchronously only from pinned host memory toward CUDA (toward the host a non-blocking
+copy returns before the bytes arrive). :class:`PinnedStager` fills one pinned buffer while the other is copied on a
+side stream, refilling a buffer only after its copy's event has completed.
 """
 
 from __future__ import annotations

@@ -47,11 +47,8 @@ def as_scores(values) -> np.ndarray:
 
 
 def fpr_at_recall(id_scores, ood_scores, recall: float = ID_RECALL) -> tuple[float, float]:
-    """``(fpr, threshold)``: the fraction of OOD scores at or above the largest threshold keeping ``recall`` of ID.
-
-    The threshold is the k-th largest ID score with ``k = ceil(recall * n_id)`` (exact rational
-    arithmetic, so 0.95 * 20 is 19), the largest ``s`` with ``mean(id >= s) >= recall``.
-    """
+    """``(fpr, threshold)``: the fraction of OOD scores at or above the k-th largest ID score, ``k = ceil(recall *
+    n_id)`` in exact rational arithmetic (so 0.95 * 20 is 19)."""
     id_scores, ood_scores = as_scores(id_scores), as_scores(ood_scores)
     if id_scores.size == 0 or ood_scores.size == 0:
         raise DataError("FPR needs at least one in-distribution and one out-of-distribution score")
@@ -227,14 +224,9 @@ class _Row:
 def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.ndarray], n_resamples: int,
                         seed: int, *, level: float = 0.95, ood_stream: int = 1, batch: int | None = None
                         ) -> list[dict[str, tuple[float, float]]]:
-    """Percentile bootstrap intervals ``{"auroc": (low, high), "fpr95": (low, high)}`` for each row of scores.
-
-    ``id_rows[j]`` and ``ood_rows[j]`` are one row's scores (every row the same ID and OOD samples, e.g. one
-    OOD file's scores and temperatures). Resample r counts the draws of the r-th ``integers(0, n_id, n_id)``
-    call on ``numpy.random.default_rng(seed)`` (ID) and of the r-th ``integers(0, n_ood, n_ood)`` call on
-    ``default_rng([seed, ood_stream])`` (OOD): the same resamples for every row, and the same ID resamples for
-    every OOD file. The bounds are the (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear method).
-    ``batch`` (resamples per step) changes memory and speed only, never the draws.
+    """Percentile bootstrap intervals ``{"auroc": (low, high), "fpr95": (low, high)}`` for each row of scores (every
+    row the same ID and OOD samples). Resample r counts the r-th draws of ``default_rng(seed)`` (ID) and of
+    ``default_rng([seed, ood_stream])`` (OOD): the same ID resamples for every OOD file. ``batch`` never changes them.
     """
     if len(id_rows) != len(ood_rows) or not id_rows:
         raise ValueError("detection_intervals needs one or more rows of ID and OOD scores")

@@ -64,12 +64,8 @@ def rank_in_place(values: np.ndarray) -> np.ndarray:
 
 
 def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False) -> SelectiveMetrics:
-    """The figures of confidences already ranked: minus every row's and minus the misclassified rows' confidences,
-    each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place.
-
-    With ``right``, the second array holds the correctly classified rows' confidences instead: a block's errors are
-    its size less its right rows, so a caller keeps whichever of the two subsets is smaller.
-    """
+    """The figures of confidences already ranked (:func:`rank_in_place`): minus every row's and minus the misclassified
+    rows' confidences, or with ``right`` the correctly classified rows' (a caller keeps the smaller subset)."""
     n = ranked.size
     if n == 0:
         return SelectiveMetrics(math.nan, math.nan, math.nan)

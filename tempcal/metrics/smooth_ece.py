@@ -90,11 +90,8 @@ def smooth_ece_at(confidence: np.ndarray, wrong_confidence: np.ndarray, sigma: f
 
 
 def smooth_ece(confidence: np.ndarray, wrong_confidence: np.ndarray, *, right: bool = False) -> float:
-    """smECE at relplot's default bandwidth (the fixed point ``smECE(sigma) = sigma``); NaN without rows.
-
-    With ``right`` the second array holds the correctly classified rows' confidences instead of the misclassified
-    rows' (a caller keeps the smaller subset).
-    """
+    """smECE at relplot's default bandwidth (the fixed point ``smECE(sigma) = sigma``); NaN without rows. With
+    ``right`` the second array holds the correctly classified rows' confidences instead of the misclassified rows'."""
     confidence = np.asarray(confidence, dtype=np.float64)
     wrong_confidence = np.asarray(wrong_confidence, dtype=np.float64)
     if confidence.size == 0:

@@ -103,7 +103,7 @@ class ScorePass:
         d_finite = d
         if has_neginf:  # e' d' would be 0 * -inf for impossible classes; and they have no gap to measure
             d_finite = torch.nan_to_num(d, neginf=0.0, out=ws.get("d_finite", z.shape, z.dtype, z.device))
-        r_sum, q = self._sums(d, d_finite, has_neginf)
+        r_sum, q = self._sums(d, d_finite)
         gaps = None
         if top is not None:  # min(v - z2, 0) for the top logits v; all classes: that is d itself
             gaps = d if top is z else torch.sub(top, z2[:, None]).clamp_(max=0)
@@ -118,8 +118,7 @@ class ScorePass:
             return self._largest(z, k)
         return (z if k >= classes else None), torch.topk(z, 2, dim=1).values[:, 1]
 
-    def _sums(self, d: torch.Tensor, d_finite: torch.Tensor, has_neginf: bool
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _sums(self, d: torch.Tensor, d_finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Per temperature, ``sum e'`` (float64) and (when asked) ``sum e' d'``, ``e' = exp(beta d')``; rows flat
         there (``beta |d'| <= FLAT``) sum ``C + sum expm1(beta d')``, keeping the digits that tell them apart."""
         ws, rows, classes = self.workspace, d.shape[0], d.shape[1]
