@@ -1,8 +1,7 @@
 """Temperature scaling for Python users: a scikit-learn estimator and a ``torch.nn.Module`` for deployment.
 
-:class:`TemperatureScaler` fits T with :func:`tempcal.fit_temperature` (the CLI's exact
-L-BFGS fit). It is a scikit-learn classifier and transformer on logits and passes scikit-learn's
-estimator checks except the few that cannot apply to a scaler of logits (listed with reasons in the tests).
+:class:`TemperatureScaler` fits T with :func:`tempcal.fit_temperature` (the CLI's fit) and passes scikit-learn's
+estimator checks except those that cannot apply to a scaler of logits (listed in the tests).
 :class:`TemperatureScaling` divides logits by a fitted T inside a model.
 """
 

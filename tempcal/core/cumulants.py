@@ -94,12 +94,8 @@ class RowMoments:
 
 def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tensor, buffers: Buffers | None = None,
                 *, top: torch.Tensor | None = None, impossible: bool | None = None) -> RowMoments:
-    """Moments of each row of ``z`` [n, C] under ``softmax(beta z)``: one exp per entry, centred sums.
-
-    ``beta`` is a number or one positive value per row (several betas in one call). ``top`` (the
-    rows' maxima) and ``impossible`` (whether the chunk holds ``-inf``; None: found out on the way)
-    save work when the validating scan knows them.
-    """
+    """Moments of each row of ``z`` [n, C] under ``softmax(beta z)`` (``beta``: a number or one per row): one exp per
+    entry, centred sums. ``top`` (row maxima) and ``impossible`` (the chunk holds ``-inf``) save work when known."""
     if not isinstance(beta, torch.Tensor) and beta == 0:
         return _uniform_moments(z)
     buffers = buffers or _Fresh()
