@@ -1,8 +1,7 @@
 """Temperature scaling for Python users: a scikit-learn estimator and a ``torch.nn.Module`` for deployment.
 
-:class:`TemperatureScaler` fits T with :func:`tempcal.fit_temperature` (the CLI's exact
-L-BFGS fit). It is a scikit-learn classifier and transformer on logits and passes scikit-learn's
-estimator checks except the few that cannot apply to a scaler of logits (listed with reasons in the tests).
+:class:`TemperatureScaler` fits T with :func:`tempcal.fit_temperature` (the CLI's fit) and passes scikit-learn's
+estimator checks except those that cannot apply to a scaler of logits (listed in the tests).
 :class:`TemperatureScaling` divides logits by a fitted T inside a model.
 """
 
@@ -159,11 +158,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         self.group_prior = group_prior
 
     def fit(self, X: Any, y: Any, groups: Any = None) -> "TemperatureScaler":
-        """Fit T on logits ``X`` and labels ``y`` (``classes_`` by the rule above); with ``groups`` (one value per
-        row) also a T per group (``group_temperatures_``).
-
-        Warnings of the fit (e.g. T at a bound) are issued as ``UserWarning``.
-        """
+        """Fit T on logits ``X`` and labels ``y`` (with ``groups``, one value per row, also ``group_temperatures_``);
+        the fit's warnings (e.g. T at a bound) are issued as ``UserWarning``."""
         if self.objective not in ("nll", "ece"):
             raise TempcalError(f"objective must be 'nll' or 'ece', got {self.objective!r}")
         if isinstance(self.bins, bool) or not isinstance(self.bins, (int, np.integer)) or self.bins < 1:
@@ -215,12 +211,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         return _out(scaled.reshape(shape), is_torch)
 
     def predict_proba(self, X: Any, groups: Any = None) -> Any:
-        """``softmax(X / T)`` ``[N, C]``, columns in the order of ``classes_`` (``[N, 2]`` = ``[1 - sigmoid, sigmoid]``
-        for one binary logit).
-
-        Computed in float64 chunk by chunk; returned as float64 numpy, or as a tensor in the
-        input's dtype promoted to at least float32.
-        """
+        """``softmax(X / T)`` ``[N, C]`` in the order of ``classes_`` (one binary logit: ``[1 - sigmoid, sigmoid]``),
+        computed in float64; float64 numpy, or a tensor in the input's dtype promoted to at least float32."""
         z, is_torch, _, dtype = self._logits(X)
         binary = self.n_features_in_ == 1
         z = z.reshape(-1) if binary else z
@@ -242,10 +234,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         return _out(out, is_torch)
 
     def predict(self, X: Any) -> Any:
-        """The label of the arg-max column (the first on ties); one binary logit: ``classes_[1]`` when ``logit >= 0``.
-
-        T > 0 does not change it; it is here for scikit-learn pipelines.
-        """
+        """The label of the arg-max column (the first on ties; one binary logit: ``classes_[1]`` when ``logit >= 0``),
+        which T > 0 does not change: here for scikit-learn pipelines."""
         z, is_torch, _, _ = self._logits(X)
         column = (z[:, 0] >= 0).to(torch.int64) if self.n_features_in_ == 1 else torch.argmax(z, dim=1)
         if is_torch and self.classes_.dtype.kind in "biuf":
@@ -286,13 +276,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
 
     def _validate(self, X: Any, y: Any = NO_Y, *, reset: bool, min_samples: int = 1
                   ) -> tuple[torch.Tensor, bool, Any]:
-        """X as a float tensor ``[N, F]`` (the input's memory where it can be), whether X was 1-D, and y as numpy.
-
-        scikit-learn's ``validate_data`` checks X and y and keeps ``n_features_in_``. A tensor keeps
-        its device and dtype: scikit-learn checks a stand-in of the tensor's shape that holds no memory
-        (every stride 0). Values are not checked here: ``-inf`` is a valid logit; NaN and ``+inf`` are
-        refused by ``fit``'s scan and by :meth:`_logits`.
-        """
+        """X as a float tensor ``[N, F]`` (the input's memory where it can be), whether X was 1-D, and y as numpy,
+        checked by scikit-learn (a tensor through a stand-in of its shape holding no memory); values are not checked."""
         if not reset:
             check_is_fitted(self, "temperature_")
         if isinstance(y, torch.Tensor):

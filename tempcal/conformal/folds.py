@@ -6,11 +6,8 @@ all N rows. ``threshold`` is the one a user would deploy: from all N rows at T =
 T (``after``); ``fold_thresholds`` lists the K fold thresholds. With ``--group-by``, each group's ``before`` and
 ``after_global`` blocks (T = 1 and T_k, out of fold) get its own coverage and mean set size under the same sets.
 
-Reads: one of the scores at T = 1, the deployed T and every T_k (two float64 per row and temperature, gathered),
-then one forming the sets (nothing kept per row). The scores of N rows at K + 2 temperatures are held at once up to
-:data:`.passes.SCORE_BYTES`; beyond, the temperatures are taken a batch per read (:func:`fold_score_reads`), never
-fewer than two per read (:func:`.passes.temperatures_per_read`, the policy of every conformal path). The batches
-depend on N and K alone, so every rank agrees.
+Reads: the scores at T = 1, the deployed T and every T_k (batched by :func:`.passes.temperatures_per_read`), then
+one forming the sets (nothing kept per row).
 """
 
 from __future__ import annotations

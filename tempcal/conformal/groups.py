@@ -1,11 +1,8 @@
 """The sets per group of rows under one set of thresholds, for ``fit --group-by KEY --conformal-alpha A`` and
 ``report --group-by KEY --conformal-alpha A``: the figure that shows one group under-covered.
 
-:func:`group_sets` forms the sets on the judged rows at each temperature and sums them per group (one read of them:
-the grouped metrics pass sums per cell at per-group temperatures, and the sets need the thresholds first).
-:func:`fit_group_sets` is ``fit``'s: the thresholds come from the fitting rows at T = 1 and at the global T (one read
-of them); ``before`` and ``after`` get the sets over every evaluation row, and each group's ``before`` and
-``after_global`` blocks its own coverage and mean set size under the same thresholds.
+:func:`group_sets` sums the sets per group in one read of the judged rows; :func:`fit_group_sets` takes ``fit``'s
+thresholds from the fitting rows at T = 1 and at the global T (one more read).
 """
 
 from __future__ import annotations

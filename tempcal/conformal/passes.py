@@ -1,13 +1,9 @@
 """Conformal sets over a scan's chunks: the fitting rows' scores in one pass, the sets' sums in the metrics pass.
 
-The thresholds need the fitting rows' scores at each temperature (:class:`ScoreRows`, visited by
-:meth:`Scan.visit`: one read of the fitting rows, two float64 per row and temperature, gathered across ranks);
-the sets need the thresholds, so their sums (:class:`SetSums`) ride on the evaluation rows' calibration pass
-(:meth:`Scan.calibration` ``visitor=``), nothing kept per row. Probabilities are float64 softmaxes of each
-chunk's ``z - max z``, a slice of rows at a time (:data:`SLICE_VALUES` probabilities), so that the sorted copies
-APS needs stay small whatever the chunk. ``SetSums`` also sums per group of rows (any integer labelling of the
-rows, e.g. ``--group-by``'s or a fold's), for the coverage of each group under the same thresholds;
-:class:`FoldSetSums` forms the sets out of fold (each row at its fold's temperature, with its fold's thresholds).
+:class:`ScoreRows` keeps the fitting rows' scores (two float64 per row and temperature, gathered across ranks);
+:class:`SetSums` rides on the evaluation rows' pass, nothing kept per row, overall and per group of rows;
+:class:`FoldSetSums` forms the sets out of fold. Probabilities are float64, :data:`SLICE_VALUES` at a time, so that
+the sorted copies APS needs stay small whatever the chunk.
 """
 
 from __future__ import annotations
@@ -107,12 +103,8 @@ class ScoreRows:
             for j, name in enumerate(SCORES):
                 self.scores[k, j, start + first:start + stop] = found[name]
 
-    def gathered(self) -> list[dict[str, np.ndarray]]:
-        """Per temperature, every rank's scores in rank order (the one-process arrays), as numpy on the host."""
-        return list(self.each_gathered())
-
     def each_gathered(self) -> Iterator[dict[str, np.ndarray]]:
-        """:meth:`gathered` one temperature at a time (one temperature's host copy alive at once)."""
+        """Per temperature, every rank's scores in rank order as numpy on the host, one temperature's copy at a time."""
         for k in range(self.scores.shape[0]):
             every = all_gather_rows(self.scores[k].T.contiguous()).cpu().numpy()  # [rows, scores]
             yield {name: every[:, j] for j, name in enumerate(SCORES)}

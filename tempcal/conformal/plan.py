@@ -14,13 +14,9 @@ from .passes import SetSums, Thresholds, set_results
 
 @dataclass(frozen=True)
 class ConformalPlan:
-    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds.
-
-    With ``groups`` (this process's rows' group numbers, ``0 <= g < num_groups``) the sets are summed per group
-    too, and ``on_sums`` gets, per temperature, each score's sums ``[num_groups, thresholds, 2]`` (rows covered,
-    classes in the sets; :func:`.passes.set_results` turns a group's into the contract's list). With
-    ``judged``, the sets are formed and summed over the rows it marks alone.
-    """
+    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds. With
+    ``groups`` the sets are summed per group too, handed to ``on_sums`` per temperature (each score's
+    ``[num_groups, thresholds, 2]``); with ``judged``, only over the rows it marks."""
 
     alphas: list[float]
     thresholds: list[Thresholds]

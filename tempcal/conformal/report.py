@@ -7,9 +7,7 @@ so at the stored T the figures equal that fit's ``after.conformal`` (at tau 1, i
 (``seed``), class-stratified half of SOURCE gives the thresholds and the other half the sets, as ``fit``'s default
 split would.
 
-Reads: the calibration rows' scores at every temperature (as many temperatures a read as
-:data:`.passes.SCORE_BYTES` of scores holds); the sets then ride on the report's metrics pass (by groups, on one
-more read of the evaluation rows).
+Reads: the calibration rows' scores (:func:`.passes.temperatures_per_read`), then the sets ride on the metrics pass.
 """
 
 from __future__ import annotations
@@ -97,13 +95,13 @@ def metrics_plan(sets: ReportSets, opened: OpenedSource, scored_all: bool) -> tu
     """The sets to form on the metrics pass: over the evaluation rows alone (the rows ``judged``, when every row is
     scored); the list that collects each temperature's sums."""
     collected: list = []
-    if not scored_all:
-        return ConformalPlan(sets.alphas, sets.thresholds, on_sums=lambda _, s: collected.append(s)), collected
-    start, stop = opened.share()
-    judged = np.zeros(opened.data.num_samples, dtype=bool)
-    judged[sets.rows.evaluation] = True
-    plan = ConformalPlan(sets.alphas, sets.thresholds, judged=torch.from_numpy(judged[start:stop]),
-                         on_sums=lambda _, s: collected.append(s))
+    judged = None
+    if scored_all:
+        start, stop = opened.share()
+        mask = np.zeros(opened.data.num_samples, dtype=bool)
+        mask[sets.rows.evaluation] = True
+        judged = torch.from_numpy(mask[start:stop])
+    plan = ConformalPlan(sets.alphas, sets.thresholds, judged=judged, on_sums=lambda _, s: collected.append(s))
     return plan, collected
 
 
@@ -142,7 +140,7 @@ def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas
     scores = ScoreRows(1, scan.data.num_samples, scan.device,
                        row_betas=torch.from_numpy(betas[group_index[calibration[lo:hi]]]))
     scan.visit([1.0], scores)
-    [found] = scores.gathered()
+    [found] = scores.each_gathered()
     q = {name: [threshold(values, a) for a in alphas] for name, values in found.items()}
     evaluation = rows.evaluation
     lo, hi = int(np.searchsorted(evaluation, start)), int(np.searchsorted(evaluation, stop))

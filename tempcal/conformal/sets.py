@@ -12,9 +12,8 @@ running sum reaches q (at least one class). Coverage is the fraction of evaluati
 label; ``mean_size`` the mean number of classes in a set. Out of fold (``fit --folds``) each row's sets take its
 fold's thresholds, from the other folds' rows (``fold_thresholds``).
 
-Scores are one float per fitting row; set sizes and coverage are sums over evaluation chunks
-(:func:`set_rows` per row, summed by :class:`~tempcal.conformal.passes.SetSums`), so they reduce over
-chunks and ranks like every other figure.
+Set sizes and coverage are sums over evaluation chunks (:class:`~tempcal.conformal.passes.SetSums`), so they reduce
+over chunks and ranks like every other figure.
 """
 
 from __future__ import annotations
@@ -108,12 +107,8 @@ def set_rows(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str,
 def row_sets(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str, torch.Tensor],
              ordered: torch.Tensor | None = None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """:func:`set_rows` with the thresholds as tensors ``[Q, rows]`` (each row its own, e.g. its fold's) or
-    ``[Q, 1]`` (the same for every row), in ``probs``' dtype.
-
-    The sizes are counts over each row's sorted probabilities: ``1 - p`` and the running sums are non-decreasing
-    along them, so a binary search per threshold gives the count that comparing every class would (the running
-    sums are checked, and compared class by class where rounding broke their order). ``ordered`` saves the sort.
-    """
+    ``[Q, 1]`` (the same for every row), in ``probs``' dtype: binary searches over each row's sorted probabilities
+    (class by class where rounding broke the running sums' order). ``ordered`` saves the sort."""
     out: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     y = labels[:, None].long()
     if ordered is None:

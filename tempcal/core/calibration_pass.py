@@ -1,12 +1,8 @@
 """What one calibration pass sums per chunk at each temperature, and what it keeps per row when asked.
 
-Per row at ``beta``, with ``d = z - max z`` and ``e = exp(beta d)``: the confidence ``1 / sum(e)`` (the largest
-probability), the NLL, Brier score and entropy (:mod:`tempcal.core.scan`'s formulas), summed over rows in float64,
-and the confidences binned in the contract's equal-width bins. Rankings (the risk-coverage figures, the smooth
-ECE) need every row's confidence: ``keep=("confidence",)`` writes each chunk's confidences (float64) into one
-preallocated ``[betas, rows]`` array while the chunk is at hand, 8 bytes per row and temperature, so they come
-from the same read as the sums. A ``visitor`` (conformal sets, a caller's own per-row figures) is handed each
-chunk's ``d`` at every temperature, in the same read too.
+Per row at ``beta``: the confidence, NLL, Brier score and entropy summed in float64, and the confidences binned in
+the contract's bins. ``keep=("confidence",)`` writes every row's confidence into one ``[betas, rows]`` float64 array
+for the rankings, and a ``visitor`` (conformal sets) is handed each chunk's ``d = z - max z``, in the same read.
 """
 
 from __future__ import annotations

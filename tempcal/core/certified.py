@@ -3,11 +3,8 @@
 The NLL is convex in ``beta`` and every pass returns its first four derivatives ``d1..d4``
 (:mod:`tempcal.core.cumulants`), so:
 
-* **Start.** The validating scan evaluates a small, stratified row sample at a geometric grid
-  of seven betas (ratio 4, centred on a short fit of a few of the first chunk's rows) and
-  corrects the sample's ``d1`` by regression on two controls known exactly for every row
-  (:mod:`tempcal.core.fit_start`). The sign change of ``d1`` on the grid, refined by two-point
-  Hermite interpolation in ``log beta``, is the start (exact when the sample is every row).
+* **Start.** The sign change of ``d1`` on the validating scan's grid (:mod:`tempcal.core.fit_start`), refined by
+  two-point Hermite interpolation in ``log beta``.
 * **Steps.** From an evaluated point, a third-order Householder step in ``s = log beta`` (the
   root of a [1/2] Pade model of ``d1``; with ``G_k = d^k d1 / ds^k``: ``G1 = beta d2``,
   ``G2 = beta d2 + beta^2 d3``, ``G3 = beta d2 + 3 beta^2 d3 + beta^3 d4``); once passes lie

@@ -12,18 +12,9 @@ The derivatives of ``A`` are the cumulants of ``z`` under ``p = softmax(beta z)`
     NLL'''  = k3 = mu3
     NLL'''' = k4 = mu4 - 3 mu2^2
 
-with ``mu_k = E_p[(z - E_p z)^k]`` the central moments. One exp per logit gives all of them:
-
-* ``x = beta (z - top) <= 0`` with ``top = max z`` (the difference first: exact near the top whatever
-  the row's offset) and ``p = softmax(x)`` (one fused kernel, the only exp);
-* the row's log mass ``log sum exp(x) = x_y - log p_y``;
-* ``E_p[z] - top = E_p[x] / beta`` and the central moments of ``u = x / beta - E_p[z - top]``,
-  taken about the mean so that no power sum cancels.
-
-A chunk's result is a float64 vector of *sums* over its rows, in the order of :data:`FIELDS`:
-``count, nll, d1..d4`` and two terms of the fit's error bound, ``q = mu2^2`` and
-``q5 = sqrt(mu2^3 mu4)`` (:mod:`tempcal.core.certified`), so chunks and ranks simply add up.
-At ``beta = 0`` the distribution is uniform over each row's finite entries.
+with ``mu_k`` the central moments, all from one exp per logit (``p = softmax(beta (z - max z))``), taken about the
+mean so that no power sum cancels. A chunk's result is a float64 vector of sums over its rows (:data:`FIELDS`:
+``count, nll, d1..d4`` and the error bound's ``q = mu2^2``, ``q5 = sqrt(mu2^3 mu4)``), so chunks and ranks add up.
 """
 
 from __future__ import annotations
@@ -103,12 +94,8 @@ class RowMoments:
 
 def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tensor, buffers: Buffers | None = None,
                 *, top: torch.Tensor | None = None, impossible: bool | None = None) -> RowMoments:
-    """Moments of each row of ``z`` [n, C] under ``softmax(beta z)``: one exp per entry, centred sums.
-
-    ``beta`` is a number or one positive value per row (several betas in one call). ``top`` (the
-    rows' maxima) and ``impossible`` (whether the chunk holds ``-inf``; None: found out on the way)
-    save work when the validating scan knows them.
-    """
+    """Moments of each row of ``z`` [n, C] under ``softmax(beta z)`` (``beta``: a number or one per row): one exp per
+    entry, centred sums. ``top`` (row maxima) and ``impossible`` (the chunk holds ``-inf``) save work when known."""
     if not isinstance(beta, torch.Tensor) and beta == 0:
         return _uniform_moments(z)
     buffers = buffers or _Fresh()

@@ -162,8 +162,8 @@ def as_logits_data(logits, labels, *, probs: bool | None = False, logits_name: s
     logits = torch.as_tensor(logits)
     shape = tuple(logits.shape)
     if logits.dtype not in FLOAT_DTYPES:
-        raise DataError(f"'{logits_name}' has dtype {_dtype_name(logits.dtype)}; expected float16, bfloat16, "
-                        "float32 or float64")
+        raise DataError(f"'{logits_name}' has dtype {str(logits.dtype).removeprefix('torch.')}; expected float16, "
+                        "bfloat16, float32 or float64")
     if logits.dim() == 3:
         logits = logits.reshape(-1, logits.shape[2])
     if logits.dim() == 2 and logits.shape[1] == 1:
@@ -198,7 +198,3 @@ def probabilities_to_logits(p: torch.Tensor, name: str = "logits") -> torch.Tens
         raise DataError(f"{param('probs')}: {int(off.sum())} rows of '{name}' do not sum to 1 "
                         f"(first: row {first} sums to {float(sums[first]):.6g})")
     return torch.log(p64).to(compute_dtype(p.dtype, p.numel(), p.shape[0]))
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")

@@ -38,11 +38,8 @@ _started = False
 
 
 def init_from_environment(device: str) -> str:
-    """Join the process group described by torchrun's environment (if any); returns the device to use.
-
-    gloo on the CPU, NCCL on CUDA; the device is :func:`rank_device`'s choice, made current before the
-    group starts so that NCCL binds this rank to it.
-    """
+    """Join the process group of torchrun's environment (if any; gloo on CPU, NCCL on CUDA); returns the device to
+    use, :func:`rank_device`'s choice, made current first so that NCCL binds this rank to it."""
     global _started
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return device
@@ -113,9 +110,8 @@ def all_gather_1d(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
-    """Concatenate every rank's tensor along its first dimension, in rank order (the first dimension may differ,
-    and may be 0, from rank to rank; the others must agree). Ranks hold contiguous shares of the rows in order,
-    so this is the one-process tensor of every row."""
+    """Concatenate every rank's tensor along its first dimension (which may differ, and be 0) in rank order: the
+    one-process tensor of every row."""
     if not active():
         return tensor
     import torch.distributed as dist

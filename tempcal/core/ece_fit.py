@@ -107,10 +107,8 @@ Terms = Callable[[list[float], int], torch.Tensor]
 class EceSearch:
     """One branch-and-bound search over log T in [log(centre / span), log(centre * span)], a round at a time:
     :attr:`wanted` the sorted log-temperatures to evaluate next (empty once done), :meth:`take` their per-bin
-    sums. The searches of folds and groups are the same search, fed from the cells' sums of shared reads.
-
-    A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
-    toward a global T); the bound on an interval adds the penalty's minimum over it.
+    sums. A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
+    toward a global T), and its minimum over an interval to the interval's bound.
     """
 
     def __init__(self, centre: float, rows: int, *, rounding: float, tol: float = 1e-4, span: float = SPAN,
@@ -171,12 +169,8 @@ class EceSearch:
 def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN,
                  initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
                  on_pass: PassCallback | None = None, terms: Terms | None = None) -> tuple[float, float, bool]:
-    """Search log T in [log(centre / span), log(centre * span)]; returns ``(T, ECE, certified)``.
-
-    ``terms`` replaces the pass, so that the searches of folds and groups ride on this one's reads.
-    ``certified`` is False only when ``MAX_ROUNDS`` rounds of splitting were not enough. Each round is one
-    pass over the data, evaluating the new temperatures of every open interval at once.
-    """
+    """Search log T in [log(centre / span), log(centre * span)], one pass per round; returns ``(T, ECE, certified)``
+    (False only when ``MAX_ROUNDS`` rounds were not enough). ``terms`` replaces the pass."""
     search = EceSearch(centre, scan.num_samples, rounding=rounding_of(scan), tol=tol, span=span,
                        initial_points=initial_points, max_pieces=max_pieces)
     while search.wanted:

@@ -1,26 +1,12 @@
 """What the validating scan adds for the fit: a start near the optimum, at no extra read of the data.
 
-While the scan reads each chunk it has the rows in memory, so for the rows a fit will use (all
-of them, or one side of a split, known before the scan) it also
-
-* keeps the largest row range ``R`` (for the fit's error bound) and the sums of two per-row
-  controls known exactly for every row: ``d1`` at ``beta = 0`` and as ``beta -> inf``;
-* after the first chunk, fixes a geometric grid of ``GRID_POINTS`` betas, ratio ``GRID_RATIO``
-  (a factor 4^3 = 64 either way), centred on a short fit (tolerance ``CHUNK_TOL``) of a few of
-  that chunk's fitting rows, started from their Newton step from ``beta = 0``; its sums are
-  all-reduced, so every rank (one without rows too) takes the same steps and the same grid.
-  When those few rows are every fitting row, that fit runs to the final tolerance and its
-  points are exact: the whole fit happens within the scan;
-* evaluates the NLL's derivatives at every grid beta on a deterministic row sample: rows
-  picked by a multiplicative hash of their position in the scanned data (over all ranks, so one
-  process and several pick the same rows), misclassified rows ``ERROR_WEIGHT`` times more
-  densely, each stratum weighted by its inverse rate. The sample costs about ``SAMPLE_SHARE``
-  of one pass, and is every row when the whole grid is cheap;
-* corrects the sample's mean ``d1`` at each grid beta by its regression on the two controls
-  (the classic regression estimator): most of the sample's error is explained by them.
-
-The fit (:mod:`tempcal.core.certified`) takes the sign change of ``d1`` on the grid and refines
-it by Hermite interpolation.
+For the fitting rows of each chunk the scan has in memory, it keeps the largest row range (for the fit's error
+bound) and two per-row controls known exactly (``d1`` at ``beta = 0`` and as ``beta -> inf``); after the first chunk
+it fixes a geometric grid of ``GRID_POINTS`` betas centred on a short fit of a few of that chunk's rows (all-reduced,
+so every rank takes the same grid; exact, and the whole fit, when those rows are every fitting row); and it evaluates
+the NLL's derivatives at every grid beta on a deterministic row sample (a hash of the row's position, misclassified
+rows ``ERROR_WEIGHT`` times denser, about ``SAMPLE_SHARE`` of a pass), its mean ``d1`` corrected by regression on the
+controls. :mod:`tempcal.core.certified` starts from the sign change of ``d1`` on the grid.
 """
 
 from __future__ import annotations
@@ -88,12 +74,9 @@ class ChunkRows:
 
 
 class StartScan:
-    """Accumulates, chunk by chunk of the validating scan, the :class:`FitStart` a fit begins from.
-
-    ``fit_rows`` are the fitting rows among this process's ``num_rows`` (None: every row);
-    ``offset`` is the position of this process's first row in the data over all processes. Every
-    process must call :meth:`add_chunk` (or :meth:`plan_empty`) and :meth:`finish`: both all-reduce.
-    """
+    """Accumulates, chunk by chunk of the validating scan, the :class:`FitStart` a fit begins from (``offset``: this
+    process's first row over all processes). Every process must call :meth:`add_chunk` (or :meth:`plan_empty`) and
+    :meth:`finish`: both all-reduce."""
 
     def __init__(self, fit_rows: torch.Tensor | None, num_rows: int, num_classes: int, device: torch.device,
                  buffers: Buffers, offset: int = 0, *, threads: int = 1,
@@ -314,12 +297,8 @@ def chunk_fit_rows(num_rows: int, num_classes: int) -> slice:
 
 
 def regression_estimates(moments: torch.Tensor, cross: torch.Tensor, exact_means: torch.Tensor) -> torch.Tensor:
-    """Mean d1 at each grid beta: the sample's weighted mean, corrected by its regression on the controls.
-
-    ``mean_full(d1) ~ mean_w(d1) + b . (mean_full(x) - mean_w(x))`` with ``b`` the weighted least-squares
-    slope of per-row d1 on the controls ``x``: the classic regression estimator, which removes the
-    part of the sample's error that the exactly known controls explain.
-    """
+    """Mean d1 at each grid beta by the regression estimator: ``mean_w(d1) + b . (mean_full(x) - mean_w(x))``, ``b``
+    the weighted least-squares slope of per-row d1 on the exactly known controls ``x``."""
     w, wx1, wx2, wx11, wx12, wx22 = moments.tolist()
     mx = torch.tensor([wx1, wx2], dtype=torch.float64) / w
     cov = torch.tensor([[wx11, wx12], [wx12, wx22]], dtype=torch.float64) / w - torch.outer(mx, mx)

@@ -1,9 +1,7 @@
 """The public fit: :func:`fit_temperature` on tensors or a :class:`~tempcal.core.scan.Scan`, with groups and folds.
 
-It validates what it is given (one scan of the data), then fits on that scan (:mod:`tempcal.core.scan_fit`: the
-certified NLL fit, its L-BFGS fallback, the ECE search) or, with ``groups`` or ``folds``, hands the scan to the
-subset fit :mod:`tempcal.subsets` registers in :data:`SUBSET_FIT` (every subset T beside the global one, from the
-same reads); core does not import that package.
+It validates what it is given (one scan of the data), then fits on that scan (:mod:`tempcal.core.scan_fit`) or,
+with ``groups`` or ``folds``, hands it to the subset fit :mod:`tempcal.subsets` registers in :data:`SUBSET_FIT`.
 """
 
 from __future__ import annotations
@@ -37,27 +35,18 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
                     on_pass: PassCallback | None = None) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
-    ``probs=True``: ``logits`` holds probabilities (rows summing to 1), and T is fitted on log(p);
-    ``probs=False``: logits, whatever they look like; ``probs=None`` (the default): logits, and values
-    that all look like probability vectors are refused (:class:`~tempcal.validation.ProbabilitiesError`).
-    Logits that carry no information (every row's finite logits equal, so the NLL is the same at every
-    T) are refused too (:class:`~tempcal.errors.DataError`).
+    ``probs=True``: ``logits`` holds probabilities and T is fitted on log(p); ``probs=False``: logits, whatever they
+    look like; ``probs=None``: logits, refusing values that all look like probability vectors
+    (:class:`~tempcal.validation.ProbabilitiesError`). Logits whose rows are flat are refused too.
 
-    ``logits`` may also be a :class:`~tempcal.core.scan.Scan` (then ``labels`` is None, and ``probs`` is
-    the scan's maker's business), which
-    lets callers validate once and fit on a split without reading the data again; made with
-    ``fit_rows`` (the split's fitting rows, then ``select``ed), it carries the fit's start.
-    ``xtol`` is the relative tolerance on T (default ``certified.TOL``, 1e-7); ``max_passes``
-    caps the reads, the validating scan included.
+    ``logits`` may also be a :class:`~tempcal.core.scan.Scan` (``labels`` None), so that callers validate once and
+    fit on a split without reading the data again. ``xtol`` is the relative tolerance on T (default 1e-7);
+    ``max_passes`` caps the reads, the validating scan included.
 
-    ``groups`` (one value per row: integers, strings, any sortable values) also fits each group's T, drawn
-    toward the global T by ``group_prior`` (``lam * (ln T - ln T_global)^2`` added to the group's NLL sum; 0:
-    independent fits; default :data:`tempcal.subsets.options.DEFAULT_GROUP_PRIOR`): ``group_temperatures``.
-    ``folds`` (K, seeded by ``seed``) also fits T on the rows outside each of K class-stratified folds:
-    ``fold_temperatures``. Both share the global fit's reads.
-
-    ``evaluate`` replaces the scan's pass at one beta (for
-    fits that ride on this one's reads: :mod:`tempcal.subsets.nll_fits`); ``ece_terms`` the ECE search's pass.
+    ``groups`` (one value per row) also fits each group's T, drawn toward the global T by ``group_prior``
+    (``lam * (ln T - ln T_global)^2`` added to the group's NLL sum): ``group_temperatures``. ``folds`` (K, seeded by
+    ``seed``) also fits T outside each of K class-stratified folds: ``fold_temperatures``. Both share the global
+    fit's reads. ``evaluate`` and ``ece_terms`` replace the scan's pass for fits that ride on another's reads.
     """
     kept = None
     if isinstance(logits, Scan):

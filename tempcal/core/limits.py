@@ -1,11 +1,8 @@
 """Bounds on the sizes users choose, checked before anything is allocated: bad input, not an allocator's failure.
 
-Each size-like option (``--bins``, ``--bootstrap``, ``--chunk-rows``, ``--batch-size``) is bounded by what the
-data allow (a chunk or batch never holds more rows than there are: larger values are cut to the row count)
-and by the memory the device has free: :func:`check_fits` refuses, with a one-line message naming the
-largest value that fits, what would not. Free memory is the driver's free figure plus what torch's caching
-allocator holds unused on CUDA; on the CPU the kernel's ``MemAvailable``, lowered to the control group's
-limit when one is set, shared by the processes torchrun started on this node.
+Each size-like option (``--bins``, ``--bootstrap``, ``--chunk-rows``, ``--batch-size``) is cut to the row count and
+refused by :func:`check_fits` when it would not fit the memory free (CUDA: the driver's figure plus torch's unused
+cache; CPU: ``MemAvailable`` within the control group's limit, shared by this node's torchrun processes).
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
 """Exact percentiles of values streamed in chunks: ``numpy.percentile(all_values, p)`` without holding the values.
 
-For ReAct (Sun, Guo & Li, "ReAct: Out-of-distribution Detection With Rectified Activations",
-NeurIPS 2021; :mod:`tempcal.sources.head`), which clips hidden-state values at the P-th percentile of
-*all* hidden-state values of the scored rows: N x d values, 10^9 and more, that exist only as chunks
-read from a file.
+For ReAct's clip (:mod:`tempcal.sources.head`): the P-th percentile of all N x d hidden-state values, 10^9 and
+more, that exist only as chunks read from a file.
 
-Method: radix selection on order-preserving integer keys of the float bits.
-
-* Each value becomes an unsigned integer key whose order is the values' order (positive floats:
-  the bits with the sign bit set; negative floats: all bits flipped; ``-0.0`` is given the key of
-  ``+0.0``, as the two compare equal). Keys are 32 bits in float32, 64 in float64.
-* Pass 1 counts the values (and NaNs, which are refused) and histograms the top 16 key bits.
-  numpy's linear method needs the order statistics at ranks ``floor(k)`` and ``floor(k) + 1``
-  (``k = (n - 1) p / 100``); the cumulative histogram names the bucket holding each.
-* Each later pass, per rank still open, either histograms the next 16 bits of the keys inside its
-  bucket, or, when the bucket holds at most ``max_candidates`` values, no ``all_reduce`` is given and
-  more than one digit is left, collects those keys and sorts them. A bucket at the last digit is a
-  single key, so float32 takes exactly 2 passes (never collecting), float64 2 when the bucket after
-  pass 1 is small enough to collect and at most 4.
-* The two order statistics are interpolated with numpy's own formula, in the same dtype, so the result
-  is bit-identical to ``numpy.percentile(values, float(p))``; that includes numpy's NaN whenever an
-  infinite value takes part (``a + (b - a) * t`` with ``b - a`` infinite or NaN, even at ``t = 0``).
-
-Counts are sums over chunks, so they are sums over processes too: pass ``all_reduce`` (e.g. an
-in-place ``torch.distributed.all_reduce`` of the int64 count vector) and every rank gets the same
-histograms, ranks and result from its own share of the values. Candidate collection is not a sum, so it
-is off then (``max_candidates`` is ignored) and every pass is a histogram.
-
-Dtype: the percentile is computed and returned in float64 for float64 values and in float32 for
-float16, bfloat16 and float32 values (each value converted exactly), unless ``dtype`` asks otherwise;
-the result equals ``numpy.percentile`` of the values in that dtype.
+Radix selection on order-preserving integer keys of the float bits (``-0.0`` keyed as ``+0.0``): pass 1 counts the
+values (refusing NaN) and histograms the top 16 key bits, naming the buckets of the two order statistics numpy's
+linear method needs; each later pass histograms the next 16 bits inside a bucket, or sorts the bucket's keys once it
+holds at most ``max_candidates`` (float32: 2 passes; float64: 2 to 4). numpy's own interpolation formula then makes
+the result bit-identical to ``numpy.percentile`` in the compute dtype (float64 for float64 values, else float32).
+Counts are sums, so with ``all_reduce`` every rank gets the same result from its share (and never collects).
 """
 
 from __future__ import annotations
@@ -258,16 +237,9 @@ def streaming_percentile(chunks_factory: ChunksFactory, p: float, *, dtype: torc
                          max_candidates: int = MAX_CANDIDATES,
                          all_reduce: Callable[[torch.Tensor], torch.Tensor | None] | None = None,
                          device: torch.device | str | None = None) -> PercentileResult:
-    """``numpy.percentile(all_values, float(p))`` of the values ``chunks_factory()`` yields, exactly.
-
-    ``chunks_factory()`` must yield the same values (any shapes, tensors or arrays) each time it is
-    called; it is called once per pass. ``all_reduce`` sums the count vector over processes
-    (in place or returning the sum); with it, every pass is a histogram pass, and a process that may
-    hold no values must be given ``dtype`` (the compute dtype every process uses) and ``device`` (where
-    its count vector lives, e.g. its GPU for NCCL). Counts live on the chunks' device otherwise.
-    Raises :class:`~tempcal.errors.DataError` on NaN values or no values, ``ValueError`` for ``p`` outside
-    [0, 100].
-    """
+    """``numpy.percentile(all_values, float(p))`` of the values ``chunks_factory()`` yields (the same each call, one
+    call per pass), exactly. ``all_reduce`` sums the count vector over processes (in place or returning the sum);
+    a process that may hold no values must then be given ``dtype`` and ``device``."""
     p = float(p)
     if not 0.0 <= p <= 100.0:
         raise ValueError(f"percentile must be in [0, 100], got {p}")

@@ -1,25 +1,11 @@
 """Fit one temperature T > 0 on a validated :class:`~tempcal.core.scan.Scan` by minimising the mean NLL of
 ``softmax(logits / T)`` (or, with ``objective="ece"``, the binned ECE around that optimum).
 
-Every read of the data is the cost (a file, or ``h W^T`` over a vocabulary), so the fit is built
-to take at most three, the validating scan included, on typical data:
-
-* the validating scan prepares the start (:mod:`tempcal.core.fit_start`): a short fit on a few
-  of the first chunk's rows centres a grid of seven betas, evaluated on a small stratified row
-  sample, whose sign change of the slope is the start; on small inputs the whole fit happens
-  within that scan;
-* each pass returns the NLL and its first four derivatives in ``beta = 1/T`` with one exp per
-  logit (:mod:`tempcal.core.cumulants`); from them a third-order Householder step, or the
-  Hermite root of two passes bracketing the optimum, and an error bound that certifies T to
-  ``TOL`` relative (:mod:`tempcal.core.certified`), so the fit stops as soon as it is sure.
-
-Should the certified steps not reach their bound within ``certified.MAX_PASSES`` reads (never on
-the test corpora), the first method takes over from their best estimate: L-BFGS
-(``torch.optim.LBFGS`` with a strong-Wolfe line search) over ``theta = log T``, each objective
-evaluation one pass, the optimum bracketed by the slope's sign and closed on the gradient
-alone (regula falsi) until it is known to within ``xtol`` in log T: the secant root lies that
-close to an evaluated point, or a third point bounds the secant's error. ``FitResult.method``
-says which method answered, ``passes`` counts every read.
+Every read of the data is the cost, so the fit takes about three on typical data: the validating scan prepares
+the start (:mod:`tempcal.core.fit_start`), and certified steps (:mod:`tempcal.core.certified`) stop as soon as T is
+certain. Should they not certify T within ``certified.MAX_PASSES`` reads (never on the test corpora), L-BFGS over
+``theta = log T`` takes over from their best estimate, its bracket closed on the slope alone (regula falsi) until T
+is known to within ``xtol``. ``FitResult.method`` says which method answered, ``passes`` counts every read.
 """
 
 from __future__ import annotations
@@ -152,13 +138,8 @@ def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int, evalua
 
 @contextlib.contextmanager
 def _no_dynamo_import():
-    """Build an optimizer without importing ``torch._dynamo`` (1.5 s, more than the whole fit of 200 MB).
-
-    ``Optimizer.add_param_group`` imports it on first use only to exclude itself from
-    ``torch.compile``, and skips the import when the function already carries its excluded
-    version. Nothing here is compiled, so the plain function stands in during construction;
-    the marker is removed afterwards, leaving torch as it was for the rest of the process.
-    """
+    """Build an optimizer without importing ``torch._dynamo`` (1.5 s, more than the whole fit of 200 MB), which
+    ``Optimizer.add_param_group`` imports only to exclude itself from ``torch.compile``; torch is left as it was."""
     plain = getattr(torch.optim.Optimizer.add_param_group, "__wrapped__", None)
     if plain is None or "torch._dynamo" in sys.modules or hasattr(plain, _DYNAMO_MARKER):
         yield
@@ -178,13 +159,8 @@ class _Done(Exception):
 
 
 class _SlopeSearch:
-    """The evaluated points (theta, NLL, dNLL/dtheta) and the optimum their slopes bracket.
-
-    The slope's sign is monotone in theta (the NLL is convex in 1/T), so a sign change
-    brackets the optimum and the secant through the bracket estimates it. An estimate that
-    rounds to an already evaluated beta in the compute dtype ends the search: the data's
-    precision is reached.
-    """
+    """The evaluated points (theta, NLL, dNLL/dtheta) and the optimum their slopes bracket (the NLL is convex in
+    1/T); an estimate that rounds to an evaluated beta in the compute dtype ends the search."""
 
     def __init__(self, scan: Scan, xtol: float, evaluate: Evaluator | None = None):
         self.scan, self.xtol = scan, xtol
@@ -197,11 +173,8 @@ class _SlopeSearch:
         self.hessian = 1.0  # curvature estimate at the start, for a Newton step from a single point
 
     def effective_theta(self, theta: float) -> tuple[float, float]:
-        """The pass multiplies by beta in the compute dtype: the (theta, beta) it really uses.
-
-        Steps are kept a little beyond the documented bounds, where the result is clamped anyway:
-        extreme logits can make L-BFGS try a T whose 1/T overflows.
-        """
+        """The (theta, beta) the pass really uses, beta in the compute dtype and kept a little beyond the T bounds
+        (extreme logits can make L-BFGS try a T whose 1/T overflows)."""
         theta = min(max(theta, math.log(T_MIN) - 5), math.log(T_MAX) + 5)
         beta = float(torch.tensor(math.exp(-theta), dtype=self.scan.compute_dtype))
         return -math.log(beta), beta
@@ -215,7 +188,7 @@ class _SlopeSearch:
         self.evaluate(theta)
         return self.points[-1], True
 
-    def evaluate(self, theta: float, curvature: bool = False):
+    def evaluate(self, theta: float):
         effective, beta = self.effective_theta(theta)
         self._stalled = effective in self.seen
         sums = self.objective(beta)
@@ -264,12 +237,8 @@ class _SlopeSearch:
         return root, (abs(root - a[0]) <= self.xtol and abs(a[0] - b[0]) <= TRUST_WIDTH) or self._stalled
 
     def _secant_error(self, lo, hi, root: float) -> float | None:
-        """How far the secant root through the bracket ``lo``, ``hi`` lies from the optimum, about.
-
-        For a smooth slope g, ``g(root) ~ g''/2 (root - lo)(root - hi)``; g'' comes from a third
-        evaluated point (a second divided difference), so a bracket closed well inside ``xtol``
-        is accepted without another pass. None without a usable third point.
-        """
+        """About how far the secant root through ``lo``, ``hi`` lies from the optimum: ``g(root) ~ g''/2 (root - lo)
+        (root - hi)``, g'' from a third evaluated point (None without one)."""
         others = [p for p in self.points if p[0] not in (lo[0], hi[0])]
         if not others:
             return None

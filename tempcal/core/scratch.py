@@ -17,10 +17,7 @@ class Scratch:
 
     def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """Buffer ``name`` shaped like ``t`` (contents undefined), grown when ``t`` is larger."""
-        buffer = self._buffers.get(name)
-        if buffer is None or buffer.numel() < t.numel() or buffer.dtype != t.dtype or buffer.device != t.device:
-            buffer = self._buffers[name] = torch.empty(t.numel(), dtype=t.dtype, device=t.device)
-        return buffer[: t.numel()].view(t.shape)
+        return self.get(name, t.shape, t.dtype, t.device)
 
     def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Buffer ``name`` of ``shape`` in ``dtype`` on ``device`` (contents undefined), grown when too small."""
@@ -28,7 +25,7 @@ class Scratch:
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
             buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
-        return buffer[:numel].view(*shape)
+        return buffer[:numel].view(tuple(shape))
 
 
 __all__ = ["Scratch"]

@@ -1,11 +1,8 @@
 """Moving row chunks between the host and a CUDA device without reading a buffer before its copy lands.
 
-Two rules. :func:`to_device` copies asynchronously (``non_blocking``) only from pinned host memory toward
-CUDA: a non-blocking copy toward the host returns before the bytes arrive, so the host could read a
-stale buffer, and from pageable memory it gains nothing. :class:`PinnedStager` streams chunks read on the
-host to a CUDA device: the host fills one of two pinned buffers (logits and labels together) while the
-device copies the other on a side stream created on the target device, and a buffer is refilled only
-after its copy's event has completed; the compute stream waits for each copy on the GPU, not the host.
+:func:`to_device` copies asynchronously only from pinned host memory toward CUDA (toward the host a non-blocking
+copy returns before the bytes arrive). :class:`PinnedStager` fills one pinned buffer while the other is copied on a
+side stream, refilling a buffer only after its copy's event has completed.
 """
 
 from __future__ import annotations
@@ -28,12 +25,8 @@ def to_device(tensor: torch.Tensor, device: torch.device | str, dtype: torch.dty
 
 
 class PinnedStager:
-    """Host row blocks to one CUDA device through :data:`SLOTS` pinned buffers and a side stream on that device.
-
-    Use: ``logits, labels = stager.buffers(rows, row_bytes)`` gives views of the next free slot (waiting
-    for that slot's previous copy, if any), the caller fills them, and ``stager.send(...)`` copies them
-    to the device and returns tensors that the current stream of the device may use at once.
-    """
+    """Host row blocks to one CUDA device through :data:`SLOTS` pinned buffers and a side stream on that device:
+    the caller fills :meth:`buffers`, and :meth:`send` returns tensors the device's current stream may use at once."""
 
     def __init__(self, device: torch.device, logits_bytes: int, label_rows: int):
         if device.type != "cuda":
@@ -54,11 +47,8 @@ class PinnedStager:
         return self.logits[k][: rows * row_bytes], self.labels[k][:rows]
 
     def send(self, block: torch.Tensor, labels: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copy the current slot's ``block`` (a view of its logits buffer) and ``labels`` to the device.
-
-        The copies run on the side stream; the device's current stream waits for them (on the GPU),
-        converts the logits to ``dtype`` and owns the results.
-        """
+        """Copy the current slot's ``block`` and ``labels`` on the side stream; the current stream waits for them on
+        the GPU, converts the logits to ``dtype`` and owns the results."""
         k = self.turn
         with torch.cuda.stream(self.stream):
             z, y = _async_copy(block, self.device), _async_copy(labels, self.device)

@@ -1,14 +1,8 @@
 """Seeded percentile-bootstrap confidence intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC.
 
-The per-sample statistics (confidence, correctness, NLL) come from one pass over the logits
-(:meth:`Scan.per_sample`). A bootstrap resample of N samples is then just a vector of multinomial
-counts over the N samples, so every resample's bin sums are weighted sums of fixed per-sample figures:
-for a batch of R resamples, an ``[R, N]`` count matrix times each bin's block of per-sample gaps
-(correct - confidence) and times the NLL vector. Nothing is re-read, re-binned or re-sorted per resample.
-The samples are laid out in order of confidence, so a resample's risk-coverage figures (AURC, E-AURC,
-AUGRC, ties in expectation) come from the same counts: each run of tied confidences is one block whose size
-and errors are the counts summed over it (``numpy.add.reduceat``), in the closed forms of
-:mod:`tempcal.metrics.selective`.
+The per-sample statistics come from one pass (:meth:`Scan.per_sample`); a resample is a vector of multinomial
+counts, so its figures are an ``[R, N]`` count matrix times fixed per-sample figures, the samples laid out in order
+of confidence for the risk-coverage closed forms of :mod:`tempcal.metrics.selective`. Nothing is re-read or re-sorted.
 
 Resample r draws ``numpy.random.default_rng(seed).integers(0, N, size=N)`` (the r-th such call on
 one generator) and counts how often each sample was drawn, so the draws do not depend on batching.
@@ -34,11 +28,8 @@ BATCH_ENTRIES = 1 << 22
 
 def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                          *, batch: int | None = None) -> dict[str, np.ndarray]:
-    """The contract's ECE, the mean NLL and the risk-coverage figures on each of ``n_resamples`` seeded bootstrap
-    resamples.
-
-    Returns float64 arrays ``{"ece": [R], "nll": [R], "aurc": [R], "eaurc": [R], "augrc": [R]}``. ``batch``
-    (resamples per matrix product) changes memory use and speed only, never the draws.
+    """The contract's ECE, the mean NLL and the risk-coverage figures on each of ``n_resamples`` seeded resamples:
+    float64 arrays ``{"ece": [R], "nll": [R], "aurc": [R], ...}``; ``batch`` changes memory and speed, never the draws.
     """
     c, k, nll = _inputs(confidence, correct, nll_per_sample)
     n = c.size
@@ -108,12 +99,8 @@ class _Ranking:
 
 def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                         level: float = 0.95, *, batch: int | None = None) -> dict[str, tuple[float, float]]:
-    """Percentile bootstrap intervals ``{"ece": (low, high), "nll": (low, high), "aurc": ..., "eaurc": ...,
-    "augrc": ...}`` at confidence ``level``.
-
-    The bounds are the (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear interpolation) of
-    :func:`bootstrap_replicates`; the same seed gives identical intervals. Binned ECE is biased upwards and
-    resampling adds ties, so for a well-calibrated model the interval may lie above the point estimate.
+    """Percentile bootstrap intervals ``{"ece": (low, high), "nll": ..., "aurc": ..., "eaurc": ..., "augrc": ...}`` at
+    confidence ``level``. Binned ECE is biased upwards, so a well-calibrated model's interval may lie above the point.
     """
     if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0 < level < 1):
         raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")
@@ -129,11 +116,8 @@ def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, s
 def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15,
                    level: float = 0.95, *, per_sample: Mapping[str, torch.Tensor] | None = None
                    ) -> dict[str, tuple[float, float]]:
-    """:func:`bootstrap_intervals` of ``scan``'s samples at temperature ``tau``: one pass, then resampling.
-
-    Every rank's samples, gathered in rank order (:meth:`Scan.per_sample`), so the draws, and the intervals,
-    are the one-process ones; ``per_sample`` is that pass's result at ``tau`` when the caller has it already.
-    """
+    """:func:`bootstrap_intervals` of ``scan``'s samples (every rank's, in rank order) at ``tau``: one pass (or the
+    caller's ``per_sample`` at ``tau``), then resampling."""
     stats = per_sample if per_sample is not None else scan.per_sample(1.0 / as_temperature(tau))
     return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins, level)
 

@@ -8,12 +8,8 @@
   same bins, ``sqrt(sum_i (n_i / N) (acc_i - conf_i)^2)`` (the figure confidence-based leaderboards quote).
 * NLL: mean negative natural log of the true class's probability. Brier: mean over samples
   of ``sum_c (p_c - onehot_c)^2``. Entropy: mean of ``-sum_c p_c ln p_c`` (nats).
-* Each bin's accuracy carries a 95% Wilson score interval (Wilson 1927): with k correct of n,
-  ``p = k/n`` and ``z = Phi^-1(0.975)``, the bounds are
-  ``(p + z^2/(2n) -+ z sqrt(p(1-p)/n + z^2/(4n^2))) / (1 + z^2/n)``: the values of the true
-  accuracy q for which ``|p - q| = z sqrt(q(1-q)/n)``. Unlike ``p -+ z sqrt(p(1-p)/n)`` it stays
-  inside [0, 1] and does not shrink to a point at p = 0 or 1, so a bin of 3 samples shows its
-  uncertainty. An empty bin has none.
+* Each bin's accuracy carries a 95% Wilson score interval (Wilson 1927), which stays inside [0, 1] and does not
+  shrink to a point at accuracy 0 or 1, so a bin of 3 samples shows its uncertainty. An empty bin has none.
 * What T does to decisions (:mod:`.decisions`, from the same pass's per-row confidences): AURC, E-AURC and
   AUGRC of the risk-coverage curve, the smooth ECE, and the curve itself. Figures of an optional capability that
   ride on the same read (the conformal sets of :mod:`tempcal.conformal`) come in through :class:`ReadExtra`.
@@ -205,11 +201,9 @@ def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS
                   extra: ReadExtra | None = None, on_rows: RowsHook | None = None) -> list[CalibrationMetrics]:
     """Calibration metrics at several temperatures in one pass over the data.
 
-    The decision figures (``decisions``; by default unless ``TEMPCAL_SKIP_DECISIONS=1``) come from the same read:
-    every row's confidence at every temperature, 8 bytes per row and temperature (beyond a quarter of the free
-    memory, the temperatures are taken a group per read). ``extra`` adds its figures from these rows (the conformal
-    sets); ``on_rows``
-    sees every temperature's confidences (:data:`RowsHook`).
+    The decision figures come from the same read (every row's confidence at every temperature; beyond a quarter
+    of the free memory, a group of temperatures per read); ``extra`` adds its figures from these rows (the conformal
+    sets), ``on_rows`` sees every temperature's confidences.
     """
     for tau in taus:
         if not tau > 0:

@@ -2,13 +2,9 @@
 
 :func:`decision_figures` takes the confidences of a set of rows (every row, one group's, one fold's) and whether
 each prediction is right, and gives AURC, E-AURC, AUGRC (:mod:`.selective`), the smooth ECE
-(:mod:`.smooth_ece`) and a risk-coverage curve of :data:`CURVE_POINTS` points. Memory: the confidences are
-ranked in place when the caller lets them be (``overwrite``), so beyond the caller's one float64 per row it holds
-one float64 per row of the smaller of the misclassified and the correctly classified rows (at most 4 bytes per
-row) and a few megabytes. These gather a calibration pass's kept
-confidences (:meth:`Scan.calibration` ``keep=("confidence",)``, :func:`gathered_confidence`) and the rows'
-correctness (:func:`gathered_correct`) from every torch.distributed rank, in rank order, so every figure is the
-one-process figure.
+(:mod:`.smooth_ece`) and a risk-coverage curve of :data:`CURVE_POINTS` points, holding beyond the caller's
+confidences at most 4 bytes per row. The rows are gathered from every torch.distributed rank in rank order, so every
+figure is the one-process figure.
 
 ``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost.
 """

@@ -10,16 +10,9 @@
   i.e. the largest ``s`` with ``mean(id >= s) >= 0.95``; FPR95 ``= mean(ood >= s)``, ties
   counted as accepted.
 
-All of them come from one sort of the ID and OOD scores together (:func:`detection_metrics`), and
-the tests compare them with scikit-learn's.
-
-:func:`detection_intervals` adds seeded percentile-bootstrap intervals for AUROC and FPR95 from the
-same per-sample scores: ID and OOD samples are resampled separately, each resample a vector of
-multinomial counts, and one resample's AUROC is ``sum_i w_i (C[lo_i] + C[hi_i]) / 2 / (n m)``
-with ``w`` the ID counts, ``C`` the cumulative OOD counts in ascending score order, and ``lo_i``,
-``hi_i`` the numbers of OOD scores below and at most ID score ``i`` (positions found once per row
-of results). Its FPR95 threshold is the ``(n - k + 1)``-th smallest resampled ID score, found from
-the cumulative ID counts over the lowest ID scores only. Nothing is re-read or re-sorted per resample.
+All of them come from one sort of the ID and OOD scores together (:func:`detection_metrics`).
+:func:`detection_intervals` adds seeded percentile-bootstrap intervals for AUROC and FPR95, ID and OOD resampled
+separately as multinomial counts over the scores sorted once: nothing is re-read or re-sorted per resample.
 """
 
 from __future__ import annotations
@@ -54,11 +47,8 @@ def as_scores(values) -> np.ndarray:
 
 
 def fpr_at_recall(id_scores, ood_scores, recall: float = ID_RECALL) -> tuple[float, float]:
-    """``(fpr, threshold)``: the fraction of OOD scores at or above the largest threshold keeping ``recall`` of ID.
-
-    The threshold is the k-th largest ID score with ``k = ceil(recall * n_id)`` (exact rational
-    arithmetic, so 0.95 * 20 is 19), the largest ``s`` with ``mean(id >= s) >= recall``.
-    """
+    """``(fpr, threshold)``: the fraction of OOD scores at or above the k-th largest ID score, ``k = ceil(recall *
+    n_id)`` in exact rational arithmetic (so 0.95 * 20 is 19)."""
     id_scores, ood_scores = as_scores(id_scores), as_scores(ood_scores)
     if id_scores.size == 0 or ood_scores.size == 0:
         raise DataError("FPR needs at least one in-distribution and one out-of-distribution score")
@@ -234,14 +224,9 @@ class _Row:
 def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.ndarray], n_resamples: int,
                         seed: int, *, level: float = 0.95, ood_stream: int = 1, batch: int | None = None
                         ) -> list[dict[str, tuple[float, float]]]:
-    """Percentile bootstrap intervals ``{"auroc": (low, high), "fpr95": (low, high)}`` for each row of scores.
-
-    ``id_rows[j]`` and ``ood_rows[j]`` are one row's scores (every row the same ID and OOD samples, e.g. one
-    OOD file's scores and temperatures). Resample r counts the draws of the r-th ``integers(0, n_id, n_id)``
-    call on ``numpy.random.default_rng(seed)`` (ID) and of the r-th ``integers(0, n_ood, n_ood)`` call on
-    ``default_rng([seed, ood_stream])`` (OOD): the same resamples for every row, and the same ID resamples for
-    every OOD file. The bounds are the (1 - level)/2 and (1 + level)/2 quantiles (numpy's linear method).
-    ``batch`` (resamples per step) changes memory and speed only, never the draws.
+    """Percentile bootstrap intervals ``{"auroc": (low, high), "fpr95": (low, high)}`` for each row of scores (every
+    row the same ID and OOD samples). Resample r counts the r-th draws of ``default_rng(seed)`` (ID) and of
+    ``default_rng([seed, ood_stream])`` (OOD): the same ID resamples for every OOD file. ``batch`` never changes them.
     """
     if len(id_rows) != len(ood_rows) or not id_rows:
         raise ValueError("detection_intervals needs one or more rows of ID and OOD scores")

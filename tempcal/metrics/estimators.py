@@ -1,17 +1,7 @@
 """Calibration-error estimators beside the contract's equal-width ECE, each a function of the data alone.
 
-Per-sample estimators take ``confidence`` (max softmax, float64 ``[N]``) and ``correct`` (bool ``[N]``), as
-:meth:`Scan.per_sample` gives them (every rank's rows under torch.distributed); tensors or arrays.
-
-* ``ece_equal_mass``: ECE over equal-mass (adaptive) bins that never split a run of tied confidences
-  (Nixon et al. 2019; Roelofs et al. 2022). See :func:`equal_mass_bins` for how bins are formed.
-* ``rms_ce``: root-mean-square calibration error over the contract's equal-width bins (Hendrycks et al. 2019).
-* ``l2_ce_debiased``: the debiased L2 calibration error of Kumar, Liang & Ma 2019 over the same equal-mass bins.
-* ``ece_classwise``: classwise ECE of Kull et al. 2019 over equal-width bins of every class's probability;
-  it needs every class's probability, so it is a reduction over row chunks (:meth:`Scan.classwise`).
-
-Every estimator is invariant to the order of the samples, exactly: samples are sorted by
-(confidence, correct) before any sum, so a shuffled copy sums the same numbers in the same order.
+Per-sample estimators take ``confidence`` (max softmax) and ``correct`` as :meth:`Scan.per_sample` gives them,
+and sort them by (confidence, correct) before any sum, so that the order of the samples cannot change a figure.
 """
 
 from __future__ import annotations
@@ -34,14 +24,9 @@ ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")
 
 # -- shared helpers ----------------------------------------------------------------------
 
-def equal_width_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """The edges :meth:`Scan.calibration` bins with, so that every equal-width figure uses the same bins."""
-    return bin_edges(bins, device)
-
-
 def equal_width_index(values: np.ndarray, bins: int) -> np.ndarray:
     """Contract bin of each value: bin i holds (i/B, (i+1)/B], the first also 0 (as :meth:`Scan.calibration`)."""
-    edges = equal_width_edges(bins).numpy()
+    edges = bin_edges(bins).numpy()
     return np.clip(np.searchsorted(edges, np.asarray(values, dtype=np.float64), side="left") - 1, 0, bins - 1)
 
 
@@ -94,14 +79,9 @@ def _equal_mass(c: np.ndarray, k: np.ndarray, bins: int) -> EqualMassBins:
 
 
 def equal_mass_bins(confidence, correct, bins: int = 15) -> EqualMassBins:
-    """Equal-mass (adaptive) bins of the confidences that never split a run of tied confidences.
-
-    Sort the N confidences; the nominal cut between bin j and j+1 falls after rank round(j N / B) (halves up).
-    A cut that falls inside a run of equal confidences moves to the nearer end of the run (the upper end
-    when both are as near), and cuts that coincide merge, so there are at most B bins, none empty, and
-    which bin a sample lands in depends only on its confidence and the multiset of confidences: never on
-    the order of the samples. Without ties and with N a multiple of B every bin holds exactly N / B samples.
-    """
+    """Equal-mass bins of the confidences: the cut between bins j and j+1 after rank round(j N / B) (halves up),
+    moved to the nearer end of a run of tied confidences (the upper on a tie), coinciding cuts merged; so at most B
+    non-empty bins that depend only on the multiset of confidences."""
     c, k = _per_sample(confidence, correct)
     return _equal_mass(c, k, check_bins(bins))
 
@@ -119,23 +99,15 @@ def _debiased_of(b: EqualMassBins) -> float:
 
 
 def ece_equal_mass(confidence, correct, bins: int = 15) -> float:
-    """ECE over equal-mass bins: sum over bins of (n_b / N) |accuracy_b - mean confidence_b|.
-
-    Adaptive binning as in Nixon et al., "Measuring Calibration in Deep Learning" (CVPR Workshops 2019) and
-    the equal-mass ECE_EM of Roelofs et al., "Mitigating Bias in Calibration Error Estimation"
-    (AISTATS 2022); bins as :func:`equal_mass_bins` forms them (ties are never split).
-    """
+    """ECE over :func:`equal_mass_bins`: sum over bins of (n_b / N) |accuracy_b - mean confidence_b| (Nixon et al.
+    2019; the ECE_EM of Roelofs et al., AISTATS 2022)."""
     return _ece_of(equal_mass_bins(confidence, correct, bins))
 
 
 def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
-    """Debiased L2 calibration error of Kumar, Liang & Ma, "Verified Uncertainty Calibration" (NeurIPS 2019).
-
-    Over equal-mass bins (:func:`equal_mass_bins`, the paper's uniform-mass binning):
-    ``sqrt(max(0, sum_b (n_b/N) [(conf_b - acc_b)^2 - acc_b (1 - acc_b) / (n_b - 1)]))``; the subtracted
-    term removes the plug-in estimate's upward bias from label noise. Bins with fewer than 2 samples add 0,
-    as in the authors' reference code. It is an L2 error: not on the same scale as the L1 ECE.
-    """
+    """Debiased L2 calibration error of Kumar, Liang & Ma (NeurIPS 2019) over :func:`equal_mass_bins`:
+    ``sqrt(max(0, sum_b (n_b/N) [(conf_b - acc_b)^2 - acc_b (1 - acc_b) / (n_b - 1)]))``, bins of one sample adding
+    0 as in the authors' code."""
     return _debiased_of(equal_mass_bins(confidence, correct, bins))
 
 
@@ -153,11 +125,8 @@ def rms_from_bins(count: torch.Tensor, confidence: torch.Tensor, correct: torch.
 
 
 def rms_calibration_error(confidence, correct, bins: int = 15) -> float:
-    """RMS calibration error: sqrt(sum over the contract's equal-width bins of (n_b / N)(acc_b - conf_b)^2).
-
-    As used by Hendrycks, Mazeika & Dietterich, "Deep Anomaly Detection with Outlier Exposure" (ICLR 2019)
-    and Nixon et al. 2019; the bins are the contract's (i/B, (i+1)/B], the first also holding 0.
-    """
+    """RMS calibration error: sqrt(sum over the contract's equal-width bins of (n_b / N)(acc_b - conf_b)^2)
+    (Hendrycks, Mazeika & Dietterich, ICLR 2019)."""
     bins = check_bins(bins)
     return _rms_of(*_per_sample(confidence, correct), bins)
 
@@ -176,9 +145,7 @@ def rms_from_sums(sums: CalibrationSums) -> float:
 # -- classwise ECE: a reduction over row chunks ----------------------------------------------
 
 def classwise_ece(sums: ClasswiseSums) -> float:
-    """Classwise ECE of Kull et al., "Beyond temperature scaling: Obtaining well-calibrated multiclass
-    probabilities with Dirichlet calibration" (NeurIPS 2019): the mean over classes c of the ECE of p_c
-    against the indicator y = c, i.e. ``(1 / (C N)) sum_{c,b} |hits_cb - sum p_c over bin b|``."""
+    """Classwise ECE of Kull et al. (NeurIPS 2019): ``(1 / (C N)) sum_{c,b} |hits_cb - sum p_c over bin b|``."""
     if sums.total <= 0:
         raise TempcalError("calibration estimators need at least one sample, got 0")
     classes = sums.count.shape[0]
@@ -200,12 +167,8 @@ def check_names(names: Sequence[str]) -> list[str]:
 
 def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = ESTIMATORS, *,
                    per_sample: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
-    """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples (every rank's), keyed by name.
-
-    One pass serves the equal-mass estimators and the RMS error: :meth:`Scan.per_sample` (gathered from every
-    rank), or ``per_sample``, that pass's result at ``tau`` when the caller has it already; the RMS error alone
-    takes an all-reduced :meth:`Scan.calibration` pass; the classwise ECE one more pass, made only when asked for.
-    """
+    """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples (every rank's), keyed by name: one
+    :meth:`Scan.per_sample` pass (or the caller's ``per_sample`` at ``tau``), and one more for the classwise ECE."""
     names = check_names(names)
     bins = check_bins(bins)
     value = as_temperature(tau)
@@ -231,8 +194,6 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
     return {name: out[name] for name in names}
 
 
-__all__ = [
-    "ESTIMATORS", "EqualMassBins", "check_names", "classwise_ece",
-    "debiased_l2_calibration_error", "ece_equal_mass", "equal_mass_bins", "equal_width_edges",
-    "equal_width_index", "estimators_for", "rms_calibration_error", "rms_from_bins", "rms_from_sums",
-]
+__all__ = ["ESTIMATORS", "EqualMassBins", "check_names", "classwise_ece", "debiased_l2_calibration_error",
+           "ece_equal_mass", "equal_mass_bins", "equal_width_index", "estimators_for", "rms_calibration_error",
+           "rms_from_bins", "rms_from_sums"]

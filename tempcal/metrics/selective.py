@@ -10,12 +10,8 @@ first j rows (the expectation over the orders of the tie). With N rows of which 
   correct row first), so 0 is the best a ranking of these predictions can do;
 * AUGRC ``= (1/N) sum_k errors(k) / N``: the generalised risk (errors kept over all rows), Traub et al. 2024.
 
-Memory: one float64 per row for every confidence and one more per misclassified row, both sorted in
-place (:func:`rank_in_place`, then :func:`ranked_metrics`); a tie block is found by
-its run in the sorted confidences and its errors by their run in the sorted confidences of the errors, chunk by
-chunk (:data:`CHUNK` values at a time), so nothing else per row is kept. Harmonic sums turn each block's
-contribution into closed forms:
-``sum_{j=1..m} 1/(s+j) = H(s+m) - H(s)`` and ``sum_{j=1..m} j/(s+j) = m - s (H(s+m) - H(s))``.
+Memory: every confidence and every misclassified row's, sorted in place; tie blocks are runs in both, taken
+:data:`CHUNK` values at a time, and harmonic sums give each block's contribution in closed form.
 """
 
 from __future__ import annotations
@@ -68,12 +64,8 @@ def rank_in_place(values: np.ndarray) -> np.ndarray:
 
 
 def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False) -> SelectiveMetrics:
-    """The figures of confidences already ranked: minus every row's and minus the misclassified rows' confidences,
-    each sorted ascending (:func:`rank_in_place`), so that callers short of memory sort in place.
-
-    With ``right``, the second array holds the correctly classified rows' confidences instead: a block's errors are
-    its size less its right rows, so a caller keeps whichever of the two subsets is smaller.
-    """
+    """The figures of confidences already ranked (:func:`rank_in_place`): minus every row's and minus the misclassified
+    rows' confidences, or with ``right`` the correctly classified rows' (a caller keeps the smaller subset)."""
     n = ranked.size
     if n == 0:
         return SelectiveMetrics(math.nan, math.nan, math.nan)

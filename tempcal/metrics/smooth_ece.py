@@ -4,13 +4,9 @@ The residuals ``r_i = conf_i - correct_i`` and the rows themselves are spread on
 by linear interpolation, smoothed by a Gaussian kernel of width sigma reflected at 0 and 1, and
 ``smECE(sigma) = sum_t |R(t) / D(t)| D(t) / sum_t D(t)`` over an evaluation mesh, with R and D the smoothed
 residuals and density (D plus 1e-4). The bandwidth is relplot's fixed point: the sigma found by bisection on
-(0, 1] (10 halvings) where ``smECE(sigma) = sigma`` (sigma below 1e-3 accepted). Everything is a sum over
-rows onto a grid, so it needs only every row's confidence and the misclassified rows' confidences (the same
-arrays the risk-coverage figures keep): ``sum_i w_i(conf_i) r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``, or
-``sum_i w_i conf_i - sum_right w_i`` from the correctly classified rows' confidences when those are fewer.
-
-relplot is not a dependency (it imports pandas and seaborn and keeps every row's pair); the tests check this
-implementation against it to 1e-4 absolute.
+(0, 1] (10 halvings) where ``smECE(sigma) = sigma`` (sigma below 1e-3 accepted). It needs only the arrays the
+risk-coverage figures keep: ``sum_i w_i r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``. relplot is not a dependency
+(it imports pandas and seaborn); the tests check against it to 1e-4.
 """
 
 from __future__ import annotations
@@ -94,11 +90,8 @@ def smooth_ece_at(confidence: np.ndarray, wrong_confidence: np.ndarray, sigma: f
 
 
 def smooth_ece(confidence: np.ndarray, wrong_confidence: np.ndarray, *, right: bool = False) -> float:
-    """smECE at relplot's default bandwidth (the fixed point ``smECE(sigma) = sigma``); NaN without rows.
-
-    With ``right`` the second array holds the correctly classified rows' confidences instead of the misclassified
-    rows' (a caller keeps the smaller subset).
-    """
+    """smECE at relplot's default bandwidth (the fixed point ``smECE(sigma) = sigma``); NaN without rows. With
+    ``right`` the second array holds the correctly classified rows' confidences instead of the misclassified rows'."""
     confidence = np.asarray(confidence, dtype=np.float64)
     wrong_confidence = np.asarray(wrong_confidence, dtype=np.float64)
     if confidence.size == 0:

@@ -2,13 +2,8 @@
 
 Liu, Wang, Owens & Li, "Energy-based Out-of-distribution Detection", NeurIPS 2020.
 
-Written around the row maximum so that nothing overflows and ``z_max`` is kept exactly::
-
-    energy = z_max + tau * log1p(r),   r = sum_{c != argmax} exp((z_c - z_max) / tau)
-
-with ``log1p(r)`` from float64 ``r`` (a float32 ``log(s0)`` would be 0 for every ``r < 6e-8``). Since
-``0 <= tau * log1p(r) <= tau * log(C)``, energy tends to the max logit as ``tau -> 0``; as
-``tau -> infinity`` it grows like ``tau * log(C)`` plus the mean logit.
+``energy = z_max + tau * log1p(r)``, ``r = sum_{c != argmax} exp((z_c - z_max) / tau)`` in float64: nothing
+overflows, ``z_max`` is exact, and a float32 ``log(s0)`` would be 0 for every ``r < 6e-8``.
 """
 
 from __future__ import annotations

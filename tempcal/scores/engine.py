@@ -1,14 +1,8 @@
 """One read of each chunk for every score at every temperature: the scores-only pass.
 
-Per chunk (temperature-free, once): the row maximum ``z1`` (given by the caller's validating scan, or
-``amax``), the row's k largest logits when a score needs them (one selection for the largest k asked,
-which also yields the second maximum ``z2``; else ``topk(z, 2)``), and ``d' = min(z - z2, 0)`` in a
-reused buffer. Per temperature (the only loop over the chunk's C-wide data): ``e' = exp(beta d')`` in a
-reused buffer, ``r'`` as its row sum, and ``q' = e' . d'`` when a score asks for it. Then every score
-turns those into float64 ``[T, n]`` values (see :mod:`tempcal.scores.shared` for the maths).
-
-Compute dtype: float64 chunks stay float64; float16, bfloat16 and float32 are computed in float32
-(never in half precision). Per-row results are float64.
+Per chunk, once: ``z1``, ``z2`` (with the top k logits when a score reads them) and ``d' = min(z - z2, 0)``; per
+temperature, the only C-wide work: ``r'`` and ``q'`` (:mod:`tempcal.scores.shared`). Chunks are computed in float32,
+or float64 when they are float64; per-row results are float64.
 """
 
 from __future__ import annotations
@@ -109,7 +103,7 @@ class ScorePass:
         d_finite = d
         if has_neginf:  # e' d' would be 0 * -inf for impossible classes; and they have no gap to measure
             d_finite = torch.nan_to_num(d, neginf=0.0, out=ws.get("d_finite", z.shape, z.dtype, z.device))
-        r_sum, q = self._sums(d, d_finite, has_neginf)
+        r_sum, q = self._sums(d, d_finite)
         gaps = None
         if top is not None:  # min(v - z2, 0) for the top logits v; all classes: that is d itself
             gaps = d if top is z else torch.sub(top, z2[:, None]).clamp_(max=0)
@@ -124,16 +118,9 @@ class ScorePass:
             return self._largest(z, k)
         return (z if k >= classes else None), torch.topk(z, 2, dim=1).values[:, 1]
 
-    def _sums(self, d: torch.Tensor, d_finite: torch.Tensor, has_neginf: bool
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Per temperature, ``sum e'`` (float64) and (when asked) ``sum e' d'``, ``e' = exp(beta d')``: the only
-        C-wide work per temperature.
-
-        A row is *flat* at a temperature when ``beta * |d'| <= FLAT`` for all its possible classes: every ``e'``
-        then lies in [0.9, 1], such rows differ in the last float32 digits of ``e'``, and ``sum e'`` is formed as
-        ``C + sum expm1(beta d')`` (each term to float32's relative accuracy; impossible classes give -1) rather
-        than from the rounded ``e'``. Other rows sum ``exp(beta d')``, which keeps the smallest terms.
-        """
+    def _sums(self, d: torch.Tensor, d_finite: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Per temperature, ``sum e'`` (float64) and (when asked) ``sum e' d'``, ``e' = exp(beta d')``; rows flat
+        there (``beta |d'| <= FLAT``) sum ``C + sum expm1(beta d')``, keeping the digits that tell them apart."""
         ws, rows, classes = self.workspace, d.shape[0], d.shape[1]
         r_sum = ws.get("r_sum", (len(self.betas), rows), FLOAT64, d.device)
         q = ws.get("q", (len(self.betas), rows), d.dtype, d.device) if "q" in self.sums else None
@@ -169,12 +156,8 @@ class ScorePass:
         return r_sum, q
 
     def _largest(self, z: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The k >= 2 largest logits of each row (any order) and the second largest (from those k).
-
-        ``torch.topk`` (which also builds indices) in general. On a CPU with one torch thread, numpy's
-        introselect (``partition``) in a reused buffer takes about 60% of its time; with more threads
-        ``topk`` splits rows over them while ``partition`` holds the GIL, and ``topk`` wins.
-        """
+        """The k >= 2 largest logits of each row (any order) and the second largest; on a CPU with one torch
+        thread numpy's ``partition`` takes about 60% of ``topk``'s time (with more, ``topk`` wins)."""
         classes = z.shape[1]
         if z.device.type == "cpu" and torch.get_num_threads() == 1:
             top = self.workspace.get("largest", z.shape, z.dtype, z.device).copy_(z)
@@ -187,12 +170,8 @@ class ScorePass:
 
 def scan_scores(scan: Scan, betas: Sequence[float], names: Sequence[str] = ("msp", "energy"),
                 options: Mapping[str, Any] | None = None) -> list[dict[str, torch.Tensor]]:
-    """Per-sample float64 OOD scores ``{name: [rows]}`` of ``scan``'s rows at each ``beta``, in one pass.
-
-    Every score at every temperature comes from the same read of each block (:class:`ScorePass`, with the
-    buffers of the :meth:`Scan.block_pass` thread that takes it; the values joined in row order); ``options``
-    set up scores that take parameters (``gen_gamma``, ``gen_top``).
-    """
+    """Per-sample float64 OOD scores ``{name: [rows]}`` of ``scan``'s rows at each ``beta``, in one pass (a
+    :class:`ScorePass` per thread of :meth:`Scan.block_pass`); ``options`` set up scores with parameters."""
     scores = [get_score(name, options) for name in names]
     scoring = ScorePass(scores, betas, workspace=scan.scratch)
     passes = {id(scan.scratch): scoring}  # one per thread of the block pass, each with that thread's buffers

@@ -1,19 +1,8 @@
 """Negative entropy: ``entropy = sum_c p_c ln p_c`` (minus the Shannon entropy, in nats; ``0 ln 0 = 0``).
 
-The classic predictive-uncertainty score (Shannon, 1948), the baseline that GEN (Liu et al.,
-CVPR 2023, see :mod:`tempcal.scores.gen`) generalises. Higher (closer to 0) = more peaked = more
-in-distribution.
-
-With ``beta = 1 / tau``, ``d_c = z_c - z_max``, ``e_c = exp(beta d_c)``, ``s0 = sum e_c``::
-
-    sum p ln p = sum_c (e_c / s0) (beta d_c - log s0) = beta * Q / s0 - log s0,
-    Q = sum_{c != argmax} e_c d_c   (the maximum has d = 0)
-
-Both terms are <= 0, so nothing cancels. ``Q`` comes from the chunk's sums relative to the second
-maximum ``z2``: ``Q = exp(a) (q' - m r')`` with ``a = -beta m``, ``q' = sum e'_c d'_c``,
-``d'_c = z_c - z2`` (see :mod:`tempcal.scores.shared`), so no float32 exponential underflows before
-float64 itself would. Impossible classes (``-inf`` logits) have ``e = 0`` and count 0 (``0 ln 0 = 0``,
-no NaN).
+With ``d_c = z_c - z_max``, ``e_c = exp(beta d_c)``, ``s0 = sum e_c``: ``sum p ln p = beta * Q / s0 - log s0``,
+``Q = sum_{c != argmax} e_c d_c = exp(a) (q' - m r')`` from the sums relative to the second maximum
+(:mod:`tempcal.scores.shared`). Both terms are <= 0, so nothing cancels; ``-inf`` logits count 0.
 """
 
 from __future__ import annotations

@@ -5,25 +5,13 @@ CVPR 2023. ``p = softmax(z / tau)``; ``g`` (``gen_gamma``, default 0.1) and the 
 probabilities (``gen_top``, default 100; all classes when C <= M). Each term is largest at p = 1/2 and
 0 at p in {0, 1}, so a peaked row scores near 0 (in-distribution) and a flat one far below.
 
-Stable form. Let ``p_2 = exp(a) / s0`` be the second largest probability, ``r' >= 1`` the sum over
-the non-max classes relative to the second maximum and ``e'_c = exp(beta (z_c - z2))``
-(see :mod:`tempcal.scores.shared`). Then ``p_c = p_2 e'_c`` for every non-max class and
-``1 - p_max = r / s0 = p_2 r'``, so::
+Stable form, with ``p_2 = exp(a) / s0`` the second largest probability and ``L_c = beta (z_c - z2) <= 0``
+(:mod:`tempcal.scores.shared`)::
 
-    gen = -p_2^g * [ (r' / s0)^g  +  sum_{non-max c in top M} exp(g (L_c + log1p(-p_2 e^{L_c}))) ],
-    L_c = beta (z_c - z2) <= 0
+    gen = -p_2^g * [ (r' / s0)^g  +  sum_{non-max c in top M} exp(g (L_c + log1p(-p_2 e^{L_c}))) ]
 
-* ``1 - p_max`` is never formed as ``1 - p`` (which is 0 for every confident row in float32 and
-  below ``1e-16`` in float64): the max term comes from ``log r'`` and ``log s0`` in float64.
-* ``p_c^g`` is ``exp(g * L)``, not ``(exp(L))^g``: with g = 0.1 a class at ``L = -200`` still adds
-  ``exp(-20)``, though ``exp(L)`` underflows float32; the common factor ``p_2^g`` is float64.
-* Every non-max ``p_c <= 1/2``, so ``log1p(-p_c)`` is accurate.
-
-The M largest logits are the M largest probabilities at every tau, so they are found once per
-chunk (any order). The top-M block then holds the maximum, clamped to the second maximum's gap 0;
-its term equals the second maximum's, ``(1 - p_2)^g``, and is subtracted once (from a sum holding
-at least two such terms, so without cancellation). The block is evaluated for all taus at once (in
-slices of bounded size), in the chunk's dtype.
+so ``1 - p_max`` is never formed as ``1 - p`` and ``p_c^g`` is ``exp(g L)`` (no float32 underflow). The top M
+logits are found once per chunk; the maximum in that block, clamped to the second maximum's gap, is subtracted once.
 """
 
 from __future__ import annotations
@@ -74,11 +62,8 @@ class Gen(Score):
         return -torch.exp(g * log_p2) * bracket
 
     def _non_max(self, x: Intermediates, p2: torch.Tensor) -> torch.Tensor:
-        """``sum over the non-max top-M classes of exp(g (L + log1p(-p_2 e^L)))`` ([T, n] float64).
-
-        Rows flat at a temperature (every term's ``|L| <= FLAT``, see :mod:`tempcal.scores.shared`) sum the terms
-        relative to the second maximum's (:meth:`_relative`), the others as they are (:meth:`_absolute`).
-        """
+        """``sum over the non-max top-M classes of exp(g (L + log1p(-p_2 e^L)))`` ([T, n] float64); rows flat at a
+        temperature (every ``|L| <= FLAT``) sum relative to the second maximum's term."""
         gaps = x.top_gaps
         rows, k = gaps.shape
         g = self.gamma
@@ -115,9 +100,8 @@ class Gen(Score):
         return terms.sum(-1).to(FLOAT64)
 
     def _relative(self, logs: torch.Tensor, p2: torch.Tensor, x: Intermediates, dtype: torch.dtype) -> torch.Tensor:
-        """``sum_c expm1(g v_c)`` over the block, ``v_c = L_c + log1p(-p_2 e^{L_c}) - log1p(-p_2) <= 0`` (each term
-        over the second maximum's, minus 1): at flat temperatures the terms differ from each other in their
-        last float32 digits, and only these differences are kept to float32's relative accuracy."""
+        """``sum_c expm1(g v_c)``, ``v_c = L_c + log1p(-p_2 e^{L_c}) - log1p(-p_2) <= 0``: each term over the second
+        maximum's, minus 1, which keeps the float32 digits where flat rows differ."""
         # <= 1, since p_2 <= 1/2; p_2 = 1 only in rows with a single possible class, whose factor (1 - p_2)^g is 0
         ratio = (p2 / (1.0 - p2)).clamp_(max=1.0).to(dtype)[:, :, None]
         terms = torch.expm1(logs, out=x.buffer("gen_W", logs.shape, dtype))

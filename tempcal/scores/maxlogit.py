@@ -3,10 +3,7 @@
 Hendrycks, Basart, Mazeika, Zou, Kwon, Mostajabi, Steinhardt & Song, "Scaling Out-of-Distribution
 Detection for Real-World Settings", ICML 2022.
 
-Dividing every row by the same positive ``tau`` keeps their order, so the ranking, and with it
-every ranking figure (AUROC, AUPR, FPR95), is the same at every temperature. (In float64 the
-division is monotone; only values beyond float64's range, ``|z_max| / tau > 1.8e308``, become
-``+/-inf`` and tie.)
+Dividing by the same ``tau > 0`` keeps the rows' order: every ranking figure is the same at every temperature.
 """
 
 from __future__ import annotations

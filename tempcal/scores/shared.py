@@ -2,29 +2,14 @@
 
 Notation, per row (``z`` the logits in the compute dtype, ``beta = 1 / tau``):
 
-* ``z1`` the row maximum (at one class, "argmax"), ``z2`` the second largest logit counted with
-  multiplicity (``z2 = z1`` when the maximum is tied; ``z2 = z1`` too when every other class is
-  ``-inf``), ``m = z1 - z2 >= 0`` the top-2 margin.
-* ``d'_c = min(z_c - z2, 0)``: logits relative to the *second* maximum, the maximum clamped to 0.
-  ``e'_c = exp(beta * d'_c)`` lies in [0, 1] and never overflows.
-* ``r' = sum_c e'_c - 1``: the sum over the non-max classes relative to ``z2``. The clamped maximum and
-  the second maximum both contribute exactly 1, so the float sum is at least 2 whenever ``r' >= 1``
-  and subtracting the 1 loses no precision. ``r' = 0`` only when every other class is impossible.
-* ``q' = sum_c e'_c d'_c`` (made only when a score asks for it; the clamped maximum contributes 0).
-* ``top_gaps``: ``min(v - z2, 0)`` for the row's k largest logits ``v`` (k = the largest ``Score.top_k``),
-  temperature-free, found once per chunk.
+* ``z1`` the row maximum, ``z2`` the second largest logit counted with multiplicity (``z1`` when the maximum is
+  tied or alone), ``m = z1 - z2 >= 0``;
+* ``d'_c = min(z_c - z2, 0)``, ``e'_c = exp(beta d'_c)`` in [0, 1]; ``r' = sum_c e'_c - 1`` (>= 1, or 0 when
+  only the maximum is possible), ``q' = sum_c e'_c d'_c`` when a score asks for it;
+* float64 from there: ``a = -beta m``, ``r = exp(a) r'``, ``s0 = 1 + r``, ``p_max = 1 / s0``, ``p_2 = exp(a) / s0``.
 
-Everything else is float64 and exact algebra:
-
-* ``a = -beta * m``; ``r = sum_{c != argmax} exp(beta (z_c - z1)) = exp(a) * r'`` with
-  ``log r = a + log r'`` (never underflows before float64 itself would);
-* ``s0 = sum_c exp(beta (z_c - z1)) = 1 + r``, ``log s0 = log1p(r)``; ``p_max = 1 / s0``,
-  ``1 - p_max = r / s0``, the second largest probability ``p_2 = exp(a) / s0``.
-
-Shifting by ``z2`` instead of ``z1`` is what keeps float32 chunks honest at saturation: relative to
-``z1`` every non-max ``exp(beta d)`` underflows once ``beta * m`` passes ~87-104 in float32 (tiny taus,
-huge gaps), and ``s0 = 1 + r`` rounds to 1 once ``r < 6e-8``; relative to ``z2`` the sum ``r'`` is at
-least 1 and the scale ``exp(a)`` lives in float64.
+Shifting by ``z2`` rather than ``z1`` keeps float32 chunks honest at saturation: relative to ``z1`` every non-max
+``exp(beta d)`` underflows once ``beta m`` passes ~87 and ``1 + r`` rounds to 1 once ``r < 6e-8``.
 """
 
 from __future__ import annotations
@@ -36,9 +21,8 @@ from typing import Protocol
 import torch
 
 FLOAT64 = torch.float64
-#: A row is "flat" at a temperature when every possible class has ``beta * |z_c - z2| <= FLAT``: its probabilities
-#: differ by less than 11%, the scores of such rows differ in second order only (entropy and GEN by ~1e-6 at
-#: beta * |z_c - z2| ~ 0.01), and its sums over classes are taken relative to 1, with ``expm1``.
+#: A row is "flat" at a temperature when every possible class has ``beta * |z_c - z2| <= FLAT``: its sums over
+#: classes are then taken relative to 1, with ``expm1``, since such rows differ in second order only.
 FLAT = 0.1
 
 
@@ -49,12 +33,8 @@ class Buffers(Protocol):
 
 
 class Intermediates:
-    """A chunk's shared values at the pass's temperatures: inputs set by the pass, float64 ``[T, n]`` values
-    made on first use.
-
-    Row tensors (``z1``, ``z2``, ``margin``) are float64 ``[n]``; ``beta`` and ``tau`` are float64
-    ``[T, 1]`` so that everything broadcasts to ``[T, n]``.
-    """
+    """A chunk's shared values: row tensors float64 ``[n]``, ``beta`` and ``tau`` ``[T, 1]``, and float64 ``[T, n]``
+    values made on first use."""
 
     #: The optional per-temperature sums over classes a score may ask for (``Score.sums``).
     SUMS = frozenset({"q"})
@@ -138,10 +118,7 @@ class Intermediates:
 
 
 def beta_fits(beta: float, dtype: torch.dtype) -> bool:
-    """True when ``beta = 1 / tau`` is a normal number of ``dtype``, so ``beta * d`` there loses only rounding.
-
-    Outside (float32: taus below ~3e-39 or above ~8e37) the pass does that tau's products in float64.
-    """
+    """True when ``beta = 1 / tau`` is a normal number of ``dtype`` (else the pass multiplies in float64)."""
     info = torch.finfo(dtype)
     return info.tiny <= beta <= info.max
 
