@@ -78,7 +78,7 @@ def machine_lines(python: str = sys.executable) -> list[str]:
     return [f"date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
             f"machine: {cpu}, {os.cpu_count()} cores, {memory_gib:.0f} GiB memory, "
             f"{platform.system()} {platform.release()}",
-            f"python: {version} ({python})"]
+            f"python: {version} ({Path(python).parent.parent.name}/bin/{Path(python).name})"]
 
 
 def package_versions(python: str, names: list[str]) -> dict[str, str]:

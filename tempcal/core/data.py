@@ -16,16 +16,30 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Rows of every reduction step are cut so that one chunk holds about this many logits.
 CPU_CHUNK_ELEMENTS = 1 << 19
 CUDA_CHUNK_ELEMENTS = 1 << 26
+#: The most logits a CPU chunk grows to on data large enough (see :func:`default_chunk_rows`).
+CPU_LARGE_CHUNK_ELEMENTS = 1 << 21
+CPU_MIN_CHUNKS = 8
 
 
 #: Fewer rows than this per chunk leave wide rows (large vocabularies) reduced inefficiently.
 MIN_CHUNK_ROWS = 64
 
 
-def default_chunk_rows(num_classes: int, device: torch.device) -> int:
-    """About 512K logits per chunk on CPU (cache-sized), 64M on CUDA; never fewer than MIN_CHUNK_ROWS rows."""
-    per_chunk = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
-    return max(MIN_CHUNK_ROWS, per_chunk // num_classes)
+def default_chunk_rows(num_classes: int, device: torch.device, rows: int | None = None) -> int:
+    """About 512K logits per chunk on CPU (cache-sized), 64M on CUDA; never fewer than MIN_CHUNK_ROWS rows.
+
+    On CPU, with ``rows`` known, a chunk grows up to CPU_LARGE_CHUNK_ELEMENTS while the data still makes
+    CPU_MIN_CHUNKS of them: each chunk is one thread's block, and at 512K logits a block's fixed costs showed
+    (a fit on 50,000 x 1,000 took 0.31 s against 0.26 s at 2M). It depends on the data alone, never on the thread
+    count, so every thread count adds the same blocks."""
+    if device.type == "cuda":
+        return max(MIN_CHUNK_ROWS, CUDA_CHUNK_ELEMENTS // num_classes)
+    small = CPU_CHUNK_ELEMENTS // num_classes
+    if rows is not None and rows > 0:
+        small = max(MIN_CHUNK_ROWS, min(CPU_LARGE_CHUNK_ELEMENTS // num_classes, max(small, rows // CPU_MIN_CHUNKS)))
+        chunks = -(-rows // small)
+        return max(MIN_CHUNK_ROWS, -(-rows // chunks))  # chunks of equal size, so no thread waits on a long last one
+    return max(MIN_CHUNK_ROWS, small)
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -134,7 +148,7 @@ class LogitsData:
         return LogitsData(self.logits[rows], self.labels[rows], index)
 
     def default_chunk_rows(self, device: torch.device) -> int:
-        return default_chunk_rows(self.num_classes, device)
+        return default_chunk_rows(self.num_classes, device, self.num_samples)
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:

@@ -115,7 +115,7 @@ class ShardedLogits:
                              rows=chosen, resident=self.resident)
 
     def default_chunk_rows(self, device: torch.device) -> int:
-        return default_chunk_rows(self.num_classes, device)
+        return default_chunk_rows(self.num_classes, device, self.num_samples)
 
     def fresh_chunks(self, device: torch.device) -> bool:
         """Whether :meth:`chunks` on ``device`` yields tensors of their own (read from the files on the CPU, never a

@@ -227,6 +227,6 @@ def test_the_gpu_benchmark_skips_cleanly_without_cuda_and_dry_runs_its_stages_on
     write_logits_file(tmp_path / "l.safetensors", 700, 50)
     figures = gpu_stream.stage_times(tmp_path / "l.safetensors", 1, torch.device("cpu"))
     assert set(figures) == {"read", "copy", "compute", "pass", "chunk_rows"}
-    assert figures["chunk_rows"] == default_chunk_rows(50, torch.device("cpu"))
+    assert figures["chunk_rows"] == default_chunk_rows(50, torch.device("cpu"), 700)
     serial, ideal, hidden = gpu_stream.overlap({"read": 1.0, "copy": 2.0, "compute": 3.0, "pass": 4.5})
     assert (serial, ideal, hidden) == (6.0, 3.0, 0.5)  # 1.5 s of the 3 s that could be hidden were
