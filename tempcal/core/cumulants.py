@@ -161,8 +161,27 @@ def _central(p: torch.Tensor, u: torch.Tensor, buffers: Buffers) -> tuple[torch.
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
-    """Row-wise ``sum a * b`` through a reused buffer (``vecdot`` allocates a chunk-sized temporary)."""
+    """Row-wise ``sum a * b``: :func:`row_dot` where it is one sweep, else a product in a reused buffer, summed
+    (``vecdot`` allocates a chunk-sized temporary)."""
+    if short_rows(a):
+        return row_dot(a, b)
     return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
+
+
+#: Up to this many classes a batched matrix product is the faster row-wise dot product on the CPU (measured:
+#: 1.3-1.6x faster at 100-256 classes, 4x slower from 400 on, where the batched product stops vectorising).
+ROW_DOT_MAX_CLASSES = 256
+
+
+def short_rows(a: torch.Tensor) -> bool:
+    """Whether rows of ``a`` [n, C] are short enough for :func:`row_dot` (on the CPU only: an accelerator's matrix
+    products may be set to round float32 inputs)."""
+    return a.device.type == "cpu" and a.shape[-1] <= ROW_DOT_MAX_CLASSES
+
+
+def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Row-wise ``sum a * b`` of two tensors [n, C] as a batched matrix product: no temporary."""
+    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
 
 
 def row_terms(m: RowMoments, z_true: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:

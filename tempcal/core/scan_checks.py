@@ -8,6 +8,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..errors import DataError
+from .cumulants import row_dot, short_rows
 from .data import LogitsSource
 from .distributed import all_reduce
 
@@ -26,7 +27,8 @@ def row_reductions(z: torch.Tensor, low: bool = False) -> Reductions:
     """The reductions over every logit of ``z``'s rows (``low``: their minima too)."""
     row_sum = z.sum(1)  # first, as the validating scan did before its blocks
     row_max, arg_max = torch.max(z, 1)
-    return Reductions(row_sum, row_max, arg_max, torch.linalg.vecdot(z, z), z.amin(1) if low else None)
+    squares = row_dot(z, z) if short_rows(z) else torch.linalg.vecdot(z, z)
+    return Reductions(row_sum, row_max, arg_max, squares, z.amin(1) if low else None)
 
 
 def uniform_moments(z: torch.Tensor, row_sum: torch.Tensor, row_max: torch.Tensor, has_neginf: torch.Tensor,
