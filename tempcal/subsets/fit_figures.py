@@ -20,9 +20,9 @@ from ..core.scan import Scan
 from ..errors import Info
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
+from ..sources.grouping import RowGroups
 from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, subset_metrics
 from .fits import SubsetFits, assign_folds, cell_index, fit_with_subsets, fold_sizes
-from .groups import RowGroups
 from .nll_fits import CellLayout
 from .options import Plan
 

@@ -7,7 +7,6 @@ its report from the :class:`SubsetRun`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -19,21 +18,7 @@ from ..errors import DataError
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from .fit_figures import Subsets, crossfit, grouped, subset_extras
-from .groups import read_groups
-from .options import Plan, check_folds
-
-
-@dataclass(frozen=True)
-class Asked:
-    """What a fit asked for besides the subsets: the objective, the bins, the seed, the estimators, the bootstrap's
-    resamples and the conformal miscoverage levels."""
-
-    objective: str
-    bins: int
-    seed: int
-    estimators: Sequence[str] = ()
-    bootstrap: int = 0
-    alphas: list[float] = field(default_factory=list)
+from .options import Asked, Plan, check_folds, read_groups
 
 
 @dataclass

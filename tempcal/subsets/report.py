@@ -18,9 +18,10 @@ from ..conformal import OWN_GROUP_READS, own_group_sets, report_group_sets, repo
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
+from ..sources.grouping import RowGroups
 from ..workflows.common import extra_figures
 from .cells import CellCalibration, GroupRows, cell_calibration, subset_metrics
-from .groups import RowGroups, stored_group_temperatures
+from .options import stored_group_temperatures
 
 
 @dataclass(frozen=True)
