@@ -27,7 +27,7 @@ from ..core.ece_terms import bin_sums, confidence_bins
 from ..core.scan import RowBlock, Scan
 from ..core.scan_fit import fit_scan
 from ..core.scratch import Scratch
-from .nll_fits import CellLayout, SubsetFits, SubsetTemperatures
+from .cells import CellLayout, SubsetFits, SubsetTemperatures
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
 #: are split over several reads.

@@ -20,7 +20,7 @@ from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..sources.grouping import RowGroups
 from ..workflows.common import extra_figures
-from .cells import CellCalibration, GroupRows, cell_calibration, subset_metrics
+from .cells import CellCalibration, GroupRows, cell_calibration, row_extras, subset_metrics
 from .options import stored_group_temperatures
 
 
@@ -120,8 +120,6 @@ def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Se
 def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
                  bins: int) -> list[GroupRow]:
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    from .fit_figures import row_extras
-
     if not (estimators or bootstrap) or grouped.calibration.confidence is None:
         return grouped.rows
     out = []
@@ -179,8 +177,6 @@ def _extras(scan: Scan, grouped: GroupedPass, warnings: list[str], *,
             estimators: Sequence[str], bootstrap: int, seed: int, bins: int) -> list[dict]:
     """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
     the pass kept."""
-    from .fit_figures import row_extras
-
     if not (estimators or bootstrap):
         return []
     plain = [row.tau for row in grouped.rows if not row.per_group]

@@ -17,7 +17,7 @@ from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions, eval_json_fields, json_fields
 from ..sources.registry import Source, open_source
-from ..subsets.fit_figures import Subsets
+from ..subsets.cells import Subsets
 from ..subsets.fit_runs import crossfit_run, grouped_run, with_groups
 from ..subsets.options import Asked, Plan
 from ..subsets.options import plan as subset_plan
