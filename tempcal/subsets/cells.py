@@ -1,32 +1,30 @@
 """Cells of rows (a group, a fold, a group within a fold): the passes whose sums are kept per cell, and the figures.
 
-Cross-fitting and per-group temperatures fit many temperatures on subsets of one data set. Every
-subset is a union of cells, and every figure is a sum over rows, so one read of the data serves all
-the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
-cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their
-per-row values are added into their cell (``index_add``). A fit over the rows outside fold k then reads
-``total - fold k``. Both passes go through :meth:`Scan.block_pass`, which counts them: the blocks' C-wide
-work runs on the pass's threads, and their per-row values are added into the cells in row order (the
-figures of one thread, bit for bit); the sums are all-reduced across ranks.
+Every subset that folds and groups fit a T on is a union of cells (group g in fold k: cell ``g * K + k``; the folds
+seeded and class-stratified, :func:`assign_folds`), and every figure is a sum over rows, so one read of the data
+serves all the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
+cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their per-row values
+are added into their cell (``index_add``); a fit over the rows outside fold k reads ``total - fold k``. Both passes
+go through :meth:`Scan.block_pass`, which counts them: the blocks' C-wide work runs on the pass's threads, their
+per-row values are added into the cells in row order (the figures of one thread, bit for bit), and the sums are
+all-reduced across ranks.
 
-* :func:`cell_objective`: the NLL's sums and four derivatives (:data:`~tempcal.core.cumulants.FIELDS`),
-  ``[slots, cells, FIELDS]`` float64, what the subset fits (:mod:`.fits`, :mod:`.ece_fits`) search on; they give
-  :class:`SubsetFits`;
+* :func:`cell_objective`: the NLL's sums and four derivatives per slot and cell, what the subset fits
+  (:mod:`.fits`, :mod:`.ece_fits`) search on, giving :class:`SubsetFits`;
 * :func:`cell_calibration`: the calibration sums of :meth:`Scan.calibration` per slot and *report group* (any
-  partition of the rows, e.g. the groups while the betas vary per fold), and, on request, every row's confidence
-  per slot (every rank's rows, in order: what ranking figures of a subset need);
-* :func:`subset_metrics`: one slot's sums over one subset turned into the contract's figures, exactly as
-  :func:`~tempcal.metrics.calibration.from_sums` does for every row; :class:`Subsets`: what ``--folds`` and
-  ``--group-by`` add to ``fit``'s report (each group's :class:`GroupResult`), with the estimators per subset.
+  partition of the rows, e.g. the groups while the betas vary per fold) and, on request, every row's confidence
+  per slot (every rank's rows, in order);
+* :func:`subset_metrics`: one slot's sums over one subset as the contract's figures, exactly as
+  :func:`~tempcal.metrics.calibration.from_sums` gives them for every row; :class:`Subsets`: what ``--folds`` and
+  ``--group-by`` add to ``fit``'s report, with the estimators per subset.
 
-Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums:
-they take the subset's per-row confidences and correctness. Such a figure is a function
-``(metrics, confidence, correct) -> metrics`` appended to :data:`ROW_FIGURES`; the subset passes keep every
-row's confidence for them and :func:`subset_metrics` hands each figure the subset's rows.
+Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums: each is a
+function ``(metrics, confidence, correct) -> metrics`` in :data:`ROW_FIGURES`, handed the subset's kept rows.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +43,7 @@ from ..core.scratch import Scratch
 from ..core.threads import block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
+from .options import check_folds
 
 
 @dataclass(frozen=True)
@@ -436,6 +435,59 @@ def fit_group_results(names: Sequence[str], n_fit: Sequence[int], n_eval: Sequen
     return results
 
 
+def cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per cell, from the validating scan's row numbers (no read): rows, the sum of the slope at beta = 0, and
+    the rows with a class above their true class (all ranks)."""
+    stats, cells, n = scan.stats, layout.cells, layout.count
+    f64 = torch.float64
+    slope = torch.zeros(n, dtype=f64, device=cells.device).index_add_(
+        0, cells, (stats.uniform_mean.to(f64) - stats.true_gap.to(f64)).to(cells.device))
+    count = torch.bincount(cells, minlength=n).to(f64)
+    above = torch.bincount(cells[(stats.true_gap < 0).to(cells.device)], minlength=n).to(f64)
+    reduced = all_reduce(torch.stack([count, slope, above])).cpu()
+    return reduced[0].to(torch.int64), reduced[1], reduced[2].to(torch.int64)
+
+
+def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
+    """The fold (0..k-1, int64) of every row of ``labels``.
+
+    Each class's rows are shuffled with ``seed`` and dealt in turn, the classes one after another, so
+    every fold holds about ``1/k`` of each class and fold sizes differ by at most one. With ``k`` equal to
+    the number of rows, row i is fold i (leave-one-out).
+    """
+    labels = np.asarray(labels)
+    n = int(labels.shape[0])
+    k = check_folds(k, n)
+    if k == n:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    order = np.argsort(labels, kind="stable")
+    _, starts = np.unique(labels[order], return_index=True)
+    bounds = [*starts.tolist(), n]
+    dealt = np.concatenate([rng.permutation(order[a:b]) for a, b in itertools.pairwise(bounds)])
+    folds = np.empty(n, dtype=np.int64)
+    folds[dealt] = np.arange(n, dtype=np.int64) % k
+    return folds
+
+
+def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
+    """Rows per fold."""
+    return np.bincount(folds, minlength=k).astype(np.int64).tolist()
+
+
+def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
+               device: torch.device) -> torch.Tensor:
+    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
+    if groups is None and folds is None:
+        raise ValueError("cells need groups or folds")
+    base = groups if groups is not None else folds
+    assert base is not None
+    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
+    k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
+    return (g * num_folds + k).to(device)
+
+
 __all__ = ["ROW_FIGURES", "CellCalibration", "CellLayout", "GroupResult", "GroupRows", "RowFigure", "SubsetFits",
-           "SubsetTemperatures", "Subsets", "cell_calibration", "cell_objective", "fit_group_results", "metrics_block",
-           "row_extras", "subset_extras", "subset_metrics"]
+           "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
+           "cell_stats", "fit_group_results", "fold_sizes", "metrics_block", "row_extras", "subset_extras",
+           "subset_metrics"]

@@ -1,30 +1,27 @@
-"""Every subset's T (folds, groups, groups within folds) beside the global T, from shared reads of one scan.
+"""Every subset's T (folds, groups, groups within folds) beside the global T from shared reads, and ``fit``'s runs.
 
-Rows fall into cells (group g, fold k: cell ``g * K + k``; the folds seeded and class-stratified,
-:func:`assign_folds`; K = N: leave-one-out). Every fit is a union of cells:
-
-* fold k (``K`` of them): every cell outside fold k;
-* group g: g's cells, its NLL drawn toward the global T by the prior ``lam (ln T - ln T_global)^2``;
-* group g in fold k: g's cells outside fold k, drawn toward fold k's T.
-
-One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums and four
-derivatives at each of a few *slots* of betas, so every fit gets exact points from every pass (a fit's sums
-are its family's total less the cells it leaves out) and runs its own certified search
+Every fit is a union of cells (:mod:`.cells`): fold k's, every cell outside fold k; group g's, g's cells, its NLL
+drawn toward the global T by the prior ``lam (ln T - ln T_global)^2``; group g in fold k's, g's cells outside fold
+k, drawn toward fold k's T. One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums
+and four derivatives at each of a few *slots* of betas, so every fit gets exact points from every pass (a fit's
+sums are its family's total less the cells it leaves out) and runs its own certified search
 (:class:`~tempcal.core.certified.Search`) on them. The global fit runs as without subsets (the same T as a fit on
 every row); its passes (:meth:`SharedFits.evaluate`) carry the other fits: a fit whose next point is not covered by
 the global fit's beta gets a slot of its own in the same read. A slot *covers* a fit when the fit's Taylor model,
-moved to the slot's beta, already certifies from there, so fits whose optima lie close together (the folds
-of a large set) share one slot. Once the global T is known, passes continue until every fit is certified
-(:meth:`SharedFits.finish`); typically none is needed. Nothing is kept per row beyond the cell index.
-``--objective ece`` searches in :mod:`.ece_fits` instead.
+moved to the slot's beta, already certifies from there, so fits whose optima lie close together (the folds of a
+large set) share one slot. Once the global T is known, passes continue until every fit is certified
+(:meth:`SharedFits.finish`); typically none is needed. ``--objective ece`` searches in :mod:`.ece_fits` instead.
 
-Loading this module registers :func:`fit_subsets_api` as core's :data:`~tempcal.core.fitting.SUBSET_FIT`, so
-``fit_temperature(groups=..., folds=...)`` reaches it; ``tempcal.fit_temperature`` is read from here for that.
+``fit``'s two runs, one call each: :func:`crossfit_run` (``--folds K``: ``after`` over every row, each at its own
+fold's T_k) and :func:`grouped_run` (``--group-by KEY``: each group's evaluation rows at T = 1, T_g and the global
+T), each with one calibration pass for the figures, the conformal sets out of fold or per group when asked
+(:mod:`tempcal.conformal`) and the estimators per group. Loading this module registers :func:`fit_subsets_api` as
+core's :data:`~tempcal.core.fitting.SUBSET_FIT`, so ``fit_temperature(groups=..., folds=...)`` reaches it;
+``tempcal.fit_temperature`` is read from here for that.
 """
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -32,6 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..conformal import GROUP_SET_READS, fit_group_sets, fold_sets
 from ..core import fitting
 from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
 from ..core.cumulants import FIELDS, NllDerivatives
@@ -39,9 +37,26 @@ from ..core.distributed import all_reduce
 from ..core.fitting import fit_temperature
 from ..core.scan import Scan
 from ..core.scan_fit import FitResult, fit_scan
-from ..errors import DataError
-from .cells import CellLayout, SubsetFits, SubsetTemperatures, cell_objective
-from .options import check_folds, check_prior
+from ..errors import DataError, Info
+from ..metrics.calibration import CalibrationMetrics
+from ..sources.base import OpenedSource
+from ..sources.grouping import RowGroups
+from .cells import (
+    CellLayout,
+    SubsetFits,
+    Subsets,
+    SubsetTemperatures,
+    assign_folds,
+    cell_calibration,
+    cell_index,
+    cell_objective,
+    cell_stats,
+    fit_group_results,
+    fold_sizes,
+    subset_extras,
+    subset_metrics,
+)
+from .options import Asked, Plan, check_folds, check_prior, read_groups
 
 #: Passes after the global fit before the fits still open are given up (reported as not converged).
 MAX_EXTRA_PASSES = 12
@@ -82,30 +97,30 @@ class SharedFits:
         self.resident = scan.fit_start.rows if scan.fit_start is not None else None
         self.global_beta: float | None = None
         self.extra_passes = 0
-        count, slope, above = _cell_stats(scan, layout)
+        count, slope, above = cell_stats(scan, layout)
         g, k = layout.groups, layout.folds
-        self.cell_count = count.view(g, k)
         self.fits: list[_Fit] = []
         total = int(count.sum())
         by_fold = count.view(g, k).sum(0)
         if k > 1:
             for fold in range(k):
                 self.fits.append(self._fit(None, fold, total - int(by_fold[fold]), 0.0,
-                                           slope.view(g, k).sum(0), above.view(g, k).sum(0), fold))
+                                           slope.view(g, k).sum(0), above.view(g, k).sum(0)))
         if groups:
             for group in range(g):
                 cells = slice(group * k, (group + 1) * k)
                 left_out: list[int | None] = [None, *range(k)] if k > 1 else [None]
                 for out in left_out:
                     rows = int(count[cells].sum()) - (int(count[cells][out]) if out is not None else 0)
-                    self.fits.append(self._fit(group, out, rows, lam, slope[cells], above[cells], out))
+                    self.fits.append(self._fit(group, out, rows, lam, slope[cells], above[cells]))
 
     def _fit(self, group: int | None, fold: int | None, count: int, lam: float, slope: torch.Tensor,
-             above: torch.Tensor, left_out: int | None) -> _Fit:
-        """A fit, settled at once when its rows make the answer a bound (unpenalised) or leave no data."""
+             above: torch.Tensor) -> _Fit:
+        """A fit (``slope`` and ``above``: per fold of its family), settled at once when its rows make the answer a
+        bound (unpenalised) or leave no data."""
         keep = torch.ones(slope.shape[0], dtype=torch.bool)
-        if left_out is not None:
-            keep[left_out] = False
+        if fold is not None:
+            keep[fold] = False
         fit = _Fit(group, fold, count, lam)
         slope_sum, above_sum = float(slope[keep].sum()), int(above[keep].sum())
         if count == 0 or lam > 0:
@@ -295,69 +310,21 @@ def _moved(p: NllDerivatives, beta: float) -> NllDerivatives:
     return NllDerivatives(beta, p.nll, d1, d2, p.d3 + t * p.d4, p.d4, p.q, p.q5)
 
 
-def _cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per cell, from the validating scan's row numbers (no read): rows, the sum of the slope at beta = 0, and
-    the rows with a class above their true class (all ranks)."""
-    stats, cells, n = scan.stats, layout.cells, layout.count
-    f64 = torch.float64
-    slope = torch.zeros(n, dtype=f64, device=cells.device).index_add_(
-        0, cells, (stats.uniform_mean.to(f64) - stats.true_gap.to(f64)).to(cells.device))
-    count = torch.bincount(cells, minlength=n).to(f64)
-    above = torch.bincount(cells[(stats.true_gap < 0).to(cells.device)], minlength=n).to(f64)
-    reduced = all_reduce(torch.stack([count, slope, above])).cpu()
-    return reduced[0].to(torch.int64), reduced[1], reduced[2].to(torch.int64)
-
-
-def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
-    """The fold (0..k-1, int64) of every row of ``labels``.
-
-    Each class's rows are shuffled with ``seed`` and dealt in turn, the classes one after another, so
-    every fold holds about ``1/k`` of each class and fold sizes differ by at most one. With ``k`` equal to
-    the number of rows, row i is fold i (leave-one-out).
-    """
-    labels = np.asarray(labels)
-    n = int(labels.shape[0])
-    k = check_folds(k, n)
-    if k == n:
-        return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    order = np.argsort(labels, kind="stable")
-    _, starts = np.unique(labels[order], return_index=True)
-    bounds = [*starts.tolist(), n]
-    dealt = np.concatenate([rng.permutation(order[a:b]) for a, b in itertools.pairwise(bounds)])
-    folds = np.empty(n, dtype=np.int64)
-    folds[dealt] = np.arange(n, dtype=np.int64) % k
-    return folds
-
-
-def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
-    """Rows per fold."""
-    return np.bincount(folds, minlength=k).astype(np.int64).tolist()
-
-
-def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
-               device: torch.device) -> torch.Tensor:
-    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
-    if groups is None and folds is None:
-        raise ValueError("cells need groups or folds")
-    base = groups if groups is not None else folds
-    assert base is not None
-    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
-    k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
-    return (g * num_folds + k).to(device)
-
-
 def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, objective: str = "nll",
                      bins: int = 15, group_names: list[str] | None = None, tol: float = TOL) -> SubsetFits:
-    """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads."""
-    if objective != "nll":
-        from .ece_fits import fit_ece_with_subsets
-
-        return fit_ece_with_subsets(scan, layout, groups=groups, lam=lam, bins=bins, group_names=group_names)
+    """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads; ``passes``
+    counts every read of the fit."""
     start = scan.passes
-    shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
-    result = fit_scan(scan, evaluate=shared.evaluate)
-    subsets = shared.finish(1.0 / result.temperature)
+    if objective == "nll":
+        shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
+        result = fit_scan(scan, evaluate=shared.evaluate)
+        subsets = shared.finish(1.0 / result.temperature)
+    else:
+        from .ece_fits import SharedEce
+
+        ece = SharedEce(scan, layout, groups=groups, lam=lam, bins=bins)
+        result = fit_scan(scan, objective="ece", bins=bins, ece_terms=ece.terms)
+        subsets = ece.finish(result.temperature)
     result.passes = scan.passes - start + 1
     return SubsetFits(result, subsets)
 
@@ -392,8 +359,140 @@ def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group
     return result
 
 
+#: Groups named in the line about groups without fitting rows.
+FIRST_SHOWN = 5
+
+
+@dataclass
+class SubsetRun:
+    """A subset run's global fit, its ``before`` and ``after`` (out of fold with folds), its subsets, the reads the
+    conformal sets took and the overall estimators (with folds; without, ``fit_file`` computes them)."""
+
+    fit: FitResult
+    before: CalibrationMetrics
+    after: CalibrationMetrics
+    subsets: Subsets
+    reads: int = 0
+    extras: list[dict] = field(default_factory=list)
+
+
+def with_groups(plan: Plan, loaded: OpenedSource, group_by: str | None) -> Plan:
+    """The plan with SOURCE's groups read (``group_by``)."""
+    return plan if group_by is None else replace(plan, groups=read_groups(loaded, group_by))
+
+
+def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, warnings: list[str]) -> SubsetRun:
+    """``--folds K`` on ``scan`` (every row of ``loaded``, this process's share): every row fits the deployed T, K
+    out-of-fold fits, out-of-fold metrics (and conformal sets, and the estimators over every row and per group)."""
+    k = check_folds(plan.folds, scan.num_samples)
+    folds = assign_folds(loaded.data.labels.numpy(), k, asked.seed)
+    start, stop = loaded.share()
+    groups = None if plan.groups is None else torch.from_numpy(plan.groups.index[start:stop])
+    count = plan.groups.count if plan.groups is not None else 1
+    layout = CellLayout(cell_index(groups, torch.from_numpy(folds[start:stop]), k, scan.device), count, k)
+    try:
+        fits = _fit(scan, layout, plan, asked, plan.groups.names if plan.groups is not None else None)
+        fold_betas = 1.0 / torch.tensor(fits.fold_temperatures, dtype=torch.float64)
+        betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
+        if plan.groups is not None:
+            betas.append(1.0 / torch.tensor(fits.group_fold_temperatures, dtype=torch.float64).reshape(-1))
+        report = torch.zeros_like(layout.cells) if groups is None else groups.to(scan.device)
+        calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, asked.bins)
+        global_t = fits.fit.temperature
+        before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
+        assert before is not None and after is not None
+        subsets = Subsets(folds={"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes(folds, k)},
+                          group_prior=plan.lam if plan.groups is not None else None, calibration=calibration,
+                          rows=None if plan.groups is None else plan.groups.index, fold_rows=folds)
+        if plan.groups is not None:
+            sizes = plan.groups.sizes()
+            subsets.groups = fit_group_results(plan.groups.names, sizes, sizes, fits, calibration, global_t,
+                                               plan.groups.index)
+            subsets.group_key = plan.groups.key
+        warnings.extend(fits.subsets.warnings)
+        before, after, reads = fold_sets(scan, loaded, subsets, asked.alphas, global_t, before,
+                                         after) if asked.alphas else (before, after, 0)
+    except DataError as exc:
+        raise exc.prefixed(f"{loaded.name}: ") from None
+    warnings[:0] = fits.fit.warnings
+    extras = subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed,
+                           bins=asked.bins, warnings=warnings)
+    return SubsetRun(fits.fit, before, after, subsets, reads, extras)
+
+
+def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: Scan, eval_scan: Scan, plan: Plan,
+                fit_index: np.ndarray, eval_index: np.ndarray, asked: Asked, warnings: list[str]) -> SubsetRun:
+    """``--group-by``: the group fits on ``fit_scan`` (rows ``fit_index`` of ``loaded``) and their figures on
+    ``eval_scan`` (rows ``eval_index`` of ``evaluated``, when given; the indices are global and sorted), with the
+    conformal sets and each group's coverage when ``alphas`` are given, and each group's estimators."""
+    assert plan.groups is not None
+    eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
+    evaluated = evaluated or loaded
+    names, fit_of, eval_of = _joined(plan.groups, eval_groups)
+    count = len(names)
+    fit_g = torch.from_numpy(fit_of[_share(loaded, fit_index)])
+    fits = _fit(fit_scan, CellLayout(fit_g.to(fit_scan.device), count, 1), plan, asked, names)
+    eval_g = torch.from_numpy(eval_of[_share(evaluated, eval_index)]).to(eval_scan.device)
+    global_t = fits.fit.temperature
+    f64 = torch.float64
+    betas = torch.stack([torch.ones(count, dtype=f64), torch.full((count,), 1.0 / global_t, dtype=f64),
+                         1.0 / torch.tensor(fits.group_temperatures, dtype=f64)])
+    calibration = cell_calibration(eval_scan, betas, eval_g, eval_g, count, asked.bins)
+    before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
+    assert before is not None and after is not None
+    counts = torch.bincount(fit_g.to(fit_scan.device), minlength=count)[:count].to(torch.int64)
+    rows = eval_of[eval_index]
+    results = fit_group_results(names, all_reduce(counts).cpu().tolist(), calibration.counts.tolist(), fits,
+                                calibration, global_t, rows)
+    empty = [g.group for g in results if g.n_fit == 0]
+    if empty:  # one line however many groups (thousands, with many small groups)
+        shown = ", ".join(empty[:FIRST_SHOWN]) + (", ..." if len(empty) > FIRST_SHOWN else "")
+        warnings.append(Info(f"{len(empty)} group(s) have no fitting rows ({shown}); their rows are evaluated at "
+                             "the global T"))
+    warnings.extend(fits.subsets.warnings)
+    subsets = Subsets(groups=results, group_key=plan.groups.key, group_prior=plan.lam, calibration=calibration,
+                      rows=rows)
+    reads = 0
+    if asked.alphas:
+        before, after = fit_group_sets(fit_scan, eval_scan, evaluated, eval_index, subsets, asked.alphas, global_t,
+                                       before, after)
+        reads = GROUP_SET_READS
+    subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed, bins=asked.bins,
+                  warnings=warnings, overall=False)
+    return SubsetRun(fits.fit, before, after, subsets, reads)
+
+
+def _fit(scan: Scan, layout: CellLayout, plan: Plan, asked: Asked, names: list[str] | None) -> SubsetFits:
+    return fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
+                            bins=asked.bins, group_names=names)
+
+
+def _share(opened: OpenedSource, rows: np.ndarray) -> np.ndarray:
+    """Global row indices ``rows`` that fall in this process's share, relative to its start."""
+    start, stop = opened.share()
+    return rows[(rows >= start) & (rows < stop)]
+
+
+def _joined(fit: RowGroups, other: RowGroups) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The names of both sets of groups (sorted as groups are: integers numerically, then tasks by text) and each
+    set's rows re-indexed into them."""
+    if other is fit:
+        return fit.names, fit.index, fit.index
+    names = sorted(set(fit.names) | set(other.names), key=_group_order)
+    position = {name: i for i, name in enumerate(names)}
+    return (names, np.array([position[n] for n in fit.names], dtype=np.int64)[fit.index],
+            np.array([position[n] for n in other.names], dtype=np.int64)[other.index])
+
+
+def _group_order(name: str) -> tuple[int, int, str]:
+    try:
+        return 0, int(name), ""
+    except ValueError:
+        return 1, 0, name
+
+
 if fit_subsets_api not in fitting.SUBSET_FIT:
     fitting.SUBSET_FIT.append(fit_subsets_api)
 
-__all__ = ["MAX_EXTRA_PASSES", "SharedFits", "assign_folds", "cell_index", "fit_subsets_api", "fit_temperature",
-           "fit_with_subsets", "fold_sizes"]
+__all__ = ["MAX_EXTRA_PASSES", "SharedFits", "SubsetRun", "crossfit_run", "fit_subsets_api", "fit_temperature",
+           "fit_with_subsets", "grouped_run", "with_groups"]

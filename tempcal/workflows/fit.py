@@ -18,7 +18,7 @@ from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_man
 from ..sources.base import Keep, Kept, SourceOptions, eval_json_fields, json_fields
 from ..sources.registry import Source, open_source
 from ..subsets.cells import Subsets
-from ..subsets.fit_runs import crossfit_run, grouped_run, with_groups
+from ..subsets.fits import crossfit_run, grouped_run, with_groups
 from ..subsets.options import Asked, Plan
 from ..subsets.options import plan as subset_plan
 from ..validation import check_alphas
