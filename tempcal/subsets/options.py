@@ -134,16 +134,6 @@ def read_groups(opened: OpenedSource, key: str, *, option: str | None = None) ->
     return opened.kind.read_groups(opened, key, option or param("group_by"))
 
 
-def stored_group_temperatures(opened: OpenedSource) -> tuple[str | None, dict[str, float]]:
-    """The group key and per-group temperatures stored with ``opened`` (``(None, {})`` when there are none)."""
-    from ..sources.grouping import parse_stored_groups
-
-    if not opened.paths:
-        return None, {}
-    stored = parse_stored_groups(opened.kind.stored_metadata(opened.paths[0]), f"{opened.paths[0]}:")
-    return (None, {}) if stored is None else (stored.key, stored.temperatures)
-
-
 def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
                      warnings: list[str]) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
     """Each row's T (float64): its group's stored T, or ``default`` (the global T) for a group none is stored for,
@@ -168,4 +158,4 @@ def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
 
 
 __all__ = ["DEFAULT_GROUP_PRIOR", "MAX_GROUP_PRIOR", "Asked", "Folds", "GroupBy", "GroupPrior", "Plan", "check_folds",
-           "check_prior", "plan", "read_groups", "row_temperatures", "settle_folds", "stored_group_temperatures"]
+           "check_prior", "plan", "read_groups", "row_temperatures", "settle_folds"]

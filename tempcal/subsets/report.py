@@ -18,10 +18,9 @@ from ..conformal import OWN_GROUP_READS, own_group_sets, report_group_sets, repo
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from ..sources.grouping import RowGroups
+from ..sources.grouping import RowGroups, parse_stored_groups
 from ..workflows.common import extra_figures
 from .cells import CellCalibration, GroupRows, cell_calibration, row_extras, subset_metrics
-from .options import stored_group_temperatures
 
 
 @dataclass(frozen=True)
@@ -61,9 +60,11 @@ class AppliedGroups:
 
 def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None) -> AppliedGroups:
     """The stored T_g of ``groups`` (with warnings for another key or groups stored without a T)."""
-    key, temperatures = stored_group_temperatures(opened)
-    if key is None or stored is None:
+    path = opened.paths[0] if opened.paths else None
+    found = None if path is None else parse_stored_groups(opened.kind.stored_metadata(path), f"{path}:")
+    if found is None or stored is None:
         return AppliedGroups({}, [])
+    key, temperatures = found.key, found.temperatures
     if key != groups.key:
         return AppliedGroups({}, [f"{opened.name}: its per-group temperatures are by '{key}', not '{groups.key}'; "
                                  "every group is reported at the global T"])
