@@ -12,12 +12,10 @@ moved to the slot's beta, already certifies from there, so fits whose optima lie
 large set) share one slot. Once the global T is known, passes continue until every fit is certified
 (:meth:`SharedFits.finish`); typically none is needed. ``--objective ece`` searches in :mod:`.ece_fits` instead.
 
-``fit``'s two runs, one call each: :func:`crossfit_run` (``--folds K``: ``after`` over every row, each at its own
-fold's T_k) and :func:`grouped_run` (``--group-by KEY``: each group's evaluation rows at T = 1, T_g and the global
-T), each with one calibration pass for the figures, the conformal sets out of fold or per group when asked
-(:mod:`tempcal.conformal`) and the estimators per group. Loading this module registers :func:`fit_subsets_api` as
-core's :data:`~tempcal.core.fitting.SUBSET_FIT`, so ``fit_temperature(groups=..., folds=...)`` reaches it;
-``tempcal.fit_temperature`` is read from here for that.
+``fit``'s two runs (:func:`crossfit_run`, :func:`grouped_run`) fit every T, measure them in one calibration pass
+and add the conformal sets and the estimators per group. Loading this module registers :func:`fit_subsets_api` as
+core's :data:`~tempcal.core.fitting.SUBSET_FIT` (``fit_temperature(groups=..., folds=...)``; ``tempcal.fit_temperature``
+is read from here for that).
 """
 
 from __future__ import annotations
