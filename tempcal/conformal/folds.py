@@ -21,7 +21,7 @@ import torch
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from ..subsets.fit_figures import Subsets
+from ..subsets.cells import Subsets
 from .passes import FoldSetSums, ScoreRows, Thresholds, score_reads, temperatures_per_read
 from .sets import ConformalResult, results, thresholds
 

@@ -16,7 +16,7 @@ import torch
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from ..subsets.fit_figures import Subsets
+from ..subsets.cells import Subsets
 from .passes import SetSums, Thresholds, fit_thresholds, set_results
 from .sets import ConformalResult
 

@@ -320,7 +320,7 @@ class SourceKind(ABC):
         written under (a confidence table: its own format with a column added). None by default."""
         return None
 
-    # -- --group-by KEY: the groups of the counted rows (see tempcal.subsets.groups) ---------------------------
+    # -- --group-by KEY: the groups of the counted rows (see tempcal.subsets.options) ---------------------------
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """The groups of ``opened``'s counted rows by the integer tensor ``key`` (:meth:`group_values`), cut to the
         rows that count; ``option`` names where KEY came from in messages."""

@@ -2,7 +2,7 @@
 per-group temperatures stored beside T.
 
 Each :class:`~tempcal.sources.base.SourceKind` reads its group values (``read_groups``, ``group_values``) with
-these; :mod:`tempcal.subsets.groups` is where the rest of tempcal asks. This module knows no kind and no opened
+these; :mod:`tempcal.subsets.options` is where the rest of tempcal asks. This module knows no kind and no opened
 source, so every kind can import it.
 """
 

@@ -1,33 +1,32 @@
-"""Passes whose sums are kept per *cell* of rows (a group, a fold, a group within a fold), at per-cell betas.
+"""Cells of rows (a group, a fold, a group within a fold): the passes whose sums are kept per cell, and the figures.
 
-Cross-fitting and per-group temperatures fit many temperatures on subsets of one data set. Every
-subset is a union of cells, and every figure is a sum over rows, so one read of the data serves all
-the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
-cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their
-per-row values are added into their cell (``index_add``). A fit over the rows outside fold k then reads
-``total - fold k``. Both passes go through :meth:`Scan.block_pass`, which counts them: the blocks' C-wide
-work runs on the pass's threads, and their per-row values are added into the cells in row order (the
-figures of one thread, bit for bit); the sums are all-reduced across ranks.
+Every subset that folds and groups fit a T on is a union of cells (group g in fold k: cell ``g * K + k``; the folds
+seeded and class-stratified, :func:`assign_folds`), and every figure is a sum over rows, so one read of the data
+serves all the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
+cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their per-row values
+are added into their cell (``index_add``); a fit over the rows outside fold k reads ``total - fold k``. Both passes
+go through :meth:`Scan.block_pass`, which counts them: the blocks' C-wide work runs on the pass's threads, their
+per-row values are added into the cells in row order (the figures of one thread, bit for bit), and the sums are
+all-reduced across ranks.
 
-* :func:`cell_objective`: the NLL's sums and four derivatives (:data:`~tempcal.core.cumulants.FIELDS`),
-  ``[slots, cells, FIELDS]`` float64;
-* :func:`cell_calibration`: the calibration sums of :meth:`Scan.calibration` (NLL, Brier, entropy,
-  accuracy, confidence, equal-width bins) per slot and *report group* (any partition of the rows,
-  e.g. the groups while the betas vary per fold), and, on request, every row's confidence per slot
-  (every rank's rows, in order: what ranking figures of a subset need);
-* :func:`subset_metrics`: one slot's sums over one subset turned into the contract's figures, exactly as
-  :func:`~tempcal.metrics.calibration.from_sums` does for every row.
+* :func:`cell_objective`: the NLL's sums and four derivatives per slot and cell, what the subset fits
+  (:mod:`.fits`, :mod:`.ece_fits`) search on, giving :class:`SubsetFits`;
+* :func:`cell_calibration`: the calibration sums of :meth:`Scan.calibration` per slot and *report group* (any
+  partition of the rows, e.g. the groups while the betas vary per fold) and, on request, every row's confidence
+  per slot (every rank's rows, in order);
+* :func:`subset_metrics`: one slot's sums over one subset as the contract's figures, exactly as
+  :func:`~tempcal.metrics.calibration.from_sums` gives them for every row; :class:`Subsets`: what ``--folds`` and
+  ``--group-by`` add to ``fit``'s report, with the estimators per subset.
 
-Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums:
-they take the subset's per-row confidences and correctness. Such a figure is a function
-``(metrics, confidence, correct) -> metrics`` appended to :data:`ROW_FIGURES`; the subset passes keep every
-row's confidence for them and :func:`subset_metrics` hands each figure the subset's rows.
+Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums: each is a
+function ``(metrics, confidence, correct) -> metrics`` in :data:`ROW_FIGURES`, handed the subset's kept rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -35,13 +34,61 @@ import torch
 
 from ..core.bins import bin_edges, bin_index
 from ..core.calibration_pass import row_calibration
+from ..core.certified import CertifiedFit
 from ..core.cumulants import FIELDS, row_moments, row_terms
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import CalibrationSums, RowBlock, Scan
+from ..core.scan_fit import FitResult
 from ..core.scratch import Scratch
 from ..core.threads import block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
+from .options import check_folds
+
+
+@dataclass(frozen=True)
+class CellLayout:
+    """Each of this process's rows' cell (``group * folds + fold``), and the numbers of groups and folds."""
+
+    cells: torch.Tensor  # [n] int64 on the scan's device
+    groups: int = 1
+    folds: int = 1
+
+    @property
+    def count(self) -> int:
+        return self.groups * self.folds
+
+
+@dataclass(frozen=True)
+class SubsetTemperatures:
+    """The fitted temperatures: per fold, per group, per group and fold (None where not asked)."""
+
+    folds: list[CertifiedFit] | None
+    groups: list[CertifiedFit] | None
+    group_folds: list[list[CertifiedFit]] | None
+    passes: int  # reads taken after the global fit (its own are counted by the scan)
+    warnings: list[str]
+
+
+@dataclass(frozen=True)
+class SubsetFits:
+    """The global fit, and the subset temperatures fitted beside it."""
+
+    fit: FitResult
+    subsets: SubsetTemperatures
+
+    @property
+    def fold_temperatures(self) -> list[float]:
+        return [1.0 / r.beta for r in self.subsets.folds or []]
+
+    @property
+    def group_temperatures(self) -> list[float]:
+        return [1.0 / r.beta for r in self.subsets.groups or []]
+
+    @property
+    def group_fold_temperatures(self) -> list[list[float]]:
+        return [[1.0 / r.beta for r in row] for row in self.subsets.group_folds or []]
+
 
 
 def _slot_betas(betas: torch.Tensor) -> list[float | None]:
@@ -259,5 +306,188 @@ def metrics_block(m: CalibrationMetrics | None) -> dict | None:
     return out
 
 
-__all__ = ["ROW_FIGURES", "CellCalibration", "GroupRows", "RowFigure", "cell_calibration", "cell_objective",
-           "metrics_block", "subset_metrics"]
+@dataclass
+class GroupResult:
+    """One group's temperature and its figures on its evaluation rows at T = 1, T_g and the global T."""
+
+    group: str
+    n_fit: int
+    n_eval: int
+    temperature: float
+    before: CalibrationMetrics | None
+    after: CalibrationMetrics | None
+    after_global: CalibrationMetrics | None
+    converged: bool = True
+    bound: str | None = None
+    before_extras: dict = field(default_factory=dict)  # estimators and bootstrap intervals, when asked for
+    after_extras: dict = field(default_factory=dict)
+    after_global_extras: dict = field(default_factory=dict)
+
+    def to_json(self) -> dict:
+        blocks = {}
+        for name, m, extra in (("before", self.before, self.before_extras), ("after", self.after, self.after_extras),
+                               ("after_global", self.after_global, self.after_global_extras)):
+            block = metrics_block(m)
+            blocks[name] = None if block is None else {**block, **extra}
+        return {"group": self.group, "n_fit": self.n_fit, "n_eval": self.n_eval, "temperature": self.temperature,
+                **blocks, "converged": self.converged, "bound": self.bound}
+
+
+@dataclass
+class Subsets:
+    """What ``--folds`` and ``--group-by`` add to a fit's report."""
+
+    folds: dict | None = None
+    groups: list[GroupResult] | None = None
+    group_key: str | None = None
+    group_prior: float | None = None
+    calibration: CellCalibration | None = field(default=None, repr=False)
+    rows: np.ndarray | None = field(default=None, repr=False)  # the group of every evaluation row, in order
+    fold_rows: np.ndarray | None = field(default=None, repr=False)  # with folds: the fold of every row, in order
+
+    def group_temperatures(self) -> dict[str, float] | None:
+        """Name -> T_g of the groups that had fitting rows (what write-back stores)."""
+        if self.groups is None:
+            return None
+        return {g.group: g.temperature for g in self.groups if g.n_fit > 0}
+
+    def to_json(self, bases: Callable[[int], dict[str, dict]]) -> dict[str, Any]:
+        """The fit JSON's ``folds`` and ``group_key``, ``group_prior``, ``groups`` (those asked for); ``bases(n)``:
+        the ``basis`` of each block of a group with ``n`` evaluation rows, by block name."""
+        out: dict[str, Any] = {}
+        if self.folds is not None:
+            out["folds"] = self.folds
+        if self.groups is not None:
+            out.update(group_key=self.group_key, group_prior=self.group_prior, groups=[])
+            for group in self.groups:
+                block = group.to_json()
+                for name, basis in bases(group.n_eval).items():
+                    if block.get(name) is not None:
+                        block[name]["basis"] = basis
+                out["groups"].append(block)
+        return out
+
+
+def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[str], bootstrap: int, seed: int,
+               bins: int, rows: torch.Tensor | tuple[GroupRows, int] | None = None) -> dict:
+    """The per-row estimators and bootstrap intervals of one slot (over the rows ``rows`` selects: a mask, or the
+    kept rows sorted by group and a group; None: every row), from the confidences the pass kept; the classwise ECE
+    is not among them (it needs every class's probability)."""
+    from ..metrics.bootstrap import bootstrap_intervals
+    from ..metrics.estimators import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
+
+    assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
+    confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]
+    if isinstance(rows, tuple):
+        grouped, g = rows
+        assert grouped.nll is not None
+        confidence, correct = grouped.of(grouped.confidence[slot], g), grouped.of(grouped.correct, g)
+        nll = grouped.of(grouped.nll[slot], g)
+    elif rows is not None:
+        confidence, correct, nll = confidence[rows], correct[rows], nll[rows]
+    out: dict = {}
+    if not confidence.numel():
+        return out
+    per_row = {"ece_equal_mass": ece_equal_mass, "l2_ce_debiased": debiased_l2_calibration_error,
+               "rms_ce": rms_calibration_error}
+    out.update({name: per_row[name](confidence, correct, bins) for name in estimators if name in per_row})
+    if bootstrap:
+        intervals = bootstrap_intervals(confidence, correct, nll, bootstrap, seed, bins)
+        out.update({f"{name}_ci": list(interval) for name, interval in intervals.items()})
+        out["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": 0.95}
+    return out
+
+
+def subset_extras(subsets: Subsets, *, estimators: Sequence[str], bootstrap: int, seed: int, bins: int,
+                  warnings: list[str], overall: bool = True) -> list[dict]:
+    """``before`` and ``after`` estimators and intervals over every evaluation row (out of fold with folds; only
+    when ``overall``), and each group's, in its blocks."""
+    calibration = subsets.calibration
+    if not (estimators or bootstrap) or calibration is None or calibration.confidence is None:
+        return []
+    if "ece_classwise" in estimators:
+        warnings.append("ece_classwise is left out where rows have their own T (it needs every class's probability "
+                        "at each row's T); the other estimators are reported")
+    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
+    extras = [row_extras(calibration, 0, **options), row_extras(calibration, 1, **options)] if overall else []
+    if subsets.groups:
+        assert subsets.rows is not None
+        grouped = GroupRows(calibration, subsets.rows, len(subsets.groups))  # each group's rows: one slice
+        for g, group in enumerate(subsets.groups):
+            for block, slot in ((group.before_extras, 0), (group.after_extras, 2), (group.after_global_extras, 1)):
+                block.update(row_extras(calibration, slot, rows=(grouped, g), **options))
+    return extras
+
+
+def fit_group_results(names: Sequence[str], n_fit: Sequence[int], n_eval: Sequence[int], fits: SubsetFits,
+                   calibration: CellCalibration, global_t: float, rows: np.ndarray, slot: int = 2
+                   ) -> list[GroupResult]:
+    """Each group's T and its figures: slot 0 (T = 1), ``slot`` (T_g, out of fold with folds), 1 (global T)."""
+    results = []
+    index = GroupRows.kept(calibration, rows, len(names))
+    for g, name in enumerate(names):
+        fitted = (fits.subsets.groups or [])[g]
+        results.append(GroupResult(
+            name, int(n_fit[g]), int(n_eval[g]), 1.0 / fitted.beta,
+            subset_metrics(calibration, 0, 1.0, g, index), subset_metrics(calibration, slot, 1.0 / fitted.beta, g,
+                                                                         index),
+            subset_metrics(calibration, 1, global_t, g, index), fitted.converged, fitted.bound))
+    return results
+
+
+def cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per cell, from the validating scan's row numbers (no read): rows, the sum of the slope at beta = 0, and
+    the rows with a class above their true class (all ranks)."""
+    stats, cells, n = scan.stats, layout.cells, layout.count
+    f64 = torch.float64
+    slope = torch.zeros(n, dtype=f64, device=cells.device).index_add_(
+        0, cells, (stats.uniform_mean.to(f64) - stats.true_gap.to(f64)).to(cells.device))
+    count = torch.bincount(cells, minlength=n).to(f64)
+    above = torch.bincount(cells[(stats.true_gap < 0).to(cells.device)], minlength=n).to(f64)
+    reduced = all_reduce(torch.stack([count, slope, above])).cpu()
+    return reduced[0].to(torch.int64), reduced[1], reduced[2].to(torch.int64)
+
+
+def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
+    """The fold (0..k-1, int64) of every row of ``labels``.
+
+    Each class's rows are shuffled with ``seed`` and dealt in turn, the classes one after another, so
+    every fold holds about ``1/k`` of each class and fold sizes differ by at most one. With ``k`` equal to
+    the number of rows, row i is fold i (leave-one-out).
+    """
+    labels = np.asarray(labels)
+    n = int(labels.shape[0])
+    k = check_folds(k, n)
+    if k == n:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.default_rng(seed)
+    order = np.argsort(labels, kind="stable")
+    _, starts = np.unique(labels[order], return_index=True)
+    bounds = [*starts.tolist(), n]
+    dealt = np.concatenate([rng.permutation(order[a:b]) for a, b in itertools.pairwise(bounds)])
+    folds = np.empty(n, dtype=np.int64)
+    folds[dealt] = np.arange(n, dtype=np.int64) % k
+    return folds
+
+
+def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
+    """Rows per fold."""
+    return np.bincount(folds, minlength=k).astype(np.int64).tolist()
+
+
+def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
+               device: torch.device) -> torch.Tensor:
+    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
+    if groups is None and folds is None:
+        raise ValueError("cells need groups or folds")
+    base = groups if groups is not None else folds
+    assert base is not None
+    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
+    k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
+    return (g * num_folds + k).to(device)
+
+
+__all__ = ["ROW_FIGURES", "CellCalibration", "CellLayout", "GroupResult", "GroupRows", "RowFigure", "SubsetFits",
+           "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
+           "cell_stats", "fit_group_results", "fold_sizes", "metrics_block", "row_extras", "subset_extras",
+           "subset_metrics"]

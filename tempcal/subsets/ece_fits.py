@@ -25,9 +25,8 @@ from ..core.distributed import all_reduce
 from ..core.ece_fit import EceSearch, rounding_of
 from ..core.ece_terms import bin_sums, confidence_bins
 from ..core.scan import RowBlock, Scan
-from ..core.scan_fit import fit_scan
 from ..core.scratch import Scratch
-from .nll_fits import CellLayout, SubsetFits, SubsetTemperatures
+from .cells import CellLayout, SubsetTemperatures
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
 #: are split over several reads.
@@ -216,15 +215,4 @@ def _fit_sum(values: torch.Tensor, fit: _EceFit, dims: tuple[int, int]) -> torch
     return family - left
 
 
-def fit_ece_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float, bins: int,
-                         group_names: list[str] | None = None) -> SubsetFits:
-    """The global ECE fit and every subset's, sharing reads; ``passes`` counts every read of the fit."""
-    start = scan.passes
-    shared = SharedEce(scan, layout, groups=groups, lam=lam, bins=bins)
-    result = fit_scan(scan, objective="ece", bins=bins, ece_terms=shared.terms)
-    subsets = shared.finish(result.temperature)
-    result.passes = scan.passes - start + 1
-    return SubsetFits(result, subsets)
-
-
-__all__ = ["CellEceTerms", "SharedEce", "cell_ece_pass", "fit_ece_with_subsets"]
+__all__ = ["CellEceTerms", "SharedEce", "cell_ece_pass"]

@@ -1,82 +1,328 @@
-"""The global T and every subset T (folds, groups, groups within folds) from shared reads of one scan, and the
-seeded, class-stratified folds they are fitted on (:func:`assign_folds`; K = N: leave-one-out).
+"""Every subset's T (folds, groups, groups within folds) beside the global T from shared reads, and ``fit``'s runs.
 
-:func:`fit_with_subsets` runs the global fit as :func:`~tempcal.core.scan_fit.fit_scan` does (the
-same T as a fit on every row), its passes carrying the subset fits (:mod:`tempcal.subsets.nll_fits`), then
-finishes those. ``passes`` of the global result counts every read, the validating scan included.
+Every fit is a union of cells (:mod:`.cells`): fold k's, every cell outside fold k; group g's, g's cells, its NLL
+drawn toward the global T by the prior ``lam (ln T - ln T_global)^2``; group g in fold k's, g's cells outside fold
+k, drawn toward fold k's T. One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums
+and four derivatives at each of a few *slots* of betas, so every fit gets exact points from every pass (a fit's
+sums are its family's total less the cells it leaves out) and runs its own certified search
+(:class:`~tempcal.core.certified.Search`) on them. The global fit runs as without subsets (the same T as a fit on
+every row); its passes (:meth:`SharedFits.evaluate`) carry the other fits: a fit whose next point is not covered by
+the global fit's beta gets a slot of its own in the same read. A slot *covers* a fit when the fit's Taylor model,
+moved to the slot's beta, already certifies from there, so fits whose optima lie close together (the folds of a
+large set) share one slot. Once the global T is known, passes continue until every fit is certified
+(:meth:`SharedFits.finish`); typically none is needed. ``--objective ece`` searches in :mod:`.ece_fits` instead.
 
-Loading this module registers :func:`fit_subsets_api` as core's :data:`~tempcal.core.fitting.SUBSET_FIT`, so
-``fit_temperature(groups=..., folds=...)`` reaches it; ``tempcal.fit_temperature`` is read from here for that.
+``fit``'s two runs (:func:`crossfit_run`, :func:`grouped_run`) fit every T, measure them in one calibration pass
+and add the conformal sets and the estimators per group. Loading this module registers :func:`fit_subsets_api` as
+core's :data:`~tempcal.core.fitting.SUBSET_FIT` (``fit_temperature(groups=..., folds=...)``; ``tempcal.fit_temperature``
+is read from here for that).
 """
 
 from __future__ import annotations
 
-import itertools
+import math
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
+from ..conformal import GROUP_SET_READS, fit_group_sets, fold_sets
 from ..core import fitting
-from ..core.certified import TOL
+from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
+from ..core.cumulants import FIELDS, NllDerivatives
+from ..core.distributed import all_reduce
 from ..core.fitting import fit_temperature
 from ..core.scan import Scan
 from ..core.scan_fit import FitResult, fit_scan
-from ..errors import DataError
-from .nll_fits import CellLayout, SharedFits, SubsetFits
-from .options import check_folds, check_prior
+from ..errors import DataError, Info
+from ..metrics.calibration import CalibrationMetrics
+from ..sources.base import OpenedSource
+from ..sources.grouping import RowGroups
+from .cells import (
+    CellLayout,
+    SubsetFits,
+    Subsets,
+    SubsetTemperatures,
+    assign_folds,
+    cell_calibration,
+    cell_index,
+    cell_objective,
+    cell_stats,
+    fit_group_results,
+    fold_sizes,
+    subset_extras,
+    subset_metrics,
+)
+from .options import Asked, Plan, check_folds, check_prior, read_groups
+
+#: Passes after the global fit before the fits still open are given up (reported as not converged).
+MAX_EXTRA_PASSES = 12
+#: A slot covers a fit whose predicted bound is below this share of the tolerance.
+COVER_SHARE = 0.25
+#: Slots per pass, at most (the rest wait for the next pass).
+MAX_SLOTS = 64
+#: Subset fits at a bound named in the warnings, at most (the rest are counted).
+MAX_WARNINGS = 3
 
 
-def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
-    """The fold (0..k-1, int64) of every row of ``labels``.
+@dataclass
+class _Fit:
+    """One subset fit: which cells (a family, less one fold), its rows, its points and its answer."""
 
-    Each class's rows are shuffled with ``seed`` and dealt in turn, the classes one after another, so
-    every fold holds about ``1/k`` of each class and fold sizes differ by at most one. With ``k`` equal to
-    the number of rows, row i is fold i (leave-one-out).
-    """
-    labels = np.asarray(labels)
-    n = int(labels.shape[0])
-    k = check_folds(k, n)
-    if k == n:
-        return np.arange(n, dtype=np.int64)
-    rng = np.random.default_rng(seed)
-    order = np.argsort(labels, kind="stable")
-    _, starts = np.unique(labels[order], return_index=True)
-    bounds = [*starts.tolist(), n]
-    dealt = np.concatenate([rng.permutation(order[a:b]) for a, b in itertools.pairwise(bounds)])
-    folds = np.empty(n, dtype=np.int64)
-    folds[dealt] = np.arange(n, dtype=np.int64) % k
-    return folds
+    group: int | None  # None: the global family (every cell)
+    fold: int | None  # the fold left out; None: none
+    count: int
+    lam: float = 0.0
+    points: list[NllDerivatives] = field(default_factory=list)
+    fixed: CertifiedFit | None = None  # settled without a search (degenerate data, no rows)
+    search: Search | None = None
+    fed: int = 0  # points the search has taken
+    result: CertifiedFit | None = None
+    candidate: float | None = None
 
 
-def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
-    """Rows per fold."""
-    return np.bincount(folds, minlength=k).astype(np.int64).tolist()
+class SharedFits:
+    """The subset fits of one scan. Call :meth:`evaluate` as the global fit's pass, then :meth:`finish`."""
+
+    def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, tol: float = TOL,
+                 group_names: list[str] | None = None):
+        self.scan, self.layout, self.tol = scan, layout, tol
+        self.group_names = group_names or [str(g) for g in range(layout.groups)]
+        span = scan.fit_start.span if scan.fit_start is not None else math.inf
+        self.start = FitStart(scan.num_samples, scan.num_classes, span)
+        # Every row already in memory (small data): the subset fits' passes are computed, not read.
+        self.resident = scan.fit_start.rows if scan.fit_start is not None else None
+        self.global_beta: float | None = None
+        self.extra_passes = 0
+        count, slope, above = cell_stats(scan, layout)
+        g, k = layout.groups, layout.folds
+        self.fits: list[_Fit] = []
+        total = int(count.sum())
+        by_fold = count.view(g, k).sum(0)
+        if k > 1:
+            for fold in range(k):
+                self.fits.append(self._fit(None, fold, total - int(by_fold[fold]), 0.0,
+                                           slope.view(g, k).sum(0), above.view(g, k).sum(0)))
+        if groups:
+            for group in range(g):
+                cells = slice(group * k, (group + 1) * k)
+                left_out: list[int | None] = [None, *range(k)] if k > 1 else [None]
+                for out in left_out:
+                    rows = int(count[cells].sum()) - (int(count[cells][out]) if out is not None else 0)
+                    self.fits.append(self._fit(group, out, rows, lam, slope[cells], above[cells]))
+
+    def _fit(self, group: int | None, fold: int | None, count: int, lam: float, slope: torch.Tensor,
+             above: torch.Tensor) -> _Fit:
+        """A fit (``slope`` and ``above``: per fold of its family), settled at once when its rows make the answer a
+        bound (unpenalised) or leave no data."""
+        keep = torch.ones(slope.shape[0], dtype=torch.bool)
+        if fold is not None:
+            keep[fold] = False
+        fit = _Fit(group, fold, count, lam)
+        slope_sum, above_sum = float(slope[keep].sum()), int(above[keep].sum())
+        if count == 0 or lam > 0:
+            return fit  # no rows: the prior's centre (settled in _centre); a prior: always an interior optimum
+        if above_sum == 0:
+            fit.fixed = CertifiedFit(BETA_MAX, 0, True, 0.0, math.nan, "lower", [],
+                                     [f"{self._name(fit)}: no row has a class above its true class; T is set to "
+                                      "the lower bound"])
+        elif slope_sum >= 0:
+            fit.fixed = CertifiedFit(BETA_MIN, 0, True, 0.0, math.nan, "upper", [],
+                                     [f"{self._name(fit)}: the logits predict no better than uniform; T is set to "
+                                      "the upper bound"])
+        return fit
+
+    def _name(self, fit: _Fit) -> str:
+        where = [] if fit.group is None else [f"group {self.group_names[fit.group]}"]
+        where += [] if fit.fold is None else [f"outside fold {fit.fold + 1}"]
+        return "the fit on " + (" ".join(where) or "every row")
+
+    # -- the passes ------------------------------------------------------------------------
+    def evaluate(self, beta: float) -> NllDerivatives:
+        """The global fit's pass at ``beta``, carrying every other fit that needs a point."""
+        self.global_beta = beta
+        self._update()
+        global_slots = self._slots([f for f in self.fits if f.group is None], [beta])
+        sums = self._pass([beta, *global_slots], self._group_slots([beta, *global_slots]), read=True)
+        return NllDerivatives.from_sums(beta, sums[0].sum(0))
+
+    def finish(self, global_beta: float, max_passes: int = MAX_EXTRA_PASSES) -> SubsetTemperatures:
+        """Passes until every fit is certified (at most ``max_passes``), then the answers."""
+        self.global_beta = global_beta
+        for _ in range(max_passes):
+            self._update()
+            open_fits = [f for f in self.fits if f.candidate is not None]
+            if not open_fits:
+                break
+            global_slots = self._slots([f for f in open_fits if f.group is None], [])
+            self._pass(global_slots, self._group_slots(global_slots))
+            self.extra_passes += self.resident is None
+        self._update(final=True)
+        return self._answer()
+
+    def _pass(self, global_slots: list[float], group_slots: list[list[float]], read: bool = False) -> torch.Tensor:
+        """One read at the global slots (every cell at one beta) and the group slots (each group at its own):
+        float64 sums ``[slots, cells, FIELDS]``, fed to every fit they are points of. Rows the scan kept are
+        evaluated without a read unless ``read`` (the global fit's own pass)."""
+        g, k = self.layout.groups, self.layout.folds
+        width = max((len(s) for s in group_slots), default=0)
+        rows = [torch.full((g * k,), b, dtype=torch.float64) for b in global_slots]
+        for j in range(width):
+            per_group = [s[min(j, len(s) - 1)] if s else self.global_beta or 1.0 for s in group_slots]
+            rows.append(torch.tensor(per_group, dtype=torch.float64).repeat_interleave(k))
+        sums = cell_objective(self.scan, torch.stack(rows), self.layout.cells, None if read else self.resident).cpu()
+        view = sums.view(len(rows), g, k, len(FIELDS))
+        for slot, beta in enumerate(global_slots):
+            for fit, row in zip(self.fits, self._all_sums(view[slot]), strict=True):
+                fit.points.append(NllDerivatives.from_sums(beta, row))
+        for j in range(width):
+            for fit, row in zip(self.fits, self._all_sums(view[len(global_slots) + j]), strict=True):
+                if fit.group is not None and j < len(group_slots[fit.group]):
+                    fit.points.append(NllDerivatives.from_sums(group_slots[fit.group][j], row))
+        return sums
+
+    def _all_sums(self, cells: torch.Tensor) -> list[list[float]]:
+        """Every fit's sums from one slot's ``[groups, folds, FIELDS]``: its family's total (every cell, or its
+        group's) less the cells of the fold it leaves out; one list of FIELDS per fit, in order."""
+        if not self.fits:
+            return []
+        group_of = torch.tensor([-1 if f.group is None else f.group for f in self.fits])
+        fold_of = torch.tensor([-1 if f.fold is None else f.fold for f in self.fits])
+        by_group = cells.sum(1)  # [groups, FIELDS]
+        total, by_fold = by_group.sum(0), cells.sum(0)
+        family = torch.where((group_of < 0)[:, None], total, by_group[group_of.clamp_min(0)])
+        left_global = by_fold[fold_of.clamp_min(0)]
+        left_group = cells[group_of.clamp_min(0), fold_of.clamp_min(0)]
+        left = torch.where((group_of < 0)[:, None], left_global, left_group)
+        return torch.where((fold_of < 0)[:, None], family, family - left).tolist()
+
+    # -- the searches ------------------------------------------------------------------------
+    def _update(self, final: bool = False) -> None:
+        """Every fit's search from its points, the global family first (the groups' priors centre on them)."""
+        for fit in sorted(self.fits, key=lambda f: f.group is not None):
+            fit.candidate = None
+            if fit.fixed is not None:
+                fit.result = fit.fixed
+                continue
+            prior = self._prior(fit)
+            if fit.count == 0:
+                fit.result = CertifiedFit(prior.centre if prior else self._centre(fit), 0, True, 0.0, 0.0)
+                continue
+            if not fit.points:
+                fit.result, fit.candidate = None, self._centre(fit)
+                continue
+            search = self._search(fit, prior)
+            done = search.result(max_passes=1 << 30)
+            if done is not None and done.converged:
+                fit.result = done
+                continue
+            candidate = search.next_beta()
+            if final or search.stuck:
+                fit.result = search.result(max_passes=0)
+            else:
+                fit.result, fit.candidate = None, candidate
+
+    def _search(self, fit: _Fit, prior: Prior | None) -> Search:
+        """The fit's search with every point it has, kept from round to round unless its prior moved."""
+        if fit.search is None or fit.search.prior != prior:
+            fit.search, fit.fed = Search(self.start, self.tol, 1, prior), 0
+        for point in fit.points[fit.fed:]:
+            fit.search.add(point)
+        fit.fed = len(fit.points)
+        fit.search.stuck = False
+        return fit.search
+
+    def _centre(self, fit: _Fit) -> float:
+        """The beta a group's prior draws toward: the global fit's, or fold k's fit for group g in fold k."""
+        if fit.group is None or fit.fold is None:
+            assert self.global_beta is not None
+            return self.global_beta
+        fold = next(f for f in self.fits if f.group is None and f.fold == fit.fold)
+        if fold.result is not None:
+            return fold.result.beta
+        return fold.search.estimate() if fold.search is not None else self._centre(replace(fit, fold=None))
+
+    def _prior(self, fit: _Fit) -> Prior | None:
+        if fit.group is None or fit.lam <= 0:
+            return None
+        return Prior(fit.lam / max(fit.count, 1), self._centre(fit))
+
+    def _slots(self, fits: list[_Fit], fixed: list[float]) -> list[float]:
+        """New betas so that every open fit among ``fits`` is covered by one of them or by ``fixed``."""
+        slots: list[float] = []
+        for fit in sorted((f for f in fits if f.candidate is not None), key=lambda f: f.candidate or 0.0):
+            assert fit.candidate is not None
+            if not any(self._covers(fit, b) for b in [*fixed, *slots]) and len(slots) < MAX_SLOTS:
+                slots.append(fit.candidate)
+        return slots
+
+    def _group_slots(self, global_slots: list[float]) -> list[list[float]]:
+        """Per group, the betas its open fits need beyond ``global_slots`` (the fits bucketed by group once:
+        linear in the number of groups)."""
+        by_group: list[list[_Fit]] = [[] for _ in range(self.layout.groups)]
+        for fit in self.fits:
+            if fit.group is not None and fit.candidate is not None:
+                by_group[fit.group].append(fit)
+        return [self._slots(fits, global_slots) if fits else [] for fits in by_group]
+
+    def _covers(self, fit: _Fit, beta: float) -> bool:
+        """Whether a point at ``beta`` would certify ``fit``, as its nearest point's Taylor model predicts."""
+        if not fit.points:
+            return beta == fit.candidate
+        near = min(fit.points, key=lambda p: abs(math.log(p.beta / beta)))
+        estimate, error = certify(_moved(near, beta), self.start.span, self.start.num_classes, self._prior(fit))
+        return estimate > 0 and error <= COVER_SHARE * self.tol * estimate
+
+    def _answer(self) -> SubsetTemperatures:
+        k = self.layout.folds
+        warnings: list[str] = []
+        for fit in self.fits:
+            assert fit.result is not None
+            warnings += fit.result.warnings if fit.fixed is not None else []
+        if len(warnings) > MAX_WARNINGS:  # one per degenerate subset would flood: the first few and a count
+            more = len(warnings) - MAX_WARNINGS
+            warnings = [*warnings[:MAX_WARNINGS], f"... and {more} more subset fits at a T bound"]
+        folds = [f.result for f in self.fits if f.group is None]
+        groups = [f for f in self.fits if f.group is not None]
+        group_fits = [f.result for f in groups if f.fold is None]
+        group_folds: list[list] | None = None
+        if k > 1 and groups:
+            group_folds = [[] for _ in range(self.layout.groups)]
+            for f in groups:
+                if f.fold is not None and f.group is not None:
+                    group_folds[f.group].append(f.result)
+        open_fits = [f for f in self.fits if f.result is not None and not f.result.converged]
+        if open_fits:
+            warnings.append(f"{len(open_fits)} subset fit(s) not certified after {self.extra_passes} more passes; "
+                            f"first: {self._name(open_fits[0])}")
+        return SubsetTemperatures(folds or None, group_fits or None, group_folds,  # type: ignore[arg-type]
+                                  self.extra_passes, warnings)
 
 
-def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
-               device: torch.device) -> torch.Tensor:
-    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
-    if groups is None and folds is None:
-        raise ValueError("cells need groups or folds")
-    base = groups if groups is not None else folds
-    assert base is not None
-    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
-    k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
-    return (g * num_folds + k).to(device)
+def _moved(p: NllDerivatives, beta: float) -> NllDerivatives:
+    """``p``'s quartic Taylor model moved to ``beta`` (the bound terms kept)."""
+    t = beta - p.beta
+    d1 = p.d1 + t * (p.d2 + t * (p.d3 / 2 + t * p.d4 / 6))
+    d2 = p.d2 + t * (p.d3 + t * p.d4 / 2)
+    return NllDerivatives(beta, p.nll, d1, d2, p.d3 + t * p.d4, p.d4, p.q, p.q5)
 
 
 def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, objective: str = "nll",
                      bins: int = 15, group_names: list[str] | None = None, tol: float = TOL) -> SubsetFits:
-    """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads."""
-    if objective != "nll":
-        from .ece_fits import fit_ece_with_subsets
-
-        return fit_ece_with_subsets(scan, layout, groups=groups, lam=lam, bins=bins, group_names=group_names)
+    """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads; ``passes``
+    counts every read of the fit."""
     start = scan.passes
-    shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
-    result = fit_scan(scan, evaluate=shared.evaluate)
-    subsets = shared.finish(1.0 / result.temperature)
+    if objective == "nll":
+        shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
+        result = fit_scan(scan, evaluate=shared.evaluate)
+        subsets = shared.finish(1.0 / result.temperature)
+    else:
+        from .ece_fits import SharedEce
+
+        ece = SharedEce(scan, layout, groups=groups, lam=lam, bins=bins)
+        result = fit_scan(scan, objective="ece", bins=bins, ece_terms=ece.terms)
+        subsets = ece.finish(result.temperature)
     result.passes = scan.passes - start + 1
     return SubsetFits(result, subsets)
 
@@ -111,8 +357,140 @@ def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group
     return result
 
 
+#: Groups named in the line about groups without fitting rows.
+FIRST_SHOWN = 5
+
+
+@dataclass
+class SubsetRun:
+    """A subset run's global fit, its ``before`` and ``after`` (out of fold with folds), its subsets, the reads the
+    conformal sets took and the overall estimators (with folds; without, ``fit_file`` computes them)."""
+
+    fit: FitResult
+    before: CalibrationMetrics
+    after: CalibrationMetrics
+    subsets: Subsets
+    reads: int = 0
+    extras: list[dict] = field(default_factory=list)
+
+
+def with_groups(plan: Plan, loaded: OpenedSource, group_by: str | None) -> Plan:
+    """The plan with SOURCE's groups read (``group_by``)."""
+    return plan if group_by is None else replace(plan, groups=read_groups(loaded, group_by))
+
+
+def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, warnings: list[str]) -> SubsetRun:
+    """``--folds K`` on ``scan`` (every row of ``loaded``, this process's share): every row fits the deployed T, K
+    out-of-fold fits, out-of-fold metrics (and conformal sets, and the estimators over every row and per group)."""
+    k = check_folds(plan.folds, scan.num_samples)
+    folds = assign_folds(loaded.data.labels.numpy(), k, asked.seed)
+    start, stop = loaded.share()
+    groups = None if plan.groups is None else torch.from_numpy(plan.groups.index[start:stop])
+    count = plan.groups.count if plan.groups is not None else 1
+    layout = CellLayout(cell_index(groups, torch.from_numpy(folds[start:stop]), k, scan.device), count, k)
+    try:
+        fits = _fit(scan, layout, plan, asked, plan.groups.names if plan.groups is not None else None)
+        fold_betas = 1.0 / torch.tensor(fits.fold_temperatures, dtype=torch.float64)
+        betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
+        if plan.groups is not None:
+            betas.append(1.0 / torch.tensor(fits.group_fold_temperatures, dtype=torch.float64).reshape(-1))
+        report = torch.zeros_like(layout.cells) if groups is None else groups.to(scan.device)
+        calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, asked.bins)
+        global_t = fits.fit.temperature
+        before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
+        assert before is not None and after is not None
+        subsets = Subsets(folds={"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes(folds, k)},
+                          group_prior=plan.lam if plan.groups is not None else None, calibration=calibration,
+                          rows=None if plan.groups is None else plan.groups.index, fold_rows=folds)
+        if plan.groups is not None:
+            sizes = plan.groups.sizes()
+            subsets.groups = fit_group_results(plan.groups.names, sizes, sizes, fits, calibration, global_t,
+                                               plan.groups.index)
+            subsets.group_key = plan.groups.key
+        warnings.extend(fits.subsets.warnings)
+        before, after, reads = fold_sets(scan, loaded, subsets, asked.alphas, global_t, before,
+                                         after) if asked.alphas else (before, after, 0)
+    except DataError as exc:
+        raise exc.prefixed(f"{loaded.name}: ") from None
+    warnings[:0] = fits.fit.warnings
+    extras = subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed,
+                           bins=asked.bins, warnings=warnings)
+    return SubsetRun(fits.fit, before, after, subsets, reads, extras)
+
+
+def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: Scan, eval_scan: Scan, plan: Plan,
+                fit_index: np.ndarray, eval_index: np.ndarray, asked: Asked, warnings: list[str]) -> SubsetRun:
+    """``--group-by``: the group fits on ``fit_scan`` (rows ``fit_index`` of ``loaded``) and their figures on
+    ``eval_scan`` (rows ``eval_index`` of ``evaluated``, when given; the indices are global and sorted), with the
+    conformal sets and each group's coverage when ``alphas`` are given, and each group's estimators."""
+    assert plan.groups is not None
+    eval_groups = plan.groups if evaluated is None else read_groups(evaluated, plan.groups.key)
+    evaluated = evaluated or loaded
+    names, fit_of, eval_of = _joined(plan.groups, eval_groups)
+    count = len(names)
+    fit_g = torch.from_numpy(fit_of[_share(loaded, fit_index)])
+    fits = _fit(fit_scan, CellLayout(fit_g.to(fit_scan.device), count, 1), plan, asked, names)
+    eval_g = torch.from_numpy(eval_of[_share(evaluated, eval_index)]).to(eval_scan.device)
+    global_t = fits.fit.temperature
+    f64 = torch.float64
+    betas = torch.stack([torch.ones(count, dtype=f64), torch.full((count,), 1.0 / global_t, dtype=f64),
+                         1.0 / torch.tensor(fits.group_temperatures, dtype=f64)])
+    calibration = cell_calibration(eval_scan, betas, eval_g, eval_g, count, asked.bins)
+    before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
+    assert before is not None and after is not None
+    counts = torch.bincount(fit_g.to(fit_scan.device), minlength=count)[:count].to(torch.int64)
+    rows = eval_of[eval_index]
+    results = fit_group_results(names, all_reduce(counts).cpu().tolist(), calibration.counts.tolist(), fits,
+                                calibration, global_t, rows)
+    empty = [g.group for g in results if g.n_fit == 0]
+    if empty:  # one line however many groups (thousands, with many small groups)
+        shown = ", ".join(empty[:FIRST_SHOWN]) + (", ..." if len(empty) > FIRST_SHOWN else "")
+        warnings.append(Info(f"{len(empty)} group(s) have no fitting rows ({shown}); their rows are evaluated at "
+                             "the global T"))
+    warnings.extend(fits.subsets.warnings)
+    subsets = Subsets(groups=results, group_key=plan.groups.key, group_prior=plan.lam, calibration=calibration,
+                      rows=rows)
+    reads = 0
+    if asked.alphas:
+        before, after = fit_group_sets(fit_scan, eval_scan, evaluated, eval_index, subsets, asked.alphas, global_t,
+                                       before, after)
+        reads = GROUP_SET_READS
+    subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed, bins=asked.bins,
+                  warnings=warnings, overall=False)
+    return SubsetRun(fits.fit, before, after, subsets, reads)
+
+
+def _fit(scan: Scan, layout: CellLayout, plan: Plan, asked: Asked, names: list[str] | None) -> SubsetFits:
+    return fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
+                            bins=asked.bins, group_names=names)
+
+
+def _share(opened: OpenedSource, rows: np.ndarray) -> np.ndarray:
+    """Global row indices ``rows`` that fall in this process's share, relative to its start."""
+    start, stop = opened.share()
+    return rows[(rows >= start) & (rows < stop)]
+
+
+def _joined(fit: RowGroups, other: RowGroups) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """The names of both sets of groups (sorted as groups are: integers numerically, then tasks by text) and each
+    set's rows re-indexed into them."""
+    if other is fit:
+        return fit.names, fit.index, fit.index
+    names = sorted(set(fit.names) | set(other.names), key=_group_order)
+    position = {name: i for i, name in enumerate(names)}
+    return (names, np.array([position[n] for n in fit.names], dtype=np.int64)[fit.index],
+            np.array([position[n] for n in other.names], dtype=np.int64)[other.index])
+
+
+def _group_order(name: str) -> tuple[int, int, str]:
+    try:
+        return 0, int(name), ""
+    except ValueError:
+        return 1, 0, name
+
+
 if fit_subsets_api not in fitting.SUBSET_FIT:
     fitting.SUBSET_FIT.append(fit_subsets_api)
 
-__all__ = ["SubsetFits", "assign_folds", "cell_index", "fit_subsets_api", "fit_temperature", "fit_with_subsets",
-           "fold_sizes"]
+__all__ = ["MAX_EXTRA_PASSES", "SharedFits", "SubsetRun", "crossfit_run", "fit_subsets_api", "fit_temperature",
+           "fit_with_subsets", "grouped_run", "with_groups"]

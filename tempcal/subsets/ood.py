@@ -16,7 +16,8 @@ import numpy as np
 
 from ..metrics.detection import SortedOod, detection_against
 from ..sources.base import OpenedSource
-from .groups import RowGroups, read_groups
+from ..sources.grouping import RowGroups
+from .options import read_groups
 
 #: At most this many distinct stored per-group temperatures are scored (each is one more exp per logit).
 MAX_GROUP_TAUS = 256

@@ -1,26 +1,30 @@
-"""``--folds K``, ``--group-by KEY``, ``--group-prior LAM``: the options of folds and groups, declared and checked once.
+"""``--folds K``, ``--group-by KEY``, ``--group-prior LAM``: the options, checked once, and each row's group.
 
-The command line's declarations (:data:`Folds`, :data:`GroupBy`, :data:`GroupPrior`), the checks the commands and
-the Python API share (:func:`check_folds`, :func:`check_prior`), ``--folds`` settled against ``--val-fraction`` and
-``--eval`` (:func:`settle_folds`), and what ``fit`` fits besides the global T (:class:`Plan`). Nothing here imports
-torch or numpy: ``tempcal --help`` and usage errors stay fast.
+The checks the commands and the Python API share, ``--folds`` settled against ``--val-fraction`` and ``--eval``,
+what ``fit`` fits besides the global T (:class:`Plan`) and asks besides (:class:`Asked`), and the groups of a
+SOURCE's counted rows as its kind reads them (KEY: an integer tensor, one value per row, or an evaluation log's
+task; groups named by value in decimal, sorted numerically), with the per-group temperatures stored beside T and
+each row at its own for ``apply``. Nothing here imports torch or numpy as it loads: ``tempcal --help`` stays fast.
 """
 
 from __future__ import annotations
 
 import numbers
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ..errors import TempcalError, param
+from ..errors import Note, TempcalError, param
 from ..validation import NON_NEGATIVE, shown_value
 
 if TYPE_CHECKING:
+    import torch
+
     from ..requests import FitRequest
-    from .groups import RowGroups
+    from ..sources.base import OpenedSource
+    from ..sources.grouping import RowGroups, StoredGroups
 
 Folds = Annotated[Optional[int], typer.Option(
     "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "
@@ -74,6 +78,19 @@ class Plan:
     lam: float = DEFAULT_GROUP_PRIOR
 
 
+@dataclass(frozen=True)
+class Asked:
+    """What a fit asked for besides the subsets: the objective, the bins, the seed, the estimators, the bootstrap's
+    resamples and the conformal miscoverage levels."""
+
+    objective: str
+    bins: int
+    seed: int
+    estimators: Sequence[str] = ()
+    bootstrap: int = 0
+    alphas: list[float] = field(default_factory=list)
+
+
 def plan(folds: Any, group_prior: Any, eval_file: Any, val_fraction: Any) -> Plan:
     """``fit``'s plan from its arguments; ``folds`` refused with ``eval_file`` or a ``val_fraction``."""
     if folds is not None:
@@ -111,5 +128,34 @@ def settle_folds(request: FitRequest, given: Callable[[str], str | None]) -> Fit
     return replace(request, split=split, eval_file=eval_file)
 
 
-__all__ = ["DEFAULT_GROUP_PRIOR", "MAX_GROUP_PRIOR", "Folds", "GroupBy", "GroupPrior", "Plan", "check_folds",
-           "check_prior", "plan", "settle_folds"]
+def read_groups(opened: OpenedSource, key: str, *, option: str | None = None) -> RowGroups:
+    """The groups of ``opened``'s counted rows by ``key`` (see the module docstring), as its kind reads them;
+    ``option`` names where KEY came from in messages (default ``--group-by``; ``apply`` reads the stored key)."""
+    return opened.kind.read_groups(opened, key, option or param("group_by"))
+
+
+def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
+                     warnings: list[str]) -> tuple[torch.Tensor, dict[str, float], torch.Tensor | None]:
+    """Each row's T (float64): its group's stored T, or ``default`` (the global T) for a group none is stored for,
+    with a warning; the T of every group the rows hold; and each row's group value (int64) as the tensor KEY holds
+    it (None for lm-eval logs, grouped by task, which hold no such tensor)."""
+    import torch
+
+    from ..sources.grouping import GROUP_KEY
+
+    rows = read_groups(opened, groups.key, option=f"the stored '{GROUP_KEY}'")
+    index = torch.from_numpy(rows.index)
+    per_group = [groups.temperatures.get(name, default) for name in rows.names]
+    unstored = [name for name in rows.names if name not in groups.temperatures]
+    if unstored:
+        count = int(torch.isin(index, torch.tensor([rows.names.index(n) for n in unstored])).sum())
+        warnings.append(Note(f"{opened.name}: {len(unstored)} group(s) of '{groups.key}' have no stored temperature "
+                             f"(first: '{unstored[0]}'); their {count} rows take the global T = {default!r}"))
+    values = None
+    if rows.numeric:  # integer groups: their names are the values in decimal
+        values = torch.tensor([int(name) for name in rows.names], dtype=torch.int64)[index]
+    return torch.tensor(per_group, dtype=torch.float64)[index], dict(zip(rows.names, per_group, strict=True)), values
+
+
+__all__ = ["DEFAULT_GROUP_PRIOR", "MAX_GROUP_PRIOR", "Asked", "Folds", "GroupBy", "GroupPrior", "Plan", "check_folds",
+           "check_prior", "plan", "read_groups", "row_temperatures", "settle_folds"]

@@ -18,9 +18,9 @@ from ..conformal import OWN_GROUP_READS, own_group_sets, report_group_sets, repo
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
+from ..sources.grouping import RowGroups, parse_stored_groups
 from ..workflows.common import extra_figures
-from .cells import CellCalibration, GroupRows, cell_calibration, subset_metrics
-from .groups import RowGroups, stored_group_temperatures
+from .cells import CellCalibration, GroupRows, cell_calibration, row_extras, subset_metrics
 
 
 @dataclass(frozen=True)
@@ -60,9 +60,11 @@ class AppliedGroups:
 
 def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None) -> AppliedGroups:
     """The stored T_g of ``groups`` (with warnings for another key or groups stored without a T)."""
-    key, temperatures = stored_group_temperatures(opened)
-    if key is None or stored is None:
+    path = opened.paths[0] if opened.paths else None
+    found = None if path is None else parse_stored_groups(opened.kind.stored_metadata(path), f"{path}:")
+    if found is None or stored is None:
         return AppliedGroups({}, [])
+    key, temperatures = found.key, found.temperatures
     if key != groups.key:
         return AppliedGroups({}, [f"{opened.name}: its per-group temperatures are by '{key}', not '{groups.key}'; "
                                  "every group is reported at the global T"])
@@ -119,8 +121,6 @@ def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Se
 def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
                  bins: int) -> list[GroupRow]:
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    from .fit_figures import row_extras
-
     if not (estimators or bootstrap) or grouped.calibration.confidence is None:
         return grouped.rows
     out = []
@@ -178,8 +178,6 @@ def _extras(scan: Scan, grouped: GroupedPass, warnings: list[str], *,
             estimators: Sequence[str], bootstrap: int, seed: int, bins: int) -> list[dict]:
     """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
     the pass kept."""
-    from .fit_figures import row_extras
-
     if not (estimators or bootstrap):
         return []
     plain = [row.tau for row in grouped.rows if not row.per_group]

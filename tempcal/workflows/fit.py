@@ -17,9 +17,9 @@ from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions, eval_json_fields, json_fields
 from ..sources.registry import Source, open_source
-from ..subsets.fit_figures import Subsets
-from ..subsets.fit_runs import Asked, crossfit_run, grouped_run, with_groups
-from ..subsets.options import Plan
+from ..subsets.cells import Subsets
+from ..subsets.fits import crossfit_run, grouped_run, with_groups
+from ..subsets.options import Asked, Plan
 from ..subsets.options import plan as subset_plan
 from ..validation import check_alphas
 from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis

@@ -13,7 +13,7 @@ from ..errors import TempcalError
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions, json_fields
 from ..sources.registry import Source, open_source
-from ..subsets.groups import read_groups
+from ..subsets.options import read_groups
 from ..subsets.report import GroupRow, held_out_groups, report_groups
 from ..validation import check_alphas, check_taus, resolve_taus
 from .basis import AT_GROUPS, ROWS_ALL, ROWS_HELD_OUT, Basis, report_basis

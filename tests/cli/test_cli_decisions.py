@@ -250,7 +250,7 @@ def test_each_group_of_a_fit_and_a_report_has_its_own_rows_figures(tmp_path, run
 
 
 def test_out_of_fold_figures_take_each_row_at_its_folds_t(tmp_path, run_json):
-    from tempcal.subsets.fits import assign_folds
+    from tempcal.subsets.cells import assign_folds
 
     z, y, _ = grouped_file(tmp_path / "grouped.safetensors")
     result = run_json(["fit", str(tmp_path / "grouped.safetensors"), "--folds", "4", "--no-write"])

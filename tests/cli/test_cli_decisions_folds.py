@@ -18,7 +18,7 @@ from test_cli_distributed import assert_same_figures, needs_torchrun, one_and_tw
 
 from tempcal.conformal import folds as fold_conformal
 from tempcal.conformal import passes
-from tempcal.subsets.fits import assign_folds
+from tempcal.subsets.cells import assign_folds
 
 SCORES = ("lac", "aps")
 

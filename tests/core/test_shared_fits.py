@@ -13,8 +13,8 @@ from tempcal.core.certified import FitStart, Prior, certify
 from tempcal.core.cumulants import NllDerivatives, row_cumulants, row_range
 from tempcal.core.data import LogitsData
 from tempcal.core.scan import ALL_ROWS, Scan
+from tempcal.subsets.cells import CellLayout
 from tempcal.subsets.fits import fit_with_subsets
-from tempcal.subsets.nll_fits import CellLayout
 
 
 def _point(z, y, beta):

@@ -16,9 +16,8 @@ from tempcal.core.scan import ALL_ROWS, Scan
 from tempcal.errors import TempcalError
 from tempcal.models.head import OutputHead
 from tempcal.scores.engine import scan_scores
-from tempcal.subsets.cells import cell_calibration, cell_objective
+from tempcal.subsets.cells import CellLayout, cell_calibration, cell_objective
 from tempcal.subsets.ece_fits import cell_ece_pass
-from tempcal.subsets.nll_fits import CellLayout
 from tempcal.workflows.apply import _scaled_chunks
 
 

@@ -143,7 +143,7 @@ def test_without_the_columns_named_a_table_is_refused_with_the_options(tmp_path)
 
 @pytest.mark.parametrize("suffix", FORMATS)
 def test_groups_by_a_string_or_an_integer_column(tmp_path, suffix):
-    from tempcal.subsets.groups import read_groups
+    from tempcal.subsets.options import read_groups
 
     rows = make_rows(90, seed=7)
     opened = opened_table(write_table(tmp_path / f"t{suffix}", rows))

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from tempcal.sources.base import Keep, SourceOptions
 from tempcal.sources.registry import KINDS, open_source
-from tempcal.subsets.groups import read_groups
+from tempcal.subsets.options import read_groups
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tempcal"
 NAMES = "|".join(re.escape(kind.name) for kind in KINDS)

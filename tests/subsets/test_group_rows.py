@@ -57,7 +57,7 @@ def test_too_many_groups_keep_no_sorted_rows():
 
 
 def test_group_estimators_from_the_sorted_rows_equal_those_of_a_numpy_mask():
-    from tempcal.subsets.fit_figures import row_extras
+    from tempcal.subsets.cells import row_extras
 
     groups = np.random.default_rng(7).integers(0, 5, 900)
     calibration = _calibration(groups, 5)

@@ -13,7 +13,7 @@ from subsets_reference import figures_per_row, penalised_temperature
 
 from tempcal.errors import TempcalError
 from tempcal.sources.safetensors import ShardedLogits
-from tempcal.subsets.fits import assign_folds
+from tempcal.subsets.cells import assign_folds
 from tempcal.workflows.fit import fit_file
 
 FIGURES = ("nll", "ece", "mce", "brier", "accuracy", "entropy")

@@ -14,7 +14,7 @@ from subsets_reference import figures_per_row, penalised_temperature
 
 from tempcal.core.splitting import stratified_split
 from tempcal.errors import TempcalError
-from tempcal.subsets.fits import assign_folds
+from tempcal.subsets.cells import assign_folds
 from tempcal.subsets.options import DEFAULT_GROUP_PRIOR
 from tempcal.workflows.fit import fit_file, write_back
 from tempcal.workflows.report import report_file
