@@ -1,4 +1,6 @@
-"""What one calibration pass sums per chunk at each temperature, and what it keeps per row when asked.
+"""What one calibration pass sums per chunk at each temperature, and what it keeps per row when asked; and the
+contract's equal-width confidence bins, which every binned figure (ECE and its bins, RMS calibration error, the
+classwise ECE, the ECE search, the bootstrap) takes from here, so a confidence falls into the same bin everywhere.
 
 Per row at ``beta``: the confidence, NLL, Brier score and entropy summed in float64, and the confidences binned in
 the contract's bins. ``keep=("confidence",)`` writes every row's confidence into one ``[betas, rows]`` float64 array
@@ -13,11 +15,23 @@ from typing import Protocol
 
 import torch
 
-from .bins import bin_edges, bin_index
-from .scratch import Scratch
+from ..validation import check_bins
+from .threads import Scratch
 
+#: The bins of every binned figure unless ``--bins`` (or ``bins=``) says otherwise.
+DEFAULT_BINS = 15
 #: What ``keep`` may name: the confidence (max softmax) and the energy ``T logsumexp(z / T)`` of every row.
 KEPT = ("confidence", "energy")
+
+
+def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); bins checked first."""
+    return torch.arange(check_bins(bins) + 1, dtype=torch.float64, device=device) / bins
+
+
+def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0."""
+    return (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, edges.numel() - 2)
 
 
 @dataclass(frozen=True)
@@ -132,7 +146,6 @@ class CalibrationTerms:
         return out
 
 
-
 def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor,
                     beta: float | torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each row's NLL, Brier score and entropy (in ``d``'s dtype, as the pass sums them), float64 confidence and
@@ -148,4 +161,6 @@ def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, g
     return (log_s0 - beta * gap, brier.clamp_min(0), (log_s0 - beta * mean_d).clamp_min(0),
             s0.reciprocal().to(torch.float64), log_s0)
 
-__all__ = ["KEPT", "BlockSums", "CalibrationSums", "CalibrationTerms", "ChunkVisitor", "row_calibration"]
+
+__all__ = ["DEFAULT_BINS", "KEPT", "BlockSums", "CalibrationSums", "CalibrationTerms", "ChunkVisitor", "bin_edges",
+           "bin_index", "row_calibration"]

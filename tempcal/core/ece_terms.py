@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .bins import bin_edges, bin_index
+from .calibration_pass import bin_edges, bin_index
 from .distributed import all_reduce
-from .scratch import Scratch
+from .threads import Scratch
 
 if TYPE_CHECKING:
     from .scan import RowBlock, Scan

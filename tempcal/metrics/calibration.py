@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..core.bins import DEFAULT_BINS
+from ..core.calibration_pass import DEFAULT_BINS
 from ..core.scan import CalibrationSums, Scan
 from ..errors import TempcalError
 from . import decisions as decisions_module

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..core.bins import bin_edges
+from ..core.calibration_pass import bin_edges
 from ..core.scan import CalibrationSums, ClasswiseSums, Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences

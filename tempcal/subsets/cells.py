@@ -33,13 +33,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.bins import bin_edges, bin_index
-from ..core.calibration_pass import row_calibration
+from ..core.calibration_pass import bin_edges, bin_index, row_calibration
 from ..core.cumulants import FIELDS, row_moments, row_terms
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import CalibrationSums, RowBlock, Scan
-from ..core.scratch import Scratch
-from ..core.threads import block_bounds, map_blocks, pass_threads, single_threaded
+from ..core.threads import Scratch, block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
 

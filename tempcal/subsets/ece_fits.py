@@ -19,14 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.bins import bin_edges
+from ..core.calibration_pass import bin_edges
 from ..core.certified import CertifiedFit
 from ..core.distributed import all_reduce
 from ..core.ece_fit import EceSearch, rounding_of
 from ..core.ece_terms import bin_sums, confidence_bins
 from ..core.scan import RowBlock, Scan
 from ..core.scan_fit import fit_scan
-from ..core.scratch import Scratch
+from ..core.threads import Scratch
 from .nll_fits import CellLayout, SubsetFits, SubsetTemperatures
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
