@@ -1,13 +1,105 @@
-"""The pictures and model-card sections a command writes beside its results (``--plot``, ``--markdown``); each
-function returns the lines saying what it wrote."""
+"""What a command writes besides the console: its JSON (a file, atomically, or standard output), the Markdown
+section appended to GitHub's step summary, the pictures and model-card sections beside its results (``--plot``,
+``--markdown``), and the outputs a capability package registers (``--html``).
+
+The step summary goes to ``$GITHUB_STEP_SUMMARY`` in one ``write`` (commands running side by side cannot
+interleave); a file that is no regular writable file gets a warning, not a byte. A registered output has a check run
+before any work (the path, the package's optional dependencies) and a writer run after the JSON is out; the commands
+name no such output: ``cli/main`` calls :func:`check_extra` for every output path and :func:`write_extras` once.
+"""
 
 from __future__ import annotations
 
+import json
+import os
+import stat
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
 from ..errors import param
 from ..io.atomic import write_text_atomic
+from ..io.paths import problem_with
 
+STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 #: What every command says for each file it writes beside its results.
 WROTE_PLOT, WROTE_MARKDOWN = "wrote the plot to {}", "wrote the Markdown section to {}"
+
+
+def emit_json(target: str | None, payload: dict) -> None:
+    """Write ``payload`` to ``target`` (a path, ``-`` for standard output, or None for nowhere)."""
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2, allow_nan=False) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_text_atomic(target, text, what=param("json"))
+
+
+def step_summary_path() -> str | None:
+    """The file ``$GITHUB_STEP_SUMMARY`` names, or None when it is unset or empty."""
+    return os.environ.get(STEP_SUMMARY_ENV) or None
+
+
+def append_step_summary(summary: Callable[[], str], *, gate: str | None = None) -> str | None:
+    """Append ``summary()`` (and the gate's failure) to the step summary file, when one is named; None, or a
+    warning saying why nothing was appended (results and exit status do not depend on it)."""
+    path = step_summary_path()
+    if path is None:
+        return None
+    text = summary().rstrip("\n") + "\n"
+    if gate:
+        text += f"\n**Release gate failed:** {gate}.\n"
+    data = (text + "\n").encode("utf-8")
+    cannot = f"${STEP_SUMMARY_ENV} {path}: cannot open it to append the summary"
+    problem = problem_with(path)
+    if problem is not None:
+        return f"{cannot} ({problem})"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        return f"{cannot} ({exc.strerror or exc})"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced by something else since the check
+        os.close(fd)
+        return f"{cannot} (not a regular file)"
+    try:
+        done = os.write(fd, data)  # one write: with O_APPEND the section lands whole at the end of the file
+        while done < len(data):  # a short write (a full disk, a signal) continues where it stopped
+            done += os.write(fd, data[done:])
+    except OSError as exc:
+        return f"${STEP_SUMMARY_ENV} {path}: cannot append the summary ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    return None
+
+
+#: ``(path) -> None``, raising :class:`~tempcal.errors.TempcalError`; and ``(path, command, result model, JSON,
+#: argv) -> the line saying what was written``.
+Check = Callable[[str], object]
+Write = Callable[[str, str, Any, dict, Sequence[str]], str]
+#: Flag -> (check, writer).
+EXTRA_OUTPUTS: dict[str, tuple[Check, Write]] = {}
+
+
+def register(flag: str, check: Check, write: Write) -> None:
+    """Add an output (a package does this when it is imported)."""
+    EXTRA_OUTPUTS[flag] = (check, write)
+
+
+def check_extra(flag: str, path: str) -> None:
+    """Run the registered check of ``flag`` on ``path`` (nothing for an output no package registered)."""
+    if flag in EXTRA_OUTPUTS:
+        EXTRA_OUTPUTS[flag][0](path)
+
+
+def write_extras(paths: Mapping[str, str | None], command: str, result: Any, data: dict,
+                 argv: Sequence[str]) -> list[str]:
+    """Write every registered output given a path in ``paths``; the lines saying what was written."""
+    return [EXTRA_OUTPUTS[flag][1](path, command, result, data, argv) for flag, path in paths.items()
+            if path is not None and flag in EXTRA_OUTPUTS]
 
 
 def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
@@ -75,4 +167,5 @@ def _write_markdown(path: str, text: str) -> str:
     return WROTE_MARKDOWN.format(write_text_atomic(path, text, what=param("markdown")))
 
 
-__all__ = ["write_fit_files", "write_ood_files", "write_report_files"]
+__all__ = ["EXTRA_OUTPUTS", "STEP_SUMMARY_ENV", "append_step_summary", "check_extra", "emit_json", "register",
+           "step_summary_path", "write_extras", "write_fit_files", "write_ood_files", "write_report_files"]
