@@ -11,8 +11,7 @@ import pytest
 from conftest import EXAMPLE
 
 from tempcal.metrics import decisions
-from tempcal.metrics.decisions import rank_in_place, ranked_curve, ranked_metrics
-from tempcal.metrics.smooth_ece import smooth_ece
+from tempcal.metrics.decisions import rank_in_place, ranked_curve, ranked_metrics, smooth_ece
 
 
 def loop_reference(conf: np.ndarray, correct: np.ndarray) -> tuple[float, float, float]:
