@@ -19,8 +19,8 @@ import torch
 from ..core.scan import Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences, whole_number
+from .calibration import equal_width_index
 from .decisions import harmonic
-from .estimators import equal_width_index
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22

@@ -168,7 +168,7 @@ def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[
     kept rows sorted by group and a group; None: every row), from the confidences the pass kept; the classwise ECE
     is not among them (it needs every class's probability)."""
     from ..metrics.bootstrap import bootstrap_intervals
-    from ..metrics.estimators import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
+    from ..metrics.calibration import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
 
     assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
     confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]

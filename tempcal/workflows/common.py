@@ -122,7 +122,7 @@ def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: S
     """Per temperature: the asked-for estimators under their own names, and bootstrap intervals ``*_ci``; all of
     every rank's rows."""
     from ..metrics.bootstrap import bootstrap_scan
-    from ..metrics.estimators import estimators_for
+    from ..metrics.calibration import estimators_for
 
     out = []
     equal_mass = {"ece_equal_mass", "l2_ce_debiased"} & set(estimators)
