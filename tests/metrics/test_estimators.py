@@ -1,4 +1,4 @@
-"""ECE estimators beside the contract's (tempcal.metrics.estimators) against numpy loops, torchmetrics, papers."""
+"""ECE estimators beside the contract's (tempcal.metrics.calibration) against numpy loops, torchmetrics, papers."""
 
 from __future__ import annotations
 
