@@ -1,6 +1,6 @@
 """What a command writes besides the console: its JSON (a file, atomically, or standard output), the Markdown
-section appended to GitHub's step summary, the pictures and model-card sections beside its results (``--plot``,
-``--markdown``), and the outputs a capability package registers (``--html``).
+section appended to GitHub's step summary, the pictures, model-card sections and per-sample scores beside its results
+(``--plot``, ``--markdown``, ``ood --scores``), and the outputs a capability package registers (``--html``).
 
 The step summary goes to ``$GITHUB_STEP_SUMMARY`` in one ``write`` (commands running side by side cannot
 interleave); a file that is no regular writable file gets a warning, not a byte. A registered output has a check run
@@ -15,10 +15,11 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from ..errors import param
-from ..io.atomic import write_text_atomic
+from ..io.atomic import atomic_path, write_text_atomic
 from ..io.paths import problem_with
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
@@ -148,8 +149,6 @@ def write_ood_files(report, *, scores: str | None = None, plot: str | None = Non
     """``ood``: the per-sample scores file, the plot and a model-card section; the lines saying what was written."""
     lines = []
     if scores is not None:
-        from .scores_file import save_scores
-
         lines.append(f"wrote per-sample scores to {save_scores(report, scores)}")
     if plot is not None:
         from .ood_plots import ood_plot
@@ -167,5 +166,65 @@ def _write_markdown(path: str, text: str) -> str:
     return WROTE_MARKDOWN.format(write_text_atomic(path, text, what=param("markdown")))
 
 
-__all__ = ["EXTRA_OUTPUTS", "STEP_SUMMARY_ENV", "append_step_summary", "check_extra", "emit_json", "register",
-           "step_summary_path", "write_extras", "write_fit_files", "write_ood_files", "write_report_files"]
+
+def tau_label(tau: float) -> str:
+    """The shortest text that reads back as ``tau`` ("2", "0.5", "2.3575053928861727")."""
+    text = repr(float(tau))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def score_key(side: str, score: str, tau: float) -> str:
+    """Tensor name in the scores file: ``id.msp.tau=2`` or ``ood.0.msp.tau=2`` (0 = the first OOD file)."""
+    return f"{side}.{score}.tau={tau_label(tau)}"
+
+
+def score_tensors(report) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every per-sample score of an ``OodReport`` as a float64 tensor, and metadata naming the files."""
+    import numpy as np
+    import torch
+
+    tensors: dict[str, Any] = {}
+    for name in report.scores:
+        for k, tau in enumerate(report.taus):
+            tensors[score_key("id", name, tau)] = torch.from_numpy(np.ascontiguousarray(report.id_scores[name][k]))
+            for i, scores in enumerate(report.ood_scores):
+                tensors[score_key(f"ood.{i}", name, tau)] = torch.from_numpy(np.ascontiguousarray(scores[name][k]))
+    metadata = {"tempcal.source": report.source, "tempcal.taus": ",".join(tau_label(t) for t in report.taus),
+                "tempcal.scores": ",".join(report.scores), "tempcal.convention": "higher = more in-distribution"}
+    metadata.update({f"tempcal.ood.{i}": path for i, path in enumerate(report.ood_files)})
+    if report.stored_temperature is not None:
+        metadata["tempcal.calibration_temperature"] = tau_label(report.stored_temperature)
+    if "gen" in report.scores:
+        metadata.update({f"tempcal.{key}": repr(value) for key, value in report.score_options.items()})
+    if report.react is not None:
+        metadata.update({"tempcal.react_percentile": repr(report.react.percentile),
+                         "tempcal.react_threshold": repr(report.react.threshold)})
+    return tensors, metadata
+
+
+def save_scores(report, path: str | os.PathLike) -> Path:
+    """``ood --scores PATH``: every per-sample score as a safetensors file, one tensor per tau and side, atomically."""
+    from safetensors.torch import save_file
+
+    tensors, metadata = score_tensors(report)
+    with atomic_path(path, what=param("scores")) as temporary:
+        save_file(tensors, str(temporary), metadata=metadata)
+    return Path(path)
+
+__all__ = [
+    "EXTRA_OUTPUTS",
+    "STEP_SUMMARY_ENV",
+    "append_step_summary",
+    "check_extra",
+    "emit_json",
+    "register",
+    "save_scores",
+    "score_key",
+    "score_tensors",
+    "step_summary_path",
+    "tau_label",
+    "write_extras",
+    "write_fit_files",
+    "write_ood_files",
+    "write_report_files",
+]
