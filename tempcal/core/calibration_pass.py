@@ -179,17 +179,14 @@ class EceTerms:
         self.edges = bin_edges(bins, device)
         self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
 
-    def add_chunk(self, d: torch.Tensor, correct: torch.Tensor, buffers: Scratch) -> None:
-        """Add one chunk: ``d`` the logits minus their row maximum, ``correct`` whether the arg-max is right."""
-        self.add_block(self.block_bins(d, buffers), correct)
-
     def block_bins(self, d: torch.Tensor, buffers: Scratch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each beta's bin index and confidence of a block's rows (``d`` as :meth:`add_chunk` takes it): the work
-        over every logit, which blocks may do on several threads at once."""
+        """Each beta's bin index and confidence of a block's rows (``d``: the logits minus their row maximum): the
+        work over every logit, which blocks may do on several threads at once."""
         return confidence_bins(d, self.betas, self.edges, buffers)
 
     def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
-        """Add a block's :meth:`block_bins`; blocks added in row order give the bits of :meth:`add_chunk`."""
+        """Add a block's :meth:`block_bins` (``correct``: whether each arg-max is right); blocks added in row order
+        give the bits of one thread."""
         hit = correct.to(torch.float64)
         for k, (index, confidence) in enumerate(binned):
             add_to_bins(self.per_bin[k], index, confidence, hit)
