@@ -27,7 +27,7 @@ import torch
 
 import tempcal
 from tempcal.core import ece_fit
-from tempcal.core.ece_terms import bin_sums
+from tempcal.core.ece_fit import bin_sums
 from tempcal.core.scan import Scan
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "digits_logits.safetensors"

@@ -43,11 +43,11 @@ _EXPORTS = {
     "calibration_metrics": "metrics.calibration",
     "evaluate": "metrics.calibration",
     "evaluate_many": "metrics.calibration",
-    "estimators_for": "metrics.estimators",
-    "ece_equal_mass": "metrics.estimators",
-    "rms_calibration_error": "metrics.estimators",
-    "debiased_l2_calibration_error": "metrics.estimators",
-    "classwise_ece": "metrics.estimators",
+    "estimators_for": "metrics.calibration",
+    "ece_equal_mass": "metrics.calibration",
+    "rms_calibration_error": "metrics.calibration",
+    "debiased_l2_calibration_error": "metrics.calibration",
+    "classwise_ece": "metrics.calibration",
     "bootstrap_intervals": "metrics.bootstrap",
     "OodMetrics": "metrics.detection",
     "detection_metrics": "metrics.detection",
@@ -88,15 +88,19 @@ if TYPE_CHECKING:
     from .io.safetensors_header import read_header
     from .io.writeback import write_temperature
     from .metrics.bootstrap import bootstrap_intervals
-    from .metrics.calibration import CalibrationMetrics, ReliabilityBin, calibration_metrics, evaluate, evaluate_many
-    from .metrics.detection import OodMetrics, detection_metrics, fpr_at_recall
-    from .metrics.estimators import (
+    from .metrics.calibration import (
+        CalibrationMetrics,
+        ReliabilityBin,
+        calibration_metrics,
         classwise_ece,
         debiased_l2_calibration_error,
         ece_equal_mass,
         estimators_for,
+        evaluate,
+        evaluate_many,
         rms_calibration_error,
     )
+    from .metrics.detection import OodMetrics, detection_metrics, fpr_at_recall
     from .models.base import LoadedModel
     from .models.detect import is_model_path
     from .models.odin import odin_scores

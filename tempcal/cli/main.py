@@ -101,7 +101,7 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
             continue
         stderr(f"warning: {for_cli(message)}")
     written = write()
-    from ..output.json import emit_json
+    from ..output.files import STEP_SUMMARY_ENV, append_step_summary, emit_json, step_summary_path, write_extras
 
     data = payload()
     if "warnings" in data:
@@ -111,12 +111,8 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     if json_out not in (None, "-"):
         written.append(f"wrote the JSON to {json_out}")
     if extras:
-        from ..output.extra import write_extras
-
         written += write_extras(extras, ctx.info_name, result, data, _ARGV)
     if summary is not None:
-        from ..output.github import STEP_SUMMARY_ENV, append_step_summary, step_summary_path
-
         problem = append_step_summary(summary, gate=gate)
         if problem:
             stderr(f"warning: {problem}")
@@ -140,8 +136,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     from ..io.paths import check_distinct, check_target, expand
     from ..io.sidecar import sidecar_path
     from ..lm.command import record_outputs
-    from ..output.extra import check_extra
-    from ..output.github import STEP_SUMMARY_ENV, step_summary_path
+    from ..output.files import STEP_SUMMARY_ENV, check_extra, step_summary_path
     from ..output.plots import check_plot_path
     from .config import config_state
 

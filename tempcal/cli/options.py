@@ -296,7 +296,7 @@ def parse_estimators(text: str | None) -> list[str]:
     """``--estimators a,b`` or ``all`` as a checked list of names."""
     if not text:
         return []
-    from ..metrics.estimators import ESTIMATORS
+    from ..metrics.calibration import ESTIMATORS
 
     given = text.lower()  # the names are lower case
     names = list(ESTIMATORS) if given.strip() == "all" else [n.strip() for n in given.split(",") if n.strip()]

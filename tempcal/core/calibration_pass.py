@@ -1,8 +1,16 @@
-"""What one calibration pass sums per chunk at each temperature, and what it keeps per row when asked.
+"""What one calibration pass, and one pass of the ECE search, sum per chunk at each temperature, and what the
+calibration pass keeps per row when asked; and the contract's equal-width confidence bins, which every binned figure
+(ECE and its bins, RMS calibration error, the classwise ECE, the ECE search, the bootstrap) takes from here, so a
+confidence falls into the same bin everywhere.
 
 Per row at ``beta``: the confidence, NLL, Brier score and entropy summed in float64, and the confidences binned in
 the contract's bins. ``keep=("confidence",)`` writes every row's confidence into one ``[betas, rows]`` float64 array
 for the rankings, and a ``visitor`` (conformal sets) is handed each chunk's ``d = z - max z``, in the same read.
+
+The ECE search (:class:`EceTerms`, summed by :func:`tempcal.core.ece_fit.bin_sums`): its search bounds the ECE on an
+interval of temperatures from the sums at its two ends alone (count, confidence and correct per bin). They are sums
+over rows, so a pass computes every row's confidence at all of its temperatures while the chunk is at hand and keeps
+only the sums: nothing per row survives the chunk, and the sums all-reduce across processes.
 """
 
 from __future__ import annotations
@@ -13,11 +21,30 @@ from typing import Protocol
 
 import torch
 
-from .bins import bin_edges, bin_index
-from .scratch import Scratch
+from ..validation import check_bins
+from .threads import Scratch
 
+#: The bins of every binned figure unless ``--bins`` (or ``bins=``) says otherwise.
+DEFAULT_BINS = 15
 #: What ``keep`` may name: the confidence (max softmax) and the energy ``T logsumexp(z / T)`` of every row.
 KEPT = ("confidence", "energy")
+
+
+def bin_edges(bins: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The contract's equal-width edges i/B, exactly (``torch.linspace`` misses some by one ulp); bins checked first."""
+    return torch.arange(check_bins(bins) + 1, dtype=torch.float64, device=device) / bins
+
+
+def bin_index(confidence: torch.Tensor, edges: torch.Tensor) -> torch.Tensor:
+    """Bin i holds confidences in (i/B, (i+1)/B]; the first also holds 0."""
+    return (torch.searchsorted(edges, confidence, right=False) - 1).clamp_(0, edges.numel() - 2)
+
+
+def add_to_bins(per_bin: torch.Tensor, index: torch.Tensor, confidence: torch.Tensor, hit: torch.Tensor) -> None:
+    """Add rows to ``per_bin`` ``[3, bins]`` (count, confidence, correct) at their bin ``index``."""
+    per_bin[0].index_add_(0, index, torch.ones_like(confidence))
+    per_bin[1].index_add_(0, index, confidence)
+    per_bin[2].index_add_(0, index, hit)
 
 
 @dataclass(frozen=True)
@@ -80,13 +107,7 @@ class CalibrationTerms:
         acc, binned, hit = block
         self.acc += acc
         for k, (index, confidence) in enumerate(binned):
-            self._bin(self.per_bin[k], index, confidence, hit)
-
-    @staticmethod
-    def _bin(per_bin: torch.Tensor, index: torch.Tensor, confidence: torch.Tensor, hit: torch.Tensor) -> None:
-        per_bin[0].index_add_(0, index, torch.ones_like(confidence))
-        per_bin[1].index_add_(0, index, confidence)
-        per_bin[2].index_add_(0, index, hit)
+            add_to_bins(self.per_bin[k], index, confidence, hit)
 
     def _add(self, z: torch.Tensor, y: torch.Tensor | None, row_max: torch.Tensor, gap: torch.Tensor,
              correct: torch.Tensor, has_neginf: bool, scratch: Scratch, start: int, acc: torch.Tensor,
@@ -109,7 +130,7 @@ class CalibrationTerms:
             if per_bin is None:
                 binned.append((index, confidence))
             else:
-                self._bin(per_bin[k], index, confidence, hit)
+                add_to_bins(per_bin[k], index, confidence, hit)
             if "confidence" in self.kept:
                 self.kept["confidence"][k, start:stop] = confidence
             if "energy" in self.kept:
@@ -132,7 +153,6 @@ class CalibrationTerms:
         return out
 
 
-
 def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor,
                     beta: float | torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Each row's NLL, Brier score and entropy (in ``d``'s dtype, as the pass sums them), float64 confidence and
@@ -148,4 +168,41 @@ def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, g
     return (log_s0 - beta * gap, brier.clamp_min(0), (log_s0 - beta * mean_d).clamp_min(0),
             s0.reciprocal().to(torch.float64), log_s0)
 
-__all__ = ["KEPT", "BlockSums", "CalibrationSums", "CalibrationTerms", "ChunkVisitor", "row_calibration"]
+
+
+class EceTerms:
+    """Sums for the ECE search at ``betas``: ``per_bin`` ``[betas, 3, bins]`` (count, confidence, correct, binned
+    as :meth:`Scan.calibration` bins)."""
+
+    def __init__(self, betas: Sequence[float], bins: int, device: torch.device):
+        self.betas = [float(b) for b in betas]
+        self.edges = bin_edges(bins, device)
+        self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
+
+    def block_bins(self, d: torch.Tensor, buffers: Scratch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each beta's bin index and confidence of a block's rows (``d``: the logits minus their row maximum): the
+        work over every logit, which blocks may do on several threads at once."""
+        return confidence_bins(d, self.betas, self.edges, buffers)
+
+    def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
+        """Add a block's :meth:`block_bins` (``correct``: whether each arg-max is right); blocks added in row order
+        give the bits of one thread."""
+        hit = correct.to(torch.float64)
+        for k, (index, confidence) in enumerate(binned):
+            add_to_bins(self.per_bin[k], index, confidence, hit)
+
+
+def confidence_bins(d: torch.Tensor, betas: Sequence[float], edges: torch.Tensor, buffers: Scratch
+                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per beta, the equal-width bin index and float64 confidence of each row of ``d`` (logits minus their row
+    maximum): the confidence exactly as the calibration pass forms it, so both put it in the same bin."""
+    binned = []
+    for beta in betas:
+        e = torch.mul(d, beta, out=buffers.like("e", d)).exp_()
+        confidence = e.sum(1).reciprocal().to(torch.float64)
+        binned.append((bin_index(confidence, edges), confidence))
+    return binned
+
+
+__all__ = ["DEFAULT_BINS", "KEPT", "BlockSums", "CalibrationSums", "CalibrationTerms", "ChunkVisitor", "EceTerms",
+           "add_to_bins", "bin_edges", "bin_index", "confidence_bins", "row_calibration"]

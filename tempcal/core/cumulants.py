@@ -33,7 +33,7 @@ CLIP = 2000.0
 
 
 class Buffers(Protocol):
-    """Reused chunk-sized buffers (:class:`tempcal.core.scratch.Scratch`)."""
+    """Reused chunk-sized buffers (:class:`tempcal.core.threads.Scratch`)."""
 
     def like(self, name: str, t: torch.Tensor) -> torch.Tensor: ...
 

@@ -33,8 +33,10 @@ from dataclasses import dataclass
 
 import torch
 
-from .ece_terms import bin_sums
-from .scan import Scan
+from .calibration_pass import EceTerms
+from .distributed import all_reduce
+from .scan import RowBlock, Scan
+from .threads import Scratch
 
 #: The searched range is T* / SPAN .. T* * SPAN around the NLL optimum T*.
 SPAN = 100.0
@@ -49,6 +51,20 @@ CLUSTERED = 0.9
 #: ``on_pass(passes, open_intervals)``: after each pass of the search, how many passes it has made and how
 #: many intervals are still open (0 once certified).
 PassCallback = Callable[[int, int], None]
+
+
+def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
+    """One pass of ``scan``: the per-bin count, confidence and correct sums ``[betas, 3, bins]`` at each beta,
+    all-reduced across processes, on the CPU. The blocks' confidences are computed on the pass's threads and
+    binned in row order (the sums of one thread, bit for bit)."""
+    terms = EceTerms(betas, bins, scan.device)
+
+    def block(b: RowBlock, scratch: Scratch) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+        return terms.block_bins(torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z)), scratch), b.correct
+
+    for binned, correct in scan.block_pass(block, row_bytes=16 * len(terms.betas)):  # int64 index, float64 value
+        terms.add_block(binned, correct)
+    return all_reduce(terms.per_bin).cpu()
 
 
 @dataclass(frozen=True)
@@ -186,4 +202,4 @@ def rounding_of(scan: Scan) -> float:
     return 16 * torch.finfo(scan.compute_dtype).eps
 
 
-__all__ = ["EceSearch", "PassCallback", "Terms", "lower_bound", "minimise_ece"]
+__all__ = ["EceSearch", "PassCallback", "Terms", "bin_sums", "lower_bound", "minimise_ece"]

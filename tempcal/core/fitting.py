@@ -13,7 +13,7 @@ import torch
 
 from ..errors import TempcalError
 from ..validation import probabilities_refused
-from .bins import DEFAULT_BINS
+from .calibration_pass import DEFAULT_BINS
 from .certified import T_MAX, T_MIN, Evaluator
 from .data import as_logits_data
 from .scan import ALL_ROWS, Scan

@@ -25,8 +25,7 @@ from typing import Literal, TypeVar
 import torch
 
 from ..errors import DataError
-from .bins import bin_edges, bin_index
-from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor
+from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor, bin_edges, bin_index
 from .certified import FitStart
 from .cumulants import FIELDS, NllDerivatives, row_cumulants
 from .data import LogitsData, LogitsSource, compute_dtype, resolve_device
@@ -34,8 +33,7 @@ from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
 from .scan_checks import BlockCheck, Problems, check_block
-from .scratch import Scratch
-from .threads import block_bounds, configure_threads, mapped_reads, pass_threads, read_rows, single_threaded
+from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, read_rows, single_threaded
 
 R = TypeVar("R")
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).

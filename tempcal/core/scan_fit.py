@@ -20,7 +20,7 @@ import torch
 
 from ..errors import DataError
 from . import certified
-from .bins import DEFAULT_BINS
+from .calibration_pass import DEFAULT_BINS
 from .certified import T_MAX, T_MIN, Evaluator, FitStart, certified_fit
 from .scan import Scan
 

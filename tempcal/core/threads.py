@@ -1,4 +1,5 @@
-"""How many CPU threads tempcal's passes use, and the pool that shares a chunk's row blocks among them.
+"""How many CPU threads tempcal's passes use, the pool that shares a chunk's row blocks among them, and the
+per-thread chunk buffers (:class:`Scratch`) each pass reuses.
 
 torch's intra-op threads split every operation in equal static shares and meet at a barrier
 after it; a pass runs a few dozen such operations per chunk. When another process keeps a core
@@ -325,5 +326,25 @@ def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:
     return [(a, min(a + block_rows, rows)) for a in range(0, rows, block_rows)]
 
 
-__all__ = ["BlockPool", "block_bounds", "cgroup_cpu_quota", "configure_threads", "map_blocks", "mapped_reads",
-           "pass_threads", "read_rows", "requested_threads", "single_threaded", "usable_cpus"]
+class Scratch:
+    """Chunk-sized buffers reused by every pass: fresh megabyte temporaries per chunk cost page faults
+    that take as long as the arithmetic."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """Buffer ``name`` shaped like ``t`` (contents undefined), grown when ``t`` is larger."""
+        return self.get(name, t.shape, t.dtype, t.device)
+
+    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Buffer ``name`` of ``shape`` in ``dtype`` on ``device`` (contents undefined), grown when too small."""
+        numel = math.prod(shape)
+        buffer = self._buffers.get(name)
+        if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
+            buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
+        return buffer[:numel].view(tuple(shape))
+
+
+__all__ = ["BlockPool", "Scratch", "block_bounds", "cgroup_cpu_quota", "configure_threads", "map_blocks",
+           "mapped_reads", "pass_threads", "read_rows", "requested_threads", "single_threaded", "usable_cpus"]

@@ -8,8 +8,17 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..output.axes import figure_legend, plain_log_ticks
-from ..output.plots import curve_json, json_bins, new_figure, pyplot, reliability_axes, risk_coverage_axes, sweep_figure
+from ..output.plots import (
+    curve_json,
+    figure_legend,
+    json_bins,
+    new_figure,
+    plain_log_ticks,
+    pyplot,
+    reliability_axes,
+    risk_coverage_axes,
+    sweep_figure,
+)
 
 #: Colours of successive series (matplotlib's tab10 order), the same in every figure.
 COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError, param
-from ..output.extra import register
+from ..output.files import register
 
 #: The option and its help (the commands declare it from these).
 FLAG = "--html"

@@ -1,4 +1,4 @@
-"""The ``--html`` page of a command's result model, labelled from its :class:`~tempcal.workflows.basis.Basis`
+"""The ``--html`` page of a command's result model, labelled from its :class:`~tempcal.workflows.common.Basis`
 objects as the console is; figures inline SVG, nothing fetched, so the file opens anywhere offline."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from ..conformal.sets import SHORT_P
 from ..output.figures import fit_split, group_coverage, threshold_text
 from ..subsets.console import GROUP_COLUMNS, GROUP_T
-from ..workflows.basis import AT_FOLDS, Basis
+from ..workflows.common import AT_FOLDS, Basis
 from . import figures
 
 #: The metrics columns of every table, in order, as (JSON key, heading); absent keys are left out.

@@ -29,8 +29,7 @@ from typing import Any
 
 import torch
 
-from ..core.data import default_chunk_rows
-from ..core.transfer import to_device
+from ..core.data import default_chunk_rows, to_device
 from ..errors import TempcalError
 from ..io.atomic import write_atomic
 from ..progress import DELAY, Progress

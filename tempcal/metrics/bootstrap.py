@@ -2,7 +2,7 @@
 
 The per-sample statistics come from one pass (:meth:`Scan.per_sample`); a resample is a vector of multinomial
 counts, so its figures are an ``[R, N]`` count matrix times fixed per-sample figures, the samples laid out in order
-of confidence for the risk-coverage closed forms of :mod:`tempcal.metrics.selective`. Nothing is re-read or re-sorted.
+of confidence for the risk-coverage closed forms of :mod:`tempcal.metrics.decisions`. Nothing is re-read or re-sorted.
 
 Resample r draws ``numpy.random.default_rng(seed).integers(0, N, size=N)`` (the r-th such call on
 one generator) and counts how often each sample was drawn, so the draws do not depend on batching.
@@ -19,8 +19,8 @@ import torch
 from ..core.scan import Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences, whole_number
-from .estimators import equal_width_index
-from .selective import harmonic
+from .calibration import equal_width_index
+from .decisions import harmonic
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22
@@ -72,7 +72,7 @@ RISK_COVERAGE = ("aurc", "eaurc", "augrc")
 class _Ranking:
     """The risk-coverage figures of weighted resamples of rows given in ascending confidence (``wrong``: whether
     each is misclassified): a resample's tie blocks are the runs of equal confidence, each holding the weights of
-    its rows (:mod:`tempcal.metrics.selective`'s sums, with a block's size and errors the resample's counts)."""
+    its rows (:mod:`tempcal.metrics.decisions`'s sums, with a block's size and errors the resample's counts)."""
 
     def __init__(self, ascending: np.ndarray, wrong: np.ndarray):
         descending = ascending[::-1]

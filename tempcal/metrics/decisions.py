@@ -1,10 +1,32 @@
 """What T does to decisions made on the confidence: the risk-coverage figures and the smooth ECE of any rows.
 
 :func:`decision_figures` takes the confidences of a set of rows (every row, one group's, one fold's) and whether
-each prediction is right, and gives AURC, E-AURC, AUGRC (:mod:`.selective`), the smooth ECE
-(:mod:`.smooth_ece`) and a risk-coverage curve of :data:`CURVE_POINTS` points, holding beyond the caller's
-confidences at most 4 bytes per row. The rows are gathered from every torch.distributed rank in rank order, so every
-figure is the one-process figure.
+each prediction is right, and gives AURC, E-AURC, AUGRC, the smooth ECE and a risk-coverage curve of
+:data:`CURVE_POINTS` points, holding beyond the caller's confidences at most 4 bytes per row. The rows are gathered
+from every torch.distributed rank in rank order, so every figure is the one-process figure.
+
+The risk-coverage figures of the contract: rows are ranked by confidence, highest first; ``errors(k)`` counts the
+misclassified rows among the k most confident, a block of m rows of equal confidence holding e errors contributing
+``j * e / m`` after its first j rows (the expectation over the orders of the tie). With N rows of which ``N_c`` are
+correct:
+
+* AURC ``= (1/N) sum_k errors(k) / k``: the area under the risk-coverage curve (risk = error rate among
+  the rows kept);
+* E-AURC ``= AURC - (1/N) sum_k max(0, k - N_c) / k``: minus the AURC of a perfect ranking (every
+  correct row first), so 0 is the best a ranking of these predictions can do;
+* AUGRC ``= (1/N) sum_k errors(k) / N``: the generalised risk (errors kept over all rows), Traub et al. 2024.
+
+Memory: every confidence and every misclassified row's, sorted in place; tie blocks are runs in both, taken
+:data:`CHUNK` values at a time, and harmonic sums give each block's contribution in closed form.
+
+The smooth ECE (Blasiok & Nakkiran 2023) of (confidence, correct), as ``relplot.smECE`` computes it (relplot 1.0.3).
+The residuals ``r_i = conf_i - correct_i`` and the rows themselves are spread onto a uniform grid over [0, 1]
+by linear interpolation, smoothed by a Gaussian kernel of width sigma reflected at 0 and 1, and
+``smECE(sigma) = sum_t |R(t) / D(t)| D(t) / sum_t D(t)`` over an evaluation mesh, with R and D the smoothed
+residuals and density (D plus 1e-4). The bandwidth is relplot's fixed point: the sigma found by bisection on
+(0, 1] (10 halvings) where ``smECE(sigma) = sigma`` (sigma below 1e-3 accepted). It needs only the arrays the
+risk-coverage figures keep: ``sum_i w_i r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``. relplot is not a dependency
+(it imports pandas and seaborn); the tests check against it to 1e-4.
 
 ``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost.
 """
@@ -21,8 +43,6 @@ import torch
 from ..core import distributed
 from ..core.distributed import all_gather_rows
 from ..core.limits import available_bytes
-from .selective import rank_in_place, ranked_curve, ranked_metrics
-from .smooth_ece import smooth_ece
 
 #: Points of the risk-coverage curve in each metrics object's JSON.
 CURVE_POINTS = 100
@@ -36,6 +56,15 @@ BLOCK = 1 << 16
 #: Groups beyond which the groups' own decision figures are left out (each costs about 10 ms per metrics
 #: object, mostly the smooth ECE's bandwidth search); the figures over every row are always there.
 MAX_GROUPS = 1000
+#: Sorted confidences are walked, and rows spread onto the smooth ECE's grid, this many at a time (temporaries
+#: of about 100 bytes per value of a chunk).
+CHUNK = 1 << 14
+#: relplot's ``config.smECE_mesh_pts``: the evaluation mesh has at least this many points.
+MESH_POINTS = 200
+#: relplot's ``smECE(eps=0.001)``: a bandwidth below it is accepted outright.
+MIN_BANDWIDTH = 1e-3
+#: relplot's ``search_param(refine=10)``.
+HALVINGS = 10
 
 
 @dataclass(frozen=True)
@@ -47,6 +76,194 @@ class DecisionFigures:
     augrc: float = math.nan
     smece: float = math.nan
     risk_coverage: dict[str, list[float]] = field(default_factory=dict)
+
+
+
+
+@dataclass(frozen=True)
+class SelectiveMetrics:
+    """AURC, E-AURC and AUGRC of one set of predictions (see the module docstring)."""
+
+    aurc: float
+    eaurc: float
+    augrc: float
+
+
+def harmonic(n: np.ndarray | int) -> np.ndarray:
+    """``H(n) = sum_{k=1..n} 1/k`` for integer ``n >= 0``: exact sums below 64, the asymptotic series above."""
+    n = np.asarray(n, dtype=np.float64)
+    small = np.minimum(n, 64).astype(np.int64)
+    table = np.concatenate([[0.0], np.cumsum(1.0 / np.arange(1, 65, dtype=np.float64))])
+    big = np.maximum(n, 1.0)
+    inv2 = 1.0 / (big * big)
+    series = (np.log(big) + np.euler_gamma + 0.5 / big - inv2 / 12 + inv2 * inv2 / 120 - inv2 ** 3 / 252)
+    return np.where(n <= 64, table[small], series)
+
+
+def _block_terms(starts: np.ndarray, sizes: np.ndarray, errors: np.ndarray, errors_before: np.ndarray
+                 ) -> tuple[float, float]:
+    """``(sum_k errors(k)/k, sum_k errors(k))`` over the positions of the given tie blocks."""
+    # A block of one row (the common case) has 1/(s+1) exactly, not a difference of two nearby harmonic numbers.
+    between = np.where(sizes == 1, 1.0 / (starts + 1), harmonic(starts + sizes) - harmonic(starts))
+    share = errors / sizes
+    by_rank = errors_before * between + share * (sizes - starts * between)
+    total = errors_before * sizes + share * sizes * (sizes + 1) / 2
+    return float(by_rank.sum()), float(total.sum())
+
+
+def rank_in_place(values: np.ndarray) -> np.ndarray:
+    """``values`` (float64) negated and sorted in place: most confident first, with no copy of the rows."""
+    np.negative(values, out=values)
+    values.sort()
+    return values
+
+
+def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False) -> SelectiveMetrics:
+    """The figures of confidences already ranked (:func:`rank_in_place`): minus every row's and minus the misclassified
+    rows' confidences, or with ``right`` the correctly classified rows' (a caller keeps the smaller subset)."""
+    n = ranked.size
+    if n == 0:
+        return SelectiveMetrics(math.nan, math.nan, math.nan)
+    if wrong.size > n:
+        raise ValueError(f"{wrong.size} {'correctly classified' if right else 'misclassified'} rows among {n}")
+    by_rank = total = errors_seen = 0.0
+    position = counted = 0
+    while position < n:
+        stop = min(position + CHUNK, n)
+        last = ranked[stop - 1]
+        if stop < n:  # a tie block never straddles two chunks
+            stop = int(np.searchsorted(ranked, last, side="right"))
+        values = ranked[position:stop]
+        edges = np.flatnonzero(np.diff(values)) + 1
+        firsts = np.concatenate([[0], edges])
+        sizes = np.diff(np.concatenate([firsts, [values.size]])).astype(np.float64)
+        block_values = values[firsts]
+        found = (np.searchsorted(wrong, block_values, side="right")
+                 - np.searchsorted(wrong, block_values, side="left")).astype(np.float64)
+        errors = sizes - found if right else found
+        before = errors_seen + np.concatenate([[0.0], np.cumsum(errors)[:-1]])
+        part_rank, part_total = _block_terms(position + firsts.astype(np.float64), sizes, errors, before)
+        by_rank += part_rank
+        total += part_total
+        errors_seen += float(errors.sum())
+        counted += int(found.sum())
+        position = stop
+    if counted != wrong.size:
+        raise ValueError("a subset row's confidence is not among the rows' confidences")
+    correct = wrong.size if right else n - wrong.size
+    aurc = by_rank / n
+    # Perfect ranking: errors(k) = max(0, k - N_c); sum_{k > N_c} (k - N_c)/k = (n - N_c) - N_c (H(n) - H(N_c)).
+    optimal = ((n - correct) - correct * float(harmonic(n) - harmonic(correct))) / n
+    return SelectiveMetrics(aurc=aurc, eaurc=aurc - optimal, augrc=total / (n * n))
+
+
+def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200, *, right: bool = False
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """``(coverage, risk)`` at up to ``points`` coverages: the error rate among the k most confident rows, ties taken
+    in expectation; from ranked confidences, as :func:`ranked_metrics` takes them (``right`` too). For the
+    risk-coverage plots."""
+    n = ranked.size
+    if n == 0:
+        return np.zeros(0), np.zeros(0)
+    ks = np.unique(np.linspace(1, n, min(points, n)).round().astype(np.int64))
+    kth = ranked[ks - 1]
+    first = np.searchsorted(ranked, kth, side="left")  # rows strictly more confident than the k-th
+    size = np.searchsorted(ranked, kth, side="right") - first
+    errors_before = np.searchsorted(wrong, kth, side="left")
+    errors_tie = np.searchsorted(wrong, kth, side="right") - errors_before
+    if right:  # counts of right rows: the errors are the rest
+        errors_before, errors_tie = first - errors_before, size - errors_tie
+    errors = errors_before + (ks - first) * errors_tie / size
+    return ks / n, errors / ks
+
+
+def _spread(values: np.ndarray, points: int, offset: float | None) -> np.ndarray:
+    """``values`` spread onto ``points`` grid points by linear interpolation, each weighing ``value + offset`` (1
+    without an offset)."""
+    position = values * (points - 1)
+    index = position.astype(np.int64).clip(0, points - 2)
+    frac = position - index
+    low = 1 - frac
+    if offset is not None:
+        weight = values + offset
+        low *= weight
+        frac *= weight
+    return np.bincount(index, low, minlength=points) + np.bincount(index + 1, frac, minlength=points)
+
+
+def _grid_sums(confidence: np.ndarray, subset: np.ndarray, points: int, right: bool = False
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """``(residual, count)`` spread onto ``points`` grid points, :data:`CHUNK` rows at a time (the temporaries
+    stay a few megabytes, whatever the rows). ``subset`` holds the misclassified rows' confidences (residual
+    ``conf - 1 + [wrong]``), or with ``right`` the correctly classified rows' (``conf - [right]``)."""
+    residual = np.zeros(points)
+    count = np.zeros(points)
+    for start in range(0, confidence.size, CHUNK):
+        part = confidence[start:start + CHUNK]
+        residual += _spread(part, points, 0.0 if right else -1.0)
+        count += _spread(part, points, None)
+    for start in range(0, subset.size, CHUNK):
+        spread = _spread(subset[start:start + CHUNK], points, None)
+        residual += -spread if right else spread
+    return residual, count
+
+
+def _smooth(values: np.ndarray, sigma: float) -> np.ndarray:
+    """relplot's ``ReflectedGaussianKernel.convolve``: reflect at both ends, convolve, keep the middle."""
+    points = values.size
+    t = np.linspace(0, 1, points)
+    kernel = np.exp(-(t - 0.5) ** 2 / (2 * sigma * sigma)) / (math.sqrt(2 * math.pi) * sigma)
+    extended = np.concatenate([values[::-1][:-1], values, values[::-1][1:]])
+    return np.convolve(extended, kernel, "valid")[points // 2: points // 2 + points]
+
+
+def _interpolate(t: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Linear interpolation of ``i / (len - 1) -> values[i]`` at ``t`` (relplot's ``interpolate``)."""
+    count = values.size
+    index = (t * (count - 1)).astype(np.int64).clip(0, count - 2)
+    residual = (t - index / (count - 1)) * (count - 1)
+    return values[index] * (1 - residual) + values[index + 1] * residual
+
+
+def smooth_ece_at(confidence: np.ndarray, wrong_confidence: np.ndarray, sigma: float,
+                  cache: dict[int, tuple[np.ndarray, np.ndarray]] | None = None, *, right: bool = False) -> float:
+    """smECE at a fixed bandwidth ``sigma`` (relplot's ``smooth_ece``); ``right`` as for :func:`smooth_ece`."""
+    mesh = np.linspace(0, 1, max(round(10 / sigma), MESH_POINTS))
+    points = max(2000, round(20 / sigma)) // 2 + 1
+    if cache is not None and points in cache:
+        residual, count = cache[points]
+    else:
+        residual, count = _grid_sums(confidence, wrong_confidence, points, right)
+        if cache is not None:
+            cache[points] = (residual, count)
+    smoothed = _interpolate(mesh, _smooth(residual, sigma))
+    density = _interpolate(mesh, _smooth(count, sigma)) + 1e-4
+    return float(np.sum(np.abs(smoothed / density) * density) / np.sum(density))
+
+
+def smooth_ece(confidence: np.ndarray, wrong_confidence: np.ndarray, *, right: bool = False) -> float:
+    """smECE at relplot's default bandwidth (the fixed point ``smECE(sigma) = sigma``); NaN without rows. With
+    ``right`` the second array holds the correctly classified rows' confidences instead of the misclassified rows'."""
+    confidence = np.asarray(confidence, dtype=np.float64)
+    wrong_confidence = np.asarray(wrong_confidence, dtype=np.float64)
+    if confidence.size == 0:
+        return math.nan
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def accepted(sigma: float) -> bool:
+        return sigma < MIN_BANDWIDTH or sigma < smooth_ece_at(confidence, wrong_confidence, sigma, cache, right=right)
+
+    sigma = 1.0
+    if not accepted(sigma):
+        high, low = 1.0, 0.0
+        for _ in range(HALVINGS):
+            middle = (high + low) / 2
+            if accepted(middle):
+                low = middle
+            else:
+                high = middle
+        sigma = high
+    return smooth_ece_at(confidence, wrong_confidence, sigma, cache, right=right)
 
 
 def enabled() -> bool:
@@ -124,5 +341,6 @@ def temperatures_per_read(rows: int, device: torch.device | str) -> int:
     return max(1, int(min(free) * MEMORY_SHARE) // (ROW_BYTES * rows))
 
 
-__all__ = ["CURVE_POINTS", "MAX_GROUPS", "DecisionFigures", "decision_figures", "enabled", "gathered_confidence",
-           "gathered_correct", "subset_decisions", "temperatures_per_read"]
+__all__ = ["CHUNK", "CURVE_POINTS", "MAX_GROUPS", "DecisionFigures", "SelectiveMetrics", "decision_figures",
+           "enabled", "gathered_confidence", "gathered_correct", "harmonic", "rank_in_place", "ranked_curve",
+           "ranked_metrics", "smooth_ece", "smooth_ece_at", "subset_decisions", "temperatures_per_read"]

@@ -34,7 +34,7 @@ def reads(passes: int) -> str:
 def fit_split(report) -> str:
     """How ``fit`` split its rows, as the console's header and the page say it: ``T fitted on 674 rows; figures on the
     674 held-out rows (stratified split, val-fraction 0.5, seed 0)``."""
-    from ..workflows.basis import ROWS_HELD_OUT
+    from ..workflows.common import ROWS_HELD_OUT
 
     held_out = report.after_basis.rows == ROWS_HELD_OUT
     how = (f" ({report.folds}-fold cross-fitting, seed {report.seed})" if report.folds is not None else

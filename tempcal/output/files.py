@@ -1,13 +1,106 @@
-"""The pictures and model-card sections a command writes beside its results (``--plot``, ``--markdown``); each
-function returns the lines saying what it wrote."""
+"""What a command writes besides the console: its JSON (a file, atomically, or standard output), the Markdown
+section appended to GitHub's step summary, the pictures, model-card sections and per-sample scores beside its results
+(``--plot``, ``--markdown``, ``ood --scores``), and the outputs a capability package registers (``--html``).
+
+The step summary goes to ``$GITHUB_STEP_SUMMARY`` in one ``write`` (commands running side by side cannot
+interleave); a file that is no regular writable file gets a warning, not a byte. A registered output has a check run
+before any work (the path, the package's optional dependencies) and a writer run after the JSON is out; the commands
+name no such output: ``cli/main`` calls :func:`check_extra` for every output path and :func:`write_extras` once.
+"""
 
 from __future__ import annotations
 
-from ..errors import param
-from ..io.atomic import write_text_atomic
+import json
+import os
+import stat
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
+from ..errors import param
+from ..io.atomic import atomic_path, write_text_atomic
+from ..io.paths import problem_with
+
+STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 #: What every command says for each file it writes beside its results.
 WROTE_PLOT, WROTE_MARKDOWN = "wrote the plot to {}", "wrote the Markdown section to {}"
+
+
+def emit_json(target: str | None, payload: dict) -> None:
+    """Write ``payload`` to ``target`` (a path, ``-`` for standard output, or None for nowhere)."""
+    if target is None:
+        return
+    text = json.dumps(payload, indent=2, allow_nan=False) + "\n"
+    if target == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    write_text_atomic(target, text, what=param("json"))
+
+
+def step_summary_path() -> str | None:
+    """The file ``$GITHUB_STEP_SUMMARY`` names, or None when it is unset or empty."""
+    return os.environ.get(STEP_SUMMARY_ENV) or None
+
+
+def append_step_summary(summary: Callable[[], str], *, gate: str | None = None) -> str | None:
+    """Append ``summary()`` (and the gate's failure) to the step summary file, when one is named; None, or a
+    warning saying why nothing was appended (results and exit status do not depend on it)."""
+    path = step_summary_path()
+    if path is None:
+        return None
+    text = summary().rstrip("\n") + "\n"
+    if gate:
+        text += f"\n**Release gate failed:** {gate}.\n"
+    data = (text + "\n").encode("utf-8")
+    cannot = f"${STEP_SUMMARY_ENV} {path}: cannot open it to append the summary"
+    problem = problem_with(path)
+    if problem is not None:
+        return f"{cannot} ({problem})"
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        return f"{cannot} ({exc.strerror or exc})"
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced by something else since the check
+        os.close(fd)
+        return f"{cannot} (not a regular file)"
+    try:
+        done = os.write(fd, data)  # one write: with O_APPEND the section lands whole at the end of the file
+        while done < len(data):  # a short write (a full disk, a signal) continues where it stopped
+            done += os.write(fd, data[done:])
+    except OSError as exc:
+        return f"${STEP_SUMMARY_ENV} {path}: cannot append the summary ({exc.strerror or exc})"
+    finally:
+        os.close(fd)
+    return None
+
+
+#: ``(path) -> None``, raising :class:`~tempcal.errors.TempcalError`; and ``(path, command, result model, JSON,
+#: argv) -> the line saying what was written``.
+Check = Callable[[str], object]
+Write = Callable[[str, str, Any, dict, Sequence[str]], str]
+#: Flag -> (check, writer).
+EXTRA_OUTPUTS: dict[str, tuple[Check, Write]] = {}
+
+
+def register(flag: str, check: Check, write: Write) -> None:
+    """Add an output (a package does this when it is imported)."""
+    EXTRA_OUTPUTS[flag] = (check, write)
+
+
+def check_extra(flag: str, path: str) -> None:
+    """Run the registered check of ``flag`` on ``path`` (nothing for an output no package registered)."""
+    if flag in EXTRA_OUTPUTS:
+        EXTRA_OUTPUTS[flag][0](path)
+
+
+def write_extras(paths: Mapping[str, str | None], command: str, result: Any, data: dict,
+                 argv: Sequence[str]) -> list[str]:
+    """Write every registered output given a path in ``paths``; the lines saying what was written."""
+    return [EXTRA_OUTPUTS[flag][1](path, command, result, data, argv) for flag, path in paths.items()
+            if path is not None and flag in EXTRA_OUTPUTS]
 
 
 def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
@@ -56,8 +149,6 @@ def write_ood_files(report, *, scores: str | None = None, plot: str | None = Non
     """``ood``: the per-sample scores file, the plot and a model-card section; the lines saying what was written."""
     lines = []
     if scores is not None:
-        from .scores_file import save_scores
-
         lines.append(f"wrote per-sample scores to {save_scores(report, scores)}")
     if plot is not None:
         from .ood_plots import ood_plot
@@ -75,4 +166,65 @@ def _write_markdown(path: str, text: str) -> str:
     return WROTE_MARKDOWN.format(write_text_atomic(path, text, what=param("markdown")))
 
 
-__all__ = ["write_fit_files", "write_ood_files", "write_report_files"]
+
+def tau_label(tau: float) -> str:
+    """The shortest text that reads back as ``tau`` ("2", "0.5", "2.3575053928861727")."""
+    text = repr(float(tau))
+    return text[:-2] if text.endswith(".0") else text
+
+
+def score_key(side: str, score: str, tau: float) -> str:
+    """Tensor name in the scores file: ``id.msp.tau=2`` or ``ood.0.msp.tau=2`` (0 = the first OOD file)."""
+    return f"{side}.{score}.tau={tau_label(tau)}"
+
+
+def score_tensors(report) -> tuple[dict[str, Any], dict[str, str]]:
+    """Every per-sample score of an ``OodReport`` as a float64 tensor, and metadata naming the files."""
+    import numpy as np
+    import torch
+
+    tensors: dict[str, Any] = {}
+    for name in report.scores:
+        for k, tau in enumerate(report.taus):
+            tensors[score_key("id", name, tau)] = torch.from_numpy(np.ascontiguousarray(report.id_scores[name][k]))
+            for i, scores in enumerate(report.ood_scores):
+                tensors[score_key(f"ood.{i}", name, tau)] = torch.from_numpy(np.ascontiguousarray(scores[name][k]))
+    metadata = {"tempcal.source": report.source, "tempcal.taus": ",".join(tau_label(t) for t in report.taus),
+                "tempcal.scores": ",".join(report.scores), "tempcal.convention": "higher = more in-distribution"}
+    metadata.update({f"tempcal.ood.{i}": path for i, path in enumerate(report.ood_files)})
+    if report.stored_temperature is not None:
+        metadata["tempcal.calibration_temperature"] = tau_label(report.stored_temperature)
+    if "gen" in report.scores:
+        metadata.update({f"tempcal.{key}": repr(value) for key, value in report.score_options.items()})
+    if report.react is not None:
+        metadata.update({"tempcal.react_percentile": repr(report.react.percentile),
+                         "tempcal.react_threshold": repr(report.react.threshold)})
+    return tensors, metadata
+
+
+def save_scores(report, path: str | os.PathLike) -> Path:
+    """``ood --scores PATH``: every per-sample score as a safetensors file, one tensor per tau and side, atomically."""
+    from safetensors.torch import save_file
+
+    tensors, metadata = score_tensors(report)
+    with atomic_path(path, what=param("scores")) as temporary:
+        save_file(tensors, str(temporary), metadata=metadata)
+    return Path(path)
+
+__all__ = [
+    "EXTRA_OUTPUTS",
+    "STEP_SUMMARY_ENV",
+    "append_step_summary",
+    "check_extra",
+    "emit_json",
+    "register",
+    "save_scores",
+    "score_key",
+    "score_tensors",
+    "step_summary_path",
+    "tau_label",
+    "write_extras",
+    "write_fit_files",
+    "write_ood_files",
+    "write_report_files",
+]

@@ -8,7 +8,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..errors import neutral
-from ..workflows.basis import ROWS_ALL
+from ..workflows.common import ROWS_ALL
 from .figures import DISPLAYED_METRICS, labelled, reads
 
 ROWS = tuple((labelled(label, unit), key) for key, label, unit in DISPLAYED_METRICS)

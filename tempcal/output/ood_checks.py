@@ -3,7 +3,7 @@ of their papers (so never named the best), and a best tau whose scores float32 c
 
 from __future__ import annotations
 
-from ..metrics.resolution import float32_loss, sums_to_zero
+from ..metrics.detection import float32_loss, sums_to_zero
 from ..scores import score_label
 from ..workflows.ood import OodBestOverall, OodReport, best_overall_sentence
 

@@ -7,8 +7,7 @@ import os
 from pathlib import Path
 
 from ..scores import score_label
-from .axes import figure_legend, plain_log_ticks
-from .plots import SCORE_COLOURS, _save, check_plot_path, new_figure
+from .plots import SCORE_COLOURS, _save, check_plot_path, figure_legend, new_figure, plain_log_ticks
 
 #: Tick labels and titles of the OOD figure, in points: readable at the figure's size.
 TICK_SIZE, TITLE_SIZE = 9, 10

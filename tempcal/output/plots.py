@@ -1,5 +1,6 @@
 """Reliability diagrams, temperature sweeps and risk-coverage curves (matplotlib, Agg backend, imported only when a
-plot is asked for; the format follows the file's suffix)."""
+plot is asked for; the format follows the file's suffix), and what every figure's axes share: one legend outside the
+panels, plain tick labels on log axes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError, param
-from .axes import figure_legend, plain_log_ticks
 
 FORMATS = (".png", ".svg", ".pdf")
 
@@ -40,6 +40,31 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def figure_legend(figure, axes: list, **options) -> None:
+    """One legend outside every panel (beneath them unless ``loc`` says otherwise), so that it hides no bar, error
+    bar or curve: each label once, from whichever panel draws it."""
+    handles: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
+    if handles:
+        figure.legend(list(handles.values()), list(handles), loc=options.pop("loc", "outside lower center"),
+                      ncols=options.pop("ncols", len(handles)), frameon=False, **options)
+
+
+def plain_log_ticks(axis) -> None:
+    """Tick labels of a log axis as plain numbers (``1.1``, ``20``), never ``1.1x10^0``; matplotlib's choice of
+    which ticks to label kept."""
+    from matplotlib.ticker import LogFormatter
+
+    class Plain(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):
+            return f"{x:.4g}"
+
+    axis.set_major_formatter(Plain(labelOnlyBase=False))
+    axis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def new_figure(**options):

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.scratch import Scratch
+from ..core.threads import Scratch
 from ..errors import TempcalError, param
 from . import get_score
 from .base import Score

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..core.data import as_logits_data, default_chunk_rows
-from ..core.transfer import PinnedStager, to_device
+from ..core.data import PinnedStager, as_logits_data, default_chunk_rows, to_device
 from ..errors import DataError, TempcalError, param
 from ..io import writeback
 from ..io.safetensors_header import (
@@ -126,7 +125,7 @@ class ShardedLogits:
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk.
 
-        On CUDA every chunk goes through pinned buffers (:class:`~tempcal.core.transfer.PinnedStager`), so
+        On CUDA every chunk goes through pinned buffers (:class:`~tempcal.core.data.PinnedStager`), so
         reading the next chunk overlaps the copy and the reduction of this one.
         """
         chunk_rows = max(1, min(int(chunk_rows), self.starts[-1]))  # buffers never larger than the files

@@ -32,15 +32,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.bins import bin_edges, bin_index
-from ..core.calibration_pass import row_calibration
+from ..core.calibration_pass import bin_edges, bin_index, row_calibration
 from ..core.certified import CertifiedFit
 from ..core.cumulants import FIELDS, row_moments, row_terms
 from ..core.distributed import all_gather_rows, all_reduce
 from ..core.scan import CalibrationSums, RowBlock, Scan
 from ..core.scan_fit import FitResult
-from ..core.scratch import Scratch
-from ..core.threads import block_bounds, map_blocks, pass_threads, single_threaded
+from ..core.threads import Scratch, block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
 from .options import check_folds
@@ -374,7 +372,7 @@ def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[
     kept rows sorted by group and a group; None: every row), from the confidences the pass kept; the classwise ECE
     is not among them (it needs every class's probability)."""
     from ..metrics.bootstrap import bootstrap_intervals
-    from ..metrics.estimators import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
+    from ..metrics.calibration import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
 
     assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
     confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.bins import bin_edges
+from ..core.calibration_pass import bin_edges, confidence_bins
 from ..core.certified import CertifiedFit
 from ..core.distributed import all_reduce
-from ..core.ece_fit import EceSearch, rounding_of
-from ..core.ece_terms import bin_sums, confidence_bins
+from ..core.ece_fit import EceSearch, bin_sums, rounding_of
 from ..core.scan import RowBlock, Scan
-from ..core.scratch import Scratch
+from ..core.threads import Scratch
 from .cells import CellLayout, SubsetTemperatures
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
@@ -35,7 +34,8 @@ MAX_ENTRIES = 1 << 24
 
 class CellEceTerms:
     """One pass's sums at ``betas``: per cell, the equal-width bin sums ``[betas, cells, 3, bins]``; over every row,
-    the bin sums at ``own`` (indices into ``betas``) exactly as :func:`~tempcal.core.ece_terms.bin_sums` adds them."""
+    the bin sums at ``own`` (indices into ``betas``) exactly as :func:`~tempcal.core.ece_fit.bin_sums` adds
+    them."""
 
     def __init__(self, betas: Sequence[float], own: Sequence[int], bins: int, cells: int, device: torch.device):
         self.betas, self.own, self.bins, self.cells = [float(b) for b in betas], list(own), bins, cells

@@ -4,7 +4,7 @@
 reliability diagrams; the group bars are added below, one bar per group and series (every series drawn: a
 reported temperature, the per-group T, ...), at most :data:`MAX_GROUPS_DRAWN` groups (the largest ECE of the
 first series first; the title says how many are left out). Every series is named from the figure set's
-:class:`~tempcal.workflows.basis.Basis`, as the console and the HTML page name it.
+:class:`~tempcal.workflows.common.Basis`, as the console and the HTML page name it.
 """
 
 from __future__ import annotations

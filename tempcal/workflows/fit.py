@@ -22,8 +22,19 @@ from ..subsets.fits import crossfit_run, grouped_run, with_groups
 from ..subsets.options import Asked, Plan
 from ..subsets.options import plan as subset_plan
 from ..validation import check_alphas
-from .basis import AT_FOLDS, AT_GLOBAL, AT_GROUPS, AT_ONE, ROWS_ALL, ROWS_FILE, ROWS_HELD_OUT, ROWS_OUT_OF_FOLD, Basis
-from .common import extra_figures, scan_source
+from .common import (
+    AT_FOLDS,
+    AT_GLOBAL,
+    AT_GROUPS,
+    AT_ONE,
+    ROWS_ALL,
+    ROWS_FILE,
+    ROWS_HELD_OUT,
+    ROWS_OUT_OF_FOLD,
+    Basis,
+    extra_figures,
+    scan_source,
+)
 from .stored_split import fitted_split
 
 #: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.

@@ -16,8 +16,17 @@ from ..sources.registry import Source, open_source
 from ..subsets.options import read_groups
 from ..subsets.report import GroupRow, held_out_groups, report_groups
 from ..validation import check_alphas, check_taus, resolve_taus
-from .basis import AT_GROUPS, ROWS_ALL, ROWS_HELD_OUT, Basis, report_basis
-from .common import check_stored_reading, extra_figures, scan_source, uses_stored
+from .common import (
+    AT_GROUPS,
+    ROWS_ALL,
+    ROWS_HELD_OUT,
+    Basis,
+    check_stored_reading,
+    extra_figures,
+    report_basis,
+    scan_source,
+    uses_stored,
+)
 from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 

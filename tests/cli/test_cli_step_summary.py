@@ -13,7 +13,7 @@ import sys
 import pytest
 from conftest import EXAMPLE, write_shards
 
-from tempcal.output.github import STEP_SUMMARY_ENV
+from tempcal.output.files import STEP_SUMMARY_ENV
 
 
 @pytest.fixture

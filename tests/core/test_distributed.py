@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from conftest import miscalibrated
 
 from tempcal.core.data import as_logits_data
-from tempcal.core.ece_terms import bin_sums
+from tempcal.core.ece_fit import bin_sums
 from tempcal.core.scan import Scan
 
 SHARES = [(0, 0), (0, 3), (3, 7)]  # rank 0 holds no rows

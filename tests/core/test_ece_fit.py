@@ -48,8 +48,7 @@ def test_ece_objective_is_certified_against_a_dense_grid():
 
 
 def _points(scan, thetas):
-    from tempcal.core.ece_fit import _point
-    from tempcal.core.ece_terms import bin_sums
+    from tempcal.core.ece_fit import _point, bin_sums
 
     return [_point(sums, scan.num_samples) for sums in bin_sums(scan, [math.exp(-t) for t in thetas], 15)]
 
@@ -173,7 +172,7 @@ class _LargestTensor(torch.utils._python_dispatch.TorchDispatchMode):
 def test_one_pass_of_the_ece_search_keeps_nothing_per_sample():
     """The pass the search repeats (bins at several temperatures): no tensor longer than a chunk's logits, and the
     bins those of the calibration pass. The whole search is checked so in the slow test below."""
-    from tempcal.core.ece_terms import bin_sums
+    from tempcal.core.ece_fit import bin_sums
 
     logits, labels = miscalibrated(3000, 10, 2.0, seed=7)
     scan = tempcal.Scan(tempcal.as_logits_data(logits, labels), device="cpu", chunk_rows=1024)

@@ -65,7 +65,7 @@ def test_an_empty_share_keeps_everything_on_the_scans_device(device, monkeypatch
     """Under torchrun a rank's share of the fitting rows can be empty; what it keeps and reduces must still live on
     its device, or the next collective mixes devices (under NCCL the other ranks then wait forever). A tensor made
     without ``device=`` lands on torch's default device: made ``meta`` here, so any such tensor is caught."""
-    import tempcal.core.ece_terms as ece_terms_module
+    import tempcal.core.ece_fit as ece_fit_module
     import tempcal.core.scan as scan_module
     from tempcal.core.ece_fit import minimise_ece
 
@@ -78,7 +78,7 @@ def test_an_empty_share_keeps_everything_on_the_scans_device(device, monkeypatch
         return tensor
 
     monkeypatch.setattr(scan_module, "all_reduce", collective)
-    monkeypatch.setattr(ece_terms_module, "all_reduce", collective)  # the ECE search's own pass
+    monkeypatch.setattr(ece_fit_module, "all_reduce", collective)  # the ECE search's own pass
     monkeypatch.setattr(scan_module, "all_gather_rows", collective)
     torch.set_default_device("meta")
     try:

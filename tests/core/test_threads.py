@@ -11,7 +11,7 @@ import torch
 
 from tempcal.core import threads
 from tempcal.core.data import as_logits_data
-from tempcal.core.ece_terms import bin_sums
+from tempcal.core.ece_fit import bin_sums
 from tempcal.core.scan import ALL_ROWS, Scan
 from tempcal.errors import TempcalError
 from tempcal.models.head import OutputHead

@@ -1,4 +1,4 @@
-"""Host/device copies (tempcal.core.transfer): never non-blocking toward the host; pinned double buffers on CUDA.
+"""Host/device copies (tempcal.core.data): never non-blocking toward the host; pinned double buffers on CUDA.
 
 Without a GPU the CUDA bookkeeping runs against a fake ``torch.cuda`` (streams, events) that records what was
 asked of it, and device copies become host clones; the CUDA-parameterised tests at the end run the real thing.
@@ -13,7 +13,7 @@ import torch
 from conftest import write_shards
 
 import tempcal
-import tempcal.core.transfer as transfer
+import tempcal.core.data as transfer
 from tempcal.core.data import as_logits_data
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

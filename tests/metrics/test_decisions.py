@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from conftest import EXAMPLE
 
-from tempcal.metrics import selective
-from tempcal.metrics.selective import rank_in_place, ranked_curve, ranked_metrics
-from tempcal.metrics.smooth_ece import smooth_ece
+from tempcal.metrics import decisions
+from tempcal.metrics.decisions import rank_in_place, ranked_curve, ranked_metrics, smooth_ece
 
 
 def loop_reference(conf: np.ndarray, correct: np.ndarray) -> tuple[float, float, float]:
@@ -82,7 +81,7 @@ def test_chunks_do_not_split_a_tie_block(monkeypatch):
     conf = rng.choice(np.linspace(0.1, 1, 40), size=3000)
     correct = rng.random(3000) < 0.7
     whole = by_blocks(conf, correct)
-    monkeypatch.setattr(selective, "CHUNK", 7)
+    monkeypatch.setattr(decisions, "CHUNK", 7)
     assert by_blocks(conf, correct) == pytest.approx(whole, abs=1e-12)
 
 

@@ -1,4 +1,4 @@
-"""ECE estimators beside the contract's (tempcal.metrics.estimators) against numpy loops, torchmetrics, papers."""
+"""ECE estimators beside the contract's (tempcal.metrics.calibration) against numpy loops, torchmetrics, papers."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import miscalibrated, scan_of
 from scipy.special import softmax
 
 from tempcal.errors import TempcalError
-from tempcal.metrics.estimators import (
+from tempcal.metrics.calibration import (
     ESTIMATORS,
     classwise_ece,
     debiased_l2_calibration_error,

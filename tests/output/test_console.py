@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 
 from tempcal.cli.main import main
 from tempcal.io.writeback import write_temperature
-from tempcal.metrics.estimators import ESTIMATORS
+from tempcal.metrics.calibration import ESTIMATORS
 from tempcal.output.console import print_fit, print_ood, print_report
 from tempcal.output.plots import log_spaced
 from tempcal.sources.base import SourceOptions

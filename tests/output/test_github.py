@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from tempcal.output import github
-from tempcal.output.github import STEP_SUMMARY_ENV, append_step_summary
+from tempcal.output import files
+from tempcal.output.files import STEP_SUMMARY_ENV, append_step_summary
 
 
 def test_nothing_happens_without_the_variable(monkeypatch):
@@ -51,8 +51,8 @@ def test_one_write_per_section(tmp_path, monkeypatch):
         calls.append(len(data))
         return real_write(fd, data)
 
-    monkeypatch.setattr(github.os, "write", spy_write)
-    monkeypatch.setattr(github.os, "open", spy_open)
+    monkeypatch.setattr(files.os, "write", spy_write)
+    monkeypatch.setattr(files.os, "open", spy_open)
     sections = [f"## section {k}\n" + "x" * 20000 + "\n" for k in range(8)]
     threads = [threading.Thread(target=append_step_summary, args=(lambda s=s: s,)) for s in sections]
     for thread in threads:

@@ -192,7 +192,7 @@ def test_an_infinite_conformal_threshold_is_shown_as_inf(tmp_path, cli):
 def test_the_page_registers_itself_and_loading_the_commands_loads_no_jinja2_or_matplotlib():
     import sys
 
-    code = ("import sys, tempcal.cli.main; from tempcal.output.extra import EXTRA_OUTPUTS; "
+    code = ("import sys, tempcal.cli.main; from tempcal.output.files import EXTRA_OUTPUTS; "
             "print(sorted(EXTRA_OUTPUTS), [m for m in ('jinja2', 'matplotlib') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["['--html']", "[]"]

@@ -20,7 +20,7 @@ from conftest import assert_one_error_line, id_ood_logits, numpy_logits, script_
 from lm_eval_logs import NAME, random_mc_records, write_log
 from safetensors.torch import save_file
 
-from tempcal.output.github import STEP_SUMMARY_ENV
+from tempcal.output.files import STEP_SUMMARY_ENV
 
 KEY = "tempcal.temperature"
 
