@@ -9,9 +9,11 @@ from __future__ import annotations
 import errno
 import itertools
 import json
+import math
 import os
 import stat
 import struct
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -131,6 +133,33 @@ class Header:
 def dtype_name(dtype: str) -> str:
     """A safetensors dtype as torch names it ("F32" -> "float32"), for messages."""
     return DTYPES[dtype][1] if dtype in DTYPES else dtype
+
+
+def dtype_code(dtype: object) -> str:
+    """safetensors' code of a torch dtype (``torch.float32`` -> "F32")."""
+    name = str(dtype).removeprefix("torch.")
+    return next(code for code, (_, torch_name) in DTYPES.items() if torch_name == name)
+
+
+def laid_out(tensors: Iterable[tuple[str, str, Sequence[int]]]) -> dict[str, TensorInfo]:
+    """``(name, dtype code, shape)`` of tensors stored one after another, in order, from the data section's start."""
+    infos, offset = {}, 0
+    for name, code, shape in tensors:
+        size = DTYPES[code][0] * math.prod(shape)
+        infos[name] = TensorInfo(code, tuple(shape), offset, offset + size)
+        offset += size
+    return infos
+
+
+def encode_header(tensors: Mapping[str, TensorInfo], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The 8-byte little-endian length plus the JSON header, padded with spaces to 8-byte alignment as safetensors
+    writes it (``__metadata__`` first, left out when empty)."""
+    entries: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    for name, info in tensors.items():
+        entries[name] = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": [info.begin, info.end]}
+    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
 
 
 def shown(value: object) -> str:

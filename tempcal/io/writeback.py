@@ -8,10 +8,8 @@ first to rename wins and the others refuse, nothing written (docs/reliability.md
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-import struct
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -19,7 +17,15 @@ from pathlib import Path
 from ..errors import TempcalError
 from ..validation import TEMPERATURE_KEY, format_temperature
 from .atomic import atomic_path, destination_of
-from .safetensors_header import FileStamp, Header, check_unchanged, record_stamp, recorded_stamp, reread_header
+from .safetensors_header import (
+    FileStamp,
+    Header,
+    check_unchanged,
+    encode_header,
+    record_stamp,
+    recorded_stamp,
+    reread_header,
+)
 
 try:
     import fcntl
@@ -29,16 +35,6 @@ except ImportError:  # not POSIX: no advisory locks; the unchanged-source check 
 COPY_BLOCK = 1 << 20
 #: How long a write-back waits for another one's check-and-rename on the same file.
 LOCK_WAIT_SECONDS = 30.0
-
-
-def updated_header(header: Header, metadata: dict[str, str]) -> bytes:
-    """The 8-byte length plus the JSON header, padded with spaces to 8-byte alignment as safetensors does."""
-    entries: dict[str, object] = {"__metadata__": metadata}
-    for name, info in header.tensors.items():
-        entries[name] = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": [info.begin, info.end]}
-    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text
 
 
 def write_temperature(source: str | os.PathLike, temperature: float, output: str | os.PathLike | None = None,
@@ -60,7 +56,7 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     kept[TEMPERATURE_KEY] = format_temperature(temperature)
     # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
     destination = destination_of(source) if output is None else Path(output)
-    copy_with_header(destination, header, updated_header(header, kept))
+    copy_with_header(destination, header, encode_header(header.tensors, kept))
     return destination
 
 
@@ -116,4 +112,4 @@ def _acquire(fd: int, path: Path) -> bool:
             return False
 
 
-__all__ = ["updated_header", "write_temperature"]
+__all__ = ["write_temperature"]
