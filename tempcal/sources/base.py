@@ -390,6 +390,17 @@ class SourceKind(ABC):
 
         return sidecar_temperature(path)
 
+    def with_stored(self, opened: OpenedSource, path: Path | None = None) -> OpenedSource:
+        """``opened`` with the T stored for ``path`` (its first file by default) and the notes about it added to its
+        warnings; a broken sidecar is kept as its ``stored_problem``, raised if T is asked for (a fit replaces it)."""
+        try:
+            opened.stored, notes = self.read_temperature(opened.paths[0] if path is None else path)
+        except TempcalError as exc:
+            opened.stored_problem = exc
+        else:
+            opened.warnings = [*opened.warnings, *notes]
+        return opened
+
     def temperature_place(self, path: Path) -> str:
         """Where this kind keeps ``path``'s T, why none is there and what to do, as "has no stored temperature
         (...)" says it; by default its sidecar."""

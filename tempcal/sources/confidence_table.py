@@ -192,13 +192,8 @@ class ConfidenceTableKind(SourceKind):
             f"[{CLIP:g}, 1 - {CLIP:g}] (their logits would be infinite)"]
         fields = {"source_kind": SOURCE_KIND, "clipped": rows.clipped, "confidence_column": options.confidence,
                   "correct_column": options.correct, "confidence_scale": check_scale(options.confidence_scale)}
-        try:
-            stored, notes = self.read_temperature(paths[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            return OpenedSource(paths, data, None, self, options, warnings=warnings, stored_problem=exc,
-                                has_labels=rows.has_labels, json=fields)
-        return OpenedSource(paths, data, stored, self, options, warnings=[*warnings, *notes],
-                            has_labels=rows.has_labels, json=fields)
+        return self.with_stored(OpenedSource(paths, data, None, self, options, warnings=warnings,
+                                             has_labels=rows.has_labels, json=fields))
 
     def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str]:
         """``apply`` writes the table in its format with :data:`CALIBRATED_COLUMN` added (:func:`apply_table`)."""

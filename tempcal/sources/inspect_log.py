@@ -228,15 +228,8 @@ class InspectLogKind(SourceKind):
         warnings = _warning(infos, name)
         file_rows = [i.complete for i in infos]
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        opened = OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows, json=extra,
-                              label=name)
-        try:
-            opened.stored, notes = kind.read_temperature(files[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            opened.stored_problem = exc
-            return opened
-        opened.warnings.extend(notes)
-        return opened
+        return kind.with_stored(OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows,
+                                             json=extra, label=name))
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""

@@ -296,16 +296,9 @@ class LightevalKind(LmEvalKind):
         kind = LightevalKind(norm)
         incomplete = {reason: sum(info.incomplete[reason] for _, info in read) for reason in INCOMPLETE}
         warnings = [message for _, info in read for message in info.warnings()]
-        opened = OpenedSource(paths, data, None, kind, options, warnings=warnings,
-                              file_rows=[info.complete for _, info in read],
-                              json={"source_kind": "lighteval", "rows_incomplete": incomplete})
-        try:
-            opened.stored, notes = kind.read_temperature(paths[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            opened.stored_problem = exc
-        else:
-            opened.warnings.extend(notes)
-        return opened
+        return kind.with_stored(OpenedSource(paths, data, None, kind, options, warnings=warnings,
+                                             file_rows=[info.complete for _, info in read],
+                                             json={"source_kind": "lighteval", "rows_incomplete": incomplete}))
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the

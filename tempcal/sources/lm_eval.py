@@ -293,12 +293,7 @@ class LmEvalKind(SourceKind):
         kind = LmEvalKind(norm)
         warnings = [message for _, info in read for message in info.warnings()]
         file_rows = [info.records for _, info in read]
-        try:
-            stored, notes = kind.read_temperature(paths[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            return OpenedSource(paths, data, None, kind, options, warnings=warnings, stored_problem=exc,
-                                file_rows=file_rows)
-        return OpenedSource(paths, data, stored, kind, options, warnings=[*warnings, *notes], file_rows=file_rows)
+        return kind.with_stored(OpenedSource(paths, data, None, kind, options, warnings=warnings, file_rows=file_rows))
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
