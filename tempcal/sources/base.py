@@ -75,6 +75,9 @@ class SourceOptions:
     confidence: str | None = None
     correct: str | None = None
     confidence_scale: float = 1.0
+    #: The remembered options (:data:`DEFAULT_KEYS`) named on the command line: they win over the reading stored with
+    #: T even at their default value (any value other than the default wins in any case).
+    given: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.react is not None:

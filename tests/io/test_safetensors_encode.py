@@ -36,8 +36,8 @@ def test_lengths_cover_every_padding():
     """The cases above do pad by every amount from 0 to 7 (else the test would not test what it says)."""
     paddings = set()
     for extra in range(8):
-        header = encode_header(laid_out([("logits" + "x" * extra, "F32", (3, 4)), ("labels", "I64", (3,)),
-                                         ("half", "BF16", (1, 2))]), {"tempcal.temperature": "1.5", "note": "é" * extra})
+        layout = laid_out([("logits" + "x" * extra, "F32", (3, 4)), ("labels", "I64", (3,)), ("half", "BF16", (1, 2))])
+        header = encode_header(layout, {"tempcal.temperature": "1.5", "note": "é" * extra})
         paddings.add(len(header) - len(header.rstrip(b" ")))
     assert paddings == set(range(8))
 
