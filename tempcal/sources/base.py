@@ -393,6 +393,11 @@ class SourceKind(ABC):
 
         return sidecar_temperature(path)
 
+    def refuse_probs(self, options: SourceOptions, what: str) -> None:
+        """Refuse ``--probs`` for a SOURCE that is not a logits file: ``what`` says what it is instead."""
+        if options.probs:
+            raise TempcalError(f"{param('probs')} applies to logits files; {what}")
+
     def with_stored(self, opened: OpenedSource, path: Path | None = None) -> OpenedSource:
         """``opened`` with the T stored for ``path`` (its first file by default) and the notes about it added to its
         warnings; a broken sidecar is kept as its ``stored_problem``, raised if T is asked for (a fit replaces it)."""

@@ -184,9 +184,8 @@ class ConfidenceTableKind(SourceKind):
 
         if len(paths) > 1:
             raise TempcalError(f"{paths[1]}: a confidence table is one file; give one table as SOURCE")
-        if options.probs:
-            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is a confidence table, read "
-                               f"with {param('confidence')} and {param('confidence_scale')}")
+        self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
+                                   f"{param('confidence_scale')}")
         from ..io.sidecar import check_regular_file
 
         check_regular_file(paths[0])

@@ -208,9 +208,7 @@ class InspectLogKind(SourceKind):
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from ..core.data import as_logits_data
 
-        if options.probs:
-            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an inspect_ai log of "
-                               "log-probabilities")
+        self.refuse_probs(options, f"{paths[0]} is an inspect_ai log of log-probabilities")
         infos = self.read_all(paths)
         name = str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more logs)"
         models = sorted({i.model for i in infos})

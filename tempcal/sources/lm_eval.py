@@ -280,20 +280,22 @@ class LmEvalKind(SourceKind):
         return is_lm_eval_log(paths[0])
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
+        read = [_read_rows(path, options.lm_eval_norm) for path in paths]
+        _check_combined_size([info for _, info in read])
+        return self.padded(paths, options, read, [info.records for _, info in read])
+
+    def padded(self, paths: list[Path], options: SourceOptions, read: list[tuple[Any, Any]], file_rows: list[int],
+               json: dict[str, Any] | None = None) -> OpenedSource:
+        """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
+        the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
         from ..core.data import as_logits_data
 
-        norm = options.lm_eval_norm
-        if options.probs:
-            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an lm-evaluation-harness "
-                               "log of log-likelihoods")
-        read = [_read_rows(path, norm) for path in paths]
-        _check_combined_size([info for _, info in read])
         logits, labels = _padded([rows for rows, _ in read], max(info.max_choices for _, info in read))
-        data = as_logits_data(logits, labels, ignore_index=None)
-        kind = LmEvalKind(norm)
+        kind = type(self)(options.lm_eval_norm)
         warnings = [message for _, info in read for message in info.warnings()]
-        file_rows = [info.records for _, info in read]
-        return kind.with_stored(OpenedSource(paths, data, None, kind, options, warnings=warnings, file_rows=file_rows))
+        return kind.with_stored(OpenedSource(paths, as_logits_data(logits, labels, ignore_index=None), None, kind,
+                                             options, warnings=warnings, file_rows=file_rows, json=json or {}))
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
