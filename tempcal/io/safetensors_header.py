@@ -123,6 +123,10 @@ class Header:
 
         return stored_temperature(self.metadata.get(TEMPERATURE_KEY), f"{self.path}: metadata")
 
+    def encoded(self, metadata: Mapping[str, str]) -> bytes:
+        """This header's bytes with ``metadata`` in place of its own (every tensor's entry kept)."""
+        return encode_header(self.tensors, metadata)
+
     def torch_dtype(self, key: str):
         """The torch dtype of tensor ``key``."""
         import torch

@@ -17,15 +17,7 @@ from pathlib import Path
 from ..errors import TempcalError
 from ..validation import TEMPERATURE_KEY, format_temperature
 from .atomic import atomic_path, destination_of
-from .safetensors_header import (
-    FileStamp,
-    Header,
-    check_unchanged,
-    encode_header,
-    record_stamp,
-    recorded_stamp,
-    reread_header,
-)
+from .safetensors_header import FileStamp, Header, check_unchanged, record_stamp, recorded_stamp, reread_header
 
 try:
     import fcntl
@@ -56,7 +48,7 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     kept[TEMPERATURE_KEY] = format_temperature(temperature)
     # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
     destination = destination_of(source) if output is None else Path(output)
-    copy_with_header(destination, header, encode_header(header.tensors, kept))
+    copy_with_header(destination, header, header.encoded(kept))
     return destination
 
 

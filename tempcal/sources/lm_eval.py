@@ -378,21 +378,6 @@ class LmEvalKind(SourceKind):
         """T, ``metadata`` and the normalisation T was fitted under, into the sidecar (of a copy at ``output``)."""
         return super().write_reading(path, temperature, output, {**metadata, NORM_KEY: self.norm})
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
-        """T (and the normalisation it was fitted under) into the sidecar of ``path``, or of a copy at ``output``."""
-        from ..io.sidecar import read_sidecar, write_sidecar, write_sidecar_copy
-
-        if output is not None:
-            write_sidecar_copy(path, temperature, Path(output))  # copies the log byte for byte
-            path = Path(output)
-        try:
-            metadata = {k: v for k, v in read_sidecar(path)[0].items() if k != NORM_KEY}
-        except TempcalError:  # a malformed sidecar is about to be replaced
-            metadata = {}
-        if self.norm is not None:
-            metadata[NORM_KEY] = self.norm
-        return write_sidecar(path, temperature, metadata=metadata)
-
 
 __all__ = ["LOG_SUFFIXES", "NORM_KEY", "LmEvalKind", "LmEvalLogError", "LmEvalLogInfo", "is_lm_eval_log",
            "read_lm_eval_log", "task_from_filename"]
