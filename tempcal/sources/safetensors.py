@@ -24,7 +24,7 @@ import torch
 from ..core.data import as_logits_data, default_chunk_rows
 from ..core.transfer import PinnedStager, to_device
 from ..errors import DataError, TempcalError, param
-from ..io import writeback
+from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
     Header,
@@ -382,7 +382,7 @@ class SafetensorsKind(SourceKind):
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
-        return writeback.write_temperature(path, temperature, output, metadata=metadata)
+        return safetensors_header.write_temperature(path, temperature, output, metadata=metadata)
 
 
 def check_not_hidden(header: Header, options: SourceOptions) -> None:
