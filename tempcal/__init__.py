@@ -65,7 +65,7 @@ _EXPORTS = {
     "apply_file": "workflows.apply",
     "ApplyResult": "workflows.apply",
     # write-back and deployment
-    "write_temperature": "io.writeback",
+    "write_temperature": "io.safetensors_header",
     "TemperatureScaler": "scaler",
     "TemperatureScaling": "scaler",
     # models
@@ -85,8 +85,7 @@ if TYPE_CHECKING:
     from .core.scan import Scan
     from .core.splitting import stratified_split
     from .errors import DataError, TempcalError
-    from .io.safetensors_header import read_header
-    from .io.writeback import write_temperature
+    from .io.safetensors_header import read_header, write_temperature
     from .metrics.bootstrap import bootstrap_intervals
     from .metrics.calibration import (
         CalibrationMetrics,

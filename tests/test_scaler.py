@@ -32,8 +32,8 @@ import tempcal
 import tempcal.scaler
 from tempcal.core.fitting import T_MIN
 from tempcal.errors import TempcalError
+from tempcal.io.safetensors_header import write_temperature
 from tempcal.io.sidecar import write_sidecar
-from tempcal.io.writeback import write_temperature
 from tempcal.scaler import TemperatureScaler, TemperatureScaling
 
 SKLEARN_VERSION = tuple(int(part) for part in sklearn.__version__.split(".")[:2])

@@ -95,7 +95,8 @@ def apply(
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
-    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
+    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress,
+                                  ctx=ctx)
     result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
                         device=device, chunk_rows=chunk_rows, options=options)
     deliver(ctx, warnings=result.warnings, write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"],

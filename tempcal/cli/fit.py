@@ -104,7 +104,7 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     from ..workflows.fit import fit_file
 
     device = start(request.reading.device)
-    options = opt.reading_options(request.reading, device=device, progress=request.outputs.progress)
+    options = opt.reading_options(request.reading, device=device, progress=request.outputs.progress, ctx=ctx)
     report = fit_file(source, eval_file=request.eval_file, val_fraction=request.split, seed=request.seed,
                       objective=request.objective, bins=request.bins, device=device, chunk_rows=request.chunk_rows,
                       estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,

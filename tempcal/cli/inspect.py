@@ -56,7 +56,8 @@ def inspect(
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
-    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress)
+    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress,
+                                  ctx=ctx)
     report = inspect_file(source[0] if len(source) == 1 else source, options=options)
 
     def payload() -> dict:

@@ -107,7 +107,7 @@ def _ood(ctx: typer.Context, request: OodRequest) -> None:
 
     outputs = request.outputs
     device = start(request.reading.device)
-    options = opt.reading_options(request.reading, device=device, progress=outputs.progress)
+    options = opt.reading_options(request.reading, device=device, progress=outputs.progress, ctx=ctx)
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=request.taus, scores=scores,
                       device=device, chunk_rows=request.chunk_rows, gen_gamma=request.gen_gamma,
                       gen_top=request.gen_top, bootstrap=request.bootstrap, seed=request.seed,

@@ -253,15 +253,20 @@ NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configurati
                                         rich_help_panel="Configuration"), NOT_CONFIGURABLE]
 
 
-def reading_options(reading: SourceOptions, *, device: str, progress: Any) -> SourceOptions:
+def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: Any = None) -> SourceOptions:
     """How a command reads its SOURCE: ``reading`` on the ``device`` it computes on, with ``progress`` (True, False or
-    a console), after refusing ``--softcap`` without ``--head`` and ``--head`` with a model's ``--inputs``."""
+    a console) and the remembered options named on ``ctx``'s command line (they win over a stored reading), after
+    refusing ``--softcap`` without ``--head`` and ``--head`` with a model's ``--inputs``."""
+    from ..sources.base import DEFAULT_KEYS
+
     if reading.head is None and reading.softcap is not None:
         raise TempcalError("--softcap applies to logits computed with --head")
     if reading.head is not None and reading.inputs is not None:
         raise TempcalError("--head computes logits from hidden states; a model SOURCE with --inputs computes them "
                            "itself: give one or the other")
-    return reading.but(device=device, progress=progress)
+    given = frozenset(name for name in DEFAULT_KEYS if ctx is not None and getattr(
+        ctx.get_parameter_source(name), "name", "") in ("COMMANDLINE", "ENVIRONMENT"))
+    return reading.but(device=device, progress=progress, given=given)
 
 
 def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:

@@ -129,7 +129,7 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     bins, temperatures = request.bins, len(taus) + len(grid) + 1
     check_fits("bins", bins, BIN_BYTES * temperatures, "cpu", f"{bins} bins at up to {temperatures} temperatures")
     device = start(reading.device)
-    options = opt.reading_options(reading, device=device, progress=outputs.progress)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=request.chunk_rows,
                          estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
                          seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,

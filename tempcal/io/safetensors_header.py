@@ -1,22 +1,36 @@
-"""Reading logits files: the safetensors header is checked against the file before any tensor is read.
+"""Safetensors files' headers: read and checked before any tensor is read; T written into the metadata.
 
 The file's identity (device, inode, size, mtime) is recorded with the header, so a file changed while tempcal
-works on it is noticed, never overwritten.
+works on it is noticed, never overwritten. Write-back copies the old data section byte for byte behind a new
+header (:mod:`tempcal.io.atomic`); the "source unchanged" check and the rename run under an advisory ``flock`` on
+the source, so of concurrent write-backs the first to rename wins and the others refuse, nothing written
+(docs/reliability.md).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import json
+import math
 import os
+import shutil
 import stat
 import struct
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import TempcalError
-from ..validation import stored_temperature
+from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
+from .atomic import atomic_path, destination_of
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no advisory locks; the unchanged-source check still runs
+    fcntl = None  # type: ignore[assignment]
 
 #: Each safetensors dtype: bytes per element and torch's name for it (the one table of them).
 DTYPES: dict[str, tuple[int, str]] = {
@@ -117,9 +131,11 @@ class Header:
 
     def stored_temperature(self) -> float | None:
         """The T a previous ``tempcal fit`` wrote into the metadata, if any."""
-        from ..validation import TEMPERATURE_KEY
-
         return stored_temperature(self.metadata.get(TEMPERATURE_KEY), f"{self.path}: metadata")
+
+    def encoded(self, metadata: Mapping[str, str]) -> bytes:
+        """This header's bytes with ``metadata`` in place of its own (every tensor's entry kept)."""
+        return encode_header(self.tensors, metadata)
 
     def torch_dtype(self, key: str):
         """The torch dtype of tensor ``key``."""
@@ -131,6 +147,33 @@ class Header:
 def dtype_name(dtype: str) -> str:
     """A safetensors dtype as torch names it ("F32" -> "float32"), for messages."""
     return DTYPES[dtype][1] if dtype in DTYPES else dtype
+
+
+def dtype_code(dtype: object) -> str:
+    """safetensors' code of a torch dtype (``torch.float32`` -> "F32")."""
+    name = str(dtype).removeprefix("torch.")
+    return next(code for code, (_, torch_name) in DTYPES.items() if torch_name == name)
+
+
+def laid_out(tensors: Iterable[tuple[str, str, Sequence[int]]]) -> dict[str, TensorInfo]:
+    """``(name, dtype code, shape)`` of tensors stored one after another, in order, from the data section's start."""
+    infos, offset = {}, 0
+    for name, code, shape in tensors:
+        size = DTYPES[code][0] * math.prod(shape)
+        infos[name] = TensorInfo(code, tuple(shape), offset, offset + size)
+        offset += size
+    return infos
+
+
+def encode_header(tensors: Mapping[str, TensorInfo], metadata: Mapping[str, str] | None = None) -> bytes:
+    """The 8-byte little-endian length plus the JSON header, padded with spaces to 8-byte alignment as safetensors
+    writes it (``__metadata__`` first, left out when empty)."""
+    entries: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    for name, info in tensors.items():
+        entries[name] = {"dtype": info.dtype, "shape": list(info.shape), "data_offsets": [info.begin, info.end]}
+    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
 
 
 def shown(value: object) -> str:
@@ -286,3 +329,84 @@ def read_tensor(header: Header, key: str, *, option: str):
         raise TempcalError(f"{header.path}: cannot read tensor {shown(key)}: {first}") from None
     check_unchanged(header.path, header.stamp, since="tempcal read its header")
     return tensor
+
+
+# -- write-back: T into the metadata, the tensors' bytes copied unchanged -------------------------------------
+COPY_BLOCK = 1 << 20
+#: How long a write-back waits for another one's check-and-rename on the same file.
+LOCK_WAIT_SECONDS = 30.0
+
+
+def write_temperature(source: str | os.PathLike, temperature: float, output: str | os.PathLike | None = None,
+                      *, expected: Header | None = None, metadata: Mapping[str, str | None] | None = None) -> Path:
+    """Write ``temperature`` under ``tempcal.temperature`` into ``source`` (or a copy at ``output``); the path written.
+
+    Other metadata is kept (``metadata`` entries set too, a None value removing its key), tensor bytes copied
+    unchanged. Nothing is written when ``source`` changed (size, mtime or inode) since ``expected`` was read,
+    by default since this process last read (:func:`tempcal.read_header`) or wrote it.
+    """
+    stamp = expected.stamp if expected is not None else recorded_stamp(source)
+    check_unchanged(source, stamp)  # before parsing: "it changed" says more than "it is truncated"
+    header = reread_header(source)
+    if stamp is not None and stamp.change_to(header.stamp) is not None:
+        check_unchanged(source, stamp)
+    from .sidecar import updated_metadata
+
+    kept = updated_metadata(header.metadata, metadata)
+    kept[TEMPERATURE_KEY] = format_temperature(temperature)
+    # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
+    destination = destination_of(source) if output is None else Path(output)
+    copy_with_header(destination, header, header.encoded(kept))
+    return destination
+
+
+def copy_with_header(destination: Path, header: Header, new_header: bytes) -> None:
+    """Write ``new_header`` + the source's data section to ``destination`` atomically, under the source's lock;
+    a new file gets SOURCE's mode plus the owner's write bit (a copy of a read-only source stays writable)."""
+    mode = None if os.path.lexists(destination) else header.path.stat().st_mode & 0o7777 | 0o200
+    with atomic_path(destination, what="", mode=mode,
+                     guard=lambda: _unchanged_under_lock(header)) as temporary, \
+            open(temporary, "wb") as out, open(header.path, "rb") as src:
+        check_unchanged(header.path, header.stamp, since="tempcal read it")
+        out.write(new_header)
+        src.seek(header.data_start)
+        shutil.copyfileobj(src, out, COPY_BLOCK)
+        if out.tell() != len(new_header) + header.file_size - header.data_start:
+            raise TempcalError(f"{header.path}: changed while tempcal was copying it (its size changed); "
+                               "nothing written, run tempcal again")
+        out.flush()
+        written = os.fstat(out.fileno())
+    record_stamp(destination, FileStamp.of(written))
+
+
+@contextlib.contextmanager
+def _unchanged_under_lock(header: Header) -> Iterator[None]:
+    """Hold the source's write-back lock and check it is still the version read: another tempcal
+    cannot rename between this check and our rename."""
+    with open(header.path, "rb") as src:
+        held = _acquire(src.fileno(), header.path)
+        try:
+            check_unchanged(header.path, header.stamp, since="tempcal read it")
+            yield
+        finally:
+            if held:
+                with contextlib.suppress(OSError):
+                    fcntl.flock(src.fileno(), fcntl.LOCK_UN)
+
+
+def _acquire(fd: int, path: Path) -> bool:
+    """Wait (a bounded time) for the lock; False where locks are not available."""
+    if fcntl is None:
+        return False
+    deadline = time.monotonic() + LOCK_WAIT_SECONDS
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise TempcalError(f"{path}: another tempcal has held its write-back lock for over "
+                                   f"{LOCK_WAIT_SECONDS:g} s; nothing written") from None
+            time.sleep(0.005)
+        except OSError:  # no locks on this file system (some network mounts)
+            return False

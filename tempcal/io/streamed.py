@@ -6,9 +6,7 @@ Every tensor's dtype and shape are known before its first chunk, so the header (
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import TempcalError
 from .atomic import atomic_path
-from .safetensors_header import DTYPES
+from .safetensors_header import dtype_code, encode_header, laid_out
 
 if TYPE_CHECKING:
     import torch
@@ -69,23 +67,8 @@ def write_streamed(path: str | os.PathLike, planned: Sequence[Planned], *, metad
     return Path(path)
 
 
-def safetensors_header(planned: Sequence[Planned], metadata: Mapping[str, str]) -> bytes:
-    """The length field and JSON header of a safetensors file holding ``planned`` in order."""
-    codes = {name: code for code, (_, name) in DTYPES.items()}
-    entries: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
-    offset = 0
-    for tensor in planned:
-        code = codes[str(tensor.dtype).removeprefix("torch.")]
-        entries[tensor.name] = {"dtype": code, "shape": list(tensor.shape), "data_offsets": [offset,
-                                                                                            offset + tensor.nbytes]}
-        offset += tensor.nbytes
-    text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)
-    return struct.pack("<Q", len(text)) + text
-
-
 def _write_safetensors(f: BinaryIO, planned: Sequence[Planned], metadata: Mapping[str, str]) -> None:
-    f.write(safetensors_header(planned, metadata))
+    f.write(encode_header(laid_out((t.name, dtype_code(t.dtype), t.shape) for t in planned), metadata))
     for tensor in planned:
         _write_data(f, tensor)
 
@@ -123,4 +106,4 @@ def _write_data(f: BinaryIO, tensor: Planned) -> None:
                            f"({list(tensor.shape)} of {tensor.dtype}); nothing written")
 
 
-__all__ = ["STREAMED_SUFFIXES", "Planned", "output_format", "safetensors_header", "write_streamed"]
+__all__ = ["STREAMED_SUFFIXES", "Planned", "output_format", "write_streamed"]

@@ -19,7 +19,6 @@ under ``--quiet`` or ``--json -`` (``enabled=False``).
 
 from __future__ import annotations
 
-import json
 import mmap
 import os
 import tempfile
@@ -32,14 +31,13 @@ import torch
 from ..core.data import default_chunk_rows, to_device
 from ..errors import TempcalError
 from ..io.atomic import write_atomic
+from ..io.safetensors_header import dtype_code, encode_header, laid_out
 from ..progress import DELAY, Progress
 
 #: The most bytes of hidden states kept in memory by default (besides a share of the memory available).
 MEMORY_CAP = 4 << 30
 #: Environment variable that sets the budget in bytes (0: always spill to a file).
 BUDGET_ENV = "TEMPCAL_LM_MEMORY_BYTES"
-#: safetensors' names of the dtypes a model's hidden states come in.
-ST_DTYPES = {torch.float16: "F16", torch.bfloat16: "BF16", torch.float32: "F32", torch.float64: "F64"}
 #: Bytes written to a saved file at a time.
 WRITE_ROWS_BYTES = 64 << 20
 
@@ -218,17 +216,12 @@ def save_hidden(path: str | os.PathLike, hidden: StoredHidden, metadata: dict[st
     ``hidden`` [N, d] in the model's dtype and ``labels`` [N] int64, with ``metadata``."""
     store = hidden.store
     rows, width = hidden.num_samples, store.width
-    hidden_bytes = rows * store.row_bytes
-    header = {"hidden": {"dtype": ST_DTYPES[store.dtype], "shape": [rows, width], "data_offsets": [0, hidden_bytes]},
-              "labels": {"dtype": "I64", "shape": [rows], "data_offsets": [hidden_bytes, hidden_bytes + 8 * rows]},
-              "__metadata__": metadata}
-    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    text += b" " * (-len(text) % 8)
+    header = encode_header(laid_out([("hidden", dtype_code(store.dtype), (rows, width)), ("labels", "I64", (rows,))]),
+                           metadata)
     per_block = max(1, WRITE_ROWS_BYTES // max(store.row_bytes, 1))
 
     def write(f) -> None:
-        f.write(len(text).to_bytes(8, "little"))
-        f.write(text)
+        f.write(header)
         for _, block, _ in hidden.chunks(per_block, torch.device("cpu"), store.dtype):
             f.write(memoryview(block.contiguous().view(torch.uint8).numpy().data).cast("B"))
         f.write(memoryview(hidden.labels.to(torch.int64).contiguous().numpy().data).cast("B"))

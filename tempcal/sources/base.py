@@ -75,6 +75,9 @@ class SourceOptions:
     confidence: str | None = None
     correct: str | None = None
     confidence_scale: float = 1.0
+    #: The remembered options (:data:`DEFAULT_KEYS`) named on the command line: they win over the reading stored with
+    #: T even at their default value (any value other than the default wins in any case).
+    given: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.react is not None:
@@ -389,6 +392,22 @@ class SourceKind(ABC):
         from ..io.sidecar import sidecar_temperature
 
         return sidecar_temperature(path)
+
+    def refuse_probs(self, options: SourceOptions, what: str) -> None:
+        """Refuse ``--probs`` for a SOURCE that is not a logits file: ``what`` says what it is instead."""
+        if options.probs:
+            raise TempcalError(f"{param('probs')} applies to logits files; {what}")
+
+    def with_stored(self, opened: OpenedSource, path: Path | None = None) -> OpenedSource:
+        """``opened`` with the T stored for ``path`` (its first file by default) and the notes about it added to its
+        warnings; a broken sidecar is kept as its ``stored_problem``, raised if T is asked for (a fit replaces it)."""
+        try:
+            opened.stored, notes = self.read_temperature(opened.paths[0] if path is None else path)
+        except TempcalError as exc:
+            opened.stored_problem = exc
+        else:
+            opened.warnings = [*opened.warnings, *notes]
+        return opened
 
     def temperature_place(self, path: Path) -> str:
         """Where this kind keeps ``path``'s T, why none is there and what to do, as "has no stored temperature

@@ -120,6 +120,13 @@ def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = Fa
     return TableRows(logits, labels, clipped, labelled)
 
 
+def clipped_warning(path: Path, clipped: int, scale: float) -> str:
+    """The warning on ``clipped`` confidences of exactly 0 or ``scale`` (1 as probabilities, 100 as percentages), with
+    the range they were clipped to, both on the table's scale."""
+    return (f"{path}: {clipped} confidence{'s' if clipped != 1 else ''} of exactly 0 or {scale:g} clipped to "
+            f"[{CLIP * scale:g}, {scale:g} - {CLIP * scale:g}] (their logits would be infinite)")
+
+
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -177,9 +184,8 @@ class ConfidenceTableKind(SourceKind):
 
         if len(paths) > 1:
             raise TempcalError(f"{paths[1]}: a confidence table is one file; give one table as SOURCE")
-        if options.probs:
-            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is a confidence table, read "
-                               f"with {param('confidence')} and {param('confidence_scale')}")
+        self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
+                                   f"{param('confidence_scale')}")
         from ..io.sidecar import check_regular_file
 
         check_regular_file(paths[0])
@@ -187,18 +193,12 @@ class ConfidenceTableKind(SourceKind):
         logits = torch.frombuffer(rows.logits, dtype=torch.float64).clone()
         labels = torch.frombuffer(rows.labels, dtype=torch.int64).clone()
         data = as_logits_data(logits, labels, ignore_index=None)
-        warnings = [] if not rows.clipped else [
-            f"{paths[0]}: {rows.clipped} confidence{'s' if rows.clipped != 1 else ''} of exactly 0 or 1 clipped to "
-            f"[{CLIP:g}, 1 - {CLIP:g}] (their logits would be infinite)"]
+        scale = check_scale(options.confidence_scale)
+        warnings = [clipped_warning(paths[0], rows.clipped, scale)] if rows.clipped else []
         fields = {"source_kind": SOURCE_KIND, "clipped": rows.clipped, "confidence_column": options.confidence,
-                  "correct_column": options.correct, "confidence_scale": check_scale(options.confidence_scale)}
-        try:
-            stored, notes = self.read_temperature(paths[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            return OpenedSource(paths, data, None, self, options, warnings=warnings, stored_problem=exc,
-                                has_labels=rows.has_labels, json=fields)
-        return OpenedSource(paths, data, stored, self, options, warnings=[*warnings, *notes],
-                            has_labels=rows.has_labels, json=fields)
+                  "correct_column": options.correct, "confidence_scale": scale}
+        return self.with_stored(OpenedSource(paths, data, None, self, options, warnings=warnings,
+                                             has_labels=rows.has_labels, json=fields))
 
     def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str]:
         """``apply`` writes the table in its format with :data:`CALIBRATED_COLUMN` added (:func:`apply_table`)."""
@@ -243,7 +243,7 @@ class ConfidenceTableKind(SourceKind):
             right = sum(rows.labels) if rows.has_labels else None
             details.update(rows=len(rows.logits), clipped=rows.clipped, correct_rows=right)
             details["summary"] += (f"; confidence '{options.confidence}' (scale {options.confidence_scale:g}), "
-                                   f"{rows.clipped} clipped at 0 or 1" +
+                                   f"{rows.clipped} clipped at 0 or {options.confidence_scale:g}" +
                                    (f"; correct '{options.correct}': {right} of {len(rows.logits)} right"
                                     if right is not None else ""))
         return details
@@ -269,4 +269,4 @@ def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> No
 
 
 __all__ = ["CALIBRATED_COLUMN", "CLIP", "ConfidenceTableKind", "TableRows", "apply_table", "check_scale",
-           "confidence_value", "correct_value", "read_table"]
+           "clipped_warning", "confidence_value", "correct_value", "read_table"]

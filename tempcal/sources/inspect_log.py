@@ -208,9 +208,7 @@ class InspectLogKind(SourceKind):
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from ..core.data import as_logits_data
 
-        if options.probs:
-            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an inspect_ai log of "
-                               "log-probabilities")
+        self.refuse_probs(options, f"{paths[0]} is an inspect_ai log of log-probabilities")
         infos = self.read_all(paths)
         name = str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more logs)"
         models = sorted({i.model for i in infos})
@@ -228,15 +226,8 @@ class InspectLogKind(SourceKind):
         warnings = _warning(infos, name)
         file_rows = [i.complete for i in infos]
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        opened = OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows, json=extra,
-                              label=name)
-        try:
-            opened.stored, notes = kind.read_temperature(files[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            opened.stored_problem = exc
-            return opened
-        opened.warnings.extend(notes)
-        return opened
+        return kind.with_stored(OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows,
+                                             json=extra, label=name))
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""

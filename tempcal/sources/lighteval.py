@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
 from .base import OpenedSource, SourceOptions
-from .lm_eval import MAX_PADDED_BYTES, LmEvalKind, _padded, _Rows, size_text
+from .lm_eval import MAX_PADDED_BYTES, LmEvalKind, _Rows, size_text
 from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalise, short
 
 if TYPE_CHECKING:
@@ -273,13 +273,8 @@ class LightevalKind(LmEvalKind):
         return task_from_filename(path) or path.name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        from ..core.data import as_logits_data
-
-        norm = options.lm_eval_norm
-        if options.probs:
-            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is a lighteval details file "
-                               "of log-probabilities")
-        read = [read_details(path, norm) for path in paths]
+        self.refuse_probs(options, f"{paths[0]} is a lighteval details file of log-probabilities")
+        read = [read_details(path, options.lm_eval_norm) for path in paths]
         for _, info in read:
             if not info.complete:
                 raise LightevalDetailsError(f"{info.path}: none of its {info.rows} rows is complete "
@@ -291,21 +286,9 @@ class LightevalKind(LmEvalKind):
         if rows * width * 8 > MAX_PADDED_BYTES:
             raise LightevalDetailsError(f"{paths[0]}: {rows:,} rows of {len(paths)} files padded to {width:,} "
                                         f"choices would pass {size_text(MAX_PADDED_BYTES)}")
-        logits, labels = _padded([r for r, _ in read], width)
-        data = as_logits_data(logits, labels, ignore_index=None)
-        kind = LightevalKind(norm)
         incomplete = {reason: sum(info.incomplete[reason] for _, info in read) for reason in INCOMPLETE}
-        warnings = [message for _, info in read for message in info.warnings()]
-        opened = OpenedSource(paths, data, None, kind, options, warnings=warnings,
-                              file_rows=[info.complete for _, info in read],
-                              json={"source_kind": "lighteval", "rows_incomplete": incomplete})
-        try:
-            opened.stored, notes = kind.read_temperature(paths[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            opened.stored_problem = exc
-        else:
-            opened.warnings.extend(notes)
-        return opened
+        return self.padded(paths, options, read, [info.complete for _, info in read],
+                           {"source_kind": "lighteval", "rows_incomplete": incomplete})
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the

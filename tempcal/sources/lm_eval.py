@@ -280,25 +280,22 @@ class LmEvalKind(SourceKind):
         return is_lm_eval_log(paths[0])
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
+        self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
+        read = [_read_rows(path, options.lm_eval_norm) for path in paths]
+        _check_combined_size([info for _, info in read])
+        return self.padded(paths, options, read, [info.records for _, info in read])
+
+    def padded(self, paths: list[Path], options: SourceOptions, read: list[tuple[Any, Any]], file_rows: list[int],
+               json: dict[str, Any] | None = None) -> OpenedSource:
+        """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
+        the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
         from ..core.data import as_logits_data
 
-        norm = options.lm_eval_norm
-        if options.probs:
-            raise TempcalError(f"{param('probs')} applies to logits files; {paths[0]} is an lm-evaluation-harness "
-                               "log of log-likelihoods")
-        read = [_read_rows(path, norm) for path in paths]
-        _check_combined_size([info for _, info in read])
         logits, labels = _padded([rows for rows, _ in read], max(info.max_choices for _, info in read))
-        data = as_logits_data(logits, labels, ignore_index=None)
-        kind = LmEvalKind(norm)
+        kind = type(self)(options.lm_eval_norm)
         warnings = [message for _, info in read for message in info.warnings()]
-        file_rows = [info.records for _, info in read]
-        try:
-            stored, notes = kind.read_temperature(paths[0])
-        except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-            return OpenedSource(paths, data, None, kind, options, warnings=warnings, stored_problem=exc,
-                                file_rows=file_rows)
-        return OpenedSource(paths, data, stored, kind, options, warnings=[*warnings, *notes], file_rows=file_rows)
+        return kind.with_stored(OpenedSource(paths, as_logits_data(logits, labels, ignore_index=None), None, kind,
+                                             options, warnings=warnings, file_rows=file_rows, json=json or {}))
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
@@ -380,21 +377,6 @@ class LmEvalKind(SourceKind):
                       metadata: Mapping[str, str | None]) -> Path:
         """T, ``metadata`` and the normalisation T was fitted under, into the sidecar (of a copy at ``output``)."""
         return super().write_reading(path, temperature, output, {**metadata, NORM_KEY: self.norm})
-
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
-        """T (and the normalisation it was fitted under) into the sidecar of ``path``, or of a copy at ``output``."""
-        from ..io.sidecar import read_sidecar, write_sidecar, write_sidecar_copy
-
-        if output is not None:
-            write_sidecar_copy(path, temperature, Path(output))  # copies the log byte for byte
-            path = Path(output)
-        try:
-            metadata = {k: v for k, v in read_sidecar(path)[0].items() if k != NORM_KEY}
-        except TempcalError:  # a malformed sidecar is about to be replaced
-            metadata = {}
-        if self.norm is not None:
-            metadata[NORM_KEY] = self.norm
-        return write_sidecar(path, temperature, metadata=metadata)
 
 
 __all__ = ["LOG_SUFFIXES", "NORM_KEY", "LmEvalKind", "LmEvalLogError", "LmEvalLogInfo", "is_lm_eval_log",

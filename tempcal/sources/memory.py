@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import TempcalError
 from ..io.safetensors_header import shown
-from ..io.sidecar import check_regular_file, sidecar_temperature
+from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
 
 if TYPE_CHECKING:
@@ -56,11 +56,7 @@ def in_memory_source(kind: SourceKind, path: Path, logits: torch.Tensor, labels:
                               ignore_index=options.ignore_index)
     except TempcalError as exc:
         raise exc.prefixed(f"{path}: ") from None
-    try:
-        stored, warnings = sidecar_temperature(path)
-    except TempcalError as exc:  # a broken sidecar: reported if its T is asked for; a fit can replace it
-        return OpenedSource([path], data, None, kind, options, has_labels=has_labels, stored_problem=exc)
-    return OpenedSource([path], data, stored, kind, options, warnings=warnings, has_labels=has_labels)
+    return kind.with_stored(OpenedSource([path], data, None, kind, options, has_labels=has_labels))
 
 
 def checked_path(path: Path) -> Path:

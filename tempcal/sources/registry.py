@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import Note, TempcalError
+from ..errors import Info, TempcalError
 from ..lm.source import LmKind
 from ..validation import PROBS_KEY, positive_number, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
@@ -106,25 +106,34 @@ def _shown(value: object) -> str:
 
 def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tuple[SourceOptions, bool, list[str]]:
     """``options`` completed by what the kind keeps beside ``path``'s T (see ``SourceKind.remembered``): the tensor
-    names a fit used, where the defaults are asked for, and probabilities when ``probs`` is not given. Also
-    whether the stored T was fitted on probabilities, and a note saying what was taken."""
+    names, columns and scale a fit used, for each option neither given (``options.given``) nor other than its
+    default, and probabilities when ``probs`` is not given. Also whether the stored T was fitted on probabilities, and
+    a note saying what was taken and which given options differ from the stored reading."""
     if not kind.remembered:
         return options, False, []
     metadata = kind.stored_metadata(path)
     fitted_on_probs = "probs" in kind.remembered and stored_probs(metadata.get(PROBS_KEY), f"{path}:")
     taken: dict[str, object] = {}
+    overridden: list[str] = []
     for name, default in DEFAULT_KEYS.items():
-        value = metadata.get(READING_KEYS[name])
-        if name in kind.remembered and value and getattr(options, name) == default:
-            taken[name] = positive_number(value) if isinstance(default, float) else value
-    taken = {name: value for name, value in taken.items() if value is not None}  # a scale that is no number: unread
+        value = metadata.get(READING_KEYS[name]) if name in kind.remembered else None
+        stored = positive_number(value) if value and isinstance(default, float) else value
+        mine = getattr(options, name)
+        if not stored:  # none kept, or a scale that is no number: unread
+            continue
+        if name not in options.given and mine == default:
+            taken[name] = stored
+        elif mine != stored:
+            overridden.append(f"{_SAID[name]} {_shown(mine)} (fitted with {_shown(stored)})")
     if fitted_on_probs and options.probs is None:
         taken["probs"] = True
-    if not taken:
-        return options, fitted_on_probs, []
     said = ["the values as probabilities (log p)"] if "probs" in taken else []
     said += [f"{_SAID[name]} {_shown(taken[name])}" for name in DEFAULT_KEYS if name in taken]
-    return options.but(**taken), fitted_on_probs, [Note(f"{path}: read as the stored T was fitted: {', '.join(said)}")]
+    parts = [f"read as the stored T was fitted: {', '.join(said)}"] if said else []
+    if overridden:
+        parts.append(f"as given instead of as the stored T was fitted: {', '.join(overridden)}")
+    notes: list[str] = [Info(f"{path}: {'; '.join(parts)}")] if parts else []
+    return options.but(**taken), fitted_on_probs, notes
 
 
 def read_stored_temperature(path: str | os.PathLike) -> tuple[float | None, list[str]]:

@@ -23,7 +23,7 @@ import torch
 
 from ..core.data import PinnedStager, as_logits_data, default_chunk_rows, to_device
 from ..errors import DataError, TempcalError, param
-from ..io import writeback
+from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
     Header,
@@ -381,7 +381,7 @@ class SafetensorsKind(SourceKind):
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
-        return writeback.write_temperature(path, temperature, output, metadata=metadata)
+        return safetensors_header.write_temperature(path, temperature, output, metadata=metadata)
 
 
 def check_not_hidden(header: Header, options: SourceOptions) -> None:

@@ -18,7 +18,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tempcal.cli.main import main
-from tempcal.io.writeback import write_temperature
+from tempcal.io.safetensors_header import write_temperature
 
 
 def test_binary_single_logit_msp_is_max_of_sigmoid(tmp_path, run_json):

@@ -16,7 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import tempcal.io.atomic
-import tempcal.io.writeback
+import tempcal.io.safetensors_header
 
 KEY = "tempcal.temperature"
 METRICS = ("nll", "ece", "mce", "brier", "accuracy")
@@ -180,7 +180,7 @@ def test_second_fit_overwrites_the_key(tmp_path, source, cli):
 
 def test_disk_full_mid_write_changes_nothing(tmp_path, source, cli, monkeypatch):
     original = source.read_bytes()
-    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
+    monkeypatch.setattr(tempcal.io.safetensors_header.shutil, "copyfileobj",
                         fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
     code, _, err = cli(["fit", str(source), "--json", str(tmp_path / "out.json")])
     assert code == 2
@@ -192,7 +192,7 @@ def test_disk_full_mid_write_changes_nothing(tmp_path, source, cli, monkeypatch)
 def test_disk_full_mid_write_to_output_changes_nothing(tmp_path, source, cli, monkeypatch):
     original = source.read_bytes()
     target = tmp_path / "calibrated.safetensors"
-    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj",
+    monkeypatch.setattr(tempcal.io.safetensors_header.shutil, "copyfileobj",
                         fail_after_partial_copy(OSError(errno.ENOSPC, "No space left on device")))
     code, _, err = cli(["fit", str(source), "--output", str(target)])
     assert code == 2

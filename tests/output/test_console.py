@@ -14,7 +14,7 @@ from rich.console import Console
 from safetensors.torch import save_file
 
 from tempcal.cli.main import main
-from tempcal.io.writeback import write_temperature
+from tempcal.io.safetensors_header import write_temperature
 from tempcal.metrics.calibration import ESTIMATORS
 from tempcal.output.console import print_fit, print_ood, print_report
 from tempcal.output.plots import log_spaced

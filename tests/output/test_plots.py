@@ -16,7 +16,7 @@ import tempcal
 
 matplotlib = pytest.importorskip("matplotlib")
 
-from tempcal.io.writeback import write_temperature  # noqa: E402
+from tempcal.io.safetensors_header import write_temperature  # noqa: E402
 from tempcal.output import ood_plots, plots  # noqa: E402
 from tempcal.output.files import write_fit_files, write_report_files  # noqa: E402
 from tempcal.workflows.fit import fit_file  # noqa: E402

@@ -31,7 +31,7 @@ from reliability_support import (
     valid_file,
 )
 
-import tempcal.io.writeback
+import tempcal.io.safetensors_header
 from tempcal.errors import TempcalError
 from tempcal.io.safetensors_header import read_header, read_tensor
 
@@ -83,13 +83,13 @@ def source(tmp_path) -> Path:
 
 def change_before_write_back(monkeypatch, source: Path, mutate) -> None:
     """Change ``source`` after the fit read it, just before its write-back starts."""
-    real = tempcal.io.writeback.write_temperature
+    real = tempcal.io.safetensors_header.write_temperature
 
     def write_temperature(*args, **kwargs):
         mutate(source)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tempcal.io.writeback, "write_temperature", write_temperature)
+    monkeypatch.setattr(tempcal.io.safetensors_header, "write_temperature", write_temperature)
 
 
 @pytest.mark.parametrize("output", [False, True], ids=["in-place", "--output"])
@@ -156,16 +156,16 @@ def test_change_between_header_and_tensor_read(source):
 @pytest.mark.parametrize("mutation", ["appended", "rewritten in place"])
 def test_change_during_the_copy_is_refused(tmp_path, source, monkeypatch, mutation):
     mutate, _ = MUTATIONS[mutation]
-    real_copy = tempcal.io.writeback.shutil.copyfileobj
+    real_copy = tempcal.io.safetensors_header.shutil.copyfileobj
 
     def copyfileobj(src, dst, length=0):
         real_copy(src, dst, length)
         mutate(source)
 
     read_header(source)  # the version this process read
-    monkeypatch.setattr(tempcal.io.writeback.shutil, "copyfileobj", copyfileobj)
+    monkeypatch.setattr(tempcal.io.safetensors_header.shutil, "copyfileobj", copyfileobj)
     with pytest.raises(TempcalError, match="changed") as info:
-        tempcal.io.writeback.write_temperature(source, 2.5)
+        tempcal.io.safetensors_header.write_temperature(source, 2.5)
     assert "nothing written" in str(info.value)
     assert temporaries(tmp_path) == []
     assert b"tempcal.temperature" not in source.read_bytes()
@@ -177,8 +177,8 @@ def test_explicit_expected_header(tmp_path, source):
     _rewrite_in_place(source)
     read_header(source)  # this process reads the new version, but the caller fitted on the old one
     with pytest.raises(TempcalError, match="changed since tempcal read it"):
-        tempcal.io.writeback.write_temperature(source, 2.5, expected=fitted_on)
-    tempcal.io.writeback.write_temperature(source, 2.5, expected=read_header(source))
+        tempcal.io.safetensors_header.write_temperature(source, 2.5, expected=fitted_on)
+    tempcal.io.safetensors_header.write_temperature(source, 2.5, expected=read_header(source))
     assert_complete_update(source.read_bytes(), other_version(), 2.5)
 
 
@@ -189,20 +189,20 @@ def test_write_back_waits_for_the_lock_then_checks(tmp_path, source):
     fcntl.flock(fd, fcntl.LOCK_EX)
     threading.Timer(0.3, lambda: (fcntl.flock(fd, fcntl.LOCK_UN), os.close(fd))).start()
     start = time.monotonic()
-    tempcal.io.writeback.write_temperature(source, 2.5)
+    tempcal.io.safetensors_header.write_temperature(source, 2.5)
     assert time.monotonic() - start >= 0.25
     assert b"2.5" in source.read_bytes()
 
 
 def test_a_lock_held_too_long_is_an_error(tmp_path, source, monkeypatch):
-    monkeypatch.setattr(tempcal.io.writeback, "LOCK_WAIT_SECONDS", 0.2)
+    monkeypatch.setattr(tempcal.io.safetensors_header, "LOCK_WAIT_SECONDS", 0.2)
     original = source.read_bytes()
     read_header(source)
     fd = os.open(source, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         with pytest.raises(TempcalError, match="lock") as info:
-            tempcal.io.writeback.write_temperature(source, 2.5)
+            tempcal.io.safetensors_header.write_temperature(source, 2.5)
     finally:
         os.close(fd)
     assert "nothing written" in str(info.value)

@@ -242,7 +242,7 @@ def test_real_fit_against_a_full_disk(tmp_path):
 
 def test_live_writer_keeps_its_temporary_file(tmp_path):
     """The sweep never takes a temporary file a live write-back holds, however old it looks."""
-    import tempcal.io.writeback
+    import tempcal.io.safetensors_header
 
     source = tmp_path / "big.safetensors"
     big_file(source, 8)
@@ -257,7 +257,7 @@ def test_live_writer_keeps_its_temporary_file(tmp_path):
         os.utime(stale, (old, old))
         fresh = tmp_path / ".big.safetensors.tempcal-cafebabe.tmp"  # just created by a writer not yet locked
         fresh.write_bytes(b"")
-        tempcal.io.writeback.write_temperature(source, 4.5)
+        tempcal.io.safetensors_header.write_temperature(source, 4.5)
         names = temporaries(tmp_path)
         assert live in names and fresh.name in names and stale.name not in names, names
     finally:

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import tempcal.io.writeback as writeback
+import tempcal.io.safetensors_header as writeback  # write_temperature and its copy block
 from tempcal.errors import TempcalError
 from tempcal.io.safetensors_header import read_header
 

@@ -12,7 +12,7 @@ from reference import ref_fpr95, ref_msp, ref_scores, sk_figures
 from safetensors.torch import save_file
 
 from tempcal.errors import TempcalError
-from tempcal.io.writeback import write_temperature
+from tempcal.io.safetensors_header import write_temperature
 from tempcal.metrics.detection import detection_intervals
 from tempcal.sources.base import SourceOptions
 from tempcal.sources.registry import open_source
