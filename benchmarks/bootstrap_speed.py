@@ -17,7 +17,7 @@ import time
 import torch
 
 import tempcal
-from tempcal.metrics.bootstrap import bootstrap_intervals, per_sample
+from tempcal.metrics.bootstrap import bootstrap_intervals
 
 
 def make(n: int, c: int, scale: float = 2.5, seed: int = 0):
@@ -54,7 +54,7 @@ def main() -> None:
         return statistics.median(times), result
 
     scan_s, scan = timed(lambda: tempcal.Scan(tempcal.as_logits_data(z, y), device=args.device))
-    pass_s, stats = timed(lambda: per_sample(scan, args.tau))
+    pass_s, stats = timed(lambda: scan.per_sample(1.0 / args.tau))
     resample_s, intervals = timed(lambda: bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"],
                                                               args.resamples, args.seed, args.bins))
 
