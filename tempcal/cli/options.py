@@ -280,13 +280,15 @@ def is_model_source(source: list[str], inputs: str | None, model_only: dict[str,
 def check_lm_eval_norm(source: list[str], norm: str) -> None:
     """``--lm-eval-norm`` chars or bytes only with an lm-evaluation-harness log or lighteval details SOURCE (never
     silently ignored)."""
+    if norm == LmEvalNorm.none.value:
+        return
     from ..sources.lighteval import is_lighteval_details
     from ..sources.lm_eval import is_lm_eval_log
 
     def normalised(name: str) -> bool:
         return is_lm_eval_log(name) or is_lighteval_details(name)
 
-    if norm != LmEvalNorm.none.value and not all(normalised(name) for name in source):
+    if not all(normalised(name) for name in source):
         other = next(name for name in source if not normalised(name))
         raise TempcalError(f"--lm-eval-norm {norm} applies to lm-evaluation-harness sample logs "
                            f"(samples_*.jsonl or .jsonl.gz) and lighteval details (details_*.parquet), not to {other}")
