@@ -113,10 +113,8 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     max_ece, outputs = request.max_ece, request.outputs
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
-    if request.reading.lm is not None:
-        from ..lm.command import sampling_notes
-
-        report.warnings.extend(sampling_notes(request))
+    if (lm := opt.lm_command(request)) is not None:
+        report.warnings.extend(lm.sampling_notes(request))
     deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, written),
             payload=lambda: _payload(report, request, gate_failed, written),
             render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
@@ -187,10 +185,8 @@ def _payload(report, request: FitRequest, gate_failed: bool, written: list[str])
     max_ece = request.max_ece
     out.update(written=", ".join(written) or None, max_ece=max_ece,
                gate_passed=None if max_ece is None else not gate_failed)
-    if request.reading.lm is not None:
-        from ..lm.command import lm_json
-
-        out.update(lm_json(report.opened, request.reading.lm))
+    if (lm := opt.lm_command(request)) is not None:
+        out.update(lm.lm_json(report.opened))
     return out
 
 
@@ -202,13 +198,10 @@ def _write(report, request: FitRequest, written: list[str]) -> list[str]:
     from ..workflows.fit import keep_fit
 
     outputs = request.outputs
-    settings = None
-    if request.reading.lm is not None:  # what --lm's record keeps of the command
-        from ..lm.command import lm_settings
-
-        settings = lm_settings(command="fit", val_fraction=request.val_fraction, seed=request.seed,
-                               objective=request.objective, bins=request.bins, eval=request.eval_file,
-                               device=report.device)
+    lm = opt.lm_command(request)
+    settings = None if lm is None else lm.lm_settings(  # what --lm's record keeps of the command
+        command="fit", val_fraction=request.val_fraction, seed=request.seed, objective=request.objective,
+        bins=request.bins, eval=request.eval_file, device=report.device)
     kept = keep_fit(report, output=outputs.output, store=not outputs.no_write, save_model=outputs.save_model,
                     save_logits=outputs.save_logits, generation=outputs.write_generation_config,
                     save_hidden=outputs.save_hidden, settings=settings)

@@ -160,11 +160,8 @@ def _write(report, request: OodRequest) -> list[str]:
     from ..output.files import write_ood_files
 
     outputs = request.outputs
-    kept: list[str] = []
-    if outputs.save_hidden is not None:  # --lm's hidden states (refused without --lm)
-        from ..lm.command import kept_hidden
-
-        kept = kept_hidden(report.opened, outputs.save_hidden)
+    lm = opt.lm_command(request)
+    kept = [] if lm is None else lm.kept_hidden(report.opened, outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 
@@ -172,10 +169,8 @@ def _payload(report, request: OodRequest) -> dict:
     out = report.to_json()
     outputs = request.outputs
     out.update(scores_file=outputs.scores, plot=outputs.plot, markdown=outputs.markdown, odin_eps=request.odin_eps)
-    if request.reading.lm is not None:
-        from ..lm.command import lm_json
-
-        out.update(lm_json(report.opened, request.reading.lm))
+    if (lm := opt.lm_command(request)) is not None:
+        out.update(lm.lm_json(report.opened))
     return out
 
 
@@ -183,10 +178,8 @@ def _ood_sets(source: list[str], request: OodRequest) -> list[str]:
     """The OOD sets: logits files (``--ood``), inputs files for a model SOURCE (``--ood-inputs``), or texts for
     ``--lm`` (``--ood-text``), after refusing options that do not fit."""
     ood_files, ood_inputs, reading = request.ood_files, request.ood_inputs, request.reading
-    if reading.lm is not None:
-        from ..lm.command import ood_texts
-
-        return ood_texts(ood_files, request.texts.ood_text)
+    if (lm := opt.lm_command(request)) is not None:
+        return lm.ood_texts(ood_files, request.texts.ood_text)
     flags: dict[str, object] = {"--output-key": reading.output_key, "--ood-inputs": ood_inputs or None}
     if opt.is_model_source(source, reading.inputs, flags):
         if ood_files:

@@ -6,6 +6,7 @@ Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
 from __future__ import annotations
 
 from enum import Enum
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
@@ -267,10 +268,8 @@ def reading_options(reading: SourceOptions, *, device: str, progress: Any) -> So
 def command_source(ctx: Any, request: Any) -> list[str]:
     """The command's SOURCE: with ``--lm`` the ``--text`` file (:func:`tempcal.lm.command.lm_source`), else SOURCE,
     the options that need ``--lm`` refused (never silently ignored) and a missing SOURCE click's usage error."""
-    if request.reading.lm is not None:
-        from ..lm.command import lm_source
-
-        return lm_source(ctx, request)
+    if (lm := lm_command(request)) is not None:
+        return lm.lm_source(ctx, request)
     given = (["--text"] if request.texts.text is not None else []) + _lm_only_given(request)
     if given:
         raise TempcalError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a language model run "
@@ -280,17 +279,22 @@ def command_source(ctx: Any, request: Any) -> list[str]:
 
         missing = sys.modules[typer.BadParameter.__module__].MissingParameter
         raise missing(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "source"))
-    return request.source  # type: ignore[no-any-return]
+    return request.source
+
+
+def lm_command(request: Any) -> ModuleType | None:
+    """:mod:`tempcal.lm.command`, whose hooks a command asks when it runs with ``--lm``; None without it."""
+    if request.reading.lm is None:
+        return None
+    from ..lm import command
+
+    return command
 
 
 def lm_files(request: Any, *, record: bool = False) -> dict[str, str | None]:
-    """The files an ``--lm`` run writes, to check before any work (:func:`tempcal.lm.command.lm_outputs`); none
-    without ``--lm``."""
-    if request.reading.lm is None:
-        return {}
-    from ..lm.command import lm_outputs
-
-    return lm_outputs(request, record=record)
+    """The files an ``--lm`` run writes, to check before any work; none without ``--lm``."""
+    lm = lm_command(request)
+    return {} if lm is None else lm.lm_outputs(request, record=record)
 
 
 def _lm_only_given(request: Any) -> list[str]:
@@ -359,4 +363,4 @@ __all__ = ["FRACTION", "INPUT", "INPUTS", "NON_NEGATIVE", "OUTPUT", "PERCENTILE"
            "OutputCopy", "OutputKey", "Plot", "Probs", "Quiet", "React", "SaveHidden", "SaveLogits", "SaveModel",
            "Score", "Seed", "Softcap", "Source", "SpillDir", "Tau", "Text", "TextField", "ValFraction",
            "WriteGenerationConfig", "check_lm_eval_norm", "choice", "command_source", "configured_tau",
-           "is_model_source", "lm_files", "parse_estimators", "reading_options"]
+           "is_model_source", "lm_command", "lm_files", "parse_estimators", "reading_options"]

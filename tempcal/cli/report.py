@@ -137,32 +137,27 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
                          seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,
                          conformal_alpha=request.conformal_alpha or (), options=options)
 
-    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, outputs, is_model),
+    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, request, is_model),
             render=lambda out: print_report(result, out),
-            payload=lambda: _payload(result, reading.lm),
+            payload=lambda: _payload(result, request),
             summary=lambda: report_markdown(result), json_out=outputs.json_out, quiet=outputs.quiet,
             result=result, extras={"--html": outputs.html})
 
 
-def _payload(result, lm: str | None) -> dict:
+def _payload(result, request: ReportRequest) -> dict:
     """The JSON: the figures, and with --lm the model and its texts."""
     out = result.to_json()
-    if lm is not None:
-        from ..lm.command import lm_json
-
-        out.update(lm_json(result.opened, lm))
+    if (lm := opt.lm_command(request)) is not None:
+        out.update(lm.lm_json(result.opened))
     return out
 
 
-def _write(result, outputs: Outputs, is_model: bool) -> list[str]:
+def _write(result, request: ReportRequest, is_model: bool) -> list[str]:
     """The files asked for (--save-hidden, --save-logits, --plot, --markdown); the lines saying so."""
     from ..output.files import write_report_files
 
-    lines: list[str] = []
-    if outputs.save_hidden is not None:  # --lm's hidden states (refused without --lm)
-        from ..lm.command import kept_hidden
-
-        lines = kept_hidden(result.opened, outputs.save_hidden)
+    outputs, lm = request.outputs, opt.lm_command(request)
+    lines = [] if lm is None else lm.kept_hidden(result.opened, outputs.save_hidden)
     if is_model and outputs.save_logits:
         from ..models.save import save_logits as write_logits
 

@@ -43,8 +43,6 @@ def lm_outputs(request: Any, *, record: bool = False) -> dict[str, str | None]:
     """The files an ``--lm`` command writes, to check before any work: ``--save-hidden``, the record of T when
     ``record`` (``MODEL/tempcal.json``, or ``--output``), ``generation_config.json`` when asked."""
     lm, outputs = request.reading.lm, request.outputs
-    if lm is None:
-        return {}
     out: dict[str, str | None] = {"--save-hidden": outputs.save_hidden}
     if record:
         named = "--output" if outputs.output is not None else "the record of T"
@@ -68,8 +66,6 @@ def record_outputs(given: list[tuple[str, str]], folders: list[tuple[str, str]])
 def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: bool, save_hidden: str | None,
                     output: str | None) -> None:
     """Refuse contradictory writes before any work."""
-    if lm is None:
-        return
     if write_generation_config and no_write:
         raise TempcalError("--write-generation-config and --no-write contradict each other")
     if write_generation_config and output is not None:
@@ -82,10 +78,9 @@ def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: 
 
 def sampling_notes(request: Any) -> list[str]:
     """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
-    lm = request.reading.lm
-    if lm is None or not request.outputs.write_generation_config:
+    if not request.outputs.write_generation_config:
         return []
-    note = sampling_note(lm)
+    note = sampling_note(request.reading.lm)
     return [note] if note else []
 
 
@@ -106,9 +101,9 @@ def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[s
     return list(ood_text)
 
 
-def lm_json(opened: Any, lm: str | None) -> dict[str, Any]:
-    """The JSON's ``lm`` block: the model and every text file it ran over (nothing without ``--lm``)."""
-    return {"lm": opened.lm_json()} if lm is not None else {}
+def lm_json(opened: Any) -> dict[str, Any]:
+    """The JSON's ``lm`` block: the model and every text file it ran over."""
+    return {"lm": opened.lm_json()}
 
 
 def lm_settings(**settings: Any) -> dict[str, Any]:

@@ -38,21 +38,16 @@ class KindLine:
     missing: bool = False
     listed: bool = True
 
+    @functools.cache  # noqa: B019 (the lines live as long as the program)
     def kind(self) -> SourceKind:
         """The kind itself, one instance per line, its module imported on first use."""
-        return _load(self.module, self.cls)
+        return getattr(importlib.import_module(self.module), self.cls)()
 
     def asked(self, path: Path, options: SourceOptions) -> bool:
         """Whether ``path`` may be of this kind, told from its name, its options and whether it is a folder."""
         return ((self.option is not None and getattr(options, self.option) is not None)
                 or path.name.lower().endswith(self.suffixes) or (self.folders and path.is_dir())
                 or (self.missing and not path.exists()))
-
-
-@functools.cache
-def _load(module: str, cls: str) -> SourceKind:
-    kind: SourceKind = getattr(importlib.import_module(module), cls)()
-    return kind
 
 
 #: Every kind of SOURCE, in the order they are asked whether they claim a SOURCE's paths.
