@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .lm.options import Texts
 from .sources.base import SourceOptions
 
 
@@ -33,6 +32,14 @@ class Outputs:
     def progress(self) -> bool:
         """Whether progress is drawn on standard error: not when the JSON goes to standard output, nor under --quiet."""
         return self.json_out != "-" and not self.quiet
+
+
+@dataclass(frozen=True)
+class Texts:
+    """The texts an ``--lm`` run reads: SOURCE's (``--text``) and the out-of-distribution sets' (``--ood-text``)."""
+
+    text: str | None = None
+    ood_text: list[str] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

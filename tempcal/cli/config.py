@@ -337,14 +337,17 @@ class ConfiguredCommand(HelpCommand):
         return dict(opts)
 
     def _check_given_values(self, ctx: Any) -> None:
-        """Range-check the values not taken from the file (the file's were checked as it was read)."""
-        checked: set[str] = set()
-        for spec in self.schema().options.values():
-            source = ctx.get_parameter_source(spec.param_name)
-            value = ctx.params.get(spec.param_name)
-            if spec.param_name in checked or value is None or getattr(source, "name", "") == "DEFAULT_MAP":
-                continue
-            checked.add(spec.param_name)
+        """Range-check the values the command line gave (the file's were checked as it was read, and the defaults
+        are in range): only their parameters' specs are derived unless a file made the whole schema."""
+        given = {name for name, value in ctx.params.items()  # SOURCE is paths and a flag on or off: nothing to check
+                 if value is not None and not isinstance(value, bool) and name != SOURCE_KEY
+                 and getattr(ctx.get_parameter_source(name), "name", "") not in ("DEFAULT_MAP", "DEFAULT")}
+        if not given:
+            return
+        schema = self.__dict__.get("_tempcal_schema") or command_schema(self, only=given)
+        specs = {spec.param_name: spec for spec in schema.options.values() if spec.param_name in given}
+        for name, spec in specs.items():
+            value = ctx.params[name]
             for item in value if spec.multiple else [value]:
                 check_given(spec, item)
 

@@ -13,7 +13,7 @@ import inspect
 import math
 import os
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
@@ -114,9 +114,10 @@ class CommandSchema:
 TOP_SOURCE = OptionSpec(key=SOURCE_KEY, param_name=SOURCE_KEY, kind="path", multiple=True, path=INPUTS)
 
 
-def command_schema(command: Any) -> CommandSchema:
-    """The schema of a Typer command, from its parameters and its callback's annotations."""
-    annotations = _callback_annotations(command)
+def command_schema(command: Any, only: Collection[str] | None = None) -> CommandSchema:
+    """The schema of a Typer command, from its parameters and its callback's annotations; of the parameters named in
+    ``only`` alone when given (the values a command line gave, checked when no configuration file is read)."""
+    annotations = _callback_annotations(command, only)
     options: dict[str, OptionSpec] = {}
     refused: dict[str, str] = {}
     source: OptionSpec | None = None
@@ -142,14 +143,17 @@ def command_schema(command: Any) -> CommandSchema:
     return CommandSchema(name=getattr(command, "name", "") or "", options=options, source=source, refused=refused)
 
 
-def _callback_annotations(command: Any) -> dict[str, tuple[Any, list[Any], Any]]:
-    """Per parameter name: (annotation without Annotated/Optional, Annotated metadata, Typer's ParameterInfo)."""
+def _callback_annotations(command: Any, only: Collection[str] | None) -> dict[str, tuple[Any, list[Any], Any]]:
+    """Per parameter name (of ``only``, when given): (annotation without Annotated/Optional, Annotated metadata,
+    Typer's ParameterInfo)."""
     callback = getattr(command, "callback", None)
     if callback is None:
         return {}
     signature = inspect.signature(callback, eval_str=True)  # follows Typer's wrapper to the function
     out: dict[str, tuple[Any, list[Any], Any]] = {}
     for name, parameter in signature.parameters.items():
+        if only is not None and name not in only:
+            continue
         annotation = parameter.annotation
         metadata: list[Any] = []
         if typing.get_origin(annotation) is Annotated:

@@ -7,7 +7,6 @@ import typer
 import tempcal.cli.options as opt
 
 from ..errors import TempcalError
-from ..lm.command import lm_json, lm_outputs, lm_settings, lm_source, sampling_notes
 from ..requests import FitRequest, Outputs, Texts
 from ..sources.base import SourceOptions
 from ..subsets.options import settle_folds
@@ -94,7 +93,7 @@ def fit(
 def _fit(ctx: typer.Context, request: FitRequest) -> None:
     """The command, from its request: the checks before any work, the fit, the write-back and the outputs."""
     request = _cross_fitting(ctx, request)
-    source = lm_source(ctx, request)
+    source = opt.command_source(ctx, request)
     is_model = _check_writes(source, request)
     _check_paths(ctx, source, is_model, request)
 
@@ -114,7 +113,8 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     max_ece, outputs = request.max_ece, request.outputs
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
-    report.warnings.extend(sampling_notes(request))
+    if (lm := opt.lm_command(request)) is not None:
+        report.warnings.extend(lm.sampling_notes(request))
     deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, written),
             payload=lambda: _payload(report, request, gate_failed, written),
             render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
@@ -171,7 +171,7 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
     whose metadata can hold T), or, with --lm, MODEL's files."""
     output = request.outputs.output
     if request.reading.lm is not None:
-        return lm_outputs(request, record=not request.outputs.no_write)
+        return opt.lm_files(request, record=not request.outputs.no_write)
     if output is None or output.lower().endswith(".safetensors"):
         return {"--output": output}
     from ..io.sidecar import sidecar_path
@@ -184,8 +184,9 @@ def _payload(report, request: FitRequest, gate_failed: bool, written: list[str])
     out = report.to_json()
     max_ece = request.max_ece
     out.update(written=", ".join(written) or None, max_ece=max_ece,
-               gate_passed=None if max_ece is None else not gate_failed,
-               **lm_json(report.opened, request.reading.lm))
+               gate_passed=None if max_ece is None else not gate_failed)
+    if (lm := opt.lm_command(request)) is not None:
+        out.update(lm.lm_json(report.opened))
     return out
 
 
@@ -197,9 +198,10 @@ def _write(report, request: FitRequest, written: list[str]) -> list[str]:
     from ..workflows.fit import keep_fit
 
     outputs = request.outputs
-    settings = lm_settings(command="fit", val_fraction=request.val_fraction, seed=request.seed,
-                           objective=request.objective, bins=request.bins, eval=request.eval_file,
-                           device=report.device)
+    lm = opt.lm_command(request)
+    settings = None if lm is None else lm.lm_settings(  # what --lm's record keeps of the command
+        command="fit", val_fraction=request.val_fraction, seed=request.seed, objective=request.objective,
+        bins=request.bins, eval=request.eval_file, device=report.device)
     kept = keep_fit(report, output=outputs.output, store=not outputs.no_write, save_model=outputs.save_model,
                     save_logits=outputs.save_logits, generation=outputs.write_generation_config,
                     save_hidden=outputs.save_hidden, settings=settings)

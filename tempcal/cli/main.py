@@ -135,7 +135,6 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     file T is written back into (``write_back``: SOURCE files), lies in a model folder but the record of T."""
     from ..io.paths import check_distinct, check_target, expand
     from ..io.sidecar import sidecar_path
-    from ..lm.command import record_outputs
     from ..output.files import STEP_SUMMARY_ENV, check_extra, step_summary_path
     from ..output.plots import check_plot_path
     from .config import config_state
@@ -153,7 +152,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
                if label in MODEL_FOLDERS and isinstance(value, str) and os.path.isdir(value)]
     backs = [("writing T back into", target) for target in _write_back_targets(write_back)]
     check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag],
-                   folders=folders, writable=record_outputs(given, folders), updates=backs)
+                   folders=folders, writable=_records(given, folders), updates=backs)
     for flag, path in given:
         check_target(path, f"{flag} {path}", hint=" (--json - writes to standard output)" if flag == "--json" else "")
         if flag == "--plot":
@@ -161,6 +160,15 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
         check_extra(flag, path)
     for _, target in backs:
         check_target(target, target, follow_link=target.lower().endswith(".safetensors"))
+
+
+def _records(given: list[tuple[str, str]], folders: list[tuple[str, str]]) -> list[str]:
+    """The outputs that are the record of T kept in an ``--lm`` folder (none without ``--lm``)."""
+    if not any(option == "--lm" for option, _ in folders):
+        return []
+    from ..lm.command import record_outputs
+
+    return record_outputs(given, folders)
 
 
 def _write_back_targets(write_back: list[str] | None) -> list[str]:

@@ -9,20 +9,31 @@ import typer
 import tempcal.cli.options as opt
 
 from ..errors import TempcalError
-from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source, ood_texts
 from ..requests import OodRequest, Outputs, Texts
 from ..sources.base import SourceOptions
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
+
+# ood's own options (declared here, not in the signature, so that each run does not build them again).
+OodFiles = Annotated[Optional[list[str]], typer.Option(
+    "--ood", metavar="FILE", help="Out-of-distribution logits file ('labels' optional); repeat for several."),
+    opt.INPUTS]
+ScoresOut = Annotated[Optional[str], typer.Option(
+    "--scores", metavar="PATH",
+    help="Write the per-sample scores (one tensor per score, tau and side) as safetensors."), opt.OUTPUT]
+OodInputs = Annotated[Optional[list[str]], typer.Option(
+    "--ood-inputs", metavar="DATA", help="OOD inputs for a model SOURCE ('inputs'; labels optional); repeatable."),
+    opt.INPUTS]
+OdinEps = Annotated[Optional[float], typer.Option(
+    "--odin-eps", metavar="E", help="ODIN: perturb each input by E against the gradient of the tau-scaled "
+    "max log-softmax before scoring (model SOURCE, MSP; E >= 0)."), opt.NON_NEGATIVE]
 
 
 @app.command(cls=ConfiguredCommand)
 def ood(
     ctx: typer.Context,
     source: opt.OptionalSource = None,
-    ood_files: Annotated[Optional[list[str]], typer.Option(
-        "--ood", metavar="FILE", help="Out-of-distribution logits file ('labels' optional); repeat for several."),
-        opt.INPUTS] = None,
+    ood_files: OodFiles = None,
     tau: opt.Tau = None,
     score: opt.Score = "msp",
     gen_gamma: opt.GenGamma = 0.1,
@@ -33,9 +44,7 @@ def ood(
     seed: opt.Seed = 0,
     group_by: opt.GroupBy = None,
     json_out: opt.JsonOut = None,
-    scores_out: Annotated[Optional[str], typer.Option(
-        "--scores", metavar="PATH",
-        help="Write the per-sample scores (one tensor per score, tau and side) as safetensors."), opt.OUTPUT] = None,
+    scores_out: ScoresOut = None,
     plot: opt.Plot = None,
     html: opt.Html = None,
     markdown: opt.Markdown = None,
@@ -55,12 +64,8 @@ def ood(
     softcap: opt.Softcap = None,
     react: opt.React = None,
     inputs: opt.Inputs = None,
-    ood_inputs: Annotated[Optional[list[str]], typer.Option(
-        "--ood-inputs", metavar="DATA", help="OOD inputs for a model SOURCE ('inputs'; labels optional); repeatable."),
-        opt.INPUTS] = None,
-    odin_eps: Annotated[Optional[float], typer.Option(
-        "--odin-eps", metavar="E", help="ODIN: perturb each input by E against the gradient of the tau-scaled "
-        "max log-softmax before scoring (model SOURCE, MSP; E >= 0)."), opt.NON_NEGATIVE] = None,
+    ood_inputs: OodInputs = None,
+    odin_eps: OdinEps = None,
     inputs_key: opt.InputsKey = "inputs",
     batch_size: opt.BatchSize = 512,
     output_key: opt.OutputKey = None,
@@ -137,14 +142,14 @@ def _checked(ctx, request: OodRequest) -> tuple[list[str], list[str], list[str]]
     from ..scores import score_names
 
     reading, outputs = request.reading, request.outputs
-    source = lm_source(ctx, request)
+    source = opt.command_source(ctx, request)
     scores = score_names(request.score)
     ood_files, ood_inputs, ood_text = request.ood_files, request.ood_inputs, request.texts.ood_text
     others = _ood_sets(source, request)
     opt.check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--scores": outputs.scores, "--plot": outputs.plot,
                       "--html": outputs.html, "--markdown": outputs.markdown,
-                      **lm_outputs(request)},
+                      **opt.lm_files(request)},
                 {"SOURCE": source, "--ood": ood_files, "--inputs": reading.inputs, "--ood-inputs": ood_inputs,
                  "--head": reading.head, "--ood-text": ood_text, "--lm": reading.lm})
     return source, scores, others
@@ -155,7 +160,8 @@ def _write(report, request: OodRequest) -> list[str]:
     from ..output.files import write_ood_files
 
     outputs = request.outputs
-    kept = kept_hidden(report.opened, outputs.save_hidden)
+    lm = opt.lm_command(request)
+    kept = [] if lm is None else lm.kept_hidden(report.opened, outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 
@@ -163,15 +169,17 @@ def _payload(report, request: OodRequest) -> dict:
     out = report.to_json()
     outputs = request.outputs
     out.update(scores_file=outputs.scores, plot=outputs.plot, markdown=outputs.markdown, odin_eps=request.odin_eps)
-    return {**out, **lm_json(report.opened, request.reading.lm)}
+    if (lm := opt.lm_command(request)) is not None:
+        out.update(lm.lm_json(report.opened))
+    return out
 
 
 def _ood_sets(source: list[str], request: OodRequest) -> list[str]:
     """The OOD sets: logits files (``--ood``), inputs files for a model SOURCE (``--ood-inputs``), or texts for
     ``--lm`` (``--ood-text``), after refusing options that do not fit."""
     ood_files, ood_inputs, reading = request.ood_files, request.ood_inputs, request.reading
-    if reading.lm is not None:
-        return ood_texts(ood_files, request.texts.ood_text)
+    if (lm := opt.lm_command(request)) is not None:
+        return lm.ood_texts(ood_files, request.texts.ood_text)
     flags: dict[str, object] = {"--output-key": reading.output_key, "--ood-inputs": ood_inputs or None}
     if opt.is_model_source(source, reading.inputs, flags):
         if ood_files:

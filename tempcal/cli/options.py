@@ -6,6 +6,7 @@ Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
 from __future__ import annotations
 
 from enum import Enum
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
@@ -269,13 +270,57 @@ def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: 
     return reading.but(device=device, progress=progress, given=given)
 
 
+def command_source(ctx: Any, request: Any) -> list[str]:
+    """The command's SOURCE: with ``--lm`` the ``--text`` file (:func:`tempcal.lm.command.lm_source`), else SOURCE,
+    the options that need ``--lm`` refused (never silently ignored) and a missing SOURCE click's usage error."""
+    if (lm := lm_command(request)) is not None:
+        return lm.lm_source(ctx, request)
+    given = (["--text"] if request.texts.text is not None else []) + _lm_only_given(request)
+    if given:
+        raise TempcalError(f"{', '.join(given)} {'applies' if len(given) == 1 else 'apply'} to a language model run "
+                           "with --lm MODEL")
+    if not request.source:  # what a required SOURCE argument says (Typer's own click classes)
+        import sys
+
+        missing = sys.modules[typer.BadParameter.__module__].MissingParameter
+        raise missing(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "source"))
+    return request.source
+
+
+def lm_command(request: Any) -> ModuleType | None:
+    """:mod:`tempcal.lm.command`, whose hooks a command asks when it runs with ``--lm``; None without it."""
+    if request.reading.lm is None:
+        return None
+    from ..lm import command
+
+    return command
+
+
+def lm_files(request: Any, *, record: bool = False) -> dict[str, str | None]:
+    """The files an ``--lm`` run writes, to check before any work; none without ``--lm``."""
+    lm = lm_command(request)
+    return {} if lm is None else lm.lm_outputs(request, record=record)
+
+
+def _lm_only_given(request: Any) -> list[str]:
+    """The options that need ``--lm`` that were given (set to other than the value each has when not given)."""
+    reading, outputs = request.reading, request.outputs
+    options = (("--text-field", reading.text_field, "text"), ("--max-length", reading.max_length, None),
+               ("--batch-tokens", reading.batch_tokens, None), ("--device-map", reading.device_map, None),
+               ("--save-hidden", outputs.save_hidden, None), ("--spill-dir", reading.spill_dir, None),
+               ("--write-generation-config", outputs.write_generation_config, False),
+               ("--ood-text", request.texts.ood_text, None))
+    return [flag for flag, value, unset in options if value not in (unset, None, [])]
+
+
 def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:
     """A model SOURCE: one model file and ``--inputs`` (or a ``.pt2``/``.onnx`` file, or a TorchScript or exported
     archive under a ``.pt``/``.pth``/``.ts``/``.torchscript`` name). ``model_only`` maps the flags
     that only make sense for a model to their values: any of them set without a model is a usage error."""
-    from ..models.detect import looks_like_model
+    from ..models.detect import MODEL_SUFFIXES, looks_like_model
 
-    model = len(source) == 1 and looks_like_model(source[0], inputs is not None)
+    named = len(source) == 1 and source[0].lower().endswith(MODEL_SUFFIXES)  # the file is looked at for these only
+    model = named and looks_like_model(source[0], inputs is not None)
     if not model and (inputs is not None or any(v is not None for v in model_only.values())):
         flags = ", ".join(["--inputs", *model_only])
         raise TempcalError(f"{flags} apply to a model SOURCE (.pt2, .onnx, or TorchScript .pt/.pth/.ts/.torchscript)")
@@ -285,13 +330,15 @@ def is_model_source(source: list[str], inputs: str | None, model_only: dict[str,
 def check_lm_eval_norm(source: list[str], norm: str) -> None:
     """``--lm-eval-norm`` chars or bytes only with an lm-evaluation-harness log or lighteval details SOURCE (never
     silently ignored)."""
+    if norm == LmEvalNorm.none.value:
+        return
     from ..sources.lighteval import is_lighteval_details
     from ..sources.lm_eval import is_lm_eval_log
 
     def normalised(name: str) -> bool:
         return is_lm_eval_log(name) or is_lighteval_details(name)
 
-    if norm != LmEvalNorm.none.value and not all(normalised(name) for name in source):
+    if not all(normalised(name) for name in source):
         other = next(name for name in source if not normalised(name))
         raise TempcalError(f"--lm-eval-norm {norm} applies to lm-evaluation-harness sample logs "
                            f"(samples_*.jsonl or .jsonl.gz) and lighteval details (details_*.parquet), not to {other}")
@@ -320,5 +367,5 @@ __all__ = ["FRACTION", "INPUT", "INPUTS", "NON_NEGATIVE", "OUTPUT", "PERCENTILE"
            "MinAuroc", "NoConfig", "NoWrite", "Objective", "ObjectiveOpt", "OodBootstrap", "OodText", "OptionalSource",
            "OutputCopy", "OutputKey", "Plot", "Probs", "Quiet", "React", "SaveHidden", "SaveLogits", "SaveModel",
            "Score", "Seed", "Softcap", "Source", "SpillDir", "Tau", "Text", "TextField", "ValFraction",
-           "WriteGenerationConfig", "check_lm_eval_norm", "choice", "configured_tau", "is_model_source",
-           "parse_estimators", "reading_options"]
+           "WriteGenerationConfig", "check_lm_eval_norm", "choice", "command_source", "configured_tau",
+           "is_model_source", "lm_command", "lm_files", "parse_estimators", "reading_options"]

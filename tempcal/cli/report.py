@@ -10,7 +10,6 @@ import typer
 import tempcal.cli.options as opt
 
 from ..errors import TempcalError
-from ..lm.command import kept_hidden, lm_json, lm_outputs, lm_source
 from ..requests import Outputs, ReportRequest, Texts
 from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
@@ -37,13 +36,16 @@ def parse_sweep(text: str) -> list[float]:
     return log_spaced(start, stop, count)
 
 
+Sweep = Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
+                                              help="COUNT log-spaced temperatures from START to STOP.")]
+
+
 @app.command(cls=ConfiguredCommand)
 def report(
     ctx: typer.Context,
     source: opt.OptionalSource = None,
     tau: opt.Tau = None,
-    sweep: Annotated[Optional[str], typer.Option("--sweep", metavar="START:STOP:COUNT",
-                                                 help="COUNT log-spaced temperatures from START to STOP.")] = None,
+    sweep: Sweep = None,
     bins: opt.Bins = 15,
     json_out: opt.JsonOut = None,
     plot: opt.Plot = None,
@@ -108,7 +110,7 @@ def report(
 
 def _report(ctx: typer.Context, request: ReportRequest) -> None:
     """The command, from its request: the checks before any work, the figures, the outputs."""
-    source = lm_source(ctx, request)
+    source = opt.command_source(ctx, request)
     taus: list[float | str] = list(request.taus or [])
     grid = parse_sweep(request.sweep) if request.sweep else []
     reading, outputs = request.reading, request.outputs
@@ -117,7 +119,7 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     opt.check_lm_eval_norm(source, reading.lm_eval_norm)
     check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
                       "--markdown": outputs.markdown, "--save-logits": outputs.save_logits,
-                      **lm_outputs(request)},
+                      **opt.lm_files(request)},
                 {"SOURCE": source, "--inputs": reading.inputs, "--head": reading.head, "--lm": reading.lm})
 
     from ..core.limits import check_fits
@@ -135,18 +137,27 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
                          seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,
                          conformal_alpha=request.conformal_alpha or (), options=options)
 
-    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, outputs, is_model),
+    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, request, is_model),
             render=lambda out: print_report(result, out),
-            payload=lambda: {**result.to_json(), **lm_json(result.opened, reading.lm)},
+            payload=lambda: _payload(result, request),
             summary=lambda: report_markdown(result), json_out=outputs.json_out, quiet=outputs.quiet,
             result=result, extras={"--html": outputs.html})
 
 
-def _write(result, outputs: Outputs, is_model: bool) -> list[str]:
+def _payload(result, request: ReportRequest) -> dict:
+    """The JSON: the figures, and with --lm the model and its texts."""
+    out = result.to_json()
+    if (lm := opt.lm_command(request)) is not None:
+        out.update(lm.lm_json(result.opened))
+    return out
+
+
+def _write(result, request: ReportRequest, is_model: bool) -> list[str]:
     """The files asked for (--save-hidden, --save-logits, --plot, --markdown); the lines saying so."""
     from ..output.files import write_report_files
 
-    lines = kept_hidden(result.opened, outputs.save_hidden)
+    outputs, lm = request.outputs, opt.lm_command(request)
+    lines = [] if lm is None else lm.kept_hidden(result.opened, outputs.save_hidden)
     if is_model and outputs.save_logits:
         from ..models.save import save_logits as write_logits
 

@@ -1,8 +1,8 @@
 """What ``--lm MODEL`` changes in a command: SOURCE is the ``--text`` file, the outputs are in MODEL's folder.
 
-Without ``--lm`` the language-model options are refused (never silently ignored) and a missing SOURCE is
-click's usual usage error; with it, a SOURCE on the command line is refused (one from a configuration file
-is set aside). Nothing is written before the command's work has succeeded: the hidden states live in memory
+The commands call it only when ``--lm`` is given (without it, ``tempcal.cli.options.command_source`` refuses
+the language-model options); a SOURCE on the command line is then refused (one from a configuration file is
+set aside). Nothing is written before the command's work has succeeded: the hidden states live in memory
 or in an unnamed temporary file until ``--save-hidden`` copies them. The commands hand their request in as
 it is (a :class:`tempcal.requests.Request`). Nothing here imports torch or transformers.
 """
@@ -20,25 +20,10 @@ from .record import GENERATION_NAME, RECORD_NAME, sampling_note
 
 
 def lm_source(ctx: Any, request: Any) -> list[str]:
-    """The command's SOURCE: ``[text]`` with ``--lm``, else SOURCE. The options that need ``--lm`` are refused
-    without it, and contradictory writes with it."""
+    """The SOURCE of a command run with ``--lm``: ``[text]``, after refusing contradictory writes."""
     lm, text, outputs, source = request.reading.lm, request.texts.text, request.outputs, request.source
-    check_lm_writes(lm=lm, no_write=outputs.no_write, write_generation_config=outputs.write_generation_config,
-                    save_hidden=outputs.save_hidden, output=outputs.output)
-    given = lm_only_given(request)
-    if lm is None:
-        if text is not None or given:
-            flags = (["--text"] if text is not None else []) + given
-            verb = "applies" if len(flags) == 1 else "apply"
-            raise TempcalError(f"{', '.join(flags)} {verb} to a language model run with --lm MODEL")
-        if not source:  # what a required SOURCE argument says (Typer's own click classes)
-            import sys
-
-            import typer
-
-            missing = sys.modules[typer.BadParameter.__module__].MissingParameter
-            raise missing(ctx=ctx, param=next(p for p in ctx.command.params if p.name == "source"))
-        return source
+    assert lm is not None
+    check_lm_writes(outputs)
     if source and _from_command_line(ctx, "source"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
     check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
@@ -46,17 +31,6 @@ def lm_source(ctx: Any, request: Any) -> list[str]:
         raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
                            ".jsonl)")
     return [text]
-
-
-def lm_only_given(request: Any) -> list[str]:
-    """The options that need ``--lm`` that were given (set to other than the value each has when not given)."""
-    reading, outputs = request.reading, request.outputs
-    options = (("--text-field", reading.text_field, "text"), ("--max-length", reading.max_length, None),
-               ("--batch-tokens", reading.batch_tokens, None), ("--device-map", reading.device_map, None),
-               ("--save-hidden", outputs.save_hidden, None), ("--spill-dir", reading.spill_dir, None),
-               ("--write-generation-config", outputs.write_generation_config, False),
-               ("--ood-text", request.texts.ood_text, None))
-    return [flag for flag, value, unset in options if value not in (unset, None, [])]
 
 
 def _from_command_line(ctx: Any, name: str) -> bool:
@@ -68,8 +42,6 @@ def lm_outputs(request: Any, *, record: bool = False) -> dict[str, str | None]:
     """The files an ``--lm`` command writes, to check before any work: ``--save-hidden``, the record of T when
     ``record`` (``MODEL/tempcal.json``, or ``--output``), ``generation_config.json`` when asked."""
     lm, outputs = request.reading.lm, request.outputs
-    if lm is None:
-        return {}
     out: dict[str, str | None] = {"--save-hidden": outputs.save_hidden}
     if record:
         named = "--output" if outputs.output is not None else "the record of T"
@@ -90,27 +62,24 @@ def record_outputs(given: list[tuple[str, str]], folders: list[tuple[str, str]])
             if option == "--lm" and flag in _RECORDS and same_file(path, os.path.join(folder, _RECORDS[flag]))]
 
 
-def check_lm_writes(*, lm: str | None, no_write: bool, write_generation_config: bool, save_hidden: str | None,
-                    output: str | None) -> None:
-    """Refuse contradictory writes before any work."""
-    if lm is None:
-        return
-    if write_generation_config and no_write:
+def check_lm_writes(outputs: Any) -> None:
+    """Refuse contradictory writes (of a request's ``Outputs``) before any work."""
+    write_generation_config, output = outputs.write_generation_config, outputs.output
+    if write_generation_config and outputs.no_write:
         raise TempcalError("--write-generation-config and --no-write contradict each other")
     if write_generation_config and output is not None:
         raise TempcalError("--write-generation-config writes into MODEL's folder; --output moves the record of T "
                            "elsewhere: give one or the other")
-    if save_hidden is not None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+    if outputs.save_hidden is not None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TempcalError("--save-hidden under torchrun: each process holds only its share of the rows; run it "
                            "in one process")
 
 
 def sampling_notes(request: Any) -> list[str]:
     """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
-    lm = request.reading.lm
-    if lm is None or not request.outputs.write_generation_config:
+    if not request.outputs.write_generation_config:
         return []
-    note = sampling_note(lm)
+    note = sampling_note(request.reading.lm)
     return [note] if note else []
 
 
@@ -131,9 +100,9 @@ def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[s
     return list(ood_text)
 
 
-def lm_json(opened: Any, lm: str | None) -> dict[str, Any]:
-    """The JSON's ``lm`` block: the model and every text file it ran over (nothing without ``--lm``)."""
-    return {"lm": opened.lm_json()} if lm is not None else {}
+def lm_json(opened: Any) -> dict[str, Any]:
+    """The JSON's ``lm`` block: the model and every text file it ran over."""
+    return {"lm": opened.lm_json()}
 
 
 def lm_settings(**settings: Any) -> dict[str, Any]:
@@ -141,5 +110,5 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
     return {key: getattr(value, "value", value) for key, value in settings.items()}
 
 
-__all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_only_given", "lm_outputs", "lm_settings", "lm_source",
+__all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source",
            "ood_texts", "record_outputs", "sampling_notes"]

@@ -1,13 +1,12 @@
 """The command-line options of ``--lm MODEL --text FILE``: flags, types, help, ranges and help panel, declared once.
 
 The commands put them in their signatures (typer reads them there), through :mod:`tempcal.cli.options`, which
-marks the paths among them for configuration files. :class:`Texts` is what a request carries of them beside its
-reading options. Nothing here imports torch.
+marks the paths among them for configuration files (``tempcal.requests.Texts`` is what a request carries of
+them beside its reading options). Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Optional
 
 import typer
@@ -47,13 +46,5 @@ OodText = Annotated[Optional[list[str]], typer.Option(
     rich_help_panel=PANEL)]
 
 
-@dataclass(frozen=True)
-class Texts:
-    """The texts an ``--lm`` run reads: SOURCE's (``--text``) and the out-of-distribution sets' (``--ood-text``)."""
-
-    text: str | None = None
-    ood_text: list[str] | None = None
-
-
 __all__ = ["PANEL", "BatchTokens", "DeviceMap", "Lm", "MaxLength", "OodText", "SaveHidden", "SpillDir", "Text",
-           "TextField", "Texts", "WriteGenerationConfig"]
+           "TextField", "WriteGenerationConfig"]

@@ -121,6 +121,7 @@ class HeadKind(SafetensorsKind):
 
     name = "head"
     title = "hidden states with an output head"
+    suffixes = ()  # claimed by --head, whatever its name
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return options.head is not None

@@ -1,43 +1,69 @@
 """The one way to open a SOURCE: expand globs, pick the kind that claims the paths, open it.
 
 To add a kind of SOURCE: a module with a :class:`~tempcal.sources.base.SourceKind` subclass, and one
-line in :data:`KINDS` (earlier kinds are asked first; safetensors, the default, comes last).
+line in :data:`KINDS` (earlier kinds are asked first; safetensors, the default, comes last). A line says
+what its kind may claim without opening anything, so that only the kinds a SOURCE may be are imported.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import Info, TempcalError
-from ..lm.source import LmKind
 from ..validation import PROBS_KEY, positive_number, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
-from .confidence_table import ConfidenceTableKind
-from .head import HeadKind
-from .inspect_log import InspectLogKind
-from .lighteval import LightevalKind
-from .lm_eval import LmEvalKind
-from .model import ModelKind
-from .numpy import NpyKind, NpzKind
-from .safetensors import SafetensorsKind
-from .torch_dict import TorchDictKind
+
+
+@dataclass(frozen=True)
+class KindLine:
+    """One kind of SOURCE in :data:`KINDS`: its module and class (imported when first asked) and what it may claim.
+
+    ``suffixes``: the name endings (any case) of the files it may claim; ``folders``: it may claim a folder;
+    ``option``: the :class:`SourceOptions` field that selects it whatever the paths (``--lm``, ``--head``);
+    ``missing``: it is asked for a path that does not exist (opening says what is missing); ``listed``: its
+    suffixes are named when no kind claims a file. Its own ``claims`` decides among the kinds asked.
+    """
+
+    module: str
+    cls: str
+    suffixes: tuple[str, ...] = ()
+    folders: bool = False
+    option: str | None = None
+    missing: bool = False
+    listed: bool = True
+
+    @functools.cache  # noqa: B019 (the lines live as long as the program)
+    def kind(self) -> SourceKind:
+        """The kind itself, one instance per line, its module imported on first use."""
+        return getattr(importlib.import_module(self.module), self.cls)()
+
+    def asked(self, path: Path, options: SourceOptions) -> bool:
+        """Whether ``path`` may be of this kind, told from its name, its options and whether it is a folder."""
+        return ((self.option is not None and getattr(options, self.option) is not None)
+                or path.name.lower().endswith(self.suffixes) or (self.folders and path.is_dir())
+                or (self.missing and not path.exists()))
+
 
 #: Every kind of SOURCE, in the order they are asked whether they claim a SOURCE's paths.
-KINDS: list[SourceKind] = [
-    LmKind(),
-    HeadKind(),
-    ModelKind(),
-    NpzKind(),
-    NpyKind(),
-    TorchDictKind(),
-    InspectLogKind(),
-    ConfidenceTableKind(),
-    LmEvalKind(),
-    LightevalKind(),
-    SafetensorsKind(),
+KINDS: list[KindLine] = [
+    KindLine("tempcal.lm.source", "LmKind", option="lm"),
+    KindLine("tempcal.sources.head", "HeadKind", option="head"),
+    KindLine("tempcal.sources.model", "ModelKind", (".pt2", ".onnx", ".pt", ".pth", ".ts", ".torchscript"),
+             listed=False),
+    KindLine("tempcal.sources.numpy", "NpzKind", (".npz",)),
+    KindLine("tempcal.sources.numpy", "NpyKind", (".npy",)),
+    KindLine("tempcal.sources.torch_dict", "TorchDictKind", (".pt", ".pth")),
+    KindLine("tempcal.sources.inspect_log", "InspectLogKind", (".eval", ".json"), folders=True),
+    KindLine("tempcal.sources.confidence_table", "ConfidenceTableKind", (".csv", ".jsonl", ".parquet")),
+    KindLine("tempcal.sources.lm_eval", "LmEvalKind", (".jsonl", ".jsonl.gz")),
+    KindLine("tempcal.sources.lighteval", "LightevalKind", (".parquet",)),
+    KindLine("tempcal.sources.safetensors", "SafetensorsKind", (".safetensors",), missing=True),
 ]
 
 #: A SOURCE as callers give it: a path, a glob pattern, a list of them, or an already opened source.
@@ -57,15 +83,16 @@ def kind_of(paths: list[Path], options: SourceOptions | None = None) -> SourceKi
 
 
 def _claimant(paths: list[Path], options: SourceOptions) -> SourceKind:
-    for kind in KINDS:
-        if kind.claims(paths, options):
+    for line in KINDS:
+        if line.asked(paths[0], options) and (kind := line.kind()).claims(paths, options):
             return kind
     if paths[0].is_dir():
         raise TempcalError(f"{paths[0]}: is a folder, not a logits file (a Hugging Face model folder is given to "
                            f"--head, with the hidden states as SOURCE; several files are shards: list them or quote "
                            f"a glob such as '{paths[0]}/*.safetensors')")
     suffix = paths[0].suffix.lower()
-    known = ", ".join(dict.fromkeys(s for k in KINDS for s in k.suffixes))
+    listed = [KINDS[-1], *KINDS[:-1]]  # the default kind's suffix first
+    known = ", ".join(dict.fromkeys(s for line in listed if line.listed for s in line.suffixes))
     shown = f"suffix '{suffix}'" if suffix else "no suffix"
     raise TempcalError(f"{paths[0]}: unknown logits file type ({shown}; expected one of {known})")
 
@@ -154,5 +181,5 @@ def write_stored_temperature(path: str | os.PathLike, temperature: float,
     return kind_of([path]).write_temperature(path, temperature, None if output is None else Path(output))
 
 
-__all__ = ["KINDS", "Source", "expand_sources", "kind_of", "open_source", "read_stored_temperature",
+__all__ = ["KINDS", "KindLine", "Source", "expand_sources", "kind_of", "open_source", "read_stored_temperature",
            "write_stored_temperature"]

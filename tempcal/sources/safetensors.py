@@ -318,7 +318,7 @@ class SafetensorsKind(SourceKind):
     """``.safetensors`` logits files: one, several shards, or a glob; T goes into each file's metadata."""
 
     name = "safetensors"
-    suffixes = (".safetensors",)
+    suffixes: tuple[str, ...] = (".safetensors",)
     shards = True
     remembered = ("probs",)  # tensor names are not kept: a file's header lists them
     title = "safetensors logits file"

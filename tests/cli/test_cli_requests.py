@@ -98,7 +98,7 @@ def test_folds_against_a_split_across_the_file_and_the_command_line(monkeypatch,
         seen.append(request)
         raise TempcalError("settled")  # where the fit command has settled its cross-fitting: nothing is read
 
-    monkeypatch.setattr(fit_cli, "lm_source", settled)
+    monkeypatch.setattr(fit_cli.opt, "command_source", settled)
     config = tmp_path / "tempcal.toml"
     config.write_text("[fit]\n" + in_file)
     (tmp_path / "e.safetensors").touch()  # the file's paths must exist when it is read

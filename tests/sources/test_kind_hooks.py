@@ -19,7 +19,7 @@ from tempcal.sources.registry import KINDS, open_source
 from tempcal.subsets.options import read_groups
 
 PACKAGE = Path(__file__).resolve().parents[2] / "tempcal"
-NAMES = "|".join(re.escape(kind.name) for kind in KINDS)
+NAMES = "|".join(re.escape(line.kind().name) for line in KINDS)
 #: A kind's name compared, taken aside to compare later, or looked up in a table keyed by kind names
 #: (``STORED_IN.get(kind.name, ...)``), or any kind compared with a literal kind name (``report.kind == "model"``).
 SWITCHES = [re.compile(r"kind\.name\s*(==|!=|\bnot\s+in\b|\bin\b)"),
@@ -30,7 +30,7 @@ SWITCHES = [re.compile(r"kind\.name\s*(==|!=|\bnot\s+in\b|\bin\b)"),
 
 def kind_modules() -> set[Path]:
     """The modules that define a registered kind, and the two that every kind shares (base, registry)."""
-    modules = {type(kind).__module__ for kind in KINDS} | {"tempcal.sources.base", "tempcal.sources.registry"}
+    modules = {line.module for line in KINDS} | {"tempcal.sources.base", "tempcal.sources.registry"}
     return {PACKAGE.parent / (name.replace(".", "/") + ".py") for name in modules}
 
 
@@ -61,7 +61,7 @@ def fake(name: str = "x.bin") -> SimpleNamespace:
 def test_probability_like_values_are_refused_as_each_kind_reads_them():
     """Logits files name --probs (their values may be read as log p); a model, a head or a language model computes
     logits, so its refusal says to use the output before the softmax."""
-    by_name = {kind.name: kind for kind in KINDS}
+    by_name = {line.kind().name: line.kind() for line in KINDS}
     logits_files = {"safetensors", "npz", "npy", "pt"}
     assert set(by_name) == logits_files | {"head", "model", "lm", "lm-eval", "inspect", "lighteval", "confidence-table"}
     for name, kind in by_name.items():
