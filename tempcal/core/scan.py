@@ -18,6 +18,7 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -32,7 +33,7 @@ from .data import LogitsData, LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
-from .scan_checks import BlockCheck, Problems, check_block
+from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
 from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, read_rows, single_threaded
 
 R = TypeVar("R")
@@ -167,28 +168,17 @@ class Scan:
         self.passes += 1
         state = _FirstScan(stats, problems, start, data.num_samples > 0)
         block = self.chunk_rows
-        def plan(read: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[Callable[[int, int], BlockCheck], int]:
-            read_start, zr, yr = read
-            bounds = block_bounds(zr.shape[0], block)
+        def plan(read: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[Callable[[int, int], Reductions], int]:
+            zr, bounds = read[1], block_bounds(read[1].shape[0], block)
+            # The reductions over every logit, shared among the threads; the rest, per row, in order.
+            return lambda i, _: row_reductions(zr[bounds[i][0]:bounds[i][1]], low=start is not None), len(bounds)
 
-            def check(i: int, _: int) -> BlockCheck:  # on the pass's threads: each block's checks and statistics
-                (a, b), low = bounds[i], start is not None
-                checked = check_block(zr[a:b], yr[a:b], data.num_classes, labelled=self.labelled,
-                                      binary=data.binary, low=low)
-                if checked.values is not None:
-                    position = read_start + a
-                    for column, value in zip(stats_columns, checked.values, strict=True):
-                        column[position:position + b - a] = value
-                return checked
-            return check, len(bounds)
-
-        stats_columns = [getattr(stats, f) for f in stats.__dataclass_fields__]
         reads = data.chunks(self._read_rows(threads, few=True), self.device, real)
-        for (read_start, zr, yr), checked in mapped_reads(reads, plan, threads, self._reads_ahead()):
+        for (read_start, zr, yr), reduced in mapped_reads(reads, plan, threads, self._reads_ahead()):
             bounds = block_bounds(zr.shape[0], block)
-            with single_threaded():  # what must go in row order: the first bad row, the fit's start
-                for (a, b), one in zip(bounds, checked, strict=True):
-                    self._scan_block(state, read_start + a, zr[a:b], yr[a:b], one)
+            with single_threaded():
+                for (a, b), rows in zip(bounds, reduced, strict=True):
+                    self._scan_block(state, read_start + a, zr[a:b], yr[a:b], rows)
         with single_threaded():  # the sample's last block (its grid betas shared among the pass's threads)
             if start is not None:
                 start.plan_empty(real)  # a process without rows
@@ -200,22 +190,22 @@ class Scan:
         return stats
 
     def _scan_block(self, state: _FirstScan, position: int, z: torch.Tensor, y: torch.Tensor,
-                    checked: BlockCheck) -> None:
-        """One checked block, in row order: its bad values counted, handed to the fit's start."""
-        start, problems = state.start, state.problems
-        for kind, mask in checked.bad.items():
-            detail = (lambda i, y=y: f"label {int(y[i])}") if kind == "label" else None
-            problems.add(kind, position, mask, detail)
-        if checked.values is None or problems:
-            state.probability_like = False
+                    reduced: Reductions) -> None:
+        """One block of the first scan: checked, its statistics stored, handed to the fit's start."""
+        start, stats = state.start, state.stats
+        y, row_sum, values = self._validated_chunk(state.problems, position, z, y, reduced)
+        if values is None:
             if start is not None:
                 start.plan_empty(self.compute_dtype)  # a chunk with bad values: the scan fails on every process
             return
-        state.probability_like = state.probability_like and checked.probability_like
+        if state.probability_like:
+            state.probability_like = probability_like(z[:, 1] if self.data.binary else z, values[0], row_sum)
+        stop = position + z.shape[0]
+        for column, value in zip((getattr(stats, f) for f in stats.__dataclass_fields__), values, strict=True):
+            column[position:stop] = value
         if start is not None:
-            row_max, true_gap, _, mean, var, has_neginf = checked.values
-            start.add_chunk(position, ChunkRows(z, checked.labels, row_max, true_gap, mean, var, has_neginf),
-                            low=checked.reduced.low)
+            row_max, true_gap, _, mean, var, has_neginf = values
+            start.add_chunk(position, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf), low=reduced.low)
 
     def _start_scan(self, threads: int) -> StartScan | None:
         """What gathers the fit's start during the first scan, when ``fit_rows`` asks for one."""
@@ -225,6 +215,42 @@ class Scan:
         return StartScan(rows if isinstance(rows, torch.Tensor) else None, self.data.num_samples, self.num_classes,
                          self.device, self.scratch, rank_offset(self.data.num_samples, self.device),
                          threads=threads, buffers_for=self.scratch_for)
+
+    def _validated_chunk(self, problems: Problems, start: int, z: torch.Tensor, y: torch.Tensor,
+                         reduced: Reductions | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+        """Check one chunk (its problems go to ``problems``); the clamped labels, the row sums and, when no
+        problem was found so far, the chunk's :class:`RowStats` columns. ``reduced``: its rows' reductions,
+        when already computed."""
+        reduced = reduced or row_reductions(z)
+        data = self.data
+        bad_label = (y < 0) | (y >= data.num_classes)
+        if not self.labelled:
+            bad_label = torch.ones_like(bad_label)  # placeholder labels: no label check applies
+        else:
+            problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
+        y = y.clamp(0, data.num_classes - 1)
+        row_sum = reduced.row_sum
+        # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
+        odd = ~torch.isfinite(row_sum)
+        has_neginf = odd
+        if bool(odd.any()):
+            rows = z[odd]
+            nan = torch.zeros_like(odd)
+            nan[odd] = torch.isnan(rows).any(1)
+            posinf = torch.zeros_like(odd)
+            posinf[odd] = (rows == math.inf).any(1)
+            problems.add("nan", start, nan)
+            problems.add("posinf", start, posinf)
+        row_max, arg_max = reduced.row_max, reduced.arg_max
+        problems.add("all-neginf", start, row_max == -math.inf)
+        z_true = z.gather(1, y[:, None])[:, 0]
+        problems.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
+        if problems:
+            return y, row_sum, None
+        correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
+        mean, var = uniform_moments(z, row_sum, row_max, has_neginf, reduced.squares)
+        return y, row_sum, (row_max, z_true - row_max, correct, mean, var, has_neginf)
 
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):

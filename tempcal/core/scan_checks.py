@@ -3,7 +3,6 @@ per-row moments at T = infinity that the fit starts from (:meth:`tempcal.core.sc
 
 from __future__ import annotations
 
-import math
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -30,48 +29,6 @@ def row_reductions(z: torch.Tensor, low: bool = False) -> Reductions:
     row_max, arg_max = torch.max(z, 1)
     squares = row_dot(z, z) if short_rows(z) else torch.linalg.vecdot(z, z)
     return Reductions(row_sum, row_max, arg_max, squares, z.amin(1) if low else None)
-
-
-class BlockCheck(NamedTuple):
-    """One block of the first scan, checked on a pass thread: its reductions, the rows of each kind of bad
-    value (:attr:`Problems.MESSAGES`' order; None: none possible), the labels clamped into range and the
-    block's :class:`~tempcal.core.scan.RowStats` columns (None when a bad value leaves them undefined)."""
-
-    reduced: Reductions
-    bad: dict[str, torch.Tensor]
-    labels: torch.Tensor
-    values: tuple[torch.Tensor, ...] | None
-    probability_like: bool
-
-
-def check_block(z: torch.Tensor, y: torch.Tensor, num_classes: int, *, labelled: bool, binary: bool,
-                low: bool = False, probabilities: bool = True) -> BlockCheck:
-    """Reduce and check one block (``probabilities``: whether to look whether it still reads as probabilities)."""
-    reduced = row_reductions(z, low)
-    bad: dict[str, torch.Tensor] = {}
-    bad_label = (y < 0) | (y >= num_classes)
-    if labelled:
-        bad["label"] = bad_label
-    else:
-        bad_label = torch.ones_like(bad_label)  # placeholder labels: no label check applies
-    y = y.clamp(0, num_classes - 1)
-    row_sum, row_max = reduced.row_sum, reduced.row_max
-    # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
-    odd = ~torch.isfinite(row_sum)
-    if bool(odd.any()):
-        rows = z[odd]
-        bad["nan"], bad["posinf"] = torch.zeros_like(odd), torch.zeros_like(odd)
-        bad["nan"][odd] = torch.isnan(rows).any(1)
-        bad["posinf"][odd] = (rows == math.inf).any(1)
-    bad["all-neginf"] = row_max == -math.inf
-    z_true = z.gather(1, y[:, None])[:, 0]
-    bad["true-neginf"] = (z_true == -math.inf) & ~bad_label
-    if any(bool(mask.any()) for mask in bad.values()):
-        return BlockCheck(reduced, bad, y, None, False)
-    correct = (z[:, 1] >= 0) == (y == 1) if binary else reduced.arg_max == y
-    mean, var = uniform_moments(z, row_sum, row_max, odd, reduced.squares)
-    like = probabilities and probability_like(z[:, 1] if binary else z, row_max, row_sum)
-    return BlockCheck(reduced, bad, y, (row_max, z_true - row_max, correct, mean, var, odd), like)
 
 
 def uniform_moments(z: torch.Tensor, row_sum: torch.Tensor, row_max: torch.Tensor, has_neginf: torch.Tensor,
@@ -147,5 +104,4 @@ class Problems:
                                f"first at index {first}")
 
 
-__all__ = ["BlockCheck", "Problems", "Reductions", "check_block", "probability_like", "row_reductions",
-           "uniform_moments"]
+__all__ = ["Problems", "Reductions", "probability_like", "row_reductions", "uniform_moments"]
