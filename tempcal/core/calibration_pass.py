@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from ..validation import check_bins
+from .cumulants import dot_rows, exp_floor
 from .threads import Scratch
 
 #: The bins of every binned figure unless ``--bins`` (or ``bins=``) says otherwise.
@@ -159,15 +160,23 @@ def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, g
     ``log sum e`` (the energy's) at ``beta`` (a number, or one per row), from ``d = z - max z`` (``d_finite``: -inf
     made 0) and the true class's ``gap``; one exp per logit, in the scratch buffer ``e``."""
     b = beta[:, None] if isinstance(beta, torch.Tensor) else beta
-    e = torch.mul(d, b, out=scratch.like("e", d)).exp_()
+    e = scaled_exp(d, b, scratch, neginf=d_finite is not d)
     s0 = e.sum(1)
     log_s0 = torch.log(s0)
-    mean_d = torch.linalg.vecdot(e, d_finite) / s0
+    mean_d = dot_rows(e, d_finite, scratch) / s0
     p_true = torch.exp(beta * gap) / s0
-    brier = torch.linalg.vecdot(e, e) / (s0 * s0) - 2 * p_true + 1
+    brier = dot_rows(e, e, scratch) / (s0 * s0) - 2 * p_true + 1
     return (log_s0 - beta * gap, brier.clamp_min(0), (log_s0 - beta * mean_d).clamp_min(0),
             s0.reciprocal().to(torch.float64), log_s0)
 
+
+
+def scaled_exp(d: torch.Tensor, beta: float | torch.Tensor, scratch: Scratch, neginf: bool = True) -> torch.Tensor:
+    """``exp(beta d)`` of ``d = z - max z`` in the scratch buffer ``e``. Without a -inf in ``d`` (``neginf``
+    False), exponents below :func:`exp_floor` are raised to it first: what they add to a row's sum of at least 1
+    is nothing, and it spares the CPU's slow path."""
+    x = torch.mul(d, beta, out=scratch.like("e", d))
+    return x.exp_() if neginf else x.clamp_(min=exp_floor(x.dtype)).exp_()
 
 
 class EceTerms:
@@ -179,10 +188,12 @@ class EceTerms:
         self.edges = bin_edges(bins, device)
         self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
 
-    def block_bins(self, d: torch.Tensor, buffers: Scratch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each beta's bin index and confidence of a block's rows (``d``: the logits minus their row maximum): the
-        work over every logit, which blocks may do on several threads at once."""
-        return confidence_bins(d, self.betas, self.edges, buffers)
+    def block_bins(self, d: torch.Tensor, buffers: Scratch, neginf: bool = True
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each beta's bin index and confidence of a block's rows (``d``: the logits minus their row maximum;
+        ``neginf``: whether it may hold -inf): the work over every logit, which blocks may do on several threads
+        at once."""
+        return confidence_bins(d, self.betas, self.edges, buffers, neginf)
 
     def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
         """Add a block's :meth:`block_bins` (``correct``: whether each arg-max is right); blocks added in row order
@@ -192,14 +203,13 @@ class EceTerms:
             add_to_bins(self.per_bin[k], index, confidence, hit)
 
 
-def confidence_bins(d: torch.Tensor, betas: Sequence[float], edges: torch.Tensor, buffers: Scratch
-                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def confidence_bins(d: torch.Tensor, betas: Sequence[float], edges: torch.Tensor, buffers: Scratch,
+                    neginf: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per beta, the equal-width bin index and float64 confidence of each row of ``d`` (logits minus their row
     maximum): the confidence exactly as the calibration pass forms it, so both put it in the same bin."""
     binned = []
     for beta in betas:
-        e = torch.mul(d, beta, out=buffers.like("e", d)).exp_()
-        confidence = e.sum(1).reciprocal().to(torch.float64)
+        confidence = scaled_exp(d, beta, buffers, neginf).sum(1).reciprocal().to(torch.float64)
         binned.append((bin_index(confidence, edges), confidence))
     return binned
 

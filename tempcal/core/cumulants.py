@@ -28,6 +28,8 @@ import torch
 
 #: Order of the fields in a chunk's float64 sums.
 FIELDS = ("count", "nll", "d1", "d2", "d3", "d4", "q", "q5")
+#: How many sums :func:`raw_sums` gives a block.
+RAW_FIELDS = 9
 #: Scaled logits below -CLIP have probability exactly 0 in float32 and float64 alike.
 CLIP = 2000.0
 
@@ -102,6 +104,8 @@ def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tenso
     b: float | torch.Tensor = beta.to(z.dtype)[:, None] if isinstance(beta, torch.Tensor) else float(beta)
     top = z.amax(1) if top is None else top
     x = torch.sub(z, top[:, None], out=buffers.like("d", z)).mul_(b)
+    if impossible is False:
+        x.clamp_(min=exp_floor(x.dtype))
     p = torch.softmax(x, 1, out=buffers.like("e", z))
     index = labels[:, None]
     log_mass = x.gather(1, index)[:, 0] - torch.log(p.gather(1, index)[:, 0])
@@ -121,6 +125,19 @@ def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tenso
     if not bool(torch.isfinite(mu4 + log_mass).all()):  # one check for two rare cases
         mu2, mu3, mu4, log_mass = _repair(z, b, top, mean, (mu2, mu3, mu4), log_mass, buffers)
     return RowMoments(top, log_mass, mean, mu2, mu3, mu4)
+
+
+def exp_floor(dtype: torch.dtype) -> float:
+    """The least exponent worth taking in ``dtype``: below it ``exp`` gives a subnormal or 0 (nothing that moves a
+    sum that holds a 1), and the CPU's ``exp`` takes a slow path there (30-40x in float32). Scaled logits ``beta
+    (z - max z)`` are clamped to it first; a -inf (an impossible class) is left alone."""
+    return -87.0 if dtype != torch.float64 else -708.0
+
+
+def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
+    """Row-wise ``sum a * b`` with no chunk-sized temporary: :func:`row_dot` where it is one sweep, else a product
+    in the reused buffer ``product``, summed."""
+    return _dot(a, b, buffers)
 
 
 def _repair(z: torch.Tensor, b: float | torch.Tensor, top: torch.Tensor, mean: torch.Tensor,
@@ -195,22 +212,41 @@ def row_terms(m: RowMoments, z_true: torch.Tensor, beta: float | torch.Tensor) -
                         square, q5])
 
 
+def raw_sums(m: RowMoments, z_true: torch.Tensor) -> torch.Tensor:
+    """Float64 sums over a block's rows of ``log_mass, mean, mu2, mu3, mu4, top, z_y, mu2^2, q5``: what
+    :func:`finished_sums` turns into :data:`FIELDS` once the blocks are added up (no host synchronisation)."""
+    q5 = torch.sqrt(m.mu2.clamp_min(0) ** 3 * m.mu4.clamp_min(0))
+    return torch.stack([m.log_mass, m.mean, m.mu2, m.mu3, m.mu4, m.top, z_true, m.mu2 * m.mu2, q5]
+                       ).to(torch.float64).sum(1)
+
+
+def finished_sums(raw: torch.Tensor, count: float, beta: float) -> torch.Tensor:
+    """The sums of :data:`FIELDS` over ``count`` rows from their :func:`raw_sums`."""
+    log_mass, mean, mu2, mu3, mu4, top, true, square, q5_sum = raw.unbind()
+    gap = top - true  # the sums of top and z_y in float64: no rounding of their per-row difference
+    count_sum = torch.full((), float(count), dtype=torch.float64, device=raw.device)
+    return torch.stack([count_sum, log_mass + beta * gap, mean + gap, mu2, mu3, mu4 - 3 * square, square, q5_sum])
+
+
 def chunk_sums(m: RowMoments, z_true: torch.Tensor, beta: float) -> torch.Tensor:
     """Float64 sums over the chunk's rows, in the order of :data:`FIELDS` (no host synchronisation)."""
-    q5 = torch.sqrt(m.mu2.clamp_min(0) ** 3 * m.mu4.clamp_min(0))
-    rows = torch.stack([m.log_mass, m.mean, m.mu2, m.mu3, m.mu4, m.top, z_true, m.mu2 * m.mu2, q5])
-    log_mass, mean, mu2, mu3, mu4, top, true, square, q5_sum = rows.to(torch.float64).sum(1).unbind()
-    gap = top - true  # the sums of top and z_y in float64: no rounding of their per-row difference
-    count = torch.full((), float(m.top.shape[0]), dtype=torch.float64, device=gap.device)
-    return torch.stack([count, log_mass + beta * gap, mean + gap, mu2, mu3, mu4 - 3 * square, square, q5_sum])
+    return finished_sums(raw_sums(m, z_true), m.top.shape[0], beta)
+
+
+def row_raw_sums(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Buffers | None = None, *,
+                 top: torch.Tensor | None = None, impossible: bool | None = None) -> torch.Tensor:
+    """:func:`raw_sums` over a block of rows ``z`` [n, C]: a pass's threads add these up, and the caller finishes
+    them once (fewer small operations per block, where the threads contend for the interpreter)."""
+    y = y.to(torch.int64)
+    z_true = z.gather(1, y[:, None])[:, 0]
+    return raw_sums(row_moments(z, beta, y, buffers, top=top, impossible=impossible), z_true)
 
 
 def row_cumulants(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Buffers | None = None, *,
                   top: torch.Tensor | None = None, impossible: bool | None = None) -> torch.Tensor:
     """Float64 sums (:data:`FIELDS`) over a chunk of rows ``z`` [n, C] (a binary logit already as ``[0, z]``)."""
-    y = y.to(torch.int64)
-    z_true = z.gather(1, y[:, None])[:, 0]
-    return chunk_sums(row_moments(z, beta, y, buffers, top=top, impossible=impossible), z_true, beta)
+    raw = row_raw_sums(z, y, beta, buffers, top=top, impossible=impossible)
+    return finished_sums(raw, z.shape[0], beta)
 
 
 def row_range(z: torch.Tensor, top: torch.Tensor, low: torch.Tensor | None = None) -> torch.Tensor:
@@ -226,5 +262,5 @@ def row_range(z: torch.Tensor, top: torch.Tensor, low: torch.Tensor | None = Non
     return top - low
 
 
-__all__ = ["FIELDS", "Buffers", "NllDerivatives", "RowMoments", "chunk_sums", "row_cumulants", "row_moments",
-           "row_range", "row_terms"]
+__all__ = ["FIELDS", "RAW_FIELDS", "Buffers", "NllDerivatives", "RowMoments", "chunk_sums", "dot_rows", "exp_floor",
+           "finished_sums", "raw_sums", "row_cumulants", "row_moments", "row_range", "row_raw_sums", "row_terms"]

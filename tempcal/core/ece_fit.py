@@ -60,7 +60,8 @@ def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
     terms = EceTerms(betas, bins, scan.device)
 
     def block(b: RowBlock, scratch: Scratch) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
-        return terms.block_bins(torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z)), scratch), b.correct
+        d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
+        return terms.block_bins(d, scratch, b.has_neginf), b.correct
 
     for binned, correct in scan.block_pass(block, row_bytes=16 * len(terms.betas)):  # int64 index, float64 value
         terms.add_block(binned, correct)

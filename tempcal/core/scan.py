@@ -26,9 +26,9 @@ from typing import Literal, TypeVar
 import torch
 
 from ..errors import DataError
-from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor, bin_edges, bin_index
+from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor, bin_edges, bin_index, scaled_exp
 from .certified import FitStart
-from .cumulants import FIELDS, NllDerivatives, row_cumulants
+from .cumulants import FIELDS, RAW_FIELDS, NllDerivatives, finished_sums, row_cumulants, row_raw_sums
 from .data import LogitsData, LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
@@ -326,11 +326,12 @@ class Scan:
         One exp per logit (:func:`tempcal.core.cumulants.row_cumulants`); ``curvature`` is kept for
         callers of the first version and changes nothing.
         """
-        acc = torch.zeros(len(FIELDS), dtype=torch.float64, device=self.device)
-        for sums in self.block_pass(lambda b, scratch: row_cumulants(b.z, b.y, beta, scratch, top=b.row_max,
-                                                                     impossible=b.has_neginf), few=True):
+        acc, count = torch.zeros(RAW_FIELDS, dtype=torch.float64, device=self.device), 0
+        for rows, sums in self.block_pass(lambda b, scratch: (b.z.shape[0], row_raw_sums(
+                b.z, b.y, beta, scratch, top=b.row_max, impossible=b.has_neginf)), few=True):
             acc += sums
-        return ObjectiveSums.from_sums(beta, all_reduce(acc))
+            count += rows
+        return ObjectiveSums.from_sums(beta, all_reduce(finished_sums(acc, count, beta)))
 
     def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False, keep: Sequence[str] = (),
                     visitor: ChunkVisitor | None = None
@@ -385,9 +386,9 @@ class Scan:
         hold contiguous shares of the rows), so every rank holds the one-process tensors: rankings, the
         equal-mass bins and the bootstrap's draws see every row. The tensors are on the scan's device.
         """
-        def figures(b: RowBlock, _: Scratch) -> torch.Tensor:
-            e = torch.mul(b.z - b.row_max[:, None], beta).exp_()
-            s0 = e.sum(1)
+        def figures(b: RowBlock, scratch: Scratch) -> torch.Tensor:
+            d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
+            s0 = scaled_exp(d, beta, scratch, b.has_neginf).sum(1)
             return torch.stack([s0.reciprocal().to(torch.float64), (torch.log(s0) - beta * b.true_gap).to(
                 torch.float64), b.correct.to(torch.float64)], 1)
 

@@ -332,6 +332,7 @@ class Scratch:
 
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
+        self._views: dict[tuple, torch.Tensor] = {}  # the views handed out, so a repeat costs one lookup
 
     def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """Buffer ``name`` shaped like ``t`` (contents undefined), grown when ``t`` is larger."""
@@ -339,11 +340,17 @@ class Scratch:
 
     def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """Buffer ``name`` of ``shape`` in ``dtype`` on ``device`` (contents undefined), grown when too small."""
+        key = (name, tuple(shape), dtype, device)
+        view = self._views.get(key)
+        if view is not None:
+            return view
         numel = math.prod(shape)
         buffer = self._buffers.get(name)
         if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
             buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
-        return buffer[:numel].view(tuple(shape))
+            self._views = {k: v for k, v in self._views.items() if k[0] != name}  # views of the old buffer
+        view = self._views[key] = buffer[:numel].view(tuple(shape))
+        return view
 
 
 __all__ = ["BlockPool", "Scratch", "block_bounds", "cgroup_cpu_quota", "configure_threads", "map_blocks",

@@ -49,7 +49,7 @@ class CellEceTerms:
         """A block's work over every logit (run on the pass's threads): its rows' correctness and each beta's bin
         index and confidence."""
         d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
-        return b.correct, confidence_bins(d, self.betas, self.edges, scratch), b.start
+        return b.correct, confidence_bins(d, self.betas, self.edges, scratch, b.has_neginf), b.start
 
     def add_block(self, correct: torch.Tensor, binned: list[tuple[torch.Tensor, torch.Tensor]], cell: torch.Tensor
                   ) -> None:
