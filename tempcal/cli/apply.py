@@ -11,8 +11,6 @@ import typer
 import tempcal.cli.options as opt
 
 from ..errors import TempcalError
-from ..requests import Outputs
-from ..sources.base import SourceOptions
 from ..validation import check_taus
 from .config import ConfiguredCommand
 from .config_schema import OUTPUT, ValueType
@@ -88,6 +86,8 @@ def apply(
     check_paths(ctx, {"--output": output, "--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
 
     from ..output.apply import print_apply
+    from ..requests import Outputs
+    from ..sources.base import SourceOptions
     from ..workflows.apply import WHAT, apply_file
 
     reading = SourceOptions(

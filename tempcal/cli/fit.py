@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import typer
 
 import tempcal.cli.options as opt
 
 from ..errors import TempcalError
-from ..requests import FitRequest, Outputs, Texts
-from ..sources.base import SourceOptions
 from ..subsets.options import settle_folds
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
+
+if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
+    from ..requests import FitRequest
 
 
 @app.command(cls=ConfiguredCommand)
@@ -73,6 +76,9 @@ def fit(
 ) -> None:
     """Fit one temperature T (the NLL's minimum, certified in a few reads of the data), report calibration before and
     after, write T back."""
+    from ..requests import FitRequest, Outputs, Texts
+    from ..sources.base import SourceOptions
+
     reading = SourceOptions(
         logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index, inputs=inputs,
         inputs_key=inputs_key, batch_size=batch_size, output_key=output_key, device=device, head=head,

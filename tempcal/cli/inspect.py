@@ -6,8 +6,6 @@ import typer
 
 import tempcal.cli.options as opt
 
-from ..requests import Outputs
-from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver
@@ -49,6 +47,8 @@ def inspect(
 
     from ..errors import for_cli
     from ..output.inspect import print_inspect
+    from ..requests import Outputs
+    from ..sources.base import SourceOptions
     from ..workflows.inspect import inspect_file
 
     reading = SourceOptions(

@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 import tempcal.cli.options as opt
 
 from ..errors import TempcalError
-from ..requests import OodRequest, Outputs, Texts
-from ..sources.base import SourceOptions
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
+
+if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
+    from ..requests import OodRequest
 
 # ood's own options (declared here, not in the signature, so that each run does not build them again).
 OodFiles = Annotated[Optional[list[str]], typer.Option(
@@ -86,6 +87,9 @@ def ood(
 
     Without --tau: 0.5 1 2 5 10 20 50 100 1000 and the T stored with SOURCE.
     """
+    from ..requests import OodRequest, Outputs, Texts
+    from ..sources.base import SourceOptions
+
     reading = SourceOptions(
         logits_key=logits_key, labels_key=labels_key, probs=probs, inputs=inputs, inputs_key=inputs_key,
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,

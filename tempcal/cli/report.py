@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 import tempcal.cli.options as opt
 
 from ..errors import TempcalError
-from ..requests import Outputs, ReportRequest, Texts
-from ..sources.base import SourceOptions
 from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
+
+if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
+    from ..requests import ReportRequest
 
 #: Memory per reliability bin and temperature: its sums, and its entry in the results and the JSON.
 BIN_BYTES = 512
@@ -93,6 +94,9 @@ def report(
 
     Without --tau: the T stored with SOURCE (with --lm: MODEL/tempcal.json's), else 1.
     """
+    from ..requests import Outputs, ReportRequest, Texts
+    from ..sources.base import SourceOptions
+
     reading = SourceOptions(
         logits_key=logits_key, labels_key=labels_key, probs=probs, ignore_index=ignore_index, inputs=inputs,
         inputs_key=inputs_key, batch_size=batch_size, output_key=output_key, device=device, head=head,

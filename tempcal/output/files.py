@@ -19,8 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import param
-from ..io.atomic import atomic_path, write_text_atomic
-from ..io.paths import problem_with
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 #: What every command says for each file it writes beside its results.
@@ -36,6 +34,8 @@ def emit_json(target: str | None, payload: dict) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
+    from ..io.atomic import write_text_atomic  # the writers' imports wait until a file is written: --help needs none
+
     write_text_atomic(target, text, what=param("json"))
 
 
@@ -55,6 +55,8 @@ def append_step_summary(summary: Callable[[], str], *, gate: str | None = None) 
         text += f"\n**Release gate failed:** {gate}.\n"
     data = (text + "\n").encode("utf-8")
     cannot = f"${STEP_SUMMARY_ENV} {path}: cannot open it to append the summary"
+    from ..io.paths import problem_with
+
     problem = problem_with(path)
     if problem is not None:
         return f"{cannot} ({problem})"
@@ -163,6 +165,8 @@ def write_ood_files(report, *, scores: str | None = None, plot: str | None = Non
 
 def _write_markdown(path: str, text: str) -> str:
     """Write a model-card section atomically; the line saying so."""
+    from ..io.atomic import write_text_atomic
+
     return WROTE_MARKDOWN.format(write_text_atomic(path, text, what=param("markdown")))
 
 
@@ -205,6 +209,8 @@ def score_tensors(report) -> tuple[dict[str, Any], dict[str, str]]:
 def save_scores(report, path: str | os.PathLike) -> Path:
     """``ood --scores PATH``: every per-sample score as a safetensors file, one tensor per tau and side, atomically."""
     from safetensors.torch import save_file
+
+    from ..io.atomic import atomic_path
 
     tensors, metadata = score_tensors(report)
     with atomic_path(path, what=param("scores")) as temporary:
