@@ -63,7 +63,8 @@ def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
         d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
         return terms.block_bins(d, scratch, b.has_neginf), b.correct
 
-    for binned, correct in scan.block_pass(block, row_bytes=16 * len(terms.betas)):  # int64 index, float64 value
+    # Per row and beta an int64 bin and a float64 confidence, and its correctness: one map over rows in memory.
+    for binned, correct in scan.block_pass(block, few=True, row_bytes=16 * len(terms.betas) + 8):
         terms.add_block(binned, correct)
     return all_reduce(terms.per_bin).cpu()
 

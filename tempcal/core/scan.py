@@ -350,7 +350,8 @@ class Scan:
                                  KEPT if keep_scores else keep, visitor)
         if visitor is None:  # the blocks on the pass's threads; a visitor sees the chunks in order, on one
             for block in self.block_pass(lambda b, scratch: terms.block_sums(
-                    b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start)):
+                    b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start),
+                    few=True, row_bytes=16 * len(terms.betas) + 8):  # each row's bin, confidence, correctness
                 terms.add_block(block)
             terms.position = self.data.num_samples
         else:
@@ -392,7 +393,7 @@ class Scan:
             return torch.stack([s0.reciprocal().to(torch.float64), (torch.log(s0) - beta * b.true_gap).to(
                 torch.float64), b.correct.to(torch.float64)], 1)
 
-        parts = list(self.block_pass(figures))  # per row, in row order
+        parts = list(self.block_pass(figures, few=True, row_bytes=24))  # per row, in row order
         mine = torch.cat(parts) if parts else torch.empty(0, 3, dtype=torch.float64, device=self.device)
         rows = all_gather_rows(mine)
         return {"confidence": rows[:, 0], "correct": rows[:, 2] > 0.5, "nll": rows[:, 1]}

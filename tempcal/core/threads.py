@@ -314,7 +314,10 @@ def read_rows(chunk_rows: int, num_classes: int, threads: int, held_rows: int | 
     if threads <= 1:
         return chunk_rows
     if held_rows is not None:
-        return max(chunk_rows, min(held_rows, HELD_READ_ROWS))
+        rows = min(held_rows, HELD_READ_ROWS)
+        if row_bytes:
+            rows = min(rows, KEPT_BYTES // row_bytes)
+        return max(chunk_rows, rows)
     blocks = min(BLOCKS_PER_THREAD * threads, READ_ELEMENTS // max(chunk_rows * num_classes, 1))
     if row_bytes:
         blocks = min(blocks, KEPT_BYTES // (chunk_rows * row_bytes))
