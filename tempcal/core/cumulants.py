@@ -111,10 +111,10 @@ def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tenso
     log_mass = x.gather(1, index)[:, 0] - torch.log(p.gather(1, index)[:, 0])
     if impossible:
         x.nan_to_num_(neginf=0.0)  # p is 0 there; 0 * -inf would be NaN
-    mean_x = _dot(p, x, buffers)
+    mean_x = dot_rows(p, x, buffers)
     if impossible is None and bool(torch.isnan(mean_x).any()):
         x.nan_to_num_(neginf=0.0)
-        mean_x = _dot(p, x, buffers)
+        mean_x = dot_rows(p, x, buffers)
     if isinstance(b, float):  # u = z - E_p[z] in logit units, one fused sweep
         mean = mean_x / b
         u = torch.add(-mean[:, None], x, alpha=1.0 / b, out=x)
@@ -129,15 +129,9 @@ def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tenso
 
 def exp_floor(dtype: torch.dtype) -> float:
     """The least exponent worth taking in ``dtype``: below it ``exp`` gives a subnormal or 0 (nothing that moves a
-    sum that holds a 1), and the CPU's ``exp`` takes a slow path there (30-40x in float32). Scaled logits ``beta
+    sum that holds a 1), and the CPU's float32 ``exp`` takes a slow path there. Scaled logits ``beta
     (z - max z)`` are clamped to it first; a -inf (an impossible class) is left alone."""
     return -87.0 if dtype != torch.float64 else -708.0
-
-
-def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
-    """Row-wise ``sum a * b`` with no chunk-sized temporary: :func:`row_dot` where it is one sweep, else a product
-    in the reused buffer ``product``, summed."""
-    return _dot(a, b, buffers)
 
 
 def _repair(z: torch.Tensor, b: float | torch.Tensor, top: torch.Tensor, mean: torch.Tensor,
@@ -174,19 +168,19 @@ def _central(p: torch.Tensor, u: torch.Tensor, buffers: Buffers) -> tuple[torch.
     """``sum_c p u^k`` for k = 2, 3, 4 with two products and three reductions; ``p`` is overwritten."""
     v = torch.mul(u, u, out=buffers.like("v", u))
     w = p.mul_(v)
-    return w.sum(1), _dot(w, u, buffers), _dot(w, v, buffers)
+    return w.sum(1), dot_rows(w, u, buffers), dot_rows(w, v, buffers)
 
 
-def _dot(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
-    """Row-wise ``sum a * b``: :func:`row_dot` where it is one sweep, else a product in a reused buffer, summed
-    (``vecdot`` allocates a chunk-sized temporary)."""
+def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
+    """Row-wise ``sum a * b`` with no chunk-sized temporary (``vecdot`` allocates one): :func:`row_dot` where it is
+    one sweep, else a product in the reused buffer ``product``, summed."""
     if short_rows(a):
         return row_dot(a, b)
     return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
 
 
-#: Up to this many classes a batched matrix product is the faster row-wise dot product on the CPU (measured:
-#: 1.3-1.6x faster at 100-256 classes, 4x slower from 400 on, where the batched product stops vectorising).
+#: Up to this many classes a batched matrix product is the faster row-wise dot product on the CPU; from about 400
+#: classes on it stops vectorising and is several times slower than a product and a sum.
 ROW_DOT_MAX_CLASSES = 256
 
 

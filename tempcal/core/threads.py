@@ -329,6 +329,10 @@ def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:
     return [(a, min(a + block_rows, rows)) for a in range(0, rows, block_rows)]
 
 
+#: At most this many views a :class:`Scratch` remembers.
+MAX_VIEWS = 64
+
+
 class Scratch:
     """Chunk-sized buffers reused by every pass: fresh megabyte temporaries per chunk cost page faults
     that take as long as the arithmetic."""
@@ -352,6 +356,8 @@ class Scratch:
         if buffer is None or buffer.numel() < numel or buffer.dtype != dtype or buffer.device != device:
             buffer = self._buffers[name] = torch.empty(numel, dtype=dtype, device=device)
             self._views = {k: v for k, v in self._views.items() if k[0] != name}  # views of the old buffer
+        if len(self._views) >= MAX_VIEWS:  # many shapes (a long-lived process, data of every size): start afresh
+            self._views.clear()
         view = self._views[key] = buffer[:numel].view(tuple(shape))
         return view
 

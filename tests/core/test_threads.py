@@ -391,3 +391,17 @@ def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp
     assert figures["memory maps"][0] == 31  # held in memory: one map, nothing to read ahead
     reference = float(torch.nn.functional.cross_entropy(0.7 * z.double(), y))
     assert figures["two threads"][2].nll == pytest.approx(reference, rel=1e-6)
+
+
+def test_scratch_views_follow_shapes_and_stay_bounded() -> None:
+    from tempcal.core.threads import MAX_VIEWS, Scratch
+
+    scratch = Scratch()
+    first = scratch.get("d", (4, 3), torch.float32, torch.device("cpu"))
+    assert scratch.get("d", (4, 3), torch.float32, torch.device("cpu")) is first  # a repeat is the same view
+    for rows in range(1, 3 * MAX_VIEWS):
+        view = scratch.get("d", (rows, 3), torch.float32, torch.device("cpu"))
+        assert view.shape == (rows, 3)
+        view.fill_(rows)  # the buffer grows: a view handed out before never aliases a stale one
+        assert torch.all(scratch.get("d", (rows, 3), torch.float32, torch.device("cpu")) == rows)
+    assert len(scratch._views) <= MAX_VIEWS
