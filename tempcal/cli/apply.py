@@ -77,7 +77,7 @@ def apply(
 
     if output is None:
         raise TempcalError("missing option '--output OUT': where to write the calibrated values")
-    if confidence is None:  # a confidence table is written in its own format (checked when it is read)
+    if not opt.own_apply_format(source, confidence, correct):  # a confidence table: its format, checked when read
         check_output(output)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise TempcalError("tempcal apply writes one file from one process: run it without torchrun")

@@ -327,6 +327,18 @@ def is_model_source(source: list[str], inputs: str | None, model_only: dict[str,
     return model
 
 
+def own_apply_format(source: list[str], confidence: str | None, correct: str | None) -> bool:
+    """Whether ``apply`` writes SOURCE in its own format (a confidence table, named by its columns or by the kind
+    that claims its files), so that OUT is not a tensor file."""
+    if confidence is not None or correct is not None:
+        return True
+    from ..sources.base import SourceOptions, expand_sources
+    from ..sources.registry import kind_of
+
+    paths = expand_sources(source)
+    return bool(paths) and kind_of(paths, SourceOptions()).own_apply_format
+
+
 def check_lm_eval_norm(source: list[str], norm: str) -> None:
     """``--lm-eval-norm`` chars or bytes only with an lm-evaluation-harness log or lighteval details SOURCE (never
     silently ignored)."""

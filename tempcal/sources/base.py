@@ -317,6 +317,9 @@ class SourceKind(ABC):
                                   f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "
                                   "the values as logits")
 
+    #: ``apply`` writes this kind in its own format (:meth:`apply_writer`), not as a tensor file.
+    own_apply_format = False
+
     def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str] | None:
         """How ``apply`` writes this kind's calibrated probabilities when not as a tensor file: a function of the
         output path and each row's calibrated probability of class 1 that writes them and returns the name they are

@@ -163,6 +163,7 @@ class ConfidenceTableKind(SourceKind):
     suffixes = tuple(TABLE_FORMATS)
     #: The columns and scale a T was fitted with are kept beside it: ``report FILE`` then reads FILE the same way.
     remembered = ("confidence", "correct", "confidence_scale")
+    own_apply_format = True
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         """A table named with ``--confidence`` or ``--correct``, or whose sidecar names them (an earlier fit); any

@@ -229,3 +229,20 @@ def test_report_reads_the_table_as_the_stored_t_was_fitted(tmp_path, run_json, c
         assert out == ""
         assert code == 2 and "name its columns with --confidence COLUMN and --correct COLUMN" in \
             assert_one_error_line(err)
+
+
+def test_apply_takes_the_stored_columns_and_writes_the_table(table, cli, tmp_path):
+    """After a fit, ``apply TABLE -o OUT.csv`` needs no column options: OUT is a table, not a tensor file."""
+    path, rows = table
+    assert cli(["fit", str(path), *COLUMNS, "--val-fraction", "1", "-q"])[0] == 0
+    t = float(read_sidecar(path)[0]["tempcal.temperature"])
+    out = tmp_path / "calibrated.csv"
+    code, _, err = cli(["apply", str(path), "-o", str(out)])
+    assert code == 0, err
+    with open(out, newline="") as f:
+        calibrated = np.array([float(r["calibrated_confidence"]) for r in csv.DictReader(f)])
+    np.testing.assert_allclose(calibrated, 1 / (1 + np.exp(-logits_of(rows["confidence"]) / t)), rtol=1e-12)
+    before = snapshot(tmp_path)
+    code, _, err = cli(["apply", str(path), "-o", str(tmp_path / "wrong.safetensors")])
+    assert code == 2 and "suffix .csv" in assert_one_error_line(err)
+    assert snapshot(tmp_path) == before
