@@ -173,8 +173,8 @@ def _central(p: torch.Tensor, u: torch.Tensor, buffers: Buffers) -> tuple[torch.
 
 def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
     """Row-wise ``sum a * b`` with no chunk-sized temporary (``vecdot`` allocates one): :func:`row_dot` where it is
-    one sweep, else a product in the reused buffer ``product``, summed."""
-    if short_rows(a):
+    the faster, else a product in the reused buffer ``product``, summed."""
+    if row_dot_pays(a):
         return row_dot(a, b)
     return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
 
@@ -182,12 +182,16 @@ def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor
 #: Up to this many classes a batched matrix product is the faster row-wise dot product on the CPU; from about 400
 #: classes on it stops vectorising and is several times slower than a product and a sum.
 ROW_DOT_MAX_CLASSES = 256
+#: Below this many bytes of ``a`` the product and its sum stay in a core's cache and are the faster (about 1.6x at
+#: 163 x 100 float32), and cost fewer interpreter calls.
+ROW_DOT_MIN_BYTES = 1 << 20
 
 
-def short_rows(a: torch.Tensor) -> bool:
-    """Whether rows of ``a`` [n, C] are short enough for :func:`row_dot` (on the CPU only: an accelerator's matrix
-    products may be set to round float32 inputs)."""
-    return a.device.type == "cpu" and a.shape[-1] <= ROW_DOT_MAX_CLASSES
+def row_dot_pays(a: torch.Tensor) -> bool:
+    """Whether :func:`row_dot` is the faster row-wise dot product for ``a`` [n, C]: on the CPU only (an
+    accelerator's matrix products may be set to round float32 inputs), short rows, too many to stay in cache."""
+    return (a.device.type == "cpu" and a.shape[-1] <= ROW_DOT_MAX_CLASSES
+            and a.numel() * a.element_size() >= ROW_DOT_MIN_BYTES)
 
 
 def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
