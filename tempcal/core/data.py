@@ -16,6 +16,7 @@ import torch
 
 from ..errors import DataError, TempcalError, param
 from ..validation import IGNORE_INDEX, check_labels
+from .threads import Scratch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Rows of every reduction step are cut so that one chunk holds about this many logits.
@@ -108,6 +109,34 @@ class LogitsSource(Protocol):
 
 
 @dataclass(frozen=True)
+class HeldRows:
+    """Logits [N, C] in memory on the pass's device and the selected ``rows`` among them (None: every row)."""
+
+    logits: torch.Tensor
+    rows: torch.Tensor | None = None
+
+    def copies(self, dtype: torch.dtype) -> bool:
+        """Whether a block must be copied (rows to gather, or a dtype to convert) rather than viewed."""
+        return self.rows is not None or self.logits.dtype != dtype
+
+    def block(self, start: int, stop: int, dtype: torch.dtype, buffers: Scratch | None = None) -> torch.Tensor:
+        """The selected rows ``start:stop`` in ``dtype``: a view, or a copy into ``buffers``' ``rows`` buffer (a
+        tensor of its own when ``buffers`` is None)."""
+        logits = self.logits
+        if self.rows is None:
+            view = logits[start:stop]
+            if view.dtype == dtype:
+                return view
+            return view.to(dtype) if buffers is None else buffers.get("rows", tuple(view.shape), dtype,
+                                                                          view.device).copy_(view)
+        index = self.rows[start:stop].to(logits.device)
+        if buffers is None or logits.dtype != dtype:
+            return logits.index_select(0, index).to(dtype)
+        out = buffers.get("rows", (index.shape[0], logits.shape[1]), dtype, logits.device)
+        return torch.index_select(logits, 0, index, out=out)
+
+
+@dataclass(frozen=True)
 class LogitsData:
     """Logits ``[N, C]`` (or ``[N]`` for one binary logit) and integer labels ``[N]``.
 
@@ -154,6 +183,10 @@ class LogitsData:
 
     def default_chunk_rows(self, device: torch.device) -> int:
         return default_chunk_rows(self.num_classes, device, self.num_samples)
+
+    def held_rows(self, device: torch.device) -> HeldRows | None:
+        """The logits, for a pass's threads to take their blocks from, when they are on ``device``."""
+        return HeldRows(self.logits) if self.logits.device == device else None
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:

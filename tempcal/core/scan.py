@@ -29,10 +29,11 @@ from ..errors import DataError
 from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor, bin_edges, bin_index, scaled_exp
 from .certified import FitStart
 from .cumulants import FIELDS, RAW_FIELDS, NllDerivatives, finished_sums, row_cumulants, row_raw_sums
-from .data import LogitsData, LogitsSource, compute_dtype, resolve_device
+from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
+from .reads import Read, data_reads, held_rows
 from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
 from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, read_rows, single_threaded
 
@@ -168,17 +169,20 @@ class Scan:
         self.passes += 1
         state = _FirstScan(stats, problems, start, data.num_samples > 0)
         block = self.chunk_rows
-        def plan(read: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[Callable[[int, int], Reductions], int]:
-            zr, bounds = read[1], block_bounds(read[1].shape[0], block)
-            # The reductions over every logit, shared among the threads; the rest, per row, in order.
-            return lambda i, _: row_reductions(zr[bounds[i][0]:bounds[i][1]], low=start is not None), len(bounds)
+        def plan(read: Read) -> tuple[Callable[[int, int], tuple[torch.Tensor, Reductions]], int]:
+            bounds = block_bounds(read.rows, block)
 
-        reads = data.chunks(self._read_rows(threads, few=True), self.device, real)
-        for (read_start, zr, yr), reduced in mapped_reads(reads, plan, threads, self._reads_ahead()):
-            bounds = block_bounds(zr.shape[0], block)
+            def reduce(i: int, _: int) -> tuple[torch.Tensor, Reductions]:
+                z = read.take(*bounds[i], None)  # kept: the checks below run on it in row order
+                return z, row_reductions(z, low=start is not None)
+            # The reductions over every logit, shared among the threads; the rest, per row, in order.
+            return reduce, len(bounds)
+
+        reads, ahead = self._reads(threads, copies_kept=True)
+        for read, reduced in mapped_reads(reads, plan, threads, ahead):
             with single_threaded():
-                for (a, b), rows in zip(bounds, reduced, strict=True):
-                    self._scan_block(state, read_start + a, zr[a:b], yr[a:b], rows)
+                for (a, b), (z, rows) in zip(block_bounds(read.rows, block), reduced, strict=True):
+                    self._scan_block(state, read.start + a, z, read.labels[a:b], rows)
         with single_threaded():  # the sample's last block (its grid betas shared among the pass's threads)
             if start is not None:
                 start.plan_empty(real)  # a process without rows
@@ -274,19 +278,24 @@ class Scan:
         """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.threads.pass_threads`)."""
         return pass_threads(self.device, self.data.numel())
 
-    def _read_rows(self, threads: int, few: bool = False, row_bytes: int = 0) -> int:
-        """Rows per read of a block pass (:func:`tempcal.core.threads.read_rows`). ``few``: the pass keeps a few
-        numbers per block or row, so when the data's chunks are views of a tensor in memory (already on the device,
-        in the compute dtype) one read may take every row: the pass is then one map of its blocks."""
-        data = self.data
-        held = (few and isinstance(data, LogitsData) and not data.binary and data.logits.device == self.device
-                and data.logits.dtype == self.compute_dtype)
-        return read_rows(self.chunk_rows, self.num_classes, threads, data.num_samples if held else None, row_bytes)
+    def _reads(self, threads: int, few: bool = False, row_bytes: int = 0, copies_kept: bool = False
+               ) -> tuple[Iterator[Read], bool]:
+        """The reads of a block pass (:func:`tempcal.core.threads.read_rows` rows each) and whether a thread may take
+        the next read while the others reduce this one (a file read).
 
-    def _reads_ahead(self) -> bool:
-        """Whether the data's reads are tensors of their own (a file read), so a pass may read ahead."""
-        fresh = getattr(self.data, "fresh_chunks", None)
-        return bool(fresh is not None and fresh(self.device))
+        Logits in memory on the device (:func:`tempcal.core.reads.held_rows`) are taken by the threads block by
+        block: when the pass keeps a few numbers per block (``few``), one read may take every row, each block copied
+        (when it must be) into its thread's buffer; ``copies_kept``: the caller keeps the blocks until its read is
+        done, so they are tensors of their own and a read holds the usual few blocks."""
+        data, dtype = self.data, self.compute_dtype
+        held = held_rows(data, self.device)
+        if not (few or copies_kept):
+            held = None  # the pass's results may keep its blocks: the data's own reads
+        whole = held is not None and (few or not held.copies(dtype))
+        rows = read_rows(self.chunk_rows, self.num_classes, threads, data.num_samples if whole else None, row_bytes)
+        fresh = getattr(data, "fresh_chunks", None)
+        ahead = held is None and bool(fresh is not None and fresh(self.device))
+        return data_reads(data, rows, self.device, dtype, held), ahead
 
     def block_pass(self, fn: Callable[[RowBlock, Scratch], R], *, few: bool = False, row_bytes: int = 0
                    ) -> Iterator[R]:
@@ -303,20 +312,20 @@ class Scan:
         threads = self.pass_threads()
         stats, block = self.stats, self.chunk_rows
         neginf = stats.has_neginf.cpu()
-        def plan(read: tuple[int, torch.Tensor, torch.Tensor]) -> tuple[Callable[[int, int], R], int]:
-            start, z, y = read
-            bounds = block_bounds(z.shape[0], block)
+        def plan(read: Read) -> tuple[Callable[[int, int], R], int]:
+            bounds = block_bounds(read.rows, block)
 
             def run(i: int, worker: int) -> R:
                 a, b = bounds[i]
-                s, e = start + a, start + b
-                rows = RowBlock(z[a:b], y[a:b], stats.row_max[s:e], stats.true_gap[s:e], stats.correct[s:e],
-                                bool(neginf[s:e].any()), s)
-                return fn(rows, self.scratch_for(worker))
+                s, e = read.start + a, read.start + b
+                buffers = self.scratch_for(worker)
+                rows = RowBlock(read.take(a, b, buffers), read.labels[a:b], stats.row_max[s:e], stats.true_gap[s:e],
+                                stats.correct[s:e], bool(neginf[s:e].any()), s)
+                return fn(rows, buffers)
             return run, len(bounds)
 
-        reads = self.data.chunks(self._read_rows(threads, few, row_bytes), self.device, self.compute_dtype)
-        for _, results in mapped_reads(reads, plan, threads, self._reads_ahead()):
+        reads, ahead = self._reads(threads, few, row_bytes)
+        for _, results in mapped_reads(reads, plan, threads, ahead):
             with self._visitor_threads():
                 yield from results
 

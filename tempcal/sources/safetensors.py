@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..core.data import PinnedStager, as_logits_data, default_chunk_rows, to_device
+from ..core.data import HeldRows, PinnedStager, as_logits_data, default_chunk_rows, to_device
 from ..errors import DataError, TempcalError, param
 from ..io import safetensors_header
 from ..io.safetensors_header import (
@@ -115,6 +115,10 @@ class ShardedLogits:
 
     def default_chunk_rows(self, device: torch.device) -> int:
         return default_chunk_rows(self.num_classes, device, self.num_samples)
+
+    def held_rows(self, device: torch.device) -> HeldRows | None:
+        """The resident logits and the selected rows, for a pass's threads to take their blocks from (on the CPU)."""
+        return HeldRows(self.resident.load(), self.rows) if device.type == "cpu" and self.resident is not None else None
 
     def fresh_chunks(self, device: torch.device) -> bool:
         """Whether :meth:`chunks` on ``device`` yields tensors of their own (read from the files on the CPU, never a

@@ -292,8 +292,8 @@ def test_ece_search_tie_check_and_apply_on_two_threads_equal_one_thread():
 
 
 def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(monkeypatch):
-    """Logits held in memory in the compute dtype are read at once, so the threads meet once per pass; reads cut
-    shorter (HELD_READ_ROWS) give the same bits, and so do logits that need a conversion (bounded reads)."""
+    """Logits held in memory are read at once, so the threads meet once per pass; logits that need a conversion
+    too (each thread converts its own blocks); reads cut shorter (HELD_READ_ROWS) give the same bits."""
     g = torch.Generator().manual_seed(19)
     z = 3 * torch.randn(3000, 120, generator=g)
     y = torch.randint(0, 120, (3000,), generator=g)
@@ -307,7 +307,7 @@ def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(
     monkeypatch.setattr(threads.BlockPool, "map", counted)
     figures = {}
     with torch_threads(2):
-        for name, logits, held in (("one read", z, None), ("short reads", z, 97 * 3), ("float64", z.double(), None)):
+        for name, logits, held in (("one read", z, None), ("float64", z.double(), None), ("short reads", z, 97 * 3)):
             if held is not None:
                 monkeypatch.setattr(threads, "HELD_READ_ROWS", held)
             scan = Scan(as_logits_data(logits, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS,
@@ -317,7 +317,7 @@ def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(
             figures[name + " maps"] = list(maps)
     assert figures["one read maps"] == [31, 31]  # 3000 rows in blocks of 97: one map per pass
     assert figures["short reads maps"] == [3] * 10 + [1] + [3] * 10 + [1]
-    assert len(figures["float64 maps"]) == 2 * 4  # converted a read at a time: 8 blocks per read
+    assert figures["float64 maps"] == [31, 31]  # converted block by block on the threads
     assert figures["one read"] == figures["short reads"] == figures["float64"]
 
 
@@ -390,6 +390,44 @@ def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp
     assert figures["two threads maps"][:reads] == [9, 9, 9, 1 + (3000 - 3 * 97 * 8 + 96) // 97]
     assert figures["memory maps"][0] == 31  # held in memory: one map, nothing to read ahead
     reference = float(torch.nn.functional.cross_entropy(0.7 * z.double(), y))
+    assert figures["two threads"][2].nll == pytest.approx(reference, rel=1e-6)
+
+
+def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, monkeypatch):
+    """Rows selected from a file kept in memory (a split, a fold): each thread gathers its own blocks, so a pass is
+    one map of its blocks (the validating scan: the usual reads, its blocks kept), and every figure is the bits of
+    one thread and of the same rows copied into memory first."""
+    from safetensors.torch import save_file
+
+    from tempcal import open_source
+
+    g = torch.Generator().manual_seed(31)
+    z = 3 * torch.randn(3000, 120, generator=g)
+    y = torch.randint(0, 120, (3000,), generator=g)
+    save_file({"logits": z, "labels": y}, str(tmp_path / "logits.safetensors"))
+    rows = torch.randperm(3000, generator=g)[:2000].sort().values
+    maps = []
+    original = threads.BlockPool.map
+
+    def counted(self, fn, count, workers):
+        maps.append(count)
+        return original(self, fn, count, workers)
+
+    monkeypatch.setattr(threads.BlockPool, "map", counted)
+    figures = {}
+    for name, count in (("one thread", 1), ("two threads", 2), ("copied", 2)):
+        data = open_source(tmp_path / "logits.safetensors").data
+        assert data.resident is not None
+        data = as_logits_data(z[rows], y[rows]) if name == "copied" else data.select(rows)
+        with torch_threads(count):
+            scan = Scan(data, device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+            maps.clear()
+            figures[name] = (scan.stats, scan.fit_start, scan.objective(0.7), bin_sums(scan, [0.5, 1.3], 15),
+                             scan.per_sample(0.7))
+            figures[name + " maps"] = list(maps)
+    assert _same(figures["one thread"], figures["two threads"]) and _same(figures["copied"], figures["two threads"])
+    assert figures["two threads maps"][:2] == [21, 21]  # 2000 rows in blocks of 97: one map per pass
+    reference = float(torch.nn.functional.cross_entropy(0.7 * z[rows].double(), y[rows]))
     assert figures["two threads"][2].nll == pytest.approx(reference, rel=1e-6)
 
 
