@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from .data import HeldRows, LogitsSource, to_device
-from .threads import Scratch
+from .threads import Scratch, read_rows
 
 
 class Read(NamedTuple):
@@ -51,10 +51,28 @@ def data_reads(data: LogitsSource, rows: int, device: torch.device, dtype: torch
         yield Read(start, stop - start, to_device(labels[start:stop], device, torch.int64), take)
 
 
+def pass_reads(data: LogitsSource, device: torch.device, dtype: torch.dtype, chunk_rows: int, threads: int, *,
+               few: bool = False, row_bytes: int = 0, copies_kept: bool = False) -> tuple[Iterator[Read], bool]:
+    """The reads of a block pass over ``data`` (:func:`tempcal.core.threads.read_rows` rows each) and whether a
+    thread may take the next read while the others reduce this one (a file read).
+
+    Logits in memory on the device are taken by the threads block by block: when the pass keeps a few numbers per
+    block (``few``), one read may take every row, each block copied (when it must be) into its thread's buffer;
+    ``copies_kept``: the caller keeps the blocks until its read is done, so they are tensors of their own and a
+    read holds the usual few blocks. Other passes (their results may keep their blocks) use the data's own reads.
+    """
+    held = held_rows(data, device) if few or copies_kept else None
+    whole = held is not None and (few or not held.copies(dtype))
+    rows = read_rows(chunk_rows, data.num_classes, threads, data.num_samples if whole else None, row_bytes)
+    fresh = getattr(data, "fresh_chunks", None)
+    ahead = held is None and bool(fresh is not None and fresh(device))
+    return data_reads(data, rows, device, dtype, held), ahead
+
+
 def _slicer(z: torch.Tensor) -> Callable[[int, int, Scratch | None], torch.Tensor]:
     def take(a: int, b: int, _: Scratch | None) -> torch.Tensor:
         return z[a:b]
     return take
 
 
-__all__ = ["Read", "data_reads", "held_rows"]
+__all__ = ["Read", "data_reads", "held_rows", "pass_reads"]

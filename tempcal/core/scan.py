@@ -33,9 +33,9 @@ from .data import LogitsSource, compute_dtype, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
-from .reads import Read, data_reads, held_rows
+from .reads import Read, pass_reads
 from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
-from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, read_rows, single_threaded
+from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, single_threaded
 
 R = TypeVar("R")
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
@@ -280,22 +280,9 @@ class Scan:
 
     def _reads(self, threads: int, few: bool = False, row_bytes: int = 0, copies_kept: bool = False
                ) -> tuple[Iterator[Read], bool]:
-        """The reads of a block pass (:func:`tempcal.core.threads.read_rows` rows each) and whether a thread may take
-        the next read while the others reduce this one (a file read).
-
-        Logits in memory on the device (:func:`tempcal.core.reads.held_rows`) are taken by the threads block by
-        block: when the pass keeps a few numbers per block (``few``), one read may take every row, each block copied
-        (when it must be) into its thread's buffer; ``copies_kept``: the caller keeps the blocks until its read is
-        done, so they are tensors of their own and a read holds the usual few blocks."""
-        data, dtype = self.data, self.compute_dtype
-        held = held_rows(data, self.device)
-        if not (few or copies_kept):
-            held = None  # the pass's results may keep its blocks: the data's own reads
-        whole = held is not None and (few or not held.copies(dtype))
-        rows = read_rows(self.chunk_rows, self.num_classes, threads, data.num_samples if whole else None, row_bytes)
-        fresh = getattr(data, "fresh_chunks", None)
-        ahead = held is None and bool(fresh is not None and fresh(self.device))
-        return data_reads(data, rows, self.device, dtype, held), ahead
+        """The reads of a block pass and whether one may be taken ahead (:func:`tempcal.core.reads.pass_reads`)."""
+        return pass_reads(self.data, self.device, self.compute_dtype, self.chunk_rows, threads, few=few,
+                          row_bytes=row_bytes, copies_kept=copies_kept)
 
     def block_pass(self, fn: Callable[[RowBlock, Scratch], R], *, few: bool = False, row_bytes: int = 0
                    ) -> Iterator[R]:
