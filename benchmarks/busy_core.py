@@ -1,7 +1,7 @@
 """A fit while another process keeps a core busy: torch's default threads against one thread and scikit-learn.
 
-The script starts its own busy process (a plain Python loop, pinned to the last usable core, or
-free with ``--busy free``), and measures, each figure in a fresh interpreter, ``fit_temperature``
+The script starts its own busy process (a plain Python loop, pinned to the last usable core, free with
+``--busy free``, or pinned at the lowest priority with ``--busy nice``: a background job), and measures, each figure in a fresh interpreter, ``fit_temperature``
 on seeded float32 logits (2.5 z, labels drawn from softmax(z), as ``fit_vs_peers.py``) in memory
 and streamed from a safetensors file (``TEMPCAL_RESIDENT_BYTES=0``: read a chunk at a time, the
 validating scan included): with torch's default threads and with ``torch.set_num_threads(1)``;
@@ -24,7 +24,7 @@ file), the busy process running: ``ood``, ``fit --estimators all``, ``fit --conf
 median of ``--repeats``).
 
 Run: ``python benchmarks/busy_core.py [--repeats 3] [--sizes 10000x100,50000x1000] [--base DIR]
-[--commands also|only]``
+[--busy pinned|free|nice] [--commands also|only]``
 """
 
 from __future__ import annotations
@@ -184,12 +184,17 @@ def make_data(folder: Path, n: int, c: int) -> None:
 
 
 def start_busy(kind: str) -> subprocess.Popen | None:
-    """A plain Python loop, pinned to the last core this process may use (``pinned``) or free."""
+    """A plain Python loop, pinned to the last core this process may use (``pinned``), free, or pinned at the
+    lowest priority (``nice``: a background job; it also keeps that core from idling between a pass's maps)."""
     if kind == "none":
         return None
     cores = sorted(os.sched_getaffinity(0))
-    pin = (lambda: os.sched_setaffinity(0, {cores[-1]})) if kind == "pinned" else None
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=pin)
+
+    def pin() -> None:
+        os.sched_setaffinity(0, {cores[-1]})
+        if kind == "nice":
+            os.nice(19)
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=None if kind == "free" else pin)
 
 
 def stop_busy(process: subprocess.Popen | None) -> None:
@@ -261,7 +266,8 @@ def main() -> None:
     parser.add_argument("--sizes", default=DEFAULT_SIZES)
     parser.add_argument("--repeats", type=int, default=3, help="fresh processes per figure (the median is shown)")
     parser.add_argument("--fits", type=int, default=3, help="fits per process (its median counts)")
-    parser.add_argument("--busy", choices=("pinned", "free"), default="pinned")
+    parser.add_argument("--busy", choices=("pinned", "free", "nice"), default="pinned",
+                        help="the busy loop: pinned to the last core, free, or pinned at the lowest priority")
     parser.add_argument("--base", help="a checkout of an earlier tempcal to measure alongside (idle and busy)")
     parser.add_argument("--commands", choices=("none", "also", "only"), default="none",
                         help="also (or only) time the CLI commands ood, fit --estimators/--conformal-alpha/--folds")

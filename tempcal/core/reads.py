@@ -56,13 +56,12 @@ def pass_reads(data: LogitsSource, device: torch.device, dtype: torch.dtype, chu
     """The reads of a block pass over ``data`` (:func:`tempcal.core.threads.read_rows` rows each) and whether a
     thread may take the next read while the others reduce this one (a file read).
 
-    Logits in memory on the device are taken by the threads block by block: when the pass keeps a few numbers per
-    block (``few``), one read may take every row, each block copied (when it must be) into its thread's buffer;
-    ``copies_kept``: the caller keeps the blocks until its read is done, so they are tensors of their own and a
-    read holds the usual few blocks. Other passes (their results may keep their blocks) use the data's own reads.
+    Logits in memory on the device are taken by the threads block by block, each copied (when it must be) into
+    its thread's buffer; when the pass keeps a few numbers per block (``few``), one read may take every row.
+    ``copies_kept``: the caller keeps the blocks until its read is done, so copies are tensors of their own.
     """
-    held = held_rows(data, device) if few or copies_kept else None
-    whole = held is not None and (few or not held.copies(dtype))
+    held = held_rows(data, device)
+    whole = held is not None and (few or (copies_kept and not held.copies(dtype)))
     rows = read_rows(chunk_rows, data.num_classes, threads, data.num_samples if whole else None, row_bytes)
     fresh = getattr(data, "fresh_chunks", None)
     ahead = held is None and bool(fresh is not None and fresh(device))

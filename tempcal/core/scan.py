@@ -60,7 +60,8 @@ class RowStats:
 
 @dataclass(frozen=True)
 class RowBlock:
-    """One block of :meth:`Scan.block_pass`: ``chunk_rows`` rows (fewer at the end) and their kept statistics."""
+    """One block of :meth:`Scan.block_pass`: ``chunk_rows`` rows (fewer at the end) and their kept statistics.
+    ``z`` may be the thread's buffer, refilled for its next block: a pass returns figures computed from it."""
 
     z: torch.Tensor  # logits on the device, compute dtype (a binary logit as two classes)
     y: torch.Tensor

@@ -395,7 +395,7 @@ def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp
 
 def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, monkeypatch):
     """Rows selected from a file kept in memory (a split, a fold): each thread gathers its own blocks, so a pass is
-    one map of its blocks (the validating scan: the usual reads, its blocks kept), and every figure is the bits of
+    one map of its blocks (the validating scan and passes keeping much per row: the usual reads), and every figure is the bits of
     one thread and of the same rows copied into memory first."""
     from safetensors.torch import save_file
 
@@ -423,7 +423,7 @@ def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, m
             scan = Scan(data, device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
             maps.clear()
             figures[name] = (scan.stats, scan.fit_start, scan.objective(0.7), bin_sums(scan, [0.5, 1.3], 15),
-                             scan.per_sample(0.7))
+                             scan.per_sample(0.7), scan_scores(scan, [1.0, 0.5]))
             figures[name + " maps"] = list(maps)
     assert _same(figures["one thread"], figures["two threads"]) and _same(figures["copied"], figures["two threads"])
     assert figures["two threads maps"][:2] == [21, 21]  # 2000 rows in blocks of 97: one map per pass
