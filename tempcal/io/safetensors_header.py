@@ -2,7 +2,7 @@
 
 The file's identity (device, inode, size, mtime) is recorded with the header, so a file changed while tempcal
 works on it is noticed, never overwritten. Write-back copies the old data section byte for byte behind a new
-header (:mod:`tempcal.io.atomic`); the "source unchanged" check and the rename run under an advisory ``flock`` on
+header (:mod:`tempcal.io.paths`); the "source unchanged" check and the rename run under an advisory ``flock`` on
 the source, so of concurrent write-backs the first to rename wins and the others refuse, nothing written
 (docs/reliability.md).
 """
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..errors import TempcalError
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
-from .atomic import atomic_path, destination_of
+from .paths import atomic_path, destination_of
 
 try:
     import fcntl

@@ -17,9 +17,8 @@ from typing import Any, BinaryIO
 
 from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
-from .atomic import write_atomic
 from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
-from .paths import check_target
+from .paths import check_target, write_atomic
 
 SIDECAR_SUFFIX = ".tempcal.json"
 SIDECAR_VERSION = 1

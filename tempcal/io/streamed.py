@@ -1,7 +1,7 @@
 """Tensors written chunk by chunk, never held whole: safetensors, ``.npz`` and ``.npy`` files.
 
 Every tensor's dtype and shape are known before its first chunk, so the header (as the safetensors library or
-``numpy.savez`` writes it) goes first and the chunks follow, into :func:`tempcal.io.atomic.atomic_path`'s file.
+``numpy.savez`` writes it) goes first and the chunks follow, into :func:`tempcal.io.paths.atomic_path`'s file.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import TempcalError
-from .atomic import atomic_path
+from .paths import atomic_path
 from .safetensors_header import dtype_code, encode_header, laid_out
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ import torch
 
 from ..core.data import resolve_device
 from ..errors import TempcalError, param
-from ..io.atomic import write_bytes_atomic
+from ..io.paths import write_bytes_atomic
 from ..validation import as_temperature, format_temperature, stored_temperature
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet
 from .batching import Limits, batch_limits, fit_batches, unwrapped

@@ -18,7 +18,7 @@ import torch
 from ..core.data import resolve_device
 from ..core.precision import tf32_allowed
 from ..errors import TempcalError, param
-from ..io.atomic import atomic_path
+from ..io.paths import atomic_path
 from ..validation import as_temperature
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
 from .onnx_graph import (

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import TempcalError, param
-from ..io.atomic import write_bytes_atomic
+from ..io.paths import write_bytes_atomic
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature
 from . import torchscript
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, load_model, runtime
