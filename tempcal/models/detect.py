@@ -17,10 +17,8 @@ TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 EXPORT_SUFFIX, ONNX_SUFFIX = ".pt2", ".onnx"
 #: Every suffix a model SOURCE may have.
 MODEL_SUFFIXES = (EXPORT_SUFFIX, ONNX_SUFFIX, *TORCHSCRIPT_SUFFIXES)
-#: Each format and the module of ``tempcal.models`` that loads it (``load(path, device) -> LoadedModel``) and
-#: writes it calibrated (``save_calibrated(model, temperature, out_path, *, output_key, check_inputs)``).
-FORMATS = {"export": "export", "onnx": "onnx", "torchscript": "torchscript"}
-#: How messages name each format.
+#: How messages name each format; each is also the name of the ``tempcal.models`` module that loads it
+#: (``load(path, device) -> LoadedModel``) and writes it calibrated (``save_calibrated``).
 FORMAT_NAMES = {"export": "an exported program (.pt2)", "onnx": "an ONNX model", "torchscript": "a TorchScript model"}
 #: How to save a model so that tempcal can read it (shown in errors).
 HOW_TO_SAVE = "save it with torch.jit.save(torch.jit.script(model), PATH)"
@@ -120,6 +118,6 @@ def save_format(source: str | os.PathLike, out_path: str | os.PathLike) -> str:
                        f"tempcal writes {_CAN_WRITE[have]}")
 
 
-__all__ = ["EXPORT_SUFFIX", "FORMATS", "FORMAT_NAMES", "HOW_TO_SAVE", "MODEL_SUFFIXES", "ONNX_SUFFIX",
+__all__ = ["EXPORT_SUFFIX", "FORMAT_NAMES", "HOW_TO_SAVE", "MODEL_SUFFIXES", "ONNX_SUFFIX",
            "TORCHSCRIPT_SUFFIXES", "WRITES", "archive_kind", "is_model_path", "looks_like_model", "model_format",
            "save_format"]

@@ -22,9 +22,8 @@ from ..core.data import resolve_device
 from ..errors import TempcalError, param
 from ..io.paths import write_bytes_atomic
 from ..validation import as_temperature, format_temperature, stored_temperature
-from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet
+from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
 from .batching import Limits, batch_limits, fit_batches, unwrapped
-from .op_check import refused_line
 from .pt2_archive import (
     PROGRAM,
     TEMPERATURE_FILE,

@@ -19,8 +19,7 @@ from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
 from ..validation import as_temperature
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
-from .inputs import InputsFile
-from .run import bounded_batches, check_batch_size, progress_bar, select_output
+from .run import InputsFile, bounded_batches, check_batch_size, progress_bar, select_output
 
 if TYPE_CHECKING:
     from rich.console import Console

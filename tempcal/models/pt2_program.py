@@ -2,7 +2,7 @@
 
 torch's deserializer calls any ``torch.*`` name a node targets, ``eval``s symbolic sizes (``expr_str``) through
 sympy and ``exec``s ``guards_code``. So every node, nested subgraphs included, must call an operator
-:func:`tempcal.models.op_check.schema_refusal` allows, a higher-order operator of :data:`_HIGHER_ORDER` or
+:func:`tempcal.models.base.schema_refusal` allows, a higher-order operator of :data:`_HIGHER_ORDER` or
 torch's size arithmetic; every ``expr_str`` is parsed with ``ast``, never evaluated; the checked copy carries
 no ``guards_code`` (:func:`without_guards`). :func:`graph_refusal` checks the deserialized graph the same way.
 """
@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import TempcalError
-from .op_check import refused_line, schema_refusal
+from .base import refused_line, schema_refusal
 
 #: torch's higher-order operators that only run nested subgraphs (of the same program, checked the same way).
 _HIGHER_ORDER = frozenset({"cond", "while_loop", "map_impl", "scan", "associative_scan", "invoke_subgraph",

@@ -1,5 +1,6 @@
 """Running a loaded model over an inputs file in batches: its logits, checked batch by batch.
 
+An inputs file is safetensors with ``inputs`` ``[N, ...]``, read in row slices, and optional integer ``labels``.
 Every format runs the same way (``model.net(x)``, see :class:`~tempcal.models.base.LoadedModel`), in eval
 semantics under ``torch.inference_mode`` and without TF32 on CUDA; any failure becomes one line naming the
 batch, its rows and the inputs' shape. A transient progress bar shows on a terminal.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,14 +20,60 @@ import torch
 from ..core.limits import bounded_batch_size
 from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
-from ..io.safetensors_header import shown
-from ..validation import whole_number
+from ..io.safetensors_header import check_unchanged, dtype_name, read_header, read_tensor, shown
+from ..validation import check_labels, whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
 from .batching import run_batch_size
-from .inputs import InputsFile
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+
+class InputsFile:
+    """A checked inputs file: the inputs tensor is read in row slices, the labels (if any) whole."""
+
+    def __init__(self, path: str | os.PathLike, inputs_key: str = "inputs") -> None:
+        self.path = Path(path)
+        self.key = inputs_key
+        self.header = read_header(self.path)
+        if inputs_key not in self.header.tensors:
+            read_tensor(self.header, inputs_key, option=param("inputs_key"))  # raises, listing the keys present
+        info = self.header.tensors[inputs_key]
+        if not info.shape:
+            raise DataError(f"{self.path}: '{inputs_key}' is a scalar; expected inputs [N, ...] with one row per "
+                            "sample")
+        self.shape = tuple(info.shape)
+        self.dtype = info.dtype
+        if self.num_samples < 1:
+            raise DataError(f"{self.path}: '{inputs_key}' holds no samples (shape {list(self.shape)})")
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.shape[0])
+
+    def describe(self) -> str:
+        return f"{self.path} '{self.key}' {list(self.shape)} {dtype_name(self.dtype)}"
+
+    def labels(self, key: str = "labels", *, optional: bool = False) -> torch.Tensor | None:
+        """Integer labels ``[N]`` (``[N, 1]`` is accepted); None when absent and ``optional``."""
+        if key not in self.header.tensors and optional:
+            return None
+        labels = read_tensor(self.header, key, option=param("labels_key"))
+        return check_labels(labels, (self.num_samples,), f"{self.path}: ", key, self.key)
+
+    def batches(self, batch_size: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """``(start, stop, inputs[start:stop])`` read slice by slice from the file."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                rows = f.get_slice(self.key)
+                for start in range(0, self.num_samples, batch_size):
+                    stop = min(start + batch_size, self.num_samples)
+                    yield start, stop, rows[start:stop]
+        except Exception as exc:  # whatever the reader makes of a damaged file: one line
+            raise TempcalError(f"{self.path}: cannot read tensor '{self.key}': {error_line(exc)}") from None
+        check_unchanged(self.path, self.header.stamp, since="tempcal read its header")
 
 
 def select_output(out: Any, output_key: OutputKey, name: str = "the model") -> torch.Tensor:
@@ -152,4 +200,5 @@ def placeholder_labels(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(1)
 
 
-__all__ = ["as_index", "check_batch_size", "placeholder_labels", "progress_bar", "run_model", "select_output"]
+__all__ = ["InputsFile", "as_index", "check_batch_size", "placeholder_labels", "progress_bar", "run_model",
+           "select_output"]

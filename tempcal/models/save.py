@@ -20,8 +20,7 @@ from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature
 from . import torchscript
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, load_model, runtime
 from .detect import save_format
-from .inputs import InputsFile
-from .run import as_index, select_output
+from .run import InputsFile, as_index, select_output
 
 if TYPE_CHECKING:
     from ..core.data import LogitsData
