@@ -258,7 +258,7 @@ def _parse_json(path: Path, raw: bytes) -> dict:
     except UnicodeDecodeError:
         raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
     except _Duplicate as exc:
-        raise TempcalError(f"{path}: not a valid safetensors header (key {shown(exc.key)} appears twice)") from None
+        raise TempcalError(f"{path}: not a valid safetensors header (key {shown(exc.args[0])} appears twice)") from None
     except (ValueError, RecursionError):  # JSONDecodeError, integers past Python's digit limit, deep nesting
         raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
     if not isinstance(parsed, dict):
@@ -267,9 +267,7 @@ def _parse_json(path: Path, raw: bytes) -> dict:
 
 
 class _Duplicate(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
+    """A key the header holds twice (its one argument)."""
 
 
 def _is_count(value: object) -> bool:

@@ -122,11 +122,10 @@ def graph_module(program: ExportedProgram, temperature: float | None, label: str
 
 #: Ops whose "train" argument (by position and name) makes them behave differently in training mode.
 _TRAIN_ARGUMENT = {
-    "aten.dropout.default": (2, "train"), "aten.native_dropout.default": (2, "train"),
-    "aten.feature_dropout.default": (2, "train"), "aten.alpha_dropout.default": (2, "train"),
-    "aten.feature_alpha_dropout.default": (2, "train"), "aten.batch_norm.default": (5, "training"),
-    "aten.native_batch_norm.default": (5, "training"), "aten._native_batch_norm_legit.default": (5, "training"),
-    "aten._native_batch_norm_legit_functional.default": (5, "training"),
+    **{f"aten.{op}.default": (2, "train") for op in ("dropout", "native_dropout", "feature_dropout", "alpha_dropout",
+                                                     "feature_alpha_dropout")},
+    **{f"aten.{op}.default": (5, "training") for op in ("batch_norm", "native_batch_norm", "_native_batch_norm_legit",
+                                                        "_native_batch_norm_legit_functional")},
 }
 #: Ops that only exist in training-mode graphs (batch statistics, running-stat updates).
 _TRAIN_ONLY = frozenset({"aten._batch_norm_with_update.default", "aten._batch_norm_with_update_functional.default",
@@ -155,9 +154,7 @@ def training_nodes(program: ExportedProgram) -> list[str]:
 
 def program_temperature(program: ExportedProgram, label: str = "the program") -> float | None:
     """The T a calibrated program divides by (its ``tempcal_temperature`` buffer), None for any other program."""
-    value = program.state_dict.get(TEMPERATURE_BUFFER)
-    if value is None:
-        value = program.constants.get(TEMPERATURE_BUFFER)
+    value = program.state_dict.get(TEMPERATURE_BUFFER, program.constants.get(TEMPERATURE_BUFFER))
     if value is None:
         return None
     if not isinstance(value, torch.Tensor) or value.numel() != 1:

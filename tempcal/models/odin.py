@@ -17,9 +17,9 @@ import torch
 
 from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
-from ..validation import as_temperature
+from ..validation import as_temperature, whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
-from .run import InputsFile, bounded_batches, check_batch_size, progress_bar, select_output
+from .run import InputsFile, bounded_batches, progress_bar, select_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -101,12 +101,9 @@ def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, ba
         if inputs.dim() < 1 or inputs.shape[0] < 1:
             raise DataError(f"ODIN inputs of shape {list(inputs.shape)} hold no samples")
         rows = int(inputs.shape[0])
-
-        def batches() -> Iterator[tuple[int, int, torch.Tensor]]:
-            for start in range(0, rows, batch_size):
-                yield start, min(start + batch_size, rows), inputs[start : start + batch_size]
-
-        return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", batches
+        return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", lambda: (
+            (start, min(start + batch_size, rows), inputs[start:start + batch_size])
+            for start in range(0, rows, batch_size))
     source = InputsFile(inputs, inputs_key)
     batch_size = bounded_batches(batch_size, source, device)
     return source.num_samples, source.describe(), lambda: source.batches(batch_size)
@@ -117,7 +114,7 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
                 inputs_key: str = "inputs", output_key: OutputKey = None, progress: bool | Console = False
                 ) -> torch.Tensor:
     """Per-sample ODIN scores (float64 ``[N]``, higher = more in-distribution) of ``inputs`` at ``tau``."""
-    check_batch_size(batch_size)
+    whole_number(batch_size, param("batch_size"))
     tau = as_temperature(tau, f"{param('tau')} (ODIN)")
     eps = check_eps(eps)
     if not isinstance(model, LoadedModel):

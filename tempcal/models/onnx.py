@@ -7,6 +7,7 @@ input rows before anything is written, and copies external data into ``OUT.data`
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 from pathlib import Path
@@ -25,9 +26,7 @@ from .onnx_graph import (
     OnnxInfo,
     add_division,
     all_tensors,
-    copy_model,
     import_onnx,
-    import_onnxruntime,
     inspect_onnx,
     select_output_name,
     strip_calibration,
@@ -103,7 +102,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     info = inspect_onnx(path)
     model = info.model
     if info.temperature is not None:
-        model = copy_model(model)
+        model = copy.deepcopy(model)
         strip_calibration(model)
     _check_one_input(info)
     session = session_for(model, info.folder, str(path), providers)
@@ -120,7 +119,7 @@ def _check_one_input(info: OnnxInfo) -> None:
 def _providers(device: str | torch.device) -> list[Any]:
     """onnxruntime's execution providers for ``device``: CUDA (without TF32 unless ``TEMPCAL_ALLOW_TF32=1``) when
     asked for and available."""
-    ort = import_onnxruntime()
+    ort = import_onnx("onnxruntime")
     target = resolve_device(device)
     if target.type != "cuda":
         return ["CPUExecutionProvider"]
@@ -136,7 +135,7 @@ def _providers(device: str | torch.device) -> list[Any]:
 def session_for(model: onnx.ModelProto, folder: Path, label: str,
                 providers: list[Any] | None = None) -> onnxruntime.InferenceSession:
     """A session for the checked ``model`` (given as bytes; external data resolved in ``folder``)."""
-    ort = import_onnxruntime()
+    ort = import_onnx("onnxruntime")
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: its logs (errors too) go straight to the terminal, bypassing tempcal
     options.add_session_config_entry(_EXTERNAL_FOLDER_OPTION, str(folder))
@@ -158,10 +157,10 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     info = inspect_onnx(model.path)
     label = str(info.path)
     _check_one_input(info)
-    original = copy_model(info.model)
+    original = copy.deepcopy(info.model)
     strip_calibration(original)
     output = select_output_name(tuple(o.name for o in original.graph.output), output_key, label)
-    calibrated = copy_model(original)
+    calibrated = copy.deepcopy(original)
     add_division(calibrated, output, value, label)
     _check_calibrated(original, calibrated, info, output, value, check_inputs)
     out = Path(out_path)

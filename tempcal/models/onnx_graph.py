@@ -47,21 +47,13 @@ class OnnxInfo:
     external: tuple[tuple[str, str], ...]  # (tensor name, location) of every tensor with external data
 
 
-def _import(package: str) -> Any:
+def import_onnx(package: str = "onnx") -> Any:
     """``package`` (``onnx`` or ``onnxruntime``), or a one-line error naming the extra to install."""
     try:
         return importlib.import_module(package)
     except ImportError:
         raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the '{package}' package is not "
                            "installed)") from None
-
-
-def import_onnx() -> Any:
-    return _import("onnx")
-
-
-def import_onnxruntime() -> Any:
-    return _import("onnxruntime")
 
 
 # -- inspecting -----------------------------------------------------------------------------------
@@ -265,12 +257,6 @@ def _as_count(text: str, where: str) -> int:
 
 
 # -- editing: tempcal's division by T ------------------------------------------------------------
-def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = type(model)()
-    copy.CopyFrom(model)
-    return copy
-
-
 def _graph_names(graph: onnx.GraphProto) -> set[str]:
     """Every value, initializer and node name in ``graph`` and its subgraphs (to make new names unique)."""
     names = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
@@ -361,7 +347,6 @@ def _set_metadata(model: onnx.ModelProto, value: str | None) -> None:
         entry.key, entry.value = key, text
 
 
-
 def select_output_name(outputs: tuple[str, ...], output_key: str | int | None, label: str) -> str:
     """The output ``output_key`` names, chosen as when the model runs as a SOURCE (``--output-key NAME`` among
     several outputs; none for a model with one output)."""
@@ -378,5 +363,5 @@ def select_output_name(outputs: tuple[str, ...], output_key: str | int | None, l
     return str(output_key)
 
 
-__all__ = ["DIV_NODE", "INSTALL_HINT", "OnnxInfo", "add_division", "all_tensors", "copy_model", "import_onnx",
-           "import_onnxruntime", "inspect_onnx", "select_output_name", "strip_calibration"]
+__all__ = ["DIV_NODE", "INSTALL_HINT", "OnnxInfo", "add_division", "all_tensors", "import_onnx", "inspect_onnx",
+           "select_output_name", "strip_calibration"]

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TempcalError, param
+from ..io.sidecar import check_regular_file
 from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import error_line
 from .pt2_program import check_program_json, without_guards
@@ -76,10 +77,7 @@ def open_archive(source: str | os.PathLike | bytes) -> Iterator[zipfile.ZipFile]
     if isinstance(source, bytes):
         stream: Any = io.BytesIO(source)
     else:
-        if not os.path.exists(source):
-            raise TempcalError(f"{label}: no such file")
-        if not os.path.isfile(source):
-            raise TempcalError(f"{label}: not a regular file")
+        check_regular_file(source)
         try:
             stream = open(source, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:

@@ -148,10 +148,6 @@ def progress_bar(progress: bool | Console, description: str, total: int) -> Iter
         yield bar.advance
 
 
-def check_batch_size(batch_size: int) -> int:
-    return whole_number(batch_size, param("batch_size"))
-
-
 def bounded_batches(batch_size: int, source: InputsFile, device: Any) -> int:
     """``batch_size`` cut to the rows of ``source``, refused when one batch of inputs would not fit on the host or
     on ``device``."""
@@ -179,7 +175,8 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
 def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
               output_key: OutputKey = None, progress: bool | Console = True) -> torch.Tensor:
     """The model's logits over every row of ``source`` (on the CPU), run batch by batch under inference mode."""
-    batch_size = bounded_batches(run_batch_size(model.net, check_batch_size(batch_size)), source, model.device)
+    batch_size = whole_number(batch_size, param("batch_size"))
+    batch_size = bounded_batches(run_batch_size(model.net, batch_size), source, model.device)
     parts: list[torch.Tensor] = []
     classes = None
     with progress_bar(progress, f"running {Path(model.name).name}", source.num_samples) as advance, \
@@ -200,5 +197,4 @@ def placeholder_labels(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(1)
 
 
-__all__ = ["InputsFile", "as_index", "check_batch_size", "placeholder_labels", "progress_bar", "run_model",
-           "select_output"]
+__all__ = ["InputsFile", "as_index", "placeholder_labels", "progress_bar", "run_model", "select_output"]

@@ -106,21 +106,6 @@ def forward_schema(model: torch.nn.Module):
         return None
 
 
-def strip_debug_info(blob: bytes) -> bytes:
-    """A saved TorchScript archive without its ``.debug_pkl`` records (source file paths): reproducible bytes
-    for the shipped example model; the model runs the same."""
-    reader = torch._C.PyTorchFileReader(io.BytesIO(blob))
-    out = io.BytesIO()
-    writer = torch._C.PyTorchFileWriter(out)
-    for record in reader.get_all_records():
-        if record.endswith(".debug_pkl") or record == ".data/serialization_id":
-            continue  # the writer adds its own serialization id
-        data = reader.get_record(record)
-        writer.write_record(record, data, len(data))
-    writer.write_end_of_file()
-    return out.getvalue()
-
-
 # -- checked before torch loads it, and before anything of it runs ------------------------------------
 #: Interpreter nodes without a schema that only build values or steer control flow.
 _STRUCTURAL = frozenset({
@@ -292,4 +277,4 @@ def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
 
 
 __all__ = ["TEMPERATURE_FILE", "buffer_temperature", "forward_schema", "load", "load_bytes", "quiet_jit",
-           "script_and_save", "strip_debug_info", "to_graph_module"]
+           "script_and_save", "to_graph_module"]
