@@ -1,7 +1,5 @@
-"""Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and digits.
-
-A FIFO, ``/dev/zero`` or JSON nested 100,000 deep become specific exceptions carrying what the caller's
-one-line message needs (kind of file, size, line and column); the callers word the messages.
+"""Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and
+digits; each refusal an exception carrying what the caller's one-line message names (kind, size, line and column).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""The files of a Hugging Face model folder, read as untrusted input: its JSON bounded, its links kept inside.
-
-Every file the folder names is a plain file name; a link is followed only to a file inside the folder or, in
-the hub's cache (``models--ORG--NAME/snapshots/REV/`` linking to ``../../blobs/HASH``), inside ``blobs/``.
+"""The files of a Hugging Face model folder, read as untrusted input: JSON bounded, plain file names, and links
+followed only inside the folder or, in the hub's cache, into the repository's ``blobs/``.
 """
 
 from __future__ import annotations

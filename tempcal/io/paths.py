@@ -1,6 +1,5 @@
-"""Where and how tempcal writes a file: the checks every output path passes (before any work and again at the
-rename), and :func:`atomic_path`, the one way a file is written (a locked temporary file beside it, fsynced, renamed
-over it; one a killed process left is swept once a minute old), so a crash leaves the old file or the complete new one.
+"""Where and how tempcal writes a file: the checks every output path passes (before any work and at the rename),
+and :func:`atomic_path`, the one way a file is written, so that a crash leaves the old file or the complete new one.
 """
 
 from __future__ import annotations

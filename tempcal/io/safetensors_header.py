@@ -1,10 +1,5 @@
-"""Safetensors files' headers: read and checked before any tensor is read; T written into the metadata.
-
-The file's identity (device, inode, size, mtime) is recorded with the header, so a file changed while tempcal
-works on it is noticed, never overwritten. Write-back copies the old data section byte for byte behind a new
-header (:mod:`tempcal.io.paths`); the "source unchanged" check and the rename run under an advisory ``flock`` on
-the source, so of concurrent write-backs the first to rename wins and the others refuse, nothing written
-(docs/reliability.md).
+"""Safetensors headers, read and checked before any tensor is; T written back into the metadata, refused when the
+file changed since it was read (its identity kept with the header; the check and the rename under ``flock``).
 """
 
 from __future__ import annotations

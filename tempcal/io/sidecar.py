@@ -1,7 +1,5 @@
-"""T for files that have no metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file.
-
-The sidecar records the file's size, mtime and SHA-256, so one left behind by an older version of the file is
-noticed and its T ignored. It is written atomically and never through a link.
+"""T for files without metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file, written atomically,
+recording the file's size, mtime and SHA-256, so that one left by an older version of the file is ignored.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Tensors written chunk by chunk, never held whole: safetensors, ``.npz`` and ``.npy`` files.
-
-Every tensor's dtype and shape are known before its first chunk, so the header (as the safetensors library or
-``numpy.savez`` writes it) goes first and the chunks follow, into :func:`tempcal.io.paths.atomic_path`'s file.
+"""Tensors written chunk by chunk, never held whole, as safetensors, ``.npz`` or ``.npy``: every dtype and shape is
+known before the first chunk, so the header goes first, into :func:`tempcal.io.paths.atomic_path`'s file.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""What every model format gives the rest of tempcal: a loaded model that maps an inputs batch to outputs.
-
-A calibrated model saved by tempcal divides the selected logits of the original by T (a wrapper
-for TorchScript, a division added to the graph for ``.pt2`` and ONNX); loading one gives back the
-original (``net``) and T (``temperature``), so ``--tau`` means what it means for a logits file
-holding T in its metadata: the default (the stored T) reproduces the calibrated outputs, ``--tau 1``
-the original's. :func:`load_model` loads any format, picked by :func:`tempcal.models.detect.model_format`.
+"""What every model format gives the rest of tempcal, :class:`LoadedModel` (the original's ``net`` and a calibrated
+model's T, so the default ``--tau`` reproduces the calibrated outputs), and what the formats share.
 """
 
 from __future__ import annotations

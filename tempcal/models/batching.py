@@ -1,7 +1,5 @@
-"""Exported programs that take only some batch sizes (a static export, a bounded ``Dim``), run on any number of rows.
-
-:class:`FittedBatches` runs rows in chunks the program accepts, padding a short chunk by repeating its last row
-and dropping the padding's outputs (rows of a model in eval mode do not see each other).
+"""Exported programs that take only some batch sizes (a static export, a bounded ``Dim``), run on any number of rows
+in chunks they accept (a short chunk padded by repeating its last row, the padding's outputs dropped).
 """
 
 from __future__ import annotations

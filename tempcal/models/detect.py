@@ -1,7 +1,5 @@
-"""Which model format a file holds, read from its suffix, first bytes and zip directory only (nothing is unpickled).
-
-``.onnx`` is told by its suffix (protobuf has no magic bytes); ``.pt``/``.pth`` may also be dicts of tensors
-(logits files), models only when their zip directory says so or ``--inputs`` is given. Imports no torch or onnx.
+"""Which model format a file holds, from its suffix, first bytes and zip directory only (nothing unpickled, no torch
+imported): ``.onnx`` by suffix; ``.pt``/``.pth`` models only when their zip says so or ``--inputs`` is given.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""``torch.export`` programs (``.pt2``): loaded without unpickling anything, run as a SOURCE, written calibrated.
-
-Only a fresh copy of the members :mod:`tempcal.models.pt2_archive` checked reaches torch. Writing turns the
-original (or a TorchScript model, via :func:`tempcal.models.torchscript.to_graph_module`) into a flat graph,
-removes a calibrated source's division, and adds ``(logits.double() / T).to(logits.dtype)`` with T in a float64
-buffer; the program is exported with the source's batch sizes, reloaded safely and checked before it is written.
+"""``torch.export`` programs (``.pt2``): loaded from a checked copy without unpickling anything, run as a SOURCE,
+and written calibrated (``(logits.double() / T).to(logits.dtype)`` added to the graph, reloaded and checked first).
 """
 
 from __future__ import annotations

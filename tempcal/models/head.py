@@ -1,8 +1,5 @@
-"""A language model's output layer read from a file, and the logits it gives for a block of hidden states.
-
-HEAD is a safetensors file (``weight`` [V, d], optional ``bias``) or a Hugging Face model folder
-(docs/language-models.md says which weight and which ``config.json`` scalings apply). Logits are computed in
-float32 (float64 for float64 hidden states) without TF32, the weight widened one vocabulary tile at a time.
+"""A language model's output layer (a safetensors file or a Hugging Face model folder: docs/language-models.md) and
+the logits it gives for a block of hidden states, in float32 (float64 for float64 states) without TF32, tile by tile.
 """
 
 from __future__ import annotations

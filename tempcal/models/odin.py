@@ -1,8 +1,5 @@
-"""ODIN scores (Liang et al., ICLR 2018): max softmax at tau after a small input step that raises it.
-
-Each input moves by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)`` and is scored
-by ``max softmax(f(x') / tau)``; it needs autograd (a ``.pt2`` or TorchScript model) and ``eps = 0`` is the
-plain MSP at tau. A calibrated model runs through its original.
+"""ODIN scores (Liang et al., ICLR 2018): ``max softmax(f(x') / tau)`` after a step of ``eps`` up the gradient of
+the max log-softmax; it needs autograd (a ``.pt2`` or TorchScript model); a calibrated model runs its original.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""ONNX models (an optional extra: ``pip install 'tempcal[onnx]'``): run with onnxruntime, written calibrated.
-
-The runtime gets the checked model's bytes (:mod:`tempcal.models.onnx_graph`), so the model that runs is the
-one that was checked. Writing appends ``Div(logits, T)`` to the chosen output, runs both models on the first
-input rows before anything is written, and copies external data into ``OUT.data`` beside the output.
+"""ONNX models (``pip install 'tempcal[onnx]'``): the checked model's bytes run by onnxruntime, and written
+calibrated (``Div(logits, T)`` appended; both models run before anything is written; external data to ``OUT.data``).
 """
 
 from __future__ import annotations

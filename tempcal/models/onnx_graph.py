@@ -1,9 +1,5 @@
 """An ONNX model read without running it: checked (docs/models.md, "What is checked before a model runs") and
-edited (tempcal's division by T added or removed). :mod:`tempcal.models.onnx` runs and writes models.
-
-A calibrated model divides the chosen output by a scalar initializer ``tempcal_temperature`` in a ``Div`` node
-named ``tempcal_divide_by_temperature`` (the edge that fed the output renamed ``NAME_uncalibrated``), and holds
-T in ``metadata_props`` under ``tempcal.temperature``; the two must agree.
+edited: tempcal's ``Div`` by T (node ``tempcal_divide_by_temperature``; T also in ``metadata_props``, the two agreeing).
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The ``.pt2`` archive checked member by member before torch sees it: nothing in it is unpickled or executed.
-
-``torch.export.load`` has no ``weights_only`` switch and unpickles or runs several members (docs/models.md,
-"What is checked before a model runs"). :func:`inspect_pt2` reads the zip directory and the small JSON members
-only and refuses, by allowlist, any member torch would unpickle or execute; :func:`write_checked_copy` copies
-the checked members into a fresh archive (sample inputs empty, no ``guards_code``), the only one torch reads.
-Both read through one open handle, so swapping the file between check and load changes nothing.
+"""The ``.pt2`` archive checked member by member (docs/models.md, "What is checked before a model runs"): nothing
+torch would unpickle or execute; only a fresh copy of the checked members, read through one handle, reaches torch.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""The program JSON of a ``.pt2`` archive checked before torch reads it: what it calls, and what torch evaluates.
-
-torch's deserializer calls any ``torch.*`` name a node targets, ``eval``s symbolic sizes (``expr_str``) through
-sympy and ``exec``s ``guards_code``. So every node, nested subgraphs included, must call an operator
-:func:`tempcal.models.base.schema_refusal` allows, a higher-order operator of :data:`_HIGHER_ORDER` or
-torch's size arithmetic; every ``expr_str`` is parsed with ``ast``, never evaluated; the checked copy carries
-no ``guards_code`` (:func:`without_guards`). :func:`graph_refusal` checks the deserialized graph the same way.
+"""A ``.pt2`` program checked before torch reads it: every node an allowed operator (nested graphs included), every
+symbolic size parsed with ``ast``, never evaluated, and no ``guards_code`` (torch would call, eval and exec them).
 """
 
 from __future__ import annotations

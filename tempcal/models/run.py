@@ -1,9 +1,5 @@
-"""Running a loaded model over an inputs file in batches: its logits, checked batch by batch.
-
-An inputs file is safetensors with ``inputs`` ``[N, ...]``, read in row slices, and optional integer ``labels``.
-Every format runs the same way (``model.net(x)``, see :class:`~tempcal.models.base.LoadedModel`), in eval
-semantics under ``torch.inference_mode`` and without TF32 on CUDA; any failure becomes one line naming the
-batch, its rows and the inputs' shape. A transient progress bar shows on a terminal.
+"""Running a loaded model over an inputs file (safetensors ``inputs`` ``[N, ...]`` read in row slices, optional
+integer ``labels``) in batches, in eval semantics without TF32: its logits, checked batch by batch; a failure one line.
 """
 
 from __future__ import annotations

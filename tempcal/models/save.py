@@ -1,9 +1,5 @@
-"""Writing what a model SOURCE gives: its logits as a logits file, and the model calibrated.
-
-:func:`save_calibrated_model` writes the format ``--save-model PATH``'s suffix names (``.pt2``: :mod:`.export`,
-``.onnx``: :mod:`.onnx`, TorchScript: here, the original wrapped as submodule ``original`` and its selected
-logits divided by the float64 buffer ``tempcal_temperature``); nothing is written before the saved bytes,
-loaded back, reproduce the original's logits divided by T.
+"""Writing what a model SOURCE gives: its logits as a logits file, and the model calibrated in the format the output's
+suffix names (TorchScript here, as a wrapper), written only once the saved bytes reproduce the logits divided by T.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""TorchScript models (legacy; torch has deprecated TorchScript): checked, then loaded by torch's TorchScript importer.
-
-``torch.jit.load`` calls a file's ``__setstate__``, so the code records are parsed with ``ast`` first and a file
-defining it (or ``__getstate__``) is refused; then every function compiled from the file is walked: each node must
-pass :func:`tempcal.models.base.schema_refusal` or be structural (:data:`_STRUCTURAL`), and each call must reach a
-function of the file (docs/models.md, "What is checked before a model runs"). A calibrated model's T is its float64
-buffer ``tempcal_temperature`` and the extra file ``tempcal.temperature`` (read as text, never unpickled).
-:func:`to_graph_module` is the migration path to a ``.pt2`` exported program.
+"""TorchScript models (legacy; deprecated by torch): checked before torch loads them (code records parsed with ``ast``
+for ``__setstate__``, every compiled node an allowed operator), loaded, written calibrated, converted to ``.pt2``.
 """
 
 from __future__ import annotations
