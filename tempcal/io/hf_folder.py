@@ -120,5 +120,5 @@ def _plain_name(file: object) -> bool:
             and "\x00" not in file)
 
 
-__all__ = ["CONFIG_NAME", "INDEX_NAME", "MAX_CONFIG_BYTES", "MAX_INDEX_BYTES", "SINGLE_NAME", "check_model_folder",
-           "checkpoint_file", "read_json", "weight_map"]
+__all__ = ["CONFIG_NAME", "INDEX_NAME", "MAX_CONFIG_BYTES", "SINGLE_NAME", "check_model_folder", "checkpoint_file",
+           "read_json", "weight_map"]

@@ -37,11 +37,8 @@ def destination_of(path: str | os.PathLike) -> Path:
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None,
                 guard: Callable[[], AbstractContextManager[object]] | None = None) -> Iterator[Path]:
-    """Yield a temporary path beside ``path``; when the block succeeds it is fsynced and renamed over ``path``.
-
-    ``mode`` defaults to the existing file's permissions, else ``open(path, "w")``'s. A destination that fails
-    :func:`check_target` is refused; on any failure the destination is untouched.
-    """
+    """Yield a temporary path beside ``path`` (checked by :func:`check_target`); when the block succeeds it is
+    fsynced and renamed over ``path`` (``mode``: by default the old file's), else ``path`` is untouched."""
     label = f"{what} {path}" if what else str(path)
     destination = check_target(path, label)
     folder = destination.parent if str(destination.parent) else Path(".")
@@ -316,10 +313,8 @@ def check_named_once(paths: Sequence[str | os.PathLike]) -> None:
 def check_distinct(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]], *,
                    appends: Iterable[str] = (), folders: Sequence[tuple[str, str]] = (),
                    writable: Iterable[str] = (), updates: Sequence[tuple[str, str]] = ()) -> None:
-    """Every output is a file of its own: not an input, not another output (``(label, path)`` pairs; outputs
-    labelled in ``appends`` are appended to rather than replaced), and not inside a read-only model folder of
-    ``folders`` (``(option, folder)`` pairs) unless labelled in ``writable``; nor is a file of ``updates``, the
-    inputs written back into. The first clash is an error naming both."""
+    """Every output (``(label, path)``; ``appends`` labels those appended to) is no input and no other output, and
+    no output (but those ``writable``) nor any of ``updates`` lies in a model folder of ``folders``: else one line."""
     appending, allowed = set(appends), set(writable)
     members = [(option, folder, _members(folder)) for option, folder in folders]
     for label, path in updates:
@@ -374,6 +369,6 @@ def _refuse_inside(label: str, path: str, members: Sequence[tuple[str, str, list
                                "generation_config.json when asked): give a path outside it; nothing written")
 
 
-__all__ = ["GLOB_CHARACTERS", "atomic_path", "check_distinct", "check_folder", "check_name_length", "check_named_once",
-           "check_target", "destination_of", "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only",
-           "same_file", "write_atomic", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["atomic_path", "check_distinct", "check_folder", "check_named_once", "check_target", "destination_of",
+           "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only", "same_file", "write_atomic",
+           "write_bytes_atomic", "write_text_atomic"]

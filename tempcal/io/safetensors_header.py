@@ -68,19 +68,15 @@ class FileStamp:
         return "it was modified (new mtime)"
 
 
-def file_stamp(path: str | os.PathLike) -> FileStamp | None:
-    """The stamp of the file ``path`` names now (following links), or None if there is none."""
-    try:
-        return FileStamp.of(os.stat(path))
-    except OSError:
-        return None
-
-
 def check_unchanged(path: str | os.PathLike, stamp: FileStamp | None, *, since: str = "tempcal read it") -> None:
-    """Refuse to go on when ``path`` is no longer the file ``stamp`` was taken of."""
+    """Refuse to go on when ``path`` (links followed) is no longer the file ``stamp`` was taken of."""
     if stamp is None:
         return
-    change = stamp.change_to(file_stamp(path))
+    try:
+        now: FileStamp | None = FileStamp.of(os.stat(path))
+    except OSError:
+        now = None
+    change = stamp.change_to(now)
     if change is not None:
         raise TempcalError(f"{path}: changed since {since} ({change}); nothing written, run tempcal again")
 
@@ -127,10 +123,6 @@ class Header:
     def stored_temperature(self) -> float | None:
         """The T a previous ``tempcal fit`` wrote into the metadata, if any."""
         return stored_temperature(self.metadata.get(TEMPERATURE_KEY), f"{self.path}: metadata")
-
-    def encoded(self, metadata: Mapping[str, str]) -> bytes:
-        """This header's bytes with ``metadata`` in place of its own (every tensor's entry kept)."""
-        return encode_header(self.tensors, metadata)
 
     def torch_dtype(self, key: str):
         """The torch dtype of tensor ``key``."""
@@ -349,7 +341,7 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     kept[TEMPERATURE_KEY] = format_temperature(temperature)
     # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
     destination = destination_of(source) if output is None else Path(output)
-    copy_with_header(destination, header, header.encoded(kept))
+    copy_with_header(destination, header, encode_header(header.tensors, kept))
     return destination
 
 

@@ -208,5 +208,5 @@ def _current_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-__all__ = ["SIDECAR_SUFFIX", "SidecarState", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_state",
-           "sidecar_temperature", "updated_metadata", "write_sidecar", "write_sidecar_copy"]
+__all__ = ["read_sidecar", "sidecar_path", "sidecar_state", "sidecar_temperature", "updated_metadata", "write_sidecar",
+           "write_sidecar_copy"]

@@ -93,4 +93,4 @@ def _write_data(f: BinaryIO, tensor: Planned) -> None:
                            f"({list(tensor.shape)} of {tensor.dtype}); nothing written")
 
 
-__all__ = ["STREAMED_SUFFIXES", "Planned", "output_format", "write_streamed"]
+__all__ = ["Planned", "output_format", "write_streamed"]

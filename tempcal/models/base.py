@@ -135,6 +135,5 @@ def refused_line(label: str, operator: str, why: str, where: str) -> str:
             "pure tensor operators only; refused")
 
 
-__all__ = ["DEFAULT_BATCH_SIZE", "ORIGINAL", "TEMPERATURE_BUFFER", "TORCHSCRIPT_NAMESPACES", "LoadedModel", "OutputKey",
-           "error_line", "is_out_of_memory", "load_model", "quiet", "refused_line", "reraise_control", "runtime",
-           "schema_refusal"]
+__all__ = ["DEFAULT_BATCH_SIZE", "ORIGINAL", "TEMPERATURE_BUFFER", "LoadedModel", "OutputKey", "error_line",
+           "is_out_of_memory", "load_model", "quiet", "refused_line", "reraise_control", "runtime", "schema_refusal"]

@@ -41,11 +41,6 @@ def fit_batches(graph: torch.nn.Module, limits: Limits | None) -> torch.nn.Modul
     return graph if limits is None else FittedBatches(graph, limits)
 
 
-def unwrapped(net: Any) -> Any:
-    """The program's own module inside a :class:`FittedBatches` (else ``net`` itself)."""
-    return net.program if isinstance(net, FittedBatches) else net
-
-
 def run_batch_size(net: Any, batch_size: int) -> int:
     """The batch size to run ``net`` at: a static program's own, else ``batch_size`` cut to the upper bound."""
     limits = getattr(net, "batch_limits", None)
@@ -113,4 +108,4 @@ def _shown(limits: Limits) -> str:
     return f"{lower}..{upper}" if upper is not None else f"at least {lower}"
 
 
-__all__ = ["FittedBatches", "Limits", "batch_limits", "fit_batches", "run_batch_size", "unwrapped"]
+__all__ = ["FittedBatches", "Limits", "batch_limits", "fit_batches", "run_batch_size"]

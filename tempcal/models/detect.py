@@ -25,9 +25,8 @@ _EXPORT_MEMBERS = ("archive_format", "serialized_exported_program.json")
 
 
 def archive_kind(path: str | os.PathLike) -> str:
-    """What ``path`` holds: ``torchscript``, ``export``, ``torch.save zip``, ``zip``, ``pickle``, ``missing``,
-    ``not a file`` or ``other``. A TorchScript archive holds ``constants.pkl`` and ``code/`` (the test torch.load
-    itself uses); a torch.export archive an ``archive_format`` member."""
+    """What ``path`` holds: ``torchscript`` (``constants.pkl`` and ``code/``, torch.load's own test), ``export``,
+    ``torch.save zip``, ``zip``, ``pickle``, ``missing``, ``not a file`` or ``other``."""
     path = Path(path)
     try:
         if not path.exists():
@@ -56,9 +55,8 @@ def archive_kind(path: str | os.PathLike) -> str:
 
 
 def model_format(path: str | os.PathLike) -> str:
-    """The format of a model file: ``onnx`` by suffix; a torch archive by its zip directory (a TorchScript or
-    exported-program archive under any torch suffix), else by suffix (``.pt2``: ``export``; others:
-    ``torchscript``), so that the format's loader says what is wrong with the file."""
+    """The format of a model file: ``onnx`` by suffix; a torch archive by its zip directory, else by suffix (so that
+    the format's loader says what is wrong with the file): ``.pt2`` ``export``, others ``torchscript``."""
     suffix = Path(path).suffix.lower()
     if suffix == ONNX_SUFFIX:
         return "onnx"
@@ -116,6 +114,5 @@ def save_format(source: str | os.PathLike, out_path: str | os.PathLike) -> str:
                        f"tempcal writes {_CAN_WRITE[have]}")
 
 
-__all__ = ["EXPORT_SUFFIX", "FORMAT_NAMES", "HOW_TO_SAVE", "MODEL_SUFFIXES", "ONNX_SUFFIX",
-           "TORCHSCRIPT_SUFFIXES", "WRITES", "archive_kind", "is_model_path", "looks_like_model", "model_format",
-           "save_format"]
+__all__ = ["FORMAT_NAMES", "HOW_TO_SAVE", "MODEL_SUFFIXES", "archive_kind", "is_model_path", "looks_like_model",
+           "model_format", "save_format"]

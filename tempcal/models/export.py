@@ -19,7 +19,7 @@ from ..errors import TempcalError, param
 from ..io.paths import write_bytes_atomic
 from ..validation import as_temperature, format_temperature, stored_temperature
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
-from .batching import Limits, batch_limits, fit_batches, unwrapped
+from .batching import FittedBatches, Limits, batch_limits, fit_batches
 from .pt2_archive import (
     PROGRAM,
     TEMPERATURE_FILE,
@@ -159,10 +159,8 @@ def program_temperature(program: ExportedProgram, label: str = "the program") ->
 
 
 def strip_division(graph: torch.fx.GraphModule, label: str = "the program") -> None:
-    """Remove tempcal's division by ``tempcal_temperature`` (and the cast after it) from a calibrated graph, in place.
-
-    Every node that depends on the buffer is tempcal's: the original never sees it.
-    """
+    """Remove tempcal's division by ``tempcal_temperature`` (and the cast after it) from a calibrated graph, in place
+    (every node that depends on the buffer is tempcal's: the original never sees it)."""
     aten = torch.ops.aten
     getters = [n for n in graph.graph.nodes if n.op == "get_attr" and n.target == TEMPERATURE_BUFFER]
     for getter in getters:
@@ -186,11 +184,8 @@ def strip_division(graph: torch.fx.GraphModule, label: str = "the program") -> N
 # -- writing a calibrated program -------------------------------------------------------------------
 def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
-    """Write, atomically, an exported program whose selected output is ``model``'s divided by ``temperature``.
-
-    ``model`` is a ``.pt2`` (its graph gets the division in place) or TorchScript model on the CPU;
-    ``check_inputs`` drive the export and the check of the saved bytes, run on a batch of another size.
-    """
+    """Write, atomically, an exported program whose selected output is ``model``'s (a ``.pt2`` or TorchScript model on
+    the CPU) divided by ``temperature``; ``check_inputs`` drive the export and the check of the saved bytes."""
     value = as_temperature(temperature)
     label = model.name
     limits = getattr(model.net, "batch_limits", None)
@@ -201,7 +196,7 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
 
         graph = to_graph_module(model.net, example, label)
     elif model.format == "export":
-        graph = unwrapped(model.net)
+        graph = model.net.program if isinstance(model.net, FittedBatches) else model.net
     else:
         raise TempcalError(f"{label} is {model.format}; an exported program is written from a .pt2 or TorchScript "
                            "model")
@@ -335,5 +330,4 @@ def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, i
                                f"{check[0].shape[0]} rows; nothing written")
 
 
-__all__ = ["graph_module", "load", "load_program", "program_temperature", "save_calibrated", "strip_division",
-           "training_nodes"]
+__all__ = ["graph_module", "load", "load_program", "program_temperature", "save_calibrated", "training_nodes"]

@@ -48,9 +48,8 @@ class OutputHead:
         return OutputHead(self.weight.to(device), bias, self.scale, self.softcap, self.name)
 
     def logits(self, h: torch.Tensor, out: torch.Tensor, threads: int = 1) -> torch.Tensor:
-        """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile;
-        ``threads`` > 1 shares the vocabulary tiles among that many threads, each running torch single-threaded
-        (:mod:`tempcal.core.threads`: robust when another process keeps a core busy)."""
+        """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile, the
+        tiles shared among ``threads`` threads each running torch single-threaded (:mod:`tempcal.core.threads`)."""
         h = h.to(out.dtype)
         tile = max(1, TILE_ELEMENTS // max(self.width, 1))
         if threads > 1:

@@ -4,6 +4,7 @@ calibrated (``Div(logits, T)`` appended; both models run before anything is writ
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import re
@@ -161,15 +162,12 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     add_division(calibrated, output, value, label)
     _check_calibrated(original, calibrated, info, output, value, check_inputs)
     out = Path(out_path)
-    if not info.external:
-        with atomic_path(out, what=param("save_model")) as temporary:
-            temporary.write_bytes(calibrated.SerializeToString())
-        return out
-    tensors = [t for _, t in all_tensors(calibrated) if t.data_location == import_onnx().TensorProto.EXTERNAL]
-    data_path = out.parent / (out.name + ".data")
-    with atomic_path(data_path, what=param("save_model")) as data_temporary:  # renamed after the model
-        with open(data_temporary, "wb") as f:
-            _copy_external(tensors, info.folder, data_path.name, f)
+    with contextlib.ExitStack() as data_file:  # external data, if any, is renamed after the model
+        if info.external:
+            data_path = out.parent / (out.name + ".data")
+            tensors = [t for _, t in all_tensors(calibrated) if t.data_location == import_onnx().TensorProto.EXTERNAL]
+            with open(data_file.enter_context(atomic_path(data_path, what=param("save_model"))), "wb") as f:
+                _copy_external(tensors, info.folder, data_path.name, f)
         with atomic_path(out, what=param("save_model")) as temporary:
             temporary.write_bytes(calibrated.SerializeToString())
     return out
@@ -252,4 +250,4 @@ def _copy_external(tensors: list[onnx.TensorProto], folder: Path, data_name: str
         position += length
 
 
-__all__ = ["OnnxNet", "as_array", "load", "ort_line", "save_calibrated", "session_for"]
+__all__ = ["load", "save_calibrated"]

@@ -359,5 +359,5 @@ def select_output_name(outputs: tuple[str, ...], output_key: str | int | None, l
     return str(output_key)
 
 
-__all__ = ["DIV_NODE", "INSTALL_HINT", "OnnxInfo", "add_division", "all_tensors", "import_onnx", "inspect_onnx",
-           "select_output_name", "strip_calibration"]
+__all__ = ["DIV_NODE", "OnnxInfo", "add_division", "all_tensors", "import_onnx", "inspect_onnx", "select_output_name",
+           "strip_calibration"]

@@ -189,5 +189,4 @@ def graph_refusal(program: Any) -> tuple[str, str, str] | None:
     return None
 
 
-__all__ = ["check_program_json", "expression_refusal", "graph_refusal", "operator_name", "target_refusal",
-           "without_guards"]
+__all__ = ["check_program_json", "graph_refusal", "without_guards"]

@@ -132,9 +132,8 @@ def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: in
 
 @contextlib.contextmanager
 def progress_bar(progress: bool | Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """The rows done, shown as :class:`tempcal.progress.Progress` shows them: a transient bar on a terminal
-    (at once, or on the console given), a plain line at most every 10 s in a log; nothing when ``progress`` is
-    False."""
+    """The rows done, shown by :class:`tempcal.progress.Progress` (a transient bar on a terminal or the console
+    given, a plain line at most every 10 s in a log), or nothing when ``progress`` is False."""
     if progress is False or progress is None:
         yield lambda n: None
         return

@@ -173,4 +173,4 @@ def _check_saved(reloaded: Any, model: LoadedModel, temperature: float, x: torch
                                f"T = {temperature!r}; nothing written")
 
 
-__all__ = ["CHECK_ROWS", "Calibrated", "calibrated_wrapper", "save_calibrated_model", "save_logits"]
+__all__ = ["Calibrated", "save_calibrated_model", "save_logits"]

@@ -220,11 +220,8 @@ def _callee(node: Any) -> str | None:
 # -- the migration path: TorchScript to an exported program ---------------------------------------
 def to_graph_module(module: torch.jit.ScriptModule, example: tuple[torch.Tensor, ...],
                     label: str) -> torch.fx.GraphModule:
-    """``module`` as a flat graph module (to export with a dynamic batch), by torch's TorchScript converter.
-
-    Size assertions are dropped first (the converter turns them into ``torch.cond``, fixing the batch size), and
-    outputs keep the model's structure. What the converter cannot convert is a one-line error.
-    """
+    """``module`` as a flat graph module (to export with a dynamic batch) by torch's converter, its size assertions
+    dropped first (the converter makes them ``torch.cond``, fixing the batch size) and its outputs' structure kept."""
     advice = "export the original nn.Module with torch.export and calibrate that"
     try:
         from torch._export.converter import TS2EPConverter
@@ -270,5 +267,5 @@ def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
         graph.recompile()
 
 
-__all__ = ["TEMPERATURE_FILE", "buffer_temperature", "forward_schema", "load", "load_bytes", "quiet_jit",
-           "script_and_save", "to_graph_module"]
+__all__ = ["TEMPERATURE_FILE", "forward_schema", "load", "load_bytes", "quiet_jit", "script_and_save",
+           "to_graph_module"]
