@@ -50,7 +50,6 @@ class Pt2Info:
     """What :func:`inspect_pt2` found: the archive's layout and the T a calibrated program carries."""
 
     path: str
-    root: str
     programs: tuple[str, ...]
     keep: tuple[str, ...]  # members (without the root folder) that the loaded program needs
     extra_files: tuple[str, ...]
@@ -94,7 +93,7 @@ def open_archive(source: str | os.PathLike | bytes) -> Iterator[zipfile.ZipFile]
 
 def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
     """The checks of :func:`inspect_pt2` on an open archive."""
-    root, members = _members(archive, label)
+    members = _members(archive, label)
     _refuse_other_formats(members, label)
     _check_sizes(archive, members, label)
     if _FORMAT not in members:
@@ -130,12 +129,12 @@ def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
     if TEMPERATURE_FILE in extra:
         text = _read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT)
         temperature = stored_temperature(text, f"{label}: extra file")
-    return Pt2Info(path=label, root=root, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
+    return Pt2Info(path=label, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
                    temperature=temperature, non_cpu=non_cpu)
 
 
-def _members(archive: zipfile.ZipFile, label: str) -> tuple[str, dict[str, zipfile.ZipInfo]]:
-    """The archive's root folder and its members by name without that folder (one folder, no duplicates)."""
+def _members(archive: zipfile.ZipFile, label: str) -> dict[str, zipfile.ZipInfo]:
+    """The archive's members by name without its root folder (one folder, no duplicates)."""
     infos = archive.infolist()
     if not infos:
         raise TempcalError(f"{label}: empty zip archive; not an exported program")
@@ -145,7 +144,7 @@ def _members(archive: zipfile.ZipFile, label: str) -> tuple[str, dict[str, zipfi
         raise TempcalError(f"{label}: member '{duplicate}' appears twice; refused (readers disagree on which is used)")
     first = names[0].split("/", 1)[0]
     root = first if all(n.startswith(first + "/") for n in names) else ""
-    return root, {(i.filename[len(root) + 1:] if root else i.filename): i for i in infos}
+    return {(i.filename[len(root) + 1:] if root else i.filename): i for i in infos}
 
 
 def _check_sizes(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], label: str) -> None:
@@ -352,7 +351,7 @@ def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str
     """Write the members of ``info.keep`` into a new archive; weights mapped to the CPU, sample inputs empty."""
     from torch.export.pt2_archive import PT2ArchiveWriter
 
-    members = _members(archive, info.path)[1]
+    members = _members(archive, info.path)
     with PT2ArchiveWriter(destination) as writer:
         for name in info.keep:
             data = _read(archive, members, name, info.path)

@@ -19,7 +19,6 @@ from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import check_unchanged, dtype_name, read_header, read_tensor, shown
 from ..validation import check_labels, whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
-from .batching import run_batch_size
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -165,6 +164,13 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
         if batch == 0:
             raise TempcalError(f"{model.name} rejects the inputs {source.describe()} on {where}: {line}") from None
         raise TempcalError(f"{model.name} raised on {where} of {source.describe()}: {line}") from None
+
+
+def run_batch_size(net: Any, batch_size: int) -> int:
+    """The batch size to run ``net`` at: a static program's own, else ``batch_size`` cut to the program's upper bound
+    (``net.batch_limits``, see :class:`tempcal.models.export.FittedBatches`)."""
+    lower, upper = getattr(net, "batch_limits", None) or (0, None)
+    return upper if lower == upper else min(batch_size, upper or batch_size)
 
 
 def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
