@@ -90,9 +90,7 @@ def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: 
 def _from_file(path: Path, weight_key: str, bias_key: str) -> OutputHead:
     header = read_header(path)
     weight = _weight(header, weight_key, param("head_weight_key"))
-    bias = None
-    if bias_key in header.tensors:
-        bias = read_tensor(header, bias_key, option=param("head_bias_key"))
+    bias = read_tensor(header, bias_key, option=param("head_bias_key")) if bias_key in header.tensors else None
     return _checked(OutputHead(weight, bias, name=str(path)), bias_key)
 
 
@@ -109,9 +107,8 @@ def _from_folder(folder: Path) -> OutputHead:
     key = _output_key(files, config, folder)
     weight = _weight(read_header(checkpoint_file(folder, files[key])), key, param("head_weight_key"))
     bias_key = key[: -len("weight")] + "bias" if key.endswith("lm_head.weight") else None
-    bias = None
-    if bias_key in files:
-        bias = read_tensor(read_header(checkpoint_file(folder, files[bias_key])), bias_key, option="bias")
+    bias = (read_tensor(read_header(checkpoint_file(folder, files[bias_key])), bias_key, option="bias")
+            if bias_key in files else None)
     scale, softcap = config_scales(config, config_path)
     head = OutputHead(weight, bias, scale, softcap, name=f"{folder} ({key})")
     return _checked(head, "lm_head.bias")

@@ -14,6 +14,7 @@ import torch
 
 from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
+from ..scores.engine import as_classes
 from ..validation import as_temperature, whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
 from .run import InputsFile, bounded_batches, progress_bar, select_output
@@ -22,13 +23,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 Batches = Callable[[], Iterator[tuple[int, int, torch.Tensor]]]
-
-
-def _two_class(z: torch.Tensor) -> torch.Tensor:
-    """One binary logit ``[N]`` / ``[N, 1]`` as the two-class row ``[0, z]`` (same softmax as the sigmoid)."""
-    if z.dim() == 2 and z.shape[1] == 1:
-        z = z[:, 0]
-    return torch.stack([torch.zeros_like(z), z], dim=1) if z.dim() == 1 else z
 
 
 #: What cuDNN says when asked for an RNN's backward pass outside training mode (ODIN runs models in eval mode).
@@ -67,7 +61,7 @@ class _Gradients:
     def _gradient(self, x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False), torch.enable_grad(), _cudnn_off(self.without_cudnn):
             x = x.detach().clone().requires_grad_(True)
-            z = _two_class(select_output(self.net(x), self.output_key, self.name))
+            z = as_classes(select_output(self.net(x), self.output_key, self.name))
             log_msp = torch.log_softmax(z.to(torch.float64) / self.tau, dim=1).max(dim=1).values
             (grad,) = torch.autograd.grad(log_msp.sum(), x)
         return grad
@@ -79,7 +73,7 @@ def _odin_batch(x: torch.Tensor, gradients: _Gradients, eps: float) -> torch.Ten
     # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
     perturbed = x.detach() - eps * torch.sign(-grad)
     with torch.inference_mode():
-        z = _two_class(select_output(gradients.net(perturbed), gradients.output_key, gradients.name))
+        z = as_classes(select_output(gradients.net(perturbed), gradients.output_key, gradients.name))
         return torch.softmax(z.to(torch.float64) / gradients.tau, dim=1).max(dim=1).values.cpu()
 
 

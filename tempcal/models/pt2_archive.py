@@ -125,10 +125,8 @@ def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
         if program == PROGRAM:
             keep |= needed
     extra = tuple(sorted(n[len(_EXTRA):] for n in members if n.startswith(_EXTRA)))
-    temperature = None
-    if TEMPERATURE_FILE in extra:
-        text = _read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT)
-        temperature = stored_temperature(text, f"{label}: extra file")
+    temperature = (stored_temperature(_read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT),
+                                      f"{label}: extra file") if TEMPERATURE_FILE in extra else None)
     return Pt2Info(path=label, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
                    temperature=temperature, non_cpu=non_cpu)
 
