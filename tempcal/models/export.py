@@ -140,7 +140,7 @@ def batch_limits(program: ExportedProgram) -> Limits | None:
     return None if lower == 0 and upper is None else (lower, upper)
 
 
-def fit_batches(graph: torch.nn.Module, program: ExportedProgram) -> torch.nn.Module:
+def fit_batches(graph: torch.fx.GraphModule, program: ExportedProgram) -> torch.nn.Module:
     """``graph`` itself when ``program`` takes any batch size, else wrapped to run on batches it accepts."""
     limits = batch_limits(program)
     return graph if limits is None else FittedBatches(graph, limits)
@@ -150,7 +150,7 @@ class FittedBatches(torch.nn.Module):
     """A program that takes only some batch sizes (a static export, a bounded ``Dim``) run on any number of rows, in
     chunks it accepts (a short chunk padded by repeating its last row, the padding's outputs dropped)."""
 
-    def __init__(self, program: torch.nn.Module, limits: Limits) -> None:
+    def __init__(self, program: torch.fx.GraphModule, limits: Limits) -> None:
         super().__init__()
         self.program = program
         self.batch_limits = limits
