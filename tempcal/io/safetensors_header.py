@@ -335,14 +335,17 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     header = reread_header(source)
     if stamp is not None and stamp.change_to(header.stamp) is not None:
         check_unchanged(source, stamp)
-    from .sidecar import updated_metadata
-
     kept = updated_metadata(header.metadata, metadata)
     kept[TEMPERATURE_KEY] = format_temperature(temperature)
     # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
     destination = destination_of(source) if output is None else Path(output)
     copy_with_header(destination, header, encode_header(header.tensors, kept))
     return destination
+
+
+def updated_metadata(metadata: Mapping[str, str], updates: Mapping[str, str | None] | None) -> dict[str, str]:
+    """``metadata`` with ``updates`` applied: a string sets its key, None removes it."""
+    return {key: value for key, value in {**metadata, **(updates or {})}.items() if value is not None}
 
 
 def copy_with_header(destination: Path, header: Header, new_header: bytes) -> None:

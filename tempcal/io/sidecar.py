@@ -17,6 +17,7 @@ from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
 from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
 from .paths import check_target, write_atomic
+from .safetensors_header import updated_metadata
 
 SIDECAR_SUFFIX = ".tempcal.json"
 SIDECAR_VERSION = 1
@@ -171,11 +172,6 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
     return side
 
 
-def updated_metadata(metadata: Mapping[str, str], updates: Mapping[str, str | None] | None) -> dict[str, str]:
-    """``metadata`` with ``updates`` applied: a string sets its key, None removes it."""
-    return {key: value for key, value in {**metadata, **(updates or {})}.items() if value is not None}
-
-
 def write_sidecar_copy(source: Path, temperature: float, output: Path, *,
                        updates: Mapping[str, str | None] | None = None) -> Path:
     """Copy ``source`` byte for byte to ``output`` (same suffix) and give the copy a sidecar holding T (and
@@ -208,5 +204,5 @@ def _current_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-__all__ = ["read_sidecar", "sidecar_path", "sidecar_state", "sidecar_temperature", "updated_metadata", "write_sidecar",
+__all__ = ["read_sidecar", "sidecar_path", "sidecar_state", "sidecar_temperature", "write_sidecar",
            "write_sidecar_copy"]
