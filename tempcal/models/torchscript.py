@@ -18,10 +18,12 @@ from typing import Any
 import torch
 
 from ..core.data import resolve_device
-from ..errors import TempcalError
+from ..errors import TempcalError, param
+from ..io.paths import write_bytes_atomic
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
-from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, error_line, quiet, refused_line, schema_refusal
+from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, quiet, refused_line, schema_refusal
 from .detect import HOW_TO_SAVE, archive_kind
+from .run import as_index, select_output
 
 #: Name of the extra file (in the TorchScript archive) that holds a calibrated model's T.
 TEMPERATURE_FILE = TEMPERATURE_KEY
@@ -73,31 +75,132 @@ def buffer_temperature(model: torch.nn.Module, name: str) -> float | None:
     return stored_temperature(repr(float(buffer)), f"{name}: buffer")
 
 
-def script_and_save(wrapper: torch.nn.Module, temperature: float, name: str) -> bytes:
-    """The TorchScript archive of a calibrated wrapper, T in its extra file."""
-    try:
-        with quiet_jit():
-            scripted = torch.jit.script(wrapper)
-    except Exception as exc:
-        raise TempcalError(f"cannot wrap {name}: {error_line(exc)}") from None
-    buffer = io.BytesIO()
-    with quiet_jit():
-        torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
-    return buffer.getvalue()
-
-
-def load_bytes(blob: bytes, label: str = "the calibrated model") -> torch.nn.Module:
-    """A TorchScript archive held in memory (one tempcal just wrote), checked as a file is, on the CPU in eval mode."""
-    with quiet_jit():
-        return load_checked(blob, torch.device("cpu"), {}, label).eval()
-
-
 def forward_schema(model: torch.nn.Module):
     """The TorchScript signature of ``forward`` (None when it cannot be read)."""
     try:
         return model._c._get_method("forward").schema  # type: ignore[union-attr,operator]
     except (AttributeError, RuntimeError):
         return None
+
+
+# -- writing a calibrated model: the original wrapped, its selected logits divided by a float64 buffer --
+class Calibrated(torch.nn.Module):
+    """The original model with its logits divided by T; subclasses override ``forward`` for other output shapes."""
+
+    __constants__ = ("index", "key")
+
+    def __init__(self, original: torch.nn.Module, temperature: torch.Tensor, index: int = 0, key: str = "") -> None:
+        super().__init__()
+        self.original = original  # ORIGINAL: loaders find the original under this name
+        self.register_buffer(TEMPERATURE_BUFFER, temperature)
+        self.index = index
+        self.key = key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.original(x) / self.tempcal_temperature  # type: ignore[operator]
+
+
+class CalibratedDict(Calibrated):
+    """Entry ``key`` of the original's output dict divided by T (other entries as they are)."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        out = self.original(x).copy()  # type: ignore[operator]
+        out[self.key] = out[self.key] / self.tempcal_temperature
+        return out
+
+
+class CalibratedPair(Calibrated):
+    """Output ``index`` of the original's 2-tensor tuple divided by T."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        a, b = self.original(x)  # type: ignore[operator]
+        if self.index == 0:
+            return a / self.tempcal_temperature, b
+        return a, b / self.tempcal_temperature
+
+
+class CalibratedTriple(Calibrated):
+    """Output ``index`` of the original's 3-tensor tuple divided by T."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        a, b, c = self.original(x)  # type: ignore[operator]
+        if self.index == 0:
+            return a / self.tempcal_temperature, b, c
+        if self.index == 1:
+            return a, b / self.tempcal_temperature, c
+        return a, b, c / self.tempcal_temperature
+
+
+def calibrated_wrapper(original: torch.nn.Module, temperature: float, output_key: OutputKey,
+                       name: str) -> Calibrated:
+    """The wrapper that fits the original's forward signature (one tensor in; a tensor, dict or tuple out)."""
+    t = torch.tensor(temperature, dtype=torch.float64)
+    flag = param("output_key")
+    schema = forward_schema(original)
+    if schema is None:  # no readable signature: wrap as a tensor model, the check tells
+        return Calibrated(original, t)
+    arguments = [a for a in schema.arguments[1:] if not a.has_default_value()]
+    if len(arguments) != 1 or str(arguments[0].type) != "Tensor":
+        raise TempcalError(f"{name} forward takes ({', '.join(str(a.type) for a in arguments)}); "
+                           "tempcal wraps a model that takes one tensor")
+    returns = schema.returns[0].type if len(schema.returns) == 1 else None
+    kind = str(returns)
+    if kind == "Tensor":
+        if output_key is not None:
+            raise TempcalError(f"{flag} {output_key}: {name} returns a single tensor; drop {flag}")
+        return Calibrated(original, t)
+    if isinstance(returns, torch.DictType) and str(returns.getKeyType()) == "str" \
+            and str(returns.getValueType()) == "Tensor":
+        if output_key is None:
+            raise TempcalError(f"{name} returns a dict; name the logits entry with {flag} NAME")
+        return CalibratedDict(original, t, key=str(output_key))
+    if isinstance(returns, torch.TupleType) and all(str(e) == "Tensor" for e in returns.elements()) \
+            and len(returns.elements()) in (2, 3):
+        n = len(returns.elements())
+        index = None if output_key is None else as_index(output_key)
+        if index is None or not -n <= index < n:
+            raise TempcalError(f"{name} returns a tuple of {n} tensors; choose the logits with {flag} 0..{n - 1}")
+        return (CalibratedPair if n == 2 else CalibratedTriple)(original, t, index=index % n)
+    raise TempcalError(f"{name} returns {kind}; tempcal wraps a model returning a tensor, a dict of "
+                       "tensors or a tuple of 2 or 3 tensors")
+
+
+def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
+                    output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
+    """Write, atomically, ``model`` wrapped so that its selected logits are divided by ``temperature`` (T also in the
+    extra file), once the saved bytes, loaded back, reproduce them on ``check_inputs``."""
+    wrapper = calibrated_wrapper(model.net, temperature, output_key, model.name)
+    try:
+        with quiet_jit():
+            scripted = torch.jit.script(wrapper)
+    except Exception as exc:
+        raise TempcalError(f"cannot wrap {model.name}: {error_line(exc)}") from None
+    buffer = io.BytesIO()
+    with quiet_jit():
+        torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
+    if check_inputs is not None:
+        with quiet_jit():
+            reloaded = load_checked(buffer.getvalue(), torch.device("cpu"), {}, "the calibrated model").eval()
+        _check_saved(reloaded, model, temperature, check_inputs, output_key)
+    return write_bytes_atomic(out_path, buffer.getvalue(), what=param("save_model"))
+
+
+def _check_saved(reloaded: Any, model: LoadedModel, temperature: float, x: torch.Tensor,
+                 output_key: OutputKey) -> None:
+    """Compare the reloaded TorchScript model's logits with the original's divided by T on a few inputs."""
+    with torch.inference_mode():
+        try:
+            expected = select_output(model.net(x), output_key, model.name)
+            got = select_output(reloaded(x), output_key, model.name)
+        except TempcalError:
+            raise
+        except Exception as exc:
+            raise TempcalError(f"the calibrated {model.name} fails on {list(x.shape)} inputs: "
+                               f"{error_line(exc)}") from None
+        want = expected.to(torch.float64) / temperature
+        if got.shape != expected.shape or not torch.allclose(got.to(torch.float64), want, rtol=1e-5, atol=1e-6):
+            raise TempcalError(f"the calibrated {model.name} does not reproduce its logits divided by "
+                               f"T = {temperature!r}; nothing written")
 
 
 # -- checked before torch loads it, and before anything of it runs ------------------------------------
@@ -267,5 +370,4 @@ def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
         graph.recompile()
 
 
-__all__ = ["TEMPERATURE_FILE", "forward_schema", "load", "load_bytes", "quiet_jit", "script_and_save",
-           "to_graph_module"]
+__all__ = ["TEMPERATURE_FILE", "Calibrated", "load", "quiet_jit", "save_calibrated", "to_graph_module"]
