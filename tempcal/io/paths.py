@@ -41,7 +41,7 @@ def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | No
     fsynced and renamed over ``path`` (``mode``: by default the old file's), else ``path`` is untouched."""
     label = f"{what} {path}" if what else str(path)
     destination = check_target(path, label)
-    folder = destination.parent if str(destination.parent) else Path(".")
+    folder = destination.parent
     _sweep_stale_temporaries(folder, destination.name)
     try:
         fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}",
@@ -175,7 +175,7 @@ def check_folder(path: str | os.PathLike, label: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise TempcalError(f"{label}: is a folder")
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
     if not folder.is_dir():
         raise TempcalError(f"{label}: folder {folder} does not exist")
     return folder
@@ -221,7 +221,7 @@ def check_target(path: str | os.PathLike, label: str, *, follow_link: bool = Fal
 def check_name_length(path: Path, label: str) -> None:
     """The file's name and path fit the file system's limits (``NAME_MAX``, usually 255 bytes; ``PATH_MAX``): checked
     first, since any other look at a name too long fails with ENAMETOOLONG."""
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
     for what, text, key, default in (("name", path.name, "PC_NAME_MAX", 255), ("path", str(path), "PC_PATH_MAX", 4096)):
         try:
             limit = os.pathconf(folder, key)

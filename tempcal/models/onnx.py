@@ -17,7 +17,7 @@ import torch
 from ..core.data import resolve_device
 from ..core.precision import tf32_allowed
 from ..errors import TempcalError, param
-from ..io.paths import atomic_path
+from ..io.paths import atomic_path, write_bytes_atomic
 from ..validation import as_temperature
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
 from .onnx_graph import (
@@ -168,8 +168,7 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
             tensors = [t for _, t in all_tensors(calibrated) if t.data_location == import_onnx().TensorProto.EXTERNAL]
             with open(data_file.enter_context(atomic_path(data_path, what=param("save_model"))), "wb") as f:
                 _copy_external(tensors, info.folder, data_path.name, f)
-        with atomic_path(out, what=param("save_model")) as temporary:
-            temporary.write_bytes(calibrated.SerializeToString())
+        write_bytes_atomic(out, calibrated.SerializeToString(), what=param("save_model"))
     return out
 
 
