@@ -75,8 +75,7 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxInfo:
     external = []
     for name, tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            location = _check_external(tensor, name, folder, path)
-            external.append((name, location))
+            external.append((name, _check_external(tensor, name, folder, path)))
         else:
             _check_inline_size(tensor, name, path)
     initializers = {t.name for t in graph.initializer}
@@ -111,10 +110,8 @@ def _check_stored_division(model: onnx.ModelProto, temperature: float | None, pa
     """Refuse a model whose metadata T and tempcal division disagree (one without the other, or other values)."""
     onnx = import_onnx()
     initializers = {t.name: t for t in model.graph.initializer}
-    divisors = []
-    for node in model.graph.node:
-        if node.op_type == "Div" and node.name.startswith(DIV_NODE) and node.input[1] in initializers:
-            divisors.append(onnx.numpy_helper.to_array(initializers[node.input[1]]))
+    divisors = [onnx.numpy_helper.to_array(initializers[node.input[1]]) for node in model.graph.node
+                if node.op_type == "Div" and node.name.startswith(DIV_NODE) and node.input[1] in initializers]
     if temperature is None and not divisors:
         return
     if temperature is None or not divisors or not all(
