@@ -26,6 +26,14 @@ except ImportError:  # not POSIX: no advisory locks
 TEMP_TAG, TEMP_SUFFIX, TEMP_NAME_CHARS = ".tempcal-", ".tmp", 100
 #: A temporary file older than this whose lock nobody holds was left by a killed writer.
 STALE_SECONDS = 60.0
+#: Beside a file without metadata of its own, ``FILE.tempcal.json`` keeps its T (:mod:`tempcal.io.sidecar`).
+SIDECAR_SUFFIX = ".tempcal.json"
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """Where the T of a file without metadata is kept: ``FILE.tempcal.json`` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
 def destination_of(path: str | os.PathLike) -> Path:
@@ -370,5 +378,5 @@ def _refuse_inside(label: str, path: str, members: Sequence[tuple[str, str, list
 
 
 __all__ = ["atomic_path", "check_distinct", "check_folder", "check_named_once", "check_target", "destination_of",
-           "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only", "same_file", "write_atomic",
-           "write_bytes_atomic", "write_text_atomic"]
+           "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only", "same_file", "sidecar_path",
+           "write_atomic", "write_bytes_atomic", "write_text_atomic"]

@@ -16,18 +16,11 @@ from typing import Any, BinaryIO
 from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
 from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
-from .paths import check_target, write_atomic
+from .paths import check_target, sidecar_path, write_atomic
 from .safetensors_header import updated_metadata
 
-SIDECAR_SUFFIX = ".tempcal.json"
 SIDECAR_VERSION = 1
 HASH_BLOCK = 1 << 20
-
-
-def sidecar_path(path: str | os.PathLike) -> Path:
-    """Where the T of a file without metadata is kept: ``FILE.tempcal.json`` beside it."""
-    path = Path(path)
-    return path.with_name(path.name + SIDECAR_SUFFIX)
 
 
 def check_regular_file(path: str | os.PathLike) -> None:
@@ -204,5 +197,5 @@ def _current_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-__all__ = ["read_sidecar", "sidecar_path", "sidecar_state", "sidecar_temperature", "write_sidecar",
+__all__ = ["read_sidecar", "sidecar_state", "sidecar_temperature", "write_sidecar",
            "write_sidecar_copy"]
