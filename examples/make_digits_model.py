@@ -24,8 +24,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from tempcal.models.torchscript import strip_debug_info
-
 HERE = Path(__file__).resolve().parent
 MODEL = HERE / "digits_model.ts"
 INPUTS = HERE / "digits_inputs.safetensors"
@@ -49,6 +47,21 @@ def scripted_bytes(model: torch.nn.Module) -> bytes:
     buffer = io.BytesIO()
     torch.jit.save(torch.jit.script(model.eval()), buffer)
     return strip_debug_info(buffer.getvalue())
+
+
+def strip_debug_info(blob: bytes) -> bytes:
+    """A saved TorchScript archive without its ``.debug_pkl`` records (source file paths): reproducible bytes
+    for the shipped example model; the model runs the same."""
+    reader = torch._C.PyTorchFileReader(io.BytesIO(blob))
+    out = io.BytesIO()
+    writer = torch._C.PyTorchFileWriter(out)
+    for record in reader.get_all_records():
+        if record.endswith(".debug_pkl") or record == ".data/serialization_id":
+            continue  # the writer adds its own serialization id
+        data = reader.get_record(record)
+        writer.write_record(record, data, len(data))
+    writer.write_end_of_file()
+    return out.getvalue()
 
 
 def noise_inputs(rows: int, seed: int = OOD_SEED) -> torch.Tensor:

@@ -180,7 +180,7 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
         return opt.lm_files(request, record=not request.outputs.no_write)
     if output is None or output.lower().endswith(".safetensors"):
         return {"--output": output}
-    from ..io.sidecar import sidecar_path
+    from ..io.paths import sidecar_path
 
     return {"--output": output, "the sidecar of --output": str(sidecar_path(output))}
 

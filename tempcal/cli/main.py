@@ -133,8 +133,7 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     """Before any work: each output can be written where it is named, no output is the same file as another output
     or an input (SOURCE's sidecar, the configuration file and ``$GITHUB_STEP_SUMMARY`` included), and none, nor a
     file T is written back into (``write_back``: SOURCE files), lies in a model folder but the record of T."""
-    from ..io.paths import check_distinct, check_target, expand
-    from ..io.sidecar import sidecar_path
+    from ..io.paths import check_distinct, check_target, expand, sidecar_path
     from ..output.files import STEP_SUMMARY_ENV, check_extra, step_summary_path
     from ..output.plots import check_plot_path
     from .config import config_state
@@ -173,8 +172,7 @@ def _records(given: list[tuple[str, str]], folders: list[tuple[str, str]]) -> li
 
 def _write_back_targets(write_back: list[str] | None) -> list[str]:
     """The file that takes T for each SOURCE file it is written back into: itself, or its sidecar."""
-    from ..io.paths import expand
-    from ..io.sidecar import sidecar_path
+    from ..io.paths import expand, sidecar_path
 
     return [path if path.lower().endswith(".safetensors") else str(sidecar_path(path))
             for path in expand(write_back or []) if os.path.isfile(path)]  # a missing SOURCE is for opening to say

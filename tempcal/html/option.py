@@ -32,7 +32,7 @@ def check_html_path(path: str) -> Path:
 def write_html(path: str, command: str, result: Any, data: dict, argv: Sequence[str]) -> str:
     """Render and write the page atomically; the line saying so."""
     from ..errors import neutral
-    from ..io.atomic import write_text_atomic
+    from ..io.paths import write_text_atomic
     from .page import page
 
     out = check_html_path(path)

@@ -1,7 +1,5 @@
-"""Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and digits.
-
-A FIFO, ``/dev/zero`` or JSON nested 100,000 deep become specific exceptions carrying what the caller's
-one-line message needs (kind of file, size, line and column); the callers word the messages.
+"""Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and
+digits; each refusal an exception carrying what the caller's one-line message names (kind, size, line and column).
 """
 
 from __future__ import annotations
@@ -84,11 +82,8 @@ class JsonLongInteger(_Placed):
 
 
 def read_regular(path: str | os.PathLike, limit: int) -> bytes:
-    """The bytes of ``path``, which must be a regular file (a link to one is followed) of at most ``limit`` bytes.
-
-    Checked before the open (a device is never opened) and on the open file, opened without blocking; reading
-    one byte past ``limit`` notices a growing file. Raises :class:`NotRegularFile`, :class:`TooLarge` or ``OSError``.
-    """
+    """The bytes of ``path``, a regular file (checked before and after a non-blocking open: a device is never read)
+    of at most ``limit`` bytes (one byte past it read, to notice a growing file); else ``BoundedReadError``."""
     _check(os.stat(path), path, limit)
     with os.fdopen(os.open(path, _OPEN_FLAGS), "rb") as f:
         _check(os.fstat(f.fileno()), path, limit)
@@ -109,11 +104,8 @@ def _check(info: os.stat_result, path: str | os.PathLike, limit: int) -> None:
 
 
 def load_json(text: str, *, max_depth: int, max_int_digits: int) -> Any:
-    """``json.loads(text)``, refusing nesting deeper than ``max_depth`` and integers of more than ``max_int_digits``.
-
-    Raises :class:`JsonTooDeep` (first, when the text is also otherwise wrong), :class:`JsonLongInteger` or
-    ``json.JSONDecodeError``; the nesting is walked only when the text has more than ``max_depth`` brackets.
-    """
+    """``json.loads(text)``, refusing nesting deeper than ``max_depth`` (:class:`JsonTooDeep`, before any other
+    refusal) and integers of more than ``max_int_digits`` digits (:class:`JsonLongInteger`)."""
     def bounded_int(digits: str) -> int:
         count = len(digits) - digits.startswith("-")
         try:

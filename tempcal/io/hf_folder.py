@@ -1,7 +1,5 @@
-"""The files of a Hugging Face model folder, read as untrusted input: its JSON bounded, its links kept inside.
-
-Every file the folder names is a plain file name; a link is followed only to a file inside the folder or, in
-the hub's cache (``models--ORG--NAME/snapshots/REV/`` linking to ``../../blobs/HASH``), inside ``blobs/``.
+"""The files of a Hugging Face model folder, read as untrusted input: JSON bounded, plain file names, and links
+followed only inside the folder or, in the hub's cache, into the repository's ``blobs/``.
 """
 
 from __future__ import annotations
@@ -30,8 +28,8 @@ INDEX_NAME, SINGLE_NAME, CONFIG_NAME = "model.safetensors.index.json", "model.sa
 
 
 def read_json(folder: Path, name: str, limit: int) -> Any:
-    """The JSON file ``folder/name``: a regular file (see :func:`checkpoint_file`) of at most ``limit`` bytes, its
-    nesting and integers bounded; any problem is one line naming the file and where in it."""
+    """The JSON file ``folder/name`` (see :func:`checkpoint_file`), at most ``limit`` bytes, its nesting and integers
+    bounded (:data:`MAX_DEPTH`, :data:`MAX_INT_DIGITS`); any problem is one line naming the file and where in it."""
     path = checkpoint_file(folder, name)
     try:
         raw = read_regular(path, limit)
@@ -41,24 +39,18 @@ def read_json(folder: Path, name: str, limit: int) -> Any:
         raise TempcalError(f"{path}: {exc.size_text}, more than the {limit} tempcal reads from a {name}") from None
     except OSError as exc:
         raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return parse_json(path, raw)
-
-
-def parse_json(where: Path, raw: bytes) -> Any:
-    """``raw`` parsed, nested at most :data:`MAX_DEPTH` deep, its integers of at most :data:`MAX_INT_DIGITS` digits;
-    a refusal names the line and column."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise TempcalError(f"{where}: not UTF-8 text (byte {exc.start})") from None
+        raise TempcalError(f"{path}: not UTF-8 text (byte {exc.start})") from None
     try:
         return load_json(text, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
     except JsonTooDeep as exc:
-        raise TempcalError(f"{where}: {exc.at}nested more than {MAX_DEPTH} levels deep") from None
+        raise TempcalError(f"{path}: {exc.at}nested more than {MAX_DEPTH} levels deep") from None
     except JsonLongInteger as exc:
-        raise TempcalError(f"{where}: {exc.at}an integer of more than {MAX_INT_DIGITS} digits") from None
+        raise TempcalError(f"{path}: {exc.at}an integer of more than {MAX_INT_DIGITS} digits") from None
     except json.JSONDecodeError as exc:
-        raise TempcalError(f"{where}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})") from None
+        raise TempcalError(f"{path}: line {exc.lineno} column {exc.colno}: not valid JSON ({exc.msg})") from None
 
 
 def cache_blobs(folder: Path) -> Path | None:
@@ -104,9 +96,9 @@ def check_model_folder(folder: Path, option: str) -> None:
 
 def weight_map(folder: Path) -> dict[str, str] | None:
     """Each tensor of a sharded checkpoint and its shard's file name (checked, not yet opened); None: no index."""
-    if not (folder / INDEX_NAME).exists() and not (folder / INDEX_NAME).is_symlink():
-        return None
     index = folder / INDEX_NAME
+    if not index.exists() and not index.is_symlink():
+        return None
     parsed = read_json(folder, INDEX_NAME, MAX_INDEX_BYTES)
     found = parsed.get("weight_map") if isinstance(parsed, dict) else None
     if not isinstance(found, dict):
@@ -128,5 +120,5 @@ def _plain_name(file: object) -> bool:
             and "\x00" not in file)
 
 
-__all__ = ["CONFIG_NAME", "INDEX_NAME", "MAX_CONFIG_BYTES", "MAX_INDEX_BYTES", "SINGLE_NAME", "cache_blobs",
-           "check_model_folder", "checkpoint_file", "parse_json", "read_json", "weight_map"]
+__all__ = ["CONFIG_NAME", "INDEX_NAME", "MAX_CONFIG_BYTES", "SINGLE_NAME", "check_model_folder", "checkpoint_file",
+           "read_json", "weight_map"]

@@ -1,19 +1,168 @@
-"""Where tempcal may write: the checks every output path passes, before any work and again at the rename.
-
-An output is a regular file or nothing, never a link (only SOURCE, followed for write-back), not read-only
-(root included), distinct from every other file the command reads or writes, and not inside a model folder
-except tempcal's own record there (docs/reliability.md).
+"""Where and how tempcal writes a file: the checks every output path passes (before any work and at the rename),
+and :func:`atomic_path`, the one way a file is written, so that a crash leaves the old file or the complete new one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import stat
-from collections.abc import Iterable, Sequence
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import TempcalError
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
+#: Temporary files are named ``.NAME.tempcal-XXXXXXXX.tmp`` (NAME cut to this many characters).
+TEMP_TAG, TEMP_SUFFIX, TEMP_NAME_CHARS = ".tempcal-", ".tmp", 100
+#: A temporary file older than this whose lock nobody holds was left by a killed writer.
+STALE_SECONDS = 60.0
+#: Beside a file without metadata of its own, ``FILE.tempcal.json`` keeps its T (:mod:`tempcal.io.sidecar`).
+SIDECAR_SUFFIX = ".tempcal.json"
+
+
+def sidecar_path(path: str | os.PathLike) -> Path:
+    """Where the T of a file without metadata is kept: ``FILE.tempcal.json`` beside it."""
+    path = Path(path)
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def destination_of(path: str | os.PathLike) -> Path:
+    """Where writing ``path`` goes when a link is followed: the file a symbolic link names, else ``path`` itself."""
+    shown = Path(path)
+    return Path(os.path.realpath(shown)) if shown.is_symlink() else shown
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None,
+                guard: Callable[[], AbstractContextManager[object]] | None = None) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` (checked by :func:`check_target`); when the block succeeds it is
+    fsynced and renamed over ``path`` (``mode``: by default the old file's), else ``path`` is untouched."""
+    label = f"{what} {path}" if what else str(path)
+    destination = check_target(path, label)
+    folder = destination.parent
+    _sweep_stale_temporaries(folder, destination.name)
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}",
+                                    suffix=TEMP_SUFFIX)
+    except OSError as exc:
+        raise TempcalError(f"{label}: cannot write in {folder} ({exc.strerror or exc})") from None
+    temporary = Path(name)
+    try:
+        _try_lock(fd)  # tells a later sweep that this temporary file is alive
+        yield temporary
+        with open(temporary, "rb+") as f:
+            os.fsync(f.fileno())
+            _keep_owner(f.fileno(), destination)
+        os.chmod(temporary, _mode_for(destination) if mode is None else mode)
+        with guard() if guard is not None else contextlib.nullcontext():
+            check_target(destination, label)  # nothing planted there (a link, a device) while we wrote
+            os.replace(temporary, destination)
+    except BaseException as exc:
+        temporary.unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            raise TempcalError(f"{label}: cannot write ({exc.strerror or exc}); the file is unchanged") from None
+        raise
+    finally:
+        os.close(fd)
+    _fsync_folder(folder)
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, what: str = "output",
+                 mode: int | None = None) -> Path:
+    """Write via ``write(file)`` into ``path`` atomically (see :func:`atomic_path`); returns ``path``."""
+    with atomic_path(path, what=what, mode=mode) as temporary, open(temporary, "wb") as f:
+        write(f)
+    return Path(path)
+
+
+def write_bytes_atomic(path: str | os.PathLike, blob: bytes, *, what: str = "output") -> Path:
+    """Write ``blob`` into ``path`` atomically."""
+    return write_atomic(path, lambda f: f.write(blob), what=what)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, *, what: str = "output") -> Path:
+    """Write ``text`` (UTF-8) into ``path`` atomically."""
+    return write_bytes_atomic(path, text.encode("utf-8"), what=what)
+
+
+def _mode_for(path: Path) -> int:
+    """An existing file's permissions, else what a plain ``open(path, "w")`` would give (0o666 less the umask)."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _keep_owner(fd: int, destination: Path) -> None:
+    """Give the new file the replaced file's owner and group, where this process may."""
+    try:
+        old = destination.stat()
+    except OSError:
+        return
+    new = os.fstat(fd)
+    if (old.st_uid, old.st_gid) != (new.st_uid, new.st_gid):
+        with contextlib.suppress(OSError, AttributeError):
+            os.fchown(fd, old.st_uid, old.st_gid)
+
+
+def _try_lock(fd: int) -> bool:
+    if fcntl is None:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return False
+    return True
+
+
+def _sweep_stale_temporaries(folder: Path, name: str) -> None:
+    """Remove temporary files that killed writers into ``folder/name`` left: old, and locked by nobody."""
+    prefix = f".{name[:TEMP_NAME_CHARS]}{TEMP_TAG}"
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return
+    now = time.time()
+    for entry in entries:
+        if not (entry.name.startswith(prefix) and entry.name.endswith(TEMP_SUFFIX)):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+            if not entry.is_file(follow_symlinks=False) or now - st.st_mtime < STALE_SECONDS:
+                continue
+            fd = os.open(entry.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        except OSError:
+            continue
+        try:
+            if os.fstat(fd).st_ino == st.st_ino and _try_lock(fd):
+                os.unlink(entry.path)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the rename itself durable where the platform allows it."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
 
 #: What ``stat`` calls a file that is not a regular file or a folder, as messages name it.
 _KINDS = ((stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"), (stat.S_ISFIFO, "named pipe"),
@@ -34,7 +183,7 @@ def check_folder(path: str | os.PathLike, label: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise TempcalError(f"{label}: is a folder")
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
     if not folder.is_dir():
         raise TempcalError(f"{label}: folder {folder} does not exist")
     return folder
@@ -80,7 +229,7 @@ def check_target(path: str | os.PathLike, label: str, *, follow_link: bool = Fal
 def check_name_length(path: Path, label: str) -> None:
     """The file's name and path fit the file system's limits (``NAME_MAX``, usually 255 bytes; ``PATH_MAX``): checked
     first, since any other look at a name too long fails with ENAMETOOLONG."""
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent
     for what, text, key, default in (("name", path.name, "PC_NAME_MAX", 255), ("path", str(path), "PC_PATH_MAX", 4096)):
         try:
             limit = os.pathconf(folder, key)
@@ -172,10 +321,8 @@ def check_named_once(paths: Sequence[str | os.PathLike]) -> None:
 def check_distinct(outputs: Sequence[tuple[str, str]], inputs: Sequence[tuple[str, str]], *,
                    appends: Iterable[str] = (), folders: Sequence[tuple[str, str]] = (),
                    writable: Iterable[str] = (), updates: Sequence[tuple[str, str]] = ()) -> None:
-    """Every output is a file of its own: not an input, not another output (``(label, path)`` pairs; outputs
-    labelled in ``appends`` are appended to rather than replaced), and not inside a read-only model folder of
-    ``folders`` (``(option, folder)`` pairs) unless labelled in ``writable``; nor is a file of ``updates``, the
-    inputs written back into. The first clash is an error naming both."""
+    """Every output (``(label, path)``; ``appends`` labels those appended to) is no input and no other output, and
+    no output (but those ``writable``) nor any of ``updates`` lies in a model folder of ``folders``: else one line."""
     appending, allowed = set(appends), set(writable)
     members = [(option, folder, _members(folder)) for option, folder in folders]
     for label, path in updates:
@@ -230,5 +377,6 @@ def _refuse_inside(label: str, path: str, members: Sequence[tuple[str, str, list
                                "generation_config.json when asked): give a path outside it; nothing written")
 
 
-__all__ = ["GLOB_CHARACTERS", "check_distinct", "check_folder", "check_name_length", "check_named_once", "check_target",
-           "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only", "same_file"]
+__all__ = ["atomic_path", "check_distinct", "check_folder", "check_named_once", "check_target", "destination_of",
+           "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only", "same_file", "sidecar_path",
+           "write_atomic", "write_bytes_atomic", "write_text_atomic"]

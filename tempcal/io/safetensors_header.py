@@ -1,10 +1,5 @@
-"""Safetensors files' headers: read and checked before any tensor is read; T written into the metadata.
-
-The file's identity (device, inode, size, mtime) is recorded with the header, so a file changed while tempcal
-works on it is noticed, never overwritten. Write-back copies the old data section byte for byte behind a new
-header (:mod:`tempcal.io.atomic`); the "source unchanged" check and the rename run under an advisory ``flock`` on
-the source, so of concurrent write-backs the first to rename wins and the others refuse, nothing written
-(docs/reliability.md).
+"""Safetensors headers, read and checked before any tensor is; T written back into the metadata, refused when the
+file changed since it was read (its identity kept with the header; the check and the rename under ``flock``).
 """
 
 from __future__ import annotations
@@ -25,7 +20,7 @@ from pathlib import Path
 
 from ..errors import TempcalError
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
-from .atomic import atomic_path, destination_of
+from .paths import atomic_path, destination_of
 
 try:
     import fcntl
@@ -73,19 +68,15 @@ class FileStamp:
         return "it was modified (new mtime)"
 
 
-def file_stamp(path: str | os.PathLike) -> FileStamp | None:
-    """The stamp of the file ``path`` names now (following links), or None if there is none."""
-    try:
-        return FileStamp.of(os.stat(path))
-    except OSError:
-        return None
-
-
 def check_unchanged(path: str | os.PathLike, stamp: FileStamp | None, *, since: str = "tempcal read it") -> None:
-    """Refuse to go on when ``path`` is no longer the file ``stamp`` was taken of."""
+    """Refuse to go on when ``path`` (links followed) is no longer the file ``stamp`` was taken of."""
     if stamp is None:
         return
-    change = stamp.change_to(file_stamp(path))
+    try:
+        now: FileStamp | None = FileStamp.of(os.stat(path))
+    except OSError:
+        now = None
+    change = stamp.change_to(now)
     if change is not None:
         raise TempcalError(f"{path}: changed since {since} ({change}); nothing written, run tempcal again")
 
@@ -132,10 +123,6 @@ class Header:
     def stored_temperature(self) -> float | None:
         """The T a previous ``tempcal fit`` wrote into the metadata, if any."""
         return stored_temperature(self.metadata.get(TEMPERATURE_KEY), f"{self.path}: metadata")
-
-    def encoded(self, metadata: Mapping[str, str]) -> bytes:
-        """This header's bytes with ``metadata`` in place of its own (every tensor's entry kept)."""
-        return encode_header(self.tensors, metadata)
 
     def torch_dtype(self, key: str):
         """The torch dtype of tensor ``key``."""
@@ -258,7 +245,7 @@ def _parse_json(path: Path, raw: bytes) -> dict:
     except UnicodeDecodeError:
         raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
     except _Duplicate as exc:
-        raise TempcalError(f"{path}: not a valid safetensors header (key {shown(exc.key)} appears twice)") from None
+        raise TempcalError(f"{path}: not a valid safetensors header (key {shown(exc.args[0])} appears twice)") from None
     except (ValueError, RecursionError):  # JSONDecodeError, integers past Python's digit limit, deep nesting
         raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
     if not isinstance(parsed, dict):
@@ -267,9 +254,7 @@ def _parse_json(path: Path, raw: bytes) -> dict:
 
 
 class _Duplicate(Exception):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
+    """A key the header holds twice (its one argument)."""
 
 
 def _is_count(value: object) -> bool:
@@ -350,14 +335,17 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     header = reread_header(source)
     if stamp is not None and stamp.change_to(header.stamp) is not None:
         check_unchanged(source, stamp)
-    from .sidecar import updated_metadata
-
     kept = updated_metadata(header.metadata, metadata)
     kept[TEMPERATURE_KEY] = format_temperature(temperature)
     # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
     destination = destination_of(source) if output is None else Path(output)
-    copy_with_header(destination, header, header.encoded(kept))
+    copy_with_header(destination, header, encode_header(header.tensors, kept))
     return destination
+
+
+def updated_metadata(metadata: Mapping[str, str], updates: Mapping[str, str | None] | None) -> dict[str, str]:
+    """``metadata`` with ``updates`` applied: a string sets its key, None removes it."""
+    return {key: value for key, value in {**metadata, **(updates or {})}.items() if value is not None}
 
 
 def copy_with_header(destination: Path, header: Header, new_header: bytes) -> None:

@@ -1,7 +1,5 @@
-"""T for files that have no metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file.
-
-The sidecar records the file's size, mtime and SHA-256, so one left behind by an older version of the file is
-noticed and its T ignored. It is written atomically and never through a link.
+"""T for files without metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file, written atomically,
+recording the file's size, mtime and SHA-256, so that one left by an older version of the file is ignored.
 """
 
 from __future__ import annotations
@@ -17,40 +15,30 @@ from typing import Any, BinaryIO
 
 from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
-from .atomic import write_atomic
 from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
-from .paths import check_target
+from .paths import check_target, sidecar_path, write_atomic
+from .safetensors_header import updated_metadata
 
-SIDECAR_SUFFIX = ".tempcal.json"
 SIDECAR_VERSION = 1
 HASH_BLOCK = 1 << 20
 
 
-def sidecar_path(path: str | os.PathLike) -> Path:
-    """Where the T of a file without metadata is kept: ``FILE.tempcal.json`` beside it."""
-    path = Path(path)
-    return path.with_name(path.name + SIDECAR_SUFFIX)
-
-
-def check_regular_file(path: Path) -> None:
+def check_regular_file(path: str | os.PathLike) -> None:
     """A missing path or a folder is a one-line error naming it."""
-    if not path.exists():
+    if not os.path.exists(path):
         raise TempcalError(f"{path}: no such file")
-    if not path.is_file():
+    if not os.path.isfile(path):
         raise TempcalError(f"{path}: not a regular file")
 
 
 def read_sidecar(path: str | os.PathLike) -> tuple[dict[str, str], list[str]]:
-    """The metadata in ``path``'s sidecar, and warnings; ``{}`` when there is none or it is stale (current: the size
-    matches and the mtime or, computed only when the mtime differs, the SHA-256)."""
+    """The metadata in ``path``'s sidecar, and warnings; ``{}`` when there is none or it is stale."""
     path = Path(path)
     side = sidecar_path(path)
     if not side.exists():
         return {}, []
     record = _read_record(side)
-    stat = path.stat()
-    if record["size"] == stat.st_size and (record["mtime_ns"] == stat.st_mtime_ns
-                                           or record["sha256"] == file_sha256(path)):
+    if _is_current(record, path):
         return dict(record["metadata"]), []
     return {}, [StoredNote(f"{side}: was written for a different {path.name} (the file changed since); its stored "
                            "temperature is ignored (run tempcal fit again)")]
@@ -77,13 +65,21 @@ def sidecar_state(path: str | os.PathLike) -> SidecarState:
     try:
         check_target(side, str(side))
         record = _read_record(side)
-        metadata, notes = read_sidecar(path)
+        current = _is_current(record, path)
     except TempcalError as exc:
         return SidecarState(side, "broken", {}, str(exc))
-    if notes:
+    if not current:
         return SidecarState(side, "stale", dict(record["metadata"]), "it was written for a different version of "
                             f"{path.name} (size or contents changed since)")
-    return SidecarState(side, "fresh", metadata)
+    return SidecarState(side, "fresh", dict(record["metadata"]))
+
+
+def _is_current(record: dict[str, Any], path: Path) -> bool:
+    """The sidecar was written for this version of ``path``: the size matches, and the mtime or (computed only when
+    the mtime differs) the SHA-256."""
+    stat = path.stat()
+    return record["size"] == stat.st_size and (record["mtime_ns"] == stat.st_mtime_ns
+                                               or record["sha256"] == file_sha256(path))
 
 
 def sidecar_temperature(path: str | os.PathLike) -> tuple[float | None, list[str]]:
@@ -169,17 +165,6 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
     return side
 
 
-def updated_metadata(metadata: Mapping[str, str], updates: Mapping[str, str | None] | None) -> dict[str, str]:
-    """``metadata`` with ``updates`` applied: a string sets its key, None removes it."""
-    out = dict(metadata)
-    for key, value in (updates or {}).items():
-        if value is None:
-            out.pop(key, None)
-        else:
-            out[key] = value
-    return out
-
-
 def write_sidecar_copy(source: Path, temperature: float, output: Path, *,
                        updates: Mapping[str, str | None] | None = None) -> Path:
     """Copy ``source`` byte for byte to ``output`` (same suffix) and give the copy a sidecar holding T (and
@@ -212,5 +197,5 @@ def _current_metadata(path: Path) -> dict[str, str]:
         return {}
 
 
-__all__ = ["SIDECAR_SUFFIX", "SidecarState", "file_sha256", "read_sidecar", "sidecar_path", "sidecar_state",
-           "sidecar_temperature", "updated_metadata", "write_sidecar", "write_sidecar_copy"]
+__all__ = ["read_sidecar", "sidecar_state", "sidecar_temperature", "write_sidecar",
+           "write_sidecar_copy"]

@@ -1,12 +1,12 @@
-"""Tensors written chunk by chunk, never held whole: safetensors, ``.npz`` and ``.npy`` files.
-
-Every tensor's dtype and shape are known before its first chunk, so the header (as the safetensors library or
-``numpy.savez`` writes it) goes first and the chunks follow, into :func:`tempcal.io.atomic.atomic_path`'s file.
+"""Tensors written chunk by chunk, never held whole, as safetensors, ``.npz`` or ``.npy``: every dtype and shape is
+known before the first chunk, so the header goes first, into :func:`tempcal.io.paths.atomic_path`'s file.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
 from ..errors import TempcalError
-from .atomic import atomic_path
+from .paths import atomic_path
 from .safetensors_header import dtype_code, encode_header, laid_out
 
 if TYPE_CHECKING:
@@ -35,10 +35,7 @@ class Planned:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for n in self.shape:
-            count *= n
-        return count * self.dtype.itemsize
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def output_format(path: str | os.PathLike, label: str) -> str:
@@ -59,25 +56,17 @@ def write_streamed(path: str | os.PathLike, planned: Sequence[Planned], *, metad
         raise TempcalError(f"{what} {path}: a .npy file holds one array, not {len(planned)}")
     with atomic_path(path, what=what) as temporary, open(temporary, "wb") as f:
         if suffix == ".safetensors":
-            _write_safetensors(f, planned, metadata or {})
+            f.write(encode_header(laid_out((t.name, dtype_code(t.dtype), t.shape) for t in planned), metadata or {}))
+            for tensor in planned:
+                _write_data(f, tensor)
         elif suffix == ".npz":
-            _write_npz(f, planned)
+            with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
+                for tensor in planned:
+                    with archive.open(f"{tensor.name}.npy", "w", force_zip64=True) as member:
+                        _write_npy(member, tensor)  # type: ignore[arg-type]
         else:
             _write_npy(f, planned[0])
     return Path(path)
-
-
-def _write_safetensors(f: BinaryIO, planned: Sequence[Planned], metadata: Mapping[str, str]) -> None:
-    f.write(encode_header(laid_out((t.name, dtype_code(t.dtype), t.shape) for t in planned), metadata))
-    for tensor in planned:
-        _write_data(f, tensor)
-
-
-def _write_npz(f: BinaryIO, planned: Sequence[Planned]) -> None:
-    with zipfile.ZipFile(f, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as archive:
-        for tensor in planned:
-            with archive.open(f"{tensor.name}.npy", "w", force_zip64=True) as member:
-                _write_npy(member, tensor)  # type: ignore[arg-type]
 
 
 def _write_npy(f: BinaryIO, tensor: Planned) -> None:
@@ -91,8 +80,6 @@ def _write_npy(f: BinaryIO, tensor: Planned) -> None:
 
 def _write_data(f: BinaryIO, tensor: Planned) -> None:
     """Every chunk's bytes (little-endian, C order), checked against the bytes the header declared."""
-    import sys
-
     written = 0
     for chunk in tensor.chunks():
         block = chunk.detach().to("cpu", tensor.dtype).contiguous()
@@ -106,4 +93,4 @@ def _write_data(f: BinaryIO, tensor: Planned) -> None:
                            f"({list(tensor.shape)} of {tensor.dtype}); nothing written")
 
 
-__all__ = ["STREAMED_SUFFIXES", "Planned", "output_format", "write_streamed"]
+__all__ = ["Planned", "output_format", "write_streamed"]

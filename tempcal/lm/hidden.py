@@ -30,7 +30,7 @@ import torch
 
 from ..core.data import default_chunk_rows, to_device
 from ..errors import TempcalError
-from ..io.atomic import write_atomic
+from ..io.paths import write_atomic
 from ..io.safetensors_header import dtype_code, encode_header, laid_out
 from ..progress import DELAY, Progress
 

@@ -5,7 +5,7 @@ command's settings and the tempcal version. It is a new file beside the model's 
 changes; ``report`` and ``ood --lm MODEL`` read T from it. ``--write-generation-config`` also sets
 ``temperature`` in ``generation_config.json``, every other key kept in its order (a folder without one
 gets the configuration transformers would derive from ``config.json``, plus the temperature). Both are
-written atomically (:mod:`tempcal.io.atomic`), never through a link.
+written atomically (:mod:`tempcal.io.paths`), never through a link.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import TempcalError
-from ..io.atomic import write_text_atomic
 from ..io.hf_folder import read_json
+from ..io.paths import write_text_atomic
 from ..validation import as_temperature, temperature_number
 
 RECORD_NAME = "tempcal.json"

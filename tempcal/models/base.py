@@ -1,15 +1,11 @@
-"""What every model format gives the rest of tempcal: a loaded model that maps an inputs batch to outputs.
-
-A calibrated model saved by tempcal divides the selected logits of the original by T (a wrapper
-for TorchScript, a division added to the graph for ``.pt2`` and ONNX); loading one gives back the
-original (``net``) and T (``temperature``), so ``--tau`` means what it means for a logits file
-holding T in its metadata: the default (the stored T) reproduces the calibrated outputs, ``--tau 1``
-the original's. :func:`load_model` loads any format, picked by :func:`tempcal.models.detect.model_format`.
+"""What every model format gives the rest of tempcal, :class:`LoadedModel` (the original's ``net`` and a calibrated
+model's T, so the default ``--tau`` reproduces the calibrated outputs), and what the formats share.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import logging
 import os
@@ -32,7 +28,7 @@ class LoadedModel:
     """A model ready to run: ``net(x)`` gives the original's outputs; ``temperature`` is a calibrated model's T."""
 
     path: Path
-    format: str  # "torchscript", "export" (.pt2) or "onnx": see tempcal.models.detect.FORMATS
+    format: str  # "torchscript", "export" (.pt2) or "onnx": see tempcal.models.detect.FORMAT_NAMES
     #: ``net(x)`` maps an inputs batch (a tensor on ``device``) to the original's outputs: a tensor, a tuple or a
     #: dict of tensors. For torch formats a module in eval semantics (autograd works through it, for ODIN); for
     #: ONNX a callable that runs onnxruntime (no autograd).
@@ -46,10 +42,8 @@ class LoadedModel:
 
 
 def runtime(model_format: str) -> Any:
-    """The module that loads (and saves) ``model_format``: ``tempcal.models.<FORMATS[model_format]>``."""
-    from .detect import FORMATS
-
-    return importlib.import_module(f"{__package__}.{FORMATS[model_format]}")
+    """The module that loads (and saves) ``model_format``: ``tempcal.models.<model_format>``."""
+    return importlib.import_module(f"{__package__}.{model_format}")
 
 
 def load_model(path: str | os.PathLike, device: Any = "auto") -> LoadedModel:
@@ -95,5 +89,51 @@ def reraise_control(exc: BaseException) -> None:
         raise exc
 
 
+# -- which operators a model file may run: torch's own pure computations (docs/models.md, "Operators, for both")
+#: Operator libraries a TorchScript graph may call (exported programs: ``aten`` only).
+TORCHSCRIPT_NAMESPACES = ("aten", "prim")
+#: Variadic operators that are computations: ``Tensor.tolist()``.
+_VARIADIC_ALLOWED = frozenset({"prim::tolist"})
+
+
+@functools.cache
+def _void_allowed() -> frozenset[str]:
+    """Operators returning nothing that are allowed: checks that raise, a warning, ``torch.no_grad()``."""
+    import torch
+
+    try:
+        from torch.fx.node import _side_effectful_functions as effectful
+    except ImportError:  # a torch without the list: the checks named below only
+        effectful = set()
+    checks = {op._schema.name for op in effectful
+              if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"}
+    return frozenset(checks | {"prim::RaiseException", "aten::warn", "aten::set_grad_enabled",
+                               "aten::_linalg_check_errors", "aten::_assert_async", "aten::_assert_scalar"})
+
+
+def schema_refusal(schema: Any, namespaces: tuple[str, ...] = TORCHSCRIPT_NAMESPACES) -> str | None:
+    """Why the operator of ``schema`` (a ``torch._C.FunctionSchema``) is refused, or None when it is allowed."""
+    name = schema.name
+    namespace = name.split("::", 1)[0]
+    if namespace not in namespaces:
+        return f"a '{namespace}' operator, not one of torch's built-in operators ({', '.join(namespaces)})"
+    if any(argument.name == "filename" for argument in schema.arguments):
+        return "it reads or writes a file"
+    text = str(schema)
+    if namespace == "prim" and text.split(" -> ", 1)[0].endswith("(...)") and name not in _VARIADIC_ALLOWED:
+        return "an interpreter operator (printing, Python or remote calls, compiler internals), not a computation"
+    returns_nothing = not schema.returns and not text.endswith("-> ...")
+    writes = any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+    if returns_nothing and not writes and name not in _void_allowed():
+        return "it returns nothing, so it runs only for a side effect"
+    return None
+
+
+def refused_line(label: str, operator: str, why: str, where: str) -> str:
+    """The one-line refusal naming the operator, why, and where in the model it is called."""
+    return (f"{label}: the model calls {operator} ({why}) in {where}; tempcal runs models made of torch's "
+            "pure tensor operators only; refused")
+
+
 __all__ = ["DEFAULT_BATCH_SIZE", "ORIGINAL", "TEMPERATURE_BUFFER", "LoadedModel", "OutputKey", "error_line",
-           "is_out_of_memory", "load_model", "quiet", "reraise_control", "runtime"]
+           "is_out_of_memory", "load_model", "quiet", "refused_line", "reraise_control", "runtime", "schema_refusal"]

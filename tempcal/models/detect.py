@@ -1,7 +1,5 @@
-"""Which model format a file holds, read from its suffix, first bytes and zip directory only (nothing is unpickled).
-
-``.onnx`` is told by its suffix (protobuf has no magic bytes); ``.pt``/``.pth`` may also be dicts of tensors
-(logits files), models only when their zip directory says so or ``--inputs`` is given. Imports no torch or onnx.
+"""Which model format a file holds, from its suffix, first bytes and zip directory only (nothing unpickled, no torch
+imported): ``.onnx`` by suffix; ``.pt``/``.pth`` models only when their zip says so or ``--inputs`` is given.
 """
 
 from __future__ import annotations
@@ -17,10 +15,8 @@ TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript")
 EXPORT_SUFFIX, ONNX_SUFFIX = ".pt2", ".onnx"
 #: Every suffix a model SOURCE may have.
 MODEL_SUFFIXES = (EXPORT_SUFFIX, ONNX_SUFFIX, *TORCHSCRIPT_SUFFIXES)
-#: Each format and the module of ``tempcal.models`` that loads it (``load(path, device) -> LoadedModel``) and
-#: writes it calibrated (``save_calibrated(model, temperature, out_path, *, output_key, check_inputs)``).
-FORMATS = {"export": "export", "onnx": "onnx", "torchscript": "torchscript"}
-#: How messages name each format.
+#: How messages name each format; each is also the name of the ``tempcal.models`` module that loads it
+#: (``load(path, device) -> LoadedModel``) and writes it calibrated (``save_calibrated``).
 FORMAT_NAMES = {"export": "an exported program (.pt2)", "onnx": "an ONNX model", "torchscript": "a TorchScript model"}
 #: How to save a model so that tempcal can read it (shown in errors).
 HOW_TO_SAVE = "save it with torch.jit.save(torch.jit.script(model), PATH)"
@@ -29,9 +25,8 @@ _EXPORT_MEMBERS = ("archive_format", "serialized_exported_program.json")
 
 
 def archive_kind(path: str | os.PathLike) -> str:
-    """What ``path`` holds: ``torchscript``, ``export``, ``torch.save zip``, ``zip``, ``pickle``, ``missing``,
-    ``not a file`` or ``other``. A TorchScript archive holds ``constants.pkl`` and ``code/`` (the test torch.load
-    itself uses); a torch.export archive an ``archive_format`` member."""
+    """What ``path`` holds: ``torchscript`` (``constants.pkl`` and ``code/``, torch.load's own test), ``export``,
+    ``torch.save zip``, ``zip``, ``pickle``, ``missing``, ``not a file`` or ``other``."""
     path = Path(path)
     try:
         if not path.exists():
@@ -60,9 +55,8 @@ def archive_kind(path: str | os.PathLike) -> str:
 
 
 def model_format(path: str | os.PathLike) -> str:
-    """The format of a model file: ``onnx`` by suffix; a torch archive by its zip directory (a TorchScript or
-    exported-program archive under any torch suffix), else by suffix (``.pt2``: ``export``; others:
-    ``torchscript``), so that the format's loader says what is wrong with the file."""
+    """The format of a model file: ``onnx`` by suffix; a torch archive by its zip directory, else by suffix (so that
+    the format's loader says what is wrong with the file): ``.pt2`` ``export``, others ``torchscript``."""
     suffix = Path(path).suffix.lower()
     if suffix == ONNX_SUFFIX:
         return "onnx"
@@ -120,6 +114,5 @@ def save_format(source: str | os.PathLike, out_path: str | os.PathLike) -> str:
                        f"tempcal writes {_CAN_WRITE[have]}")
 
 
-__all__ = ["EXPORT_SUFFIX", "FORMATS", "FORMAT_NAMES", "HOW_TO_SAVE", "MODEL_SUFFIXES", "ONNX_SUFFIX",
-           "TORCHSCRIPT_SUFFIXES", "WRITES", "archive_kind", "is_model_path", "looks_like_model", "model_format",
-           "save_format"]
+__all__ = ["FORMAT_NAMES", "HOW_TO_SAVE", "MODEL_SUFFIXES", "archive_kind", "is_model_path", "looks_like_model",
+           "model_format", "save_format"]

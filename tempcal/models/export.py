@@ -1,9 +1,5 @@
-"""``torch.export`` programs (``.pt2``): loaded without unpickling anything, run as a SOURCE, written calibrated.
-
-Only a fresh copy of the members :mod:`tempcal.models.pt2_archive` checked reaches torch. Writing turns the
-original (or a TorchScript model, via :func:`tempcal.models.torchscript.to_graph_module`) into a flat graph,
-removes a calibrated source's division, and adds ``(logits.double() / T).to(logits.dtype)`` with T in a float64
-buffer; the program is exported with the source's batch sizes, reloaded safely and checked before it is written.
+"""``torch.export`` programs (``.pt2``): loaded from a checked copy without unpickling anything, run as a SOURCE,
+and written calibrated (``(logits.double() / T).to(logits.dtype)`` added to the graph, reloaded and checked first).
 """
 
 from __future__ import annotations
@@ -20,11 +16,9 @@ import torch
 
 from ..core.data import resolve_device
 from ..errors import TempcalError, param
-from ..io.atomic import write_bytes_atomic
+from ..io.paths import write_bytes_atomic
 from ..validation import as_temperature, format_temperature, stored_temperature
-from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet
-from .batching import Limits, batch_limits, fit_batches, unwrapped
-from .op_check import refused_line
+from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
 from .pt2_archive import (
     PROGRAM,
     TEMPERATURE_FILE,
@@ -46,7 +40,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     path = Path(path)
     target = resolve_device(device)
     program, info = load_program(path, target)
-    net = fit_batches(graph_module(program, info.temperature, str(path)), batch_limits(program))
+    net = fit_batches(graph_module(program, info.temperature, str(path)), program)
     return LoadedModel(path, "export", net, info.temperature, target)
 
 
@@ -121,13 +115,100 @@ def graph_module(program: ExportedProgram, temperature: float | None, label: str
     return graph
 
 
+# -- programs that take only some batch sizes -------------------------------------------------------
+#: (lower, upper) batch sizes a program accepts; upper None for no bound.
+Limits = tuple[int, int | None]
+
+
+def batch_limits(program: ExportedProgram) -> Limits | None:
+    """The batch sizes (dim 0 of the first input) ``program`` accepts, None when any size is."""
+    names = set(program.graph_signature.user_inputs)
+    first = next((n for n in program.graph.nodes if n.op == "placeholder" and n.name in names), None)
+    value = None if first is None else first.meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return None
+    size = value.shape[0]
+    if isinstance(size, int):
+        return size, size
+    expr = size.node.expr
+    if expr not in program.range_constraints:
+        return None
+    bounds = program.range_constraints[expr]
+    low, high = float(bounds.lower), float(bounds.upper)  # sympy integers, or torch's int_oo (float: inf)
+    lower = int(low) if low > 2 else 0  # torch lets sizes 0 and 1 through below a lower bound of 2
+    upper = None if math.isinf(high) else int(high)
+    return None if lower == 0 and upper is None else (lower, upper)
+
+
+def fit_batches(graph: torch.fx.GraphModule, program: ExportedProgram) -> torch.nn.Module:
+    """``graph`` itself when ``program`` takes any batch size, else wrapped to run on batches it accepts."""
+    limits = batch_limits(program)
+    return graph if limits is None else FittedBatches(graph, limits)
+
+
+class FittedBatches(torch.nn.Module):
+    """A program that takes only some batch sizes (a static export, a bounded ``Dim``) run on any number of rows, in
+    chunks it accepts (a short chunk padded by repeating its last row, the padding's outputs dropped)."""
+
+    def __init__(self, program: torch.fx.GraphModule, limits: Limits) -> None:
+        super().__init__()
+        self.program = program
+        self.batch_limits = limits
+
+    def forward(self, x: torch.Tensor) -> Any:
+        lower, upper = self.batch_limits
+        rows = int(x.shape[0])
+        if lower <= rows and (upper is None or rows <= upper):
+            return self.program(x)
+        if rows == 0:
+            raise ValueError(f"no rows to run (the program takes batches of {_shown(self.batch_limits)} rows)")
+        step = rows if upper is None else upper
+        parts = []
+        for start in range(0, rows, step):
+            chunk = x[start:start + step]
+            kept = int(chunk.shape[0])
+            if kept < lower:
+                chunk = torch.cat([chunk, chunk[-1:].expand(lower - kept, *chunk.shape[1:])])
+            parts.append((self.program(chunk), kept, int(chunk.shape[0])))
+        return _joined(parts, self.batch_limits)
+
+
+def _joined(parts: list[tuple[Any, int, int]], limits: Limits) -> Any:
+    """The chunks' outputs as one: each batch-shaped output cut to the rows kept, then concatenated."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    flat = [(tree_flatten(out), kept, ran) for out, kept, ran in parts]
+    spec = flat[0][0][1]
+    joined = []
+    for index in range(len(flat[0][0][0])):
+        pieces = []
+        for (leaves, _), kept, ran in flat:
+            leaf = leaves[index]
+            batched = isinstance(leaf, torch.Tensor) and leaf.dim() >= 1 and leaf.shape[0] == ran
+            if not batched:
+                if len(flat) == 1:
+                    pieces = [leaf]
+                    break
+                raise ValueError(f"output {index} has no row per input, so batches of other sizes than the "
+                                 f"program's {_shown(limits)} rows cannot be joined")
+            pieces.append(leaf[:kept])
+        joined.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
+    return tree_unflatten(joined, spec)
+
+
+def _shown(limits: Limits) -> str:
+    lower, upper = limits
+    if lower == upper:
+        return str(lower)
+    return f"{lower}..{upper}" if upper is not None else f"at least {lower}"
+
+
 #: Ops whose "train" argument (by position and name) makes them behave differently in training mode.
 _TRAIN_ARGUMENT = {
-    "aten.dropout.default": (2, "train"), "aten.native_dropout.default": (2, "train"),
-    "aten.feature_dropout.default": (2, "train"), "aten.alpha_dropout.default": (2, "train"),
-    "aten.feature_alpha_dropout.default": (2, "train"), "aten.batch_norm.default": (5, "training"),
-    "aten.native_batch_norm.default": (5, "training"), "aten._native_batch_norm_legit.default": (5, "training"),
-    "aten._native_batch_norm_legit_functional.default": (5, "training"),
+    **{f"aten.{op}.default": (2, "train") for op in ("dropout", "native_dropout", "feature_dropout", "alpha_dropout",
+                                                     "feature_alpha_dropout")},
+    **{f"aten.{op}.default": (5, "training") for op in ("batch_norm", "native_batch_norm", "_native_batch_norm_legit",
+                                                        "_native_batch_norm_legit_functional")},
 }
 #: Ops that only exist in training-mode graphs (batch statistics, running-stat updates).
 _TRAIN_ONLY = frozenset({"aten._batch_norm_with_update.default", "aten._batch_norm_with_update_functional.default",
@@ -156,9 +237,7 @@ def training_nodes(program: ExportedProgram) -> list[str]:
 
 def program_temperature(program: ExportedProgram, label: str = "the program") -> float | None:
     """The T a calibrated program divides by (its ``tempcal_temperature`` buffer), None for any other program."""
-    value = program.state_dict.get(TEMPERATURE_BUFFER)
-    if value is None:
-        value = program.constants.get(TEMPERATURE_BUFFER)
+    value = program.state_dict.get(TEMPERATURE_BUFFER, program.constants.get(TEMPERATURE_BUFFER))
     if value is None:
         return None
     if not isinstance(value, torch.Tensor) or value.numel() != 1:
@@ -167,10 +246,8 @@ def program_temperature(program: ExportedProgram, label: str = "the program") ->
 
 
 def strip_division(graph: torch.fx.GraphModule, label: str = "the program") -> None:
-    """Remove tempcal's division by ``tempcal_temperature`` (and the cast after it) from a calibrated graph, in place.
-
-    Every node that depends on the buffer is tempcal's: the original never sees it.
-    """
+    """Remove tempcal's division by ``tempcal_temperature`` (and the cast after it) from a calibrated graph, in place
+    (every node that depends on the buffer is tempcal's: the original never sees it)."""
     aten = torch.ops.aten
     getters = [n for n in graph.graph.nodes if n.op == "get_attr" and n.target == TEMPERATURE_BUFFER]
     for getter in getters:
@@ -194,11 +271,8 @@ def strip_division(graph: torch.fx.GraphModule, label: str = "the program") -> N
 # -- writing a calibrated program -------------------------------------------------------------------
 def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
-    """Write, atomically, an exported program whose selected output is ``model``'s divided by ``temperature``.
-
-    ``model`` is a ``.pt2`` (its graph gets the division in place) or TorchScript model on the CPU;
-    ``check_inputs`` drive the export and the check of the saved bytes, run on a batch of another size.
-    """
+    """Write, atomically, an exported program whose selected output is ``model``'s (a ``.pt2`` or TorchScript model on
+    the CPU) divided by ``temperature``; ``check_inputs`` drive the export and the check of the saved bytes."""
     value = as_temperature(temperature)
     label = model.name
     limits = getattr(model.net, "batch_limits", None)
@@ -209,7 +283,7 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
 
         graph = to_graph_module(model.net, example, label)
     elif model.format == "export":
-        graph = unwrapped(model.net)
+        graph = model.net.program if isinstance(model.net, FittedBatches) else model.net
     else:
         raise TempcalError(f"{label} is {model.format}; an exported program is written from a .pt2 or TorchScript "
                            "model")
@@ -328,7 +402,7 @@ def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, i
     program, info = load_program(blob, label=f"the calibrated {label}")
     if info.temperature != temperature:
         raise TempcalError(f"the calibrated {label} does not read back T = {temperature!r}; nothing written")
-    module = fit_batches(graph_module(program, info.temperature, label, original=False), batch_limits(program))
+    module = fit_batches(graph_module(program, info.temperature, label, original=False), program)
     got, got_spec = tree_flatten(_run(module, check, label, "the calibrated"))
     want, want_spec = tree_flatten(reference)
     if got_spec != want_spec:
@@ -343,5 +417,4 @@ def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, i
                                f"{check[0].shape[0]} rows; nothing written")
 
 
-__all__ = ["graph_module", "load", "load_program", "program_temperature", "save_calibrated", "strip_division",
-           "training_nodes"]
+__all__ = ["graph_module", "load", "load_program", "program_temperature", "save_calibrated", "training_nodes"]

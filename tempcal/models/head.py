@@ -1,8 +1,5 @@
-"""A language model's output layer read from a file, and the logits it gives for a block of hidden states.
-
-HEAD is a safetensors file (``weight`` [V, d], optional ``bias``) or a Hugging Face model folder
-(docs/language-models.md says which weight and which ``config.json`` scalings apply). Logits are computed in
-float32 (float64 for float64 hidden states) without TF32, the weight widened one vocabulary tile at a time.
+"""A language model's output layer (a safetensors file or a Hugging Face model folder: docs/language-models.md) and
+the logits it gives for a block of hidden states, in float32 (float64 for float64 states) without TF32, tile by tile.
 """
 
 from __future__ import annotations
@@ -51,9 +48,8 @@ class OutputHead:
         return OutputHead(self.weight.to(device), bias, self.scale, self.softcap, self.name)
 
     def logits(self, h: torch.Tensor, out: torch.Tensor, threads: int = 1) -> torch.Tensor:
-        """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile;
-        ``threads`` > 1 shares the vocabulary tiles among that many threads, each running torch single-threaded
-        (:mod:`tempcal.core.threads`: robust when another process keeps a core busy)."""
+        """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile, the
+        tiles shared among ``threads`` threads each running torch single-threaded (:mod:`tempcal.core.threads`)."""
         h = h.to(out.dtype)
         tile = max(1, TILE_ELEMENTS // max(self.width, 1))
         if threads > 1:
@@ -94,9 +90,7 @@ def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: 
 def _from_file(path: Path, weight_key: str, bias_key: str) -> OutputHead:
     header = read_header(path)
     weight = _weight(header, weight_key, param("head_weight_key"))
-    bias = None
-    if bias_key in header.tensors:
-        bias = read_tensor(header, bias_key, option=param("head_bias_key"))
+    bias = read_tensor(header, bias_key, option=param("head_bias_key")) if bias_key in header.tensors else None
     return _checked(OutputHead(weight, bias, name=str(path)), bias_key)
 
 
@@ -113,9 +107,8 @@ def _from_folder(folder: Path) -> OutputHead:
     key = _output_key(files, config, folder)
     weight = _weight(read_header(checkpoint_file(folder, files[key])), key, param("head_weight_key"))
     bias_key = key[: -len("weight")] + "bias" if key.endswith("lm_head.weight") else None
-    bias = None
-    if bias_key in files:
-        bias = read_tensor(read_header(checkpoint_file(folder, files[bias_key])), bias_key, option="bias")
+    bias = (read_tensor(read_header(checkpoint_file(folder, files[bias_key])), bias_key, option="bias")
+            if bias_key in files else None)
     scale, softcap = config_scales(config, config_path)
     head = OutputHead(weight, bias, scale, softcap, name=f"{folder} ({key})")
     return _checked(head, "lm_head.bias")

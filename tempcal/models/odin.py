@@ -1,8 +1,5 @@
-"""ODIN scores (Liang et al., ICLR 2018): max softmax at tau after a small input step that raises it.
-
-Each input moves by ``eps`` against the sign of the gradient of ``-log max softmax(f(x) / tau)`` and is scored
-by ``max softmax(f(x') / tau)``; it needs autograd (a ``.pt2`` or TorchScript model) and ``eps = 0`` is the
-plain MSP at tau. A calibrated model runs through its original.
+"""ODIN scores (Liang et al., ICLR 2018): ``max softmax(f(x') / tau)`` after a step of ``eps`` up the gradient of
+the max log-softmax; it needs autograd (a ``.pt2`` or TorchScript model); a calibrated model runs its original.
 """
 
 from __future__ import annotations
@@ -17,22 +14,15 @@ import torch
 
 from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
-from ..validation import as_temperature
+from ..scores.engine import as_classes
+from ..validation import as_temperature, whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
-from .inputs import InputsFile
-from .run import bounded_batches, check_batch_size, progress_bar, select_output
+from .run import InputsFile, bounded_batches, progress_bar, select_output
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 Batches = Callable[[], Iterator[tuple[int, int, torch.Tensor]]]
-
-
-def _two_class(z: torch.Tensor) -> torch.Tensor:
-    """One binary logit ``[N]`` / ``[N, 1]`` as the two-class row ``[0, z]`` (same softmax as the sigmoid)."""
-    if z.dim() == 2 and z.shape[1] == 1:
-        z = z[:, 0]
-    return torch.stack([torch.zeros_like(z), z], dim=1) if z.dim() == 1 else z
 
 
 #: What cuDNN says when asked for an RNN's backward pass outside training mode (ODIN runs models in eval mode).
@@ -71,7 +61,7 @@ class _Gradients:
     def _gradient(self, x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False), torch.enable_grad(), _cudnn_off(self.without_cudnn):
             x = x.detach().clone().requires_grad_(True)
-            z = _two_class(select_output(self.net(x), self.output_key, self.name))
+            z = as_classes(select_output(self.net(x), self.output_key, self.name))
             log_msp = torch.log_softmax(z.to(torch.float64) / self.tau, dim=1).max(dim=1).values
             (grad,) = torch.autograd.grad(log_msp.sum(), x)
         return grad
@@ -83,7 +73,7 @@ def _odin_batch(x: torch.Tensor, gradients: _Gradients, eps: float) -> torch.Ten
     # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
     perturbed = x.detach() - eps * torch.sign(-grad)
     with torch.inference_mode():
-        z = _two_class(select_output(gradients.net(perturbed), gradients.output_key, gradients.name))
+        z = as_classes(select_output(gradients.net(perturbed), gradients.output_key, gradients.name))
         return torch.softmax(z.to(torch.float64) / gradients.tau, dim=1).max(dim=1).values.cpu()
 
 
@@ -102,12 +92,9 @@ def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, ba
         if inputs.dim() < 1 or inputs.shape[0] < 1:
             raise DataError(f"ODIN inputs of shape {list(inputs.shape)} hold no samples")
         rows = int(inputs.shape[0])
-
-        def batches() -> Iterator[tuple[int, int, torch.Tensor]]:
-            for start in range(0, rows, batch_size):
-                yield start, min(start + batch_size, rows), inputs[start : start + batch_size]
-
-        return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", batches
+        return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", lambda: (
+            (start, min(start + batch_size, rows), inputs[start:start + batch_size])
+            for start in range(0, rows, batch_size))
     source = InputsFile(inputs, inputs_key)
     batch_size = bounded_batches(batch_size, source, device)
     return source.num_samples, source.describe(), lambda: source.batches(batch_size)
@@ -118,7 +105,7 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
                 inputs_key: str = "inputs", output_key: OutputKey = None, progress: bool | Console = False
                 ) -> torch.Tensor:
     """Per-sample ODIN scores (float64 ``[N]``, higher = more in-distribution) of ``inputs`` at ``tau``."""
-    check_batch_size(batch_size)
+    whole_number(batch_size, param("batch_size"))
     tau = as_temperature(tau, f"{param('tau')} (ODIN)")
     eps = check_eps(eps)
     if not isinstance(model, LoadedModel):

@@ -1,12 +1,11 @@
-"""ONNX models (an optional extra: ``pip install 'tempcal[onnx]'``): run with onnxruntime, written calibrated.
-
-The runtime gets the checked model's bytes (:mod:`tempcal.models.onnx_graph`), so the model that runs is the
-one that was checked. Writing appends ``Div(logits, T)`` to the chosen output, runs both models on the first
-input rows before anything is written, and copies external data into ``OUT.data`` beside the output.
+"""ONNX models (``pip install 'tempcal[onnx]'``): the checked model's bytes run by onnxruntime, and written
+calibrated (``Div(logits, T)`` appended; both models run before anything is written; external data to ``OUT.data``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import re
 from pathlib import Path
@@ -18,16 +17,14 @@ import torch
 from ..core.data import resolve_device
 from ..core.precision import tf32_allowed
 from ..errors import TempcalError, param
-from ..io.atomic import atomic_path
+from ..io.paths import atomic_path, write_bytes_atomic
 from ..validation import as_temperature
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
 from .onnx_graph import (
     OnnxInfo,
     add_division,
     all_tensors,
-    copy_model,
     import_onnx,
-    import_onnxruntime,
     inspect_onnx,
     select_output_name,
     strip_calibration,
@@ -103,7 +100,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     info = inspect_onnx(path)
     model = info.model
     if info.temperature is not None:
-        model = copy_model(model)
+        model = copy.deepcopy(model)
         strip_calibration(model)
     _check_one_input(info)
     session = session_for(model, info.folder, str(path), providers)
@@ -120,7 +117,7 @@ def _check_one_input(info: OnnxInfo) -> None:
 def _providers(device: str | torch.device) -> list[Any]:
     """onnxruntime's execution providers for ``device``: CUDA (without TF32 unless ``TEMPCAL_ALLOW_TF32=1``) when
     asked for and available."""
-    ort = import_onnxruntime()
+    ort = import_onnx("onnxruntime")
     target = resolve_device(device)
     if target.type != "cuda":
         return ["CPUExecutionProvider"]
@@ -136,7 +133,7 @@ def _providers(device: str | torch.device) -> list[Any]:
 def session_for(model: onnx.ModelProto, folder: Path, label: str,
                 providers: list[Any] | None = None) -> onnxruntime.InferenceSession:
     """A session for the checked ``model`` (given as bytes; external data resolved in ``folder``)."""
-    ort = import_onnxruntime()
+    ort = import_onnx("onnxruntime")
     options = ort.SessionOptions()
     options.log_severity_level = 4  # fatal only: its logs (errors too) go straight to the terminal, bypassing tempcal
     options.add_session_config_entry(_EXTERNAL_FOLDER_OPTION, str(folder))
@@ -158,24 +155,20 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     info = inspect_onnx(model.path)
     label = str(info.path)
     _check_one_input(info)
-    original = copy_model(info.model)
+    original = copy.deepcopy(info.model)
     strip_calibration(original)
     output = select_output_name(tuple(o.name for o in original.graph.output), output_key, label)
-    calibrated = copy_model(original)
+    calibrated = copy.deepcopy(original)
     add_division(calibrated, output, value, label)
     _check_calibrated(original, calibrated, info, output, value, check_inputs)
     out = Path(out_path)
-    if not info.external:
-        with atomic_path(out, what=param("save_model")) as temporary:
-            temporary.write_bytes(calibrated.SerializeToString())
-        return out
-    tensors = [t for _, t in all_tensors(calibrated) if t.data_location == import_onnx().TensorProto.EXTERNAL]
-    data_path = out.parent / (out.name + ".data")
-    with atomic_path(data_path, what=param("save_model")) as data_temporary:  # renamed after the model
-        with open(data_temporary, "wb") as f:
-            _copy_external(tensors, info.folder, data_path.name, f)
-        with atomic_path(out, what=param("save_model")) as temporary:
-            temporary.write_bytes(calibrated.SerializeToString())
+    with contextlib.ExitStack() as data_file:  # external data, if any, is renamed after the model
+        if info.external:
+            data_path = out.parent / (out.name + ".data")
+            tensors = [t for _, t in all_tensors(calibrated) if t.data_location == import_onnx().TensorProto.EXTERNAL]
+            with open(data_file.enter_context(atomic_path(data_path, what=param("save_model"))), "wb") as f:
+                _copy_external(tensors, info.folder, data_path.name, f)
+        write_bytes_atomic(out, calibrated.SerializeToString(), what=param("save_model"))
     return out
 
 
@@ -256,4 +249,4 @@ def _copy_external(tensors: list[onnx.TensorProto], folder: Path, data_name: str
         position += length
 
 
-__all__ = ["OnnxNet", "as_array", "load", "ort_line", "save_calibrated", "session_for"]
+__all__ = ["load", "save_calibrated"]

@@ -1,9 +1,5 @@
 """An ONNX model read without running it: checked (docs/models.md, "What is checked before a model runs") and
-edited (tempcal's division by T added or removed). :mod:`tempcal.models.onnx` runs and writes models.
-
-A calibrated model divides the chosen output by a scalar initializer ``tempcal_temperature`` in a ``Div`` node
-named ``tempcal_divide_by_temperature`` (the edge that fed the output renamed ``NAME_uncalibrated``), and holds
-T in ``metadata_props`` under ``tempcal.temperature``; the two must agree.
+edited: tempcal's ``Div`` by T (node ``tempcal_divide_by_temperature``; T also in ``metadata_props``, the two agreeing).
 """
 
 from __future__ import annotations
@@ -47,21 +43,13 @@ class OnnxInfo:
     external: tuple[tuple[str, str], ...]  # (tensor name, location) of every tensor with external data
 
 
-def _import(package: str) -> Any:
+def import_onnx(package: str = "onnx") -> Any:
     """``package`` (``onnx`` or ``onnxruntime``), or a one-line error naming the extra to install."""
     try:
         return importlib.import_module(package)
     except ImportError:
         raise TempcalError(f"ONNX models need the optional extra: {INSTALL_HINT} (the '{package}' package is not "
                            "installed)") from None
-
-
-def import_onnx() -> Any:
-    return _import("onnx")
-
-
-def import_onnxruntime() -> Any:
-    return _import("onnxruntime")
 
 
 # -- inspecting -----------------------------------------------------------------------------------
@@ -87,8 +75,7 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxInfo:
     external = []
     for name, tensor in all_tensors(model):
         if tensor.data_location == onnx.TensorProto.EXTERNAL:
-            location = _check_external(tensor, name, folder, path)
-            external.append((name, location))
+            external.append((name, _check_external(tensor, name, folder, path)))
         else:
             _check_inline_size(tensor, name, path)
     initializers = {t.name for t in graph.initializer}
@@ -123,10 +110,8 @@ def _check_stored_division(model: onnx.ModelProto, temperature: float | None, pa
     """Refuse a model whose metadata T and tempcal division disagree (one without the other, or other values)."""
     onnx = import_onnx()
     initializers = {t.name: t for t in model.graph.initializer}
-    divisors = []
-    for node in model.graph.node:
-        if node.op_type == "Div" and node.name.startswith(DIV_NODE) and node.input[1] in initializers:
-            divisors.append(onnx.numpy_helper.to_array(initializers[node.input[1]]))
+    divisors = [onnx.numpy_helper.to_array(initializers[node.input[1]]) for node in model.graph.node
+                if node.op_type == "Div" and node.name.startswith(DIV_NODE) and node.input[1] in initializers]
     if temperature is None and not divisors:
         return
     if temperature is None or not divisors or not all(
@@ -265,12 +250,6 @@ def _as_count(text: str, where: str) -> int:
 
 
 # -- editing: tempcal's division by T ------------------------------------------------------------
-def copy_model(model: onnx.ModelProto) -> onnx.ModelProto:
-    copy = type(model)()
-    copy.CopyFrom(model)
-    return copy
-
-
 def _graph_names(graph: onnx.GraphProto) -> set[str]:
     """Every value, initializer and node name in ``graph`` and its subgraphs (to make new names unique)."""
     names = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
@@ -361,7 +340,6 @@ def _set_metadata(model: onnx.ModelProto, value: str | None) -> None:
         entry.key, entry.value = key, text
 
 
-
 def select_output_name(outputs: tuple[str, ...], output_key: str | int | None, label: str) -> str:
     """The output ``output_key`` names, chosen as when the model runs as a SOURCE (``--output-key NAME`` among
     several outputs; none for a model with one output)."""
@@ -378,5 +356,5 @@ def select_output_name(outputs: tuple[str, ...], output_key: str | int | None, l
     return str(output_key)
 
 
-__all__ = ["DIV_NODE", "INSTALL_HINT", "OnnxInfo", "add_division", "all_tensors", "copy_model", "import_onnx",
-           "import_onnxruntime", "inspect_onnx", "select_output_name", "strip_calibration"]
+__all__ = ["DIV_NODE", "OnnxInfo", "add_division", "all_tensors", "import_onnx", "inspect_onnx", "select_output_name",
+           "strip_calibration"]

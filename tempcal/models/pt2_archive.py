@@ -1,10 +1,5 @@
-"""The ``.pt2`` archive checked member by member before torch sees it: nothing in it is unpickled or executed.
-
-``torch.export.load`` has no ``weights_only`` switch and unpickles or runs several members (docs/models.md,
-"What is checked before a model runs"). :func:`inspect_pt2` reads the zip directory and the small JSON members
-only and refuses, by allowlist, any member torch would unpickle or execute; :func:`write_checked_copy` copies
-the checked members into a fresh archive (sample inputs empty, no ``guards_code``), the only one torch reads.
-Both read through one open handle, so swapping the file between check and load changes nothing.
+"""The ``.pt2`` archive checked member by member (docs/models.md, "What is checked before a model runs"): nothing
+torch would unpickle or execute; only a fresh copy of the checked members, read through one handle, reaches torch.
 """
 
 from __future__ import annotations
@@ -21,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TempcalError, param
+from ..io.sidecar import check_regular_file
 from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import error_line
 from .pt2_program import check_program_json, without_guards
@@ -54,7 +50,6 @@ class Pt2Info:
     """What :func:`inspect_pt2` found: the archive's layout and the T a calibrated program carries."""
 
     path: str
-    root: str
     programs: tuple[str, ...]
     keep: tuple[str, ...]  # members (without the root folder) that the loaded program needs
     extra_files: tuple[str, ...]
@@ -76,10 +71,7 @@ def open_archive(source: str | os.PathLike | bytes) -> Iterator[zipfile.ZipFile]
     if isinstance(source, bytes):
         stream: Any = io.BytesIO(source)
     else:
-        if not os.path.exists(source):
-            raise TempcalError(f"{label}: no such file")
-        if not os.path.isfile(source):
-            raise TempcalError(f"{label}: not a regular file")
+        check_regular_file(source)
         try:
             stream = open(source, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
@@ -101,7 +93,7 @@ def open_archive(source: str | os.PathLike | bytes) -> Iterator[zipfile.ZipFile]
 
 def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
     """The checks of :func:`inspect_pt2` on an open archive."""
-    root, members = _members(archive, label)
+    members = _members(archive, label)
     _refuse_other_formats(members, label)
     _check_sizes(archive, members, label)
     if _FORMAT not in members:
@@ -133,16 +125,14 @@ def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
         if program == PROGRAM:
             keep |= needed
     extra = tuple(sorted(n[len(_EXTRA):] for n in members if n.startswith(_EXTRA)))
-    temperature = None
-    if TEMPERATURE_FILE in extra:
-        text = _read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT)
-        temperature = stored_temperature(text, f"{label}: extra file")
-    return Pt2Info(path=label, root=root, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
+    temperature = (stored_temperature(_read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT),
+                                      f"{label}: extra file") if TEMPERATURE_FILE in extra else None)
+    return Pt2Info(path=label, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
                    temperature=temperature, non_cpu=non_cpu)
 
 
-def _members(archive: zipfile.ZipFile, label: str) -> tuple[str, dict[str, zipfile.ZipInfo]]:
-    """The archive's root folder and its members by name without that folder (one folder, no duplicates)."""
+def _members(archive: zipfile.ZipFile, label: str) -> dict[str, zipfile.ZipInfo]:
+    """The archive's members by name without its root folder (one folder, no duplicates)."""
     infos = archive.infolist()
     if not infos:
         raise TempcalError(f"{label}: empty zip archive; not an exported program")
@@ -152,7 +142,7 @@ def _members(archive: zipfile.ZipFile, label: str) -> tuple[str, dict[str, zipfi
         raise TempcalError(f"{label}: member '{duplicate}' appears twice; refused (readers disagree on which is used)")
     first = names[0].split("/", 1)[0]
     root = first if all(n.startswith(first + "/") for n in names) else ""
-    return root, {(i.filename[len(root) + 1:] if root else i.filename): i for i in infos}
+    return {(i.filename[len(root) + 1:] if root else i.filename): i for i in infos}
 
 
 def _check_sizes(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], label: str) -> None:
@@ -359,7 +349,7 @@ def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str
     """Write the members of ``info.keep`` into a new archive; weights mapped to the CPU, sample inputs empty."""
     from torch.export.pt2_archive import PT2ArchiveWriter
 
-    members = _members(archive, info.path)[1]
+    members = _members(archive, info.path)
     with PT2ArchiveWriter(destination) as writer:
         for name in info.keep:
             data = _read(archive, members, name, info.path)

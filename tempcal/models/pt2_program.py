@@ -1,10 +1,5 @@
-"""The program JSON of a ``.pt2`` archive checked before torch reads it: what it calls, and what torch evaluates.
-
-torch's deserializer calls any ``torch.*`` name a node targets, ``eval``s symbolic sizes (``expr_str``) through
-sympy and ``exec``s ``guards_code``. So every node, nested subgraphs included, must call an operator
-:func:`tempcal.models.op_check.schema_refusal` allows, a higher-order operator of :data:`_HIGHER_ORDER` or
-torch's size arithmetic; every ``expr_str`` is parsed with ``ast``, never evaluated; the checked copy carries
-no ``guards_code`` (:func:`without_guards`). :func:`graph_refusal` checks the deserialized graph the same way.
+"""A ``.pt2`` program checked before torch reads it: every node an allowed operator (nested graphs included), every
+symbolic size parsed with ``ast``, never evaluated, and no ``guards_code`` (torch would call, eval and exec them).
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..errors import TempcalError
-from .op_check import refused_line, schema_refusal
+from .base import refused_line, schema_refusal
 
 #: torch's higher-order operators that only run nested subgraphs (of the same program, checked the same way).
 _HIGHER_ORDER = frozenset({"cond", "while_loop", "map_impl", "scan", "associative_scan", "invoke_subgraph",
@@ -194,5 +189,4 @@ def graph_refusal(program: Any) -> tuple[str, str, str] | None:
     return None
 
 
-__all__ = ["check_program_json", "expression_refusal", "graph_refusal", "operator_name", "target_refusal",
-           "without_guards"]
+__all__ = ["check_program_json", "graph_refusal", "without_guards"]

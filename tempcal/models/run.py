@@ -1,14 +1,12 @@
-"""Running a loaded model over an inputs file in batches: its logits, checked batch by batch.
-
-Every format runs the same way (``model.net(x)``, see :class:`~tempcal.models.base.LoadedModel`), in eval
-semantics under ``torch.inference_mode`` and without TF32 on CUDA; any failure becomes one line naming the
-batch, its rows and the inputs' shape. A transient progress bar shows on a terminal.
+"""Running a loaded model over an inputs file (safetensors ``inputs`` ``[N, ...]`` read in row slices, optional
+integer ``labels``) in batches, in eval semantics without TF32: its logits, checked batch by batch; a failure one line.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,14 +16,59 @@ import torch
 from ..core.limits import bounded_batch_size
 from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, param
-from ..io.safetensors_header import shown
-from ..validation import whole_number
+from ..io.safetensors_header import check_unchanged, dtype_name, read_header, read_tensor, shown
+from ..validation import check_labels, whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
-from .batching import run_batch_size
-from .inputs import InputsFile
 
 if TYPE_CHECKING:
     from rich.console import Console
+
+
+class InputsFile:
+    """A checked inputs file: the inputs tensor is read in row slices, the labels (if any) whole."""
+
+    def __init__(self, path: str | os.PathLike, inputs_key: str = "inputs") -> None:
+        self.path = Path(path)
+        self.key = inputs_key
+        self.header = read_header(self.path)
+        if inputs_key not in self.header.tensors:
+            read_tensor(self.header, inputs_key, option=param("inputs_key"))  # raises, listing the keys present
+        info = self.header.tensors[inputs_key]
+        if not info.shape:
+            raise DataError(f"{self.path}: '{inputs_key}' is a scalar; expected inputs [N, ...] with one row per "
+                            "sample")
+        self.shape = tuple(info.shape)
+        self.dtype = info.dtype
+        if self.num_samples < 1:
+            raise DataError(f"{self.path}: '{inputs_key}' holds no samples (shape {list(self.shape)})")
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.shape[0])
+
+    def describe(self) -> str:
+        return f"{self.path} '{self.key}' {list(self.shape)} {dtype_name(self.dtype)}"
+
+    def labels(self, key: str = "labels", *, optional: bool = False) -> torch.Tensor | None:
+        """Integer labels ``[N]`` (``[N, 1]`` is accepted); None when absent and ``optional``."""
+        if key not in self.header.tensors and optional:
+            return None
+        labels = read_tensor(self.header, key, option=param("labels_key"))
+        return check_labels(labels, (self.num_samples,), f"{self.path}: ", key, self.key)
+
+    def batches(self, batch_size: int) -> Iterator[tuple[int, int, torch.Tensor]]:
+        """``(start, stop, inputs[start:stop])`` read slice by slice from the file."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(self.path), framework="pt") as f:
+                rows = f.get_slice(self.key)
+                for start in range(0, self.num_samples, batch_size):
+                    stop = min(start + batch_size, self.num_samples)
+                    yield start, stop, rows[start:stop]
+        except Exception as exc:  # whatever the reader makes of a damaged file: one line
+            raise TempcalError(f"{self.path}: cannot read tensor '{self.key}': {error_line(exc)}") from None
+        check_unchanged(self.path, self.header.stamp, since="tempcal read its header")
 
 
 def select_output(out: Any, output_key: OutputKey, name: str = "the model") -> torch.Tensor:
@@ -88,9 +131,8 @@ def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: in
 
 @contextlib.contextmanager
 def progress_bar(progress: bool | Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """The rows done, shown as :class:`tempcal.progress.Progress` shows them: a transient bar on a terminal
-    (at once, or on the console given), a plain line at most every 10 s in a log; nothing when ``progress`` is
-    False."""
+    """The rows done, shown by :class:`tempcal.progress.Progress` (a transient bar on a terminal or the console
+    given, a plain line at most every 10 s in a log), or nothing when ``progress`` is False."""
     if progress is False or progress is None:
         yield lambda n: None
         return
@@ -98,10 +140,6 @@ def progress_bar(progress: bool | Console, description: str, total: int) -> Iter
 
     with Progress(description, enabled=progress, delay=0.0, total=total, unit="rows") as bar:
         yield bar.advance
-
-
-def check_batch_size(batch_size: int) -> int:
-    return whole_number(batch_size, param("batch_size"))
 
 
 def bounded_batches(batch_size: int, source: InputsFile, device: Any) -> int:
@@ -128,10 +166,18 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
         raise TempcalError(f"{model.name} raised on {where} of {source.describe()}: {line}") from None
 
 
+def run_batch_size(net: Any, batch_size: int) -> int:
+    """The batch size to run ``net`` at: a static program's own, else ``batch_size`` cut to the program's upper bound
+    (``net.batch_limits``, see :class:`tempcal.models.export.FittedBatches`)."""
+    lower, upper = getattr(net, "batch_limits", None) or (0, None)
+    return upper if lower == upper else min(batch_size, upper or batch_size)
+
+
 def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
               output_key: OutputKey = None, progress: bool | Console = True) -> torch.Tensor:
     """The model's logits over every row of ``source`` (on the CPU), run batch by batch under inference mode."""
-    batch_size = bounded_batches(run_batch_size(model.net, check_batch_size(batch_size)), source, model.device)
+    batch_size = whole_number(batch_size, param("batch_size"))
+    batch_size = bounded_batches(run_batch_size(model.net, batch_size), source, model.device)
     parts: list[torch.Tensor] = []
     classes = None
     with progress_bar(progress, f"running {Path(model.name).name}", source.num_samples) as advance, \
@@ -152,4 +198,4 @@ def placeholder_labels(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(1)
 
 
-__all__ = ["as_index", "check_batch_size", "placeholder_labels", "progress_bar", "run_model", "select_output"]
+__all__ = ["InputsFile", "as_index", "placeholder_labels", "progress_bar", "run_model", "select_output"]

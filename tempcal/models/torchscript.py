@@ -1,13 +1,12 @@
-"""TorchScript models (legacy; torch has deprecated TorchScript): loaded by torch's TorchScript importer only.
-
-The file is checked first (:mod:`tempcal.models.torchscript_check`). A calibrated model's T is its float64
-buffer ``tempcal_temperature`` and the extra file ``tempcal.temperature`` (read as text, never unpickled).
-:func:`to_graph_module` is the migration path to a ``.pt2`` exported program.
+"""TorchScript models (legacy; deprecated by torch): checked before torch loads them (code records parsed with ``ast``
+for ``__setstate__``, every compiled node an allowed operator), loaded, written calibrated, converted to ``.pt2``.
 """
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
 import io
 import os
 import re
@@ -19,11 +18,12 @@ from typing import Any
 import torch
 
 from ..core.data import resolve_device
-from ..errors import TempcalError
+from ..errors import TempcalError, param
+from ..io.paths import write_bytes_atomic
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
-from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, error_line, quiet
+from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, quiet, refused_line, schema_refusal
 from .detect import HOW_TO_SAVE, archive_kind
-from .torchscript_check import load_checked
+from .run import as_index, select_output
 
 #: Name of the extra file (in the TorchScript archive) that holds a calibrated model's T.
 TEMPERATURE_FILE = TEMPERATURE_KEY
@@ -75,25 +75,6 @@ def buffer_temperature(model: torch.nn.Module, name: str) -> float | None:
     return stored_temperature(repr(float(buffer)), f"{name}: buffer")
 
 
-def script_and_save(wrapper: torch.nn.Module, temperature: float, name: str) -> bytes:
-    """The TorchScript archive of a calibrated wrapper, T in its extra file."""
-    try:
-        with quiet_jit():
-            scripted = torch.jit.script(wrapper)
-    except Exception as exc:
-        raise TempcalError(f"cannot wrap {name}: {error_line(exc)}") from None
-    buffer = io.BytesIO()
-    with quiet_jit():
-        torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
-    return buffer.getvalue()
-
-
-def load_bytes(blob: bytes, label: str = "the calibrated model") -> torch.nn.Module:
-    """A TorchScript archive held in memory (one tempcal just wrote), checked as a file is, on the CPU in eval mode."""
-    with quiet_jit():
-        return load_checked(blob, torch.device("cpu"), {}, label).eval()
-
-
 def forward_schema(model: torch.nn.Module):
     """The TorchScript signature of ``forward`` (None when it cannot be read)."""
     try:
@@ -102,29 +83,248 @@ def forward_schema(model: torch.nn.Module):
         return None
 
 
-def strip_debug_info(blob: bytes) -> bytes:
-    """A saved TorchScript archive without its ``.debug_pkl`` records (source file paths): reproducible bytes
-    for the shipped example model; the model runs the same."""
-    reader = torch._C.PyTorchFileReader(io.BytesIO(blob))
-    out = io.BytesIO()
-    writer = torch._C.PyTorchFileWriter(out)
-    for record in reader.get_all_records():
-        if record.endswith(".debug_pkl") or record == ".data/serialization_id":
-            continue  # the writer adds its own serialization id
-        data = reader.get_record(record)
-        writer.write_record(record, data, len(data))
-    writer.write_end_of_file()
-    return out.getvalue()
+# -- writing a calibrated model: the original wrapped, its selected logits divided by a float64 buffer --
+class Calibrated(torch.nn.Module):
+    """The original model with its logits divided by T; subclasses override ``forward`` for other output shapes."""
+
+    __constants__ = ("index", "key")
+
+    def __init__(self, original: torch.nn.Module, temperature: torch.Tensor, index: int = 0, key: str = "") -> None:
+        super().__init__()
+        self.original = original  # ORIGINAL: loaders find the original under this name
+        self.register_buffer(TEMPERATURE_BUFFER, temperature)
+        self.index = index
+        self.key = key
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.original(x) / self.tempcal_temperature  # type: ignore[operator]
+
+
+class CalibratedDict(Calibrated):
+    """Entry ``key`` of the original's output dict divided by T (other entries as they are)."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        out = self.original(x).copy()  # type: ignore[operator]
+        out[self.key] = out[self.key] / self.tempcal_temperature
+        return out
+
+
+class CalibratedPair(Calibrated):
+    """Output ``index`` of the original's 2-tensor tuple divided by T."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        a, b = self.original(x)  # type: ignore[operator]
+        if self.index == 0:
+            return a / self.tempcal_temperature, b
+        return a, b / self.tempcal_temperature
+
+
+class CalibratedTriple(Calibrated):
+    """Output ``index`` of the original's 3-tensor tuple divided by T."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        a, b, c = self.original(x)  # type: ignore[operator]
+        if self.index == 0:
+            return a / self.tempcal_temperature, b, c
+        if self.index == 1:
+            return a, b / self.tempcal_temperature, c
+        return a, b, c / self.tempcal_temperature
+
+
+def calibrated_wrapper(original: torch.nn.Module, temperature: float, output_key: OutputKey,
+                       name: str) -> Calibrated:
+    """The wrapper that fits the original's forward signature (one tensor in; a tensor, dict or tuple out)."""
+    t = torch.tensor(temperature, dtype=torch.float64)
+    flag = param("output_key")
+    schema = forward_schema(original)
+    if schema is None:  # no readable signature: wrap as a tensor model, the check tells
+        return Calibrated(original, t)
+    arguments = [a for a in schema.arguments[1:] if not a.has_default_value()]
+    if len(arguments) != 1 or str(arguments[0].type) != "Tensor":
+        raise TempcalError(f"{name} forward takes ({', '.join(str(a.type) for a in arguments)}); "
+                           "tempcal wraps a model that takes one tensor")
+    returns = schema.returns[0].type if len(schema.returns) == 1 else None
+    kind = str(returns)
+    if kind == "Tensor":
+        if output_key is not None:
+            raise TempcalError(f"{flag} {output_key}: {name} returns a single tensor; drop {flag}")
+        return Calibrated(original, t)
+    if isinstance(returns, torch.DictType) and str(returns.getKeyType()) == "str" \
+            and str(returns.getValueType()) == "Tensor":
+        if output_key is None:
+            raise TempcalError(f"{name} returns a dict; name the logits entry with {flag} NAME")
+        return CalibratedDict(original, t, key=str(output_key))
+    if isinstance(returns, torch.TupleType) and all(str(e) == "Tensor" for e in returns.elements()) \
+            and len(returns.elements()) in (2, 3):
+        n = len(returns.elements())
+        index = None if output_key is None else as_index(output_key)
+        if index is None or not -n <= index < n:
+            raise TempcalError(f"{name} returns a tuple of {n} tensors; choose the logits with {flag} 0..{n - 1}")
+        return (CalibratedPair if n == 2 else CalibratedTriple)(original, t, index=index % n)
+    raise TempcalError(f"{name} returns {kind}; tempcal wraps a model returning a tensor, a dict of "
+                       "tensors or a tuple of 2 or 3 tensors")
+
+
+def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.PathLike, *,
+                    output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
+    """Write, atomically, ``model`` wrapped so that its selected logits are divided by ``temperature`` (T also in the
+    extra file), once the saved bytes, loaded back, reproduce them on ``check_inputs``."""
+    wrapper = calibrated_wrapper(model.net, temperature, output_key, model.name)
+    try:
+        with quiet_jit():
+            scripted = torch.jit.script(wrapper)
+    except Exception as exc:
+        raise TempcalError(f"cannot wrap {model.name}: {error_line(exc)}") from None
+    buffer = io.BytesIO()
+    with quiet_jit():
+        torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
+    if check_inputs is not None:
+        with quiet_jit():
+            reloaded = load_checked(buffer.getvalue(), torch.device("cpu"), {}, "the calibrated model").eval()
+        _check_saved(reloaded, model, temperature, check_inputs, output_key)
+    return write_bytes_atomic(out_path, buffer.getvalue(), what=param("save_model"))
+
+
+def _check_saved(reloaded: Any, model: LoadedModel, temperature: float, x: torch.Tensor,
+                 output_key: OutputKey) -> None:
+    """Compare the reloaded TorchScript model's logits with the original's divided by T on a few inputs."""
+    with torch.inference_mode():
+        try:
+            expected = select_output(model.net(x), output_key, model.name)
+            got = select_output(reloaded(x), output_key, model.name)
+        except TempcalError:
+            raise
+        except Exception as exc:
+            raise TempcalError(f"the calibrated {model.name} fails on {list(x.shape)} inputs: "
+                               f"{error_line(exc)}") from None
+        want = expected.to(torch.float64) / temperature
+        if got.shape != expected.shape or not torch.allclose(got.to(torch.float64), want, rtol=1e-5, atol=1e-6):
+            raise TempcalError(f"the calibrated {model.name} does not reproduce its logits divided by "
+                               f"T = {temperature!r}; nothing written")
+
+
+# -- checked before torch loads it, and before anything of it runs ------------------------------------
+#: Interpreter nodes without a schema that only build values or steer control flow.
+_STRUCTURAL = frozenset({
+    "prim::Constant", "prim::GetAttr", "prim::SetAttr", "prim::If", "prim::Loop", "prim::ListConstruct",
+    "prim::ListUnpack", "prim::TupleConstruct", "prim::TupleUnpack", "prim::DictConstruct", "prim::isinstance",
+    "prim::CreateObject", "prim::unchecked_cast", "prim::Uninitialized",
+})
+#: Methods torch's (un)pickler calls by itself while loading or saving a TorchScript file.
+_IMPLICIT_METHODS = ("__setstate__", "__getstate__")
+#: Largest source record read for the check.
+_CODE_LIMIT = 1 << 26
+_CUSTOM_CLASSES = "__torch__.torch.classes."
+
+
+def load_checked(source: str | os.PathLike | bytes, device: torch.device, extra_files: dict[str, Any],
+                 label: str) -> torch.jit.ScriptModule:
+    """The TorchScript model in ``source`` (a path or archive bytes), its code checked; raises a one-line
+    :class:`TempcalError` naming what is refused. ``extra_files`` is filled as ``torch.jit.load`` does."""
+    from torch.jit._recursive import wrap_cpp_module
+
+    check_sources(source, label)
+    unit = torch._C.CompilationUnit()
+    try:
+        if isinstance(source, bytes):
+            module = torch._C.import_ir_module_from_buffer(  # type: ignore[call-arg]
+                unit, source, device, extra_files, False)  # type: ignore[arg-type]
+        else:
+            module = torch._C.import_ir_module(  # type: ignore[call-arg]
+                unit, os.fspath(source), device, extra_files, False)
+    except Exception as exc:  # a damaged or hostile archive: one line, whatever torch makes of it
+        raise TempcalError(f"{label}: not a loadable TorchScript model ({error_line(exc, last=False)})") from None
+    check_unit(unit, label)
+    return wrap_cpp_module(module)
+
+
+def check_sources(source: str | os.PathLike | bytes, label: str) -> None:
+    """Refuse a file whose code defines a method torch's unpickler or pickler would call (read, never run)."""
+    try:
+        reader = torch._C.PyTorchFileReader(io.BytesIO(source) if isinstance(source, bytes) else os.fspath(source))
+        records = [r for r in reader.get_all_records() if r.endswith(".py")]
+    except Exception as exc:
+        raise TempcalError(f"{label}: not a loadable TorchScript model ({error_line(exc, last=False)})") from None
+    for record in records:
+        size = reader.get_record_size(record)
+        if size > _CODE_LIMIT:
+            raise TempcalError(f"{label}: code record '{record}' declares {size} bytes, more than the {_CODE_LIMIT} "
+                               "tempcal reads; refused")
+        try:
+            tree = ast.parse(bytes(reader.get_record(record)).decode("utf-8"), filename=record)
+        except (SyntaxError, ValueError, UnicodeDecodeError, RecursionError, MemoryError) as exc:
+            raise TempcalError(f"{label}: code record '{record}' cannot be checked ({error_line(exc, last=False)}); "
+                               "refused") from None
+        for node in ast.walk(tree):
+            name = getattr(node, "name", None) or getattr(node, "id", None) or getattr(node, "attr", None)
+            if name in _IMPLICIT_METHODS:
+                raise TempcalError(f"{label}: its code defines or names {name} (in '{record}'), which torch runs "
+                                   "by itself while loading or saving the model; refused")
+
+
+def check_unit(unit: Any, label: str) -> None:
+    """Walk every function compiled from the file; refuse the first node that is not a pure computation."""
+    functions = {f.qualified_name: f for f in unit.get_functions()}
+    for name, function in functions.items():
+        for node in _nodes(function.graph):
+            refusal = _node_refusal(node, functions)
+            if refusal is not None:
+                raise TempcalError(refused_line(label, refusal[0], refusal[1], name))
+
+
+def _nodes(block: Any) -> Iterator[Any]:
+    """Every node of a graph or block, nested blocks (of ``if`` and loops) included."""
+    for node in block.nodes():
+        yield node
+        for inner in node.blocks():
+            yield from _nodes(inner)
+
+
+def _node_refusal(node: Any, functions: dict[str, Any]) -> tuple[str, str] | None:
+    """(operator, why) when ``node`` is refused, else None."""
+    kind = node.kind()
+    text = node.schema()
+    if text != "(no schema)":
+        why = _text_refusal(text)
+        return None if why is None else (kind, why)
+    if kind in _STRUCTURAL:
+        owner = node.outputsAt(0).type() if kind == "prim::CreateObject" else None
+        if owner is not None and owner.qualified_name().startswith(_CUSTOM_CLASSES):
+            return kind, f"it makes a C++ custom class object ({owner.qualified_name()})"
+        return None
+    callee = _callee(node)
+    if callee is None:
+        return kind, "not a tensor computation tempcal allows"
+    if callee not in functions:
+        return kind, f"it calls {callee}, code that is not compiled from the file (a C++ custom class or an interface)"
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _text_refusal(text: str) -> str | None:
+    """:func:`schema_refusal` of a schema given as text (nodes of one operator share it: parsed once)."""
+    return schema_refusal(torch._C.parse_schema(text))
+
+
+def _callee(node: Any) -> str | None:
+    """The qualified name of the function a call node runs (None for a node that is not a call)."""
+    kind = node.kind()
+    if kind == "prim::CallFunction":
+        return str(node.inputsAt(0).type().annotation_str)
+    method = {"prim::CallMethod": node.s("name") if node.hasAttribute("name") else None,
+              "prim::Enter": "__enter__", "prim::Exit": "__exit__"}.get(kind)
+    if method is None:
+        return None
+    owner = node.inputsAt(0).type()
+    qualified = getattr(owner, "qualified_name", None)
+    return f"{qualified()}.{method}" if qualified is not None else f"{owner}.{method}"
 
 
 # -- the migration path: TorchScript to an exported program ---------------------------------------
 def to_graph_module(module: torch.jit.ScriptModule, example: tuple[torch.Tensor, ...],
                     label: str) -> torch.fx.GraphModule:
-    """``module`` as a flat graph module (to export with a dynamic batch), by torch's TorchScript converter.
-
-    Size assertions are dropped first (the converter turns them into ``torch.cond``, fixing the batch size), and
-    outputs keep the model's structure. What the converter cannot convert is a one-line error.
-    """
+    """``module`` as a flat graph module (to export with a dynamic batch) by torch's converter, its size assertions
+    dropped first (the converter makes them ``torch.cond``, fixing the batch size) and its outputs' structure kept."""
     advice = "export the original nn.Module with torch.export and calibrate that"
     try:
         from torch._export.converter import TS2EPConverter
@@ -170,5 +370,4 @@ def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
         graph.recompile()
 
 
-__all__ = ["TEMPERATURE_FILE", "buffer_temperature", "forward_schema", "load", "load_bytes", "quiet_jit",
-           "script_and_save", "strip_debug_info", "to_graph_module"]
+__all__ = ["TEMPERATURE_FILE", "Calibrated", "load", "quiet_jit", "save_calibrated", "to_graph_module"]

@@ -34,7 +34,7 @@ def emit_json(target: str | None, payload: dict) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
         return
-    from ..io.atomic import write_text_atomic  # the writers' imports wait until a file is written: --help needs none
+    from ..io.paths import write_text_atomic  # the writers' imports wait until a file is written: --help needs none
 
     write_text_atomic(target, text, what=param("json"))
 
@@ -165,7 +165,7 @@ def write_ood_files(report, *, scores: str | None = None, plot: str | None = Non
 
 def _write_markdown(path: str, text: str) -> str:
     """Write a model-card section atomically; the line saying so."""
-    from ..io.atomic import write_text_atomic
+    from ..io.paths import write_text_atomic
 
     return WROTE_MARKDOWN.format(write_text_atomic(path, text, what=param("markdown")))
 
@@ -210,7 +210,7 @@ def save_scores(report, path: str | os.PathLike) -> Path:
     """``ood --scores PATH``: every per-sample score as a safetensors file, one tensor per tau and side, atomically."""
     from safetensors.torch import save_file
 
-    from ..io.atomic import atomic_path
+    from ..io.paths import atomic_path
 
     tensors, metadata = score_tensors(report)
     with atomic_path(path, what=param("scores")) as temporary:

@@ -279,7 +279,7 @@ def _finite(value: Any) -> bool:
 
 def _save(fig, path: Path, dpi: int = 120) -> None:
     """Save beside the destination, then rename: a failed save leaves no half-written picture."""
-    from ..io.atomic import atomic_path
+    from ..io.paths import atomic_path
 
     with atomic_path(path, what=param("plot")) as temporary:
         fig.savefig(temporary, format=path.suffix.lstrip(".").lower(), dpi=dpi)

@@ -346,7 +346,8 @@ class LmEvalKind(SourceKind):
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""
-        from ..io.sidecar import check_regular_file, read_sidecar, sidecar_path
+        from ..io.paths import sidecar_path
+        from ..io.sidecar import check_regular_file, read_sidecar
 
         check_regular_file(path)
         metadata, notes = read_sidecar(path)

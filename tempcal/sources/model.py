@@ -86,8 +86,7 @@ class ModelKind(SourceKind):
             label: str | None = None) -> ModelSource:
         """The model's logits over ``inputs_path`` as a source (placeholder labels when none and optional)."""
         from ..core.data import as_logits_data
-        from ..models.inputs import InputsFile
-        from ..models.run import placeholder_labels, run_model
+        from ..models.run import InputsFile, placeholder_labels, run_model
 
         inputs = InputsFile(inputs_path, options.inputs_key)
         labels = inputs.labels(options.labels_key, optional=labels_optional)

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DataError, Note, TempcalError, param
+from ..io.paths import sidecar_path
 from ..io.safetensors_header import shown
-from ..io.sidecar import sidecar_path
 from .base import OpenedSource, SourceOptions
 from .memory import (
     NPY_MAGIC,

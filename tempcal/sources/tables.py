@@ -146,7 +146,7 @@ def _parquet_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> 
 def write_with_column(path: Path, output: Path, column: str, values: Sequence[float]) -> None:
     """Write the table at ``path`` to ``output`` (same format) with ``column`` added: ``values[i]`` on data row i,
     atomically (a temporary file beside ``output``, renamed over it)."""
-    from ..io.atomic import atomic_path
+    from ..io.paths import atomic_path
 
     fmt = table_format(path)
     with atomic_path(output, what="--output") as temporary:

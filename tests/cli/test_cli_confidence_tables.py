@@ -13,7 +13,8 @@ from confidence_tables import logits_of, make_rows, write_table
 from conftest import assert_one_error_line, snapshot
 from reference import optimal_temperature, ref_msp, sk_figures
 
-from tempcal.io.sidecar import read_sidecar, sidecar_path
+from tempcal.io.paths import sidecar_path
+from tempcal.io.sidecar import read_sidecar
 
 COLUMNS = ["--confidence", "confidence", "--correct", "correct"]
 

@@ -16,7 +16,8 @@ from inspect_logs import FIXTURES, expected_rows, rewritten
 from reference import ece_loop, nll_at, optimal_temperature, predictions, ref_msp, sk_figures
 from safetensors.torch import save_file
 
-from tempcal.io.sidecar import read_sidecar, sidecar_path
+from tempcal.io.paths import sidecar_path
+from tempcal.io.sidecar import read_sidecar
 
 FIGURES = ("nll", "ece", "brier", "accuracy", "mce")
 

@@ -15,7 +15,8 @@ from conftest import EXAMPLE, assert_one_error_line, snapshot, write_logits
 from lighteval_details import complete, copied, matrix, mc_rows, reference_rows, write_details
 from reference import ece_loop, nll_at, optimal_temperature, ref_msp, sk_figures
 
-from tempcal.io.sidecar import read_sidecar, sidecar_path
+from tempcal.io.paths import sidecar_path
+from tempcal.io.sidecar import read_sidecar
 
 FIGURES = ("nll", "ece", "mce", "brier", "accuracy", "smece", "aurc")
 

@@ -23,7 +23,8 @@ from lm_eval_logs import (
 )
 from reference import ece_loop, nll_at, optimal_temperature, ref_msp, sk_figures
 
-from tempcal.io.sidecar import read_sidecar, sidecar_path
+from tempcal.io.paths import sidecar_path
+from tempcal.io.sidecar import read_sidecar
 
 
 @pytest.fixture

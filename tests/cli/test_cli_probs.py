@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from scipy.special import log_softmax, softmax
 
 from tempcal.cli.main import main
-from tempcal.io.sidecar import sidecar_path
+from tempcal.io.paths import sidecar_path
 
 REFUSAL = "pass --probs, or --no-probs to treat the values as logits"
 

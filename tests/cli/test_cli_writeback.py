@@ -15,7 +15,7 @@ from conftest import assert_one_error_line, fail_after_partial_copy, files_in, n
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import tempcal.io.atomic
+import tempcal.io.paths
 import tempcal.io.safetensors_header
 
 KEY = "tempcal.temperature"
@@ -208,7 +208,7 @@ def test_failure_at_later_steps_changes_nothing(tmp_path, source, cli, monkeypat
     def fail(*args, **kwargs):
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr(tempcal.io.atomic.os, name, fail)
+    monkeypatch.setattr(tempcal.io.paths.os, name, fail)
     code, _, err = cli(["fit", str(source)])
     monkeypatch.undo()
     assert code == 2
@@ -223,7 +223,7 @@ def test_unwritable_folder_changes_nothing(tmp_path, source, cli, monkeypatch):
     def mkstemp(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(tempcal.io.atomic.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(tempcal.io.paths.tempfile, "mkstemp", mkstemp)
     code, _, err = cli(["fit", str(source)])
     assert code == 2
     assert_one_error_line(err, "Permission denied")

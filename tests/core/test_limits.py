@@ -109,8 +109,7 @@ def test_batch_size_beyond_memory_names_the_batch_that_fits(tmp_path, cli, digit
 
 def test_batch_size_beyond_the_inputs_is_cut_to_the_rows(tmp_path):
     inputs = write_inputs(tmp_path / "x.safetensors", torch.randn(30, 4), torch.zeros(30, dtype=torch.int64))
-    from tempcal.models.inputs import InputsFile
-    from tempcal.models.run import bounded_batches
+    from tempcal.models.run import InputsFile, bounded_batches
 
     assert bounded_batches(10**12, InputsFile(inputs), "cpu") == 30
 

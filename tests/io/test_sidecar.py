@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 from conftest import logits_of, numpy_logits, one_line, sha256, write_logits
 
-import tempcal.io.atomic
+import tempcal.io.paths
 from tempcal.errors import TempcalError
-from tempcal.io.sidecar import read_sidecar, sidecar_path, write_sidecar
+from tempcal.io.paths import sidecar_path
+from tempcal.io.sidecar import read_sidecar, write_sidecar
 from tempcal.sources.registry import open_source, read_stored_temperature, write_stored_temperature
 from tempcal.validation import TEMPERATURE_KEY
 
@@ -90,13 +91,13 @@ def test_sidecar_write_is_atomic_fsynced_and_leaves_nothing_on_failure(tmp_path,
     old = side.read_bytes()
     calls: list[str] = []
     real_fsync = os.fsync
-    monkeypatch.setattr(tempcal.io.atomic.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+    monkeypatch.setattr(tempcal.io.paths.os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
 
     def failing_replace(src, dst):
         calls.append("replace")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(tempcal.io.atomic.os, "replace", failing_replace)
+    monkeypatch.setattr(tempcal.io.paths.os, "replace", failing_replace)
     with pytest.raises(TempcalError) as exc:
         write_sidecar(path, 3.0)
     assert "No space left" in one_line(exc)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from torch.export import Dim
 
 from tempcal.models import export
-from tempcal.models.batching import FittedBatches
+from tempcal.models.export import FittedBatches
 
 ROWS, FEATURES, CLASSES = 611, 6, 4  # 611 = 87 * 7 + 2: a static batch of 7 leaves a short last batch
 STATIC_BATCH = 7

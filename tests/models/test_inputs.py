@@ -1,4 +1,4 @@
-"""Inputs files of a model SOURCE (tempcal.models.inputs): missing keys, mismatched rows, wrong dtypes, no samples."""
+"""Inputs files of model SOURCEs (tempcal.models.run.InputsFile): missing keys, mismatched rows, bad dtypes, no rows."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from torch.export import Dim
 
 from tempcal.errors import TempcalError
 from tempcal.models import export, onnx_graph, torchscript
-from tempcal.models.op_check import schema_refusal
+from tempcal.models.base import schema_refusal
 
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")
 MODEL_JSON = "models/model.json"

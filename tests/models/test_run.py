@@ -210,8 +210,7 @@ def test_progress_bar_goes_to_the_console_given_and_only_to_a_terminal(digits, c
 def test_models_run_without_tf32_whatever_the_global_setting(small):
     """TF32 would change a model's logits (and T) by about 1e-3 relative on CUDA: every format runs with it off."""
     from tempcal.models.base import LoadedModel
-    from tempcal.models.inputs import InputsFile
-    from tempcal.models.run import run_model
+    from tempcal.models.run import InputsFile, run_model
 
     flags = torch.backends.cuda.matmul, torch.backends.cudnn
     before = [flag.allow_tf32 for flag in flags]

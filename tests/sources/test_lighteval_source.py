@@ -17,7 +17,8 @@ from reference import optimal_temperature
 
 import tempcal
 from tempcal.errors import TempcalError
-from tempcal.io.sidecar import read_sidecar, sidecar_path
+from tempcal.io.paths import sidecar_path
+from tempcal.io.sidecar import read_sidecar
 from tempcal.sources import lighteval as lighteval_kind
 from tempcal.sources.base import SourceOptions
 from tempcal.sources.lighteval import LightevalDetailsError, LightevalKind, read_details, task_from_filename

@@ -28,7 +28,8 @@ from reference import optimal_temperature
 
 import tempcal
 from tempcal.errors import DataError, TempcalError
-from tempcal.io.sidecar import read_sidecar, sidecar_path
+from tempcal.io.paths import sidecar_path
+from tempcal.io.sidecar import read_sidecar
 from tempcal.sources.lm_eval import (
     NORM_KEY,
     LmEvalKind,
