@@ -1,14 +1,13 @@
 """A fit while another process keeps a core busy: torch's default threads against one thread and scikit-learn.
 
-The script starts its own busy process (a plain Python loop, pinned to the last usable core, free with
-``--busy free``, or pinned at the lowest priority with ``--busy nice``: a background job), and measures, each figure in a fresh interpreter, ``fit_temperature``
-on seeded float32 logits (2.5 z, labels drawn from softmax(z), as ``fit_vs_peers.py``) in memory
-and streamed from a safetensors file (``TEMPCAL_RESIDENT_BYTES=0``: read a chunk at a time, the
-validating scan included): with torch's default threads and with ``torch.set_num_threads(1)``;
-and scikit-learn's temperature core (``sklearn.calibration._TemperatureScaling``, on the NumPy
-arrays in memory; it has no streamed form). Then the default threads again without the busy process. With
-``--base DIR`` (a checkout of an earlier tempcal), that tree's default-threads figures are
-measured in the same run, idle and busy.
+The script starts its own busy process (a plain Python loop, pinned to the last usable core, free with ``--busy
+free``, or pinned at the lowest priority with ``--busy nice``: a background job), and measures, each figure in a
+fresh interpreter, ``fit_temperature`` on seeded float32 logits (2.5 z, labels drawn from softmax(z), as
+``fit_vs_peers.py``) in memory and streamed from a safetensors file (``TEMPCAL_RESIDENT_BYTES=0``: read a chunk at
+a time, the validating scan included): with torch's default threads and with ``torch.set_num_threads(1)``; and
+scikit-learn's temperature core (``sklearn.calibration._TemperatureScaling``, on the NumPy arrays in memory; it has
+no streamed form). Then the default threads again without the busy process. With ``--base DIR`` (a checkout of an
+earlier tempcal), that tree's default-threads figures are measured in the same run, idle and busy.
 
 Every figure is the median over ``--repeats`` fresh processes of each process's median fit
 (``--fits`` fits after one warm-up on 2,000 rows; one fit for scikit-learn and ``--base`` above

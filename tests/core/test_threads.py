@@ -394,9 +394,9 @@ def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp
 
 
 def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, monkeypatch):
-    """Rows selected from a file kept in memory (a split, a fold): each thread gathers its own blocks, so a pass is
-    one map of its blocks (the validating scan and passes keeping much per row: the usual reads), and every figure is the bits of
-    one thread and of the same rows copied into memory first."""
+    """Rows selected from a file kept in memory (a split, a fold): each thread gathers its own blocks, so a pass
+    is one map of its blocks (the validating scan and passes keeping much per row: the usual reads), and every
+    figure is the bits of one thread and of the same rows copied into memory first."""
     from safetensors.torch import save_file
 
     from tempcal import open_source
