@@ -22,8 +22,9 @@ from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..subsets.cells import Subsets
-from .passes import FoldSetSums, ScoreRows, Thresholds, score_reads, temperatures_per_read
-from .sets import ConformalResult, results, thresholds
+from .groups import place_group_sets
+from .passes import FoldSetSums, Thresholds, gathered_scores, grouped_results, score_reads, score_thresholds
+from .sets import ConformalResult
 
 
 def fold_score_reads(rows: int, k: int) -> int:
@@ -41,30 +42,18 @@ class FoldThresholds:
     after: list[Thresholds]
 
 
-def _thresholds(scores: dict[str, np.ndarray], alphas: Sequence[float], rows: np.ndarray | None = None
-                ) -> Thresholds:
-    return {name: thresholds(values if rows is None else values[rows], alphas) for name, values in scores.items()}
-
-
 def fold_thresholds(scan: Scan, folds: np.ndarray, global_t: float, fold_ts: Sequence[float],
                     alphas: Sequence[float]) -> FoldThresholds:
     """Every threshold the out-of-fold sets need, from the scores of every row (``folds``: each row's fold, over all
     ranks) at T = 1, ``global_t`` and each fold's T: :func:`fold_score_reads` reads."""
-    taus = [1.0, global_t, *fold_ts]
-    step = temperatures_per_read(folds.size)
-    found = FoldThresholds([], [], [{} for _ in fold_ts])
-    for first in range(0, len(taus), step):
-        batch = taus[first:first + step]
-        rows = ScoreRows(len(batch), scan.data.num_samples, scan.device)
-        scan.visit([1.0 / t for t in batch], rows)
-        for i, scores in enumerate(rows.each_gathered(), start=first):
-            if i < 2:
-                found.deployed.append(_thresholds(scores, alphas))
-            if i == 0:
-                found.before = [_thresholds(scores, alphas, folds != f) for f in range(len(fold_ts))]
-            if i >= 2:
-                found.after[i - 2] = _thresholds(scores, alphas, folds != i - 2)
-        del rows
+    found = FoldThresholds([], [], [])
+    for i, scores in enumerate(gathered_scores(scan, [1.0, global_t, *fold_ts])):
+        if i < 2:
+            found.deployed.append(score_thresholds(scores, alphas))
+        if i == 0:
+            found.before = [score_thresholds(scores, alphas, folds != f) for f in range(len(fold_ts))]
+        if i >= 2:
+            found.after.append(score_thresholds(scores, alphas, folds != i - 2))
     return found
 
 
@@ -90,14 +79,12 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
                        num_groups=len(subsets.groups or [None]))
     scan.visit([1.0, 1.0], sets)  # the slots: T = 1, then each row at its fold's T_k
     sums = sets.reduced()  # per score: [slot (T = 1, T_k), group, alpha, 2]
-    n = scan.num_samples
-    overall = [_with_folds(results(alphas, found.deployed[slot], {s: v[slot].sum(0) for s, v in sums.items()}, n),
-                           alphas, per_fold) for slot, per_fold in ((0, found.before), (1, found.after))]
-    for g, group in enumerate(subsets.groups or []):
-        for slot, block in ((0, group.before_extras), (1, group.after_global_extras)):
-            if group.n_eval:
-                block["conformal"] = [c.to_json() for c in results(
-                    alphas, found.deployed[slot], {s: v[slot, g] for s, v in sums.items()}, group.n_eval)]
+    overall = []
+    for slot, per_fold in ((0, found.before), (1, found.after)):
+        every, by_group = grouped_results(alphas, found.deployed[slot], {s: v[slot] for s, v in sums.items()},
+                                          scan.num_samples, [group.n_eval for group in subsets.groups or []])
+        overall.append(_with_folds(every, alphas, per_fold))
+        place_group_sets(subsets.groups or [], slot, by_group)
     reads = fold_score_reads(subsets.fold_rows.size, k) + 1
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
 

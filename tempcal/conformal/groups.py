@@ -16,8 +16,8 @@ import torch
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from ..subsets.cells import Subsets
-from .passes import SetSums, Thresholds, fit_thresholds, set_results
+from ..subsets.cells import GroupResult, Subsets
+from .passes import SetSums, Thresholds, fit_thresholds, grouped_results
 from .sets import ConformalResult
 
 #: Reads ``fit``'s grouped sets take beyond the fit: the fitting rows' scores, then the evaluation rows' sets.
@@ -32,14 +32,18 @@ def group_sets(scan: Scan, taus: Sequence[float], alphas: Sequence[float], thres
     every rank; None for a group without rows)."""
     sums = SetSums(thresholds, scan.device, groups=groups, num_groups=len(counts))
     scan.visit([1.0 / t for t in taus], sums)
-    overall: list[list[ConformalResult]] = []
-    per_group: list[list[list[ConformalResult] | None]] = []
-    for k, found in enumerate(sums.reduced()):
-        every = {score: values.sum(0, keepdim=True) for score, values in found.items()}
-        overall.append(set_results(alphas, thresholds[k], every, scan.num_samples))
-        per_group.append([set_results(alphas, thresholds[k], found, int(n), g) if n else None
-                          for g, n in enumerate(counts)])
-    return overall, per_group
+    found = [grouped_results(alphas, thresholds[k], s, scan.num_samples, counts) for k, s in enumerate(sums.reduced())]
+    return [overall for overall, _ in found], [per_group for _, per_group in found]
+
+
+def place_group_sets(groups: Sequence[GroupResult], slot: int, found: Sequence[list[ConformalResult] | None]
+                     ) -> None:
+    """Each group's sets ``found[g]`` (None: no rows judged) into its ``before`` (slot 0: T = 1) or ``after_global``
+    block (slot 1)."""
+    for group, sets in zip(groups, found, strict=True):
+        if sets is not None:
+            block = group.before_extras if slot == 0 else group.after_global_extras
+            block["conformal"] = [c.to_json() for c in sets]
 
 
 def fit_group_sets(fit_scan: Scan, eval_scan: Scan, evaluated: OpenedSource, eval_index: np.ndarray,
@@ -55,12 +59,9 @@ def fit_group_sets(fit_scan: Scan, eval_scan: Scan, evaluated: OpenedSource, eva
     local = torch.from_numpy(subsets.rows[mine].astype(np.int64))
     overall, per_group = group_sets(eval_scan, taus, alphas, thresholds, local,
                                     [group.n_eval for group in subsets.groups])
-    for g, group in enumerate(subsets.groups):
-        for k, block in ((0, group.before_extras), (1, group.after_global_extras)):
-            found = per_group[k][g]
-            if found is not None:
-                block["conformal"] = [c.to_json() for c in found]
+    for slot in (0, 1):
+        place_group_sets(subsets.groups, slot, per_group[slot])
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1])
 
 
-__all__ = ["READS", "fit_group_sets", "group_sets"]
+__all__ = ["READS", "fit_group_sets", "group_sets", "place_group_sets"]

@@ -20,7 +20,7 @@ from ..core.scan import Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences, whole_number
 from .calibration import equal_width_index
-from .decisions import harmonic
+from .decisions import block_terms, optimal_aurc
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22
@@ -85,16 +85,10 @@ class _Ranking:
         w = w[:, ::-1]
         sizes = np.add.reduceat(w, self.starts, axis=1)
         errors = np.add.reduceat(w * self.wrong, self.starts, axis=1)
-        starts = np.cumsum(sizes, axis=1) - sizes
-        before = np.cumsum(errors, axis=1) - errors
-        between = np.where(sizes == 1, 1.0 / (starts + 1), harmonic(starts + sizes) - harmonic(starts))
-        share = errors / np.maximum(sizes, 1)  # an empty block (no row drawn) adds nothing
-        n = self.n
-        aurc = (before * between + share * (sizes - starts * between)).sum(1) / n
-        augrc = (before * sizes + share * sizes * (sizes + 1) / 2).sum(1) / (n * n)
-        correct = n - errors.sum(1)
-        optimal = ((n - correct) - correct * (harmonic(n) - harmonic(correct.round()))) / n
-        return aurc, aurc - optimal, augrc
+        n, starts, before = self.n, np.cumsum(sizes, axis=1) - sizes, np.cumsum(errors, axis=1) - errors
+        by_rank, total = block_terms(starts, sizes, errors, before)
+        aurc = by_rank / n
+        return aurc, aurc - optimal_aurc(n, (n - errors.sum(1)).round()), total / (n * n)
 
 
 def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,

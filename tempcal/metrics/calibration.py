@@ -245,8 +245,7 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, se
                 on_rows(tau, confidence, correct)
             figures = decisions_module.decision_figures(confidence, correct, overwrite=True)
             del confidence
-            metrics = replace(metrics, aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc,
-                              smece=figures.smece, risk_coverage=figures.risk_coverage)
+            metrics = replace(metrics, **vars(figures))
         if finish is not None:
             metrics = finish(k, tau, metrics, sums.count)
         out.append(metrics)

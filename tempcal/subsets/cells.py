@@ -57,6 +57,15 @@ class CellLayout:
         return self.groups * self.folds
 
 
+def subset_keys(layout: CellLayout, groups: bool) -> list[tuple[int | None, int | None]]:
+    """``(group, fold left out)`` of every subset fit, in order: each fold's (group None; with folds), then each
+    group's (with ``groups``): on every row of the group, then less each fold."""
+    k = layout.folds
+    left_out: list[int | None] = [None, *range(k)] if k > 1 else [None]
+    folds: list[tuple[int | None, int | None]] = [(None, f) for f in range(k)] if k > 1 else []
+    return folds + [(g, f) for g in range(layout.groups) for f in left_out] if groups else folds
+
+
 @dataclass(frozen=True)
 class SubsetTemperatures:
     """The fitted temperatures: per fold, per group, per group and fold (None where not asked)."""
@@ -155,19 +164,13 @@ class CellCalibration:
     correct: torch.Tensor | None = None
     nll: torch.Tensor | None = None
 
-    def group(self, slot: int, group: int) -> CalibrationSums:
-        """One slot's sums over one group's rows."""
-        nll, brier, entropy, correct, confidence = self.sums[slot, group].tolist()
-        count, bin_confidence, bin_correct = self.bins[slot, group]
-        return CalibrationSums(int(self.counts[group]), nll, brier, entropy, correct, confidence, count,
-                               bin_confidence, bin_correct)
-
-    def total(self, slot: int) -> CalibrationSums:
-        """One slot's sums over every row."""
-        nll, brier, entropy, correct, confidence = self.sums[slot].sum(0).tolist()
-        count, bin_confidence, bin_correct = self.bins[slot].sum(0)
-        return CalibrationSums(int(self.counts.sum()), nll, brier, entropy, correct, confidence, count,
-                               bin_confidence, bin_correct)
+    def group(self, slot: int, group: int | None) -> CalibrationSums:
+        """One slot's sums over one group's rows (None: every row)."""
+        if group is None:
+            sums, bins, rows = self.sums[slot].sum(0), self.bins[slot].sum(0), self.counts.sum()
+        else:
+            sums, bins, rows = self.sums[slot, group], self.bins[slot, group], self.counts[group]
+        return CalibrationSums(int(rows), *sums.tolist(), *bins)
 
 
 def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, groups: torch.Tensor,
@@ -275,7 +278,7 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
     A group's :data:`ROW_FIGURES` come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
     the group's figures go without them, as when there are too many groups).
     """
-    sums = calibration.total(slot) if group is None else calibration.group(slot, group)
+    sums = calibration.group(slot, group)
     if sums.count == 0:
         return None
     metrics = from_sums(tau, sums)
@@ -294,10 +297,8 @@ def _row_figures(metrics: CalibrationMetrics, confidence: torch.Tensor, correct:
     return metrics
 
 
-def metrics_block(m: CalibrationMetrics | None) -> dict | None:
+def metrics_block(m: CalibrationMetrics) -> dict:
     """A subset's figures as the JSON shows them (no reliability bins: a group list stays compact)."""
-    if m is None:
-        return None
     out: dict = dict(m.summary())
     out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau, n=m.count)
     out.update({k: v for k, v in m.decisions().items() if k != "risk_coverage"})  # no curve: a group list stays short
@@ -322,11 +323,9 @@ class GroupResult:
     after_global_extras: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        blocks = {}
-        for name, m, extra in (("before", self.before, self.before_extras), ("after", self.after, self.after_extras),
-                               ("after_global", self.after_global, self.after_global_extras)):
-            block = metrics_block(m)
-            blocks[name] = None if block is None else {**block, **extra}
+        blocks = {name: None if m is None else {**metrics_block(m), **extra} for name, m, extra in (
+            ("before", self.before, self.before_extras), ("after", self.after, self.after_extras),
+            ("after_global", self.after_global, self.after_global_extras))}
         return {"group": self.group, "n_fit": self.n_fit, "n_eval": self.n_eval, "temperature": self.temperature,
                 **blocks, "converged": self.converged, "bound": self.bound}
 
@@ -476,10 +475,9 @@ def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
 def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
                device: torch.device) -> torch.Tensor:
     """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
-    if groups is None and folds is None:
-        raise ValueError("cells need groups or folds")
     base = groups if groups is not None else folds
-    assert base is not None
+    if base is None:
+        raise ValueError("cells need groups or folds")
     g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
     k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
     return (g * num_folds + k).to(device)
@@ -488,4 +486,4 @@ def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_fold
 __all__ = ["ROW_FIGURES", "CellCalibration", "CellLayout", "GroupResult", "GroupRows", "RowFigure", "SubsetFits",
            "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
            "cell_stats", "fit_group_results", "fold_sizes", "metrics_block", "row_extras", "subset_extras",
-           "subset_metrics"]
+           "subset_keys", "subset_metrics"]

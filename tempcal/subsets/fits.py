@@ -52,6 +52,7 @@ from .cells import (
     fit_group_results,
     fold_sizes,
     subset_extras,
+    subset_keys,
     subset_metrics,
 )
 from .options import Asked, Plan, check_folds, check_prior, read_groups
@@ -95,39 +96,27 @@ class SharedFits:
         self.resident = scan.fit_start.rows if scan.fit_start is not None else None
         self.global_beta: float | None = None
         self.extra_passes = 0
-        count, slope, above = cell_stats(scan, layout)
-        g, k = layout.groups, layout.folds
-        self.fits: list[_Fit] = []
-        total = int(count.sum())
-        by_fold = count.view(g, k).sum(0)
-        if k > 1:
-            for fold in range(k):
-                self.fits.append(self._fit(None, fold, total - int(by_fold[fold]), 0.0,
-                                           slope.view(g, k).sum(0), above.view(g, k).sum(0)))
-        if groups:
-            for group in range(g):
-                cells = slice(group * k, (group + 1) * k)
-                left_out: list[int | None] = [None, *range(k)] if k > 1 else [None]
-                for out in left_out:
-                    rows = int(count[cells].sum()) - (int(count[cells][out]) if out is not None else 0)
-                    self.fits.append(self._fit(group, out, rows, lam, slope[cells], above[cells]))
+        count, slope, above = (t.view(layout.groups, layout.folds) for t in cell_stats(scan, layout))
+        self.fits = [self._fit(group, fold, lam if group is not None else 0.0, count, slope, above)
+                     for group, fold in subset_keys(layout, groups)]
 
-    def _fit(self, group: int | None, fold: int | None, count: int, lam: float, slope: torch.Tensor,
+    def _fit(self, group: int | None, fold: int | None, lam: float, count: torch.Tensor, slope: torch.Tensor,
              above: torch.Tensor) -> _Fit:
-        """A fit (``slope`` and ``above``: per fold of its family), settled at once when its rows make the answer a
-        bound (unpenalised) or leave no data."""
-        keep = torch.ones(slope.shape[0], dtype=torch.bool)
+        """A fit (``count``, ``slope`` and ``above``: per cell, ``[groups, folds]``), settled at once when its rows make
+        the answer a bound (unpenalised) or leave no data."""
+        keep = torch.ones(self.layout.folds, dtype=torch.bool)
         if fold is not None:
             keep[fold] = False
-        fit = _Fit(group, fold, count, lam)
-        slope_sum, above_sum = float(slope[keep].sum()), int(above[keep].sum())
-        if count == 0 or lam > 0:
+        rows, slope_sum, above_sum = ((t.sum(0) if group is None else t[group])[keep].sum()
+                                      for t in (count, slope, above))
+        fit = _Fit(group, fold, int(rows), lam)
+        if fit.count == 0 or lam > 0:
             return fit  # no rows: the prior's centre (settled in _centre); a prior: always an interior optimum
-        if above_sum == 0:
+        if int(above_sum) == 0:
             fit.fixed = CertifiedFit(BETA_MAX, 0, True, 0.0, math.nan, "lower", [],
                                      [f"{self._name(fit)}: no row has a class above its true class; T is set to "
                                       "the lower bound"])
-        elif slope_sum >= 0:
+        elif float(slope_sum) >= 0:
             fit.fixed = CertifiedFit(BETA_MIN, 0, True, 0.0, math.nan, "upper", [],
                                      [f"{self._name(fit)}: the logits predict no better than uniform; T is set to "
                                       "the upper bound"])

@@ -20,7 +20,7 @@ from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..sources.grouping import RowGroups, parse_stored_groups
 from ..workflows.common import extra_figures
-from .cells import CellCalibration, GroupRows, cell_calibration, row_extras, subset_metrics
+from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, row_extras, subset_metrics
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,8 @@ class GroupFigures:
     extras: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        m = self.metrics
-        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "rms_ce": m.rms_ce,
-                "mce": m.mce,
-                "brier": m.brier, "accuracy": m.accuracy, "entropy": m.entropy,
-                "mean_confidence": m.mean_confidence,
-                **{k: v for k, v in m.decisions().items() if k != "risk_coverage"}, **self.extras}
+        return {"group": self.group, "n": self.metrics.count, "tau": self.tau, **metrics_block(self.metrics),
+                **self.extras}
 
 
 @dataclass(frozen=True)
@@ -135,7 +131,6 @@ def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequenc
     return out
 
 
-
 @dataclass
 class GroupedRun:
     """``report --group-by``'s figures: per row of the report (each temperature, and the stored T_g's row last when
@@ -227,15 +222,5 @@ def _place_sets(run: GroupedRun, places: list[int], overall: list, by_group: lis
         run.rows[k] = replace(row, groups=figures)
 
 
-__all__ = [
-    "AppliedGroups",
-    "GroupFigures",
-    "GroupRow",
-    "GroupedPass",
-    "GroupedRun",
-    "applicable_groups",
-    "group_extras",
-    "grouped_report",
-    "held_out_groups",
-    "report_groups",
-]
+__all__ = ["AppliedGroups", "GroupFigures", "GroupRow", "GroupedPass", "GroupedRun", "applicable_groups",
+           "group_extras", "grouped_report", "held_out_groups", "report_groups"]
