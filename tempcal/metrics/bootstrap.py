@@ -21,6 +21,7 @@ from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences, whole_number
 from .calibration import equal_width_index
 from .decisions import block_terms, optimal_aurc
+from .detection import percentile_interval
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22
@@ -99,12 +100,7 @@ def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, s
     if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0 < level < 1):
         raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")
     replicates = bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples, seed, bins, batch=batch)
-    quantiles = [(1 - level) / 2, (1 + level) / 2]
-    out: dict[str, tuple[float, float]] = {}
-    for name, values in replicates.items():
-        low, high = np.quantile(values, quantiles)
-        out[name] = (float(low), float(high))
-    return out
+    return {name: percentile_interval(values, level) for name, values in replicates.items()}
 
 
 def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15,

@@ -260,13 +260,14 @@ def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.nda
         v = np.stack([np.bincount(ood_rng.integers(0, m, size=m), minlength=m) for _ in range(size)]).astype(float)
         for j, row in enumerate(rows):
             auroc[j, first:first + size], fpr[j, first:first + size] = row.figures(w, v, target)
-    quantiles = [(1 - level) / 2, (1 + level) / 2]
-    out = []
-    for j in range(len(rows)):
-        a_low, a_high = np.quantile(auroc[j], quantiles)
-        f_low, f_high = np.quantile(fpr[j], quantiles)
-        out.append({"auroc": (float(a_low), float(a_high)), "fpr95": (float(f_low), float(f_high))})
-    return out
+    return [{"auroc": percentile_interval(auroc[j], level), "fpr95": percentile_interval(fpr[j], level)}
+            for j in range(len(rows))]
+
+
+def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile bootstrap interval at confidence ``level`` of the replicates ``values``."""
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
 
 
 def float32_auroc(id_scores, ood_scores) -> float:
@@ -292,4 +293,4 @@ def sums_to_zero(*values) -> bool:
 
 __all__ = ["FLOAT32_AUROC_LOSS", "ID_RECALL", "LOG_SUM_TOLERANCE", "OodMetrics", "SortedOod", "detection_against",
            "detection_intervals", "detection_metrics", "float32_auroc", "float32_loss", "fpr_at_recall",
-           "ranking_figures", "sums_to_zero"]
+           "percentile_interval", "ranking_figures", "sums_to_zero"]

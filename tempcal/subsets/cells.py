@@ -18,8 +18,8 @@ all-reduced across ranks.
   :func:`~tempcal.metrics.calibration.from_sums` gives them for every row; :class:`Subsets`: what ``--folds`` and
   ``--group-by`` add to ``fit``'s report, with the estimators per subset.
 
-Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums: each is a
-function ``(metrics, confidence, correct) -> metrics`` in :data:`ROW_FIGURES`, handed the subset's kept rows.
+Figures that rank a subset's own rows (risk-coverage, smooth ECE) cannot come from sums: they come from the subset's
+kept rows (:func:`~tempcal.metrics.decisions.subset_decisions`).
 """
 
 from __future__ import annotations
@@ -235,12 +235,6 @@ def _row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, 
     return confidence, torch.stack([nll.to(f64), brier.to(f64), entropy.to(f64), hit, confidence], 1)
 
 
-RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], CalibrationMetrics]
-#: Figures computed from a subset's per-row confidence and correctness (empty: no row is kept): the decision
-#: figures (AURC, E-AURC, AUGRC, smooth ECE, the risk-coverage curve).
-ROW_FIGURES: list[RowFigure] = [subset_decisions]
-
-
 class GroupRows:
     """The rows the pass kept (confidence, NLL, correctness), sorted by group once: each group's rows are then one
     slice, in their order (what a mask per group selects, without a pass over every row for each group).
@@ -262,7 +256,7 @@ class GroupRows:
     def kept(cls, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int) -> GroupRows | None:
         """The kept rows sorted by group, or None when the pass kept none or there are too many groups for their
         row figures (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
-        if calibration.confidence is None or calibration.correct is None or count > MAX_GROUPS or not ROW_FIGURES:
+        if calibration.confidence is None or calibration.correct is None or count > MAX_GROUPS:
             return None
         return cls(calibration, rows, count)
 
@@ -275,7 +269,7 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
                    rows: GroupRows | None = None) -> CalibrationMetrics | None:
     """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset.
 
-    A group's :data:`ROW_FIGURES` come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
+    A group's decision figures come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
     the group's figures go without them, as when there are too many groups).
     """
     sums = calibration.group(slot, group)
@@ -284,16 +278,9 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
     metrics = from_sums(tau, sums)
     if group is not None:
         if rows is not None:
-            metrics = _row_figures(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
+            metrics = subset_decisions(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
     elif calibration.confidence is not None and calibration.correct is not None:
-        metrics = _row_figures(metrics, calibration.confidence[slot], calibration.correct)
-    return metrics
-
-
-def _row_figures(metrics: CalibrationMetrics, confidence: torch.Tensor, correct: torch.Tensor) -> CalibrationMetrics:
-    """``metrics`` with the :data:`ROW_FIGURES` of a subset's kept rows."""
-    for figure in ROW_FIGURES:
-        metrics = figure(metrics, confidence, correct)
+        metrics = subset_decisions(metrics, calibration.confidence[slot], calibration.correct)
     return metrics
 
 
@@ -366,22 +353,19 @@ class Subsets:
 
 
 def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[str], bootstrap: int, seed: int,
-               bins: int, rows: torch.Tensor | tuple[GroupRows, int] | None = None) -> dict:
-    """The per-row estimators and bootstrap intervals of one slot (over the rows ``rows`` selects: a mask, or the
-    kept rows sorted by group and a group; None: every row), from the confidences the pass kept; the classwise ECE
-    is not among them (it needs every class's probability)."""
+               bins: int, rows: tuple[GroupRows, int] | None = None) -> dict:
+    """The per-row estimators and bootstrap intervals of one slot (over every row, or with ``rows`` the rows of one
+    group), from the confidences the pass kept; not the classwise ECE (it needs every class's probability)."""
     from ..metrics.bootstrap import bootstrap_intervals
     from ..metrics.calibration import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
 
     assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
     confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]
-    if isinstance(rows, tuple):
+    if rows is not None:
         grouped, g = rows
         assert grouped.nll is not None
         confidence, correct = grouped.of(grouped.confidence[slot], g), grouped.of(grouped.correct, g)
         nll = grouped.of(grouped.nll[slot], g)
-    elif rows is not None:
-        confidence, correct, nll = confidence[rows], correct[rows], nll[rows]
     out: dict = {}
     if not confidence.numel():
         return out
@@ -483,7 +467,7 @@ def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_fold
     return (g * num_folds + k).to(device)
 
 
-__all__ = ["ROW_FIGURES", "CellCalibration", "CellLayout", "GroupResult", "GroupRows", "RowFigure", "SubsetFits",
+__all__ = ["CellCalibration", "CellLayout", "GroupResult", "GroupRows", "SubsetFits",
            "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
            "cell_stats", "fit_group_results", "fold_sizes", "metrics_block", "row_extras", "subset_extras",
            "subset_keys", "subset_metrics"]

@@ -177,8 +177,8 @@ class SharedEce:
         k = self.layout.folds
         folds = [result(f) for f in self.folds] or None
         groups = [result(f) for f in self.group_fits if f.fold is None] or None
-        group_folds = ([[result(f) for f in self.group_fits if f.group == g and f.fold is not None]
-                        for g in range(self.layout.groups)] if k > 1 and self.groups else None)
+        in_folds = [result(f) for f in self.group_fits if f.fold is not None]  # group by group (subset_keys)
+        group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
         open_fits = sum(1 for f in [*self.folds, *self.group_fits] if f.search and not f.search.certified)
         warnings = [f"{open_fits} subset ECE search(es) stopped before certifying their tolerance"] if open_fits else []
         return SubsetTemperatures(folds, groups, group_folds, self.passes, warnings)

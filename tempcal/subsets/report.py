@@ -119,16 +119,12 @@ def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequenc
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
     if not (estimators or bootstrap) or grouped.calibration.confidence is None:
         return grouped.rows
-    out = []
-    for k, row in enumerate(grouped.rows):
-        figures = []
-        for figure in row.groups:
-            mine = torch.from_numpy(groups.index == groups.names.index(figure.group))
-            extra = row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed,
-                               bins=bins, rows=mine.to(grouped.calibration.confidence.device))
-            figures.append(GroupFigures(figure.group, figure.tau, figure.metrics, extra))
-        out.append(GroupRow(row.tau, row.per_group, figures))
-    return out
+    index = GroupRows(grouped.calibration, groups.index, groups.count)  # each group's rows: one slice
+    number = {name: g for g, name in enumerate(groups.names)}
+    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
+    return [replace(row, groups=[replace(f, extras=row_extras(grouped.calibration, k, rows=(index, number[f.group]),
+                                                              **options)) for f in row.groups])
+            for k, row in enumerate(grouped.rows)]
 
 
 @dataclass
