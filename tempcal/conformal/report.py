@@ -24,7 +24,7 @@ from ..errors import TempcalError
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..workflows.stored_split import evaluation_rows, stored_split
-from .groups import group_sets
+from .folds import group_sets
 from .passes import (
     FoldSetSums,
     ScoreRows,
@@ -124,7 +124,7 @@ def with_sets(results: Sequence[CalibrationMetrics], sets: ReportSets, collected
 def report_group_sets(full: Scan, opened: OpenedSource, sets: ReportSets, group_index: np.ndarray, num_groups: int
                       ) -> tuple[list[list[ConformalResult]], list[list[list[ConformalResult] | None]]]:
     """``report --group-by``: the sets on the evaluation rows in one more read, per temperature overall and per
-    group (``group_index``: every counted row's group), by :func:`.groups.group_sets`."""
+    group (``group_index``: every counted row's group), by :func:`.folds.group_sets`."""
     evaluation = sets.rows.evaluation
     local = torch.from_numpy(_share_groups(opened, evaluation, group_index))
     counts = np.bincount(group_index[evaluation], minlength=num_groups)

@@ -392,13 +392,10 @@ def classwise_ece(sums: ClasswiseSums) -> float:
 
 def check_names(names: Sequence[str]) -> list[str]:
     """The requested estimator names, checked and without repeats; an unknown name is a usage error."""
-    out: list[str] = []
     for name in names:
         if name not in ESTIMATORS:
             raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
-        if name not in out:
-            out.append(name)
-    return out
+    return list(dict.fromkeys(names))
 
 
 def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = ESTIMATORS, *,
@@ -416,10 +413,7 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
         stats = per_sample if per_sample is not None else scan.per_sample(beta)
         c, k = _per_sample(stats["confidence"], stats["correct"])
         mass = _equal_mass(c, k, bins)
-        if "ece_equal_mass" in names:
-            out["ece_equal_mass"] = _ece_of(mass)
-        if "l2_ce_debiased" in names:
-            out["l2_ce_debiased"] = _debiased_of(mass)
+        out.update(ece_equal_mass=_ece_of(mass), l2_ce_debiased=_debiased_of(mass))  # the names asked are kept
         if "rms_ce" in names:  # the same confidences in the same bins as the calibration pass
             out["rms_ce"] = _rms_of(c, k, bins)
     elif "rms_ce" in names:

@@ -41,7 +41,7 @@ from ..core.scan_fit import FitResult
 from ..core.threads import Scratch, block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
-from .options import check_folds
+from .options import Asked, check_folds
 
 
 @dataclass(frozen=True)
@@ -379,17 +379,17 @@ def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[
     return out
 
 
-def subset_extras(subsets: Subsets, *, estimators: Sequence[str], bootstrap: int, seed: int, bins: int,
-                  warnings: list[str], overall: bool = True) -> list[dict]:
+def subset_extras(subsets: Subsets, asked: Asked, warnings: list[str], overall: bool = True) -> list[dict]:
     """``before`` and ``after`` estimators and intervals over every evaluation row (out of fold with folds; only
     when ``overall``), and each group's, in its blocks."""
     calibration = subsets.calibration
-    if not (estimators or bootstrap) or calibration is None or calibration.confidence is None:
+    if not (asked.estimators or asked.bootstrap) or calibration is None or calibration.confidence is None:
         return []
-    if "ece_classwise" in estimators:
+    if "ece_classwise" in asked.estimators:
         warnings.append("ece_classwise is left out where rows have their own T (it needs every class's probability "
                         "at each row's T); the other estimators are reported")
-    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
+    options: dict[str, Any] = {"estimators": asked.estimators, "bootstrap": asked.bootstrap, "seed": asked.seed,
+                               "bins": asked.bins}
     extras = [row_extras(calibration, 0, **options), row_extras(calibration, 1, **options)] if overall else []
     if subsets.groups:
         assert subsets.rows is not None

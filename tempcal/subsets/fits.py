@@ -395,8 +395,7 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = fits.fit.warnings
-    extras = subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed,
-                           bins=asked.bins, warnings=warnings)
+    extras = subset_extras(subsets, asked, warnings)
     return SubsetRun(fits.fit, before, after, subsets, reads, extras)
 
 
@@ -437,8 +436,7 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
         before, after = fit_group_sets(fit_scan, eval_scan, evaluated, eval_index, subsets, asked.alphas, global_t,
                                        before, after)
         reads = GROUP_SET_READS
-    subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed, bins=asked.bins,
-                  warnings=warnings, overall=False)
+    subset_extras(subsets, asked, warnings, overall=False)
     return SubsetRun(fits.fit, before, after, subsets, reads)
 
 
