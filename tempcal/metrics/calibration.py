@@ -171,11 +171,6 @@ def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> Calib
     return evaluate_many(scan, [tau], bins=bins)[0]
 
 
-#: Called with a temperature, every row's confidence there (float64, every rank's rows) and the rows'
-#: correctness, before the ranking reorders the confidences: a group's or a fold's figures from the same read.
-RowsHook = Callable[[float, np.ndarray, np.ndarray], None]
-
-
 #: After a read, what a :class:`ReadExtra` adds to the ``k``-th temperature's result: ``(k, tau, metrics, rows)``.
 Finish = Callable[[int, float, "CalibrationMetrics", int], "CalibrationMetrics"]
 
@@ -203,13 +198,13 @@ class ReadExtra(Protocol):
         ...
 
 
-def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS, decisions: bool | None = None,
-                  extra: ReadExtra | None = None, on_rows: RowsHook | None = None) -> list[CalibrationMetrics]:
+def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS,
+                  extra: ReadExtra | None = None) -> list[CalibrationMetrics]:
     """Calibration metrics at several temperatures in one pass over the data.
 
     The decision figures come from the same read (every row's confidence at every temperature; beyond a quarter
     of the free memory, a group of temperatures per read); ``extra`` adds its figures from these rows (the conformal
-    sets), ``on_rows`` sees every temperature's confidences.
+    sets).
     """
     for tau in taus:
         if not tau > 0:
@@ -218,19 +213,19 @@ def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS
         raise ValueError(f"bins must be at least 1, got {bins}")
     if extra is not None:
         extra.check(len(taus))
-    decisions = decisions_module.enabled() if decisions is None else decisions
+    decisions = decisions_module.enabled()
     taus = [float(t) for t in taus]
     step = max(decisions_module.temperatures_per_read(scan.data.num_samples, scan.device), 1) if decisions \
         else len(taus)
     out: list[CalibrationMetrics] = []
     for first in range(0, len(taus), step):
         visitor = None if extra is None else extra.visitor(first, min(first + step, len(taus)), scan.device)
-        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, visitor, on_rows)
+        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, visitor)
     return out
 
 
-def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, sets: ExtraVisitor | None,
-                   on_rows: RowsHook | None) -> list[CalibrationMetrics]:
+def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, sets: ExtraVisitor | None
+                   ) -> list[CalibrationMetrics]:
     """:func:`evaluate_many` of the temperatures that one read serves."""
     results = scan.calibration([1.0 / tau for tau in taus], bins, keep=("confidence",) if decisions else (),
                                visitor=sets)
@@ -241,8 +236,6 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, se
         metrics = from_sums(tau, sums)
         if kept is not None and correct is not None:
             confidence = decisions_module.gathered_confidence(kept.pop("confidence"))
-            if on_rows is not None:
-                on_rows(tau, confidence, correct)
             figures = decisions_module.decision_figures(confidence, correct, overwrite=True)
             del confidence
             metrics = replace(metrics, **vars(figures))
