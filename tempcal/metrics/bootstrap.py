@@ -103,13 +103,12 @@ def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, s
     return {name: percentile_interval(values, level) for name, values in replicates.items()}
 
 
-def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15,
-                   level: float = 0.95, *, per_sample: Mapping[str, torch.Tensor] | None = None
-                   ) -> dict[str, tuple[float, float]]:
+def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15, *,
+                   per_sample: Mapping[str, torch.Tensor] | None = None) -> dict[str, tuple[float, float]]:
     """:func:`bootstrap_intervals` of ``scan``'s samples (every rank's, in rank order) at ``tau``: one pass (or the
     caller's ``per_sample`` at ``tau``), then resampling."""
     stats = per_sample if per_sample is not None else scan.per_sample(1.0 / as_temperature(tau))
-    return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins, level)
+    return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins)
 
 
 def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

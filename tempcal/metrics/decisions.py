@@ -274,8 +274,7 @@ def enabled() -> bool:
     return os.environ.get(SKIP_VARIABLE, "") != "1"
 
 
-def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: bool = False,
-                     points: int = CURVE_POINTS) -> DecisionFigures:
+def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: bool = False) -> DecisionFigures:
     """The figures of rows with these confidences (float64) and correctness (bool); any subset of rows.
 
     ``overwrite`` lets the confidences be ranked in place (the array is then sorted and negated).
@@ -292,7 +291,7 @@ def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: 
     subset = rank_in_place(subset)
     ranked = rank_in_place(confidence if overwrite else confidence.copy())
     figures = ranked_metrics(ranked, subset, right=right)
-    coverage, risk = ranked_curve(ranked, subset, points, right=right)
+    coverage, risk = ranked_curve(ranked, subset, CURVE_POINTS, right=right)
     return DecisionFigures(aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc, smece=smooth,
                            risk_coverage={"coverage": coverage.tolist(), "risk": risk.tolist()})
 

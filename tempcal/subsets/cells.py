@@ -401,19 +401,14 @@ def subset_extras(subsets: Subsets, asked: Asked, warnings: list[str], overall: 
 
 
 def fit_group_results(names: Sequence[str], n_fit: Sequence[int], n_eval: Sequence[int], fits: SubsetFits,
-                   calibration: CellCalibration, global_t: float, rows: np.ndarray, slot: int = 2
-                   ) -> list[GroupResult]:
-    """Each group's T and its figures: slot 0 (T = 1), ``slot`` (T_g, out of fold with folds), 1 (global T)."""
-    results = []
+                      calibration: CellCalibration, global_t: float, rows: np.ndarray) -> list[GroupResult]:
+    """Each group's T and its figures: slot 0 (T = 1), 2 (T_g, out of fold with folds), 1 (global T)."""
     index = GroupRows.kept(calibration, rows, len(names))
-    for g, name in enumerate(names):
-        fitted = (fits.subsets.groups or [])[g]
-        results.append(GroupResult(
-            name, int(n_fit[g]), int(n_eval[g]), 1.0 / fitted.beta,
-            subset_metrics(calibration, 0, 1.0, g, index), subset_metrics(calibration, slot, 1.0 / fitted.beta, g,
-                                                                         index),
-            subset_metrics(calibration, 1, global_t, g, index), fitted.converged, fitted.bound))
-    return results
+    return [GroupResult(name, int(n_fit[g]), int(n_eval[g]), 1.0 / fitted.beta,
+                        subset_metrics(calibration, 0, 1.0, g, index),
+                        subset_metrics(calibration, 2, 1.0 / fitted.beta, g, index),
+                        subset_metrics(calibration, 1, global_t, g, index), fitted.converged, fitted.bound)
+            for g, (name, fitted) in enumerate(zip(names, fits.subsets.groups or [], strict=True))]
 
 
 def cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

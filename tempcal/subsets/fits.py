@@ -86,9 +86,9 @@ class _Fit:
 class SharedFits:
     """The subset fits of one scan. Call :meth:`evaluate` as the global fit's pass, then :meth:`finish`."""
 
-    def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, tol: float = TOL,
+    def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0,
                  group_names: list[str] | None = None):
-        self.scan, self.layout, self.tol = scan, layout, tol
+        self.scan, self.layout, self.tol = scan, layout, TOL
         self.group_names = group_names or [str(g) for g in range(layout.groups)]
         span = scan.fit_start.span if scan.fit_start is not None else math.inf
         self.start = FitStart(scan.num_samples, scan.num_classes, span)
@@ -291,12 +291,12 @@ def _moved(p: NllDerivatives, beta: float) -> NllDerivatives:
 
 
 def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, objective: str = "nll",
-                     bins: int = 15, group_names: list[str] | None = None, tol: float = TOL) -> SubsetFits:
+                     bins: int = 15, group_names: list[str] | None = None) -> SubsetFits:
     """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads; ``passes``
     counts every read of the fit."""
     start = scan.passes
     if objective == "nll":
-        shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
+        shared = SharedFits(scan, layout, groups=groups, lam=lam, group_names=group_names)
         result = fit_scan(scan, evaluate=shared.evaluate)
         subsets = shared.finish(1.0 / result.temperature)
     else:
