@@ -112,13 +112,6 @@ def fold_thresholds(scan: Scan, folds: np.ndarray, global_t: float, fold_ts: Seq
     return found
 
 
-def _with_folds(entries: list[ConformalResult], alphas: Sequence[float], per_fold: list[Thresholds]
-                ) -> list[ConformalResult]:
-    """``entries`` (alpha by alpha, a score each) with every fold's threshold for that alpha and score."""
-    place = {alpha: a for a, alpha in enumerate(alphas)}
-    return [replace(c, fold_thresholds=tuple(q[c.score][place[c.alpha]] for q in per_fold)) for c in entries]
-
-
 def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[float], global_t: float,
               before: CalibrationMetrics, after: CalibrationMetrics
               ) -> tuple[CalibrationMetrics, CalibrationMetrics, int]:
@@ -138,7 +131,8 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
     for slot, per_fold in ((0, found.before), (1, found.after)):
         every, by_group = grouped_results(alphas, found.deployed[slot], {s: v[slot] for s, v in sums.items()},
                                           scan.num_samples, [group.n_eval for group in subsets.groups or []])
-        overall.append(_with_folds(every, alphas, per_fold))
+        place = {alpha: a for a, alpha in enumerate(alphas)}  # each entry with every fold's threshold
+        overall.append([replace(c, fold_thresholds=tuple(q[c.score][place[c.alpha]] for q in per_fold)) for c in every])
         place_group_sets(subsets.groups or [], slot, by_group)
     reads = fold_score_reads(subsets.fold_rows.size, k) + 1
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads

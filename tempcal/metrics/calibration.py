@@ -383,19 +383,14 @@ def classwise_ece(sums: ClasswiseSums) -> float:
 
 # -- one entry point -------------------------------------------------------------------------
 
-def check_names(names: Sequence[str]) -> list[str]:
-    """The requested estimator names, checked and without repeats; an unknown name is a usage error."""
-    for name in names:
-        if name not in ESTIMATORS:
-            raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
-    return list(dict.fromkeys(names))
-
-
 def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = ESTIMATORS, *,
                    per_sample: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
     """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples (every rank's), keyed by name: one
     :meth:`Scan.per_sample` pass (or the caller's ``per_sample`` at ``tau``), and one more for the classwise ECE."""
-    names = check_names(names)
+    for name in names:
+        if name not in ESTIMATORS:
+            raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
+    names = list(dict.fromkeys(names))
     bins = check_bins(bins)
     value = as_temperature(tau)
     if scan.num_samples < 1:

@@ -202,7 +202,9 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
         for s in range(slots):
             fixed = one[s]
             beta = fixed if fixed is not None else on_device[s][cell].to(b.z.dtype)
-            per_slot.append(_row_calibration(scratch, d, d_finite, b.true_gap, hit, beta))
+            nll, brier, entropy, confidence, _ = row_calibration(scratch, d, d_finite, b.true_gap, beta)
+            values = [v.to(torch.float64) for v in (nll, brier, entropy)]  # as Scan.calibration sums them
+            per_slot.append((confidence, torch.stack([*values, hit, confidence], 1)))
         return b.start, hit, per_slot
 
     for start, hit, per_slot in scan.block_pass(block):  # added into the groups here, in row order
@@ -224,15 +226,6 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
     right = all_gather_rows(torch.cat(hits) if hits else empty) > 0.5
     return CellCalibration(sums, per_bin.view(slots, 3, num_groups, bins).transpose(1, 2), counts,
                            gathered[:, 0].contiguous(), right, gathered[:, 1].contiguous())
-
-
-def _row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor, hit: torch.Tensor,
-                     beta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row at ``beta`` (a number, or one per row): the float64 confidence and ``[rows, 5]`` values as
-    :meth:`Scan.calibration` sums them."""
-    nll, brier, entropy, confidence, _ = row_calibration(scratch, d, d_finite, gap, beta)
-    f64 = torch.float64
-    return confidence, torch.stack([nll.to(f64), brier.to(f64), entropy.to(f64), hit, confidence], 1)
 
 
 class GroupRows:
