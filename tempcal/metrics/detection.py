@@ -270,17 +270,12 @@ def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]
     return float(low), float(high)
 
 
-def float32_auroc(id_scores, ood_scores) -> float:
-    """AUROC of the scores once rounded to float32: the best a float32 computation of them can rank."""
-    with np.errstate(over="ignore"):  # beyond float32's range a score becomes +-inf, as a float32 model's would
-        id32 = np.asarray(id_scores, dtype=np.float64).astype(np.float32)
-        ood32 = np.asarray(ood_scores, dtype=np.float64).astype(np.float32)
-    return ranking_figures(id32.astype(np.float64), ood32.astype(np.float64))[0]
-
-
 def float32_loss(id_scores, ood_scores, auroc: float) -> tuple[bool, float]:
-    """``(lost, auroc32)``: whether rounding to float32 costs more than :data:`FLOAT32_AUROC_LOSS` of ``auroc``."""
-    auroc32 = float32_auroc(id_scores, ood_scores)
+    """``(lost, auroc32)``: the AUROC of the scores once rounded to float32 (the best a float32 computation of them
+    can rank), and whether it is more than :data:`FLOAT32_AUROC_LOSS` below ``auroc``."""
+    with np.errstate(over="ignore"):  # beyond float32's range a score becomes +-inf, as a float32 model's would
+        id32, ood32 = (np.asarray(s, dtype=np.float64).astype(np.float32) for s in (id_scores, ood_scores))
+    auroc32 = ranking_figures(id32.astype(np.float64), ood32.astype(np.float64))[0]
     return auroc - auroc32 > FLOAT32_AUROC_LOSS, auroc32
 
 
@@ -292,5 +287,5 @@ def sums_to_zero(*values) -> bool:
 
 
 __all__ = ["FLOAT32_AUROC_LOSS", "ID_RECALL", "LOG_SUM_TOLERANCE", "OodMetrics", "SortedOod", "detection_against",
-           "detection_intervals", "detection_metrics", "float32_auroc", "float32_loss", "fpr_at_recall",
+           "detection_intervals", "detection_metrics", "float32_loss", "fpr_at_recall",
            "percentile_interval", "ranking_figures", "sums_to_zero"]
