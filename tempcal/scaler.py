@@ -5,6 +5,7 @@ estimator checks except those that cannot apply to a scaler of logits (listed in
 :class:`TemperatureScaling` divides logits by a fitted T inside a model.
 """
 
+import contextlib
 import os
 import warnings
 from typing import Any
@@ -239,9 +240,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         z, is_torch, _, _ = self._logits(X)
         column = (z[:, 0] >= 0).to(torch.int64) if self.n_features_in_ == 1 else torch.argmax(z, dim=1)
         if is_torch and self.classes_.dtype.kind in "biuf":
-            with_labels = _numeric_table(self.classes_)
-            if with_labels is not None:
-                return with_labels.to(column.device)[column]
+            with contextlib.suppress(TypeError):  # a dtype torch lacks: numpy labels
+                return torch.from_numpy(self.classes_).to(column.device)[column]
         return self.classes_[column.cpu().numpy()]
 
     def score(self, X: Any, y: Any, groups: Any = None) -> float:
@@ -303,8 +303,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         ``probs=True``), whether it was a tensor, the shape to give a result of X's own shape, and X's dtype."""
         z, one_d, _ = self._validate(X, reset=False)
         dtype = z.dtype
-        if self.probs:
-            z = _log_probabilities(z)
+        if self.probs:  # one column: its log-odds
+            z = probabilities_to_logits(z[:, 0], "X")[:, None] if z.shape[1] == 1 else probabilities_to_logits(z, "X")
         else:
             _refuse_nan_and_posinf(z)
         return z, isinstance(X, torch.Tensor), (z.shape[0],) if one_d else tuple(z.shape), dtype
@@ -375,21 +375,6 @@ def _column_of_each_label(y: np.ndarray, n_features: int) -> tuple[np.ndarray, n
     return classes, columns
 
 
-def _log_probabilities(p: torch.Tensor) -> torch.Tensor:
-    """``log(p)`` of probabilities ``[N, C]`` (one column ``[N, 1]``: the log-odds), after checking they are ones."""
-    if p.shape[1] == 1:
-        return probabilities_to_logits(p[:, 0], "X")[:, None]
-    return probabilities_to_logits(p, "X")
-
-
-def _numeric_table(classes: np.ndarray) -> torch.Tensor | None:
-    """``classes_`` as a tensor, for ``predict`` to return labels on the input's device; None for dtypes torch lacks."""
-    try:
-        return torch.from_numpy(classes)
-    except TypeError:
-        return None
-
-
 def _refuse_nan_and_posinf(z: torch.Tensor) -> None:
     """Refuse NaN and +inf logits (``ValueError``, as scikit-learn expects); ``-inf`` marks an impossible class."""
     step = max(1, CHECK_ELEMENTS // max(1, int(z.shape[1])))
@@ -415,9 +400,7 @@ def _as_tensor(array: np.ndarray) -> torch.Tensor:
 
 def _out(result: torch.Tensor, is_torch: bool) -> Any:
     """Torch in, torch out; anything else gets numpy."""
-    if is_torch:
-        return result
-    return result.cpu().numpy()
+    return result if is_torch else result.cpu().numpy()
 
 
 class TemperatureScaling(torch.nn.Module):

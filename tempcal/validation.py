@@ -128,19 +128,13 @@ def resolve_taus(values: Sequence[str | float] | None, stored: float | None, sou
     """The temperatures a command reports at, without repeats: the given values (``fitted``: the stored T) and
     ``sweep``; with no values, ``defaults`` and ``sweep``, else the stored T, else 1.0. The stored T joins any default
     set or sweep. ``place``: where the stored T would be kept, for the error when ``fitted`` finds none."""
-    taus: list[float] = []
-    for text in values or ():
-        tau = parse_tau(text, stored, source, place)
-        if tau not in taus:
-            taus.append(tau)
+    given = [parse_tau(text, stored, source, place) for text in values or ()]
     extra = [float(t) for t in (sweep if values else [*defaults, *sweep])]
     if extra and stored is not None:
         extra.append(float(stored))
     if not values and not extra:
         extra = [float(stored) if stored is not None else 1.0]
-    for tau in extra:
-        if tau not in taus:
-            taus.append(tau)
+    taus = list(dict.fromkeys([*given, *extra]))
     return sorted(taus) if sort or not values else taus
 
 
@@ -360,12 +354,7 @@ def stored_probs(text: str | None, where: str) -> bool:
 
 def check_alphas(alphas: Sequence[float]) -> list[float]:
     """The conformal miscoverage levels, each strictly between 0 and 1, in the order given (repeats dropped)."""
-    out: list[float] = []
-    for alpha in alphas:
-        value = check_option(param("conformal_alpha"), alpha, MISCOVERAGE)
-        if value not in out:
-            out.append(value)
-    return out
+    return list(dict.fromkeys(check_option(param("conformal_alpha"), alpha, MISCOVERAGE) for alpha in alphas))
 
 
 __all__ = ["FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS",

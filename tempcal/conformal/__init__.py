@@ -2,16 +2,15 @@
 
 ``sets``: the set maths (LAC and APS scores, thresholds, each row's sets, :class:`ConformalResult` and its JSON);
 ``passes``: the chunk visitors that read them (the fitting rows' scores, the sets' sums) and the one memory policy
-(:func:`temperatures_per_read`); ``plan``: :class:`ConformalPlan`, the sets riding on the metrics pass; ``groups``:
-the sets per group of rows; ``folds``: ``fit --folds``'s out-of-fold sets; ``report``: ``report``'s rows,
-thresholds and sets. The commands' workflows import their entry points from here.
+(:func:`temperatures_per_read`); ``plan``: :class:`ConformalPlan`, the sets riding on the metrics pass; ``folds``:
+the sets per group of rows and ``fit --folds``'s out-of-fold sets; ``report``: ``report``'s rows, thresholds and
+sets. The commands' workflows import their entry points from here.
 """
 
 from __future__ import annotations
 
-from .folds import fold_sets
-from .groups import READS as GROUP_SET_READS
-from .groups import fit_group_sets
+from .folds import READS as GROUP_SET_READS
+from .folds import fit_group_sets, fold_sets
 from .passes import fit_thresholds, temperatures_per_read
 from .plan import ConformalPlan
 from .report import (

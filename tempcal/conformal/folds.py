@@ -1,13 +1,16 @@
-"""``fit --folds K --conformal-alpha A``: the conformal sets out of fold.
+"""``fit``'s conformal sets by subset: out of fold (``--folds K``) and per group of rows (``--group-by KEY``, the
+sets of ``report --group-by`` too).
 
-Fold k's thresholds come from the rows outside fold k: their scores at T = 1 for ``before``, at T_k for ``after``.
-Fold k's rows get their sets with those thresholds (at T = 1, at T_k), and ``coverage`` and ``mean_size`` are over
-all N rows. ``threshold`` is the one a user would deploy: from all N rows at T = 1 (``before``) and at the deployed
-T (``after``); ``fold_thresholds`` lists the K fold thresholds. With ``--group-by``, each group's ``before`` and
-``after_global`` blocks (T = 1 and T_k, out of fold) get its own coverage and mean set size under the same sets.
+Out of fold, fold k's thresholds come from the rows outside fold k: their scores at T = 1 for ``before``, at T_k for
+``after``. Fold k's rows get their sets with those thresholds (at T = 1, at T_k), and ``coverage`` and ``mean_size``
+are over all N rows. ``threshold`` is the one a user would deploy: from all N rows at T = 1 (``before``) and at the
+deployed T (``after``); ``fold_thresholds`` lists the K fold thresholds. Reads: the scores at T = 1, the deployed T
+and every T_k (batched by :func:`.passes.temperatures_per_read`), then one forming the sets (nothing kept per row).
 
-Reads: the scores at T = 1, the deployed T and every T_k (batched by :func:`.passes.temperatures_per_read`), then
-one forming the sets (nothing kept per row).
+Per group, every group's sets under the same thresholds (:func:`group_sets`, one read of the judged rows): the
+figure that shows one group under-covered. With ``--folds``, each group's ``before`` and ``after_global`` blocks
+(T = 1 and T_k, out of fold) get its own coverage and mean set size under the out-of-fold sets; without,
+:func:`fit_group_sets` takes ``fit``'s thresholds from the fitting rows at T = 1 and at the global T.
 """
 
 from __future__ import annotations
@@ -21,9 +24,62 @@ import torch
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from ..subsets.cells import Subsets
-from .passes import FoldSetSums, ScoreRows, Thresholds, score_reads, temperatures_per_read
-from .sets import ConformalResult, results, thresholds
+from ..subsets.cells import GroupResult, Subsets
+from .passes import (
+    FoldSetSums,
+    SetSums,
+    Thresholds,
+    fit_thresholds,
+    gathered_scores,
+    grouped_results,
+    score_reads,
+    score_thresholds,
+)
+from .sets import ConformalResult
+
+#: Reads ``fit``'s grouped sets take beyond the fit: the fitting rows' scores, then the evaluation rows' sets.
+READS = 2
+
+
+def group_sets(scan: Scan, taus: Sequence[float], alphas: Sequence[float], thresholds: Sequence[Thresholds],
+               groups: torch.Tensor, counts: Sequence[int]
+               ) -> tuple[list[list[ConformalResult]], list[list[list[ConformalResult] | None]]]:
+    """The sets on ``scan``'s rows at each of ``taus`` with its ``thresholds``, in one read: per temperature, over
+    every row and per group (``groups``: this process's rows' group numbers; ``counts``: each group's rows over
+    every rank; None for a group without rows)."""
+    sums = SetSums(thresholds, scan.device, groups=groups, num_groups=len(counts))
+    scan.visit([1.0 / t for t in taus], sums)
+    found = [grouped_results(alphas, thresholds[k], s, scan.num_samples, counts) for k, s in enumerate(sums.reduced())]
+    return [overall for overall, _ in found], [per_group for _, per_group in found]
+
+
+def place_group_sets(groups: Sequence[GroupResult], slot: int, found: Sequence[list[ConformalResult] | None]
+                     ) -> None:
+    """Each group's sets ``found[g]`` (None: no rows judged) into its ``before`` (slot 0: T = 1) or ``after_global``
+    block (slot 1)."""
+    for group, sets in zip(groups, found, strict=True):
+        if sets is not None:
+            block = group.before_extras if slot == 0 else group.after_global_extras
+            block["conformal"] = [c.to_json() for c in sets]
+
+
+def fit_group_sets(fit_scan: Scan, eval_scan: Scan, evaluated: OpenedSource, eval_index: np.ndarray,
+                   subsets: Subsets, alphas: list[float], global_t: float, before: CalibrationMetrics,
+                   after: CalibrationMetrics) -> tuple[CalibrationMetrics, CalibrationMetrics]:
+    """``before`` and ``after`` with the sets over every evaluation row; each group's blocks with its own (in its
+    ``before_extras`` and ``after_global_extras``)."""
+    assert subsets.groups is not None and subsets.rows is not None
+    taus = [1.0, global_t]
+    thresholds = fit_thresholds(fit_scan, taus, alphas)
+    start, stop = evaluated.share()
+    mine = (eval_index >= start) & (eval_index < stop)  # this process's evaluation rows, in order
+    local = torch.from_numpy(subsets.rows[mine].astype(np.int64))
+    overall, per_group = group_sets(eval_scan, taus, alphas, thresholds, local,
+                                    [group.n_eval for group in subsets.groups])
+    for slot in (0, 1):
+        place_group_sets(subsets.groups, slot, per_group[slot])
+    return replace(before, conformal=overall[0]), replace(after, conformal=overall[1])
+
 
 
 def fold_score_reads(rows: int, k: int) -> int:
@@ -41,38 +97,19 @@ class FoldThresholds:
     after: list[Thresholds]
 
 
-def _thresholds(scores: dict[str, np.ndarray], alphas: Sequence[float], rows: np.ndarray | None = None
-                ) -> Thresholds:
-    return {name: thresholds(values if rows is None else values[rows], alphas) for name, values in scores.items()}
-
-
 def fold_thresholds(scan: Scan, folds: np.ndarray, global_t: float, fold_ts: Sequence[float],
                     alphas: Sequence[float]) -> FoldThresholds:
     """Every threshold the out-of-fold sets need, from the scores of every row (``folds``: each row's fold, over all
     ranks) at T = 1, ``global_t`` and each fold's T: :func:`fold_score_reads` reads."""
-    taus = [1.0, global_t, *fold_ts]
-    step = temperatures_per_read(folds.size)
-    found = FoldThresholds([], [], [{} for _ in fold_ts])
-    for first in range(0, len(taus), step):
-        batch = taus[first:first + step]
-        rows = ScoreRows(len(batch), scan.data.num_samples, scan.device)
-        scan.visit([1.0 / t for t in batch], rows)
-        for i, scores in enumerate(rows.each_gathered(), start=first):
-            if i < 2:
-                found.deployed.append(_thresholds(scores, alphas))
-            if i == 0:
-                found.before = [_thresholds(scores, alphas, folds != f) for f in range(len(fold_ts))]
-            if i >= 2:
-                found.after[i - 2] = _thresholds(scores, alphas, folds != i - 2)
-        del rows
+    found = FoldThresholds([], [], [])
+    for i, scores in enumerate(gathered_scores(scan, [1.0, global_t, *fold_ts])):
+        if i < 2:
+            found.deployed.append(score_thresholds(scores, alphas))
+        if i == 0:
+            found.before = [score_thresholds(scores, alphas, folds != f) for f in range(len(fold_ts))]
+        if i >= 2:
+            found.after.append(score_thresholds(scores, alphas, folds != i - 2))
     return found
-
-
-def _with_folds(entries: list[ConformalResult], alphas: Sequence[float], per_fold: list[Thresholds]
-                ) -> list[ConformalResult]:
-    """``entries`` (alpha by alpha, a score each) with every fold's threshold for that alpha and score."""
-    place = {alpha: a for a, alpha in enumerate(alphas)}
-    return [replace(c, fold_thresholds=tuple(q[c.score][place[c.alpha]] for q in per_fold)) for c in entries]
 
 
 def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[float], global_t: float,
@@ -90,16 +127,16 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
                        num_groups=len(subsets.groups or [None]))
     scan.visit([1.0, 1.0], sets)  # the slots: T = 1, then each row at its fold's T_k
     sums = sets.reduced()  # per score: [slot (T = 1, T_k), group, alpha, 2]
-    n = scan.num_samples
-    overall = [_with_folds(results(alphas, found.deployed[slot], {s: v[slot].sum(0) for s, v in sums.items()}, n),
-                           alphas, per_fold) for slot, per_fold in ((0, found.before), (1, found.after))]
-    for g, group in enumerate(subsets.groups or []):
-        for slot, block in ((0, group.before_extras), (1, group.after_global_extras)):
-            if group.n_eval:
-                block["conformal"] = [c.to_json() for c in results(
-                    alphas, found.deployed[slot], {s: v[slot, g] for s, v in sums.items()}, group.n_eval)]
+    overall = []
+    for slot, per_fold in ((0, found.before), (1, found.after)):
+        every, by_group = grouped_results(alphas, found.deployed[slot], {s: v[slot] for s, v in sums.items()},
+                                          scan.num_samples, [group.n_eval for group in subsets.groups or []])
+        place = {alpha: a for a, alpha in enumerate(alphas)}  # each entry with every fold's threshold
+        overall.append([replace(c, fold_thresholds=tuple(q[c.score][place[c.alpha]] for q in per_fold)) for c in every])
+        place_group_sets(subsets.groups or [], slot, by_group)
     reads = fold_score_reads(subsets.fold_rows.size, k) + 1
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
 
 
-__all__ = ["FoldThresholds", "fold_score_reads", "fold_sets", "fold_thresholds"]
+__all__ = ["READS", "FoldThresholds", "fit_group_sets", "fold_score_reads", "fold_sets", "fold_thresholds",
+           "group_sets", "place_group_sets"]

@@ -25,7 +25,7 @@ from .sets import (
     row_scores,
     row_sets,
     set_rows,
-    threshold,
+    thresholds,
 )
 
 #: Probabilities (rows x classes) formed at a time: 32 MB of float64, and the sorted copy beside them.
@@ -110,19 +110,26 @@ class ScoreRows:
             yield {name: every[:, j] for j, name in enumerate(SCORES)}
 
 
-def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -> list[Thresholds]:
-    """Per temperature, each score's threshold at every ``alpha`` from ``scan``'s rows (the fitting rows): one
-    read of them per :func:`temperatures_per_read` temperatures (their scores held at once)."""
+def gathered_scores(scan: Scan, taus: Sequence[float]) -> Iterator[dict[str, np.ndarray]]:
+    """Every row's scores at each of ``taus`` (every rank's rows, on the host): one read of them per
+    :func:`temperatures_per_read` temperatures (their scores held at once)."""
     step = temperatures_per_read(scan.num_samples)
-    found: list[Thresholds] = []
     for first in range(0, len(taus), step):
-        batch = taus[first:first + step]
-        rows = ScoreRows(len(batch), scan.data.num_samples, scan.device)
-        scan.visit([1.0 / t for t in batch], rows)
-        found += [{name: [threshold(values, a) for a in alphas] for name, values in scores.items()}
-                  for scores in rows.each_gathered()]
+        rows = ScoreRows(len(taus[first:first + step]), scan.data.num_samples, scan.device)
+        scan.visit([1.0 / t for t in taus[first:first + step]], rows)
+        yield from rows.each_gathered()
         del rows
-    return found
+
+
+def score_thresholds(scores: dict[str, np.ndarray], alphas: Sequence[float], rows: np.ndarray | None = None
+                     ) -> Thresholds:
+    """Each score's threshold at every ``alpha`` from the ``rows`` (a mask; None: every row) of ``scores``."""
+    return {name: thresholds(values if rows is None else values[rows], alphas) for name, values in scores.items()}
+
+
+def fit_thresholds(scan: Scan, taus: Sequence[float], alphas: Sequence[float]) -> list[Thresholds]:
+    """Per temperature, each score's threshold at every ``alpha`` from ``scan``'s rows (the fitting rows)."""
+    return [score_thresholds(scores, alphas) for scores in gathered_scores(scan, taus)]
 
 
 class SetSums:
@@ -153,12 +160,7 @@ class SetSums:
         for first, stop in _slices(d.shape[0], d.shape[1]):
             probs = probabilities(d[first:stop], beta)
             found = set_rows(probs, labels[first:stop], self.thresholds[k], descending(probs, order[first:stop]))
-            for score, (covered, size) in found.items():
-                figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
-                if groups is None:
-                    self.sums[k][score][0] += figures.sum(1)
-                else:
-                    self.sums[k][score].index_add_(0, groups[first:stop], figures.transpose(0, 1))
+            _add_sets(self.sums[k], found, None if groups is None else groups[first:stop])
 
     def reduced(self) -> list[dict[str, torch.Tensor]]:
         """Per temperature and score, the sums ``[groups, thresholds, 2]`` over every rank, on the host."""
@@ -191,17 +193,24 @@ class FoldSetSums:
             probs = probabilities(d[first:stop], self.betas[k][folds][:, None])
             found = row_sets(probs, labels[first:stop], {s: q[:, folds] for s, q in self.q[k].items()},
                              descending(probs, order[first:stop]))
-            for score, (covered, size) in found.items():
-                figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
-                if self.groups is None:
-                    self.sums[score][k, 0] += figures.sum(1)
-                else:
-                    rows = self.groups[start + first:start + stop]
-                    self.sums[score][k].index_add_(0, rows, figures.transpose(0, 1))
+            groups = None if self.groups is None else self.groups[start + first:start + stop]
+            _add_sets({score: sums[k] for score, sums in self.sums.items()}, found, groups)
 
     def reduced(self) -> dict[str, torch.Tensor]:
         """Per score, the sums ``[slots, groups, thresholds, 2]`` over every rank, on the host."""
         return {score: all_reduce(values).cpu() for score, values in self.sums.items()}
+
+
+def _add_sets(sums: dict[str, torch.Tensor], found: dict[str, tuple[torch.Tensor, torch.Tensor]],
+              groups: torch.Tensor | None) -> None:
+    """Each score's rows covered and set sizes (``found``) added into its sums ``[groups, Q, 2]``: into group 0, or
+    each row into its group (``groups``)."""
+    for score, (covered, size) in found.items():
+        figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
+        if groups is None:
+            sums[score][0] += figures.sum(1)
+        else:
+            sums[score].index_add_(0, groups, figures.transpose(0, 1))
 
 
 def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
@@ -210,5 +219,14 @@ def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str,
     return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
 
 
+def grouped_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
+                    counts: Sequence[int]) -> tuple[list[ConformalResult], list[list[ConformalResult] | None]]:
+    """The sets over all ``rows`` rows and per group (None for a group without rows; ``counts``: each group's rows)
+    from each score's sums ``[groups, alphas, 2]``."""
+    overall = results(alphas, thresholds, {score: values.sum(0) for score, values in sums.items()}, rows)
+    return overall, [set_results(alphas, thresholds, sums, int(n), g) if n else None for g, n in enumerate(counts)]
+
+
 __all__ = ["ROW_BYTES", "SCORE_BYTES", "SLICE_VALUES", "ChunkCache", "FoldSetSums", "ScoreRows", "SetSums",
-           "fit_thresholds", "probabilities", "score_reads", "set_results", "temperatures_per_read"]
+           "fit_thresholds", "gathered_scores", "grouped_results", "probabilities", "score_reads", "score_thresholds",
+           "set_results", "temperatures_per_read"]

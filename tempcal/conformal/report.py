@@ -24,10 +24,19 @@ from ..errors import TempcalError
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..workflows.stored_split import evaluation_rows, stored_split
-from .groups import group_sets
-from .passes import FoldSetSums, ScoreRows, Thresholds, fit_thresholds, score_reads, set_results
+from .folds import group_sets
+from .passes import (
+    FoldSetSums,
+    ScoreRows,
+    Thresholds,
+    fit_thresholds,
+    grouped_results,
+    score_reads,
+    score_thresholds,
+    set_results,
+)
 from .plan import ConformalPlan
-from .sets import ConformalResult, results, threshold
+from .sets import ConformalResult
 
 
 @dataclass(frozen=True)
@@ -115,14 +124,18 @@ def with_sets(results: Sequence[CalibrationMetrics], sets: ReportSets, collected
 def report_group_sets(full: Scan, opened: OpenedSource, sets: ReportSets, group_index: np.ndarray, num_groups: int
                       ) -> tuple[list[list[ConformalResult]], list[list[list[ConformalResult] | None]]]:
     """``report --group-by``: the sets on the evaluation rows in one more read, per temperature overall and per
-    group (``group_index``: every counted row's group), by :func:`.groups.group_sets`."""
+    group (``group_index``: every counted row's group), by :func:`.folds.group_sets`."""
     evaluation = sets.rows.evaluation
-    start, stop = opened.share()
-    lo, hi = int(np.searchsorted(evaluation, start)), int(np.searchsorted(evaluation, stop))
-    local = torch.from_numpy(group_index[evaluation[lo:hi]].astype(np.int64))
+    local = torch.from_numpy(_share_groups(opened, evaluation, group_index))
     counts = np.bincount(group_index[evaluation], minlength=num_groups)
     return group_sets(full.select(opened.local_rows(evaluation)), sets.taus, sets.alphas, sets.thresholds, local,
                       [int(n) for n in counts])
+
+
+def _share_groups(opened: OpenedSource, rows: np.ndarray, group_index: np.ndarray) -> np.ndarray:
+    """The group (int64) of each of the sorted global ``rows`` that lie in this process's share, in order."""
+    start, stop = opened.share()
+    return group_index[rows[np.searchsorted(rows, start):np.searchsorted(rows, stop)]].astype(np.int64)
 
 
 def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas: list[float],
@@ -132,27 +145,19 @@ def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas
     (``group_taus``, by group number; ``group_index``: every counted row's group): the thresholds from the
     calibration rows' scores at their own T (one read), the sets on the evaluation rows at theirs (one more), overall
     and per group, as a deployment that applies T_g row by row would form them."""
-    start, stop = opened.share()
     betas = 1.0 / np.asarray(group_taus, dtype=np.float64)
-    calibration = rows.calibration
-    lo, hi = int(np.searchsorted(calibration, start)), int(np.searchsorted(calibration, stop))
-    scan = full.select(opened.local_rows(calibration))
+    scan = full.select(opened.local_rows(rows.calibration))
     scores = ScoreRows(1, scan.data.num_samples, scan.device,
-                       row_betas=torch.from_numpy(betas[group_index[calibration[lo:hi]]]))
+                       row_betas=torch.from_numpy(betas[_share_groups(opened, rows.calibration, group_index)]))
     scan.visit([1.0], scores)
-    [found] = scores.each_gathered()
-    q = {name: [threshold(values, a) for a in alphas] for name, values in found.items()}
-    evaluation = rows.evaluation
-    lo, hi = int(np.searchsorted(evaluation, start)), int(np.searchsorted(evaluation, stop))
-    local = torch.from_numpy(group_index[evaluation[lo:hi]].astype(np.int64))
-    count = len(betas)
+    q = score_thresholds(next(scores.each_gathered()), alphas)
+    evaluation, count = rows.evaluation, len(betas)
+    local = torch.from_numpy(_share_groups(opened, evaluation, group_index))
     sums = FoldSetSums([betas.tolist()], [[q] * count], local, scan.device, groups=local, num_groups=count)
     full.select(opened.local_rows(evaluation)).visit([1.0], sums)  # one slot: each row at its group's T
     reduced = {score: values[0] for score, values in sums.reduced().items()}  # [groups, alphas, 2]
     counts = np.bincount(group_index[evaluation], minlength=count)
-    overall = results(alphas, q, {score: values.sum(0) for score, values in reduced.items()}, int(evaluation.size))
-    return overall, [results(alphas, q, {score: values[g] for score, values in reduced.items()}, int(counts[g]))
-                     if counts[g] else None for g in range(count)]
+    return grouped_results(alphas, q, reduced, int(evaluation.size), counts.tolist())
 
 
 #: Reads :func:`own_group_sets` takes: the calibration rows' scores, then the evaluation rows' sets.

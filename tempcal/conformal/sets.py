@@ -80,13 +80,9 @@ def rank(n: int, alpha: float) -> int:
     return -(-exact.numerator // exact.denominator)
 
 
-def threshold(scores: np.ndarray, alpha: float) -> float:
-    """The ``ceil((n + 1)(1 - alpha))``-th smallest score, ``+inf`` when that rank exceeds n."""
-    return thresholds(scores, [alpha])[0]
-
-
 def thresholds(scores: np.ndarray, alphas: Sequence[float]) -> list[float]:
-    """:func:`threshold` at every alpha, from one partition of ``scores``."""
+    """At every alpha, the ``ceil((n + 1)(1 - alpha))``-th smallest score (``+inf`` when that rank exceeds n), from
+    one partition of ``scores``."""
     values = np.asarray(scores, dtype=np.float64)
     ranks = [rank(values.size, alpha) for alpha in alphas]
     inside = sorted({r - 1 for r in ranks if r <= values.size})

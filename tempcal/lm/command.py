@@ -24,18 +24,13 @@ def lm_source(ctx: Any, request: Any) -> list[str]:
     lm, text, outputs, source = request.reading.lm, request.texts.text, request.outputs, request.source
     assert lm is not None
     check_lm_writes(outputs)
-    if source and _from_command_line(ctx, "source"):
+    if source and getattr(ctx.get_parameter_source("source"), "name", "COMMANDLINE") not in ("DEFAULT_MAP", "DEFAULT"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
     check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
     if text is None:
         raise TempcalError("--lm MODEL needs --text FILE: the texts to run it over (.txt, one text per line, or "
                            ".jsonl)")
     return [text]
-
-
-def _from_command_line(ctx: Any, name: str) -> bool:
-    source = ctx.get_parameter_source(name)
-    return getattr(source, "name", "COMMANDLINE") not in ("DEFAULT_MAP", "DEFAULT")
 
 
 def lm_outputs(request: Any, *, record: bool = False) -> dict[str, str | None]:

@@ -207,13 +207,10 @@ def _model(transformers: Any, folder: Path, config: Any, device: torch.device, d
         reraise_control(exc)
         line = remote_code_message(error_line(exc, last=False))
         if isinstance(exc, (MemoryError, torch.cuda.OutOfMemoryError)):
-            line = f"out of memory ({shown_bytes(_weight_bytes(folder))} of weights)"
+            weights = sum(p.stat().st_size for p in folder.glob("*.safetensors"))
+            line = f"out of memory ({shown_bytes(weights)} of weights)"
         raise TempcalError(f"{folder}: transformers {transformers.__version__} cannot load the model: {line}") from None
     return model.eval()
-
-
-def _weight_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.glob("*.safetensors"))
 
 
 def _version(transformers: Any) -> tuple[int, int]:

@@ -34,10 +34,6 @@ def record_path(folder: str | os.PathLike) -> Path:
     return Path(folder) / RECORD_NAME
 
 
-def generation_path(folder: str | os.PathLike) -> Path:
-    return Path(folder) / GENERATION_NAME
-
-
 def read_record(folder: str | os.PathLike) -> float | None:
     """The T in ``folder/tempcal.json`` (None when there is none); a record that is not tempcal's is an error."""
     folder = Path(folder)
@@ -68,7 +64,7 @@ def set_generation_temperature(folder: str | os.PathLike, temperature: float,
     config = _generation_config(folder)
     config = dict(derived()) if config is None else config
     config["temperature"] = as_temperature(temperature)
-    return write_text_atomic(generation_path(folder), json.dumps(config, indent=2) + "\n", what="")
+    return write_text_atomic(folder / GENERATION_NAME, json.dumps(config, indent=2) + "\n", what="")
 
 
 def sampling_note(folder: str | os.PathLike) -> str | None:
@@ -84,7 +80,7 @@ def sampling_note(folder: str | os.PathLike) -> str | None:
 
 def _generation_config(folder: Path) -> dict[str, Any] | None:
     """The folder's ``generation_config.json`` (None when it has none), which must be a JSON object."""
-    path = generation_path(folder)
+    path = folder / GENERATION_NAME
     if not path.exists() and not path.is_symlink():
         return None
     config = read_json(folder, GENERATION_NAME, MAX_RECORD_BYTES)
@@ -93,5 +89,5 @@ def _generation_config(folder: Path) -> dict[str, Any] | None:
     return config
 
 
-__all__ = ["GENERATION_NAME", "RECORD_NAME", "generation_path", "read_record", "record_path", "sampling_note",
+__all__ = ["GENERATION_NAME", "RECORD_NAME", "read_record", "record_path", "sampling_note",
            "set_generation_temperature", "write_record"]

@@ -130,22 +130,18 @@ class LmSource(OpenedSource):
 
     def keep_hidden(self, path: str | os.PathLike | None) -> list[str]:
         """``--save-hidden``: the hidden states and labels kept at ``path`` (nothing without it); the line saying so."""
-        if path is None:
-            return []
-        saved = self.save_hidden(path)
-        return [f"wrote the hidden states and labels to {saved} (a SOURCE for --head {self.lm.folder})"]
-
-    def save_hidden(self, path: str | os.PathLike) -> Path:
-        """Keep the hidden states and labels as a safetensors SOURCE for ``--head MODEL``."""
         from ..core import distributed
         from .hidden import save_hidden
 
+        if path is None:
+            return []
         if distributed.active():
             raise TempcalError(f"{param('save_hidden')} under torchrun: each process holds only its share of the rows")
         assert self.run is not None
         metadata = {"tempcal.lm_model": str(self.lm.folder), "tempcal.texts": str(self.run.texts.path),
                     "tempcal.texts_sha256": self.run.texts.sha256, "tempcal.max_length": str(self.run.max_length)}
-        return save_hidden(path, self.data.hidden, metadata)  # type: ignore[attr-defined]
+        saved = save_hidden(path, self.data.hidden, metadata)  # type: ignore[attr-defined]
+        return [f"wrote the hidden states and labels to {saved} (a SOURCE for --head {self.lm.folder})"]
 
 
 class LmKind(SourceKind):

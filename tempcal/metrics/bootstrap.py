@@ -20,7 +20,8 @@ from ..core.scan import Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences, whole_number
 from .calibration import equal_width_index
-from .decisions import harmonic
+from .decisions import block_terms, optimal_aurc
+from .detection import percentile_interval
 
 #: A batch of resamples keeps its count matrix under about this many entries (float64: 8 bytes each).
 BATCH_ENTRIES = 1 << 22
@@ -85,16 +86,10 @@ class _Ranking:
         w = w[:, ::-1]
         sizes = np.add.reduceat(w, self.starts, axis=1)
         errors = np.add.reduceat(w * self.wrong, self.starts, axis=1)
-        starts = np.cumsum(sizes, axis=1) - sizes
-        before = np.cumsum(errors, axis=1) - errors
-        between = np.where(sizes == 1, 1.0 / (starts + 1), harmonic(starts + sizes) - harmonic(starts))
-        share = errors / np.maximum(sizes, 1)  # an empty block (no row drawn) adds nothing
-        n = self.n
-        aurc = (before * between + share * (sizes - starts * between)).sum(1) / n
-        augrc = (before * sizes + share * sizes * (sizes + 1) / 2).sum(1) / (n * n)
-        correct = n - errors.sum(1)
-        optimal = ((n - correct) - correct * (harmonic(n) - harmonic(correct.round()))) / n
-        return aurc, aurc - optimal, augrc
+        n, starts, before = self.n, np.cumsum(sizes, axis=1) - sizes, np.cumsum(errors, axis=1) - errors
+        by_rank, total = block_terms(starts, sizes, errors, before)
+        aurc = by_rank / n
+        return aurc, aurc - optimal_aurc(n, (n - errors.sum(1)).round()), total / (n * n)
 
 
 def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
@@ -105,21 +100,15 @@ def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, s
     if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0 < level < 1):
         raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")
     replicates = bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples, seed, bins, batch=batch)
-    quantiles = [(1 - level) / 2, (1 + level) / 2]
-    out: dict[str, tuple[float, float]] = {}
-    for name, values in replicates.items():
-        low, high = np.quantile(values, quantiles)
-        out[name] = (float(low), float(high))
-    return out
+    return {name: percentile_interval(values, level) for name, values in replicates.items()}
 
 
-def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15,
-                   level: float = 0.95, *, per_sample: Mapping[str, torch.Tensor] | None = None
-                   ) -> dict[str, tuple[float, float]]:
+def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: int = 15, *,
+                   per_sample: Mapping[str, torch.Tensor] | None = None) -> dict[str, tuple[float, float]]:
     """:func:`bootstrap_intervals` of ``scan``'s samples (every rank's, in rank order) at ``tau``: one pass (or the
     caller's ``per_sample`` at ``tau``), then resampling."""
     stats = per_sample if per_sample is not None else scan.per_sample(1.0 / as_temperature(tau))
-    return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins, level)
+    return bootstrap_intervals(stats["confidence"], stats["correct"], stats["nll"], n_resamples, seed, bins)
 
 
 def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -171,11 +171,6 @@ def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> Calib
     return evaluate_many(scan, [tau], bins=bins)[0]
 
 
-#: Called with a temperature, every row's confidence there (float64, every rank's rows) and the rows'
-#: correctness, before the ranking reorders the confidences: a group's or a fold's figures from the same read.
-RowsHook = Callable[[float, np.ndarray, np.ndarray], None]
-
-
 #: After a read, what a :class:`ReadExtra` adds to the ``k``-th temperature's result: ``(k, tau, metrics, rows)``.
 Finish = Callable[[int, float, "CalibrationMetrics", int], "CalibrationMetrics"]
 
@@ -203,13 +198,13 @@ class ReadExtra(Protocol):
         ...
 
 
-def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS, decisions: bool | None = None,
-                  extra: ReadExtra | None = None, on_rows: RowsHook | None = None) -> list[CalibrationMetrics]:
+def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS,
+                  extra: ReadExtra | None = None) -> list[CalibrationMetrics]:
     """Calibration metrics at several temperatures in one pass over the data.
 
     The decision figures come from the same read (every row's confidence at every temperature; beyond a quarter
     of the free memory, a group of temperatures per read); ``extra`` adds its figures from these rows (the conformal
-    sets), ``on_rows`` sees every temperature's confidences.
+    sets).
     """
     for tau in taus:
         if not tau > 0:
@@ -218,19 +213,19 @@ def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS
         raise ValueError(f"bins must be at least 1, got {bins}")
     if extra is not None:
         extra.check(len(taus))
-    decisions = decisions_module.enabled() if decisions is None else decisions
+    decisions = decisions_module.enabled()
     taus = [float(t) for t in taus]
     step = max(decisions_module.temperatures_per_read(scan.data.num_samples, scan.device), 1) if decisions \
         else len(taus)
     out: list[CalibrationMetrics] = []
     for first in range(0, len(taus), step):
         visitor = None if extra is None else extra.visitor(first, min(first + step, len(taus)), scan.device)
-        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, visitor, on_rows)
+        out += _evaluate_read(scan, taus[first:first + step], bins, decisions, visitor)
     return out
 
 
-def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, sets: ExtraVisitor | None,
-                   on_rows: RowsHook | None) -> list[CalibrationMetrics]:
+def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, sets: ExtraVisitor | None
+                   ) -> list[CalibrationMetrics]:
     """:func:`evaluate_many` of the temperatures that one read serves."""
     results = scan.calibration([1.0 / tau for tau in taus], bins, keep=("confidence",) if decisions else (),
                                visitor=sets)
@@ -241,12 +236,9 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, se
         metrics = from_sums(tau, sums)
         if kept is not None and correct is not None:
             confidence = decisions_module.gathered_confidence(kept.pop("confidence"))
-            if on_rows is not None:
-                on_rows(tau, confidence, correct)
             figures = decisions_module.decision_figures(confidence, correct, overwrite=True)
             del confidence
-            metrics = replace(metrics, aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc,
-                              smece=figures.smece, risk_coverage=figures.risk_coverage)
+            metrics = replace(metrics, **vars(figures))
         if finish is not None:
             metrics = finish(k, tau, metrics, sums.count)
         out.append(metrics)
@@ -391,22 +383,14 @@ def classwise_ece(sums: ClasswiseSums) -> float:
 
 # -- one entry point -------------------------------------------------------------------------
 
-def check_names(names: Sequence[str]) -> list[str]:
-    """The requested estimator names, checked and without repeats; an unknown name is a usage error."""
-    out: list[str] = []
-    for name in names:
-        if name not in ESTIMATORS:
-            raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
-        if name not in out:
-            out.append(name)
-    return out
-
-
 def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = ESTIMATORS, *,
                    per_sample: Mapping[str, torch.Tensor] | None = None) -> dict[str, float]:
     """The named estimators of ``softmax(logits / tau)`` on ``scan``'s samples (every rank's), keyed by name: one
     :meth:`Scan.per_sample` pass (or the caller's ``per_sample`` at ``tau``), and one more for the classwise ECE."""
-    names = check_names(names)
+    for name in names:
+        if name not in ESTIMATORS:
+            raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
+    names = list(dict.fromkeys(names))
     bins = check_bins(bins)
     value = as_temperature(tau)
     if scan.num_samples < 1:
@@ -417,10 +401,7 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
         stats = per_sample if per_sample is not None else scan.per_sample(beta)
         c, k = _per_sample(stats["confidence"], stats["correct"])
         mass = _equal_mass(c, k, bins)
-        if "ece_equal_mass" in names:
-            out["ece_equal_mass"] = _ece_of(mass)
-        if "l2_ce_debiased" in names:
-            out["l2_ce_debiased"] = _debiased_of(mass)
+        out.update(ece_equal_mass=_ece_of(mass), l2_ce_debiased=_debiased_of(mass))  # the names asked are kept
         if "rms_ce" in names:  # the same confidences in the same bins as the calibration pass
             out["rms_ce"] = _rms_of(c, k, bins)
     elif "rms_ce" in names:

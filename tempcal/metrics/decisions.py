@@ -69,15 +69,14 @@ HALVINGS = 10
 
 @dataclass(frozen=True)
 class DecisionFigures:
-    """AURC, E-AURC, AUGRC, smooth ECE and the risk-coverage curve (``coverage``, ``risk``) of a set of rows."""
+    """AURC, E-AURC, AUGRC, smooth ECE and the risk-coverage curve (``coverage``, ``risk``) of a set of rows: fields
+    of :class:`~tempcal.metrics.calibration.CalibrationMetrics` too."""
 
     aurc: float = math.nan
     eaurc: float = math.nan
     augrc: float = math.nan
     smece: float = math.nan
     risk_coverage: dict[str, list[float]] = field(default_factory=dict)
-
-
 
 
 @dataclass(frozen=True)
@@ -100,15 +99,21 @@ def harmonic(n: np.ndarray | int) -> np.ndarray:
     return np.where(n <= 64, table[small], series)
 
 
-def _block_terms(starts: np.ndarray, sizes: np.ndarray, errors: np.ndarray, errors_before: np.ndarray
-                 ) -> tuple[float, float]:
-    """``(sum_k errors(k)/k, sum_k errors(k))`` over the positions of the given tie blocks."""
+def block_terms(starts: np.ndarray, sizes: np.ndarray, errors: np.ndarray, errors_before: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """``(sum_k errors(k)/k, sum_k errors(k))`` over the positions of the given tie blocks (the last axis; a block
+    of no rows adds nothing)."""
     # A block of one row (the common case) has 1/(s+1) exactly, not a difference of two nearby harmonic numbers.
     between = np.where(sizes == 1, 1.0 / (starts + 1), harmonic(starts + sizes) - harmonic(starts))
-    share = errors / sizes
-    by_rank = errors_before * between + share * (sizes - starts * between)
-    total = errors_before * sizes + share * sizes * (sizes + 1) / 2
-    return float(by_rank.sum()), float(total.sum())
+    share = errors / np.maximum(sizes, 1)
+    return ((errors_before * between + share * (sizes - starts * between)).sum(-1),
+            (errors_before * sizes + share * sizes * (sizes + 1) / 2).sum(-1))
+
+
+def optimal_aurc(n: int, correct):
+    """The AURC of a perfect ranking of ``n`` rows, ``correct`` of them right: errors(k) = max(0, k - N_c), and
+    sum_{k > N_c} (k - N_c)/k = (n - N_c) - N_c (H(n) - H(N_c))."""
+    return ((n - correct) - correct * (harmonic(n) - harmonic(correct))) / n
 
 
 def rank_in_place(values: np.ndarray) -> np.ndarray:
@@ -142,9 +147,9 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
                  - np.searchsorted(wrong, block_values, side="left")).astype(np.float64)
         errors = sizes - found if right else found
         before = errors_seen + np.concatenate([[0.0], np.cumsum(errors)[:-1]])
-        part_rank, part_total = _block_terms(position + firsts.astype(np.float64), sizes, errors, before)
-        by_rank += part_rank
-        total += part_total
+        part_rank, part_total = block_terms(position + firsts.astype(np.float64), sizes, errors, before)
+        by_rank += float(part_rank)
+        total += float(part_total)
         errors_seen += float(errors.sum())
         counted += int(found.sum())
         position = stop
@@ -152,9 +157,7 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
         raise ValueError("a subset row's confidence is not among the rows' confidences")
     correct = wrong.size if right else n - wrong.size
     aurc = by_rank / n
-    # Perfect ranking: errors(k) = max(0, k - N_c); sum_{k > N_c} (k - N_c)/k = (n - N_c) - N_c (H(n) - H(N_c)).
-    optimal = ((n - correct) - correct * float(harmonic(n) - harmonic(correct))) / n
-    return SelectiveMetrics(aurc=aurc, eaurc=aurc - optimal, augrc=total / (n * n))
+    return SelectiveMetrics(aurc=aurc, eaurc=aurc - float(optimal_aurc(n, correct)), augrc=total / (n * n))
 
 
 def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200, *, right: bool = False
@@ -271,8 +274,7 @@ def enabled() -> bool:
     return os.environ.get(SKIP_VARIABLE, "") != "1"
 
 
-def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: bool = False,
-                     points: int = CURVE_POINTS) -> DecisionFigures:
+def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: bool = False) -> DecisionFigures:
     """The figures of rows with these confidences (float64) and correctness (bool); any subset of rows.
 
     ``overwrite`` lets the confidences be ranked in place (the array is then sorted and negated).
@@ -289,7 +291,7 @@ def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: 
     subset = rank_in_place(subset)
     ranked = rank_in_place(confidence if overwrite else confidence.copy())
     figures = ranked_metrics(ranked, subset, right=right)
-    coverage, risk = ranked_curve(ranked, subset, points, right=right)
+    coverage, risk = ranked_curve(ranked, subset, CURVE_POINTS, right=right)
     return DecisionFigures(aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc, smece=smooth,
                            risk_coverage={"coverage": coverage.tolist(), "risk": risk.tolist()})
 
@@ -299,9 +301,7 @@ def subset_decisions(metrics, confidence: torch.Tensor, correct: torch.Tensor):
     rows (a group's, the out-of-fold rows): the row figure :mod:`tempcal.subsets.cells` applies."""
     if not enabled():
         return metrics
-    figures = decision_figures(confidence.detach().cpu().numpy(), correct.detach().cpu().numpy())
-    return replace(metrics, aurc=figures.aurc, eaurc=figures.eaurc, augrc=figures.augrc, smece=figures.smece,
-                   risk_coverage=figures.risk_coverage)
+    return replace(metrics, **vars(decision_figures(confidence.detach().cpu().numpy(), correct.detach().cpu().numpy())))
 
 
 def subset_of(confidence: np.ndarray, correct: np.ndarray, right: bool) -> np.ndarray:

@@ -260,26 +260,22 @@ def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.nda
         v = np.stack([np.bincount(ood_rng.integers(0, m, size=m), minlength=m) for _ in range(size)]).astype(float)
         for j, row in enumerate(rows):
             auroc[j, first:first + size], fpr[j, first:first + size] = row.figures(w, v, target)
-    quantiles = [(1 - level) / 2, (1 + level) / 2]
-    out = []
-    for j in range(len(rows)):
-        a_low, a_high = np.quantile(auroc[j], quantiles)
-        f_low, f_high = np.quantile(fpr[j], quantiles)
-        out.append({"auroc": (float(a_low), float(a_high)), "fpr95": (float(f_low), float(f_high))})
-    return out
+    return [{"auroc": percentile_interval(auroc[j], level), "fpr95": percentile_interval(fpr[j], level)}
+            for j in range(len(rows))]
 
 
-def float32_auroc(id_scores, ood_scores) -> float:
-    """AUROC of the scores once rounded to float32: the best a float32 computation of them can rank."""
-    with np.errstate(over="ignore"):  # beyond float32's range a score becomes +-inf, as a float32 model's would
-        id32 = np.asarray(id_scores, dtype=np.float64).astype(np.float32)
-        ood32 = np.asarray(ood_scores, dtype=np.float64).astype(np.float32)
-    return ranking_figures(id32.astype(np.float64), ood32.astype(np.float64))[0]
+def percentile_interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    """The percentile bootstrap interval at confidence ``level`` of the replicates ``values``."""
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return float(low), float(high)
 
 
 def float32_loss(id_scores, ood_scores, auroc: float) -> tuple[bool, float]:
-    """``(lost, auroc32)``: whether rounding to float32 costs more than :data:`FLOAT32_AUROC_LOSS` of ``auroc``."""
-    auroc32 = float32_auroc(id_scores, ood_scores)
+    """``(lost, auroc32)``: the AUROC of the scores once rounded to float32 (the best a float32 computation of them
+    can rank), and whether it is more than :data:`FLOAT32_AUROC_LOSS` below ``auroc``."""
+    with np.errstate(over="ignore"):  # beyond float32's range a score becomes +-inf, as a float32 model's would
+        id32, ood32 = (np.asarray(s, dtype=np.float64).astype(np.float32) for s in (id_scores, ood_scores))
+    auroc32 = ranking_figures(id32.astype(np.float64), ood32.astype(np.float64))[0]
     return auroc - auroc32 > FLOAT32_AUROC_LOSS, auroc32
 
 
@@ -291,5 +287,5 @@ def sums_to_zero(*values) -> bool:
 
 
 __all__ = ["FLOAT32_AUROC_LOSS", "ID_RECALL", "LOG_SUM_TOLERANCE", "OodMetrics", "SortedOod", "detection_against",
-           "detection_intervals", "detection_metrics", "float32_auroc", "float32_loss", "fpr_at_recall",
-           "ranking_figures", "sums_to_zero"]
+           "detection_intervals", "detection_metrics", "float32_loss", "fpr_at_recall",
+           "percentile_interval", "ranking_figures", "sums_to_zero"]

@@ -109,9 +109,9 @@ def write_fit_files(report, *, plot: str | None = None, markdown: str | None = N
     """``fit``: reliability diagrams before and after; a model-card section linking to the plot."""
     lines = []
     if plot and getattr(report, "subsets", None) is not None and report.subsets.groups:
-        from ..subsets.plots import fit_group_plot
+        from ..subsets.plots import fit_group_figure, save_figure
 
-        lines.append(WROTE_PLOT.format(fit_group_plot(report, plot)))
+        lines.append(WROTE_PLOT.format(save_figure(fit_group_figure(report), plot)))
     elif plot:
         from ..subsets.plots import fit_panels
         from .plots import reliability_diagram

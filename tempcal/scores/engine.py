@@ -84,13 +84,8 @@ class ScorePass:
     def stream(self, chunks: Iterable[torch.Tensor | tuple[torch.Tensor, torch.Tensor | None, bool | None]]
                ) -> dict[str, torch.Tensor]:
         """Concatenated ``[T, N]`` values over chunks (each a tensor, or ``(z, row_max, has_neginf)``)."""
-        parts: dict[str, list[torch.Tensor]] = {s.name: [] for s in self.scores}
-        for item in chunks:
-            z, row_max, has_neginf = (item, None, None) if isinstance(item, torch.Tensor) else item
-            for name, values in self.chunk(z, row_max, has_neginf).items():
-                parts[name].append(values)
-        return {name: torch.cat(values, dim=1) if values else torch.empty(len(self.betas), 0, dtype=FLOAT64)
-                for name, values in parts.items()}
+        items = ((item, None, None) if isinstance(item, torch.Tensor) else item for item in chunks)
+        return _joined((self.chunk(*item) for item in items), [s.name for s in self.scores], len(self.betas))
 
     def _intermediates(self, z: torch.Tensor, row_max: torch.Tensor | None, has_neginf: bool) -> Intermediates:
         """The chunk's shared values: temperature-free row values once, then the one loop over temperatures."""
@@ -182,14 +177,19 @@ def scan_scores(scan: Scan, betas: Sequence[float], names: Sequence[str] = ("msp
             mine = passes[id(scratch)] = ScorePass(scores, scoring.betas, workspace=scratch)
         return mine.chunk(b.z, b.row_max, b.has_neginf)
 
+    joined = _joined(scan.block_pass(block), names, len(scoring.betas), scan.device)  # the blocks in row order
+    return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
+
+
+def _joined(chunks: Iterable[dict[str, torch.Tensor]], names: Sequence[str], temperatures: int,
+            device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Each score's ``[T, n]`` values of successive chunks joined along the rows (``[T, 0]`` without a chunk)."""
     parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
-    for values in scan.block_pass(block):  # the blocks' values in row order
+    for values in chunks:
         for name in names:
             parts[name].append(values[name])
-    joined = {name: torch.cat(values, dim=1) if values else
-              torch.empty(len(scoring.betas), 0, dtype=torch.float64, device=scan.device)
-              for name, values in parts.items()}
-    return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
+    return {name: torch.cat(values, dim=1) if values else torch.empty(temperatures, 0, dtype=FLOAT64, device=device)
+            for name, values in parts.items()}
 
 
 __all__ = ["ScorePass", "as_classes", "check_betas", "scan_scores"]

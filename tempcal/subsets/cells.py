@@ -18,8 +18,8 @@ all-reduced across ranks.
   :func:`~tempcal.metrics.calibration.from_sums` gives them for every row; :class:`Subsets`: what ``--folds`` and
   ``--group-by`` add to ``fit``'s report, with the estimators per subset.
 
-Figures that rank a subset's own rows (risk-coverage, smooth ECE, conformal sets) cannot come from sums: each is a
-function ``(metrics, confidence, correct) -> metrics`` in :data:`ROW_FIGURES`, handed the subset's kept rows.
+Figures that rank a subset's own rows (risk-coverage, smooth ECE) cannot come from sums: they come from the subset's
+kept rows (:func:`~tempcal.metrics.decisions.subset_decisions`).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from ..core.scan_fit import FitResult
 from ..core.threads import Scratch, block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
-from .options import check_folds
+from .options import Asked, check_folds
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,15 @@ class CellLayout:
     @property
     def count(self) -> int:
         return self.groups * self.folds
+
+
+def subset_keys(layout: CellLayout, groups: bool) -> list[tuple[int | None, int | None]]:
+    """``(group, fold left out)`` of every subset fit, in order: each fold's (group None; with folds), then each
+    group's (with ``groups``): on every row of the group, then less each fold."""
+    k = layout.folds
+    left_out: list[int | None] = [None, *range(k)] if k > 1 else [None]
+    folds: list[tuple[int | None, int | None]] = [(None, f) for f in range(k)] if k > 1 else []
+    return folds + [(g, f) for g in range(layout.groups) for f in left_out] if groups else folds
 
 
 @dataclass(frozen=True)
@@ -155,19 +164,13 @@ class CellCalibration:
     correct: torch.Tensor | None = None
     nll: torch.Tensor | None = None
 
-    def group(self, slot: int, group: int) -> CalibrationSums:
-        """One slot's sums over one group's rows."""
-        nll, brier, entropy, correct, confidence = self.sums[slot, group].tolist()
-        count, bin_confidence, bin_correct = self.bins[slot, group]
-        return CalibrationSums(int(self.counts[group]), nll, brier, entropy, correct, confidence, count,
-                               bin_confidence, bin_correct)
-
-    def total(self, slot: int) -> CalibrationSums:
-        """One slot's sums over every row."""
-        nll, brier, entropy, correct, confidence = self.sums[slot].sum(0).tolist()
-        count, bin_confidence, bin_correct = self.bins[slot].sum(0)
-        return CalibrationSums(int(self.counts.sum()), nll, brier, entropy, correct, confidence, count,
-                               bin_confidence, bin_correct)
+    def group(self, slot: int, group: int | None) -> CalibrationSums:
+        """One slot's sums over one group's rows (None: every row)."""
+        if group is None:
+            sums, bins, rows = self.sums[slot].sum(0), self.bins[slot].sum(0), self.counts.sum()
+        else:
+            sums, bins, rows = self.sums[slot, group], self.bins[slot, group], self.counts[group]
+        return CalibrationSums(int(rows), *sums.tolist(), *bins)
 
 
 def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, groups: torch.Tensor,
@@ -199,7 +202,9 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
         for s in range(slots):
             fixed = one[s]
             beta = fixed if fixed is not None else on_device[s][cell].to(b.z.dtype)
-            per_slot.append(_row_calibration(scratch, d, d_finite, b.true_gap, hit, beta))
+            nll, brier, entropy, confidence, _ = row_calibration(scratch, d, d_finite, b.true_gap, beta)
+            values = [v.to(torch.float64) for v in (nll, brier, entropy)]  # as Scan.calibration sums them
+            per_slot.append((confidence, torch.stack([*values, hit, confidence], 1)))
         return b.start, hit, per_slot
 
     for start, hit, per_slot in scan.block_pass(block):  # added into the groups here, in row order
@@ -223,21 +228,6 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
                            gathered[:, 0].contiguous(), right, gathered[:, 1].contiguous())
 
 
-def _row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor, hit: torch.Tensor,
-                     beta: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row at ``beta`` (a number, or one per row): the float64 confidence and ``[rows, 5]`` values as
-    :meth:`Scan.calibration` sums them."""
-    nll, brier, entropy, confidence, _ = row_calibration(scratch, d, d_finite, gap, beta)
-    f64 = torch.float64
-    return confidence, torch.stack([nll.to(f64), brier.to(f64), entropy.to(f64), hit, confidence], 1)
-
-
-RowFigure = Callable[[CalibrationMetrics, torch.Tensor, torch.Tensor], CalibrationMetrics]
-#: Figures computed from a subset's per-row confidence and correctness (empty: no row is kept): the decision
-#: figures (AURC, E-AURC, AUGRC, smooth ECE, the risk-coverage curve).
-ROW_FIGURES: list[RowFigure] = [subset_decisions]
-
-
 class GroupRows:
     """The rows the pass kept (confidence, NLL, correctness), sorted by group once: each group's rows are then one
     slice, in their order (what a mask per group selects, without a pass over every row for each group).
@@ -259,7 +249,7 @@ class GroupRows:
     def kept(cls, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int) -> GroupRows | None:
         """The kept rows sorted by group, or None when the pass kept none or there are too many groups for their
         row figures (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
-        if calibration.confidence is None or calibration.correct is None or count > MAX_GROUPS or not ROW_FIGURES:
+        if calibration.confidence is None or calibration.correct is None or count > MAX_GROUPS:
             return None
         return cls(calibration, rows, count)
 
@@ -272,32 +262,23 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
                    rows: GroupRows | None = None) -> CalibrationMetrics | None:
     """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset.
 
-    A group's :data:`ROW_FIGURES` come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
+    A group's decision figures come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
     the group's figures go without them, as when there are too many groups).
     """
-    sums = calibration.total(slot) if group is None else calibration.group(slot, group)
+    sums = calibration.group(slot, group)
     if sums.count == 0:
         return None
     metrics = from_sums(tau, sums)
     if group is not None:
         if rows is not None:
-            metrics = _row_figures(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
+            metrics = subset_decisions(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
     elif calibration.confidence is not None and calibration.correct is not None:
-        metrics = _row_figures(metrics, calibration.confidence[slot], calibration.correct)
+        metrics = subset_decisions(metrics, calibration.confidence[slot], calibration.correct)
     return metrics
 
 
-def _row_figures(metrics: CalibrationMetrics, confidence: torch.Tensor, correct: torch.Tensor) -> CalibrationMetrics:
-    """``metrics`` with the :data:`ROW_FIGURES` of a subset's kept rows."""
-    for figure in ROW_FIGURES:
-        metrics = figure(metrics, confidence, correct)
-    return metrics
-
-
-def metrics_block(m: CalibrationMetrics | None) -> dict | None:
+def metrics_block(m: CalibrationMetrics) -> dict:
     """A subset's figures as the JSON shows them (no reliability bins: a group list stays compact)."""
-    if m is None:
-        return None
     out: dict = dict(m.summary())
     out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau, n=m.count)
     out.update({k: v for k, v in m.decisions().items() if k != "risk_coverage"})  # no curve: a group list stays short
@@ -322,11 +303,9 @@ class GroupResult:
     after_global_extras: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        blocks = {}
-        for name, m, extra in (("before", self.before, self.before_extras), ("after", self.after, self.after_extras),
-                               ("after_global", self.after_global, self.after_global_extras)):
-            block = metrics_block(m)
-            blocks[name] = None if block is None else {**block, **extra}
+        blocks = {name: None if m is None else {**metrics_block(m), **extra} for name, m, extra in (
+            ("before", self.before, self.before_extras), ("after", self.after, self.after_extras),
+            ("after_global", self.after_global, self.after_global_extras))}
         return {"group": self.group, "n_fit": self.n_fit, "n_eval": self.n_eval, "temperature": self.temperature,
                 **blocks, "converged": self.converged, "bound": self.bound}
 
@@ -367,22 +346,19 @@ class Subsets:
 
 
 def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[str], bootstrap: int, seed: int,
-               bins: int, rows: torch.Tensor | tuple[GroupRows, int] | None = None) -> dict:
-    """The per-row estimators and bootstrap intervals of one slot (over the rows ``rows`` selects: a mask, or the
-    kept rows sorted by group and a group; None: every row), from the confidences the pass kept; the classwise ECE
-    is not among them (it needs every class's probability)."""
+               bins: int, rows: tuple[GroupRows, int] | None = None) -> dict:
+    """The per-row estimators and bootstrap intervals of one slot (over every row, or with ``rows`` the rows of one
+    group), from the confidences the pass kept; not the classwise ECE (it needs every class's probability)."""
     from ..metrics.bootstrap import bootstrap_intervals
     from ..metrics.calibration import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
 
     assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
     confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]
-    if isinstance(rows, tuple):
+    if rows is not None:
         grouped, g = rows
         assert grouped.nll is not None
         confidence, correct = grouped.of(grouped.confidence[slot], g), grouped.of(grouped.correct, g)
         nll = grouped.of(grouped.nll[slot], g)
-    elif rows is not None:
-        confidence, correct, nll = confidence[rows], correct[rows], nll[rows]
     out: dict = {}
     if not confidence.numel():
         return out
@@ -396,17 +372,17 @@ def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[
     return out
 
 
-def subset_extras(subsets: Subsets, *, estimators: Sequence[str], bootstrap: int, seed: int, bins: int,
-                  warnings: list[str], overall: bool = True) -> list[dict]:
+def subset_extras(subsets: Subsets, asked: Asked, warnings: list[str], overall: bool = True) -> list[dict]:
     """``before`` and ``after`` estimators and intervals over every evaluation row (out of fold with folds; only
     when ``overall``), and each group's, in its blocks."""
     calibration = subsets.calibration
-    if not (estimators or bootstrap) or calibration is None or calibration.confidence is None:
+    if not (asked.estimators or asked.bootstrap) or calibration is None or calibration.confidence is None:
         return []
-    if "ece_classwise" in estimators:
+    if "ece_classwise" in asked.estimators:
         warnings.append("ece_classwise is left out where rows have their own T (it needs every class's probability "
                         "at each row's T); the other estimators are reported")
-    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
+    options: dict[str, Any] = {"estimators": asked.estimators, "bootstrap": asked.bootstrap, "seed": asked.seed,
+                               "bins": asked.bins}
     extras = [row_extras(calibration, 0, **options), row_extras(calibration, 1, **options)] if overall else []
     if subsets.groups:
         assert subsets.rows is not None
@@ -418,19 +394,14 @@ def subset_extras(subsets: Subsets, *, estimators: Sequence[str], bootstrap: int
 
 
 def fit_group_results(names: Sequence[str], n_fit: Sequence[int], n_eval: Sequence[int], fits: SubsetFits,
-                   calibration: CellCalibration, global_t: float, rows: np.ndarray, slot: int = 2
-                   ) -> list[GroupResult]:
-    """Each group's T and its figures: slot 0 (T = 1), ``slot`` (T_g, out of fold with folds), 1 (global T)."""
-    results = []
+                      calibration: CellCalibration, global_t: float, rows: np.ndarray) -> list[GroupResult]:
+    """Each group's T and its figures: slot 0 (T = 1), 2 (T_g, out of fold with folds), 1 (global T)."""
     index = GroupRows.kept(calibration, rows, len(names))
-    for g, name in enumerate(names):
-        fitted = (fits.subsets.groups or [])[g]
-        results.append(GroupResult(
-            name, int(n_fit[g]), int(n_eval[g]), 1.0 / fitted.beta,
-            subset_metrics(calibration, 0, 1.0, g, index), subset_metrics(calibration, slot, 1.0 / fitted.beta, g,
-                                                                         index),
-            subset_metrics(calibration, 1, global_t, g, index), fitted.converged, fitted.bound))
-    return results
+    return [GroupResult(name, int(n_fit[g]), int(n_eval[g]), 1.0 / fitted.beta,
+                        subset_metrics(calibration, 0, 1.0, g, index),
+                        subset_metrics(calibration, 2, 1.0 / fitted.beta, g, index),
+                        subset_metrics(calibration, 1, global_t, g, index), fitted.converged, fitted.bound)
+            for g, (name, fitted) in enumerate(zip(names, fits.subsets.groups or [], strict=True))]
 
 
 def cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -476,16 +447,15 @@ def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
 def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
                device: torch.device) -> torch.Tensor:
     """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
-    if groups is None and folds is None:
-        raise ValueError("cells need groups or folds")
     base = groups if groups is not None else folds
-    assert base is not None
+    if base is None:
+        raise ValueError("cells need groups or folds")
     g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
     k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
     return (g * num_folds + k).to(device)
 
 
-__all__ = ["ROW_FIGURES", "CellCalibration", "CellLayout", "GroupResult", "GroupRows", "RowFigure", "SubsetFits",
+__all__ = ["CellCalibration", "CellLayout", "GroupResult", "GroupRows", "SubsetFits",
            "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
            "cell_stats", "fit_group_results", "fold_sizes", "metrics_block", "row_extras", "subset_extras",
-           "subset_metrics"]
+           "subset_keys", "subset_metrics"]

@@ -24,10 +24,6 @@ def short_name(name: str) -> str:
     return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "\u2026"
 
 
-def _ece(m: Any) -> float:
-    return -1.0 if m is None else m.ece
-
-
 def _figure(m: Any, key: str = "ece") -> str:
     return "" if m is None else f"{getattr(m, key):.4f}"
 
@@ -55,7 +51,7 @@ def print_fit_groups(report: Any, console: Console) -> None:
                       "row at its fold's T)")
     if subsets.groups is None:
         return
-    groups = sorted(subsets.groups, key=lambda g: -_ece(g.after))
+    groups = sorted(subsets.groups, key=lambda g: 1.0 if g.after is None else -g.after.ece)
     oof = ", out of fold" if subsets.folds is not None else ""
     console.print(f"{len(groups)} groups by {subsets.group_key} (prior {subsets.group_prior:g}{oof}), largest ECE "
                   "first:")

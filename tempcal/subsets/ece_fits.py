@@ -25,7 +25,7 @@ from ..core.distributed import all_reduce
 from ..core.ece_fit import EceSearch, bin_sums, rounding_of
 from ..core.scan import RowBlock, Scan
 from ..core.threads import Scratch
-from .cells import CellLayout, SubsetTemperatures
+from .cells import CellLayout, SubsetTemperatures, subset_keys
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
 #: are split over several reads.
@@ -98,14 +98,11 @@ class SharedEce:
         g, k = layout.groups, layout.folds
         counts = torch.bincount(layout.cells.cpu(), minlength=g * k)[:g * k].to(torch.float64)
         self.counts = all_reduce(counts.to(scan.device)).cpu().view(g, k)
-        total, by_fold = self.counts.sum(), self.counts.sum(0)
-        self.folds = [_EceFit(None, f, int(total - by_fold[f])) for f in range(k)] if k > 1 else []
-        self.group_fits: list[_EceFit] = []
-        if groups:
-            for group in range(g):
-                for fold in [None, *range(k)] if k > 1 else [None]:
-                    rows = self.counts[group].sum() - (self.counts[group, fold] if fold is not None else 0)
-                    self.group_fits.append(_EceFit(group, fold, int(rows)))
+        fits = [_EceFit(group, fold, 0) for group, fold in subset_keys(layout, groups)]
+        for fit in fits:
+            fit.count = int(_fit_sum(self.counts, fit, dims=(0, 1)))
+        self.folds = [f for f in fits if f.group is None]
+        self.group_fits = [f for f in fits if f.group is not None]
         self.centre: float | None = None
         self.passes = 0
 
@@ -180,8 +177,8 @@ class SharedEce:
         k = self.layout.folds
         folds = [result(f) for f in self.folds] or None
         groups = [result(f) for f in self.group_fits if f.fold is None] or None
-        group_folds = ([[result(f) for f in self.group_fits if f.group == g and f.fold is not None]
-                        for g in range(self.layout.groups)] if k > 1 and self.groups else None)
+        in_folds = [result(f) for f in self.group_fits if f.fold is not None]  # group by group (subset_keys)
+        group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
         open_fits = sum(1 for f in [*self.folds, *self.group_fits] if f.search and not f.search.certified)
         warnings = [f"{open_fits} subset ECE search(es) stopped before certifying their tolerance"] if open_fits else []
         return SubsetTemperatures(folds, groups, group_folds, self.passes, warnings)

@@ -52,6 +52,7 @@ from .cells import (
     fit_group_results,
     fold_sizes,
     subset_extras,
+    subset_keys,
     subset_metrics,
 )
 from .options import Asked, Plan, check_folds, check_prior, read_groups
@@ -85,9 +86,9 @@ class _Fit:
 class SharedFits:
     """The subset fits of one scan. Call :meth:`evaluate` as the global fit's pass, then :meth:`finish`."""
 
-    def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, tol: float = TOL,
+    def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0,
                  group_names: list[str] | None = None):
-        self.scan, self.layout, self.tol = scan, layout, tol
+        self.scan, self.layout, self.tol = scan, layout, TOL
         self.group_names = group_names or [str(g) for g in range(layout.groups)]
         span = scan.fit_start.span if scan.fit_start is not None else math.inf
         self.start = FitStart(scan.num_samples, scan.num_classes, span)
@@ -95,39 +96,27 @@ class SharedFits:
         self.resident = scan.fit_start.rows if scan.fit_start is not None else None
         self.global_beta: float | None = None
         self.extra_passes = 0
-        count, slope, above = cell_stats(scan, layout)
-        g, k = layout.groups, layout.folds
-        self.fits: list[_Fit] = []
-        total = int(count.sum())
-        by_fold = count.view(g, k).sum(0)
-        if k > 1:
-            for fold in range(k):
-                self.fits.append(self._fit(None, fold, total - int(by_fold[fold]), 0.0,
-                                           slope.view(g, k).sum(0), above.view(g, k).sum(0)))
-        if groups:
-            for group in range(g):
-                cells = slice(group * k, (group + 1) * k)
-                left_out: list[int | None] = [None, *range(k)] if k > 1 else [None]
-                for out in left_out:
-                    rows = int(count[cells].sum()) - (int(count[cells][out]) if out is not None else 0)
-                    self.fits.append(self._fit(group, out, rows, lam, slope[cells], above[cells]))
+        count, slope, above = (t.view(layout.groups, layout.folds) for t in cell_stats(scan, layout))
+        self.fits = [self._fit(group, fold, lam if group is not None else 0.0, count, slope, above)
+                     for group, fold in subset_keys(layout, groups)]
 
-    def _fit(self, group: int | None, fold: int | None, count: int, lam: float, slope: torch.Tensor,
+    def _fit(self, group: int | None, fold: int | None, lam: float, count: torch.Tensor, slope: torch.Tensor,
              above: torch.Tensor) -> _Fit:
-        """A fit (``slope`` and ``above``: per fold of its family), settled at once when its rows make the answer a
-        bound (unpenalised) or leave no data."""
-        keep = torch.ones(slope.shape[0], dtype=torch.bool)
+        """A fit (``count``, ``slope`` and ``above``: per cell, ``[groups, folds]``), settled at once when its rows make
+        the answer a bound (unpenalised) or leave no data."""
+        keep = torch.ones(self.layout.folds, dtype=torch.bool)
         if fold is not None:
             keep[fold] = False
-        fit = _Fit(group, fold, count, lam)
-        slope_sum, above_sum = float(slope[keep].sum()), int(above[keep].sum())
-        if count == 0 or lam > 0:
+        rows, slope_sum, above_sum = ((t.sum(0) if group is None else t[group])[keep].sum()
+                                      for t in (count, slope, above))
+        fit = _Fit(group, fold, int(rows), lam)
+        if fit.count == 0 or lam > 0:
             return fit  # no rows: the prior's centre (settled in _centre); a prior: always an interior optimum
-        if above_sum == 0:
+        if int(above_sum) == 0:
             fit.fixed = CertifiedFit(BETA_MAX, 0, True, 0.0, math.nan, "lower", [],
                                      [f"{self._name(fit)}: no row has a class above its true class; T is set to "
                                       "the lower bound"])
-        elif slope_sum >= 0:
+        elif float(slope_sum) >= 0:
             fit.fixed = CertifiedFit(BETA_MIN, 0, True, 0.0, math.nan, "upper", [],
                                      [f"{self._name(fit)}: the logits predict no better than uniform; T is set to "
                                       "the upper bound"])
@@ -276,22 +265,15 @@ class SharedFits:
 
     def _answer(self) -> SubsetTemperatures:
         k = self.layout.folds
-        warnings: list[str] = []
-        for fit in self.fits:
-            assert fit.result is not None
-            warnings += fit.result.warnings if fit.fixed is not None else []
+        warnings = [w for fit in self.fits if fit.fixed is not None for w in fit.fixed.warnings]
         if len(warnings) > MAX_WARNINGS:  # one per degenerate subset would flood: the first few and a count
             more = len(warnings) - MAX_WARNINGS
             warnings = [*warnings[:MAX_WARNINGS], f"... and {more} more subset fits at a T bound"]
         folds = [f.result for f in self.fits if f.group is None]
         groups = [f for f in self.fits if f.group is not None]
         group_fits = [f.result for f in groups if f.fold is None]
-        group_folds: list[list] | None = None
-        if k > 1 and groups:
-            group_folds = [[] for _ in range(self.layout.groups)]
-            for f in groups:
-                if f.fold is not None and f.group is not None:
-                    group_folds[f.group].append(f.result)
+        in_folds = [f.result for f in groups if f.fold is not None]  # group by group, fold by fold (subset_keys)
+        group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
         open_fits = [f for f in self.fits if f.result is not None and not f.result.converged]
         if open_fits:
             warnings.append(f"{len(open_fits)} subset fit(s) not certified after {self.extra_passes} more passes; "
@@ -309,12 +291,12 @@ def _moved(p: NllDerivatives, beta: float) -> NllDerivatives:
 
 
 def fit_with_subsets(scan: Scan, layout: CellLayout, *, groups: bool, lam: float = 0.0, objective: str = "nll",
-                     bins: int = 15, group_names: list[str] | None = None, tol: float = TOL) -> SubsetFits:
+                     bins: int = 15, group_names: list[str] | None = None) -> SubsetFits:
     """The global fit on every row of ``scan`` and the subset fits ``layout`` asks for, sharing reads; ``passes``
     counts every read of the fit."""
     start = scan.passes
     if objective == "nll":
-        shared = SharedFits(scan, layout, groups=groups, lam=lam, tol=tol, group_names=group_names)
+        shared = SharedFits(scan, layout, groups=groups, lam=lam, group_names=group_names)
         result = fit_scan(scan, evaluate=shared.evaluate)
         subsets = shared.finish(1.0 / result.temperature)
     else:
@@ -413,8 +395,7 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = fits.fit.warnings
-    extras = subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed,
-                           bins=asked.bins, warnings=warnings)
+    extras = subset_extras(subsets, asked, warnings)
     return SubsetRun(fits.fit, before, after, subsets, reads, extras)
 
 
@@ -455,8 +436,7 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
         before, after = fit_group_sets(fit_scan, eval_scan, evaluated, eval_index, subsets, asked.alphas, global_t,
                                        before, after)
         reads = GROUP_SET_READS
-    subset_extras(subsets, estimators=asked.estimators, bootstrap=asked.bootstrap, seed=asked.seed, bins=asked.bins,
-                  warnings=warnings, overall=False)
+    subset_extras(subsets, asked, warnings, overall=False)
     return SubsetRun(fits.fit, before, after, subsets, reads)
 
 

@@ -55,9 +55,7 @@ def ood_groups(loaded: OpenedSource, group_by: str | None, at_stored: bool, taus
     groups = read_groups(loaded, group_by)
     if not at_stored:
         return groups, GroupTaus({}, [])
-    applied = applicable_groups(loaded, groups, stored)
-    warnings.extend(applied.warnings)
-    return groups, group_taus(applied.temperatures, taus, stored, warnings)
+    return groups, group_taus(applicable_groups(loaded, groups, stored, warnings), taus, stored, warnings)
 
 
 def group_results(groups: RowGroups, ood_names: Sequence[str], scores: Sequence[str], taus: Sequence[float],

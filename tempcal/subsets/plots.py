@@ -43,11 +43,6 @@ def _colours(series: Sequence[Series], own: set[int]) -> list:
     return colours
 
 
-def group_height(names: Sequence[str], series: Sequence[Series]) -> float:
-    """The group bars' height in inches: every series of every group drawn gets a readable bar."""
-    return 1.4 + 0.16 * min(len(names), MAX_GROUPS_DRAWN) * max(2, len(series))
-
-
 def group_ece_axes(ax, names: Sequence[str], series: Sequence[Series], title: str, own: Sequence[int] = ()) -> None:
     """Bars of ECE per group (rows) and series (colours, every one), groups ordered by the first series' ECE, largest
     first; ``own``: the series at each group's own T (drawn in black)."""
@@ -69,7 +64,7 @@ def group_ece_axes(ax, names: Sequence[str], series: Sequence[Series], title: st
 def with_group_bars(size: tuple[float, float], draw: Callable[[Any], None], names: Sequence[str],
                     series: Sequence[Series], title: str, own: Sequence[int] = ()):
     """One figure: ``draw`` (given a subfigure of ``size`` inches) above, the group bars beneath."""
-    bars = group_height(names, series)
+    bars = 1.4 + 0.16 * min(len(names), MAX_GROUPS_DRAWN) * max(2, len(series))  # a readable bar each
     figure = new_figure(figsize=(max(size[0], 8.0), size[1] + bars))
     top, bottom = figure.subfigures(2, 1, height_ratios=[size[1], bars])
     draw(top)
@@ -145,10 +140,5 @@ def save_figure(figure, path: str | os.PathLike) -> Path:
     return path
 
 
-def fit_group_plot(report, path: str | os.PathLike) -> Path:
-    return save_figure(fit_group_figure(report), path)
-
-
-__all__ = ["MAX_GROUPS_DRAWN", "fit_group_figure", "fit_group_plot", "fit_panels", "group_ece_axes",
-           "report_drawing", "report_group_figure", "save_figure",
-           "with_group_bars"]
+__all__ = ["MAX_GROUPS_DRAWN", "fit_group_figure", "fit_panels", "group_ece_axes",
+           "report_drawing", "report_group_figure", "save_figure", "with_group_bars"]

@@ -20,7 +20,7 @@ from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..sources.grouping import RowGroups, parse_stored_groups
 from ..workflows.common import extra_figures
-from .cells import CellCalibration, GroupRows, cell_calibration, row_extras, subset_metrics
+from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, row_extras, subset_metrics
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,8 @@ class GroupFigures:
     extras: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
-        m = self.metrics
-        return {"group": self.group, "n": m.count, "tau": self.tau, "nll": m.nll, "ece": m.ece, "rms_ce": m.rms_ce,
-                "mce": m.mce,
-                "brier": m.brier, "accuracy": m.accuracy, "entropy": m.entropy,
-                "mean_confidence": m.mean_confidence,
-                **{k: v for k, v in m.decisions().items() if k != "risk_coverage"}, **self.extras}
+        return {"group": self.group, "n": self.metrics.count, "tau": self.tau, **metrics_block(self.metrics),
+                **self.extras}
 
 
 @dataclass(frozen=True)
@@ -50,102 +46,75 @@ class GroupRow:
     groups: list[GroupFigures]
 
 
-@dataclass(frozen=True)
-class AppliedGroups:
-    """The per-group temperatures that apply to a report by KEY: name -> T (empty: none apply)."""
-
-    temperatures: dict[str, float]
-    warnings: list[str]
-
-
-def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None) -> AppliedGroups:
-    """The stored T_g of ``groups`` (with warnings for another key or groups stored without a T)."""
+def applicable_groups(opened: OpenedSource, groups: RowGroups, stored: float | None, warnings: list[str]
+                      ) -> dict[str, float]:
+    """The stored T_g that apply to a report by KEY, by group name (empty: none apply), with warnings for another key
+    or groups stored without a T."""
     path = opened.paths[0] if opened.paths else None
     found = None if path is None else parse_stored_groups(opened.kind.stored_metadata(path), f"{path}:")
     if found is None or stored is None:
-        return AppliedGroups({}, [])
-    key, temperatures = found.key, found.temperatures
-    if key != groups.key:
-        return AppliedGroups({}, [f"{opened.name}: its per-group temperatures are by '{key}', not '{groups.key}'; "
-                                 "every group is reported at the global T"])
-    missing = [name for name in groups.names if name not in temperatures]
-    warnings = []
+        return {}
+    if found.key != groups.key:
+        warnings.append(f"{opened.name}: its per-group temperatures are by '{found.key}', not '{groups.key}'; every "
+                        "group is reported at the global T")
+        return {}
+    missing = [name for name in groups.names if name not in found.temperatures]
     if missing:
         warnings.append(f"{opened.name}: {len(missing)} of {groups.count} groups have no stored T (first: "
                         f"{missing[0]}); they are reported at the global T = {stored!r}")
-    return AppliedGroups({name: temperatures.get(name, stored) for name in groups.names}, warnings)
-
-
-@dataclass(frozen=True)
-class GroupedPass:
-    """The report's one pass by groups: the overall figures per temperature and each group's."""
-
-    results: list[CalibrationMetrics]
-    rows: list[GroupRow]
-    calibration: CellCalibration
-
-
-def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
-                   per_group: dict[str, float], stored: float | None,
-                   share: tuple[int, int] | None = None) -> GroupedPass:
-    """Every temperature over every row and every group, and, when ``per_group``'s T_g apply (the stored T is among
-    ``taus``), one more row last: each group's rows at its own T_g. ``share``: the part of ``groups``' rows this
-    process reads, when not its share of SOURCE."""
-    start, stop = share or opened.share()
-    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
-    count = groups.count
-    flags = [False] * len(taus)
-    slots = [1.0 / torch.tensor([tau] * count, dtype=torch.float64) for tau in taus]
-    rows_taus = list(taus)
-    if per_group and stored is not None and stored in taus:
-        slots.append(1.0 / torch.tensor([per_group[name] for name in groups.names], dtype=torch.float64))
-        flags.append(True)
-        rows_taus.append(stored)
-    calibration = cell_calibration(scan, torch.stack(slots), local, local, count, bins)
-    index = GroupRows.kept(calibration, groups.index, count)
-    results, rows = [], []
-    for k, tau in enumerate(rows_taus):
-        total = subset_metrics(calibration, k, tau)
-        assert total is not None
-        results.append(total)
-        figures = []
-        for g, name in enumerate(groups.names):
-            g_tau = per_group[name] if flags[k] else tau
-            m = subset_metrics(calibration, k, g_tau, g, index)
-            if m is not None:
-                figures.append(GroupFigures(name, g_tau, m))
-        rows.append(GroupRow(tau, flags[k], figures))
-    return GroupedPass(results, rows, calibration)
-
-
-def group_extras(grouped: GroupedPass, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
-                 bins: int) -> list[GroupRow]:
-    """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    if not (estimators or bootstrap) or grouped.calibration.confidence is None:
-        return grouped.rows
-    out = []
-    for k, row in enumerate(grouped.rows):
-        figures = []
-        for figure in row.groups:
-            mine = torch.from_numpy(groups.index == groups.names.index(figure.group))
-            extra = row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed,
-                               bins=bins, rows=mine.to(grouped.calibration.confidence.device))
-            figures.append(GroupFigures(figure.group, figure.tau, figure.metrics, extra))
-        out.append(GroupRow(row.tau, row.per_group, figures))
-    return out
-
+    return {name: found.temperatures.get(name, stored) for name in groups.names}
 
 
 @dataclass
 class GroupedRun:
     """``report --group-by``'s figures: per row of the report (each temperature, and the stored T_g's row last when
-    they apply) the overall metrics, every group's and the estimators; the rows and reads the sets took."""
+    they apply) the overall metrics, every group's and the estimators; the pass's sums; the rows and reads the
+    sets took."""
 
     results: list[CalibrationMetrics]
     rows: list[GroupRow]
     extras: list[dict]
+    calibration: CellCalibration = field(repr=False)
     conformal_rows: Any = None  # the conformal sets' rows (ConformalRows), when asked for
     conformal_reads: int = 0
+
+
+def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
+                   per_group: dict[str, float], stored: float | None,
+                   share: tuple[int, int] | None = None) -> GroupedRun:
+    """Every temperature over every row and every group, and, when ``per_group``'s T_g apply (the stored T is among
+    ``taus``), one more row last: each group's rows at its own T_g. ``share``: the part of ``groups``' rows this
+    process reads, when not its share of SOURCE."""
+    start, stop = share or opened.share()
+    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
+    rows_taus = [(tau, [tau] * groups.count) for tau in taus]
+    if per_group and stored is not None and stored in taus:
+        rows_taus.append((stored, [per_group[name] for name in groups.names]))
+    betas = 1.0 / torch.tensor([g_taus for _, g_taus in rows_taus], dtype=torch.float64)
+    calibration = cell_calibration(scan, betas, local, local, groups.count, bins)
+    index = GroupRows.kept(calibration, groups.index, groups.count)
+    run = GroupedRun([], [], [], calibration)
+    for k, (tau, g_taus) in enumerate(rows_taus):
+        total = subset_metrics(calibration, k, tau)
+        assert total is not None
+        run.results.append(total)
+        figures = [GroupFigures(name, g_taus[g], m) for g, name in enumerate(groups.names)
+                   if (m := subset_metrics(calibration, k, g_taus[g], g, index)) is not None]
+        run.rows.append(GroupRow(tau, k >= len(taus), figures))
+    return run
+
+
+def group_extras(grouped: GroupedRun, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
+                 bins: int) -> list[GroupRow]:
+    """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
+    if not (estimators or bootstrap) or grouped.calibration.confidence is None:
+        return grouped.rows
+    index = GroupRows(grouped.calibration, groups.index, groups.count)  # each group's rows: one slice
+    number = {name: g for g, name in enumerate(groups.names)}
+    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
+    return [replace(row, groups=[replace(f, extras=row_extras(grouped.calibration, k, rows=(index, number[f.group]),
+                                                              **options)) for f in row.groups])
+            for k, row in enumerate(grouped.rows)]
 
 
 def held_out_groups(opened: OpenedSource, groups: RowGroups, rows: np.ndarray) -> tuple[RowGroups, tuple[int, int]]:
@@ -162,19 +131,17 @@ def report_groups(opened: OpenedSource, scan: Scan, full: Scan, groups: RowGroup
     """Every temperature over ``scan``'s rows and ``groups`` (each group at its stored T_g too, when ``at_stored``
     and they apply), the estimators, and with ``alphas`` the
     conformal sets from ``full`` (every row, grouped by ``all_groups``)."""
-    applied = applicable_groups(opened, groups, stored) if at_stored else AppliedGroups({}, [])
-    warnings.extend(applied.warnings)
-    grouped = grouped_report(opened, scan, groups, taus, bins=bins, per_group=applied.temperatures, stored=stored,
-                             share=share)
+    per_group = applicable_groups(opened, groups, stored, warnings) if at_stored else {}
+    run = grouped_report(opened, scan, groups, taus, bins=bins, per_group=per_group, stored=stored, share=share)
     options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
-    extras = _extras(scan, grouped, warnings, **options)
-    run = GroupedRun(grouped.results, group_extras(grouped, groups, **options), extras)
+    run.extras = _extras(scan, run, warnings, **options)
+    run.rows = group_extras(run, groups, **options)
     if alphas:
-        _grouped_sets(run, full, opened, all_groups, alphas, seed, applied.temperatures, warnings)
+        _grouped_sets(run, full, opened, all_groups, alphas, seed, per_group, warnings)
     return run
 
 
-def _extras(scan: Scan, grouped: GroupedPass, warnings: list[str], *,
+def _extras(scan: Scan, grouped: GroupedRun, warnings: list[str], *,
             estimators: Sequence[str], bootstrap: int, seed: int, bins: int) -> list[dict]:
     """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
     the pass kept."""
@@ -227,15 +194,5 @@ def _place_sets(run: GroupedRun, places: list[int], overall: list, by_group: lis
         run.rows[k] = replace(row, groups=figures)
 
 
-__all__ = [
-    "AppliedGroups",
-    "GroupFigures",
-    "GroupRow",
-    "GroupedPass",
-    "GroupedRun",
-    "applicable_groups",
-    "group_extras",
-    "grouped_report",
-    "held_out_groups",
-    "report_groups",
-]
+__all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "group_extras", "grouped_report",
+           "held_out_groups", "report_groups"]

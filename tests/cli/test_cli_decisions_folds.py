@@ -16,7 +16,6 @@ from subsets_reference import penalised_temperature
 from test_cli_decisions import counted, grouped_file, tied_file  # noqa: F401 (counted: a fixture)
 from test_cli_distributed import assert_same_figures, needs_torchrun, one_and_two_processes
 
-from tempcal.conformal import folds as fold_conformal
 from tempcal.conformal import passes
 from tempcal.subsets.cells import assign_folds
 
@@ -135,12 +134,12 @@ def test_past_the_score_budget_the_folds_take_more_reads_and_give_the_same_sets(
     monkeypatch.setattr(passes, "SCORE_BYTES", 16 * 600 * 3)  # three temperatures a read: 7 in 3 reads
     held = []
 
-    class Recorded(fold_conformal.ScoreRows):
+    class Recorded(passes.ScoreRows):
         def __init__(self, count, rows, device):
             super().__init__(count, rows, device)
             held.append(self.scores.numel() * self.scores.element_size())
 
-    monkeypatch.setattr(fold_conformal, "ScoreRows", Recorded)
+    monkeypatch.setattr(passes, "ScoreRows", Recorded)
     batched = run_json(argv)
     assert reads[path.name] == one_read + 2 and batched["passes"] == whole["passes"] + 2
     assert held == [16 * 600 * 3, 16 * 600 * 3, 16 * 600]  # never more scores than the budget at once

@@ -212,7 +212,7 @@ def test_conformal_sets_match_a_direct_construction(alpha):
         else:
             ref_scores = [sum(v for v in p[i] if v > p[i, labels[i]]) + p[i, labels[i]] for i in range(199)]
         np.testing.assert_allclose(scores[name].numpy(), ref_scores, atol=1e-15)
-        qs[name] = conformal.threshold(scores[name].numpy(), alpha)
+        qs[name] = conformal.thresholds(scores[name].numpy(), [alpha])[0]
         assert qs[name] == direct_threshold(ref_scores, alpha)
     sums = set_sums(torch.from_numpy(p[ev]), torch.from_numpy(labels[ev]),
                               {k: [v] for k, v in qs.items()})

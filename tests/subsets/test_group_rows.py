@@ -56,7 +56,9 @@ def test_too_many_groups_keep_no_sorted_rows():
     assert m is not None and np.isnan(m.aurc)
 
 
-def test_group_estimators_from_the_sorted_rows_equal_those_of_a_numpy_mask():
+def test_group_estimators_from_the_sorted_rows_equal_those_of_the_groups_masked_rows():
+    from tempcal.metrics.bootstrap import bootstrap_intervals
+    from tempcal.metrics.calibration import ece_equal_mass, rms_calibration_error
     from tempcal.subsets.cells import row_extras
 
     groups = np.random.default_rng(7).integers(0, 5, 900)
@@ -66,5 +68,9 @@ def test_group_estimators_from_the_sorted_rows_equal_those_of_a_numpy_mask():
     for group in range(5):
         mask = torch.from_numpy(groups == group)
         for slot in range(2):
-            assert row_extras(calibration, slot, rows=(grouped, group), **options) == row_extras(
-                calibration, slot, rows=mask, **options)
+            c, k = calibration.confidence[slot][mask], calibration.correct[mask]
+            intervals = bootstrap_intervals(c, k, calibration.nll[slot][mask], 20, 3, 10)
+            expected = {"ece_equal_mass": ece_equal_mass(c, k, 10), "rms_ce": rms_calibration_error(c, k, 10),
+                        **{f"{name}_ci": list(interval) for name, interval in intervals.items()},
+                        "bootstrap": {"resamples": 20, "seed": 3, "level": 0.95}}
+            assert row_extras(calibration, slot, rows=(grouped, group), **options) == expected
