@@ -55,6 +55,14 @@ def named(key: str, values: np.ndarray, where: str, option: str) -> RowGroups:
     return RowGroups(key, [str(int(v)) for v in distinct], index.reshape(-1).astype(np.int64))
 
 
+def file_groups(key: str, names_of: list[str], rows: list[int]) -> RowGroups:
+    """One group per name in ``names_of`` (each file's: an evaluation log's task or model), each file's ``rows`` rows
+    in its name's group."""
+    names = sorted(set(names_of))
+    index = np.repeat(np.array([names.index(name) for name in names_of], dtype=np.int64), rows)
+    return RowGroups(key, names, index, numeric=False)
+
+
 def safetensors_values(path: Path, key: str, labels_key: str, option: str) -> np.ndarray:
     """The flat integer values of ``key`` in one safetensors file, checked against its labels' shape."""
     from ..io.safetensors_header import read_header, read_tensor
@@ -145,5 +153,5 @@ def parse_stored_groups(metadata: Mapping[str, str], where: str) -> StoredGroups
 
 
 __all__ = ["GROUP_KEY", "GROUP_TEMPERATURES", "MAX_GROUPS", "TASK", "RowGroups", "StoredGroups", "check_row_count",
-           "checked", "group_metadata", "kept_rows", "labels_shape", "named", "parse_stored_groups",
+           "checked", "file_groups", "group_metadata", "kept_rows", "labels_shape", "named", "parse_stored_groups",
            "safetensors_values"]

@@ -10,6 +10,7 @@ of several models (unless grouped by model) are refused. T is kept in each log's
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from ..errors import TempcalError, param
 from .base import OpenedSource, SourceKind, SourceOptions
 from .inspect_files import EvalArchive, InspectLogError, json_log
 from .inspect_rows import INCOMPLETE, SampleRow, sample_row
+from .lm_eval import ChoiceRows, pad_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -172,16 +174,10 @@ def _warning(infos: list[InspectLogInfo], name: str) -> list[str]:
 
 
 def _matrix(infos: list[InspectLogInfo]) -> tuple[Any, Any]:
-    import numpy as np
-    import torch
-
-    width = max(i.max_choices for i in infos)
-    rows = [r for i in infos for r in i.rows]
-    logits = np.full((len(rows), width), -np.inf, dtype=np.float64)
-    for k, row in enumerate(rows):
-        logits[k, : len(row.logits or [])] = row.logits
-    labels = np.array([r.label for r in rows], dtype=np.int64)
-    return torch.from_numpy(logits), torch.from_numpy(labels)
+    rows = ChoiceRows()
+    for row in (r for i in infos for r in i.rows):
+        rows.add(row.logits or [], row.label)
+    return pad_rows([rows], max(i.max_choices for i in infos))
 
 
 class InspectLogKind(SourceKind):
@@ -231,18 +227,11 @@ class InspectLogKind(SourceKind):
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""
-        import numpy as np
-
-        from .grouping import RowGroups
+        from .grouping import file_groups
 
         if key not in GROUP_KEYS:
             raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
-        names_of = self._names(opened, key)
-        names = sorted(set(names_of))
-        rows = opened.file_rows or [opened.data.num_samples]
-        index = np.concatenate([np.full(n, names.index(t), dtype=np.int64) for t, n in zip(names_of, rows,
-                                                                                         strict=True)])
-        return RowGroups(key, names, index, numeric=False)
+        return file_groups(key, self._names(opened, key), opened.file_rows or [opened.data.num_samples])
 
     def _names(self, opened: OpenedSource, key: str) -> list[str]:
         if self.names is not None:
@@ -286,10 +275,7 @@ def _summary(info: InspectLogInfo) -> str:
 
 
 def _choice_counts(info: InspectLogInfo) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in info.rows:
-        counts[str(row.choices)] = counts.get(str(row.choices), 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(str(row.choices) for row in info.rows).items()))
 
 
 __all__ = ["GROUP_KEYS", "LOGPROB_OPTIONS", "InspectLogInfo", "InspectLogKind", "is_inspect_log", "log_files",

@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
 from .base import OpenedSource, SourceOptions
-from .lm_eval import MAX_PADDED_BYTES, LmEvalKind, _Rows, size_text
+from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, size_text, task_from_filename
 from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalise, short
+from .memory import first_line
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -40,8 +40,6 @@ MAX_ROW_GROUP_BYTES = 256 << 20
 #: ``rows_incomplete`` keys: several gold indices; a log-probability count that is not the choice count.
 INCOMPLETE = ("several_targets", "logprobs_count")
 _SAID = {"several_targets": "with several gold indices", "logprobs_count": "without one log-probability per choice"}
-#: ``details_<task>_<date>`` with lighteval's ``datetime.now().isoformat().replace(":", "-")`` date.
-_NAME_WITH_DATE = re.compile(r"^details_(?P<task>.+?)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)$")
 
 
 class LightevalDetailsError(LmEvalLogError):
@@ -60,18 +58,6 @@ def is_lighteval_details(path: str | os.PathLike[str]) -> bool:
     """True for ``details_*.parquet`` (the suffix in any case)."""
     name = Path(path).name
     return name.startswith("details_") and name.lower().endswith(".parquet")
-
-
-def task_from_filename(path: str | os.PathLike[str]) -> str | None:
-    """The task of ``details_<task>_<date>.parquet`` (``details_<task>.parquet`` too), else None."""
-    name = Path(path).name
-    if not is_lighteval_details(name):
-        return None
-    stem = name[: -len(".parquet")]
-    match = _NAME_WITH_DATE.match(stem)
-    if match:
-        return match.group("task")
-    return stem[len("details_"):] or None
 
 
 @dataclass
@@ -116,12 +102,7 @@ def _parquet(path: Path) -> Any:
     try:
         return pq.ParquetFile(path)
     except Exception as exc:  # pyarrow's ArrowInvalid / ArrowIOError, OSError
-        raise LightevalDetailsError(f"{path}: not a readable parquet file ({_first_line(exc)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
+        raise LightevalDetailsError(f"{path}: not a readable parquet file ({first_line(exc)})") from None
 
 
 def _check_columns(path: Path, parquet: Any) -> None:
@@ -178,11 +159,11 @@ def _batches(path: Path, parquet: Any) -> Any:
     except LightevalDetailsError:
         raise
     except Exception as exc:  # a damaged page or row group
-        raise LightevalDetailsError(f"{path}: cannot read its rows ({_first_line(exc)})") from None
+        raise LightevalDetailsError(f"{path}: cannot read its rows ({first_line(exc)})") from None
 
 
-def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[_Rows, DetailsInfo]:
-    """One file's complete rows (flat, as :func:`.lm_eval._padded` takes them) and what was read."""
+def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[ChoiceRows, DetailsInfo]:
+    """One file's complete rows (flat, as :func:`.lm_eval.pad_rows` takes them) and what was read."""
     path = Path(path)
     if norm not in NORMS:
         raise TempcalError(f"{param('lm_eval_norm')} {norm}: expected one of {', '.join(NORMS)}")
@@ -195,9 +176,9 @@ def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[_Row
     return rows, info
 
 
-def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[_Rows, DetailsInfo]:
-    info = DetailsInfo(path=str(path), task=task_from_filename(path), norm=norm)
-    rows = _Rows()
+def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, DetailsInfo]:
+    info = DetailsInfo(path=str(path), task=task_from_filename(path, "details_", (".parquet",)), norm=norm)
+    rows = ChoiceRows()
     for golds, choices, logprobs in _batches(path, parquet):
         for gold, texts, values in zip(golds, choices, logprobs, strict=True):
             info.rows += 1
@@ -205,12 +186,9 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[_Rows, DetailsInfo]
             row = _row(gold, texts, values, norm, where, info)
             if row is None:
                 continue
-            logits, label = row
-            rows.values.extend(logits)
-            rows.counts.append(len(logits))
-            rows.labels.append(label)
+            rows.add(*row)
             info.complete += 1
-            info.choice_counts[len(logits)] = info.choice_counts.get(len(logits), 0) + 1
+            info.choice_counts[len(row[0])] = info.choice_counts.get(len(row[0]), 0) + 1
             if info.complete * info.max_choices * 8 > MAX_PADDED_BYTES:
                 raise where.error(f"{info.complete:,} rows padded to {info.max_choices:,} choices would pass "
                                   f"{size_text(MAX_PADDED_BYTES)}, tempcal's limit on a SOURCE's padded rows")
@@ -265,12 +243,10 @@ class LightevalKind(LmEvalKind):
     title = "lighteval details"
     suffixes = (".parquet",)  # type: ignore[assignment]  # LmEvalKind's are two
     shards = True
+    prefix = "details_"
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return is_lighteval_details(paths[0])
-
-    def task_of(self, path: Path) -> str:
-        return task_from_filename(path) or path.name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         self.refuse_probs(options, f"{paths[0]} is a lighteval details file of log-probabilities")
@@ -309,4 +285,4 @@ def _counts(incomplete: dict[str, int]) -> str:
 
 
 __all__ = ["COLUMNS", "INCOMPLETE", "DetailsInfo", "LightevalDetailsError", "LightevalKind", "is_lighteval_details",
-           "read_details", "task_from_filename"]
+           "read_details"]
