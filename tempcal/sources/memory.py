@@ -11,14 +11,16 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import TempcalError
+from ..errors import TempcalError, param
 from ..io.safetensors_header import shown
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
+    from ..core.data import LogitsData
     from ..validation import ProbabilitiesError
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -39,24 +41,48 @@ class InMemoryKind(SourceKind):
 
         return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
 
+    def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
+        """The named array (tensor) ``key`` of the file; a missing one names those present and ``option``."""
+        raise NotImplementedError
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """The array ``key``, checked against the labels' shape (none: an OOD set, where the row count decides)."""
+        from .grouping import checked
+
+        path = opened.paths[0]
+        values = self.read_array(path, key, option)
+        try:
+            shape: tuple[int, ...] | None = tuple(self.read_array(path, opened.options.labels_key,
+                                                                  param("labels_key")).shape)
+        except TempcalError:
+            shape = None
+        return checked(path, key, values, shape, option)
+
 
 def in_memory_source(kind: SourceKind, path: Path, logits: torch.Tensor, labels: torch.Tensor | None,
                      options: SourceOptions, *, logits_name: str, labels_name: str) -> OpenedSource:
     """Checked logits (absent labels become zeros, as OOD sets may have none) and the sidecar's T."""
+    data, has_labels = in_memory_data(path, logits, labels, options, logits_name=logits_name, labels_name=labels_name)
+    return kind.with_stored(OpenedSource([path], data, None, kind, options, has_labels=has_labels))
+
+
+def in_memory_data(path: Path, logits: torch.Tensor, labels: torch.Tensor | None, options: SourceOptions, *,
+                   logits_name: str, labels_name: str) -> tuple[LogitsData, bool]:
+    """Logits held in memory, checked (as probabilities with ``options.probs``), and whether they have labels:
+    absent ones become zeros, one per row (``[B, L]`` for token-level logits ``[B, L, V]``)."""
     import torch
 
     from ..core.data import as_logits_data
 
     has_labels = labels is not None
-    if labels is None:  # one zero per row ([B, L] for token-level logits [B, L, V])
+    if labels is None:
         shape = tuple(logits.shape[:2]) if logits.ndim == 3 else tuple(logits.shape[:1])
         labels = torch.zeros(shape, dtype=torch.int64)
     try:
-        data = as_logits_data(logits, labels, probs=options.probs, logits_name=logits_name, labels_name=labels_name,
-                              ignore_index=options.ignore_index)
+        return as_logits_data(logits, labels, probs=options.probs, logits_name=logits_name, labels_name=labels_name,
+                              ignore_index=options.ignore_index), has_labels
     except TempcalError as exc:
         raise exc.prefixed(f"{path}: ") from None
-    return kind.with_stored(OpenedSource([path], data, None, kind, options, has_labels=has_labels))
 
 
 def checked_path(path: Path) -> Path:

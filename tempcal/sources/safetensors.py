@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..core.data import PinnedStager, as_logits_data, default_chunk_rows, to_device
+from ..core.data import PinnedStager, default_chunk_rows, to_device
 from ..errors import DataError, TempcalError, param
 from ..io import safetensors_header
 from ..io.safetensors_header import (
@@ -397,22 +397,16 @@ def check_not_hidden(header: Header, options: SourceOptions) -> None:
 
 def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool):
     """``--probs``: one file read whole, its probabilities turned into log-probabilities."""
+    from .memory import in_memory_data
+
     if len(paths) > 1:
         raise TempcalError(f"{param('probs')} takes a single file, not shards")
     header = read_header(paths[0])
-    has_labels = options.labels_key in header.tensors or not labels_optional
     logits = read_tensor(header, options.logits_key, option=param("logits_key"))
-    if has_labels:
-        labels = read_tensor(header, options.labels_key, option=param("labels_key"))
-    else:
-        shape = tuple(logits.shape[:2]) if logits.dim() == 3 else tuple(logits.shape[:1])
-        labels = torch.zeros(shape, dtype=torch.int64)
-    try:
-        data = as_logits_data(logits, labels, probs=True, logits_name=options.logits_key,
-                              labels_name=options.labels_key, ignore_index=options.ignore_index)
-    except TempcalError as exc:
-        raise exc.prefixed(f"{paths[0]}: ") from None
-    return data, has_labels
+    has_labels = options.labels_key in header.tensors or not labels_optional
+    labels = read_tensor(header, options.labels_key, option=param("labels_key")) if has_labels else None
+    return in_memory_data(paths[0], logits, labels, options, logits_name=options.logits_key,
+                          labels_name=options.labels_key)
 
 
 def open_sharded(paths: list[Path], *, logits_key: str = "logits", labels_key: str = "labels",
