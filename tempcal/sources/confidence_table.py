@@ -19,10 +19,11 @@ import re
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DataError, TempcalError, param
+from ..errors import TempcalError, param
 from ..validation import READING_KEYS
 from .base import OpenedSource, SourceKind, SourceOptions
 from .tables import TABLE_FORMATS, TableError, has_column, read_rows, table_format, write_with_column
@@ -203,29 +204,17 @@ class ConfidenceTableKind(SourceKind):
 
     def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str]:
         """``apply`` writes the table in its format with :data:`CALIBRATED_COLUMN` added (:func:`apply_table`)."""
-
-        def write(output: str | Path, calibrated: Any) -> str:
-            apply_table(opened, output, calibrated)
-            return CALIBRATED_COLUMN
-
-        return write
+        return partial(apply_table, opened)
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per value of column ``key`` (strings, or integers sorted numerically)."""
         import numpy as np
 
-        from .grouping import MAX_GROUPS, RowGroups, check_row_count, named
+        from .grouping import check_row_count, named
 
         values, numeric = _group_names(opened.paths[0], key, option)
-        if numeric:
-            groups = named(key, np.asarray(values, dtype=np.int64), opened.name, option)
-        else:
-            names = sorted(set(values))
-            if len(names) > MAX_GROUPS:
-                raise DataError(f"{opened.name}: {option} {key} makes {len(names):,} groups; at most "
-                                f"{MAX_GROUPS:,} are allowed")
-            at = {name: k for k, name in enumerate(names)}
-            groups = RowGroups(key, names, np.asarray([at[v] for v in values], dtype=np.int64), numeric=False)
+        groups = named(key, np.asarray(values, dtype=np.int64 if numeric else object), opened.name, option,
+                       numeric=numeric)
         check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
         return groups
 
@@ -256,9 +245,9 @@ class ConfidenceTableKind(SourceKind):
         return []
 
 
-def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> None:
+def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> str:
     """Write SOURCE's table to ``output`` (the same format) with :data:`CALIBRATED_COLUMN` added, atomically:
-    ``calibrated`` (each row's calibrated probability) on the confidence's scale."""
+    ``calibrated`` (each row's calibrated probability) on the confidence's scale; returns the column's name."""
     path, out = opened.paths[0], Path(output)
     if table_format(out) != table_format(path):
         raise TempcalError(f"{param('output')} {output}: a confidence table is written in its own format; name it "
@@ -267,6 +256,7 @@ def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> No
         raise TableError(f"{path}: already has a column '{CALIBRATED_COLUMN}'; apply to the table without it")
     scale = check_scale(opened.options.confidence_scale)
     write_with_column(path, out, CALIBRATED_COLUMN, [float(p) * scale for p in calibrated])
+    return CALIBRATED_COLUMN
 
 
 __all__ = ["CALIBRATED_COLUMN", "CLIP", "ConfidenceTableKind", "TableRows", "apply_table", "check_scale",

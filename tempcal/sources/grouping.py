@@ -46,13 +46,15 @@ class RowGroups:
         return np.bincount(self.index, minlength=self.count).astype(np.int64).tolist()
 
 
-def named(key: str, values: np.ndarray, where: str, option: str) -> RowGroups:
-    """Sorted distinct values as names, each row's index into them; more than MAX_GROUPS refused."""
+def named(key: str, values: np.ndarray, where: str, option: str, *, numeric: bool = True) -> RowGroups:
+    """Sorted distinct values as names (integers, or strings when not ``numeric``), each row's index into them;
+    more than MAX_GROUPS refused."""
     distinct, index = np.unique(values, return_inverse=True)
     if len(distinct) > MAX_GROUPS:
         raise DataError(f"{where}: {option} {key} makes {len(distinct):,} groups; at most "
                         f"{MAX_GROUPS:,} are allowed")
-    return RowGroups(key, [str(int(v)) for v in distinct], index.reshape(-1).astype(np.int64))
+    names = [str(int(v)) if numeric else str(v) for v in distinct]
+    return RowGroups(key, names, index.reshape(-1).astype(np.int64), numeric=numeric)
 
 
 def file_groups(key: str, names_of: list[str], rows: list[int]) -> RowGroups:

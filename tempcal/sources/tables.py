@@ -15,7 +15,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +53,9 @@ def missing_columns(path: Path, wanted: Sequence[str], have: Sequence[str], opti
 def read_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
     """``(row number from 1, [value of each wanted column])`` for every data row of the table at ``path``."""
     fmt = table_format(path)
-    if fmt == "csv":
-        yield from _csv_rows(path, wanted, options)
-    elif fmt == "jsonl":
-        yield from _jsonl_rows(path, wanted, options)
-    elif fmt == "parquet":
-        yield from _parquet_rows(path, wanted, options)
-    else:
+    if fmt is None:
         raise TableError(f"{path}: not a table (expected .csv, .jsonl or .parquet)")
+    yield from _FORMATS[fmt][0](path, wanted, options)
 
 
 def _open_text(path: Path) -> io.TextIOWrapper:
@@ -148,14 +143,8 @@ def write_with_column(path: Path, output: Path, column: str, values: Sequence[fl
     atomically (a temporary file beside ``output``, renamed over it)."""
     from ..io.atomic import atomic_path
 
-    fmt = table_format(path)
     with atomic_path(output, what="--output") as temporary:
-        if fmt == "csv":
-            _write_csv(path, temporary, column, values)
-        elif fmt == "jsonl":
-            _write_jsonl(path, temporary, column, values)
-        else:
-            _write_parquet(path, temporary, column, values)
+        _FORMATS[table_format(path) or "parquet"][1](path, temporary, column, values)
 
 
 def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
@@ -199,25 +188,25 @@ def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[fl
 
 def columns_of(path: Path) -> list[str]:
     """The table's columns: a CSV's header, a JSON Lines table's first row's keys, a parquet file's schema."""
-    fmt = table_format(path)
-    if fmt == "parquet":
+    if table_format(path) == "parquet":
         return list(_parquet_file(path).schema_arrow.names)
     try:
         next(read_rows(path, ["\x00"], ["-"]), None)
     except TableError as exc:
-        found = getattr(exc, "columns", None)
-        if found is not None:
-            return list(found)
+        if exc.columns is not None:
+            return list(exc.columns)
         raise
     return []
 
 
 def has_column(path: Path, column: str) -> bool:
     """Whether the table at ``path`` has ``column`` (CSV: its header; JSON Lines: its first row; parquet: schema)."""
-    fmt = table_format(path)
-    if fmt == "parquet":
-        return column in _parquet_file(path).schema_arrow.names
     return column in columns_of(path)
+
+
+#: Per format: how its rows are read, and how a copy with one more column is written.
+_FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, list[Any]]]], Callable[..., None]]] = {
+    "csv": (_csv_rows, _write_csv), "jsonl": (_jsonl_rows, _write_jsonl), "parquet": (_parquet_rows, _write_parquet)}
 
 
 __all__ = ["TABLE_FORMATS", "TableError", "columns_of", "has_column", "read_rows", "table_format", "write_with_column"]
