@@ -192,8 +192,6 @@ class OpenedSource:
         ``extra`` metadata (None values remove keys: e.g. per-group temperatures); returns the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
-        if not self.kind.remembered and not extra:
-            return [self.kind.write_temperature(path, temperature, output) for path in self.paths]
         reading = {**self.reading(), **(extra or {})}
         return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
 
@@ -435,10 +433,6 @@ class SourceKind(ABC):
             return read_sidecar(path)[0]
         except TempcalError:  # a broken sidecar: reported when its T is asked for
             return {}
-
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
-        """Store T for ``path`` (or for a copy at ``output``); by default in a sidecar. Returns the path written."""
-        return self.write_reading(path, temperature, output, {})
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:

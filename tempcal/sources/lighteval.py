@@ -18,16 +18,15 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import TempcalError, param
+from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceOptions
 from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, size_text, task_from_filename
 from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalise, short
 from .memory import first_line
-
-if TYPE_CHECKING:
-    from types import ModuleType
+from .tables import parquet_file
 
 #: The columns read: name in messages -> (struct column, field).
 COLUMNS = {"doc.gold_index": ("doc", "gold_index"), "doc.choices": ("doc", "choices"),
@@ -92,19 +91,6 @@ class DetailsInfo:
                 f"first is row {self.first_incomplete})"]
 
 
-def _parquet(path: Path) -> Any:
-    """The open ``pyarrow.parquet.ParquetFile``; not parquet, or unreadable, is bad input naming the file."""
-    from ..io.optional import pyarrow_parquet
-    from ..io.sidecar import check_regular_file
-
-    pq: ModuleType = pyarrow_parquet(f"{path}: reading a lighteval details file")
-    check_regular_file(path)
-    try:
-        return pq.ParquetFile(path)
-    except Exception as exc:  # pyarrow's ArrowInvalid / ArrowIOError, OSError
-        raise LightevalDetailsError(f"{path}: not a readable parquet file ({first_line(exc)})") from None
-
-
 def _check_columns(path: Path, parquet: Any) -> None:
     """The three columns exist with the types lighteval writes; a missing one is named."""
     from ..io.optional import require
@@ -167,7 +153,8 @@ def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[Choi
     path = Path(path)
     if norm not in NORMS:
         raise TempcalError(f"{param('lm_eval_norm')} {norm}: expected one of {', '.join(NORMS)}")
-    with _parquet(path) as parquet:
+    check_regular_file(path)
+    with parquet_file(path, f"{path}: reading a lighteval details file", LightevalDetailsError) as parquet:
         _check_columns(path, parquet)
         _check_row_groups(path, parquet)
         rows, info = _read_rows(path, parquet, norm)

@@ -320,19 +320,13 @@ def _utf8_length(text: str, index: int, where: Where) -> int:
 
 def first_argmax(values: Sequence[float]) -> int:
     """Index of the largest value, the first one on ties (numpy's ``argmax``, which lm-eval uses)."""
-    best = 0
-    for i, value in enumerate(values):
-        if value > values[best]:
-            best = i
-    return best
+    return max(range(len(values)), key=values.__getitem__, default=0)
 
 
 def json_kind(value: Any) -> str:
     """A JSON value's kind as a message shows it (``true``, ``the string "x"``, ``an object``...)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
     if isinstance(value, (int, float)):
         return f"the number {short(value)}"
     if isinstance(value, str):

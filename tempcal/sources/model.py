@@ -9,6 +9,7 @@ calibrated model read as SOURCE gives the original's logits with the T it stores
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -157,7 +158,8 @@ class ModelKind(SourceKind):
 
         return load_model(path, "cpu").temperature, []
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
         raise TempcalError(f"{path}: a model has no logits file to store T in; write it calibrated with "
                            f"{param('save_model')} PATH")
 

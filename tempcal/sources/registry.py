@@ -178,7 +178,7 @@ def write_stored_temperature(path: str | os.PathLike, temperature: float,
     ``.npy``: the sidecar only (``output`` is refused: the labels live in a second file).
     """
     path = Path(path)
-    return kind_of([path]).write_temperature(path, temperature, None if output is None else Path(output))
+    return kind_of([path]).write_reading(path, temperature, None if output is None else Path(output), {})
 
 
 __all__ = ["KINDS", "KindLine", "Source", "expand_sources", "kind_of", "open_source", "read_stored_temperature",

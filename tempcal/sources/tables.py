@@ -114,19 +114,21 @@ def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> It
                              "row of a table)") from None
 
 
-def _parquet_file(path: Path) -> Any:
+def parquet_file(path: Path, needed_for: str | None = None, error: type[DataError] = TableError) -> Any:
+    """The open ``pyarrow.parquet.ParquetFile`` (``needed_for`` says what for when pyarrow is missing); not parquet,
+    or unreadable, is an ``error`` naming the file."""
     from ..io.optional import pyarrow_parquet
+    from .memory import first_line
 
-    pq = pyarrow_parquet(f"reading {path}")
+    pq = pyarrow_parquet(needed_for or f"reading {path}")
     try:
         return pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError on a damaged file
-        raise TableError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0] if str(exc) else exc})"
-                         ) from None
+        raise error(f"{path}: not a readable parquet file ({first_line(exc)})") from None
 
 
 def _parquet_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
-    table = _parquet_file(path)
+    table = parquet_file(path)
     names = list(table.schema_arrow.names)
     if any(name not in names for name in wanted):
         raise missing_columns(path, wanted, names, options)
@@ -173,7 +175,7 @@ def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[floa
 def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    table = _parquet_file(path)
+    table = parquet_file(path)
     from ..io.optional import pyarrow_parquet
 
     pq = pyarrow_parquet(f"writing {temporary}")
@@ -189,7 +191,7 @@ def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[fl
 def columns_of(path: Path) -> list[str]:
     """The table's columns: a CSV's header, a JSON Lines table's first row's keys, a parquet file's schema."""
     if table_format(path) == "parquet":
-        return list(_parquet_file(path).schema_arrow.names)
+        return list(parquet_file(path).schema_arrow.names)
     try:
         next(read_rows(path, ["\x00"], ["-"]), None)
     except TableError as exc:
