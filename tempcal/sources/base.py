@@ -1,11 +1,6 @@
-"""What every kind of SOURCE gives the rest of tempcal, and what a new kind implements.
-
-A source kind (a safetensors logits file or its shards, an ``.npz``, a model run over its
-inputs, ...) is a :class:`SourceKind`: it says which paths it claims, opens them as an
-:class:`OpenedSource` (logits behind the :class:`~tempcal.core.data.LogitsSource` protocol,
-the T stored with them, the files T is written back into), and knows where its T is stored.
-:func:`tempcal.sources.registry.open_source` picks the kind; nothing else looks at suffixes.
-"""
+"""What every kind of SOURCE gives the rest of tempcal (:class:`OpenedSource`: logits behind the
+:class:`~tempcal.core.data.LogitsSource` protocol, the T stored with them) and what a new kind implements
+(:class:`SourceKind`); :func:`tempcal.sources.registry.open_source` picks the kind, nothing else looks at suffixes."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """The lines of a byte stream, read in fixed blocks, each line bounded in length.
 
-Iterating a file (``readline``) holds a whole line in memory however long it is, so one hostile
-line (gigabytes of spaces behind a few kilobytes of gzip) is read whole before anything can
-refuse it. :class:`BoundedLines` reads blocks of :data:`BLOCK_BYTES`, holds at most ``limit``
-bytes of the line being read, and raises :class:`OverLimit` (with the line number) as soon as a
-line passes it. Lines holding only ASCII whitespace are skipped in bulk, a block at a time and
-without being held, and a run of them longer than ``limit`` bytes in all is refused the same way,
-so a file of millions of blank lines is refused fast instead of one line at a time.
+``readline`` holds a whole line however long it is, so one hostile line is read whole before anything can refuse
+it: :class:`BoundedLines` holds at most ``limit`` bytes of a line, skips runs of blank lines in bulk, and raises
+:class:`OverLimit` as soon as a line, or a run of blank lines, passes the limit.
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""Confidence tables as SOURCE: a ``.csv``, ``.jsonl`` or ``.parquet`` table of a confidence and whether the answer
-was right, for models that give a confidence but no log-probabilities (verbalised confidence, a judge's score).
+"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``): a confidence and whether the answer was right
+per row, for models that give a confidence but no log-probabilities (see docs/evaluation-logs.md).
 
-``--confidence COLUMN`` names a probability that the answer is right (``--confidence-scale 100`` reads
-percentages), ``--correct COLUMN`` whether it was (0/1, true/false). Each row is a binary sample with the single
-logit ``ln(c / (1 - c))`` and label ``correct``, so T is the temperature of ``sigmoid(logit / T)``, fitted as for
-any one-logit SOURCE. A confidence of exactly 0 or 1 is clipped to [1e-6, 1 - 1e-6] and counted (JSON
-``clipped``, a warning). A value outside [0, scale], a missing value or a ``correct`` that is not 0/1 is bad input
-naming its row (data rows from 1; a CSV header is not one). ``--group-by COLUMN`` groups by a column of strings or
-integers. T is kept in the sidecar ``FILE.tempcal.json`` with the columns and scale it was fitted with (later
-commands take them when not given); ``apply`` writes the table with ``calibrated_confidence``
-added (:func:`apply_table`).
+Each row is a binary sample: the logit ``ln(c / (1 - c))`` (c clipped to [1e-6, 1 - 1e-6], counted) and the label
+``correct``. T is kept in the sidecar with the columns and scale it was fitted with; ``apply`` writes the table with
+``calibrated_confidence`` added (:func:`apply_table`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""What ``tempcal inspect`` says of a SOURCE in the forms every kind shares: a tensor entry, the fields of the
-stored T, the sidecar's state. Each :class:`~tempcal.sources.base.SourceKind` describes itself with these
-(``describe_tensors``, ``describe_stored``, ...); :mod:`tempcal.workflows.inspect` puts the report together.
-This module knows no kind, so every kind can import it.
-"""
+"""What ``tempcal inspect`` says of a SOURCE in the forms every kind shares (a tensor entry, the stored T, the
+sidecar's state); it knows no kind, so every kind can import it."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
 """Groups of rows, whatever the kind of SOURCE: group values made names, checked against the labels, and the
-per-group temperatures stored beside T.
-
-Each :class:`~tempcal.sources.base.SourceKind` reads its group values (``read_groups``, ``group_values``) with
-these; :mod:`tempcal.subsets.options` is where the rest of tempcal asks. This module knows no kind and no opened
-source, so every kind can import it.
-"""
+per-group temperatures stored beside T. It knows no kind and no opened source, so every kind can import it."""
 
 from __future__ import annotations
 

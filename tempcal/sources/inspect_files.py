@@ -1,13 +1,6 @@
-"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip, and the samples of a ``.json`` log.
-
-An ``.eval`` log is a zip archive: ``header.json`` (or, for a log still being written, ``_journal/start.json``)
-holds the task, the model and the plan; ``samples/ID_epoch_N.json`` one sample each. Members are stored,
-deflated (read by :mod:`zipfile`) or zstd-compressed (method 93, inspect_ai's default since 0.3.206, read
-with the optional ``zstandard``); each is decompressed in memory, never to disk, and refused past
-:data:`MAX_MEMBER_BYTES` whatever its header claims. A ``.json`` log is one JSON object; it is read whole
-(at most :data:`MAX_JSON_LOG_BYTES`) and its ``samples`` are decoded one at a time, so only the text and one
-sample are held.
-"""
+"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip (stored, deflated or zstd; each
+decompressed in memory, at most :data:`MAX_MEMBER_BYTES`), and the samples of a ``.json`` log (read whole, at most
+:data:`MAX_JSON_LOG_BYTES`, its samples decoded one at a time)."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
-"""inspect_ai logs as SOURCE: ``.eval`` (zip) or ``.json`` logs, or a folder or glob of them.
+"""inspect_ai logs as SOURCE: ``.eval`` (zip) or ``.json`` logs, or a folder or glob of them (see
+docs/evaluation-logs.md).
 
-One row per sample and epoch of a multiple-choice sample (read by :mod:`.inspect_rows`): the choice letters'
-log-probabilities at the answer position as logits, padded with ``-inf`` to the most choices, its label the
-target's choice. Rows are in the order inspect_ai's ``read_eval_log`` gives (epoch, then id), log after log.
-Samples left out (several targets, no answer position, a letter missing from ``top_logprobs``) are counted
-by reason. A log without log-probabilities, a plan that shuffled choices inside ``multiple_choice`` and logs
-of several models (unless grouped by model) are refused. T is kept in each log's sidecar ``FILE.tempcal.json``.
+One row per multiple-choice sample and epoch (:mod:`.inspect_rows`), padded with ``-inf`` to the most choices, in
+``read_eval_log``'s order; samples left out are counted by reason. T is kept in each log's sidecar.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """lighteval details files as SOURCE: ``details_<task>_<date>.parquet``, written by ``lighteval ... --save-details``.
 
-Each row of a log-likelihood multiple-choice task holds ``doc.choices``, ``doc.gold_index`` (an integer, or a list)
-and ``model_response.logprobs``, one summed log-probability per choice. Row i of the logits is those
-log-probabilities, padded with ``-inf`` up to the widest row; its label is the gold index. ``--lm-eval-norm chars``
-or ``bytes`` divides each by its choice text's length (leading whitespace removed), as for lm-eval logs
-(:func:`.lm_eval_records.normalise`). Rows with several gold indices, or not one log-probability per choice, are
-incomplete: left out, counted by reason, and a warning says so. Rows need not be in dataset order.
-
-The file is read with pyarrow (the ``logs`` extra), only the three columns, one batch of rows at a time; a row group
-whose three columns pass :data:`MAX_ROW_GROUP_BYTES` is refused before it is read. T is kept as for lm-eval logs, in
-the sidecar ``FILE.tempcal.json`` with the normalisation it was fitted under (:class:`.lm_eval.LmEvalKind`).
+Row i of the logits is row i's ``model_response.logprobs`` (normalised as for lm-eval logs), padded with ``-inf``;
+its label is ``doc.gold_index``. Incomplete rows are counted by reason and left out. Only the three columns are read,
+a batch of rows at a time; T is kept as for lm-eval logs (:class:`.lm_eval.LmEvalKind`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""lm-evaluation-harness sample logs as SOURCE: ``samples_<task>_<date>.jsonl`` or ``.jsonl.gz``.
+"""lm-evaluation-harness sample logs as SOURCE: ``samples_<task>_<date>.jsonl`` or ``.jsonl.gz`` (see
+docs/evaluation-logs.md).
 
-``lm_eval ... --log_samples`` writes one JSON record per document of a task; for a multiple-choice
-task each record holds every choice's log-likelihood (read by :mod:`.lm_eval_records`). Row i of
-the logits is record i's log-likelihoods, padded with ``-inf`` (probability 0) up to the largest
-choice count in the file, and its label is the record's target. ``--lm-eval-norm chars`` first
-divides each log-likelihood by its choice text's length in characters (lm-eval's ``acc_norm``),
-``bytes`` by its length in UTF-8 bytes. Several logs (a glob over a suite's subtasks) are one
-SOURCE, padded to the widest. The file is read line by line (gzip by its suffix); a line that is
-not JSON, or not a multiple-choice record, is an error naming the file and the line.
-
-Hostile files are refused fast and in flat memory: lines are read in blocks and refused past
-:data:`MAX_LINE_BYTES` (so are runs of blank lines that long), a record of more than
-``MAX_CHOICES`` choices is refused before its requests are read, and the padded matrix before it
-passes :data:`MAX_PADDED_BYTES` (see also :mod:`.lm_eval_json` for nesting and huge integers).
-
-A log has no metadata, so T is stored in the sidecar ``FILE.tempcal.json``, together with the
-normalisation it was fitted under: a T fitted on normalised log-likelihoods is not used for raw
-ones (a warning says so).
+Row i of the logits is record i's choices' log-likelihoods (:mod:`.lm_eval_records`), padded with ``-inf`` to the
+most choices; several logs are one SOURCE. Hostile files are refused fast and in flat memory (lines past
+:data:`MAX_LINE_BYTES`, a padded matrix past :data:`MAX_PADDED_BYTES`). T is kept in the sidecar with the
+``--lm-eval-norm`` it was fitted under: it is not used for another.
 """
 
 from __future__ import annotations

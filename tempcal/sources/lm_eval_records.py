@@ -1,12 +1,7 @@
 """One record of an lm-evaluation-harness sample log as a row of logits and a label (see :mod:`.lm_eval`).
 
-lm-eval writes one JSON object per document and filter. For a multiple-choice task it holds one
-request per choice: ``arguments`` gives each request's ``(context, continuation)`` (a list of pairs,
-or, since lm-eval 0.4.3, ``{"gen_args_0": {"arg_0": context, "arg_1": continuation}, ...}``) and
-``filtered_resps`` each request's ``[log-likelihood, is-greedy]`` (numbers, or, since 0.4.3, every
-leaf as a string). A choice's text is its continuation with leading whitespace removed. ``target``
-is the correct choice: an index, a numeric string (0.4.4 and later write ``str(target)``) or the
-text of a choice. Anything that is not a usable multiple-choice record is a
+A multiple-choice record holds one request per choice (``arguments``: pairs, or ``gen_args_<i>`` since lm-eval
+0.4.3), each request's log-likelihood (``filtered_resps``) and the ``target``; anything else is a
 :class:`LmEvalLogError` naming the file and line. Pure Python: nothing here imports torch or numpy.
 """
 

@@ -1,8 +1,5 @@
-"""Shared by the SOURCE kinds read whole into memory (``.npz``, ``.npy``, ``.pt``): checks and the opened source.
-
-These formats have no metadata, so their T lives in a sidecar ``FILE.tempcal.json``
-(:mod:`tempcal.io.sidecar`), which :class:`~tempcal.sources.base.SourceKind` reads and writes by default.
-"""
+"""Shared by the SOURCE kinds read whole into memory (``.npz``, ``.npy``, ``.pt``): checks and the opened source;
+their T lives in a sidecar ``FILE.tempcal.json``."""
 
 from __future__ import annotations
 

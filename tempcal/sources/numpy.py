@@ -1,11 +1,8 @@
 """``.npz`` archives and ``.npy`` pairs as SOURCE (read with ``allow_pickle=False``; T in a sidecar).
 
-* ``.npz``: the arrays named by ``logits_key`` / ``labels_key``; without ``logits`` / ``labels``, netcal's
-  ``predictions`` / ``ground_truth`` (a warning says so).
-* ``.npy``: the file holds the logits; the labels are the sibling ``.npy`` file whose name
-  has the labels key in place of the logits key (``val_logits.npy`` -> ``val_labels.npy``),
-  or the file ``labels_key`` names when it ends in ``.npy``. The sidecar fingerprints the logits
-  file only, and no single copy can hold T (``output`` is refused).
+An ``.npz`` gives the arrays ``logits_key`` / ``labels_key`` (netcal's ``predictions`` / ``ground_truth`` in their
+absence); a ``.npy`` file holds the logits, its labels the sibling named with the labels key in place of the logits
+key (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused).
 """
 
 from __future__ import annotations

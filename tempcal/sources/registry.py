@@ -1,9 +1,5 @@
-"""The one way to open a SOURCE: expand globs, pick the kind that claims the paths, open it.
-
-To add a kind of SOURCE: a module with a :class:`~tempcal.sources.base.SourceKind` subclass, and one
-line in :data:`KINDS` (earlier kinds are asked first; safetensors, the default, comes last). A line says
-what its kind may claim without opening anything, so that only the kinds a SOURCE may be are imported.
-"""
+"""The one way to open a SOURCE: expand globs, pick the kind that claims the paths, open it. A new kind is a
+:class:`~tempcal.sources.base.SourceKind` subclass and one line in :data:`KINDS`."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """The default SOURCE kind: logits in safetensors files (one file, many shards, or a glob), read in row chunks.
 
-Each chunk is read with ``pread`` at the byte offsets the (checked) header gives, into a
-reused buffer, so memory stays at one chunk whatever the file size, and no page of the
-file is mapped into the process. Inputs whose logits fit in ``RESIDENT_BYTES`` are read
-once, whole, and every later pass runs from memory. Labels (N integers) are read whole: splits need them.
-Token-level logits ``[B, L, V]`` with labels ``[B, L]`` are rows of V classes; rows whose
-label is ``ignore_index`` are skipped everywhere.
+Chunks are read with ``pread`` into a reused buffer, so memory stays at one chunk whatever the file size; logits
+within ``RESIDENT_BYTES`` are read once and kept. Labels are read whole; rows labelled ``ignore_index`` are skipped.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time, in bounded memory.
-
-A confidence table is read column by column as rows arrive: CSV through :mod:`csv` (a field is bounded by
-:data:`MAX_FIELD_CHARS`), JSON Lines a bounded line at a time (:mod:`tempcal.sources.bounded_lines`), parquet a
-record batch at a time (pyarrow, the ``logs`` extra). Data rows are numbered from 1 (a CSV header is not a row;
-JSON Lines' blank lines are not rows). A column that is not there is a :class:`TableError` naming it and listing
-the columns there are. Values come back raw (CSV: strings; JSON: JSON values; parquet: Python values), None when
-missing; the caller checks them. Writing a copy with one more column (:func:`write_with_column`) streams the same
-way into a temporary file beside the output, renamed over it at the end.
-"""
+"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time, in bounded memory,
+and a copy written with one more column (atomically). Values come back raw, None when missing; the caller checks
+them. A missing column is a :class:`TableError` naming it and the columns there are."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""``.pt`` / ``.pth`` files holding a dict of tensors as SOURCE (T in a sidecar).
-
-Read by ``torch.load(weights_only=True)`` only: a file holding other Python objects is refused,
-never unpickled. TorchScript archives with these suffixes are models (:mod:`tempcal.sources.model`).
-"""
+"""``.pt`` / ``.pth`` files holding a dict of tensors as SOURCE (T in a sidecar), read with
+``torch.load(weights_only=True)`` only: other Python objects are refused, never unpickled."""
 
 from __future__ import annotations
 
