@@ -27,11 +27,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """How to read a SOURCE: tensor names, whether it holds probabilities, ignored labels, and model inputs.
-
-    One object carries every kind's options, so a command opens its SOURCE, its ``--eval`` file and
-    its OOD files the same way. Kinds read the fields that concern them.
-    """
+    """How to read a SOURCE, one object for every kind (tensor names, probabilities, ignored labels, model inputs, ...),
+    so a command opens its SOURCE, ``--eval`` and OOD files the same way; kinds read the fields they need."""
 
     logits_key: str = "logits"
     labels_key: str = "labels"
@@ -124,12 +121,8 @@ def wrote_lines(temperature: float, paths: list[str], ask: Keep) -> list[str]:
 
 @dataclass
 class OpenedSource:
-    """One opened SOURCE: its files, its logits as a chunked source, and the T stored with it.
-
-    ``paths`` are the files T is written back into (empty for a model: ``--save-model`` does that).
-    ``has_labels`` is False when labels were optional and absent (an OOD set): ``data.labels`` then
-    holds placeholders.
-    """
+    """One opened SOURCE: ``paths`` (the files T is written back into; none for a model), its logits as a chunked
+    source, and the T stored with it; ``has_labels`` is False for an OOD set read with placeholder labels."""
 
     paths: list[Path]
     data: LogitsSource
@@ -170,9 +163,8 @@ class OpenedSource:
         return self.kind.open_related(self, other, labels_optional=labels_optional)
 
     def keep(self, temperature: float, ask: Keep) -> Kept:
-        """Keep a fitted T where this kind keeps it, with what ``ask`` says to keep beside it; by default in each
-        of SOURCE's files (or a copy at ``ask.output``), with how it was read, the groups' temperatures and
-        ``ask.metadata``. The read side is :attr:`stored`, which the kind fills when it opens SOURCE."""
+        """Keep a fitted T where this kind keeps it, with what ``ask`` says to keep beside it (by default in each of
+        SOURCE's files, or a copy at ``ask.output``, with how it was read and the groups' temperatures)."""
         if not ask.store:
             return Kept()
         from .grouping import group_metadata
@@ -191,9 +183,8 @@ class OpenedSource:
         return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
 
     def reading(self) -> dict[str, str | None]:
-        """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove):
-        ``tempcal.probs = "true"`` for probabilities, the tensor names (a confidence table's columns and scale) when
-        they are not the defaults."""
+        """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove): probabilities, and
+        the tensor names, columns and scale that are not the defaults."""
         values = {"probs": "true" if self.options.probs else None}
         for name, default in DEFAULT_KEYS.items():
             value = getattr(self.options, name)
@@ -314,9 +305,8 @@ class SourceKind(ABC):
     own_apply_format = False
 
     def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str] | None:
-        """How ``apply`` writes this kind's calibrated probabilities when not as a tensor file: a function of the
-        output path and each row's calibrated probability of class 1 that writes them and returns the name they are
-        written under (a confidence table: its own format with a column added). None by default."""
+        """How ``apply`` writes this kind when not as a tensor file: ``write(output, probabilities of class 1)``
+        returning the name written under; None by default."""
         return None
 
     # -- --group-by KEY: the groups of the counted rows (see tempcal.subsets.options) ---------------------------

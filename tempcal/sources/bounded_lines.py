@@ -25,12 +25,9 @@ class OverLimit(Exception):
 
 
 class BoundedLines:
-    """Iterate ``(line number, line without its newline)`` over the lines with content of ``stream``.
-
-    ``line`` is the number of the line being read, for messages about failures of the stream itself.
-    The leading whitespace of a line that began in an earlier block comes back as spaces (the same
-    count, so column numbers hold; JSON ignores it either way).
-    """
+    """Iterate ``(line number, line without its newline)`` over the lines with content of ``stream``; ``line`` is the
+    line being read (for messages on the stream's own failures). Leading whitespace carried from an earlier block comes
+    back as spaces."""
 
     def __init__(self, stream: BinaryIO, limit: int, block: int = BLOCK_BYTES) -> None:
         self.stream, self.limit, self.block = stream, limit, block
@@ -94,10 +91,8 @@ class BoundedLines:
 
 
 def _blank_end(chunk: bytes, pos: int) -> int:
-    """Where the ASCII whitespace from ``pos`` ends (``len(chunk)`` if it runs to the end), at C speed.
-
-    ``bytes.lstrip`` over windows that double in width: the work and the copies are within twice the run's length.
-    """
+    """Where the ASCII whitespace from ``pos`` ends (``len(chunk)`` if it runs to the end): ``bytes.lstrip`` over
+    windows that double in width, so the work stays within twice the run's length."""
     width = _FIRST_WINDOW
     while pos < len(chunk):
         window = chunk[pos:pos + width]

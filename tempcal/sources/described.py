@@ -54,10 +54,8 @@ def sidecar_block(path: Path) -> dict[str, Any]:
 
 def stored_block(where: str, metadata: Mapping[str, str], shown: str, said: str, opened: Any,
                  problems: list[str]) -> dict[str, Any]:
-    """The stored T kept in ``metadata`` (``where``: the file's metadata or its sidecar): as the other commands use
-    it (None when there is none or it is ignored), what is recorded whatever its state, and how it was fitted
-    (probabilities, lm-eval's normalisation, tensor names, groups). ``shown`` starts messages about the metadata,
-    ``said`` those about T; a value that does not parse is a problem, not an error."""
+    """The stored T kept in ``metadata`` (``where``: metadata or sidecar): as commands use it, as recorded, and how it
+    was fitted; ``shown`` and ``said`` start messages on the metadata and on T (a bad value is a problem)."""
     text = metadata.get(TEMPERATURE_KEY)
     recorded = temperature_number(text) if text is not None else None
     if text is not None and recorded is None:

@@ -163,9 +163,8 @@ class HeadKind(SafetensorsKind):
 
 
 def react_threshold(hidden: ShardedLogits, percentile: float, device: str | torch.device, name: str) -> ReactClip:
-    """The ``percentile``-th percentile of all values of ``hidden`` (this process's share of the rows under
-    torch.distributed, the counts summed over processes), exactly as numpy's default ``percentile`` of the values
-    in the compute dtype (float64 for float64 hidden states, else float32); a non-finite one is bad input."""
+    """The ``percentile``-th percentile of all values of ``hidden`` (this process's rows, counts summed across
+    processes), as numpy's default ``percentile`` in the compute dtype; a non-finite one is bad input."""
     from ..core import distributed
     from ..core.data import resolve_device
     from ..core.percentile import streaming_percentile

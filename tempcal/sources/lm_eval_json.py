@@ -71,10 +71,8 @@ _DEEP = (f"JSON nested more than {MAX_DEPTH} levels deep; an lm-eval sample reco
 
 
 def count_values(data: bytes) -> int:
-    """The JSON values and keys in ``data``, counted by commas, colons and opening brackets outside strings.
-
-    numpy, a block at a time; taken only for lines with more such bytes in all (strings included) than allowed.
-    """
+    """The JSON values and keys in ``data``, counted by commas, colons and opening brackets outside strings (numpy, a
+    block at a time)."""
     import numpy as np
 
     marks = np.zeros(256, dtype=bool)

@@ -202,14 +202,8 @@ def _drop_unconditional(record: dict[str, Any], pairs: list[tuple[str, str]], ra
 
 
 def resolve_target(target: Any, texts: Sequence[str], raw: Sequence[float], acc: Any, where: Where) -> tuple[int, str]:
-    """The correct choice's index and how it was found (``index``, ``text`` or ``acc``).
-
-    An integer is an index. A string is an index when it is digits (lm-eval itself reads a digit-only
-    target of a multiple-choice task as an index) and/or the text of choices; when these name more
-    than one choice, the record's ``acc`` (1 when the arg-max of the log-likelihoods is the answer)
-    decides if it can, else the record is an error. ``[i]`` (a multiple-target task with one target)
-    is an index; several targets are an error.
-    """
+    """The correct choice's index and how it was found (``index``, ``text`` or ``acc``): an integer or ``[i]`` is an
+    index; a string is digits and/or a choice's text, the record's ``acc`` settling a tie between them."""
     k = len(texts)
     if isinstance(target, bool) or target is None or isinstance(target, (float, dict)):
         raise where.error(f"target must be a choice index or the text of a choice, got {json_kind(target)}")

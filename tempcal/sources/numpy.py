@@ -261,12 +261,8 @@ def _npz_member(archive: zipfile.ZipFile, path: Path, info: zipfile.ZipInfo, key
 
 def npy_labels_path(logits_path: str | os.PathLike, logits_key: str = "logits", labels_key: str = "labels"
                     ) -> Path | None:
-    """The labels file of a ``.npy`` logits file; None when it cannot be told from the names.
-
-    ``labels_key`` ending in ``.npy`` is that path (relative to the working folder). Otherwise
-    the last ``logits_key`` in the file's name is replaced by ``labels_key``, in the same folder:
-    ``runs/val_logits.npy`` -> ``runs/val_labels.npy``.
-    """
+    """The labels file of a ``.npy`` logits file: ``labels_key`` when it ends in ``.npy``, else the sibling with the
+    last ``logits_key`` in the name replaced (``val_logits.npy`` -> ``val_labels.npy``); None when there is none."""
     if labels_key.lower().endswith(".npy"):
         return Path(labels_key)
     logits_path = Path(logits_path)

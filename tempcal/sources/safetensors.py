@@ -66,11 +66,8 @@ class Shard:
 
 
 class ShardedLogits:
-    """Logits and labels of one or more safetensors files, read a chunk at a time.
-
-    ``rows`` (sorted global row indices) restricts the data to a subset, e.g. one side of a split,
-    one rank's share, or the rows whose label is not ``ignore_index``.
-    """
+    """Logits and labels of one or more safetensors files, read a chunk at a time; ``rows`` (sorted global indices)
+    restricts them to a subset (a split, a rank's share, the rows not ``ignore_index``)."""
 
     def __init__(self, shards: list[Shard], labels: torch.Tensor, *, binary: bool, num_classes: int,
                  rows: torch.Tensor | None = None, resident: _Resident | None = None):
@@ -119,11 +116,8 @@ class ShardedLogits:
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk.
-
-        On CUDA every chunk goes through pinned buffers (:class:`~tempcal.core.data.PinnedStager`), so
-        reading the next chunk overlaps the copy and the reduction of this one.
-        """
+        """Yield ``(position, logits, labels)``, ``position`` counting the selected rows before the chunk; on CUDA
+        through pinned buffers, so reading the next chunk overlaps the copy and the reduction of this one."""
         chunk_rows = max(1, min(int(chunk_rows), self.starts[-1]))  # buffers never larger than the files
         if device.type == "cuda":
             yield from self._staged_chunks(chunk_rows, device, dtype)
@@ -191,11 +185,8 @@ class ShardedLogits:
             yield position, self._two_class(z), y
 
     def _host_fills(self, chunk_rows: int) -> Iterator[tuple[int, Callable[[torch.Tensor], None]]]:
-        """``(rows, fill)`` per chunk: ``fill(out)`` writes the chunk's ``rows`` logits into ``out`` (pinned).
-
-        Whole blocks are read straight into ``out``; selected rows are gathered into it (from memory, or
-        from a block read into a pageable scratch buffer).
-        """
+        """``(rows, fill)`` per chunk: ``fill(out)`` writes the chunk's logits into ``out`` (pinned), whole blocks read
+        straight into it, selected rows gathered."""
         if self.resident is not None:
             logits, rows = self.resident.load(), self.rows
             for position in range(0, self.num_samples, chunk_rows):
@@ -245,11 +236,8 @@ def _gather_rows(source: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -
 
 
 class _Resident:
-    """Every shard's logits in one tensor (shards share their width and dtype), read on first use.
-
-    Two threads read it in slices: ``pread`` releases the GIL, and one thread copies from the
-    page cache at only about half the speed two do.
-    """
+    """Every shard's logits in one tensor, read on first use by two threads (``pread`` releases the GIL, and one thread
+    copies from the page cache at about half the speed of two)."""
 
     SLICE_BYTES = 8 << 20
     THREADS = 2
@@ -407,13 +395,8 @@ def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool
 
 def open_sharded(paths: list[Path], *, logits_key: str = "logits", labels_key: str = "labels",
                  ignore_index: int | None = None, labels_optional: bool = False) -> tuple[ShardedLogits, bool]:
-    """Check every shard's header, read the labels, and return the logits as a chunked source, and
-    whether every shard had labels.
-
-    Logits may be ``[N, C]``, ``[N]`` / ``[N, 1]`` (one binary logit) or ``[B, L, V]`` (tokens); all
-    shards must agree on the class count and dtype. ``labels_optional`` gives all-zero labels to
-    files without a labels key (for out-of-distribution sets).
-    """
+    """Check every shard's header and read the labels: the logits (``[N, C]``, ``[N]`` / ``[N, 1]``, or ``[B, L, V]``)
+    as a chunked source, and whether every shard had labels (placeholders when optional and absent)."""
     shards, labels, kinds = [], [], set()
     has_labels = True
     for path in paths:
