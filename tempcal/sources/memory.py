@@ -3,7 +3,6 @@ their T lives in a sidecar ``FILE.tempcal.json``."""
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -124,43 +123,8 @@ def checked_member(path: Path, info: zipfile.ZipInfo, file_size: int, remedy: st
 
 def check_fits(path: Path, what: str, nbytes: int) -> None:
     """Refuse, before allocating, to read ``nbytes`` into memory when fewer are available."""
-    available = available_memory()
+    from ..core import limits
+
+    available = limits.available_bytes("cpu")
     if available is not None and nbytes > available:
         raise TempcalError(f"{path}: {what} need {nbytes} bytes in memory, more than the {available} available")
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process may still take: the system's available memory, within the cgroup's
-    limit when there is one; None when neither can be told."""
-    found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
-    return min(found) if found else None
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _cgroup_available() -> int | None:
-    """cgroup v2: ``memory.max`` less ``memory.current`` of this process's group, if limited."""
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8") as f:
-            group = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
-        if group is None:
-            return None
-        folder = Path("/sys/fs/cgroup") / group.lstrip("/")
-        limit = (folder / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return max(0, int(limit) - int((folder / "memory.current").read_text()))
-    except (OSError, ValueError, IndexError):
-        return None
