@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import numbers
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -73,7 +74,9 @@ class SourceOptions:
 
     def __post_init__(self) -> None:
         if self.react is not None:
-            check_react(self.react)
+            react = self.react
+            if isinstance(react, bool) or not isinstance(react, numbers.Real) or not 0 < float(react) <= 100:
+                raise TempcalError(f"{param('react')} {react}: expected a percentile P with 0 < P <= 100")
             if self.head is None and self.lm is None:
                 raise TempcalError(f"{param('react')} clips hidden states before the output head: it needs "
                                    f"{param('head')}")
@@ -239,17 +242,6 @@ def ood_json_fields(others: Sequence[OpenedSource]) -> dict[str, Any]:
 DEFAULT_KEYS: dict[str, Any] = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key,
                                 "confidence": SourceOptions.confidence, "correct": SourceOptions.correct,
                                 "confidence_scale": SourceOptions.confidence_scale}
-
-
-def check_react(percentile: Any) -> float:
-    """ReAct's percentile P: a number with 0 < P <= 100."""
-    import math
-    import numbers
-
-    value = float(percentile) if isinstance(percentile, numbers.Real) and not isinstance(percentile, bool) else math.nan
-    if not (math.isfinite(value) and 0 < value <= 100):
-        raise TempcalError(f"{param('react')} {percentile}: expected a percentile P with 0 < P <= 100")
-    return value
 
 
 def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
@@ -431,4 +423,4 @@ class SourceKind(ABC):
 
 
 __all__ = ["COUNTED", "DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions",
-           "check_react", "eval_json_fields", "expand_sources", "json_fields", "ood_json_fields", "wrote_lines"]
+           "eval_json_fields", "expand_sources", "json_fields", "ood_json_fields", "wrote_lines"]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import TempcalError, param
 from ..validation import READING_KEYS
 from .base import OpenedSource, SourceKind, SourceOptions
-from .tables import TABLE_FORMATS, TableError, has_column, read_rows, table_format, write_with_column
+from .tables import TABLE_FORMATS, TableError, columns_of, read_rows, table_format, write_with_column
 
 if TYPE_CHECKING:
     from .grouping import RowGroups
@@ -30,8 +30,8 @@ CLIP = 1e-6
 #: The column ``apply`` adds.
 CALIBRATED_COLUMN = "calibrated_confidence"
 SOURCE_KIND = "confidence-table"
-_TRUE = {"1", "true", "1.0"}
-_FALSE = {"0", "false", "0.0"}
+#: ``--correct`` as text (any case).
+_BOOLEAN = {"1": 1, "true": 1, "1.0": 1, "0": 0, "false": 0, "0.0": 0}
 _INTEGER = re.compile(r"^[+-]?[0-9]{1,18}$")
 
 
@@ -84,12 +84,10 @@ def correct_value(value: Any, where: str) -> int:
     """Whether the answer was right: 0/1 (numbers or text) or true/false (booleans or text, any case)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise TableError(f"{where}: missing value")
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
         return int(value)
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return int(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return int(value.strip().lower() in _TRUE)
+    if isinstance(value, str) and value.strip().lower() in _BOOLEAN:
+        return _BOOLEAN[value.strip().lower()]
     raise TableError(f"{where}: {_shown(value)} is not 0/1 or true/false")
 
 
@@ -100,7 +98,7 @@ def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = Fa
         raise TempcalError(f"{path}: a table is read as a confidence table: name its columns with "
                            f"{param('confidence')} COLUMN and {param('correct')} COLUMN")
     scale = check_scale(options.confidence_scale)
-    labelled = correct is not None and (not labels_optional or has_column(path, correct))
+    labelled = correct is not None and (not labels_optional or correct in columns_of(path))
     wanted = [confidence, correct] if labelled and correct is not None else [confidence]
     flags = [param("confidence"), param("correct")][:len(wanted)]
     logits, labels, clipped = array("d"), array("q"), 0
@@ -214,8 +212,6 @@ class ConfidenceTableKind(SourceKind):
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """The table's format, columns, rows, clipped confidences and the columns read."""
-        from .tables import columns_of
-
         details: dict[str, Any] = {"file": str(paths[0]), "format": table_format(paths[0]),
                                    "columns": columns_of(paths[0]), "confidence": options.confidence,
                                    "correct": options.correct, "confidence_scale": options.confidence_scale}
@@ -246,7 +242,7 @@ def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> st
     if table_format(out) != table_format(path):
         raise TempcalError(f"{param('output')} {output}: a confidence table is written in its own format; name it "
                            f"with the suffix {path.suffix}")
-    if has_column(path, CALIBRATED_COLUMN):
+    if CALIBRATED_COLUMN in columns_of(path):
         raise TableError(f"{path}: already has a column '{CALIBRATED_COLUMN}'; apply to the table without it")
     scale = check_scale(opened.options.confidence_scale)
     write_with_column(path, out, CALIBRATED_COLUMN, [float(p) * scale for p in calibrated])

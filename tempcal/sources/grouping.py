@@ -4,7 +4,7 @@ per-group temperatures stored beside T. It knows no kind and no opened source, s
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, param
 from ..validation import shown_value, temperature_number, temperature_problem
 
 #: The most groups a key may make.
@@ -67,14 +67,6 @@ def safetensors_values(path: Path, key: str, labels_key: str, option: str) -> np
     header = read_header(path)
     shape = header.tensors[labels_key].shape if labels_key in header.tensors else None
     return checked(path, key, read_tensor(header, key, option=option), shape, option)
-
-
-def labels_shape(read: Callable[[str, str], torch.Tensor], labels_key: str) -> tuple[int, ...] | None:
-    """The labels' shape of an in-memory SOURCE (one row per label), read back from its file with ``read``."""
-    try:
-        return tuple(read(labels_key, param("labels_key")).shape)
-    except TempcalError:
-        return None  # no labels (an OOD set): the row count decides
 
 
 def checked(path: Path, key: str, tensor: torch.Tensor, labels_shape: Any, option: str) -> np.ndarray:
@@ -150,5 +142,5 @@ def parse_stored_groups(metadata: Mapping[str, str], where: str) -> StoredGroups
 
 
 __all__ = ["GROUP_KEY", "GROUP_TEMPERATURES", "MAX_GROUPS", "TASK", "RowGroups", "StoredGroups", "check_row_count",
-           "checked", "file_groups", "group_metadata", "kept_rows", "labels_shape", "named", "parse_stored_groups",
+           "checked", "file_groups", "group_metadata", "kept_rows", "named", "parse_stored_groups",
            "safetensors_values"]

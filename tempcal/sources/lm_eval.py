@@ -337,8 +337,8 @@ class LmEvalKind(SourceKind):
         metadata, notes = read_sidecar(path)
         side = sidecar_path(path)
         stored = stored_temperature(metadata.get(TEMPERATURE_KEY), f"{side}:")
-        fitted_norm = metadata.get(NORM_KEY)
-        if stored is not None and self.norm is not None and fitted_norm is not None and fitted_norm != self.norm:
+        fitted_norm = self._other_norm(metadata)
+        if stored is not None and fitted_norm is not None:
             flag = param("lm_eval_norm")
             notes.append(StoredNote(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so "
                                     f"it is ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit "
@@ -351,12 +351,17 @@ class LmEvalKind(SourceKind):
         from ..io.sidecar import sidecar_state
 
         state = sidecar_state(path)
-        fitted_norm = state.metadata.get(NORM_KEY)
-        if state.state == "fresh" and fitted_norm is not None and self.norm is not None and fitted_norm != self.norm:
+        fitted_norm = self._other_norm(state.metadata)
+        if state.state == "fresh" and fitted_norm is not None:
             flag = param("lm_eval_norm")
             return (f"the T in its sidecar {state.path} was fitted with {flag} {fitted_norm}, not {flag} "
                     f"{self.norm}: pass {flag} {fitted_norm}, or fit again")
         return super().temperature_place(path)
+
+    def _other_norm(self, metadata: Mapping[str, str]) -> str | None:
+        """The normalisation a stored T was fitted under, when it is not the one this log is read with."""
+        fitted = metadata.get(NORM_KEY)
+        return fitted if self.norm is not None and fitted not in (None, self.norm) else None
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:

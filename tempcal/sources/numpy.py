@@ -7,6 +7,7 @@ key (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refus
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from collections.abc import Mapping
@@ -234,10 +235,7 @@ def _npy_header(f: Any, where: str) -> _NpyHeader:
         raise TempcalError(f"{where}: holds Python objects; tempcal never unpickles them (save a numeric array)")
     if any(n < 0 for n in shape):
         raise TempcalError(f"{where}: the header declares shape {shown(shape)}, with a negative dimension")
-    count = 1
-    for n in shape:
-        count *= n
-    return _NpyHeader(dtype, tuple(shape), f.tell(), count * dtype.itemsize)
+    return _NpyHeader(dtype, tuple(shape), f.tell(), math.prod(shape) * dtype.itemsize)
 
 
 def _check_declared(header: _NpyHeader, size: int, where: str) -> None:

@@ -194,14 +194,9 @@ def columns_of(path: Path) -> list[str]:
     return []
 
 
-def has_column(path: Path, column: str) -> bool:
-    """Whether the table at ``path`` has ``column`` (CSV: its header; JSON Lines: its first row; parquet: schema)."""
-    return column in columns_of(path)
-
-
 #: Per format: how its rows are read, and how a copy with one more column is written.
 _FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, list[Any]]]], Callable[..., None]]] = {
     "csv": (_csv_rows, _write_csv), "jsonl": (_jsonl_rows, _write_jsonl), "parquet": (_parquet_rows, _write_parquet)}
 
 
-__all__ = ["TABLE_FORMATS", "TableError", "columns_of", "has_column", "read_rows", "table_format", "write_with_column"]
+__all__ = ["TABLE_FORMATS", "TableError", "columns_of", "read_rows", "table_format", "write_with_column"]
