@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import TempcalError, param
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceOptions
-from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, size_text, task_from_filename
+from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, counts_shown, size_text, task_from_filename
 from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalise, short
 from .memory import first_line
 from .tables import parquet_file
@@ -98,16 +98,12 @@ def _check_columns(path: Path, parquet: Any) -> None:
         kind = struct.field(child).type
         listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
         inner = kind.value_type if listed else kind
-        fits = {"doc.gold_index": pa.types.is_integer(inner) or pa.types.is_null(inner),
-                "doc.choices": listed and (pa.types.is_string(inner) or pa.types.is_large_string(inner)
-                                           or pa.types.is_null(inner)),
-                "model_response.logprobs": listed and (pa.types.is_floating(inner) or pa.types.is_integer(inner)
-                                                       or pa.types.is_null(inner))}[name]
-        if not fits:
-            raise LightevalDetailsError(f"{path}: column '{name}' is {kind}; expected "
-                                        + {"doc.gold_index": "an integer or a list of integers",
-                                           "doc.choices": "a list of strings",
-                                           "model_response.logprobs": "a list of numbers"}[name])
+        types, expected = {"doc.gold_index": ((pa.types.is_integer,), "an integer or a list of integers"),
+                           "doc.choices": ((pa.types.is_string, pa.types.is_large_string), "a list of strings"),
+                           "model_response.logprobs": ((pa.types.is_floating, pa.types.is_integer),
+                                                       "a list of numbers")}[name]
+        if not ((listed or name == "doc.gold_index") and any(is_type(inner) for is_type in (*types, pa.types.is_null))):
+            raise LightevalDetailsError(f"{path}: column '{name}' is {kind}; expected {expected}")
 
 
 def _check_row_groups(path: Path, parquet: Any) -> None:
@@ -222,7 +218,6 @@ class LightevalKind(LmEvalKind):
     name = "lighteval"
     title = "lighteval details"
     suffixes = (".parquet",)  # type: ignore[assignment]  # LmEvalKind's are two
-    shards = True
     prefix = "details_"
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
@@ -249,14 +244,10 @@ class LightevalKind(LmEvalKind):
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the
         rows left out by reason, and the gold index's forms (an integer or a list)."""
-        details = []
-        for path in paths:
-            info = read_details(path, options.lm_eval_norm)[1]
-            details.append({"file": str(path), "task": info.task, "rows": info.rows, "records": info.complete,
-                            "rows_incomplete": dict(info.incomplete),
-                            "choice_counts": {str(k): v for k, v in sorted(info.choice_counts.items())},
-                            "gold_index": info.gold_forms})
-        return details
+        infos = [read_details(path, options.lm_eval_norm)[1] for path in paths]
+        return [{"file": info.path, "task": info.task, "rows": info.rows, "records": info.complete,
+                 "rows_incomplete": dict(info.incomplete), "choice_counts": counts_shown(info.choice_counts),
+                 "gold_index": info.gold_forms} for info in infos]
 
 
 def _counts(incomplete: dict[str, int]) -> str:

@@ -246,6 +246,11 @@ def _over_limit(exc: OverLimit) -> str:
             "per line")
 
 
+def counts_shown(counts: dict[int, int]) -> dict[str, int]:
+    """Records per choice count, as the JSON of ``inspect`` shows them: keys as text, in numeric order."""
+    return {str(k): v for k, v in sorted(counts.items())}
+
+
 def size_text(nbytes: int) -> str:
     """A size in bytes as a message shows it: ``64 MiB``, ``1.5 GiB``, ``800 KiB``, ``12 bytes``."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -302,14 +307,10 @@ class LmEvalKind(SourceKind):
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per log: its task, records, choice counts, filter and the forms of its arguments and targets."""
-        details = []
-        for path in paths:
-            info = read_lm_eval_log(path, options.lm_eval_norm)[2]
-            details.append({"file": str(path), "task": info.task, "records": info.records,
-                            "choice_counts": {str(k): v for k, v in sorted(info.choice_counts.items())},
-                            "filter": info.filter, "arguments_forms": info.arguments_forms,
-                            "targets": info.targets})
-        return details
+        infos = [_read_rows(path, options.lm_eval_norm)[1] for path in paths]
+        return [{"file": info.path, "task": info.task, "records": info.records,
+                 "choice_counts": counts_shown(info.choice_counts), "filter": info.filter,
+                 "arguments_forms": info.arguments_forms, "targets": info.targets} for info in infos]
 
     def task_of(self, path: Path) -> str:
         """The task a log's rows belong to: from its name (the name itself when it does not follow lm-eval's)."""
