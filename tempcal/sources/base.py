@@ -345,7 +345,11 @@ class SourceKind(ABC):
         """The state of the sidecar T is kept in (None for a kind that keeps T elsewhere)."""
         from .described import sidecar_block
 
-        return sidecar_block(path)
+        return sidecar_block(self.sidecar_of(path))
+
+    def sidecar_of(self, path: Path) -> Path:
+        """The file whose sidecar keeps ``path``'s T: itself by default."""
+        return path
 
     def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
                         findings: Findings) -> dict[str, Any]:
@@ -354,6 +358,7 @@ class SourceKind(ABC):
         from ..io.sidecar import sidecar_state
         from .described import stored_block
 
+        path = self.sidecar_of(path)
         shown = f"{sidecar['path'] if sidecar else path}:"
         return stored_block("sidecar", sidecar_state(path).metadata, shown, shown, opened, findings.problems)
 
@@ -369,7 +374,7 @@ class SourceKind(ABC):
         """The T stored for ``path`` and warnings about it; by default in its sidecar ``FILE.tempcal.json``."""
         from ..io.sidecar import sidecar_temperature
 
-        return sidecar_temperature(path)
+        return sidecar_temperature(self.sidecar_of(path))
 
     def refuse_probs(self, options: SourceOptions, what: str) -> None:
         """Refuse ``--probs`` for a SOURCE that is not a logits file: ``what`` says what it is instead."""
@@ -392,6 +397,7 @@ class SourceKind(ABC):
         (...)" says it; by default its sidecar."""
         from ..io.sidecar import sidecar_state
 
+        path = self.sidecar_of(path)
         state = sidecar_state(path)
         why = {"none": "there is none: run tempcal fit first",
                "stale": "it was written for a different version of the file, so its T is ignored: run tempcal fit "

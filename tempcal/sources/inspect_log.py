@@ -238,30 +238,15 @@ class InspectLogKind(SourceKind):
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
 
-    # A folder's T lives in the sidecars of its logs: the first log's stands for it.
-    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
-        return super().describe_sidecar(_first_log(path))
-
-    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
-                        findings: Any) -> dict[str, Any]:
-        return super().describe_stored(_first_log(path), opened, sidecar, findings)
-
-    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
-        return super().read_temperature(_first_log(path))
-
-    def temperature_place(self, path: Path) -> str:
-        return super().temperature_place(_first_log(path))
+    def sidecar_of(self, path: Path) -> Path:
+        """A folder's T lives in the sidecars of its logs: the first log's stands for it."""
+        return log_files([path])[0] if path.is_dir() else path
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per log: task, model, epochs, samples, complete rows and the samples left out by reason."""
         return [{"file": str(i.path), "task": i.task, "model": i.model, "epochs": sorted(i.epochs),
                  "samples": i.samples, "rows": i.complete, "rows_incomplete": dict(i.incomplete),
                  "choice_counts": _choice_counts(i), "summary": _summary(i)} for i in self.read_all(paths)]
-
-
-def _first_log(path: Path) -> Path:
-    """``path``, or a folder's first log."""
-    return log_files([path])[0] if path.is_dir() else path
 
 
 def _summary(info: InspectLogInfo) -> str:
