@@ -158,8 +158,7 @@ def incomplete_total(infos: list[InspectLogInfo]) -> dict[str, int]:
     return {reason: sum(i.incomplete[reason] for i in infos) for reason in INCOMPLETE}
 
 
-def _warning(infos: list[InspectLogInfo], name: str) -> list[str]:
-    counts = incomplete_total(infos)
+def _warning(infos: list[InspectLogInfo], counts: dict[str, int], name: str) -> list[str]:
     left = sum(counts.values())
     if not left:
         return []
@@ -168,13 +167,6 @@ def _warning(infos: list[InspectLogInfo], name: str) -> list[str]:
     parts = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n)
     total = left + sum(i.complete for i in infos)
     return [f"{name}: {left} of {total} samples left out of every figure ({parts})"]
-
-
-def _matrix(infos: list[InspectLogInfo]) -> tuple[Any, Any]:
-    rows = ChoiceRows()
-    for row in (r for i in infos for r in i.rows):
-        rows.add(row.logits or [], row.label)
-    return pad_rows([rows], max(i.max_choices for i in infos))
 
 
 class InspectLogKind(SourceKind):
@@ -208,19 +200,20 @@ class InspectLogKind(SourceKind):
         if len(models) > 1 and options.group_by != "model":
             raise TempcalError(f"{name}: logs of {len(models)} models ({', '.join(models[:4])}); one T for several "
                                f"models means nothing: pass {param('group_by')} model, or one model's logs")
+        counts = incomplete_total(infos)
         if not any(i.complete for i in infos):
-            counts = ", ".join(f"{k} {n}" for k, n in incomplete_total(infos).items())
-            raise InspectLogError(f"{name}: no sample has a complete row ({counts}); see the answer position "
-                                  "rules in docs/evaluation-logs.md")
-        logits, labels = _matrix(infos)
-        data = as_logits_data(logits, labels, ignore_index=None)
-        files = [i.path for i in infos]
-        extra = {"source_kind": "inspect", "rows_incomplete": incomplete_total(infos)}
-        warnings = _warning(infos, name)
-        file_rows = [i.complete for i in infos]
+            said = ", ".join(f"{k} {n}" for k, n in counts.items())
+            raise InspectLogError(f"{name}: no sample has a complete row ({said}); see the answer position rules in "
+                                  "docs/evaluation-logs.md")
+        rows = ChoiceRows()
+        for row in (r for i in infos for r in i.rows):
+            rows.add(row.logits or [], row.label)
+        logits, labels = pad_rows([rows], max(i.max_choices for i in infos))
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        return kind.with_stored(OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows,
-                                             json=extra, label=name))
+        return kind.with_stored(OpenedSource([i.path for i in infos], as_logits_data(logits, labels, ignore_index=None),
+                                             None, kind, options, warnings=_warning(infos, counts, name),
+                                             file_rows=[i.complete for i in infos], label=name,
+                                             json={"source_kind": "inspect", "rows_incomplete": counts}))
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""
