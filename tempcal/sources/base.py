@@ -1,14 +1,10 @@
-"""What every kind of SOURCE gives the rest of tempcal, and what a new kind implements.
-
-A source kind (a safetensors logits file or its shards, an ``.npz``, a model run over its
-inputs, ...) is a :class:`SourceKind`: it says which paths it claims, opens them as an
-:class:`OpenedSource` (logits behind the :class:`~tempcal.core.data.LogitsSource` protocol,
-the T stored with them, the files T is written back into), and knows where its T is stored.
-:func:`tempcal.sources.registry.open_source` picks the kind; nothing else looks at suffixes.
-"""
+"""What every kind of SOURCE gives the rest of tempcal (:class:`OpenedSource`: logits behind the
+:class:`~tempcal.core.data.LogitsSource` protocol, the T stored with them) and what a new kind implements
+(:class:`SourceKind`); :func:`tempcal.sources.registry.open_source` picks the kind, nothing else looks at suffixes."""
 
 from __future__ import annotations
 
+import numbers
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -32,11 +28,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """How to read a SOURCE: tensor names, whether it holds probabilities, ignored labels, and model inputs.
-
-    One object carries every kind's options, so a command opens its SOURCE, its ``--eval`` file and
-    its OOD files the same way. Kinds read the fields that concern them.
-    """
+    """How to read a SOURCE, one object for every kind (tensor names, probabilities, ignored labels, model inputs, ...),
+    so a command opens its SOURCE, ``--eval`` and OOD files the same way; kinds read the fields they need."""
 
     logits_key: str = "logits"
     labels_key: str = "labels"
@@ -81,7 +74,9 @@ class SourceOptions:
 
     def __post_init__(self) -> None:
         if self.react is not None:
-            check_react(self.react)
+            react = self.react
+            if isinstance(react, bool) or not isinstance(react, numbers.Real) or not 0 < float(react) <= 100:
+                raise TempcalError(f"{param('react')} {react}: expected a percentile P with 0 < P <= 100")
             if self.head is None and self.lm is None:
                 raise TempcalError(f"{param('react')} clips hidden states before the output head: it needs "
                                    f"{param('head')}")
@@ -129,12 +124,8 @@ def wrote_lines(temperature: float, paths: list[str], ask: Keep) -> list[str]:
 
 @dataclass
 class OpenedSource:
-    """One opened SOURCE: its files, its logits as a chunked source, and the T stored with it.
-
-    ``paths`` are the files T is written back into (empty for a model: ``--save-model`` does that).
-    ``has_labels`` is False when labels were optional and absent (an OOD set): ``data.labels`` then
-    holds placeholders.
-    """
+    """One opened SOURCE: ``paths`` (the files T is written back into; none for a model), its logits as a chunked
+    source, and the T stored with it; ``has_labels`` is False for an OOD set read with placeholder labels."""
 
     paths: list[Path]
     data: LogitsSource
@@ -175,9 +166,8 @@ class OpenedSource:
         return self.kind.open_related(self, other, labels_optional=labels_optional)
 
     def keep(self, temperature: float, ask: Keep) -> Kept:
-        """Keep a fitted T where this kind keeps it, with what ``ask`` says to keep beside it; by default in each
-        of SOURCE's files (or a copy at ``ask.output``), with how it was read, the groups' temperatures and
-        ``ask.metadata``. The read side is :attr:`stored`, which the kind fills when it opens SOURCE."""
+        """Keep a fitted T where this kind keeps it, with what ``ask`` says to keep beside it (by default in each of
+        SOURCE's files, or a copy at ``ask.output``, with how it was read and the groups' temperatures)."""
         if not ask.store:
             return Kept()
         from .grouping import group_metadata
@@ -192,15 +182,12 @@ class OpenedSource:
         ``extra`` metadata (None values remove keys: e.g. per-group temperatures); returns the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
-        if not self.kind.remembered and not extra:
-            return [self.kind.write_temperature(path, temperature, output) for path in self.paths]
         reading = {**self.reading(), **(extra or {})}
         return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
 
     def reading(self) -> dict[str, str | None]:
-        """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove):
-        ``tempcal.probs = "true"`` for probabilities, the tensor names (a confidence table's columns and scale) when
-        they are not the defaults."""
+        """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove): probabilities, and
+        the tensor names, columns and scale that are not the defaults."""
         values = {"probs": "true" if self.options.probs else None}
         for name, default in DEFAULT_KEYS.items():
             value = getattr(self.options, name)
@@ -257,17 +244,6 @@ DEFAULT_KEYS: dict[str, Any] = {"logits_key": SourceOptions.logits_key, "labels_
                                 "confidence_scale": SourceOptions.confidence_scale}
 
 
-def check_react(percentile: Any) -> float:
-    """ReAct's percentile P: a number with 0 < P <= 100."""
-    import math
-    import numbers
-
-    value = float(percentile) if isinstance(percentile, numbers.Real) and not isinstance(percentile, bool) else math.nan
-    if not (math.isfinite(value) and 0 < value <= 100):
-        raise TempcalError(f"{param('react')} {percentile}: expected a percentile P with 0 < P <= 100")
-    return value
-
-
 def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
     """Paths, with glob patterns expanded in sorted order (:func:`tempcal.io.paths.expand`: a path that exists is
     itself, ``[`` and all); a pattern that matches nothing is an error; the same file named twice is refused."""
@@ -321,9 +297,8 @@ class SourceKind(ABC):
     own_apply_format = False
 
     def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str] | None:
-        """How ``apply`` writes this kind's calibrated probabilities when not as a tensor file: a function of the
-        output path and each row's calibrated probability of class 1 that writes them and returns the name they are
-        written under (a confidence table: its own format with a column added). None by default."""
+        """How ``apply`` writes this kind when not as a tensor file: ``write(output, probabilities of class 1)``
+        returning the name written under; None by default."""
         return None
 
     # -- --group-by KEY: the groups of the counted rows (see tempcal.subsets.options) ---------------------------
@@ -370,7 +345,11 @@ class SourceKind(ABC):
         """The state of the sidecar T is kept in (None for a kind that keeps T elsewhere)."""
         from .described import sidecar_block
 
-        return sidecar_block(path)
+        return sidecar_block(self.sidecar_of(path))
+
+    def sidecar_of(self, path: Path) -> Path:
+        """The file whose sidecar keeps ``path``'s T: itself by default."""
+        return path
 
     def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
                         findings: Findings) -> dict[str, Any]:
@@ -379,6 +358,7 @@ class SourceKind(ABC):
         from ..io.sidecar import sidecar_state
         from .described import stored_block
 
+        path = self.sidecar_of(path)
         shown = f"{sidecar['path'] if sidecar else path}:"
         return stored_block("sidecar", sidecar_state(path).metadata, shown, shown, opened, findings.problems)
 
@@ -394,7 +374,7 @@ class SourceKind(ABC):
         """The T stored for ``path`` and warnings about it; by default in its sidecar ``FILE.tempcal.json``."""
         from ..io.sidecar import sidecar_temperature
 
-        return sidecar_temperature(path)
+        return sidecar_temperature(self.sidecar_of(path))
 
     def refuse_probs(self, options: SourceOptions, what: str) -> None:
         """Refuse ``--probs`` for a SOURCE that is not a logits file: ``what`` says what it is instead."""
@@ -417,6 +397,7 @@ class SourceKind(ABC):
         (...)" says it; by default its sidecar."""
         from ..io.sidecar import sidecar_state
 
+        path = self.sidecar_of(path)
         state = sidecar_state(path)
         why = {"none": "there is none: run tempcal fit first",
                "stale": "it was written for a different version of the file, so its T is ignored: run tempcal fit "
@@ -436,10 +417,6 @@ class SourceKind(ABC):
         except TempcalError:  # a broken sidecar: reported when its T is asked for
             return {}
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
-        """Store T for ``path`` (or for a copy at ``output``); by default in a sidecar. Returns the path written."""
-        return self.write_reading(path, temperature, output, {})
-
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
         """Store T with ``metadata`` on how the file was read (a None value removes its key), in one write;
@@ -452,4 +429,4 @@ class SourceKind(ABC):
 
 
 __all__ = ["COUNTED", "DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions",
-           "check_react", "eval_json_fields", "expand_sources", "json_fields", "ood_json_fields", "wrote_lines"]
+           "eval_json_fields", "expand_sources", "json_fields", "ood_json_fields", "wrote_lines"]

@@ -1,12 +1,8 @@
 """The lines of a byte stream, read in fixed blocks, each line bounded in length.
 
-Iterating a file (``readline``) holds a whole line in memory however long it is, so one hostile
-line (gigabytes of spaces behind a few kilobytes of gzip) is read whole before anything can
-refuse it. :class:`BoundedLines` reads blocks of :data:`BLOCK_BYTES`, holds at most ``limit``
-bytes of the line being read, and raises :class:`OverLimit` (with the line number) as soon as a
-line passes it. Lines holding only ASCII whitespace are skipped in bulk, a block at a time and
-without being held, and a run of them longer than ``limit`` bytes in all is refused the same way,
-so a file of millions of blank lines is refused fast instead of one line at a time.
+``readline`` holds a whole line however long it is, so one hostile line is read whole before anything can refuse
+it: :class:`BoundedLines` holds at most ``limit`` bytes of a line, skips runs of blank lines in bulk, and raises
+:class:`OverLimit` as soon as a line, or a run of blank lines, passes the limit.
 """
 
 from __future__ import annotations
@@ -29,12 +25,9 @@ class OverLimit(Exception):
 
 
 class BoundedLines:
-    """Iterate ``(line number, line without its newline)`` over the lines with content of ``stream``.
-
-    ``line`` is the number of the line being read, for messages about failures of the stream itself.
-    The leading whitespace of a line that began in an earlier block comes back as spaces (the same
-    count, so column numbers hold; JSON ignores it either way).
-    """
+    """Iterate ``(line number, line without its newline)`` over the lines with content of ``stream``; ``line`` is the
+    line being read (for messages on the stream's own failures). Leading whitespace carried from an earlier block comes
+    back as spaces."""
 
     def __init__(self, stream: BinaryIO, limit: int, block: int = BLOCK_BYTES) -> None:
         self.stream, self.limit, self.block = stream, limit, block
@@ -98,10 +91,8 @@ class BoundedLines:
 
 
 def _blank_end(chunk: bytes, pos: int) -> int:
-    """Where the ASCII whitespace from ``pos`` ends (``len(chunk)`` if it runs to the end), at C speed.
-
-    ``bytes.lstrip`` over windows that double in width: the work and the copies are within twice the run's length.
-    """
+    """Where the ASCII whitespace from ``pos`` ends (``len(chunk)`` if it runs to the end): ``bytes.lstrip`` over
+    windows that double in width, so the work stays within twice the run's length."""
     width = _FIRST_WINDOW
     while pos < len(chunk):
         window = chunk[pos:pos + width]

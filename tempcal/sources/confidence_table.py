@@ -1,15 +1,9 @@
-"""Confidence tables as SOURCE: a ``.csv``, ``.jsonl`` or ``.parquet`` table of a confidence and whether the answer
-was right, for models that give a confidence but no log-probabilities (verbalised confidence, a judge's score).
+"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``): a confidence and whether the answer was right
+per row, for models that give a confidence but no log-probabilities (see docs/evaluation-logs.md).
 
-``--confidence COLUMN`` names a probability that the answer is right (``--confidence-scale 100`` reads
-percentages), ``--correct COLUMN`` whether it was (0/1, true/false). Each row is a binary sample with the single
-logit ``ln(c / (1 - c))`` and label ``correct``, so T is the temperature of ``sigmoid(logit / T)``, fitted as for
-any one-logit SOURCE. A confidence of exactly 0 or 1 is clipped to [1e-6, 1 - 1e-6] and counted (JSON
-``clipped``, a warning). A value outside [0, scale], a missing value or a ``correct`` that is not 0/1 is bad input
-naming its row (data rows from 1; a CSV header is not one). ``--group-by COLUMN`` groups by a column of strings or
-integers. T is kept in the sidecar ``FILE.tempcal.json`` with the columns and scale it was fitted with (later
-commands take them when not given); ``apply`` writes the table with ``calibrated_confidence``
-added (:func:`apply_table`).
+Each row is a binary sample: the logit ``ln(c / (1 - c))`` (c clipped to [1e-6, 1 - 1e-6], counted) and the label
+``correct``. T is kept in the sidecar with the columns and scale it was fitted with; ``apply`` writes the table with
+``calibrated_confidence`` added (:func:`apply_table`).
 """
 
 from __future__ import annotations
@@ -19,13 +13,14 @@ import re
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DataError, TempcalError, param
+from ..errors import TempcalError, param
 from ..validation import READING_KEYS
 from .base import OpenedSource, SourceKind, SourceOptions
-from .tables import TABLE_FORMATS, TableError, has_column, read_rows, table_format, write_with_column
+from .tables import TABLE_FORMATS, TableError, columns_of, read_rows, table_format, write_with_column
 
 if TYPE_CHECKING:
     from .grouping import RowGroups
@@ -35,8 +30,8 @@ CLIP = 1e-6
 #: The column ``apply`` adds.
 CALIBRATED_COLUMN = "calibrated_confidence"
 SOURCE_KIND = "confidence-table"
-_TRUE = {"1", "true", "1.0"}
-_FALSE = {"0", "false", "0.0"}
+#: ``--correct`` as text (any case).
+_BOOLEAN = {"1": 1, "true": 1, "1.0": 1, "0": 0, "false": 0, "0.0": 0}
 _INTEGER = re.compile(r"^[+-]?[0-9]{1,18}$")
 
 
@@ -89,12 +84,10 @@ def correct_value(value: Any, where: str) -> int:
     """Whether the answer was right: 0/1 (numbers or text) or true/false (booleans or text, any case)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise TableError(f"{where}: missing value")
-    if isinstance(value, bool):
+    if isinstance(value, bool) or (isinstance(value, (int, float)) and value in (0, 1)):
         return int(value)
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return int(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return int(value.strip().lower() in _TRUE)
+    if isinstance(value, str) and value.strip().lower() in _BOOLEAN:
+        return _BOOLEAN[value.strip().lower()]
     raise TableError(f"{where}: {_shown(value)} is not 0/1 or true/false")
 
 
@@ -105,7 +98,7 @@ def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = Fa
         raise TempcalError(f"{path}: a table is read as a confidence table: name its columns with "
                            f"{param('confidence')} COLUMN and {param('correct')} COLUMN")
     scale = check_scale(options.confidence_scale)
-    labelled = correct is not None and (not labels_optional or has_column(path, correct))
+    labelled = correct is not None and (not labels_optional or correct in columns_of(path))
     wanted = [confidence, correct] if labelled and correct is not None else [confidence]
     flags = [param("confidence"), param("correct")][:len(wanted)]
     logits, labels, clipped = array("d"), array("q"), 0
@@ -203,36 +196,22 @@ class ConfidenceTableKind(SourceKind):
 
     def apply_writer(self, opened: OpenedSource) -> Callable[[str | Path, Any], str]:
         """``apply`` writes the table in its format with :data:`CALIBRATED_COLUMN` added (:func:`apply_table`)."""
-
-        def write(output: str | Path, calibrated: Any) -> str:
-            apply_table(opened, output, calibrated)
-            return CALIBRATED_COLUMN
-
-        return write
+        return partial(apply_table, opened)
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per value of column ``key`` (strings, or integers sorted numerically)."""
         import numpy as np
 
-        from .grouping import MAX_GROUPS, RowGroups, check_row_count, named
+        from .grouping import check_row_count, named
 
         values, numeric = _group_names(opened.paths[0], key, option)
-        if numeric:
-            groups = named(key, np.asarray(values, dtype=np.int64), opened.name, option)
-        else:
-            names = sorted(set(values))
-            if len(names) > MAX_GROUPS:
-                raise DataError(f"{opened.name}: {option} {key} makes {len(names):,} groups; at most "
-                                f"{MAX_GROUPS:,} are allowed")
-            at = {name: k for k, name in enumerate(names)}
-            groups = RowGroups(key, names, np.asarray([at[v] for v in values], dtype=np.int64), numeric=False)
+        groups = named(key, np.asarray(values, dtype=np.int64 if numeric else object), opened.name, option,
+                       numeric=numeric)
         check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
         return groups
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """The table's format, columns, rows, clipped confidences and the columns read."""
-        from .tables import columns_of
-
         details: dict[str, Any] = {"file": str(paths[0]), "format": table_format(paths[0]),
                                    "columns": columns_of(paths[0]), "confidence": options.confidence,
                                    "correct": options.correct, "confidence_scale": options.confidence_scale}
@@ -256,17 +235,18 @@ class ConfidenceTableKind(SourceKind):
         return []
 
 
-def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> None:
+def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> str:
     """Write SOURCE's table to ``output`` (the same format) with :data:`CALIBRATED_COLUMN` added, atomically:
-    ``calibrated`` (each row's calibrated probability) on the confidence's scale."""
+    ``calibrated`` (each row's calibrated probability) on the confidence's scale; returns the column's name."""
     path, out = opened.paths[0], Path(output)
     if table_format(out) != table_format(path):
         raise TempcalError(f"{param('output')} {output}: a confidence table is written in its own format; name it "
                            f"with the suffix {path.suffix}")
-    if has_column(path, CALIBRATED_COLUMN):
+    if CALIBRATED_COLUMN in columns_of(path):
         raise TableError(f"{path}: already has a column '{CALIBRATED_COLUMN}'; apply to the table without it")
     scale = check_scale(opened.options.confidence_scale)
     write_with_column(path, out, CALIBRATED_COLUMN, [float(p) * scale for p in calibrated])
+    return CALIBRATED_COLUMN
 
 
 __all__ = ["CALIBRATED_COLUMN", "CLIP", "ConfidenceTableKind", "TableRows", "apply_table", "check_scale",

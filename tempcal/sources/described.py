@@ -1,8 +1,5 @@
-"""What ``tempcal inspect`` says of a SOURCE in the forms every kind shares: a tensor entry, the fields of the
-stored T, the sidecar's state. Each :class:`~tempcal.sources.base.SourceKind` describes itself with these
-(``describe_tensors``, ``describe_stored``, ...); :mod:`tempcal.workflows.inspect` puts the report together.
-This module knows no kind, so every kind can import it.
-"""
+"""What ``tempcal inspect`` says of a SOURCE in the forms every kind shares (a tensor entry, the stored T, the
+sidecar's state); it knows no kind, so every kind can import it."""
 
 from __future__ import annotations
 
@@ -57,31 +54,19 @@ def sidecar_block(path: Path) -> dict[str, Any]:
 
 def stored_block(where: str, metadata: Mapping[str, str], shown: str, said: str, opened: Any,
                  problems: list[str]) -> dict[str, Any]:
-    """The stored T kept in ``metadata`` (``where``: the file's metadata or its sidecar): as the other commands use
-    it (None when there is none or it is ignored), what is recorded whatever its state, and how it was fitted.
-    ``shown`` starts messages about the metadata, ``said`` those about T (as reading the file says it)."""
-    out = {"temperature": None, "where": where, **stored_fields(metadata, shown, problems, said=said)}
-    if opened is not None and opened.stored_problem is None:
-        out["temperature"] = opened.stored
-    return out
-
-
-def stored_fields(metadata: Mapping[str, str], where: str, problems: list[str], *, said: str | None = None
-                  ) -> dict[str, Any]:
-    """What ``metadata`` says of the stored T: its value, and how it was fitted (probabilities, lm-eval's
-    normalisation, tensor names, groups). A value that does not parse is a problem, not an error, worded as the
-    other commands word it (``said`` starts the message about T: where they say it is)."""
+    """The stored T kept in ``metadata`` (``where``: metadata or sidecar): as commands use it, as recorded, and how it
+    was fitted; ``shown`` and ``said`` start messages on the metadata and on T (a bad value is a problem)."""
     text = metadata.get(TEMPERATURE_KEY)
     recorded = temperature_number(text) if text is not None else None
     if text is not None and recorded is None:
-        problems.append(f"{said or where} '{TEMPERATURE_KEY}' is {text!r}, {temperature_problem(text)}")
-    out: dict[str, Any] = {"recorded": recorded, "probs": metadata.get(PROBS_KEY) == "true",
-                           "lm_eval_norm": metadata.get(NORM_KEY),
+        problems.append(f"{said} '{TEMPERATURE_KEY}' is {text!r}, {temperature_problem(text)}")
+    out: dict[str, Any] = {"temperature": None, "where": where, "recorded": recorded,
+                           "probs": metadata.get(PROBS_KEY) == "true", "lm_eval_norm": metadata.get(NORM_KEY),
                            "logits_key": metadata.get(READING_KEYS["logits_key"]),
                            "labels_key": metadata.get(READING_KEYS["labels_key"]),
                            "group_key": metadata.get(GROUP_KEY), "group_temperatures": None}
     try:
-        groups = parse_stored_groups(metadata, where)
+        groups = parse_stored_groups(metadata, shown)
     except TempcalError as exc:
         problems.append(str(exc))
     else:
@@ -90,7 +75,9 @@ def stored_fields(metadata: Mapping[str, str], where: str, problems: list[str], 
     out["metadata"] = {k: v for k, v in metadata.items() if k.startswith("tempcal.")}
     if GROUP_TEMPERATURES_KEY in out["metadata"] and out["group_temperatures"] is not None:
         out["metadata"].pop(GROUP_TEMPERATURES_KEY)  # listed, parsed, above
+    if opened is not None and opened.stored_problem is None:
+        out["temperature"] = opened.stored
     return out
 
 
-__all__ = ["Findings", "sidecar_block", "stored_block", "stored_fields", "tensor_entry"]
+__all__ = ["Findings", "sidecar_block", "stored_block", "tensor_entry"]

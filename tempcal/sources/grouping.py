@@ -1,15 +1,10 @@
 """Groups of rows, whatever the kind of SOURCE: group values made names, checked against the labels, and the
-per-group temperatures stored beside T.
-
-Each :class:`~tempcal.sources.base.SourceKind` reads its group values (``read_groups``, ``group_values``) with
-these; :mod:`tempcal.subsets.options` is where the rest of tempcal asks. This module knows no kind and no opened
-source, so every kind can import it.
-"""
+per-group temperatures stored beside T. It knows no kind and no opened source, so every kind can import it."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, param
 from ..validation import shown_value, temperature_number, temperature_problem
 
 #: The most groups a key may make.
@@ -46,13 +41,23 @@ class RowGroups:
         return np.bincount(self.index, minlength=self.count).astype(np.int64).tolist()
 
 
-def named(key: str, values: np.ndarray, where: str, option: str) -> RowGroups:
-    """Sorted distinct values as names, each row's index into them; more than MAX_GROUPS refused."""
+def named(key: str, values: np.ndarray, where: str, option: str, *, numeric: bool = True) -> RowGroups:
+    """Sorted distinct values as names (integers, or strings when not ``numeric``), each row's index into them;
+    more than MAX_GROUPS refused."""
     distinct, index = np.unique(values, return_inverse=True)
     if len(distinct) > MAX_GROUPS:
         raise DataError(f"{where}: {option} {key} makes {len(distinct):,} groups; at most "
                         f"{MAX_GROUPS:,} are allowed")
-    return RowGroups(key, [str(int(v)) for v in distinct], index.reshape(-1).astype(np.int64))
+    names = [str(int(v)) if numeric else str(v) for v in distinct]
+    return RowGroups(key, names, index.reshape(-1).astype(np.int64), numeric=numeric)
+
+
+def file_groups(key: str, names_of: list[str], rows: list[int]) -> RowGroups:
+    """One group per name in ``names_of`` (each file's: an evaluation log's task or model), each file's ``rows`` rows
+    in its name's group."""
+    names = sorted(set(names_of))
+    index = np.repeat(np.array([names.index(name) for name in names_of], dtype=np.int64), rows)
+    return RowGroups(key, names, index, numeric=False)
 
 
 def safetensors_values(path: Path, key: str, labels_key: str, option: str) -> np.ndarray:
@@ -62,14 +67,6 @@ def safetensors_values(path: Path, key: str, labels_key: str, option: str) -> np
     header = read_header(path)
     shape = header.tensors[labels_key].shape if labels_key in header.tensors else None
     return checked(path, key, read_tensor(header, key, option=option), shape, option)
-
-
-def labels_shape(read: Callable[[str, str], torch.Tensor], labels_key: str) -> tuple[int, ...] | None:
-    """The labels' shape of an in-memory SOURCE (one row per label), read back from its file with ``read``."""
-    try:
-        return tuple(read(labels_key, param("labels_key")).shape)
-    except TempcalError:
-        return None  # no labels (an OOD set): the row count decides
 
 
 def checked(path: Path, key: str, tensor: torch.Tensor, labels_shape: Any, option: str) -> np.ndarray:
@@ -145,5 +142,5 @@ def parse_stored_groups(metadata: Mapping[str, str], where: str) -> StoredGroups
 
 
 __all__ = ["GROUP_KEY", "GROUP_TEMPERATURES", "MAX_GROUPS", "TASK", "RowGroups", "StoredGroups", "check_row_count",
-           "checked", "group_metadata", "kept_rows", "labels_shape", "named", "parse_stored_groups",
+           "checked", "file_groups", "group_metadata", "kept_rows", "named", "parse_stored_groups",
            "safetensors_values"]

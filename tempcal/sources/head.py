@@ -1,18 +1,9 @@
-"""Hidden states and an output head as SOURCE (``--head``): logits computed a block at a time, never all held.
+"""Hidden states and an output head as SOURCE (``--head``): logits ``head(h)`` computed a block at a time.
 
-SOURCE holds ``hidden`` ``[N, d]`` or ``[B, L, d]`` and ``labels`` (``--ignore-index`` skips rows), read
-in row chunks like a logits file (:mod:`tempcal.sources.safetensors`); every chunk's logits are
-``head.logits(h)`` (:mod:`tempcal.models.head`), so each pass over the data is one ``h W^T`` over all
-rows, and memory holds the head, the hidden states being read and one block of logits. T is written
-back into SOURCE's metadata, as for a logits file.
-
-ReAct (``react=P``; Sun, Guo & Li, NeurIPS 2021): every hidden-state value is clipped from above at the
-P-th percentile (numpy's linear interpolation) of all hidden-state values of the SOURCE rows that are
-scored, before the head; files opened beside SOURCE (OOD sets) are clipped at the same threshold. The
-percentile is exact without holding the values (:func:`tempcal.core.percentile.streaming_percentile`:
-radix selection over the streamed chunks, two reads of the hidden states for 16- and 32-bit values, at
-most four for float64), each process counting its own share of the rows, the counts summed across
-processes under torch.distributed.
+ReAct (``react=P``; Sun, Guo & Li, NeurIPS 2021) clips every hidden-state value from above at the P-th percentile
+(numpy's linear interpolation) of the values of the SOURCE rows scored, found exactly in a few streamed passes
+(:func:`tempcal.core.percentile.streaming_percentile`); OOD files opened beside SOURCE are clipped at the same
+threshold.
 """
 
 from __future__ import annotations
@@ -172,9 +163,8 @@ class HeadKind(SafetensorsKind):
 
 
 def react_threshold(hidden: ShardedLogits, percentile: float, device: str | torch.device, name: str) -> ReactClip:
-    """The ``percentile``-th percentile of all values of ``hidden`` (this process's share of the rows under
-    torch.distributed, the counts summed over processes), exactly as numpy's default ``percentile`` of the values
-    in the compute dtype (float64 for float64 hidden states, else float32); a non-finite one is bad input."""
+    """The ``percentile``-th percentile of all values of ``hidden`` (this process's rows, counts summed across
+    processes), as numpy's default ``percentile`` in the compute dtype; a non-finite one is bad input."""
     from ..core import distributed
     from ..core.data import resolve_device
     from ..core.percentile import streaming_percentile

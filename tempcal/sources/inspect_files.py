@@ -1,17 +1,11 @@
-"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip, and the samples of a ``.json`` log.
-
-An ``.eval`` log is a zip archive: ``header.json`` (or, for a log still being written, ``_journal/start.json``)
-holds the task, the model and the plan; ``samples/ID_epoch_N.json`` one sample each. Members are stored,
-deflated (read by :mod:`zipfile`) or zstd-compressed (method 93, inspect_ai's default since 0.3.206, read
-with the optional ``zstandard``); each is decompressed in memory, never to disk, and refused past
-:data:`MAX_MEMBER_BYTES` whatever its header claims. A ``.json`` log is one JSON object; it is read whole
-(at most :data:`MAX_JSON_LOG_BYTES`) and its ``samples`` are decoded one at a time, so only the text and one
-sample are held.
-"""
+"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip (stored, deflated or zstd; each
+decompressed in memory, at most :data:`MAX_MEMBER_BYTES`), and the samples of a ``.json`` log (read whole, at most
+:data:`MAX_JSON_LOG_BYTES`, its samples decoded one at a time)."""
 
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zipfile
 import zlib
@@ -35,6 +29,7 @@ MAX_MEMBERS = 1_000_000
 ZIP_ZSTD = 93
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")
 _LOCAL_MAGIC = b"PK\x03\x04"
+_WHITESPACE = re.compile(r"[ \t\r\n]*")
 
 
 class InspectLogError(DataError):
@@ -70,8 +65,12 @@ class EvalArchive:
 
     def json(self, name: str) -> Any:
         """Member ``name`` decoded as JSON."""
-        blob = self.read(name)
-        return decode_json(blob, f"{self.path}: member {name}")
+        try:
+            return json.loads(self.read(name))
+        except RecursionError:
+            raise InspectLogError(f"{self.path}: member {name}: JSON nested too deeply to read") from None
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise InspectLogError(f"{self.path}: member {name}: not valid JSON ({exc})") from None
 
     def read(self, name: str) -> bytes:
         """Member ``name``'s bytes, decompressed in memory; at most :data:`MAX_MEMBER_BYTES`."""
@@ -132,16 +131,6 @@ def _takes_limit(reader: Any) -> bool:
         return False
 
 
-def decode_json(blob: bytes | str, where: str) -> Any:
-    """JSON text as Python values; a refusal names ``where``."""
-    try:
-        return json.loads(blob)
-    except RecursionError:
-        raise InspectLogError(f"{where}: JSON nested too deeply to read") from None
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InspectLogError(f"{where}: not valid JSON ({exc})") from None
-
-
 def json_log(path: Path, on_sample: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """A ``.json`` log's top-level fields but ``samples``; each sample is given to ``on_sample`` as it is decoded."""
     text = _json_text(path)
@@ -185,9 +174,7 @@ def _json_text(path: Path) -> str:
 
 
 def _skip(text: str, at: int) -> int:
-    while at < len(text) and text[at] in " \t\r\n":
-        at += 1
-    return at
+    return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string too
 
 
 def _decode(decoder: json.JSONDecoder, text: str, at: int, path: Path) -> tuple[Any, int]:
@@ -224,4 +211,4 @@ def _samples(decoder: json.JSONDecoder, text: str, at: int, path: Path,
     return at + 1
 
 
-__all__ = ["MAX_JSON_LOG_BYTES", "MAX_MEMBER_BYTES", "EvalArchive", "InspectLogError", "decode_json", "json_log"]
+__all__ = ["MAX_JSON_LOG_BYTES", "MAX_MEMBER_BYTES", "EvalArchive", "InspectLogError", "json_log"]

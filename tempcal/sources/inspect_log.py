@@ -1,15 +1,13 @@
-"""inspect_ai logs as SOURCE: ``.eval`` (zip) or ``.json`` logs, or a folder or glob of them.
+"""inspect_ai logs as SOURCE: ``.eval`` (zip) or ``.json`` logs, or a folder or glob of them (see
+docs/evaluation-logs.md).
 
-One row per sample and epoch of a multiple-choice sample (read by :mod:`.inspect_rows`): the choice letters'
-log-probabilities at the answer position as logits, padded with ``-inf`` to the most choices, its label the
-target's choice. Rows are in the order inspect_ai's ``read_eval_log`` gives (epoch, then id), log after log.
-Samples left out (several targets, no answer position, a letter missing from ``top_logprobs``) are counted
-by reason. A log without log-probabilities, a plan that shuffled choices inside ``multiple_choice`` and logs
-of several models (unless grouped by model) are refused. T is kept in each log's sidecar ``FILE.tempcal.json``.
+One row per multiple-choice sample and epoch (:mod:`.inspect_rows`), padded with ``-inf`` to the most choices, in
+``read_eval_log``'s order; samples left out are counted by reason. T is kept in each log's sidecar.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,6 +16,7 @@ from ..errors import TempcalError, param
 from .base import OpenedSource, SourceKind, SourceOptions
 from .inspect_files import EvalArchive, InspectLogError, json_log
 from .inspect_rows import INCOMPLETE, SampleRow, sample_row
+from .lm_eval import ChoiceRows, pad_rows
 
 if TYPE_CHECKING:
     import numpy as np
@@ -159,8 +158,7 @@ def incomplete_total(infos: list[InspectLogInfo]) -> dict[str, int]:
     return {reason: sum(i.incomplete[reason] for i in infos) for reason in INCOMPLETE}
 
 
-def _warning(infos: list[InspectLogInfo], name: str) -> list[str]:
-    counts = incomplete_total(infos)
+def _warning(infos: list[InspectLogInfo], counts: dict[str, int], name: str) -> list[str]:
     left = sum(counts.values())
     if not left:
         return []
@@ -169,19 +167,6 @@ def _warning(infos: list[InspectLogInfo], name: str) -> list[str]:
     parts = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n)
     total = left + sum(i.complete for i in infos)
     return [f"{name}: {left} of {total} samples left out of every figure ({parts})"]
-
-
-def _matrix(infos: list[InspectLogInfo]) -> tuple[Any, Any]:
-    import numpy as np
-    import torch
-
-    width = max(i.max_choices for i in infos)
-    rows = [r for i in infos for r in i.rows]
-    logits = np.full((len(rows), width), -np.inf, dtype=np.float64)
-    for k, row in enumerate(rows):
-        logits[k, : len(row.logits or [])] = row.logits
-    labels = np.array([r.label for r in rows], dtype=np.int64)
-    return torch.from_numpy(logits), torch.from_numpy(labels)
 
 
 class InspectLogKind(SourceKind):
@@ -215,34 +200,28 @@ class InspectLogKind(SourceKind):
         if len(models) > 1 and options.group_by != "model":
             raise TempcalError(f"{name}: logs of {len(models)} models ({', '.join(models[:4])}); one T for several "
                                f"models means nothing: pass {param('group_by')} model, or one model's logs")
+        counts = incomplete_total(infos)
         if not any(i.complete for i in infos):
-            counts = ", ".join(f"{k} {n}" for k, n in incomplete_total(infos).items())
-            raise InspectLogError(f"{name}: no sample has a complete row ({counts}); see the answer position "
-                                  "rules in docs/evaluation-logs.md")
-        logits, labels = _matrix(infos)
-        data = as_logits_data(logits, labels, ignore_index=None)
-        files = [i.path for i in infos]
-        extra = {"source_kind": "inspect", "rows_incomplete": incomplete_total(infos)}
-        warnings = _warning(infos, name)
-        file_rows = [i.complete for i in infos]
+            said = ", ".join(f"{k} {n}" for k, n in counts.items())
+            raise InspectLogError(f"{name}: no sample has a complete row ({said}); see the answer position rules in "
+                                  "docs/evaluation-logs.md")
+        rows = ChoiceRows()
+        for row in (r for i in infos for r in i.rows):
+            rows.add(row.logits or [], row.label)
+        logits, labels = pad_rows([rows], max(i.max_choices for i in infos))
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        return kind.with_stored(OpenedSource(files, data, None, kind, options, warnings=warnings, file_rows=file_rows,
-                                             json=extra, label=name))
+        return kind.with_stored(OpenedSource([i.path for i in infos], as_logits_data(logits, labels, ignore_index=None),
+                                             None, kind, options, warnings=_warning(infos, counts, name),
+                                             file_rows=[i.complete for i in infos], label=name,
+                                             json={"source_kind": "inspect", "rows_incomplete": counts}))
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""
-        import numpy as np
-
-        from .grouping import RowGroups
+        from .grouping import file_groups
 
         if key not in GROUP_KEYS:
             raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
-        names_of = self._names(opened, key)
-        names = sorted(set(names_of))
-        rows = opened.file_rows or [opened.data.num_samples]
-        index = np.concatenate([np.full(n, names.index(t), dtype=np.int64) for t, n in zip(names_of, rows,
-                                                                                         strict=True)])
-        return RowGroups(key, names, index, numeric=False)
+        return file_groups(key, self._names(opened, key), opened.file_rows or [opened.data.num_samples])
 
     def _names(self, opened: OpenedSource, key: str) -> list[str]:
         if self.names is not None:
@@ -252,30 +231,15 @@ class InspectLogKind(SourceKind):
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
 
-    # A folder's T lives in the sidecars of its logs: the first log's stands for it.
-    def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
-        return super().describe_sidecar(_first_log(path))
-
-    def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
-                        findings: Any) -> dict[str, Any]:
-        return super().describe_stored(_first_log(path), opened, sidecar, findings)
-
-    def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
-        return super().read_temperature(_first_log(path))
-
-    def temperature_place(self, path: Path) -> str:
-        return super().temperature_place(_first_log(path))
+    def sidecar_of(self, path: Path) -> Path:
+        """A folder's T lives in the sidecars of its logs: the first log's stands for it."""
+        return log_files([path])[0] if path.is_dir() else path
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per log: task, model, epochs, samples, complete rows and the samples left out by reason."""
         return [{"file": str(i.path), "task": i.task, "model": i.model, "epochs": sorted(i.epochs),
                  "samples": i.samples, "rows": i.complete, "rows_incomplete": dict(i.incomplete),
                  "choice_counts": _choice_counts(i), "summary": _summary(i)} for i in self.read_all(paths)]
-
-
-def _first_log(path: Path) -> Path:
-    """``path``, or a folder's first log."""
-    return log_files([path])[0] if path.is_dir() else path
 
 
 def _summary(info: InspectLogInfo) -> str:
@@ -286,10 +250,7 @@ def _summary(info: InspectLogInfo) -> str:
 
 
 def _choice_counts(info: InspectLogInfo) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for row in info.rows:
-        counts[str(row.choices)] = counts.get(str(row.choices), 0) + 1
-    return dict(sorted(counts.items()))
+    return dict(sorted(Counter(str(row.choices) for row in info.rows).items()))
 
 
 __all__ = ["GROUP_KEYS", "LOGPROB_OPTIONS", "InspectLogInfo", "InspectLogKind", "is_inspect_log", "log_files",

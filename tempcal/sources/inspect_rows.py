@@ -1,11 +1,8 @@
 """One inspect_ai sample as a row: the choice letters' log-probabilities at the answer position, and its target.
 
-Letters run ``A``, ``B``, ... over the sample's ``choices``. A token's letter is its text with whitespace and
-the word-start markers of byte-level BPE (``Ġ``) and SentencePiece (``▁``) tokenizers stripped, when that is a
-single letter of the sample (either case). The answer position is the first token, after the last point where
-the generated text so far ends with ``ANSWER:`` (any case, spaces before the colon), or from the first token
-when it never does, whose letter is one of the sample's. Choice j's logit is the ``logsumexp`` of the
-``logprob`` of the ``top_logprobs`` entries there whose letter is j.
+A token's letter is its text without whitespace and the word-start markers ``Ġ`` and ``▁``; the answer position is
+the first token with a letter of the sample after the last ``ANSWER:`` in the text so far; choice j's logit is the
+``logsumexp`` of the ``top_logprobs`` there whose letter is j (docs/evaluation-logs.md).
 """
 
 from __future__ import annotations

@@ -1,33 +1,25 @@
 """lighteval details files as SOURCE: ``details_<task>_<date>.parquet``, written by ``lighteval ... --save-details``.
 
-Each row of a log-likelihood multiple-choice task holds ``doc.choices``, ``doc.gold_index`` (an integer, or a list)
-and ``model_response.logprobs``, one summed log-probability per choice. Row i of the logits is those
-log-probabilities, padded with ``-inf`` up to the widest row; its label is the gold index. ``--lm-eval-norm chars``
-or ``bytes`` divides each by its choice text's length (leading whitespace removed), as for lm-eval logs
-(:func:`.lm_eval_records.normalise`). Rows with several gold indices, or not one log-probability per choice, are
-incomplete: left out, counted by reason, and a warning says so. Rows need not be in dataset order.
-
-The file is read with pyarrow (the ``logs`` extra), only the three columns, one batch of rows at a time; a row group
-whose three columns pass :data:`MAX_ROW_GROUP_BYTES` is refused before it is read. T is kept as for lm-eval logs, in
-the sidecar ``FILE.tempcal.json`` with the normalisation it was fitted under (:class:`.lm_eval.LmEvalKind`).
+Row i of the logits is row i's ``model_response.logprobs`` (normalised as for lm-eval logs), padded with ``-inf``;
+its label is ``doc.gold_index``. Incomplete rows are counted by reason and left out. Only the three columns are read,
+a batch of rows at a time; T is kept as for lm-eval logs (:class:`.lm_eval.LmEvalKind`).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import TempcalError, param
+from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceOptions
-from .lm_eval import MAX_PADDED_BYTES, LmEvalKind, _Rows, size_text
+from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, counts_shown, size_text, task_from_filename
 from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalise, short
-
-if TYPE_CHECKING:
-    from types import ModuleType
+from .memory import first_line
+from .tables import parquet_file
 
 #: The columns read: name in messages -> (struct column, field).
 COLUMNS = {"doc.gold_index": ("doc", "gold_index"), "doc.choices": ("doc", "choices"),
@@ -40,8 +32,6 @@ MAX_ROW_GROUP_BYTES = 256 << 20
 #: ``rows_incomplete`` keys: several gold indices; a log-probability count that is not the choice count.
 INCOMPLETE = ("several_targets", "logprobs_count")
 _SAID = {"several_targets": "with several gold indices", "logprobs_count": "without one log-probability per choice"}
-#: ``details_<task>_<date>`` with lighteval's ``datetime.now().isoformat().replace(":", "-")`` date.
-_NAME_WITH_DATE = re.compile(r"^details_(?P<task>.+?)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)$")
 
 
 class LightevalDetailsError(LmEvalLogError):
@@ -60,18 +50,6 @@ def is_lighteval_details(path: str | os.PathLike[str]) -> bool:
     """True for ``details_*.parquet`` (the suffix in any case)."""
     name = Path(path).name
     return name.startswith("details_") and name.lower().endswith(".parquet")
-
-
-def task_from_filename(path: str | os.PathLike[str]) -> str | None:
-    """The task of ``details_<task>_<date>.parquet`` (``details_<task>.parquet`` too), else None."""
-    name = Path(path).name
-    if not is_lighteval_details(name):
-        return None
-    stem = name[: -len(".parquet")]
-    match = _NAME_WITH_DATE.match(stem)
-    if match:
-        return match.group("task")
-    return stem[len("details_"):] or None
 
 
 @dataclass
@@ -106,24 +84,6 @@ class DetailsInfo:
                 f"first is row {self.first_incomplete})"]
 
 
-def _parquet(path: Path) -> Any:
-    """The open ``pyarrow.parquet.ParquetFile``; not parquet, or unreadable, is bad input naming the file."""
-    from ..io.optional import pyarrow_parquet
-    from ..io.sidecar import check_regular_file
-
-    pq: ModuleType = pyarrow_parquet(f"{path}: reading a lighteval details file")
-    check_regular_file(path)
-    try:
-        return pq.ParquetFile(path)
-    except Exception as exc:  # pyarrow's ArrowInvalid / ArrowIOError, OSError
-        raise LightevalDetailsError(f"{path}: not a readable parquet file ({_first_line(exc)})") from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0] if text else type(exc).__name__
-
-
 def _check_columns(path: Path, parquet: Any) -> None:
     """The three columns exist with the types lighteval writes; a missing one is named."""
     from ..io.optional import require
@@ -138,16 +98,12 @@ def _check_columns(path: Path, parquet: Any) -> None:
         kind = struct.field(child).type
         listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
         inner = kind.value_type if listed else kind
-        fits = {"doc.gold_index": pa.types.is_integer(inner) or pa.types.is_null(inner),
-                "doc.choices": listed and (pa.types.is_string(inner) or pa.types.is_large_string(inner)
-                                           or pa.types.is_null(inner)),
-                "model_response.logprobs": listed and (pa.types.is_floating(inner) or pa.types.is_integer(inner)
-                                                       or pa.types.is_null(inner))}[name]
-        if not fits:
-            raise LightevalDetailsError(f"{path}: column '{name}' is {kind}; expected "
-                                        + {"doc.gold_index": "an integer or a list of integers",
-                                           "doc.choices": "a list of strings",
-                                           "model_response.logprobs": "a list of numbers"}[name])
+        types, expected = {"doc.gold_index": ((pa.types.is_integer,), "an integer or a list of integers"),
+                           "doc.choices": ((pa.types.is_string, pa.types.is_large_string), "a list of strings"),
+                           "model_response.logprobs": ((pa.types.is_floating, pa.types.is_integer),
+                                                       "a list of numbers")}[name]
+        if not ((listed or name == "doc.gold_index") and any(is_type(inner) for is_type in (*types, pa.types.is_null))):
+            raise LightevalDetailsError(f"{path}: column '{name}' is {kind}; expected {expected}")
 
 
 def _check_row_groups(path: Path, parquet: Any) -> None:
@@ -178,15 +134,16 @@ def _batches(path: Path, parquet: Any) -> Any:
     except LightevalDetailsError:
         raise
     except Exception as exc:  # a damaged page or row group
-        raise LightevalDetailsError(f"{path}: cannot read its rows ({_first_line(exc)})") from None
+        raise LightevalDetailsError(f"{path}: cannot read its rows ({first_line(exc)})") from None
 
 
-def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[_Rows, DetailsInfo]:
-    """One file's complete rows (flat, as :func:`.lm_eval._padded` takes them) and what was read."""
+def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[ChoiceRows, DetailsInfo]:
+    """One file's complete rows (flat, as :func:`.lm_eval.pad_rows` takes them) and what was read."""
     path = Path(path)
     if norm not in NORMS:
         raise TempcalError(f"{param('lm_eval_norm')} {norm}: expected one of {', '.join(NORMS)}")
-    with _parquet(path) as parquet:
+    check_regular_file(path)
+    with parquet_file(path, f"{path}: reading a lighteval details file", LightevalDetailsError) as parquet:
         _check_columns(path, parquet)
         _check_row_groups(path, parquet)
         rows, info = _read_rows(path, parquet, norm)
@@ -195,9 +152,9 @@ def read_details(path: str | os.PathLike[str], norm: str = "none") -> tuple[_Row
     return rows, info
 
 
-def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[_Rows, DetailsInfo]:
-    info = DetailsInfo(path=str(path), task=task_from_filename(path), norm=norm)
-    rows = _Rows()
+def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, DetailsInfo]:
+    info = DetailsInfo(path=str(path), task=task_from_filename(path, "details_", (".parquet",)), norm=norm)
+    rows = ChoiceRows()
     for golds, choices, logprobs in _batches(path, parquet):
         for gold, texts, values in zip(golds, choices, logprobs, strict=True):
             info.rows += 1
@@ -205,12 +162,9 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[_Rows, DetailsInfo]
             row = _row(gold, texts, values, norm, where, info)
             if row is None:
                 continue
-            logits, label = row
-            rows.values.extend(logits)
-            rows.counts.append(len(logits))
-            rows.labels.append(label)
+            rows.add(*row)
             info.complete += 1
-            info.choice_counts[len(logits)] = info.choice_counts.get(len(logits), 0) + 1
+            info.choice_counts[len(row[0])] = info.choice_counts.get(len(row[0]), 0) + 1
             if info.complete * info.max_choices * 8 > MAX_PADDED_BYTES:
                 raise where.error(f"{info.complete:,} rows padded to {info.max_choices:,} choices would pass "
                                   f"{size_text(MAX_PADDED_BYTES)}, tempcal's limit on a SOURCE's padded rows")
@@ -264,13 +218,10 @@ class LightevalKind(LmEvalKind):
     name = "lighteval"
     title = "lighteval details"
     suffixes = (".parquet",)  # type: ignore[assignment]  # LmEvalKind's are two
-    shards = True
+    prefix = "details_"
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return is_lighteval_details(paths[0])
-
-    def task_of(self, path: Path) -> str:
-        return task_from_filename(path) or path.name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         self.refuse_probs(options, f"{paths[0]} is a lighteval details file of log-probabilities")
@@ -293,14 +244,10 @@ class LightevalKind(LmEvalKind):
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the
         rows left out by reason, and the gold index's forms (an integer or a list)."""
-        details = []
-        for path in paths:
-            info = read_details(path, options.lm_eval_norm)[1]
-            details.append({"file": str(path), "task": info.task, "rows": info.rows, "records": info.complete,
-                            "rows_incomplete": dict(info.incomplete),
-                            "choice_counts": {str(k): v for k, v in sorted(info.choice_counts.items())},
-                            "gold_index": info.gold_forms})
-        return details
+        infos = [read_details(path, options.lm_eval_norm)[1] for path in paths]
+        return [{"file": info.path, "task": info.task, "rows": info.rows, "records": info.complete,
+                 "rows_incomplete": dict(info.incomplete), "choice_counts": counts_shown(info.choice_counts),
+                 "gold_index": info.gold_forms} for info in infos]
 
 
 def _counts(incomplete: dict[str, int]) -> str:
@@ -309,4 +256,4 @@ def _counts(incomplete: dict[str, int]) -> str:
 
 
 __all__ = ["COLUMNS", "INCOMPLETE", "DetailsInfo", "LightevalDetailsError", "LightevalKind", "is_lighteval_details",
-           "read_details", "task_from_filename"]
+           "read_details"]

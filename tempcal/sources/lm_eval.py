@@ -1,22 +1,10 @@
-"""lm-evaluation-harness sample logs as SOURCE: ``samples_<task>_<date>.jsonl`` or ``.jsonl.gz``.
+"""lm-evaluation-harness sample logs as SOURCE: ``samples_<task>_<date>.jsonl`` or ``.jsonl.gz`` (see
+docs/evaluation-logs.md).
 
-``lm_eval ... --log_samples`` writes one JSON record per document of a task; for a multiple-choice
-task each record holds every choice's log-likelihood (read by :mod:`.lm_eval_records`). Row i of
-the logits is record i's log-likelihoods, padded with ``-inf`` (probability 0) up to the largest
-choice count in the file, and its label is the record's target. ``--lm-eval-norm chars`` first
-divides each log-likelihood by its choice text's length in characters (lm-eval's ``acc_norm``),
-``bytes`` by its length in UTF-8 bytes. Several logs (a glob over a suite's subtasks) are one
-SOURCE, padded to the widest. The file is read line by line (gzip by its suffix); a line that is
-not JSON, or not a multiple-choice record, is an error naming the file and the line.
-
-Hostile files are refused fast and in flat memory: lines are read in blocks and refused past
-:data:`MAX_LINE_BYTES` (so are runs of blank lines that long), a record of more than
-``MAX_CHOICES`` choices is refused before its requests are read, and the padded matrix before it
-passes :data:`MAX_PADDED_BYTES` (see also :mod:`.lm_eval_json` for nesting and huge integers).
-
-A log has no metadata, so T is stored in the sidecar ``FILE.tempcal.json``, together with the
-normalisation it was fitted under: a T fitted on normalised log-likelihoods is not used for raw
-ones (a warning says so).
+Row i of the logits is record i's choices' log-likelihoods (:mod:`.lm_eval_records`), padded with ``-inf`` to the
+most choices; several logs are one SOURCE. Hostile files are refused fast and in flat memory (lines past
+:data:`MAX_LINE_BYTES`, a padded matrix past :data:`MAX_PADDED_BYTES`). T is kept in the sidecar with the
+``--lm-eval-norm`` it was fitted under: it is not used for another.
 """
 
 from __future__ import annotations
@@ -51,8 +39,8 @@ MAX_LINE_BYTES = 64 << 20
 #: The largest padded matrix (records x the most choices x 8 bytes) a SOURCE of logs is read into.
 MAX_PADDED_BYTES = 1 << 30
 GZIP_MAGIC = b"\x1f\x8b"
-#: ``samples_<task>_<date>`` with lm-eval's ``datetime.now().isoformat().replace(":", "-")`` date.
-_NAME_WITH_DATE = re.compile(r"^samples_(?P<task>.+?)_(?P<date>\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?)$")
+#: ``<task>_<date>`` with lm-eval's (and lighteval's) ``datetime.now().isoformat().replace(":", "-")`` date.
+_TASK_WITH_DATE = re.compile(r"^(?P<task>.+?)_\d{4}-\d{2}-\d{2}T\d{2}-\d{2}-\d{2}(?:\.\d+)?$")
 
 
 def is_lm_eval_log(path: str | os.PathLike[str]) -> bool:
@@ -60,19 +48,17 @@ def is_lm_eval_log(path: str | os.PathLike[str]) -> bool:
     return Path(path).name.lower().endswith(LOG_SUFFIXES)
 
 
-def task_from_filename(path: str | os.PathLike[str]) -> str | None:
-    """The task of ``samples_<task>_<date>.jsonl[.gz]`` (``samples_<task>.jsonl`` too), else None."""
+def task_from_filename(path: str | os.PathLike[str], prefix: str = "samples_",
+                       suffixes: tuple[str, ...] = LOG_SUFFIXES) -> str | None:
+    """The task of ``samples_<task>_<date>.jsonl[.gz]`` (``samples_<task>.jsonl`` too), else None; lighteval's
+    ``details_<task>_<date>.parquet`` with its ``prefix`` and ``suffixes``."""
     name = Path(path).name
-    for suffix in (".jsonl.gz", ".jsonl"):
-        if name.lower().endswith(suffix):
-            name = name[: -len(suffix)]
-            break
-    else:
+    suffix = next((s for s in suffixes if name.lower().endswith(s)), None)
+    if suffix is None or not name.startswith(prefix):
         return None
-    match = _NAME_WITH_DATE.match(name)
-    if match:
-        return match.group("task")
-    return name[len("samples_"):] if name.startswith("samples_") and len(name) > len("samples_") else None
+    stem = name[len(prefix): -len(suffix)]
+    match = _TASK_WITH_DATE.match(stem)
+    return match.group("task") if match else stem or None
 
 
 @dataclass
@@ -128,28 +114,33 @@ class LmEvalLogInfo:
 
 
 @dataclass
-class _Rows:
-    """One log's rows, kept compact (a flat float64 array and counts) until they are padded."""
+class ChoiceRows:
+    """Rows of choices, kept compact (a flat float64 array and counts) until they are padded (:func:`pad_rows`)."""
 
     values: array = field(default_factory=lambda: array("d"))
     counts: array = field(default_factory=lambda: array("q"))
     labels: array = field(default_factory=lambda: array("q"))
+
+    def add(self, logits: list[float], label: int) -> None:
+        self.values.extend(logits)
+        self.counts.append(len(logits))
+        self.labels.append(label)
 
 
 def read_lm_eval_log(path: str | os.PathLike[str], norm: str = "none"
                      ) -> tuple[torch.Tensor, torch.Tensor, LmEvalLogInfo]:
     """Logits ``float64 [N, Cmax]`` (padded with -inf), labels ``int64 [N]`` and what was read, from one log."""
     rows, info = _read_rows(Path(path), norm)
-    logits, labels = _padded([rows], info.max_choices)
+    logits, labels = pad_rows([rows], info.max_choices)
     return logits, labels, info
 
 
-def _read_rows(path: Path, norm: str) -> tuple[_Rows, LmEvalLogInfo]:
+def _read_rows(path: Path, norm: str) -> tuple[ChoiceRows, LmEvalLogInfo]:
     if norm not in NORMS:
         raise TempcalError(f"{param('lm_eval_norm')} {norm}: expected one of {', '.join(NORMS)}")
     name = str(path)
     info = LmEvalLogInfo(path=name, task=task_from_filename(path), norm=norm)
-    rows = _Rows()
+    rows = ChoiceRows()
     filter_seen: tuple[Any, int] | None = None
     doc_lines: dict[Any, int] = {}
     for line, data in _lines(path):
@@ -171,9 +162,7 @@ def _read_rows(path: Path, norm: str) -> tuple[_Rows, LmEvalLogInfo]:
             if first != line:
                 raise where.error(f"doc_id {short(doc_id)} appears again (first on line {first}); a sample log "
                                   "holds each document once")
-        rows.values.extend(row.logits)
-        rows.counts.append(len(row.logits))
-        rows.labels.append(row.label)
+        rows.add(row.logits, row.label)
         info.add(row, line)
         _check_padded_size(info.records, info, where)
     if not info.records:
@@ -203,7 +192,7 @@ def _matrix(rows: int, width: int) -> str:
             f"to at most {size_text(MAX_PADDED_BYTES)} (multiple-choice records hold a few choices, not thousands)")
 
 
-def _padded(parts: list[_Rows], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(parts: list[ChoiceRows], width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The rows of every part, one after the other, padded with -inf to ``width`` columns."""
     import numpy as np
     import torch
@@ -257,6 +246,11 @@ def _over_limit(exc: OverLimit) -> str:
             "per line")
 
 
+def counts_shown(counts: dict[int, int]) -> dict[str, int]:
+    """Records per choice count, as the JSON of ``inspect`` shows them: keys as text, in numeric order."""
+    return {str(k): v for k, v in sorted(counts.items())}
+
+
 def size_text(nbytes: int) -> str:
     """A size in bytes as a message shows it: ``64 MiB``, ``1.5 GiB``, ``800 KiB``, ``12 bytes``."""
     for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
@@ -272,6 +266,7 @@ class LmEvalKind(SourceKind):
     title = "lm-evaluation-harness sample log"
     suffixes = LOG_SUFFIXES
     shards = True
+    prefix = "samples_"  # of a log's name, before its task
 
     def __init__(self, norm: str | None = None) -> None:
         self.norm = norm
@@ -291,7 +286,7 @@ class LmEvalKind(SourceKind):
         the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
         from ..core.data import as_logits_data
 
-        logits, labels = _padded([rows for rows, _ in read], max(info.max_choices for _, info in read))
+        logits, labels = pad_rows([rows for rows, _ in read], max(info.max_choices for _, info in read))
         kind = type(self)(options.lm_eval_norm)
         warnings = [message for _, info in read for message in info.warnings()]
         return kind.with_stored(OpenedSource(paths, as_logits_data(logits, labels, ignore_index=None), None, kind,
@@ -312,37 +307,28 @@ class LmEvalKind(SourceKind):
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per log: its task, records, choice counts, filter and the forms of its arguments and targets."""
-        details = []
-        for path in paths:
-            info = read_lm_eval_log(path, options.lm_eval_norm)[2]
-            details.append({"file": str(path), "task": info.task, "records": info.records,
-                            "choice_counts": {str(k): v for k, v in sorted(info.choice_counts.items())},
-                            "filter": info.filter, "arguments_forms": info.arguments_forms,
-                            "targets": info.targets})
-        return details
+        infos = [_read_rows(path, options.lm_eval_norm)[1] for path in paths]
+        return [{"file": info.path, "task": info.task, "records": info.records,
+                 "choice_counts": counts_shown(info.choice_counts), "filter": info.filter,
+                 "arguments_forms": info.arguments_forms, "targets": info.targets} for info in infos]
 
     def task_of(self, path: Path) -> str:
         """The task a log's rows belong to: from its name (the name itself when it does not follow lm-eval's)."""
-        return task_from_filename(path) or path.name
+        return task_from_filename(path, self.prefix, self.suffixes) or path.name
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
-        import numpy as np
-
         from ..errors import DataError
-        from .grouping import TASK, RowGroups
+        from .grouping import TASK, file_groups
 
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
-        rows = opened.file_rows or [opened.data.num_samples]
         tasks = [self.task_of(p) for p in opened.paths]
-        names = sorted(set(tasks))
-        if len(names) < len(tasks):
+        if len(set(tasks)) < len(tasks):
             seen = next(t for t in tasks if tasks.count(t) > 1)
             raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")
-        index = np.concatenate([np.full(n, names.index(t), dtype=np.int64) for t, n in zip(tasks, rows, strict=True)])
-        return RowGroups(key, names, index, numeric=False)
+        return file_groups(key, tasks, opened.file_rows or [opened.data.num_samples])
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""
@@ -353,8 +339,8 @@ class LmEvalKind(SourceKind):
         metadata, notes = read_sidecar(path)
         side = sidecar_path(path)
         stored = stored_temperature(metadata.get(TEMPERATURE_KEY), f"{side}:")
-        fitted_norm = metadata.get(NORM_KEY)
-        if stored is not None and self.norm is not None and fitted_norm is not None and fitted_norm != self.norm:
+        fitted_norm = self._other_norm(metadata)
+        if stored is not None and fitted_norm is not None:
             flag = param("lm_eval_norm")
             notes.append(StoredNote(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so "
                                     f"it is ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit "
@@ -367,12 +353,17 @@ class LmEvalKind(SourceKind):
         from ..io.sidecar import sidecar_state
 
         state = sidecar_state(path)
-        fitted_norm = state.metadata.get(NORM_KEY)
-        if state.state == "fresh" and fitted_norm is not None and self.norm is not None and fitted_norm != self.norm:
+        fitted_norm = self._other_norm(state.metadata)
+        if state.state == "fresh" and fitted_norm is not None:
             flag = param("lm_eval_norm")
             return (f"the T in its sidecar {state.path} was fitted with {flag} {fitted_norm}, not {flag} "
                     f"{self.norm}: pass {flag} {fitted_norm}, or fit again")
         return super().temperature_place(path)
+
+    def _other_norm(self, metadata: Mapping[str, str]) -> str | None:
+        """The normalisation a stored T was fitted under, when it is not the one this log is read with."""
+        fitted = metadata.get(NORM_KEY)
+        return fitted if self.norm is not None and fitted not in (None, self.norm) else None
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:

@@ -1,14 +1,8 @@
 """One line of an lm-evaluation-harness sample log decoded as JSON, with bounds on what the JSON may hold.
 
-Python's ``json`` recurses once per level of nesting and converts every integer it meets, so a
-line nested 100,000 deep stops it with ``RecursionError`` and a 5,000-digit number with
-``ValueError`` (Python's limit on converting digits to ``int``); and every value it parses costs
-tens of bytes, so a line of tiny values costs many times its size. Here a line of more than
-:data:`MAX_VALUES` values is refused before parsing (the count of separators and brackets outside
-strings, taken only for lines with that many in all), nesting deeper than :data:`MAX_DEPTH` once
-parsed and an integer of more than :data:`MAX_INT_DIGITS` digits while parsing (both by
-:func:`tempcal.io.bounded_read.load_json`); each is one
-:class:`~.lm_eval_records.LmEvalLogError` naming the file and line.
+Python's ``json`` recurses once per level and converts every integer, and each value costs tens of bytes: a line of
+more than :data:`MAX_VALUES` values is refused before parsing, nesting past :data:`MAX_DEPTH` and integers of more
+than :data:`MAX_INT_DIGITS` digits while parsing, each as one error naming the file and line.
 """
 
 from __future__ import annotations
@@ -77,10 +71,8 @@ _DEEP = (f"JSON nested more than {MAX_DEPTH} levels deep; an lm-eval sample reco
 
 
 def count_values(data: bytes) -> int:
-    """The JSON values and keys in ``data``, counted by commas, colons and opening brackets outside strings.
-
-    numpy, a block at a time; taken only for lines with more such bytes in all (strings included) than allowed.
-    """
+    """The JSON values and keys in ``data``, counted by commas, colons and opening brackets outside strings (numpy, a
+    block at a time)."""
     import numpy as np
 
     marks = np.zeros(256, dtype=bool)

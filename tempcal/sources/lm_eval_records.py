@@ -1,12 +1,7 @@
 """One record of an lm-evaluation-harness sample log as a row of logits and a label (see :mod:`.lm_eval`).
 
-lm-eval writes one JSON object per document and filter. For a multiple-choice task it holds one
-request per choice: ``arguments`` gives each request's ``(context, continuation)`` (a list of pairs,
-or, since lm-eval 0.4.3, ``{"gen_args_0": {"arg_0": context, "arg_1": continuation}, ...}``) and
-``filtered_resps`` each request's ``[log-likelihood, is-greedy]`` (numbers, or, since 0.4.3, every
-leaf as a string). A choice's text is its continuation with leading whitespace removed. ``target``
-is the correct choice: an index, a numeric string (0.4.4 and later write ``str(target)``) or the
-text of a choice. Anything that is not a usable multiple-choice record is a
+A multiple-choice record holds one request per choice (``arguments``: pairs, or ``gen_args_<i>`` since lm-eval
+0.4.3), each request's log-likelihood (``filtered_resps``) and the ``target``; anything else is a
 :class:`LmEvalLogError` naming the file and line. Pure Python: nothing here imports torch or numpy.
 """
 
@@ -207,14 +202,8 @@ def _drop_unconditional(record: dict[str, Any], pairs: list[tuple[str, str]], ra
 
 
 def resolve_target(target: Any, texts: Sequence[str], raw: Sequence[float], acc: Any, where: Where) -> tuple[int, str]:
-    """The correct choice's index and how it was found (``index``, ``text`` or ``acc``).
-
-    An integer is an index. A string is an index when it is digits (lm-eval itself reads a digit-only
-    target of a multiple-choice task as an index) and/or the text of choices; when these name more
-    than one choice, the record's ``acc`` (1 when the arg-max of the log-likelihoods is the answer)
-    decides if it can, else the record is an error. ``[i]`` (a multiple-target task with one target)
-    is an index; several targets are an error.
-    """
+    """The correct choice's index and how it was found (``index``, ``text`` or ``acc``): an integer or ``[i]`` is an
+    index; a string is digits and/or a choice's text, the record's ``acc`` settling a tie between them."""
     k = len(texts)
     if isinstance(target, bool) or target is None or isinstance(target, (float, dict)):
         raise where.error(f"target must be a choice index or the text of a choice, got {json_kind(target)}")
@@ -320,19 +309,13 @@ def _utf8_length(text: str, index: int, where: Where) -> int:
 
 def first_argmax(values: Sequence[float]) -> int:
     """Index of the largest value, the first one on ties (numpy's ``argmax``, which lm-eval uses)."""
-    best = 0
-    for i, value in enumerate(values):
-        if value > values[best]:
-            best = i
-    return best
+    return max(range(len(values)), key=values.__getitem__, default=0)
 
 
 def json_kind(value: Any) -> str:
     """A JSON value's kind as a message shows it (``true``, ``the string "x"``, ``an object``...)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
     if isinstance(value, (int, float)):
         return f"the number {short(value)}"
     if isinstance(value, str):

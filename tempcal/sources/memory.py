@@ -1,24 +1,22 @@
-"""Shared by the SOURCE kinds read whole into memory (``.npz``, ``.npy``, ``.pt``): checks and the opened source.
-
-These formats have no metadata, so their T lives in a sidecar ``FILE.tempcal.json``
-(:mod:`tempcal.io.sidecar`), which :class:`~tempcal.sources.base.SourceKind` reads and writes by default.
-"""
+"""Shared by the SOURCE kinds read whole into memory (``.npz``, ``.npy``, ``.pt``): checks and the opened source;
+their T lives in a sidecar ``FILE.tempcal.json``."""
 
 from __future__ import annotations
 
-import os
 import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import TempcalError
+from ..errors import TempcalError, param
 from ..io.safetensors_header import shown
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
 
+    from ..core.data import LogitsData
     from ..validation import ProbabilitiesError
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -39,24 +37,48 @@ class InMemoryKind(SourceKind):
 
         return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
 
+    def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
+        """The named array (tensor) ``key`` of the file; a missing one names those present and ``option``."""
+        raise NotImplementedError
+
+    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
+        """The array ``key``, checked against the labels' shape (none: an OOD set, where the row count decides)."""
+        from .grouping import checked
+
+        path = opened.paths[0]
+        values = self.read_array(path, key, option)
+        try:
+            shape: tuple[int, ...] | None = tuple(self.read_array(path, opened.options.labels_key,
+                                                                  param("labels_key")).shape)
+        except TempcalError:
+            shape = None
+        return checked(path, key, values, shape, option)
+
 
 def in_memory_source(kind: SourceKind, path: Path, logits: torch.Tensor, labels: torch.Tensor | None,
                      options: SourceOptions, *, logits_name: str, labels_name: str) -> OpenedSource:
     """Checked logits (absent labels become zeros, as OOD sets may have none) and the sidecar's T."""
+    data, has_labels = in_memory_data(path, logits, labels, options, logits_name=logits_name, labels_name=labels_name)
+    return kind.with_stored(OpenedSource([path], data, None, kind, options, has_labels=has_labels))
+
+
+def in_memory_data(path: Path, logits: torch.Tensor, labels: torch.Tensor | None, options: SourceOptions, *,
+                   logits_name: str, labels_name: str) -> tuple[LogitsData, bool]:
+    """Logits held in memory, checked (as probabilities with ``options.probs``), and whether they have labels:
+    absent ones become zeros, one per row (``[B, L]`` for token-level logits ``[B, L, V]``)."""
     import torch
 
     from ..core.data import as_logits_data
 
     has_labels = labels is not None
-    if labels is None:  # one zero per row ([B, L] for token-level logits [B, L, V])
+    if labels is None:
         shape = tuple(logits.shape[:2]) if logits.ndim == 3 else tuple(logits.shape[:1])
         labels = torch.zeros(shape, dtype=torch.int64)
     try:
-        data = as_logits_data(logits, labels, probs=options.probs, logits_name=logits_name, labels_name=labels_name,
-                              ignore_index=options.ignore_index)
+        return as_logits_data(logits, labels, probs=options.probs, logits_name=logits_name, labels_name=labels_name,
+                              ignore_index=options.ignore_index), has_labels
     except TempcalError as exc:
         raise exc.prefixed(f"{path}: ") from None
-    return kind.with_stored(OpenedSource([path], data, None, kind, options, has_labels=has_labels))
 
 
 def checked_path(path: Path) -> Path:
@@ -101,43 +123,8 @@ def checked_member(path: Path, info: zipfile.ZipInfo, file_size: int, remedy: st
 
 def check_fits(path: Path, what: str, nbytes: int) -> None:
     """Refuse, before allocating, to read ``nbytes`` into memory when fewer are available."""
-    available = available_memory()
+    from ..core import limits
+
+    available = limits.available_bytes("cpu")
     if available is not None and nbytes > available:
         raise TempcalError(f"{path}: {what} need {nbytes} bytes in memory, more than the {available} available")
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process may still take: the system's available memory, within the cgroup's
-    limit when there is one; None when neither can be told."""
-    found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
-    return min(found) if found else None
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", "rb") as f:
-            for line in f:
-                if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _cgroup_available() -> int | None:
-    """cgroup v2: ``memory.max`` less ``memory.current`` of this process's group, if limited."""
-    try:
-        with open("/proc/self/cgroup", encoding="utf-8") as f:
-            group = next((line.split(":", 2)[2].strip() for line in f if line.startswith("0::")), None)
-        if group is None:
-            return None
-        folder = Path("/sys/fs/cgroup") / group.lstrip("/")
-        limit = (folder / "memory.max").read_text().strip()
-        if limit == "max":
-            return None
-        return max(0, int(limit) - int((folder / "memory.current").read_text()))
-    except (OSError, ValueError, IndexError):
-        return None

@@ -1,14 +1,10 @@
-"""A model with its inputs as SOURCE: the model is run over the inputs file and its logits kept in memory.
-
-Models are exported programs (``.pt2``), ONNX models (``.onnx``, with the optional extra) and TorchScript
-models (legacy), told apart by :mod:`tempcal.models.detect` and loaded by the format's module, which never
-runs code from the file. ``--eval`` and OOD files of a model SOURCE are inputs files run through the same
-loaded model. A model has no logits file to write T back into: ``--save-model`` writes it calibrated, and a
-calibrated model read as SOURCE gives the original's logits with the T it stores.
-"""
+"""A model with its inputs as SOURCE: the model (``.pt2``, ``.onnx``, TorchScript; :mod:`tempcal.models`) run over
+the inputs file, its logits kept in memory. A model has no file to write T back into: ``--save-model`` writes it
+calibrated, and a calibrated model read as SOURCE gives the original's logits with the T it stores."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -156,7 +152,8 @@ class ModelKind(SourceKind):
 
         return load_model(path, "cpu").temperature, []
 
-    def write_temperature(self, path: Path, temperature: float, output: str | Path | None) -> Path:
+    def write_reading(self, path: Path, temperature: float, output: str | Path | None,
+                      metadata: Mapping[str, str | None]) -> Path:
         raise TempcalError(f"{path}: a model has no logits file to store T in; write it calibrated with "
                            f"{param('save_model')} PATH")
 

@@ -1,15 +1,13 @@
 """``.npz`` archives and ``.npy`` pairs as SOURCE (read with ``allow_pickle=False``; T in a sidecar).
 
-* ``.npz``: the arrays named by ``logits_key`` / ``labels_key``; without ``logits`` / ``labels``, netcal's
-  ``predictions`` / ``ground_truth`` (a warning says so).
-* ``.npy``: the file holds the logits; the labels are the sibling ``.npy`` file whose name
-  has the labels key in place of the logits key (``val_logits.npy`` -> ``val_labels.npy``),
-  or the file ``labels_key`` names when it ends in ``.npy``. The sidecar fingerprints the logits
-  file only, and no single copy can hold T (``output`` is refused).
+An ``.npz`` gives the arrays ``logits_key`` / ``labels_key`` (netcal's ``predictions`` / ``ground_truth`` in their
+absence); a ``.npy`` file holds the logits, its labels the sibling named with the labels key in place of the logits
+key (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 from collections.abc import Mapping
@@ -20,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DataError, Note, TempcalError, param
 from ..io.paths import sidecar_path
 from ..io.safetensors_header import shown
-from .base import OpenedSource, SourceOptions
+from .base import OpenedSource, SourceKind, SourceOptions
 from .memory import (
     NPY_MAGIC,
     ZIP_MAGIC,
@@ -35,11 +33,8 @@ from .memory import (
 )
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
-#: What a reader returns: the keys present, the logits, the labels (None when absent) and the labels' name.
-_Read = tuple[tuple[str, ...], "torch.Tensor", "torch.Tensor | None", str]
 #: netcal's names for the arrays, read when the default ones are absent.
 NETCAL_KEYS = {"logits": "predictions", "labels": "ground_truth"}
 #: How the sidecar kinds were read: kept beside T, so later commands need no options.
@@ -54,11 +49,10 @@ class NpzKind(InMemoryKind):
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = checked_path(paths[0])
-        keys, logits, labels, labels_name = _read_npz(path, options.logits_key, options.labels_key,
-                                                      not labels_optional)
-        logits_key, labels_key = netcal_keys(keys, options.logits_key, options.labels_key)
+        logits, labels, (logits_key, labels_key) = _read_npz(path, options.logits_key, options.labels_key,
+                                                             not labels_optional)
         opened = in_memory_source(self, path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key),
-                                  logits_name=logits_key, labels_name=labels_name)
+                                  logits_name=logits_key, labels_name=labels_key)
         taken = [f"'{new}' as the {name.removesuffix('_key')} ({param(name)})" for name, new, old in (
             ("logits_key", logits_key, options.logits_key), ("labels_key", labels_key, options.labels_key))
             if new != old]
@@ -72,14 +66,8 @@ class NpzKind(InMemoryKind):
         return [tensor_entry(path, name, shape, dtype, options) for path in paths
                 for name, (dtype, shape) in npz_arrays(path).items()]
 
-    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
-        """The array ``key``, checked against the labels' shape."""
-        from .grouping import checked, labels_shape
-
-        path = opened.paths[0]
-        values = read_npz_array(path, key, option)
-        shape = labels_shape(lambda name, said: read_npz_array(path, name, said), opened.options.labels_key)
-        return checked(path, key, values, shape, option)
+    def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
+        return read_npz_array(path, key, option)
 
 
 def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
@@ -96,11 +84,11 @@ class NpyKind(InMemoryKind):
     title = ".npy logits file"
     suffixes = (".npy",)
     remembered = REMEMBERED
+    group_values = SourceKind.group_values  # the file holds one array, without a name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = checked_path(paths[0])
-        _, logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key,
-                                                        not labels_optional)
+        logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key, not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
@@ -108,13 +96,10 @@ class NpyKind(InMemoryKind):
         from .described import tensor_entry
 
         path = paths[0]
-        dtype, shape = npy_array(path)
-        entries = [{**tensor_entry(path, path.name, shape, dtype, options), "role": "logits"}]
         labels = npy_labels_path(path, options.logits_key, options.labels_key)
-        if labels is not None and labels.is_file():
-            dtype, shape = npy_array(labels)
-            entries.append({**tensor_entry(labels, labels.name, shape, dtype, options), "role": "labels"})
-        return entries
+        files = {"logits": path} | ({"labels": labels} if labels is not None and labels.is_file() else {})
+        return [{**tensor_entry(file, file.name, header.shape, str(header.dtype), options), "role": role}
+                for role, file in files.items() for header in [_npy_file(checked_path(file))[0]]]
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
@@ -126,19 +111,25 @@ class NpyKind(InMemoryKind):
         return super().write_reading(path, temperature, None, metadata)
 
 
-def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
-    """The arrays named, each member's declared size checked against the archive before any is read."""
-    head = magic(path)
+def _open_npz(path: Path) -> zipfile.ZipFile:
+    """The ``.npz`` archive at ``path``, open; a single ``.npy`` array or any other file is refused."""
+    head = magic(checked_path(path))
     if head.startswith(NPY_MAGIC):
         raise TempcalError(f"{path}: holds a single .npy array, not an .npz archive of named arrays "
                            "(rename it to .npy, or save it with numpy.savez)")
     if not head.startswith(ZIP_MAGIC):
         raise TempcalError(f"{path}: not an .npz archive (no zip signature at its start)")
     try:
-        archive = zipfile.ZipFile(path)
+        return zipfile.ZipFile(path)
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise TempcalError(f"{path}: not a readable .npz archive ({first_line(exc)})") from None
-    with archive:
+
+
+def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: bool
+              ) -> tuple[torch.Tensor, torch.Tensor | None, tuple[str, str]]:
+    """The arrays named (netcal's names standing in for absent defaults), and the names read; each member's
+    declared size is checked against the archive before any is read."""
+    with _open_npz(path) as archive:
         members = _npz_members(archive)
         keys = tuple(members)
         logits_key, labels_key = netcal_keys(keys, logits_key, labels_key)
@@ -147,53 +138,48 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
         if labels_key not in members and labels_required:
             raise missing(path, "array", labels_key, keys, param("labels_key"))
         wanted = {logits_key: "logits"} | ({labels_key: "labels"} if labels_key in members else {})
-        size = os.fstat(archive.fp.fileno()).st_size if archive.fp is not None else path.stat().st_size
-        declared = {key: _member_header(path, archive, members[key], key, size) for key in wanted}
+        declared = _headers(path, archive, list(wanted))
         check_fits(path, "arrays " + " and ".join(f"'{k}'" for k in wanted), sum(h.nbytes for h in declared.values()))
         arrays = {key: _npz_member(archive, path, members[key], key, role) for key, role in wanted.items()}
-    return keys, arrays[logits_key], arrays.get(labels_key), labels_key
+    return arrays[logits_key], arrays.get(labels_key), (logits_key, labels_key)
 
 
 def npz_arrays(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Every array of an ``.npz`` archive: its numpy dtype and shape, from its header alone (nothing inflated)."""
-    return {key: (str(header.dtype), header.shape) for key, header in _npz_headers(path).items()}
+    with _open_npz(path) as archive:
+        return {key: (str(header.dtype), header.shape) for key, header in _headers(path, archive).items()}
 
 
 def read_npz_array(path: Path, key: str, option: str) -> torch.Tensor:
     """One array of an ``.npz`` archive as a tensor (its declared size checked first); a missing one names
     the arrays present and ``option``."""
-    headers = _npz_headers(path)
-    if key not in headers:
-        raise missing(path, "array", key, tuple(headers), option)
-    check_fits(path, f"array '{key}'", headers[key].nbytes)
-    with zipfile.ZipFile(path) as archive:
+    with _open_npz(path) as archive:
+        headers = _headers(path, archive)
+        if key not in headers:
+            raise missing(path, "array", key, tuple(headers), option)
+        check_fits(path, f"array '{key}'", headers[key].nbytes)
         return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
 
 
-def _npz_headers(path: Path) -> dict[str, _NpyHeader]:
-    checked_path(path)
-    if not magic(path).startswith(ZIP_MAGIC):
-        raise TempcalError(f"{path}: not an .npz archive (no zip signature at its start)")
-    try:
-        archive = zipfile.ZipFile(path)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        raise TempcalError(f"{path}: not a readable .npz archive ({first_line(exc)})") from None
-    with archive:
-        size = path.stat().st_size
-        return {key: _member_header(path, archive, info, key, size) for key, info in _npz_members(archive).items()}
+def _headers(path: Path, archive: zipfile.ZipFile, keys: list[str] | None = None) -> dict[str, _NpyHeader]:
+    """The .npy headers of the members ``keys`` (all by default), each checked against the archive's sizes."""
+    size = os.fstat(archive.fp.fileno()).st_size if archive.fp is not None else path.stat().st_size
+    members = _npz_members(archive)
+    return {key: _member_header(path, archive, members[key], key, size) for key in keys or members}
 
 
-def npy_array(path: Path) -> tuple[str, tuple[int, ...]]:
-    """An ``.npy`` file's numpy dtype and shape, from its header alone."""
-    checked_path(path)
-    if not magic(path).startswith(NPY_MAGIC):
+def _npy_file(path: Path) -> tuple[_NpyHeader, int]:
+    """An ``.npy`` file's header and size in bytes; an ``.npz`` archive or any other file is refused."""
+    head = magic(path)
+    if head.startswith(ZIP_MAGIC):
+        raise TempcalError(f"{path}: is an .npz archive, not a single .npy array (rename it to .npz)")
+    if not head.startswith(NPY_MAGIC):
         raise TempcalError(f"{path}: not an .npy array (no NumPy signature at its start)")
     try:
         with open(path, "rb") as f:
-            header = _npy_header(f, str(path))
+            return _npy_header(f, str(path)), os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return str(header.dtype), header.shape
 
 
 def _npz_members(archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
@@ -249,10 +235,7 @@ def _npy_header(f: Any, where: str) -> _NpyHeader:
         raise TempcalError(f"{where}: holds Python objects; tempcal never unpickles them (save a numeric array)")
     if any(n < 0 for n in shape):
         raise TempcalError(f"{where}: the header declares shape {shown(shape)}, with a negative dimension")
-    count = 1
-    for n in shape:
-        count *= n
-    return _NpyHeader(dtype, tuple(shape), f.tell(), count * dtype.itemsize)
+    return _NpyHeader(dtype, tuple(shape), f.tell(), math.prod(shape) * dtype.itemsize)
 
 
 def _check_declared(header: _NpyHeader, size: int, where: str) -> None:
@@ -276,12 +259,8 @@ def _npz_member(archive: zipfile.ZipFile, path: Path, info: zipfile.ZipInfo, key
 
 def npy_labels_path(logits_path: str | os.PathLike, logits_key: str = "logits", labels_key: str = "labels"
                     ) -> Path | None:
-    """The labels file of a ``.npy`` logits file; None when it cannot be told from the names.
-
-    ``labels_key`` ending in ``.npy`` is that path (relative to the working folder). Otherwise
-    the last ``logits_key`` in the file's name is replaced by ``labels_key``, in the same folder:
-    ``runs/val_logits.npy`` -> ``runs/val_labels.npy``.
-    """
+    """The labels file of a ``.npy`` logits file: ``labels_key`` when it ends in ``.npy``, else the sibling with the
+    last ``logits_key`` in the name replaced (``val_logits.npy`` -> ``val_labels.npy``); None when there is none."""
     if labels_key.lower().endswith(".npy"):
         return Path(labels_key)
     logits_path = Path(logits_path)
@@ -292,7 +271,8 @@ def npy_labels_path(logits_path: str | os.PathLike, logits_key: str = "logits", 
     return logits_path.with_name(stem[:at] + labels_key + stem[at + len(logits_key):] + suffix)
 
 
-def _read_npy_pair(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
+def _read_npy_pair(path: Path, logits_key: str, labels_key: str, labels_required: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, str]:
     labels_path = npy_labels_path(path, logits_key, labels_key)
     if labels_path is None and labels_required:
         flag = param("labels_key")
@@ -313,25 +293,14 @@ def _read_npy_pair(path: Path, logits_key: str, labels_key: str, labels_required
                                f"named with '{labels_key}' ({flag}) in place of '{logits_key}' "
                                f"({param('logits_key')}), or {flag} PATH.npy; other .npy files here: {shown})")
         labels = _read_npy(labels_path, labels_path.name, "labels")
-    keys = (path.name,) if labels is None else (path.name, str(labels_path))
-    return keys, logits, labels, labels_path.name if labels_path is not None else labels_key
+    return logits, labels, labels_path.name if labels_path is not None else labels_key
 
 
 def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
     """The array, memory-mapped, after its header's declared size is checked against the file's."""
     import numpy as np
 
-    head = magic(path)
-    if head.startswith(ZIP_MAGIC):
-        raise TempcalError(f"{path}: is an .npz archive, not a single .npy array (rename it to .npz)")
-    if not head.startswith(NPY_MAGIC):
-        raise TempcalError(f"{path}: not an .npy array (no NumPy signature at its start)")
-    try:
-        with open(path, "rb") as f:
-            header = _npy_header(f, str(path))
-            size = os.fstat(f.fileno()).st_size
-    except OSError as exc:
-        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    header, size = _npy_file(path)
     _check_declared(header, size, str(path))
     try:
         try:

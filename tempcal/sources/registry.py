@@ -1,9 +1,5 @@
-"""The one way to open a SOURCE: expand globs, pick the kind that claims the paths, open it.
-
-To add a kind of SOURCE: a module with a :class:`~tempcal.sources.base.SourceKind` subclass, and one
-line in :data:`KINDS` (earlier kinds are asked first; safetensors, the default, comes last). A line says
-what its kind may claim without opening anything, so that only the kinds a SOURCE may be are imported.
-"""
+"""The one way to open a SOURCE: expand globs, pick the kind that claims the paths, open it. A new kind is a
+:class:`~tempcal.sources.base.SourceKind` subclass and one line in :data:`KINDS`."""
 
 from __future__ import annotations
 
@@ -22,13 +18,8 @@ from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOp
 
 @dataclass(frozen=True)
 class KindLine:
-    """One kind of SOURCE in :data:`KINDS`: its module and class (imported when first asked) and what it may claim.
-
-    ``suffixes``: the name endings (any case) of the files it may claim; ``folders``: it may claim a folder;
-    ``option``: the :class:`SourceOptions` field that selects it whatever the paths (``--lm``, ``--head``);
-    ``missing``: it is asked for a path that does not exist (opening says what is missing); ``listed``: its
-    suffixes are named when no kind claims a file. Its own ``claims`` decides among the kinds asked.
-    """
+    """One kind of SOURCE in :data:`KINDS`: its module and class (imported when first asked) and what it may claim
+    without opening anything: name endings, a folder, an option that selects it, a missing path."""
 
     module: str
     cls: str
@@ -99,12 +90,8 @@ def _claimant(paths: list[Path], options: SourceOptions) -> SourceKind:
 
 def open_source(source: Source, options: SourceOptions | None = None, *, labels_optional: bool = False,
                 **keys: Any) -> OpenedSource:
-    """Open a SOURCE of any kind (an :class:`OpenedSource` is returned as it is).
-
-    ``options`` (or keyword arguments, e.g. ``logits_key=...``) say how to read it; with
-    ``labels_optional`` a file without labels opens with placeholder labels (an OOD set).
-    Values are checked later, by the first :class:`~tempcal.core.scan.Scan`.
-    """
+    """Open a SOURCE of any kind (an :class:`OpenedSource` is returned as it is), read as ``options`` (or keyword
+    arguments, e.g. ``logits_key=...``) say; with ``labels_optional`` a file without labels opens (an OOD set)."""
     if isinstance(source, OpenedSource):
         return source
     options = (options or SourceOptions()).but(**keys) if keys else (options or SourceOptions())
@@ -132,10 +119,8 @@ def _shown(value: object) -> str:
 
 
 def stored_reading(kind: SourceKind, path: Path, options: SourceOptions) -> tuple[SourceOptions, bool, list[str]]:
-    """``options`` completed by what the kind keeps beside ``path``'s T (see ``SourceKind.remembered``): the tensor
-    names, columns and scale a fit used, for each option neither given (``options.given``) nor other than its
-    default, and probabilities when ``probs`` is not given. Also whether the stored T was fitted on probabilities, and
-    a note saying what was taken and which given options differ from the stored reading."""
+    """``options`` completed by the reading the kind keeps beside ``path``'s T (for options neither given nor changed),
+    whether that T was fitted on probabilities, and a note on what was taken and what given differs."""
     if not kind.remembered:
         return options, False, []
     metadata = kind.stored_metadata(path)
@@ -171,14 +156,10 @@ def read_stored_temperature(path: str | os.PathLike) -> tuple[float | None, list
 
 def write_stored_temperature(path: str | os.PathLike, temperature: float,
                              output: str | os.PathLike | None = None) -> Path:
-    """Store T for a SOURCE file of any kind, where that kind keeps it; returns the path written.
-
-    safetensors: into the metadata (of ``output``, a copy, when given). ``.npz``/``.pt``: into the
-    sidecar; with ``output``, the file is copied byte for byte and the copy gets the sidecar.
-    ``.npy``: the sidecar only (``output`` is refused: the labels live in a second file).
-    """
+    """Store T for a SOURCE file of any kind where that kind keeps it (metadata, or the sidecar), or for a copy at
+    ``output``; returns the path written."""
     path = Path(path)
-    return kind_of([path]).write_temperature(path, temperature, None if output is None else Path(output))
+    return kind_of([path]).write_reading(path, temperature, None if output is None else Path(output), {})
 
 
 __all__ = ["KINDS", "KindLine", "Source", "expand_sources", "kind_of", "open_source", "read_stored_temperature",

@@ -1,11 +1,7 @@
 """The default SOURCE kind: logits in safetensors files (one file, many shards, or a glob), read in row chunks.
 
-Each chunk is read with ``pread`` at the byte offsets the (checked) header gives, into a
-reused buffer, so memory stays at one chunk whatever the file size, and no page of the
-file is mapped into the process. Inputs whose logits fit in ``RESIDENT_BYTES`` are read
-once, whole, and every later pass runs from memory. Labels (N integers) are read whole: splits need them.
-Token-level logits ``[B, L, V]`` with labels ``[B, L]`` are rows of V classes; rows whose
-label is ``ignore_index`` are skipped everywhere.
+Chunks are read with ``pread`` into a reused buffer, so memory stays at one chunk whatever the file size; logits
+within ``RESIDENT_BYTES`` are read once and kept. Labels are read whole; rows labelled ``ignore_index`` are skipped.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..core.data import HeldRows, PinnedStager, as_logits_data, default_chunk_rows, to_device
+from ..core.data import HeldRows, PinnedStager, default_chunk_rows, to_device
 from ..errors import DataError, TempcalError, param
 from ..io import safetensors_header
 from ..io.safetensors_header import (
@@ -70,11 +66,8 @@ class Shard:
 
 
 class ShardedLogits:
-    """Logits and labels of one or more safetensors files, read a chunk at a time.
-
-    ``rows`` (sorted global row indices) restricts the data to a subset, e.g. one side of a split,
-    one rank's share, or the rows whose label is not ``ignore_index``.
-    """
+    """Logits and labels of one or more safetensors files, read a chunk at a time; ``rows`` (sorted global indices)
+    restricts them to a subset (a split, a rank's share, the rows not ``ignore_index``)."""
 
     def __init__(self, shards: list[Shard], labels: torch.Tensor, *, binary: bool, num_classes: int,
                  rows: torch.Tensor | None = None, resident: _Resident | None = None):
@@ -127,11 +120,8 @@ class ShardedLogits:
 
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """Yield ``(position, logits, labels)``: ``position`` counts selected rows before the chunk.
-
-        On CUDA every chunk goes through pinned buffers (:class:`~tempcal.core.data.PinnedStager`), so
-        reading the next chunk overlaps the copy and the reduction of this one.
-        """
+        """Yield ``(position, logits, labels)``, ``position`` counting the selected rows before the chunk; on CUDA
+        through pinned buffers, so reading the next chunk overlaps the copy and the reduction of this one."""
         chunk_rows = max(1, min(int(chunk_rows), self.starts[-1]))  # buffers never larger than the files
         if device.type == "cuda":
             yield from self._staged_chunks(chunk_rows, device, dtype)
@@ -199,11 +189,8 @@ class ShardedLogits:
             yield position, self._two_class(z), y
 
     def _host_fills(self, chunk_rows: int) -> Iterator[tuple[int, Callable[[torch.Tensor], None]]]:
-        """``(rows, fill)`` per chunk: ``fill(out)`` writes the chunk's ``rows`` logits into ``out`` (pinned).
-
-        Whole blocks are read straight into ``out``; selected rows are gathered into it (from memory, or
-        from a block read into a pageable scratch buffer).
-        """
+        """``(rows, fill)`` per chunk: ``fill(out)`` writes the chunk's logits into ``out`` (pinned), whole blocks read
+        straight into it, selected rows gathered."""
         if self.resident is not None:
             logits, rows = self.resident.load(), self.rows
             for position in range(0, self.num_samples, chunk_rows):
@@ -253,11 +240,8 @@ def _gather_rows(source: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -
 
 
 class _Resident:
-    """Every shard's logits in one tensor (shards share their width and dtype), read on first use.
-
-    Two threads read it in slices: ``pread`` releases the GIL, and one thread copies from the
-    page cache at only about half the speed two do.
-    """
+    """Every shard's logits in one tensor, read on first use by two threads (``pread`` releases the GIL, and one thread
+    copies from the page cache at about half the speed of two)."""
 
     SLICE_BYTES = 8 << 20
     THREADS = 2
@@ -401,33 +385,22 @@ def check_not_hidden(header: Header, options: SourceOptions) -> None:
 
 def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool):
     """``--probs``: one file read whole, its probabilities turned into log-probabilities."""
+    from .memory import in_memory_data
+
     if len(paths) > 1:
         raise TempcalError(f"{param('probs')} takes a single file, not shards")
     header = read_header(paths[0])
-    has_labels = options.labels_key in header.tensors or not labels_optional
     logits = read_tensor(header, options.logits_key, option=param("logits_key"))
-    if has_labels:
-        labels = read_tensor(header, options.labels_key, option=param("labels_key"))
-    else:
-        shape = tuple(logits.shape[:2]) if logits.dim() == 3 else tuple(logits.shape[:1])
-        labels = torch.zeros(shape, dtype=torch.int64)
-    try:
-        data = as_logits_data(logits, labels, probs=True, logits_name=options.logits_key,
-                              labels_name=options.labels_key, ignore_index=options.ignore_index)
-    except TempcalError as exc:
-        raise exc.prefixed(f"{paths[0]}: ") from None
-    return data, has_labels
+    has_labels = options.labels_key in header.tensors or not labels_optional
+    labels = read_tensor(header, options.labels_key, option=param("labels_key")) if has_labels else None
+    return in_memory_data(paths[0], logits, labels, options, logits_name=options.logits_key,
+                          labels_name=options.labels_key)
 
 
 def open_sharded(paths: list[Path], *, logits_key: str = "logits", labels_key: str = "labels",
                  ignore_index: int | None = None, labels_optional: bool = False) -> tuple[ShardedLogits, bool]:
-    """Check every shard's header, read the labels, and return the logits as a chunked source, and
-    whether every shard had labels.
-
-    Logits may be ``[N, C]``, ``[N]`` / ``[N, 1]`` (one binary logit) or ``[B, L, V]`` (tokens); all
-    shards must agree on the class count and dtype. ``labels_optional`` gives all-zero labels to
-    files without a labels key (for out-of-distribution sets).
-    """
+    """Check every shard's header and read the labels: the logits (``[N, C]``, ``[N]`` / ``[N, 1]``, or ``[B, L, V]``)
+    as a chunked source, and whether every shard had labels (placeholders when optional and absent)."""
     shards, labels, kinds = [], [], set()
     has_labels = True
     for path in paths:

@@ -1,13 +1,6 @@
-"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time, in bounded memory.
-
-A confidence table is read column by column as rows arrive: CSV through :mod:`csv` (a field is bounded by
-:data:`MAX_FIELD_CHARS`), JSON Lines a bounded line at a time (:mod:`tempcal.sources.bounded_lines`), parquet a
-record batch at a time (pyarrow, the ``logs`` extra). Data rows are numbered from 1 (a CSV header is not a row;
-JSON Lines' blank lines are not rows). A column that is not there is a :class:`TableError` naming it and listing
-the columns there are. Values come back raw (CSV: strings; JSON: JSON values; parquet: Python values), None when
-missing; the caller checks them. Writing a copy with one more column (:func:`write_with_column`) streams the same
-way into a temporary file beside the output, renamed over it at the end.
-"""
+"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time, in bounded memory,
+and a copy written with one more column (atomically). Values come back raw, None when missing; the caller checks
+them. A missing column is a :class:`TableError` naming it and the columns there are."""
 
 from __future__ import annotations
 
@@ -15,7 +8,7 @@ import csv
 import io
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,14 +46,9 @@ def missing_columns(path: Path, wanted: Sequence[str], have: Sequence[str], opti
 def read_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
     """``(row number from 1, [value of each wanted column])`` for every data row of the table at ``path``."""
     fmt = table_format(path)
-    if fmt == "csv":
-        yield from _csv_rows(path, wanted, options)
-    elif fmt == "jsonl":
-        yield from _jsonl_rows(path, wanted, options)
-    elif fmt == "parquet":
-        yield from _parquet_rows(path, wanted, options)
-    else:
+    if fmt is None:
         raise TableError(f"{path}: not a table (expected .csv, .jsonl or .parquet)")
+    yield from _FORMATS[fmt][0](path, wanted, options)
 
 
 def _open_text(path: Path) -> io.TextIOWrapper:
@@ -119,19 +107,21 @@ def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> It
                              "row of a table)") from None
 
 
-def _parquet_file(path: Path) -> Any:
+def parquet_file(path: Path, needed_for: str | None = None, error: type[DataError] = TableError) -> Any:
+    """The open ``pyarrow.parquet.ParquetFile`` (``needed_for`` says what for when pyarrow is missing); not parquet,
+    or unreadable, is an ``error`` naming the file."""
     from ..io.optional import pyarrow_parquet
+    from .memory import first_line
 
-    pq = pyarrow_parquet(f"reading {path}")
+    pq = pyarrow_parquet(needed_for or f"reading {path}")
     try:
         return pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError on a damaged file
-        raise TableError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0] if str(exc) else exc})"
-                         ) from None
+        raise error(f"{path}: not a readable parquet file ({first_line(exc)})") from None
 
 
 def _parquet_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
-    table = _parquet_file(path)
+    table = parquet_file(path)
     names = list(table.schema_arrow.names)
     if any(name not in names for name in wanted):
         raise missing_columns(path, wanted, names, options)
@@ -148,14 +138,8 @@ def write_with_column(path: Path, output: Path, column: str, values: Sequence[fl
     atomically (a temporary file beside ``output``, renamed over it)."""
     from ..io.paths import atomic_path
 
-    fmt = table_format(path)
     with atomic_path(output, what="--output") as temporary:
-        if fmt == "csv":
-            _write_csv(path, temporary, column, values)
-        elif fmt == "jsonl":
-            _write_jsonl(path, temporary, column, values)
-        else:
-            _write_parquet(path, temporary, column, values)
+        _FORMATS[table_format(path) or "parquet"][1](path, temporary, column, values)
 
 
 def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
@@ -184,7 +168,7 @@ def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[floa
 def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    table = _parquet_file(path)
+    table = parquet_file(path)
     from ..io.optional import pyarrow_parquet
 
     pq = pyarrow_parquet(f"writing {temporary}")
@@ -199,25 +183,20 @@ def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[fl
 
 def columns_of(path: Path) -> list[str]:
     """The table's columns: a CSV's header, a JSON Lines table's first row's keys, a parquet file's schema."""
-    fmt = table_format(path)
-    if fmt == "parquet":
-        return list(_parquet_file(path).schema_arrow.names)
+    if table_format(path) == "parquet":
+        return list(parquet_file(path).schema_arrow.names)
     try:
         next(read_rows(path, ["\x00"], ["-"]), None)
     except TableError as exc:
-        found = getattr(exc, "columns", None)
-        if found is not None:
-            return list(found)
+        if exc.columns is not None:
+            return list(exc.columns)
         raise
     return []
 
 
-def has_column(path: Path, column: str) -> bool:
-    """Whether the table at ``path`` has ``column`` (CSV: its header; JSON Lines: its first row; parquet: schema)."""
-    fmt = table_format(path)
-    if fmt == "parquet":
-        return column in _parquet_file(path).schema_arrow.names
-    return column in columns_of(path)
+#: Per format: how its rows are read, and how a copy with one more column is written.
+_FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, list[Any]]]], Callable[..., None]]] = {
+    "csv": (_csv_rows, _write_csv), "jsonl": (_jsonl_rows, _write_jsonl), "parquet": (_parquet_rows, _write_parquet)}
 
 
-__all__ = ["TABLE_FORMATS", "TableError", "columns_of", "has_column", "read_rows", "table_format", "write_with_column"]
+__all__ = ["TABLE_FORMATS", "TableError", "columns_of", "read_rows", "table_format", "write_with_column"]

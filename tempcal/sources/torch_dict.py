@@ -1,8 +1,5 @@
-"""``.pt`` / ``.pth`` files holding a dict of tensors as SOURCE (T in a sidecar).
-
-Read by ``torch.load(weights_only=True)`` only: a file holding other Python objects is refused,
-never unpickled. TorchScript archives with these suffixes are models (:mod:`tempcal.sources.model`).
-"""
+"""``.pt`` / ``.pth`` files holding a dict of tensors as SOURCE (T in a sidecar), read with
+``torch.load(weights_only=True)`` only: other Python objects are refused, never unpickled."""
 
 from __future__ import annotations
 
@@ -19,10 +16,7 @@ from .memory import PICKLE_MAGIC, ZIP_MAGIC, InMemoryKind, checked_path, first_l
 from .torch_pickle import check_storages
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
-
-_Read = tuple[tuple[str, ...], "torch.Tensor", "torch.Tensor | None", str]
 
 
 class TorchDictKind(InMemoryKind):
@@ -33,9 +27,12 @@ class TorchDictKind(InMemoryKind):
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = checked_path(paths[0])
-        _, logits, labels, labels_name = _read_pt(path, options.logits_key, options.labels_key, not labels_optional)
+        loaded = load_pt_dict(path)
+        logits = _pt_tensor(loaded, path, options.logits_key, param("logits_key"))
+        has_labels = options.labels_key in loaded or not labels_optional
+        labels = _pt_tensor(loaded, path, options.labels_key, param("labels_key")) if has_labels else None
         return in_memory_source(self, path, logits, labels, options, logits_name=options.logits_key,
-                                labels_name=labels_name)
+                                labels_name=options.labels_key)
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """Every entry of the dict: tensors with their shapes, anything else by its type."""
@@ -52,34 +49,8 @@ class TorchDictKind(InMemoryKind):
                 entries.append({**tensor_entry(path, str(name), None, type(value).__name__, options), "role": None})
         return entries
 
-    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
-        """The tensor ``key``, checked against the labels' shape."""
-        from .grouping import checked, labels_shape
-
-        path = opened.paths[0]
-        values = read_pt_tensor(path, key, option)
-        shape = labels_shape(lambda name, said: read_pt_tensor(path, name, said), opened.options.labels_key)
-        return checked(path, key, values, shape, option)
-
-
-def _read_pt(path: Path, logits_key: str, labels_key: str, labels_required: bool) -> _Read:
-    loaded = load_pt_dict(path)
-    keys = tuple(str(k) for k in loaded)
-    if logits_key not in loaded:
-        raise missing(path, "tensor", logits_key, keys, param("logits_key"))
-    if labels_key not in loaded and labels_required:
-        raise missing(path, "tensor", labels_key, keys, param("labels_key"))
-    logits = _pt_member(loaded[logits_key], path, logits_key)
-    labels = _pt_member(loaded[labels_key], path, labels_key) if labels_key in loaded else None
-    return keys, logits, labels, labels_key
-
-
-def read_pt_tensor(path: Path, key: str, option: str) -> torch.Tensor:
-    """One tensor of a ``.pt`` dict; a missing one names the keys present and ``option``."""
-    loaded = load_pt_dict(path)
-    if key not in loaded:
-        raise missing(path, "tensor", key, tuple(str(k) for k in loaded), option)
-    return _pt_member(loaded[key], path, key)
+    def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
+        return _pt_tensor(load_pt_dict(path), path, key, option)
 
 
 def load_pt_dict(path: Path) -> Mapping:
@@ -126,11 +97,13 @@ def load_pt_dict(path: Path) -> Mapping:
     return loaded
 
 
-def _pt_member(value: object, path: Path, key: str) -> torch.Tensor:
+def _pt_tensor(loaded: Mapping, path: Path, key: str, option: str) -> torch.Tensor:
+    """The tensor ``key`` of a loaded dict (dense); a missing key names the keys present and ``option``."""
     import torch
 
+    if key not in loaded:
+        raise missing(path, "tensor", key, tuple(str(k) for k in loaded), option)
+    value = loaded[key]
     if not isinstance(value, torch.Tensor):
         raise TempcalError(f"{path}: '{key}' is a {type(value).__name__}, not a tensor")
-    if value.layout != torch.strided:
-        value = value.to_dense()
-    return value
+    return value if value.layout == torch.strided else value.to_dense()

@@ -1,11 +1,5 @@
-"""The storages a ``torch.save`` file declares, read from its pickle's opcodes without running any of it.
-
-``torch.load`` allocates (legacy format) or maps (zip format) each storage at the size the pickle
-declares; :func:`check_storages` compares those sizes with what the file holds before torch is asked,
-so a pickle claiming gigabytes costs nothing. The opcodes are walked with :func:`pickletools.genops`
-on a reader that never reads past the file's end, tracking only what the storages' persistent ids
-are built from (strings, integers, globals, tuples and the memo).
-"""
+"""The storages a ``torch.save`` file declares, read from its pickle's opcodes without running any of it, so that
+a pickle claiming gigabytes is refused (:func:`check_storages`) before ``torch.load`` allocates or maps them."""
 
 from __future__ import annotations
 

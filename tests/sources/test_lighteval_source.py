@@ -21,7 +21,8 @@ from tempcal.io.paths import sidecar_path
 from tempcal.io.sidecar import read_sidecar
 from tempcal.sources import lighteval as lighteval_kind
 from tempcal.sources.base import SourceOptions
-from tempcal.sources.lighteval import LightevalDetailsError, LightevalKind, read_details, task_from_filename
+from tempcal.sources.lighteval import LightevalDetailsError, LightevalKind, read_details
+from tempcal.sources.lm_eval import task_from_filename
 from tempcal.sources.registry import kind_of, open_source
 
 TASKS = ("tempcal_mc", "tempcal_listed")
@@ -145,7 +146,7 @@ def test_rows_out_of_dataset_order_give_the_same_fit(tmp_path: Path) -> None:
     ("details_leaderboard|arc:challenge|25_2025-01-02T10-11-12.123456.parquet", "leaderboard|arc:challenge|25"),
     ("details_mmlu.parquet", "mmlu"), ("details_.parquet", None), ("samples_x.parquet", None), ("x.jsonl", None)])
 def test_task_from_filename(name: str, task: str | None) -> None:
-    assert task_from_filename(name) == task
+    assert task_from_filename(name, "details_", (".parquet",)) == task
 
 
 def test_the_name_claims_the_file() -> None:

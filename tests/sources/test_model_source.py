@@ -47,4 +47,4 @@ def test_every_format_opens_alike_and_a_calibrated_one_gives_its_stored_t(digits
         again = open_source(calibrated, inputs=str(digits["inputs"]), device="cpu")
         assert again.stored_temperature == 2.5 and torch.equal(again.data.logits, opened.data.logits)
         with pytest.raises(TempcalError, match="a model has no logits file to store T in"):
-            again.kind.write_temperature(calibrated, 3.0, None)
+            again.kind.write_reading(calibrated, 3.0, None, {})

@@ -276,7 +276,7 @@ def test_compressed_archives_and_other_npy_versions_still_load(tmp_path):
 def test_arrays_larger_than_the_memory_available_are_refused_before_reading(tmp_path, monkeypatch):
     z, y = numpy_logits(n=1000)
     np.savez(tmp_path / "big.npz", logits=z, labels=y)
-    monkeypatch.setattr("tempcal.sources.memory.available_memory", lambda: 10_000)
+    monkeypatch.setattr("tempcal.core.limits.available_bytes", lambda device: 10_000)
     with pytest.raises(TempcalError) as exc:
         open_source(tmp_path / "big.npz")
     assert one_line(exc) == (f"{tmp_path / 'big.npz'}: arrays 'logits' and 'labels' need {z.nbytes + y.nbytes} "
