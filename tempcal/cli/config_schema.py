@@ -1,10 +1,5 @@
-"""What a configuration file may hold, derived from the commands' own parameters: keys, kinds, values.
-
-A key is an option's long name without the dashes; its kind comes from the parameter's annotation, its range from
-``typer.Option(min=, max=)`` or a :class:`~tempcal.validation.Bounds` marker, the rest from markers Typer ignores
-(:class:`PathValue`, :class:`ValueType`, :data:`NOT_CONFIGURABLE`): an option is declared once. TOML values are
-checked here before Typer would turn ``true`` into ``"True"`` or ``1``.
-"""
+"""What a configuration file may hold, derived from the commands' own parameters and the markers Typer ignores
+(:class:`PathValue`, :class:`ValueType`, :data:`NOT_CONFIGURABLE`), so that an option is declared once."""
 
 from __future__ import annotations
 
@@ -33,12 +28,8 @@ class ConfigError(TempcalError):
 
 @dataclass(frozen=True)
 class PathValue:
-    """Annotation marker: the option holds file paths; relative ones in a configuration file are relative to it.
-
-    ``must_exist``: an input; a configured path that does not exist is an error naming the file and
-    key, raised only when the command is about to use that value. ``allow_dash``: ``-`` (standard
-    output) is kept as is. ``glob``: the value may be a glob pattern (shards); it must then match a file.
-    """
+    """Annotation marker: the option holds file paths, relative to a configuration file that gives them; an input
+    (``must_exist``) must exist, a pattern (``glob``) match a file; ``allow_dash``: ``-`` is standard output."""
 
     must_exist: bool = False
     allow_dash: bool = False
@@ -47,12 +38,8 @@ class PathValue:
 
 @dataclass(frozen=True)
 class ValueType:
-    """Annotation marker: how a TOML value becomes the option's command-line value.
-
-    ``convert`` raises TypeError for a value of the wrong type (the message then says
-    ``expected <expected>``) or ValueError with its own message. ``check``, when given, checks a
-    command-line value (text) before any file is read, raising a :class:`TempcalError`.
-    """
+    """Annotation marker: how a TOML value becomes the option's value (``convert``: TypeError, or ValueError with
+    its message) and how a command-line value is checked before any file is read (``check``)."""
 
     expected: str
     convert: Callable[[Any], Any]

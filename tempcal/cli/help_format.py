@@ -1,9 +1,5 @@
-"""How tempcal's help reads: a command's common options by panel (``--help``), every option on request
-(``tempcal help COMMAND``), wrapped at any width rather than cut.
-
-An option is two columns (its names with the value it takes; its help, defaults and range, wrapped), where
-Typer's six leave the help about 20 characters at 80 columns. Rich is imported only while help is shown.
-"""
+"""How tempcal's help reads: a command's common options by panel (``--help``), every option with ``tempcal help
+COMMAND``, in two columns wrapped at any width rather than cut (rich is imported only while help is shown)."""
 
 from __future__ import annotations
 

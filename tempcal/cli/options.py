@@ -1,7 +1,5 @@
-"""Every option shared by the commands, declared once, and the checks that turn them into API arguments.
-
-Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
-"""
+"""Every option shared by the commands, declared once, and the checks that turn them into API arguments (nothing
+here imports torch: ``tempcal --help`` and usage errors stay fast)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,5 @@
-"""What a command writes besides the console: its JSON (a file, atomically, or standard output), the Markdown
-section appended to GitHub's step summary, the pictures, model-card sections and per-sample scores beside its results
-(``--plot``, ``--markdown``, ``ood --scores``), and the outputs a capability package registers (``--html``).
-
-The step summary goes to ``$GITHUB_STEP_SUMMARY`` in one ``write`` (commands running side by side cannot
-interleave); a file that is no regular writable file gets a warning, not a byte. A registered output has a check run
-before any work (the path, the package's optional dependencies) and a writer run after the JSON is out; the commands
-name no such output: ``cli/main`` calls :func:`check_extra` for every output path and :func:`write_extras` once.
-"""
+"""What a command writes besides the console: its JSON, the step summary (one ``write``, never a byte into what is
+no regular file), ``--plot``, ``--markdown``, ``ood --scores``, and the outputs a package registers (``--html``)."""
 
 from __future__ import annotations
 

@@ -273,11 +273,8 @@ def _crossfit(loaded: Any, plan: Plan, asked: Asked, *, device: str, chunk_rows:
 def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True, save_model: str | None = None,
              save_logits: str | None = None, generation: bool = False, save_hidden: str | None = None,
              settings: dict[str, Any] | None = None) -> Kept:
-    """Keep the fitted T where SOURCE's kind keeps it (:meth:`~tempcal.sources.base.OpenedSource.keep`: its files
-    or a copy at ``output``; a model's ``save_model`` and ``save_logits``; a language model's record, with
-    ``settings``, its ``generation`` configuration and ``save_hidden``), with the groups' temperatures and the split
-    that fitted it. ``store=False`` writes no T (a model's logits are still saved, without T). Returns the files
-    that now hold T and the lines saying what was written."""
+    """Keep the fitted T, the groups' temperatures and the split where SOURCE's kind keeps them
+    (:meth:`~tempcal.sources.base.OpenedSource.keep`); ``store=False`` writes no T. The files that hold T, and lines."""
     ask = Keep(store=store, output=output, metadata=fitted_split(report).to_metadata(),
                group_key=report.subsets.group_key if report.subsets else None,
                group_temperatures=report.group_temperatures, save_model=save_model, save_logits=save_logits,
@@ -288,10 +285,4 @@ def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True
     return report.opened.keep(report.temperature, ask)
 
 
-def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,
-               save_logits: str | None = None, store: bool = True) -> list[str]:
-    """:func:`keep_fit` without a language model's settings; returns the paths that now hold T."""
-    return keep_fit(report, output=output, store=store, save_model=save_model, save_logits=save_logits).paths
-
-
-__all__ = ["FitReport", "check_alphas", "fit_file", "keep_fit", "write_back"]
+__all__ = ["FitReport", "fit_file", "keep_fit"]
