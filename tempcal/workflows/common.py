@@ -57,16 +57,10 @@ class Basis:
 
     def rows_label(self) -> str:
         """The rows it covers, as a phrase: ``on the 150 held-out rows``, ``out of fold over all 300 rows``."""
-        n = f"{self.n:,}"
-        if self.rows == ROWS_OUT_OF_FOLD:
-            return f"out of fold over all {n} rows"
-        if self.rows == ROWS_HELD_OUT:
-            return f"on the {n} held-out rows"
-        if self.rows == ROWS_FITTING:
-            return f"on the {n} rows T was fitted on"
-        if self.rows == ROWS_FILE:
-            return f"on the {n} rows of {self.source}"
-        return f"on all {n} rows" + (", T's fitting rows included" if self.in_sample else "")
+        phrase = {ROWS_OUT_OF_FOLD: "out of fold over all {n} rows", ROWS_HELD_OUT: "on the {n} held-out rows",
+                  ROWS_FITTING: "on the {n} rows T was fitted on", ROWS_FILE: "on the {n} rows of {source}"}.get(
+            self.rows, "on all {n} rows" + (", T's fitting rows included" if self.in_sample else ""))
+        return phrase.format(n=f"{self.n:,}", source=self.source)
 
     def to_json(self) -> dict[str, Any]:
         return {"at": self.at, "tau": self.tau, "rows": self.rows, "n": self.n, "stored": self.stored,
