@@ -58,7 +58,6 @@ class FitReport:
     bins: int
     device: str
     warnings: list[str] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)  # SOURCE's files, where write-back goes
     extras: list[dict] = field(default_factory=list)  # before, after: other estimators, bootstrap intervals
     conformal_reads: int = 0  # reads of the fitting rows for the conformal thresholds (after the fit)
     opened: Any = field(default=None, repr=False)  # the OpenedSource, for write-back and saving a model
@@ -221,8 +220,8 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
-        device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-        conformal_reads=reads, opened=loaded, subsets=subsets, evaluated=evaluated)
+        device=str(scan.device), warnings=warnings, extras=extras, conformal_reads=reads, opened=loaded,
+        subsets=subsets, evaluated=evaluated)
 
 
 def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
@@ -265,9 +264,8 @@ def _crossfit(loaded: Any, plan: Plan, asked: Asked, *, device: str, chunk_rows:
     n = scan.num_samples
     return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
                      num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=asked.seed,
-                     bins=asked.bins, device=str(scan.device), warnings=warnings,
-                     paths=[str(p) for p in loaded.paths], extras=run.extras, conformal_reads=run.reads,
-                     opened=loaded, subsets=run.subsets)
+                     bins=asked.bins, device=str(scan.device), warnings=warnings, extras=run.extras,
+                     conformal_reads=run.reads, opened=loaded, subsets=run.subsets)
 
 
 def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True, save_model: str | None = None,
