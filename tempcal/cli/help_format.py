@@ -19,11 +19,8 @@ HELP_PANEL = "Help"
 PANEL_ORDER = ("Arguments", "Input", "Fit", "Temperatures", "Scores", "Metrics", "Groups", "Gates", "Output", "Models",
                "Language models", "Scale", "Configuration")
 #: The panel of options declared without one (in a command's own module, or not yet given one).
-FALLBACK_PANELS = {
-    "--ood": "Input", "--sweep": "Temperatures", "--scores": "Output", "--html": "Output",
-    "--ood-inputs": "Models", "--odin-eps": "Models", "--folds": "Fit", "--conformal-alpha": "Metrics",
-    "--group-by": "Groups", "--group-prior": "Groups",
-}
+FALLBACK_PANELS = {"--ood": "Input", "--sweep": "Temperatures", "--scores": "Output", "--ood-inputs": "Models",
+                   "--odin-eps": "Models", "--folds": "Fit", "--group-by": "Groups", "--group-prior": "Groups"}
 #: Where one command shows a shared option in another panel than the declaration's.
 PANEL_OVERRIDES = {("report", "--seed"): "Metrics", ("ood", "--seed"): "Metrics", ("ood", "--tau"): "Scores",
                    ("fit", "--group-by"): "Fit", ("fit", "--group-prior"): "Fit"}
