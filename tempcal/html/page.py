@@ -12,7 +12,6 @@ from typing import Any
 
 from ..conformal.sets import SHORT_P
 from ..output.figures import fit_split, group_coverage, threshold_text
-from ..output.plots import sweep_figure
 from ..subsets.console import GROUP_COLUMNS, GROUP_T
 from ..workflows.common import AT_FOLDS, Basis
 from . import figures
@@ -220,9 +219,7 @@ def _report_context(result: Any, data: dict) -> dict:
         marks = {"min NLL": best} if best is not None else {}
         if result.stored_temperature is not None:
             marks["stored T"] = result.stored_temperature
-        # the figures against tau that ``report --plot`` draws on a sweep (the page shows the curves apart)
-        sweep = sweep_figure([m.to_dict(with_bins=False) for m in points], marks, curves=False)
-        table.figures.append({"svg": figures.svg(sweep),
+        table.figures.append({"svg": figures.sweep([m.to_dict(with_bins=False) for m in points], marks),
                               "narrow": True})
     marked = [(r, b) for r, b in zip(results, bases, strict=True) if b.stored or lowest(r, b)][:3]
     shown = list(zip(results, bases, strict=True))
