@@ -351,5 +351,4 @@ def check_given(spec: OptionSpec, value: Any) -> None:
         spec.value_type.check(value)
 
 
-__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "load_config",
-           "resolve_config"]
+__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfiguredCommand", "config_state", "load_config", "resolve_config"]

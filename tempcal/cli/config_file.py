@@ -140,4 +140,4 @@ def _check_digits(run: str, after: str, limit: int, scan: _Scan, shown: str) -> 
                           f"{limit} are read")
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "check_nesting", "parse_config", "read_config_bytes"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "parse_config", "read_config_bytes"]

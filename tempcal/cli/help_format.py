@@ -309,5 +309,5 @@ class HelpGroup(TyperGroup):
         formatter.write(group_help(self, ctx))
 
 
-__all__ = ["COMMON", "PANEL_ORDER", "TOPICS", "HelpCommand", "HelpGroup", "command_help", "group_help", "grouped",
-           "help_console", "help_of", "long_name", "names", "panel", "panel_of", "render"]
+__all__ = ["COMMON", "TOPICS", "HelpCommand", "HelpGroup", "command_help", "grouped", "help_console", "help_of",
+           "names", "panel", "panel_of", "render"]

@@ -244,4 +244,4 @@ def help_click_command() -> Any:
     return command
 
 
-__all__ = ["ALIASES", "TOPIC_TEXTS", "help_click_command", "resolve", "topic_help", "topics_list"]
+__all__ = ["ALIASES", "TOPIC_TEXTS", "help_click_command", "resolve"]

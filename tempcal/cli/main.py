@@ -280,5 +280,4 @@ def run() -> None:
     os._exit(code)
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_GATE", "Interrupted", "app", "check_paths", "console", "deliver",
-           "main", "run", "start", "stderr"]
+__all__ = ["Interrupted", "app", "check_paths", "console", "deliver", "main", "run", "start", "stderr"]

@@ -27,4 +27,4 @@ def print_apply(result: Any, console: Any) -> None:
         console.print(line, soft_wrap=True, markup=False)
 
 
-__all__ = ["apply_lines", "print_apply"]
+__all__ = ["print_apply"]

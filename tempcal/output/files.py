@@ -207,5 +207,4 @@ def save_scores(report, path: str | os.PathLike) -> Path:
     return Path(path)
 
 __all__ = ["EXTRA_OUTPUTS", "STEP_SUMMARY_ENV", "append_step_summary", "check_extra", "emit_json", "register",
-           "save_scores", "score_key", "score_tensors", "step_summary_path", "tau_label", "write_extras",
-           "write_fit_files", "write_ood_files", "write_report_files"]
+           "step_summary_path", "write_extras", "write_fit_files", "write_ood_files", "write_report_files"]

@@ -118,4 +118,4 @@ def print_inspect(report: Any, console: Any) -> None:
             say(line)
 
 
-__all__ = ["labels_line", "print_inspect", "stored_lines", "tensors_table", "values_line"]
+__all__ = ["print_inspect"]

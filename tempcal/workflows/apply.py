@@ -228,4 +228,4 @@ def _output_metadata(loaded: OpenedSource, as_: str, temperature: float, group_k
     return metadata
 
 
-__all__ = ["OUTPUT_KEYS", "ApplyResult", "apply_file", "check_as", "check_output"]
+__all__ = ["ApplyResult", "apply_file", "check_output"]

@@ -134,6 +134,5 @@ def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: S
     return out
 
 
-__all__ = ["AT_FOLDS", "AT_GLOBAL", "AT_GROUPS", "AT_ONE", "AT_TAU", "ROWS_ALL", "ROWS_FILE", "ROWS_FITTING",
-           "ROWS_HELD_OUT", "ROWS_OUT_OF_FOLD", "Basis", "check_stored_reading", "extra_figures", "report_basis",
-           "scan_source", "uses_stored"]
+__all__ = ["AT_FOLDS", "AT_GLOBAL", "AT_GROUPS", "AT_ONE", "ROWS_ALL", "ROWS_FILE", "ROWS_HELD_OUT", "ROWS_OUT_OF_FOLD",
+           "Basis", "check_stored_reading", "extra_figures", "report_basis", "scan_source", "uses_stored"]

@@ -133,4 +133,4 @@ def in_sample_note(opened: OpenedSource, split: StoredSplit, scored: int) -> Not
                 f"(fit with {param('folds')} K for out-of-fold figures)")
 
 
-__all__ = ["SPLIT_KEY", "StoredSplit", "evaluation_rows", "fitted_split", "in_sample_note", "stored_split"]
+__all__ = ["evaluation_rows", "fitted_split", "in_sample_note", "stored_split"]
