@@ -33,9 +33,9 @@ from .common import (
     ROWS_OUT_OF_FOLD,
     Basis,
     extra_figures,
+    fitted_split,
     scan_source,
 )
-from .stored_split import fitted_split
 
 #: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.
 DEFAULT_VAL_FRACTION = 0.5
