@@ -1,9 +1,5 @@
-"""Project configuration: the commands' defaults from ``tempcal.toml`` or ``[tool.tempcal]`` in ``pyproject.toml``
-(docs/configuration.md).
-
-Values become the command's ``default_map``, so the command line always wins and a value taken from the file has
-the parameter source ``DEFAULT_MAP``, which the JSON reports. Every table is checked on every run.
-"""
+"""Project configuration (docs/configuration.md): the commands' defaults from ``tempcal.toml`` or ``[tool.tempcal]``,
+installed as each command's ``default_map`` so that the command line wins; every table is checked on every run."""
 
 from __future__ import annotations
 
@@ -77,12 +73,8 @@ class Config:
 
     def defaults_for(self, command: str, schema: CommandSchema, given: Collection[str] = (), *,
                      check_files: bool = True) -> dict[str, Any]:
-        """The command's defaults from this file, by parameter name (the ``default_map`` of its context).
-
-        Values are checked and converted to what the command line would give; relative paths are
-        joined to the file's folder. ``given`` names the parameters the command line sets: their
-        configured values are still type-checked, but their files are not looked at.
-        """
+        """The command's defaults from this file, by parameter name, as the command line would give them; the files of
+        the parameters the command line sets (``given``) are not looked at."""
         out = self._table_defaults(command, schema, given, check_files=check_files)
         source = schema.source
         if source is not None and source.param_name not in out and SOURCE_KEY in self.data:
@@ -172,11 +164,8 @@ class Config:
 
 
 def load_config(path: str | os.PathLike[str], *, display: str | None = None, named: str | None = None) -> Config:
-    """Read a configuration file: a pyproject.toml gives its ``[tool.tempcal]`` table, any other name the whole file.
-
-    ``display`` names the file in messages (default: the path); ``named`` in those about the file
-    itself, such as ``--config /dev/zero: is a character device`` (default: ``display``).
-    """
+    """Read a configuration file: a pyproject.toml gives its ``[tool.tempcal]`` table, any other name the whole file
+    (``display`` names it in messages, ``named`` in those about the file itself)."""
     shown = display if display is not None else os.fspath(path)
     absolute = Path(os.path.abspath(path))
     data = parse_config(read_config_bytes(absolute, named or shown), shown)
@@ -202,12 +191,8 @@ def resolve_config(explicit: str | None, disabled: bool, cwd: str | os.PathLike[
 
 
 def _discover(start_dir: str | os.PathLike[str] | None) -> Config | None:
-    """Walk up from ``start_dir`` (default: the current folder) to the first folder with a configuration.
-
-    Anything named ``tempcal.toml`` or ``pyproject.toml`` on the way counts: one that is not a
-    regular file (a folder, a FIFO, a link to /dev/zero or to nothing) is an error naming it, not
-    skipped. A pyproject.toml that never says 'tempcal' is not parsed.
-    """
+    """The first configuration from ``start_dir`` up: one that is no regular file is an error, not skipped; a
+    pyproject.toml that never says 'tempcal' is not parsed."""
     start = Path(os.path.abspath(start_dir if start_dir is not None else os.getcwd()))
     for folder in (start, *start.parents):
         candidate = folder / CONFIG_NAME
@@ -265,14 +250,8 @@ def config_state(ctx: Any) -> ConfigState:
 
 
 class ConfiguredCommand(HelpCommand):
-    """A Typer command whose defaults come from the project configuration (``@app.command(cls=...)``).
-
-    The command declares ``--config`` and ``--no-config`` (``options.ConfigFile``, ``options.NoConfig``).
-    Before the real parse, a first parse with the command's own parser (no callbacks, no side effects)
-    tells ``--config``/``--no-config``, ``--help`` and which parameters the command line sets; the
-    file is then read, checked and installed as ``ctx.default_map``. A command line that does not
-    parse, or asks for help, skips the file and lets the real parse answer.
-    """
+    """A Typer command whose defaults come from the project configuration: a first parse without side effects finds
+    ``--config``, ``--help`` and what the command line sets, then the file becomes ``ctx.default_map``."""
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
         if not ctx.resilient_parsing:  # shell completion never reads files
@@ -282,10 +261,8 @@ class ConfiguredCommand(HelpCommand):
         return rest
 
     def invoke(self, ctx: Any) -> Any:
-        """Run the command; an error about an option whose value came from the file names the file and key.
-
-        Every number the command line gave is range-checked first, before the command touches any file.
-        """
+        """Run the command, the command line's numbers range-checked first; an error about an option whose value came
+        from the file names the file and key."""
         self._check_given_values(ctx)
         try:
             return super().invoke(ctx)
@@ -374,5 +351,4 @@ def check_given(spec: OptionSpec, value: Any) -> None:
         spec.value_type.check(value)
 
 
-__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfigState", "ConfiguredCommand", "config_state", "load_config",
-           "resolve_config"]
+__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfiguredCommand", "config_state", "load_config", "resolve_config"]

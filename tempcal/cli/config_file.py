@@ -1,9 +1,5 @@
-"""Reading a configuration file safely: a regular file of bounded size, opened without blocking, parsed as TOML.
-
-``--config /dev/zero`` would otherwise read until memory runs out and ``--config`` naming a FIFO
-wait for a writer; a value nested thousands of brackets deep would exhaust the parser's
-recursion. Each is refused here with one line naming the file (and, for nesting, the key).
-"""
+"""Reading a configuration file safely: a regular file of bounded size, opened without blocking (not /dev/zero, not a
+FIFO), and nested no deeper than the TOML parser can recurse; each refusal one line naming the file."""
 
 from __future__ import annotations
 
@@ -97,11 +93,8 @@ class _Scan:
 
 
 def check_nesting(text: str, shown: str) -> None:
-    """Refuse a value nested in more than :data:`MAX_NESTING` brackets or braces, naming its key and line.
-
-    Only the structure is followed (strings and comments are skipped); whatever else is wrong is
-    left to the parser, which reports it with its position.
-    """
+    """Refuse a value nested in more than :data:`MAX_NESTING` brackets or braces, naming its key and line (only the
+    structure is followed; whatever else is wrong is left to the parser)."""
     scan = _Scan()
     pos = 0
     limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
@@ -147,4 +140,4 @@ def _check_digits(run: str, after: str, limit: int, scan: _Scan, shown: str) -> 
                           f"{limit} are read")
 
 
-__all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "check_nesting", "parse_config", "read_config_bytes"]
+__all__ = ["MAX_CONFIG_BYTES", "MAX_NESTING", "parse_config", "read_config_bytes"]

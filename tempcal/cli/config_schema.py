@@ -1,10 +1,5 @@
-"""What a configuration file may hold, derived from the commands' own parameters: keys, kinds, values.
-
-A key is an option's long name without the dashes; its kind comes from the parameter's annotation, its range from
-``typer.Option(min=, max=)`` or a :class:`~tempcal.validation.Bounds` marker, the rest from markers Typer ignores
-(:class:`PathValue`, :class:`ValueType`, :data:`NOT_CONFIGURABLE`): an option is declared once. TOML values are
-checked here before Typer would turn ``true`` into ``"True"`` or ``1``.
-"""
+"""What a configuration file may hold, derived from the commands' own parameters and the markers Typer ignores
+(:class:`PathValue`, :class:`ValueType`, :data:`NOT_CONFIGURABLE`), so that an option is declared once."""
 
 from __future__ import annotations
 
@@ -33,12 +28,8 @@ class ConfigError(TempcalError):
 
 @dataclass(frozen=True)
 class PathValue:
-    """Annotation marker: the option holds file paths; relative ones in a configuration file are relative to it.
-
-    ``must_exist``: an input; a configured path that does not exist is an error naming the file and
-    key, raised only when the command is about to use that value. ``allow_dash``: ``-`` (standard
-    output) is kept as is. ``glob``: the value may be a glob pattern (shards); it must then match a file.
-    """
+    """Annotation marker: the option holds file paths, relative to a configuration file that gives them; an input
+    (``must_exist``) must exist, a pattern (``glob``) match a file; ``allow_dash``: ``-`` is standard output."""
 
     must_exist: bool = False
     allow_dash: bool = False
@@ -47,12 +38,8 @@ class PathValue:
 
 @dataclass(frozen=True)
 class ValueType:
-    """Annotation marker: how a TOML value becomes the option's command-line value.
-
-    ``convert`` raises TypeError for a value of the wrong type (the message then says
-    ``expected <expected>``) or ValueError with its own message. ``check``, when given, checks a
-    command-line value (text) before any file is read, raising a :class:`TempcalError`.
-    """
+    """Annotation marker: how a TOML value becomes the option's value (``convert``: TypeError, or ValueError with
+    its message) and how a command-line value is checked before any file is read (``check``)."""
 
     expected: str
     convert: Callable[[Any], Any]
@@ -235,54 +222,38 @@ def expected(spec: OptionSpec) -> str:
             "path": "a path (a string)"}[spec.kind]
 
 
+#: The TOML types each kind takes (a bool is no number).
+_TOML_TYPES: dict[str, type | tuple[type, ...]] = {"bool": bool, "int": int, "float": (int, float), "str": str,
+                                                   "choice": str, "path": str}
+
+
 def convert_value(spec: OptionSpec, value: Any, folder: Path) -> Any:
     """One TOML value as the command-line value of ``spec`` (TypeError: wrong type; ValueError: its message)."""
-    return _CONVERTERS[spec.kind](spec, value, folder)
-
-
-def _to_bool(spec: OptionSpec, value: Any, folder: Path) -> bool:
-    if not isinstance(value, bool):
+    if spec.kind == "custom":
+        assert spec.value_type is not None
+        return spec.value_type.convert(value)
+    if not _is_kind(value, spec.kind):
         raise TypeError
-    return value
-
-
-def _to_int(spec: OptionSpec, value: Any, folder: Path) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError
-    return check_number(value, spec.bounds, whole=True)
-
-
-def _to_float(spec: OptionSpec, value: Any, folder: Path) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError
-    if isinstance(value, float) and math.isnan(value):
+    if spec.kind == "float" and isinstance(value, float) and math.isnan(value):
         raise TypeError(f"expected {expected(spec)}, got nan")
-    return check_number(value, spec.bounds)
+    if spec.kind in ("int", "float"):
+        return check_number(value, spec.bounds, whole=spec.kind == "int")
+    if spec.kind == "choice":
+        for choice in spec.choices:
+            if choice == value or (not spec.case_sensitive and choice.casefold() == value.casefold()):
+                return choice
+        raise ValueError(f"expected {expected(spec)}, got \"{value}\"")
+    return _to_path(spec, value, folder) if spec.kind == "path" else value
 
 
-def _to_str(spec: OptionSpec, value: Any, folder: Path) -> str:
-    if not isinstance(value, str):
-        raise TypeError
-    return value
+def _is_kind(value: Any, kind: str) -> bool:
+    """Whether a TOML value is of the type ``kind`` takes (a bool is no number)."""
+    return isinstance(value, _TOML_TYPES[kind]) and (kind == "bool" or not isinstance(value, bool))
 
 
-def _to_choice(spec: OptionSpec, value: Any, folder: Path) -> str:
-    if not isinstance(value, str):
-        raise TypeError
-    for choice in spec.choices:
-        if choice == value or (not spec.case_sensitive and choice.casefold() == value.casefold()):
-            return choice
-    raise ValueError(f"expected {expected(spec)}, got \"{value}\"")
-
-
-def _to_path(spec: OptionSpec, value: Any, folder: Path) -> str:
-    """A path string; relative ones joined to the file's folder (lexically normalised), '-' kept when allowed.
-
-    The result is shown as the user would type it: relative to the current folder when it lies there
-    or below (``val.safetensors`` in a release folder), else absolute.
-    """
-    if not isinstance(value, str):
-        raise TypeError
+def _to_path(spec: OptionSpec, value: str, folder: Path) -> str:
+    """A path string; relative ones joined to the file's folder (lexically normalised), '-' kept when allowed; shown
+    relative to the current folder when it lies there or below, else absolute."""
     if not value:
         raise ValueError("expected a path, got an empty string")
     if spec.path is not None and spec.path.allow_dash and value == "-":
@@ -293,17 +264,6 @@ def _to_path(spec: OptionSpec, value: Any, folder: Path) -> str:
     except ValueError:  # another drive (Windows)
         return path
     return path if relative == os.pardir or relative.startswith(os.pardir + os.sep) else relative
-
-
-def _to_custom(spec: OptionSpec, value: Any, folder: Path) -> Any:
-    assert spec.value_type is not None
-    return spec.value_type.convert(value)
-
-
-_CONVERTERS: dict[str, Callable[[OptionSpec, Any, Path], Any]] = {
-    "bool": _to_bool, "int": _to_int, "float": _to_float, "str": _to_str, "choice": _to_choice,
-    "path": _to_path, "custom": _to_custom,
-}
 
 
 def toml_kind(value: Any) -> str:

@@ -1,9 +1,5 @@
-"""How tempcal's help reads: a command's common options by panel (``--help``), every option on request
-(``tempcal help COMMAND``), wrapped at any width rather than cut.
-
-An option is two columns (its names with the value it takes; its help, defaults and range, wrapped), where
-Typer's six leave the help about 20 characters at 80 columns. Rich is imported only while help is shown.
-"""
+"""How tempcal's help reads: a command's common options by panel (``--help``), every option with ``tempcal help
+COMMAND``, in two columns wrapped at any width rather than cut (rich is imported only while help is shown)."""
 
 from __future__ import annotations
 
@@ -23,11 +19,8 @@ HELP_PANEL = "Help"
 PANEL_ORDER = ("Arguments", "Input", "Fit", "Temperatures", "Scores", "Metrics", "Groups", "Gates", "Output", "Models",
                "Language models", "Scale", "Configuration")
 #: The panel of options declared without one (in a command's own module, or not yet given one).
-FALLBACK_PANELS = {
-    "--ood": "Input", "--sweep": "Temperatures", "--scores": "Output", "--html": "Output",
-    "--ood-inputs": "Models", "--odin-eps": "Models", "--folds": "Fit", "--conformal-alpha": "Metrics",
-    "--group-by": "Groups", "--group-prior": "Groups",
-}
+FALLBACK_PANELS = {"--ood": "Input", "--sweep": "Temperatures", "--scores": "Output", "--ood-inputs": "Models",
+                   "--odin-eps": "Models", "--folds": "Fit", "--group-by": "Groups", "--group-prior": "Groups"}
 #: Where one command shows a shared option in another panel than the declaration's.
 PANEL_OVERRIDES = {("report", "--seed"): "Metrics", ("ood", "--seed"): "Metrics", ("ood", "--tau"): "Scores",
                    ("fit", "--group-by"): "Fit", ("fit", "--group-prior"): "Fit"}
@@ -316,5 +309,5 @@ class HelpGroup(TyperGroup):
         formatter.write(group_help(self, ctx))
 
 
-__all__ = ["COMMON", "PANEL_ORDER", "TOPICS", "HelpCommand", "HelpGroup", "command_help", "group_help", "grouped",
-           "help_console", "help_of", "long_name", "names", "panel", "panel_of", "render"]
+__all__ = ["COMMON", "TOPICS", "HelpCommand", "HelpGroup", "command_help", "grouped", "help_console", "help_of",
+           "names", "panel", "panel_of", "render"]

@@ -1,8 +1,5 @@
-"""``tempcal help [TOPIC]``: every option of a command, or a short text on one topic with the options it concerns.
-
-The texts are a few dozen lines each and name the docs/ page that says the rest. A topic's options are read
-from the commands themselves (the panel it shares its name with), so the list stays true as options change.
-"""
+"""``tempcal help [TOPIC]``: every option of a command, or a short text on one topic with the options it concerns
+(read from the commands' panel of its name, so that the list stays true)."""
 
 from __future__ import annotations
 
@@ -247,4 +244,4 @@ def help_click_command() -> Any:
     return command
 
 
-__all__ = ["ALIASES", "TOPIC_TEXTS", "help_click_command", "resolve", "topic_help", "topics_list"]
+__all__ = ["ALIASES", "TOPIC_TEXTS", "help_click_command", "resolve"]

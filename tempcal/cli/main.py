@@ -1,9 +1,5 @@
-"""The ``tempcal`` app: the exit statuses, one-line errors, and the steps every command ends with.
-
-Each command (one module each in this package) parses its options, calls one importable
-workflow function, and hands the result to :func:`deliver`. Heavy modules (torch, the
-numerical core) are imported inside the commands, so that ``tempcal --help`` starts fast.
-"""
+"""The ``tempcal`` app: the exit statuses, one-line errors, and the steps every command ends with (:func:`deliver`);
+heavy modules are imported inside the commands, so that ``tempcal --help`` starts fast."""
 
 from __future__ import annotations
 
@@ -284,5 +280,4 @@ def run() -> None:
     os._exit(code)
 
 
-__all__ = ["EXIT_BAD_INPUT", "EXIT_FAILURE", "EXIT_GATE", "Interrupted", "app", "check_paths", "console", "deliver",
-           "main", "run", "start", "stderr"]
+__all__ = ["Interrupted", "app", "check_paths", "console", "deliver", "main", "run", "start", "stderr"]

@@ -1,7 +1,5 @@
-"""Every option shared by the commands, declared once, and the checks that turn them into API arguments.
-
-Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
-"""
+"""Every option shared by the commands, declared once, and the checks that turn them into API arguments (nothing
+here imports torch: ``tempcal --help`` and usage errors stay fast)."""
 
 from __future__ import annotations
 
@@ -74,11 +72,6 @@ def choice(enum: type[Enum]) -> Any:
     return parse
 
 
-def lower_case(value: Any) -> str:
-    """``--device CUDA:0`` as ``cuda:0``: device names are spelt in lower case."""
-    return str(value).strip().lower()
-
-
 # -- what to read ---------------------------------------------------------------------------
 Source = Annotated[list[str], typer.Argument(
     metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
@@ -110,8 +103,8 @@ ConfidenceScale = Annotated[float, typer.Option(
     "reads percentages).", rich_help_panel="Input"), POSITIVE]
 IgnoreIndex = Annotated[int, typer.Option("--ignore-index", rich_help_panel="Input",
                                           help="Rows whose label is this value are skipped (token-level logits).")]
-Device = Annotated[str, typer.Option("--device", parser=lower_case, rich_help_panel="Scale",
-                                     help="auto (CUDA when available), cpu, cuda or cuda:N.")]
+Device = Annotated[str, typer.Option("--device", parser=lambda value: str(value).strip().lower(),  # CUDA:0: cuda:0
+                                     rich_help_panel="Scale", help="auto (CUDA when available), cpu, cuda or cuda:N.")]
 ChunkRows = Annotated[Optional[int], typer.Option("--chunk-rows", min=1, rich_help_panel="Scale",
                                                   help="Rows per reduction chunk (default: automatic).")]
 

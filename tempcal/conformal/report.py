@@ -23,7 +23,7 @@ from ..core.splitting import stratified_split
 from ..errors import TempcalError
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
-from ..workflows.stored_split import evaluation_rows, stored_split
+from ..workflows.common import evaluation_rows, stored_split
 from .folds import group_sets
 from .passes import (
     FoldSetSums,

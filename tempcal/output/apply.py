@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 
-def apply_lines(result: Any) -> list[str]:
-    """The console's lines for an ``ApplyResult`` (the CLI adds the line naming the file written)."""
+def print_apply(result: Any, console: Any) -> None:
+    """An ``ApplyResult`` on the console (the CLI adds the line naming the file written)."""
     from ..workflows.apply import WHAT
 
     copied = [name for name, done in (("labels", result.labels), (f"'{result.group_key}'", result.group_copied))
@@ -23,12 +23,8 @@ def apply_lines(result: Any) -> list[str]:
         groups = ", ".join(f"{name}: {t:.4g}" for name, t in shown) + (f" and {more} more" if more > 0 else "")
         lines.append(f"T per group of '{result.group_key}': {groups} (the global T = {result.temperature:.6g} "
                      "for a group with none stored)")
-    return lines
-
-
-def print_apply(result: Any, console: Any) -> None:
-    for line in apply_lines(result):
+    for line in lines:
         console.print(line, soft_wrap=True, markup=False)
 
 
-__all__ = ["apply_lines", "print_apply"]
+__all__ = ["print_apply"]

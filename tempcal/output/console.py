@@ -140,10 +140,7 @@ def conformal_tables(console: Console, report) -> list[Table]:
     columns = [Column("alpha", [f"{a.alpha:g}" for a, _ in pairs]),
                Column("score", [a.score.upper() for a, _ in pairs], justify="left")]
     for k, side in enumerate((report.before_basis.label(), report.after_basis.label())):
-        sets = [pair[k] for pair in pairs]
-        columns += [Column(f"q\n{side}", [threshold_text(c.threshold) for c in sets]),
-                    Column("coverage", [f"{c.coverage:.4f}" for c in sets]),
-                    Column("size", [f"{c.mean_size:.3f}" for c in sets])]
+        columns += _set_columns(side, [pair[k] for pair in pairs])
     title = (f"conformal sets (q: the deployed threshold, at T = 1 and T = {report.temperature:.4g} from all "
              f"{report.n_fit:,} rows; coverage and mean size {report.after_basis.rows_label()}: each row's set from "
              "the other folds' threshold)" if report.folds is not None else
@@ -169,16 +166,20 @@ def report_conformal_tables(console: Console, result) -> list[Table]:
                               for j, (k, _) in enumerate(rows)]),
                Column("alpha", [f"{pair[0].alpha:g}" for _, pair in rows])]
     for j in range(2):
-        name = rows[0][1][j].score.upper()
-        columns += [Column(f"q\n{name}", [threshold_text(pair[j].threshold) for _, pair in rows]),
-                    Column("coverage", [f"{pair[j].coverage:.4f}" for _, pair in rows]),
-                    Column("size", [f"{pair[j].mean_size:.3f}" + ("*" if marked(k, pair[j]) else " ")
-                                    for k, pair in rows])]
+        columns += _set_columns(rows[0][1][j].score.upper(), [pair[j] for _, pair in rows],
+                                ["*" if marked(k, pair[j]) else " " for k, pair in rows])
     note = "; * the sweep's smallest sets" if smallest else ""
     if any(not result.basis(k).sweep_point for k, _ in rows):
         note += f"; {PER_GROUP_CELL}: each row's scores and sets at its group's stored T"
     return split_tables(console, columns, keys=2, together=3, **PLAIN, title_justify="left",
                         title=f"conformal sets ({result.conformal_rows.describe()}{note})")
+
+
+def _set_columns(name: str, sets: Sequence, marks: Sequence[str] | None = None) -> list[Column]:
+    """Conformal sets' threshold, coverage and mean size (each size followed by its mark, when given)."""
+    return [Column(f"q\n{name}", [threshold_text(c.threshold) for c in sets]),
+            Column("coverage", [f"{c.coverage:.4f}" for c in sets]),
+            Column("size", [f"{c.mean_size:.3f}" + (marks[i] if marks else "") for i, c in enumerate(sets)])]
 
 
 def tau_cell(result, k: int) -> str:
@@ -279,18 +280,19 @@ def report_tables(console: Console, result) -> list[Table]:
     taus = [tau_cell(result, k) for k in range(len(rows))]
     # the per-group row, last, set apart from the rows at one temperature
     looks = Rows(section_ends=frozenset(k - 1 for k in range(1, len(rows)) if not result.basis(k).sweep_point))
-    columns = [Column("tau", taus, min_width=7)]
-    columns += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7) for key, header in REPORT_COLUMNS]
+
+    def figures(names: Sequence[tuple[str, str]]) -> list[Column]:
+        return [Column("tau", taus, min_width=7),
+                *(Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7) for key, header in names)]
+
+    columns = figures(REPORT_COLUMNS)
     notes = report_notes(result)
     columns.append(Column("", [Text(f" {note}" if note else "", style="bold") for note in notes],
                           justify="left", min_width=len(" stored, min NLL")))
     tables = split_tables(console, columns, rows=looks, **PLAIN, padding=0)
     if all(m.aurc != m.aurc for m in rows):  # NaN everywhere: the decision figures were not computed
         return tables
-    decisions = [Column("tau", taus, min_width=7)]
-    decisions += [Column(header, [f"{getattr(m, key):.4f}" for m in rows], min_width=7)
-                  for key, header in DECISION_COLUMNS]
-    return tables + split_tables(console, decisions, rows=looks, **PLAIN, padding=0)
+    return tables + split_tables(console, figures(DECISION_COLUMNS), rows=looks, **PLAIN, padding=0)
 
 
 def sweep_sentence(result) -> str:

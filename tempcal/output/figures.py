@@ -97,5 +97,4 @@ def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None
     return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
 
 
-__all__ = ["DISPLAYED_METRICS", "GroupCoverage", "fit_split", "group_coverage", "labelled", "min_nll_taus", "reads",
-           "threshold_text"]
+__all__ = ["DISPLAYED_METRICS", "fit_split", "group_coverage", "labelled", "min_nll_taus", "reads", "threshold_text"]

@@ -1,12 +1,5 @@
-"""What a command writes besides the console: its JSON (a file, atomically, or standard output), the Markdown
-section appended to GitHub's step summary, the pictures, model-card sections and per-sample scores beside its results
-(``--plot``, ``--markdown``, ``ood --scores``), and the outputs a capability package registers (``--html``).
-
-The step summary goes to ``$GITHUB_STEP_SUMMARY`` in one ``write`` (commands running side by side cannot
-interleave); a file that is no regular writable file gets a warning, not a byte. A registered output has a check run
-before any work (the path, the package's optional dependencies) and a writer run after the JSON is out; the commands
-name no such output: ``cli/main`` calls :func:`check_extra` for every output path and :func:`write_extras` once.
-"""
+"""What a command writes besides the console: its JSON, the step summary (one ``write``, never a byte into what is
+no regular file), ``--plot``, ``--markdown``, ``ood --scores``, and the outputs a package registers (``--html``)."""
 
 from __future__ import annotations
 
@@ -106,69 +99,65 @@ def write_extras(paths: Mapping[str, str | None], command: str, result: Any, dat
 
 
 def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
-    """``fit``: reliability diagrams before and after; a model-card section linking to the plot."""
-    lines = []
-    if plot and getattr(report, "subsets", None) is not None and report.subsets.groups:
+    """``fit``: reliability diagrams before and after (with groups, each group's); a model-card section."""
+    from .markdown import fit_markdown
+
+    return _figure_and_section(plot, lambda path: _fit_plot(report, path), markdown,
+                               lambda path: fit_markdown(report, path, plot))
+
+
+def _fit_plot(report, path: str) -> Any:
+    if getattr(report, "subsets", None) is not None and report.subsets.groups:
         from ..subsets.plots import fit_group_figure, save_figure
 
-        lines.append(WROTE_PLOT.format(save_figure(fit_group_figure(report), plot)))
-    elif plot:
-        from ..subsets.plots import fit_panels
-        from .plots import reliability_diagram
+        return save_figure(fit_group_figure(report), path)
+    from ..subsets.plots import fit_panels
+    from .plots import reliability_diagram
 
-        lines.append(WROTE_PLOT.format(reliability_diagram(fit_panels(report), plot, source=report.source)))
-    if markdown:
-        from .markdown import fit_markdown
-
-        lines.append(_write_markdown(markdown, fit_markdown(report, markdown, plot)))
-    return lines
+    return reliability_diagram(fit_panels(report), path, source=report.source)
 
 
 def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
     """``report``: a reliability diagram (every temperature) or, for a sweep, metrics against tau; risk-coverage
     curves per temperature beneath either; with groups, each group's ECE beneath that; a model-card section."""
-    lines = []
-    if plot:
-        from ..subsets.plots import report_drawing, report_group_figure, save_figure
-        from .plots import new_figure
+    from .markdown import report_markdown
 
-        if getattr(result, "group_rows", None):
-            figure = report_group_figure(result)
-        else:
-            size, draw = report_drawing(result)
-            figure = new_figure(figsize=size)
-            draw(figure)
-        lines.append(WROTE_PLOT.format(save_figure(figure, plot)))
-    if markdown:
-        from .markdown import report_markdown
+    return _figure_and_section(plot, lambda path: _report_plot(result, path), markdown,
+                               lambda path: report_markdown(result, path, plot))
 
-        lines.append(_write_markdown(markdown, report_markdown(result, markdown, plot)))
-    return lines
+
+def _report_plot(result, path: str) -> Any:
+    from ..subsets.plots import report_drawing, report_group_figure, save_figure
+    from .plots import new_figure
+
+    if getattr(result, "group_rows", None):
+        return save_figure(report_group_figure(result), path)
+    size, draw = report_drawing(result)
+    figure = new_figure(figsize=size)
+    draw(figure)
+    return save_figure(figure, path)
 
 
 def write_ood_files(report, *, scores: str | None = None, plot: str | None = None,
                     markdown: str | None = None) -> list[str]:
     """``ood``: the per-sample scores file, the plot and a model-card section; the lines saying what was written."""
-    lines = []
-    if scores is not None:
-        lines.append(f"wrote per-sample scores to {save_scores(report, scores)}")
-    if plot is not None:
-        from .ood_plots import ood_plot
+    from .markdown import ood_markdown
+    from .ood_plots import ood_plot
 
-        lines.append(WROTE_PLOT.format(ood_plot(report, plot)))
-    if markdown is not None:
-        from .markdown import ood_markdown
-
-        lines.append(_write_markdown(markdown, ood_markdown(report, markdown, plot)))
-    return lines
+    lines = [] if scores is None else [f"wrote per-sample scores to {save_scores(report, scores)}"]
+    return lines + _figure_and_section(plot, lambda path: ood_plot(report, path), markdown,
+                                       lambda path: ood_markdown(report, path, plot))
 
 
-def _write_markdown(path: str, text: str) -> str:
-    """Write a model-card section atomically; the line saying so."""
+def _figure_and_section(plot: str | None, draw: Callable[[str], Any], markdown: str | None,
+                        section: Callable[[str], str]) -> list[str]:
+    """The plot drawn to ``plot`` and the Markdown section written atomically to ``markdown``; the lines saying so."""
     from ..io.paths import write_text_atomic
 
-    return WROTE_MARKDOWN.format(write_text_atomic(path, text, what=param("markdown")))
-
+    lines = [WROTE_PLOT.format(draw(plot))] if plot else []
+    if markdown:
+        lines.append(WROTE_MARKDOWN.format(write_text_atomic(markdown, section(markdown), what=param("markdown"))))
+    return lines
 
 
 def tau_label(tau: float) -> str:
@@ -217,20 +206,5 @@ def save_scores(report, path: str | os.PathLike) -> Path:
         save_file(tensors, str(temporary), metadata=metadata)
     return Path(path)
 
-__all__ = [
-    "EXTRA_OUTPUTS",
-    "STEP_SUMMARY_ENV",
-    "append_step_summary",
-    "check_extra",
-    "emit_json",
-    "register",
-    "save_scores",
-    "score_key",
-    "score_tensors",
-    "step_summary_path",
-    "tau_label",
-    "write_extras",
-    "write_fit_files",
-    "write_ood_files",
-    "write_report_files",
-]
+__all__ = ["EXTRA_OUTPUTS", "STEP_SUMMARY_ENV", "append_step_summary", "check_extra", "emit_json", "register",
+           "step_summary_path", "write_extras", "write_fit_files", "write_ood_files", "write_report_files"]

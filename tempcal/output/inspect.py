@@ -88,33 +88,34 @@ def stored_lines(stored: dict[str, Any], sidecar: dict[str, Any] | None) -> list
 def print_inspect(report: Any, console: Any) -> None:
     """The report on the console, every text as the command line spells options."""
     data = report.to_json()
+
+    def say(text: str) -> None:
+        console.print(text, soft_wrap=True, markup=False)
+
     size = f", {data['rows']} rows x {data['num_classes']} classes" if data["rows"] is not None else ""
-    binary = " (one binary logit)" if data["binary"] else ""
-    console.print(f"{data['source']}: {data['kind_name']}{size}{binary}", soft_wrap=True, markup=False)
+    say(f"{data['source']}: {data['kind_name']}{size}{' (one binary logit)' if data['binary'] else ''}")
     if data["tensors"]:
         console.print(tensors_table(data["tensors"], len({t["file"] for t in data["tensors"]}) > 1))
-    for detail in data["details"] if isinstance(data["details"], list) else []:
+    details = data["details"]
+    for detail in details if isinstance(details, list) else []:
         if "summary" in detail:  # a kind that words its own line
-            console.print(f"{detail['file']}: {detail['summary']}", soft_wrap=True, markup=False)
+            say(f"{detail['file']}: {detail['summary']}")
             continue
         counts = ", ".join(f"{v} x {k}" for k, v in detail["choice_counts"].items())
-        console.print(f"{detail['file']}: task {detail['task']}, {detail['records']} records ({counts} choices)",
-                      soft_wrap=True, markup=False)
+        say(f"{detail['file']}: task {detail['task']}, {detail['records']} records ({counts} choices)")
         left = {reason: n for reason, n in detail.get("rows_incomplete", {}).items() if n}
         if left:
             said = ", ".join(f"{n} {reason.replace('_', ' ')}" for reason, n in left.items())
-            console.print(f"  {sum(left.values())} more left out as incomplete: {said}", soft_wrap=True, markup=False)
-    if isinstance(data["details"], dict) and data["details"].get("format"):
-        console.print(f"format: {data['details']['format']}", soft_wrap=True, markup=False)
-    if isinstance(data["details"], dict) and data["details"].get("summary"):
-        console.print(data["details"]["summary"], soft_wrap=True, markup=False)
-    lines = [values_line(data["values"]), labels_line(data["labels"], data["num_classes"]),
+            say(f"  {sum(left.values())} more left out as incomplete: {said}")
+    lines = [f"format: {details['format']}" if isinstance(details, dict) and details.get("format") else None,
+             details["summary"] if isinstance(details, dict) and details.get("summary") else None,
+             values_line(data["values"]), labels_line(data["labels"], data["num_classes"]),
              *stored_lines(data["stored"], data["sidecar"])]
     lines += [f"problem: {for_cli(p)}" for p in report.problems]
     lines += [f"hint: {for_cli(h)}" for h in report.hints]
     for line in lines:
         if line:
-            console.print(line, soft_wrap=True, markup=False)
+            say(line)
 
 
-__all__ = ["labels_line", "print_inspect", "stored_lines", "tensors_table", "values_line"]
+__all__ = ["print_inspect"]

@@ -99,5 +99,4 @@ def caveats(report: OodReport) -> list[str]:
     return ([probs] if probs else []) + float32_caveats(report)
 
 
-__all__ = ["PROBS_SCORES", "best_overall", "best_sentence", "caveats", "float32_caveats", "left_out",
-           "on_probabilities", "probs_caveat"]
+__all__ = ["best_overall", "best_sentence", "caveats", "left_out"]

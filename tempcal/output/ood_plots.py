@@ -219,4 +219,4 @@ def _ood_histograms(report, index: int, score: str, calibration: float | None, a
                          f"AUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
 
 
-__all__ = ["TICK_SIZE", "TITLE_SIZE", "ood_figure", "ood_plot", "roc_points"]
+__all__ = ["ood_figure", "ood_plot"]

@@ -100,7 +100,8 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
     temperature, tau_from = _temperature(loaded, tau)
     warnings: list[str] = []
     per_row, group_key, per_group, group_values = None, None, None, None
-    stored = parse_stored_groups(_metadata(loaded), f"{loaded.name}:") if groups and tau_from == "stored" else None
+    metadata = loaded.kind.stored_metadata(loaded.paths[0]) if loaded.paths else {}  # shards are written alike
+    stored = parse_stored_groups(metadata, f"{loaded.name}:") if groups and tau_from == "stored" else None
     if stored is not None:
         per_row, per_group, group_values = row_temperatures(loaded, stored, temperature, warnings)
         group_key = stored.key
@@ -158,11 +159,6 @@ def _temperature(loaded: OpenedSource, tau: str | float | None) -> tuple[float, 
         raise TempcalError(f"{loaded.name}: has no stored temperature ({loaded.temperature_place()}; or give the "
                            f"temperature with {param('tau')} T)")
     return stored, "stored"
-
-
-def _metadata(loaded: OpenedSource) -> dict[str, str]:
-    """What SOURCE keeps beside its T (its first file's; shards are written alike)."""
-    return loaded.kind.stored_metadata(loaded.paths[0]) if loaded.paths else {}
 
 
 def _planned(scan: Scan, as_: str, temperature: float | torch.Tensor) -> list[Planned]:
@@ -232,4 +228,4 @@ def _output_metadata(loaded: OpenedSource, as_: str, temperature: float, group_k
     return metadata
 
 
-__all__ = ["OUTPUT_KEYS", "ApplyResult", "apply_file", "check_as", "check_output"]
+__all__ = ["ApplyResult", "apply_file", "check_output"]

@@ -33,9 +33,9 @@ from .common import (
     ROWS_OUT_OF_FOLD,
     Basis,
     extra_figures,
+    fitted_split,
     scan_source,
 )
-from .stored_split import fitted_split
 
 #: The share of SOURCE that fits T when neither ``val_fraction`` nor ``eval_file`` nor ``folds`` is given.
 DEFAULT_VAL_FRACTION = 0.5
@@ -58,7 +58,6 @@ class FitReport:
     bins: int
     device: str
     warnings: list[str] = field(default_factory=list)
-    paths: list[str] = field(default_factory=list)  # SOURCE's files, where write-back goes
     extras: list[dict] = field(default_factory=list)  # before, after: other estimators, bootstrap intervals
     conformal_reads: int = 0  # reads of the fitting rows for the conformal thresholds (after the fit)
     opened: Any = field(default=None, repr=False)  # the OpenedSource, for write-back and saving a model
@@ -221,8 +220,8 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
         n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
-        device=str(scan.device), warnings=warnings, paths=[str(p) for p in loaded.paths], extras=extras,
-        conformal_reads=reads, opened=loaded, subsets=subsets, evaluated=evaluated)
+        device=str(scan.device), warnings=warnings, extras=extras, conformal_reads=reads, opened=loaded,
+        subsets=subsets, evaluated=evaluated)
 
 
 def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
@@ -265,19 +264,15 @@ def _crossfit(loaded: Any, plan: Plan, asked: Asked, *, device: str, chunk_rows:
     n = scan.num_samples
     return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
                      num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=asked.seed,
-                     bins=asked.bins, device=str(scan.device), warnings=warnings,
-                     paths=[str(p) for p in loaded.paths], extras=run.extras, conformal_reads=run.reads,
-                     opened=loaded, subsets=run.subsets)
+                     bins=asked.bins, device=str(scan.device), warnings=warnings, extras=run.extras,
+                     conformal_reads=run.reads, opened=loaded, subsets=run.subsets)
 
 
 def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True, save_model: str | None = None,
              save_logits: str | None = None, generation: bool = False, save_hidden: str | None = None,
              settings: dict[str, Any] | None = None) -> Kept:
-    """Keep the fitted T where SOURCE's kind keeps it (:meth:`~tempcal.sources.base.OpenedSource.keep`: its files
-    or a copy at ``output``; a model's ``save_model`` and ``save_logits``; a language model's record, with
-    ``settings``, its ``generation`` configuration and ``save_hidden``), with the groups' temperatures and the split
-    that fitted it. ``store=False`` writes no T (a model's logits are still saved, without T). Returns the files
-    that now hold T and the lines saying what was written."""
+    """Keep the fitted T, the groups' temperatures and the split where SOURCE's kind keeps them
+    (:meth:`~tempcal.sources.base.OpenedSource.keep`); ``store=False`` writes no T. The files that hold T, and lines."""
     ask = Keep(store=store, output=output, metadata=fitted_split(report).to_metadata(),
                group_key=report.subsets.group_key if report.subsets else None,
                group_temperatures=report.group_temperatures, save_model=save_model, save_logits=save_logits,
@@ -288,10 +283,4 @@ def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True
     return report.opened.keep(report.temperature, ask)
 
 
-def write_back(report: FitReport, *, output: str | None = None, save_model: str | None = None,
-               save_logits: str | None = None, store: bool = True) -> list[str]:
-    """:func:`keep_fit` without a language model's settings; returns the paths that now hold T."""
-    return keep_fit(report, output=output, store=store, save_model=save_model, save_logits=save_logits).paths
-
-
-__all__ = ["FitReport", "check_alphas", "fit_file", "keep_fit", "write_back"]
+__all__ = ["FitReport", "fit_file", "keep_fit"]

@@ -230,4 +230,4 @@ def labels_summary(data: Any, has_labels: bool, ignore_index: int | None, key: s
             "max": int(counted.max()) if counted.numel() else None,
             "distinct": int(torch.unique(counted).numel()), "out_of_range": int(bad.sum())}
 
-__all__ = ["SAMPLE_ROWS", "InspectReport", "inspect_file", "labels_summary", "sample_values"]
+__all__ = ["InspectReport", "inspect_file"]

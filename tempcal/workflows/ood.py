@@ -397,6 +397,5 @@ def _odin_sides(loaded: OpenedSource, others: list[OpenedSource], taus: list[flo
     return side_scores, len(taus) * (1 + len(others)), str(model.device)
 
 
-__all__ = ["BOOTSTRAP_LEVEL", "DEFAULT_TAUS", "GateFailure", "OodBest", "OodBestOverall", "OodReport",
-           "best_overall_sentence", "best_sentence", "check_compatible", "gate_failures",
-           "ood_file", "score_label", "score_samples"]
+__all__ = ["OodBestOverall", "OodReport", "best_overall_sentence", "best_sentence", "gate_failures", "ood_file",
+           "score_label", "score_samples"]

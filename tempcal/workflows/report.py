@@ -22,12 +22,14 @@ from .common import (
     ROWS_HELD_OUT,
     Basis,
     check_stored_reading,
+    evaluation_rows,
     extra_figures,
+    in_sample_note,
     report_basis,
     scan_source,
+    stored_split,
     uses_stored,
 )
-from .stored_split import evaluation_rows, in_sample_note, stored_split
 
 
 @dataclass

@@ -15,13 +15,15 @@ from safetensors.torch import save_file
 
 import tempcal
 import tempcal.workflows.fit as fit_workflow
+from tempcal.core.data import HeldRows
 from tempcal.models.head import OutputHead
 from tempcal.sources.safetensors import ShardedLogits
 
 
 class Reads:
-    """Per file: chunk reads started (each one a read of the file, or of the rows selected from it) and rows
-    yielded; rows through an output head; and the counts when the fit started and ended."""
+    """Per file: chunk reads started (each one a read of the file, or of the rows selected from it; a pass whose
+    threads take their blocks from the file kept in memory counts as one) and rows yielded; rows through an output
+    head; and the counts when the fit started and ended."""
 
     def __init__(self):
         self.reads: collections.Counter[str] = collections.Counter()
@@ -38,10 +40,24 @@ class Reads:
         return self.after_fit[0].get(name, 0) - self.at_fit[0].get(name, 0)
 
 
+class _CountedRows(HeldRows):
+    """Rows kept in memory whose blocks, as the threads take them, add to the file's rows read."""
+
+    def __init__(self, logits, rows, name: str, reads: Reads):
+        super().__init__(logits, rows)
+        object.__setattr__(self, "counted", (name, reads))
+
+    def block(self, start, stop, dtype, buffers=None):
+        name, reads = self.counted
+        reads.rows[name] += stop - start
+        return super().block(start, stop, dtype, buffers)
+
+
 @pytest.fixture
 def counted(monkeypatch) -> Reads:
     reads = Reads()
     plain_chunks, plain_logits, plain_fit = ShardedLogits.chunks, OutputHead.logits, fit_workflow.fit_temperature
+    plain_held = ShardedLogits.held_rows
 
     def chunks(self, *args, **kwargs):
         name = self.shards[0].header.path.name
@@ -49,6 +65,14 @@ def counted(monkeypatch) -> Reads:
         for item in plain_chunks(self, *args, **kwargs):
             reads.rows[name] += item[1].shape[0]
             yield item
+
+    def held_rows(self, device):
+        held = plain_held(self, device)
+        if held is None:
+            return None
+        name = self.shards[0].header.path.name
+        reads.reads[name] += 1
+        return _CountedRows(held.logits, held.rows, name, reads)
 
     def logits(self, h, out, *rest):
         reads.head_rows += h.shape[0]
@@ -61,6 +85,7 @@ def counted(monkeypatch) -> Reads:
         return result
 
     monkeypatch.setattr(ShardedLogits, "chunks", chunks)
+    monkeypatch.setattr(ShardedLogits, "held_rows", held_rows)
     monkeypatch.setattr(OutputHead, "logits", logits)
     monkeypatch.setattr(fit_workflow, "fit_temperature", fit_temperature)
     return reads

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from tempcal.html import page as html
 from tempcal.output.console import TrimmedLines, print_fit, print_report
 from tempcal.output.markdown import fit_markdown, report_markdown
-from tempcal.workflows.fit import fit_file, write_back
+from tempcal.workflows.fit import fit_file, keep_fit
 from tempcal.workflows.report import report_file
 
 N, DOMAINS = 300, 5
@@ -41,7 +41,7 @@ def domains(tmp_path_factory):
     plain = folder / "plain.safetensors"
     save_file({"logits": z, "labels": y, "domain": domain}, str(plain))
     stored = folder / "stored.safetensors"
-    write_back(fit_file(str(plain), group_by="domain", device="cpu"), output=str(stored))
+    keep_fit(fit_file(str(plain), group_by="domain", device="cpu"), output=str(stored))
     return plain, stored
 
 

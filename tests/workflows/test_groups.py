@@ -16,7 +16,7 @@ from tempcal.core.splitting import stratified_split
 from tempcal.errors import TempcalError
 from tempcal.subsets.cells import assign_folds
 from tempcal.subsets.options import DEFAULT_GROUP_PRIOR
-from tempcal.workflows.fit import fit_file, write_back
+from tempcal.workflows.fit import fit_file, keep_fit
 from tempcal.workflows.report import report_file
 
 FIGURES = ("nll", "ece", "mce", "brier", "accuracy", "entropy")
@@ -113,7 +113,7 @@ def test_write_back_and_report_apply_the_stored_group_temperatures(grouped_file,
     path, z, y, groups = grouped_file
     copy = tmp_path / "copy.safetensors"
     report = fit_file(str(path), val_fraction=1.0, group_by="domain")
-    write_back(report, output=str(copy))
+    keep_fit(report, output=str(copy))
     with safe_open(str(copy), "pt") as f:
         metadata = f.metadata()
     stored = json.loads(metadata["tempcal.group_temperatures"])
@@ -131,7 +131,7 @@ def test_write_back_and_report_apply_the_stored_group_temperatures(grouped_file,
     assert not at_one["per_group"]
     _close(at_one, figures_per_row(z, y, 1.0))
     # A plain fit afterwards drops the group temperatures it did not fit.
-    write_back(fit_file(str(copy), val_fraction=1.0), output=None)
+    keep_fit(fit_file(str(copy), val_fraction=1.0), output=None)
     with safe_open(str(copy), "pt") as f:
         assert "tempcal.group_temperatures" not in f.metadata() and "tempcal.group_key" not in f.metadata()
 
@@ -139,7 +139,7 @@ def test_write_back_and_report_apply_the_stored_group_temperatures(grouped_file,
 def test_report_warns_for_groups_without_a_stored_temperature(grouped_file, tmp_path):
     path, z, y, groups = grouped_file
     copy = tmp_path / "copy.safetensors"
-    write_back(fit_file(str(path), val_fraction=1.0, group_by="domain"), output=str(copy))
+    keep_fit(fit_file(str(path), val_fraction=1.0, group_by="domain"), output=str(copy))
     other = groups.clone()
     other[:5] = 99  # a group the fit never saw
     save_file({"logits": z, "labels": y, "domain": other}, str(tmp_path / "other.safetensors"),
