@@ -29,11 +29,10 @@ from ..errors import DataError
 from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor, bin_edges, bin_index, scaled_exp
 from .certified import FitStart
 from .cumulants import FIELDS, RAW_FIELDS, NllDerivatives, finished_sums, row_cumulants, row_raw_sums
-from .data import LogitsSource, compute_dtype, resolve_device
+from .data import LogitsSource, Read, compute_dtype, pass_reads, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .fit_start import ChunkRows, StartScan, rank_offset
 from .limits import bounded_chunk_rows
-from .reads import Read, pass_reads
 from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
 from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, single_threaded
 
@@ -281,7 +280,7 @@ class Scan:
 
     def _reads(self, threads: int, few: bool = False, row_bytes: int = 0, copies_kept: bool = False
                ) -> tuple[Iterator[Read], bool]:
-        """The reads of a block pass and whether one may be taken ahead (:func:`tempcal.core.reads.pass_reads`)."""
+        """The reads of a block pass and whether one may be taken ahead (:func:`tempcal.core.data.pass_reads`)."""
         return pass_reads(self.data, self.device, self.compute_dtype, self.chunk_rows, threads, few=few,
                           row_bytes=row_bytes, copies_kept=copies_kept)
 
