@@ -8,7 +8,6 @@ import contextlib
 import glob
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -51,6 +50,8 @@ def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | No
     destination = check_target(path, label)
     folder = destination.parent
     _sweep_stale_temporaries(folder, destination.name)
+    import tempfile  # here: importing it (random, hashlib) would add 4 ms to every command's start, --help's too
+
     try:
         fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}",
                                     suffix=TEMP_SUFFIX)
