@@ -7,6 +7,7 @@ import json
 import os
 import stat
 import struct
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -223,7 +224,7 @@ def test_unwritable_folder_changes_nothing(tmp_path, source, cli, monkeypatch):
     def mkstemp(*args, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied")
 
-    monkeypatch.setattr(tempcal.io.paths.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)  # the module the atomic writer imports
     code, _, err = cli(["fit", str(source)])
     assert code == 2
     assert_one_error_line(err, "Permission denied")
