@@ -1,7 +1,8 @@
 """End-to-end cost of the ``tempcal`` command against the floor of any torch tool on the same file.
 
 Writes a seeded logits file of about 200 MB (50,000 x 1,000 float32 and int64 labels) once,
-then times, interleaved and after one warm-up each (page cache and bytecode warm):
+then times, interleaved and after one warm-up each (page cache and bytecode warm; ``PYTHONDONTWRITEBYTECODE`` is
+unset for the commands, as an installed tool has its bytecode cached):
 
 * ``tempcal fit FILE --no-write --json -`` against ``python -c`` importing torch and loading
   the same file with ``safetensors.torch.load_file`` (the least any torch tool must do):
@@ -104,6 +105,9 @@ def main() -> None:
     parser.add_argument("--retries", type=int, default=5,
                         help="rounds measured again when other jobs were busy during them (default 5 in all)")
     args = parser.parse_args()
+    # An installed tool runs from cached bytecode: with PYTHONDONTWRITEBYTECODE set, every run would compile
+    # tempcal's modules again (about 30 ms of --help's 105 ms here), so the warm-up writes the cache.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
     path = args.cache / f"cli_{args.rows}x{args.classes}_seed{args.seed}.safetensors"
     if not path.exists():
