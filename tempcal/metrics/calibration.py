@@ -164,7 +164,7 @@ def from_sums(tau: float, sums: CalibrationSums) -> CalibrationMetrics:
     return CalibrationMetrics(
         tau=float(tau), count=n, nll=sums.nll / n, ece=ece, mce=mce, brier=sums.brier / n,
         accuracy=sums.correct / n, entropy=sums.entropy / n, mean_confidence=sums.confidence / n,
-        bins=rows, rms_ce=math.sqrt(float((count / float(count.sum()) * (gap * gap)).sum())) if n else 0.0)
+        bins=rows, rms_ce=_rms_of_gaps(count, gap) if n else 0.0)
 
 
 def evaluate(scan: Scan, tau: float = 1.0, *, bins: int = DEFAULT_BINS) -> CalibrationMetrics:
@@ -346,12 +346,15 @@ def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
 def rms_from_bins(count: torch.Tensor, confidence: torch.Tensor, correct: torch.Tensor) -> float:
     """RMS calibration error from per-bin count, confidence sum and correct sum."""
     count, confidence, correct = (torch.as_tensor(t, dtype=torch.float64).cpu() for t in (count, confidence, correct))
-    total = float(count.sum())
-    if total <= 0:
+    if float(count.sum()) <= 0:
         raise TempcalError("calibration estimators need at least one sample, got 0")
     safe = count.clamp_min(1)
-    gap2 = (correct / safe - confidence / safe) ** 2
-    return math.sqrt(float((count / total * gap2).sum()))
+    return _rms_of_gaps(count, (correct / safe - confidence / safe).abs())
+
+
+def _rms_of_gaps(count: torch.Tensor, gap: torch.Tensor) -> float:
+    """``sqrt(sum_b (n_b / N) gap_b^2)`` from float64 per-bin counts and |accuracy - confidence| gaps."""
+    return math.sqrt(float((count / float(count.sum()) * (gap * gap)).sum()))
 
 
 def rms_calibration_error(confidence, correct, bins: int = 15) -> float:

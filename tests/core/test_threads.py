@@ -291,20 +291,26 @@ def test_ece_search_tie_check_and_apply_on_two_threads_equal_one_thread():
                           atol=1e-5)
 
 
-def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(monkeypatch):
+@pytest.fixture
+def maps(monkeypatch) -> list[int]:
+    """The item count of every map of the block pool, in order, while the test runs."""
+    counts: list[int] = []
+    original = threads.BlockPool.map
+
+    def counted(self, fn, count, workers):
+        counts.append(count)
+        return original(self, fn, count, workers)
+
+    monkeypatch.setattr(threads.BlockPool, "map", counted)
+    return counts
+
+
+def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(monkeypatch, maps):
     """Logits held in memory are read at once, so the threads meet once per pass; logits that need a conversion
     too (each thread converts its own blocks); reads cut shorter (HELD_READ_ROWS) give the same bits."""
     g = torch.Generator().manual_seed(19)
     z = 3 * torch.randn(3000, 120, generator=g)
     y = torch.randint(0, 120, (3000,), generator=g)
-    maps = []
-    original = threads.BlockPool.map
-
-    def counted(self, fn, count, workers):
-        maps.append(count)
-        return original(self, fn, count, workers)
-
-    monkeypatch.setattr(threads.BlockPool, "map", counted)
     figures = {}
     with torch_threads(2):
         for name, logits, held in (("one read", z, None), ("float64", z.double(), None), ("short reads", z, 97 * 3)):
@@ -356,7 +362,7 @@ def test_cell_ece_pass_on_two_threads_equals_one_thread_and_a_numpy_loop():
                                            fit_rows=ALL_ROWS), [1.0], 15)[0])
 
 
-def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp_path, monkeypatch):
+def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp_path, monkeypatch, maps):
     """Logits read from a file a chunk at a time: on two threads each map also takes the next read (one item more
     than its blocks), and every figure is the bits of one thread and of the same logits in memory."""
     from safetensors.torch import save_file
@@ -368,14 +374,6 @@ def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp
     z = 3 * torch.randn(3000, 120, generator=g)
     y = torch.randint(0, 120, (3000,), generator=g)
     save_file({"logits": z, "labels": y}, str(tmp_path / "logits.safetensors"))
-    maps = []
-    original = threads.BlockPool.map
-
-    def counted(self, fn, count, workers):
-        maps.append(count)
-        return original(self, fn, count, workers)
-
-    monkeypatch.setattr(threads.BlockPool, "map", counted)
     figures = {}
     for name, count in (("one thread", 1), ("two threads", 2), ("memory", 2)):
         data = as_logits_data(z, y) if name == "memory" else open_source(tmp_path / "logits.safetensors").data
@@ -393,7 +391,7 @@ def test_a_pass_streamed_from_a_file_reads_ahead_with_the_bits_of_one_thread(tmp
     assert figures["two threads"][2].nll == pytest.approx(reference, rel=1e-6)
 
 
-def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, monkeypatch):
+def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, maps):
     """Rows selected from a file kept in memory (a split, a fold): each thread gathers its own blocks, so a pass
     is one map of its blocks (the validating scan and passes keeping much per row: the usual reads), and every
     figure is the bits of one thread and of the same rows copied into memory first."""
@@ -406,14 +404,6 @@ def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, m
     y = torch.randint(0, 120, (3000,), generator=g)
     save_file({"logits": z, "labels": y}, str(tmp_path / "logits.safetensors"))
     rows = torch.randperm(3000, generator=g)[:2000].sort().values
-    maps = []
-    original = threads.BlockPool.map
-
-    def counted(self, fn, count, workers):
-        maps.append(count)
-        return original(self, fn, count, workers)
-
-    monkeypatch.setattr(threads.BlockPool, "map", counted)
     figures = {}
     for name, count in (("one thread", 1), ("two threads", 2), ("copied", 2)):
         data = open_source(tmp_path / "logits.safetensors").data
