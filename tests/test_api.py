@@ -67,3 +67,19 @@ def test_readme_python_snippet_runs(tmp_path):
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "calibrated.safetensors").exists()
     assert (tmp_path / "examples" / EXAMPLE.name).read_bytes() == EXAMPLE.read_bytes()
+
+
+def test_a_plain_fit_loads_no_command_line_or_conformal_code():
+    """``tempcal.fit_temperature`` on logits (no folds, groups or sets): typer, the conformal package and the
+    sources stay unloaded, so a script's first fit pays for the fit alone."""
+    code = (
+        "import sys, torch, tempcal\n"
+        "z = torch.randn(300, 4)\n"
+        "tempcal.fit_temperature(z, z.argmax(1), device='cpu')\n"
+        "loaded = [m for m in sys.modules if m in ('typer', 'click') or m.startswith(('tempcal.conformal', "
+        "'tempcal.sources', 'tempcal.cli'))]\n"
+        "print(loaded)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ from ..errors import TempcalError
 from ..html import option as html
 from ..lm import options as lm_options
 from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
-from ..subsets.options import Folds, GroupBy, GroupPrior
+from ..subsets.flags import Folds, GroupBy, GroupPrior
 from ..validation import (
     FRACTION,
     MAX_BINS,

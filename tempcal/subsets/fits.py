@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from ..conformal import GROUP_SET_READS, fit_group_sets, fold_sets
 from ..core import fitting
 from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
 from ..core.cumulants import FIELDS, NllDerivatives
@@ -37,8 +36,6 @@ from ..core.scan import Scan
 from ..core.scan_fit import FitResult, fit_scan
 from ..errors import DataError, Info
 from ..metrics.calibration import CalibrationMetrics
-from ..sources.base import OpenedSource
-from ..sources.grouping import RowGroups
 from .cells import (
     CellLayout,
     SubsetFits,
@@ -56,6 +53,10 @@ from .cells import (
     subset_metrics,
 )
 from .options import Asked, Plan, check_folds, check_prior, read_groups
+
+if TYPE_CHECKING:
+    from ..sources.base import OpenedSource
+    from ..sources.grouping import RowGroups
 
 #: Passes after the global fit before the fits still open are given up (reported as not converged).
 MAX_EXTRA_PASSES = 12
@@ -390,8 +391,11 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
                                                plan.groups.index)
             subsets.group_key = plan.groups.key
         warnings.extend(fits.subsets.warnings)
-        before, after, reads = fold_sets(scan, loaded, subsets, asked.alphas, global_t, before,
-                                         after) if asked.alphas else (before, after, 0)
+        reads = 0
+        if asked.alphas:
+            from ..conformal import fold_sets  # loaded only when sets are asked: the Python API's fit stays light
+
+            before, after, reads = fold_sets(scan, loaded, subsets, asked.alphas, global_t, before, after)
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = fits.fit.warnings
@@ -433,6 +437,8 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
                       rows=rows)
     reads = 0
     if asked.alphas:
+        from ..conformal import GROUP_SET_READS, fit_group_sets
+
         before, after = fit_group_sets(fit_scan, eval_scan, evaluated, eval_index, subsets, asked.alphas, global_t,
                                        before, after)
         reads = GROUP_SET_READS

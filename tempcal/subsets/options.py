@@ -12,12 +12,10 @@ from __future__ import annotations
 import numbers
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Annotated, Any, Optional
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from ..errors import Note, TempcalError, param
-from ..validation import NON_NEGATIVE, shown_value
+from ..validation import shown_value
 
 if TYPE_CHECKING:
     import torch
@@ -25,17 +23,6 @@ if TYPE_CHECKING:
     from ..requests import FitRequest
     from ..sources.base import OpenedSource
     from ..sources.grouping import RowGroups, StoredGroups
-
-Folds = Annotated[Optional[int], typer.Option(
-    "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "
-    "class-stratified folds (K = N: leave-one-out). Not with --eval or --val-fraction.")]
-GroupBy = Annotated[Optional[str], typer.Option(
-    "--group-by", metavar="KEY", help="Per-group figures (fit: a T each): KEY is an integer tensor (a value per "
-    "row), an evaluation log's task (inspect_ai: or model), a confidence table's COLUMN.")]
-GroupPrior = Annotated[Optional[float], typer.Option(
-    "--group-prior", metavar="LAM", help="How strongly each group's T is drawn toward the global T: LAM * (ln T - "
-    "ln T_global)^2 is added to the group's NLL sum (0: independent fits; default 10, about as many rows' worth)."),
-    NON_NEGATIVE]
 
 #: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
 #: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
@@ -157,5 +144,5 @@ def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
     return torch.tensor(per_group, dtype=torch.float64)[index], dict(zip(rows.names, per_group, strict=True)), values
 
 
-__all__ = ["DEFAULT_GROUP_PRIOR", "MAX_GROUP_PRIOR", "Asked", "Folds", "GroupBy", "GroupPrior", "Plan", "check_folds",
+__all__ = ["DEFAULT_GROUP_PRIOR", "MAX_GROUP_PRIOR", "Asked", "Plan", "check_folds",
            "check_prior", "plan", "read_groups", "row_temperatures", "settle_folds"]
