@@ -2,7 +2,7 @@
 ``softmax(logits / T)`` (or, with ``objective="ece"``, the binned ECE around that optimum).
 
 Every read of the data is the cost, so the fit takes about three on typical data: the validating scan prepares
-the start (:mod:`tempcal.core.fit_start`), and certified steps (:mod:`tempcal.core.certified`) stop as soon as T is
+the start (:mod:`tempcal.core.first_scan`), and certified steps (:mod:`tempcal.core.certified`) stop as soon as T is
 certain. Should they not certify T within ``certified.MAX_PASSES`` reads (never on the test corpora), L-BFGS over
 ``theta = log T`` takes over from their best estimate, its bracket closed on the slope alone (regula falsi) until T
 is known to within ``xtol``. ``FitResult.method`` says which method answered, ``passes`` counts every read.

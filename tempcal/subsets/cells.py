@@ -108,7 +108,7 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
     """One pass: float64 sums of :data:`FIELDS` per slot and cell, ``[slots, cells, FIELDS]`` (all ranks).
 
     ``betas`` ``[slots, cells]`` (float64, > 0); ``cells`` the cell of each of this process's rows (int64).
-    ``rows`` (a :class:`~tempcal.core.fit_start.ChunkRows` of every row, kept by the validating scan) are
+    ``rows`` (a :class:`~tempcal.core.first_scan.ChunkRows` of every row, kept by the validating scan) are
     evaluated instead of reading the data: no pass.
     """
     betas = betas.to(torch.float64).cpu()
