@@ -25,8 +25,8 @@ import torch
 
 from tempcal.core import scan as scan_module
 from tempcal.core import threads
-from tempcal.core.cumulants import FIELDS, row_cumulants
 from tempcal.core.data import as_logits_data
+from tempcal.core.kernels import FIELDS, row_cumulants
 from tempcal.core.scan import ALL_ROWS, Scan
 
 BETA = 0.25

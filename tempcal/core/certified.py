@@ -1,7 +1,7 @@
 """The NLL fit in a few reads: high-order steps in ``beta = 1/T`` and a certified error bound.
 
 The NLL is convex in ``beta`` and every pass returns its first four derivatives ``d1..d4``
-(:mod:`tempcal.core.cumulants`), so:
+(:mod:`tempcal.core.kernels`), so:
 
 * **Start.** The sign change of ``d1`` on the validating scan's grid (:mod:`tempcal.core.first_scan`), refined by
   two-point Hermite interpolation in ``log beta``.
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .cumulants import NllDerivatives
+from .kernels import NllDerivatives
 
 T_MIN = 1e-6
 T_MAX = 1e6

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .calibration_pass import EceTerms
 from .distributed import all_reduce
+from .kernels import EceTerms
 from .scan import RowBlock, Scan
 from .threads import Scratch
 

@@ -14,12 +14,12 @@ import torch
 from ..errors import DataError
 from . import distributed
 from .certified import BETA_MAX, BETA_MIN, TOL, FitStart, certified_fit
-from .cumulants import FIELDS, Buffers, NllDerivatives, row_cumulants, row_moments, row_range, row_terms
 from .data import LogitsSource
 from .distributed import all_reduce
+from .kernels import FIELDS, Buffers, NllDerivatives, row_cumulants, row_moments, row_range, row_terms
 from .threads import map_blocks
 
-# -- the checks of a block -------------------------------------------------------------------------------------------
+# -- the checks of a block ---------------------------------------------------------------------------------------------
 
 class Reductions(NamedTuple):
     """A block's reductions over every logit, for the first scan: computed on the pass's threads."""
@@ -153,7 +153,7 @@ class Problems:
                                f"first at index {first}")
 
 
-# -- the fit's start ------------------------------------------------------------------------------------------
+# -- the fit's start ---------------------------------------------------------------------------------------------------
 # For the fitting rows of each chunk the scan has in memory, it keeps the largest row range (for the fit's error
 # bound) and two per-row controls known exactly (``d1`` at ``beta = 0`` and as ``beta -> inf``); after the first chunk
 # it fixes a geometric grid of ``GRID_POINTS`` betas centred on a short fit of a few of that chunk's rows (all-reduced,

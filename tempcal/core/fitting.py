@@ -13,9 +13,9 @@ import torch
 
 from ..errors import TempcalError
 from ..validation import probabilities_refused
-from .calibration_pass import DEFAULT_BINS
 from .certified import T_MAX, T_MIN, Evaluator
 from .data import as_logits_data
+from .kernels import DEFAULT_BINS
 from .scan import ALL_ROWS, Scan
 from .scan_fit import MAX_PASSES, FitResult, fit_scan
 

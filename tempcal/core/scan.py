@@ -25,9 +25,7 @@ from typing import Literal, TypeVar
 import torch
 
 from ..errors import DataError
-from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor, bin_edges, bin_index, scaled_exp
 from .certified import FitStart
-from .cumulants import FIELDS, RAW_FIELDS, NllDerivatives, finished_sums, row_cumulants, row_raw_sums
 from .data import LogitsSource, Read, compute_dtype, pass_reads, resolve_device
 from .distributed import all_gather_rows, all_reduce
 from .first_scan import (
@@ -38,6 +36,21 @@ from .first_scan import (
     probability_like,
     rank_offset,
     row_reductions,
+)
+from .kernels import (
+    FIELDS,
+    KEPT,
+    RAW_FIELDS,
+    CalibrationSums,
+    CalibrationTerms,
+    ChunkVisitor,
+    NllDerivatives,
+    bin_edges,
+    bin_index,
+    finished_sums,
+    row_cumulants,
+    row_raw_sums,
+    scaled_exp,
 )
 from .limits import bounded_chunk_rows
 from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, single_threaded
@@ -289,7 +302,7 @@ class Scan:
     def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
         """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
 
-        One exp per logit (:func:`tempcal.core.cumulants.row_cumulants`); ``curvature`` is kept for
+        One exp per logit (:func:`tempcal.core.kernels.row_cumulants`); ``curvature`` is kept for
         callers of the first version and changes nothing.
         """
         acc, count = torch.zeros(RAW_FIELDS, dtype=torch.float64, device=self.device), 0
@@ -303,7 +316,7 @@ class Scan:
                     visitor: ChunkVisitor | None = None
                     ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
         """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``
-        (:mod:`tempcal.core.calibration_pass`).
+        (:mod:`tempcal.core.kernels`).
 
         One pass: each chunk is read once and reduced at every temperature. ``keep`` names per-row figures of
         this process's rows returned too, float64 on the scan's device, 8 bytes per row and temperature:

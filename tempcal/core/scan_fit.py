@@ -20,8 +20,8 @@ import torch
 
 from ..errors import DataError
 from . import certified
-from .calibration_pass import DEFAULT_BINS
 from .certified import T_MAX, T_MIN, Evaluator, FitStart, certified_fit
+from .kernels import DEFAULT_BINS
 from .scan import Scan
 
 if TYPE_CHECKING:

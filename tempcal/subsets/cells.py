@@ -32,10 +32,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.calibration_pass import bin_edges, bin_index, row_calibration
 from ..core.certified import CertifiedFit
-from ..core.cumulants import FIELDS, row_moments, row_terms
 from ..core.distributed import all_gather_rows, all_reduce
+from ..core.kernels import FIELDS, bin_edges, bin_index, row_calibration, row_moments, row_terms
 from ..core.scan import CalibrationSums, RowBlock, Scan
 from ..core.scan_fit import FitResult
 from ..core.threads import Scratch, block_bounds, map_blocks, pass_threads, single_threaded

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.calibration_pass import bin_edges, confidence_bins
 from ..core.certified import CertifiedFit
 from ..core.distributed import all_reduce
 from ..core.ece_fit import EceSearch, bin_sums, rounding_of
+from ..core.kernels import bin_edges, confidence_bins
 from ..core.scan import RowBlock, Scan
 from ..core.threads import Scratch
 from .cells import CellLayout, SubsetTemperatures, subset_keys

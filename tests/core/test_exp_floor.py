@@ -7,8 +7,7 @@ import numpy as np
 import torch
 
 import tempcal
-from tempcal.core.calibration_pass import scaled_exp
-from tempcal.core.cumulants import exp_floor, row_cumulants
+from tempcal.core.kernels import exp_floor, row_cumulants, scaled_exp
 from tempcal.core.threads import Scratch
 from tests.reference import ece_loop, nll_at, optimal_temperature
 
