@@ -12,12 +12,11 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..errors import DataError
-from . import distributed
+from . import parallel
 from .certified import BETA_MAX, BETA_MIN, TOL, FitStart, certified_fit
 from .data import LogitsSource
-from .distributed import all_reduce
 from .kernels import FIELDS, Buffers, NllDerivatives, row_cumulants, row_moments, row_range, row_terms
-from .threads import map_blocks
+from .parallel import all_reduce, map_blocks
 
 # -- the checks of a block ---------------------------------------------------------------------------------------------
 
@@ -410,10 +409,10 @@ class StartScan:
 def rank_offset(num_rows: int, device: torch.device) -> int:
     """The position of this process's first row in the data over all processes (rows are shared out in rank
     order), so that a row is sampled alike however many processes read the data."""
-    if not distributed.active():
+    if not parallel.active():
         return 0
-    sizes = distributed.all_gather_1d(torch.tensor([num_rows], dtype=torch.int64, device=device))
-    return int(sizes[: distributed.rank()].sum())
+    sizes = parallel.all_gather_rows(torch.tensor([num_rows], dtype=torch.int64, device=device))
+    return int(sizes[: parallel.rank()].sum())
 
 
 def empty_rows(num_classes: int, dtype: torch.dtype, device: torch.device) -> ChunkRows:

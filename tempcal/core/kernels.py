@@ -11,7 +11,7 @@ from typing import Protocol
 import torch
 
 from ..validation import check_bins
-from .threads import Scratch
+from .parallel import Scratch
 
 # -- the NLL and its derivatives in beta -------------------------------------------------------------------------------
 # The fit pass's kernel: the mean NLL of ``softmax(beta * z)`` and its first four derivatives in ``beta``.
@@ -41,7 +41,7 @@ CLIP = 2000.0
 
 
 class Buffers(Protocol):
-    """Reused chunk-sized buffers (:class:`tempcal.core.threads.Scratch`)."""
+    """Reused chunk-sized buffers (:class:`tempcal.core.parallel.Scratch`)."""
 
     def like(self, name: str, t: torch.Tensor) -> torch.Tensor: ...
 

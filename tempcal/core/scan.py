@@ -26,8 +26,7 @@ import torch
 
 from ..errors import DataError
 from .certified import FitStart
-from .data import LogitsSource, Read, compute_dtype, pass_reads, resolve_device
-from .distributed import all_gather_rows, all_reduce
+from .data import LogitsSource, Read, compute_dtype, pass_reads
 from .first_scan import (
     ChunkRows,
     Problems,
@@ -53,7 +52,17 @@ from .kernels import (
     scaled_exp,
 )
 from .limits import bounded_chunk_rows
-from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, single_threaded
+from .parallel import (
+    Scratch,
+    all_gather_rows,
+    all_reduce,
+    block_bounds,
+    configure_threads,
+    mapped_reads,
+    pass_threads,
+    resolve_device,
+    single_threaded,
+)
 
 R = TypeVar("R")
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
@@ -132,7 +141,7 @@ class Scan:
         self.passes = 0
         self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
-        self._scratches = [self.scratch]  # one per thread of a block pass (:mod:`tempcal.core.threads`)
+        self._scratches = [self.scratch]  # one per thread of a block pass (:mod:`tempcal.core.parallel`)
         self.looks_like_probabilities = False
         self.fit_start = _start  # what a fit on every row of this scan starts from (None: a start without a grid)
         if fit_rows is not None and not (isinstance(fit_rows, str) and fit_rows == ALL_ROWS):
@@ -258,7 +267,7 @@ class Scan:
         return self._scratches[worker]
 
     def pass_threads(self) -> int:
-        """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.threads.pass_threads`)."""
+        """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.parallel.pass_threads`)."""
         return pass_threads(self.device, self.data.numel())
 
     def _reads(self, threads: int, few: bool = False, row_bytes: int = 0, copies_kept: bool = False

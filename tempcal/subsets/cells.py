@@ -33,11 +33,18 @@ import numpy as np
 import torch
 
 from ..core.certified import CertifiedFit
-from ..core.distributed import all_gather_rows, all_reduce
 from ..core.kernels import FIELDS, bin_edges, bin_index, row_calibration, row_moments, row_terms
+from ..core.parallel import (
+    Scratch,
+    all_gather_rows,
+    all_reduce,
+    block_bounds,
+    map_blocks,
+    pass_threads,
+    single_threaded,
+)
 from ..core.scan import CalibrationSums, RowBlock, Scan
 from ..core.scan_fit import FitResult
-from ..core.threads import Scratch, block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
 from .options import Asked, check_folds

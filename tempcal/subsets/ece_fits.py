@@ -20,11 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from ..core.certified import CertifiedFit
-from ..core.distributed import all_reduce
 from ..core.ece_fit import EceSearch, bin_sums, rounding_of
 from ..core.kernels import bin_edges, confidence_bins
+from ..core.parallel import Scratch, all_reduce
 from ..core.scan import RowBlock, Scan
-from ..core.threads import Scratch
 from .cells import CellLayout, SubsetTemperatures, subset_keys
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures

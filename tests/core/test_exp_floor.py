@@ -8,7 +8,7 @@ import torch
 
 import tempcal
 from tempcal.core.kernels import exp_floor, row_cumulants, scaled_exp
-from tempcal.core.threads import Scratch
+from tempcal.core.parallel import Scratch
 from tests.reference import ece_loop, nll_at, optimal_temperature
 
 
