@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from ..core.certified import CertifiedFit
+from ..core.fitting import FitResult
 from ..core.kernels import FIELDS, bin_edges, bin_index, row_calibration, row_moments, row_terms
 from ..core.parallel import (
     Scratch,
@@ -44,7 +45,6 @@ from ..core.parallel import (
     single_threaded,
 )
 from ..core.scan import CalibrationSums, RowBlock, Scan
-from ..core.scan_fit import FitResult
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
 from .options import Asked, check_folds

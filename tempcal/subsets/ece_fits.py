@@ -1,6 +1,6 @@
 """``--objective ece`` with folds and groups: every subset's ECE search from shared reads.
 
-The global T is the plain ECE fit's (:func:`tempcal.core.scan_fit.fit_scan`, objective ``ece``): the
+The global T is the plain ECE fit's (:func:`tempcal.core.fitting.fit_scan`, objective ``ece``): the
 NLL optimum, then the branch-and-bound search of :mod:`tempcal.core.ece_fit` around it. Each fold's search
 (the rows outside fold k) and each group's (``n_g ECE_g(T) + lam (ln T - ln T_0)^2``, toward the global T, or
 toward T_k within fold k) searches the same range, centred on the global NLL optimum. Every pass of the

@@ -30,11 +30,10 @@ import torch
 from ..conformal import GROUP_SET_READS, fit_group_sets, fold_sets
 from ..core import fitting
 from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
-from ..core.fitting import fit_temperature
+from ..core.fitting import FitResult, fit_scan, fit_temperature
 from ..core.kernels import FIELDS, NllDerivatives
 from ..core.parallel import all_reduce
 from ..core.scan import Scan
-from ..core.scan_fit import FitResult, fit_scan
 from ..errors import DataError, Info
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
