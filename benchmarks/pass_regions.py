@@ -2,7 +2,7 @@
 
 A block pass (``Scan.block_pass``) shares each read's row blocks among the threads and ends every read at a
 barrier, where the thread done first waits for the other's last block. Over logits held in memory a read of
-``few``-result passes takes every row (up to ``threads.HELD_READ_ROWS``), so the pass is one map; this script
+``few``-result passes takes every row (up to ``data.HELD_READ_ROWS``), so the pass is one map; this script
 measures that against the bounded reads (8 blocks each on 2 threads) that every pass made before, in one
 process, interleaved: maps per pass, idle thread time at the maps' ends (each thread's time from its last
 block to the map's end), the pass's wall time; then torch's own threads on each chunk (the code before the
@@ -23,10 +23,10 @@ import time
 
 import torch
 
-from tempcal.core import scan as scan_module
-from tempcal.core import threads
-from tempcal.core.cumulants import FIELDS, row_cumulants
+from tempcal.core import data as data_module
+from tempcal.core import parallel
 from tempcal.core.data import as_logits_data
+from tempcal.core.kernels import FIELDS, row_cumulants
 from tempcal.core.scan import ALL_ROWS, Scan
 
 BETA = 0.25
@@ -43,7 +43,7 @@ def main() -> None:
     y = torch.randint(0, c, (n,), generator=g)
     scan = Scan(as_logits_data(z, y), device="cpu", fit_rows=ALL_ROWS)
     maps: list[float] = []
-    timed_map = threads.BlockPool.map
+    timed_map = parallel.BlockPool.map
 
     def counted(self, fn, count, workers):
         ends: dict[int, float] = {}
@@ -59,11 +59,11 @@ def main() -> None:
         maps.append(sum(stop - e for e in ends.values()) + (min(workers, count) - len(ends)) * (stop - start))
         return out
 
-    threads.BlockPool.map = counted  # type: ignore[method-assign]
-    bounded = scan_module.read_rows
+    parallel.BlockPool.map = counted  # type: ignore[method-assign]
+    bounded = data_module.read_rows
 
     def pass_with(held: bool):
-        scan_module.read_rows = bounded if held else (lambda rows, classes, t, *_: bounded(rows, classes, t))
+        data_module.read_rows = bounded if held else (lambda rows, classes, t, *_: bounded(rows, classes, t))
         maps.clear()
         start = time.perf_counter()
         sums = scan.objective(BETA)
@@ -77,7 +77,7 @@ def main() -> None:
         return time.perf_counter() - start
 
     def one_thread():
-        with threads.single_threaded():
+        with parallel.single_threaded():
             return pass_with(True)[0]
 
     runs: dict[str, list] = {"bounded reads": [], "one read": [], "torch's threads": [], "one thread": []}

@@ -28,7 +28,7 @@ _EXPORTS = {
     "OpenedSource": "sources.base",
     "LogitsData": "core.data",
     "as_logits_data": "core.data",
-    "resolve_device": "core.data",
+    "resolve_device": "core.parallel",
     "read_header": "io.safetensors_header",
     # the scan and the fit
     "Scan": "core.scan",
@@ -80,8 +80,9 @@ _EXPORTS = {
 __all__ = ["__version__", *_EXPORTS]
 
 if TYPE_CHECKING:
-    from .core.data import LogitsData, as_logits_data, resolve_device
+    from .core.data import LogitsData, as_logits_data
     from .core.fitting import T_MAX, T_MIN, FitResult
+    from .core.parallel import resolve_device
     from .core.scan import Scan
     from .core.splitting import stratified_split
     from .errors import DataError, TempcalError

@@ -18,7 +18,7 @@ from rich.progress import Progress as RichProgress
 from rich.table import Column
 from rich.text import Text
 
-from .core.distributed import rank
+from .core.parallel import rank
 
 #: Seconds of silence before the line appears.
 DELAY = 2.0

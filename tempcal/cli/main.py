@@ -80,7 +80,7 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     """How every command ends, on rank 0 only: the configuration file used (under --quiet too), warnings, the files
     asked for, the JSON, the ``extras`` (``--html``), the step ``summary``, the console view and the lines saying
     what was written; then the gate's exit status."""
-    from ..core.distributed import rank
+    from ..core.parallel import rank
 
     if rank() != 0:
         raise typer.Exit(EXIT_GATE if gate else 0)
@@ -180,7 +180,7 @@ MODEL_FOLDERS = ("--lm", "--head")
 
 def start(device: str) -> str:
     """Join torchrun's process group, if there is one; the device this process computes on."""
-    from ..core.distributed import init_from_environment
+    from ..core.parallel import init_from_environment
 
     return init_from_environment(device)
 
@@ -259,9 +259,9 @@ def _run(command: Any, argv: list[str] | None) -> Any:
     try:
         return command.main(args=argv, prog_name="tempcal", standalone_mode=False)
     finally:
-        distributed = sys.modules.get("tempcal.core.distributed")  # imported only by commands that computed
-        if distributed is not None:
-            distributed.shutdown()
+        parallel = sys.modules.get("tempcal.core.parallel")  # imported only by commands that computed
+        if parallel is not None:
+            parallel.shutdown()
 
 
 def _click_class(name: str) -> type[Exception]:

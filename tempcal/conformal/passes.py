@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.distributed import all_gather_rows, all_reduce
+from ..core.parallel import all_gather_rows, all_reduce
 from ..core.scan import Scan
 from .sets import (
     SCORES,

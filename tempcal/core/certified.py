@@ -1,9 +1,9 @@
 """The NLL fit in a few reads: high-order steps in ``beta = 1/T`` and a certified error bound.
 
 The NLL is convex in ``beta`` and every pass returns its first four derivatives ``d1..d4``
-(:mod:`tempcal.core.cumulants`), so:
+(:mod:`tempcal.core.kernels`), so:
 
-* **Start.** The sign change of ``d1`` on the validating scan's grid (:mod:`tempcal.core.fit_start`), refined by
+* **Start.** The sign change of ``d1`` on the validating scan's grid (:mod:`tempcal.core.first_scan`), refined by
   two-point Hermite interpolation in ``log beta``.
 * **Steps.** From an evaluated point, a third-order Householder step in ``s = log beta`` (the
   root of a [1/2] Pade model of ``d1``; with ``G_k = d^k d1 / ds^k``: ``G1 = beta d2``,
@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from .cumulants import NllDerivatives
+from .kernels import NllDerivatives
 
 T_MIN = 1e-6
 T_MAX = 1e6
@@ -99,7 +99,7 @@ class FitStart:
     grid: tuple[NllDerivatives, ...] = ()  # estimates on a row sample at fixed betas, ascending
     exact_grid: bool = False  # the sample is every row: grid points are exact passes
     reference_beta: float = 1.0  # a scale-aware start when there is no grid
-    #: Every fitting row (a :class:`~tempcal.core.fit_start.ChunkRows`), when the validating scan held them all in
+    #: Every fitting row (a :class:`~tempcal.core.first_scan.ChunkRows`), when the validating scan held them all in
     #: one chunk: fits on subsets of them need no read.
     rows: Any = field(default=None, compare=False, repr=False)
 

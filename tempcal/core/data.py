@@ -18,9 +18,9 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, param
 from ..validation import IGNORE_INDEX, check_labels
-from .threads import Scratch, read_rows
+from .parallel import BLOCKS_PER_THREAD, Scratch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 #: Rows of every reduction step are cut so that one chunk holds about this many logits.
@@ -50,22 +50,6 @@ def default_chunk_rows(num_classes: int, device: torch.device, rows: int | None 
         chunks = -(-rows // small)
         return max(MIN_CHUNK_ROWS, -(-rows // chunks))  # chunks of equal size, so no thread waits on a long last one
     return max(MIN_CHUNK_ROWS, small)
-
-
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """``auto`` means CUDA when available, else CPU; ``cuda`` without CUDA is a usage error."""
-    name = str(device)
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    kind, _, index = name.partition(":")
-    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
-        raise TempcalError(f"{param('device')} {name}: expected auto, cpu, cuda or cuda:N")
-    if kind == "cuda":
-        if not torch.cuda.is_available():
-            raise TempcalError(f"{param('device')} {name}: CUDA is not available on this machine (use cpu or auto)")
-        if index and int(index) >= torch.cuda.device_count():
-            raise TempcalError(f"{param('device')} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
-    return torch.device(name)
 
 
 #: Inputs with at most this many logits, or fewer rows than FLOAT64_BELOW_ROWS, are reduced in
@@ -333,6 +317,14 @@ def _used_on(tensor: torch.Tensor, stream: torch.cuda.Stream) -> None:
 
 # -- how a pass reads the data: reads of rows whose blocks the pass's threads take --------------------------------
 
+#: A read of the data holds at most this many logits: enough blocks for every thread, a bounded buffer.
+READ_ELEMENTS = 1 << 22
+#: At most this many rows per read of logits held in memory (what a pass keeps per row of a read stays bounded).
+HELD_READ_ROWS = 1 << 20
+#: At most this many bytes of per-row results kept from one read (a pass that declares its ``row_bytes``).
+KEPT_BYTES = 1 << 28
+
+
 class Read(NamedTuple):
     """Rows ``start:start + rows`` of the data: their labels, and ``take(a, b, buffers)`` giving the logits of the
     read's rows ``a:b`` in the compute dtype (``buffers``: the calling thread's, or None for a tensor that may be
@@ -367,9 +359,33 @@ def data_reads(data: LogitsSource, rows: int, device: torch.device, dtype: torch
         yield Read(start, stop - start, to_device(labels[start:stop], device, torch.int64), take)
 
 
+def read_rows(chunk_rows: int, num_classes: int, threads: int, held_rows: int | None = None, row_bytes: int = 0
+              ) -> int:
+    """Rows per read of the data: ``chunk_rows`` times enough blocks for every thread, at most READ_ELEMENTS.
+
+    ``held_rows``: the data's reads are views of this many rows already in memory (nothing copied) and the
+    pass keeps a few numbers per block, so one read takes up to HELD_READ_ROWS of them and a pass is one map:
+    the threads meet once per pass, not once per read (each meeting leaves a thread idle for about half a
+    block on an idle machine: a tenth of the pass at eight blocks a read). The blocks stay ``chunk_rows``
+    rows, so the sums are the same bits. ``row_bytes``: what the pass keeps per row until its read is done;
+    a read then holds at most KEPT_BYTES of it (but one block).
+    """
+    if threads <= 1:
+        return chunk_rows
+    if held_rows is not None:
+        rows = min(held_rows, HELD_READ_ROWS)
+        if row_bytes:
+            rows = min(rows, KEPT_BYTES // row_bytes)
+        return max(chunk_rows, rows)
+    blocks = min(BLOCKS_PER_THREAD * threads, READ_ELEMENTS // max(chunk_rows * num_classes, 1))
+    if row_bytes:
+        blocks = min(blocks, KEPT_BYTES // (chunk_rows * row_bytes))
+    return chunk_rows * max(1, blocks)
+
+
 def pass_reads(data: LogitsSource, device: torch.device, dtype: torch.dtype, chunk_rows: int, threads: int, *,
                few: bool = False, row_bytes: int = 0, copies_kept: bool = False) -> tuple[Iterator[Read], bool]:
-    """The reads of a block pass over ``data`` (:func:`tempcal.core.threads.read_rows` rows each) and whether a
+    """The reads of a block pass over ``data`` (:func:`read_rows` rows each) and whether a
     thread may take the next read while the others reduce this one (a file read).
 
     Logits in memory on the device are taken by the threads block by block, each copied (when it must be) into

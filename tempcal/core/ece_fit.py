@@ -33,10 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .calibration_pass import EceTerms
-from .distributed import all_reduce
+from .kernels import EceTerms
+from .parallel import Scratch, all_reduce
 from .scan import RowBlock, Scan
-from .threads import Scratch
 
 #: The searched range is T* / SPAN .. T* * SPAN around the NLL optimum T*.
 SPAN = 100.0

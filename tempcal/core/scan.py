@@ -18,7 +18,6 @@ Per row, with ``d = z - max(z)``, ``e = exp(beta * d)`` and ``s0 = sum(e)``:
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
@@ -26,15 +25,44 @@ from typing import Literal, TypeVar
 import torch
 
 from ..errors import DataError
-from .calibration_pass import KEPT, CalibrationSums, CalibrationTerms, ChunkVisitor, bin_edges, bin_index, scaled_exp
 from .certified import FitStart
-from .cumulants import FIELDS, RAW_FIELDS, NllDerivatives, finished_sums, row_cumulants, row_raw_sums
-from .data import LogitsSource, Read, compute_dtype, pass_reads, resolve_device
-from .distributed import all_gather_rows, all_reduce
-from .fit_start import ChunkRows, StartScan, rank_offset
+from .data import LogitsSource, Read, compute_dtype, pass_reads
+from .first_scan import (
+    ChunkRows,
+    Problems,
+    Reductions,
+    StartScan,
+    probability_like,
+    rank_offset,
+    row_reductions,
+)
+from .kernels import (
+    FIELDS,
+    KEPT,
+    RAW_FIELDS,
+    CalibrationSums,
+    CalibrationTerms,
+    ChunkVisitor,
+    NllDerivatives,
+    bin_edges,
+    bin_index,
+    finished_sums,
+    row_cumulants,
+    row_raw_sums,
+    scaled_exp,
+)
 from .limits import bounded_chunk_rows
-from .scan_checks import Problems, Reductions, probability_like, row_reductions, uniform_moments
-from .threads import Scratch, block_bounds, configure_threads, mapped_reads, pass_threads, single_threaded
+from .parallel import (
+    Scratch,
+    all_gather_rows,
+    all_reduce,
+    block_bounds,
+    configure_threads,
+    mapped_reads,
+    pass_threads,
+    resolve_device,
+    single_threaded,
+)
 
 R = TypeVar("R")
 #: Every row of the scanned data (``Scan(fit_rows=ALL_ROWS)``).
@@ -92,7 +120,7 @@ class Scan:
     Creating one is one pass over the data; it raises :class:`DataError` on bad values
     (NaN, +inf, all--inf rows, a true class at -inf, labels out of range). ``fit_rows`` names the
     rows a temperature fit will use, so that the same pass prepares its start
-    (:mod:`tempcal.core.fit_start`, about 0.15 of a pass): ``"all"``, or sorted indices into ``data``
+    (:mod:`tempcal.core.first_scan`, about 0.15 of a pass): ``"all"``, or sorted indices into ``data``
     (one side of a split: ``select(fit_rows)`` keeps the start); None (the default) prepares none.
     """
 
@@ -113,7 +141,7 @@ class Scan:
         self.passes = 0
         self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
-        self._scratches = [self.scratch]  # one per thread of a block pass (:mod:`tempcal.core.threads`)
+        self._scratches = [self.scratch]  # one per thread of a block pass (:mod:`tempcal.core.parallel`)
         self.looks_like_probabilities = False
         self.fit_start = _start  # what a fit on every row of this scan starts from (None: a start without a grid)
         if fit_rows is not None and not (isinstance(fit_rows, str) and fit_rows == ALL_ROWS):
@@ -197,7 +225,7 @@ class Scan:
                     reduced: Reductions) -> None:
         """One block of the first scan: checked, its statistics stored, handed to the fit's start."""
         start, stats = state.start, state.stats
-        y, row_sum, values = self._validated_chunk(state.problems, position, z, y, reduced)
+        y, row_sum, values = state.problems.check(position, z, y, reduced, self.labelled)
         if values is None:
             if start is not None:
                 start.plan_empty(self.compute_dtype)  # a chunk with bad values: the scan fails on every process
@@ -220,42 +248,6 @@ class Scan:
                          self.device, self.scratch, rank_offset(self.data.num_samples, self.device),
                          threads=threads, buffers_for=self.scratch_for)
 
-    def _validated_chunk(self, problems: Problems, start: int, z: torch.Tensor, y: torch.Tensor,
-                         reduced: Reductions | None = None
-                         ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
-        """Check one chunk (its problems go to ``problems``); the clamped labels, the row sums and, when no
-        problem was found so far, the chunk's :class:`RowStats` columns. ``reduced``: its rows' reductions,
-        when already computed."""
-        reduced = reduced or row_reductions(z)
-        data = self.data
-        bad_label = (y < 0) | (y >= data.num_classes)
-        if not self.labelled:
-            bad_label = torch.ones_like(bad_label)  # placeholder labels: no label check applies
-        else:
-            problems.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
-        y = y.clamp(0, data.num_classes - 1)
-        row_sum = reduced.row_sum
-        # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
-        odd = ~torch.isfinite(row_sum)
-        has_neginf = odd
-        if bool(odd.any()):
-            rows = z[odd]
-            nan = torch.zeros_like(odd)
-            nan[odd] = torch.isnan(rows).any(1)
-            posinf = torch.zeros_like(odd)
-            posinf[odd] = (rows == math.inf).any(1)
-            problems.add("nan", start, nan)
-            problems.add("posinf", start, posinf)
-        row_max, arg_max = reduced.row_max, reduced.arg_max
-        problems.add("all-neginf", start, row_max == -math.inf)
-        z_true = z.gather(1, y[:, None])[:, 0]
-        problems.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
-        if problems:
-            return y, row_sum, None
-        correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
-        mean, var = uniform_moments(z, row_sum, row_max, has_neginf, reduced.squares)
-        return y, row_sum, (row_max, z_true - row_max, correct, mean, var, has_neginf)
-
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):
         """One pass: yield ``(logits, labels, row_max, true_gap, correct, has_neginf)`` per chunk (logits on the
@@ -275,7 +267,7 @@ class Scan:
         return self._scratches[worker]
 
     def pass_threads(self) -> int:
-        """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.threads.pass_threads`)."""
+        """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.parallel.pass_threads`)."""
         return pass_threads(self.device, self.data.numel())
 
     def _reads(self, threads: int, few: bool = False, row_bytes: int = 0, copies_kept: bool = False
@@ -319,7 +311,7 @@ class Scan:
     def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
         """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
 
-        One exp per logit (:func:`tempcal.core.cumulants.row_cumulants`); ``curvature`` is kept for
+        One exp per logit (:func:`tempcal.core.kernels.row_cumulants`); ``curvature`` is kept for
         callers of the first version and changes nothing.
         """
         acc, count = torch.zeros(RAW_FIELDS, dtype=torch.float64, device=self.device), 0
@@ -333,7 +325,7 @@ class Scan:
                     visitor: ChunkVisitor | None = None
                     ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
         """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``
-        (:mod:`tempcal.core.calibration_pass`).
+        (:mod:`tempcal.core.kernels`).
 
         One pass: each chunk is read once and reduced at every temperature. ``keep`` names per-row figures of
         this process's rows returned too, float64 on the scan's device, 8 bytes per row and temperature:

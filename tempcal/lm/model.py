@@ -96,7 +96,7 @@ def require_transformers() -> Any:
 def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto", *,
                    device_map: str | None = None) -> CausalLM:
     """The causal LM in ``folder`` on ``device`` (or placed by transformers' ``device_map``), checked."""
-    from ..core.data import resolve_device
+    from ..core.parallel import resolve_device
 
     began = time.perf_counter()
     folder = Path(folder)

@@ -130,12 +130,12 @@ class LmSource(OpenedSource):
 
     def keep_hidden(self, path: str | os.PathLike | None) -> list[str]:
         """``--save-hidden``: the hidden states and labels kept at ``path`` (nothing without it); the line saying so."""
-        from ..core import distributed
+        from ..core import parallel
         from .hidden import save_hidden
 
         if path is None:
             return []
-        if distributed.active():
+        if parallel.active():
             raise TempcalError(f"{param('save_hidden')} under torchrun: each process holds only its share of the rows")
         assert self.run is not None
         metadata = {"tempcal.lm_model": str(self.lm.folder), "tempcal.texts": str(self.run.texts.path),
@@ -179,7 +179,7 @@ class LmKind(SourceKind):
 
     def run(self, lm: Any, path: Path, options: SourceOptions) -> LmSource:
         """The model over the texts in ``path``: the next-token rows as a source of logits."""
-        from ..core import distributed
+        from ..core import parallel
         from ..sources.head import HeadLogits
         from .forward import tokenize
         from .hidden import PassCounter, StoredHidden
@@ -192,7 +192,7 @@ class LmKind(SourceKind):
         tokenize_seconds = time.perf_counter() - began
         if lm.probe_difference is None:
             check_head(lm, max(tokenized.ids, key=len).tolist())
-        lo, hi = distributed.share(tokenized.rows) if distributed.active() else (0, tokenized.rows)
+        lo, hi = parallel.share(tokenized.rows) if parallel.active() else (0, tokenized.rows)
         store, stats = _forward(lm, tokenized, options, lo, hi, path)
         hidden = StoredHidden(store, tokenized.labels, progress=PassCounter(f"{lm.folder.name} head", options.progress))
         run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)

@@ -30,7 +30,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..core.calibration_pass import DEFAULT_BINS, bin_edges
+from ..core.kernels import DEFAULT_BINS, bin_edges
 from ..core.scan import CalibrationSums, ClasswiseSums, Scan
 from ..errors import TempcalError
 from ..validation import as_temperature, check_bins, check_confidences

@@ -40,9 +40,9 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from ..core import distributed
-from ..core.distributed import all_gather_rows
+from ..core import parallel
 from ..core.limits import available_bytes
+from ..core.parallel import all_gather_rows
 
 #: Points of the risk-coverage curve in each metrics object's JSON.
 CURVE_POINTS = 100
@@ -327,7 +327,7 @@ def gathered_confidence(confidence: torch.Tensor) -> np.ndarray:
 def gathered_correct(correct: torch.Tensor) -> np.ndarray:
     """Whether each row's prediction is right (bool ``[rows]``), every rank's rows in rank order, on the host (one
     byte per row; the scan's own flags, uncopied, in a single CPU process)."""
-    if not distributed.active():
+    if not parallel.active():
         return correct.cpu().numpy()
     return all_gather_rows(correct.to(torch.uint8)).cpu().numpy().view(bool)  # collectives take no bool
 

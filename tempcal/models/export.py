@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.data import resolve_device
+from ..core.parallel import resolve_device
 from ..errors import TempcalError, param
 from ..io.paths import write_bytes_atomic
 from ..validation import as_temperature, format_temperature, stored_temperature

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
+from ..core.parallel import BLOCKS_PER_THREAD, block_bounds, map_blocks
 from ..core.precision import no_tf32
-from ..core.threads import BLOCKS_PER_THREAD, block_bounds, map_blocks
 from ..errors import DataError, TempcalError, param
 from ..io.hf_folder import CONFIG_NAME, MAX_CONFIG_BYTES, SINGLE_NAME, checkpoint_file, read_json, weight_map
 from ..io.safetensors_header import FLOAT_DTYPES, dtype_name, read_header, read_tensor, shown
@@ -49,7 +49,7 @@ class OutputHead:
 
     def logits(self, h: torch.Tensor, out: torch.Tensor, threads: int = 1) -> torch.Tensor:
         """The logits of hidden states ``h`` [rows, d] into ``out`` [rows, V] (the compute dtype), tile by tile, the
-        tiles shared among ``threads`` threads each running torch single-threaded (:mod:`tempcal.core.threads`)."""
+        tiles shared among ``threads`` threads each running torch single-threaded (:mod:`tempcal.core.parallel`)."""
         h = h.to(out.dtype)
         tile = max(1, TILE_ELEMENTS // max(self.width, 1))
         if threads > 1:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..core.data import resolve_device
+from ..core.parallel import resolve_device
 from ..core.precision import tf32_allowed
 from ..errors import TempcalError, param
 from ..io.paths import atomic_path, write_bytes_atomic

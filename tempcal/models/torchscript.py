@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..core.data import resolve_device
+from ..core.parallel import resolve_device
 from ..errors import TempcalError, param
 from ..io.paths import write_bytes_atomic
 from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature

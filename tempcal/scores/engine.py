@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..core.threads import Scratch
+from ..core.parallel import Scratch
 from ..errors import TempcalError, param
 from . import get_score
 from .base import Score

@@ -202,9 +202,9 @@ class OpenedSource:
 
     def share(self) -> tuple[int, int]:
         """The rows ``[start, stop)`` this process reduces: all of them, or its rank's share under torch.distributed."""
-        from ..core import distributed
+        from ..core import parallel
 
-        return distributed.share(self.data.num_samples)
+        return parallel.share(self.data.num_samples)
 
     def local_rows(self, rows: Any) -> torch.Tensor:
         """Global row positions ``rows`` that fall in this process's share, relative to its start."""

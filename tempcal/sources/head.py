@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
-from ..core.threads import pass_threads
+from ..core.parallel import pass_threads
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
 from ..validation import ProbabilitiesError
@@ -165,19 +165,19 @@ class HeadKind(SafetensorsKind):
 def react_threshold(hidden: ShardedLogits, percentile: float, device: str | torch.device, name: str) -> ReactClip:
     """The ``percentile``-th percentile of all values of ``hidden`` (this process's rows, counts summed across
     processes), as numpy's default ``percentile`` in the compute dtype; a non-finite one is bad input."""
-    from ..core import distributed
-    from ..core.data import resolve_device
+    from ..core import parallel
+    from ..core.parallel import resolve_device
     from ..core.percentile import streaming_percentile
 
     where = resolve_device(device)
-    if distributed.active():
-        start, stop = distributed.share(hidden.num_samples)
+    if parallel.active():
+        start, stop = parallel.share(hidden.num_samples)
         hidden = hidden.select(torch.arange(start, stop))
     dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
     rows = hidden.default_chunk_rows(where)
     try:
         result = streaming_percentile(lambda: (h for _, h, _ in hidden.chunks(rows, where, dtype)), percentile,
-                                      dtype=dtype, all_reduce=distributed.all_reduce if distributed.active() else None,
+                                      dtype=dtype, all_reduce=parallel.all_reduce if parallel.active() else None,
                                       device=where)
     except DataError as exc:
         raise exc.prefixed(f"{name}: {param('react')}: hidden states: ") from None

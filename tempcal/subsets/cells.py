@@ -32,13 +32,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.calibration_pass import bin_edges, bin_index, row_calibration
 from ..core.certified import CertifiedFit
-from ..core.cumulants import FIELDS, row_moments, row_terms
-from ..core.distributed import all_gather_rows, all_reduce
+from ..core.fitting import FitResult
+from ..core.kernels import FIELDS, bin_edges, bin_index, row_calibration, row_moments, row_terms
+from ..core.parallel import (
+    Scratch,
+    all_gather_rows,
+    all_reduce,
+    block_bounds,
+    map_blocks,
+    pass_threads,
+    single_threaded,
+)
 from ..core.scan import CalibrationSums, RowBlock, Scan
-from ..core.scan_fit import FitResult
-from ..core.threads import Scratch, block_bounds, map_blocks, pass_threads, single_threaded
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
 from .options import Asked, check_folds
@@ -108,7 +114,7 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
     """One pass: float64 sums of :data:`FIELDS` per slot and cell, ``[slots, cells, FIELDS]`` (all ranks).
 
     ``betas`` ``[slots, cells]`` (float64, > 0); ``cells`` the cell of each of this process's rows (int64).
-    ``rows`` (a :class:`~tempcal.core.fit_start.ChunkRows` of every row, kept by the validating scan) are
+    ``rows`` (a :class:`~tempcal.core.first_scan.ChunkRows` of every row, kept by the validating scan) are
     evaluated instead of reading the data: no pass.
     """
     betas = betas.to(torch.float64).cpu()

@@ -1,6 +1,6 @@
 """``--objective ece`` with folds and groups: every subset's ECE search from shared reads.
 
-The global T is the plain ECE fit's (:func:`tempcal.core.scan_fit.fit_scan`, objective ``ece``): the
+The global T is the plain ECE fit's (:func:`tempcal.core.fitting.fit_scan`, objective ``ece``): the
 NLL optimum, then the branch-and-bound search of :mod:`tempcal.core.ece_fit` around it. Each fold's search
 (the rows outside fold k) and each group's (``n_g ECE_g(T) + lam (ln T - ln T_0)^2``, toward the global T, or
 toward T_k within fold k) searches the same range, centred on the global NLL optimum. Every pass of the
@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..core.calibration_pass import bin_edges, confidence_bins
 from ..core.certified import CertifiedFit
-from ..core.distributed import all_reduce
 from ..core.ece_fit import EceSearch, bin_sums, rounding_of
+from ..core.kernels import bin_edges, confidence_bins
+from ..core.parallel import Scratch, all_reduce
 from ..core.scan import RowBlock, Scan
-from ..core.threads import Scratch
 from .cells import CellLayout, SubsetTemperatures, subset_keys
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures

@@ -29,11 +29,10 @@ import torch
 
 from ..core import fitting
 from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
-from ..core.cumulants import FIELDS, NllDerivatives
-from ..core.distributed import all_reduce
-from ..core.fitting import fit_temperature
+from ..core.fitting import FitResult, fit_scan, fit_temperature
+from ..core.kernels import FIELDS, NllDerivatives
+from ..core.parallel import all_reduce
 from ..core.scan import Scan
-from ..core.scan_fit import FitResult, fit_scan
 from ..errors import DataError, Info
 from ..metrics.calibration import CalibrationMetrics
 from .cells import (

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core import distributed
+from ..core import parallel
 from ..core.scan import Scan
 from ..core.splitting import stratified_split
 from ..errors import DataError, Note, TempcalError, param
@@ -86,7 +86,7 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
     probability-like values unless ``probs`` says what they are."""
     data = opened.data
     warnings.extend(opened.warnings)
-    if distributed.active():
+    if parallel.active():
         start, stop = opened.share()
         data = data.select(torch.arange(start, stop))
     try:

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..core.distributed import all_gather_1d
+from ..core.parallel import all_gather_rows
 from ..core.scan import Scan
 from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
@@ -249,7 +249,7 @@ def score_samples(scan: Scan, taus: Sequence[float], scores: Sequence[str] = ("m
                   options: dict[str, Any] | None = None) -> dict[str, list[np.ndarray]]:
     """Per-sample float64 scores ``{score: [array per tau]}`` from one pass, every rank's samples gathered."""
     parts = scan_scores(scan, [1.0 / as_temperature(tau) for tau in taus], scores, options)
-    return {name: [all_gather_1d(part[name]).cpu().numpy() for part in parts] for name in scores}
+    return {name: [all_gather_rows(part[name]).cpu().numpy() for part in parts] for name in scores}
 
 
 def check_compatible(source: str, id_data: Any, ood_path: str, ood_data: Any) -> None:

@@ -1,4 +1,4 @@
-"""The commands under torchrun (tempcal.core.distributed, gloo on two processes) match one process."""
+"""The commands under torchrun (tempcal.core.parallel, gloo on two processes) match one process."""
 
 from __future__ import annotations
 

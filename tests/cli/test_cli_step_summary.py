@@ -65,9 +65,9 @@ def test_an_unwritable_summary_is_a_warning_not_a_failure(tmp_path, monkeypatch,
 
 
 def test_only_rank_0_appends(summary, monkeypatch, cli):
-    import tempcal.core.distributed as distributed
+    import tempcal.core.parallel as parallel
 
-    monkeypatch.setattr(distributed, "rank", lambda: 1)
+    monkeypatch.setattr(parallel, "rank", lambda: 1)
     code, out, _ = cli(["report", str(EXAMPLE), "--json", "-"])
     assert code == 0 and out == "" and summary.read_text() == "# Release\n"
 

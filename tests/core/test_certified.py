@@ -12,7 +12,7 @@ from fit_corpus import corpus, references
 import tempcal
 from tempcal.core import certified
 from tempcal.core.certified import FitStart, certified_fit, certify, cubic_step, hermite_root_log, pade_log_step
-from tempcal.core.cumulants import NllDerivatives, row_cumulants, row_range
+from tempcal.core.kernels import NllDerivatives, row_cumulants, row_range
 
 CASES = corpus()
 BOUND_CASES = ("gauss-n2000-c100-s1.0-sig3.0", "lm-c1000", "neginf-0.5", "binary-n10000-s1.0-sig5.0",

@@ -1,4 +1,4 @@
-"""The per-chunk kernels (tempcal.core.cumulants) against the definitions written out in float64 numpy."""
+"""The per-chunk kernels (tempcal.core.kernels) against the definitions written out in float64 numpy."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from tempcal.core.cumulants import FIELDS, NllDerivatives, chunk_sums, row_cumulants, row_moments, row_range, row_terms
+from tempcal.core.kernels import FIELDS, NllDerivatives, chunk_sums, row_cumulants, row_moments, row_range, row_terms
 from tempcal.core.scan import Scratch
 
 

@@ -1,4 +1,4 @@
-"""Passes over the rows of several gloo processes (tempcal.core.distributed) give the one-process figures.
+"""Passes over the rows of several gloo processes (tempcal.core.parallel) give the one-process figures.
 
 Three processes share 7 rows so that rank 0 holds none: the per-sample pass is gathered in rank order, the
 classwise and ECE-search sums are all-reduced, and every rank ends with the one-process figures.
@@ -31,7 +31,7 @@ def _figures(scan: Scan) -> dict[str, torch.Tensor]:
 def _rank(rank: int, init: str, logits: torch.Tensor, labels: torch.Tensor, out: str) -> None:
     import torch.distributed as dist
 
-    from tempcal.core.distributed import all_gather_rows
+    from tempcal.core.parallel import all_gather_rows
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=len(SHARES))
@@ -63,7 +63,7 @@ def test_three_ranks_one_of_them_empty_give_the_one_process_figures(tmp_path):
 
 @pytest.mark.parametrize("rows", [0, 5])
 def test_all_gather_rows_is_the_identity_in_one_process(rows):
-    from tempcal.core.distributed import all_gather_rows
+    from tempcal.core.parallel import all_gather_rows
 
     t = torch.arange(rows * 3.0).view(rows, 3)
     assert all_gather_rows(t) is t

@@ -7,9 +7,8 @@ import numpy as np
 import torch
 
 import tempcal
-from tempcal.core.calibration_pass import scaled_exp
-from tempcal.core.cumulants import exp_floor, row_cumulants
-from tempcal.core.threads import Scratch
+from tempcal.core.kernels import exp_floor, row_cumulants, scaled_exp
+from tempcal.core.parallel import Scratch
 from tests.reference import ece_loop, nll_at, optimal_temperature
 
 

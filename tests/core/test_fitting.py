@@ -135,7 +135,7 @@ def test_a_fit_does_not_import_torch_dynamo_and_leaves_torch_as_it_was():
     import sys
 
     code = ("import sys, torch, tempcal\n"
-            "from tempcal.core.scan_fit import _DYNAMO_MARKER\n"
+            "from tempcal.core.fitting import _DYNAMO_MARKER\n"
             "r = tempcal.fit_temperature(torch.randn(500, 5) * 3, torch.randint(0, 5, (500,)), device='cpu')\n"
             "assert r.converged\n"
             "assert 'torch._dynamo' not in sys.modules, 'imported'\n"

@@ -1,4 +1,4 @@
-"""Which device a torchrun process computes on, and the process group's end (tempcal.core.distributed).
+"""Which device a torchrun process computes on, and the process group's end (tempcal.core.parallel).
 
 The device choice runs against a faked CUDA device count; the process group is a real gloo group of two
 processes started by torchrun.
@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from tempcal.core import distributed
+from tempcal.core import parallel
 from tempcal.errors import TempcalError
 
 
@@ -48,25 +48,25 @@ def gpus(monkeypatch):
 ])
 def test_each_process_gets_the_device_it_can_use(gpus, device, count, local_rank, per_node, visible, expected):
     gpus(count, local_rank, per_node, visible)
-    assert distributed.rank_device(device) == torch.device(expected)
+    assert parallel.rank_device(device) == torch.device(expected)
 
 
 def test_a_local_rank_without_its_gpu_is_bad_input(gpus):
     gpus(2, local_rank=3, per_node=4)
     with pytest.raises(TempcalError, match="LOCAL_RANK 3 but sees 2 CUDA devices; start at most 2 processes"):
-        distributed.rank_device("cuda")
+        parallel.rank_device("cuda")
 
 
 def test_one_explicit_gpu_for_every_process_of_a_node_is_bad_input(gpus):
     gpus(4, local_rank=1, per_node=2)
     with pytest.raises(TempcalError, match="2 processes torchrun started on this node would all use cuda:1"):
-        distributed.rank_device("cuda:1")
+        parallel.rank_device("cuda:1")
 
 
 def test_a_gpu_the_process_does_not_see_is_bad_input(gpus):
     gpus(2)
     with pytest.raises(TempcalError, match="cuda:2: this machine has 2 CUDA device"):
-        distributed.rank_device("cuda:2")
+        parallel.rank_device("cuda:2")
 
 
 def test_the_chosen_gpu_is_made_current_before_the_nccl_group_starts(gpus, monkeypatch):
@@ -79,9 +79,9 @@ def test_the_chosen_gpu_is_made_current_before_the_nccl_group_starts(gpus, monke
     monkeypatch.setattr(dist, "is_initialized", lambda: bool(calls) and calls[-1][0] == "init")
     monkeypatch.setattr(dist, "init_process_group", lambda backend: calls.append(("init", backend)))
     monkeypatch.setattr(dist, "destroy_process_group", lambda: calls.append(("destroy",)))
-    assert distributed.init_from_environment("cuda") == "cuda:1"
-    distributed.shutdown()
-    distributed.shutdown()  # once only
+    assert parallel.init_from_environment("cuda") == "cuda:1"
+    parallel.shutdown()
+    parallel.shutdown()  # once only
     assert calls == [("set_device", torch.device("cuda:1")), ("init", "nccl"), ("destroy",)]
 
 
@@ -91,8 +91,8 @@ def test_a_group_tempcal_did_not_start_is_left_alone(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setattr(dist, "is_initialized", lambda: True)  # the caller's own group
     monkeypatch.setattr(dist, "destroy_process_group", lambda: pytest.fail("destroyed the caller's group"))
-    assert distributed.init_from_environment("cpu") == "cpu"
-    distributed.shutdown()
+    assert parallel.init_from_environment("cpu") == "cpu"
+    parallel.shutdown()
 
 
 _DRIVER = textwrap.dedent("""

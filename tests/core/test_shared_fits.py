@@ -10,8 +10,8 @@ from conftest import miscalibrated
 from subsets_reference import penalised_temperature
 
 from tempcal.core.certified import FitStart, Prior, certify
-from tempcal.core.cumulants import NllDerivatives, row_cumulants, row_range
 from tempcal.core.data import LogitsData
+from tempcal.core.kernels import NllDerivatives, row_cumulants, row_range
 from tempcal.core.scan import ALL_ROWS, Scan
 from tempcal.subsets.cells import CellLayout
 from tempcal.subsets.fits import fit_with_subsets

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from tempcal.core import threads
+from tempcal.core import data as core_data
+from tempcal.core import parallel
 from tempcal.core.data import as_logits_data
 from tempcal.core.ece_fit import bin_sums
 from tempcal.core.scan import ALL_ROWS, Scan
@@ -33,64 +34,64 @@ def torch_threads(count: int):
 
 def test_cgroup_quota_v2_and_v1(tmp_path):
     (tmp_path / "cpu.max").write_text("150000 100000\n")
-    assert threads.cgroup_cpu_quota(tmp_path) == 1.5
+    assert parallel.cgroup_cpu_quota(tmp_path) == 1.5
     (tmp_path / "cpu.max").write_text("max 100000\n")
-    assert threads.cgroup_cpu_quota(tmp_path) is None
+    assert parallel.cgroup_cpu_quota(tmp_path) is None
     (tmp_path / "cpu.max").unlink()
     (tmp_path / "cpu").mkdir()
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert threads.cgroup_cpu_quota(tmp_path) is None
+    assert parallel.cgroup_cpu_quota(tmp_path) is None
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("50000\n")
-    assert threads.cgroup_cpu_quota(tmp_path) == 0.5
-    assert threads.cgroup_cpu_quota(tmp_path / "missing") is None
+    assert parallel.cgroup_cpu_quota(tmp_path) == 0.5
+    assert parallel.cgroup_cpu_quota(tmp_path / "missing") is None
 
 
 def test_usable_cpus_follows_affinity_and_quota(monkeypatch):
-    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
-    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: None)
-    assert threads.usable_cpus() == 4
-    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 2.5)
-    assert threads.usable_cpus() == 2
-    monkeypatch.setattr(threads, "cgroup_cpu_quota", lambda: 0.5)
-    assert threads.usable_cpus() == 1
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    monkeypatch.setattr(parallel, "cgroup_cpu_quota", lambda: None)
+    assert parallel.usable_cpus() == 4
+    monkeypatch.setattr(parallel, "cgroup_cpu_quota", lambda: 2.5)
+    assert parallel.usable_cpus() == 2
+    monkeypatch.setattr(parallel, "cgroup_cpu_quota", lambda: 0.5)
+    assert parallel.usable_cpus() == 1
 
 
 @pytest.mark.parametrize("text", ["0", "-2", "two", "1.5"])
 def test_bad_tempcal_threads_is_refused(monkeypatch, text):
     monkeypatch.setenv("TEMPCAL_THREADS", text)
     with pytest.raises(TempcalError, match="TEMPCAL_THREADS"):
-        threads.requested_threads()
+        parallel.requested_threads()
 
 
 def test_configure_threads_sets_the_requested_count_once(monkeypatch):
-    monkeypatch.setattr(threads, "_configured", False)
+    monkeypatch.setattr(parallel, "_configured", False)
     monkeypatch.setenv("TEMPCAL_THREADS", "1")
     with torch_threads(2):
-        assert threads.configure_threads() == 1
+        assert parallel.configure_threads() == 1
         torch.set_num_threads(2)  # the user's later choice stands
-        assert threads.configure_threads() == 2
+        assert parallel.configure_threads() == 2
 
 
 def test_configure_threads_lowers_only_torchs_default(monkeypatch):
     monkeypatch.delenv("TEMPCAL_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads, "usable_cpus", lambda: 1)
-    monkeypatch.setattr(threads.os, "cpu_count", lambda: 3)
-    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    monkeypatch.setattr(threads, "_physical_cores", lambda: 3)
+    monkeypatch.setattr(parallel, "usable_cpus", lambda: 1)
+    monkeypatch.setattr(parallel.os, "cpu_count", lambda: 3)
+    monkeypatch.setattr(parallel.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    monkeypatch.setattr(parallel, "_physical_cores", lambda: 3)
     with torch_threads(3):  # what torch picks on three cores: lowered to the one usable
-        monkeypatch.setattr(threads, "_configured", False)
-        assert threads.configure_threads() == 1
+        monkeypatch.setattr(parallel, "_configured", False)
+        assert parallel.configure_threads() == 1
     with torch_threads(2):  # a count the user chose: kept
-        monkeypatch.setattr(threads, "_configured", False)
-        assert threads.configure_threads() == 2
+        monkeypatch.setattr(parallel, "_configured", False)
+        assert parallel.configure_threads() == 2
 
 
 def test_map_blocks_keeps_order_runs_single_threaded_and_restores():
     with torch_threads(2):
-        seen = threads.map_blocks(lambda i, worker: (i, worker, torch.get_num_threads()), 40, 2)
+        seen = parallel.map_blocks(lambda i, worker: (i, worker, torch.get_num_threads()), 40, 2)
         assert [s[0] for s in seen] == list(range(40))
         assert {s[2] for s in seen} == {1}
         assert {s[1] for s in seen} <= {0, 1}
@@ -104,9 +105,9 @@ def test_map_blocks_raises_the_first_error():
         return i
 
     with torch_threads(2), pytest.raises(ValueError, match="block 7"):
-        threads.map_blocks(fn, 20, 2)
+        parallel.map_blocks(fn, 20, 2)
     with torch_threads(2):
-        assert threads.map_blocks(lambda i, w: i * i, 5, 2) == [0, 1, 4, 9, 16]  # the pool still works
+        assert parallel.map_blocks(lambda i, w: i * i, 5, 2) == [0, 1, 4, 9, 16]  # the pool still works
 
 
 def _scan_figures(z, y, count):
@@ -231,7 +232,7 @@ def test_visitor_passes_run_single_threaded_with_the_one_thread_figures():
 def test_cell_objective_on_kept_rows_on_two_threads_equals_one_thread(monkeypatch):
     """When the validating scan kept every fitting row, the cell objective evaluates them without a read, in
     blocks of ``chunk_rows`` shared among threads: the same bits on one thread and on two."""
-    monkeypatch.setattr(threads, "MIN_BLOCK_ELEMENTS", 1)  # small enough data for the first chunk to hold it all
+    monkeypatch.setattr(parallel, "MIN_BLOCK_ELEMENTS", 1)  # small enough data for the first chunk to hold it all
     g = torch.Generator().manual_seed(13)
     z = 3 * torch.randn(500, 40, generator=g)
     y = torch.multinomial(torch.softmax(z, 1), 1, generator=g)[:, 0]  # labels that follow the logits
@@ -295,13 +296,13 @@ def test_ece_search_tie_check_and_apply_on_two_threads_equal_one_thread():
 def maps(monkeypatch) -> list[int]:
     """The item count of every map of the block pool, in order, while the test runs."""
     counts: list[int] = []
-    original = threads.BlockPool.map
+    original = parallel.BlockPool.map
 
     def counted(self, fn, count, workers):
         counts.append(count)
         return original(self, fn, count, workers)
 
-    monkeypatch.setattr(threads.BlockPool, "map", counted)
+    monkeypatch.setattr(parallel.BlockPool, "map", counted)
     return counts
 
 
@@ -315,7 +316,7 @@ def test_a_pass_over_logits_in_memory_is_one_map_with_the_bits_of_shorter_reads(
     with torch_threads(2):
         for name, logits, held in (("one read", z, None), ("float64", z.double(), None), ("short reads", z, 97 * 3)):
             if held is not None:
-                monkeypatch.setattr(threads, "HELD_READ_ROWS", held)
+                monkeypatch.setattr(core_data, "HELD_READ_ROWS", held)
             scan = Scan(as_logits_data(logits, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS,
                         dtype=torch.float32)
             maps.clear()
@@ -422,7 +423,7 @@ def test_rows_selected_from_a_resident_file_are_taken_by_the_threads(tmp_path, m
 
 
 def test_scratch_views_follow_shapes_and_stay_bounded() -> None:
-    from tempcal.core.threads import MAX_VIEWS, Scratch
+    from tempcal.core.parallel import MAX_VIEWS, Scratch
 
     scratch = Scratch()
     first = scratch.get("d", (4, 3), torch.float32, torch.device("cpu"))

@@ -1,20 +1,5 @@
-"""How many CPU threads tempcal's passes use, the pool that shares a chunk's row blocks among them, and the
-per-thread chunk buffers (:class:`Scratch`) each pass reuses.
-
-torch's intra-op threads split every operation in equal static shares and meet at a barrier
-after it; a pass runs a few dozen such operations per chunk. When another process keeps a core
-busy, the thread sharing that core is parked for a scheduler slice at a time, and every barrier
-waits for it: a fit on two cores then ran 7-16 times slower than on one thread. So the heavy
-per-chunk reductions run here instead: each thread (the caller and ``threads - 1`` helpers) runs
-torch single-threaded and takes the next row block of the read as soon as it is free, so a
-parked thread delays only its own block, and the results come back in row order (the sums
-add up in the order one thread would add them).
-
-The thread count is torch's (``torch.get_num_threads()`` on the calling thread, so
-``torch.set_num_threads`` decides); :func:`configure_threads`, called once by the CLI and the
-API's entry points, sets it from ``TEMPCAL_THREADS`` or, when torch still has its own default,
-lowers it to the cores this process may use (its CPU affinity and its control group's quota).
-"""
+"""Where a pass's work runs: the device, the CPU threads that share each read's row blocks (with the chunk buffers they
+reuse) and the torch.distributed ranks, whose float64 sums are all-reduced: every figure is the one-process figure."""
 
 from __future__ import annotations
 
@@ -28,19 +13,170 @@ from typing import TypeVar
 
 import torch
 
-from ..errors import TempcalError
+from ..errors import TempcalError, param
+
+# -- the device --------------------------------------------------------------------------------------------------------
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``auto`` means CUDA when available, else CPU; ``cuda`` without CUDA is a usage error."""
+    name = str(device)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    kind, _, index = name.partition(":")
+    if kind not in ("cpu", "cuda") or (index and not index.isdigit()) or (kind == "cpu" and index):
+        raise TempcalError(f"{param('device')} {name}: expected auto, cpu, cuda or cuda:N")
+    if kind == "cuda":
+        if not torch.cuda.is_available():
+            raise TempcalError(f"{param('device')} {name}: CUDA is not available on this machine (use cpu or auto)")
+        if index and int(index) >= torch.cuda.device_count():
+            raise TempcalError(f"{param('device')} {name}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return torch.device(name)
+
+
+# -- ranks: torch.distributed ------------------------------------------------------------------------------------------
+# Running one fit over many processes with torch.distributed: each rank reduces its own rows, sums are all-reduced.
+#
+# Launch with ``torchrun`` (or any env:// rendezvous). gloo is used on CPU, NCCL on CUDA. Every
+# rank reaches the same T because every decision is taken on all-reduced sums; only rank 0
+# prints and writes.
+
+def active() -> bool:
+    """True inside an initialised process group of more than one process."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if active() else 1
+
+
+#: Whether this module started the process group (and so destroys it in :func:`shutdown`).
+_started = False
+
+
+def init_from_environment(device: str) -> str:
+    """Join the process group of torchrun's environment (if any; gloo on CPU, NCCL on CUDA); returns the device to
+    use, :func:`rank_device`'s choice, made current first so that NCCL binds this rank to it."""
+    global _started
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return device
+    import torch.distributed as dist
+
+    chosen = rank_device(device)
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if chosen.type == "cuda" else "gloo")
+        _started = True
+    return str(chosen)
+
+
+def rank_device(device: str) -> torch.device:
+    """The device of this torchrun process for ``--device device``.
+
+    ``cpu`` (and ``auto`` without CUDA) is the CPU. An explicit ``cuda:N`` is used as given, unless every
+    process on this node would share it (all see the same GPUs: no ``CUDA_VISIBLE_DEVICES``). ``cuda``
+    and ``auto`` take GPU ``LOCAL_RANK``, or the only GPU a process sees when each sees one of its own.
+    """
+    chosen = resolve_device(device)
+    if chosen.type != "cuda":
+        return chosen
+    local, count = int(os.environ.get("LOCAL_RANK", "0")), torch.cuda.device_count()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if chosen.index is not None:
+        if per_node > 1 and count > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            raise TempcalError(f"{param('device')} {device}: the {per_node} processes torchrun started on this node "
+                               f"would all use {chosen}; use {param('device')} cuda (process LOCAL_RANK takes "
+                               "cuda:LOCAL_RANK) or give each process its GPU with CUDA_VISIBLE_DEVICES")
+        return chosen
+    if local < count:
+        return torch.device("cuda", local)
+    if count == 1:
+        return torch.device("cuda", 0)  # one GPU per process (CUDA_VISIBLE_DEVICES set per rank)
+    raise TempcalError(f"{param('device')} {device}: this process has LOCAL_RANK {local} but sees {count} CUDA "
+                       f"devices; start at most {count} processes per node, or give each one GPU with "
+                       "CUDA_VISIBLE_DEVICES")
+
+
+def shutdown() -> None:
+    """Destroy the process group :func:`init_from_environment` started (a no-op otherwise)."""
+    global _started
+    if _started:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        _started = False
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In place across ranks (a no-op in a single process)."""
+    if active():
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+                                    "max": dist.ReduceOp.MAX}[op])
+    return tensor
+
+
+def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """Concatenate every rank's tensor along its first dimension (which may differ, and be 0) in rank order: the
+    one-process tensor of every row."""
+    if not active():
+        return tensor
+    import torch.distributed as dist
+
+    size = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    counts = [int(s.item()) for s in sizes]
+    if max(counts) == 0:
+        return tensor
+    padded = torch.zeros((max(counts), *tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+    padded[: tensor.shape[0]] = tensor
+    parts = [torch.zeros_like(padded) for _ in counts]
+    dist.all_gather(parts, padded)
+    return torch.cat([p[:count] for p, count in zip(parts, counts, strict=True)])
+
+
+def share(count: int) -> tuple[int, int]:
+    """This rank's contiguous share ``[start, stop)`` of ``count`` rows."""
+    r, w = rank(), world_size()
+    return count * r // w, count * (r + 1) // w
+
+
+# -- threads: the blocks of a read -------------------------------------------------------------------------------------
+# How many CPU threads tempcal's passes use, the pool that shares a chunk's row blocks among them, and the
+# per-thread chunk buffers (:class:`Scratch`) each pass reuses.
+#
+# torch's intra-op threads split every operation in equal static shares and meet at a barrier
+# after it; a pass runs a few dozen such operations per chunk. When another process keeps a core
+# busy, the thread sharing that core is parked for a scheduler slice at a time, and every barrier
+# waits for it: a fit on two cores then ran 7-16 times slower than on one thread. So the heavy
+# per-chunk reductions run here instead: each thread (the caller and ``threads - 1`` helpers) runs
+# torch single-threaded and takes the next row block of the read as soon as it is free, so a
+# parked thread delays only its own block, and the results come back in row order (the sums
+# add up in the order one thread would add them).
+#
+# The thread count is torch's (``torch.get_num_threads()`` on the calling thread, so
+# ``torch.set_num_threads`` decides); :func:`configure_threads`, called once by the CLI and the
+# API's entry points, sets it from ``TEMPCAL_THREADS`` or, when torch still has its own default,
+# lowers it to the cores this process may use (its CPU affinity and its control group's quota).
 
 R = TypeVar("R")
 T = TypeVar("T")
 _END = object()
 #: Below this many logits per block, a block's arithmetic is too short to be worth handing to another thread.
 MIN_BLOCK_ELEMENTS = 1 << 15
-#: A read of the data holds at most this many logits: enough blocks for every thread, a bounded buffer.
-READ_ELEMENTS = 1 << 22
-#: At most this many rows per read of logits held in memory (what a pass keeps per row of a read stays bounded).
-HELD_READ_ROWS = 1 << 20
-#: At most this many bytes of per-row results kept from one read (a pass that declares its ``row_bytes``).
-KEPT_BYTES = 1 << 28
 #: Blocks per thread in one read, so that a thread held up by another process leaves work to the others.
 BLOCKS_PER_THREAD = 4
 
@@ -300,30 +436,6 @@ def mapped_reads(reads: Iterable[T], plan: Callable[[T], tuple[Callable[[int, in
         current = following[0]
 
 
-def read_rows(chunk_rows: int, num_classes: int, threads: int, held_rows: int | None = None, row_bytes: int = 0
-              ) -> int:
-    """Rows per read of the data: ``chunk_rows`` times enough blocks for every thread, at most READ_ELEMENTS.
-
-    ``held_rows``: the data's reads are views of this many rows already in memory (nothing copied) and the
-    pass keeps a few numbers per block, so one read takes up to HELD_READ_ROWS of them and a pass is one map:
-    the threads meet once per pass, not once per read (each meeting leaves a thread idle for about half a
-    block on an idle machine: a tenth of the pass at eight blocks a read). The blocks stay ``chunk_rows``
-    rows, so the sums are the same bits. ``row_bytes``: what the pass keeps per row until its read is done;
-    a read then holds at most KEPT_BYTES of it (but one block).
-    """
-    if threads <= 1:
-        return chunk_rows
-    if held_rows is not None:
-        rows = min(held_rows, HELD_READ_ROWS)
-        if row_bytes:
-            rows = min(rows, KEPT_BYTES // row_bytes)
-        return max(chunk_rows, rows)
-    blocks = min(BLOCKS_PER_THREAD * threads, READ_ELEMENTS // max(chunk_rows * num_classes, 1))
-    if row_bytes:
-        blocks = min(blocks, KEPT_BYTES // (chunk_rows * row_bytes))
-    return chunk_rows * max(1, blocks)
-
-
 def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:
     """``(start, stop)`` of each block of ``block_rows`` rows among ``rows``."""
     return [(a, min(a + block_rows, rows)) for a in range(0, rows, block_rows)]
@@ -362,5 +474,7 @@ class Scratch:
         return view
 
 
-__all__ = ["BlockPool", "Scratch", "block_bounds", "cgroup_cpu_quota", "configure_threads", "map_blocks",
-           "mapped_reads", "pass_threads", "read_rows", "requested_threads", "single_threaded", "usable_cpus"]
+__all__ = ["BlockPool", "Scratch", "active", "all_gather_rows", "all_reduce", "block_bounds", "cgroup_cpu_quota",
+           "configure_threads", "init_from_environment", "map_blocks", "mapped_reads", "pass_threads", "rank",
+           "rank_device", "requested_threads", "resolve_device", "share", "shutdown", "single_threaded",
+           "usable_cpus", "world_size"]
