@@ -102,6 +102,20 @@ class FitReport:
                 "after": Basis(AT_GROUPS, self.rows, n, folds=self.folds, source=self.eval_source),
                 "after_global": replace(self.after_basis, n=n)}
 
+    def split_label(self) -> str:
+        """How the rows were split, as the console's header and the page say it: ``T fitted on 674 rows; figures on
+        the 674 held-out rows (stratified split, val-fraction 0.5, seed 0)``."""
+        held_out = self.after_basis.rows == ROWS_HELD_OUT
+        how = (f" ({self.folds}-fold cross-fitting, seed {self.seed})" if self.folds is not None else
+               f" (stratified split, val-fraction {self.val_fraction:g}, seed {self.seed})" if held_out else "")
+        fitted = f"{self.n_fit:,} rows" if held_out else f"all {self.n_fit:,} rows"
+        return f"T fitted on {fitted}; figures {self.after_basis.rows_label()}{how}"
+
+    def reads_label(self) -> str:
+        """``"1 pass"``, ``"3 passes"``: how many reads of the data the fit took."""
+        passes = self.fit.passes
+        return f"{passes} pass" if passes == 1 else f"{passes} passes"
+
     @property
     def passes(self) -> int:
         """Reads of the data: the fit's (the validating scan included) and the conformal thresholds'."""
