@@ -215,29 +215,6 @@ class OpenedSource:
         return rows[(rows >= start) & (rows < stop)] - start
 
 
-def json_fields(opened: OpenedSource | None) -> dict[str, Any]:
-    """The fields ``opened``'s kind adds to a command's JSON (none without a source)."""
-    return {} if opened is None else dict(opened.json)
-
-
-#: The JSON fields that count what a kind left out or changed while reading (evaluation logs, confidence tables).
-COUNTED = ("rows_incomplete", "clipped")
-
-
-def eval_json_fields(evaluated: OpenedSource | None) -> dict[str, Any]:
-    """An ``--eval`` file's counts, beside SOURCE's: ``eval_rows_incomplete``, ``eval_clipped`` where its kind
-    counts them (SOURCE's own ``rows_incomplete`` / ``clipped`` count SOURCE's rows only)."""
-    fields = json_fields(evaluated)
-    return {f"eval_{key}": fields[key] for key in COUNTED if key in fields}
-
-
-def ood_json_fields(others: Sequence[OpenedSource]) -> dict[str, Any]:
-    """The OOD files' counts, one per ``--ood`` file in order (None for a file whose kind counts none):
-    ``ood_rows_incomplete``, ``ood_clipped`` where any of their kinds counts them."""
-    keys = [key for key in COUNTED if any(key in other.json for other in others)]
-    return {f"ood_{key}": [other.json.get(key) for other in others] for key in keys}
-
-
 #: The tensor names a SOURCE is read with unless told otherwise, and a confidence table's columns and scale.
 DEFAULT_KEYS: dict[str, Any] = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key,
                                 "confidence": SourceOptions.confidence, "correct": SourceOptions.correct,
@@ -428,5 +405,5 @@ class SourceKind(ABC):
         return write_sidecar_copy(path, temperature, Path(output), updates=metadata)
 
 
-__all__ = ["COUNTED", "DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions",
-           "eval_json_fields", "expand_sources", "json_fields", "ood_json_fields", "wrote_lines"]
+__all__ = ["DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions",
+           "expand_sources", "wrote_lines"]

@@ -15,7 +15,7 @@ from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from ..sources.base import Keep, Kept, SourceOptions, eval_json_fields, json_fields
+from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.cells import Subsets
 from ..subsets.fits import crossfit_run, grouped_run, with_groups
@@ -32,8 +32,10 @@ from .common import (
     ROWS_HELD_OUT,
     ROWS_OUT_OF_FOLD,
     Basis,
+    eval_json_fields,
     extra_figures,
     fitted_split,
+    json_fields,
     scan_source,
 )
 
