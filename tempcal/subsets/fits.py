@@ -37,8 +37,7 @@ from ..core.scan import Scan
 from ..core.scan_fit import FitResult, fit_scan
 from ..errors import DataError, Info
 from ..metrics.calibration import CalibrationMetrics
-from ..sources.base import OpenedSource
-from ..sources.grouping import RowGroups
+from ..sources.base import OpenedSource, RowGroups
 from .cells import (
     CellLayout,
     SubsetFits,

@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..requests import FitRequest
-    from ..sources.base import OpenedSource
-    from ..sources.grouping import RowGroups, StoredGroups
+    from ..sources.base import OpenedSource, RowGroups
+    from ..sources.stored_groups import StoredGroups
 
 Folds = Annotated[Optional[int], typer.Option(
     "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "
@@ -141,7 +141,7 @@ def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
     it (None for lm-eval logs, grouped by task, which hold no such tensor)."""
     import torch
 
-    from ..sources.grouping import GROUP_KEY
+    from ..sources.stored_groups import GROUP_KEY
 
     rows = read_groups(opened, groups.key, option=f"the stored '{GROUP_KEY}'")
     index = torch.from_numpy(rows.index)
