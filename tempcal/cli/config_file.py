@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..io.bounded_read import NotRegularFile, TooLarge, read_regular
+from ..io.paths import NotRegularFile, TooLarge, read_regular
 from .config_schema import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -29,7 +29,7 @@ MAX_NESTING = 64
 
 def read_config_bytes(path: Path, shown: str) -> bytes:
     """The bytes of a configuration file, which must be a regular file of at most :data:`MAX_CONFIG_BYTES`
-    (checked before and after a non-blocking open: see :func:`~tempcal.io.bounded_read.read_regular`)."""
+    (checked before and after a non-blocking open: see :func:`~tempcal.io.paths.read_regular`)."""
     try:
         return read_regular(path, MAX_CONFIG_BYTES)
     except NotRegularFile as exc:

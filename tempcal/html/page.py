@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..conformal.sets import SHORT_P
-from ..output.figures import fit_split, group_coverage, threshold_text
+from ..output.figures import group_coverage, threshold_text
 from ..subsets.console import GROUP_COLUMNS, GROUP_T
 from ..workflows.common import AT_FOLDS, Basis
 from . import figures
@@ -163,7 +163,7 @@ def _fit_context(report: Any, data: dict) -> dict:
              ("reads of the data", str(report.passes)),
              ("certified error of T", fmt(fit.error_bound, 2) if fit.error_bound is not None else fit.method),
              ("NLL", f"{fmt(before.nll)} → {fmt(after.nll)}"), ("ECE", f"{fmt(before.ece)} → {fmt(after.ece)}")]
-    metrics = Section("metrics", "Calibration before and after", note=fit_split(report))
+    metrics = Section("metrics", "Calibration before and after", note=report.split_label())
     metrics.tables.append(_metrics_table([(f"before ({first.label()})", before, False),
                                           (f"after ({last.label()})", after, True)], "metric"))
     reliability = Section("reliability", "Reliability diagrams",

@@ -1,52 +1,17 @@
-"""Reading untrusted files and JSON with bounds: a regular file of at most N bytes, JSON of bounded nesting and
-digits; each refusal an exception carrying what the caller's one-line message names (kind, size, line and column).
+"""Reading untrusted JSON with bounds on its nesting and integer digits; each refusal an exception carrying the line
+and column the caller's one-line message names (the file itself is read by :func:`tempcal.io.paths.read_regular`).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import stat
 from typing import Any
 
-#: ``O_NONBLOCK``: a FIFO or device put where the file was checked cannot make the open wait.
-_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-               | getattr(os, "O_BINARY", 0))
-#: What a file that is not a regular one is, as messages say it.
-_KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe (FIFO)"),
-          (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
-          (stat.S_ISSOCK, "is a socket"))
+from .paths import BoundedReadError
+
 #: A JSON string (skipped) or a bracket.
 _BRACKETS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
-
-
-class BoundedReadError(Exception):
-    """A file or text refused by a bound; the subclasses carry the details a message names."""
-
-
-class NotRegularFile(BoundedReadError):
-    """The path is a folder, a FIFO, a device or a socket; ``link`` is where it links to, if it is a link."""
-
-    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
-        self.mode = mode
-        self.kind = next((what for test, what in _KINDS if test(mode)), "is not a file")
-        self.link = os.readlink(os.fspath(path)) if os.path.islink(path) else None
-        super().__init__(f"{path}: {self.kind}")
-
-
-class TooLarge(BoundedReadError):
-    """More than ``limit`` bytes: ``size`` as the file's status gave it, or, when it ``grew`` while being read,
-    the bytes read (one past the limit)."""
-
-    def __init__(self, size: int, limit: int, *, grew: bool = False) -> None:
-        self.size, self.limit, self.grew = size, limit, grew
-        super().__init__(self.size_text)
-
-    @property
-    def size_text(self) -> str:
-        """"N bytes", or that it grew past the limit as it was read."""
-        return f"more than {self.limit} bytes (it grew as it was read)" if self.grew else f"{self.size} bytes"
 
 
 class _Placed(BoundedReadError):
@@ -76,31 +41,6 @@ class JsonLongInteger(_Placed):
     def __init__(self, digits: int, line: int | None, column: int | None) -> None:
         self.digits = digits
         super().__init__(f"an integer of {digits} digits", line, column)
-
-
-# -- files ----------------------------------------------------------------------------------------
-
-
-def read_regular(path: str | os.PathLike, limit: int) -> bytes:
-    """The bytes of ``path``, a regular file (checked before and after a non-blocking open: a device is never read)
-    of at most ``limit`` bytes (one byte past it read, to notice a growing file); else ``BoundedReadError``."""
-    _check(os.stat(path), path, limit)
-    with os.fdopen(os.open(path, _OPEN_FLAGS), "rb") as f:
-        _check(os.fstat(f.fileno()), path, limit)
-        data = f.read(limit + 1)
-    if len(data) > limit:
-        raise TooLarge(len(data), limit, grew=True)
-    return data
-
-
-def _check(info: os.stat_result, path: str | os.PathLike, limit: int) -> None:
-    if not stat.S_ISREG(info.st_mode):
-        raise NotRegularFile(path, info.st_mode)
-    if info.st_size > limit:
-        raise TooLarge(info.st_size, limit)
-
-
-# -- JSON -----------------------------------------------------------------------------------------
 
 
 def load_json(text: str, *, max_depth: int, max_int_digits: int) -> Any:
@@ -169,5 +109,4 @@ def _line_column(text: str, at: int | None) -> tuple[int | None, int | None]:
     return text.count("\n", 0, at) + 1, at - text.rfind("\n", 0, at)
 
 
-__all__ = ["BoundedReadError", "JsonLongInteger", "JsonTooDeep", "NotRegularFile", "TooLarge", "deeper_than",
-           "load_json", "read_regular"]
+__all__ = ["JsonLongInteger", "JsonTooDeep", "deeper_than", "load_json"]

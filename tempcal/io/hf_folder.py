@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError
-from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
+from .bounded_read import JsonLongInteger, JsonTooDeep, load_json
+from .paths import NotRegularFile, TooLarge, read_regular
 from .safetensors_header import shown
 
 #: Largest ``config.json`` read (configurations are a few kB; label maps of 20k classes about 1 MB).

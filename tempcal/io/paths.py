@@ -1,5 +1,6 @@
-"""Where and how tempcal writes a file: the checks every output path passes (before any work and at the rename),
-and :func:`atomic_path`, the one way a file is written, so that a crash leaves the old file or the complete new one.
+"""Where and how tempcal reads and writes a file: an untrusted input read whole only when it is a regular file of
+bounded size (:func:`read_regular`); the checks every output path passes (before any work and at the rename), and
+:func:`atomic_path`, the one way a file is written, so that a crash leaves the old file or the complete new one.
 """
 
 from __future__ import annotations
@@ -41,6 +42,64 @@ def destination_of(path: str | os.PathLike) -> Path:
     return Path(os.path.realpath(shown)) if shown.is_symlink() else shown
 
 
+# -- reading an untrusted file ---------------------------------------------------------------------
+#: ``O_NONBLOCK``: a FIFO or device put where the file was checked cannot make the open wait.
+_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+               | getattr(os, "O_BINARY", 0))
+#: What a file that is not a regular one is, as :class:`NotRegularFile` says it.
+_READ_KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe (FIFO)"),
+               (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
+               (stat.S_ISSOCK, "is a socket"))
+
+
+class BoundedReadError(Exception):
+    """A file or text refused by a bound; the subclasses carry the details a message names."""
+
+
+class NotRegularFile(BoundedReadError):
+    """The path is a folder, a FIFO, a device or a socket; ``link`` is where it links to, if it is a link."""
+
+    def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
+        self.mode = mode
+        self.kind = next((what for test, what in _READ_KINDS if test(mode)), "is not a file")
+        self.link = os.readlink(os.fspath(path)) if os.path.islink(path) else None
+        super().__init__(f"{path}: {self.kind}")
+
+
+class TooLarge(BoundedReadError):
+    """More than ``limit`` bytes: ``size`` as the file's status gave it, or, when it ``grew`` while being read,
+    the bytes read (one past the limit)."""
+
+    def __init__(self, size: int, limit: int, *, grew: bool = False) -> None:
+        self.size, self.limit, self.grew = size, limit, grew
+        super().__init__(self.size_text)
+
+    @property
+    def size_text(self) -> str:
+        """"N bytes", or that it grew past the limit as it was read."""
+        return f"more than {self.limit} bytes (it grew as it was read)" if self.grew else f"{self.size} bytes"
+
+
+def read_regular(path: str | os.PathLike, limit: int) -> bytes:
+    """The bytes of ``path``, a regular file (checked before and after a non-blocking open: a device is never read)
+    of at most ``limit`` bytes (one byte past it read, to notice a growing file); else ``BoundedReadError``."""
+    _check_regular(os.stat(path), path, limit)
+    with os.fdopen(os.open(path, _OPEN_FLAGS), "rb") as f:
+        _check_regular(os.fstat(f.fileno()), path, limit)
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(len(data), limit, grew=True)
+    return data
+
+
+def _check_regular(info: os.stat_result, path: str | os.PathLike, limit: int) -> None:
+    if not stat.S_ISREG(info.st_mode):
+        raise NotRegularFile(path, info.st_mode)
+    if info.st_size > limit:
+        raise TooLarge(info.st_size, limit)
+
+
+# -- writing a file --------------------------------------------------------------------------------
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | None = None,
                 guard: Callable[[], AbstractContextManager[object]] | None = None) -> Iterator[Path]:
@@ -378,6 +437,7 @@ def _refuse_inside(label: str, path: str, members: Sequence[tuple[str, str, list
                                "generation_config.json when asked): give a path outside it; nothing written")
 
 
-__all__ = ["atomic_path", "check_distinct", "check_folder", "check_named_once", "check_target", "destination_of",
-           "expand", "is_pattern", "kind_of", "problem_with", "refuse_read_only", "same_file", "sidecar_path",
-           "write_atomic", "write_bytes_atomic", "write_text_atomic"]
+__all__ = ["BoundedReadError", "NotRegularFile", "TooLarge", "atomic_path", "check_distinct", "check_folder",
+           "check_named_once", "check_target", "destination_of", "expand", "is_pattern", "kind_of", "problem_with",
+           "read_regular", "refuse_read_only", "same_file", "sidecar_path", "write_atomic", "write_bytes_atomic",
+           "write_text_atomic"]

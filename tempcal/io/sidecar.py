@@ -15,8 +15,8 @@ from typing import Any, BinaryIO
 
 from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
-from .bounded_read import JsonLongInteger, JsonTooDeep, NotRegularFile, TooLarge, load_json, read_regular
-from .paths import check_target, sidecar_path, write_atomic
+from .bounded_read import JsonLongInteger, JsonTooDeep, load_json
+from .paths import NotRegularFile, TooLarge, check_target, read_regular, sidecar_path, write_atomic
 from .safetensors_header import updated_metadata
 
 SIDECAR_VERSION = 1

@@ -16,7 +16,7 @@ from ..metrics.detection import ID_RECALL
 from ..subsets.console import print_fit_groups, print_group_coverage, print_report_groups
 from ..workflows.ood import OodReport, score_label
 from . import ood_checks
-from .figures import DISPLAYED_METRICS, fit_split, min_nll_taus, reads, threshold_text
+from .figures import DISPLAYED_METRICS, min_nll_taus, threshold_text
 
 #: The look of every table but the fit's: a rule under the header, no outer edge or padding.
 PLAIN: dict[str, Any] = {"box": box.SIMPLE_HEAD, "show_edge": False, "pad_edge": False}
@@ -118,7 +118,7 @@ def fit_table(report) -> Table:
     if fit.bound:
         status += f", at the {fit.bound} bound"
     conformal = f", +{report.conformal_reads} for conformal" if report.conformal_reads else ""
-    table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {reads(fit.passes)}{conformal}, "
+    table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {report.reads_label()}{conformal}, "
                         f"{status})", title_justify="left")
     table.add_column("metric")
     table.add_column(f"before ({report.before_basis.label()})", justify="right")
@@ -222,7 +222,7 @@ def _bin_cells(b) -> list:
 
 def print_fit(report, console: Console) -> None:
     """The header, the before/after table, the reliability table and any extra estimators."""
-    console.print(f"{report.source}: {report.num_classes} classes; {fit_split(report)}", soft_wrap=True)
+    console.print(f"{report.source}: {report.num_classes} classes; {report.split_label()}", soft_wrap=True)
     console.print(fit_table(report))
     labels = [report.before_basis.label(), report.after_basis.label()]
     print_tables(console, reliability_tables(console, report.before, report.after, labels))

@@ -26,23 +26,6 @@ def labelled(label: str, unit: str) -> str:
     return f"{label} ({unit})" if unit else label
 
 
-def reads(passes: int) -> str:
-    """``"1 pass"``, ``"3 passes"``: how many reads of the data a fit took."""
-    return f"{passes} pass" if passes == 1 else f"{passes} passes"
-
-
-def fit_split(report) -> str:
-    """How ``fit`` split its rows, as the console's header and the page say it: ``T fitted on 674 rows; figures on the
-    674 held-out rows (stratified split, val-fraction 0.5, seed 0)``."""
-    from ..workflows.common import ROWS_HELD_OUT
-
-    held_out = report.after_basis.rows == ROWS_HELD_OUT
-    how = (f" ({report.folds}-fold cross-fitting, seed {report.seed})" if report.folds is not None else
-           f" (stratified split, val-fraction {report.val_fraction:g}, seed {report.seed})" if held_out else "")
-    fitted = f"{report.n_fit:,} rows" if held_out else f"all {report.n_fit:,} rows"
-    return f"T fitted on {fitted}; figures {report.after_basis.rows_label()}{how}"
-
-
 def min_nll_taus(results) -> list[float]:
     """The temperatures of the rows with the lowest NLL, over every row given (the stored T's included)."""
     finite = [m for m in results if m.nll == m.nll]  # NaN compares unequal to itself
@@ -97,4 +80,4 @@ def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None
     return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
 
 
-__all__ = ["DISPLAYED_METRICS", "fit_split", "group_coverage", "labelled", "min_nll_taus", "reads", "threshold_text"]
+__all__ = ["DISPLAYED_METRICS", "group_coverage", "labelled", "min_nll_taus", "threshold_text"]

@@ -9,7 +9,7 @@ from urllib.parse import quote
 
 from ..errors import neutral
 from ..workflows.common import ROWS_ALL
-from .figures import DISPLAYED_METRICS, labelled, reads
+from .figures import DISPLAYED_METRICS, labelled
 
 ROWS = tuple((labelled(label, unit), key) for key, label, unit in DISPLAYED_METRICS)
 
@@ -58,8 +58,8 @@ def fit_markdown(report, markdown_path: str | os.PathLike | None = None, plot: s
     lines = [
         "## Calibration", "",
         f"Temperature scaling with **T = {report.temperature:.6g}**, {how}. T minimises the "
-        f"{'negative log-likelihood' if fit.objective == 'nll' else 'binned ECE'} ({reads(fit.passes)} over the data, "
-        f"{'converged' if fit.converged else 'not converged'}). {report.num_classes} classes; "
+        f"{'negative log-likelihood' if fit.objective == 'nll' else 'binned ECE'} ({report.reads_label()} over the "
+        f"data, {'converged' if fit.converged else 'not converged'}). {report.num_classes} classes; "
         f"ECE and MCE use {report.bins} equal-width bins.", "",
         f"| metric | before ({before.label()}) | after ({after.label()}) |", "|---|---:|---:|",
     ]

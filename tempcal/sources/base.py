@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import numbers
 import os
 from abc import ABC, abstractmethod
@@ -12,9 +13,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import TempcalError, param
+from ..errors import DataError, TempcalError, param
 from ..io.paths import check_named_once, expand
 from ..validation import IGNORE_INDEX, READING_KEYS
+from .stored_groups import GROUP_KEY, GROUP_TEMPERATURES, MAX_GROUPS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -23,7 +25,6 @@ if TYPE_CHECKING:
     from ..core.data import LogitsSource
     from ..validation import ProbabilitiesError
     from .described import Findings
-    from .grouping import RowGroups
 
 
 @dataclass(frozen=True)
@@ -170,8 +171,6 @@ class OpenedSource:
         SOURCE's files, or a copy at ``ask.output``, with how it was read and the groups' temperatures)."""
         if not ask.store:
             return Kept()
-        from .grouping import group_metadata
-
         extra = {**group_metadata(ask.group_key, ask.group_temperatures), **ask.metadata}
         paths = [str(p) for p in self.write_temperature(temperature, ask.output, extra)]
         return Kept(paths, wrote_lines(temperature, paths, ask))
@@ -215,29 +214,6 @@ class OpenedSource:
         return rows[(rows >= start) & (rows < stop)] - start
 
 
-def json_fields(opened: OpenedSource | None) -> dict[str, Any]:
-    """The fields ``opened``'s kind adds to a command's JSON (none without a source)."""
-    return {} if opened is None else dict(opened.json)
-
-
-#: The JSON fields that count what a kind left out or changed while reading (evaluation logs, confidence tables).
-COUNTED = ("rows_incomplete", "clipped")
-
-
-def eval_json_fields(evaluated: OpenedSource | None) -> dict[str, Any]:
-    """An ``--eval`` file's counts, beside SOURCE's: ``eval_rows_incomplete``, ``eval_clipped`` where its kind
-    counts them (SOURCE's own ``rows_incomplete`` / ``clipped`` count SOURCE's rows only)."""
-    fields = json_fields(evaluated)
-    return {f"eval_{key}": fields[key] for key in COUNTED if key in fields}
-
-
-def ood_json_fields(others: Sequence[OpenedSource]) -> dict[str, Any]:
-    """The OOD files' counts, one per ``--ood`` file in order (None for a file whose kind counts none):
-    ``ood_rows_incomplete``, ``ood_clipped`` where any of their kinds counts them."""
-    keys = [key for key in COUNTED if any(key in other.json for other in others)]
-    return {f"ood_{key}": [other.json.get(key) for other in others] for key in keys}
-
-
 #: The tensor names a SOURCE is read with unless told otherwise, and a confidence table's columns and scale.
 DEFAULT_KEYS: dict[str, Any] = {"logits_key": SourceOptions.logits_key, "labels_key": SourceOptions.labels_key,
                                 "confidence": SourceOptions.confidence, "correct": SourceOptions.correct,
@@ -250,6 +226,96 @@ def expand_sources(sources: Sequence[str | os.PathLike]) -> list[Path]:
     paths = [Path(p) for p in expand(sources, strict=True)]
     check_named_once(paths)
     return paths
+
+
+# -- groups of rows (--group-by KEY), whatever the kind: names and checks, and the groups' T kept beside T ---------
+#: The group key of lm-evaluation-harness logs: one group per log file.
+TASK = "task"
+
+
+@dataclass(frozen=True)
+class RowGroups:
+    """The groups of a SOURCE's counted rows: their names (sorted) and each row's group (all ranks' rows)."""
+
+    key: str
+    names: list[str]
+    index: np.ndarray  # [N] int64 into names
+    #: Whether the names are integer values in decimal (a tensor's); False for named groups (lm-eval's tasks).
+    numeric: bool = True
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def sizes(self) -> list[int]:
+        import numpy as np
+
+        return np.bincount(self.index, minlength=self.count).astype(np.int64).tolist()
+
+
+def named(key: str, values: np.ndarray, where: str, option: str, *, numeric: bool = True) -> RowGroups:
+    """Sorted distinct values as names (integers, or strings when not ``numeric``), each row's index into them;
+    more than MAX_GROUPS refused."""
+    import numpy as np
+
+    distinct, index = np.unique(values, return_inverse=True)
+    if len(distinct) > MAX_GROUPS:
+        raise DataError(f"{where}: {option} {key} makes {len(distinct):,} groups; at most "
+                        f"{MAX_GROUPS:,} are allowed")
+    names = [str(int(v)) if numeric else str(v) for v in distinct]
+    return RowGroups(key, names, index.reshape(-1).astype(np.int64), numeric=numeric)
+
+
+def file_groups(key: str, names_of: list[str], rows: list[int]) -> RowGroups:
+    """One group per name in ``names_of`` (each file's: an evaluation log's task or model), each file's ``rows`` rows
+    in its name's group."""
+    import numpy as np
+
+    names = sorted(set(names_of))
+    index = np.repeat(np.array([names.index(name) for name in names_of], dtype=np.int64), rows)
+    return RowGroups(key, names, index, numeric=False)
+
+
+def checked(path: Path, key: str, tensor: torch.Tensor, labels_shape: Any, option: str) -> np.ndarray:
+    """``tensor`` as flat int64 values, after checking its dtype and that its shape is the labels'."""
+    import torch
+
+    if tensor.is_floating_point() or tensor.is_complex():
+        raise DataError(f"{path}: '{key}' ({option}) has dtype {str(tensor.dtype).removeprefix('torch.')};"
+                        " group values must be integers")
+    shape = list(tensor.shape)
+    expected = None if labels_shape is None else [int(n) for n in labels_shape]
+    if expected is not None and expected[1:] == [1]:  # labels [N, 1] are one label per row
+        expected = expected[:1]
+    if expected is not None and expected != shape:
+        raise DataError(f"{path}: '{key}' ({option}) has shape {shape}; expected one value per row, "
+                        f"{list(labels_shape)} like the labels")
+    return tensor.reshape(-1).to(torch.int64).numpy()
+
+
+def kept_rows(data: Any) -> torch.Tensor | None:
+    """The rows a source's data keeps (``--ignore-index`` leaves some out), as indices into every row."""
+    import torch
+
+    inner = getattr(data, "hidden", data)
+    for name in ("rows", "index"):
+        rows = getattr(inner, name, None)
+        if isinstance(rows, torch.Tensor):
+            return rows.to(torch.int64).cpu()
+    return None
+
+
+def check_row_count(groups: RowGroups, rows: int, where: str, option: str | None = None) -> None:
+    """The group values must cover exactly the counted rows."""
+    if groups.index.shape[0] != rows:
+        raise DataError(f"{where} ({option or param('group_by')}) gives {groups.index.shape[0]} values for {rows} rows")
+
+
+def group_metadata(key: str | None, temperatures: Mapping[str, float] | None) -> dict[str, str | None]:
+    """The write-back entries for per-group temperatures (None values remove stale ones)."""
+    if key is None or temperatures is None:
+        return {GROUP_KEY: None, GROUP_TEMPERATURES: None}
+    return {GROUP_KEY: key, GROUP_TEMPERATURES: json.dumps({name: float(t) for name, t in temperatures.items()})}
 
 
 class SourceKind(ABC):
@@ -305,9 +371,6 @@ class SourceKind(ABC):
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """The groups of ``opened``'s counted rows by the integer tensor ``key`` (:meth:`group_values`), cut to the
         rows that count; ``option`` names where KEY came from in messages."""
-        from ..errors import DataError
-        from .grouping import TASK, check_row_count, kept_rows, named
-
         if key == TASK and key not in self.tensor_names(opened):
             raise TempcalError(f"{option} {TASK} groups lm-evaluation-harness logs by their task; "
                                f"{opened.name} has no tensor '{TASK}'")
@@ -428,5 +491,6 @@ class SourceKind(ABC):
         return write_sidecar_copy(path, temperature, Path(output), updates=metadata)
 
 
-__all__ = ["COUNTED", "DEFAULT_KEYS", "READING_KEYS", "Keep", "Kept", "OpenedSource", "SourceKind", "SourceOptions",
-           "eval_json_fields", "expand_sources", "json_fields", "ood_json_fields", "wrote_lines"]
+__all__ = ["DEFAULT_KEYS", "READING_KEYS", "TASK", "Keep", "Kept", "OpenedSource", "RowGroups", "SourceKind",
+           "SourceOptions", "check_row_count", "checked", "expand_sources", "file_groups", "group_metadata",
+           "kept_rows", "named", "wrote_lines"]

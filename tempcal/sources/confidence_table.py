@@ -15,15 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import TempcalError, param
 from ..validation import READING_KEYS
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
 from .tables import TABLE_FORMATS, TableError, columns_of, read_rows, table_format, write_with_column
-
-if TYPE_CHECKING:
-    from .grouping import RowGroups
 
 #: Where a confidence of exactly 0 or 1 is clipped to: [CLIP, 1 - CLIP].
 CLIP = 1e-6
@@ -201,8 +198,6 @@ class ConfidenceTableKind(SourceKind):
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per value of column ``key`` (strings, or integers sorted numerically)."""
         import numpy as np
-
-        from .grouping import check_row_count, named
 
         values, numeric = _group_names(opened.paths[0], key, option)
         groups = named(key, np.asarray(values, dtype=np.int64 if numeric else object), opened.name, option,

@@ -10,9 +10,9 @@ from typing import Any, TypeVar
 
 from ..errors import TempcalError
 from ..validation import PROBS_KEY, READING_KEYS, TEMPERATURE_KEY, temperature_number, temperature_problem
-from .grouping import GROUP_KEY, parse_stored_groups
-from .grouping import GROUP_TEMPERATURES as GROUP_TEMPERATURES_KEY
 from .lm_eval_records import NORM_KEY
+from .stored_groups import GROUP_KEY, parse_stored_groups
+from .stored_groups import GROUP_TEMPERATURES as GROUP_TEMPERATURES_KEY
 
 T = TypeVar("T")
 

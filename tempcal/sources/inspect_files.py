@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from ..io.bounded_read import BoundedReadError, TooLarge, read_regular
 from ..io.optional import zstandard
+from ..io.paths import BoundedReadError, TooLarge, read_regular
 from ..io.sidecar import check_regular_file
 from .lm_eval import size_text as _size
 

@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import TempcalError, param
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .inspect_files import EvalArchive, InspectLogError, json_log
 from .inspect_rows import INCOMPLETE, SampleRow, sample_row
 from .lm_eval import ChoiceRows, pad_rows
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from .grouping import RowGroups
 
 #: The options of ``inspect eval`` that record log-probabilities.
 LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
@@ -217,8 +215,6 @@ class InspectLogKind(SourceKind):
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""
-        from .grouping import file_groups
-
         if key not in GROUP_KEYS:
             raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
         return file_groups(key, self._names(opened, key), opened.file_rows or [opened.data.num_samples])

@@ -21,15 +21,13 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import StoredNote, TempcalError, param
 from ..validation import TEMPERATURE_KEY, stored_temperature
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import TASK, OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .bounded_lines import BoundedLines, OverLimit
 from .lm_eval_json import decode_line, load_record
 from .lm_eval_records import NORM_KEY, NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, Where, parse_record, short
 
 if TYPE_CHECKING:
     import torch
-
-    from .grouping import RowGroups
 
 LOG_SUFFIXES = (".jsonl", ".jsonl.gz")
 #: The longest line read, and the most whitespace in a row between records (see :mod:`.bounded_lines`).
@@ -319,7 +317,6 @@ class LmEvalKind(SourceKind):
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
         from ..errors import DataError
-        from .grouping import TASK, file_groups
 
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ..errors import TempcalError, param
 from ..io.safetensors_header import shown
 from ..io.sidecar import check_regular_file
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import OpenedSource, SourceKind, SourceOptions, checked
 
 if TYPE_CHECKING:
     import numpy as np
@@ -43,8 +43,6 @@ class InMemoryKind(SourceKind):
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """The array ``key``, checked against the labels' shape (none: an OOD set, where the row count decides)."""
-        from .grouping import checked
-
         path = opened.paths[0]
         values = self.read_array(path, key, option)
         try:

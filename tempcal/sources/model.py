@@ -99,7 +99,7 @@ class ModelKind(SourceKind):
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """``key`` in the inputs file, checked against its labels' shape."""
-        from .grouping import safetensors_values
+        from .safetensors import safetensors_values
 
         assert isinstance(opened, ModelSource) and opened.inputs_path is not None
         return safetensors_values(opened.inputs_path, key, opened.options.labels_key, option)

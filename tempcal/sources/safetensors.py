@@ -30,7 +30,7 @@ from ..io.safetensors_header import (
     shown,
 )
 from ..validation import ProbabilitiesError, check_labels, probabilities_refused
-from .base import OpenedSource, SourceKind, SourceOptions
+from .base import OpenedSource, SourceKind, SourceOptions, checked
 
 if TYPE_CHECKING:
     from .described import Findings
@@ -333,8 +333,6 @@ class SafetensorsKind(SourceKind):
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """``key`` in every shard, each checked against its labels' shape."""
-        from .grouping import safetensors_values
-
         labels_key = opened.options.labels_key
         return np.concatenate([safetensors_values(path, key, labels_key, option) for path in opened.paths])
 
@@ -444,4 +442,11 @@ def open_sharded(paths: list[Path], *, logits_key: str = "logits", labels_key: s
     return data, has_labels
 
 
-__all__ = ["RESIDENT_BYTES", "SafetensorsKind", "Shard", "ShardedLogits", "open_sharded"]
+def safetensors_values(path: Path, key: str, labels_key: str, option: str) -> np.ndarray:
+    """The flat integer values of ``key`` in one safetensors file, checked against its labels' shape."""
+    header = read_header(path)
+    shape = header.tensors[labels_key].shape if labels_key in header.tensors else None
+    return checked(path, key, read_tensor(header, key, option=option), shape, option)
+
+
+__all__ = ["RESIDENT_BYTES", "SafetensorsKind", "Shard", "ShardedLogits", "open_sharded", "safetensors_values"]

@@ -54,8 +54,7 @@ from .cells import (
 from .options import Asked, Plan, check_folds, check_prior, read_groups
 
 if TYPE_CHECKING:
-    from ..sources.base import OpenedSource
-    from ..sources.grouping import RowGroups
+    from ..sources.base import OpenedSource, RowGroups
 
 #: Passes after the global fit before the fits still open are given up (reported as not converged).
 MAX_EXTRA_PASSES = 12

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..metrics.detection import SortedOod, detection_against
-from ..sources.base import OpenedSource
-from ..sources.grouping import RowGroups
+from ..sources.base import OpenedSource, RowGroups
 from .options import read_groups
 
 #: At most this many distinct stored per-group temperatures are scored (each is one more exp per logit).

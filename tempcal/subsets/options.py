@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     import torch
 
     from ..requests import FitRequest
-    from ..sources.base import OpenedSource
-    from ..sources.grouping import RowGroups, StoredGroups
+    from ..sources.base import OpenedSource, RowGroups
+    from ..sources.stored_groups import StoredGroups
 
 #: The default ``group_prior``: a group's NLL is drawn toward the global T as if by this many rows' worth
 #: of evidence (see the README's measurement: a group of 20 rows is not fitted to noise).
@@ -128,7 +128,7 @@ def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
     it (None for lm-eval logs, grouped by task, which hold no such tensor)."""
     import torch
 
-    from ..sources.grouping import GROUP_KEY
+    from ..sources.stored_groups import GROUP_KEY
 
     rows = read_groups(opened, groups.key, option=f"the stored '{GROUP_KEY}'")
     index = torch.from_numpy(rows.index)

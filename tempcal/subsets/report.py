@@ -17,8 +17,8 @@ import torch
 from ..conformal import OWN_GROUP_READS, own_group_sets, report_group_sets, report_thresholds
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
-from ..sources.base import OpenedSource
-from ..sources.grouping import RowGroups, parse_stored_groups
+from ..sources.base import OpenedSource, RowGroups
+from ..sources.stored_groups import parse_stored_groups
 from ..workflows.common import extra_figures
 from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, row_extras, subset_metrics
 

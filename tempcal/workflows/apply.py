@@ -16,8 +16,8 @@ from ..errors import TempcalError, param
 from ..io.paths import same_file
 from ..io.streamed import Planned, output_format, write_streamed
 from ..sources.base import OpenedSource, SourceOptions
-from ..sources.grouping import parse_stored_groups
 from ..sources.registry import Source, open_source
+from ..sources.stored_groups import parse_stored_groups
 from ..subsets.options import row_temperatures
 from ..validation import check_taus, format_temperature, is_fitted, parse_tau
 from .common import check_stored_reading, scan_source

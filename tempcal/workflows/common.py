@@ -1,7 +1,7 @@
-"""What every command's workflow shares: validate a source in one pass, the optional extra figures; :class:`Basis`,
-what a figure set was computed at and on which rows, the one description every output labels from; and the split
-that fitted the stored T (``tempcal.split``, written by ``fit``), from which ``report --eval-rows`` re-derives the
-held-out rows."""
+"""What every command's workflow shares: validate a source in one pass, the optional extra figures, the fields a
+SOURCE's kind adds to the JSON; :class:`Basis`, what a figure set was computed at and on which rows, the one
+description every output labels from; and the split that fitted the stored T (``tempcal.split``, written by
+``fit``), from which ``report --eval-rows`` re-derives the held-out rows."""
 
 from __future__ import annotations
 
@@ -96,6 +96,29 @@ def scan_source(opened: OpenedSource, *, device: str | torch.device, chunk_rows:
     if scan.looks_like_probabilities and probs is None:
         raise opened.kind.probabilities_refused(opened)
     return scan
+
+
+def json_fields(opened: OpenedSource | None) -> dict[str, Any]:
+    """The fields ``opened``'s kind adds to a command's JSON (none without a source)."""
+    return {} if opened is None else dict(opened.json)
+
+
+#: The JSON fields that count what a kind left out or changed while reading (evaluation logs, confidence tables).
+COUNTED = ("rows_incomplete", "clipped")
+
+
+def eval_json_fields(evaluated: OpenedSource | None) -> dict[str, Any]:
+    """An ``--eval`` file's counts, beside SOURCE's: ``eval_rows_incomplete``, ``eval_clipped`` where its kind
+    counts them (SOURCE's own ``rows_incomplete`` / ``clipped`` count SOURCE's rows only)."""
+    fields = json_fields(evaluated)
+    return {f"eval_{key}": fields[key] for key in COUNTED if key in fields}
+
+
+def ood_json_fields(others: Sequence[OpenedSource]) -> dict[str, Any]:
+    """The OOD files' counts, one per ``--ood`` file in order (None for a file whose kind counts none):
+    ``ood_rows_incomplete``, ``ood_clipped`` where any of their kinds counts them."""
+    keys = [key for key in COUNTED if any(key in other.json for other in others)]
+    return {f"ood_{key}": [other.json.get(key) for other in others] for key in keys}
 
 
 def uses_stored(taus: Sequence[str | float] | None, sweep: Sequence[float] = ()) -> bool:
@@ -260,5 +283,6 @@ def in_sample_note(opened: OpenedSource, split: StoredSplit, scored: int) -> Not
 
 
 __all__ = ["AT_FOLDS", "AT_GLOBAL", "AT_GROUPS", "AT_ONE", "ROWS_ALL", "ROWS_FILE", "ROWS_HELD_OUT", "ROWS_OUT_OF_FOLD",
-           "Basis", "check_stored_reading", "evaluation_rows", "extra_figures", "fitted_split", "in_sample_note",
-           "report_basis", "scan_source", "stored_split", "uses_stored"]
+           "Basis", "check_stored_reading", "eval_json_fields", "evaluation_rows", "extra_figures", "fitted_split",
+           "in_sample_note", "json_fields", "ood_json_fields", "report_basis", "scan_source", "stored_split",
+           "uses_stored"]

@@ -15,7 +15,7 @@ from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
 from ..errors import DataError, StoredNote, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from ..sources.base import Keep, Kept, SourceOptions, eval_json_fields, json_fields
+from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.cells import Subsets
 from ..subsets.fits import crossfit_run, grouped_run, with_groups
@@ -32,8 +32,10 @@ from .common import (
     ROWS_HELD_OUT,
     ROWS_OUT_OF_FOLD,
     Basis,
+    eval_json_fields,
     extra_figures,
     fitted_split,
+    json_fields,
     scan_source,
 )
 
@@ -101,6 +103,20 @@ class FitReport:
         return {"before": replace(self.before_basis, n=n),
                 "after": Basis(AT_GROUPS, self.rows, n, folds=self.folds, source=self.eval_source),
                 "after_global": replace(self.after_basis, n=n)}
+
+    def split_label(self) -> str:
+        """How the rows were split, as the console's header and the page say it: ``T fitted on 674 rows; figures on
+        the 674 held-out rows (stratified split, val-fraction 0.5, seed 0)``."""
+        held_out = self.after_basis.rows == ROWS_HELD_OUT
+        how = (f" ({self.folds}-fold cross-fitting, seed {self.seed})" if self.folds is not None else
+               f" (stratified split, val-fraction {self.val_fraction:g}, seed {self.seed})" if held_out else "")
+        fitted = f"{self.n_fit:,} rows" if held_out else f"all {self.n_fit:,} rows"
+        return f"T fitted on {fitted}; figures {self.after_basis.rows_label()}{how}"
+
+    def reads_label(self) -> str:
+        """``"1 pass"``, ``"3 passes"``: how many reads of the data the fit took."""
+        passes = self.fit.passes
+        return f"{passes} pass" if passes == 1 else f"{passes} passes"
 
     @property
     def passes(self) -> int:

@@ -18,11 +18,11 @@ from ..errors import DataError, TempcalError, param
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
-from ..sources.base import OpenedSource, SourceOptions, json_fields, ood_json_fields
+from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.ood import dropped_extra, group_results, ood_groups
 from ..validation import UNIT, as_temperature, check_option, check_taus, resolve_taus, whole_number
-from .common import check_stored_reading, scan_source, uses_stored
+from .common import check_stored_reading, json_fields, ood_json_fields, scan_source, uses_stored
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
 DEFAULT_TAUS = (0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 1000.0)

@@ -11,7 +11,7 @@ import numpy as np
 from ..conformal import metrics_plan, report_thresholds, with_sets
 from ..errors import TempcalError
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
-from ..sources.base import SourceOptions, json_fields
+from ..sources.base import SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.options import read_groups
 from ..subsets.report import GroupRow, held_out_groups, report_groups
@@ -25,6 +25,7 @@ from .common import (
     evaluation_rows,
     extra_figures,
     in_sample_note,
+    json_fields,
     report_basis,
     scan_source,
     stored_split,

@@ -1,4 +1,5 @@
-"""tempcal.io.bounded_read: files made the way a user (or a hostile folder) makes them, refused or read."""
+"""tempcal.io.paths.read_regular and tempcal.io.bounded_read: files made the way a user (or a hostile folder) makes
+them, refused or read."""
 
 from __future__ import annotations
 
@@ -10,15 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tempcal.io.bounded_read import (
-    JsonLongInteger,
-    JsonTooDeep,
-    NotRegularFile,
-    TooLarge,
-    deeper_than,
-    load_json,
-    read_regular,
-)
+from tempcal.io.bounded_read import JsonLongInteger, JsonTooDeep, deeper_than, load_json
+from tempcal.io.paths import NotRegularFile, TooLarge, read_regular
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and /dev/zero: POSIX")
 
