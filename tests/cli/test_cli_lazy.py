@@ -48,7 +48,25 @@ def test_commands_without_lm_run_no_lm_hook_and_no_other_kind_of_source(data):
     for command, (code, modules) in zip(commands, traced(data, commands), strict=True):
         assert code == 0 and f"tempcal.workflows.{command[0]}" in modules
         assert [m for m in modules if m.startswith("tempcal.lm.") or m in OTHER_KINDS] == []
-        assert "tempcal.cli.config_file" not in modules  # no configuration file was found
+
+
+def test_a_configuration_file_is_read_only_when_there_is_one(monkeypatch, cli, data):
+    from tempcal.cli import config
+
+    read = []
+
+    def spy(path, shown):
+        read.append(shown)
+        return read_config_bytes(path, shown)
+
+    read_config_bytes = config.read_config_bytes
+    monkeypatch.setattr(config, "read_config_bytes", spy)
+    monkeypatch.chdir(data)
+    assert cli(["fit", "val.safetensors", "--quiet", "--no-write"])[0] == 0
+    assert read == []  # no configuration file was found
+    (data / "tempcal.toml").write_text("[fit]\nseed = 3\n")
+    assert cli(["fit", "val.safetensors", "--quiet", "--no-write"])[0] == 0
+    assert read == ["tempcal.toml"]
 
 
 def test_without_a_configuration_file_no_schema_is_derived(data):
@@ -74,7 +92,7 @@ def test_values_given_are_checked_with_the_specs_of_their_options_alone(monkeypa
 def test_a_configuration_file_is_read_and_checked_when_there_is_one(data):
     (data / "tempcal.toml").write_text("[fit]\nseed = 3\n")
     ((code, modules),) = traced(data, [["fit", "val.safetensors", "--no-write", "--quiet"]])
-    assert code == 0 and {"tempcal.cli.config_file", "tempcal.cli.config_schema"} <= set(modules)
+    assert code == 0 and {"tempcal.cli.config", "tempcal.cli.config_schema"} <= set(modules)
 
 
 def test_lm_options_without_lm_are_still_refused(cli, data):

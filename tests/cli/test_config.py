@@ -12,7 +12,6 @@ import pytest
 import typer
 
 import tempcal.cli.config as cfg
-import tempcal.cli.config_file as config_file
 from tempcal.cli import app
 from tempcal.cli.config import ConfigError, load_config, resolve_config
 from tempcal.cli.config_schema import INPUTS, PathValue, command_schema
@@ -132,7 +131,7 @@ def test_not_utf8_a_folder_and_a_pyproject_without_the_table(tmp_path):
 
 
 def test_python_310_without_tomli(tmp_path, monkeypatch):
-    monkeypatch.setattr(config_file, "_toml", None)
+    monkeypatch.setattr(cfg, "_toml", None)
     write(tmp_path / "tempcal.toml", "")
     with pytest.raises(ConfigError, match=r"needs Python >= 3\.11 or the 'tomli' package"):
         find_config(tmp_path)
@@ -154,11 +153,11 @@ def test_a_found_file_that_is_not_a_regular_one_is_an_error_not_skipped(tmp_path
 def test_a_file_over_1_mib_is_refused_unread(tmp_path):
     path = tmp_path / "tempcal.toml"
     with open(path, "wb") as f:  # a sparse file: its size, not its bytes, is over the limit
-        f.truncate(config_file.MAX_CONFIG_BYTES + 1)
+        f.truncate(cfg.MAX_CONFIG_BYTES + 1)
     with pytest.raises(ConfigError, match=rf"^tempcal\.toml: is {(1 << 20) + 1} bytes; a configuration file may hold "
                                           r"at most 1 MiB$"):
         config_in(tmp_path, None)
-    path.write_bytes(b"# " + b"x" * (config_file.MAX_CONFIG_BYTES - 3) + b"\n")  # exactly 1 MiB is read
+    path.write_bytes(b"# " + b"x" * (cfg.MAX_CONFIG_BYTES - 3) + b"\n")  # exactly 1 MiB is read
     assert config_in(tmp_path, None).data == {}
 
 
@@ -168,13 +167,13 @@ def test_deep_nesting_names_the_key_and_line(tmp_path, depth):
     text = f'source = "v.st"\n[report]\nbins = 10\ntau = [\n  {"[" * depth}{"]" * depth}]\n'
     with pytest.raises(ConfigError) as caught:
         config_in(tmp_path, text)
-    assert str(caught.value) == (f"tempcal.toml: [report] tau: nested more than {config_file.MAX_NESTING} brackets "
+    assert str(caught.value) == (f"tempcal.toml: [report] tau: nested more than {cfg.MAX_NESTING} brackets "
                                  "deep (line 5); a value is a number, a string, or a list of them")
 
 
 def test_nesting_up_to_the_limit_is_left_to_the_parser_and_strings_do_not_count(tmp_path):
     """Brackets in strings and comments are not nesting; inline tables are."""
-    deep = config_file.MAX_NESTING
+    deep = cfg.MAX_NESTING
     text = (f'a = "[[[[" # [[[[\nb = \'\'\'\n{"[" * 500}\'\'\'\nc = {"[" * deep}{"]" * deep}\n'
             f'[ood]\nd = """{"{" * 500}"""\n')
     data = config_in(tmp_path, text).data
