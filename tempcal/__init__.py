@@ -17,9 +17,9 @@ _EXPORTS = {
     # errors and checks
     "TempcalError": "errors",
     "DataError": "errors",
-    "ProbabilitiesError": "validation",
-    "TEMPERATURE_KEY": "validation",
-    "PROBS_KEY": "validation",
+    "ProbabilitiesError": "errors",
+    "TEMPERATURE_KEY": "errors",
+    "PROBS_KEY": "errors",
     # sources -> data
     "open_source": "sources.registry",
     "read_stored_temperature": "sources.registry",
@@ -85,7 +85,7 @@ if TYPE_CHECKING:
     from .core.parallel import resolve_device
     from .core.scan import Scan
     from .core.splitting import stratified_split
-    from .errors import DataError, TempcalError
+    from .errors import PROBS_KEY, TEMPERATURE_KEY, DataError, ProbabilitiesError, TempcalError
     from .io.safetensors_header import read_header, write_temperature
     from .metrics.bootstrap import bootstrap_intervals
     from .metrics.calibration import (
@@ -110,7 +110,6 @@ if TYPE_CHECKING:
     from .sources.base import OpenedSource, SourceOptions
     from .sources.registry import open_source, read_stored_temperature, write_stored_temperature
     from .subsets.fits import fit_temperature
-    from .validation import PROBS_KEY, TEMPERATURE_KEY, ProbabilitiesError
     from .workflows.apply import ApplyResult, apply_file
     from .workflows.fit import FitReport, fit_file
     from .workflows.inspect import InspectReport, inspect_file

@@ -1,20 +1,26 @@
-"""Exceptions whose messages are shown to users as one line.
-
-Messages name the option or argument concerned with :func:`param`: Python callers read the
-argument's name (``labels_key``), the command line its flag (``--labels-key``), from the same
-message. The exit statuses are mapped once, in ``tempcal.cli.main``.
-"""
+"""The one-line errors users see, and each check of what they give, defined once (temperatures and ``--tau``, ranges,
+bins, labels, probabilities); nothing here imports torch or numpy as it loads, so ``tempcal --help`` stays fast."""
 
 from __future__ import annotations
 
+import math
+import numbers
+import os
 import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 _MARK = "\x1f"
 _PARAM = re.compile(f"{_MARK}([A-Za-z0-9_]+){_MARK}")
 
 
 def param(name: str) -> str:
-    """The parameter ``name`` (a Python argument name) marked inside a message."""
+    """The parameter ``name`` (a Python argument name) marked inside a message: Python callers read ``labels_key``,
+    the command line ``--labels-key`` (the exit statuses are mapped once, in ``tempcal.cli.main``)."""
     return f"{_MARK}{name}{_MARK}"
 
 
@@ -85,5 +91,349 @@ class DataError(TempcalError):
     """The logits or labels themselves are invalid (NaN, out-of-range label, ...)."""
 
 
-__all__ = ["BIDI_CONTROLS", "DataError", "Info", "Note", "StoredNote", "TempcalError", "for_cli", "neutral", "param",
-           "render"]
+#: Rows with this label are left out, as in ``torch.nn.functional.cross_entropy``.
+IGNORE_INDEX = -100
+#: The metadata key (safetensors metadata, sidecars, model extra files) that holds a fitted T.
+TEMPERATURE_KEY = "tempcal.temperature"
+#: The metadata key saying the stored T was fitted on log-probabilities (``"true"``): later reads take log(p) too.
+PROBS_KEY = "tempcal.probs"
+#: The ``SourceOptions`` fields a kind may keep beside T, and their metadata keys.
+READING_KEYS = {"probs": PROBS_KEY, "logits_key": "tempcal.logits_key", "labels_key": "tempcal.labels_key",
+                "confidence": "tempcal.confidence", "correct": "tempcal.correct",
+                "confidence_scale": "tempcal.confidence_scale"}
+
+
+# -- temperatures -------------------------------------------------------------------------
+def positive_number(value: object) -> float | None:
+    """``value`` (text or a number) as a finite float > 0, or None when it is not one."""
+    if isinstance(value, bytes):
+        value = value.decode("utf-8", "replace")
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int beyond any float (10**400)
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
+#: The smallest temperature any command takes: logits are multiplied by 1 / T, which must be a finite float64
+#: (below this, 1 / T overflows to inf and every probability becomes NaN).
+MIN_TEMPERATURE = 1.0 / 1.7976931348623157e308
+
+
+def temperature_number(value: object) -> float | None:
+    """``value`` as a temperature: a finite number > 0 whose inverse is finite too (T >= :data:`MIN_TEMPERATURE`),
+    or None when it is not one. Every T a command takes, given or stored, passes here."""
+    number = positive_number(value)
+    return number if number is not None and number >= MIN_TEMPERATURE else None
+
+
+def temperature_problem(value: object) -> str:
+    """Why ``value`` is not a temperature, as the end of a message."""
+    number = positive_number(value)
+    if number is not None and number < MIN_TEMPERATURE:
+        return f"too small: 1 / T overflows (T must be at least {MIN_TEMPERATURE:.3g})"
+    return "not a positive number"
+
+
+def as_temperature(value: object, what: str = "temperature") -> float:
+    """``value`` as a temperature: a finite number > 0 with a finite inverse, else :class:`TempcalError`."""
+    number = temperature_number(value)
+    if number is None:
+        raise TempcalError(f"{what} must be a positive finite number whose inverse is finite, got {value} "
+                           f"({temperature_problem(value)})")
+    return number
+
+
+def format_temperature(temperature: float) -> str:
+    """The shortest decimal string that reads back as the same float (how T is stored everywhere)."""
+    return repr(float(temperature))
+
+
+def stored_temperature(text: str | bytes | None, where: str) -> float | None:
+    """A stored T (metadata value, sidecar entry, model extra file): None when absent, else a positive float."""
+    if text is None:
+        return None
+    value = temperature_number(text)
+    if value is None:
+        shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {_shown(shown)}, {temperature_problem(text)}")
+    return value
+
+
+def _shown(value: object, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def is_fitted(text: str | float) -> bool:
+    """True for ``fitted`` (any case, surrounding spaces ignored)."""
+    return isinstance(text, str) and text.strip().lower() == "fitted"
+
+
+def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike = "SOURCE",
+              place: str | None = None) -> float:
+    """A temperature from ``--tau``: a finite number > 0, or ``fitted`` for the T stored in ``source`` (``place``
+    says where that T would be and what to do, when it is not the safetensors metadata)."""
+    if is_fitted(text):
+        if stored is None:
+            raise TempcalError(f"{param('tau')} fitted: {source} has no stored temperature "
+                               f"({place or f'metadata {TEMPERATURE_KEY!r}; run tempcal fit first'})")
+        return float(stored)
+    value = temperature_number(text)
+    if value is None:
+        if positive_number(text) is not None:
+            raise TempcalError(f"{param('tau')} {text}: {temperature_problem(text)}")
+        raise TempcalError(f"{param('tau')} {text}: expected a number > 0 or 'fitted'")
+    return value
+
+
+def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURCE") -> None:
+    """Refuse a bad number before any file is read (``fitted`` is resolved once the file is open)."""
+    for text in values:
+        if not is_fitted(text):
+            parse_tau(text, None, source)
+
+
+def resolve_taus(values: Sequence[str | float] | None, stored: float | None, source: str | os.PathLike = "SOURCE",
+                 *, defaults: Sequence[float] = (), sweep: Sequence[float] = (), sort: bool = True,
+                 place: str | None = None) -> list[float]:
+    """The temperatures a command reports at, without repeats: the given values (``fitted``: the stored T) and
+    ``sweep``; with no values, ``defaults`` and ``sweep``, else the stored T, else 1.0. The stored T joins any default
+    set or sweep. ``place``: where the stored T would be kept, for the error when ``fitted`` finds none."""
+    given = [parse_tau(text, stored, source, place) for text in values or ()]
+    extra = [float(t) for t in (sweep if values else [*defaults, *sweep])]
+    if extra and stored is not None:
+        extra.append(float(stored))
+    if not values and not extra:
+        extra = [float(stored) if stored is not None else 1.0]
+    taus = list(dict.fromkeys([*given, *extra]))
+    return sorted(taus) if sort or not values else taus
+
+
+# -- numbers in a range --------------------------------------------------------------------
+#: The whole numbers a 64-bit integer holds: the widest any count, index or seed may be.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: Integers with more digits than this are shown by their length, not spelled out.
+_SHOWN_DIGITS = 24
+
+
+def shown_value(value: object, *, quote: bool = True) -> str:
+    """A value as a message shows it: a 400-digit integer cut short with its length, long text cut short."""
+    if isinstance(value, int) and not isinstance(value, bool) and len(digits := str(abs(value))) > _SHOWN_DIGITS:
+        return f"{'-' if value < 0 else ''}{digits[:12]}... ({len(digits)} digits)"
+    if isinstance(value, str):
+        text = value if len(value) <= 40 else value[:37] + "..."
+        return f'"{text}"' if quote else text
+    return repr(value)
+
+
+class OutOfRange(TempcalError):
+    """A number outside its range: ``expected`` says the range, ``value`` is what was given; callers add the name."""
+
+    def __init__(self, expected: str, value: object) -> None:
+        super().__init__(f"expected {expected}, got {shown_value(value)}")
+        self.expected = expected
+        self.value = value
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The range of a number: ``low`` and ``high`` (None: unbounded), each end included unless it is open."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def contains(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.high_open else value <= self.high)
+
+    def within(self, low: int, high: int) -> Bounds:
+        """These bounds narrowed to ``[low, high]`` (the 64-bit range of a whole number)."""
+        lo_in = self.low is not None and self.low >= low
+        hi_in = self.high is not None and self.high <= high
+        return Bounds(self.low if lo_in else low, self.high if hi_in else high,
+                      self.low_open and lo_in, self.high_open and hi_in)
+
+    def describe(self, noun: str = "a number") -> str:
+        """``a number in (0, 1]``, ``a whole number from 1 to 100000``, ``a number > 0``."""
+        lo, hi = _bound(self.low), _bound(self.high)
+        if lo and hi:
+            if not (self.low_open or self.high_open):
+                return f"{noun} from {lo} to {hi}"
+            return f"{noun} in {'(' if self.low_open else '['}{lo}, {hi}{')' if self.high_open else ']'}"
+        if lo:
+            return f"{noun} {'>' if self.low_open else '>='} {lo}"
+        return f"{noun} {'<' if self.high_open else '<='} {hi}" if hi else noun
+
+
+def _bound(value: float | None) -> str:
+    """A bound as messages show it: ``0``, ``100000``, ``9223372036854775807``, ``0.5``."""
+    if value is None:
+        return ""
+    if isinstance(value, int) or (float(value).is_integer() and abs(value) < 1e15):
+        return str(int(value))
+    return f"{value:g}"
+
+
+def check_number(value: Any, bounds: Bounds | None = None, *, whole: bool = False) -> Any:
+    """``value`` checked: a whole number within ``bounds`` and 64 bits, or a finite number (a float) within
+    ``bounds``; else :class:`OutOfRange`. A 400-digit integer is out of range, never an OverflowError."""
+    bounds = bounds or Bounds()
+    if whole:
+        bounds = bounds.within(INT64_MIN, INT64_MAX)
+        if not bounds.contains(value):
+            raise OutOfRange(bounds.describe("a whole number"), value)
+        return int(value)
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        raise OutOfRange(bounds.describe("a finite number"), value)
+    if not bounds.contains(number):
+        raise OutOfRange(bounds.describe(), value)
+    return number
+
+
+def check_option(name: str, value: Any, bounds: Bounds, *, whole: bool = False) -> Any:
+    """The one range check of an option, for the commands and the API alike: ``value`` as :func:`check_number`
+    gives it, else ``NAME VALUE: expected RANGE`` (``name``: the flag, or the marked argument name)."""
+    try:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise OutOfRange(bounds.describe("a whole number" if whole else "a number"), value)
+        return check_number(value, bounds, whole=whole)
+    except OutOfRange as exc:
+        raise TempcalError(f"{name} {shown_value(value, quote=False)}: expected {exc.expected}") from None
+
+
+#: Ranges that ``typer.Option(min=, max=)`` cannot say (open ends), each declared once: the commands' options carry
+#: them as markers, and the API checks its arguments against the same ones.
+POSITIVE = Bounds(0, low_open=True)
+FRACTION = Bounds(0, 1, low_open=True)
+UNIT = Bounds(0, 1)
+NON_NEGATIVE = Bounds(0)
+PERCENTILE = Bounds(0, 100, low_open=True)
+MISCOVERAGE = Bounds(0, 1, low_open=True, high_open=True)
+
+
+# -- sizes --------------------------------------------------------------------------------
+def whole_number(value: object, what: str, *, minimum: int = 1, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``; booleans and fractions are refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise TempcalError(f"{what} must be a whole number >= {minimum}, got {value}")
+    number = int(value)  # type: ignore[call-overload]
+    if maximum is not None and number > maximum:
+        raise TempcalError(f"{what} must be at most {maximum}, got {number}")
+    return number
+
+
+#: The most equal-width bins a figure is computed with (every bin is kept, and listed, at every temperature).
+MAX_BINS = 100_000
+#: The most bootstrap resamples (percentile intervals settle long before; each costs a pass over the samples).
+MAX_RESAMPLES = 100_000
+
+
+def check_bins(bins: object) -> int:
+    """The number of equal-width bins: a whole number in ``[1, MAX_BINS]``."""
+    return whole_number(bins, "bins", maximum=MAX_BINS)
+
+
+def check_confidences(confidence: Any) -> None:
+    """Per-sample confidences (a float64 numpy array) must lie in [0, 1]: the count and the first bad index."""
+    import numpy as np
+
+    bad = ~((confidence >= 0) & (confidence <= 1))
+    if bad.any():
+        first = int(np.flatnonzero(bad)[0])
+        raise TempcalError(f"{int(bad.sum())} confidences outside [0, 1]; first at index {first} "
+                           f"({confidence[first]!r})")
+
+
+# -- labels -------------------------------------------------------------------------------
+def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name: str = "labels",
+                 logits_name: str = "logits") -> torch.Tensor:
+    """Integer labels matching logits of ``logits_shape`` as a flat int64 tensor (validated once, for every source).
+
+    Logits ``[N, C]`` / ``[N]`` take labels ``[N]`` (``[N, 1]`` is accepted); token-level logits
+    ``[B, L, V]`` take labels ``[B, L]``. ``where`` (e.g. ``"val.safetensors: "``) starts every message.
+    """
+    import torch
+
+    y = torch.as_tensor(labels)
+    if y.dtype.is_floating_point or y.dtype.is_complex or y.dtype == torch.bool:
+        raise DataError(f"{where}'{name}' has dtype {str(y.dtype).removeprefix('torch.')}; expected an integer dtype")
+    shape = list(logits_shape)
+    if len(shape) == 3:
+        if list(y.shape) != shape[:2]:
+            raise DataError(f"{where}'{logits_name}' of shape {shape} has {shape[0] * shape[1]} rows but '{name}' "
+                            f"has shape {list(y.shape)} (token-level logits [B, L, V] need labels [B, L])")
+        return y.reshape(-1).to(torch.int64)
+    if y.dim() == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.dim() != 1:
+        raise DataError(f"{where}'{name}' has shape {list(y.shape)}; expected [N]")
+    rows = shape[0] if shape else 0
+    if y.shape[0] != rows:
+        raise DataError(f"{where}'{logits_name}' has {rows} rows but '{name}' has {y.shape[0]}")
+    return y.to(torch.int64)
+
+
+# -- probabilities ------------------------------------------------------------------------
+#: Marks in a probabilities message, each shown one way to Python callers and another on the command line.
+_PROBS_CHOICES = {
+    "\x1eeither\x1e": ("probs=True, or probs=False", "--probs, or --no-probs"),
+    "\x1elogits\x1e": ("probs=False", "--no-probs"),
+    "\x1eprobs\x1e": ("probs=True", "--probs"),
+}
+EITHER, AS_LOGITS, AS_PROBS = _PROBS_CHOICES
+
+
+class ProbabilitiesError(DataError):
+    """Probabilities given where logits are read, or a T fitted on log(p) about to meet raw values; the message names
+    the choice as the caller makes it (``probs=True`` in Python, ``--probs`` on the command line)."""
+
+    def _shown(self, cli: bool) -> str:
+        text = self.raw
+        for mark, (python, flag) in _PROBS_CHOICES.items():
+            text = text.replace(mark, flag if cli else python)
+        return render(text, flags=cli)
+
+    def __str__(self) -> str:
+        return self._shown(False)
+
+    def for_cli(self) -> str:
+        return self._shown(True)
+
+
+def probabilities_refused(what: str, where: str = "") -> ProbabilitiesError:
+    """The refusal of values that look like probabilities when the caller did not say whether they are."""
+    return ProbabilitiesError(f"{where}every row of {what} looks like a probability vector (values in [0, 1], each "
+                              f"row summing to 1); pass {EITHER} to treat the values as logits")
+
+
+def stored_probs(text: str | None, where: str) -> bool:
+    """Whether metadata says the stored T was fitted on probabilities (``"true"``; absent or ``"false"``: no)."""
+    if text is None or text == "false":
+        return False
+    if text == "true":
+        return True
+    raise TempcalError(f"{where} '{PROBS_KEY}' is {_shown(text)}; expected \"true\" or \"false\" (fix or delete it, "
+                       "or fit again)")
+
+
+def check_alphas(alphas: Sequence[float]) -> list[float]:
+    """The conformal miscoverage levels, each strictly between 0 and 1, in the order given (repeats dropped)."""
+    return list(dict.fromkeys(check_option(param("conformal_alpha"), alpha, MISCOVERAGE) for alpha in alphas))
+
+
+__all__ = ["BIDI_CONTROLS", "FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES",
+           "MIN_TEMPERATURE", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE", "POSITIVE", "PROBS_KEY", "READING_KEYS",
+           "TEMPERATURE_KEY", "UNIT", "Bounds", "DataError", "Info", "Note", "OutOfRange", "ProbabilitiesError",
+           "StoredNote", "TempcalError", "as_temperature", "check_alphas", "check_bins", "check_confidences",
+           "check_labels", "check_number", "check_option", "check_taus", "for_cli", "format_temperature", "is_fitted",
+           "neutral", "param", "parse_tau", "positive_number", "probabilities_refused", "render", "resolve_taus",
+           "shown_value", "stored_probs", "stored_temperature", "temperature_number", "temperature_problem",
+           "whole_number"]

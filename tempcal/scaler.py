@@ -19,10 +19,9 @@ from sklearn.utils.validation import check_is_fitted  # type: ignore[import-unty
 from .core.data import as_logits_data, probabilities_to_logits
 from .core.fitting import FitResult
 from .core.scan import Scan
-from .errors import DataError, TempcalError
+from .errors import DataError, TempcalError, as_temperature
 from .metrics.calibration import DEFAULT_BINS
 from .subsets.fits import fit_temperature  # core's fit, with groups= registered
-from .validation import as_temperature
 
 try:  # scikit-learn >= 1.6
     from sklearn.utils.validation import validate_data as _sklearn_validate_data  # type: ignore[import-untyped]
@@ -110,7 +109,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     >>> TemperatureScaler().fit(p, labels)
     Traceback (most recent call last):
     ...
-    tempcal.validation.ProbabilitiesError: every row of the logits looks like a probability vector
+    tempcal.errors.ProbabilitiesError: every row of the logits looks like a probability vector
     (values in [0, 1], each row summing to 1); pass probs=True, or probs=False to treat the values as logits
     >>> on_p = TemperatureScaler(probs=True).fit(p, labels)
     >>> round(on_p.temperature_, 1), np.allclose(on_p.transform(p), np.log(p) / on_p.temperature_)
@@ -136,7 +135,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
     probs : ``True``: ``X`` holds probabilities (rows summing to 1; one binary column: the probability of
         ``classes_[1]``), and T scales ``log(p)`` (log-odds for one column) in every method; ``False``:
         ``X`` holds logits, whatever they look like; ``None`` (default): logits, and ``fit`` refuses ``X``
-        whose rows all look like probability vectors (:class:`~tempcal.validation.ProbabilitiesError`).
+        whose rows all look like probability vectors (:class:`~tempcal.errors.ProbabilitiesError`).
 
     Attributes
     ----------

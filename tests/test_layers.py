@@ -1,7 +1,7 @@
 """No module imports from a layer above its own, counting imports inside functions and under ``TYPE_CHECKING``.
 
-The layers, low to high: errors and validation, core (and the progress line beside it), metrics and scores, io,
-models, sources (and the language-model package beside them), workflows (and the scikit-learn estimator, the
+The layers, low to high: errors (and the input checks), core (and the progress line beside it), metrics and scores,
+io, models, sources (and the language-model package beside them), workflows (and the scikit-learn estimator, the
 conformal sets' and the subsets' packages and the commands' typed requests beside them), output (and the HTML page's
 package beside it), cli. A capability package's drawing modules (the subsets' console tables and plots) sit with
 output, a layer above the rest of their package. A lower layer that needs something from a higher one takes it as
@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "tempcal"
 #: Each top-level module or package of ``tempcal`` (or a module of one, where it differs) and its layer; a module may
 #: import its own layer and below.
 LAYERS = {
-    "_version": 0, "errors": 0, "validation": 0,
+    "_version": 0, "errors": 0,
     "core": 1, "progress": 1,
     "metrics": 2, "scores": 2,
     "io": 3,

@@ -10,8 +10,7 @@ import typer
 
 import tempcal.cli.options as opt
 
-from ..errors import TempcalError
-from ..validation import check_taus
+from ..errors import TempcalError, check_taus
 from .config import ConfiguredCommand
 from .config_schema import OUTPUT, ValueType
 from .main import app, check_paths, deliver

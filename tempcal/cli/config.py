@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import TempcalError
+from ..errors import Bounds, TempcalError, check_option
 from ..io.paths import NotRegularFile, TooLarge, is_pattern, read_regular
-from ..validation import Bounds, check_option
 from .config_schema import (
     SOURCE_KEY,
     TOP_SOURCE,

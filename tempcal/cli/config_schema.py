@@ -13,8 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
-from ..errors import TempcalError
-from ..validation import Bounds, check_number, shown_value
+from ..errors import Bounds, TempcalError, check_number, shown_value
 
 SOURCE_KEY = "source"
 

@@ -8,9 +8,8 @@ import typer
 
 import tempcal.cli.options as opt
 
-from ..errors import TempcalError
+from ..errors import IGNORE_INDEX, TempcalError
 from ..subsets.options import settle_folds
-from ..validation import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
 

@@ -6,7 +6,7 @@ import typer
 
 import tempcal.cli.options as opt
 
-from ..validation import IGNORE_INDEX
+from ..errors import IGNORE_INDEX
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver
 

@@ -9,12 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from ..errors import TempcalError
-from ..html import option as html
-from ..lm import options as lm_options
-from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
-from ..subsets.flags import Folds, GroupBy, GroupPrior
-from ..validation import (
+from ..errors import (
     FRACTION,
     MAX_BINS,
     MAX_RESAMPLES,
@@ -24,10 +19,15 @@ from ..validation import (
     POSITIVE,
     UNIT,
     OutOfRange,
+    TempcalError,
     check_taus,
     is_fitted,
     temperature_number,
 )
+from ..html import option as html
+from ..lm import options as lm_options
+from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
+from ..subsets.flags import Folds, GroupBy, GroupPrior
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 if TYPE_CHECKING:

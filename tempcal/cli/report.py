@@ -9,8 +9,7 @@ import typer
 
 import tempcal.cli.options as opt
 
-from ..errors import TempcalError
-from ..validation import IGNORE_INDEX
+from ..errors import IGNORE_INDEX, TempcalError
 from .config import ConfiguredCommand
 from .main import app, check_paths, deliver, start
 

@@ -18,8 +18,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from ..errors import DataError, param
-from ..validation import IGNORE_INDEX, check_labels
+from ..errors import IGNORE_INDEX, DataError, check_labels, param
 from .parallel import BLOCKS_PER_THREAD, Scratch
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..errors import DataError, TempcalError
-from ..validation import probabilities_refused
+from ..errors import DataError, TempcalError, probabilities_refused
 from . import certified
 from .certified import T_MAX, T_MIN, Evaluator, FitStart, certified_fit
 from .data import as_logits_data
@@ -339,7 +338,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
 
     ``probs=True``: ``logits`` holds probabilities and T is fitted on log(p); ``probs=False``: logits, whatever they
     look like; ``probs=None``: logits, refusing values that all look like probability vectors
-    (:class:`~tempcal.validation.ProbabilitiesError`). Logits whose rows are flat are refused too.
+    (:class:`~tempcal.errors.ProbabilitiesError`). Logits whose rows are flat are refused too.
 
     ``logits`` may also be a :class:`~tempcal.core.scan.Scan` (``labels`` None), so that callers validate once and
     fit on a split without reading the data again. ``xtol`` is the relative tolerance on T (default 1e-7);

@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from ..validation import check_bins
+from ..errors import check_bins
 from .parallel import Scratch
 
 # -- the NLL and its derivatives in beta -------------------------------------------------------------------------------

@@ -18,8 +18,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TempcalError
-from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, stored_temperature
 from .paths import atomic_path, destination_of
 
 try:

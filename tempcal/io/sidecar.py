@@ -13,8 +13,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from ..errors import StoredNote, TempcalError, param
-from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature, stored_temperature
+from ..errors import (
+    TEMPERATURE_KEY,
+    StoredNote,
+    TempcalError,
+    as_temperature,
+    format_temperature,
+    param,
+    stored_temperature,
+)
 from .bounded_read import JsonLongInteger, JsonTooDeep, load_json
 from .paths import NotRegularFile, TooLarge, check_target, read_regular, sidecar_path, write_atomic
 from .safetensors_header import updated_metadata

@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..errors import TempcalError
+from ..errors import TempcalError, as_temperature, temperature_number
 from ..io.hf_folder import read_json
 from ..io.paths import write_text_atomic
-from ..validation import as_temperature, temperature_number
 
 RECORD_NAME = "tempcal.json"
 GENERATION_NAME = "generation_config.json"

@@ -17,8 +17,7 @@ import numpy as np
 import torch
 
 from ..core.scan import Scan
-from ..errors import TempcalError
-from ..validation import as_temperature, check_bins, check_confidences, whole_number
+from ..errors import TempcalError, as_temperature, check_bins, check_confidences, whole_number
 from .calibration import equal_width_index
 from .decisions import block_terms, optimal_aurc
 from .detection import percentile_interval

@@ -32,8 +32,7 @@ import torch
 
 from ..core.kernels import DEFAULT_BINS, bin_edges
 from ..core.scan import CalibrationSums, ClasswiseSums, Scan
-from ..errors import TempcalError
-from ..validation import as_temperature, check_bins, check_confidences
+from ..errors import TempcalError, as_temperature, check_bins, check_confidences
 from . import decisions as decisions_module
 
 #: The level of the per-bin accuracy intervals.

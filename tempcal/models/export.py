@@ -15,9 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.parallel import resolve_device
-from ..errors import TempcalError, param
+from ..errors import TempcalError, as_temperature, format_temperature, param, stored_temperature
 from ..io.paths import write_bytes_atomic
-from ..validation import as_temperature, format_temperature, stored_temperature
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
 from .pt2_archive import (
     PROGRAM,

@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..core.precision import no_tf32
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, TempcalError, as_temperature, param, whole_number
 from ..scores.engine import as_classes
-from ..validation import as_temperature, whole_number
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
 from .run import InputsFile, bounded_batches, progress_bar, select_output
 

@@ -16,9 +16,8 @@ import torch
 
 from ..core.parallel import resolve_device
 from ..core.precision import tf32_allowed
-from ..errors import TempcalError, param
+from ..errors import TempcalError, as_temperature, param
 from ..io.paths import atomic_path, write_bytes_atomic
-from ..validation import as_temperature
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
 from .onnx_graph import (
     OnnxInfo,

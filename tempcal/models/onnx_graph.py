@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import TempcalError, param
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, param, stored_temperature
 from ..io.sidecar import check_regular_file
-from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
 from .base import TEMPERATURE_BUFFER, error_line
 
 if TYPE_CHECKING:

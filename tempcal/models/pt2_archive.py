@@ -15,9 +15,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TempcalError, param
+from ..errors import TEMPERATURE_KEY, TempcalError, param, stored_temperature
 from ..io.sidecar import check_regular_file
-from ..validation import TEMPERATURE_KEY, stored_temperature
 from .base import error_line
 from .pt2_program import check_program_json, without_guards
 

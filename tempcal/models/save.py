@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..errors import TempcalError, param
+from ..errors import TEMPERATURE_KEY, TempcalError, as_temperature, format_temperature, param
 from ..io.paths import write_bytes_atomic
-from ..validation import TEMPERATURE_KEY, as_temperature, format_temperature
 from .base import OutputKey, load_model, runtime
 from .detect import save_format
 from .run import InputsFile

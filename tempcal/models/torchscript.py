@@ -18,9 +18,8 @@ from typing import Any
 import torch
 
 from ..core.parallel import resolve_device
-from ..errors import TempcalError, param
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, param, stored_temperature
 from ..io.paths import write_bytes_atomic
-from ..validation import TEMPERATURE_KEY, format_temperature, stored_temperature
 from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, quiet, refused_line, schema_refusal
 from .detect import HOW_TO_SAVE, archive_kind
 from .run import as_index, select_output

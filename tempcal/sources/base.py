@@ -13,9 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import DataError, TempcalError, param
+from ..errors import IGNORE_INDEX, READING_KEYS, DataError, TempcalError, param
 from ..io.paths import check_named_once, expand
-from ..validation import IGNORE_INDEX, READING_KEYS
 from .stored_groups import GROUP_KEY, GROUP_TEMPERATURES, MAX_GROUPS
 
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..core.data import LogitsSource
-    from ..validation import ProbabilitiesError
+    from ..errors import ProbabilitiesError
     from .described import Findings
 
 
@@ -352,7 +351,7 @@ class SourceKind(ABC):
     def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
         """Why values that look like probabilities, read without ``probs``, are refused: by default, they come from a
         model, which gives logits; logits files override (``--probs`` reads them as log p)."""
-        from ..validation import AS_LOGITS, ProbabilitiesError
+        from ..errors import AS_LOGITS, ProbabilitiesError
 
         return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values "
                                   f"in [0, 1], each row summing to 1), and probabilities are read only from logits "

@@ -17,8 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..errors import TempcalError, param
-from ..validation import READING_KEYS
+from ..errors import READING_KEYS, TempcalError, param
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
 from .tables import TABLE_FORMATS, TableError, columns_of, read_rows, table_format, write_with_column
 

@@ -8,8 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..errors import TempcalError
-from ..validation import PROBS_KEY, READING_KEYS, TEMPERATURE_KEY, temperature_number, temperature_problem
+from ..errors import PROBS_KEY, READING_KEYS, TEMPERATURE_KEY, TempcalError, temperature_number, temperature_problem
 from .lm_eval_records import NORM_KEY
 from .stored_groups import GROUP_KEY, parse_stored_groups
 from .stored_groups import GROUP_TEMPERATURES as GROUP_TEMPERATURES_KEY

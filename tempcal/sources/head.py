@@ -18,9 +18,8 @@ import torch
 
 from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 from ..core.parallel import pass_threads
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, ProbabilitiesError, TempcalError, param
 from ..io.safetensors_header import read_header
-from ..validation import ProbabilitiesError
 from .base import OpenedSource, SourceKind, SourceOptions, expand_sources
 from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import StoredNote, TempcalError, param
-from ..validation import TEMPERATURE_KEY, stored_temperature
+from ..errors import TEMPERATURE_KEY, StoredNote, TempcalError, param, stored_temperature
 from .base import TASK, OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .bounded_lines import BoundedLines, OverLimit
 from .lm_eval_json import decode_line, load_record

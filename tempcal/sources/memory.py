@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..core.data import LogitsData
-    from ..validation import ProbabilitiesError
+    from ..errors import ProbabilitiesError
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK"  # a local file header, or an empty archive's end record
@@ -33,7 +33,7 @@ class InMemoryKind(SourceKind):
     """A logits file read whole into memory: what these kinds share beyond the sidecar."""
 
     def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        from ..validation import probabilities_refused
+        from ..errors import probabilities_refused
 
         return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
 

@@ -11,8 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import Info, TempcalError
-from ..validation import PROBS_KEY, positive_number, stored_probs
+from ..errors import PROBS_KEY, Info, TempcalError, positive_number, stored_probs
 from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..core.data import HeldRows, PinnedStager, default_chunk_rows, to_device
-from ..errors import DataError, TempcalError, param
+from ..errors import DataError, ProbabilitiesError, TempcalError, check_labels, param, probabilities_refused
 from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
@@ -29,7 +29,6 @@ from ..io.safetensors_header import (
     read_tensor,
     shown,
 )
-from ..validation import ProbabilitiesError, check_labels, probabilities_refused
 from .base import OpenedSource, SourceKind, SourceOptions, checked
 
 if TYPE_CHECKING:
@@ -357,7 +356,7 @@ class SafetensorsKind(SourceKind):
         return read_header(path).stored_temperature(), []
 
     def temperature_place(self, path: Path) -> str:
-        from ..validation import TEMPERATURE_KEY
+        from ..errors import TEMPERATURE_KEY
 
         return f"metadata '{TEMPERATURE_KEY}'; run tempcal fit first"
 

@@ -7,8 +7,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import DataError
-from ..validation import shown_value, temperature_number, temperature_problem
+from ..errors import DataError, shown_value, temperature_number, temperature_problem
 
 #: The most groups a key may make.
 MAX_GROUPS = 100_000

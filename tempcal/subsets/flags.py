@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..validation import NON_NEGATIVE
+from ..errors import NON_NEGATIVE
 
 Folds = Annotated[Optional[int], typer.Option(
     "--folds", metavar="K", min=2, help="Cross-fitting: T fitted on every row, 'after' out of fold over K seeded, "

@@ -14,8 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Note, TempcalError, param
-from ..validation import shown_value
+from ..errors import Note, TempcalError, param, shown_value
 
 if TYPE_CHECKING:
     import torch

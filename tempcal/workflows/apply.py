@@ -12,14 +12,13 @@ from typing import Any
 import torch
 
 from ..core.scan import RowBlock, Scan, Scratch
-from ..errors import TempcalError, param
+from ..errors import TempcalError, check_taus, format_temperature, is_fitted, param, parse_tau
 from ..io.paths import same_file
 from ..io.streamed import Planned, output_format, write_streamed
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
 from ..sources.stored_groups import parse_stored_groups
 from ..subsets.options import row_temperatures
-from ..validation import check_taus, format_temperature, is_fitted, parse_tau
 from .common import check_stored_reading, scan_source
 
 #: What ``as_`` may ask for, and the name of the output's tensor for each.

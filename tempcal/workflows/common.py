@@ -17,9 +17,8 @@ import torch
 from ..core import parallel
 from ..core.scan import Scan
 from ..core.splitting import stratified_split
-from ..errors import DataError, Note, TempcalError, param
+from ..errors import AS_LOGITS, AS_PROBS, PROBS_KEY, DataError, Note, ProbabilitiesError, TempcalError, is_fitted, param
 from ..sources.base import OpenedSource
-from ..validation import AS_LOGITS, AS_PROBS, PROBS_KEY, ProbabilitiesError, is_fitted
 
 #: What a figure set was computed at.
 AT_ONE, AT_GLOBAL, AT_TAU, AT_GROUPS, AT_FOLDS = "T = 1", "global T", "tau", "per-group T", "out of fold"

@@ -13,7 +13,7 @@ from ..conformal import ConformalPlan, fit_thresholds
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split
-from ..errors import DataError, StoredNote, param
+from ..errors import DataError, StoredNote, check_alphas, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
@@ -21,7 +21,6 @@ from ..subsets.cells import Subsets
 from ..subsets.fits import crossfit_run, grouped_run, with_groups
 from ..subsets.options import Asked, Plan
 from ..subsets.options import plan as subset_plan
-from ..validation import check_alphas
 from .common import (
     AT_FOLDS,
     AT_GLOBAL,

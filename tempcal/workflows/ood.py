@@ -14,14 +14,23 @@ import numpy as np
 
 from ..core.parallel import all_gather_rows
 from ..core.scan import Scan
-from ..errors import DataError, TempcalError, param
+from ..errors import (
+    UNIT,
+    DataError,
+    TempcalError,
+    as_temperature,
+    check_option,
+    check_taus,
+    param,
+    resolve_taus,
+    whole_number,
+)
 from ..metrics.detection import ID_RECALL, OodMetrics, detection_intervals, detection_metrics
 from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.ood import dropped_extra, group_results, ood_groups
-from ..validation import UNIT, as_temperature, check_option, check_taus, resolve_taus, whole_number
 from .common import check_stored_reading, json_fields, ood_json_fields, scan_source, uses_stored
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.

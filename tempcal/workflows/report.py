@@ -9,13 +9,12 @@ from typing import Any
 import numpy as np
 
 from ..conformal import metrics_plan, report_thresholds, with_sets
-from ..errors import TempcalError
+from ..errors import TempcalError, check_alphas, check_taus, resolve_taus
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.options import read_groups
 from ..subsets.report import GroupRow, held_out_groups, report_groups
-from ..validation import check_alphas, check_taus, resolve_taus
 from .common import (
     AT_GROUPS,
     ROWS_ALL,

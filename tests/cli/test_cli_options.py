@@ -21,7 +21,7 @@ HUGE = "9" * 400  # a 400-digit integer: an int option keeps it, a float option 
 
 def test_what_the_cli_checks_before_reading_stays_torch_and_numpy_free():
     """Options, model detection and validation are checked without slowing ``tempcal --help``."""
-    code = ("import sys, tempcal.cli.options, tempcal.models.detect, tempcal.validation\n"
+    code = ("import sys, tempcal.cli.options, tempcal.models.detect, tempcal.errors\n"
             "assert not {'torch', 'numpy'} & set(sys.modules), sorted(sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -11,10 +11,9 @@ import pytest
 from tempcal.cli import fit as fit_cli
 from tempcal.cli import ood as ood_cli
 from tempcal.cli import report as report_cli
-from tempcal.errors import TempcalError, render
+from tempcal.errors import TempcalError, check_alphas, render
 from tempcal.requests import FitRequest, OodRequest, Outputs, ReportRequest, Texts
 from tempcal.sources.base import SourceOptions
-from tempcal.validation import check_alphas
 from tempcal.workflows.ood import check_gate
 
 #: Parameters the request names otherwise (a list of values, a file of scores), and those it does not carry.

@@ -15,8 +15,7 @@ import tempcal.cli.config as cfg
 from tempcal.cli import app
 from tempcal.cli.config import ConfigError, load_config, resolve_config
 from tempcal.cli.config_schema import INPUTS, PathValue, command_schema
-from tempcal.errors import TempcalError
-from tempcal.validation import MAX_BINS, Bounds
+from tempcal.errors import MAX_BINS, Bounds, TempcalError
 
 GROUP = typer.main.get_command(app)
 SCHEMAS = {name: command_schema(cmd) for name, cmd in GROUP.commands.items()}  # type: ignore[attr-defined]

@@ -13,8 +13,7 @@ from safetensors.torch import save_file
 
 import tempcal
 import tempcal.core.limits as limits
-from tempcal.errors import TempcalError
-from tempcal.validation import MAX_BINS, MAX_RESAMPLES
+from tempcal.errors import MAX_BINS, MAX_RESAMPLES, TempcalError
 
 # the digits model is TorchScript, which torch 2.13 deprecates; the contract reads it.
 pytestmark = pytest.mark.filterwarnings(r"ignore:`torch\.jit\.:DeprecationWarning")

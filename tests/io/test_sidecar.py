@@ -11,11 +11,10 @@ import pytest
 from conftest import logits_of, numpy_logits, one_line, sha256, write_logits
 
 import tempcal.io.paths
-from tempcal.errors import TempcalError
+from tempcal.errors import TEMPERATURE_KEY, TempcalError
 from tempcal.io.paths import sidecar_path
 from tempcal.io.sidecar import read_sidecar, write_sidecar
 from tempcal.sources.registry import open_source, read_stored_temperature, write_stored_temperature
-from tempcal.validation import TEMPERATURE_KEY
 
 
 @pytest.mark.parametrize("kind", ["npz", "npy", "pt"])

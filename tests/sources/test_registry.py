@@ -11,10 +11,9 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from tempcal.core.fitting import fit_temperature
-from tempcal.errors import TempcalError
+from tempcal.errors import TEMPERATURE_KEY, TempcalError
 from tempcal.io.paths import sidecar_path
 from tempcal.sources.registry import open_source, read_stored_temperature, write_stored_temperature
-from tempcal.validation import TEMPERATURE_KEY
 
 # -- loading ----------------------------------------------------------------------------------------------------
 
