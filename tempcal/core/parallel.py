@@ -280,16 +280,20 @@ def _physical_cores() -> int | None:
 
 @contextlib.contextmanager
 def single_threaded() -> Iterator[None]:
-    """torch single-threaded on the calling thread for the block (restored afterwards)."""
+    """torch single-threaded on the calling thread for the block (restored afterwards, on that thread only: a pass's
+    generator left suspended and closed by the garbage collector on another thread must not set that thread's
+    count)."""
     count = torch.get_num_threads()
     if count == 1:
         yield
         return
+    owner = threading.get_ident()
     torch.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(count)
+        if threading.get_ident() == owner:
+            torch.set_num_threads(count)
 
 
 class _Job:
@@ -387,6 +391,8 @@ class BlockPool:
                     self._wake.wait()
                 seen, job, wanted = self._generation, self._job, self._wanted
             if job is not None and worker <= wanted:
+                if torch.get_num_threads() != 1:  # set by code that ran on this thread since (a finalizer)
+                    torch.set_num_threads(1)
                 job.work(worker)
 
 

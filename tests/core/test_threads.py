@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 
 import numpy as np
 import pytest
@@ -98,6 +99,33 @@ def test_map_blocks_keeps_order_runs_single_threaded_and_restores():
         assert torch.get_num_threads() == 2
 
 
+def test_a_pass_closed_on_a_helper_thread_leaves_the_helpers_single_threaded():
+    """A pass's generator left suspended (a consumer that raised) and closed on a helper thread (by the garbage
+    collector, say): the helper's blocks still run torch single-threaded, as a pass's bits need (a helper at two
+    threads once made the OOD scores differ in their last bits from one thread's)."""
+    z, y = torch.randn(3000, 120), torch.randint(0, 120, (3000,))
+    with torch_threads(2):
+        scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+        held = [scan.block_pass(lambda block, scratch: block.z.sum())]
+        next(held[0])  # suspended inside the pass, torch single-threaded on this thread
+        closed_on: list[int] = []
+
+        def close_on_helper(i: int, worker: int) -> int:
+            if worker == 1 and held:
+                held.clear()  # the last reference: the generator is closed here
+                closed_on.append(torch.get_num_threads())
+            time.sleep(0.002)  # long enough for the helper to take blocks
+            return i
+
+        for _ in range(20):
+            parallel.map_blocks(close_on_helper, 8, 2)
+            if not held:
+                break
+        assert not held and closed_on == [1], "the helper thread never took a block"
+        seen = parallel.map_blocks(lambda i, worker: (worker, torch.get_num_threads()), 64, 2)
+        assert {count for _, count in seen} == {1}, seen
+
+
 def test_map_blocks_raises_the_first_error():
     def fn(i, worker):
         if i == 7:
@@ -171,6 +199,24 @@ def _same(a, b):
     return a == b
 
 
+def _first_difference(a, b, where="") -> str:
+    """Where two figures first differ (the path to a tensor, its first differing indices and values)."""
+    if isinstance(a, torch.Tensor):
+        if a.shape != b.shape or a.dtype != b.dtype:
+            return f"{where}: {a.shape} {a.dtype} against {b.shape} {b.dtype}"
+        index = (a != b).nonzero()[:5]
+        return f"{where}: at {index.tolist()} {a[tuple(index.T)].tolist()} against {b[tuple(index.T)].tolist()}"
+    if isinstance(a, dict):
+        return next((_first_difference(a[k], b[k], f"{where}[{k!r}]") for k in a if not _same(a[k], b[k])), "")
+    if isinstance(a, list | tuple):
+        return next((_first_difference(x, w, f"{where}[{i}]") for i, (x, w) in enumerate(zip(a, b, strict=True))
+                     if not _same(x, w)), "")
+    if dataclasses.is_dataclass(a):
+        return next((_first_difference(getattr(a, f.name), getattr(b, f.name), f"{where}.{f.name}")
+                     for f in dataclasses.fields(a) if not _same(getattr(a, f.name), getattr(b, f.name))), "")
+    return f"{where}: {a!r} against {b!r}"
+
+
 def test_per_row_and_cell_passes_on_two_threads_equal_one_thread():
     """per_sample, classwise, the OOD scores and the cell passes: the same bits on one thread and on two."""
     g = torch.Generator().manual_seed(7)
@@ -178,7 +224,7 @@ def test_per_row_and_cell_passes_on_two_threads_equal_one_thread():
     y = torch.randint(0, 120, (3000,), generator=g)
     one, two = _rest_figures(z, y, 1), _rest_figures(z, y, 2)
     for name in one:
-        assert _same(one[name], two[name]), name
+        assert _same(one[name], two[name]), f"{name}: {_first_difference(one[name], two[name])}"
     # and against float64 references computed here
     p = torch.softmax(0.7 * z.double(), 1)
     assert torch.allclose(two["per_sample"]["confidence"], p.amax(1), rtol=1e-6)
