@@ -7,6 +7,7 @@ each block, the fit's start from its sample, the certified search on the sums). 
 ``--repeats`` fits, per size, on the default threads.
 
 Run: ``python benchmarks/fit_timeline.py [--sizes 10000x100,50000x1000] [--repeats 30] [--warm 10]``
+(``OMP_NUM_THREADS=1`` in front: one thread)
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def main() -> None:
     args = parser.parse_args()
     clock = MapClock()
     clock.install()
-    print(f"threads: {torch.get_num_threads()}; medians over {args.repeats} warm fits")
+    print(f"torch threads: {torch.get_num_threads()} (TEMPCAL_THREADS: the CLI's setting, not read here); medians "
+          f"over {args.repeats} warm fits")
     print("| size | fit ms | maps | in maps ms | caller alone ms | helper's first block after ms |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for size in args.sizes.split(","):
