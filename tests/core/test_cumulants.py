@@ -165,3 +165,24 @@ def test_derivatives_are_means_of_the_chunk_sums():
     s = NllDerivatives.from_sums(0.5, torch.tensor([4.0, 8.0, -4.0, 2.0, 0.4, 0.8, 1.2, 1.6], dtype=torch.float64))
     assert (s.beta, s.nll, s.d1, s.d2, s.d3, s.d4, s.q, s.q5) == (0.5, 2.0, -1.0, 0.5, 0.1, 0.2, 0.3, 0.4)
     assert (s.grad, s.curvature) == (s.d1, s.d2)
+
+
+@pytest.mark.parametrize("classes", [2, 10, 100, 1000])
+def test_row_moments_probabilities_match_a_float64_softmax(classes):
+    """The CPU's exp-sum-divide softmax of ``beta (z - max z)`` (short rows, an impossible class, per-row betas):
+    each row's moments within float32 rounding of a float64 ``torch.softmax`` reference."""
+    g = torch.Generator().manual_seed(classes)
+    z = 3 * torch.randn(257, classes, generator=g)
+    z[5, 1] = -math.inf
+    y = torch.randint(0, classes, (257,), generator=g)
+    y[5] = 0 if z[5, 0] > -math.inf else 1
+    beta = torch.rand(257, generator=g, dtype=torch.float64) * 4 + 0.05
+    moments = row_moments(z, beta, y, impossible=True)
+    p = torch.softmax(beta[:, None] * z.double(), 1)
+    finite = torch.where(torch.isfinite(z), z.double(), torch.zeros((), dtype=torch.float64))
+    mean = (p * finite).sum(1)
+    mu2 = (p * (finite - mean[:, None]) ** 2).sum(1)
+    assert torch.allclose(moments.mean + moments.top.double(), mean, rtol=1e-5, atol=1e-4)
+    assert torch.allclose(moments.mu2.double(), mu2, rtol=1e-4, atol=1e-5)
+    log_mass = torch.logsumexp(beta[:, None] * (z.double() - z.double().amax(1, keepdim=True)), 1)
+    assert torch.allclose(moments.log_mass.double(), log_mass, rtol=1e-5, atol=1e-5)
