@@ -23,19 +23,19 @@ def tensors_table(tensors: list[dict[str, Any]], several_files: bool) -> Any:
     return table
 
 
-def values_line(values: dict[str, Any] | None) -> str | None:
+def values_line(sample: dict[str, Any] | None) -> str | None:
     """The first rows' values in words."""
-    if values is None:
+    if sample is None:
         return None
-    if not values["sampled_rows"]:
+    if not sample["sampled_rows"]:
         return "values: none (no rows)"
-    rows = values["sampled_rows"]
-    which = f"all {rows} rows" if rows == values["total_rows"] else f"the first {rows} of {values['total_rows']} rows"
-    looks = values["looks_like"] or "invalid (NaN or +inf)"
-    low, high = values["min"], values["max"]
+    rows = sample["sampled_rows"]
+    which = f"all {rows} rows" if rows == sample["total_rows"] else f"the first {rows} of {sample['total_rows']} rows"
+    looks = sample["looks_like"] or "invalid (NaN or +inf)"
+    low, high = sample["min"], sample["max"]
     span = "" if low is None else f", finite values from {low:.6g} to {high:.6g}"
-    odd = [f"{values[k]} {label}" for k, label in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
-           if values[k]]
+    odd = [f"{sample[k]} {label}" for k, label in (("nan", "NaN"), ("posinf", "+inf"), ("neginf", "-inf"))
+           if sample[k]]
     return f"values: look like {looks} ({which}{span}{'; ' + ', '.join(odd) if odd else ''})"
 
 
