@@ -181,6 +181,8 @@ MIN_BLOCK_ELEMENTS = 1 << 15
 BLOCKS_PER_THREAD = 4
 
 _configured = False
+#: Thread id -> the torch thread count a :func:`single_threaded` block closed on another thread owes it.
+_owed: dict[int, int] = {}
 
 
 def usable_cpus() -> int:
@@ -240,10 +242,10 @@ def configure_threads() -> int:
     """
     global _configured
     requested = requested_threads()  # checked on every call: a bad value is refused, not ignored
+    current = settle_threads()
     if _configured:
-        return torch.get_num_threads()
+        return current
     _configured = True
-    current = torch.get_num_threads()
     if requested is not None:
         torch.set_num_threads(requested)
     elif _is_torch_default(current) and current > usable_cpus():
@@ -280,10 +282,10 @@ def _physical_cores() -> int | None:
 
 @contextlib.contextmanager
 def single_threaded() -> Iterator[None]:
-    """torch single-threaded on the calling thread for the block (restored afterwards, on that thread only: a pass's
+    """torch single-threaded on the calling thread for the block, restored afterwards on that thread only. A pass's
     generator left suspended and closed by the garbage collector on another thread must not set that thread's
-    count)."""
-    count = torch.get_num_threads()
+    count: the restore is then owed, and the owner settles it when it next enters tempcal (:func:`settle_threads`)."""
+    count = settle_threads()
     if count == 1:
         yield
         return
@@ -294,6 +296,16 @@ def single_threaded() -> Iterator[None]:
     finally:
         if threading.get_ident() == owner:
             torch.set_num_threads(count)
+        else:
+            _owed[owner] = count
+
+
+def settle_threads() -> int:
+    """Give the calling thread back a count owed to it (see :func:`single_threaded`); the count in force."""
+    owed = _owed.pop(threading.get_ident(), None)
+    if owed is not None:
+        torch.set_num_threads(owed)
+    return torch.get_num_threads()
 
 
 class _Job:
@@ -482,5 +494,5 @@ class Scratch:
 
 __all__ = ["BlockPool", "Scratch", "active", "all_gather_rows", "all_reduce", "block_bounds", "cgroup_cpu_quota",
            "configure_threads", "init_from_environment", "map_blocks", "mapped_reads", "pass_threads", "rank",
-           "rank_device", "requested_threads", "resolve_device", "share", "shutdown", "single_threaded",
-           "usable_cpus", "world_size"]
+           "rank_device", "requested_threads", "resolve_device", "settle_threads", "share", "shutdown",
+           "single_threaded", "usable_cpus", "world_size"]

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 import time
 
 import numpy as np
 import pytest
 import torch
 
+import tempcal
 from tempcal.core import data as core_data
 from tempcal.core import parallel
 from tempcal.core.data import as_logits_data
@@ -124,6 +126,23 @@ def test_a_pass_closed_on_a_helper_thread_leaves_the_helpers_single_threaded():
         assert not held and closed_on == [1], "the helper thread never took a block"
         seen = parallel.map_blocks(lambda i, worker: (worker, torch.get_num_threads()), 64, 2)
         assert {count for _, count in seen} == {1}, seen
+
+
+def test_a_pass_closed_on_another_thread_gives_the_owner_its_threads_back():
+    """A pass's generator left suspended (its consumer raised) and closed on another thread: the thread that ran it
+    is owed its torch thread count, and has it back as soon as it enters tempcal again (a scan, a fit)."""
+    z, y = torch.randn(3000, 120), torch.randint(0, 120, (3000,))
+    with torch_threads(2):
+        scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=97, fit_rows=ALL_ROWS)
+        held = scan.block_pass(lambda block, scratch: block.z.sum())
+        next(held)
+        assert torch.get_num_threads() == 1  # the pass's row-order work runs single-threaded
+        closer = threading.Thread(target=held.close)
+        closer.start()
+        closer.join()
+        assert torch.get_num_threads() == 1  # not restored from the other thread
+        tempcal.fit_temperature(z, y, device="cpu")
+        assert torch.get_num_threads() == 2
 
 
 def test_map_blocks_raises_the_first_error():
