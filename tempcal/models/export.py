@@ -15,12 +15,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.parallel import resolve_device
-from ..errors import TempcalError, as_temperature, format_temperature, param, stored_temperature
+from ..errors import TEMPERATURE_KEY, TempcalError, as_temperature, format_temperature, param, stored_temperature
 from ..io.paths import write_bytes_atomic
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
 from .pt2_archive import (
     PROGRAM,
-    TEMPERATURE_FILE,
     Pt2Info,
     inspect_archive,
     open_archive,
@@ -89,7 +88,7 @@ def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> Ex
                            "are not eval outputs; export model.eval() and save it again")
     stored = program_temperature(program, info.path)
     if stored != info.temperature:
-        raise TempcalError(f"{info.path}: extra file '{TEMPERATURE_FILE}' says T = {info.temperature!r} but the "
+        raise TempcalError(f"{info.path}: extra file '{TEMPERATURE_KEY}' says T = {info.temperature!r} but the "
                            f"program divides by {stored!r}; the file was altered, save the calibrated model again")
     if target.type != "cpu" or info.non_cpu:
         from torch.export.passes import move_to_device_pass
@@ -387,7 +386,7 @@ def _serialize(program: ExportedProgram, temperature: float, label: str) -> byte
     buffer = io.BytesIO()
     try:
         with quiet():
-            torch.export.save(program, buffer, extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
+            torch.export.save(program, buffer, extra_files={TEMPERATURE_KEY: format_temperature(temperature)})
     except Exception as exc:
         raise TempcalError(f"cannot serialize the calibrated {label} ({error_line(exc, last=False)})") from None
     return buffer.getvalue()

@@ -22,8 +22,6 @@ from .pt2_program import check_program_json, without_guards
 
 #: Name of the program that ``torch.export.save`` writes and ``torch.export.load`` returns.
 PROGRAM = "model"
-#: The extra file holding a calibrated program's T (``extra/tempcal.temperature`` in the zip).
-TEMPERATURE_FILE = TEMPERATURE_KEY
 HOW_TO_SAVE = "save it with torch.export.save(torch.export.export(model.eval(), (x,)), PATH)"
 
 # Layout of the archive as written by torch.export.save (torch/export/pt2_archive/constants.py).
@@ -124,8 +122,8 @@ def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
         if program == PROGRAM:
             keep |= needed
     extra = tuple(sorted(n[len(_EXTRA):] for n in members if n.startswith(_EXTRA)))
-    temperature = (stored_temperature(_read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT),
-                                      f"{label}: extra file") if TEMPERATURE_FILE in extra else None)
+    temperature = (stored_temperature(_read(archive, members, _EXTRA + TEMPERATURE_KEY, label, _TEXT_LIMIT),
+                                      f"{label}: extra file") if TEMPERATURE_KEY in extra else None)
     return Pt2Info(path=label, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
                    temperature=temperature, non_cpu=non_cpu)
 
@@ -368,5 +366,5 @@ def _on_cpu(config: bytes) -> bytes:
     return json.dumps(parsed).encode("utf-8")
 
 
-__all__ = ["HOW_TO_SAVE", "PROGRAM", "TEMPERATURE_FILE", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive",
+__all__ = ["HOW_TO_SAVE", "PROGRAM", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive",
            "write_checked_copy"]
