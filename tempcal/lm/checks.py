@@ -1,13 +1,5 @@
-"""What a model folder's files may ask of transformers, checked before it loads anything.
-
-A folder's ``config.json`` can name code to download and run (``auto_map``), hub kernels
-(``attn_implementation: "org/name"``, which transformers hands to the ``kernels`` package), pickled
-shards in its index, or more layers than its checkpoint holds (transformers fills the missing weights
-at random and says so only in a log record). Each of these is refused here, naming the key or the
-weight: remote code and kernels from the JSON, pickles and sizes from the safetensors headers, and
-the missing weights by comparing the headers' tensor names with those of the model the configuration
-builds on the meta device (no memory), as transformers would rename them. Loading then runs with
-every library's offline switch set (:func:`offline`).
+"""What a model folder's files may ask of transformers, refused before it loads anything (docs/language-models.md):
+remote code, hub kernels, pickled shards, oversized counts and weights the checkpoint lacks; loading runs offline.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""A causal language model run over texts as SOURCE (``--lm MODEL --text FILE``): next-token rows, fitted as ``--head``.
-
-The model (:mod:`.model`) runs once over the texts (:mod:`.texts`), in
-batches sorted by length (:mod:`.forward`); the final hidden states stream into a
-:class:`~.hidden.HiddenStore` (memory, or an unnamed temporary file when they
-exceed the memory budget), and every later pass computes the logits from them with the model's own
-output layer, block by block, exactly as ``--head`` does (:class:`~tempcal.sources.head.HeadLogits`):
-the model's logits are never held whole. Under torchrun each rank runs the texts that hold its share
-of the rows and keeps only those. ``--eval`` and OOD text files run through the same loaded model.
-
-T goes into ``MODEL/tempcal.json`` (:mod:`.record`), never into the model's own files;
-``--save-hidden PATH`` keeps the hidden states and labels as a SOURCE for later ``--head MODEL`` runs.
+"""A causal language model run over texts as SOURCE (``--lm MODEL --text FILE``): the model runs once, its final
+hidden states are kept, and every later pass computes the logits from them as ``--head`` does.
 """
 
 from __future__ import annotations

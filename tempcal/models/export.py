@@ -18,13 +18,7 @@ from ..core.parallel import resolve_device
 from ..errors import TEMPERATURE_KEY, TempcalError, as_temperature, format_temperature, param, stored_temperature
 from ..io.paths import write_bytes_atomic
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
-from .pt2_archive import (
-    PROGRAM,
-    Pt2Info,
-    inspect_archive,
-    open_archive,
-    write_checked_copy,
-)
+from .pt2_archive import PROGRAM, Pt2Info, inspect_archive, open_archive, write_checked_copy
 from .pt2_program import graph_refusal
 from .run import as_index, select_output
 

@@ -19,15 +19,8 @@ from ..core.precision import tf32_allowed
 from ..errors import TempcalError, as_temperature, param
 from ..io.paths import atomic_path, write_bytes_atomic
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
-from .onnx_graph import (
-    OnnxInfo,
-    add_division,
-    all_tensors,
-    import_onnx,
-    inspect_onnx,
-    select_output_name,
-    strip_calibration,
-)
+from .onnx_graph import OnnxInfo, add_division, all_tensors, import_onnx, inspect_onnx, strip_calibration
+from .run import select_output
 
 if TYPE_CHECKING:
     import onnx
@@ -156,7 +149,7 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     _check_one_input(info)
     original = copy.deepcopy(info.model)
     strip_calibration(original)
-    output = select_output_name(tuple(o.name for o in original.graph.output), output_key, label)
+    output = _output_name(tuple(o.name for o in original.graph.output), output_key, label)
     calibrated = copy.deepcopy(original)
     add_division(calibrated, output, value, label)
     _check_calibrated(original, calibrated, info, output, value, check_inputs)
@@ -169,6 +162,13 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                 _copy_external(tensors, info.folder, data_path.name, f)
         write_bytes_atomic(out, calibrated.SerializeToString(), what=param("save_model"))
     return out
+
+
+def _output_name(names: tuple[str, ...], output_key: OutputKey, label: str) -> str:
+    """The output ``output_key`` names, chosen as when the model runs as a SOURCE (a tensor, or a dict of several)."""
+    stand_ins = {name: torch.empty(0) for name in names}
+    chosen = select_output(stand_ins if len(names) > 1 else stand_ins[names[0]], output_key, label)
+    return next(name for name, tensor in stand_ins.items() if tensor is chosen)
 
 
 def _check_inputs_for(session: onnxruntime.InferenceSession, given: Any) -> np.ndarray:

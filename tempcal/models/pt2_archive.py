@@ -270,8 +270,10 @@ def _tensor_extent(meta: Any, where: str) -> tuple[int, int, str]:
         raise TempcalError(f"{where}: unsupported dtype code {meta.get('dtype')!r}")
     if meta.get("layout", _STRIDED) != _STRIDED:
         raise TempcalError(f"{where}: not a dense (strided) tensor")
-    sizes = [_as_int(v, where) for v in _as_list(meta.get("sizes"), where)]
-    strides = [_as_int(v, where) for v in _as_list(meta.get("strides"), where)]
+    if not isinstance(meta.get("sizes"), list) or not isinstance(meta.get("strides"), list):
+        raise TempcalError(f"{where}: malformed tensor metadata")
+    sizes = [_as_int(v, where) for v in meta["sizes"]]
+    strides = [_as_int(v, where) for v in meta["strides"]]
     offset = _as_int(meta.get("storage_offset", {"as_int": 0}), where)
     if len(sizes) != len(strides) or min([offset, *sizes, *strides]) < 0:
         raise TempcalError(f"{where}: malformed sizes or strides")
@@ -279,12 +281,6 @@ def _tensor_extent(meta: Any, where: str) -> tuple[int, int, str]:
         return 0, itemsize, _device_type(meta)
     span = offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True)) + 1
     return span * itemsize, itemsize, _device_type(meta)
-
-
-def _as_list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise TempcalError(f"{where}: malformed tensor metadata")
-    return value
 
 
 def _as_int(value: Any, where: str) -> int:
