@@ -89,34 +89,19 @@ class LmSource(OpenedSource):
         kept = Kept(lines=self.keep_hidden(ask.save_hidden))
         written = []
         if ask.store:
-            written.append(self.record_temperature(temperature, ask.output, ask.settings, ask.results))
+            target = Path(ask.output) if ask.output is not None else record_path(self.lm.folder)
+            written.append(write_record(target, temperature, self.record(ask.settings, ask.results)))
         if ask.generation:
-            written.append(self.write_generation_config(temperature))
+            written.append(set_generation_temperature(self.lm.folder, temperature, self._generation_defaults))
         kept.paths += [str(path) for path in written]
         kept.lines += [f"wrote temperature = {temperature!r} into {path}" for path in written]
         return kept
 
-    def write_temperature(self, temperature: float, output: str | Path | None = None,
-                          extra: Mapping[str, str | None] | None = None) -> list[Path]:
-        """T into ``MODEL/tempcal.json`` (or the record at ``output``), with the texts (``extra`` metadata, such as
-        per-group temperatures, goes into the record's results)."""
-        results = {k: v for k, v in (extra or {}).items() if v is not None}
-        return [self.record_temperature(temperature, output, None, results)]
+    def _generation_defaults(self) -> dict[str, Any]:
+        """The generation configuration transformers derives from the model's (for a folder without one)."""
+        from transformers import GenerationConfig
 
-    def record_temperature(self, temperature: float, output: str | Path | None, settings: Mapping[str, Any] | None,
-                     results: Mapping[str, Any] | None) -> Path:
-        """T, the model, the texts, ``settings`` and ``results`` into ``MODEL/tempcal.json`` (or ``output``)."""
-        target = Path(output) if output is not None else record_path(self.lm.folder)
-        return write_record(target, temperature, self.record(settings, results))
-
-    def write_generation_config(self, temperature: float) -> Path:
-        """``temperature`` into ``MODEL/generation_config.json`` (other keys kept)."""
-        def derived() -> dict[str, Any]:
-            from transformers import GenerationConfig
-
-            return GenerationConfig.from_model_config(self.lm.model.config).to_diff_dict()
-
-        return set_generation_temperature(self.lm.folder, temperature, derived)
+        return GenerationConfig.from_model_config(self.lm.model.config).to_diff_dict()
 
     def keep_hidden(self, path: str | os.PathLike | None) -> list[str]:
         """``--save-hidden``: the hidden states and labels kept at ``path`` (nothing without it); the line saying so."""

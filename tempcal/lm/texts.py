@@ -5,7 +5,6 @@ line, or ``.jsonl``, a field of an object a line; read a block at a time (a line
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import hashlib
 import json
 import os
@@ -38,7 +37,7 @@ class Texts:
     lines: list[int]
     sha256: str
     field: str | None  # the JSON field read (.jsonl), None for .txt
-    cut: list[bool] = dataclasses.field(default_factory=list)  # ``field`` above is the JSON field's name
+    cut: list[bool]
 
     def __len__(self) -> int:
         return len(self.texts)
