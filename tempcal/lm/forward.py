@@ -109,12 +109,8 @@ def plan_batches(tokenized: Tokenized, lo: int, hi: int, batch_size: int, batch_
 
 def run_forward(lm: CausalLM, tokenized: Tokenized, store: Any, *, lo: int, hi: int, batch_size: int,
                 batch_tokens: int | None, progress: Any = None) -> ForwardStats:
-    """Run the model over the texts holding rows ``[lo, hi)`` and write each row's final hidden state into
-    ``store`` (``store.write(row, hidden)``); ``progress(tokens)`` is told the tokens of each batch done.
-
-    On CUDA a batch's rows are copied to the host without waiting (:class:`HostCopies`) and stored while the
-    next batch runs.
-    """
+    """Run the model over the texts holding rows ``[lo, hi)``, each row's final hidden state into ``store.write``; on
+    CUDA a batch's rows reach the host (:class:`HostCopies`) while the next runs; ``progress(tokens)`` per batch."""
     if batch_tokens is None:
         batch_tokens = BATCH_TOKENS.get(lm.input_device.type, BATCH_TOKENS["cuda"])
     batches = plan_batches(tokenized, lo, hi, batch_size, batch_tokens)

@@ -63,12 +63,8 @@ class HiddenStore:
 
     def write(self, start: int, rows: torch.Tensor) -> None:
         """Store ``rows`` (on any device) as global rows ``start, start + 1, ...``."""
-        if rows.shape[0] == 0:
-            return
         rows = rows.detach().to("cpu", self.dtype).contiguous()
         first = start - self.lo
-        if not (first >= 0 and first + rows.shape[0] <= self.hi - self.lo):
-            raise RuntimeError(f"rows {start}..{start + rows.shape[0]} outside the store's [{self.lo}, {self.hi})")
         if self._tensor is not None:
             self._tensor[first : first + rows.shape[0]] = rows
             return
@@ -119,10 +115,8 @@ def _write_all(fd: int, data: memoryview, offset: int, folder: Path | None) -> N
 
 
 class StoredHidden:
-    """Rows of a :class:`HiddenStore` and their labels, read in chunks: what ``HeadLogits`` takes as hidden states.
-
-    ``rows`` (global row indices, sorted) restricts it to a selection; every row read must lie in the store.
-    """
+    """Rows of a :class:`HiddenStore` and their labels, read in chunks: what ``HeadLogits`` takes as hidden states;
+    ``rows`` (global row indices, sorted) restricts it to a selection, every row of which must lie in the store."""
 
     def __init__(self, store: HiddenStore, labels: torch.Tensor, rows: torch.Tensor | None = None,
                  progress: Any = None):
