@@ -73,7 +73,8 @@ def buffer_temperature(model: torch.nn.Module, name: str) -> float | None:
 
 # -- writing a calibrated model: the original wrapped, its selected logits divided by a float64 buffer --
 class Calibrated(torch.nn.Module):
-    """The original model with its logits divided by T; subclasses override ``forward`` for other output shapes."""
+    """The original model with its logits divided by T: its tensor output, entry ``key`` of its dict or output ``index``
+    of its tuple (other outputs as they are); TorchScript compiles only the branch of the original's output type."""
 
     __constants__ = ("index", "after", "key")
 
@@ -85,24 +86,14 @@ class Calibrated(torch.nn.Module):
         self.after = index + 1  # a constant too: TorchScript slices tuples at constants only
         self.key = key
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.original(x) / self.tempcal_temperature  # type: ignore[operator]
-
-
-class CalibratedDict(Calibrated):
-    """Entry ``key`` of the original's output dict divided by T (other entries as they are)."""
-
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        out = self.original(x).copy()  # type: ignore[operator]
-        out[self.key] = out[self.key] / self.tempcal_temperature
-        return out
-
-
-class CalibratedTuple(Calibrated):
-    """Output ``index`` of the original's tuple of tensors divided by T (TorchScript infers the tuple's type)."""
-
-    def forward(self, x: torch.Tensor):  # type: ignore[override]
+    def forward(self, x: torch.Tensor):
         out = self.original(x)  # type: ignore[operator]
+        if isinstance(out, torch.Tensor):
+            return out / self.tempcal_temperature  # type: ignore[operator]
+        if torch.jit.isinstance(out, dict[str, torch.Tensor]):
+            out = out.copy()
+            out[self.key] = out[self.key] / self.tempcal_temperature
+            return out
         return out[:self.index] + (out[self.index] / self.tempcal_temperature,) + out[self.after:]  # noqa: RUF005
 
 
@@ -129,14 +120,14 @@ def calibrated_wrapper(original: torch.nn.Module, temperature: float, output_key
             and str(returns.getValueType()) == "Tensor":
         if output_key is None:
             raise TempcalError(f"{name} returns a dict; name the logits entry with {flag} NAME")
-        return CalibratedDict(original, t, key=str(output_key))
+        return Calibrated(original, t, key=str(output_key))
     if isinstance(returns, torch.TupleType) and all(str(e) == "Tensor" for e in returns.elements()) \
             and len(returns.elements()) in (2, 3):
         n = len(returns.elements())
         index = None if output_key is None else as_index(output_key)
         if index is None or not -n <= index < n:
             raise TempcalError(f"{name} returns a tuple of {n} tensors; choose the logits with {flag} 0..{n - 1}")
-        return CalibratedTuple(original, t, index=index % n)
+        return Calibrated(original, t, index=index % n)
     raise TempcalError(f"{name} returns {kind}; tempcal wraps a model returning a tensor, a dict of "
                        "tensors or a tuple of 2 or 3 tensors")
 
