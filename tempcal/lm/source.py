@@ -89,13 +89,25 @@ class LmSource(OpenedSource):
         kept = Kept(lines=self.keep_hidden(ask.save_hidden))
         written = []
         if ask.store:
-            target = Path(ask.output) if ask.output is not None else record_path(self.lm.folder)
-            written.append(write_record(target, temperature, self.record(ask.settings, ask.results)))
+            written.append(self.record_temperature(temperature, ask.output, ask.settings, ask.results))
         if ask.generation:
             written.append(set_generation_temperature(self.lm.folder, temperature, self._generation_defaults))
         kept.paths += [str(path) for path in written]
         kept.lines += [f"wrote temperature = {temperature!r} into {path}" for path in written]
         return kept
+
+    def write_temperature(self, temperature: float, output: str | Path | None = None,
+                          extra: Mapping[str, str | None] | None = None) -> list[Path]:
+        """T into ``MODEL/tempcal.json`` (or the record at ``output``), with the texts (``extra`` metadata, such as
+        per-group temperatures, goes into the record's results)."""
+        results = {k: v for k, v in (extra or {}).items() if v is not None}
+        return [self.record_temperature(temperature, output, None, results)]
+
+    def record_temperature(self, temperature: float, output: str | Path | None, settings: Mapping[str, Any] | None,
+                           results: Mapping[str, Any] | None) -> Path:
+        """T, the model, the texts, ``settings`` and ``results`` into ``MODEL/tempcal.json`` (or ``output``)."""
+        target = Path(output) if output is not None else record_path(self.lm.folder)
+        return write_record(target, temperature, self.record(settings, results))
 
     def _generation_defaults(self) -> dict[str, Any]:
         """The generation configuration transformers derives from the model's (for a folder without one)."""
