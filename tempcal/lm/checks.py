@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -180,7 +181,7 @@ def offline() -> Iterator[None]:
     huggingface_hub's own flag when it was imported before; both restored afterwards."""
     saved = {key: os.environ.get(key) for key in OFFLINE_ENV}
     os.environ.update(OFFLINE_ENV)
-    constants = _hub_constants()
+    constants = sys.modules.get("huggingface_hub.constants")
     was = getattr(constants, "HF_HUB_OFFLINE", None)
     if constants is not None:
         constants.HF_HUB_OFFLINE = True
@@ -192,20 +193,10 @@ def offline() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        constants = _hub_constants()
+        constants = sys.modules.get("huggingface_hub.constants")
         if constants is not None:
-            constants.HF_HUB_OFFLINE = was if was is not None else _env_true(saved)
-
-
-def _hub_constants() -> Any:
-    import sys
-
-    return sys.modules.get("huggingface_hub.constants")
-
-
-def _env_true(saved: dict[str, str | None]) -> bool:
-    value = saved.get("HF_HUB_OFFLINE") or saved.get("TRANSFORMERS_OFFLINE") or ""
-    return value.upper() in {"1", "ON", "YES", "TRUE"}
+            flag = saved.get("HF_HUB_OFFLINE") or saved.get("TRANSFORMERS_OFFLINE") or ""
+            constants.HF_HUB_OFFLINE = was if was is not None else flag.upper() in {"1", "ON", "YES", "TRUE"}
 
 
 __all__ = ["LOCAL_IMPLEMENTATIONS", "MAX_COUNTS", "OFFLINE_ENV", "check_config_json", "check_weights",

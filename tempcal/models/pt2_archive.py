@@ -277,10 +277,10 @@ def _tensor_extent(meta: Any, where: str) -> tuple[int, int, str]:
     offset = _as_int(meta.get("storage_offset", {"as_int": 0}), where)
     if len(sizes) != len(strides) or min([offset, *sizes, *strides]) < 0:
         raise TempcalError(f"{where}: malformed sizes or strides")
-    if 0 in sizes:
-        return 0, itemsize, _device_type(meta)
-    span = offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True)) + 1
-    return span * itemsize, itemsize, _device_type(meta)
+    device = meta.get("device")
+    device_type = str(device.get("type", "cpu")) if isinstance(device, dict) else "cpu"
+    span = 0 if 0 in sizes else offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True)) + 1
+    return span * itemsize, itemsize, device_type
 
 
 def _as_int(value: Any, where: str) -> int:
@@ -290,11 +290,6 @@ def _as_int(value: Any, where: str) -> int:
         if isinstance(number, int) and not isinstance(number, bool):
             return number
     raise TempcalError(f"{where}: symbolic or malformed tensor size; refused")
-
-
-def _device_type(meta: dict[str, Any]) -> str:
-    device = meta.get("device")
-    return str(device.get("type", "cpu")) if isinstance(device, dict) else "cpu"
 
 
 def _check_sample_inputs(blob: bytes, member: str, label: str) -> None:
