@@ -181,7 +181,7 @@ def offline() -> Iterator[None]:
     huggingface_hub's own flag when it was imported before; both restored afterwards."""
     saved = {key: os.environ.get(key) for key in OFFLINE_ENV}
     os.environ.update(OFFLINE_ENV)
-    constants = sys.modules.get("huggingface_hub.constants")
+    constants: Any = sys.modules.get("huggingface_hub.constants")
     was = getattr(constants, "HF_HUB_OFFLINE", None)
     if constants is not None:
         constants.HF_HUB_OFFLINE = True
