@@ -199,5 +199,4 @@ def offline() -> Iterator[None]:
             constants.HF_HUB_OFFLINE = was if was is not None else flag.upper() in {"1", "ON", "YES", "TRUE"}
 
 
-__all__ = ["LOCAL_IMPLEMENTATIONS", "MAX_COUNTS", "OFFLINE_ENV", "check_config_json", "check_weights",
-           "checkpoint_tensors", "offline", "remote_code_message"]
+__all__ = ["check_config_json", "check_weights", "checkpoint_tensors", "offline", "remote_code_message"]

@@ -100,5 +100,5 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
     return {key: getattr(value, "value", value) for key, value in settings.items()}
 
 
-__all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source",
-           "ood_texts", "record_outputs", "sampling_notes"]
+__all__ = ["kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source", "ood_texts", "record_outputs",
+           "sampling_notes"]

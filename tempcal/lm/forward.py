@@ -198,4 +198,4 @@ class HostCopies:
         return arrived
 
 
-__all__ = ["BATCH_TOKENS", "ForwardStats", "HostCopies", "Tokenized", "plan_batches", "run_forward", "tokenize"]
+__all__ = ["ForwardStats", "Tokenized", "plan_batches", "run_forward", "tokenize"]

@@ -213,5 +213,4 @@ class PassCounter:
         return DelayedBar(f"{self.name}: pass {self.passes} over the rows", rows, "rows", enabled=self.enabled)
 
 
-__all__ = ["BUDGET_ENV", "DELAY", "DelayedBar", "HiddenStore", "PassCounter", "StoredHidden", "memory_budget",
-           "save_hidden"]
+__all__ = ["DELAY", "DelayedBar", "HiddenStore", "PassCounter", "StoredHidden", "memory_budget", "save_hidden"]

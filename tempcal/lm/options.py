@@ -43,5 +43,5 @@ OodText = Annotated[Optional[list[str]], typer.Option(
     rich_help_panel=PANEL)]
 
 
-__all__ = ["PANEL", "BatchTokens", "DeviceMap", "Lm", "MaxLength", "OodText", "SaveHidden", "SpillDir", "Text",
-           "TextField", "WriteGenerationConfig"]
+__all__ = ["BatchTokens", "DeviceMap", "Lm", "MaxLength", "OodText", "SaveHidden", "SpillDir", "Text", "TextField",
+           "WriteGenerationConfig"]

@@ -240,4 +240,4 @@ def spill_folder(lm: Any, options: SourceOptions) -> Path | None:
     return lm.folder if os.access(lm.folder, os.W_OK) else None
 
 
-__all__ = ["LmKind", "LmRun", "LmSource", "spill_folder"]
+__all__ = ["LmKind", "LmSource"]

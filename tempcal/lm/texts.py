@@ -178,4 +178,4 @@ def _json_kind(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
-__all__ = ["CHARS_PER_TOKEN", "TEXT_SUFFIXES", "Texts", "read_texts"]
+__all__ = ["CHARS_PER_TOKEN", "Texts", "read_texts"]

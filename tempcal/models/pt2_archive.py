@@ -357,5 +357,4 @@ def _on_cpu(config: bytes) -> bytes:
     return json.dumps(parsed).encode("utf-8")
 
 
-__all__ = ["HOW_TO_SAVE", "PROGRAM", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive",
-           "write_checked_copy"]
+__all__ = ["PROGRAM", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive", "write_checked_copy"]
