@@ -152,18 +152,13 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
         raise TempcalError(f"{model.name} raised on {where} of {source.describe()}: {line}") from None
 
 
-def run_batch_size(net: Any, batch_size: int) -> int:
-    """The batch size to run ``net`` at: a static program's own, else ``batch_size`` cut to the program's upper bound
-    (``net.batch_limits``, see :class:`tempcal.models.export.FittedBatches`)."""
-    lower, upper = getattr(net, "batch_limits", None) or (0, None)
-    return upper if lower == upper else min(batch_size, upper or batch_size)
-
-
 def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
               output_key: OutputKey = None, progress: bool | Console = True) -> torch.Tensor:
     """The model's logits over every row of ``source`` (on the CPU), run batch by batch under inference mode."""
     batch_size = whole_number(batch_size, param("batch_size"))
-    batch_size = bounded_batches(run_batch_size(model.net, batch_size), source, model.device)
+    lower, upper = getattr(model.net, "batch_limits", None) or (0, None)  # export.FittedBatches: a program's sizes
+    batch_size = upper if lower == upper else min(batch_size, upper or batch_size)
+    batch_size = bounded_batches(batch_size, source, model.device)
     parts: list[torch.Tensor] = []
     classes = None
     with Progress(f"running {Path(model.name).name}", enabled=progress, delay=0.0, total=source.num_samples,
