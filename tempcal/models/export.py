@@ -274,11 +274,8 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
         from .torchscript import to_graph_module
 
         graph = to_graph_module(model.net, example, label)
-    elif model.format == "export":
+    else:  # a .pt2: detect.save_format writes one from a .pt2 or TorchScript SOURCE only
         graph = model.net.program if isinstance(model.net, FittedBatches) else model.net
-    else:
-        raise TempcalError(f"{label} is {model.format}; an exported program is written from a .pt2 or TorchScript "
-                           "model")
     reference = _run(model.net, check, label, "the original")
     index = _leaf_index(reference, output_key, label)
     leaves = torch.utils._pytree.tree_leaves(reference)
