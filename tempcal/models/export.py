@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.parallel import resolve_device
-from ..errors import TEMPERATURE_KEY, TempcalError, as_temperature, format_temperature, param, stored_temperature
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, param, stored_temperature
 from ..io.paths import write_bytes_atomic
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
 from .pt2_archive import PROGRAM, Pt2Info, inspect_archive, open_archive, write_checked_copy
@@ -265,7 +265,6 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
     """Write, atomically, an exported program whose selected output is ``model``'s (a ``.pt2`` or TorchScript model on
     the CPU) divided by ``temperature``; ``check_inputs`` drive the export and the check of the saved bytes."""
-    value = as_temperature(temperature)
     label = model.name
     limits = getattr(model.net, "batch_limits", None)
     example = _example(check_inputs, label, limits)
@@ -279,9 +278,9 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     reference = _run(model.net, check, label, "the original")
     index = _leaf_index(reference, output_key, label)
     leaves = torch.utils._pytree.tree_leaves(reference)
-    _add_division(graph, index, value, leaves[index].dtype)
-    blob = _serialize(_export(graph, example, label, limits), value, label)
-    _check_saved(blob, check, reference, index, value, label)
+    _add_division(graph, index, temperature, leaves[index].dtype)
+    blob = _serialize(_export(graph, example, label, limits), temperature, label)
+    _check_saved(blob, check, reference, index, temperature, label)
     return write_bytes_atomic(out_path, blob, what=param("save_model"))
 
 

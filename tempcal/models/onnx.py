@@ -16,7 +16,7 @@ import torch
 
 from ..core.parallel import resolve_device
 from ..core.precision import tf32_allowed
-from ..errors import TempcalError, as_temperature, param
+from ..errors import TempcalError, param
 from ..io.paths import atomic_path, write_bytes_atomic
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
 from .onnx_graph import OnnxInfo, add_division, all_tensors, import_onnx, inspect_onnx, strip_calibration
@@ -143,7 +143,6 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
     """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``, after running it
     against the original on ``check_inputs`` (else on seeded inputs of the declared type)."""
-    value = as_temperature(temperature)
     info = inspect_onnx(model.path)
     label = str(info.path)
     _check_one_input(info)
@@ -151,8 +150,8 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     strip_calibration(original)
     output = _output_name(tuple(o.name for o in original.graph.output), output_key, label)
     calibrated = copy.deepcopy(original)
-    add_division(calibrated, output, value, label)
-    _check_calibrated(original, calibrated, info, output, value, check_inputs)
+    add_division(calibrated, output, temperature, label)
+    _check_calibrated(original, calibrated, info, output, temperature, check_inputs)
     out = Path(out_path)
     with contextlib.ExitStack() as data_file:  # external data, if any, is renamed after the model
         if info.external:
