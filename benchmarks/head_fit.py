@@ -80,7 +80,7 @@ def make_data(folder: Path, rows: int, width: int, vocab: int, seed: int = 0) ->
 
 def bare_pass(hidden: torch.Tensor, head, chunk_rows: int, device: torch.device) -> float:
     """Seconds for one chunked ``h @ W.T + b`` over every row, into one reused block (the floor)."""
-    from tempcal.models.head import no_tf32
+    from tempcal.core.precision import no_tf32
 
     weight, bias = head.weight.to(device), head.bias.to(device)
     block = torch.empty(chunk_rows, head.vocab, device=device)

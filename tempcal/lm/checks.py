@@ -1,13 +1,5 @@
-"""What a model folder's files may ask of transformers, checked before it loads anything.
-
-A folder's ``config.json`` can name code to download and run (``auto_map``), hub kernels
-(``attn_implementation: "org/name"``, which transformers hands to the ``kernels`` package), pickled
-shards in its index, or more layers than its checkpoint holds (transformers fills the missing weights
-at random and says so only in a log record). Each of these is refused here, naming the key or the
-weight: remote code and kernels from the JSON, pickles and sizes from the safetensors headers, and
-the missing weights by comparing the headers' tensor names with those of the model the configuration
-builds on the meta device (no memory), as transformers would rename them. Loading then runs with
-every library's offline switch set (:func:`offline`).
+"""What a model folder's files may ask of transformers, refused before it loads anything (docs/language-models.md):
+remote code, hub kernels, pickled shards, oversized counts and weights the checkpoint lacks; loading runs offline.
 """
 
 from __future__ import annotations
@@ -15,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -188,7 +181,7 @@ def offline() -> Iterator[None]:
     huggingface_hub's own flag when it was imported before; both restored afterwards."""
     saved = {key: os.environ.get(key) for key in OFFLINE_ENV}
     os.environ.update(OFFLINE_ENV)
-    constants = _hub_constants()
+    constants: Any = sys.modules.get("huggingface_hub.constants")
     was = getattr(constants, "HF_HUB_OFFLINE", None)
     if constants is not None:
         constants.HF_HUB_OFFLINE = True
@@ -200,21 +193,10 @@ def offline() -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        constants = _hub_constants()
+        constants = sys.modules.get("huggingface_hub.constants")
         if constants is not None:
-            constants.HF_HUB_OFFLINE = was if was is not None else _env_true(saved)
+            flag = saved.get("HF_HUB_OFFLINE") or saved.get("TRANSFORMERS_OFFLINE") or ""
+            constants.HF_HUB_OFFLINE = was if was is not None else flag.upper() in {"1", "ON", "YES", "TRUE"}
 
 
-def _hub_constants() -> Any:
-    import sys
-
-    return sys.modules.get("huggingface_hub.constants")
-
-
-def _env_true(saved: dict[str, str | None]) -> bool:
-    value = saved.get("HF_HUB_OFFLINE") or saved.get("TRANSFORMERS_OFFLINE") or ""
-    return value.upper() in {"1", "ON", "YES", "TRUE"}
-
-
-__all__ = ["LOCAL_IMPLEMENTATIONS", "MAX_COUNTS", "OFFLINE_ENV", "check_config_json", "check_weights",
-           "checkpoint_tensors", "offline", "remote_code_message"]
+__all__ = ["check_config_json", "check_weights", "checkpoint_tensors", "offline", "remote_code_message"]

@@ -1,10 +1,5 @@
-"""What ``--lm MODEL`` changes in a command: SOURCE is the ``--text`` file, the outputs are in MODEL's folder.
-
-The commands call it only when ``--lm`` is given (without it, ``tempcal.cli.options.command_source`` refuses
-the language-model options); a SOURCE on the command line is then refused (one from a configuration file is
-set aside). Nothing is written before the command's work has succeeded: the hidden states live in memory
-or in an unnamed temporary file until ``--save-hidden`` copies them. The commands hand their request in as
-it is (a :class:`tempcal.requests.Request`). Nothing here imports torch or transformers.
+"""What ``--lm MODEL`` changes in a command: SOURCE is the ``--text`` file, the outputs are in MODEL's folder, and
+nothing is written before the command's work has succeeded. Nothing here imports torch or transformers.
 """
 
 from __future__ import annotations
@@ -105,5 +100,5 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
     return {key: getattr(value, "value", value) for key, value in settings.items()}
 
 
-__all__ = ["check_lm_writes", "kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source",
-           "ood_texts", "record_outputs", "sampling_notes"]
+__all__ = ["kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source", "ood_texts", "record_outputs",
+           "sampling_notes"]

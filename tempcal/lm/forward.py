@@ -1,13 +1,5 @@
-"""One forward pass of a causal LM over texts: next-token labels, and final hidden states streamed into a store.
-
-Each text is tokenised on its own (the tokenizer's special tokens added, cut at ``max_length`` tokens);
-row ``j`` of text ``i`` is its position ``j`` with label token ``j + 1``, so a text of n tokens gives
-n - 1 rows, and rows are numbered in file order whatever order the texts run in. Texts run longest first
-in batches of at most ``batch_size`` texts and ``batch_tokens`` padded tokens: lengths sorted, little
-padding is wasted, and the largest batch comes first (running out of memory shows at once). Padding
-goes on the right under an attention mask, so a causal model's real positions are those of the text
-alone. Only the rows ``[lo, hi)`` (a torchrun rank's share) are computed and kept: a rank runs the texts
-that hold its rows. The model runs under ``torch.inference_mode`` without TF32.
+"""One forward pass of a causal LM over texts: row ``j`` of a text is its position ``j`` labelled with token ``j + 1``;
+texts run longest first in right-padded batches, their final hidden states streamed into a store.
 """
 
 from __future__ import annotations
@@ -117,12 +109,8 @@ def plan_batches(tokenized: Tokenized, lo: int, hi: int, batch_size: int, batch_
 
 def run_forward(lm: CausalLM, tokenized: Tokenized, store: Any, *, lo: int, hi: int, batch_size: int,
                 batch_tokens: int | None, progress: Any = None) -> ForwardStats:
-    """Run the model over the texts holding rows ``[lo, hi)`` and write each row's final hidden state into
-    ``store`` (``store.write(row, hidden)``); ``progress(tokens)`` is told the tokens of each batch done.
-
-    On CUDA a batch's rows are copied to the host without waiting (:class:`HostCopies`) and stored while the
-    next batch runs.
-    """
+    """Run the model over the texts holding rows ``[lo, hi)``, each row's final hidden state into ``store.write``; on
+    CUDA a batch's rows reach the host (:class:`HostCopies`) while the next runs; ``progress(tokens)`` per batch."""
     if batch_tokens is None:
         batch_tokens = BATCH_TOKENS.get(lm.input_device.type, BATCH_TOKENS["cuda"])
     batches = plan_batches(tokenized, lo, hi, batch_size, batch_tokens)
@@ -210,4 +198,4 @@ class HostCopies:
         return arrived
 
 
-__all__ = ["BATCH_TOKENS", "ForwardStats", "HostCopies", "Tokenized", "plan_batches", "run_forward", "tokenize"]
+__all__ = ["ForwardStats", "Tokenized", "plan_batches", "run_forward", "tokenize"]

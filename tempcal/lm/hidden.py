@@ -1,20 +1,5 @@
-"""A language model's final hidden states, written once by the forward pass and read by every later pass.
-
-:class:`HiddenStore` holds the rows ``[lo, hi)`` of a run (all rows, or one torchrun rank's share) in the
-model's dtype: in memory when they fit :func:`memory_budget`, else in a temporary file that has no name
-from the moment it is created (``tempfile.TemporaryFile``: unlinked at once on POSIX, deleted on close on
-Windows), so it disappears with the process however that ends, Ctrl-C and kills included. The file's space
-is reserved before the forward pass starts (a full disk is one error up front, not a failure hours in),
-and it is mapped read-only afterwards, so the page cache, not this process, holds what is being read.
-:class:`StoredHidden` is the row source :class:`~tempcal.sources.head.HeadLogits` reads: selections are
-row indices into the store, never copies. :func:`save_hidden` writes the rows as a safetensors SOURCE
-for ``--head`` (``hidden`` [N, d] and ``labels`` [N]).
-
-The long steps (the forward pass, each pass over the rows) show a :class:`DelayedBar`: a
-:class:`tempcal.progress.Progress` with a total. On a terminal (rank 0) it shows once its step has run for
-:data:`~tempcal.progress.DELAY` seconds (short runs stay quiet) and is erased when its step ends; off a terminal
-(a CI log) a step longer than 10 s prints a plain line (count, rate, time left) at most every 10 s; never anything
-under ``--quiet`` or ``--json -`` (``enabled=False``).
+"""A language model's final hidden states, written once by the forward pass and read by every later pass: in memory
+within :func:`memory_budget`, else in an unnamed temporary file that disappears with the process however it ends.
 """
 
 from __future__ import annotations
@@ -78,12 +63,8 @@ class HiddenStore:
 
     def write(self, start: int, rows: torch.Tensor) -> None:
         """Store ``rows`` (on any device) as global rows ``start, start + 1, ...``."""
-        if rows.shape[0] == 0:
-            return
         rows = rows.detach().to("cpu", self.dtype).contiguous()
         first = start - self.lo
-        if not (first >= 0 and first + rows.shape[0] <= self.hi - self.lo):
-            raise RuntimeError(f"rows {start}..{start + rows.shape[0]} outside the store's [{self.lo}, {self.hi})")
         if self._tensor is not None:
             self._tensor[first : first + rows.shape[0]] = rows
             return
@@ -134,12 +115,8 @@ def _write_all(fd: int, data: memoryview, offset: int, folder: Path | None) -> N
 
 
 class StoredHidden:
-    """Rows of a :class:`HiddenStore` and their labels, read in chunks: what ``HeadLogits`` takes as hidden states.
-
-    ``rows`` (global row indices, sorted) restricts it to a selection; every row read must lie in the store.
-    """
-
-    binary = False
+    """Rows of a :class:`HiddenStore` and their labels, read in chunks: what ``HeadLogits`` takes as hidden states;
+    ``rows`` (global row indices, sorted) restricts it to a selection, every row of which must lie in the store."""
 
     def __init__(self, store: HiddenStore, labels: torch.Tensor, rows: torch.Tensor | None = None,
                  progress: Any = None):
@@ -154,19 +131,8 @@ class StoredHidden:
         return int(self.labels.shape[0])
 
     @property
-    def num_classes(self) -> int:
-        return self.store.width
-
-    @property
-    def width(self) -> int:
-        return self.store.width
-
-    @property
     def dtype(self) -> torch.dtype:
         return self.store.dtype
-
-    def numel(self) -> int:
-        return self.num_samples * self.store.width
 
     def original_index(self, i: int) -> int:
         return i if self.rows is None else int(self.rows[i])
@@ -247,5 +213,4 @@ class PassCounter:
         return DelayedBar(f"{self.name}: pass {self.passes} over the rows", rows, "rows", enabled=self.enabled)
 
 
-__all__ = ["BUDGET_ENV", "DELAY", "DelayedBar", "HiddenStore", "PassCounter", "StoredHidden", "memory_budget",
-           "save_hidden"]
+__all__ = ["DELAY", "DelayedBar", "HiddenStore", "PassCounter", "StoredHidden", "memory_budget", "save_hidden"]

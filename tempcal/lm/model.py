@@ -1,18 +1,5 @@
-"""A Hugging Face causal language model loaded from a local folder (``--lm MODEL``), untrusted input as ever.
-
-The folder is checked before transformers sees it (:mod:`tempcal.io.hf_folder`): ``config.json``
-bounded and parsed, safetensors weights only (``model.safetensors`` or a sharded index, every shard a
-plain name), and every file it holds that a loader reads a regular file or a link that stays inside
-the folder (or the hub cache's ``blobs/``). Then transformers loads it with ``local_files_only=True``,
-``use_safetensors=True`` and ``trust_remote_code=False``: nothing is downloaded, unpickled or run from
-the folder. The model keeps its own dtype (bfloat16 stays bfloat16); ``device_map`` is passed through
-to transformers (``--device-map auto`` spreads a model larger than one GPU, with accelerate).
-
-Its output layer is the model's own module (no second copy of the weight), with ``config.json``'s
-logit scales and soft cap read as ``--head`` reads them (:func:`tempcal.models.head.config_scales`);
-:func:`check_head` then confirms on a few tokens that this head applied to the base model's final
-hidden states gives the model's own logits, so an architecture that does something else is refused
-rather than calibrated wrongly.
+"""A Hugging Face causal language model loaded from a local folder (``--lm MODEL``), checked first: nothing is
+downloaded, unpickled or run from the folder (docs/language-models.md); its own output layer is the head.
 """
 
 from __future__ import annotations
@@ -84,15 +71,6 @@ class CausalLM:
         return self.head.vocab
 
 
-def require_transformers() -> Any:
-    """The transformers module, or a one-line error naming the extra that installs it."""
-    try:
-        import transformers
-    except ImportError:
-        raise TempcalError(f"{param('lm')} needs transformers, an optional extra: {EXTRA}") from None
-    return transformers
-
-
 def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto", *,
                    device_map: str | None = None) -> CausalLM:
     """The causal LM in ``folder`` on ``device`` (or placed by transformers' ``device_map``), checked."""
@@ -102,7 +80,10 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
     folder = Path(folder)
     config_json, tensors = check_folder(folder)
     with offline():
-        transformers = require_transformers()
+        try:
+            import transformers
+        except ImportError:
+            raise TempcalError(f"{param('lm')} needs transformers, an optional extra: {EXTRA}") from None
         with _transformers_quiet(transformers):
             config = _config(transformers, folder)
             check_weights(transformers, config, tensors, folder)
@@ -299,5 +280,4 @@ def check_head(lm: CausalLM, ids: list[int]) -> float:
     return relative
 
 
-__all__ = ["EXTRA", "CausalLM", "check_folder", "check_head", "final_hidden", "load_causal_lm", "max_length",
-           "require_transformers"]
+__all__ = ["EXTRA", "CausalLM", "check_folder", "check_head", "final_hidden", "load_causal_lm", "max_length"]

@@ -1,8 +1,5 @@
-"""The command-line options of ``--lm MODEL --text FILE``: flags, types, help, ranges and help panel, declared once.
-
-The commands put them in their signatures (typer reads them there), through :mod:`tempcal.cli.options`, which
-marks the paths among them for configuration files (``tempcal.requests.Texts`` is what a request carries of
-them beside its reading options). Nothing here imports torch.
+"""The command-line options of ``--lm MODEL --text FILE``, declared once: the commands put them in their signatures
+(through :mod:`tempcal.cli.options`). Nothing here imports torch.
 """
 
 from __future__ import annotations
@@ -46,5 +43,5 @@ OodText = Annotated[Optional[list[str]], typer.Option(
     rich_help_panel=PANEL)]
 
 
-__all__ = ["PANEL", "BatchTokens", "DeviceMap", "Lm", "MaxLength", "OodText", "SaveHidden", "SpillDir", "Text",
-           "TextField", "WriteGenerationConfig"]
+__all__ = ["BatchTokens", "DeviceMap", "Lm", "MaxLength", "OodText", "SaveHidden", "SpillDir", "Text", "TextField",
+           "WriteGenerationConfig"]

@@ -1,11 +1,5 @@
-"""Where a language model's T goes: ``MODEL/tempcal.json``, and on request ``generation_config.json``'s temperature.
-
-``tempcal.json`` records T with what it was fitted on and how: the texts (path, SHA-256, counts), the
-command's settings and the tempcal version. It is a new file beside the model's own, which tempcal never
-changes; ``report`` and ``ood --lm MODEL`` read T from it. ``--write-generation-config`` also sets
-``temperature`` in ``generation_config.json``, every other key kept in its order (a folder without one
-gets the configuration transformers would derive from ``config.json``, plus the temperature). Both are
-written atomically (:mod:`tempcal.io.paths`), never through a link.
+"""Where a language model's T goes: ``MODEL/tempcal.json`` (T, what it was fitted on and how), and on request
+``generation_config.json``'s temperature (every other key kept); both written atomically, never through a link.
 """
 
 from __future__ import annotations

@@ -1,15 +1,5 @@
-"""A causal language model run over texts as SOURCE (``--lm MODEL --text FILE``): next-token rows, fitted as ``--head``.
-
-The model (:mod:`.model`) runs once over the texts (:mod:`.texts`), in
-batches sorted by length (:mod:`.forward`); the final hidden states stream into a
-:class:`~.hidden.HiddenStore` (memory, or an unnamed temporary file when they
-exceed the memory budget), and every later pass computes the logits from them with the model's own
-output layer, block by block, exactly as ``--head`` does (:class:`~tempcal.sources.head.HeadLogits`):
-the model's logits are never held whole. Under torchrun each rank runs the texts that hold its share
-of the rows and keeps only those. ``--eval`` and OOD text files run through the same loaded model.
-
-T goes into ``MODEL/tempcal.json`` (:mod:`.record`), never into the model's own files;
-``--save-hidden PATH`` keeps the hidden states and labels as a SOURCE for later ``--head MODEL`` runs.
+"""A causal language model run over texts as SOURCE (``--lm MODEL --text FILE``): the model runs once, its final
+hidden states are kept, and every later pass computes the logits from them as ``--head`` does.
 """
 
 from __future__ import annotations
@@ -101,7 +91,7 @@ class LmSource(OpenedSource):
         if ask.store:
             written.append(self.record_temperature(temperature, ask.output, ask.settings, ask.results))
         if ask.generation:
-            written.append(self.write_generation_config(temperature))
+            written.append(set_generation_temperature(self.lm.folder, temperature, self._generation_defaults))
         kept.paths += [str(path) for path in written]
         kept.lines += [f"wrote temperature = {temperature!r} into {path}" for path in written]
         return kept
@@ -114,19 +104,16 @@ class LmSource(OpenedSource):
         return [self.record_temperature(temperature, output, None, results)]
 
     def record_temperature(self, temperature: float, output: str | Path | None, settings: Mapping[str, Any] | None,
-                     results: Mapping[str, Any] | None) -> Path:
+                           results: Mapping[str, Any] | None) -> Path:
         """T, the model, the texts, ``settings`` and ``results`` into ``MODEL/tempcal.json`` (or ``output``)."""
         target = Path(output) if output is not None else record_path(self.lm.folder)
         return write_record(target, temperature, self.record(settings, results))
 
-    def write_generation_config(self, temperature: float) -> Path:
-        """``temperature`` into ``MODEL/generation_config.json`` (other keys kept)."""
-        def derived() -> dict[str, Any]:
-            from transformers import GenerationConfig
+    def _generation_defaults(self) -> dict[str, Any]:
+        """The generation configuration transformers derives from the model's (for a folder without one)."""
+        from transformers import GenerationConfig
 
-            return GenerationConfig.from_model_config(self.lm.model.config).to_diff_dict()
-
-        return set_generation_temperature(self.lm.folder, temperature, derived)
+        return GenerationConfig.from_model_config(self.lm.model.config).to_diff_dict()
 
     def keep_hidden(self, path: str | os.PathLike | None) -> list[str]:
         """``--save-hidden``: the hidden states and labels kept at ``path`` (nothing without it); the line saying so."""
@@ -253,4 +240,4 @@ def spill_folder(lm: Any, options: SourceOptions) -> Path | None:
     return lm.folder if os.access(lm.folder, os.W_OK) else None
 
 
-__all__ = ["LmKind", "LmRun", "LmSource", "spill_folder"]
+__all__ = ["LmKind", "LmSource"]

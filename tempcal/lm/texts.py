@@ -1,22 +1,10 @@
-"""Text files a language model is run over (``--text``, ``--ood-text``, ``--eval`` with ``--lm``).
-
-``.txt``: one text per line (a trailing ``\\r`` dropped; lines holding only whitespace skipped).
-``.jsonl``: one JSON object per line, the text in its field ``--text-field`` (default ``text``); blank
-lines and empty texts skipped. The file must be UTF-8 (a byte-order mark at its start is dropped); a
-line that is not a JSON object, a missing field or one that is not a string, and a file with no text
-at all are bad input naming the file and the line. The file's SHA-256 is kept, so that the record of
-a fit names the exact texts it was fitted on.
-
-Files are read a block at a time and a line is never held whole: a ``.txt`` line keeps its first
-``max_chars`` characters (the rest is still checked to be UTF-8 and hashed, then dropped), so that a
-hostile line of gigabytes costs a block of memory; a ``.jsonl`` record is parsed whole, so its line
-is bounded (:data:`MAX_JSONL_LINE_BYTES`) and its text cut to ``max_chars`` after parsing.
+"""Text files a language model is run over (``--text``, ``--ood-text``, ``--eval`` with ``--lm``): ``.txt``, a text a
+line, or ``.jsonl``, a field of an object a line; read a block at a time (a line never held whole), SHA-256 kept.
 """
 
 from __future__ import annotations
 
 import codecs
-import dataclasses
 import hashlib
 import json
 import os
@@ -49,7 +37,7 @@ class Texts:
     lines: list[int]
     sha256: str
     field: str | None  # the JSON field read (.jsonl), None for .txt
-    cut: list[bool] = dataclasses.field(default_factory=list)  # ``field`` above is the JSON field's name
+    cut: list[bool]
 
     def __len__(self) -> int:
         return len(self.texts)
@@ -190,4 +178,4 @@ def _json_kind(value: object) -> str:
     return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(type(value), "number")
 
 
-__all__ = ["CHARS_PER_TOKEN", "TEXT_SUFFIXES", "Texts", "read_texts"]
+__all__ = ["CHARS_PER_TOKEN", "Texts", "read_texts"]

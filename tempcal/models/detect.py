@@ -114,5 +114,5 @@ def save_format(source: str | os.PathLike, out_path: str | os.PathLike) -> str:
                        f"tempcal writes {_CAN_WRITE[have]}")
 
 
-__all__ = ["FORMAT_NAMES", "HOW_TO_SAVE", "MODEL_SUFFIXES", "archive_kind", "is_model_path", "looks_like_model",
-           "model_format", "save_format"]
+__all__ = ["HOW_TO_SAVE", "MODEL_SUFFIXES", "archive_kind", "is_model_path", "looks_like_model", "model_format",
+           "save_format"]

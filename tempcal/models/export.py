@@ -15,17 +15,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..core.parallel import resolve_device
-from ..errors import TempcalError, as_temperature, format_temperature, param, stored_temperature
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, param, stored_temperature
 from ..io.paths import write_bytes_atomic
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
-from .pt2_archive import (
-    PROGRAM,
-    TEMPERATURE_FILE,
-    Pt2Info,
-    inspect_archive,
-    open_archive,
-    write_checked_copy,
-)
+from .pt2_archive import PROGRAM, Pt2Info, inspect_archive, open_archive, write_checked_copy
 from .pt2_program import graph_refusal
 from .run import as_index, select_output
 
@@ -89,7 +82,7 @@ def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> Ex
                            "are not eval outputs; export model.eval() and save it again")
     stored = program_temperature(program, info.path)
     if stored != info.temperature:
-        raise TempcalError(f"{info.path}: extra file '{TEMPERATURE_FILE}' says T = {info.temperature!r} but the "
+        raise TempcalError(f"{info.path}: extra file '{TEMPERATURE_KEY}' says T = {info.temperature!r} but the "
                            f"program divides by {stored!r}; the file was altered, save the calibrated model again")
     if target.type != "cpu" or info.non_cpu:
         from torch.export.passes import move_to_device_pass
@@ -272,7 +265,6 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
     """Write, atomically, an exported program whose selected output is ``model``'s (a ``.pt2`` or TorchScript model on
     the CPU) divided by ``temperature``; ``check_inputs`` drive the export and the check of the saved bytes."""
-    value = as_temperature(temperature)
     label = model.name
     limits = getattr(model.net, "batch_limits", None)
     example = _example(check_inputs, label, limits)
@@ -281,17 +273,14 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
         from .torchscript import to_graph_module
 
         graph = to_graph_module(model.net, example, label)
-    elif model.format == "export":
+    else:  # a .pt2: detect.save_format writes one from a .pt2 or TorchScript SOURCE only
         graph = model.net.program if isinstance(model.net, FittedBatches) else model.net
-    else:
-        raise TempcalError(f"{label} is {model.format}; an exported program is written from a .pt2 or TorchScript "
-                           "model")
     reference = _run(model.net, check, label, "the original")
     index = _leaf_index(reference, output_key, label)
     leaves = torch.utils._pytree.tree_leaves(reference)
-    _add_division(graph, index, value, leaves[index].dtype)
-    blob = _serialize(_export(graph, example, label, limits), value, label)
-    _check_saved(blob, check, reference, index, value, label)
+    _add_division(graph, index, temperature, leaves[index].dtype)
+    blob = _serialize(_export(graph, example, label, limits), temperature, label)
+    _check_saved(blob, check, reference, index, temperature, label)
     return write_bytes_atomic(out_path, blob, what=param("save_model"))
 
 
@@ -387,7 +376,7 @@ def _serialize(program: ExportedProgram, temperature: float, label: str) -> byte
     buffer = io.BytesIO()
     try:
         with quiet():
-            torch.export.save(program, buffer, extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
+            torch.export.save(program, buffer, extra_files={TEMPERATURE_KEY: format_temperature(temperature)})
     except Exception as exc:
         raise TempcalError(f"cannot serialize the calibrated {label} ({error_line(exc, last=False)})") from None
     return buffer.getvalue()

@@ -201,4 +201,4 @@ def _check_finite(head: OutputHead) -> None:
         raise DataError(f"{head.name}: the logit scale is not finite")
 
 
-__all__ = ["OutputHead", "checked_head", "config_scales", "load_head", "no_tf32"]
+__all__ = ["OutputHead", "checked_head", "config_scales", "load_head"]

@@ -14,9 +14,10 @@ import torch
 
 from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, as_temperature, param, whole_number
+from ..progress import Progress
 from ..scores.engine import as_classes
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, load_model
-from .run import InputsFile, bounded_batches, progress_bar, select_output
+from .run import InputsFile, bounded_batches, select_output
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -117,7 +118,8 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
     rows, what, batches = _input_batches(inputs, inputs_key, batch_size, model.device)
     parts = []
     gradients = _Gradients(net, tau, output_key, name)
-    with progress_bar(progress, f"ODIN {Path(name).name} tau={tau:g}", rows) as advance, no_tf32():
+    with Progress(f"ODIN {Path(name).name} tau={tau:g}", enabled=progress, delay=0.0, total=rows,
+                  unit="rows") as bar, no_tf32():
         for batch, (start, stop, x) in enumerate(batches()):
             if not x.dtype.is_floating_point:
                 raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")
@@ -128,7 +130,7 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
             except Exception as exc:
                 raise TempcalError(f"{name}: ODIN failed on batch {batch} (rows {start}-{stop - 1} of {rows}, "
                                    f"shape {list(x.shape)}) of {what}: {error_line(exc)}") from None
-            advance(stop - start)
+            bar.advance(stop - start)
     scores = torch.cat(parts)
     if not bool(torch.isfinite(scores).all()):
         first = int((~torch.isfinite(scores)).nonzero()[0, 0])

@@ -16,18 +16,11 @@ import torch
 
 from ..core.parallel import resolve_device
 from ..core.precision import tf32_allowed
-from ..errors import TempcalError, as_temperature, param
+from ..errors import TempcalError, param
 from ..io.paths import atomic_path, write_bytes_atomic
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
-from .onnx_graph import (
-    OnnxInfo,
-    add_division,
-    all_tensors,
-    import_onnx,
-    inspect_onnx,
-    select_output_name,
-    strip_calibration,
-)
+from .onnx_graph import OnnxInfo, add_division, all_tensors, import_onnx, inspect_onnx, strip_calibration
+from .run import select_output
 
 if TYPE_CHECKING:
     import onnx
@@ -150,16 +143,15 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
     """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``, after running it
     against the original on ``check_inputs`` (else on seeded inputs of the declared type)."""
-    value = as_temperature(temperature)
     info = inspect_onnx(model.path)
     label = str(info.path)
     _check_one_input(info)
     original = copy.deepcopy(info.model)
     strip_calibration(original)
-    output = select_output_name(tuple(o.name for o in original.graph.output), output_key, label)
+    output = _output_name(tuple(o.name for o in original.graph.output), output_key, label)
     calibrated = copy.deepcopy(original)
-    add_division(calibrated, output, value, label)
-    _check_calibrated(original, calibrated, info, output, value, check_inputs)
+    add_division(calibrated, output, temperature, label)
+    _check_calibrated(original, calibrated, info, output, temperature, check_inputs)
     out = Path(out_path)
     with contextlib.ExitStack() as data_file:  # external data, if any, is renamed after the model
         if info.external:
@@ -169,6 +161,13 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                 _copy_external(tensors, info.folder, data_path.name, f)
         write_bytes_atomic(out, calibrated.SerializeToString(), what=param("save_model"))
     return out
+
+
+def _output_name(names: tuple[str, ...], output_key: OutputKey, label: str) -> str:
+    """The output ``output_key`` names, chosen as when the model runs as a SOURCE (a tensor, or a dict of several)."""
+    stand_ins = {name: torch.empty(0) for name in names}
+    chosen = select_output(stand_ins if len(names) > 1 else stand_ins[names[0]], output_key, label)
+    return next(name for name, tensor in stand_ins.items() if tensor is chosen)
 
 
 def _check_inputs_for(session: onnxruntime.InferenceSession, given: Any) -> np.ndarray:

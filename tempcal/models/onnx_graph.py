@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, param, stored_temperature
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, stored_temperature
 from ..io.sidecar import check_regular_file
 from .base import TEMPERATURE_BUFFER, error_line
 
@@ -313,8 +313,8 @@ def add_division(model: onnx.ModelProto, output: str, temperature: float, label:
     _set_metadata(model, format_temperature(temperature))
 
 
-def strip_calibration(model: onnx.ModelProto) -> int:
-    """Remove tempcal's divisions (their T initializers and metadata) in place; how many were removed."""
+def strip_calibration(model: onnx.ModelProto) -> None:
+    """Remove tempcal's divisions (their T initializers and metadata) in place."""
     graph = model.graph
     outputs = {o.name for o in graph.output}
     ours = [n for n in graph.node if n.op_type == "Div" and n.name.startswith(DIV_NODE) and n.output[0] in outputs]
@@ -327,7 +327,6 @@ def strip_calibration(model: onnx.ModelProto) -> int:
             graph.initializer.extend(kept)
         _rename_value(graph, fed, output)
     _set_metadata(model, None)
-    return len(ours)
 
 
 def _set_metadata(model: onnx.ModelProto, value: str | None) -> None:
@@ -339,21 +338,4 @@ def _set_metadata(model: onnx.ModelProto, value: str | None) -> None:
         entry.key, entry.value = key, text
 
 
-def select_output_name(outputs: tuple[str, ...], output_key: str | int | None, label: str) -> str:
-    """The output ``output_key`` names, chosen as when the model runs as a SOURCE (``--output-key NAME`` among
-    several outputs; none for a model with one output)."""
-    flag = param("output_key")
-    shown = ", ".join(repr(o) for o in outputs[:20]) + (" ..." if len(outputs) > 20 else "")
-    if len(outputs) == 1:
-        if output_key is not None:
-            raise TempcalError(f"{flag} {output_key}: {label} returns a single tensor; drop {flag}")
-        return outputs[0]
-    if output_key is None:
-        raise TempcalError(f"{label} returns a dict with keys {shown}; choose the logits with {flag} NAME")
-    if str(output_key) not in outputs:
-        raise TempcalError(f"{flag} {output_key}: {label} returns a dict with keys {shown}; no key {str(output_key)!r}")
-    return str(output_key)
-
-
-__all__ = ["DIV_NODE", "OnnxInfo", "add_division", "all_tensors", "import_onnx", "inspect_onnx", "select_output_name",
-           "strip_calibration"]
+__all__ = ["DIV_NODE", "OnnxInfo", "add_division", "all_tensors", "import_onnx", "inspect_onnx", "strip_calibration"]

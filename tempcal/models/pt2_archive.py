@@ -22,8 +22,6 @@ from .pt2_program import check_program_json, without_guards
 
 #: Name of the program that ``torch.export.save`` writes and ``torch.export.load`` returns.
 PROGRAM = "model"
-#: The extra file holding a calibrated program's T (``extra/tempcal.temperature`` in the zip).
-TEMPERATURE_FILE = TEMPERATURE_KEY
 HOW_TO_SAVE = "save it with torch.export.save(torch.export.export(model.eval(), (x,)), PATH)"
 
 # Layout of the archive as written by torch.export.save (torch/export/pt2_archive/constants.py).
@@ -124,8 +122,8 @@ def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
         if program == PROGRAM:
             keep |= needed
     extra = tuple(sorted(n[len(_EXTRA):] for n in members if n.startswith(_EXTRA)))
-    temperature = (stored_temperature(_read(archive, members, _EXTRA + TEMPERATURE_FILE, label, _TEXT_LIMIT),
-                                      f"{label}: extra file") if TEMPERATURE_FILE in extra else None)
+    temperature = (stored_temperature(_read(archive, members, _EXTRA + TEMPERATURE_KEY, label, _TEXT_LIMIT),
+                                      f"{label}: extra file") if TEMPERATURE_KEY in extra else None)
     return Pt2Info(path=label, programs=programs, keep=tuple(sorted(keep)), extra_files=extra,
                    temperature=temperature, non_cpu=non_cpu)
 
@@ -272,21 +270,17 @@ def _tensor_extent(meta: Any, where: str) -> tuple[int, int, str]:
         raise TempcalError(f"{where}: unsupported dtype code {meta.get('dtype')!r}")
     if meta.get("layout", _STRIDED) != _STRIDED:
         raise TempcalError(f"{where}: not a dense (strided) tensor")
-    sizes = [_as_int(v, where) for v in _as_list(meta.get("sizes"), where)]
-    strides = [_as_int(v, where) for v in _as_list(meta.get("strides"), where)]
+    if not isinstance(meta.get("sizes"), list) or not isinstance(meta.get("strides"), list):
+        raise TempcalError(f"{where}: malformed tensor metadata")
+    sizes = [_as_int(v, where) for v in meta["sizes"]]
+    strides = [_as_int(v, where) for v in meta["strides"]]
     offset = _as_int(meta.get("storage_offset", {"as_int": 0}), where)
     if len(sizes) != len(strides) or min([offset, *sizes, *strides]) < 0:
         raise TempcalError(f"{where}: malformed sizes or strides")
-    if 0 in sizes:
-        return 0, itemsize, _device_type(meta)
-    span = offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True)) + 1
-    return span * itemsize, itemsize, _device_type(meta)
-
-
-def _as_list(value: Any, where: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise TempcalError(f"{where}: malformed tensor metadata")
-    return value
+    device = meta.get("device")
+    device_type = str(device.get("type", "cpu")) if isinstance(device, dict) else "cpu"
+    span = 0 if 0 in sizes else offset + sum((n - 1) * s for n, s in zip(sizes, strides, strict=True)) + 1
+    return span * itemsize, itemsize, device_type
 
 
 def _as_int(value: Any, where: str) -> int:
@@ -296,11 +290,6 @@ def _as_int(value: Any, where: str) -> int:
         if isinstance(number, int) and not isinstance(number, bool):
             return number
     raise TempcalError(f"{where}: symbolic or malformed tensor size; refused")
-
-
-def _device_type(meta: dict[str, Any]) -> str:
-    device = meta.get("device")
-    return str(device.get("type", "cpu")) if isinstance(device, dict) else "cpu"
 
 
 def _check_sample_inputs(blob: bytes, member: str, label: str) -> None:
@@ -368,5 +357,4 @@ def _on_cpu(config: bytes) -> bytes:
     return json.dumps(parsed).encode("utf-8")
 
 
-__all__ = ["HOW_TO_SAVE", "PROGRAM", "TEMPERATURE_FILE", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive",
-           "write_checked_copy"]
+__all__ = ["PROGRAM", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive", "write_checked_copy"]

@@ -4,10 +4,9 @@ integer ``labels``) in batches, in eval semantics without TF32: its logits, chec
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +16,7 @@ from ..core.limits import bounded_batch_size
 from ..core.precision import no_tf32
 from ..errors import DataError, TempcalError, check_labels, param, whole_number
 from ..io.safetensors_header import check_unchanged, dtype_name, read_header, read_tensor, shown
+from ..progress import Progress
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
 
 if TYPE_CHECKING:
@@ -128,19 +128,6 @@ def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: in
     return width
 
 
-@contextlib.contextmanager
-def progress_bar(progress: bool | Console, description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """The rows done, shown by :class:`tempcal.progress.Progress` (a transient bar on a terminal or the console
-    given, a plain line at most every 10 s in a log), or nothing when ``progress`` is False."""
-    if progress is False or progress is None:
-        yield lambda n: None
-        return
-    from ..progress import Progress
-
-    with Progress(description, enabled=progress, delay=0.0, total=total, unit="rows") as bar:
-        yield bar.advance
-
-
 def bounded_batches(batch_size: int, source: InputsFile, device: Any) -> int:
     """``batch_size`` cut to the rows of ``source``, refused when one batch of inputs would not fit on the host or
     on ``device``."""
@@ -165,28 +152,23 @@ def _call(model: LoadedModel, x: torch.Tensor, source: InputsFile, batch: int, s
         raise TempcalError(f"{model.name} raised on {where} of {source.describe()}: {line}") from None
 
 
-def run_batch_size(net: Any, batch_size: int) -> int:
-    """The batch size to run ``net`` at: a static program's own, else ``batch_size`` cut to the program's upper bound
-    (``net.batch_limits``, see :class:`tempcal.models.export.FittedBatches`)."""
-    lower, upper = getattr(net, "batch_limits", None) or (0, None)
-    return upper if lower == upper else min(batch_size, upper or batch_size)
-
-
 def run_model(model: LoadedModel, source: InputsFile, *, batch_size: int = DEFAULT_BATCH_SIZE,
               output_key: OutputKey = None, progress: bool | Console = True) -> torch.Tensor:
     """The model's logits over every row of ``source`` (on the CPU), run batch by batch under inference mode."""
     batch_size = whole_number(batch_size, param("batch_size"))
-    batch_size = bounded_batches(run_batch_size(model.net, batch_size), source, model.device)
+    lower, upper = getattr(model.net, "batch_limits", None) or (0, None)  # export.FittedBatches: a program's sizes
+    batch_size = upper if lower == upper else min(batch_size, upper or batch_size)
+    batch_size = bounded_batches(batch_size, source, model.device)
     parts: list[torch.Tensor] = []
     classes = None
-    with progress_bar(progress, f"running {Path(model.name).name}", source.num_samples) as advance, \
-            torch.inference_mode(), no_tf32():
+    with Progress(f"running {Path(model.name).name}", enabled=progress, delay=0.0, total=source.num_samples,
+                  unit="rows") as bar, torch.inference_mode(), no_tf32():
         for batch, (start, stop, x) in enumerate(source.batches(batch_size)):
             out = _call(model, x.to(model.device), source, batch, start, stop)
             z = select_output(out, output_key, model.name)
             classes = _check_logits(z, stop - start, model.name, batch, classes)
             parts.append(z.detach().to("cpu"))
-            advance(stop - start)
+            bar.advance(stop - start)
     return torch.cat(parts)  # outside inference mode: a normal tensor, usable by autograd later
 
 
@@ -197,4 +179,4 @@ def placeholder_labels(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(1)
 
 
-__all__ = ["InputsFile", "as_index", "placeholder_labels", "progress_bar", "run_model", "select_output"]
+__all__ = ["InputsFile", "as_index", "placeholder_labels", "run_model", "select_output"]

@@ -42,12 +42,9 @@ def save_logits(data: LogitsData, path: str | os.PathLike, *, labels: bool = Tru
 def save_calibrated_model(model_path: str | os.PathLike, temperature: float, out_path: str | os.PathLike, *,
                           output_key: OutputKey = None, check_inputs: torch.Tensor | str | os.PathLike | None = None,
                           inputs_key: str = "inputs") -> Path:
-    """Write, atomically, a model whose logits are the original's divided by ``temperature``, for the CPU.
-
-    The format follows ``out_path``'s suffix (:func:`tempcal.models.detect.save_format`). ``check_inputs`` (a
-    tensor, or an inputs file whose first rows are used; a ``.pt2`` needs them) run through the saved model: its
-    outputs must be the original's divided by T, else nothing is written.
-    """
+    """Write, atomically, a model (in the format ``out_path``'s suffix names) whose logits are the original's divided
+    by ``temperature``, for the CPU, once the saved model reproduces them on ``check_inputs`` (a tensor, or an inputs
+    file's first rows; a ``.pt2`` needs them)."""
     prefix = f"{param('save_model')} {out_path}: "
     try:
         value = as_temperature(temperature)

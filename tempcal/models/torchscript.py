@@ -24,9 +24,6 @@ from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_li
 from .detect import HOW_TO_SAVE, archive_kind
 from .run import as_index, select_output
 
-#: Name of the extra file (in the TorchScript archive) that holds a calibrated model's T.
-TEMPERATURE_FILE = TEMPERATURE_KEY
-
 
 @contextlib.contextmanager
 def quiet_jit() -> Iterator[None]:
@@ -50,15 +47,15 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
                               f"tempcal never unpickles; {HOW_TO_SAVE})",
         }.get(kind, f"not a TorchScript model (no TorchScript archive inside; {HOW_TO_SAVE})")
         raise TempcalError(f"{path}: {why}")
-    extra = {TEMPERATURE_FILE: ""}
+    extra = {TEMPERATURE_KEY: ""}
     with quiet_jit():
         model = load_checked(path, target, extra, str(path))
     model.eval()
     buffered = buffer_temperature(model, str(path))
-    text = extra[TEMPERATURE_FILE]
+    text = extra[TEMPERATURE_KEY]
     saved = stored_temperature(text, f"{path}: extra file") if text else None
     if saved != buffered:
-        raise TempcalError(f"{path}: extra file '{TEMPERATURE_FILE}' says T = {saved!r} but the model divides by "
+        raise TempcalError(f"{path}: extra file '{TEMPERATURE_KEY}' says T = {saved!r} but the model divides by "
                            f"{buffered!r}; the file was altered, save the calibrated model again")
     original = getattr(model, ORIGINAL) if buffered is not None else model
     return LoadedModel(path, "torchscript", original, saved, target)
@@ -74,60 +71,30 @@ def buffer_temperature(model: torch.nn.Module, name: str) -> float | None:
     return stored_temperature(repr(float(buffer)), f"{name}: buffer")
 
 
-def forward_schema(model: torch.nn.Module):
-    """The TorchScript signature of ``forward`` (None when it cannot be read)."""
-    try:
-        return model._c._get_method("forward").schema  # type: ignore[union-attr,operator]
-    except (AttributeError, RuntimeError):
-        return None
-
-
 # -- writing a calibrated model: the original wrapped, its selected logits divided by a float64 buffer --
 class Calibrated(torch.nn.Module):
-    """The original model with its logits divided by T; subclasses override ``forward`` for other output shapes."""
+    """The original model with its logits divided by T: its tensor output, entry ``key`` of its dict or output ``index``
+    of its tuple (other outputs as they are); TorchScript compiles only the branch of the original's output type."""
 
-    __constants__ = ("index", "key")
+    __constants__ = ("index", "after", "key")
 
     def __init__(self, original: torch.nn.Module, temperature: torch.Tensor, index: int = 0, key: str = "") -> None:
         super().__init__()
         self.original = original  # ORIGINAL: loaders find the original under this name
         self.register_buffer(TEMPERATURE_BUFFER, temperature)
         self.index = index
+        self.after = index + 1  # a constant too: TorchScript slices tuples at constants only
         self.key = key
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.original(x) / self.tempcal_temperature  # type: ignore[operator]
-
-
-class CalibratedDict(Calibrated):
-    """Entry ``key`` of the original's output dict divided by T (other entries as they are)."""
-
-    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
-        out = self.original(x).copy()  # type: ignore[operator]
-        out[self.key] = out[self.key] / self.tempcal_temperature
-        return out
-
-
-class CalibratedPair(Calibrated):
-    """Output ``index`` of the original's 2-tensor tuple divided by T."""
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        a, b = self.original(x)  # type: ignore[operator]
-        if self.index == 0:
-            return a / self.tempcal_temperature, b
-        return a, b / self.tempcal_temperature
-
-
-class CalibratedTriple(Calibrated):
-    """Output ``index`` of the original's 3-tensor tuple divided by T."""
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        a, b, c = self.original(x)  # type: ignore[operator]
-        if self.index == 0:
-            return a / self.tempcal_temperature, b, c
-        if self.index == 1:
-            return a, b / self.tempcal_temperature, c
-        return a, b, c / self.tempcal_temperature
+    def forward(self, x: torch.Tensor):
+        out = self.original(x)  # type: ignore[operator]
+        if isinstance(out, torch.Tensor):
+            return out / self.tempcal_temperature  # type: ignore[operator]
+        if torch.jit.isinstance(out, dict[str, torch.Tensor]):
+            out = out.copy()
+            out[self.key] = out[self.key] / self.tempcal_temperature
+            return out
+        return out[:self.index] + (out[self.index] / self.tempcal_temperature,) + out[self.after:]  # noqa: RUF005
 
 
 def calibrated_wrapper(original: torch.nn.Module, temperature: float, output_key: OutputKey,
@@ -135,8 +102,9 @@ def calibrated_wrapper(original: torch.nn.Module, temperature: float, output_key
     """The wrapper that fits the original's forward signature (one tensor in; a tensor, dict or tuple out)."""
     t = torch.tensor(temperature, dtype=torch.float64)
     flag = param("output_key")
-    schema = forward_schema(original)
-    if schema is None:  # no readable signature: wrap as a tensor model, the check tells
+    try:
+        schema = original._c._get_method("forward").schema  # type: ignore[union-attr,operator]
+    except (AttributeError, RuntimeError):  # no readable signature: wrap as a tensor model, the check tells
         return Calibrated(original, t)
     arguments = [a for a in schema.arguments[1:] if not a.has_default_value()]
     if len(arguments) != 1 or str(arguments[0].type) != "Tensor":
@@ -152,14 +120,14 @@ def calibrated_wrapper(original: torch.nn.Module, temperature: float, output_key
             and str(returns.getValueType()) == "Tensor":
         if output_key is None:
             raise TempcalError(f"{name} returns a dict; name the logits entry with {flag} NAME")
-        return CalibratedDict(original, t, key=str(output_key))
+        return Calibrated(original, t, key=str(output_key))
     if isinstance(returns, torch.TupleType) and all(str(e) == "Tensor" for e in returns.elements()) \
             and len(returns.elements()) in (2, 3):
         n = len(returns.elements())
         index = None if output_key is None else as_index(output_key)
         if index is None or not -n <= index < n:
             raise TempcalError(f"{name} returns a tuple of {n} tensors; choose the logits with {flag} 0..{n - 1}")
-        return (CalibratedPair if n == 2 else CalibratedTriple)(original, t, index=index % n)
+        return Calibrated(original, t, index=index % n)
     raise TempcalError(f"{name} returns {kind}; tempcal wraps a model returning a tensor, a dict of "
                        "tensors or a tuple of 2 or 3 tensors")
 
@@ -176,7 +144,7 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
         raise TempcalError(f"cannot wrap {model.name}: {error_line(exc)}") from None
     buffer = io.BytesIO()
     with quiet_jit():
-        torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_FILE: format_temperature(temperature)})
+        torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_KEY: format_temperature(temperature)})
     if check_inputs is not None:
         with quiet_jit():
             reloaded = load_checked(buffer.getvalue(), torch.device("cpu"), {}, "the calibrated model").eval()
@@ -369,4 +337,4 @@ def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
         graph.recompile()
 
 
-__all__ = ["TEMPERATURE_FILE", "Calibrated", "load", "quiet_jit", "save_calibrated", "to_graph_module"]
+__all__ = ["Calibrated", "load", "quiet_jit", "save_calibrated", "to_graph_module"]
