@@ -81,12 +81,6 @@ def fit_group_sets(fit_scan: Scan, eval_scan: Scan, evaluated: OpenedSource, eva
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1])
 
 
-
-def fold_score_reads(rows: int, k: int) -> int:
-    """Reads of the scores at T = 1, the deployed T and K fold temperatures."""
-    return score_reads(rows, k + 2)
-
-
 @dataclass
 class FoldThresholds:
     """The deployed thresholds (all rows; T = 1, the deployed T) and each fold's (the other folds' rows; T = 1,
@@ -100,7 +94,7 @@ class FoldThresholds:
 def fold_thresholds(scan: Scan, folds: np.ndarray, global_t: float, fold_ts: Sequence[float],
                     alphas: Sequence[float]) -> FoldThresholds:
     """Every threshold the out-of-fold sets need, from the scores of every row (``folds``: each row's fold, over all
-    ranks) at T = 1, ``global_t`` and each fold's T: :func:`fold_score_reads` reads."""
+    ranks) at T = 1, ``global_t`` and each fold's T, :func:`.passes.temperatures_per_read` a read."""
     found = FoldThresholds([], [], [])
     for i, scores in enumerate(gathered_scores(scan, [1.0, global_t, *fold_ts])):
         if i < 2:
@@ -134,9 +128,9 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
         place = {alpha: a for a, alpha in enumerate(alphas)}  # each entry with every fold's threshold
         overall.append([replace(c, fold_thresholds=tuple(q[c.score][place[c.alpha]] for q in per_fold)) for c in every])
         place_group_sets(subsets.groups or [], slot, by_group)
-    reads = fold_score_reads(subsets.fold_rows.size, k) + 1
+    reads = score_reads(subsets.fold_rows.size, k + 2) + 1  # the scores at T = 1, the deployed T and each T_k
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
 
 
-__all__ = ["READS", "FoldThresholds", "fit_group_sets", "fold_score_reads", "fold_sets", "fold_thresholds",
+__all__ = ["READS", "FoldThresholds", "fit_group_sets", "fold_sets", "fold_thresholds",
            "group_sets", "place_group_sets"]

@@ -4,7 +4,7 @@
   a single binary logit predicts class 1 when ``sigmoid >= 0.5``).
 * ECE: ``bins`` equal-width bins over [0, 1]; bin i holds confidences in (i/B, (i+1)/B]
   and the first also holds 0; ``ECE = sum_i (n_i / N) |acc_i - conf_i|``. MCE: the largest
-  such gap over non-empty bins. RMS calibration error (``rms_ce``, :func:`rms_from_sums`): the
+  such gap over non-empty bins. RMS calibration error (``rms_ce``, :func:`rms_from_bins`): the
   same bins, ``sqrt(sum_i (n_i / N) (acc_i - conf_i)^2)`` (the figure confidence-based leaderboards quote).
 * NLL: mean negative natural log of the true class's probability. Brier: mean over samples
   of ``sum_c (p_c - onehot_c)^2``. Entropy: mean of ``-sum_c p_c ln p_c`` (nats).
@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..core.kernels import DEFAULT_BINS, bin_edges
+from ..core.parallel import all_gather_rows
 from ..core.scan import CalibrationSums, ClasswiseSums, Scan
 from ..errors import TempcalError, as_temperature, check_bins, check_confidences
 from . import decisions as decisions_module
@@ -235,7 +236,7 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, se
     for k, (tau, (sums, kept)) in enumerate(zip(taus, results, strict=True)):
         metrics = from_sums(tau, sums)
         if kept is not None and correct is not None:
-            confidence = decisions_module.gathered_confidence(kept.pop("confidence"))
+            confidence = all_gather_rows(kept.pop("confidence")).cpu().numpy()  # every rank's rows, in rank order
             figures = decisions_module.decision_figures(confidence, correct, overwrite=True)
             del confidence
             metrics = replace(metrics, **vars(figures))
@@ -343,10 +344,8 @@ def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
 # -- equal-width bins ----------------------------------------------------------------------
 
 def rms_from_bins(count: torch.Tensor, confidence: torch.Tensor, correct: torch.Tensor) -> float:
-    """RMS calibration error from per-bin count, confidence sum and correct sum."""
+    """RMS calibration error from per-bin count (of at least one row), confidence sum and correct sum."""
     count, confidence, correct = (torch.as_tensor(t, dtype=torch.float64).cpu() for t in (count, confidence, correct))
-    if float(count.sum()) <= 0:
-        raise TempcalError("calibration estimators need at least one sample, got 0")
     safe = count.clamp_min(1)
     return _rms_of_gaps(count, (correct / safe - confidence / safe).abs())
 
@@ -367,11 +366,6 @@ def _rms_of(c: np.ndarray, k: np.ndarray, bins: int) -> float:
     index = equal_width_index(c, bins)
     return rms_from_bins(*(torch.from_numpy(np.bincount(index, weights=w, minlength=bins).astype(np.float64))
                            for w in (None, c, k)))
-
-
-def rms_from_sums(sums: CalibrationSums) -> float:
-    """RMS calibration error from one :meth:`Scan.calibration` pass's equal-width bin sums."""
-    return rms_from_bins(sums.bin_count, sums.bin_confidence, sums.bin_correct)
 
 
 # -- classwise ECE: a reduction over row chunks ----------------------------------------------
@@ -409,7 +403,7 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
             out["rms_ce"] = _rms_of(c, k, bins)
     elif "rms_ce" in names:
         [(sums, _)] = scan.calibration([beta], bins)
-        out["rms_ce"] = rms_from_sums(sums)
+        out["rms_ce"] = rms_from_bins(sums.bin_count, sums.bin_confidence, sums.bin_correct)
     if "ece_classwise" in names:
         out["ece_classwise"] = classwise_ece(scan.classwise(beta, bins))
     return {name: out[name] for name in names}

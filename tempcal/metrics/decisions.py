@@ -129,10 +129,8 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
     n = ranked.size
     if n == 0:
         return SelectiveMetrics(math.nan, math.nan, math.nan)
-    if wrong.size > n:
-        raise ValueError(f"{wrong.size} {'correctly classified' if right else 'misclassified'} rows among {n}")
     by_rank = total = errors_seen = 0.0
-    position = counted = 0
+    position = 0
     while position < n:
         stop = min(position + CHUNK, n)
         last = ranked[stop - 1]
@@ -151,10 +149,7 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
         by_rank += float(part_rank)
         total += float(part_total)
         errors_seen += float(errors.sum())
-        counted += int(found.sum())
         position = stop
-    if counted != wrong.size:
-        raise ValueError("a subset row's confidence is not among the rows' confidences")
     correct = wrong.size if right else n - wrong.size
     aurc = by_rank / n
     return SelectiveMetrics(aurc=aurc, eaurc=aurc - float(optimal_aurc(n, correct)), augrc=total / (n * n))
@@ -281,8 +276,6 @@ def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: 
     """
     confidence = np.asarray(confidence, dtype=np.float64)
     correct = np.asarray(correct, dtype=bool)
-    if confidence.shape != correct.shape:
-        raise ValueError(f"{confidence.size} confidences but {correct.size} correctness flags")
     if confidence.size == 0:
         return DecisionFigures()
     right = 2 * int(np.count_nonzero(correct)) < confidence.size  # keep whichever subset is smaller
@@ -318,12 +311,6 @@ def subset_of(confidence: np.ndarray, correct: np.ndarray, right: bool) -> np.nd
     return out
 
 
-def gathered_confidence(confidence: torch.Tensor) -> np.ndarray:
-    """This process's rows' kept confidences (``[rows]`` float64) with every rank's in rank order, as a host numpy
-    array (no copy in a single CPU process)."""
-    return all_gather_rows(confidence).cpu().numpy()
-
-
 def gathered_correct(correct: torch.Tensor) -> np.ndarray:
     """Whether each row's prediction is right (bool ``[rows]``), every rank's rows in rank order, on the host (one
     byte per row; the scan's own flags, uncopied, in a single CPU process)."""
@@ -342,5 +329,5 @@ def temperatures_per_read(rows: int, device: torch.device | str) -> int:
 
 
 __all__ = ["CHUNK", "CURVE_POINTS", "MAX_GROUPS", "DecisionFigures", "SelectiveMetrics", "decision_figures",
-           "enabled", "gathered_confidence", "gathered_correct", "harmonic", "rank_in_place", "ranked_curve",
+           "enabled", "gathered_correct", "harmonic", "rank_in_place", "ranked_curve",
            "ranked_metrics", "smooth_ece", "smooth_ece_at", "subset_decisions", "temperatures_per_read"]

@@ -1,6 +1,6 @@
-"""Training-free out-of-distribution scores, one per module behind :class:`~tempcal.scores.base.Score`.
+"""Training-free out-of-distribution scores, each a :class:`~tempcal.scores.base.Score`.
 
-To add a score: write a module holding ``SCORE = YourScore()`` (a ``Score`` subclass) and add one
+To add a score: write a ``Score`` subclass in a module whose ``SCORES`` maps its name to an instance, and add one
 line to :data:`REGISTRY`. Modules are imported on first use, so the CLI can list and check the
 names without importing torch. Every score is computed at every temperature of a pass from one
 read of each chunk (:class:`~tempcal.scores.engine.ScorePass`); higher = more in-distribution.
@@ -18,13 +18,7 @@ if TYPE_CHECKING:
     from .base import Score
 
 #: Every score's name and its module, in the order reports list them.
-REGISTRY: dict[str, str] = {
-    "msp": "msp",
-    "energy": "energy",
-    "maxlogit": "maxlogit",
-    "entropy": "entropy",
-    "gen": "gen",
-}
+REGISTRY: dict[str, str] = {"msp": "basic", "energy": "basic", "maxlogit": "basic", "entropy": "basic", "gen": "gen"}
 
 #: Names that stand for several scores (``all``: every score in :data:`REGISTRY`).
 GROUPS: dict[str, tuple[str, ...]] = {"both": ("msp", "energy")}
@@ -55,7 +49,7 @@ def score_names(spec: str | Iterable[str]) -> list[str]:
 def get_score(name: str, options: Mapping[str, Any] | None = None) -> Score:
     """The score called ``name``, set up with ``options`` (e.g. ``gen_gamma``; each score reads its own and
     ignores the rest); an unknown name is a ``KeyError``."""
-    score: Score = import_module(f".{REGISTRY[name]}", __name__).SCORE
+    score: Score = import_module(f".{REGISTRY[name]}", __name__).SCORES[name]
     return score.configure(options) if options else score
 
 

@@ -17,7 +17,7 @@ from ..core.parallel import Scratch
 from ..errors import TempcalError, param
 from . import get_score
 from .base import Score
-from .shared import FLAT, FLOAT64, Buffers, Intermediates, beta_fits
+from .shared import FLAT, FLOAT64, Intermediates, beta_fits
 
 if TYPE_CHECKING:
     from ..core.scan import RowBlock, Scan
@@ -57,7 +57,7 @@ class ScorePass:
     >>> values = scores.chunk(z)            # {"msp": [3, n] float64, "gen": [3, n] float64}
     """
 
-    def __init__(self, scores: Sequence[Score], betas: Iterable[float], workspace: Buffers | None = None):
+    def __init__(self, scores: Sequence[Score], betas: Iterable[float], workspace: Scratch | None = None):
         names = [s.name for s in scores]
         if not scores or len(set(names)) != len(names):
             raise ValueError(f"need one or more scores with distinct names, got {names}")
@@ -67,7 +67,7 @@ class ScorePass:
         unknown = self.sums - Intermediates.SUMS
         if unknown:
             raise ValueError(f"unknown per-temperature sums {sorted(unknown)}")
-        self.workspace: Buffers = workspace if workspace is not None else Scratch()
+        self.workspace = workspace if workspace is not None else Scratch()
 
     def chunk(self, z: torch.Tensor, row_max: torch.Tensor | None = None,
               has_neginf: bool | None = None) -> dict[str, torch.Tensor]:

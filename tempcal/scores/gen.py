@@ -129,4 +129,4 @@ def check_top(top: Any) -> int:
     return int(value)
 
 
-SCORE = Gen()
+SCORES = {"gen": Gen()}

@@ -14,22 +14,18 @@ Shifting by ``z2`` rather than ``z1`` keeps float32 chunks honest at saturation:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from functools import cached_property
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:
+    from ..core.parallel import Scratch
 
 FLOAT64 = torch.float64
 #: A row is "flat" at a temperature when every possible class has ``beta * |z_c - z2| <= FLAT``: its sums over
 #: classes are then taken relative to 1, with ``expm1``, since such rows differ in second order only.
 FLAT = 0.1
-
-
-class Buffers(Protocol):
-    """Reusable scratch memory: ``get`` returns a tensor of ``shape`` (contents undefined)."""
-
-    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
 
 
 class Intermediates:
@@ -40,7 +36,7 @@ class Intermediates:
     SUMS = frozenset({"q"})
 
     def __init__(self, *, betas: list[float], z1: torch.Tensor, z2: torch.Tensor, r_sum: torch.Tensor,
-                 q: torch.Tensor | None, top_gaps: torch.Tensor | None, num_classes: int, workspace: Buffers):
+                 q: torch.Tensor | None, top_gaps: torch.Tensor | None, num_classes: int, workspace: Scratch):
         device = z1.device
         self.workspace = workspace
         self.betas = betas
@@ -123,4 +119,4 @@ def beta_fits(beta: float, dtype: torch.dtype) -> bool:
     return info.tiny <= beta <= info.max
 
 
-__all__ = ["FLAT", "FLOAT64", "Buffers", "Intermediates", "beta_fits"]
+__all__ = ["FLAT", "FLOAT64", "Intermediates", "beta_fits"]
