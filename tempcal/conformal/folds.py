@@ -1,16 +1,6 @@
-"""``fit``'s conformal sets by subset: out of fold (``--folds K``) and per group of rows (``--group-by KEY``, the
-sets of ``report --group-by`` too).
-
-Out of fold, fold k's thresholds come from the rows outside fold k: their scores at T = 1 for ``before``, at T_k for
-``after``. Fold k's rows get their sets with those thresholds (at T = 1, at T_k), and ``coverage`` and ``mean_size``
-are over all N rows. ``threshold`` is the one a user would deploy: from all N rows at T = 1 (``before``) and at the
-deployed T (``after``); ``fold_thresholds`` lists the K fold thresholds. Reads: the scores at T = 1, the deployed T
-and every T_k (batched by :func:`.passes.temperatures_per_read`), then one forming the sets (nothing kept per row).
-
-Per group, every group's sets under the same thresholds (:func:`group_sets`, one read of the judged rows): the
-figure that shows one group under-covered. With ``--folds``, each group's ``before`` and ``after_global`` blocks
-(T = 1 and T_k, out of fold) get its own coverage and mean set size under the out-of-fold sets; without,
-:func:`fit_group_sets` takes ``fit``'s thresholds from the fitting rows at T = 1 and at the global T.
+"""``fit``'s conformal sets by subset: out of fold (``--folds K``: fold k's rows get their sets with the thresholds of
+the other folds' rows, at T = 1 and at T_k; ``threshold`` is the deployed one from all rows; docs/metrics.md) and
+per group of rows under the same thresholds (``--group-by``, ``report --group-by`` too), one read of the judged rows.
 """
 
 from __future__ import annotations
@@ -132,5 +122,4 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
 
 
-__all__ = ["READS", "FoldThresholds", "fit_group_sets", "fold_sets", "fold_thresholds",
-           "group_sets", "place_group_sets"]
+__all__ = ["READS", "fit_group_sets", "fold_sets", "fold_thresholds", "group_sets"]

@@ -1,11 +1,7 @@
-"""Seeded percentile-bootstrap confidence intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC.
-
-The per-sample statistics come from one pass (:meth:`Scan.per_sample`); a resample is a vector of multinomial
-counts, so its figures are an ``[R, N]`` count matrix times fixed per-sample figures, the samples laid out in order
-of confidence for the risk-coverage closed forms of :mod:`tempcal.metrics.decisions`. Nothing is re-read or re-sorted.
-
-Resample r draws ``numpy.random.default_rng(seed).integers(0, N, size=N)`` (the r-th such call on
-one generator) and counts how often each sample was drawn, so the draws do not depend on batching.
+"""Seeded percentile-bootstrap intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC, from one per-sample
+pass: resample r counts the draws of the r-th ``default_rng(seed).integers(0, N, size=N)`` call, so its figures are
+count vectors times fixed per-sample figures (laid out by confidence for the risk-coverage closed forms), the same
+whatever the batching; nothing is re-read or re-sorted.
 """
 
 from __future__ import annotations

@@ -1,22 +1,9 @@
-"""Calibration metrics at a temperature, as defined in the CLI contract.
+"""Calibration metrics at a temperature, as the CLI contract defines them (docs/metrics.md): NLL, ECE, MCE, the RMS
+calibration error, Brier, accuracy, entropy and equal-width bins with a 95% Wilson interval on each bin's accuracy;
+the decision figures of the same read (:mod:`.decisions`), and an optional capability's through :class:`ReadExtra`.
 
-* Confidence: the largest predicted probability; prediction: its arg-max (first on ties;
-  a single binary logit predicts class 1 when ``sigmoid >= 0.5``).
-* ECE: ``bins`` equal-width bins over [0, 1]; bin i holds confidences in (i/B, (i+1)/B]
-  and the first also holds 0; ``ECE = sum_i (n_i / N) |acc_i - conf_i|``. MCE: the largest
-  such gap over non-empty bins. RMS calibration error (``rms_ce``, :func:`rms_from_bins`): the
-  same bins, ``sqrt(sum_i (n_i / N) (acc_i - conf_i)^2)`` (the figure confidence-based leaderboards quote).
-* NLL: mean negative natural log of the true class's probability. Brier: mean over samples
-  of ``sum_c (p_c - onehot_c)^2``. Entropy: mean of ``-sum_c p_c ln p_c`` (nats).
-* Each bin's accuracy carries a 95% Wilson score interval (Wilson 1927), which stays inside [0, 1] and does not
-  shrink to a point at accuracy 0 or 1, so a bin of 3 samples shows its uncertainty. An empty bin has none.
-* What T does to decisions (:mod:`.decisions`, from the same pass's per-row confidences): AURC, E-AURC and
-  AUGRC of the risk-coverage curve, the smooth ECE, and the curve itself. Figures of an optional capability that
-  ride on the same read (the conformal sets of :mod:`tempcal.conformal`) come in through :class:`ReadExtra`.
-
-And the calibration-error estimators beside the contract's equal-width ECE (``--estimators``), each a function of the
-data alone: per-sample estimators take ``confidence`` (max softmax) and ``correct`` as :meth:`Scan.per_sample` gives
-them, and sort them by (confidence, correct) before any sum, so that the order of the samples cannot change a figure.
+The estimators beside them (``--estimators``) are functions of the data alone: per-sample ones sort (confidence,
+correct) before any sum, so that the order of the samples cannot change a figure.
 """
 
 from __future__ import annotations
@@ -59,10 +46,8 @@ class SetFigures(Protocol):
 
 @dataclass(frozen=True)
 class ReliabilityBin:
-    """One equal-width confidence bin; ``confidence``, ``accuracy`` and its interval are None when it is empty.
-
-    ``accuracy_low`` and ``accuracy_high`` bound the bin's accuracy: the 95% Wilson score interval.
-    """
+    """One equal-width confidence bin, ``accuracy_low`` to ``accuracy_high`` its accuracy's 95% Wilson score interval;
+    ``confidence``, ``accuracy`` and the interval are None when it is empty."""
 
     lower: float
     upper: float
@@ -201,12 +186,8 @@ class ReadExtra(Protocol):
 
 def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS,
                   extra: ReadExtra | None = None) -> list[CalibrationMetrics]:
-    """Calibration metrics at several temperatures in one pass over the data.
-
-    The decision figures come from the same read (every row's confidence at every temperature; beyond a quarter
-    of the free memory, a group of temperatures per read); ``extra`` adds its figures from these rows (the conformal
-    sets).
-    """
+    """Calibration metrics at several temperatures in one pass over the data, with the decision figures (beyond a
+    quarter of the free memory, a group of temperatures per read) and ``extra``'s (the conformal sets)."""
     for tau in taus:
         if not tau > 0:
             raise ValueError(f"temperature must be > 0, got {tau}")

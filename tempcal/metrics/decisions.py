@@ -1,33 +1,10 @@
-"""What T does to decisions made on the confidence: the risk-coverage figures and the smooth ECE of any rows.
+"""What T does to decisions made on the confidence: AURC, E-AURC, AUGRC, the risk-coverage curve and the smooth ECE
+(docs/metrics.md defines them) of any rows, every rank's in rank order, holding beyond the caller's confidences at
+most 4 bytes per row (the confidences of the right or of the wrong rows, whichever are fewer).
 
-:func:`decision_figures` takes the confidences of a set of rows (every row, one group's, one fold's) and whether
-each prediction is right, and gives AURC, E-AURC, AUGRC, the smooth ECE and a risk-coverage curve of
-:data:`CURVE_POINTS` points, holding beyond the caller's confidences at most 4 bytes per row. The rows are gathered
-from every torch.distributed rank in rank order, so every figure is the one-process figure.
-
-The risk-coverage figures of the contract: rows are ranked by confidence, highest first; ``errors(k)`` counts the
-misclassified rows among the k most confident, a block of m rows of equal confidence holding e errors contributing
-``j * e / m`` after its first j rows (the expectation over the orders of the tie). With N rows of which ``N_c`` are
-correct:
-
-* AURC ``= (1/N) sum_k errors(k) / k``: the area under the risk-coverage curve (risk = error rate among
-  the rows kept);
-* E-AURC ``= AURC - (1/N) sum_k max(0, k - N_c) / k``: minus the AURC of a perfect ranking (every
-  correct row first), so 0 is the best a ranking of these predictions can do;
-* AUGRC ``= (1/N) sum_k errors(k) / N``: the generalised risk (errors kept over all rows), Traub et al. 2024.
-
-Memory: every confidence and every misclassified row's, sorted in place; tie blocks are runs in both, taken
-:data:`CHUNK` values at a time, and harmonic sums give each block's contribution in closed form.
-
-The smooth ECE (Blasiok & Nakkiran 2023) of (confidence, correct), as ``relplot.smECE`` computes it (relplot 1.0.3).
-The residuals ``r_i = conf_i - correct_i`` and the rows themselves are spread onto a uniform grid over [0, 1]
-by linear interpolation, smoothed by a Gaussian kernel of width sigma reflected at 0 and 1, and
-``smECE(sigma) = sum_t |R(t) / D(t)| D(t) / sum_t D(t)`` over an evaluation mesh, with R and D the smoothed
-residuals and density (D plus 1e-4). The bandwidth is relplot's fixed point: the sigma found by bisection on
-(0, 1] (10 halvings) where ``smECE(sigma) = sigma`` (sigma below 1e-3 accepted). It needs only the arrays the
-risk-coverage figures keep: ``sum_i w_i r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``. relplot is not a dependency
-(it imports pandas and seaborn); the tests check against it to 1e-4.
-
+The risk-coverage sums walk the ranked confidences :data:`CHUNK` values at a time, each tie block's part in closed
+form from harmonic sums; the smooth ECE is relplot 1.0.3's ``smECE`` (its grid, reflected Gaussian kernel and
+bandwidth bisection), spread from the same arrays with ``sum_i w_i r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``.
 ``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost.
 """
 
@@ -270,10 +247,8 @@ def enabled() -> bool:
 
 
 def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: bool = False) -> DecisionFigures:
-    """The figures of rows with these confidences (float64) and correctness (bool); any subset of rows.
-
-    ``overwrite`` lets the confidences be ranked in place (the array is then sorted and negated).
-    """
+    """The figures of any rows with these confidences (float64) and correctness (bool); ``overwrite`` lets the
+    confidences be ranked in place (the array is then sorted and negated)."""
     confidence = np.asarray(confidence, dtype=np.float64)
     correct = np.asarray(correct, dtype=bool)
     if confidence.size == 0:
@@ -328,6 +303,5 @@ def temperatures_per_read(rows: int, device: torch.device | str) -> int:
     return max(1, int(min(free) * MEMORY_SHARE) // (ROW_BYTES * rows))
 
 
-__all__ = ["CHUNK", "CURVE_POINTS", "MAX_GROUPS", "DecisionFigures", "SelectiveMetrics", "decision_figures",
-           "enabled", "gathered_correct", "harmonic", "rank_in_place", "ranked_curve",
-           "ranked_metrics", "smooth_ece", "smooth_ece_at", "subset_decisions", "temperatures_per_read"]
+__all__ = ["CHUNK", "MAX_GROUPS", "decision_figures", "enabled", "gathered_correct", "harmonic", "rank_in_place",
+           "ranked_curve", "ranked_metrics", "smooth_ece", "subset_decisions", "temperatures_per_read"]

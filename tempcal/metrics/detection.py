@@ -1,24 +1,7 @@
-"""Detection figures of per-sample scores, in-distribution (ID) samples positive, higher score = more ID.
-
-* AUROC: the chance that a random ID sample scores above a random OOD sample, ties counted half
-  (the area under the ROC curve, as ``sklearn.metrics.roc_auc_score`` computes it).
-* AUPR-In: average precision with ID positive, ranked by the score; AUPR-Out: average precision
-  with OOD positive, ranked by minus the score (both as ``sklearn.metrics.average_precision_score``:
-  the sum over distinct thresholds of the recall step times the precision there, tied scores
-  forming one threshold).
-* FPR95: with ``k = ceil(0.95 * n_id)``, the threshold ``s`` is the k-th largest ID score,
-  i.e. the largest ``s`` with ``mean(id >= s) >= 0.95``; FPR95 ``= mean(ood >= s)``, ties
-  counted as accepted.
-
-All of them come from one sort of the ID and OOD scores together (:func:`detection_metrics`).
-:func:`detection_intervals` adds seeded percentile-bootstrap intervals for AUROC and FPR95, ID and OOD resampled
-separately as multinomial counts over the scores sorted once: nothing is re-read or re-sorted per resample.
-
-Whether a ranking means anything outside float64 (:func:`float32_loss`): at large tau the softmax tends to uniform,
-so the scores keep their ranking only in ever later digits, and a float64 AUROC can be excellent while a float32
-model ranks by rounding. An AUROC that falls when the float64 scores are merely rounded to float32 is one no float32
-deployment can be counted on to reach.
-"""
+"""Detection figures of per-sample scores (docs/commands.md defines them: ID positive, higher = more ID): AUROC,
+AUPR-In, AUPR-Out and FPR95 from one sort, their seeded bootstrap intervals from multinomial counts over scores sorted
+once, and whether a ranking survives float32 (:func:`float32_loss`: at large tau the scores differ only in late
+digits, so a float64 AUROC may be one no float32 deployment reaches)."""
 
 from __future__ import annotations
 
@@ -286,6 +269,5 @@ def sums_to_zero(*values) -> bool:
     return all(a.size for a in arrays) and all(bool(np.all(np.abs(a) <= LOG_SUM_TOLERANCE)) for a in arrays)
 
 
-__all__ = ["FLOAT32_AUROC_LOSS", "ID_RECALL", "LOG_SUM_TOLERANCE", "OodMetrics", "SortedOod", "detection_against",
-           "detection_intervals", "detection_metrics", "float32_loss", "fpr_at_recall",
-           "percentile_interval", "ranking_figures", "sums_to_zero"]
+__all__ = ["ID_RECALL", "OodMetrics", "SortedOod", "detection_against", "detection_intervals", "detection_metrics",
+           "float32_loss", "fpr_at_recall", "percentile_interval", "sums_to_zero"]

@@ -309,14 +309,11 @@ def sweep_sentence(result) -> str:
 
 def single_reliability_table(metrics, label: str) -> Table:
     """Per-bin count, confidence, accuracy and gap of one figure set (``label``: what it was computed at)."""
-    table = Table(title=f"reliability at {label}", caption="gap = accuracy - confidence",
-                  title_justify="left", show_edge=False, pad_edge=False)
-    for name in ("bin", "n", "conf", "acc", "gap"):
-        table.add_column(name, justify="left" if name == "bin" else "right", no_wrap=True)
-    for b in metrics.bins:
-        if b.count:
-            table.add_row(f"{b.lower:.2f}-{b.upper:.2f}", *_bin_cells(b))
-    return table
+    shown = [b for b in metrics.bins if b.count]
+    columns = [Column("bin", [f"{b.lower:.2f}-{b.upper:.2f}" for b in shown], justify="left")]
+    columns += [Column(name, [_bin_cells(b)[j] for b in shown]) for j, name in enumerate(("n", "conf", "acc", "gap"))]
+    return _table(columns, Rows(), {"title": f"reliability at {label}", "caption": "gap = accuracy - confidence",
+                                    "title_justify": "left", "show_edge": False, "pad_edge": False})
 
 
 def extras_tables(console: Console, labels: list[str], extras: list[dict], header: str = "tau") -> list[Table]:

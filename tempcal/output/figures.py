@@ -21,11 +21,6 @@ DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def labelled(label: str, unit: str) -> str:
-    """A label with its unit, as prose outputs show it: ``entropy (nats)``."""
-    return f"{label} ({unit})" if unit else label
-
-
 def min_nll_taus(results) -> list[float]:
     """The temperatures of the rows with the lowest NLL, over every row given (the stored T's included)."""
     finite = [m for m in results if m.nll == m.nll]  # NaN compares unequal to itself
@@ -80,4 +75,4 @@ def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None
     return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
 
 
-__all__ = ["DISPLAYED_METRICS", "group_coverage", "labelled", "min_nll_taus", "threshold_text"]
+__all__ = ["DISPLAYED_METRICS", "group_coverage", "min_nll_taus", "threshold_text"]

@@ -9,9 +9,10 @@ from urllib.parse import quote
 
 from ..errors import neutral
 from ..workflows.common import ROWS_ALL
-from .figures import DISPLAYED_METRICS, labelled
+from .figures import DISPLAYED_METRICS
 
-ROWS = tuple((labelled(label, unit), key) for key, label, unit in DISPLAYED_METRICS)
+#: The table's rows: ``(label with its unit, as prose shows it, attribute)``.
+ROWS = tuple((f"{label} ({unit})" if unit else label, key) for key, label, unit in DISPLAYED_METRICS)
 
 
 def code(text: object) -> str:

@@ -1,9 +1,5 @@
-"""Training-free out-of-distribution scores, each a :class:`~tempcal.scores.base.Score`.
-
-To add a score: write a ``Score`` subclass in a module whose ``SCORES`` maps its name to an instance, and add one
-line to :data:`REGISTRY`. Modules are imported on first use, so the CLI can list and check the
-names without importing torch. Every score is computed at every temperature of a pass from one
-read of each chunk (:class:`~tempcal.scores.engine.ScorePass`); higher = more in-distribution.
+"""Training-free out-of-distribution scores, each a :class:`~tempcal.scores.shared.Score`; higher = more
+in-distribution. The registry is torch-free: the CLI lists and checks names without importing a score's module.
 """
 
 from __future__ import annotations
@@ -15,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import TempcalError, param
 
 if TYPE_CHECKING:
-    from .base import Score
+    from .shared import Score
 
 #: Every score's name and its module, in the order reports list them.
 REGISTRY: dict[str, str] = {"msp": "basic", "energy": "basic", "maxlogit": "basic", "entropy": "basic", "gen": "gen"}

@@ -1,20 +1,7 @@
-"""The four closed-form scores, each a line of the chunk's shared intermediates (:mod:`tempcal.scores.shared`).
-
-* MSP, ``max_c p_c`` with ``p = softmax(z / tau)``: Hendrycks & Gimpel, "A Baseline for Detecting Misclassified and
-  Out-of-Distribution Examples in Neural Networks", ICLR 2017; with a temperature, Liang et al., "Enhancing the
-  Reliability of Out-of-distribution Image Detection in Neural Networks" (ODIN), ICLR 2018.
-* Energy, ``tau * logsumexp(z / tau)`` (minus the free energy): Liu, Wang, Owens & Li, "Energy-based
-  Out-of-distribution Detection", NeurIPS 2020.
-* MaxLogit, ``max_c z_c / tau``: Hendrycks, Basart, Mazeika, Zou, Kwon, Mostajabi, Steinhardt & Song, "Scaling
-  Out-of-Distribution Detection for Real-World Settings", ICML 2022. Dividing by the same ``tau > 0`` keeps the rows'
-  order: every ranking figure is the same at every temperature.
-* Negative entropy, ``sum_c p_c ln p_c`` (minus the Shannon entropy, in nats; ``0 ln 0 = 0``).
-
-With ``r`` the sum over the non-max classes of ``exp((z_c - z_max) / tau)``, in float64: ``msp = exp(-log1p(r))`` (in
-float32 ``1 + r`` rounds to 1 for every ``r < 6e-8``, so confident rows would tie) and ``energy = z_max + tau *
-log1p(r)`` (nothing overflows, ``z_max`` is exact). With ``d_c = z_c - z_max``, ``e_c = exp(beta d_c)``, ``s0 = sum
-e_c``: ``sum p ln p = beta * Q / s0 - log s0``, ``Q = sum_{c != argmax} e_c d_c = exp(a) (q' - m r')`` from the sums
-relative to the second maximum; both terms are <= 0, so nothing cancels; ``-inf`` logits count 0.
+"""The four closed-form scores (MSP, energy, MaxLogit, negative entropy; docs/commands.md gives their definitions and
+papers), each a line of float64 algebra on the chunk's shared values (:mod:`tempcal.scores.shared`). The negative
+entropy is ``beta * Q / s0 - log s0`` with ``Q = sum_{c != argmax} e_c d_c = exp(a) (q' - m r')``: two terms <= 0, so
+nothing cancels; ``-inf`` logits count 0.
 """
 
 from __future__ import annotations
@@ -23,8 +10,7 @@ from typing import ClassVar
 
 import torch
 
-from .base import Score
-from .shared import Intermediates
+from .shared import Intermediates, Score
 
 
 class MaxSoftmax(Score):

@@ -1,9 +1,5 @@
-"""One read of each chunk for every score at every temperature: the scores-only pass.
-
-Per chunk, once: ``z1``, ``z2`` (with the top k logits when a score reads them) and ``d' = min(z - z2, 0)``; per
-temperature, the only C-wide work: ``r'`` and ``q'`` (:mod:`tempcal.scores.shared`). Chunks are computed in float32,
-or float64 when they are float64; per-row results are float64.
-"""
+"""The scores-only pass: every score at every temperature from one read of each chunk; per chunk once the row values
+(:mod:`tempcal.scores.shared`), per temperature only the C-wide sums, in float32 (float64 for float64 chunks)."""
 
 from __future__ import annotations
 
@@ -16,8 +12,7 @@ import torch
 from ..core.parallel import Scratch
 from ..errors import TempcalError, param
 from . import get_score
-from .base import Score
-from .shared import FLAT, FLOAT64, Intermediates, beta_fits
+from .shared import FLAT, FLOAT64, Intermediates, Score, beta_fits
 
 if TYPE_CHECKING:
     from ..core.scan import RowBlock, Scan
@@ -192,4 +187,4 @@ def _joined(chunks: Iterable[dict[str, torch.Tensor]], names: Sequence[str], tem
             for name, values in parts.items()}
 
 
-__all__ = ["ScorePass", "as_classes", "check_betas", "scan_scores"]
+__all__ = ["ScorePass", "as_classes", "scan_scores"]

@@ -1,4 +1,8 @@
-"""What the scores of one chunk share: temperature-free row values, per-temperature sums, and float64 values.
+"""The contract of every OOD score (:class:`Score`) and what the scores of one chunk share (:class:`Intermediates`).
+
+A scoring pass (:class:`~tempcal.scores.engine.ScorePass`) builds one ``Intermediates`` per chunk: temperature-free
+row values, per-temperature sums, and float64 values; a score turns them into float64 ``[T, n]`` (one row per
+temperature: a tenth of the launches of one call per temperature), higher = more in-distribution.
 
 Notation, per row (``z`` the logits in the compute dtype, ``beta = 1 / tau``):
 
@@ -14,8 +18,10 @@ Shifting by ``z2`` rather than ``z1`` keeps float32 chunks honest at saturation:
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from functools import cached_property
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -113,10 +119,37 @@ class Intermediates:
         return self._q.to(FLOAT64)
 
 
+class Score(ABC):
+    """One training-free OOD score of logits at temperature ``tau``: set ``name``, ``label``, ``sums`` and
+    ``top_k`` (what the pass must prepare), implement ``compute``; a score with parameters overrides ``configure``."""
+
+    #: The name used by ``--score`` and in results.
+    name: ClassVar[str]
+    #: How tables and sentences name it.
+    label: ClassVar[str]
+    #: Per-temperature sums over classes this score needs besides ``r'`` (see ``Intermediates.SUMS``).
+    sums: ClassVar[frozenset[str]] = frozenset()
+
+    def configure(self, options: Mapping[str, Any]) -> Score:
+        """This score set up with ``options`` (the ones it knows, e.g. ``gen_gamma``); by default itself."""
+        return self
+
+    def top_k(self, num_classes: int) -> int:
+        """How many of each row's largest logits this score reads (found once per chunk for every tau); 0: none."""
+        return 0
+
+    @abstractmethod
+    def compute(self, x: Intermediates) -> torch.Tensor:
+        """Float64 scores ``[T, n]`` (row t at ``x.beta[t]``) from the chunk's shared intermediates."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
 def beta_fits(beta: float, dtype: torch.dtype) -> bool:
     """True when ``beta = 1 / tau`` is a normal number of ``dtype`` (else the pass multiplies in float64)."""
     info = torch.finfo(dtype)
     return info.tiny <= beta <= info.max
 
 
-__all__ = ["FLAT", "FLOAT64", "Intermediates", "beta_fits"]
+__all__ = ["FLAT", "FLOAT64", "Intermediates", "Score", "beta_fits"]
