@@ -258,18 +258,22 @@ def _per_sample(confidence, correct) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class EqualMassBins:
-    """Non-empty equal-mass bins over sorted confidences: member ranges, counts and sums (float64 arrays)."""
+    """Non-empty equal-mass bins over sorted confidences: counts, sums and member ranges (float64 arrays)."""
 
-    start: np.ndarray  # first member's rank in the sorted confidences
     count: np.ndarray
     confidence: np.ndarray  # sum of members' confidences
     correct: np.ndarray  # number of correct members
     lower: np.ndarray  # smallest member confidence
     upper: np.ndarray  # largest member confidence
 
-    @property
-    def total(self) -> int:
-        return int(self.count.sum())
+    def ece(self) -> float:
+        return float(np.sum(np.abs(self.correct - self.confidence)) / self.count.sum())
+
+    def debiased_l2(self) -> float:
+        accuracy = self.correct / self.count
+        gap2 = (self.confidence / self.count - accuracy) ** 2
+        terms = np.where(self.count >= 2, gap2 - accuracy * (1 - accuracy) / np.maximum(self.count - 1, 1), 0.0)
+        return math.sqrt(max(float(np.sum(self.count / self.count.sum() * terms)), 0.0))
 
 
 def _equal_mass(c: np.ndarray, k: np.ndarray, bins: int) -> EqualMassBins:
@@ -284,7 +288,7 @@ def _equal_mass(c: np.ndarray, k: np.ndarray, bins: int) -> EqualMassBins:
     snapped = np.where(hi - nominal <= nominal - lo, hi, lo)  # nearest allowed cut; the upper one on a tie
     cuts = np.unique(np.concatenate(([0], snapped, [n])))
     start, stop = cuts[:-1], cuts[1:]
-    return EqualMassBins(start=start, count=(stop - start).astype(np.float64),
+    return EqualMassBins(count=(stop - start).astype(np.float64),
                          confidence=np.add.reduceat(c, start), correct=np.add.reduceat(k, start),
                          lower=c[start], upper=c[stop - 1])
 
@@ -297,29 +301,17 @@ def equal_mass_bins(confidence, correct, bins: int = 15) -> EqualMassBins:
     return _equal_mass(c, k, check_bins(bins))
 
 
-def _ece_of(b: EqualMassBins) -> float:
-    return float(np.sum(np.abs(b.correct - b.confidence)) / b.total)
-
-
-def _debiased_of(b: EqualMassBins) -> float:
-    accuracy = b.correct / b.count
-    gap2 = (b.confidence / b.count - accuracy) ** 2
-    safe = np.maximum(b.count - 1, 1)
-    terms = np.where(b.count >= 2, gap2 - accuracy * (1 - accuracy) / safe, 0.0)
-    return math.sqrt(max(float(np.sum(b.count / b.total * terms)), 0.0))
-
-
 def ece_equal_mass(confidence, correct, bins: int = 15) -> float:
     """ECE over :func:`equal_mass_bins`: sum over bins of (n_b / N) |accuracy_b - mean confidence_b| (Nixon et al.
     2019; the ECE_EM of Roelofs et al., AISTATS 2022)."""
-    return _ece_of(equal_mass_bins(confidence, correct, bins))
+    return equal_mass_bins(confidence, correct, bins).ece()
 
 
 def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
     """Debiased L2 calibration error of Kumar, Liang & Ma (NeurIPS 2019) over :func:`equal_mass_bins`:
     ``sqrt(max(0, sum_b (n_b/N) [(conf_b - acc_b)^2 - acc_b (1 - acc_b) / (n_b - 1)]))``, bins of one sample adding
     0 as in the authors' code."""
-    return _debiased_of(equal_mass_bins(confidence, correct, bins))
+    return equal_mass_bins(confidence, correct, bins).debiased_l2()
 
 
 # -- equal-width bins ----------------------------------------------------------------------
@@ -379,7 +371,7 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
         stats = per_sample if per_sample is not None else scan.per_sample(beta)
         c, k = _per_sample(stats["confidence"], stats["correct"])
         mass = _equal_mass(c, k, bins)
-        out.update(ece_equal_mass=_ece_of(mass), l2_ce_debiased=_debiased_of(mass))  # the names asked are kept
+        out.update(ece_equal_mass=mass.ece(), l2_ce_debiased=mass.debiased_l2())  # the names asked are kept
         if "rms_ce" in names:  # the same confidences in the same bins as the calibration pass
             out["rms_ce"] = _rms_of(c, k, bins)
     elif "rms_ce" in names:
