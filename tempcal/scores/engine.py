@@ -76,12 +76,6 @@ class ScorePass:
         x = self._intermediates(z, row_max, has_neginf)
         return {score.name: score.compute(x) for score in self.scores}
 
-    def stream(self, chunks: Iterable[torch.Tensor | tuple[torch.Tensor, torch.Tensor | None, bool | None]]
-               ) -> dict[str, torch.Tensor]:
-        """Concatenated ``[T, N]`` values over chunks (each a tensor, or ``(z, row_max, has_neginf)``)."""
-        items = ((item, None, None) if isinstance(item, torch.Tensor) else item for item in chunks)
-        return _joined((self.chunk(*item) for item in items), [s.name for s in self.scores], len(self.betas))
-
     def _intermediates(self, z: torch.Tensor, row_max: torch.Tensor | None, has_neginf: bool) -> Intermediates:
         """The chunk's shared values: temperature-free row values once, then the one loop over temperatures."""
         z1 = z.amax(1) if row_max is None else row_max.to(z.dtype)
