@@ -30,11 +30,9 @@ def svg(fig) -> str:
         fig.savefig(buffer, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buffer.getvalue()
-    text = text[text.index("<svg"):]
     # The page sizes figures (CSS width 100%); the viewBox keeps the aspect ratio.
-    text = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"',
-                  r'<svg\1 role="img" preserveAspectRatio="xMidYMid meet"', text, count=1)
-    return text
+    return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"',
+                  r'<svg\1 role="img" preserveAspectRatio="xMidYMid meet"', text[text.index("<svg"):], count=1)
 
 
 def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:

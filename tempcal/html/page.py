@@ -148,8 +148,7 @@ def _group_coverage_table(groups: Sequence[dict], after: Basis) -> Table | None:
         for g in sorted(found, key=lambda g: g.lowest - (1 - g.alpha))]
     return Table(header=header, rows=rows,
                  caption=f"conformal coverage per group at the global T ({after.label()}), lowest first; marked: "
-                         "short of 1 - alpha "
-                         f"beyond chance (one-sided binomial p < {SHORT_P:g})")
+                         f"short of 1 - alpha beyond chance (one-sided binomial p < {SHORT_P:g})")
 
 
 def _fit_context(report: Any, data: dict) -> dict:

@@ -1,8 +1,7 @@
 """Seeded percentile-bootstrap intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC, from one per-sample
 pass: resample r counts the draws of the r-th ``default_rng(seed).integers(0, N, size=N)`` call, so its figures are
 count vectors times fixed per-sample figures (laid out by confidence for the risk-coverage closed forms), the same
-whatever the batching; nothing is re-read or re-sorted.
-"""
+whatever the batching; nothing is re-read or re-sorted."""
 
 from __future__ import annotations
 
@@ -108,9 +107,8 @@ def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: in
 
 def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64 numpy copies of the per-sample statistics, checked for matching lengths and sane values."""
-    arrays = [torch.as_tensor(a).detach().to("cpu", torch.float64).numpy().reshape(-1)
-              for a in (confidence, correct, nll)]
-    c, k, nll = arrays
+    c, k, nll = (torch.as_tensor(a).detach().to("cpu", torch.float64).numpy().reshape(-1)
+                 for a in (confidence, correct, nll))
     if not (c.size == k.size == nll.size):
         raise TempcalError(f"per-sample statistics differ in length: {c.size} confidences, {k.size} "
                            f"correctness flags, {nll.size} NLL values")

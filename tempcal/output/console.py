@@ -49,11 +49,8 @@ class TrimmedLines:
         return getattr(self.out, "encoding", None) or "utf-8"
 
 
-def output_console(file: Any = None, **options: Any) -> Console:
-    """The console a command renders to: standard output (or ``file``), lines trimmed when it is no terminal."""
-    import sys
-
-    out = sys.stdout if file is None else file
+def output_console(out: Any, **options: Any) -> Console:
+    """The console a command renders to (on ``out``, standard output), lines trimmed when it is no terminal."""
     return Console(file=out if out.isatty() else cast(IO[str], TrimmedLines(out)), **options)
 
 
@@ -264,14 +261,9 @@ def report_notes(result) -> list[str]:
     two or more), ``per-group T`` on the row of each group at its own stored T."""
     points = result.points()
     lowest = set(min_nll_taus(points)) if len(points) > 1 else set()
-    notes = []
-    for k, m in enumerate(result.results):
-        basis = result.basis(k)
-        if not basis.sweep_point:
-            notes.append(basis.label().replace(" (stored)", ""))
-            continue
-        notes.append(", ".join((["stored"] if basis.stored else []) + (["min NLL"] if m.tau in lowest else [])))
-    return notes
+    bases = [result.basis(k) for k in range(len(result.results))]
+    return [", ".join((["stored"] if b.stored else []) + (["min NLL"] if m.tau in lowest else [])) if b.sweep_point
+            else b.label().replace(" (stored)", "") for m, b in zip(result.results, bases, strict=True)]
 
 
 def report_tables(console: Console, result) -> list[Table]:
