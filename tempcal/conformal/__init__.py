@@ -1,6 +1,5 @@
 """Conformal prediction sets (``--conformal-alpha``), one capability, one package: ``sets`` the maths, ``passes`` the
-chunk visitors and the memory policy, ``folds`` and ``report`` the commands' sets; their entry points, imported here.
-"""
+chunk visitors and the memory policy, ``folds`` and ``report`` the commands' sets; their entry points, imported here."""
 
 from __future__ import annotations
 

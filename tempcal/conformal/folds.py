@@ -1,7 +1,6 @@
 """``fit``'s conformal sets by subset: out of fold (``--folds K``: fold k's rows get their sets with the thresholds of
 the other folds' rows, at T = 1 and at T_k; ``threshold`` is the deployed one from all rows; docs/metrics.md) and
-per group of rows under the same thresholds (``--group-by``, ``report --group-by`` too), one read of the judged rows.
-"""
+per group of rows under the same thresholds (``--group-by``, ``report --group-by`` too), one read of the judged rows."""
 
 from __future__ import annotations
 

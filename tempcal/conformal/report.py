@@ -1,8 +1,7 @@
 """``report --conformal-alpha A``: the sets at every temperature of a report (at a fixed alpha T moves the mean set
 size, not the coverage). The thresholds come from the stored split's fitting rows and the sets are judged on its
 held-out rows when SOURCE has such a split (so at the stored T they equal that fit's ``after.conformal``), else from a
-seeded, class-stratified half and the other half; then the sets ride on the metrics pass.
-"""
+seeded, class-stratified half and the other half; then the sets ride on the metrics pass."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Split-conformal prediction sets of the contract, LAC and APS, not randomised (docs/metrics.md defines the scores,
 the threshold rank and the sets): the maths of one chunk's rows, and the results from sums that reduce over chunks
-and ranks like every other figure.
-"""
+and ranks like every other figure."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@ calibration error, Brier, accuracy, entropy and equal-width bins with a 95% Wils
 the decision figures of the same read (:mod:`.decisions`), and an optional capability's through :class:`ReadExtra`.
 
 The estimators beside them (``--estimators``) are functions of the data alone: per-sample ones sort (confidence,
-correct) before any sum, so that the order of the samples cannot change a figure.
-"""
+correct) before any sum, so that the order of the samples cannot change a figure."""
 
 from __future__ import annotations
 

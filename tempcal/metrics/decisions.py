@@ -5,8 +5,7 @@ most 4 bytes per row (the confidences of the right or of the wrong rows, whichev
 The risk-coverage sums walk the ranked confidences :data:`CHUNK` values at a time, each tie block's part in closed
 form from harmonic sums; the smooth ECE is relplot 1.0.3's ``smECE`` (its grid, reflected Gaussian kernel and
 bandwidth bisection), spread from the same arrays with ``sum_i w_i r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``.
-``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost.
-"""
+``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost."""
 
 from __future__ import annotations
 

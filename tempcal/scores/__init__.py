@@ -1,6 +1,5 @@
 """Training-free out-of-distribution scores, each a :class:`~tempcal.scores.shared.Score`; higher = more
-in-distribution. The registry is torch-free: the CLI lists and checks names without importing a score's module.
-"""
+in-distribution. The registry is torch-free: the CLI lists and checks names without importing a score's module."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The four closed-form scores (MSP, energy, MaxLogit, negative entropy; docs/commands.md gives their definitions and
 papers), each a line of float64 algebra on the chunk's shared values (:mod:`tempcal.scores.shared`). The negative
 entropy is ``beta * Q / s0 - log s0`` with ``Q = sum_{c != argmax} e_c d_c = exp(a) (q' - m r')``: two terms <= 0, so
-nothing cancels; ``-inf`` logits count 0.
-"""
+nothing cancels; ``-inf`` logits count 0."""
 
 from __future__ import annotations
 

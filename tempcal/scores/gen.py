@@ -4,8 +4,7 @@
     gen = -p_2^g * [ (r' / s0)^g  +  sum_{non-max c in top M} exp(g (L_c + log1p(-p_2 e^{L_c}))) ]
 
 so ``1 - p_max`` is never formed as ``1 - p`` and ``p_c^g`` is ``exp(g L)`` (no float32 underflow). The top M
-logits are found once per chunk; the maximum in that block, clamped to the second maximum's gap, is subtracted once.
-"""
+logits are found once per chunk; the maximum in that block, clamped to the second maximum's gap, is subtracted once."""
 
 from __future__ import annotations
 
