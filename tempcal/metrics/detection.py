@@ -220,8 +220,6 @@ def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.nda
     row the same ID and OOD samples). Resample r counts the r-th draws of ``default_rng(seed)`` (ID) and of
     ``default_rng([seed, ood_stream])`` (OOD): the same ID resamples for every OOD file. ``batch`` never changes them.
     """
-    if len(id_rows) != len(ood_rows) or not id_rows:
-        raise ValueError("detection_intervals needs one or more rows of ID and OOD scores")
     if isinstance(n_resamples, bool) or int(n_resamples) != n_resamples or n_resamples < 1:
         raise TempcalError(f"the bootstrap needs a whole number of resamples >= 1, got {n_resamples}")
     if not 0 < level < 1:

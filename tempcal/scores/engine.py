@@ -59,9 +59,6 @@ class ScorePass:
         self.scores = list(scores)
         self.betas = check_betas(betas)
         self.sums: frozenset[str] = frozenset().union(*(s.sums for s in scores))
-        unknown = self.sums - Intermediates.SUMS
-        if unknown:
-            raise ValueError(f"unknown per-temperature sums {sorted(unknown)}")
         self.workspace = workspace if workspace is not None else Scratch()
 
     def chunk(self, z: torch.Tensor, row_max: torch.Tensor | None = None,

@@ -13,8 +13,7 @@ Notation, per row (``z`` the logits in the compute dtype, ``beta = 1 / tau``):
 * float64 from there: ``a = -beta m``, ``r = exp(a) r'``, ``s0 = 1 + r``, ``p_max = 1 / s0``, ``p_2 = exp(a) / s0``.
 
 Shifting by ``z2`` rather than ``z1`` keeps float32 chunks honest at saturation: relative to ``z1`` every non-max
-``exp(beta d)`` underflows once ``beta m`` passes ~87 and ``1 + r`` rounds to 1 once ``r < 6e-8``.
-"""
+``exp(beta d)`` underflows once ``beta m`` passes ~87 and ``1 + r`` rounds to 1 once ``r < 6e-8``."""
 
 from __future__ import annotations
 
@@ -37,9 +36,6 @@ FLAT = 0.1
 class Intermediates:
     """A chunk's shared values: row tensors float64 ``[n]``, ``beta`` and ``tau`` ``[T, 1]``, and float64 ``[T, n]``
     values made on first use."""
-
-    #: The optional per-temperature sums over classes a score may ask for (``Score.sums``).
-    SUMS = frozenset({"q"})
 
     def __init__(self, *, betas: list[float], z1: torch.Tensor, z2: torch.Tensor, r_sum: torch.Tensor,
                  q: torch.Tensor | None, top_gaps: torch.Tensor | None, num_classes: int, workspace: Scratch):
@@ -127,7 +123,7 @@ class Score(ABC):
     name: ClassVar[str]
     #: How tables and sentences name it.
     label: ClassVar[str]
-    #: Per-temperature sums over classes this score needs besides ``r'`` (see ``Intermediates.SUMS``).
+    #: Per-temperature sums over classes this score needs besides ``r'``: ``q`` (``Intermediates.q_prime``) or none.
     sums: ClassVar[frozenset[str]] = frozenset()
 
     def configure(self, options: Mapping[str, Any]) -> Score:
