@@ -8,17 +8,9 @@ from dataclasses import dataclass
 
 #: ``(attribute of CalibrationMetrics, label, unit or "")``.
 DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("nll", "NLL", ""),
-    ("ece", "ECE", ""),
-    ("rms_ce", "RMS calibration error", ""),
-    ("mce", "MCE", ""),
-    ("brier", "Brier", ""),
-    ("accuracy", "accuracy", ""),
-    ("entropy", "entropy", "nats"),
-    ("mean_confidence", "mean confidence", ""),
-    ("smece", "smooth ECE", ""),
-    ("aurc", "AURC", ""),
-)
+    ("nll", "NLL", ""), ("ece", "ECE", ""), ("rms_ce", "RMS calibration error", ""), ("mce", "MCE", ""),
+    ("brier", "Brier", ""), ("accuracy", "accuracy", ""), ("entropy", "entropy", "nats"),
+    ("mean_confidence", "mean confidence", ""), ("smece", "smooth ECE", ""), ("aurc", "AURC", ""))
 
 
 def min_nll_taus(results) -> list[float]:

@@ -1,8 +1,5 @@
-"""The contract of every OOD score (:class:`Score`) and what the scores of one chunk share (:class:`Intermediates`).
-
-A scoring pass (:class:`~tempcal.scores.engine.ScorePass`) builds one ``Intermediates`` per chunk: temperature-free
-row values, per-temperature sums, and float64 values; a score turns them into float64 ``[T, n]`` (one row per
-temperature: a tenth of the launches of one call per temperature), higher = more in-distribution.
+"""The contract of every OOD score (:class:`Score`: float64 ``[T, n]``, every temperature at once, a tenth of the
+launches of a call per temperature) and what a chunk's scores share (:class:`Intermediates`, built once per chunk).
 
 Notation, per row (``z`` the logits in the compute dtype, ``beta = 1 / tau``):
 
