@@ -122,7 +122,7 @@ class SortedOod:
         self.m = ordered.size
         self.values, counts = np.unique(ordered, return_counts=True)
         self.counts = counts.astype(np.float64)
-        self.up_to = np.cumsum(counts).astype(np.float64)  # U_j
+        self.below = np.r_[0, np.cumsum(counts)].astype(np.float64)  # under the j-th distinct value; U_j = below[j + 1]
         self.tied = np.flatnonzero(counts > 1)  # distinct values held by several OOD scores
         self.mean = float(ordered.mean()) if self.m else math.nan
 
@@ -130,14 +130,13 @@ class SortedOod:
         """``sum_{lo <= j < hi} c_j / (U_j + extra)`` for each run (``extra`` > 0: the subset's scores below)."""
         from scipy.special import digamma
 
-        first = np.where(lo > 0, self.up_to[np.maximum(lo - 1, 0)], 0.0) + 1  # the run's lowest OOD rank
-        last = np.where(hi > 0, self.up_to[np.maximum(hi - 1, 0)], 0.0)
+        first, last = self.below[lo] + 1, self.below[hi]  # the run's lowest and highest OOD rank
         out = np.where(hi > lo, digamma(last + extra + 1) - digamma(first + extra), 0.0)
         if self.tied.size:  # a block of c equal scores counts c / (U + I), not the harmonic sum over its ranks
             a, b = np.searchsorted(self.tied, lo), np.searchsorted(self.tied, hi)
             for k in np.flatnonzero(b > a):
                 j = self.tied[a[k]:b[k]]
-                u, c = self.up_to[j], self.counts[j]
+                u, c = self.below[j + 1], self.counts[j]
                 out[k] += np.sum(c / (u + extra[k]) - (digamma(u + extra[k] + 1) - digamma(u - c + extra[k] + 1)))
         return out
 
@@ -160,9 +159,7 @@ def detection_against(id_scores, ood: SortedOod, *, tau: float = 1.0, score: str
     lo = np.r_[0, cuts]
     hi = np.r_[cuts, ood.values.size]
     extra = np.r_[0, np.cumsum(id_in)].astype(np.float64)
-    counts_in = np.where(hi > 0, ood.up_to[np.maximum(hi - 1, 0)], 0.0) - np.where(lo > 0, ood.up_to[np.maximum(
-        lo - 1, 0)], 0.0)
-    sums = counts_in.copy()
+    sums = ood.below[hi] - ood.below[lo]  # each run's OOD scores
     inside = extra > 0
     sums[inside] -= extra[inside] * ood.run_sums(lo[inside], hi[inside], extra[inside])
     aupr_out = float(np.sum(sums) / m)

@@ -118,9 +118,8 @@ def fit_table(report) -> Table:
     table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {report.reads_label()}{conformal}, "
                         f"{status})", title_justify="left")
     table.add_column("metric")
-    table.add_column(f"before ({report.before_basis.label()})", justify="right")
-    table.add_column(f"after ({report.after_basis.label()})", justify="right")
-    table.add_column("change", justify="right")
+    for header in (f"before ({report.before_basis.label()})", f"after ({report.after_basis.label()})", "change"):
+        table.add_column(header, justify="right")
     for key, label, _ in (*DISPLAYED_METRICS, *FIT_DETAIL):
         a, b = getattr(report.before, key), getattr(report.after, key)
         table.add_row(label, f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}")
@@ -377,21 +376,14 @@ def _interval(bounds: tuple[float, float] | None) -> str:
     return "" if bounds is None else f"{bounds[0]:.4f}-{bounds[1]:.4f}"
 
 
-def _mean(value: float, digits: int = 0) -> str:
-    """Four decimals for scores in [0, 1] (MSP), five significant digits for energies of any size; ``digits``
-    significant digits when asked for."""
-    if digits:
-        return f"{value:.{digits}g}"
-    return f"{value:.4f}" if abs(value) < 10 else f"{value:.5g}"
-
-
-def _means(mean_id: float, mean_ood: float) -> tuple[str, str]:
-    """Both means, with up to seven significant digits where the usual ones print two different means alike."""
-    shown = _mean(mean_id), _mean(mean_ood)
+def _means(mean_id: float, mean_ood: float) -> tuple[str, ...]:
+    """Both means: four decimals for scores in [0, 1] (MSP), five significant digits for energies of any size, and up
+    to seven where those print two different means alike."""
+    shown = tuple(f"{v:.4f}" if abs(v) < 10 else f"{v:.5g}" for v in (mean_id, mean_ood))
     for digits in range(5, 8):
         if shown[0] != shown[1] or mean_id == mean_ood:
             break
-        shown = _mean(mean_id, digits), _mean(mean_ood, digits)
+        shown = f"{mean_id:.{digits}g}", f"{mean_ood:.{digits}g}"
     return shown
 
 
