@@ -23,9 +23,8 @@ BATCH_ENTRIES = 1 << 22
 
 def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                          *, batch: int | None = None) -> dict[str, np.ndarray]:
-    """The contract's ECE, the mean NLL and the risk-coverage figures on each of ``n_resamples`` seeded resamples:
-    float64 arrays ``{"ece": [R], "nll": [R], "aurc": [R], ...}``; ``batch`` changes memory and speed, never the draws.
-    """
+    """The contract's ECE, the mean NLL and the risk-coverage figures of ``n_resamples`` seeded resamples as float64
+    arrays ``{"ece": [R], "nll": [R], "aurc": [R], ...}``; ``batch`` changes memory and speed, never the draws."""
     c, k, nll = _inputs(confidence, correct, nll_per_sample)
     n = c.size
     n_resamples = whole_number(n_resamples, "bootstrap resamples")
@@ -89,8 +88,7 @@ class _Ranking:
 def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                         level: float = 0.95, *, batch: int | None = None) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap intervals ``{"ece": (low, high), "nll": ..., "aurc": ..., "eaurc": ..., "augrc": ...}`` at
-    confidence ``level``. Binned ECE is biased upwards, so a well-calibrated model's interval may lie above the point.
-    """
+    confidence ``level`` (binned ECE is biased upwards: a well-calibrated model's interval may lie above the point)."""
     if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0 < level < 1):
         raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")
     replicates = bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples, seed, bins, batch=batch)

@@ -133,9 +133,8 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
 
 def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200, *, right: bool = False
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """``(coverage, risk)`` at up to ``points`` coverages: the error rate among the k most confident rows, ties taken
-    in expectation; from ranked confidences, as :func:`ranked_metrics` takes them (``right`` too). For the
-    risk-coverage plots."""
+    """``(coverage, risk)`` at up to ``points`` coverages, risk the error rate among the k most confident rows (ties in
+    expectation), from confidences ranked as :func:`ranked_metrics` takes them (``right`` too)."""
     n = ranked.size
     if n == 0:
         return np.zeros(0), np.zeros(0)
@@ -167,9 +166,8 @@ def _spread(values: np.ndarray, points: int, offset: float | None) -> np.ndarray
 
 def _grid_sums(confidence: np.ndarray, subset: np.ndarray, points: int, right: bool = False
                ) -> tuple[np.ndarray, np.ndarray]:
-    """``(residual, count)`` spread onto ``points`` grid points, :data:`CHUNK` rows at a time (the temporaries
-    stay a few megabytes, whatever the rows). ``subset`` holds the misclassified rows' confidences (residual
-    ``conf - 1 + [wrong]``), or with ``right`` the correctly classified rows' (``conf - [right]``)."""
+    """``(residual, count)`` on ``points`` grid points, :data:`CHUNK` rows at a time (temporaries of a few MB);
+    ``subset``: the wrong rows' confidences (residual ``conf - 1 + [wrong]``), or with ``right`` the right rows'."""
     residual = np.zeros(points)
     count = np.zeros(points)
     for start in range(0, confidence.size, CHUNK):
