@@ -301,8 +301,9 @@ def sweep_sentence(result) -> str:
 def single_reliability_table(metrics, label: str) -> Table:
     """Per-bin count, confidence, accuracy and gap of one figure set (``label``: what it was computed at)."""
     shown = [b for b in metrics.bins if b.count]
+    cells = [_bin_cells(b) for b in shown]
     columns = [Column("bin", [f"{b.lower:.2f}-{b.upper:.2f}" for b in shown], justify="left")]
-    columns += [Column(name, [_bin_cells(b)[j] for b in shown]) for j, name in enumerate(("n", "conf", "acc", "gap"))]
+    columns += [Column(name, [c[j] for c in cells]) for j, name in enumerate(("n", "conf", "acc", "gap"))]
     return _table(columns, Rows(), {"title": f"reliability at {label}", "caption": "gap = accuracy - confidence",
                                     "title_justify": "left", "show_edge": False, "pad_edge": False})
 

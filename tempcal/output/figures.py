@@ -15,11 +15,8 @@ DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
 
 def min_nll_taus(results) -> list[float]:
     """The temperatures of the rows with the lowest NLL, over every row given (the stored T's included)."""
-    finite = [m for m in results if m.nll == m.nll]  # NaN compares unequal to itself
-    if not finite:
-        return []
-    lowest = min(m.nll for m in finite)
-    return [m.tau for m in finite if m.nll == lowest]
+    lowest = min((m.nll for m in results if m.nll == m.nll), default=None)  # NaN compares unequal to itself
+    return [m.tau for m in results if m.nll == lowest]
 
 
 def threshold_text(q: float, decimals: int = 4) -> str:
