@@ -46,11 +46,8 @@ def check_betas(betas: Iterable[float]) -> list[float]:
 
 
 class ScorePass:
-    """Every requested score at every temperature from one read of each chunk.
-
-    >>> scores = ScorePass([get_score("msp"), get_score("gen")], betas=[2.0, 1.0, 0.5])
-    >>> values = scores.chunk(z)            # {"msp": [3, n] float64, "gen": [3, n] float64}
-    """
+    """Every requested score at every temperature from one read of each chunk: ``ScorePass([get_score("msp")],
+    betas=[2.0, 0.5]).chunk(z)`` is ``{"msp": float64 [2, n]}``."""
 
     def __init__(self, scores: Sequence[Score], betas: Iterable[float], workspace: Scratch | None = None):
         names = [s.name for s in scores]
