@@ -1,17 +1,6 @@
-"""``fit``'s conformal sets by subset: out of fold (``--folds K``) and per group of rows (``--group-by KEY``, the
-sets of ``report --group-by`` too).
-
-Out of fold, fold k's thresholds come from the rows outside fold k: their scores at T = 1 for ``before``, at T_k for
-``after``. Fold k's rows get their sets with those thresholds (at T = 1, at T_k), and ``coverage`` and ``mean_size``
-are over all N rows. ``threshold`` is the one a user would deploy: from all N rows at T = 1 (``before``) and at the
-deployed T (``after``); ``fold_thresholds`` lists the K fold thresholds. Reads: the scores at T = 1, the deployed T
-and every T_k (batched by :func:`.passes.temperatures_per_read`), then one forming the sets (nothing kept per row).
-
-Per group, every group's sets under the same thresholds (:func:`group_sets`, one read of the judged rows): the
-figure that shows one group under-covered. With ``--folds``, each group's ``before`` and ``after_global`` blocks
-(T = 1 and T_k, out of fold) get its own coverage and mean set size under the out-of-fold sets; without,
-:func:`fit_group_sets` takes ``fit``'s thresholds from the fitting rows at T = 1 and at the global T.
-"""
+"""``fit``'s conformal sets by subset: out of fold (``--folds K``: fold k's rows get their sets with the thresholds of
+the other folds' rows, at T = 1 and at T_k; ``threshold`` is the deployed one from all rows; docs/metrics.md) and
+per group of rows under the same thresholds (``--group-by``, ``report --group-by`` too), one read of the judged rows."""
 
 from __future__ import annotations
 
@@ -81,12 +70,6 @@ def fit_group_sets(fit_scan: Scan, eval_scan: Scan, evaluated: OpenedSource, eva
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1])
 
 
-
-def fold_score_reads(rows: int, k: int) -> int:
-    """Reads of the scores at T = 1, the deployed T and K fold temperatures."""
-    return score_reads(rows, k + 2)
-
-
 @dataclass
 class FoldThresholds:
     """The deployed thresholds (all rows; T = 1, the deployed T) and each fold's (the other folds' rows; T = 1,
@@ -100,7 +83,7 @@ class FoldThresholds:
 def fold_thresholds(scan: Scan, folds: np.ndarray, global_t: float, fold_ts: Sequence[float],
                     alphas: Sequence[float]) -> FoldThresholds:
     """Every threshold the out-of-fold sets need, from the scores of every row (``folds``: each row's fold, over all
-    ranks) at T = 1, ``global_t`` and each fold's T: :func:`fold_score_reads` reads."""
+    ranks) at T = 1, ``global_t`` and each fold's T, :func:`.passes.temperatures_per_read` a read."""
     found = FoldThresholds([], [], [])
     for i, scores in enumerate(gathered_scores(scan, [1.0, global_t, *fold_ts])):
         if i < 2:
@@ -134,9 +117,8 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
         place = {alpha: a for a, alpha in enumerate(alphas)}  # each entry with every fold's threshold
         overall.append([replace(c, fold_thresholds=tuple(q[c.score][place[c.alpha]] for q in per_fold)) for c in every])
         place_group_sets(subsets.groups or [], slot, by_group)
-    reads = fold_score_reads(subsets.fold_rows.size, k) + 1
+    reads = score_reads(subsets.fold_rows.size, k + 2) + 1  # the scores at T = 1, the deployed T and each T_k
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
 
 
-__all__ = ["READS", "FoldThresholds", "fit_group_sets", "fold_score_reads", "fold_sets", "fold_thresholds",
-           "group_sets", "place_group_sets"]
+__all__ = ["READS", "fit_group_sets", "fold_sets", "fold_thresholds", "group_sets"]

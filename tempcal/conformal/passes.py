@@ -1,14 +1,11 @@
-"""Conformal sets over a scan's chunks: the fitting rows' scores in one pass, the sets' sums in the metrics pass.
-
-:class:`ScoreRows` keeps the fitting rows' scores (two float64 per row and temperature, gathered across ranks);
-:class:`SetSums` rides on the evaluation rows' pass, nothing kept per row, overall and per group of rows;
-:class:`FoldSetSums` forms the sets out of fold. Probabilities are float64, :data:`SLICE_VALUES` at a time, so that
-the sorted copies APS needs stay small whatever the chunk.
-"""
+"""Conformal sets over a scan's chunks: the fitting rows' scores in one read (:class:`ScoreRows`), the sets' sums riding
+on a pass (:class:`SetSums`, :class:`ConformalPlan` on the metrics pass, :class:`FoldSetSums` out of fold). Float64
+probabilities :data:`SLICE_VALUES` at a time keep the sorted copies APS needs small whatever the chunk."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -16,6 +13,7 @@ import torch
 
 from ..core.parallel import all_gather_rows, all_reduce
 from ..core.scan import Scan
+from ..metrics.calibration import CalibrationMetrics, Finish
 from .sets import (
     SCORES,
     ConformalResult,
@@ -167,6 +165,47 @@ class SetSums:
         return [{score: all_reduce(values).cpu() for score, values in sums.items()} for sums in self.sums]
 
 
+@dataclass(frozen=True)
+class ConformalPlan:
+    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds. With
+    ``groups`` the sets are summed per group too, handed to ``on_sums`` per temperature (each score's
+    ``[num_groups, thresholds, 2]``); with ``judged``, only over the rows it marks."""
+
+    alphas: list[float]
+    thresholds: list[Thresholds]
+    groups: torch.Tensor | None = None
+    num_groups: int = 1
+    on_sums: Callable[[float, dict[str, torch.Tensor]], None] | None = None
+    judged: torch.Tensor | None = None  # this process's rows whose sets count (bool); None: every row
+
+    def check(self, temperatures: int) -> None:
+        if len(self.thresholds) != temperatures:
+            raise ValueError(f"{len(self.thresholds)} sets of conformal thresholds for {temperatures} temperatures")
+
+    def visitor(self, first: int, stop: int, device: torch.device) -> PlanSums:
+        return PlanSums(replace(self, thresholds=self.thresholds[first:stop]), device)
+
+
+class PlanSums(SetSums):
+    """One read's :class:`SetSums` of a :class:`ConformalPlan`, which then adds each temperature's sets over every
+    summed row to its result."""
+
+    def __init__(self, plan: ConformalPlan, device: torch.device):
+        super().__init__(plan.thresholds, device, groups=plan.groups, num_groups=plan.num_groups, judged=plan.judged)
+        self.plan = plan
+
+    def settle(self) -> Finish:
+        reduced = self.reduced()
+
+        def finish(k: int, tau: float, metrics: CalibrationMetrics, rows: int) -> CalibrationMetrics:
+            if self.plan.on_sums is not None:
+                self.plan.on_sums(tau, reduced[k])
+            every = {score: values.sum(0, keepdim=True) for score, values in reduced[k].items()}
+            return replace(metrics, conformal=set_results(self.plan.alphas, self.plan.thresholds[k], every, rows))
+
+        return finish
+
+
 class FoldSetSums:
     """Visitor forming every row's sets out of fold, nothing kept per row: in slot ``k``, row i's probabilities at
     ``betas[k][f]`` and its sets with ``thresholds[k][f]``, f its fold (``folds``: this process's rows' folds);
@@ -227,6 +266,6 @@ def grouped_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[
     return overall, [set_results(alphas, thresholds, sums, int(n), g) if n else None for g, n in enumerate(counts)]
 
 
-__all__ = ["ROW_BYTES", "SCORE_BYTES", "SLICE_VALUES", "ChunkCache", "FoldSetSums", "ScoreRows", "SetSums",
+__all__ = ["ROW_BYTES", "SCORE_BYTES", "ChunkCache", "ConformalPlan", "FoldSetSums", "ScoreRows", "SetSums",
            "fit_thresholds", "gathered_scores", "grouped_results", "probabilities", "score_reads", "score_thresholds",
            "set_results", "temperatures_per_read"]

@@ -1,14 +1,7 @@
-"""``report --conformal-alpha A``: conformal sets at every temperature of a report, so that a sweep shows how T moves
-the mean set size (at a fixed miscoverage the sets' coverage is held by construction; their size is what T changes).
-
-The thresholds need rows apart from those the sets are judged on. When SOURCE holds a stored split with held-out
-rows (a ``fit`` that split), the thresholds come from its fitting rows and the sets are formed on its held-out rows,
-so at the stored T the figures equal that fit's ``after.conformal`` (at tau 1, its ``before``). Otherwise a seeded
-(``seed``), class-stratified half of SOURCE gives the thresholds and the other half the sets, as ``fit``'s default
-split would.
-
-Reads: the calibration rows' scores (:func:`.passes.temperatures_per_read`), then the sets ride on the metrics pass.
-"""
+"""``report --conformal-alpha A``: the sets at every temperature of a report (at a fixed alpha T moves the mean set
+size, not the coverage). The thresholds come from the stored split's fitting rows and the sets are judged on its
+held-out rows when SOURCE has such a split (so at the stored T they equal that fit's ``after.conformal``), else from a
+seeded, class-stratified half and the other half; then the sets ride on the metrics pass."""
 
 from __future__ import annotations
 
@@ -26,6 +19,7 @@ from ..sources.base import OpenedSource
 from ..workflows.common import evaluation_rows, stored_split
 from .folds import group_sets
 from .passes import (
+    ConformalPlan,
     FoldSetSums,
     ScoreRows,
     Thresholds,
@@ -35,7 +29,6 @@ from .passes import (
     score_thresholds,
     set_results,
 )
-from .plan import ConformalPlan
 from .sets import ConformalResult
 
 
@@ -163,5 +156,5 @@ def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas
 #: Reads :func:`own_group_sets` takes: the calibration rows' scores, then the evaluation rows' sets.
 OWN_GROUP_READS = 2
 
-__all__ = ["OWN_GROUP_READS", "ConformalRows", "ReportSets", "conformal_rows", "metrics_plan", "own_group_sets",
-           "report_group_sets", "report_thresholds", "with_sets"]
+__all__ = ["OWN_GROUP_READS", "ConformalRows", "conformal_rows", "metrics_plan", "own_group_sets", "report_group_sets",
+           "report_thresholds", "with_sets"]

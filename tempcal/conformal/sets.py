@@ -1,20 +1,6 @@
-"""Split-conformal prediction sets of the contract: LAC and APS (not randomised).
-
-Scores on a fitting row with true class y, ``p = softmax(logits / T)``:
-
-* LAC ``s = 1 - p_y``;
-* APS ``s = sum of p_c over the classes with p_c > p_y, plus p_y``.
-
-The threshold for miscoverage ``alpha`` is the ``ceil((n + 1)(1 - alpha))``-th smallest of the n fitting
-rows' scores (``+inf`` when that rank exceeds n). On an evaluation row, the LAC set is ``{c : 1 - p_c <= q}``;
-the APS set holds the classes in decreasing p (ties: lower index first) up to and including the first whose
-running sum reaches q (at least one class). Coverage is the fraction of evaluation rows whose set holds the
-label; ``mean_size`` the mean number of classes in a set. Out of fold (``fit --folds``) each row's sets take its
-fold's thresholds, from the other folds' rows (``fold_thresholds``).
-
-Set sizes and coverage are sums over evaluation chunks (:class:`~tempcal.conformal.passes.SetSums`), so they reduce
-over chunks and ranks like every other figure.
-"""
+"""Split-conformal prediction sets of the contract, LAC and APS, not randomised (docs/metrics.md defines the scores,
+the threshold rank and the sets): the maths of one chunk's rows, and the results from sums that reduce over chunks
+and ranks like every other figure."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..output.plots import (
+    SCORE_COLOURS,
     curve_json,
     figure_legend,
     json_bins,
@@ -20,9 +21,6 @@ from ..output.plots import (
     sweep_figure,
 )
 
-#: Colours of successive series (matplotlib's tab10 order), the same in every figure.
-COLOURS = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:gray")
-
 
 def svg(fig) -> str:
     """The figure as an ``<svg>`` element without the XML prologue or fixed size, then closed."""
@@ -32,11 +30,9 @@ def svg(fig) -> str:
         fig.savefig(buffer, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = buffer.getvalue()
-    text = text[text.index("<svg"):]
     # The page sizes figures (CSS width 100%); the viewBox keeps the aspect ratio.
-    text = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"',
-                  r'<svg\1 role="img" preserveAspectRatio="xMidYMid meet"', text, count=1)
-    return text
+    return re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"',
+                  r'<svg\1 role="img" preserveAspectRatio="xMidYMid meet"', text[text.index("<svg"):], count=1)
 
 
 def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:
@@ -99,7 +95,7 @@ def ood_curves(report, ood_file: str) -> list[str]:
     out = []
     for key, label in (("auroc", "AUROC (higher is better)"), ("fpr95", "FPR95 (lower is better)")):
         fig, ax = plt.subplots(figsize=(4.4, 3.2))
-        for score, colour in zip(scores, COLOURS * 4, strict=False):
+        for score, colour in zip(scores, SCORE_COLOURS, strict=False):
             points = sorted((m.tau, getattr(m, key)) for m in report.rows(ood_file, score))
             if len(taus) == 1:
                 ax.bar(scores.index(score), points[0][1], color=colour, label=score)

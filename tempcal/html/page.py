@@ -148,8 +148,7 @@ def _group_coverage_table(groups: Sequence[dict], after: Basis) -> Table | None:
         for g in sorted(found, key=lambda g: g.lowest - (1 - g.alpha))]
     return Table(header=header, rows=rows,
                  caption=f"conformal coverage per group at the global T ({after.label()}), lowest first; marked: "
-                         "short of 1 - alpha "
-                         f"beyond chance (one-sided binomial p < {SHORT_P:g})")
+                         f"short of 1 - alpha beyond chance (one-sided binomial p < {SHORT_P:g})")
 
 
 def _fit_context(report: Any, data: dict) -> dict:
@@ -163,17 +162,16 @@ def _fit_context(report: Any, data: dict) -> dict:
              ("reads of the data", str(report.passes)),
              ("certified error of T", fmt(fit.error_bound, 2) if fit.error_bound is not None else fit.method),
              ("NLL", f"{fmt(before.nll)} → {fmt(after.nll)}"), ("ECE", f"{fmt(before.ece)} → {fmt(after.ece)}")]
-    metrics = Section("metrics", "Calibration before and after", note=report.split_label())
-    metrics.tables.append(_metrics_table([(f"before ({first.label()})", before, False),
-                                          (f"after ({last.label()})", after, True)], "metric"))
+    sides = [(first.label(), before), (last.label(), after)]
+    named = [(f"before ({first.label()})", before), (f"after ({last.label()})", after)]
+    metrics = Section("metrics", "Calibration before and after", note=report.split_label(),
+                      tables=[_metrics_table([(*named[0], False), (*named[1], True)], "metric")])
     reliability = Section("reliability", "Reliability diagrams",
                           note="bars: accuracy per equal-width confidence bin, with its 95% Wilson interval; "
-                               "hatched: the gap to the bin's mean confidence; beneath: rows per bin")
-    reliability.figures.append({"svgs": figures.reliability([(f"before ({first.label()})", before),
-                                                             (f"after ({last.label()})", after)])})
-    sections = [metrics, reliability]
-    sections += _risk_coverage([(first.label(), before), (last.label(), after)], "")
-    conformal = _conformal_table([(first.label(), before), (last.label(), after)])
+                               "hatched: the gap to the bin's mean confidence; beneath: rows per bin",
+                          figures=[{"svgs": figures.reliability(named)}])
+    sections = [metrics, reliability, *_risk_coverage(sides, "")]
+    conformal = _conformal_table(sides)
     if conformal:
         note = (f"thresholds at T = 1 and T = {fmt(report.temperature)} from all {report.n_fit:,} rows (deployed); "
                 f"coverage and set size {last.rows_label()}" if last.at == AT_FOLDS else
@@ -199,14 +197,14 @@ def _report_context(result: Any, data: dict) -> dict:
     """``report``: the table at each temperature, the sweep, diagrams, curves, sets and groups."""
     results = result.results
     bases = [result.basis(k) for k in range(len(results))]
+    pairs = list(zip(results, bases, strict=True))
     # the lowest NLL of the rows at one T, marked where there are two or more (as the console marks it)
     best = result.min_nll_tau if sum(b.sweep_point for b in bases) > 1 else None
 
     def lowest(r: Any, b: Basis) -> bool:
         return b.sweep_point and r.tau == best
 
-    rows = [(b.label() + (" (min NLL)" if lowest(r, b) else ""), r, b.stored or lowest(r, b))
-            for r, b in zip(results, bases, strict=True)]
+    rows = [(b.label() + (" (min NLL)" if lowest(r, b) else ""), r, b.stored or lowest(r, b)) for r, b in pairs]
     scored = bases[0].rows_label() + (" (--eval-rows)" if result.eval_rows else "") if bases else ""
     table = Section("metrics", "Calibration at each temperature", note=scored, tables=[_metrics_table(rows, "tau")])
     own = [b for b in bases if not b.sweep_point]
@@ -214,21 +212,18 @@ def _report_context(result: Any, data: dict) -> dict:
         table.paragraphs.append(f"{own[0].label()}: each {result.group_key} group's rows at the T stored for "
                                 "that group; not a point of the temperatures against which the sweep is drawn.")
     sections = [table]
-    points = [r for r, b in zip(results, bases, strict=True) if b.sweep_point]
+    points = [r for r, b in pairs if b.sweep_point]
     if len(points) >= 3:
         marks = {"min NLL": best} if best is not None else {}
         if result.stored_temperature is not None:
             marks["stored T"] = result.stored_temperature
         table.figures.append({"svg": figures.sweep([m.to_dict(with_bins=False) for m in points], marks),
                               "narrow": True})
-    marked = [(r, b) for r, b in zip(results, bases, strict=True) if b.stored or lowest(r, b)][:3]
-    shown = list(zip(results, bases, strict=True))
-    shown = shown if len(shown) <= 4 else marked or shown[:2]
-    rel = Section("reliability", "Reliability diagrams", note="95% Wilson interval per bin; rows per bin beneath")
-    rel.figures.append({"svgs": figures.reliability([(b.label(), r) for r, b in shown])})
-    sections.append(rel)
-    sections += _risk_coverage([(b.label(), r) for r, b in zip(results, bases, strict=True)],
-                               ", per row of the table above")
+    shown = pairs if len(pairs) <= 4 else [(r, b) for r, b in pairs if b.stored or lowest(r, b)][:3] or pairs[:2]
+    sections.append(Section("reliability", "Reliability diagrams",
+                            note="95% Wilson interval per bin; rows per bin beneath",
+                            figures=[{"svgs": figures.reliability([(b.label(), r) for r, b in shown])}]))
+    sections += _risk_coverage([(b.label(), r) for r, b in pairs], ", per row of the table above")
     conformal = _report_conformal_table(result)
     if conformal is not None:
         sections.append(Section("conformal", "Conformal sets", tables=[conformal]))

@@ -1,12 +1,7 @@
-"""Seeded percentile-bootstrap confidence intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC.
-
-The per-sample statistics come from one pass (:meth:`Scan.per_sample`); a resample is a vector of multinomial
-counts, so its figures are an ``[R, N]`` count matrix times fixed per-sample figures, the samples laid out in order
-of confidence for the risk-coverage closed forms of :mod:`tempcal.metrics.decisions`. Nothing is re-read or re-sorted.
-
-Resample r draws ``numpy.random.default_rng(seed).integers(0, N, size=N)`` (the r-th such call on
-one generator) and counts how often each sample was drawn, so the draws do not depend on batching.
-"""
+"""Seeded percentile-bootstrap intervals for the contract's ECE, the NLL and AURC, E-AURC, AUGRC, from one per-sample
+pass: resample r counts the draws of the r-th ``default_rng(seed).integers(0, N, size=N)`` call, so its figures are
+count vectors times fixed per-sample figures (laid out by confidence for the risk-coverage closed forms), the same
+whatever the batching; nothing is re-read or re-sorted."""
 
 from __future__ import annotations
 
@@ -28,9 +23,8 @@ BATCH_ENTRIES = 1 << 22
 
 def bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                          *, batch: int | None = None) -> dict[str, np.ndarray]:
-    """The contract's ECE, the mean NLL and the risk-coverage figures on each of ``n_resamples`` seeded resamples:
-    float64 arrays ``{"ece": [R], "nll": [R], "aurc": [R], ...}``; ``batch`` changes memory and speed, never the draws.
-    """
+    """The contract's ECE, the mean NLL and the risk-coverage figures of ``n_resamples`` seeded resamples as float64
+    arrays ``{"ece": [R], "nll": [R], "aurc": [R], ...}``; ``batch`` changes memory and speed, never the draws."""
     c, k, nll = _inputs(confidence, correct, nll_per_sample)
     n = c.size
     n_resamples = whole_number(n_resamples, "bootstrap resamples")
@@ -94,8 +88,7 @@ class _Ranking:
 def bootstrap_intervals(confidence, correct, nll_per_sample, n_resamples: int, seed: int, bins: int = 15,
                         level: float = 0.95, *, batch: int | None = None) -> dict[str, tuple[float, float]]:
     """Percentile bootstrap intervals ``{"ece": (low, high), "nll": ..., "aurc": ..., "eaurc": ..., "augrc": ...}`` at
-    confidence ``level``. Binned ECE is biased upwards, so a well-calibrated model's interval may lie above the point.
-    """
+    confidence ``level`` (binned ECE is biased upwards: a well-calibrated model's interval may lie above the point)."""
     if isinstance(level, bool) or not (isinstance(level, (int, float)) and 0 < level < 1):
         raise TempcalError(f"confidence level must be strictly between 0 and 1, got {level}")
     replicates = bootstrap_replicates(confidence, correct, nll_per_sample, n_resamples, seed, bins, batch=batch)
@@ -112,9 +105,8 @@ def bootstrap_scan(scan: Scan, tau: float, n_resamples: int, seed: int, bins: in
 
 def _inputs(confidence, correct, nll) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64 numpy copies of the per-sample statistics, checked for matching lengths and sane values."""
-    arrays = [torch.as_tensor(a).detach().to("cpu", torch.float64).numpy().reshape(-1)
-              for a in (confidence, correct, nll)]
-    c, k, nll = arrays
+    c, k, nll = (torch.as_tensor(a).detach().to("cpu", torch.float64).numpy().reshape(-1)
+                 for a in (confidence, correct, nll))
     if not (c.size == k.size == nll.size):
         raise TempcalError(f"per-sample statistics differ in length: {c.size} confidences, {k.size} "
                            f"correctness flags, {nll.size} NLL values")

@@ -1,23 +1,9 @@
-"""Calibration metrics at a temperature, as defined in the CLI contract.
+"""Calibration metrics at a temperature, as the CLI contract defines them (docs/metrics.md): NLL, ECE, MCE, the RMS
+calibration error, Brier, accuracy, entropy and equal-width bins with a 95% Wilson interval on each bin's accuracy;
+the decision figures of the same read (:mod:`.decisions`), and an optional capability's through :class:`ReadExtra`.
 
-* Confidence: the largest predicted probability; prediction: its arg-max (first on ties;
-  a single binary logit predicts class 1 when ``sigmoid >= 0.5``).
-* ECE: ``bins`` equal-width bins over [0, 1]; bin i holds confidences in (i/B, (i+1)/B]
-  and the first also holds 0; ``ECE = sum_i (n_i / N) |acc_i - conf_i|``. MCE: the largest
-  such gap over non-empty bins. RMS calibration error (``rms_ce``, :func:`rms_from_sums`): the
-  same bins, ``sqrt(sum_i (n_i / N) (acc_i - conf_i)^2)`` (the figure confidence-based leaderboards quote).
-* NLL: mean negative natural log of the true class's probability. Brier: mean over samples
-  of ``sum_c (p_c - onehot_c)^2``. Entropy: mean of ``-sum_c p_c ln p_c`` (nats).
-* Each bin's accuracy carries a 95% Wilson score interval (Wilson 1927), which stays inside [0, 1] and does not
-  shrink to a point at accuracy 0 or 1, so a bin of 3 samples shows its uncertainty. An empty bin has none.
-* What T does to decisions (:mod:`.decisions`, from the same pass's per-row confidences): AURC, E-AURC and
-  AUGRC of the risk-coverage curve, the smooth ECE, and the curve itself. Figures of an optional capability that
-  ride on the same read (the conformal sets of :mod:`tempcal.conformal`) come in through :class:`ReadExtra`.
-
-And the calibration-error estimators beside the contract's equal-width ECE (``--estimators``), each a function of the
-data alone: per-sample estimators take ``confidence`` (max softmax) and ``correct`` as :meth:`Scan.per_sample` gives
-them, and sort them by (confidence, correct) before any sum, so that the order of the samples cannot change a figure.
-"""
+The estimators beside them (``--estimators``) are functions of the data alone: per-sample ones sort (confidence,
+correct) before any sum, so that the order of the samples cannot change a figure."""
 
 from __future__ import annotations
 
@@ -31,6 +17,7 @@ import numpy as np
 import torch
 
 from ..core.kernels import DEFAULT_BINS, bin_edges
+from ..core.parallel import all_gather_rows
 from ..core.scan import CalibrationSums, ClasswiseSums, Scan
 from ..errors import TempcalError, as_temperature, check_bins, check_confidences
 from . import decisions as decisions_module
@@ -58,10 +45,8 @@ class SetFigures(Protocol):
 
 @dataclass(frozen=True)
 class ReliabilityBin:
-    """One equal-width confidence bin; ``confidence``, ``accuracy`` and its interval are None when it is empty.
-
-    ``accuracy_low`` and ``accuracy_high`` bound the bin's accuracy: the 95% Wilson score interval.
-    """
+    """One equal-width confidence bin, ``accuracy_low`` to ``accuracy_high`` its accuracy's 95% Wilson score interval;
+    ``confidence``, ``accuracy`` and the interval are None when it is empty."""
 
     lower: float
     upper: float
@@ -200,12 +185,8 @@ class ReadExtra(Protocol):
 
 def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS,
                   extra: ReadExtra | None = None) -> list[CalibrationMetrics]:
-    """Calibration metrics at several temperatures in one pass over the data.
-
-    The decision figures come from the same read (every row's confidence at every temperature; beyond a quarter
-    of the free memory, a group of temperatures per read); ``extra`` adds its figures from these rows (the conformal
-    sets).
-    """
+    """Calibration metrics at several temperatures in one pass over the data, with the decision figures (beyond a
+    quarter of the free memory, a group of temperatures per read) and ``extra``'s (the conformal sets)."""
     for tau in taus:
         if not tau > 0:
             raise ValueError(f"temperature must be > 0, got {tau}")
@@ -235,7 +216,7 @@ def _evaluate_read(scan: Scan, taus: list[float], bins: int, decisions: bool, se
     for k, (tau, (sums, kept)) in enumerate(zip(taus, results, strict=True)):
         metrics = from_sums(tau, sums)
         if kept is not None and correct is not None:
-            confidence = decisions_module.gathered_confidence(kept.pop("confidence"))
+            confidence = all_gather_rows(kept.pop("confidence")).cpu().numpy()  # every rank's rows, in rank order
             figures = decisions_module.decision_figures(confidence, correct, overwrite=True)
             del confidence
             metrics = replace(metrics, **vars(figures))
@@ -276,18 +257,22 @@ def _per_sample(confidence, correct) -> tuple[np.ndarray, np.ndarray]:
 
 @dataclass(frozen=True)
 class EqualMassBins:
-    """Non-empty equal-mass bins over sorted confidences: member ranges, counts and sums (float64 arrays)."""
+    """Non-empty equal-mass bins over sorted confidences: counts, sums and member ranges (float64 arrays)."""
 
-    start: np.ndarray  # first member's rank in the sorted confidences
     count: np.ndarray
     confidence: np.ndarray  # sum of members' confidences
     correct: np.ndarray  # number of correct members
     lower: np.ndarray  # smallest member confidence
     upper: np.ndarray  # largest member confidence
 
-    @property
-    def total(self) -> int:
-        return int(self.count.sum())
+    def ece(self) -> float:
+        return float(np.sum(np.abs(self.correct - self.confidence)) / self.count.sum())
+
+    def debiased_l2(self) -> float:
+        accuracy = self.correct / self.count
+        gap2 = (self.confidence / self.count - accuracy) ** 2
+        terms = np.where(self.count >= 2, gap2 - accuracy * (1 - accuracy) / np.maximum(self.count - 1, 1), 0.0)
+        return math.sqrt(max(float(np.sum(self.count / self.count.sum() * terms)), 0.0))
 
 
 def _equal_mass(c: np.ndarray, k: np.ndarray, bins: int) -> EqualMassBins:
@@ -302,7 +287,7 @@ def _equal_mass(c: np.ndarray, k: np.ndarray, bins: int) -> EqualMassBins:
     snapped = np.where(hi - nominal <= nominal - lo, hi, lo)  # nearest allowed cut; the upper one on a tie
     cuts = np.unique(np.concatenate(([0], snapped, [n])))
     start, stop = cuts[:-1], cuts[1:]
-    return EqualMassBins(start=start, count=(stop - start).astype(np.float64),
+    return EqualMassBins(count=(stop - start).astype(np.float64),
                          confidence=np.add.reduceat(c, start), correct=np.add.reduceat(k, start),
                          lower=c[start], upper=c[stop - 1])
 
@@ -315,38 +300,24 @@ def equal_mass_bins(confidence, correct, bins: int = 15) -> EqualMassBins:
     return _equal_mass(c, k, check_bins(bins))
 
 
-def _ece_of(b: EqualMassBins) -> float:
-    return float(np.sum(np.abs(b.correct - b.confidence)) / b.total)
-
-
-def _debiased_of(b: EqualMassBins) -> float:
-    accuracy = b.correct / b.count
-    gap2 = (b.confidence / b.count - accuracy) ** 2
-    safe = np.maximum(b.count - 1, 1)
-    terms = np.where(b.count >= 2, gap2 - accuracy * (1 - accuracy) / safe, 0.0)
-    return math.sqrt(max(float(np.sum(b.count / b.total * terms)), 0.0))
-
-
 def ece_equal_mass(confidence, correct, bins: int = 15) -> float:
     """ECE over :func:`equal_mass_bins`: sum over bins of (n_b / N) |accuracy_b - mean confidence_b| (Nixon et al.
     2019; the ECE_EM of Roelofs et al., AISTATS 2022)."""
-    return _ece_of(equal_mass_bins(confidence, correct, bins))
+    return equal_mass_bins(confidence, correct, bins).ece()
 
 
 def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
     """Debiased L2 calibration error of Kumar, Liang & Ma (NeurIPS 2019) over :func:`equal_mass_bins`:
     ``sqrt(max(0, sum_b (n_b/N) [(conf_b - acc_b)^2 - acc_b (1 - acc_b) / (n_b - 1)]))``, bins of one sample adding
     0 as in the authors' code."""
-    return _debiased_of(equal_mass_bins(confidence, correct, bins))
+    return equal_mass_bins(confidence, correct, bins).debiased_l2()
 
 
 # -- equal-width bins ----------------------------------------------------------------------
 
 def rms_from_bins(count: torch.Tensor, confidence: torch.Tensor, correct: torch.Tensor) -> float:
-    """RMS calibration error from per-bin count, confidence sum and correct sum."""
+    """RMS calibration error from per-bin count (of at least one row), confidence sum and correct sum."""
     count, confidence, correct = (torch.as_tensor(t, dtype=torch.float64).cpu() for t in (count, confidence, correct))
-    if float(count.sum()) <= 0:
-        raise TempcalError("calibration estimators need at least one sample, got 0")
     safe = count.clamp_min(1)
     return _rms_of_gaps(count, (correct / safe - confidence / safe).abs())
 
@@ -367,11 +338,6 @@ def _rms_of(c: np.ndarray, k: np.ndarray, bins: int) -> float:
     index = equal_width_index(c, bins)
     return rms_from_bins(*(torch.from_numpy(np.bincount(index, weights=w, minlength=bins).astype(np.float64))
                            for w in (None, c, k)))
-
-
-def rms_from_sums(sums: CalibrationSums) -> float:
-    """RMS calibration error from one :meth:`Scan.calibration` pass's equal-width bin sums."""
-    return rms_from_bins(sums.bin_count, sums.bin_confidence, sums.bin_correct)
 
 
 # -- classwise ECE: a reduction over row chunks ----------------------------------------------
@@ -404,12 +370,12 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
         stats = per_sample if per_sample is not None else scan.per_sample(beta)
         c, k = _per_sample(stats["confidence"], stats["correct"])
         mass = _equal_mass(c, k, bins)
-        out.update(ece_equal_mass=_ece_of(mass), l2_ce_debiased=_debiased_of(mass))  # the names asked are kept
+        out.update(ece_equal_mass=mass.ece(), l2_ce_debiased=mass.debiased_l2())  # the names asked are kept
         if "rms_ce" in names:  # the same confidences in the same bins as the calibration pass
             out["rms_ce"] = _rms_of(c, k, bins)
     elif "rms_ce" in names:
         [(sums, _)] = scan.calibration([beta], bins)
-        out["rms_ce"] = rms_from_sums(sums)
+        out["rms_ce"] = rms_from_bins(sums.bin_count, sums.bin_confidence, sums.bin_correct)
     if "ece_classwise" in names:
         out["ece_classwise"] = classwise_ece(scan.classwise(beta, bins))
     return {name: out[name] for name in names}

@@ -1,35 +1,11 @@
-"""What T does to decisions made on the confidence: the risk-coverage figures and the smooth ECE of any rows.
+"""What T does to decisions made on the confidence: AURC, E-AURC, AUGRC, the risk-coverage curve and the smooth ECE
+(docs/metrics.md defines them) of any rows, every rank's in rank order, holding beyond the caller's confidences at
+most 4 bytes per row (the confidences of the right or of the wrong rows, whichever are fewer).
 
-:func:`decision_figures` takes the confidences of a set of rows (every row, one group's, one fold's) and whether
-each prediction is right, and gives AURC, E-AURC, AUGRC, the smooth ECE and a risk-coverage curve of
-:data:`CURVE_POINTS` points, holding beyond the caller's confidences at most 4 bytes per row. The rows are gathered
-from every torch.distributed rank in rank order, so every figure is the one-process figure.
-
-The risk-coverage figures of the contract: rows are ranked by confidence, highest first; ``errors(k)`` counts the
-misclassified rows among the k most confident, a block of m rows of equal confidence holding e errors contributing
-``j * e / m`` after its first j rows (the expectation over the orders of the tie). With N rows of which ``N_c`` are
-correct:
-
-* AURC ``= (1/N) sum_k errors(k) / k``: the area under the risk-coverage curve (risk = error rate among
-  the rows kept);
-* E-AURC ``= AURC - (1/N) sum_k max(0, k - N_c) / k``: minus the AURC of a perfect ranking (every
-  correct row first), so 0 is the best a ranking of these predictions can do;
-* AUGRC ``= (1/N) sum_k errors(k) / N``: the generalised risk (errors kept over all rows), Traub et al. 2024.
-
-Memory: every confidence and every misclassified row's, sorted in place; tie blocks are runs in both, taken
-:data:`CHUNK` values at a time, and harmonic sums give each block's contribution in closed form.
-
-The smooth ECE (Blasiok & Nakkiran 2023) of (confidence, correct), as ``relplot.smECE`` computes it (relplot 1.0.3).
-The residuals ``r_i = conf_i - correct_i`` and the rows themselves are spread onto a uniform grid over [0, 1]
-by linear interpolation, smoothed by a Gaussian kernel of width sigma reflected at 0 and 1, and
-``smECE(sigma) = sum_t |R(t) / D(t)| D(t) / sum_t D(t)`` over an evaluation mesh, with R and D the smoothed
-residuals and density (D plus 1e-4). The bandwidth is relplot's fixed point: the sigma found by bisection on
-(0, 1] (10 halvings) where ``smECE(sigma) = sigma`` (sigma below 1e-3 accepted). It needs only the arrays the
-risk-coverage figures keep: ``sum_i w_i r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``. relplot is not a dependency
-(it imports pandas and seaborn); the tests check against it to 1e-4.
-
-``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost.
-"""
+The risk-coverage sums walk the ranked confidences :data:`CHUNK` values at a time, each tie block's part in closed
+form from harmonic sums; the smooth ECE is relplot 1.0.3's ``smECE`` (its grid, reflected Gaussian kernel and
+bandwidth bisection), spread from the same arrays with ``sum_i w_i r_i = sum_i w_i (conf_i - 1) + sum_wrong w_i``.
+``TEMPCAL_SKIP_DECISIONS=1`` turns these figures off (NaN, no curve): only for measuring what they cost."""
 
 from __future__ import annotations
 
@@ -129,10 +105,8 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
     n = ranked.size
     if n == 0:
         return SelectiveMetrics(math.nan, math.nan, math.nan)
-    if wrong.size > n:
-        raise ValueError(f"{wrong.size} {'correctly classified' if right else 'misclassified'} rows among {n}")
     by_rank = total = errors_seen = 0.0
-    position = counted = 0
+    position = 0
     while position < n:
         stop = min(position + CHUNK, n)
         last = ranked[stop - 1]
@@ -151,10 +125,7 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
         by_rank += float(part_rank)
         total += float(part_total)
         errors_seen += float(errors.sum())
-        counted += int(found.sum())
         position = stop
-    if counted != wrong.size:
-        raise ValueError("a subset row's confidence is not among the rows' confidences")
     correct = wrong.size if right else n - wrong.size
     aurc = by_rank / n
     return SelectiveMetrics(aurc=aurc, eaurc=aurc - float(optimal_aurc(n, correct)), augrc=total / (n * n))
@@ -162,9 +133,8 @@ def ranked_metrics(ranked: np.ndarray, wrong: np.ndarray, *, right: bool = False
 
 def ranked_curve(ranked: np.ndarray, wrong: np.ndarray, points: int = 200, *, right: bool = False
                  ) -> tuple[np.ndarray, np.ndarray]:
-    """``(coverage, risk)`` at up to ``points`` coverages: the error rate among the k most confident rows, ties taken
-    in expectation; from ranked confidences, as :func:`ranked_metrics` takes them (``right`` too). For the
-    risk-coverage plots."""
+    """``(coverage, risk)`` at up to ``points`` coverages, risk the error rate among the k most confident rows (ties in
+    expectation), from confidences ranked as :func:`ranked_metrics` takes them (``right`` too)."""
     n = ranked.size
     if n == 0:
         return np.zeros(0), np.zeros(0)
@@ -196,9 +166,8 @@ def _spread(values: np.ndarray, points: int, offset: float | None) -> np.ndarray
 
 def _grid_sums(confidence: np.ndarray, subset: np.ndarray, points: int, right: bool = False
                ) -> tuple[np.ndarray, np.ndarray]:
-    """``(residual, count)`` spread onto ``points`` grid points, :data:`CHUNK` rows at a time (the temporaries
-    stay a few megabytes, whatever the rows). ``subset`` holds the misclassified rows' confidences (residual
-    ``conf - 1 + [wrong]``), or with ``right`` the correctly classified rows' (``conf - [right]``)."""
+    """``(residual, count)`` on ``points`` grid points, :data:`CHUNK` rows at a time (temporaries of a few MB);
+    ``subset``: the wrong rows' confidences (residual ``conf - 1 + [wrong]``), or with ``right`` the right rows'."""
     residual = np.zeros(points)
     count = np.zeros(points)
     for start in range(0, confidence.size, CHUNK):
@@ -275,14 +244,10 @@ def enabled() -> bool:
 
 
 def decision_figures(confidence: np.ndarray, correct: np.ndarray, *, overwrite: bool = False) -> DecisionFigures:
-    """The figures of rows with these confidences (float64) and correctness (bool); any subset of rows.
-
-    ``overwrite`` lets the confidences be ranked in place (the array is then sorted and negated).
-    """
+    """The figures of any rows with these confidences (float64) and correctness (bool); ``overwrite`` lets the
+    confidences be ranked in place (the array is then sorted and negated)."""
     confidence = np.asarray(confidence, dtype=np.float64)
     correct = np.asarray(correct, dtype=bool)
-    if confidence.shape != correct.shape:
-        raise ValueError(f"{confidence.size} confidences but {correct.size} correctness flags")
     if confidence.size == 0:
         return DecisionFigures()
     right = 2 * int(np.count_nonzero(correct)) < confidence.size  # keep whichever subset is smaller
@@ -318,12 +283,6 @@ def subset_of(confidence: np.ndarray, correct: np.ndarray, right: bool) -> np.nd
     return out
 
 
-def gathered_confidence(confidence: torch.Tensor) -> np.ndarray:
-    """This process's rows' kept confidences (``[rows]`` float64) with every rank's in rank order, as a host numpy
-    array (no copy in a single CPU process)."""
-    return all_gather_rows(confidence).cpu().numpy()
-
-
 def gathered_correct(correct: torch.Tensor) -> np.ndarray:
     """Whether each row's prediction is right (bool ``[rows]``), every rank's rows in rank order, on the host (one
     byte per row; the scan's own flags, uncopied, in a single CPU process)."""
@@ -341,6 +300,5 @@ def temperatures_per_read(rows: int, device: torch.device | str) -> int:
     return max(1, int(min(free) * MEMORY_SHARE) // (ROW_BYTES * rows))
 
 
-__all__ = ["CHUNK", "CURVE_POINTS", "MAX_GROUPS", "DecisionFigures", "SelectiveMetrics", "decision_figures",
-           "enabled", "gathered_confidence", "gathered_correct", "harmonic", "rank_in_place", "ranked_curve",
-           "ranked_metrics", "smooth_ece", "smooth_ece_at", "subset_decisions", "temperatures_per_read"]
+__all__ = ["CHUNK", "MAX_GROUPS", "decision_figures", "enabled", "gathered_correct", "harmonic", "rank_in_place",
+           "ranked_curve", "ranked_metrics", "smooth_ece", "subset_decisions", "temperatures_per_read"]

@@ -1,24 +1,7 @@
-"""Detection figures of per-sample scores, in-distribution (ID) samples positive, higher score = more ID.
-
-* AUROC: the chance that a random ID sample scores above a random OOD sample, ties counted half
-  (the area under the ROC curve, as ``sklearn.metrics.roc_auc_score`` computes it).
-* AUPR-In: average precision with ID positive, ranked by the score; AUPR-Out: average precision
-  with OOD positive, ranked by minus the score (both as ``sklearn.metrics.average_precision_score``:
-  the sum over distinct thresholds of the recall step times the precision there, tied scores
-  forming one threshold).
-* FPR95: with ``k = ceil(0.95 * n_id)``, the threshold ``s`` is the k-th largest ID score,
-  i.e. the largest ``s`` with ``mean(id >= s) >= 0.95``; FPR95 ``= mean(ood >= s)``, ties
-  counted as accepted.
-
-All of them come from one sort of the ID and OOD scores together (:func:`detection_metrics`).
-:func:`detection_intervals` adds seeded percentile-bootstrap intervals for AUROC and FPR95, ID and OOD resampled
-separately as multinomial counts over the scores sorted once: nothing is re-read or re-sorted per resample.
-
-Whether a ranking means anything outside float64 (:func:`float32_loss`): at large tau the softmax tends to uniform,
-so the scores keep their ranking only in ever later digits, and a float64 AUROC can be excellent while a float32
-model ranks by rounding. An AUROC that falls when the float64 scores are merely rounded to float32 is one no float32
-deployment can be counted on to reach.
-"""
+"""Detection figures of per-sample scores (docs/commands.md defines them: ID positive, higher = more ID): AUROC,
+AUPR-In, AUPR-Out and FPR95 from one sort, their seeded bootstrap intervals from multinomial counts over scores sorted
+once, and whether a ranking survives float32 (:func:`float32_loss`: at large tau the scores differ only in late
+digits, so a float64 AUROC may be one no float32 deployment reaches)."""
 
 from __future__ import annotations
 
@@ -139,7 +122,7 @@ class SortedOod:
         self.m = ordered.size
         self.values, counts = np.unique(ordered, return_counts=True)
         self.counts = counts.astype(np.float64)
-        self.up_to = np.cumsum(counts).astype(np.float64)  # U_j
+        self.below = np.r_[0, np.cumsum(counts)].astype(np.float64)  # under the j-th distinct value; U_j = below[j + 1]
         self.tied = np.flatnonzero(counts > 1)  # distinct values held by several OOD scores
         self.mean = float(ordered.mean()) if self.m else math.nan
 
@@ -147,14 +130,13 @@ class SortedOod:
         """``sum_{lo <= j < hi} c_j / (U_j + extra)`` for each run (``extra`` > 0: the subset's scores below)."""
         from scipy.special import digamma
 
-        first = np.where(lo > 0, self.up_to[np.maximum(lo - 1, 0)], 0.0) + 1  # the run's lowest OOD rank
-        last = np.where(hi > 0, self.up_to[np.maximum(hi - 1, 0)], 0.0)
+        first, last = self.below[lo] + 1, self.below[hi]  # the run's lowest and highest OOD rank
         out = np.where(hi > lo, digamma(last + extra + 1) - digamma(first + extra), 0.0)
         if self.tied.size:  # a block of c equal scores counts c / (U + I), not the harmonic sum over its ranks
             a, b = np.searchsorted(self.tied, lo), np.searchsorted(self.tied, hi)
             for k in np.flatnonzero(b > a):
                 j = self.tied[a[k]:b[k]]
-                u, c = self.up_to[j], self.counts[j]
+                u, c = self.below[j + 1], self.counts[j]
                 out[k] += np.sum(c / (u + extra[k]) - (digamma(u + extra[k] + 1) - digamma(u - c + extra[k] + 1)))
         return out
 
@@ -177,9 +159,7 @@ def detection_against(id_scores, ood: SortedOod, *, tau: float = 1.0, score: str
     lo = np.r_[0, cuts]
     hi = np.r_[cuts, ood.values.size]
     extra = np.r_[0, np.cumsum(id_in)].astype(np.float64)
-    counts_in = np.where(hi > 0, ood.up_to[np.maximum(hi - 1, 0)], 0.0) - np.where(lo > 0, ood.up_to[np.maximum(
-        lo - 1, 0)], 0.0)
-    sums = counts_in.copy()
+    sums = ood.below[hi] - ood.below[lo]  # each run's OOD scores
     inside = extra > 0
     sums[inside] -= extra[inside] * ood.run_sums(lo[inside], hi[inside], extra[inside])
     aupr_out = float(np.sum(sums) / m)
@@ -237,8 +217,6 @@ def detection_intervals(id_rows: Sequence[np.ndarray], ood_rows: Sequence[np.nda
     row the same ID and OOD samples). Resample r counts the r-th draws of ``default_rng(seed)`` (ID) and of
     ``default_rng([seed, ood_stream])`` (OOD): the same ID resamples for every OOD file. ``batch`` never changes them.
     """
-    if len(id_rows) != len(ood_rows) or not id_rows:
-        raise ValueError("detection_intervals needs one or more rows of ID and OOD scores")
     if isinstance(n_resamples, bool) or int(n_resamples) != n_resamples or n_resamples < 1:
         raise TempcalError(f"the bootstrap needs a whole number of resamples >= 1, got {n_resamples}")
     if not 0 < level < 1:
@@ -286,6 +264,5 @@ def sums_to_zero(*values) -> bool:
     return all(a.size for a in arrays) and all(bool(np.all(np.abs(a) <= LOG_SUM_TOLERANCE)) for a in arrays)
 
 
-__all__ = ["FLOAT32_AUROC_LOSS", "ID_RECALL", "LOG_SUM_TOLERANCE", "OodMetrics", "SortedOod", "detection_against",
-           "detection_intervals", "detection_metrics", "float32_loss", "fpr_at_recall",
-           "percentile_interval", "ranking_figures", "sums_to_zero"]
+__all__ = ["ID_RECALL", "OodMetrics", "SortedOod", "detection_against", "detection_intervals", "detection_metrics",
+           "float32_loss", "fpr_at_recall", "percentile_interval", "sums_to_zero"]

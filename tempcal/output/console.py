@@ -49,11 +49,8 @@ class TrimmedLines:
         return getattr(self.out, "encoding", None) or "utf-8"
 
 
-def output_console(file: Any = None, **options: Any) -> Console:
-    """The console a command renders to: standard output (or ``file``), lines trimmed when it is no terminal."""
-    import sys
-
-    out = sys.stdout if file is None else file
+def output_console(out: Any, **options: Any) -> Console:
+    """The console a command renders to (on ``out``, standard output), lines trimmed when it is no terminal."""
     return Console(file=out if out.isatty() else cast(IO[str], TrimmedLines(out)), **options)
 
 
@@ -121,9 +118,8 @@ def fit_table(report) -> Table:
     table = Table(title=f"T = {report.temperature:.6g}  ({fit.objective} fit, {report.reads_label()}{conformal}, "
                         f"{status})", title_justify="left")
     table.add_column("metric")
-    table.add_column(f"before ({report.before_basis.label()})", justify="right")
-    table.add_column(f"after ({report.after_basis.label()})", justify="right")
-    table.add_column("change", justify="right")
+    for header in (f"before ({report.before_basis.label()})", f"after ({report.after_basis.label()})", "change"):
+        table.add_column(header, justify="right")
     for key, label, _ in (*DISPLAYED_METRICS, *FIT_DETAIL):
         a, b = getattr(report.before, key), getattr(report.after, key)
         table.add_row(label, f"{a:.4f}", f"{b:.4f}", f"{b - a:+.4f}")
@@ -264,14 +260,9 @@ def report_notes(result) -> list[str]:
     two or more), ``per-group T`` on the row of each group at its own stored T."""
     points = result.points()
     lowest = set(min_nll_taus(points)) if len(points) > 1 else set()
-    notes = []
-    for k, m in enumerate(result.results):
-        basis = result.basis(k)
-        if not basis.sweep_point:
-            notes.append(basis.label().replace(" (stored)", ""))
-            continue
-        notes.append(", ".join((["stored"] if basis.stored else []) + (["min NLL"] if m.tau in lowest else [])))
-    return notes
+    bases = [result.basis(k) for k in range(len(result.results))]
+    return [", ".join((["stored"] if b.stored else []) + (["min NLL"] if m.tau in lowest else [])) if b.sweep_point
+            else b.label().replace(" (stored)", "") for m, b in zip(result.results, bases, strict=True)]
 
 
 def report_tables(console: Console, result) -> list[Table]:
@@ -309,14 +300,12 @@ def sweep_sentence(result) -> str:
 
 def single_reliability_table(metrics, label: str) -> Table:
     """Per-bin count, confidence, accuracy and gap of one figure set (``label``: what it was computed at)."""
-    table = Table(title=f"reliability at {label}", caption="gap = accuracy - confidence",
-                  title_justify="left", show_edge=False, pad_edge=False)
-    for name in ("bin", "n", "conf", "acc", "gap"):
-        table.add_column(name, justify="left" if name == "bin" else "right", no_wrap=True)
-    for b in metrics.bins:
-        if b.count:
-            table.add_row(f"{b.lower:.2f}-{b.upper:.2f}", *_bin_cells(b))
-    return table
+    shown = [b for b in metrics.bins if b.count]
+    cells = [_bin_cells(b) for b in shown]
+    columns = [Column("bin", [f"{b.lower:.2f}-{b.upper:.2f}" for b in shown], justify="left")]
+    columns += [Column(name, [c[j] for c in cells]) for j, name in enumerate(("n", "conf", "acc", "gap"))]
+    return _table(columns, Rows(), {"title": f"reliability at {label}", "caption": "gap = accuracy - confidence",
+                                    "title_justify": "left", "show_edge": False, "pad_edge": False})
 
 
 def extras_tables(console: Console, labels: list[str], extras: list[dict], header: str = "tau") -> list[Table]:
@@ -388,21 +377,14 @@ def _interval(bounds: tuple[float, float] | None) -> str:
     return "" if bounds is None else f"{bounds[0]:.4f}-{bounds[1]:.4f}"
 
 
-def _mean(value: float, digits: int = 0) -> str:
-    """Four decimals for scores in [0, 1] (MSP), five significant digits for energies of any size; ``digits``
-    significant digits when asked for."""
-    if digits:
-        return f"{value:.{digits}g}"
-    return f"{value:.4f}" if abs(value) < 10 else f"{value:.5g}"
-
-
-def _means(mean_id: float, mean_ood: float) -> tuple[str, str]:
-    """Both means, with up to seven significant digits where the usual ones print two different means alike."""
-    shown = _mean(mean_id), _mean(mean_ood)
+def _means(mean_id: float, mean_ood: float) -> tuple[str, ...]:
+    """Both means: four decimals for scores in [0, 1] (MSP), five significant digits for energies of any size, and up
+    to seven where those print two different means alike."""
+    shown = tuple(f"{v:.4f}" if abs(v) < 10 else f"{v:.5g}" for v in (mean_id, mean_ood))
     for digits in range(5, 8):
         if shown[0] != shown[1] or mean_id == mean_ood:
             break
-        shown = _mean(mean_id, digits), _mean(mean_ood, digits)
+        shown = f"{mean_id:.{digits}g}", f"{mean_ood:.{digits}g}"
     return shown
 
 

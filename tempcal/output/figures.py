@@ -8,31 +8,15 @@ from dataclasses import dataclass
 
 #: ``(attribute of CalibrationMetrics, label, unit or "")``.
 DISPLAYED_METRICS: tuple[tuple[str, str, str], ...] = (
-    ("nll", "NLL", ""),
-    ("ece", "ECE", ""),
-    ("rms_ce", "RMS calibration error", ""),
-    ("mce", "MCE", ""),
-    ("brier", "Brier", ""),
-    ("accuracy", "accuracy", ""),
-    ("entropy", "entropy", "nats"),
-    ("mean_confidence", "mean confidence", ""),
-    ("smece", "smooth ECE", ""),
-    ("aurc", "AURC", ""),
-)
-
-
-def labelled(label: str, unit: str) -> str:
-    """A label with its unit, as prose outputs show it: ``entropy (nats)``."""
-    return f"{label} ({unit})" if unit else label
+    ("nll", "NLL", ""), ("ece", "ECE", ""), ("rms_ce", "RMS calibration error", ""), ("mce", "MCE", ""),
+    ("brier", "Brier", ""), ("accuracy", "accuracy", ""), ("entropy", "entropy", "nats"),
+    ("mean_confidence", "mean confidence", ""), ("smece", "smooth ECE", ""), ("aurc", "AURC", ""))
 
 
 def min_nll_taus(results) -> list[float]:
     """The temperatures of the rows with the lowest NLL, over every row given (the stored T's included)."""
-    finite = [m for m in results if m.nll == m.nll]  # NaN compares unequal to itself
-    if not finite:
-        return []
-    lowest = min(m.nll for m in finite)
-    return [m.tau for m in finite if m.nll == lowest]
+    lowest = min((m.nll for m in results if m.nll == m.nll), default=None)  # NaN compares unequal to itself
+    return [m.tau for m in results if m.nll == lowest]
 
 
 def threshold_text(q: float, decimals: int = 4) -> str:
@@ -80,4 +64,4 @@ def group_coverage(groups: Iterable[tuple[str, int | None, Sequence[dict] | None
     return [sorted(block, key=lambda g: g.lowest) for block in blocks.values()]
 
 
-__all__ = ["DISPLAYED_METRICS", "group_coverage", "labelled", "min_nll_taus", "threshold_text"]
+__all__ = ["DISPLAYED_METRICS", "group_coverage", "min_nll_taus", "threshold_text"]

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import param
+from ..errors import format_temperature, param
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
 #: What every command says for each file it writes beside its results.
@@ -162,8 +162,7 @@ def _figure_and_section(plot: str | None, draw: Callable[[str], Any], markdown: 
 
 def tau_label(tau: float) -> str:
     """The shortest text that reads back as ``tau`` ("2", "0.5", "2.3575053928861727")."""
-    text = repr(float(tau))
-    return text[:-2] if text.endswith(".0") else text
+    return format_temperature(tau).removesuffix(".0")
 
 
 def score_key(side: str, score: str, tau: float) -> str:

@@ -12,14 +12,11 @@ def tensors_table(tensors: list[dict[str, Any]], several_files: bool) -> Any:
     from rich.table import Table
 
     table = Table(box=None, pad_edge=False, show_edge=False)
-    if several_files:
-        table.add_column("file", overflow="fold")
-    for name in ("tensor", "shape", "dtype", "read as"):
+    for name in (["file"] if several_files else []) + ["tensor", "shape", "dtype", "read as"]:
         table.add_column(name, overflow="fold")
     for t in tensors:
         shape = "" if t["shape"] is None else str(t["shape"])
-        cells = [t["name"], shape, t["dtype"], t["role"] or ""]
-        table.add_row(*([t["file"]] if several_files else []), *cells)
+        table.add_row(*([t["file"]] if several_files else []), t["name"], shape, t["dtype"], t["role"] or "")
     return table
 
 

@@ -16,9 +16,7 @@ TICK_SIZE, TITLE_SIZE = 9, 10
 def ood_plot(report, path: str | os.PathLike) -> Path:
     """The OOD figure (:func:`ood_figure`), written to ``path``."""
     path = check_plot_path(path)
-    figure = ood_figure(report)
-    _save(figure, path, dpi=100)
-    return path
+    return _save(ood_figure(report), path, dpi=100)
 
 
 def ood_figure(report):
@@ -203,13 +201,12 @@ def _ood_histograms(report, index: int, score: str, calibration: float | None, a
     ood_file = report.ood_files[index]
     best = next(b for b in report.best if b.ood_file == ood_file and b.score == score)
     panels = [(best.tau, "best tau")]
-    if calibration is not None:
-        panels.append((calibration, "calibration T"))
-    if len(panels) == 2 and best.tau == calibration:  # one picture says it: the best tau is the calibration T
+    if calibration is not None and best.tau == calibration:  # one picture says it: the best tau is the calibration T
         axes[1].axis("off")
         axes[1].text(0.5, 0.5, f"{score_label(score)}: the best tau is\nthe calibration T", ha="center", va="center",
                      fontsize=TITLE_SIZE, color="0.35", transform=axes[1].transAxes)
-        panels = panels[:1]
+    elif calibration is not None:
+        panels.append((calibration, "calibration T"))
     for ax, (tau, what) in zip(axes, panels, strict=False):
         k = report.taus.index(tau)
         m = report.rows(ood_file, score)[k]

@@ -191,14 +191,10 @@ def risk_coverage_axes(ax, panels: Sequence[tuple[str, Mapping[str, Any]]]) -> N
     ax.grid(True, alpha=0.3)
 
 
-def reliability_diagram(panels: list[tuple[str, Any]], path: str | os.PathLike, *,
-                        source: str | None = None, risk_coverage: bool = False) -> Path:
-    """One reliability diagram per ``(title, CalibrationMetrics)``, all of them, written to ``path`` (with
-    ``risk_coverage``, their risk-coverage curves beneath)."""
-    path = check_plot_path(path)
-    fig = reliability_figure(panels, source, risk_coverage=risk_coverage)
-    _save(fig, path)
-    return path
+def reliability_diagram(panels: list[tuple[str, Any]], path: str | os.PathLike, *, source: str | None = None) -> Path:
+    """One reliability diagram per ``(title, CalibrationMetrics)``, all of them, written to ``path``."""
+    path = check_plot_path(path)  # before any drawing: a bad suffix or no matplotlib is a one-line error
+    return _save(reliability_figure(panels, source), path)
 
 
 #: The sweep's panels against tau: ``(attribute, label)``; the decision figures when they were computed.
@@ -277,12 +273,13 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _save(fig, path: Path, dpi: int = 120) -> None:
+def _save(fig, path: Path, dpi: int = 120) -> Path:
     """Save beside the destination, then rename: a failed save leaves no half-written picture."""
     from ..io.paths import atomic_path
 
     with atomic_path(path, what=param("plot")) as temporary:
         fig.savefig(temporary, format=path.suffix.lstrip(".").lower(), dpi=dpi)
+    return path
 
 
 def log_spaced(start: float, stop: float, count: int) -> list[float]:

@@ -1,10 +1,5 @@
-"""Training-free out-of-distribution scores, one per module behind :class:`~tempcal.scores.base.Score`.
-
-To add a score: write a module holding ``SCORE = YourScore()`` (a ``Score`` subclass) and add one
-line to :data:`REGISTRY`. Modules are imported on first use, so the CLI can list and check the
-names without importing torch. Every score is computed at every temperature of a pass from one
-read of each chunk (:class:`~tempcal.scores.engine.ScorePass`); higher = more in-distribution.
-"""
+"""Training-free out-of-distribution scores, each a :class:`~tempcal.scores.shared.Score`; higher = more
+in-distribution. The registry is torch-free: the CLI lists and checks names without importing a score's module."""
 
 from __future__ import annotations
 
@@ -15,16 +10,10 @@ from typing import TYPE_CHECKING, Any
 from ..errors import TempcalError, param
 
 if TYPE_CHECKING:
-    from .base import Score
+    from .shared import Score
 
 #: Every score's name and its module, in the order reports list them.
-REGISTRY: dict[str, str] = {
-    "msp": "msp",
-    "energy": "energy",
-    "maxlogit": "maxlogit",
-    "entropy": "entropy",
-    "gen": "gen",
-}
+REGISTRY: dict[str, str] = {"msp": "basic", "energy": "basic", "maxlogit": "basic", "entropy": "basic", "gen": "gen"}
 
 #: Names that stand for several scores (``all``: every score in :data:`REGISTRY`).
 GROUPS: dict[str, tuple[str, ...]] = {"both": ("msp", "energy")}
@@ -55,7 +44,7 @@ def score_names(spec: str | Iterable[str]) -> list[str]:
 def get_score(name: str, options: Mapping[str, Any] | None = None) -> Score:
     """The score called ``name``, set up with ``options`` (e.g. ``gen_gamma``; each score reads its own and
     ignores the rest); an unknown name is a ``KeyError``."""
-    score: Score = import_module(f".{REGISTRY[name]}", __name__).SCORE
+    score: Score = import_module(f".{REGISTRY[name]}", __name__).SCORES[name]
     return score.configure(options) if options else score
 
 

@@ -1,9 +1,5 @@
-"""One read of each chunk for every score at every temperature: the scores-only pass.
-
-Per chunk, once: ``z1``, ``z2`` (with the top k logits when a score reads them) and ``d' = min(z - z2, 0)``; per
-temperature, the only C-wide work: ``r'`` and ``q'`` (:mod:`tempcal.scores.shared`). Chunks are computed in float32,
-or float64 when they are float64; per-row results are float64.
-"""
+"""The scores-only pass: every score at every temperature from one read of each chunk; per chunk once the row values
+(:mod:`tempcal.scores.shared`), per temperature only the C-wide sums, in float32 (float64 for float64 chunks)."""
 
 from __future__ import annotations
 
@@ -16,8 +12,7 @@ import torch
 from ..core.parallel import Scratch
 from ..errors import TempcalError, param
 from . import get_score
-from .base import Score
-from .shared import FLAT, FLOAT64, Buffers, Intermediates, beta_fits
+from .shared import FLAT, FLOAT64, Intermediates, Score, beta_fits
 
 if TYPE_CHECKING:
     from ..core.scan import RowBlock, Scan
@@ -51,23 +46,17 @@ def check_betas(betas: Iterable[float]) -> list[float]:
 
 
 class ScorePass:
-    """Every requested score at every temperature from one read of each chunk.
+    """Every requested score at every temperature from one read of each chunk: ``ScorePass([get_score("msp")],
+    betas=[2.0, 0.5]).chunk(z)`` is ``{"msp": float64 [2, n]}``."""
 
-    >>> scores = ScorePass([get_score("msp"), get_score("gen")], betas=[2.0, 1.0, 0.5])
-    >>> values = scores.chunk(z)            # {"msp": [3, n] float64, "gen": [3, n] float64}
-    """
-
-    def __init__(self, scores: Sequence[Score], betas: Iterable[float], workspace: Buffers | None = None):
+    def __init__(self, scores: Sequence[Score], betas: Iterable[float], workspace: Scratch | None = None):
         names = [s.name for s in scores]
         if not scores or len(set(names)) != len(names):
             raise ValueError(f"need one or more scores with distinct names, got {names}")
         self.scores = list(scores)
         self.betas = check_betas(betas)
         self.sums: frozenset[str] = frozenset().union(*(s.sums for s in scores))
-        unknown = self.sums - Intermediates.SUMS
-        if unknown:
-            raise ValueError(f"unknown per-temperature sums {sorted(unknown)}")
-        self.workspace: Buffers = workspace if workspace is not None else Scratch()
+        self.workspace = workspace if workspace is not None else Scratch()
 
     def chunk(self, z: torch.Tensor, row_max: torch.Tensor | None = None,
               has_neginf: bool | None = None) -> dict[str, torch.Tensor]:
@@ -80,12 +69,6 @@ class ScorePass:
             has_neginf = bool(torch.isneginf(z).any())
         x = self._intermediates(z, row_max, has_neginf)
         return {score.name: score.compute(x) for score in self.scores}
-
-    def stream(self, chunks: Iterable[torch.Tensor | tuple[torch.Tensor, torch.Tensor | None, bool | None]]
-               ) -> dict[str, torch.Tensor]:
-        """Concatenated ``[T, N]`` values over chunks (each a tensor, or ``(z, row_max, has_neginf)``)."""
-        items = ((item, None, None) if isinstance(item, torch.Tensor) else item for item in chunks)
-        return _joined((self.chunk(*item) for item in items), [s.name for s in self.scores], len(self.betas))
 
     def _intermediates(self, z: torch.Tensor, row_max: torch.Tensor | None, has_neginf: bool) -> Intermediates:
         """The chunk's shared values: temperature-free row values once, then the one loop over temperatures."""
@@ -192,4 +175,4 @@ def _joined(chunks: Iterable[dict[str, torch.Tensor]], names: Sequence[str], tem
             for name, values in parts.items()}
 
 
-__all__ = ["ScorePass", "as_classes", "check_betas", "scan_scores"]
+__all__ = ["ScorePass", "as_classes", "scan_scores"]

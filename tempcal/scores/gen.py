@@ -1,18 +1,10 @@
-"""GEN, the generalized-entropy score: ``gen = -sum_{c in top M} p_c^g (1 - p_c)^g``.
-
-Liu, Lochman & Zach, "GEN: Pushing the Limits of Softmax-Based Out-of-Distribution Detection",
-CVPR 2023. ``p = softmax(z / tau)``; ``g`` (``gen_gamma``, default 0.1) and the M largest
-probabilities (``gen_top``, default 100; all classes when C <= M). Each term is largest at p = 1/2 and
-0 at p in {0, 1}, so a peaked row scores near 0 (in-distribution) and a flat one far below.
-
-Stable form, with ``p_2 = exp(a) / s0`` the second largest probability and ``L_c = beta (z_c - z2) <= 0``
-(:mod:`tempcal.scores.shared`)::
+"""GEN, ``-sum over the M largest p_c of p_c^g (1 - p_c)^g`` (docs/commands.md), in a stable form: with ``p_2 = exp(a)
+/ s0`` the second largest probability and ``L_c = beta (z_c - z2) <= 0`` (:mod:`tempcal.scores.shared`)::
 
     gen = -p_2^g * [ (r' / s0)^g  +  sum_{non-max c in top M} exp(g (L_c + log1p(-p_2 e^{L_c}))) ]
 
 so ``1 - p_max`` is never formed as ``1 - p`` and ``p_c^g`` is ``exp(g L)`` (no float32 underflow). The top M
-logits are found once per chunk; the maximum in that block, clamped to the second maximum's gap, is subtracted once.
-"""
+logits are found once per chunk; the maximum in that block, clamped to the second maximum's gap, is subtracted once."""
 
 from __future__ import annotations
 
@@ -23,9 +15,8 @@ from typing import Any
 
 import torch
 
-from ..errors import TempcalError, param
-from .base import Score
-from .shared import FLAT, FLOAT64, Intermediates, beta_fits
+from ..errors import TempcalError, param, positive_number
+from .shared import FLAT, FLOAT64, Intermediates, Score, beta_fits
 
 #: Upper bound on elements of one [taus, rows, M] block of GEN terms (bounds the temporaries).
 BLOCK_ELEMENTS = 1 << 18
@@ -112,11 +103,8 @@ class Gen(Score):
 
 def check_gamma(gamma: Any) -> float:
     """GEN's exponent: a positive finite number."""
-    try:
-        value = float(gamma)
-    except (TypeError, ValueError):
-        value = math.nan
-    if isinstance(gamma, bool) or not (math.isfinite(value) and value > 0):
+    value = None if isinstance(gamma, bool) else positive_number(gamma)
+    if value is None:
         raise TempcalError(f"{param('gen_gamma')} {gamma}: expected a positive finite number")
     return value
 
@@ -129,4 +117,4 @@ def check_top(top: Any) -> int:
     return int(value)
 
 
-SCORE = Gen()
+SCORES = {"gen": Gen()}

@@ -1,4 +1,5 @@
-"""What the scores of one chunk share: temperature-free row values, per-temperature sums, and float64 values.
+"""The contract of every OOD score (:class:`Score`: float64 ``[T, n]``, every temperature at once, a tenth of the
+launches of a call per temperature) and what a chunk's scores share (:class:`Intermediates`, built once per chunk).
 
 Notation, per row (``z`` the logits in the compute dtype, ``beta = 1 / tau``):
 
@@ -9,16 +10,19 @@ Notation, per row (``z`` the logits in the compute dtype, ``beta = 1 / tau``):
 * float64 from there: ``a = -beta m``, ``r = exp(a) r'``, ``s0 = 1 + r``, ``p_max = 1 / s0``, ``p_2 = exp(a) / s0``.
 
 Shifting by ``z2`` rather than ``z1`` keeps float32 chunks honest at saturation: relative to ``z1`` every non-max
-``exp(beta d)`` underflows once ``beta m`` passes ~87 and ``1 + r`` rounds to 1 once ``r < 6e-8``.
-"""
+``exp(beta d)`` underflows once ``beta m`` passes ~87 and ``1 + r`` rounds to 1 once ``r < 6e-8``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from functools import cached_property
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from ..core.parallel import Scratch
 
 FLOAT64 = torch.float64
 #: A row is "flat" at a temperature when every possible class has ``beta * |z_c - z2| <= FLAT``: its sums over
@@ -26,21 +30,12 @@ FLOAT64 = torch.float64
 FLAT = 0.1
 
 
-class Buffers(Protocol):
-    """Reusable scratch memory: ``get`` returns a tensor of ``shape`` (contents undefined)."""
-
-    def get(self, name: str, shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor: ...
-
-
 class Intermediates:
     """A chunk's shared values: row tensors float64 ``[n]``, ``beta`` and ``tau`` ``[T, 1]``, and float64 ``[T, n]``
     values made on first use."""
 
-    #: The optional per-temperature sums over classes a score may ask for (``Score.sums``).
-    SUMS = frozenset({"q"})
-
     def __init__(self, *, betas: list[float], z1: torch.Tensor, z2: torch.Tensor, r_sum: torch.Tensor,
-                 q: torch.Tensor | None, top_gaps: torch.Tensor | None, num_classes: int, workspace: Buffers):
+                 q: torch.Tensor | None, top_gaps: torch.Tensor | None, num_classes: int, workspace: Scratch):
         device = z1.device
         self.workspace = workspace
         self.betas = betas
@@ -117,10 +112,37 @@ class Intermediates:
         return self._q.to(FLOAT64)
 
 
+class Score(ABC):
+    """One training-free OOD score of logits at temperature ``tau``: set ``name``, ``label``, ``sums`` and
+    ``top_k`` (what the pass must prepare), implement ``compute``; a score with parameters overrides ``configure``."""
+
+    #: The name used by ``--score`` and in results.
+    name: ClassVar[str]
+    #: How tables and sentences name it.
+    label: ClassVar[str]
+    #: Per-temperature sums over classes this score needs besides ``r'``: ``q`` (``Intermediates.q_prime``) or none.
+    sums: ClassVar[frozenset[str]] = frozenset()
+
+    def configure(self, options: Mapping[str, Any]) -> Score:
+        """This score set up with ``options`` (the ones it knows, e.g. ``gen_gamma``); by default itself."""
+        return self
+
+    def top_k(self, num_classes: int) -> int:
+        """How many of each row's largest logits this score reads (found once per chunk for every tau); 0: none."""
+        return 0
+
+    @abstractmethod
+    def compute(self, x: Intermediates) -> torch.Tensor:
+        """Float64 scores ``[T, n]`` (row t at ``x.beta[t]``) from the chunk's shared intermediates."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
 def beta_fits(beta: float, dtype: torch.dtype) -> bool:
     """True when ``beta = 1 / tau`` is a normal number of ``dtype`` (else the pass multiplies in float64)."""
     info = torch.finfo(dtype)
     return info.tiny <= beta <= info.max
 
 
-__all__ = ["FLAT", "FLOAT64", "Buffers", "Intermediates", "beta_fits"]
+__all__ = ["FLAT", "FLOAT64", "Intermediates", "Score", "beta_fits"]

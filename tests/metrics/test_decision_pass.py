@@ -12,9 +12,8 @@ import torch
 from conftest import DEVICES, EXAMPLE, miscalibrated, scan_of
 from reference import probabilities, ref_conformal, ref_risk_coverage
 
-from tempcal.conformal.passes import SetSums, fit_thresholds, set_results
+from tempcal.conformal.passes import ConformalPlan, SetSums, fit_thresholds, set_results
 from tempcal.conformal.passes import probabilities as chunk_probabilities
-from tempcal.conformal.plan import ConformalPlan
 from tempcal.conformal.sets import set_rows
 from tempcal.core.data import as_logits_data
 from tempcal.core.scan import Scan

@@ -104,6 +104,6 @@ def test_fold_thresholds_in_json_write_infinity_as_null_and_are_absent_without_f
 ])
 def test_score_reads_take_the_temperatures_in_batches_past_the_budget(monkeypatch, rows, k, budget, reads):
     monkeypatch.setattr(passes, "SCORE_BYTES", budget)
-    assert fold_conformal.fold_score_reads(rows, k) == reads
+    assert passes.score_reads(rows, k + 2) == reads  # T = 1, the deployed T and K fold temperatures
     per_read = passes.temperatures_per_read(rows)
     assert per_read >= 2 and (per_read == 2 or per_read * 16 * rows <= budget)

@@ -57,7 +57,13 @@ def ours(z: torch.Tensor, taus, names=ALL, gamma=0.1, top=100, chunk_rows=None) 
     options = {"gen_gamma": gamma, "gen_top": top}
     scorer = ScorePass([get_score(name, options) for name in names], [1.0 / t for t in taus])
     chunks = [z] if chunk_rows is None else list(torch.split(z, chunk_rows))
-    return {k: v.numpy() for k, v in scorer.stream(chunks).items()}
+    return {k: v.numpy() for k, v in stream(scorer, chunks).items()}
+
+
+def stream(scorer: ScorePass, chunks) -> dict[str, torch.Tensor]:
+    """Each score's ``[T, N]`` values over the chunks, read one after another."""
+    parts = [scorer.chunk(z) for z in chunks]
+    return {name: torch.cat([part[name] for part in parts], dim=1) for name in parts[0]}
 
 
 def as64(z: torch.Tensor) -> np.ndarray:
@@ -257,10 +263,10 @@ def test_one_read_per_chunk_and_sharing_changes_nothing():
             yield part
 
     betas = [1.0 / t for t in TAUS]
-    together = ScorePass([get_score(n) for n in ALL], betas).stream(chunks())
+    together = stream(ScorePass([get_score(n) for n in ALL], betas), chunks())
     assert reads == [0, 1, 2, 3]
     for name in ALL:
-        alone = ScorePass([get_score(name)], betas).stream(torch.split(z, 128))[name]
+        alone = stream(ScorePass([get_score(name)], betas), torch.split(z, 128))[name]
         assert torch.equal(alone, together[name])
         assert together[name].dtype == torch.float64 and together[name].shape == (len(TAUS), 500)
 
