@@ -1,5 +1,6 @@
 """Training-free out-of-distribution scores, each a :class:`~tempcal.scores.shared.Score`; higher = more
-in-distribution. The registry is torch-free: the CLI lists and checks names without importing a score's module."""
+in-distribution. A new score is a module whose ``SCORES`` maps its name to it, and a line in :data:`REGISTRY`; the
+registry is torch-free, so the CLI lists and checks names without importing a score's module."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ if TYPE_CHECKING:
     from .shared import Score
 
 #: Every score's name and its module, in the order reports list them.
-REGISTRY: dict[str, str] = {"msp": "basic", "energy": "basic", "maxlogit": "basic", "entropy": "basic", "gen": "gen"}
+REGISTRY: dict[str, str] = {
+    "msp": "msp", "energy": "energy", "maxlogit": "maxlogit", "entropy": "entropy", "gen": "gen",
+}
 
 #: Names that stand for several scores (``all``: every score in :data:`REGISTRY`).
 GROUPS: dict[str, tuple[str, ...]] = {"both": ("msp", "energy")}
