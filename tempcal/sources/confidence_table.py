@@ -171,13 +171,10 @@ class ConfidenceTableKind(SourceKind):
         import torch
 
         from ..core.data import as_logits_data
-
-        if len(paths) > 1:
-            raise TempcalError(f"{paths[1]}: a confidence table is one file; give one table as SOURCE")
-        self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
-                                   f"{param('confidence_scale')}")
         from ..io.sidecar import check_regular_file
 
+        self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
+                                   f"{param('confidence_scale')}")
         check_regular_file(paths[0])
         rows = read_table(paths[0], options, labels_optional=labels_optional)
         logits = torch.frombuffer(rows.logits, dtype=torch.float64).clone()

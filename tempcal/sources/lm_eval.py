@@ -19,11 +19,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import TEMPERATURE_KEY, StoredNote, TempcalError, param, stored_temperature
+from ..errors import StoredNote, TempcalError, param
 from .base import TASK, OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .bounded_lines import BoundedLines, OverLimit
-from .lm_eval_json import decode_line, load_record
-from .lm_eval_records import NORM_KEY, NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, Where, parse_record, short
+from .lm_eval_records import (
+    NORM_KEY,
+    NORM_METRIC,
+    NORMS,
+    LmEvalLogError,
+    ParsedRecord,
+    Where,
+    decode_line,
+    load_record,
+    parse_record,
+    short,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -329,20 +339,16 @@ class LmEvalKind(SourceKind):
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""
         from ..io.paths import sidecar_path
-        from ..io.sidecar import check_regular_file, read_sidecar
 
-        check_regular_file(path)
-        metadata, notes = read_sidecar(path)
-        side = sidecar_path(path)
-        stored = stored_temperature(metadata.get(TEMPERATURE_KEY), f"{side}:")
-        fitted_norm = self._other_norm(metadata)
+        stored, notes = super().read_temperature(path)
+        fitted_norm = self._other_norm(self.stored_metadata(path))
         if stored is not None and fitted_norm is not None:
             flag = param("lm_eval_norm")
-            notes.append(StoredNote(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so "
-                                    f"it is ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit "
-                                    "again"))
+            notes.append(StoredNote(f"{sidecar_path(path)}: its temperature {stored!r} was fitted with {flag} "
+                                    f"{fitted_norm}, so it is ignored here ({flag} {self.norm}); pass {flag} "
+                                    f"{fitted_norm}, or fit again"))
             stored = None
-        return stored, list(notes)
+        return stored, notes
 
     def temperature_place(self, path: Path) -> str:
         """The sidecar, and the normalisation its T was fitted under when that is not this run's."""

@@ -79,12 +79,6 @@ def in_memory_data(path: Path, logits: torch.Tensor, labels: torch.Tensor | None
         raise exc.prefixed(f"{path}: ") from None
 
 
-def checked_path(path: Path) -> Path:
-    """``path``, after checking it is an existing regular file."""
-    check_regular_file(path)
-    return path
-
-
 def missing(path: Path, what: str, key: str, keys: tuple[str, ...], option: str) -> TempcalError:
     """The error for an absent key: the keys present and the option that names another."""
     present = ", ".join(f"'{k}'" for k in keys) or "none"
@@ -92,6 +86,8 @@ def missing(path: Path, what: str, key: str, keys: tuple[str, ...], option: str)
 
 
 def magic(path: Path) -> bytes:
+    """The first bytes of ``path``, after checking it is an existing regular file."""
+    check_regular_file(path)
     try:
         with open(path, "rb") as f:
             return f.read(8)

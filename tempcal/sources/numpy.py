@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DataError, Note, TempcalError, param
 from ..io.paths import sidecar_path
 from ..io.safetensors_header import shown
+from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
 from .memory import (
     NPY_MAGIC,
@@ -25,7 +26,6 @@ from .memory import (
     InMemoryKind,
     check_fits,
     checked_member,
-    checked_path,
     first_line,
     in_memory_source,
     magic,
@@ -48,7 +48,7 @@ class NpzKind(InMemoryKind):
     remembered = REMEMBERED
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        path = checked_path(paths[0])
+        path = paths[0]
         logits, labels, (logits_key, labels_key) = _read_npz(path, options.logits_key, options.labels_key,
                                                              not labels_optional)
         opened = in_memory_source(self, path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key),
@@ -87,7 +87,8 @@ class NpyKind(InMemoryKind):
     group_values = SourceKind.group_values  # the file holds one array, without a name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        path = checked_path(paths[0])
+        path = paths[0]
+        check_regular_file(path)  # before the labels file is looked for
         logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key, not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
 
@@ -99,7 +100,7 @@ class NpyKind(InMemoryKind):
         labels = npy_labels_path(path, options.logits_key, options.labels_key)
         files = {"logits": path} | ({"labels": labels} if labels is not None and labels.is_file() else {})
         return [{**tensor_entry(file, file.name, header.shape, str(header.dtype), options), "role": role}
-                for role, file in files.items() for header in [_npy_file(checked_path(file))[0]]]
+                for role, file in files.items() for header in [_npy_file(file)[0]]]
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
@@ -113,7 +114,7 @@ class NpyKind(InMemoryKind):
 
 def _open_npz(path: Path) -> zipfile.ZipFile:
     """The ``.npz`` archive at ``path``, open; a single ``.npy`` array or any other file is refused."""
-    head = magic(checked_path(path))
+    head = magic(path)
     if head.startswith(NPY_MAGIC):
         raise TempcalError(f"{path}: holds a single .npy array, not an .npz archive of named arrays "
                            "(rename it to .npy, or save it with numpy.savez)")
