@@ -470,14 +470,9 @@ class SourceKind(ABC):
 
     def stored_metadata(self, path: Path) -> dict[str, str]:
         """The metadata kept with ``path``'s T (by default its current sidecar's; none when it is missing or broken)."""
-        from ..io.sidecar import read_sidecar
+        from ..io.sidecar import current_metadata
 
-        if not path.is_file():
-            return {}  # opening says what is wrong with the path
-        try:
-            return read_sidecar(path)[0]
-        except TempcalError:  # a broken sidecar: reported when its T is asked for
-            return {}
+        return current_metadata(path) if path.is_file() else {}  # opening says what is wrong with the path
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:

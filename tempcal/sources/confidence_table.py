@@ -1,10 +1,6 @@
-"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``): a confidence and whether the answer was right
-per row, for models that give a confidence but no log-probabilities (see docs/evaluation-logs.md).
-
-Each row is a binary sample: the logit ``ln(c / (1 - c))`` (c clipped to [1e-6, 1 - 1e-6], counted) and the label
-``correct``. T is kept in the sidecar with the columns and scale it was fitted with; ``apply`` writes the table with
-``calibrated_confidence`` added (:func:`apply_table`).
-"""
+"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``; see docs/evaluation-logs.md): each row a binary
+sample, the logit ``ln(c / (1 - c))`` of its confidence (clipped to [1e-6, 1 - 1e-6], counted) and the label
+``correct``; T is kept in the sidecar with the columns and scale it was fitted with."""
 
 from __future__ import annotations
 
@@ -59,7 +55,6 @@ def confidence_value(value: Any, where: str, scale: float) -> float:
     """A confidence as a probability in [0, 1]: a number (or numeric text) in [0, scale], divided by scale."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise TableError(f"{where}: missing value")
-    number = math.nan
     if isinstance(value, str):
         try:
             number = float(value.strip())

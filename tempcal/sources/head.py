@@ -1,10 +1,6 @@
-"""Hidden states and an output head as SOURCE (``--head``): logits ``head(h)`` computed a block at a time.
-
-ReAct (``react=P``; Sun, Guo & Li, NeurIPS 2021) clips every hidden-state value from above at the P-th percentile
-(numpy's linear interpolation) of the values of the SOURCE rows scored, found exactly in a few streamed passes
-(:func:`tempcal.core.percentile.streaming_percentile`); OOD files opened beside SOURCE are clipped at the same
-threshold.
-"""
+"""Hidden states and an output head as SOURCE (``--head``): logits ``head(h)`` computed a block at a time. ReAct
+(``react=P``; Sun, Guo & Li, NeurIPS 2021) clips the hidden states at the exact P-th percentile of SOURCE's values
+(a few streamed passes); OOD files opened beside SOURCE are clipped at the same threshold."""
 
 from __future__ import annotations
 

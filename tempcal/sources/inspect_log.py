@@ -1,12 +1,7 @@
-"""inspect_ai logs as SOURCE: ``.eval`` (zip) or ``.json`` logs, or a folder or glob of them (see
-docs/evaluation-logs.md).
-
-One row per multiple-choice sample and epoch, padded with ``-inf`` to the most choices, in ``read_eval_log``'s order;
-samples left out are counted by reason. A token's letter is its text without whitespace and the word-start markers
-``Ġ`` and ``▁``; the answer position is the first token with a letter of the sample after the last ``ANSWER:`` in the
-text so far; choice j's logit is the ``logsumexp`` of the ``top_logprobs`` there whose letter is j. T is kept in
-each log's sidecar.
-"""
+"""inspect_ai logs (``.eval`` zips, ``.json`` logs, a folder or glob of them; docs/evaluation-logs.md) as SOURCE: one
+row per multiple-choice sample and epoch, padded with ``-inf``, samples left out counted by reason. A choice's logit
+is the ``logsumexp`` of the ``top_logprobs`` whose token is its letter at the answer position: the first token with a
+letter after the last ``ANSWER:``. T is kept in each log's sidecar."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
-"""lm-evaluation-harness sample logs as SOURCE: ``samples_<task>_<date>.jsonl`` or ``.jsonl.gz`` (see
-docs/evaluation-logs.md).
-
-Row i of the logits is record i's choices' log-likelihoods (:mod:`.lm_eval_records`), padded with ``-inf`` to the
-most choices; several logs are one SOURCE. Hostile files are refused fast and in flat memory (lines past
-:data:`MAX_LINE_BYTES`, a padded matrix past :data:`MAX_PADDED_BYTES`). T is kept in the sidecar with the
-``--lm-eval-norm`` it was fitted under: it is not used for another.
-"""
+"""lm-evaluation-harness sample logs (``samples_<task>_<date>.jsonl[.gz]``, docs/evaluation-logs.md) as SOURCE:
+row i is record i's choices' log-likelihoods padded with ``-inf``, several logs one SOURCE; hostile files are refused
+fast in flat memory. T is kept in the sidecar with the ``--lm-eval-norm`` it was fitted under (used for no other)."""
 
 from __future__ import annotations
 
@@ -69,14 +64,25 @@ def task_from_filename(path: str | os.PathLike[str], prefix: str = "samples_",
 
 
 @dataclass
-class LmEvalLogInfo:
-    """What was read from one log: task, counts, the forms met, and lm-eval's own metric as a check."""
+class LogInfo:
+    """What was read from one evaluation log: its task (from its name; None when the name does not follow the
+    tool's), the normalisation, and how many rows have each number of choices."""
 
     path: str
-    task: str | None  # from the file name; None when it does not follow samples_<task>_<date>
+    task: str | None
     norm: str
+    choice_counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def max_choices(self) -> int:
+        return max(self.choice_counts, default=0)
+
+
+@dataclass
+class LmEvalLogInfo(LogInfo):
+    """What was read from one lm-eval log: counts, the forms met, and lm-eval's own metric as a check."""
+
     records: int = 0
-    choice_counts: dict[int, int] = field(default_factory=dict)  # number of choices -> number of records
     filter: str | None = None  # the lm-eval filter of every record ("none" for multiple choice)
     arguments_forms: dict[str, int] = field(default_factory=dict)  # "gen_args" (lm-eval >= 0.4.3) / "pairs"
     targets: dict[str, int] = field(default_factory=dict)  # "index" / "text" / "acc"
@@ -85,10 +91,6 @@ class LmEvalLogInfo:
     check_disagree: int = 0
     first_disagree_line: int | None = None
     widest_line: int | None = None  # the first record with the most choices
-
-    @property
-    def max_choices(self) -> int:
-        return max(self.choice_counts, default=0)
 
     @property
     def check_metric(self) -> str:
@@ -319,10 +321,6 @@ class LmEvalKind(SourceKind):
                  "choice_counts": counts_shown(info.choice_counts), "filter": info.filter,
                  "arguments_forms": info.arguments_forms, "targets": info.targets} for info in infos]
 
-    def task_of(self, path: Path) -> str:
-        """The task a log's rows belong to: from its name (the name itself when it does not follow lm-eval's)."""
-        return task_from_filename(path, self.prefix, self.suffixes) or path.name
-
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
         from ..errors import DataError
@@ -330,7 +328,7 @@ class LmEvalKind(SourceKind):
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
-        tasks = [self.task_of(p) for p in opened.paths]
+        tasks = [task_from_filename(p, self.prefix, self.suffixes) or p.name for p in opened.paths]
         if len(set(tasks)) < len(tasks):
             seen = next(t for t in tasks if tasks.count(t) > 1)
             raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")

@@ -1,10 +1,6 @@
-"""One line of an lm-evaluation-harness sample log as a row of logits and a label (see :mod:`.lm_eval`): decoded as
-JSON within bounds (values, nesting, integer digits), then read as a multiple-choice record.
-
-A record holds one request per choice (``arguments``: pairs, or ``gen_args_<i>`` since lm-eval 0.4.3), each
-request's log-likelihood (``filtered_resps``) and the ``target``; anything else is a :class:`LmEvalLogError` naming
-the file and line.
-"""
+"""One line of an lm-evaluation-harness sample log as a row of logits and a label: decoded as JSON within bounds
+(values, nesting, integer digits), then read as a multiple-choice record (a request per choice in ``arguments``, its
+log-likelihood in ``filtered_resps``, the ``target``); anything else is a :class:`LmEvalLogError` naming the line."""
 
 from __future__ import annotations
 

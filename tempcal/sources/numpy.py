@@ -1,9 +1,6 @@
-"""``.npz`` archives and ``.npy`` pairs as SOURCE (read with ``allow_pickle=False``; T in a sidecar).
-
-An ``.npz`` gives the arrays ``logits_key`` / ``labels_key`` (netcal's ``predictions`` / ``ground_truth`` in their
-absence); a ``.npy`` file holds the logits, its labels the sibling named with the labels key in place of the logits
-key (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused).
-"""
+"""``.npz`` archives and ``.npy`` pairs as SOURCE (``allow_pickle=False``; T in a sidecar): an ``.npz`` holds the arrays
+``logits_key`` / ``labels_key`` (netcal's names in their absence); a ``.npy`` file holds the logits and its labels
+live in a sibling (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused)."""
 
 from __future__ import annotations
 

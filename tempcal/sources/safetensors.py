@@ -1,8 +1,6 @@
-"""The default SOURCE kind: logits in safetensors files (one file, many shards, or a glob), read in row chunks.
-
-Chunks are read with ``pread`` into a reused buffer, so memory stays at one chunk whatever the file size; logits
-within ``RESIDENT_BYTES`` are read once and kept. Labels are read whole; rows labelled ``ignore_index`` are skipped.
-"""
+"""The default SOURCE kind: logits in safetensors files (one, shards, or a glob), read in row chunks with ``pread``
+into a reused buffer (memory stays at one chunk), or read once and kept within ``RESIDENT_BYTES``. Labels are read
+whole; rows labelled ``ignore_index`` are skipped."""
 
 from __future__ import annotations
 
