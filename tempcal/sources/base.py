@@ -318,10 +318,10 @@ def group_metadata(key: str | None, temperatures: Mapping[str, float] | None) ->
 
 
 class SourceKind(ABC):
-    """One kind of SOURCE. Subclasses override :meth:`open`, and :meth:`claims` unless a suffix says it all."""
+    """One kind of SOURCE. Subclasses override :meth:`open`, and :meth:`claims` unless its registry line (suffixes,
+    a folder, an option) says it all."""
 
     name: str = ""
-    suffixes: tuple[str, ...] = ()
     #: Whether several files (shards, a glob) make one SOURCE of this kind.
     shards: bool = False
     #: What this kind keeps beside T about how the file was read (``SourceOptions`` fields of
@@ -337,8 +337,8 @@ class SourceKind(ABC):
     open_any: ClassVar[Callable[..., OpenedSource]]
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        """Whether ``paths`` are a SOURCE of this kind (by default: the first path's suffix)."""
-        return paths[0].suffix.lower() in self.suffixes
+        """Whether ``paths``, which this kind's registry line selected, are a SOURCE of this kind (by default: yes)."""
+        return True
 
     @abstractmethod
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:

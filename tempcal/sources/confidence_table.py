@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import READING_KEYS, TempcalError, param
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
-from .tables import TABLE_FORMATS, TableError, columns_of, read_rows, table_format, write_with_column
+from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
 #: Where a confidence of exactly 0 or 1 is clipped to: [CLIP, 1 - CLIP].
 CLIP = 1e-6
@@ -144,7 +144,6 @@ class ConfidenceTableKind(SourceKind):
 
     name = SOURCE_KIND
     title = "confidence table"
-    suffixes = tuple(TABLE_FORMATS)
     #: The columns and scale a T was fitted with are kept beside it: ``report FILE`` then reads FILE the same way.
     remembered = ("confidence", "correct", "confidence_scale")
     own_apply_format = True

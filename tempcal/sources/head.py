@@ -107,10 +107,6 @@ class HeadKind(SafetensorsKind):
 
     name = "head"
     title = "hidden states with an output head"
-    suffixes = ()  # claimed by --head, whatever its name
-
-    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        return options.head is not None
 
     def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
         """The head computes the logits: refused as a model's output is."""

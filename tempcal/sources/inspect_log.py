@@ -154,7 +154,6 @@ def _logsumexp(values: list[float]) -> float:
 LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
 #: The ``--group-by`` keys of inspect_ai logs.
 GROUP_KEYS = ("task", "model")
-SUFFIXES = (".eval", ".json")
 #: The top-level keys every inspect_ai log has, beside ``samples``.
 LOG_KEYS = ("version", "status", "eval")
 _SNIFF = 4096
@@ -301,7 +300,6 @@ class InspectLogKind(SourceKind):
 
     name = "inspect"
     title = "inspect_ai log"
-    suffixes = SUFFIXES
     shards = True
 
     def __init__(self, names: dict[str, list[str]] | None = None) -> None:

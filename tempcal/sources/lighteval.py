@@ -207,8 +207,7 @@ class LightevalKind(LmEvalKind):
 
     name = "lighteval"
     title = "lighteval details"
-    suffixes = (".parquet",)  # type: ignore[assignment]  # LmEvalKind's are two
-    prefix = "details_"
+    prefix, suffixes = "details_", (".parquet",)
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return is_lighteval_details(paths[0])

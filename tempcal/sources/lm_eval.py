@@ -273,9 +273,9 @@ class LmEvalKind(SourceKind):
 
     name = "lm-eval"
     title = "lm-evaluation-harness sample log"
-    suffixes = LOG_SUFFIXES
     shards = True
     prefix = "samples_"  # of a log's name, before its task
+    suffixes: tuple[str, ...] = LOG_SUFFIXES  # ... and after it
 
     def __init__(self, norm: str | None = None) -> None:
         self.norm = norm

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Note, TempcalError, param
-from ..models.detect import MODEL_SUFFIXES
 from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions, wrote_lines
 
 if TYPE_CHECKING:
@@ -54,7 +53,6 @@ class ModelKind(SourceKind):
 
     name = "model"
     title = "model"
-    suffixes = MODEL_SUFFIXES
     inspect_needs_file = False  # loading it says what is wrong with its path
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:

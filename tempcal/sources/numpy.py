@@ -41,7 +41,6 @@ REMEMBERED = ("probs", "logits_key", "labels_key")
 class NpzKind(InMemoryKind):
     name = "npz"
     title = ".npz archive"
-    suffixes = (".npz",)
     remembered = REMEMBERED
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
@@ -79,7 +78,6 @@ def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tupl
 class NpyKind(InMemoryKind):
     name = "npy"
     title = ".npy logits file"
-    suffixes = (".npy",)
     remembered = REMEMBERED
     group_values = SourceKind.group_values  # the file holds one array, without a name
 

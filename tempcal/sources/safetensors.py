@@ -303,14 +303,9 @@ class SafetensorsKind(SourceKind):
     """``.safetensors`` logits files: one, several shards, or a glob; T goes into each file's metadata."""
 
     name = "safetensors"
-    suffixes: tuple[str, ...] = (".safetensors",)
     shards = True
     remembered = ("probs",)  # tensor names are not kept: a file's header lists them
     title = "safetensors logits file"
-
-    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        # A missing file is claimed too, so that the error says it is missing.
-        return paths[0].suffix.lower() in self.suffixes or not paths[0].exists()
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         check_not_hidden(read_header(paths[0]), options)
