@@ -348,11 +348,16 @@ class SourceKind(ABC):
         """Another SOURCE beside ``opened`` (``--eval``, ``--ood``): by default a logits file of any kind."""
         return self.open_any(other, opened.options, labels_optional=labels_optional)
 
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        """Why values that look like probabilities, read without ``probs``, are refused: by default, they come from a
-        model, which gives logits; logits files override (``--probs`` reads them as log p)."""
-        from ..errors import AS_LOGITS, ProbabilitiesError
+    #: A file of logits as they are stored (not computed by a model or a head): ``--probs`` reads its values as log p.
+    logits_file = False
 
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        """Why values that look like probabilities, read without ``probs``, are refused: a logits file names its tensor
+        and ``--probs``; any other kind's values come from a model, which gives logits."""
+        from ..errors import AS_LOGITS, ProbabilitiesError, probabilities_refused
+
+        if self.logits_file:
+            return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
         return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values "
                                   f"in [0, 1], each row summing to 1), and probabilities are read only from logits "
                                   f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "

@@ -14,9 +14,9 @@ import torch
 
 from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 from ..core.parallel import pass_threads
-from ..errors import DataError, ProbabilitiesError, TempcalError, param
+from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
-from .base import OpenedSource, SourceKind, SourceOptions, expand_sources
+from .base import OpenedSource, SourceOptions, expand_sources
 from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
 
 #: Logits per block: larger than for stored logits, since each block is also a matmul that wants many rows;
@@ -107,10 +107,7 @@ class HeadKind(SafetensorsKind):
 
     name = "head"
     title = "hidden states with an output head"
-
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        """The head computes the logits: refused as a model's output is."""
-        return SourceKind.probabilities_refused(self, opened)
+    logits_file = False  # the head computes the logits: probabilities are refused as a model's output is
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from ..models.head import load_head

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     import torch
 
     from ..core.data import LogitsData
-    from ..errors import ProbabilitiesError
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK"  # a local file header, or an empty archive's end record
@@ -32,10 +31,7 @@ EXPANSION_FLOOR = 256 << 20
 class InMemoryKind(SourceKind):
     """A logits file read whole into memory: what these kinds share beyond the sidecar."""
 
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        from ..errors import probabilities_refused
-
-        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
+    logits_file = True
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
         """The named array (tensor) ``key`` of the file; a missing one names those present and ``option``."""

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..core.data import HeldRows, PinnedStager, default_chunk_rows, to_device
-from ..errors import DataError, ProbabilitiesError, TempcalError, check_labels, param, probabilities_refused
+from ..errors import DataError, TempcalError, check_labels, param
 from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
@@ -306,6 +306,7 @@ class SafetensorsKind(SourceKind):
     shards = True
     remembered = ("probs",)  # tensor names are not kept: a file's header lists them
     title = "safetensors logits file"
+    logits_file = True
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         check_not_hidden(read_header(paths[0]), options)
@@ -316,9 +317,6 @@ class SafetensorsKind(SourceKind):
                                             ignore_index=options.ignore_index, labels_optional=labels_optional)
         stored = read_header(paths[0]).stored_temperature()
         return OpenedSource(paths, data, stored, self, options, has_labels=has_labels)
-
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
 
     def tensor_names(self, opened: OpenedSource) -> set[str]:
         return set(read_header(opened.paths[0]).tensors)
