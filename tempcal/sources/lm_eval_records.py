@@ -24,8 +24,7 @@ NORM_METRIC = {"none": "acc", "chars": "acc_norm", "bytes": "acc_bytes"}
 #: before the record's responses are read.
 MAX_CHOICES = 10_000
 #: Indices of at most 9 digits: a longer one is a bad key (and ``int`` of thousands of digits is refused).
-_GEN_ARGS_KEY = re.compile(r"^gen_args_(\d{1,9})$")
-_ARG_KEY = re.compile(r"^arg_(\d{1,9})$")
+_INDEXED_KEY = re.compile(r"^(gen_args|arg)_(\d{1,9})$")
 _DIGITS = re.compile(r"^[0-9]+$")
 
 
@@ -179,28 +178,28 @@ def _arguments(value: Any, where: Where) -> tuple[list[tuple[str, str]], str]:
 
 
 def _gen_args_entries(value: dict[str, Any], where: Where) -> list[tuple[str, Any]]:
-    """The ``gen_args_<i>`` entries in index order (``gen_args_10`` after ``gen_args_9``), each as an arg list."""
-    indexed: list[tuple[int, str, Any]] = []
-    for key, entry in value.items():
-        match = _GEN_ARGS_KEY.match(key)
-        if not match:
-            raise where.error(f"'arguments' has a key '{clip(key)}'; expected gen_args_0, gen_args_1, ...")
-        indexed.append((int(match.group(1)), key, entry))
-    indexed.sort(key=lambda item: item[0])
+    """The ``gen_args_<i>`` entries in index order, each as its list of ``arg_<j>`` values."""
+    indexed = _by_index(value, "gen_args", "arguments", where)
     if [i for i, _, _ in indexed] != list(range(len(indexed))):
         raise where.error(f"'arguments' keys are not gen_args_0 .. gen_args_{len(indexed) - 1}")
     out = []
     for _, key, entry in indexed:
         if not isinstance(entry, dict):
             raise where.error(f"'arguments.{key}' must be an object of arg_0, arg_1, ..., got {json_kind(entry)}")
-        args = []
-        for arg_key, arg in entry.items():
-            match = _ARG_KEY.match(arg_key)
-            if not match:
-                raise where.error(f"'arguments.{key}' has a key '{clip(arg_key)}'; expected arg_0, arg_1, ...")
-            args.append((int(match.group(1)), arg))
-        out.append((f"arguments.{key}", [arg for _, arg in sorted(args, key=lambda item: item[0])]))
+        out.append((f"arguments.{key}", [arg for _, _, arg in _by_index(entry, "arg", f"arguments.{key}", where)]))
     return out
+
+
+def _by_index(value: dict[str, Any], prefix: str, name: str, where: Where) -> list[tuple[int, str, Any]]:
+    """``(i, key, entry)`` per ``<prefix>_<i>`` key of object ``name``, by index (``_10`` after ``_9``); any other
+    key is an error."""
+    indexed = []
+    for key, entry in value.items():
+        match = _INDEXED_KEY.match(key)
+        if not match or match.group(1) != prefix:
+            raise where.error(f"'{name}' has a key '{clip(key)}'; expected {prefix}_0, {prefix}_1, ...")
+        indexed.append((int(match.group(2)), key, entry))
+    return sorted(indexed, key=lambda item: item[0])
 
 
 def _request_pair(name: str, entry: Any, where: Where) -> tuple[str, str]:
