@@ -1,6 +1,5 @@
 """T for files without metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file, written atomically,
-recording the file's size, mtime and SHA-256, so that one left by an older version of the file is ignored.
-"""
+recording the file's size, mtime and SHA-256, so that one left by an older version of the file is ignored."""
 
 from __future__ import annotations
 
