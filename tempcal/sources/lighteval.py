@@ -121,8 +121,6 @@ def _batches(path: Path, parquet: Any) -> Any:
             doc, response = batch.column("doc"), batch.column("model_response")
             yield (doc.field("gold_index").to_pylist(), doc.field("choices").to_pylist(),
                    response.field("logprobs").to_pylist())
-    except LightevalDetailsError:
-        raise
     except Exception as exc:  # a damaged page or row group
         raise LightevalDetailsError(f"{path}: cannot read its rows ({first_line(exc)})") from None
 
