@@ -344,12 +344,8 @@ class InspectLogKind(SourceKind):
         """One group per task or model, each log's rows in its group."""
         if key not in GROUP_KEYS:
             raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
-        return file_groups(key, self._names(opened, key), opened.file_rows or [opened.data.num_samples])
-
-    def _names(self, opened: OpenedSource, key: str) -> list[str]:
-        if self.names is not None:
-            return list(self.names[key])
-        return [getattr(i, key) for i in self.read_all(opened.paths)]
+        assert self.names is not None  # the kind of an opened SOURCE, which open() gives its logs' tasks and models
+        return file_groups(key, self.names[key], opened.file_rows or [opened.data.num_samples])
 
     def sidecar_of(self, path: Path) -> Path:
         """A folder's T lives in the sidecars of its logs: the first log's stands for it."""
