@@ -205,7 +205,8 @@ class LightevalKind(LmEvalKind):
 
     name = "lighteval"
     title = "lighteval details"
-    prefix, suffixes = "details_", (".parquet",)
+    prefix = "details_"
+    suffixes = (".parquet",)
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return is_lighteval_details(paths[0])
