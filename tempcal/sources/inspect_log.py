@@ -280,10 +280,6 @@ def _read_header(info: InspectLogInfo, header: Any) -> None:
                                   "model saw; shuffle the dataset's choices instead (Sample/dataset shuffle_choices)")
 
 
-def incomplete_total(infos: list[InspectLogInfo]) -> dict[str, int]:
-    return {reason: sum(i.incomplete[reason] for i in infos) for reason in INCOMPLETE}
-
-
 def _warning(infos: list[InspectLogInfo], counts: dict[str, int], name: str) -> list[str]:
     left = sum(counts.values())
     if not left:
@@ -325,7 +321,7 @@ class InspectLogKind(SourceKind):
         if len(models) > 1 and options.group_by != "model":
             raise TempcalError(f"{name}: logs of {len(models)} models ({', '.join(models[:4])}); one T for several "
                                f"models means nothing: pass {param('group_by')} model, or one model's logs")
-        counts = incomplete_total(infos)
+        counts = {reason: sum(i.incomplete[reason] for i in infos) for reason in INCOMPLETE}
         if not any(i.complete for i in infos):
             said = ", ".join(f"{k} {n}" for k, n in counts.items())
             raise InspectLogError(f"{name}: no sample has a complete row ({said}); see the answer position rules in "
