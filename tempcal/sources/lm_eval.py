@@ -280,9 +280,6 @@ class LmEvalKind(SourceKind):
     def __init__(self, norm: str | None = None) -> None:
         self.norm = norm
 
-    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        return is_lm_eval_log(paths[0])
-
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
         read = [_read_rows(path, options.lm_eval_norm) for path in paths]
