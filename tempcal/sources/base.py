@@ -409,10 +409,11 @@ class SourceKind(ABC):
         return False
 
     def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
-        """The state of the sidecar T is kept in (None for a kind that keeps T elsewhere)."""
-        from .described import sidecar_block
+        """The sidecar T is kept in: where, fresh or stale, and why (None for a kind that keeps T elsewhere)."""
+        from ..io.sidecar import sidecar_state
 
-        return sidecar_block(self.sidecar_of(path))
+        state = sidecar_state(self.sidecar_of(path))
+        return {"path": str(state.path), "state": state.state, "detail": state.detail}
 
     def sidecar_of(self, path: Path) -> Path:
         """The file whose sidecar keeps ``path``'s T: itself by default."""
