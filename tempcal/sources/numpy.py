@@ -57,13 +57,21 @@ class NpzKind(InMemoryKind):
         return opened
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """Every array, from its header alone (nothing inflated)."""
         from .described import tensor_entry
 
-        return [tensor_entry(path, name, shape, dtype, options) for path in paths
-                for name, (dtype, shape) in npz_arrays(path).items()]
+        with _open_npz(paths[0]) as archive:
+            return [tensor_entry(paths[0], key, header.shape, str(header.dtype), options)
+                    for key, header in _headers(paths[0], archive).items()]
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
-        return read_npz_array(path, key, option)
+        """One array as a tensor, its declared size checked first."""
+        with _open_npz(path) as archive:
+            headers = _headers(path, archive)
+            if key not in headers:
+                raise missing(path, "array", key, tuple(headers), option)
+            check_fits(path, f"array '{key}'", headers[key].nbytes)
+            return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
 
 
 def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
@@ -138,23 +146,6 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
         check_fits(path, "arrays " + " and ".join(f"'{k}'" for k in wanted), sum(h.nbytes for h in declared.values()))
         arrays = {key: _npz_member(archive, path, members[key], key, role) for key, role in wanted.items()}
     return arrays[logits_key], arrays.get(labels_key), (logits_key, labels_key)
-
-
-def npz_arrays(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Every array of an ``.npz`` archive: its numpy dtype and shape, from its header alone (nothing inflated)."""
-    with _open_npz(path) as archive:
-        return {key: (str(header.dtype), header.shape) for key, header in _headers(path, archive).items()}
-
-
-def read_npz_array(path: Path, key: str, option: str) -> torch.Tensor:
-    """One array of an ``.npz`` archive as a tensor (its declared size checked first); a missing one names
-    the arrays present and ``option``."""
-    with _open_npz(path) as archive:
-        headers = _headers(path, archive)
-        if key not in headers:
-            raise missing(path, "array", key, tuple(headers), option)
-        check_fits(path, f"array '{key}'", headers[key].nbytes)
-        return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
 
 
 def _headers(path: Path, archive: zipfile.ZipFile, keys: list[str] | None = None) -> dict[str, _NpyHeader]:
