@@ -1,6 +1,5 @@
 """Reading untrusted JSON with bounds on its nesting and integer digits; each refusal an exception carrying the line
-and column the caller's one-line message names (the file itself is read by :func:`tempcal.io.paths.read_regular`).
-"""
+and column the caller's one-line message names (the file itself is read by :func:`tempcal.io.paths.read_regular`)."""
 
 from __future__ import annotations
 

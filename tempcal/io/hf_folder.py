@@ -1,6 +1,5 @@
 """The files of a Hugging Face model folder, read as untrusted input: JSON bounded, plain file names, and links
-followed only inside the folder or, in the hub's cache, into the repository's ``blobs/``.
-"""
+followed only inside the folder or, in the hub's cache, into the repository's ``blobs/``."""
 
 from __future__ import annotations
 

@@ -13,17 +13,6 @@ def require(module: str, extra: str, *, needed_for: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as exc:
-        top = module.split(".")[0]
-        raise TempcalError(
-            f"{needed_for} needs {top}, which is not installed: pip install 'tempcal[{extra}]'"
-        ) from exc
+        raise TempcalError(f"{needed_for} needs {module.split('.')[0]}, which is not installed: "
+                           f"pip install 'tempcal[{extra}]'") from exc
 
-
-def pyarrow_parquet(needed_for: str) -> ModuleType:
-    """``pyarrow.parquet`` for reading ``.parquet`` files (the ``logs`` extra)."""
-    return require("pyarrow.parquet", "logs", needed_for=needed_for)
-
-
-def zstandard(needed_for: str) -> ModuleType:
-    """``zstandard`` for zstd-compressed members of inspect_ai ``.eval`` logs (the ``logs`` extra)."""
-    return require("zstandard", "logs", needed_for=needed_for)

@@ -1,7 +1,6 @@
 """Where and how tempcal reads and writes a file: an untrusted input read whole only when it is a regular file of
 bounded size (:func:`read_regular`); the checks every output path passes (before any work and at the rename), and
-:func:`atomic_path`, the one way a file is written, so that a crash leaves the old file or the complete new one.
-"""
+:func:`atomic_path`, the one way a file is written, so that a crash leaves the old file or the complete new one."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """Safetensors headers, read and checked before any tensor is; T written back into the metadata, refused when the
-file changed since it was read (its identity kept with the header; the check and the rename under ``flock``).
-"""
+file changed since it was read (its identity kept with the header; the check and the rename under ``flock``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """T for files without metadata of their own: a sidecar ``FILE.tempcal.json`` beside the file, written atomically,
-recording the file's size, mtime and SHA-256, so that one left by an older version of the file is ignored.
-"""
+recording the file's size, mtime and SHA-256, so that one left by an older version of the file is ignored."""
 
 from __future__ import annotations
 
@@ -155,7 +154,7 @@ def write_sidecar(path: str | os.PathLike, temperature: float, *, metadata: Mapp
     side = sidecar_path(path)
     check_target(side, str(side))  # a planted link or device: refused before the file is hashed
     if metadata is None:
-        metadata = _current_metadata(path)
+        metadata = current_metadata(path)
     metadata = updated_metadata(metadata, updates)
     stat = path.stat()
     record = {
@@ -180,7 +179,7 @@ def write_sidecar_copy(source: Path, temperature: float, output: Path, *,
         raise TempcalError(f"{param('output')} {output}: must have the suffix of SOURCE ({source.suffix}); "
                            "tempcal copies the file and stores T in the copy's sidecar")
     check_regular_file(source)
-    metadata = _current_metadata(source)
+    metadata = current_metadata(source)
     label = f"{param('output')} {output}"
     if not output.is_symlink() and output.exists() and os.path.samefile(output, source):
         return write_sidecar(source, temperature, metadata=metadata, updates=updates)
@@ -196,13 +195,14 @@ def write_sidecar_copy(source: Path, temperature: float, output: Path, *,
     return write_sidecar(output, temperature, metadata=metadata, updates=updates)
 
 
-def _current_metadata(path: Path) -> dict[str, str]:
-    """The metadata of ``path``'s current sidecar, or none (a malformed sidecar is about to be replaced)."""
+def current_metadata(path: str | os.PathLike) -> dict[str, str]:
+    """The metadata of ``path``'s current sidecar; none when it is missing, stale or broken (reported when its T is
+    asked for, or about to be replaced)."""
     try:
         return read_sidecar(path)[0]
     except TempcalError:
         return {}
 
 
-__all__ = ["read_sidecar", "sidecar_state", "sidecar_temperature", "write_sidecar",
+__all__ = ["current_metadata", "read_sidecar", "sidecar_state", "sidecar_temperature", "write_sidecar",
            "write_sidecar_copy"]

@@ -1,6 +1,5 @@
 """Tensors written chunk by chunk, never held whole, as safetensors, ``.npz`` or ``.npy``: every dtype and shape is
-known before the first chunk, so the header goes first, into :func:`tempcal.io.paths.atomic_path`'s file.
-"""
+known before the first chunk, so the header goes first, into :func:`tempcal.io.paths.atomic_path`'s file."""
 
 from __future__ import annotations
 

@@ -318,10 +318,10 @@ def group_metadata(key: str | None, temperatures: Mapping[str, float] | None) ->
 
 
 class SourceKind(ABC):
-    """One kind of SOURCE. Subclasses override :meth:`open`, and :meth:`claims` unless a suffix says it all."""
+    """One kind of SOURCE. Subclasses override :meth:`open`, and :meth:`claims` unless its registry line (suffixes,
+    a folder, an option) says it all."""
 
     name: str = ""
-    suffixes: tuple[str, ...] = ()
     #: Whether several files (shards, a glob) make one SOURCE of this kind.
     shards: bool = False
     #: What this kind keeps beside T about how the file was read (``SourceOptions`` fields of
@@ -337,8 +337,8 @@ class SourceKind(ABC):
     open_any: ClassVar[Callable[..., OpenedSource]]
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        """Whether ``paths`` are a SOURCE of this kind (by default: the first path's suffix)."""
-        return paths[0].suffix.lower() in self.suffixes
+        """Whether ``paths``, which this kind's registry line selected, are a SOURCE of this kind (by default: yes)."""
+        return True
 
     @abstractmethod
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
@@ -348,11 +348,16 @@ class SourceKind(ABC):
         """Another SOURCE beside ``opened`` (``--eval``, ``--ood``): by default a logits file of any kind."""
         return self.open_any(other, opened.options, labels_optional=labels_optional)
 
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        """Why values that look like probabilities, read without ``probs``, are refused: by default, they come from a
-        model, which gives logits; logits files override (``--probs`` reads them as log p)."""
-        from ..errors import AS_LOGITS, ProbabilitiesError
+    #: A file of logits as they are stored (not computed by a model or a head): ``--probs`` reads its values as log p.
+    logits_file = False
 
+    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
+        """Why values that look like probabilities, read without ``probs``, are refused: a logits file names its tensor
+        and ``--probs``; any other kind's values come from a model, which gives logits."""
+        from ..errors import AS_LOGITS, ProbabilitiesError, probabilities_refused
+
+        if self.logits_file:
+            return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
         return ProbabilitiesError(f"{opened.name}: every row of its logits looks like a probability vector (values "
                                   f"in [0, 1], each row summing to 1), and probabilities are read only from logits "
                                   f"files; use the model's output before its softmax, or pass {AS_LOGITS} to treat "
@@ -404,10 +409,11 @@ class SourceKind(ABC):
         return False
 
     def describe_sidecar(self, path: Path) -> dict[str, Any] | None:
-        """The state of the sidecar T is kept in (None for a kind that keeps T elsewhere)."""
-        from .described import sidecar_block
+        """The sidecar T is kept in: where, fresh or stale, and why (None for a kind that keeps T elsewhere)."""
+        from ..io.sidecar import sidecar_state
 
-        return sidecar_block(self.sidecar_of(path))
+        state = sidecar_state(self.sidecar_of(path))
+        return {"path": str(state.path), "state": state.state, "detail": state.detail}
 
     def sidecar_of(self, path: Path) -> Path:
         """The file whose sidecar keeps ``path``'s T: itself by default."""
@@ -470,14 +476,9 @@ class SourceKind(ABC):
 
     def stored_metadata(self, path: Path) -> dict[str, str]:
         """The metadata kept with ``path``'s T (by default its current sidecar's; none when it is missing or broken)."""
-        from ..io.sidecar import read_sidecar
+        from ..io.sidecar import current_metadata
 
-        if not path.is_file():
-            return {}  # opening says what is wrong with the path
-        try:
-            return read_sidecar(path)[0]
-        except TempcalError:  # a broken sidecar: reported when its T is asked for
-            return {}
+        return current_metadata(path) if path.is_file() else {}  # opening says what is wrong with the path
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:

@@ -1,9 +1,6 @@
-"""The lines of a byte stream, read in fixed blocks, each line bounded in length.
-
-``readline`` holds a whole line however long it is, so one hostile line is read whole before anything can refuse
-it: :class:`BoundedLines` holds at most ``limit`` bytes of a line, skips runs of blank lines in bulk, and raises
-:class:`OverLimit` as soon as a line, or a run of blank lines, passes the limit.
-"""
+"""The lines of a byte stream read in fixed blocks, each bounded in length: ``readline`` would hold a hostile line
+whole before anything could refuse it; :class:`BoundedLines` holds at most ``limit`` bytes of one, skips blank runs in
+bulk and raises :class:`OverLimit` as soon as a line or a run of blank lines passes the limit."""
 
 from __future__ import annotations
 

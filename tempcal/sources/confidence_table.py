@@ -1,10 +1,6 @@
-"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``): a confidence and whether the answer was right
-per row, for models that give a confidence but no log-probabilities (see docs/evaluation-logs.md).
-
-Each row is a binary sample: the logit ``ln(c / (1 - c))`` (c clipped to [1e-6, 1 - 1e-6], counted) and the label
-``correct``. T is kept in the sidecar with the columns and scale it was fitted with; ``apply`` writes the table with
-``calibrated_confidence`` added (:func:`apply_table`).
-"""
+"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``; see docs/evaluation-logs.md): each row a binary
+sample, the logit ``ln(c / (1 - c))`` of its confidence (clipped to [1e-6, 1 - 1e-6], counted) and the label
+``correct``; T is kept in the sidecar with the columns and scale it was fitted with."""
 
 from __future__ import annotations
 
@@ -19,7 +15,7 @@ from typing import Any
 
 from ..errors import READING_KEYS, TempcalError, param
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
-from .tables import TABLE_FORMATS, TableError, columns_of, read_rows, table_format, write_with_column
+from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
 #: Where a confidence of exactly 0 or 1 is clipped to: [CLIP, 1 - CLIP].
 CLIP = 1e-6
@@ -59,7 +55,6 @@ def confidence_value(value: Any, where: str, scale: float) -> float:
     """A confidence as a probability in [0, 1]: a number (or numeric text) in [0, scale], divided by scale."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise TableError(f"{where}: missing value")
-    number = math.nan
     if isinstance(value, str):
         try:
             number = float(value.strip())
@@ -149,7 +144,6 @@ class ConfidenceTableKind(SourceKind):
 
     name = SOURCE_KIND
     title = "confidence table"
-    suffixes = tuple(TABLE_FORMATS)
     #: The columns and scale a T was fitted with are kept beside it: ``report FILE`` then reads FILE the same way.
     remembered = ("confidence", "correct", "confidence_scale")
     own_apply_format = True
@@ -171,13 +165,10 @@ class ConfidenceTableKind(SourceKind):
         import torch
 
         from ..core.data import as_logits_data
-
-        if len(paths) > 1:
-            raise TempcalError(f"{paths[1]}: a confidence table is one file; give one table as SOURCE")
-        self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
-                                   f"{param('confidence_scale')}")
         from ..io.sidecar import check_regular_file
 
+        self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
+                                   f"{param('confidence_scale')}")
         check_regular_file(paths[0])
         rows = read_table(paths[0], options, labels_optional=labels_optional)
         logits = torch.frombuffer(rows.logits, dtype=torch.float64).clone()

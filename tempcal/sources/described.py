@@ -1,5 +1,5 @@
-"""What ``tempcal inspect`` says of a SOURCE in the forms every kind shares (a tensor entry, the stored T, the
-sidecar's state); it knows no kind, so every kind can import it."""
+"""What ``tempcal inspect`` says of a SOURCE in the forms every kind shares (a tensor entry, the stored T); it knows
+no kind, so every kind can import it."""
 
 from __future__ import annotations
 
@@ -43,14 +43,6 @@ def tensor_entry(file: Path | str, name: str, shape: Any, dtype: str, options: A
             "dtype": dtype, "role": roles.get(name)}
 
 
-def sidecar_block(path: Path) -> dict[str, Any]:
-    """The state of ``path``'s sidecar (``FILE.tempcal.json``): where it is, fresh or stale, and why."""
-    from ..io.sidecar import sidecar_state
-
-    state = sidecar_state(path)
-    return {"path": str(state.path), "state": state.state, "detail": state.detail}
-
-
 def stored_block(where: str, metadata: Mapping[str, str], shown: str, said: str, opened: Any,
                  problems: list[str]) -> dict[str, Any]:
     """The stored T kept in ``metadata`` (``where``: metadata or sidecar): as commands use it, as recorded, and how it
@@ -79,4 +71,4 @@ def stored_block(where: str, metadata: Mapping[str, str], shown: str, said: str,
     return out
 
 
-__all__ = ["Findings", "sidecar_block", "stored_block", "tensor_entry"]
+__all__ = ["Findings", "stored_block", "tensor_entry"]

@@ -1,10 +1,6 @@
-"""Hidden states and an output head as SOURCE (``--head``): logits ``head(h)`` computed a block at a time.
-
-ReAct (``react=P``; Sun, Guo & Li, NeurIPS 2021) clips every hidden-state value from above at the P-th percentile
-(numpy's linear interpolation) of the values of the SOURCE rows scored, found exactly in a few streamed passes
-(:func:`tempcal.core.percentile.streaming_percentile`); OOD files opened beside SOURCE are clipped at the same
-threshold.
-"""
+"""Hidden states and an output head as SOURCE (``--head``): logits ``head(h)`` computed a block at a time. ReAct
+(``react=P``; Sun, Guo & Li, NeurIPS 2021) clips the hidden states at the exact P-th percentile of SOURCE's values
+(a few streamed passes); OOD files opened beside SOURCE are clipped at the same threshold."""
 
 from __future__ import annotations
 
@@ -18,9 +14,9 @@ import torch
 
 from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
 from ..core.parallel import pass_threads
-from ..errors import DataError, ProbabilitiesError, TempcalError, param
+from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
-from .base import OpenedSource, SourceKind, SourceOptions, expand_sources
+from .base import OpenedSource, SourceOptions, expand_sources
 from .safetensors import SafetensorsKind, ShardedLogits, open_sharded
 
 #: Logits per block: larger than for stored logits, since each block is also a matmul that wants many rows;
@@ -111,14 +107,7 @@ class HeadKind(SafetensorsKind):
 
     name = "head"
     title = "hidden states with an output head"
-    suffixes = ()  # claimed by --head, whatever its name
-
-    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        return options.head is not None
-
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        """The head computes the logits: refused as a model's output is."""
-        return SourceKind.probabilities_refused(self, opened)
+    logits_file = False  # the head computes the logits: probabilities are refused as a model's output is
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from ..models.head import load_head

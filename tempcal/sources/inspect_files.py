@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from ..io.optional import zstandard
+from ..io.optional import require
 from ..io.paths import BoundedReadError, TooLarge, read_regular
 from ..io.sidecar import check_regular_file
 from .lm_eval import size_text as _size
@@ -99,7 +99,7 @@ class EvalArchive:
 
     def _zstd(self, info: zipfile.ZipInfo, where: str) -> bytes:
         """A zstd member (Python's zipfile reads none before 3.14): its raw bytes after the local header."""
-        zstd = zstandard(needed_for=f"{where}: a zstd-compressed member")
+        zstd = require("zstandard", "logs", needed_for=f"{where}: a zstd-compressed member")
         fp = self.zip.fp
         assert fp is not None
         fp.seek(info.header_offset)

@@ -1,31 +1,159 @@
-"""inspect_ai logs as SOURCE: ``.eval`` (zip) or ``.json`` logs, or a folder or glob of them (see
-docs/evaluation-logs.md).
-
-One row per multiple-choice sample and epoch (:mod:`.inspect_rows`), padded with ``-inf`` to the most choices, in
-``read_eval_log``'s order; samples left out are counted by reason. T is kept in each log's sidecar.
-"""
+"""inspect_ai logs (``.eval`` zips, ``.json`` logs, a folder or glob of them; docs/evaluation-logs.md) as SOURCE: one
+row per multiple-choice sample and epoch, padded with ``-inf``, samples left out counted by reason. A choice's logit
+is the ``logsumexp`` of the ``top_logprobs`` whose token is its letter at the answer position: the first token with a
+letter after the last ``ANSWER:``. T is kept in each log's sidecar."""
 
 from __future__ import annotations
 
+import math
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import TempcalError, param
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .inspect_files import EvalArchive, InspectLogError, json_log
-from .inspect_rows import INCOMPLETE, SampleRow, sample_row
 from .lm_eval import ChoiceRows, pad_rows
 
-if TYPE_CHECKING:
-    import numpy as np
+#: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys).
+INCOMPLETE = ("several_targets", "no_answer", "missing_choice")
+_MARKERS = str.maketrans("", "", "\u0120\u2581")
+_ANSWER_END = re.compile(r"answer\s*:\Z", re.IGNORECASE)
+#: How much of the text so far is searched for ``ANSWER:`` at its end.
+_TAIL = 64
+
+
+@dataclass
+class SampleRow:
+    """A sample read: its logits (one per choice) and label, or why it is left out (``incomplete``)."""
+
+    id: Any
+    epoch: int
+    logits: list[float] | None = None
+    label: int = -1
+    incomplete: str | None = None
+    choices: int = 0
+
+
+def letter_of(token: Any, letters: str) -> int | None:
+    """The index of ``token``'s letter among ``letters`` (``ĠB``, `` b``, ``▁B`` -> 1), or None."""
+    if not isinstance(token, str) or len(token) > 16:
+        return None
+    bare = "".join(token.translate(_MARKERS).split())
+    if len(bare) != 1:
+        return None
+    at = letters.find(bare.upper())
+    return at if at >= 0 else None
+
+
+def answer_position(tokens: list[str], letters: str) -> int | None:
+    """The index of the answer position among the generated ``tokens`` (see the module's docstring), or None."""
+    text, start = "", 0
+    for i, token in enumerate(tokens):
+        text = (text + token)[-_TAIL:]
+        if _ANSWER_END.search(text):
+            start = i + 1
+    return next((i for i in range(start, len(tokens)) if letter_of(tokens[i], letters) is not None), None)
+
+
+def sample_row(sample: dict[str, Any], where: str) -> SampleRow | None:
+    """Sample ``sample`` as a row; None for a sample without choices (not a multiple-choice sample)."""
+    sid, epoch = sample.get("id"), sample.get("epoch", 1)
+    choices = sample.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return None
+    named = f"{where}: sample id {sid!r} epoch {epoch}"
+    if not isinstance(epoch, int) or isinstance(epoch, bool):
+        raise InspectLogError(f"{named}: its epoch is not an integer")
+    if len(choices) > 26:
+        raise InspectLogError(f"{named}: {len(choices)} choices; a multiple-choice sample has at most 26 (A-Z)")
+    letters = "".join(chr(ord("A") + j) for j in range(len(choices)))
+    targets = _targets(sample.get("target"), letters, named)
+    row = SampleRow(sid, epoch, choices=len(choices))
+    if len(targets) > 1:
+        row.incomplete = "several_targets"
+        return row
+    content = _content(sample, named)
+    if content is None:
+        row.incomplete = "no_logprobs"
+        return row
+    tokens = [entry.get("token") if isinstance(entry, dict) else None for entry in content]
+    at = answer_position([t if isinstance(t, str) else "" for t in tokens], letters)
+    if at is None:
+        row.incomplete = "no_answer"
+        return row
+    logits = _choice_logits(content[at], letters, f"{named}: the answer position (token {at})")
+    if any(v == -math.inf for v in logits):
+        row.incomplete = "missing_choice"
+        return row
+    row.logits, row.label = logits, targets[0]
+    return row
+
+
+def _targets(target: Any, letters: str, named: str) -> list[int]:
+    """The choices the target names by letter; a letter naming no choice is bad input."""
+    values = target if isinstance(target, list) else [target]
+    if not values:
+        raise InspectLogError(f"{named}: its target is an empty list; expected the correct choice's letter "
+                              f"({', '.join(letters)})")
+    out = []
+    for value in values:
+        text = value.strip() if isinstance(value, str) else None
+        if text is None or len(text) != 1 or text.upper() not in letters:
+            raise InspectLogError(f"{named}: its target {str(value)[:40]!r} names no choice; expected one of "
+                                  f"{', '.join(letters)} for its {len(letters)} choices")
+        out.append(letters.index(text.upper()))
+    return sorted(set(out))
+
+
+def _content(sample: dict[str, Any], named: str) -> list[Any] | None:
+    """The generated tokens with their log-probabilities; None when the output has none."""
+    output = sample.get("output")
+    choices = output.get("choices") if isinstance(output, dict) else None
+    if not isinstance(choices, list) or not choices:
+        return []  # no output (an error): no answer position
+    first = choices[0] if isinstance(choices[0], dict) else {}
+    logprobs = first.get("logprobs")
+    if logprobs is None:
+        return None
+    content = logprobs.get("content") if isinstance(logprobs, dict) else None
+    if not isinstance(content, list):
+        raise InspectLogError(f"{named}: output.choices[0].logprobs.content is not a list")
+    return content
+
+
+def _choice_logits(entry: Any, letters: str, where: str) -> list[float]:
+    """Per letter, the logsumexp of the ``top_logprobs`` entries whose token is that letter (-inf: none)."""
+    top = entry.get("top_logprobs") if isinstance(entry, dict) else None
+    if not isinstance(top, list):
+        raise InspectLogError(f"{where}: has no top_logprobs list (run inspect with --logprobs --top-logprobs 20)")
+    found: list[list[float]] = [[] for _ in letters]
+    for k, item in enumerate(top):
+        j = letter_of(item.get("token") if isinstance(item, dict) else None, letters)
+        if j is None:
+            continue
+        value = item.get("logprob")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value > 1e-6:
+            raise InspectLogError(f"{where}: top_logprobs[{k}].logprob {str(value)[:40]} is not a log-probability")
+        found[j].append(float(value))
+    return [_logsumexp(values) for values in found]
+
+
+def _logsumexp(values: list[float]) -> float:
+    if not values:
+        return -math.inf
+    top = max(values)
+    if top == -math.inf:
+        return -math.inf
+    return top + math.log(math.fsum(math.exp(v - top) for v in values))
+
 
 #: The options of ``inspect eval`` that record log-probabilities.
 LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
 #: The ``--group-by`` keys of inspect_ai logs.
 GROUP_KEYS = ("task", "model")
-SUFFIXES = (".eval", ".json")
 #: The top-level keys every inspect_ai log has, beside ``samples``.
 LOG_KEYS = ("version", "status", "eval")
 _SNIFF = 4096
@@ -152,10 +280,6 @@ def _read_header(info: InspectLogInfo, header: Any) -> None:
                                   "model saw; shuffle the dataset's choices instead (Sample/dataset shuffle_choices)")
 
 
-def incomplete_total(infos: list[InspectLogInfo]) -> dict[str, int]:
-    return {reason: sum(i.incomplete[reason] for i in infos) for reason in INCOMPLETE}
-
-
 def _warning(infos: list[InspectLogInfo], counts: dict[str, int], name: str) -> list[str]:
     left = sum(counts.values())
     if not left:
@@ -172,7 +296,6 @@ class InspectLogKind(SourceKind):
 
     name = "inspect"
     title = "inspect_ai log"
-    suffixes = SUFFIXES
     shards = True
 
     def __init__(self, names: dict[str, list[str]] | None = None) -> None:
@@ -198,7 +321,7 @@ class InspectLogKind(SourceKind):
         if len(models) > 1 and options.group_by != "model":
             raise TempcalError(f"{name}: logs of {len(models)} models ({', '.join(models[:4])}); one T for several "
                                f"models means nothing: pass {param('group_by')} model, or one model's logs")
-        counts = incomplete_total(infos)
+        counts = {reason: sum(i.incomplete[reason] for i in infos) for reason in INCOMPLETE}
         if not any(i.complete for i in infos):
             said = ", ".join(f"{k} {n}" for k, n in counts.items())
             raise InspectLogError(f"{name}: no sample has a complete row ({said}); see the answer position rules in "
@@ -217,15 +340,8 @@ class InspectLogKind(SourceKind):
         """One group per task or model, each log's rows in its group."""
         if key not in GROUP_KEYS:
             raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
-        return file_groups(key, self._names(opened, key), opened.file_rows or [opened.data.num_samples])
-
-    def _names(self, opened: OpenedSource, key: str) -> list[str]:
-        if self.names is not None:
-            return list(self.names[key])
-        return [getattr(i, key) for i in self.read_all(opened.paths)]
-
-    def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
-        raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
+        assert self.names is not None  # the kind of an opened SOURCE, which open() gives its logs' tasks and models
+        return file_groups(key, self.names[key], opened.file_rows or [opened.data.num_samples])
 
     def sidecar_of(self, path: Path) -> Path:
         """A folder's T lives in the sidecars of its logs: the first log's stands for it."""

@@ -1,9 +1,6 @@
-"""lighteval details files as SOURCE: ``details_<task>_<date>.parquet``, written by ``lighteval ... --save-details``.
-
-Row i of the logits is row i's ``model_response.logprobs`` (normalised as for lm-eval logs), padded with ``-inf``;
-its label is ``doc.gold_index``. Incomplete rows are counted by reason and left out. Only the three columns are read,
-a batch of rows at a time; T is kept as for lm-eval logs (:class:`.lm_eval.LmEvalKind`).
-"""
+"""lighteval details files (``details_<task>_<date>.parquet``, ``lighteval ... --save-details``) as SOURCE: row i is
+``model_response.logprobs`` (normalised as lm-eval logs are) padded with ``-inf``, labelled ``doc.gold_index``;
+incomplete rows are counted by reason and left out. Three columns are read, a batch at a time; T as for lm-eval."""
 
 from __future__ import annotations
 
@@ -16,7 +13,7 @@ from typing import Any
 from ..errors import TempcalError, param
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceOptions
-from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, counts_shown, size_text, task_from_filename
+from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, LogInfo, counts_shown, size_text, task_from_filename
 from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalise, short
 from .memory import first_line
 from .tables import parquet_file
@@ -53,22 +50,15 @@ def is_lighteval_details(path: str | os.PathLike[str]) -> bool:
 
 
 @dataclass
-class DetailsInfo:
-    """What was read from one details file: its task, rows, choice counts and the rows left out by reason."""
+class DetailsInfo(LogInfo):
+    """What was read from one details file: its rows (the choice counts are the complete ones') and the rows left out
+    by reason."""
 
-    path: str
-    task: str | None
-    norm: str
     rows: int = 0  # every row of the file
     complete: int = 0
-    choice_counts: dict[int, int] = field(default_factory=dict)  # of the complete rows
     gold_forms: dict[str, int] = field(default_factory=dict)  # "index" (an integer) / "list"
     incomplete: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INCOMPLETE, 0))
     first_incomplete: int | None = None  # the first incomplete row, counted from 1
-
-    @property
-    def max_choices(self) -> int:
-        return max(self.choice_counts, default=0)
 
     def leave_out(self, reason: str, row: int) -> None:
         self.incomplete[reason] += 1
@@ -131,8 +121,6 @@ def _batches(path: Path, parquet: Any) -> Any:
             doc, response = batch.column("doc"), batch.column("model_response")
             yield (doc.field("gold_index").to_pylist(), doc.field("choices").to_pylist(),
                    response.field("logprobs").to_pylist())
-    except LightevalDetailsError:
-        raise
     except Exception as exc:  # a damaged page or row group
         raise LightevalDetailsError(f"{path}: cannot read its rows ({first_line(exc)})") from None
 
@@ -217,8 +205,8 @@ class LightevalKind(LmEvalKind):
 
     name = "lighteval"
     title = "lighteval details"
-    suffixes = (".parquet",)  # type: ignore[assignment]  # LmEvalKind's are two
     prefix = "details_"
+    suffixes = (".parquet",)
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return is_lighteval_details(paths[0])

@@ -1,11 +1,6 @@
-"""lm-evaluation-harness sample logs as SOURCE: ``samples_<task>_<date>.jsonl`` or ``.jsonl.gz`` (see
-docs/evaluation-logs.md).
-
-Row i of the logits is record i's choices' log-likelihoods (:mod:`.lm_eval_records`), padded with ``-inf`` to the
-most choices; several logs are one SOURCE. Hostile files are refused fast and in flat memory (lines past
-:data:`MAX_LINE_BYTES`, a padded matrix past :data:`MAX_PADDED_BYTES`). T is kept in the sidecar with the
-``--lm-eval-norm`` it was fitted under: it is not used for another.
-"""
+"""lm-evaluation-harness sample logs (``samples_<task>_<date>.jsonl[.gz]``, docs/evaluation-logs.md) as SOURCE:
+row i is record i's choices' log-likelihoods padded with ``-inf``, several logs one SOURCE; hostile files are refused
+fast in flat memory. T is kept in the sidecar with the ``--lm-eval-norm`` it was fitted under (used for no other)."""
 
 from __future__ import annotations
 
@@ -19,11 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import TEMPERATURE_KEY, StoredNote, TempcalError, param, stored_temperature
+from ..errors import StoredNote, TempcalError, param
 from .base import TASK, OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .bounded_lines import BoundedLines, OverLimit
-from .lm_eval_json import decode_line, load_record
-from .lm_eval_records import NORM_KEY, NORM_METRIC, NORMS, LmEvalLogError, ParsedRecord, Where, parse_record, short
+from .lm_eval_records import (
+    NORM_KEY,
+    NORM_METRIC,
+    NORMS,
+    LmEvalLogError,
+    ParsedRecord,
+    Where,
+    decode_line,
+    load_record,
+    parse_record,
+    short,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -59,14 +64,25 @@ def task_from_filename(path: str | os.PathLike[str], prefix: str = "samples_",
 
 
 @dataclass
-class LmEvalLogInfo:
-    """What was read from one log: task, counts, the forms met, and lm-eval's own metric as a check."""
+class LogInfo:
+    """What was read from one evaluation log: its task (from its name; None when the name does not follow the
+    tool's), the normalisation, and how many rows have each number of choices."""
 
     path: str
-    task: str | None  # from the file name; None when it does not follow samples_<task>_<date>
+    task: str | None
     norm: str
+    choice_counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def max_choices(self) -> int:
+        return max(self.choice_counts, default=0)
+
+
+@dataclass
+class LmEvalLogInfo(LogInfo):
+    """What was read from one lm-eval log: counts, the forms met, and lm-eval's own metric as a check."""
+
     records: int = 0
-    choice_counts: dict[int, int] = field(default_factory=dict)  # number of choices -> number of records
     filter: str | None = None  # the lm-eval filter of every record ("none" for multiple choice)
     arguments_forms: dict[str, int] = field(default_factory=dict)  # "gen_args" (lm-eval >= 0.4.3) / "pairs"
     targets: dict[str, int] = field(default_factory=dict)  # "index" / "text" / "acc"
@@ -75,10 +91,6 @@ class LmEvalLogInfo:
     check_disagree: int = 0
     first_disagree_line: int | None = None
     widest_line: int | None = None  # the first record with the most choices
-
-    @property
-    def max_choices(self) -> int:
-        return max(self.choice_counts, default=0)
 
     @property
     def check_metric(self) -> str:
@@ -261,15 +273,12 @@ class LmEvalKind(SourceKind):
 
     name = "lm-eval"
     title = "lm-evaluation-harness sample log"
-    suffixes = LOG_SUFFIXES
     shards = True
     prefix = "samples_"  # of a log's name, before its task
+    suffixes: tuple[str, ...] = LOG_SUFFIXES  # ... and after it
 
     def __init__(self, norm: str | None = None) -> None:
         self.norm = norm
-
-    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        return is_lm_eval_log(paths[0])
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
@@ -309,10 +318,6 @@ class LmEvalKind(SourceKind):
                  "choice_counts": counts_shown(info.choice_counts), "filter": info.filter,
                  "arguments_forms": info.arguments_forms, "targets": info.targets} for info in infos]
 
-    def task_of(self, path: Path) -> str:
-        """The task a log's rows belong to: from its name (the name itself when it does not follow lm-eval's)."""
-        return task_from_filename(path, self.prefix, self.suffixes) or path.name
-
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
         from ..errors import DataError
@@ -320,7 +325,7 @@ class LmEvalKind(SourceKind):
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
-        tasks = [self.task_of(p) for p in opened.paths]
+        tasks = [task_from_filename(p, self.prefix, self.suffixes) or p.name for p in opened.paths]
         if len(set(tasks)) < len(tasks):
             seen = next(t for t in tasks if tasks.count(t) > 1)
             raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")
@@ -329,20 +334,16 @@ class LmEvalKind(SourceKind):
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""
         from ..io.paths import sidecar_path
-        from ..io.sidecar import check_regular_file, read_sidecar
 
-        check_regular_file(path)
-        metadata, notes = read_sidecar(path)
-        side = sidecar_path(path)
-        stored = stored_temperature(metadata.get(TEMPERATURE_KEY), f"{side}:")
-        fitted_norm = self._other_norm(metadata)
+        stored, notes = super().read_temperature(path)
+        fitted_norm = self._other_norm(self.stored_metadata(path))
         if stored is not None and fitted_norm is not None:
             flag = param("lm_eval_norm")
-            notes.append(StoredNote(f"{side}: its temperature {stored!r} was fitted with {flag} {fitted_norm}, so "
-                                    f"it is ignored here ({flag} {self.norm}); pass {flag} {fitted_norm}, or fit "
-                                    "again"))
+            notes.append(StoredNote(f"{sidecar_path(path)}: its temperature {stored!r} was fitted with {flag} "
+                                    f"{fitted_norm}, so it is ignored here ({flag} {self.norm}); pass {flag} "
+                                    f"{fitted_norm}, or fit again"))
             stored = None
-        return stored, list(notes)
+        return stored, notes
 
     def temperature_place(self, path: Path) -> str:
         """The sidecar, and the normalisation its T was fitted under when that is not this run's."""

@@ -1,9 +1,6 @@
-"""One record of an lm-evaluation-harness sample log as a row of logits and a label (see :mod:`.lm_eval`).
-
-A multiple-choice record holds one request per choice (``arguments``: pairs, or ``gen_args_<i>`` since lm-eval
-0.4.3), each request's log-likelihood (``filtered_resps``) and the ``target``; anything else is a
-:class:`LmEvalLogError` naming the file and line. Pure Python: nothing here imports torch or numpy.
-"""
+"""One line of an lm-evaluation-harness sample log as a row of logits and a label: decoded as JSON within bounds
+(values, nesting, integer digits), then read as a multiple-choice record (a request per choice in ``arguments``, its
+log-likelihood in ``filtered_resps``, the ``target``); anything else is a :class:`LmEvalLogError` naming the line."""
 
 from __future__ import annotations
 
@@ -15,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import DataError, param
+from ..io.bounded_read import JsonLongInteger, JsonTooDeep, load_json
 
 #: ``--lm-eval-norm`` values: log-likelihood as is, per character of the choice text, per UTF-8 byte of it.
 NORMS: tuple[str, ...] = ("none", "chars", "bytes")
@@ -26,8 +24,7 @@ NORM_METRIC = {"none": "acc", "chars": "acc_norm", "bytes": "acc_bytes"}
 #: before the record's responses are read.
 MAX_CHOICES = 10_000
 #: Indices of at most 9 digits: a longer one is a bad key (and ``int`` of thousands of digits is refused).
-_GEN_ARGS_KEY = re.compile(r"^gen_args_(\d{1,9})$")
-_ARG_KEY = re.compile(r"^arg_(\d{1,9})$")
+_INDEXED_KEY = re.compile(r"^(gen_args|arg)_(\d{1,9})$")
 _DIGITS = re.compile(r"^[0-9]+$")
 
 
@@ -44,6 +41,78 @@ class Where:
 
     def error(self, message: str) -> LmEvalLogError:
         return LmEvalLogError(f"{self.path}: line {self.line}: {message}")
+
+
+#: JSON arrays and objects nested deeper than this are refused; an lm-eval record nests about 5 deep.
+MAX_DEPTH = 200
+#: The most JSON values and keys a line may hold; a record holds about 15 per choice (10,000 choices: 150,000).
+MAX_VALUES = 1_000_000
+#: Integers with more digits are refused (the default of Python's own limit on reading an int).
+MAX_INT_DIGITS = 4300
+#: A backslash escape in a JSON string; removed before quotes are matched.
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+#: Bytes counted at a time (the count's memory: a few bytes per byte of a block).
+_COUNT_BLOCK = 1 << 16
+
+
+def decode_line(data: bytes, where: Where) -> str:
+    """The line as text (a byte-order mark at the start of line 1 dropped); bytes that are not UTF-8 are an error."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise where.error(f"not UTF-8 text (byte {exc.start + 1} of the line)") from None
+    return text.removeprefix("\ufeff") if where.line == 1 else text
+
+
+def load_record(text: str, data: bytes, where: Where) -> Any:
+    """``json.loads`` of the line (``data``: its bytes) with one-line errors naming it."""
+    marks = data.count(b"[") + data.count(b"{") + data.count(b",") + data.count(b":")
+    if marks > MAX_VALUES:  # strings included: an upper bound
+        values = count_values(data)
+        if values > MAX_VALUES:
+            raise where.error(_too_many_values(values, data))
+    text = text.rstrip("\r\n")
+    try:
+        return load_json(text, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
+    except JsonLongInteger as exc:
+        raise where.error(f"an integer of {exc.digits:,} digits; tempcal reads integers of at most "
+                          f"{MAX_INT_DIGITS:,} digits (an lm-eval record's are indices and counts)") from None
+    except JsonTooDeep:
+        raise where.error(f"JSON nested more than {MAX_DEPTH} levels deep; an lm-eval sample record nests a few "
+                          "levels, so this is not a sample log") from None
+    except json.JSONDecodeError as exc:
+        if where.line == 1 and text.strip() == "[":
+            raise where.error("not JSON Lines but one JSON array (lm-eval before 0.4.3 wrote sample logs that "
+                              "way); re-run lm-eval >= 0.4.3 with --log_samples") from None
+        raise where.error(f"not JSON ({exc.msg} at column {exc.pos + 1})") from None
+
+
+def _too_many_values(values: int, data: bytes) -> str:
+    """The message for a line of too many values, with its count of requests where its keys show them."""
+    requests = data.count(b'"gen_args_') - data.count(b'\\"gen_args_')  # keys (a quote in a string is escaped)
+    counted = f"{requests:,} requests in 'arguments' and " if requests > MAX_CHOICES else ""
+    return (f"{counted}{values:,} JSON values and keys; tempcal reads records of at most {MAX_CHOICES:,} choices "
+            f"and {MAX_VALUES:,} values (lm-eval's multiple-choice records have a few choices, about 15 values "
+            "each), so this is not a sample log")
+
+
+def count_values(data: bytes) -> int:
+    """The JSON values and keys in ``data``, counted by commas, colons and opening brackets outside strings (numpy, a
+    block at a time)."""
+    import numpy as np
+
+    marks = np.zeros(256, dtype=bool)
+    marks[list(b",:[{")] = True
+    plain = _ESCAPE.sub(b"", data)  # after this every quote opens or closes a string
+    inside, count = 0, 0
+    for start in range(0, len(plain), _COUNT_BLOCK):
+        block = np.frombuffer(plain, dtype=np.uint8, count=min(_COUNT_BLOCK, len(plain) - start), offset=start)
+        quotes = block == ord('"')
+        seen = np.cumsum(quotes, dtype=np.int64)
+        outside = (((seen + inside) & 1) == 0) & ~quotes
+        inside = (inside + int(seen[-1])) & 1
+        count += int(np.count_nonzero(marks[block] & outside))
+    return count
 
 
 @dataclass(frozen=True)
@@ -109,28 +178,28 @@ def _arguments(value: Any, where: Where) -> tuple[list[tuple[str, str]], str]:
 
 
 def _gen_args_entries(value: dict[str, Any], where: Where) -> list[tuple[str, Any]]:
-    """The ``gen_args_<i>`` entries in index order (``gen_args_10`` after ``gen_args_9``), each as an arg list."""
-    indexed: list[tuple[int, str, Any]] = []
-    for key, entry in value.items():
-        match = _GEN_ARGS_KEY.match(key)
-        if not match:
-            raise where.error(f"'arguments' has a key '{clip(key)}'; expected gen_args_0, gen_args_1, ...")
-        indexed.append((int(match.group(1)), key, entry))
-    indexed.sort(key=lambda item: item[0])
+    """The ``gen_args_<i>`` entries in index order, each as its list of ``arg_<j>`` values."""
+    indexed = _by_index(value, "gen_args", "arguments", where)
     if [i for i, _, _ in indexed] != list(range(len(indexed))):
         raise where.error(f"'arguments' keys are not gen_args_0 .. gen_args_{len(indexed) - 1}")
     out = []
     for _, key, entry in indexed:
         if not isinstance(entry, dict):
             raise where.error(f"'arguments.{key}' must be an object of arg_0, arg_1, ..., got {json_kind(entry)}")
-        args = []
-        for arg_key, arg in entry.items():
-            match = _ARG_KEY.match(arg_key)
-            if not match:
-                raise where.error(f"'arguments.{key}' has a key '{clip(arg_key)}'; expected arg_0, arg_1, ...")
-            args.append((int(match.group(1)), arg))
-        out.append((f"arguments.{key}", [arg for _, arg in sorted(args, key=lambda item: item[0])]))
+        out.append((f"arguments.{key}", [arg for _, _, arg in _by_index(entry, "arg", f"arguments.{key}", where)]))
     return out
+
+
+def _by_index(value: dict[str, Any], prefix: str, name: str, where: Where) -> list[tuple[int, str, Any]]:
+    """``(i, key, entry)`` per ``<prefix>_<i>`` key of object ``name``, by index (``_10`` after ``_9``); any other
+    key is an error."""
+    indexed = []
+    for key, entry in value.items():
+        match = _INDEXED_KEY.match(key)
+        if not match or match.group(1) != prefix:
+            raise where.error(f"'{name}' has a key '{clip(key)}'; expected {prefix}_0, {prefix}_1, ...")
+        indexed.append((int(match.group(2)), key, entry))
+    return sorted(indexed, key=lambda item: item[0])
 
 
 def _request_pair(name: str, entry: Any, where: Where) -> tuple[str, str]:
@@ -336,5 +405,6 @@ def short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-__all__ = ["NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where", "first_argmax", "json_kind",
+__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError",
+           "ParsedRecord", "Where", "count_values", "decode_line", "first_argmax", "json_kind", "load_record",
            "normalise", "parse_record", "resolve_target", "short"]

@@ -17,7 +17,6 @@ if TYPE_CHECKING:
     import torch
 
     from ..core.data import LogitsData
-    from ..errors import ProbabilitiesError
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK"  # a local file header, or an empty archive's end record
@@ -32,10 +31,7 @@ EXPANSION_FLOOR = 256 << 20
 class InMemoryKind(SourceKind):
     """A logits file read whole into memory: what these kinds share beyond the sidecar."""
 
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        from ..errors import probabilities_refused
-
-        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
+    logits_file = True
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
         """The named array (tensor) ``key`` of the file; a missing one names those present and ``option``."""
@@ -79,12 +75,6 @@ def in_memory_data(path: Path, logits: torch.Tensor, labels: torch.Tensor | None
         raise exc.prefixed(f"{path}: ") from None
 
 
-def checked_path(path: Path) -> Path:
-    """``path``, after checking it is an existing regular file."""
-    check_regular_file(path)
-    return path
-
-
 def missing(path: Path, what: str, key: str, keys: tuple[str, ...], option: str) -> TempcalError:
     """The error for an absent key: the keys present and the option that names another."""
     present = ", ".join(f"'{k}'" for k in keys) or "none"
@@ -92,6 +82,8 @@ def missing(path: Path, what: str, key: str, keys: tuple[str, ...], option: str)
 
 
 def magic(path: Path) -> bytes:
+    """The first bytes of ``path``, after checking it is an existing regular file."""
+    check_regular_file(path)
     try:
         with open(path, "rb") as f:
             return f.read(8)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Note, TempcalError, param
-from ..models.detect import MODEL_SUFFIXES
 from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions, wrote_lines
 
 if TYPE_CHECKING:
@@ -29,7 +28,6 @@ class ModelSource(OpenedSource):
     @property
     def name(self) -> str:
         return self.label or f"{self.model.path} on {self.inputs_path}"
-
 
     def keep(self, temperature: float, ask: Keep) -> Kept:
         """A model has no file T goes into: its logits as a logits file (``ask.save_logits``, with T unless
@@ -54,7 +52,6 @@ class ModelKind(SourceKind):
 
     name = "model"
     title = "model"
-    suffixes = MODEL_SUFFIXES
     inspect_needs_file = False  # loading it says what is wrong with its path
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
@@ -78,8 +75,7 @@ class ModelKind(SourceKind):
         assert isinstance(opened, ModelSource)
         return self.run(opened.model, Path(other), opened.options, labels_optional=labels_optional)
 
-    def run(self, model: Any, inputs_path: Path, options: SourceOptions, *, labels_optional: bool,
-            label: str | None = None) -> ModelSource:
+    def run(self, model: Any, inputs_path: Path, options: SourceOptions, *, labels_optional: bool) -> ModelSource:
         """The model's logits over ``inputs_path`` as a source (placeholder labels when none and optional)."""
         from ..core.data import as_logits_data
         from ..models.run import InputsFile, placeholder_labels, run_model
@@ -94,8 +90,8 @@ class ModelKind(SourceKind):
                                   logits_name=f"{model.name} output", labels_name=options.labels_key)
         except TempcalError as exc:
             raise exc.prefixed(f"{inputs_path}: ") from None
-        return ModelSource([], data, model.temperature, self, options, has_labels=has_labels, label=label,
-                           model=model, inputs_path=inputs_path)
+        return ModelSource([], data, model.temperature, self, options, has_labels=has_labels, model=model,
+                           inputs_path=inputs_path)
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """``key`` in the inputs file, checked against its labels' shape."""

@@ -1,9 +1,6 @@
-"""``.npz`` archives and ``.npy`` pairs as SOURCE (read with ``allow_pickle=False``; T in a sidecar).
-
-An ``.npz`` gives the arrays ``logits_key`` / ``labels_key`` (netcal's ``predictions`` / ``ground_truth`` in their
-absence); a ``.npy`` file holds the logits, its labels the sibling named with the labels key in place of the logits
-key (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused).
-"""
+"""``.npz`` archives and ``.npy`` pairs as SOURCE (``allow_pickle=False``; T in a sidecar): an ``.npz`` holds the arrays
+``logits_key`` / ``labels_key`` (netcal's names in their absence); a ``.npy`` file holds the logits and its labels
+live in a sibling (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused)."""
 
 from __future__ import annotations
 
@@ -18,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import DataError, Note, TempcalError, param
 from ..io.paths import sidecar_path
 from ..io.safetensors_header import shown
+from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
 from .memory import (
     NPY_MAGIC,
@@ -25,7 +23,6 @@ from .memory import (
     InMemoryKind,
     check_fits,
     checked_member,
-    checked_path,
     first_line,
     in_memory_source,
     magic,
@@ -44,11 +41,10 @@ REMEMBERED = ("probs", "logits_key", "labels_key")
 class NpzKind(InMemoryKind):
     name = "npz"
     title = ".npz archive"
-    suffixes = (".npz",)
     remembered = REMEMBERED
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        path = checked_path(paths[0])
+        path = paths[0]
         logits, labels, (logits_key, labels_key) = _read_npz(path, options.logits_key, options.labels_key,
                                                              not labels_optional)
         opened = in_memory_source(self, path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key),
@@ -61,13 +57,21 @@ class NpzKind(InMemoryKind):
         return opened
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
+        """Every array, from its header alone (nothing inflated)."""
         from .described import tensor_entry
 
-        return [tensor_entry(path, name, shape, dtype, options) for path in paths
-                for name, (dtype, shape) in npz_arrays(path).items()]
+        with _open_npz(paths[0]) as archive:
+            return [tensor_entry(paths[0], key, header.shape, str(header.dtype), options)
+                    for key, header in _headers(paths[0], archive).items()]
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
-        return read_npz_array(path, key, option)
+        """One array as a tensor, its declared size checked first."""
+        with _open_npz(path) as archive:
+            headers = _headers(path, archive)
+            if key not in headers:
+                raise missing(path, "array", key, tuple(headers), option)
+            check_fits(path, f"array '{key}'", headers[key].nbytes)
+            return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
 
 
 def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
@@ -82,12 +86,12 @@ def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tupl
 class NpyKind(InMemoryKind):
     name = "npy"
     title = ".npy logits file"
-    suffixes = (".npy",)
     remembered = REMEMBERED
     group_values = SourceKind.group_values  # the file holds one array, without a name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        path = checked_path(paths[0])
+        path = paths[0]
+        check_regular_file(path)  # before the labels file is looked for
         logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key, not labels_optional)
         return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
 
@@ -99,7 +103,7 @@ class NpyKind(InMemoryKind):
         labels = npy_labels_path(path, options.logits_key, options.labels_key)
         files = {"logits": path} | ({"labels": labels} if labels is not None and labels.is_file() else {})
         return [{**tensor_entry(file, file.name, header.shape, str(header.dtype), options), "role": role}
-                for role, file in files.items() for header in [_npy_file(checked_path(file))[0]]]
+                for role, file in files.items() for header in [_npy_file(file)[0]]]
 
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
@@ -113,7 +117,7 @@ class NpyKind(InMemoryKind):
 
 def _open_npz(path: Path) -> zipfile.ZipFile:
     """The ``.npz`` archive at ``path``, open; a single ``.npy`` array or any other file is refused."""
-    head = magic(checked_path(path))
+    head = magic(path)
     if head.startswith(NPY_MAGIC):
         raise TempcalError(f"{path}: holds a single .npy array, not an .npz archive of named arrays "
                            "(rename it to .npy, or save it with numpy.savez)")
@@ -142,23 +146,6 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
         check_fits(path, "arrays " + " and ".join(f"'{k}'" for k in wanted), sum(h.nbytes for h in declared.values()))
         arrays = {key: _npz_member(archive, path, members[key], key, role) for key, role in wanted.items()}
     return arrays[logits_key], arrays.get(labels_key), (logits_key, labels_key)
-
-
-def npz_arrays(path: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
-    """Every array of an ``.npz`` archive: its numpy dtype and shape, from its header alone (nothing inflated)."""
-    with _open_npz(path) as archive:
-        return {key: (str(header.dtype), header.shape) for key, header in _headers(path, archive).items()}
-
-
-def read_npz_array(path: Path, key: str, option: str) -> torch.Tensor:
-    """One array of an ``.npz`` archive as a tensor (its declared size checked first); a missing one names
-    the arrays present and ``option``."""
-    with _open_npz(path) as archive:
-        headers = _headers(path, archive)
-        if key not in headers:
-            raise missing(path, "array", key, tuple(headers), option)
-        check_fits(path, f"array '{key}'", headers[key].nbytes)
-        return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
 
 
 def _headers(path: Path, archive: zipfile.ZipFile, keys: list[str] | None = None) -> dict[str, _NpyHeader]:

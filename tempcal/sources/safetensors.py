@@ -1,8 +1,6 @@
-"""The default SOURCE kind: logits in safetensors files (one file, many shards, or a glob), read in row chunks.
-
-Chunks are read with ``pread`` into a reused buffer, so memory stays at one chunk whatever the file size; logits
-within ``RESIDENT_BYTES`` are read once and kept. Labels are read whole; rows labelled ``ignore_index`` are skipped.
-"""
+"""The default SOURCE kind: logits in safetensors files (one, shards, or a glob), read in row chunks with ``pread``
+into a reused buffer (memory stays at one chunk), or read once and kept within ``RESIDENT_BYTES``. Labels are read
+whole; rows labelled ``ignore_index`` are skipped."""
 
 from __future__ import annotations
 
@@ -18,7 +16,7 @@ import numpy as np
 import torch
 
 from ..core.data import HeldRows, PinnedStager, default_chunk_rows, to_device
-from ..errors import DataError, ProbabilitiesError, TempcalError, check_labels, param, probabilities_refused
+from ..errors import DataError, TempcalError, check_labels, param
 from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
@@ -305,14 +303,10 @@ class SafetensorsKind(SourceKind):
     """``.safetensors`` logits files: one, several shards, or a glob; T goes into each file's metadata."""
 
     name = "safetensors"
-    suffixes: tuple[str, ...] = (".safetensors",)
     shards = True
     remembered = ("probs",)  # tensor names are not kept: a file's header lists them
     title = "safetensors logits file"
-
-    def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        # A missing file is claimed too, so that the error says it is missing.
-        return paths[0].suffix.lower() in self.suffixes or not paths[0].exists()
+    logits_file = True
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         check_not_hidden(read_header(paths[0]), options)
@@ -323,9 +317,6 @@ class SafetensorsKind(SourceKind):
                                             ignore_index=options.ignore_index, labels_optional=labels_optional)
         stored = read_header(paths[0]).stored_temperature()
         return OpenedSource(paths, data, stored, self, options, has_labels=has_labels)
-
-    def probabilities_refused(self, opened: OpenedSource) -> ProbabilitiesError:
-        return probabilities_refused(f"'{opened.options.logits_key}'", f"{opened.name}: ")
 
     def tensor_names(self, opened: OpenedSource) -> set[str]:
         return set(read_header(opened.paths[0]).tensors)

@@ -110,10 +110,10 @@ def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> It
 def parquet_file(path: Path, needed_for: str | None = None, error: type[DataError] = TableError) -> Any:
     """The open ``pyarrow.parquet.ParquetFile`` (``needed_for`` says what for when pyarrow is missing); not parquet,
     or unreadable, is an ``error`` naming the file."""
-    from ..io.optional import pyarrow_parquet
+    from ..io.optional import require
     from .memory import first_line
 
-    pq = pyarrow_parquet(needed_for or f"reading {path}")
+    pq = require("pyarrow.parquet", "logs", needed_for=needed_for or f"reading {path}")
     try:
         return pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises its own ArrowInvalid / OSError on a damaged file
@@ -168,10 +168,10 @@ def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[floa
 def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
 
-    table = parquet_file(path)
-    from ..io.optional import pyarrow_parquet
+    from ..io.optional import require
 
-    pq = pyarrow_parquet(f"writing {temporary}")
+    table = parquet_file(path)
+    pq = require("pyarrow.parquet", "logs", needed_for=f"writing {temporary}")
     schema = table.schema_arrow.append(pa.field(column, pa.float64()))
     start = 0
     with pq.ParquetWriter(temporary, schema) as writer:

@@ -15,8 +15,7 @@ from inspect_logs import FIXTURES, expected_rows, fixture, members, reference, r
 from tempcal.errors import TempcalError
 from tempcal.sources import inspect_files
 from tempcal.sources.base import SourceOptions
-from tempcal.sources.inspect_log import InspectLogKind, read_inspect_log
-from tempcal.sources.inspect_rows import answer_position, letter_of
+from tempcal.sources.inspect_log import InspectLogKind, answer_position, letter_of, read_inspect_log
 from tempcal.sources.registry import kind_of, open_source
 
 LOGS = ["mc_word.eval", "mc_bpe.eval", "mc_cot_word.eval", "mc_cot_bpe.eval", "mc_json_bpe.json", "mc_zip_bpe.eval",

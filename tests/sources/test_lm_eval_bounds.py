@@ -19,7 +19,7 @@ from tempcal.errors import DataError
 from tempcal.sources import lm_eval
 from tempcal.sources.bounded_lines import BoundedLines, OverLimit
 from tempcal.sources.lm_eval import MAX_LINE_BYTES, LmEvalLogError, read_lm_eval_log
-from tempcal.sources.lm_eval_json import MAX_DEPTH, count_values
+from tempcal.sources.lm_eval_records import MAX_DEPTH, count_values
 from tempcal.sources.registry import open_source
 
 MiB = 1 << 20
@@ -179,16 +179,16 @@ def test_the_issues_record_of_300000_choices(tmp_path: Path) -> None:
 
 
 def test_too_many_json_values_are_refused_before_parsing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tempcal.sources import lm_eval_json
+    from tempcal.sources import lm_eval_records
 
-    monkeypatch.setattr(lm_eval_json, "MAX_VALUES", 5000)
+    monkeypatch.setattr(lm_eval_records, "MAX_VALUES", 5000)
     record = json.loads(record_line(1))
     record["doc"] = {"rows": [[i, i + 1] for i in range(2000)]}  # [[0, 1], ...]: 3 values per row
     path = tmp_path / NAME
     path.write_text(record_line(0) + "\n" + json.dumps(record) + "\n")
     message, _, _ = refused(lambda: read_lm_eval_log(path))
     assert message.startswith(f"{path}: line 2: ") and " JSON values and keys; " in message
-    monkeypatch.setattr(lm_eval_json, "MAX_VALUES", 100_000)
+    monkeypatch.setattr(lm_eval_records, "MAX_VALUES", 100_000)
     assert read_lm_eval_log(path)[0].shape == (2, 2)
 
 
