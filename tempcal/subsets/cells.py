@@ -47,6 +47,7 @@ from ..core.parallel import (
 from ..core.scan import CalibrationSums, RowBlock, Scan
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
+from ..workflows.common import bootstrap_fields
 from .options import Asked, check_folds
 
 
@@ -351,8 +352,8 @@ class Subsets:
         return out
 
 
-def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[str], bootstrap: int, seed: int,
-               bins: int, rows: tuple[GroupRows, int] | None = None) -> dict:
+def row_extras(calibration: CellCalibration, slot: int, asked: Asked, rows: tuple[GroupRows, int] | None = None
+               ) -> dict:
     """The per-row estimators and bootstrap intervals of one slot (over every row, or with ``rows`` the rows of one
     group), from the confidences the pass kept; not the classwise ECE (it needs every class's probability)."""
     from ..metrics.bootstrap import bootstrap_intervals
@@ -370,11 +371,10 @@ def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[
         return out
     per_row = {"ece_equal_mass": ece_equal_mass, "l2_ce_debiased": debiased_l2_calibration_error,
                "rms_ce": rms_calibration_error}
-    out.update({name: per_row[name](confidence, correct, bins) for name in estimators if name in per_row})
-    if bootstrap:
-        intervals = bootstrap_intervals(confidence, correct, nll, bootstrap, seed, bins)
-        out.update({f"{name}_ci": list(interval) for name, interval in intervals.items()})
-        out["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": 0.95}
+    out.update({name: per_row[name](confidence, correct, asked.bins) for name in asked.estimators if name in per_row})
+    if asked.bootstrap:
+        out.update(bootstrap_fields(bootstrap_intervals(confidence, correct, nll, asked.bootstrap, asked.seed,
+                                                        asked.bins), asked))
     return out
 
 
@@ -387,15 +387,13 @@ def subset_extras(subsets: Subsets, asked: Asked, warnings: list[str], overall: 
     if "ece_classwise" in asked.estimators:
         warnings.append("ece_classwise is left out where rows have their own T (it needs every class's probability "
                         "at each row's T); the other estimators are reported")
-    options: dict[str, Any] = {"estimators": asked.estimators, "bootstrap": asked.bootstrap, "seed": asked.seed,
-                               "bins": asked.bins}
-    extras = [row_extras(calibration, 0, **options), row_extras(calibration, 1, **options)] if overall else []
+    extras = [row_extras(calibration, 0, asked), row_extras(calibration, 1, asked)] if overall else []
     if subsets.groups:
         assert subsets.rows is not None
         grouped = GroupRows(calibration, subsets.rows, len(subsets.groups))  # each group's rows: one slice
         for g, group in enumerate(subsets.groups):
             for block, slot in ((group.before_extras, 0), (group.after_extras, 2), (group.after_global_extras, 1)):
-                block.update(row_extras(calibration, slot, rows=(grouped, g), **options))
+                block.update(row_extras(calibration, slot, asked, (grouped, g)))
     return extras
 
 
@@ -445,23 +443,15 @@ def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
     return folds
 
 
-def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
-    """Rows per fold."""
-    return np.bincount(folds, minlength=k).astype(np.int64).tolist()
-
-
 def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
                device: torch.device) -> torch.Tensor:
-    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
-    base = groups if groups is not None else folds
-    if base is None:
-        raise ValueError("cells need groups or folds")
-    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
-    k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
-    return (g * num_folds + k).to(device)
+    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices (either
+    may be None)."""
+    g = 0 if groups is None else groups.to(torch.int64) * num_folds
+    return torch.as_tensor(g + (0 if folds is None else folds.to(torch.int64))).to(device)
 
 
 __all__ = ["CellCalibration", "CellLayout", "GroupResult", "GroupRows", "SubsetFits",
            "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
-           "cell_stats", "fit_group_results", "fold_sizes", "metrics_block", "row_extras", "subset_extras",
+           "cell_stats", "fit_group_results", "metrics_block", "row_extras", "subset_extras",
            "subset_keys", "subset_metrics"]

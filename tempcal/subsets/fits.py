@@ -46,7 +46,6 @@ from .cells import (
     cell_objective,
     cell_stats,
     fit_group_results,
-    fold_sizes,
     subset_extras,
     subset_keys,
     subset_metrics,
@@ -355,11 +354,6 @@ class SubsetRun:
     extras: list[dict] = field(default_factory=list)
 
 
-def with_groups(plan: Plan, loaded: OpenedSource, group_by: str | None) -> Plan:
-    """The plan with SOURCE's groups read (``group_by``)."""
-    return plan if group_by is None else replace(plan, groups=read_groups(loaded, group_by))
-
-
 def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, warnings: list[str]) -> SubsetRun:
     """``--folds K`` on ``scan`` (every row of ``loaded``, this process's share): every row fits the deployed T, K
     out-of-fold fits, out-of-fold metrics (and conformal sets, and the estimators over every row and per group)."""
@@ -380,7 +374,8 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
         global_t = fits.fit.temperature
         before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
         assert before is not None and after is not None
-        subsets = Subsets(folds={"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes(folds, k)},
+        subsets = Subsets(folds={"k": k, "temperatures": fits.fold_temperatures,
+                                 "sizes": np.bincount(folds, minlength=k).tolist()},
                           group_prior=plan.lam if plan.groups is not None else None, calibration=calibration,
                           rows=None if plan.groups is None else plan.groups.index, fold_rows=folds)
         if plan.groups is not None:
@@ -477,4 +472,4 @@ if fit_subsets_api not in fitting.SUBSET_FIT:
     fitting.SUBSET_FIT.append(fit_subsets_api)
 
 __all__ = ["MAX_EXTRA_PASSES", "SharedFits", "SubsetRun", "crossfit_run", "fit_subsets_api", "fit_temperature",
-           "fit_with_subsets", "grouped_run", "with_groups"]
+           "fit_with_subsets", "grouped_run"]

@@ -66,15 +66,15 @@ class Plan:
 
 @dataclass(frozen=True)
 class Asked:
-    """What a fit asked for besides the subsets: the objective, the bins, the seed, the estimators, the bootstrap's
-    resamples and the conformal miscoverage levels."""
+    """What ``fit`` or ``report`` asked for besides the subsets: the bins, the seed, the estimators, the bootstrap's
+    resamples, the conformal miscoverage levels and (``fit``) the objective."""
 
-    objective: str
     bins: int
     seed: int
     estimators: Sequence[str] = ()
     bootstrap: int = 0
     alphas: list[float] = field(default_factory=list)
+    objective: str = "nll"
 
 
 def plan(folds: Any, group_prior: Any, eval_file: Any, val_fraction: Any) -> Plan:

@@ -21,6 +21,7 @@ from ..sources.base import OpenedSource, RowGroups
 from ..sources.stored_groups import parse_stored_groups
 from ..workflows.common import extra_figures
 from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, row_extras, subset_metrics
+from .options import Asked
 
 
 @dataclass(frozen=True)
@@ -104,16 +105,14 @@ def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Se
     return run
 
 
-def group_extras(grouped: GroupedRun, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
-                 bins: int) -> list[GroupRow]:
+def group_extras(grouped: GroupedRun, groups: RowGroups, asked: Asked) -> list[GroupRow]:
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    if not (estimators or bootstrap) or grouped.calibration.confidence is None:
+    if not (asked.estimators or asked.bootstrap) or grouped.calibration.confidence is None:
         return grouped.rows
     index = GroupRows(grouped.calibration, groups.index, groups.count)  # each group's rows: one slice
     number = {name: g for g, name in enumerate(groups.names)}
-    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
-    return [replace(row, groups=[replace(f, extras=row_extras(grouped.calibration, k, rows=(index, number[f.group]),
-                                                              **options)) for f in row.groups])
+    return [replace(row, groups=[replace(f, extras=row_extras(grouped.calibration, k, asked, (index, number[f.group])))
+                                 for f in row.groups])
             for k, row in enumerate(grouped.rows)]
 
 
@@ -125,39 +124,35 @@ def held_out_groups(opened: OpenedSource, groups: RowGroups, rows: np.ndarray) -
 
 
 def report_groups(opened: OpenedSource, scan: Scan, full: Scan, groups: RowGroups, all_groups: RowGroups,
-                  taus: Sequence[float], *, share: tuple[int, int] | None, stored: float | None, at_stored: bool,
-                  bins: int, estimators: Sequence[str], bootstrap: int, seed: int, alphas: list[float],
-                  warnings: list[str]) -> GroupedRun:
+                  taus: Sequence[float], asked: Asked, *, share: tuple[int, int] | None, stored: float | None,
+                  at_stored: bool, warnings: list[str]) -> GroupedRun:
     """Every temperature over ``scan``'s rows and ``groups`` (each group at its stored T_g too, when ``at_stored``
-    and they apply), the estimators, and with ``alphas`` the
+    and they apply), the estimators, and with ``asked.alphas`` the
     conformal sets from ``full`` (every row, grouped by ``all_groups``)."""
     per_group = applicable_groups(opened, groups, stored, warnings) if at_stored else {}
-    run = grouped_report(opened, scan, groups, taus, bins=bins, per_group=per_group, stored=stored, share=share)
-    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
-    run.extras = _extras(scan, run, warnings, **options)
-    run.rows = group_extras(run, groups, **options)
-    if alphas:
-        _grouped_sets(run, full, opened, all_groups, alphas, seed, per_group, warnings)
+    run = grouped_report(opened, scan, groups, taus, bins=asked.bins, per_group=per_group, stored=stored, share=share)
+    run.extras = _extras(scan, run, warnings, asked)
+    run.rows = group_extras(run, groups, asked)
+    if asked.alphas:
+        _grouped_sets(run, full, opened, all_groups, asked.alphas, asked.seed, per_group, warnings)
     return run
 
 
-def _extras(scan: Scan, grouped: GroupedRun, warnings: list[str], *,
-            estimators: Sequence[str], bootstrap: int, seed: int, bins: int) -> list[dict]:
+def _extras(scan: Scan, grouped: GroupedRun, warnings: list[str], asked: Asked) -> list[dict]:
     """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
     the pass kept."""
-    if not (estimators or bootstrap):
+    if not (asked.estimators or asked.bootstrap):
         return []
-    plain = [row.tau for row in grouped.rows if not row.per_group]
-    at_plain = iter(extra_figures(scan, plain, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed))
+    at_plain = iter(extra_figures(scan, [row.tau for row in grouped.rows if not row.per_group], asked))
     out = []
     for k, row in enumerate(grouped.rows):
         if not row.per_group:
             out.append(next(at_plain))
             continue
-        if "ece_classwise" in estimators:
+        if "ece_classwise" in asked.estimators:
             warnings.append("ece_classwise is left out at per-group temperatures (it needs every class's probability "
                             "at each row's T)")
-        out.append(row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins))
+        out.append(row_extras(grouped.calibration, k, asked))
     return out
 
 

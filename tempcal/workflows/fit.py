@@ -18,8 +18,8 @@ from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_man
 from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.cells import Subsets
-from ..subsets.fits import crossfit_run, grouped_run, with_groups
-from ..subsets.options import Asked, Plan
+from ..subsets.fits import crossfit_run, grouped_run
+from ..subsets.options import Asked, Plan, read_groups
 from ..subsets.options import plan as subset_plan
 from .common import (
     AT_FOLDS,
@@ -190,8 +190,9 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     plan = subset_plan(folds, group_prior, eval_file, val_fraction)
     loaded = open_source(source, options, group_by=group_by, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
-    plan = with_groups(plan, loaded, group_by)
-    asked = Asked(objective, bins, seed, estimators, bootstrap, alphas)
+    if group_by is not None:
+        plan = replace(plan, groups=read_groups(loaded, group_by))
+    asked = Asked(bins, seed, estimators, bootstrap, alphas, objective)
     if plan.folds is not None:
         return _crossfit(loaded, plan, asked, device=device, chunk_rows=chunk_rows, warnings=warnings)
     val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
@@ -229,8 +230,7 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = result.warnings
-    extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
-                           bootstrap=bootstrap, seed=seed)
+    extras = extra_figures(eval_scan, [1.0, result.temperature], asked)
     return FitReport(
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
