@@ -284,12 +284,12 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
     return metrics
 
 
-def metrics_block(m: CalibrationMetrics) -> dict:
-    """A subset's figures as the JSON shows them (no reliability bins: a group list stays compact)."""
-    out: dict = dict(m.summary())
-    out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau, n=m.count)
-    out.update({k: v for k, v in m.decisions().items() if k != "risk_coverage"})  # no curve: a group list stays short
-    return out
+def metrics_block(m: CalibrationMetrics, full: bool = False) -> dict:
+    """Figures as the JSON shows them: ``full`` (fit's before and after) with the reliability bins and the
+    risk-coverage curve; else with the row count and neither (a group list stays compact)."""
+    out: dict = {**m.summary(), "entropy": m.entropy, "mean_confidence": m.mean_confidence, "tau": m.tau,
+                 **({"bins": [b.__dict__ for b in m.bins]} if full else {"n": m.count})}
+    return {**out, **{k: v for k, v in m.decisions().items() if full or k != "risk_coverage"}}
 
 
 @dataclass

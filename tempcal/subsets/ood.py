@@ -86,9 +86,4 @@ def group_results(groups: RowGroups, ood_names: Sequence[str], scores: Sequence[
     return out
 
 
-def dropped_extra(scores: dict[str, list[np.ndarray]], count: int) -> dict[str, list[np.ndarray]]:
-    """A side's scores at the first ``count`` temperatures only (the extra ones are for the groups)."""
-    return {name: values[:count] for name, values in scores.items()}
-
-
-__all__ = ["MAX_GROUP_TAUS", "GroupTaus", "dropped_extra", "group_results", "group_taus", "ood_groups"]
+__all__ = ["MAX_GROUP_TAUS", "GroupTaus", "group_results", "group_taus", "ood_groups"]

@@ -17,7 +17,7 @@ from ..errors import DataError, StoredNote, check_alphas, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
-from ..subsets.cells import Subsets
+from ..subsets.cells import Subsets, metrics_block
 from ..subsets.fits import crossfit_run, grouped_run
 from ..subsets.options import Asked, Plan, read_groups
 from ..subsets.options import plan as subset_plan
@@ -124,15 +124,7 @@ class FitReport:
 
     def to_json(self) -> dict:
         """The contract's JSON plus how the fit went and the reliability bins."""
-
-        def block(m: CalibrationMetrics) -> dict[str, Any]:
-            out: dict[str, Any] = dict(m.summary())
-            out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau,
-                       bins=[b.__dict__ for b in m.bins])
-            out.update(m.decisions())
-            return out
-
-        before, after = block(self.before), block(self.after)
+        before, after = metrics_block(self.before, full=True), metrics_block(self.after, full=True)
         before["basis"], after["basis"] = self.before_basis.to_json(), self.after_basis.to_json()
         if self.extras:
             before.update(self.extras[0])
@@ -208,16 +200,11 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         fit_rows = loaded.local_rows(fit_index)
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings,
                        fit_rows=fit_rows)
+    fit_scan = eval_scan = scan
     if evaluated is not None:
-        fit_scan = scan
         eval_scan = scan_source(evaluated, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
-        fraction = None
-    else:
-        if val_fraction == 1:
-            fit_scan = eval_scan = scan
-        else:
-            fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
-        fraction = val_fraction
+    elif val_fraction != 1:
+        fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
     _check_evaluation_rows(eval_scan, loaded, evaluated)
     subsets, reads = None, 1 if alphas else 0
     try:
@@ -231,10 +218,11 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = result.warnings
     extras = extra_figures(eval_scan, [1.0, result.temperature], asked)
+    held_out = None if evaluated is not None else val_fraction
     return FitReport(
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
-        n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
+        n_eval=eval_scan.num_samples, val_fraction=held_out, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, extras=extras, conformal_reads=reads, opened=loaded,
         subsets=subsets, evaluated=evaluated)
 

@@ -30,7 +30,7 @@ from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
-from ..subsets.ood import dropped_extra, group_results, ood_groups
+from ..subsets.ood import group_results, ood_groups
 from .common import check_stored_reading, json_fields, ood_json_fields, scan_source, uses_stored
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
@@ -335,7 +335,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
                                                        chunk_rows, warnings, [source_name, *ood_names])
     grouped = None if groups is None else group_results(groups, ood_names, scores, tau_list, applied, stored,
                                                         side_scores[0], side_scores[1:])
-    side_scores = [dropped_extra(side, len(tau_list)) for side in side_scores]
+    side_scores = [{name: values[:len(tau_list)] for name, values in side.items()} for side in side_scores]
     id_scores, all_ood_scores = side_scores[0], side_scores[1:]
     results, best, best_overall = _assemble(source_name, ood_names, scores, tau_list, stored, id_scores,
                                             all_ood_scores, bootstrap, seed)
