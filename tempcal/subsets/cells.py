@@ -1,25 +1,10 @@
 """Cells of rows (a group, a fold, a group within a fold): the passes whose sums are kept per cell, and the figures.
 
-Every subset that folds and groups fit a T on is a union of cells (group g in fold k: cell ``g * K + k``; the folds
-seeded and class-stratified, :func:`assign_folds`), and every figure is a sum over rows, so one read of the data
-serves all the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
-cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their per-row values
-are added into their cell (``index_add``); a fit over the rows outside fold k reads ``total - fold k``. Both passes
-go through :meth:`Scan.block_pass`, which counts them: the blocks' C-wide work runs on the pass's threads, their
-per-row values are added into the cells in row order (the figures of one thread, bit for bit), and the sums are
-all-reduced across ranks.
-
-* :func:`cell_objective`: the NLL's sums and four derivatives per slot and cell, what the subset fits
-  (:mod:`.fits`, :mod:`.ece_fits`) search on, giving :class:`SubsetFits`;
-* :func:`cell_calibration`: the calibration sums of :meth:`Scan.calibration` per slot and *report group* (any
-  partition of the rows, e.g. the groups while the betas vary per fold) and, on request, every row's confidence
-  per slot (every rank's rows, in order);
-* :func:`subset_metrics`: one slot's sums over one subset as the contract's figures, exactly as
-  :func:`~tempcal.metrics.calibration.from_sums` gives them for every row; :class:`Subsets`: what ``--folds`` and
-  ``--group-by`` add to ``fit``'s report, with the estimators per subset.
-
-Figures that rank a subset's own rows (risk-coverage, smooth ECE) cannot come from sums: they come from the subset's
-kept rows (:func:`~tempcal.metrics.decisions.subset_decisions`).
+Every subset that folds and groups fit a T on is a union of cells (group g in fold k: cell ``g * K + k``), and every
+figure is a sum over rows, so one read serves all the fits: each block's rows are evaluated at one beta per *slot*
+(``betas[slot, cell]``) and added into their cell in row order (the figures of one thread, bit for bit); a fit
+outside fold k reads ``total - fold k``. Figures that rank a subset's own rows (risk-coverage, smooth ECE) come from
+the rows the pass kept (:func:`~tempcal.metrics.decisions.subset_decisions`).
 """
 
 from __future__ import annotations

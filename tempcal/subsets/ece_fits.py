@@ -1,13 +1,9 @@
 """``--objective ece`` with folds and groups: every subset's ECE search from shared reads.
 
-The global T is the plain ECE fit's (:func:`tempcal.core.fitting.fit_scan`, objective ``ece``): the
-NLL optimum, then the branch-and-bound search of :mod:`tempcal.core.ece_fit` around it. Each fold's search
-(the rows outside fold k) and each group's (``n_g ECE_g(T) + lam (ln T - ln T_0)^2``, toward the global T, or
-toward T_k within fold k) searches the same range, centred on the global NLL optimum. Every pass of the
-global search evaluates, besides its own temperatures, those the fold searches want, and keeps each
-cell's bin sums (:class:`CellEceTerms`); a fit's figures at a temperature are its cells' sums there. The
-global search sees exactly what its own pass would give. Once it is done, the fold
-searches finish together, then every group's.
+The global T is the plain ECE fit's; each fold's and group's search (``n_g ECE_g(T) + lam (ln T - ln T_0)^2`` toward
+the global T, or T_k within fold k) covers the same range around the global NLL optimum. The global search's passes
+also evaluate the temperatures the fold searches want, keeping each cell's bin sums (:class:`CellEceTerms`); then
+the fold searches finish together, then every group's.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Every subset's T (folds, groups, groups within folds) beside the global T from shared reads, and ``fit``'s runs.
 
-Every fit is a union of cells (:mod:`.cells`): fold k's, every cell outside fold k; group g's, g's cells, its NLL
-drawn toward the global T by the prior ``lam (ln T - ln T_global)^2``; group g in fold k's, g's cells outside fold
-k, drawn toward fold k's T. One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums
-and four derivatives at each of a few *slots* of betas, so every fit gets exact points from every pass (a fit's
-sums are its family's total less the cells it leaves out) and runs its own certified search
-(:class:`~tempcal.core.certified.Search`) on them. The global fit runs as without subsets (the same T as a fit on
-every row); its passes (:meth:`SharedFits.evaluate`) carry the other fits: a fit whose next point is not covered by
-the global fit's beta gets a slot of its own in the same read. A slot *covers* a fit when the fit's Taylor model,
-moved to the slot's beta, already certifies from there, so fits whose optima lie close together (the folds of a
-large set) share one slot. Once the global T is known, passes continue until every fit is certified
-(:meth:`SharedFits.finish`); typically none is needed. ``--objective ece`` searches in :mod:`.ece_fits` instead.
-
-``fit``'s two runs (:func:`crossfit_run`, :func:`grouped_run`) fit every T, measure them in one calibration pass
-and add the conformal sets and the estimators per group. Loading this module registers :func:`fit_subsets_api` as
-core's :data:`~tempcal.core.fitting.SUBSET_FIT` (``fit_temperature(groups=..., folds=...)``; ``tempcal.fit_temperature``
-is read from here for that).
+One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums and four derivatives at a few
+*slots* of betas; each fit (a union of cells; a group's NLL drawn toward the global T by ``lam (ln T - ln
+T_global)^2``, toward fold k's T within fold k) runs its own certified search on them. The global fit's passes
+(:meth:`SharedFits.evaluate`) carry the other fits: a fit whose next point no slot *covers* (its Taylor model, moved
+to the slot's beta, already certifies) gets a slot of its own in the same read; :meth:`SharedFits.finish` then
+reads until every fit is certified (typically no read is needed). Loading this module registers
+:func:`fit_subsets_api` as core's :data:`~tempcal.core.fitting.SUBSET_FIT` (``fit_temperature(groups=, folds=)``).
 """
 
 from __future__ import annotations

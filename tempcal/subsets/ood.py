@@ -1,10 +1,8 @@
 """``ood --group-by KEY``: every in-distribution group against every OOD file, at every score and tau.
 
-The groups' figures reuse the per-row scores of the main pass: group g's rows are a slice of them (the rows
-bucketed by group once), and each OOD score vector is sorted once for all groups (:class:`SortedOod`), so the
-work is linear in the number of groups. At the
-stored T, when per-group temperatures are stored for KEY, group g's rows and every OOD row are scored at
-T_g (as an input of group g would be): those temperatures join the one scores pass of each file.
+Group g's figures reuse the main pass's per-row scores (the rows bucketed by group once; each OOD score vector sorted
+once, :class:`SortedOod`). At the stored T, when per-group temperatures are stored for KEY, group g's rows and every
+OOD row are scored at T_g: those temperatures join each file's one scores pass.
 """
 
 from __future__ import annotations

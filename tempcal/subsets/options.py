@@ -1,10 +1,7 @@
-"""``--folds K``, ``--group-by KEY``, ``--group-prior LAM``: the options, checked once, and each row's group.
-
-The checks the commands and the Python API share, ``--folds`` settled against ``--val-fraction`` and ``--eval``,
-what ``fit`` fits besides the global T (:class:`Plan`) and asks besides (:class:`Asked`), and the groups of a
-SOURCE's counted rows as its kind reads them (KEY: an integer tensor, one value per row, or an evaluation log's
-task; groups named by value in decimal, sorted numerically), with the per-group temperatures stored beside T and
-each row at its own for ``apply``. Nothing here imports torch or numpy as it loads: ``tempcal --help`` stays fast.
+"""``--folds K``, ``--group-by KEY``, ``--group-prior LAM``: the checks the commands and the Python API share,
+what ``fit`` fits besides the global T (:class:`Plan`) and asks besides (:class:`Asked`), and each row's group as
+SOURCE's kind reads it (and, for ``apply``, each row's stored T). Nothing here imports torch or numpy as it loads:
+``tempcal --help`` stays fast.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""``--plot`` with ``--group-by``: the command's usual figure, and beneath it each group's ECE as bars.
-
-``report --plot`` keeps its sweep (or reliability diagrams and risk-coverage curves) and ``fit --plot`` its
-reliability diagrams; the group bars are added below, one bar per group and series (every series drawn: a
-reported temperature, the per-group T, ...), at most :data:`MAX_GROUPS_DRAWN` groups (the largest ECE of the
-first series first; the title says how many are left out). Every series is named from the figure set's
-:class:`~tempcal.workflows.common.Basis`, as the console and the HTML page name it.
+"""``--plot`` with ``--group-by``: the command's usual figure, and beneath it each group's ECE as bars (every series,
+at most :data:`MAX_GROUPS_DRAWN` groups, largest ECE first), each series named from its figure set's
+:class:`~tempcal.workflows.common.Basis`.
 """
 
 from __future__ import annotations
