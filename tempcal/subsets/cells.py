@@ -65,7 +65,6 @@ class SubsetTemperatures:
     folds: list[CertifiedFit] | None
     groups: list[CertifiedFit] | None
     group_folds: list[list[CertifiedFit]] | None
-    passes: int  # reads taken after the global fit (its own are counted by the scan)
     warnings: list[str]
 
 

@@ -99,7 +99,6 @@ class SharedEce:
         self.folds = [f for f in fits if f.group is None]
         self.group_fits = [f for f in fits if f.group is not None]
         self.centre: float | None = None
-        self.passes = 0
 
     def terms(self, betas: list[float], bins: int) -> torch.Tensor:
         """The global search's pass at ``betas``, carrying the fold searches' wanted temperatures (in the same read
@@ -112,14 +111,12 @@ class SharedEce:
         folds = [f for f in self.folds if f.search is not None and f.search.wanted]
         if not folds:
             return bin_sums(self.scan, betas, bins)
-        before = self.passes
-        terms = self._pass(folds, own)
-        if self.passes - before > 1:  # the per-cell sums took several reads: the global search's own pass too
+        parts = self._pass(folds, own)
+        if len(parts) > 1:  # the per-cell sums took several reads: the global search's own pass too
             return bin_sums(self.scan, betas, bins)
-        self.passes -= 1  # the global fit's own read
-        return terms.per_bin
+        return parts[0].per_bin
 
-    def _pass(self, fits: list[_EceFit], own: list[float]) -> CellEceTerms:
+    def _pass(self, fits: list[_EceFit], own: list[float]) -> list[CellEceTerms]:
         """One read at ``own`` and every temperature ``fits`` want (more reads only when the per-cell sums of
         every temperature would not fit :data:`MAX_ENTRIES`); each fit takes its values."""
         wanted = [t for f in fits if f.search is not None for t in f.search.wanted]
@@ -131,14 +128,13 @@ class SharedEce:
             part = thetas[first:first + step]
             mine = [position[t] - first for t in own if first <= position[t] < first + len(part)]
             parts.append(cell_ece_pass(self.scan, [math.exp(-t) for t in part], mine, bins, self.layout))
-            self.passes += 1
         per_cell = torch.cat([p.per_cell if j == 0 else p.per_cell[1:] for j, p in enumerate(parts)])
         per_cell = per_cell.view(len(thetas), 3, g, k, bins)
         for fit in fits:
             if fit.search is not None and fit.search.wanted:
                 sums = _fit_sum(per_cell, fit, dims=(2, 3))  # [thetas, 3, bins]: the fit's cells summed
                 fit.search.take([sums[position[t]] for t in fit.search.wanted])
-        return parts[0]
+        return parts
 
     def _search(self, fit: _EceFit, penalty: tuple[float, float] | None = None) -> EceSearch:
         """A subset's search: the plain fit's, over the same range around the global NLL optimum."""
@@ -176,7 +172,7 @@ class SharedEce:
         group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
         open_fits = sum(1 for f in [*self.folds, *self.group_fits] if f.search and not f.search.certified)
         warnings = [f"{open_fits} subset ECE search(es) stopped before certifying their tolerance"] if open_fits else []
-        return SubsetTemperatures(folds, groups, group_folds, self.passes, warnings)
+        return SubsetTemperatures(folds, groups, group_folds, warnings)
 
 
 def _merged(own: list[float], others: list[float]) -> tuple[list[float], dict[float, int]]:

@@ -267,8 +267,7 @@ class SharedFits:
         if open_fits:
             warnings.append(f"{len(open_fits)} subset fit(s) not certified after {self.extra_passes} more passes; "
                             f"first: {self._name(open_fits[0])}")
-        return SubsetTemperatures(folds or None, group_fits or None, group_folds,  # type: ignore[arg-type]
-                                  self.extra_passes, warnings)
+        return SubsetTemperatures(folds or None, group_fits or None, group_folds, warnings)  # type: ignore[arg-type]
 
 
 def _moved(p: NllDerivatives, beta: float) -> NllDerivatives:
