@@ -180,13 +180,9 @@ def _place_sets(run: GroupedRun, places: list[int], overall: list, by_group: lis
     number = {name: g for g, name in enumerate(names)}
     for j, k in enumerate(places):
         run.results[k] = replace(run.results[k], conformal=overall[j])
-        row = run.rows[k]
-        figures = []
-        for f in row.groups:
-            found = by_group[j][number[f.group]]
-            figures.append(f if found is None else replace(f, extras={**f.extras,
-                                                                      "conformal": [c.to_json() for c in found]}))
-        run.rows[k] = replace(row, groups=figures)
+        figures = [(f, by_group[j][number[f.group]]) for f in run.rows[k].groups]
+        run.rows[k] = replace(run.rows[k], groups=[f if sets is None else replace(
+            f, extras={**f.extras, "conformal": [c.to_json() for c in sets]}) for f, sets in figures])
 
 
 __all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "group_extras", "grouped_report",

@@ -19,7 +19,7 @@ from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.cells import Subsets, metrics_block
 from ..subsets.fits import crossfit_run, grouped_run
-from ..subsets.options import Asked, Plan, read_groups
+from ..subsets.options import Asked, read_groups
 from ..subsets.options import plan as subset_plan
 from .common import (
     AT_FOLDS,
@@ -185,8 +185,14 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     if group_by is not None:
         plan = replace(plan, groups=read_groups(loaded, group_by))
     asked = Asked(bins, seed, estimators, bootstrap, alphas, objective)
-    if plan.folds is not None:
-        return _crossfit(loaded, plan, asked, device=device, chunk_rows=chunk_rows, warnings=warnings)
+    if plan.folds is not None:  # --folds K: the validating scan of every row, then the cross-fitting run
+        scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs,
+                           warnings=warnings, fit_rows=ALL_ROWS)
+        run = crossfit_run(loaded, scan, plan, asked, warnings)
+        return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
+                         num_classes=loaded.data.num_classes, n_fit=scan.num_samples, n_eval=scan.num_samples,
+                         val_fraction=None, seed=seed, bins=bins, device=str(scan.device), warnings=warnings,
+                         extras=run.extras, conformal_reads=run.reads, opened=loaded, subsets=run.subsets)
     val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
     probs = loaded.options.probs
     evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
@@ -256,19 +262,6 @@ def _evaluation_file(loaded: Any, eval_file: Source) -> Any:
         raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
                         f"{loaded.data.num_classes}")
     return evaluated
-
-
-def _crossfit(loaded: Any, plan: Plan, asked: Asked, *, device: str, chunk_rows: int | None,
-              warnings: list[str]) -> FitReport:
-    """``--folds K``: the validating scan of every row, then the cross-fitting run, as a report."""
-    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
-                       fit_rows=ALL_ROWS)
-    run = crossfit_run(loaded, scan, plan, asked, warnings)
-    n = scan.num_samples
-    return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
-                     num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=asked.seed,
-                     bins=asked.bins, device=str(scan.device), warnings=warnings, extras=run.extras,
-                     conformal_reads=run.reads, opened=loaded, subsets=run.subsets)
 
 
 def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True, save_model: str | None = None,

@@ -141,16 +141,11 @@ def _stored(kind: SourceKind, path: Path, opened: OpenedSource | None, report: I
     """The stored T as its kind describes it, and why a recorded T is ignored."""
     out = kind.describe_stored(path, opened, report.sidecar, Findings(report.problems, as_problem))
     if out["recorded"] is not None and out["temperature"] is None:
-        out["ignored"] = _why_ignored(report, opened)
+        stale = report.sidecar is not None and report.sidecar["state"] == "stale"
+        out["ignored"] = ("the sidecar was written for a different version of the file" if stale else
+                          "SOURCE cannot be read as the other commands read it (see problems)" if opened is None else
+                          "it was fitted under other options (see warnings)")
     return out
-
-
-def _why_ignored(report: InspectReport, opened: OpenedSource | None) -> str:
-    if report.sidecar is not None and report.sidecar["state"] == "stale":
-        return "the sidecar was written for a different version of the file"
-    if opened is None:
-        return "SOURCE cannot be read as the other commands read it (see problems)"
-    return "it was fitted under other options (see warnings)"
 
 
 def _describe_data(report: InspectReport, opened: OpenedSource, ignore_index: int | None) -> None:
