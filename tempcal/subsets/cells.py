@@ -96,12 +96,8 @@ def _slot_betas(betas: torch.Tensor) -> list[float | None]:
 
 
 def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: Any = None) -> torch.Tensor:
-    """One pass: float64 sums of :data:`FIELDS` per slot and cell, ``[slots, cells, FIELDS]`` (all ranks).
-
-    ``betas`` ``[slots, cells]`` (float64, > 0); ``cells`` the cell of each of this process's rows (int64).
-    ``rows`` (a :class:`~tempcal.core.first_scan.ChunkRows` of every row, kept by the validating scan) are
-    evaluated instead of reading the data: no pass.
-    """
+    """One pass at ``betas`` ``[slots, cells]``: float64 sums of :data:`FIELDS` ``[slots, cells, FIELDS]`` (all ranks);
+    ``cells``: each of this process's rows' cell; ``rows``: every row, kept by the validating scan (then no read)."""
     betas = betas.to(torch.float64).cpu()
     slots, count = betas.shape
     one = _slot_betas(betas)
@@ -166,12 +162,8 @@ class CellCalibration:
 
 def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, groups: torch.Tensor,
                      num_groups: int, bins: int) -> CellCalibration:
-    """One pass: calibration sums per slot and report group, each row at its cell's beta of each slot, and every
-    row's confidence, NLL and correctness for the figures that rank a subset's rows.
-
-    ``betas`` ``[slots, cells]``; ``cells`` and ``groups`` (the report group of each of this process's rows,
-    ``0..num_groups-1``) are int64 per row. The figures are :meth:`Scan.calibration`'s, row for row.
-    """
+    """One pass: :meth:`Scan.calibration`'s sums per slot and report group (``groups``, each row's) with each row at
+    its cell's beta of each slot (``betas`` ``[slots, cells]``), and every row's confidence, NLL and correctness."""
     betas = betas.to(torch.float64).cpu()
     slots = betas.shape[0]
     one = _slot_betas(betas)
@@ -251,11 +243,8 @@ class GroupRows:
 
 def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: int | None = None,
                    rows: GroupRows | None = None) -> CalibrationMetrics | None:
-    """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset.
-
-    A group's decision figures come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
-    the group's figures go without them, as when there are too many groups).
-    """
+    """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset; a group's
+    decision figures come from ``rows`` (:meth:`GroupRows.kept`; None: none, as when there are too many groups)."""
     sums = calibration.group(slot, group)
     if sums.count == 0:
         return None

@@ -20,7 +20,7 @@ from ..core.ece_fit import EceSearch, bin_sums, rounding_of
 from ..core.kernels import bin_edges, confidence_bins
 from ..core.parallel import Scratch, all_reduce
 from ..core.scan import RowBlock, Scan
-from .cells import CellLayout, SubsetTemperatures, subset_keys
+from .cells import CellLayout, SubsetTemperatures, cell_stats, subset_keys
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
 #: are split over several reads.
@@ -33,7 +33,7 @@ class CellEceTerms:
     them."""
 
     def __init__(self, betas: Sequence[float], own: Sequence[int], bins: int, cells: int, device: torch.device):
-        self.betas, self.own, self.bins, self.cells = [float(b) for b in betas], list(own), bins, cells
+        self.betas, self.own, self.bins = [float(b) for b in betas], list(own), bins
         self.edges = bin_edges(bins, device)
         f64 = torch.float64
         self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=f64, device=device)
@@ -89,13 +89,10 @@ class SharedEce:
 
     def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float, bins: int):
         self.scan, self.layout, self.bins, self.lam = scan, layout, bins, lam
-        self.groups = groups
-        g, k = layout.groups, layout.folds
-        counts = torch.bincount(layout.cells.cpu(), minlength=g * k)[:g * k].to(torch.float64)
-        self.counts = all_reduce(counts.to(scan.device)).cpu().view(g, k)
+        counts = cell_stats(scan, layout)[0].view(layout.groups, layout.folds)
         fits = [_EceFit(group, fold, 0) for group, fold in subset_keys(layout, groups)]
         for fit in fits:
-            fit.count = int(_fit_sum(self.counts, fit, dims=(0, 1)))
+            fit.count = int(_fit_sum(counts, fit, dims=(0, 1)))
         self.folds = [f for f in fits if f.group is None]
         self.group_fits = [f for f in fits if f.group is not None]
         self.centre: float | None = None
