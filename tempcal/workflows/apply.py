@@ -113,7 +113,10 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
         key, shape, dtype = writer(str(output), calibrated), [len(calibrated)], "float64"
         with_labels, group_copied = loaded.has_labels, False
     else:
-        planned = _planned(scan, as_, per_row_t)
+        written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32
+        single = as_ == "logits" and scan.data.binary  # a single binary logit as logits / T keeps its [N] form
+        size = (scan.num_samples,) if single else (scan.num_samples, scan.num_classes)
+        planned = [Planned(OUTPUT_KEYS[as_], written, size, lambda: _scaled_chunks(scan, as_, per_row_t, single))]
         with_labels = loaded.has_labels and suffix != ".npy"
         if with_labels:
             labels = scan.data.labels.to(torch.int64)
@@ -151,18 +154,10 @@ def _temperature(loaded: OpenedSource, tau: str | float | None) -> tuple[float, 
     return stored, "stored"
 
 
-def _planned(scan: Scan, as_: str, temperature: float | torch.Tensor) -> list[Planned]:
-    """The output's main tensor: rows x classes (a single binary logit as logits / T keeps its ``[N]`` form)."""
-    dtype = torch.float64 if scan.data.dtype == torch.float64 else torch.float32
-    single = as_ == "logits" and scan.data.binary
-    shape = (scan.num_samples,) if single else (scan.num_samples, scan.num_classes)
-    return [Planned(OUTPUT_KEYS[as_], dtype, shape, lambda: _scaled_chunks(scan, as_, temperature, single))]
-
-
 def _scaled_chunks(scan: Scan, as_: str, temperature: float | torch.Tensor, single: bool) -> Iterator[torch.Tensor]:
     """One pass over the scan's blocks (shared among the pass's threads, in row order): each block's logits divided
     by its rows' T, then as asked. An overflow is raised for the first block, in row order, that has one."""
-    written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32  # as _planned writes it
+    written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32  # as apply_file writes it
 
     def block(b: RowBlock, _: Scratch) -> torch.Tensor | TempcalError:
         z, n = b.z, b.z.shape[0]
