@@ -48,6 +48,13 @@ class CellLayout:
     def count(self) -> int:
         return self.groups * self.folds
 
+    @classmethod
+    def of(cls, groups: torch.Tensor | None, count: int, folds: np.ndarray | None, k: int, device: torch.device
+           ) -> CellLayout:
+        """The layout of rows in these groups (``0..count-1``; None: one group) and folds (``0..k-1``; None: one)."""
+        g = 0 if groups is None else groups.to(torch.int64) * k
+        return cls(torch.as_tensor(g + (0 if folds is None else torch.from_numpy(folds))).to(device), count, k)
+
 
 def subset_keys(layout: CellLayout, groups: bool) -> list[tuple[int | None, int | None]]:
     """``(group, fold left out)`` of every subset fit, in order: each fold's (group None; with folds), then each
@@ -416,15 +423,7 @@ def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
     return folds
 
 
-def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
-               device: torch.device) -> torch.Tensor:
-    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices (either
-    may be None)."""
-    g = 0 if groups is None else groups.to(torch.int64) * num_folds
-    return torch.as_tensor(g + (0 if folds is None else folds.to(torch.int64))).to(device)
-
-
 __all__ = ["CellCalibration", "CellLayout", "GroupResult", "GroupRows", "SubsetFits",
-           "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
+           "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_objective",
            "cell_stats", "fit_group_results", "metrics_block", "row_extras", "subset_extras",
            "subset_keys", "subset_metrics"]

@@ -33,7 +33,6 @@ from .cells import (
     SubsetTemperatures,
     assign_folds,
     cell_calibration,
-    cell_index,
     cell_objective,
     cell_stats,
     fit_group_results,
@@ -314,8 +313,7 @@ def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group
         index = torch.from_numpy(inverse.reshape(-1).astype(np.int64))
     k = 1 if folds is None else int(folds)
     fold_of = None if folds is None else assign_folds(scan.data.labels.numpy(), k, seed)
-    layout = CellLayout(cell_index(index, None if fold_of is None else torch.from_numpy(fold_of), k, scan.device),
-                        max(len(keys), 1), k)
+    layout = CellLayout.of(index, max(len(keys), 1), fold_of, k, scan.device)
     fits = fit_with_subsets(scan, layout, groups=groups is not None, lam=lam, objective=objective, bins=bins,
                             group_names=[str(v) for v in keys] or None)
     result = fits.fit
@@ -352,7 +350,7 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
     start, stop = loaded.share()
     groups = None if plan.groups is None else torch.from_numpy(plan.groups.index[start:stop])
     count = plan.groups.count if plan.groups is not None else 1
-    layout = CellLayout(cell_index(groups, torch.from_numpy(folds[start:stop]), k, scan.device), count, k)
+    layout = CellLayout.of(groups, count, folds[start:stop], k, scan.device)
     try:
         fits = _fit(scan, layout, plan, asked, plan.groups.names if plan.groups is not None else None)
         fold_betas = 1.0 / torch.tensor(fits.fold_temperatures, dtype=torch.float64)
