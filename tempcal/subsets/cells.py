@@ -219,10 +219,8 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
 
 
 class GroupRows:
-    """The rows the pass kept (confidence, NLL, correctness), sorted by group once: each group's rows are then one
-    slice, in their order (what a mask per group selects, without a pass over every row for each group).
-
-    ``rows``: the group of every row (all ranks, in order), ``0..count-1``."""
+    """The rows the pass kept (confidence, NLL, correctness) sorted by group once (``rows``: every row's group, all
+    ranks, in order): each group's rows are then one slice, as a mask per group would select them."""
 
     def __init__(self, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int):
         assert calibration.confidence is not None and calibration.correct is not None
@@ -402,12 +400,9 @@ def cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Tens
 
 
 def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
-    """The fold (0..k-1, int64) of every row of ``labels``.
-
-    Each class's rows are shuffled with ``seed`` and dealt in turn, the classes one after another, so
-    every fold holds about ``1/k`` of each class and fold sizes differ by at most one. With ``k`` equal to
-    the number of rows, row i is fold i (leave-one-out).
-    """
+    """The fold (0..k-1, int64) of every row of ``labels``: each class's rows shuffled with ``seed`` and dealt in
+    turn, so every fold holds about ``1/k`` of each class and fold sizes differ by at most one (``k`` = rows: row i
+    is fold i, leave-one-out)."""
     labels = np.asarray(labels)
     n = int(labels.shape[0])
     k = check_folds(k, n)

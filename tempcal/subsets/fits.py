@@ -22,7 +22,6 @@ from ..core import fitting
 from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
 from ..core.fitting import FitResult, fit_scan, fit_temperature
 from ..core.kernels import FIELDS, NllDerivatives
-from ..core.parallel import all_reduce
 from ..core.scan import Scan
 from ..errors import DataError, Info
 from ..metrics.calibration import CalibrationMetrics
@@ -395,7 +394,8 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
     names, fit_of, eval_of = _joined(plan.groups, eval_groups)
     count = len(names)
     fit_g = torch.from_numpy(fit_of[_share(loaded, fit_index)])
-    fits = _fit(fit_scan, CellLayout(fit_g.to(fit_scan.device), count, 1), plan, asked, names)
+    layout = CellLayout(fit_g.to(fit_scan.device), count, 1)
+    fits = _fit(fit_scan, layout, plan, asked, names)
     eval_g = torch.from_numpy(eval_of[_share(evaluated, eval_index)]).to(eval_scan.device)
     global_t = fits.fit.temperature
     f64 = torch.float64
@@ -404,9 +404,8 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
     calibration = cell_calibration(eval_scan, betas, eval_g, eval_g, count, asked.bins)
     before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
     assert before is not None and after is not None
-    counts = torch.bincount(fit_g.to(fit_scan.device), minlength=count)[:count].to(torch.int64)
     rows = eval_of[eval_index]
-    results = fit_group_results(names, all_reduce(counts).cpu().tolist(), calibration.counts.tolist(), fits,
+    results = fit_group_results(names, cell_stats(fit_scan, layout)[0].tolist(), calibration.counts.tolist(), fits,
                                 calibration, global_t, rows)
     empty = [g.group for g in results if g.n_fit == 0]
     if empty:  # one line however many groups (thousands, with many small groups)
