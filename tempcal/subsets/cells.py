@@ -32,7 +32,6 @@ from ..core.parallel import (
 from ..core.scan import CalibrationSums, RowBlock, Scan
 from ..metrics.calibration import CalibrationMetrics, from_sums
 from ..metrics.decisions import MAX_GROUPS, subset_decisions
-from ..workflows.common import bootstrap_fields
 from .options import Asked, check_folds
 
 
@@ -148,15 +147,15 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
 @dataclass(frozen=True)
 class CellCalibration:
     """A calibration pass's sums: ``[slots, groups, 5]`` (NLL, Brier, entropy, correct, confidence), the bins
-    ``[slots, groups, 3, bins]`` (count, confidence, correct), the rows per group; optionally every row's
-    confidence and NLL ``[slots, rows]`` and correctness ``[rows]`` (every rank's rows, in order)."""
+    ``[slots, groups, 3, bins]`` (count, confidence, correct), the rows per group; and every row's confidence and
+    NLL ``[slots, rows]`` and correctness ``[rows]`` (every rank's rows, in order)."""
 
     sums: torch.Tensor
     bins: torch.Tensor
     counts: torch.Tensor  # [groups] int64
-    confidence: torch.Tensor | None = None
-    correct: torch.Tensor | None = None
-    nll: torch.Tensor | None = None
+    confidence: torch.Tensor
+    correct: torch.Tensor
+    nll: torch.Tensor
 
     def group(self, slot: int, group: int | None) -> CalibrationSums:
         """One slot's sums over one group's rows (None: every row)."""
@@ -223,7 +222,6 @@ class GroupRows:
     ranks, in order): each group's rows are then one slice, as a mask per group would select them."""
 
     def __init__(self, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int):
-        assert calibration.confidence is not None and calibration.correct is not None
         device = calibration.confidence.device
         index = torch.as_tensor(rows).to(torch.int64)
         with single_threaded():  # a few long operations; torch's threads would only add barriers to wait at
@@ -231,15 +229,13 @@ class GroupRows:
             self.bounds = [0, *torch.bincount(index, minlength=count)[:count].cumsum(0).tolist()]
             self.confidence = calibration.confidence[:, order]
             self.correct = calibration.correct[order]
-            self.nll = None if calibration.nll is None else calibration.nll[:, order]
+            self.nll = calibration.nll[:, order]
 
     @classmethod
     def kept(cls, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int) -> GroupRows | None:
-        """The kept rows sorted by group, or None when the pass kept none or there are too many groups for their
-        row figures (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
-        if calibration.confidence is None or calibration.correct is None or count > MAX_GROUPS:
-            return None
-        return cls(calibration, rows, count)
+        """The kept rows sorted by group, or None when there are too many groups for their row figures
+        (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
+        return None if count > MAX_GROUPS else cls(calibration, rows, count)
 
     def of(self, values: torch.Tensor, group: int) -> torch.Tensor:
         """One group's rows of ``values`` (one of this object's sorted tensors, rows on the last axis)."""
@@ -254,11 +250,10 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
     if sums.count == 0:
         return None
     metrics = from_sums(tau, sums)
-    if group is not None:
-        if rows is not None:
-            metrics = subset_decisions(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
-    elif calibration.confidence is not None and calibration.correct is not None:
-        metrics = subset_decisions(metrics, calibration.confidence[slot], calibration.correct)
+    if group is None:
+        return subset_decisions(metrics, calibration.confidence[slot], calibration.correct)
+    if rows is not None:
+        metrics = subset_decisions(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
     return metrics
 
 
@@ -337,11 +332,9 @@ def row_extras(calibration: CellCalibration, slot: int, asked: Asked, rows: tupl
     from ..metrics.bootstrap import bootstrap_intervals
     from ..metrics.calibration import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
 
-    assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
     confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]
     if rows is not None:
         grouped, g = rows
-        assert grouped.nll is not None
         confidence, correct = grouped.of(grouped.confidence[slot], g), grouped.of(grouped.correct, g)
         nll = grouped.of(grouped.nll[slot], g)
     out: dict = {}
@@ -351,8 +344,8 @@ def row_extras(calibration: CellCalibration, slot: int, asked: Asked, rows: tupl
                "rms_ce": rms_calibration_error}
     out.update({name: per_row[name](confidence, correct, asked.bins) for name in asked.estimators if name in per_row})
     if asked.bootstrap:
-        out.update(bootstrap_fields(bootstrap_intervals(confidence, correct, nll, asked.bootstrap, asked.seed,
-                                                        asked.bins), asked))
+        out.update(asked.interval_fields(bootstrap_intervals(confidence, correct, nll, asked.bootstrap, asked.seed,
+                                                             asked.bins)))
     return out
 
 
@@ -360,7 +353,7 @@ def subset_extras(subsets: Subsets, asked: Asked, warnings: list[str], overall: 
     """``before`` and ``after`` estimators and intervals over every evaluation row (out of fold with folds; only
     when ``overall``), and each group's, in its blocks."""
     calibration = subsets.calibration
-    if not (asked.estimators or asked.bootstrap) or calibration is None or calibration.confidence is None:
+    if not (asked.estimators or asked.bootstrap) or calibration is None:
         return []
     if "ece_classwise" in asked.estimators:
         warnings.append("ece_classwise is left out where rows have their own T (it needs every class's probability "

@@ -161,8 +161,6 @@ class SharedFits:
     def _all_sums(self, cells: torch.Tensor) -> list[list[float]]:
         """Every fit's sums from one slot's ``[groups, folds, FIELDS]``: its family's total (every cell, or its
         group's) less the cells of the fold it leaves out; one list of FIELDS per fit, in order."""
-        if not self.fits:
-            return []
         group_of = torch.tensor([-1 if f.group is None else f.group for f in self.fits])
         fold_of = torch.tensor([-1 if f.fold is None else f.fold for f in self.fits])
         by_group = cells.sum(1)  # [groups, FIELDS]

@@ -73,6 +73,11 @@ class Asked:
     alphas: list[float] = field(default_factory=list)
     objective: str = "nll"
 
+    def interval_fields(self, intervals: dict[str, tuple[float, float]]) -> dict:
+        """Bootstrap intervals as the JSON shows them: ``*_ci`` per figure, and the resamples that drew them."""
+        return {**{f"{name}_ci": list(interval) for name, interval in intervals.items()},
+                "bootstrap": {"resamples": self.bootstrap, "seed": self.seed, "level": 0.95}}
+
 
 def plan(folds: Any, group_prior: Any, eval_file: Any, val_fraction: Any) -> Plan:
     """``fit``'s plan from its arguments; ``folds`` refused with ``eval_file`` or a ``val_fraction``."""

@@ -107,7 +107,7 @@ def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Se
 
 def group_extras(grouped: GroupedRun, groups: RowGroups, asked: Asked) -> list[GroupRow]:
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    if not (asked.estimators or asked.bootstrap) or grouped.calibration.confidence is None:
+    if not (asked.estimators or asked.bootstrap):
         return grouped.rows
     index = GroupRows(grouped.calibration, groups.index, groups.count)  # each group's rows: one slice
     number = {name: g for g, name in enumerate(groups.names)}

@@ -156,16 +156,10 @@ def extra_figures(scan: Scan, taus: Sequence[float], asked: Asked) -> list[dict]
         if asked.estimators:
             row.update(estimators_for(scan, tau, asked.bins, list(asked.estimators), per_sample=per_sample))
         if asked.bootstrap:
-            row.update(bootstrap_fields(bootstrap_scan(scan, tau, asked.bootstrap, asked.seed, asked.bins,
-                                                       per_sample=per_sample), asked))
+            row.update(asked.interval_fields(bootstrap_scan(scan, tau, asked.bootstrap, asked.seed, asked.bins,
+                                                            per_sample=per_sample)))
         out.append(row)
     return out
-
-
-def bootstrap_fields(intervals: dict[str, tuple[float, float]], asked: Asked) -> dict:
-    """Bootstrap intervals as the JSON shows them: ``*_ci`` per figure, and the resamples that drew them."""
-    return {**{f"{name}_ci": list(interval) for name, interval in intervals.items()},
-            "bootstrap": {"resamples": asked.bootstrap, "seed": asked.seed, "level": 0.95}}
 
 
 # -- the split that fitted the stored T ------------------------------------------------------------
@@ -289,6 +283,6 @@ def in_sample_note(opened: OpenedSource, split: StoredSplit, scored: int) -> Not
 
 
 __all__ = ["AT_FOLDS", "AT_GLOBAL", "AT_GROUPS", "AT_ONE", "ROWS_ALL", "ROWS_FILE", "ROWS_HELD_OUT", "ROWS_OUT_OF_FOLD",
-           "Basis", "bootstrap_fields", "check_stored_reading", "eval_json_fields", "evaluation_rows", "extra_figures",
-           "fitted_split", "in_sample_note", "json_fields", "ood_json_fields", "report_basis", "scan_source",
-           "stored_split", "uses_stored"]
+           "Basis", "check_stored_reading", "eval_json_fields", "evaluation_rows", "extra_figures", "fitted_split",
+           "in_sample_note", "json_fields", "ood_json_fields", "report_basis", "scan_source", "stored_split",
+           "uses_stored"]
