@@ -35,9 +35,8 @@ class CellEceTerms:
     def __init__(self, betas: Sequence[float], own: Sequence[int], bins: int, cells: int, device: torch.device):
         self.betas, self.own, self.bins = [float(b) for b in betas], list(own), bins
         self.edges = bin_edges(bins, device)
-        f64 = torch.float64
-        self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=f64, device=device)
-        self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=f64, device=device)
+        self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=torch.float64, device=device)
+        self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=torch.float64, device=device)
 
     def block_bins(self, b: RowBlock, scratch: Scratch) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]],
                                                                   int]:
@@ -69,8 +68,7 @@ def cell_ece_pass(scan: Scan, betas: Sequence[float], own: Sequence[int], bins: 
     terms = CellEceTerms(betas, own, bins, layout.count, scan.device)
     for correct, binned, start in scan.block_pass(terms.block_bins, row_bytes=16 * len(terms.betas)):
         terms.add_block(correct, binned, layout.cells[start:start + correct.shape[0]])
-    for name in ("per_cell", "per_bin"):
-        setattr(terms, name, all_reduce(getattr(terms, name)).cpu())
+    terms.per_cell, terms.per_bin = all_reduce(terms.per_cell).cpu(), all_reduce(terms.per_bin).cpu()
     return terms
 
 

@@ -46,9 +46,9 @@ def check_folds(k: Any, rows: int | None = None) -> int:
     """``folds``: a whole number K with 2 <= K, and K <= ``rows`` (the rows that count) once they are known."""
     whole = isinstance(k, numbers.Integral) and not isinstance(k, bool)
     if not whole or k < 2 or (rows is not None and k > rows):
-        most = "" if rows is None else f" <= {rows}"
-        raise TempcalError(f"{param('folds')} {shown_value(k, quote=False)}: expected a whole number K with 2 <= K"
-                           f"{most}" + ("" if rows is None else " (the rows that count)"))
+        most = "" if rows is None else f" <= {rows} (the rows that count)"
+        raise TempcalError(f"{param('folds')} {shown_value(k, quote=False)}: expected a whole number K with "
+                           f"2 <= K{most}")
     return int(k)
 
 
