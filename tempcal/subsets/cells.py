@@ -311,9 +311,7 @@ class Subsets:
     def to_json(self, bases: Callable[[int], dict[str, dict]]) -> dict[str, Any]:
         """The fit JSON's ``folds`` and ``group_key``, ``group_prior``, ``groups`` (those asked for); ``bases(n)``:
         the ``basis`` of each block of a group with ``n`` evaluation rows, by block name."""
-        out: dict[str, Any] = {}
-        if self.folds is not None:
-            out["folds"] = self.folds
+        out: dict[str, Any] = {} if self.folds is None else {"folds": self.folds}
         if self.groups is not None:
             out.update(group_key=self.group_key, group_prior=self.group_prior, groups=[])
             for group in self.groups:

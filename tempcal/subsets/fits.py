@@ -359,15 +359,14 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
         global_t = fits.fit.temperature
         before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
         assert before is not None and after is not None
-        subsets = Subsets(folds={"k": k, "temperatures": fits.fold_temperatures,
-                                 "sizes": np.bincount(folds, minlength=k).tolist()},
-                          group_prior=plan.lam if plan.groups is not None else None, calibration=calibration,
-                          rows=None if plan.groups is None else plan.groups.index, fold_rows=folds)
+        fold_sizes = np.bincount(folds, minlength=k).tolist()
+        subsets = Subsets({"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes},
+                          calibration=calibration, fold_rows=folds)
         if plan.groups is not None:
             sizes = plan.groups.sizes()
             subsets.groups = fit_group_results(plan.groups.names, sizes, sizes, fits, calibration, global_t,
                                                plan.groups.index)
-            subsets.group_key = plan.groups.key
+            subsets.group_key, subsets.group_prior, subsets.rows = plan.groups.key, plan.lam, plan.groups.index
         warnings.extend(fits.subsets.warnings)
         reads = 0
         if asked.alphas:
