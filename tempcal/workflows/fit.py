@@ -149,6 +149,11 @@ class FitReport:
         """``--group-by``: each group's JSON (its T, counts and figure blocks, each block with its basis)."""
         return self._subsets_json().get("groups", [])
 
+    @property
+    def group_temperatures(self) -> dict[str, float] | None:
+        """Name -> T_g of every group with fitting rows (None without groups)."""
+        return None if self.subsets is None else self.subsets.group_temperatures()
+
 
 def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: float | None = None,
              seed: int = 0, objective: str = "nll", bins: int = DEFAULT_BINS, device: str = "auto",
@@ -264,11 +269,10 @@ def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True
              settings: dict[str, Any] | None = None) -> Kept:
     """Keep the fitted T, the groups' temperatures and the split where SOURCE's kind keeps them
     (:meth:`~tempcal.sources.base.OpenedSource.keep`); ``store=False`` writes no T. The files that hold T, and lines."""
-    subsets = report.subsets
     ask = Keep(store=store, output=output, metadata=fitted_split(report).to_metadata(),
-               group_key=subsets.group_key if subsets else None,
-               group_temperatures=subsets.group_temperatures() if subsets else None, save_model=save_model,
-               save_logits=save_logits, generation=generation, save_hidden=save_hidden, settings=settings,
+               group_key=report.subsets.group_key if report.subsets else None,
+               group_temperatures=report.group_temperatures, save_model=save_model, save_logits=save_logits,
+               generation=generation, save_hidden=save_hidden, settings=settings,
                results={"n_fit": report.n_fit, "n_eval": report.n_eval, "fit_method": report.fit.method,
                         "before": {"nll": report.before.nll, "ece": report.before.ece},
                         "after": {"nll": report.after.nll, "ece": report.after.ece}})  # a language model's record
