@@ -80,31 +80,6 @@ class GroupedRun:
     conformal_reads: int = 0
 
 
-def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
-                   per_group: dict[str, float], stored: float | None,
-                   share: tuple[int, int] | None = None) -> GroupedRun:
-    """Every temperature over every row and every group, and, when ``per_group``'s T_g apply (the stored T is among
-    ``taus``), one more row last: each group's rows at its own T_g. ``share``: the part of ``groups``' rows this
-    process reads, when not its share of SOURCE."""
-    start, stop = share or opened.share()
-    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
-    rows_taus = [(tau, [tau] * groups.count) for tau in taus]
-    if per_group and stored is not None and stored in taus:
-        rows_taus.append((stored, [per_group[name] for name in groups.names]))
-    betas = 1.0 / torch.tensor([g_taus for _, g_taus in rows_taus], dtype=torch.float64)
-    calibration = cell_calibration(scan, betas, local, local, groups.count, bins)
-    index = GroupRows.kept(calibration, groups.index, groups.count)
-    run = GroupedRun([], [], [], calibration)
-    for k, (tau, g_taus) in enumerate(rows_taus):
-        total = subset_metrics(calibration, k, tau)
-        assert total is not None
-        run.results.append(total)
-        figures = [GroupFigures(name, g_taus[g], m) for g, name in enumerate(groups.names)
-                   if (m := subset_metrics(calibration, k, g_taus[g], g, index)) is not None]
-        run.rows.append(GroupRow(tau, k >= len(taus), figures))
-    return run
-
-
 def group_extras(grouped: GroupedRun, groups: RowGroups, asked: Asked) -> list[GroupRow]:
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
     if not (asked.estimators or asked.bootstrap):
@@ -126,11 +101,27 @@ def held_out_groups(opened: OpenedSource, groups: RowGroups, rows: np.ndarray) -
 def report_groups(opened: OpenedSource, scan: Scan, full: Scan, groups: RowGroups, all_groups: RowGroups,
                   taus: Sequence[float], asked: Asked, *, share: tuple[int, int] | None, stored: float | None,
                   at_stored: bool, warnings: list[str]) -> GroupedRun:
-    """Every temperature over ``scan``'s rows and ``groups`` (each group at its stored T_g too, when ``at_stored``
-    and they apply), the estimators, and with ``asked.alphas`` the
-    conformal sets from ``full`` (every row, grouped by ``all_groups``)."""
+    """Every temperature over ``scan``'s rows (``share``: the part of ``groups``' rows this process reads, when not
+    its share of SOURCE) and every group in one pass; when the stored T is among ``taus`` and its T_g apply
+    (``at_stored``), one more row last: each group's rows at its own T_g. Then the estimators, and with
+    ``asked.alphas`` the conformal sets from ``full`` (every row, grouped by ``all_groups``)."""
     per_group = applicable_groups(opened, groups, stored, warnings) if at_stored else {}
-    run = grouped_report(opened, scan, groups, taus, bins=asked.bins, per_group=per_group, stored=stored, share=share)
+    start, stop = share or opened.share()
+    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
+    rows_taus = [(tau, [tau] * groups.count) for tau in taus]
+    if per_group and stored is not None and stored in taus:
+        rows_taus.append((stored, [per_group[name] for name in groups.names]))
+    betas = 1.0 / torch.tensor([g_taus for _, g_taus in rows_taus], dtype=torch.float64)
+    calibration = cell_calibration(scan, betas, local, local, groups.count, asked.bins)
+    index = GroupRows.kept(calibration, groups.index, groups.count)
+    run = GroupedRun([], [], [], calibration)
+    for k, (tau, g_taus) in enumerate(rows_taus):
+        total = subset_metrics(calibration, k, tau)
+        assert total is not None
+        run.results.append(total)
+        figures = [GroupFigures(name, g_taus[g], m) for g, name in enumerate(groups.names)
+                   if (m := subset_metrics(calibration, k, g_taus[g], g, index)) is not None]
+        run.rows.append(GroupRow(tau, k >= len(taus), figures))
     run.extras = _extras(scan, run, warnings, asked)
     run.rows = group_extras(run, groups, asked)
     if asked.alphas:
@@ -185,5 +176,5 @@ def _place_sets(run: GroupedRun, places: list[int], overall: list, by_group: lis
             f, extras={**f.extras, "conformal": [c.to_json() for c in sets]}) for f, sets in figures])
 
 
-__all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "group_extras", "grouped_report",
-           "held_out_groups", "report_groups"]
+__all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "group_extras", "held_out_groups",
+           "report_groups"]
