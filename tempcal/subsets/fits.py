@@ -349,7 +349,8 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
     count = plan.groups.count if plan.groups is not None else 1
     layout = CellLayout.of(groups, count, folds[start:stop], k, scan.device)
     try:
-        fits = _fit(scan, layout, plan, asked, plan.groups.names if plan.groups is not None else None)
+        fits = fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
+                                bins=asked.bins, group_names=None if plan.groups is None else plan.groups.names)
         fold_betas = 1.0 / torch.tensor(fits.fold_temperatures, dtype=torch.float64)
         betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
         if plan.groups is not None:
@@ -392,7 +393,8 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
     count = len(names)
     fit_g = torch.from_numpy(fit_of[_share(loaded, fit_index)])
     layout = CellLayout(fit_g.to(fit_scan.device), count, 1)
-    fits = _fit(fit_scan, layout, plan, asked, names)
+    fits = fit_with_subsets(fit_scan, layout, groups=True, lam=plan.lam, objective=asked.objective, bins=asked.bins,
+                            group_names=names)
     eval_g = torch.from_numpy(eval_of[_share(evaluated, eval_index)]).to(eval_scan.device)
     global_t = fits.fit.temperature
     f64 = torch.float64
@@ -421,11 +423,6 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
         reads = GROUP_SET_READS
     subset_extras(subsets, asked, warnings, overall=False)
     return SubsetRun(fits.fit, before, after, subsets, reads)
-
-
-def _fit(scan: Scan, layout: CellLayout, plan: Plan, asked: Asked, names: list[str] | None) -> SubsetFits:
-    return fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
-                            bins=asked.bins, group_names=names)
 
 
 def _share(opened: OpenedSource, rows: np.ndarray) -> np.ndarray:
