@@ -1,25 +1,10 @@
 """Cells of rows (a group, a fold, a group within a fold): the passes whose sums are kept per cell, and the figures.
 
-Every subset that folds and groups fit a T on is a union of cells (group g in fold k: cell ``g * K + k``; the folds
-seeded and class-stratified, :func:`assign_folds`), and every figure is a sum over rows, so one read of the data
-serves all the fits: each chunk's rows are evaluated at one beta per *slot* (``betas[slot, cell]``: every row of a
-cell at its cell's beta; a slot whose cells all share one beta runs the one-beta kernel) and their per-row values
-are added into their cell (``index_add``); a fit over the rows outside fold k reads ``total - fold k``. Both passes
-go through :meth:`Scan.block_pass`, which counts them: the blocks' C-wide work runs on the pass's threads, their
-per-row values are added into the cells in row order (the figures of one thread, bit for bit), and the sums are
-all-reduced across ranks.
-
-* :func:`cell_objective`: the NLL's sums and four derivatives per slot and cell, what the subset fits
-  (:mod:`.fits`, :mod:`.ece_fits`) search on, giving :class:`SubsetFits`;
-* :func:`cell_calibration`: the calibration sums of :meth:`Scan.calibration` per slot and *report group* (any
-  partition of the rows, e.g. the groups while the betas vary per fold) and, on request, every row's confidence
-  per slot (every rank's rows, in order);
-* :func:`subset_metrics`: one slot's sums over one subset as the contract's figures, exactly as
-  :func:`~tempcal.metrics.calibration.from_sums` gives them for every row; :class:`Subsets`: what ``--folds`` and
-  ``--group-by`` add to ``fit``'s report, with the estimators per subset.
-
-Figures that rank a subset's own rows (risk-coverage, smooth ECE) cannot come from sums: they come from the subset's
-kept rows (:func:`~tempcal.metrics.decisions.subset_decisions`).
+Every subset that folds and groups fit a T on is a union of cells (group g in fold k: cell ``g * K + k``), and every
+figure is a sum over rows, so one read serves all the fits: each block's rows are evaluated at one beta per *slot*
+(``betas[slot, cell]``) and added into their cell in row order (the figures of one thread, bit for bit); a fit
+outside fold k reads ``total - fold k``. Figures that rank a subset's own rows (risk-coverage, smooth ECE) come from
+the rows the pass kept (:func:`~tempcal.metrics.decisions.subset_decisions`).
 """
 
 from __future__ import annotations
@@ -62,6 +47,13 @@ class CellLayout:
     def count(self) -> int:
         return self.groups * self.folds
 
+    @classmethod
+    def of(cls, groups: torch.Tensor | None, count: int, folds: np.ndarray | None, k: int, device: torch.device
+           ) -> CellLayout:
+        """The layout of rows in these groups (``0..count-1``; None: one group) and folds (``0..k-1``; None: one)."""
+        g = 0 if groups is None else groups.to(torch.int64) * k
+        return cls(torch.as_tensor(g + (0 if folds is None else torch.from_numpy(folds))).to(device), count, k)
+
 
 def subset_keys(layout: CellLayout, groups: bool) -> list[tuple[int | None, int | None]]:
     """``(group, fold left out)`` of every subset fit, in order: each fold's (group None; with folds), then each
@@ -79,7 +71,6 @@ class SubsetTemperatures:
     folds: list[CertifiedFit] | None
     groups: list[CertifiedFit] | None
     group_folds: list[list[CertifiedFit]] | None
-    passes: int  # reads taken after the global fit (its own are counted by the scan)
     warnings: list[str]
 
 
@@ -111,12 +102,8 @@ def _slot_betas(betas: torch.Tensor) -> list[float | None]:
 
 
 def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: Any = None) -> torch.Tensor:
-    """One pass: float64 sums of :data:`FIELDS` per slot and cell, ``[slots, cells, FIELDS]`` (all ranks).
-
-    ``betas`` ``[slots, cells]`` (float64, > 0); ``cells`` the cell of each of this process's rows (int64).
-    ``rows`` (a :class:`~tempcal.core.first_scan.ChunkRows` of every row, kept by the validating scan) are
-    evaluated instead of reading the data: no pass.
-    """
+    """One pass at ``betas`` ``[slots, cells]``: float64 sums of :data:`FIELDS` ``[slots, cells, FIELDS]`` (all ranks);
+    ``cells``: each of this process's rows' cell; ``rows``: every row, kept by the validating scan (then no read)."""
     betas = betas.to(torch.float64).cpu()
     slots, count = betas.shape
     one = _slot_betas(betas)
@@ -160,15 +147,15 @@ def cell_objective(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, rows: A
 @dataclass(frozen=True)
 class CellCalibration:
     """A calibration pass's sums: ``[slots, groups, 5]`` (NLL, Brier, entropy, correct, confidence), the bins
-    ``[slots, groups, 3, bins]`` (count, confidence, correct), the rows per group; optionally every row's
-    confidence and NLL ``[slots, rows]`` and correctness ``[rows]`` (every rank's rows, in order)."""
+    ``[slots, groups, 3, bins]`` (count, confidence, correct), the rows per group; and every row's confidence and
+    NLL ``[slots, rows]`` and correctness ``[rows]`` (every rank's rows, in order)."""
 
     sums: torch.Tensor
     bins: torch.Tensor
     counts: torch.Tensor  # [groups] int64
-    confidence: torch.Tensor | None = None
-    correct: torch.Tensor | None = None
-    nll: torch.Tensor | None = None
+    confidence: torch.Tensor
+    correct: torch.Tensor
+    nll: torch.Tensor
 
     def group(self, slot: int, group: int | None) -> CalibrationSums:
         """One slot's sums over one group's rows (None: every row)."""
@@ -181,12 +168,8 @@ class CellCalibration:
 
 def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, groups: torch.Tensor,
                      num_groups: int, bins: int) -> CellCalibration:
-    """One pass: calibration sums per slot and report group, each row at its cell's beta of each slot, and every
-    row's confidence, NLL and correctness for the figures that rank a subset's rows.
-
-    ``betas`` ``[slots, cells]``; ``cells`` and ``groups`` (the report group of each of this process's rows,
-    ``0..num_groups-1``) are int64 per row. The figures are :meth:`Scan.calibration`'s, row for row.
-    """
+    """One pass: :meth:`Scan.calibration`'s sums per slot and report group (``groups``, each row's) with each row at
+    its cell's beta of each slot (``betas`` ``[slots, cells]``), and every row's confidence, NLL and correctness."""
     betas = betas.to(torch.float64).cpu()
     slots = betas.shape[0]
     one = _slot_betas(betas)
@@ -235,13 +218,10 @@ def cell_calibration(scan: Scan, betas: torch.Tensor, cells: torch.Tensor, group
 
 
 class GroupRows:
-    """The rows the pass kept (confidence, NLL, correctness), sorted by group once: each group's rows are then one
-    slice, in their order (what a mask per group selects, without a pass over every row for each group).
-
-    ``rows``: the group of every row (all ranks, in order), ``0..count-1``."""
+    """The rows the pass kept (confidence, NLL, correctness) sorted by group once (``rows``: every row's group, all
+    ranks, in order): each group's rows are then one slice, as a mask per group would select them."""
 
     def __init__(self, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int):
-        assert calibration.confidence is not None and calibration.correct is not None
         device = calibration.confidence.device
         index = torch.as_tensor(rows).to(torch.int64)
         with single_threaded():  # a few long operations; torch's threads would only add barriers to wait at
@@ -249,15 +229,13 @@ class GroupRows:
             self.bounds = [0, *torch.bincount(index, minlength=count)[:count].cumsum(0).tolist()]
             self.confidence = calibration.confidence[:, order]
             self.correct = calibration.correct[order]
-            self.nll = None if calibration.nll is None else calibration.nll[:, order]
+            self.nll = calibration.nll[:, order]
 
     @classmethod
     def kept(cls, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int) -> GroupRows | None:
-        """The kept rows sorted by group, or None when the pass kept none or there are too many groups for their
-        row figures (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
-        if calibration.confidence is None or calibration.correct is None or count > MAX_GROUPS:
-            return None
-        return cls(calibration, rows, count)
+        """The kept rows sorted by group, or None when there are too many groups for their row figures
+        (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
+        return None if count > MAX_GROUPS else cls(calibration, rows, count)
 
     def of(self, values: torch.Tensor, group: int) -> torch.Tensor:
         """One group's rows of ``values`` (one of this object's sorted tensors, rows on the last axis)."""
@@ -266,29 +244,25 @@ class GroupRows:
 
 def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: int | None = None,
                    rows: GroupRows | None = None) -> CalibrationMetrics | None:
-    """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset.
-
-    A group's decision figures come from ``rows`` (:meth:`GroupRows.kept`: the kept rows sorted by group; None:
-    the group's figures go without them, as when there are too many groups).
-    """
+    """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset; a group's
+    decision figures come from ``rows`` (:meth:`GroupRows.kept`; None: none, as when there are too many groups)."""
     sums = calibration.group(slot, group)
     if sums.count == 0:
         return None
     metrics = from_sums(tau, sums)
-    if group is not None:
-        if rows is not None:
-            metrics = subset_decisions(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
-    elif calibration.confidence is not None and calibration.correct is not None:
-        metrics = subset_decisions(metrics, calibration.confidence[slot], calibration.correct)
+    if group is None:
+        return subset_decisions(metrics, calibration.confidence[slot], calibration.correct)
+    if rows is not None:
+        metrics = subset_decisions(metrics, rows.of(rows.confidence[slot], group), rows.of(rows.correct, group))
     return metrics
 
 
-def metrics_block(m: CalibrationMetrics) -> dict:
-    """A subset's figures as the JSON shows them (no reliability bins: a group list stays compact)."""
-    out: dict = dict(m.summary())
-    out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau, n=m.count)
-    out.update({k: v for k, v in m.decisions().items() if k != "risk_coverage"})  # no curve: a group list stays short
-    return out
+def metrics_block(m: CalibrationMetrics, full: bool = False) -> dict:
+    """Figures as the JSON shows them: ``full`` (fit's before and after) with the reliability bins and the
+    risk-coverage curve; else with the row count and neither (a group list stays compact)."""
+    out: dict = {**m.summary(), "entropy": m.entropy, "mean_confidence": m.mean_confidence, "tau": m.tau,
+                 **({"bins": [b.__dict__ for b in m.bins]} if full else {"n": m.count})}
+    return {**out, **{k: v for k, v in m.decisions().items() if full or k != "risk_coverage"}}
 
 
 @dataclass
@@ -337,9 +311,7 @@ class Subsets:
     def to_json(self, bases: Callable[[int], dict[str, dict]]) -> dict[str, Any]:
         """The fit JSON's ``folds`` and ``group_key``, ``group_prior``, ``groups`` (those asked for); ``bases(n)``:
         the ``basis`` of each block of a group with ``n`` evaluation rows, by block name."""
-        out: dict[str, Any] = {}
-        if self.folds is not None:
-            out["folds"] = self.folds
+        out: dict[str, Any] = {} if self.folds is None else {"folds": self.folds}
         if self.groups is not None:
             out.update(group_key=self.group_key, group_prior=self.group_prior, groups=[])
             for group in self.groups:
@@ -351,18 +323,16 @@ class Subsets:
         return out
 
 
-def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[str], bootstrap: int, seed: int,
-               bins: int, rows: tuple[GroupRows, int] | None = None) -> dict:
+def row_extras(calibration: CellCalibration, slot: int, asked: Asked, rows: tuple[GroupRows, int] | None = None
+               ) -> dict:
     """The per-row estimators and bootstrap intervals of one slot (over every row, or with ``rows`` the rows of one
     group), from the confidences the pass kept; not the classwise ECE (it needs every class's probability)."""
     from ..metrics.bootstrap import bootstrap_intervals
     from ..metrics.calibration import debiased_l2_calibration_error, ece_equal_mass, rms_calibration_error
 
-    assert calibration.confidence is not None and calibration.correct is not None and calibration.nll is not None
     confidence, correct, nll = calibration.confidence[slot], calibration.correct, calibration.nll[slot]
     if rows is not None:
         grouped, g = rows
-        assert grouped.nll is not None
         confidence, correct = grouped.of(grouped.confidence[slot], g), grouped.of(grouped.correct, g)
         nll = grouped.of(grouped.nll[slot], g)
     out: dict = {}
@@ -370,11 +340,10 @@ def row_extras(calibration: CellCalibration, slot: int, *, estimators: Sequence[
         return out
     per_row = {"ece_equal_mass": ece_equal_mass, "l2_ce_debiased": debiased_l2_calibration_error,
                "rms_ce": rms_calibration_error}
-    out.update({name: per_row[name](confidence, correct, bins) for name in estimators if name in per_row})
-    if bootstrap:
-        intervals = bootstrap_intervals(confidence, correct, nll, bootstrap, seed, bins)
-        out.update({f"{name}_ci": list(interval) for name, interval in intervals.items()})
-        out["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": 0.95}
+    out.update({name: per_row[name](confidence, correct, asked.bins) for name in asked.estimators if name in per_row})
+    if asked.bootstrap:
+        out.update(asked.interval_fields(bootstrap_intervals(confidence, correct, nll, asked.bootstrap, asked.seed,
+                                                             asked.bins)))
     return out
 
 
@@ -382,20 +351,18 @@ def subset_extras(subsets: Subsets, asked: Asked, warnings: list[str], overall: 
     """``before`` and ``after`` estimators and intervals over every evaluation row (out of fold with folds; only
     when ``overall``), and each group's, in its blocks."""
     calibration = subsets.calibration
-    if not (asked.estimators or asked.bootstrap) or calibration is None or calibration.confidence is None:
+    if not (asked.estimators or asked.bootstrap) or calibration is None:
         return []
     if "ece_classwise" in asked.estimators:
         warnings.append("ece_classwise is left out where rows have their own T (it needs every class's probability "
                         "at each row's T); the other estimators are reported")
-    options: dict[str, Any] = {"estimators": asked.estimators, "bootstrap": asked.bootstrap, "seed": asked.seed,
-                               "bins": asked.bins}
-    extras = [row_extras(calibration, 0, **options), row_extras(calibration, 1, **options)] if overall else []
+    extras = [row_extras(calibration, 0, asked), row_extras(calibration, 1, asked)] if overall else []
     if subsets.groups:
         assert subsets.rows is not None
         grouped = GroupRows(calibration, subsets.rows, len(subsets.groups))  # each group's rows: one slice
         for g, group in enumerate(subsets.groups):
             for block, slot in ((group.before_extras, 0), (group.after_extras, 2), (group.after_global_extras, 1)):
-                block.update(row_extras(calibration, slot, rows=(grouped, g), **options))
+                block.update(row_extras(calibration, slot, asked, (grouped, g)))
     return extras
 
 
@@ -424,12 +391,9 @@ def cell_stats(scan: Scan, layout: CellLayout) -> tuple[torch.Tensor, torch.Tens
 
 
 def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
-    """The fold (0..k-1, int64) of every row of ``labels``.
-
-    Each class's rows are shuffled with ``seed`` and dealt in turn, the classes one after another, so
-    every fold holds about ``1/k`` of each class and fold sizes differ by at most one. With ``k`` equal to
-    the number of rows, row i is fold i (leave-one-out).
-    """
+    """The fold (0..k-1, int64) of every row of ``labels``: each class's rows shuffled with ``seed`` and dealt in
+    turn, so every fold holds about ``1/k`` of each class and fold sizes differ by at most one (``k`` = rows: row i
+    is fold i, leave-one-out)."""
     labels = np.asarray(labels)
     n = int(labels.shape[0])
     k = check_folds(k, n)
@@ -445,23 +409,7 @@ def assign_folds(labels, k: int, seed: int = 0) -> np.ndarray:
     return folds
 
 
-def fold_sizes(folds: np.ndarray, k: int) -> list[int]:
-    """Rows per fold."""
-    return np.bincount(folds, minlength=k).astype(np.int64).tolist()
-
-
-def cell_index(groups: torch.Tensor | None, folds: torch.Tensor | None, num_folds: int,
-               device: torch.device) -> torch.Tensor:
-    """Each row's cell ``group * folds + fold`` (int64 on ``device``) from per-row group and fold indices."""
-    base = groups if groups is not None else folds
-    if base is None:
-        raise ValueError("cells need groups or folds")
-    g = torch.zeros_like(base) if groups is None else groups.to(torch.int64)
-    k = torch.zeros_like(g) if folds is None else folds.to(torch.int64)
-    return (g * num_folds + k).to(device)
-
-
 __all__ = ["CellCalibration", "CellLayout", "GroupResult", "GroupRows", "SubsetFits",
-           "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_index", "cell_objective",
-           "cell_stats", "fit_group_results", "fold_sizes", "metrics_block", "row_extras", "subset_extras",
+           "SubsetTemperatures", "Subsets", "assign_folds", "cell_calibration", "cell_objective",
+           "cell_stats", "fit_group_results", "metrics_block", "row_extras", "subset_extras",
            "subset_keys", "subset_metrics"]

@@ -6,7 +6,7 @@ are; names longer than :data:`NAME_WIDTH` characters are shortened with an ellip
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -28,16 +28,17 @@ def _figure(m: Any, key: str = "ece") -> str:
     return "" if m is None else f"{getattr(m, key):.4f}"
 
 
-def _table(headers: Sequence[str]) -> Table:
+def _print_table(console: Console, headers: Sequence[str], groups: Sequence[Any], row: Callable[[Any], list[str]]
+                 ) -> None:
+    """A table of the first :data:`TOP_GROUPS` ``groups`` (``row``: each one's cells), and how many more there are."""
     table = Table(show_edge=False, pad_edge=False)
     for k, header in enumerate(headers):
         table.add_column(header, justify="left" if k == 0 else "right", no_wrap=True)
-    return table
-
-
-def _more(console: Console, total: int) -> None:
-    if total > TOP_GROUPS:
-        console.print(f"... and {total - TOP_GROUPS} more groups (every group is in the JSON)")
+    for g in groups[:TOP_GROUPS]:
+        table.add_row(*row(g))
+    console.print(table)
+    if len(groups) > TOP_GROUPS:
+        console.print(f"... and {len(groups) - TOP_GROUPS} more groups (every group is in the JSON)")
 
 
 def print_fit_groups(report: Any, console: Console) -> None:
@@ -55,12 +56,9 @@ def print_fit_groups(report: Any, console: Console) -> None:
     oof = ", out of fold" if subsets.folds is not None else ""
     console.print(f"{len(groups)} groups by {subsets.group_key} (prior {subsets.group_prior:g}{oof}), largest ECE "
                   "first:")
-    table = _table(["group", "n", GROUP_T, *(f"{figure}\n{at}" for figure, at in GROUP_COLUMNS)])
-    for g in groups[:TOP_GROUPS]:
-        table.add_row(short_name(g.group), str(g.n_eval), f"{g.temperature:.4g}", _figure(g.before), _figure(g.after),
-                      _figure(g.after_global), _figure(g.after, "nll"))
-    console.print(table)
-    _more(console, len(groups))
+    _print_table(console, ["group", "n", GROUP_T, *(f"{figure}\n{at}" for figure, at in GROUP_COLUMNS)], groups,
+                 lambda g: [short_name(g.group), str(g.n_eval), f"{g.temperature:.4g}", _figure(g.before),
+                            _figure(g.after), _figure(g.after_global), _figure(g.after, "nll")])
 
 
 #: The per-group columns of ``fit --group-by`` (console and HTML page alike): each group's T, then (figure, the
@@ -79,13 +77,11 @@ def print_group_coverage(report: Any, console: Console) -> None:
     for ranked in blocks:
         target, scores = 1.0 - ranked[0].alpha, list(ranked[0].cells)
         console.print(f"conformal coverage by group {where} (global sets; target {target:g}), lowest first:")
-        table = _table(["group", "n", *(h for s in scores for h in (f"{s.upper()} cov", f"{s.upper()} size"))])
-        for g in ranked[:TOP_GROUPS]:
-            table.add_row(short_name(g.group), str(g.n),
-                          *(v for s in scores for v in (f"{g.cells[s]['coverage']:.4f}" + ("*" if g.short[s] else " "),
-                                                        f"{g.cells[s]['mean_size']:.3f}")))
-        console.print(table)
-        _more(console, len(ranked))
+        cells = [[short_name(g.group), str(g.n),
+                  *(v for s in scores for v in (f"{g.cells[s]['coverage']:.4f}" + ("*" if g.short[s] else " "),
+                                                f"{g.cells[s]['mean_size']:.3f}"))] for g in ranked]
+        _print_table(console, ["group", "n", *(h for s in scores for h in (f"{s.upper()} cov", f"{s.upper()} size"))],
+                     cells, list)
         console.print(f"* short of {target:g} beyond chance (binomial p < {SHORT_P:g}): "
                       + ", ".join(f"{s.upper()} {sum(g.short[s] for g in ranked)} of {len(ranked)}" for s in scores))
 
@@ -97,13 +93,9 @@ def print_report_groups(result: Any, console: Console) -> None:
         basis = result.basis(k)
         at = basis.label() + (": each group's rows at its own T" if not basis.sweep_point else "")
         console.print(f"{len(groups)} groups by {result.group_key} at {at}, largest ECE first:", soft_wrap=True)
-        table = _table(["group", "n", "T" if basis.sweep_point else GROUP_T, "NLL", "ECE", "MCE", "Brier", "acc"])
-        for g in groups[:TOP_GROUPS]:
-            m = g.metrics
-            table.add_row(short_name(g.group), str(m.count), f"{g.tau:.4g}", f"{m.nll:.4f}", f"{m.ece:.4f}",
-                          f"{m.mce:.4f}", f"{m.brier:.4f}", f"{m.accuracy:.4f}")
-        console.print(table)
-        _more(console, len(groups))
+        headers = ["group", "n", "T" if basis.sweep_point else GROUP_T, "NLL", "ECE", "MCE", "Brier", "acc"]
+        _print_table(console, headers, groups, lambda g: [short_name(g.group), str(g.metrics.count), f"{g.tau:.4g}", *(
+            _figure(g.metrics, key) for key in ("nll", "ece", "mce", "brier", "accuracy"))])
 
 
 __all__ = ["GROUP_COLUMNS", "GROUP_T", "NAME_WIDTH", "TOP_GROUPS", "print_fit_groups", "print_group_coverage",

@@ -1,13 +1,9 @@
 """``--objective ece`` with folds and groups: every subset's ECE search from shared reads.
 
-The global T is the plain ECE fit's (:func:`tempcal.core.fitting.fit_scan`, objective ``ece``): the
-NLL optimum, then the branch-and-bound search of :mod:`tempcal.core.ece_fit` around it. Each fold's search
-(the rows outside fold k) and each group's (``n_g ECE_g(T) + lam (ln T - ln T_0)^2``, toward the global T, or
-toward T_k within fold k) searches the same range, centred on the global NLL optimum. Every pass of the
-global search evaluates, besides its own temperatures, those the fold searches want, and keeps each
-cell's bin sums (:class:`CellEceTerms`); a fit's figures at a temperature are its cells' sums there. The
-global search sees exactly what its own pass would give. Once it is done, the fold
-searches finish together, then every group's.
+The global T is the plain ECE fit's; each fold's and group's search (``n_g ECE_g(T) + lam (ln T - ln T_0)^2`` toward
+the global T, or T_k within fold k) covers the same range around the global NLL optimum. The global search's passes
+also evaluate the temperatures the fold searches want, keeping each cell's bin sums (:class:`CellEceTerms`); then
+the fold searches finish together, then every group's.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from ..core.ece_fit import EceSearch, bin_sums, rounding_of
 from ..core.kernels import bin_edges, confidence_bins
 from ..core.parallel import Scratch, all_reduce
 from ..core.scan import RowBlock, Scan
-from .cells import CellLayout, SubsetTemperatures, subset_keys
+from .cells import CellLayout, SubsetTemperatures, cell_stats, subset_keys
 
 #: The most per-cell bin sums (temperatures x 3 x cells x bins, float64) one pass keeps; more temperatures
 #: are split over several reads.
@@ -37,11 +33,10 @@ class CellEceTerms:
     them."""
 
     def __init__(self, betas: Sequence[float], own: Sequence[int], bins: int, cells: int, device: torch.device):
-        self.betas, self.own, self.bins, self.cells = [float(b) for b in betas], list(own), bins, cells
+        self.betas, self.own, self.bins = [float(b) for b in betas], list(own), bins
         self.edges = bin_edges(bins, device)
-        f64 = torch.float64
-        self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=f64, device=device)
-        self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=f64, device=device)
+        self.per_cell = torch.zeros(len(self.betas), 3, cells * bins, dtype=torch.float64, device=device)
+        self.per_bin = torch.zeros(len(self.own), 3, bins, dtype=torch.float64, device=device)
 
     def block_bins(self, b: RowBlock, scratch: Scratch) -> tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]],
                                                                   int]:
@@ -73,8 +68,7 @@ def cell_ece_pass(scan: Scan, betas: Sequence[float], own: Sequence[int], bins: 
     terms = CellEceTerms(betas, own, bins, layout.count, scan.device)
     for correct, binned, start in scan.block_pass(terms.block_bins, row_bytes=16 * len(terms.betas)):
         terms.add_block(correct, binned, layout.cells[start:start + correct.shape[0]])
-    for name in ("per_cell", "per_bin"):
-        setattr(terms, name, all_reduce(getattr(terms, name)).cpu())
+    terms.per_cell, terms.per_bin = all_reduce(terms.per_cell).cpu(), all_reduce(terms.per_bin).cpu()
     return terms
 
 
@@ -93,17 +87,13 @@ class SharedEce:
 
     def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float, bins: int):
         self.scan, self.layout, self.bins, self.lam = scan, layout, bins, lam
-        self.groups = groups
-        g, k = layout.groups, layout.folds
-        counts = torch.bincount(layout.cells.cpu(), minlength=g * k)[:g * k].to(torch.float64)
-        self.counts = all_reduce(counts.to(scan.device)).cpu().view(g, k)
+        counts = cell_stats(scan, layout)[0].view(layout.groups, layout.folds)
         fits = [_EceFit(group, fold, 0) for group, fold in subset_keys(layout, groups)]
         for fit in fits:
-            fit.count = int(_fit_sum(self.counts, fit, dims=(0, 1)))
+            fit.count = int(_fit_sum(counts, fit, dims=(0, 1)))
         self.folds = [f for f in fits if f.group is None]
         self.group_fits = [f for f in fits if f.group is not None]
         self.centre: float | None = None
-        self.passes = 0
 
     def terms(self, betas: list[float], bins: int) -> torch.Tensor:
         """The global search's pass at ``betas``, carrying the fold searches' wanted temperatures (in the same read
@@ -116,14 +106,12 @@ class SharedEce:
         folds = [f for f in self.folds if f.search is not None and f.search.wanted]
         if not folds:
             return bin_sums(self.scan, betas, bins)
-        before = self.passes
-        terms = self._pass(folds, own)
-        if self.passes - before > 1:  # the per-cell sums took several reads: the global search's own pass too
+        parts = self._pass(folds, own)
+        if len(parts) > 1:  # the per-cell sums took several reads: the global search's own pass too
             return bin_sums(self.scan, betas, bins)
-        self.passes -= 1  # the global fit's own read
-        return terms.per_bin
+        return parts[0].per_bin
 
-    def _pass(self, fits: list[_EceFit], own: list[float]) -> CellEceTerms:
+    def _pass(self, fits: list[_EceFit], own: list[float]) -> list[CellEceTerms]:
         """One read at ``own`` and every temperature ``fits`` want (more reads only when the per-cell sums of
         every temperature would not fit :data:`MAX_ENTRIES`); each fit takes its values."""
         wanted = [t for f in fits if f.search is not None for t in f.search.wanted]
@@ -135,14 +123,13 @@ class SharedEce:
             part = thetas[first:first + step]
             mine = [position[t] - first for t in own if first <= position[t] < first + len(part)]
             parts.append(cell_ece_pass(self.scan, [math.exp(-t) for t in part], mine, bins, self.layout))
-            self.passes += 1
         per_cell = torch.cat([p.per_cell if j == 0 else p.per_cell[1:] for j, p in enumerate(parts)])
         per_cell = per_cell.view(len(thetas), 3, g, k, bins)
         for fit in fits:
             if fit.search is not None and fit.search.wanted:
                 sums = _fit_sum(per_cell, fit, dims=(2, 3))  # [thetas, 3, bins]: the fit's cells summed
                 fit.search.take([sums[position[t]] for t in fit.search.wanted])
-        return parts[0]
+        return parts
 
     def _search(self, fit: _EceFit, penalty: tuple[float, float] | None = None) -> EceSearch:
         """A subset's search: the plain fit's, over the same range around the global NLL optimum."""
@@ -180,7 +167,7 @@ class SharedEce:
         group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
         open_fits = sum(1 for f in [*self.folds, *self.group_fits] if f.search and not f.search.certified)
         warnings = [f"{open_fits} subset ECE search(es) stopped before certifying their tolerance"] if open_fits else []
-        return SubsetTemperatures(folds, groups, group_folds, self.passes, warnings)
+        return SubsetTemperatures(folds, groups, group_folds, warnings)
 
 
 def _merged(own: list[float], others: list[float]) -> tuple[list[float], dict[float, int]]:

@@ -1,21 +1,12 @@
 """Every subset's T (folds, groups, groups within folds) beside the global T from shared reads, and ``fit``'s runs.
 
-Every fit is a union of cells (:mod:`.cells`): fold k's, every cell outside fold k; group g's, g's cells, its NLL
-drawn toward the global T by the prior ``lam (ln T - ln T_global)^2``; group g in fold k's, g's cells outside fold
-k, drawn toward fold k's T. One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums
-and four derivatives at each of a few *slots* of betas, so every fit gets exact points from every pass (a fit's
-sums are its family's total less the cells it leaves out) and runs its own certified search
-(:class:`~tempcal.core.certified.Search`) on them. The global fit runs as without subsets (the same T as a fit on
-every row); its passes (:meth:`SharedFits.evaluate`) carry the other fits: a fit whose next point is not covered by
-the global fit's beta gets a slot of its own in the same read. A slot *covers* a fit when the fit's Taylor model,
-moved to the slot's beta, already certifies from there, so fits whose optima lie close together (the folds of a
-large set) share one slot. Once the global T is known, passes continue until every fit is certified
-(:meth:`SharedFits.finish`); typically none is needed. ``--objective ece`` searches in :mod:`.ece_fits` instead.
-
-``fit``'s two runs (:func:`crossfit_run`, :func:`grouped_run`) fit every T, measure them in one calibration pass
-and add the conformal sets and the estimators per group. Loading this module registers :func:`fit_subsets_api` as
-core's :data:`~tempcal.core.fitting.SUBSET_FIT` (``fit_temperature(groups=..., folds=...)``; ``tempcal.fit_temperature``
-is read from here for that).
+One pass of :func:`~tempcal.subsets.cells.cell_objective` gives every cell's NLL sums and four derivatives at a few
+*slots* of betas; each fit (a union of cells; a group's NLL drawn toward the global T by ``lam (ln T - ln
+T_global)^2``, toward fold k's T within fold k) runs its own certified search on them. The global fit's passes
+(:meth:`SharedFits.evaluate`) carry the other fits: a fit whose next point no slot *covers* (its Taylor model, moved
+to the slot's beta, already certifies) gets a slot of its own in the same read; :meth:`SharedFits.finish` then
+reads until every fit is certified (typically no read is needed). Loading this module registers
+:func:`fit_subsets_api` as core's :data:`~tempcal.core.fitting.SUBSET_FIT` (``fit_temperature(groups=, folds=)``).
 """
 
 from __future__ import annotations
@@ -31,7 +22,6 @@ from ..core import fitting
 from ..core.certified import BETA_MAX, BETA_MIN, TOL, CertifiedFit, FitStart, Prior, Search, certify
 from ..core.fitting import FitResult, fit_scan, fit_temperature
 from ..core.kernels import FIELDS, NllDerivatives
-from ..core.parallel import all_reduce
 from ..core.scan import Scan
 from ..errors import DataError, Info
 from ..metrics.calibration import CalibrationMetrics
@@ -42,11 +32,9 @@ from .cells import (
     SubsetTemperatures,
     assign_folds,
     cell_calibration,
-    cell_index,
     cell_objective,
     cell_stats,
     fit_group_results,
-    fold_sizes,
     subset_extras,
     subset_keys,
     subset_metrics,
@@ -173,8 +161,6 @@ class SharedFits:
     def _all_sums(self, cells: torch.Tensor) -> list[list[float]]:
         """Every fit's sums from one slot's ``[groups, folds, FIELDS]``: its family's total (every cell, or its
         group's) less the cells of the fold it leaves out; one list of FIELDS per fit, in order."""
-        if not self.fits:
-            return []
         group_of = torch.tensor([-1 if f.group is None else f.group for f in self.fits])
         fold_of = torch.tensor([-1 if f.fold is None else f.fold for f in self.fits])
         by_group = cells.sum(1)  # [groups, FIELDS]
@@ -277,8 +263,7 @@ class SharedFits:
         if open_fits:
             warnings.append(f"{len(open_fits)} subset fit(s) not certified after {self.extra_passes} more passes; "
                             f"first: {self._name(open_fits[0])}")
-        return SubsetTemperatures(folds or None, group_fits or None, group_folds,  # type: ignore[arg-type]
-                                  self.extra_passes, warnings)
+        return SubsetTemperatures(folds or None, group_fits or None, group_folds, warnings)  # type: ignore[arg-type]
 
 
 def _moved(p: NllDerivatives, beta: float) -> NllDerivatives:
@@ -325,8 +310,7 @@ def fit_subsets_api(scan: Scan, groups: Any, kept: torch.Tensor | None, *, group
         index = torch.from_numpy(inverse.reshape(-1).astype(np.int64))
     k = 1 if folds is None else int(folds)
     fold_of = None if folds is None else assign_folds(scan.data.labels.numpy(), k, seed)
-    layout = CellLayout(cell_index(index, None if fold_of is None else torch.from_numpy(fold_of), k, scan.device),
-                        max(len(keys), 1), k)
+    layout = CellLayout.of(index, max(len(keys), 1), fold_of, k, scan.device)
     fits = fit_with_subsets(scan, layout, groups=groups is not None, lam=lam, objective=objective, bins=bins,
                             group_names=[str(v) for v in keys] or None)
     result = fits.fit
@@ -355,11 +339,6 @@ class SubsetRun:
     extras: list[dict] = field(default_factory=list)
 
 
-def with_groups(plan: Plan, loaded: OpenedSource, group_by: str | None) -> Plan:
-    """The plan with SOURCE's groups read (``group_by``)."""
-    return plan if group_by is None else replace(plan, groups=read_groups(loaded, group_by))
-
-
 def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, warnings: list[str]) -> SubsetRun:
     """``--folds K`` on ``scan`` (every row of ``loaded``, this process's share): every row fits the deployed T, K
     out-of-fold fits, out-of-fold metrics (and conformal sets, and the estimators over every row and per group)."""
@@ -368,9 +347,10 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
     start, stop = loaded.share()
     groups = None if plan.groups is None else torch.from_numpy(plan.groups.index[start:stop])
     count = plan.groups.count if plan.groups is not None else 1
-    layout = CellLayout(cell_index(groups, torch.from_numpy(folds[start:stop]), k, scan.device), count, k)
+    layout = CellLayout.of(groups, count, folds[start:stop], k, scan.device)
     try:
-        fits = _fit(scan, layout, plan, asked, plan.groups.names if plan.groups is not None else None)
+        fits = fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
+                                bins=asked.bins, group_names=None if plan.groups is None else plan.groups.names)
         fold_betas = 1.0 / torch.tensor(fits.fold_temperatures, dtype=torch.float64)
         betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
         if plan.groups is not None:
@@ -380,14 +360,14 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
         global_t = fits.fit.temperature
         before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
         assert before is not None and after is not None
-        subsets = Subsets(folds={"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes(folds, k)},
-                          group_prior=plan.lam if plan.groups is not None else None, calibration=calibration,
-                          rows=None if plan.groups is None else plan.groups.index, fold_rows=folds)
+        fold_sizes = np.bincount(folds, minlength=k).tolist()
+        subsets = Subsets({"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes},
+                          calibration=calibration, fold_rows=folds)
         if plan.groups is not None:
             sizes = plan.groups.sizes()
             subsets.groups = fit_group_results(plan.groups.names, sizes, sizes, fits, calibration, global_t,
                                                plan.groups.index)
-            subsets.group_key = plan.groups.key
+            subsets.group_key, subsets.group_prior, subsets.rows = plan.groups.key, plan.lam, plan.groups.index
         warnings.extend(fits.subsets.warnings)
         reads = 0
         if asked.alphas:
@@ -412,7 +392,9 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
     names, fit_of, eval_of = _joined(plan.groups, eval_groups)
     count = len(names)
     fit_g = torch.from_numpy(fit_of[_share(loaded, fit_index)])
-    fits = _fit(fit_scan, CellLayout(fit_g.to(fit_scan.device), count, 1), plan, asked, names)
+    layout = CellLayout(fit_g.to(fit_scan.device), count, 1)
+    fits = fit_with_subsets(fit_scan, layout, groups=True, lam=plan.lam, objective=asked.objective, bins=asked.bins,
+                            group_names=names)
     eval_g = torch.from_numpy(eval_of[_share(evaluated, eval_index)]).to(eval_scan.device)
     global_t = fits.fit.temperature
     f64 = torch.float64
@@ -421,9 +403,8 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
     calibration = cell_calibration(eval_scan, betas, eval_g, eval_g, count, asked.bins)
     before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
     assert before is not None and after is not None
-    counts = torch.bincount(fit_g.to(fit_scan.device), minlength=count)[:count].to(torch.int64)
     rows = eval_of[eval_index]
-    results = fit_group_results(names, all_reduce(counts).cpu().tolist(), calibration.counts.tolist(), fits,
+    results = fit_group_results(names, cell_stats(fit_scan, layout)[0].tolist(), calibration.counts.tolist(), fits,
                                 calibration, global_t, rows)
     empty = [g.group for g in results if g.n_fit == 0]
     if empty:  # one line however many groups (thousands, with many small groups)
@@ -442,11 +423,6 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
         reads = GROUP_SET_READS
     subset_extras(subsets, asked, warnings, overall=False)
     return SubsetRun(fits.fit, before, after, subsets, reads)
-
-
-def _fit(scan: Scan, layout: CellLayout, plan: Plan, asked: Asked, names: list[str] | None) -> SubsetFits:
-    return fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
-                            bins=asked.bins, group_names=names)
 
 
 def _share(opened: OpenedSource, rows: np.ndarray) -> np.ndarray:
@@ -477,4 +453,4 @@ if fit_subsets_api not in fitting.SUBSET_FIT:
     fitting.SUBSET_FIT.append(fit_subsets_api)
 
 __all__ = ["MAX_EXTRA_PASSES", "SharedFits", "SubsetRun", "crossfit_run", "fit_subsets_api", "fit_temperature",
-           "fit_with_subsets", "grouped_run", "with_groups"]
+           "fit_with_subsets", "grouped_run"]

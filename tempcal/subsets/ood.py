@@ -1,10 +1,8 @@
 """``ood --group-by KEY``: every in-distribution group against every OOD file, at every score and tau.
 
-The groups' figures reuse the per-row scores of the main pass: group g's rows are a slice of them (the rows
-bucketed by group once), and each OOD score vector is sorted once for all groups (:class:`SortedOod`), so the
-work is linear in the number of groups. At the
-stored T, when per-group temperatures are stored for KEY, group g's rows and every OOD row are scored at
-T_g (as an input of group g would be): those temperatures join the one scores pass of each file.
+Group g's figures reuse the main pass's per-row scores (the rows bucketed by group once; each OOD score vector sorted
+once, :class:`SortedOod`). At the stored T, when per-group temperatures are stored for KEY, group g's rows and every
+OOD row are scored at T_g: those temperatures join each file's one scores pass.
 """
 
 from __future__ import annotations
@@ -30,31 +28,24 @@ class GroupTaus:
     extra: list[float]
 
 
-def group_taus(per_group: dict[str, float], taus: Sequence[float], stored: float | None, warnings: list[str]
-               ) -> GroupTaus:
-    """The distinct stored T_g not already among ``taus`` (none when the stored T is not reported)."""
-    if not per_group or stored is None or stored not in taus:
-        return GroupTaus({}, [])
-    extra = sorted({t for t in per_group.values() if t not in taus})
-    if len(extra) > MAX_GROUP_TAUS:
-        warnings.append(f"{len(extra)} distinct per-group temperatures: more than {MAX_GROUP_TAUS} are not scored; "
-                        "every group is reported at the global T")
-        return GroupTaus({}, [])
-    return GroupTaus(per_group, extra)
-
-
 def ood_groups(loaded: OpenedSource, group_by: str | None, at_stored: bool, taus: Sequence[float],
                stored: float | None, warnings: list[str]) -> tuple[RowGroups | None, GroupTaus]:
-    """SOURCE's groups by ``group_by`` and, when the stored T is reported (``at_stored``), the stored per-group
-    temperatures that apply to them."""
+    """SOURCE's groups by ``group_by`` and, when the stored T is reported (``at_stored``, and among ``taus``), the
+    stored per-group temperatures that apply to them, with the distinct ones not already among ``taus``."""
     if group_by is None:
         return None, GroupTaus({}, [])
     from .report import applicable_groups
 
     groups = read_groups(loaded, group_by)
-    if not at_stored:
+    per_group = applicable_groups(loaded, groups, stored, warnings) if at_stored else {}
+    if not per_group or stored is None or stored not in taus:
         return groups, GroupTaus({}, [])
-    return groups, group_taus(applicable_groups(loaded, groups, stored, warnings), taus, stored, warnings)
+    extra = sorted({t for t in per_group.values() if t not in taus})
+    if len(extra) > MAX_GROUP_TAUS:
+        warnings.append(f"{len(extra)} distinct per-group temperatures: more than {MAX_GROUP_TAUS} are not scored; "
+                        "every group is reported at the global T")
+        return groups, GroupTaus({}, [])
+    return groups, GroupTaus(per_group, extra)
 
 
 def group_results(groups: RowGroups, ood_names: Sequence[str], scores: Sequence[str], taus: Sequence[float],
@@ -86,9 +77,4 @@ def group_results(groups: RowGroups, ood_names: Sequence[str], scores: Sequence[
     return out
 
 
-def dropped_extra(scores: dict[str, list[np.ndarray]], count: int) -> dict[str, list[np.ndarray]]:
-    """A side's scores at the first ``count`` temperatures only (the extra ones are for the groups)."""
-    return {name: values[:count] for name, values in scores.items()}
-
-
-__all__ = ["MAX_GROUP_TAUS", "GroupTaus", "dropped_extra", "group_results", "group_taus", "ood_groups"]
+__all__ = ["MAX_GROUP_TAUS", "GroupTaus", "group_results", "ood_groups"]

@@ -1,10 +1,7 @@
-"""``--folds K``, ``--group-by KEY``, ``--group-prior LAM``: the options, checked once, and each row's group.
-
-The checks the commands and the Python API share, ``--folds`` settled against ``--val-fraction`` and ``--eval``,
-what ``fit`` fits besides the global T (:class:`Plan`) and asks besides (:class:`Asked`), and the groups of a
-SOURCE's counted rows as its kind reads them (KEY: an integer tensor, one value per row, or an evaluation log's
-task; groups named by value in decimal, sorted numerically), with the per-group temperatures stored beside T and
-each row at its own for ``apply``. Nothing here imports torch or numpy as it loads: ``tempcal --help`` stays fast.
+"""``--folds K``, ``--group-by KEY``, ``--group-prior LAM``: the checks the commands and the Python API share,
+what ``fit`` fits besides the global T (:class:`Plan`) and asks besides (:class:`Asked`), and each row's group as
+SOURCE's kind reads it (and, for ``apply``, each row's stored T). Nothing here imports torch or numpy as it loads:
+``tempcal --help`` stays fast.
 """
 
 from __future__ import annotations
@@ -49,9 +46,9 @@ def check_folds(k: Any, rows: int | None = None) -> int:
     """``folds``: a whole number K with 2 <= K, and K <= ``rows`` (the rows that count) once they are known."""
     whole = isinstance(k, numbers.Integral) and not isinstance(k, bool)
     if not whole or k < 2 or (rows is not None and k > rows):
-        most = "" if rows is None else f" <= {rows}"
-        raise TempcalError(f"{param('folds')} {shown_value(k, quote=False)}: expected a whole number K with 2 <= K"
-                           f"{most}" + ("" if rows is None else " (the rows that count)"))
+        most = "" if rows is None else f" <= {rows} (the rows that count)"
+        raise TempcalError(f"{param('folds')} {shown_value(k, quote=False)}: expected a whole number K with "
+                           f"2 <= K{most}")
     return int(k)
 
 
@@ -66,15 +63,20 @@ class Plan:
 
 @dataclass(frozen=True)
 class Asked:
-    """What a fit asked for besides the subsets: the objective, the bins, the seed, the estimators, the bootstrap's
-    resamples and the conformal miscoverage levels."""
+    """What ``fit`` or ``report`` asked for besides the subsets: the bins, the seed, the estimators, the bootstrap's
+    resamples, the conformal miscoverage levels and (``fit``) the objective."""
 
-    objective: str
     bins: int
     seed: int
     estimators: Sequence[str] = ()
     bootstrap: int = 0
     alphas: list[float] = field(default_factory=list)
+    objective: str = "nll"
+
+    def interval_fields(self, intervals: dict[str, tuple[float, float]]) -> dict:
+        """Bootstrap intervals as the JSON shows them: ``*_ci`` per figure, and the resamples that drew them."""
+        return {**{f"{name}_ci": list(interval) for name, interval in intervals.items()},
+                "bootstrap": {"resamples": self.bootstrap, "seed": self.seed, "level": 0.95}}
 
 
 def plan(folds: Any, group_prior: Any, eval_file: Any, val_fraction: Any) -> Plan:

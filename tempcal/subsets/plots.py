@@ -1,16 +1,12 @@
-"""``--plot`` with ``--group-by``: the command's usual figure, and beneath it each group's ECE as bars.
-
-``report --plot`` keeps its sweep (or reliability diagrams and risk-coverage curves) and ``fit --plot`` its
-reliability diagrams; the group bars are added below, one bar per group and series (every series drawn: a
-reported temperature, the per-group T, ...), at most :data:`MAX_GROUPS_DRAWN` groups (the largest ECE of the
-first series first; the title says how many are left out). Every series is named from the figure set's
-:class:`~tempcal.workflows.common.Basis`, as the console and the HTML page name it.
+"""``--plot`` with ``--group-by``: the command's usual figure, and beneath it each group's ECE as bars (every series,
+at most :data:`MAX_GROUPS_DRAWN` groups, largest ECE first), each series named from its figure set's
+:class:`~tempcal.workflows.common.Basis`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,17 +26,14 @@ Series = tuple[str, Sequence[float | None]]
 
 def _colours(series: Sequence[Series], own: set[int]) -> list:
     """A colour per series: :data:`COLOURS` in turn (a viridis ramp when there are more), black for ``own``."""
-    plain = [k for k in range(len(series)) if k not in own]
-    if len(plain) <= len(COLOURS):
-        ramp: list = list(COLOURS)
+    plain = len(series) - len(own)
+    if plain <= len(COLOURS):
+        ramp: Iterator[Any] = iter(COLOURS)
     else:
         from matplotlib import colormaps
 
-        ramp = [colormaps["viridis"](j / max(len(plain) - 1, 1)) for j in range(len(plain))]
-    colours: list = [OWN_COLOUR] * len(series)
-    for j, k in enumerate(plain):
-        colours[k] = ramp[j]
-    return colours
+        ramp = iter([colormaps["viridis"](j / max(plain - 1, 1)) for j in range(plain)])
+    return [OWN_COLOUR if k in own else next(ramp) for k in range(len(series))]
 
 
 def group_ece_axes(ax, names: Sequence[str], series: Sequence[Series], title: str, own: Sequence[int] = ()) -> None:

@@ -21,6 +21,7 @@ from ..sources.base import OpenedSource, RowGroups
 from ..sources.stored_groups import parse_stored_groups
 from ..workflows.common import extra_figures
 from .cells import CellCalibration, GroupRows, cell_calibration, metrics_block, row_extras, subset_metrics
+from .options import Asked
 
 
 @dataclass(frozen=True)
@@ -79,41 +80,14 @@ class GroupedRun:
     conformal_reads: int = 0
 
 
-def grouped_report(opened: OpenedSource, scan: Scan, groups: RowGroups, taus: Sequence[float], *, bins: int,
-                   per_group: dict[str, float], stored: float | None,
-                   share: tuple[int, int] | None = None) -> GroupedRun:
-    """Every temperature over every row and every group, and, when ``per_group``'s T_g apply (the stored T is among
-    ``taus``), one more row last: each group's rows at its own T_g. ``share``: the part of ``groups``' rows this
-    process reads, when not its share of SOURCE."""
-    start, stop = share or opened.share()
-    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
-    rows_taus = [(tau, [tau] * groups.count) for tau in taus]
-    if per_group and stored is not None and stored in taus:
-        rows_taus.append((stored, [per_group[name] for name in groups.names]))
-    betas = 1.0 / torch.tensor([g_taus for _, g_taus in rows_taus], dtype=torch.float64)
-    calibration = cell_calibration(scan, betas, local, local, groups.count, bins)
-    index = GroupRows.kept(calibration, groups.index, groups.count)
-    run = GroupedRun([], [], [], calibration)
-    for k, (tau, g_taus) in enumerate(rows_taus):
-        total = subset_metrics(calibration, k, tau)
-        assert total is not None
-        run.results.append(total)
-        figures = [GroupFigures(name, g_taus[g], m) for g, name in enumerate(groups.names)
-                   if (m := subset_metrics(calibration, k, g_taus[g], g, index)) is not None]
-        run.rows.append(GroupRow(tau, k >= len(taus), figures))
-    return run
-
-
-def group_extras(grouped: GroupedRun, groups: RowGroups, *, estimators: Sequence[str], bootstrap: int, seed: int,
-                 bins: int) -> list[GroupRow]:
+def group_extras(grouped: GroupedRun, groups: RowGroups, asked: Asked) -> list[GroupRow]:
     """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    if not (estimators or bootstrap) or grouped.calibration.confidence is None:
+    if not (asked.estimators or asked.bootstrap):
         return grouped.rows
     index = GroupRows(grouped.calibration, groups.index, groups.count)  # each group's rows: one slice
     number = {name: g for g, name in enumerate(groups.names)}
-    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
-    return [replace(row, groups=[replace(f, extras=row_extras(grouped.calibration, k, rows=(index, number[f.group]),
-                                                              **options)) for f in row.groups])
+    return [replace(row, groups=[replace(f, extras=row_extras(grouped.calibration, k, asked, (index, number[f.group])))
+                                 for f in row.groups])
             for k, row in enumerate(grouped.rows)]
 
 
@@ -125,39 +99,51 @@ def held_out_groups(opened: OpenedSource, groups: RowGroups, rows: np.ndarray) -
 
 
 def report_groups(opened: OpenedSource, scan: Scan, full: Scan, groups: RowGroups, all_groups: RowGroups,
-                  taus: Sequence[float], *, share: tuple[int, int] | None, stored: float | None, at_stored: bool,
-                  bins: int, estimators: Sequence[str], bootstrap: int, seed: int, alphas: list[float],
-                  warnings: list[str]) -> GroupedRun:
-    """Every temperature over ``scan``'s rows and ``groups`` (each group at its stored T_g too, when ``at_stored``
-    and they apply), the estimators, and with ``alphas`` the
-    conformal sets from ``full`` (every row, grouped by ``all_groups``)."""
+                  taus: Sequence[float], asked: Asked, *, share: tuple[int, int] | None, stored: float | None,
+                  at_stored: bool, warnings: list[str]) -> GroupedRun:
+    """Every temperature over ``scan``'s rows (``share``: the part of ``groups``' rows this process reads, when not
+    its share of SOURCE) and every group in one pass; when the stored T is among ``taus`` and its T_g apply
+    (``at_stored``), one more row last: each group's rows at its own T_g. Then the estimators, and with
+    ``asked.alphas`` the conformal sets from ``full`` (every row, grouped by ``all_groups``)."""
     per_group = applicable_groups(opened, groups, stored, warnings) if at_stored else {}
-    run = grouped_report(opened, scan, groups, taus, bins=bins, per_group=per_group, stored=stored, share=share)
-    options: dict[str, Any] = {"estimators": estimators, "bootstrap": bootstrap, "seed": seed, "bins": bins}
-    run.extras = _extras(scan, run, warnings, **options)
-    run.rows = group_extras(run, groups, **options)
-    if alphas:
-        _grouped_sets(run, full, opened, all_groups, alphas, seed, per_group, warnings)
+    start, stop = share or opened.share()
+    local = torch.from_numpy(groups.index[start:stop]).to(scan.device)
+    rows_taus = [(tau, [tau] * groups.count) for tau in taus]
+    if per_group and stored is not None and stored in taus:
+        rows_taus.append((stored, [per_group[name] for name in groups.names]))
+    betas = 1.0 / torch.tensor([g_taus for _, g_taus in rows_taus], dtype=torch.float64)
+    calibration = cell_calibration(scan, betas, local, local, groups.count, asked.bins)
+    index = GroupRows.kept(calibration, groups.index, groups.count)
+    run = GroupedRun([], [], [], calibration)
+    for k, (tau, g_taus) in enumerate(rows_taus):
+        total = subset_metrics(calibration, k, tau)
+        assert total is not None
+        run.results.append(total)
+        figures = [GroupFigures(name, g_taus[g], m) for g, name in enumerate(groups.names)
+                   if (m := subset_metrics(calibration, k, g_taus[g], g, index)) is not None]
+        run.rows.append(GroupRow(tau, k >= len(taus), figures))
+    run.extras = _extras(scan, run, warnings, asked)
+    run.rows = group_extras(run, groups, asked)
+    if asked.alphas:
+        _grouped_sets(run, full, opened, all_groups, asked.alphas, asked.seed, per_group, warnings)
     return run
 
 
-def _extras(scan: Scan, grouped: GroupedRun, warnings: list[str], *,
-            estimators: Sequence[str], bootstrap: int, seed: int, bins: int) -> list[dict]:
+def _extras(scan: Scan, grouped: GroupedRun, warnings: list[str], asked: Asked) -> list[dict]:
     """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
     the pass kept."""
-    if not (estimators or bootstrap):
+    if not (asked.estimators or asked.bootstrap):
         return []
-    plain = [row.tau for row in grouped.rows if not row.per_group]
-    at_plain = iter(extra_figures(scan, plain, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed))
+    at_plain = iter(extra_figures(scan, [row.tau for row in grouped.rows if not row.per_group], asked))
     out = []
     for k, row in enumerate(grouped.rows):
         if not row.per_group:
             out.append(next(at_plain))
             continue
-        if "ece_classwise" in estimators:
+        if "ece_classwise" in asked.estimators:
             warnings.append("ece_classwise is left out at per-group temperatures (it needs every class's probability "
                             "at each row's T)")
-        out.append(row_extras(grouped.calibration, k, estimators=estimators, bootstrap=bootstrap, seed=seed, bins=bins))
+        out.append(row_extras(grouped.calibration, k, asked))
     return out
 
 
@@ -185,14 +171,10 @@ def _place_sets(run: GroupedRun, places: list[int], overall: list, by_group: lis
     number = {name: g for g, name in enumerate(names)}
     for j, k in enumerate(places):
         run.results[k] = replace(run.results[k], conformal=overall[j])
-        row = run.rows[k]
-        figures = []
-        for f in row.groups:
-            found = by_group[j][number[f.group]]
-            figures.append(f if found is None else replace(f, extras={**f.extras,
-                                                                      "conformal": [c.to_json() for c in found]}))
-        run.rows[k] = replace(row, groups=figures)
+        figures = [(f, by_group[j][number[f.group]]) for f in run.rows[k].groups]
+        run.rows[k] = replace(run.rows[k], groups=[f if sets is None else replace(
+            f, extras={**f.extras, "conformal": [c.to_json() for c in sets]}) for f, sets in figures])
 
 
-__all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "group_extras", "grouped_report",
-           "held_out_groups", "report_groups"]
+__all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "group_extras", "held_out_groups",
+           "report_groups"]

@@ -106,33 +106,27 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
         group_key = stored.key
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                        labelled=False)
-    if writer is not None:
-        return _written_by_kind(loaded, scan, writer, output, temperature, tau_from, per_row, group_key, per_group,
-                                warnings)
-    planned = _planned(scan, as_, temperature if per_row is None else per_row)
-    with_labels = loaded.has_labels and suffix != ".npy"
-    if with_labels:
-        labels = scan.data.labels.to(torch.int64)
-        planned.append(Planned("labels", torch.int64, (labels.numel(),), lambda: [labels]))
-    group_copied = suffix != ".npy" and _copy_groups(planned, group_key, group_values, loaded.name, warnings)
-    write_streamed(output, planned, metadata=_output_metadata(loaded, as_, temperature, group_key, per_group),
-                   what=param("output"))
-    main = planned[0]
-    return ApplyResult(loaded.name, str(output), as_, main.name, temperature, tau_from, list(main.shape),
-                       str(main.dtype).removeprefix("torch."), with_labels, scan.num_classes, scan.passes,
-                       str(scan.device), group_key, per_group, group_copied, warnings)
-
-
-def _written_by_kind(loaded: OpenedSource, scan: Scan, writer: Any, output: str | os.PathLike, temperature: float,
-                     tau_from: str, per_row: torch.Tensor | None, group_key: str | None,
-                     per_group: dict[str, float] | None, warnings: list[str]) -> ApplyResult:
-    """A kind that writes its own output (a confidence table): each row's calibrated probability of class 1."""
-    chunks = _scaled_chunks(scan, "probs", temperature if per_row is None else per_row, False)
-    calibrated = torch.cat([chunk[:, -1].to(torch.float64).cpu() for chunk in chunks]).numpy()
-    key = writer(output, calibrated)
-    return ApplyResult(loaded.name, str(output), "probs", key, temperature, tau_from, [len(calibrated)], "float64",
-                       loaded.has_labels, scan.num_classes, scan.passes, str(scan.device), group_key, per_group,
-                       False, warnings)
+    per_row_t = temperature if per_row is None else per_row
+    if writer is not None:  # the kind writes its own output (a confidence table): each row's P(class 1)
+        chunks = _scaled_chunks(scan, "probs", per_row_t, False)
+        calibrated = torch.cat([chunk[:, -1].to(torch.float64).cpu() for chunk in chunks]).numpy()
+        key, shape, dtype = writer(str(output), calibrated), [len(calibrated)], "float64"
+        with_labels, group_copied = loaded.has_labels, False
+    else:
+        written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32
+        single = as_ == "logits" and scan.data.binary  # a single binary logit as logits / T keeps its [N] form
+        size = (scan.num_samples,) if single else (scan.num_samples, scan.num_classes)
+        planned = [Planned(OUTPUT_KEYS[as_], written, size, lambda: _scaled_chunks(scan, as_, per_row_t, single))]
+        with_labels = loaded.has_labels and suffix != ".npy"
+        if with_labels:
+            labels = scan.data.labels.to(torch.int64)
+            planned.append(Planned("labels", torch.int64, (labels.numel(),), lambda: [labels]))
+        group_copied = suffix != ".npy" and _copy_groups(planned, group_key, group_values, loaded.name, warnings)
+        write_streamed(output, planned, metadata=_output_metadata(loaded, as_, temperature, group_key, per_group),
+                       what=param("output"))
+        key, shape, dtype = planned[0].name, list(planned[0].shape), str(planned[0].dtype).removeprefix("torch.")
+    return ApplyResult(loaded.name, str(output), as_, key, temperature, tau_from, shape, dtype, with_labels,
+                       scan.num_classes, scan.passes, str(scan.device), group_key, per_group, group_copied, warnings)
 
 
 def _copy_groups(planned: list[Planned], key: str | None, values: torch.Tensor | None, name: str,
@@ -160,18 +154,10 @@ def _temperature(loaded: OpenedSource, tau: str | float | None) -> tuple[float, 
     return stored, "stored"
 
 
-def _planned(scan: Scan, as_: str, temperature: float | torch.Tensor) -> list[Planned]:
-    """The output's main tensor: rows x classes (a single binary logit as logits / T keeps its ``[N]`` form)."""
-    dtype = torch.float64 if scan.data.dtype == torch.float64 else torch.float32
-    single = as_ == "logits" and scan.data.binary
-    shape = (scan.num_samples,) if single else (scan.num_samples, scan.num_classes)
-    return [Planned(OUTPUT_KEYS[as_], dtype, shape, lambda: _scaled_chunks(scan, as_, temperature, single))]
-
-
 def _scaled_chunks(scan: Scan, as_: str, temperature: float | torch.Tensor, single: bool) -> Iterator[torch.Tensor]:
     """One pass over the scan's blocks (shared among the pass's threads, in row order): each block's logits divided
     by its rows' T, then as asked. An overflow is raised for the first block, in row order, that has one."""
-    written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32  # as _planned writes it
+    written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32  # as apply_file writes it
 
     def block(b: RowBlock, _: Scratch) -> torch.Tensor | TempcalError:
         z, n = b.z, b.z.shape[0]

@@ -9,7 +9,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from ..core.scan import Scan
 from ..core.splitting import stratified_split
 from ..errors import AS_LOGITS, AS_PROBS, PROBS_KEY, DataError, Note, ProbabilitiesError, TempcalError, is_fitted, param
 from ..sources.base import OpenedSource
+
+if TYPE_CHECKING:
+    from ..subsets.options import Asked
 
 #: What a figure set was computed at.
 AT_ONE, AT_GLOBAL, AT_TAU, AT_GROUPS, AT_FOLDS = "T = 1", "global T", "tau", "per-group T", "out of fold"
@@ -138,25 +141,23 @@ def check_stored_reading(opened: OpenedSource, used: bool) -> None:
                                  f"{param('tau')}")
 
 
-def extra_figures(scan: Scan, taus: Sequence[float], *, bins: int, estimators: Sequence[str] = (),
-                  bootstrap: int = 0, seed: int = 0) -> list[dict]:
+def extra_figures(scan: Scan, taus: Sequence[float], asked: Asked) -> list[dict]:
     """Per temperature: the asked-for estimators under their own names, and bootstrap intervals ``*_ci``; all of
     every rank's rows."""
     from ..metrics.bootstrap import bootstrap_scan
     from ..metrics.calibration import estimators_for
 
     out = []
-    equal_mass = {"ece_equal_mass", "l2_ce_debiased"} & set(estimators)
+    equal_mass = {"ece_equal_mass", "l2_ce_debiased"} & set(asked.estimators)
     for tau in taus:
         row: dict = {}
         # One per-sample pass (every rank's rows, gathered) serves the equal-mass estimators and the bootstrap.
-        per_sample = scan.per_sample(1.0 / tau) if bootstrap and equal_mass else None
-        if estimators:
-            row.update(estimators_for(scan, tau, bins, list(estimators), per_sample=per_sample))
-        if bootstrap:
-            intervals = bootstrap_scan(scan, tau, bootstrap, seed, bins, per_sample=per_sample)
-            row.update({f"{name}_ci": list(interval) for name, interval in intervals.items()})
-            row["bootstrap"] = {"resamples": bootstrap, "seed": seed, "level": 0.95}
+        per_sample = scan.per_sample(1.0 / tau) if asked.bootstrap and equal_mass else None
+        if asked.estimators:
+            row.update(estimators_for(scan, tau, asked.bins, list(asked.estimators), per_sample=per_sample))
+        if asked.bootstrap:
+            row.update(asked.interval_fields(bootstrap_scan(scan, tau, asked.bootstrap, asked.seed, asked.bins,
+                                                            per_sample=per_sample)))
         out.append(row)
     return out
 

@@ -17,9 +17,9 @@ from ..errors import DataError, StoredNote, check_alphas, param
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
-from ..subsets.cells import Subsets
-from ..subsets.fits import crossfit_run, grouped_run, with_groups
-from ..subsets.options import Asked, Plan
+from ..subsets.cells import Subsets, metrics_block
+from ..subsets.fits import crossfit_run, grouped_run
+from ..subsets.options import Asked, read_groups
 from ..subsets.options import plan as subset_plan
 from .common import (
     AT_FOLDS,
@@ -124,15 +124,7 @@ class FitReport:
 
     def to_json(self) -> dict:
         """The contract's JSON plus how the fit went and the reliability bins."""
-
-        def block(m: CalibrationMetrics) -> dict[str, Any]:
-            out: dict[str, Any] = dict(m.summary())
-            out.update(entropy=m.entropy, mean_confidence=m.mean_confidence, tau=m.tau,
-                       bins=[b.__dict__ for b in m.bins])
-            out.update(m.decisions())
-            return out
-
-        before, after = block(self.before), block(self.after)
+        before, after = metrics_block(self.before, full=True), metrics_block(self.after, full=True)
         before["basis"], after["basis"] = self.before_basis.to_json(), self.after_basis.to_json()
         if self.extras:
             before.update(self.extras[0])
@@ -190,10 +182,17 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     plan = subset_plan(folds, group_prior, eval_file, val_fraction)
     loaded = open_source(source, options, group_by=group_by, **keys)
     loaded.warnings = [w for w in loaded.warnings if not isinstance(w, StoredNote)]  # the fit replaces that T
-    plan = with_groups(plan, loaded, group_by)
-    asked = Asked(objective, bins, seed, estimators, bootstrap, alphas)
-    if plan.folds is not None:
-        return _crossfit(loaded, plan, asked, device=device, chunk_rows=chunk_rows, warnings=warnings)
+    if group_by is not None:
+        plan = replace(plan, groups=read_groups(loaded, group_by))
+    asked = Asked(bins, seed, estimators, bootstrap, alphas, objective)
+    if plan.folds is not None:  # --folds K: the validating scan of every row, then the cross-fitting run
+        scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs,
+                           warnings=warnings, fit_rows=ALL_ROWS)
+        run = crossfit_run(loaded, scan, plan, asked, warnings)
+        return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
+                         num_classes=loaded.data.num_classes, n_fit=scan.num_samples, n_eval=scan.num_samples,
+                         val_fraction=None, seed=seed, bins=bins, device=str(scan.device), warnings=warnings,
+                         extras=run.extras, conformal_reads=run.reads, opened=loaded, subsets=run.subsets)
     val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
     probs = loaded.options.probs
     evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
@@ -207,16 +206,11 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         fit_rows = loaded.local_rows(fit_index)
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings,
                        fit_rows=fit_rows)
+    fit_scan = eval_scan = scan
     if evaluated is not None:
-        fit_scan = scan
         eval_scan = scan_source(evaluated, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
-        fraction = None
-    else:
-        if val_fraction == 1:
-            fit_scan = eval_scan = scan
-        else:
-            fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
-        fraction = val_fraction
+    elif val_fraction != 1:
+        fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
     _check_evaluation_rows(eval_scan, loaded, evaluated)
     subsets, reads = None, 1 if alphas else 0
     try:
@@ -229,12 +223,12 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
     warnings[:0] = result.warnings
-    extras = extra_figures(eval_scan, [1.0, result.temperature], bins=bins, estimators=estimators,
-                           bootstrap=bootstrap, seed=seed)
+    extras = extra_figures(eval_scan, [1.0, result.temperature], asked)
+    held_out = None if evaluated is not None else val_fraction
     return FitReport(
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
         before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
-        n_eval=eval_scan.num_samples, val_fraction=fraction, seed=seed, bins=bins,
+        n_eval=eval_scan.num_samples, val_fraction=held_out, seed=seed, bins=bins,
         device=str(scan.device), warnings=warnings, extras=extras, conformal_reads=reads, opened=loaded,
         subsets=subsets, evaluated=evaluated)
 
@@ -268,19 +262,6 @@ def _evaluation_file(loaded: Any, eval_file: Source) -> Any:
         raise DataError(f"{evaluated.name}: has {evaluated.data.num_classes} classes but {loaded.name} has "
                         f"{loaded.data.num_classes}")
     return evaluated
-
-
-def _crossfit(loaded: Any, plan: Plan, asked: Asked, *, device: str, chunk_rows: int | None,
-              warnings: list[str]) -> FitReport:
-    """``--folds K``: the validating scan of every row, then the cross-fitting run, as a report."""
-    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
-                       fit_rows=ALL_ROWS)
-    run = crossfit_run(loaded, scan, plan, asked, warnings)
-    n = scan.num_samples
-    return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
-                     num_classes=loaded.data.num_classes, n_fit=n, n_eval=n, val_fraction=None, seed=asked.seed,
-                     bins=asked.bins, device=str(scan.device), warnings=warnings, extras=run.extras,
-                     conformal_reads=run.reads, opened=loaded, subsets=run.subsets)
 
 
 def keep_fit(report: FitReport, *, output: str | None = None, store: bool = True, save_model: str | None = None,

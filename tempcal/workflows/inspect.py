@@ -82,8 +82,13 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
             report.hints.append(Note(f"'{options.logits_key}' is absent; '{other}' is read as the logits here: name "
                                      f"it with {param('logits_key')} {other}"))
     report.stored = _stored(kind, paths[0], opened, report)
-    if opened is not None:
-        _describe_data(report, opened, options.ignore_index)
+    if opened is not None:  # rows, classes, labels and a sample of the values
+        data = opened.data
+        report.rows, report.num_classes, report.binary = data.num_samples, data.num_classes, data.binary
+        report.labels = labels_summary(data, opened.has_labels, options.ignore_index, opened.options.labels_key)
+        report.values = _or_problem(lambda: sample_values(data), report.problems)
+        report.warnings.extend(opened.warnings)
+        report.extra = dict(opened.json)
         # SOURCE as the other commands read it: with what its kind keeps beside T (a confidence table's columns)
         read = stored_reading(kind, paths[0], options)[0]
         options = options.but(**{name: getattr(read, name) for name in DEFAULT_KEYS})
@@ -141,26 +146,11 @@ def _stored(kind: SourceKind, path: Path, opened: OpenedSource | None, report: I
     """The stored T as its kind describes it, and why a recorded T is ignored."""
     out = kind.describe_stored(path, opened, report.sidecar, Findings(report.problems, as_problem))
     if out["recorded"] is not None and out["temperature"] is None:
-        out["ignored"] = _why_ignored(report, opened)
+        stale = report.sidecar is not None and report.sidecar["state"] == "stale"
+        out["ignored"] = ("the sidecar was written for a different version of the file" if stale else
+                          "SOURCE cannot be read as the other commands read it (see problems)" if opened is None else
+                          "it was fitted under other options (see warnings)")
     return out
-
-
-def _why_ignored(report: InspectReport, opened: OpenedSource | None) -> str:
-    if report.sidecar is not None and report.sidecar["state"] == "stale":
-        return "the sidecar was written for a different version of the file"
-    if opened is None:
-        return "SOURCE cannot be read as the other commands read it (see problems)"
-    return "it was fitted under other options (see warnings)"
-
-
-def _describe_data(report: InspectReport, opened: OpenedSource, ignore_index: int | None) -> None:
-    """Rows, classes, labels and a sample of the values of the opened SOURCE."""
-    data = opened.data
-    report.rows, report.num_classes, report.binary = data.num_samples, data.num_classes, data.binary
-    report.labels = labels_summary(data, opened.has_labels, ignore_index, opened.options.labels_key)
-    report.values = _or_problem(lambda: sample_values(data), report.problems)
-    report.warnings.extend(opened.warnings)
-    report.extra = dict(opened.json)
 
 
 def _hints(report: InspectReport, kind: SourceKind, options: SourceOptions) -> list[str]:

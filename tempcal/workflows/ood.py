@@ -30,7 +30,7 @@ from ..scores import score_label, score_names
 from ..scores.engine import scan_scores
 from ..sources.base import OpenedSource, SourceOptions
 from ..sources.registry import Source, open_source
-from ..subsets.ood import dropped_extra, group_results, ood_groups
+from ..subsets.ood import group_results, ood_groups
 from .common import check_stored_reading, json_fields, ood_json_fields, scan_source, uses_stored
 
 #: Temperatures tried when no ``--tau`` is given (log-spaced); the stored T is added to them.
@@ -175,6 +175,13 @@ def _tried(count: int, what: str) -> str:
     return f"{count} {what}{'s' if count != 1 else ''}"
 
 
+def _unmatched(source: str, stored: float | None) -> str:
+    """How a sentence ends when no row is at the calibration T."""
+    if stored is None:
+        return f"{source} stores no calibration temperature to compare with."
+    return f"the calibration temperature T = {stored:.4g} was not among them."
+
+
 def best_sentence(source: str, ood_file: str, score: str, rows: Sequence[OodMetrics],
                   stored: float | None) -> OodBest:
     """Pick the tau with the best AUROC (the calibration T if it is among the best, else the first of equals) and
@@ -194,12 +201,8 @@ def best_sentence(source: str, ood_file: str, score: str, rows: Sequence[OodMetr
     elif at_t is not None:
         sentence = (f"{opening} best at tau = {best.tau:.4g} of the {tried} ({figures}), against AUROC "
                     f"{at_t.auroc:.4f}, FPR95 {at_t.fpr95:.4f} at the calibration temperature T = {stored:.4g}.")
-    elif stored is not None:
-        sentence = (f"{opening} best at tau = {best.tau:.4g} of the {tried} ({figures}); the calibration "
-                    f"temperature T = {stored:.4g} was not among them.")
     else:
-        sentence = (f"{opening} best at tau = {best.tau:.4g} of the {tried} ({figures}); {source} stores no "
-                    "calibration temperature to compare with.")
+        sentence = f"{opening} best at tau = {best.tau:.4g} of the {tried} ({figures}); {_unmatched(source, stored)}"
     return OodBest(ood_file=ood_file, score=score, tau=best.tau, auroc=best.auroc, fpr95=best.fpr95,
                    calibration_tau=stored, calibration_auroc=None if at_t is None else at_t.auroc,
                    calibration_fpr95=None if at_t is None else at_t.fpr95, sentence=sentence)
@@ -223,10 +226,8 @@ def best_overall_sentence(source: str, ood_file: str, rows: Sequence[OodMetrics]
     elif best_at_t is not None:
         sentence += (f"; at the calibration temperature T = {stored:.4g} the best is {score_label(best_at_t.score)} "
                      f"(AUROC {best_at_t.auroc:.4f}, FPR95 {best_at_t.fpr95:.4f}).")
-    elif stored is not None:
-        sentence += f"; the calibration temperature T = {stored:.4g} was not among them."
     else:
-        sentence += f"; {source} stores no calibration temperature to compare with."
+        sentence += f"; {_unmatched(source, stored)}"
     return OodBestOverall(
         ood_file=ood_file, score=best.score, tau=best.tau, auroc=best.auroc, fpr95=best.fpr95,
         calibration_tau=stored, calibration_score=None if best_at_t is None else best_at_t.score,
@@ -335,7 +336,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
                                                        chunk_rows, warnings, [source_name, *ood_names])
     grouped = None if groups is None else group_results(groups, ood_names, scores, tau_list, applied, stored,
                                                         side_scores[0], side_scores[1:])
-    side_scores = [dropped_extra(side, len(tau_list)) for side in side_scores]
+    side_scores = [{name: values[:len(tau_list)] for name, values in side.items()} for side in side_scores]
     id_scores, all_ood_scores = side_scores[0], side_scores[1:]
     results, best, best_overall = _assemble(source_name, ood_names, scores, tau_list, stored, id_scores,
                                             all_ood_scores, bootstrap, seed)

@@ -13,7 +13,7 @@ from ..errors import TempcalError, check_alphas, check_taus, resolve_taus
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
 from ..sources.registry import Source, open_source
-from ..subsets.options import read_groups
+from ..subsets.options import Asked, read_groups
 from ..subsets.report import GroupRow, held_out_groups, report_groups
 from .common import (
     AT_GROUPS,
@@ -134,6 +134,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     warnings: list[str] = []
     check_taus(taus or [])
     alphas = check_alphas(conformal_alpha)
+    asked = Asked(bins, seed, estimators, bootstrap, alphas)
     loaded = open_source(source, options, group_by=group_by, **keys)
     stored = loaded.stored_temperature
     sweep = list(sweep or [])
@@ -154,23 +155,21 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
         results = evaluate_many(scan, resolved, bins=bins, extra=plan)
         if sets is not None:
             results = with_sets(results, sets, collected)
-        extras = extra_figures(scan, resolved, bins=bins, estimators=estimators, bootstrap=bootstrap, seed=seed)
-        return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
-                            str(scan.device), warnings, extras, loaded, eval_rows=eval_rows,
-                            conformal_rows=None if sets is None else sets.rows,
-                            conformal_reads=0 if sets is None else sets.reads,
-                            bases=[report_basis(t, rows=rows, n=scan.num_samples, stored=stored, in_sample=in_sample)
-                                   for t in resolved])
-    assert all_groups is not None
-    run = report_groups(loaded, scan, full, groups, all_groups, resolved, share=share, stored=stored,
-                        at_stored=uses_stored(taus, sweep), bins=bins, estimators=estimators, bootstrap=bootstrap,
-                        seed=seed, alphas=alphas, warnings=warnings)
-    bases = [Basis(AT_GROUPS, rows, scan.num_samples, stored=True, in_sample=in_sample) if row.per_group else
-             report_basis(row.tau, rows=rows, n=scan.num_samples, stored=stored, in_sample=in_sample)
-             for row in run.rows]
-    return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, run.results, sweep, bins,
-                        str(scan.device), warnings, run.extras, loaded, groups.key, run.rows, eval_rows,
-                        conformal_rows=run.conformal_rows, conformal_reads=run.conformal_reads, bases=bases)
+        extras, group_rows = extra_figures(scan, resolved, asked), None
+        conformal_rows, conformal_reads = (None, 0) if sets is None else (sets.rows, sets.reads)
+    else:
+        assert all_groups is not None
+        run = report_groups(loaded, scan, full, groups, all_groups, resolved, asked, share=share, stored=stored,
+                            at_stored=uses_stored(taus, sweep), warnings=warnings)
+        results, extras, group_rows = run.results, run.extras, run.rows
+        conformal_rows, conformal_reads = run.conformal_rows, run.conformal_reads
+    bases = [Basis(AT_GROUPS, rows, scan.num_samples, stored=True, in_sample=in_sample)
+             if group_rows is not None and group_rows[k].per_group else
+             report_basis(m.tau, rows=rows, n=scan.num_samples, stored=stored, in_sample=in_sample)
+             for k, m in enumerate(results)]
+    return ReportResult(loaded.name, loaded.data.num_classes, scan.num_samples, stored, results, sweep, bins,
+                        str(scan.device), warnings, extras, loaded, None if groups is None else groups.key, group_rows,
+                        eval_rows, conformal_rows, conformal_reads, bases)
 
 
 def _scored_rows(opened: Any, eval_rows: bool, at_stored: bool, warnings: list[str]

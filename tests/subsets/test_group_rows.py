@@ -60,11 +60,12 @@ def test_group_estimators_from_the_sorted_rows_equal_those_of_the_groups_masked_
     from tempcal.metrics.bootstrap import bootstrap_intervals
     from tempcal.metrics.calibration import ece_equal_mass, rms_calibration_error
     from tempcal.subsets.cells import row_extras
+    from tempcal.subsets.options import Asked
 
     groups = np.random.default_rng(7).integers(0, 5, 900)
     calibration = _calibration(groups, 5)
     grouped = GroupRows(calibration, groups, 5)
-    options = {"estimators": ["ece_equal_mass", "rms_ce"], "bootstrap": 20, "seed": 3, "bins": 10}
+    asked = Asked(10, 3, ["ece_equal_mass", "rms_ce"], 20)
     for group in range(5):
         mask = torch.from_numpy(groups == group)
         for slot in range(2):
@@ -73,4 +74,4 @@ def test_group_estimators_from_the_sorted_rows_equal_those_of_the_groups_masked_
             expected = {"ece_equal_mass": ece_equal_mass(c, k, 10), "rms_ce": rms_calibration_error(c, k, 10),
                         **{f"{name}_ci": list(interval) for name, interval in intervals.items()},
                         "bootstrap": {"resamples": 20, "seed": 3, "level": 0.95}}
-            assert row_extras(calibration, slot, rows=(grouped, group), **options) == expected
+            assert row_extras(calibration, slot, asked, (grouped, group)) == expected
