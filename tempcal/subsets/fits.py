@@ -426,7 +426,7 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
 
 
 def _share(opened: OpenedSource, rows: np.ndarray) -> np.ndarray:
-    """Global row indices ``rows`` that fall in this process's share, relative to its start."""
+    """The global row indices among ``rows`` that fall in this process's share, in order (still global)."""
     start, stop = opened.share()
     return rows[(rows >= start) & (rows < stop)]
 
