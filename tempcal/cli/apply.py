@@ -94,9 +94,9 @@ def apply(
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
-    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress,
-                                  ctx=ctx)
+    outputs = Outputs(json_out=json_out, quiet=quiet)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
                         device=device, chunk_rows=chunk_rows, options=options)
-    deliver(ctx, warnings=result.warnings, write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"],
-            payload=result.to_json, render=lambda out: print_apply(result, out), json_out=json_out, quiet=quiet)
+    deliver(ctx, outputs, result, warnings=result.warnings, payload=result.to_json, render=print_apply,
+            write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"])

@@ -110,7 +110,7 @@ class Config:
 
     def _spec(self, schema: CommandSchema, command: str, key: str) -> OptionSpec:
         """The spec of a key in a command's table, or an error saying why the key is not one."""
-        spec = schema.lookup(key)
+        spec = schema.options.get(key)
         if spec is not None:
             return spec
         if key in schema.refused:
@@ -119,7 +119,8 @@ class Config:
             if key in candidate.negative:
                 raise self.error(command, key, f"unknown key; write {candidate.key} = false")
         close = difflib.get_close_matches(key, list(schema.options), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f" ({command} options: {', '.join(schema.keys())})"
+        keys = sorted({spec.key for spec in schema.options.values()})
+        hint = f" (did you mean '{close[0]}'?)" if close else f" ({command} options: {', '.join(keys)})"
         raise self.error(command, key, f"unknown key{hint}")
 
     def _unknown_top_level(self, key: str, value: Any, schemas: Mapping[str, CommandSchema]) -> ConfigError:
@@ -127,7 +128,7 @@ class Config:
         tables = ", ".join(f"[{name}]" for name in schemas)
         if isinstance(value, dict):
             return self.error(None, key, f"unknown table; the tables are {tables}")
-        owners = [name for name, schema in schemas.items() if schema.lookup(key)]
+        owners = [name for name, schema in schemas.items() if key in schema.options]
         hint = f"; options go in a command's table ({', '.join(f'[{o}]' for o in owners)})" if owners else ""
         return self.error(None, key, f"unknown key; the top level holds 'source' and the tables {tables}{hint}")
 

@@ -88,13 +88,6 @@ class CommandSchema:
     source: OptionSpec | None
     refused: Mapping[str, str] = field(default_factory=dict)  # key -> why it cannot be configured
 
-    def lookup(self, key: str) -> OptionSpec | None:
-        return self.options.get(key)
-
-    def keys(self) -> list[str]:
-        """The primary keys, for messages."""
-        return sorted({spec.key for spec in self.options.values()})
-
 
 #: The top-level ``source``: paths or glob patterns of files that must exist.
 TOP_SOURCE = OptionSpec(key=SOURCE_KEY, param_name=SOURCE_KEY, kind="path", multiple=True, path=INPUTS)

@@ -11,7 +11,7 @@ import tempcal.cli.options as opt
 from ..errors import IGNORE_INDEX, TempcalError
 from ..subsets.options import settle_folds
 from .config import ConfiguredCommand
-from .main import app, check_paths, deliver, start
+from .main import app, check_paths, deliver
 
 if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
     from ..requests import FitRequest
@@ -100,30 +100,33 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     request = _cross_fitting(ctx, request)
     source = opt.command_source(ctx, request)
     is_model = _check_writes(source, request)
-    _check_paths(ctx, source, is_model, request)
+    reading, outputs = request.reading, request.outputs
+    check_paths(ctx, {**outputs.files(), **_record_outputs(request)},
+                {"SOURCE": source, "--eval": request.eval_file, "--inputs": reading.inputs, "--head": reading.head,
+                 "--lm": reading.lm},
+                write_back=None if outputs.no_write or outputs.output is not None or is_model or reading.lm else source)
 
+    from ..core.parallel import init_from_environment
     from ..output.console import print_fit
     from ..output.markdown import fit_markdown
     from ..progress import Progress
     from ..workflows.fit import fit_file
 
-    device = start(request.reading.device)
-    options = opt.reading_options(request.reading, device=device, progress=request.outputs.progress, ctx=ctx)
+    device = init_from_environment(reading.device)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     report = fit_file(source, eval_file=request.eval_file, val_fraction=request.split, seed=request.seed,
                       objective=request.objective, bins=request.bins, device=device, chunk_rows=request.chunk_rows,
                       estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
                       conformal_alpha=request.conformal_alpha or (), folds=request.folds, group_by=request.group_by,
                       group_prior=request.group_prior, options=options,
                       progress=Progress("fitting T", enabled=options.progress))
-    max_ece, outputs = request.max_ece, request.outputs
+    max_ece = request.max_ece
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
     if (lm := opt.lm_command(request)) is not None:
         report.warnings.extend(lm.sampling_notes(request))
-    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, written),
-            payload=lambda: _payload(report, request, gate_failed, written),
-            render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
-            json_out=outputs.json_out, quiet=outputs.quiet, result=report, extras={"--html": outputs.html},
+    deliver(ctx, outputs, report, warnings=report.warnings, write=lambda: _write(report, request, written),
+            payload=lambda: _payload(report, request, gate_failed, written), render=print_fit, summary=fit_markdown,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 
@@ -158,17 +161,6 @@ def _check_writes(source: list[str], request: FitRequest) -> bool:
 
         save_format(source[0], outputs.save_model)  # a format that cannot be written from SOURCE's: refused early
     return is_model
-
-
-def _check_paths(ctx: typer.Context, source: list[str], is_model: bool, request: FitRequest) -> None:
-    """Every path the command writes or reads, checked before any work (see :func:`check_paths`)."""
-    outputs, lm = request.outputs, request.reading.lm
-    check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
-                      "--markdown": outputs.markdown, "--save-model": outputs.save_model,
-                      "--save-logits": outputs.save_logits, **_record_outputs(request)},
-                {"SOURCE": source, "--eval": request.eval_file, "--inputs": request.reading.inputs,
-                 "--head": request.reading.head, "--lm": lm},
-                write_back=None if outputs.no_write or outputs.output is not None or is_model or lm else source)
 
 
 def _record_outputs(request: FitRequest) -> dict[str, str | None]:

@@ -11,7 +11,7 @@ import tempcal.cli.options as opt
 
 from ..errors import IGNORE_INDEX, TempcalError
 from .config import ConfiguredCommand
-from .main import app, check_paths, deliver, start
+from .main import app, check_paths, deliver
 
 if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
     from ..requests import ReportRequest
@@ -120,12 +120,11 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     is_model = opt.is_model_source(source, reading.inputs, {"--save-logits": outputs.save_logits,
                                                             "--output-key": reading.output_key})
     opt.check_lm_eval_norm(source, reading.lm_eval_norm)
-    check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
-                      "--markdown": outputs.markdown, "--save-logits": outputs.save_logits,
-                      **opt.lm_files(request)},
+    check_paths(ctx, {**outputs.files(), **opt.lm_files(request)},
                 {"SOURCE": source, "--inputs": reading.inputs, "--head": reading.head, "--lm": reading.lm})
 
     from ..core.limits import check_fits
+    from ..core.parallel import init_from_environment
     from ..output.console import print_report
     from ..output.markdown import report_markdown
     from ..workflows.report import report_file
@@ -133,18 +132,15 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     # every bin is kept, and listed in the output, at every temperature
     bins, temperatures = request.bins, len(taus) + len(grid) + 1
     check_fits("bins", bins, BIN_BYTES * temperatures, "cpu", f"{bins} bins at up to {temperatures} temperatures")
-    device = start(reading.device)
+    device = init_from_environment(reading.device)
     options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=request.chunk_rows,
                          estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
                          seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,
                          conformal_alpha=request.conformal_alpha or (), options=options)
 
-    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, request, is_model),
-            render=lambda out: print_report(result, out),
-            payload=lambda: _payload(result, request),
-            summary=lambda: report_markdown(result), json_out=outputs.json_out, quiet=outputs.quiet,
-            result=result, extras={"--html": outputs.html})
+    deliver(ctx, outputs, result, warnings=result.warnings, write=lambda: _write(result, request, is_model),
+            payload=lambda: _payload(result, request), render=print_report, summary=report_markdown)
 
 
 def _payload(result, request: ReportRequest) -> dict:
