@@ -421,11 +421,10 @@ def check_alphas(alphas: Sequence[float]) -> list[float]:
     return list(dict.fromkeys(check_option(param("conformal_alpha"), alpha, MISCOVERAGE) for alpha in alphas))
 
 
-__all__ = ["BIDI_CONTROLS", "FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES",
-           "MIN_TEMPERATURE", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE", "POSITIVE", "PROBS_KEY", "READING_KEYS",
-           "TEMPERATURE_KEY", "UNIT", "Bounds", "DataError", "Info", "Note", "OutOfRange", "ProbabilitiesError",
-           "StoredNote", "TempcalError", "as_temperature", "check_alphas", "check_bins", "check_confidences",
-           "check_labels", "check_number", "check_option", "check_taus", "for_cli", "format_temperature", "is_fitted",
-           "neutral", "param", "parse_tau", "positive_number", "probabilities_refused", "render", "resolve_taus",
-           "shown_value", "stored_probs", "stored_temperature", "temperature_number", "temperature_problem",
-           "whole_number"]
+__all__ = ["FRACTION", "IGNORE_INDEX", "MAX_BINS", "MAX_RESAMPLES", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE",
+           "POSITIVE", "PROBS_KEY", "READING_KEYS", "TEMPERATURE_KEY", "UNIT", "Bounds", "DataError", "Info", "Note",
+           "OutOfRange", "ProbabilitiesError", "StoredNote", "TempcalError", "as_temperature", "check_alphas",
+           "check_bins", "check_confidences", "check_labels", "check_number", "check_option", "check_taus", "for_cli",
+           "format_temperature", "is_fitted", "neutral", "param", "parse_tau", "positive_number",
+           "probabilities_refused", "render", "resolve_taus", "shown_value", "stored_probs", "stored_temperature",
+           "temperature_number", "temperature_problem", "whole_number"]

@@ -52,10 +52,6 @@ class Config:
     data: Mapping[str, Any]
     in_pyproject: bool = False
 
-    @property
-    def folder(self) -> Path:
-        return self.path.parent
-
     def label(self, table: str | None, key: str) -> str:
         """``tempcal.toml: [ood] tau``; ``pyproject.toml: [tool.tempcal.ood] tau``; ``tempcal.toml: source``."""
         name = ".".join(p for p in (".".join(PYPROJECT_TABLE) if self.in_pyproject else "", table) if p)
@@ -147,7 +143,7 @@ class Config:
     def _convert_one(self, spec: OptionSpec, value: Any, table: str | None, key: str, *,
                      list_hint: bool = False) -> Any:
         try:
-            return convert_value(spec, value, self.folder)
+            return convert_value(spec, value, self.path.parent)
         except TypeError as exc:
             wanted = expected(spec) + (" or a list of them" if list_hint else "")
             raise self.error(table, key, str(exc) or f"expected {wanted}, got {toml_kind(value)}") from None
@@ -371,6 +367,13 @@ class ConfigState:
         return {"config": str(self.config.path) if self.config else None, "config_keys": sorted(self.used.values())}
 
 
+def given_in(ctx: Any, name: str) -> str | None:
+    """Where the parameter ``name`` took its value: the "command line" (or the environment), the configuration
+    "file", or None (its default)."""
+    kind = getattr(ctx.get_parameter_source(name), "name", "")
+    return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
+
+
 def config_state(ctx: Any) -> ConfigState:
     """The run's :class:`ConfigState` (an empty one when no configuration was looked for)."""
     state = ctx.meta.get(META_KEY) if ctx is not None else None
@@ -446,7 +449,7 @@ class ConfiguredCommand(HelpCommand):
         are in range): only their parameters' specs are derived unless a file made the whole schema."""
         given = {name for name, value in ctx.params.items()  # SOURCE is paths and a flag on or off: nothing to check
                  if value is not None and not isinstance(value, bool) and name != SOURCE_KEY
-                 and getattr(ctx.get_parameter_source(name), "name", "") not in ("DEFAULT_MAP", "DEFAULT")}
+                 and given_in(ctx, name) == "command line"}
         if not given:
             return
         schema = self.__dict__.get("_tempcal_schema") or command_schema(self, only=given)
@@ -464,8 +467,7 @@ class ConfiguredCommand(HelpCommand):
         by_param = {spec.param_name: spec for spec in self.schema().options.values()}
         table = state.config.data.get(str(self.name), {})
         for name in ctx.params:
-            source = ctx.get_parameter_source(name)
-            if source is not None and source.name == "DEFAULT_MAP" and name in by_param:
+            if given_in(ctx, name) == "file" and name in by_param:
                 spec = by_param[name]
                 in_table = any(key in table for key in (spec.key, *spec.aliases))  # else: the top-level source
                 state.used[name] = f"[{self.name}] {spec.key}" if in_table else spec.key
@@ -479,4 +481,5 @@ def check_given(spec: OptionSpec, value: Any) -> None:
         spec.value_type.check(value)
 
 
-__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfiguredCommand", "config_state", "load_config", "resolve_config"]
+__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfiguredCommand", "config_state", "given_in",
+           "load_config", "resolve_config"]

@@ -125,10 +125,7 @@ def command_schema(command: Any, only: Collection[str] | None = None) -> Command
 def _callback_annotations(command: Any, only: Collection[str] | None) -> dict[str, tuple[Any, list[Any], Any]]:
     """Per parameter name (of ``only``, when given): (annotation without Annotated/Optional, Annotated metadata,
     Typer's ParameterInfo)."""
-    callback = getattr(command, "callback", None)
-    if callback is None:
-        return {}
-    signature = inspect.signature(callback, eval_str=True)  # follows Typer's wrapper to the function
+    signature = inspect.signature(command.callback, eval_str=True)  # follows Typer's wrapper to the function
     out: dict[str, tuple[Any, list[Any], Any]] = {}
     for name, parameter in signature.parameters.items():
         if only is not None and name not in only:

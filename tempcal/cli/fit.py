@@ -10,7 +10,7 @@ import tempcal.cli.options as opt
 
 from ..errors import IGNORE_INDEX, TempcalError
 from ..subsets.options import settle_folds
-from .config import ConfiguredCommand
+from .config import ConfiguredCommand, given_in
 from .main import app, check_paths, deliver
 
 if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
@@ -97,7 +97,7 @@ def fit(
 
 def _fit(ctx: typer.Context, request: FitRequest) -> None:
     """The command, from its request: the checks before any work, the fit, the write-back and the outputs."""
-    request = _cross_fitting(ctx, request)
+    request = settle_folds(request, lambda name: given_in(ctx, name))  # --folds against --val-fraction and --eval
     source = opt.command_source(ctx, request)
     is_model = _check_writes(source, request)
     reading, outputs = request.reading, request.outputs
@@ -128,16 +128,6 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     deliver(ctx, outputs, report, warnings=report.warnings, write=lambda: _write(report, request, written),
             payload=lambda: _payload(report, request, gate_failed, written), render=print_fit, summary=fit_markdown,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
-
-
-def _cross_fitting(ctx: typer.Context, request: FitRequest) -> FitRequest:
-    """The request with ``--folds`` settled against ``--val-fraction`` and ``--eval`` (:func:`settle_folds`)."""
-
-    def given(name: str) -> str | None:
-        kind = getattr(ctx.get_parameter_source(name), "name", "")
-        return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
-
-    return settle_folds(request, given)
 
 
 def _check_writes(source: list[str], request: FitRequest) -> bool:
@@ -178,13 +168,9 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
 
 def _payload(report, request: FitRequest, gate_failed: bool, written: list[str]) -> dict:
     """The JSON: the report, the files that hold T, the gate, and with --lm the model and its texts."""
-    out = report.to_json()
     max_ece = request.max_ece
-    out.update(written=", ".join(written) or None, max_ece=max_ece,
-               gate_passed=None if max_ece is None else not gate_failed)
-    if (lm := opt.lm_command(request)) is not None:
-        out.update(lm.lm_json(report.opened))
-    return out
+    return {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
+            "gate_passed": None if max_ece is None else not gate_failed, **opt.lm_json(request, report.opened)}
 
 
 def _write(report, request: FitRequest, written: list[str]) -> list[str]:

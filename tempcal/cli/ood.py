@@ -167,12 +167,9 @@ def _write(report, request: OodRequest) -> list[str]:
 
 
 def _payload(report, request: OodRequest) -> dict:
-    out = report.to_json()
     outputs = request.outputs
-    out.update(scores_file=outputs.scores, plot=outputs.plot, markdown=outputs.markdown, odin_eps=request.odin_eps)
-    if (lm := opt.lm_command(request)) is not None:
-        out.update(lm.lm_json(report.opened))
-    return out
+    return {**report.to_json(), "scores_file": outputs.scores, "plot": outputs.plot, "markdown": outputs.markdown,
+            "odin_eps": request.odin_eps, **opt.lm_json(request, report.opened)}
 
 
 def _ood_sets(source: list[str], request: OodRequest) -> list[str]:

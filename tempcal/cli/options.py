@@ -28,6 +28,7 @@ from ..html import option as html
 from ..lm import options as lm_options
 from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
 from ..subsets.flags import Folds, GroupBy, GroupPrior
+from .config import given_in
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 if TYPE_CHECKING:
@@ -247,7 +248,7 @@ NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configurati
                                         rich_help_panel="Configuration"), NOT_CONFIGURABLE]
 
 
-def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: Any = None) -> SourceOptions:
+def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: Any) -> SourceOptions:
     """How a command reads its SOURCE: ``reading`` on the ``device`` it computes on, with ``progress`` (True, False or
     a console) and the remembered options named on ``ctx``'s command line (they win over a stored reading), after
     refusing ``--softcap`` without ``--head`` and ``--head`` with a model's ``--inputs``."""
@@ -258,8 +259,7 @@ def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: 
     if reading.head is not None and reading.inputs is not None:
         raise TempcalError("--head computes logits from hidden states; a model SOURCE with --inputs computes them "
                            "itself: give one or the other")
-    given = frozenset(name for name in DEFAULT_KEYS if ctx is not None and getattr(
-        ctx.get_parameter_source(name), "name", "") in ("COMMANDLINE", "ENVIRONMENT"))
+    given = frozenset(name for name in DEFAULT_KEYS if given_in(ctx, name) == "command line")
     return reading.but(device=device, progress=progress, given=given)
 
 
@@ -293,6 +293,12 @@ def lm_files(request: Any, *, record: bool = False) -> dict[str, str | None]:
     """The files an ``--lm`` run writes, to check before any work; none without ``--lm``."""
     lm = lm_command(request)
     return {} if lm is None else lm.lm_outputs(request, record=record)
+
+
+def lm_json(request: Any, opened: Any) -> dict[str, Any]:
+    """What the JSON says of an ``--lm`` run's model and texts; nothing without ``--lm``."""
+    lm = lm_command(request)
+    return {} if lm is None else lm.lm_json(opened)
 
 
 def _lm_only_given(request: Any) -> list[str]:
@@ -373,4 +379,4 @@ __all__ = ["FRACTION", "INPUT", "INPUTS", "NON_NEGATIVE", "OUTPUT", "PERCENTILE"
            "OutputCopy", "OutputKey", "Plot", "Probs", "Quiet", "React", "SaveHidden", "SaveLogits", "SaveModel",
            "Score", "Seed", "Softcap", "Source", "SpillDir", "Tau", "Text", "TextField", "ValFraction",
            "WriteGenerationConfig", "check_lm_eval_norm", "choice", "command_source", "configured_tau",
-           "is_model_source", "lm_command", "lm_files", "parse_estimators", "reading_options"]
+           "is_model_source", "lm_command", "lm_files", "lm_json", "parse_estimators", "reading_options"]

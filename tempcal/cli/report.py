@@ -140,15 +140,8 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
                          conformal_alpha=request.conformal_alpha or (), options=options)
 
     deliver(ctx, outputs, result, warnings=result.warnings, write=lambda: _write(result, request, is_model),
-            payload=lambda: _payload(result, request), render=print_report, summary=report_markdown)
-
-
-def _payload(result, request: ReportRequest) -> dict:
-    """The JSON: the figures, and with --lm the model and its texts."""
-    out = result.to_json()
-    if (lm := opt.lm_command(request)) is not None:
-        out.update(lm.lm_json(result.opened))
-    return out
+            payload=lambda: {**result.to_json(), **opt.lm_json(request, result.opened)}, render=print_report,
+            summary=report_markdown)
 
 
 def _write(result, request: ReportRequest, is_model: bool) -> list[str]:
