@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -253,15 +254,11 @@ def read_config_bytes(path: Path, shown: str) -> bytes:
         grown = "grew past the limit as it was read" if exc.grew else f"is {exc.size} bytes"
         raise ConfigError(f"{shown}: {grown}; {_LIMIT}") from None
     except FileNotFoundError:
-        raise ConfigError(f"{shown}: {_missing(path)}") from None
+        missing = (f"is a link to {os.readlink(path)}, which does not exist" if os.path.islink(path)
+                   else "no such configuration file")
+        raise ConfigError(f"{shown}: {missing}") from None
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-
-
-def _missing(path: Path) -> str:
-    if os.path.islink(path):
-        return f"is a link to {os.readlink(path)}, which does not exist"
-    return "no such configuration file"
 
 
 def parse_config(data: bytes, shown: str) -> dict[str, Any]:
@@ -402,7 +399,7 @@ class ConfiguredCommand(HelpCommand):
             if state.config is None or not state.used:
                 raise
             message = exc.for_cli()
-            options = {spec.param_name: spec for spec in self.schema().options.values()}
+            options = {spec.param_name: spec for spec in self.schema.options.values()}
             for name, used in sorted(state.used.items()):
                 spec = options[name]
                 flag = f"--{spec.key}"
@@ -412,12 +409,10 @@ class ConfiguredCommand(HelpCommand):
                 raise type(exc)(f"{exc.raw} ({flag} is set in {where})") from None
             raise
 
+    @cached_property
     def schema(self) -> CommandSchema:
         """This command's schema, derived once."""
-        cached = self.__dict__.get("_tempcal_schema")
-        if cached is None:
-            cached = self.__dict__["_tempcal_schema"] = command_schema(self)
-        return cached
+        return command_schema(self)
 
     def _apply_config(self, ctx: Any, args: Sequence[str]) -> None:
         opts = self._preparse(ctx, args)
@@ -429,10 +424,10 @@ class ConfiguredCommand(HelpCommand):
             return
         group = getattr(ctx.parent, "command", None) if ctx.parent is not None else None
         commands = getattr(group, "commands", None) or {self.name: self}
-        config.check({name: command.schema() if isinstance(command, ConfiguredCommand) else command_schema(command)
+        config.check({name: command.schema if isinstance(command, ConfiguredCommand) else command_schema(command)
                       for name, command in commands.items()})
         given = {name for name, value in opts.items() if value not in (None, (), [])}
-        ctx.default_map = {**(ctx.default_map or {}), **config.defaults_for(str(self.name), self.schema(), given)}
+        ctx.default_map = {**(ctx.default_map or {}), **config.defaults_for(str(self.name), self.schema, given)}
 
     def _preparse(self, ctx: Any, args: Sequence[str]) -> dict[str, Any] | None:
         """The parser's raw ``{parameter name: value}`` for ``args`` (None when they do not parse)."""
@@ -452,7 +447,7 @@ class ConfiguredCommand(HelpCommand):
                  and given_in(ctx, name) == "command line"}
         if not given:
             return
-        schema = self.__dict__.get("_tempcal_schema") or command_schema(self, only=given)
+        schema = self.__dict__.get("schema") or command_schema(self, only=given)  # the whole, once a file made it
         specs = {spec.param_name: spec for spec in schema.options.values() if spec.param_name in given}
         for name, spec in specs.items():
             value = ctx.params[name]
@@ -464,7 +459,7 @@ class ConfiguredCommand(HelpCommand):
         state = ctx.meta.get(META_KEY)
         if not isinstance(state, ConfigState) or state.config is None:
             return
-        by_param = {spec.param_name: spec for spec in self.schema().options.values()}
+        by_param = {spec.param_name: spec for spec in self.schema.options.values()}
         table = state.config.data.get(str(self.name), {})
         for name in ctx.params:
             if given_in(ctx, name) == "file" and name in by_param:

@@ -131,23 +131,14 @@ def panel_of(command: str, param: Any) -> str:
             or FALLBACK_PANELS.get(flag) or ("Arguments" if is_argument(param) else OTHER_PANEL))
 
 
-def is_common(command: str, param: Any) -> bool:
-    """Whether ``command --help`` shows the option (a command without a list shows every option)."""
-    common = COMMON.get(command)
-    return common is None or long_name(param) in common
-
-
 def grouped(command: str, params: Iterable[Any]) -> dict[str, list[Any]]:
     """The options by panel, panels in :data:`PANEL_ORDER` (others after, then 'Other options', then 'Help')."""
     panels: dict[str, list[Any]] = {}
     for param in params:
         if not getattr(param, "hidden", False):
             panels.setdefault(panel_of(command, param), []).append(param)
-    last = (OTHER_PANEL, HELP_PANEL)
-    order = [name for name in PANEL_ORDER if name in panels]
-    order += [name for name in panels if name not in PANEL_ORDER and name not in last]
-    order += [name for name in last if name in panels]
-    return {name: panels[name] for name in order}
+    rank = {name: k for k, name in enumerate((*PANEL_ORDER, "", OTHER_PANEL, HELP_PANEL))}
+    return {name: panels[name] for name in sorted(panels, key=lambda name: rank.get(name, rank[""]))}
 
 
 # -- rendering -----------------------------------------------------------------------------------------------
@@ -256,7 +247,8 @@ def command_help(command: Any, ctx: Any, *, full: bool) -> str:
     """A command's help: usage, summary, then its common options by panel (every option when ``full``)."""
     name = str(command.name or "")
     every = [p for p in command.get_params(ctx) if not getattr(p, "hidden", False)]
-    params = [p for p in every if full or is_common(name, p)]
+    common = COMMON.get(name)  # a command without a list shows every option
+    params = [p for p in every if full or common is None or long_name(p) in common]
     width = help_console().width
     docs = paragraphs(command.help)
     parts: list[Any] = [prose(usage(command, ctx), "bold"), prose("")]
