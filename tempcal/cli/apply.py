@@ -10,9 +10,9 @@ import typer
 
 import tempcal.cli.options as opt
 
-from ..errors import TempcalError, check_taus
+from ..errors import TempcalError
 from .config import ConfiguredCommand
-from .config_schema import OUTPUT, ValueType
+from .config_schema import OUTPUT
 from .main import app, check_paths, deliver
 
 
@@ -31,7 +31,7 @@ ApplyAsOpt = Annotated[ApplyAs, typer.Option(
     help="What to write: softmax(logits / T) (probs), logits / T (logits) or log_softmax(logits / T) (log-probs).")]
 ApplyTau = Annotated[Optional[str], typer.Option(
     "--tau", metavar="T", help="The temperature for every row (> 0), instead of the stored T ('fitted', the "
-    "default)."), ValueType('a number or "fitted"', opt.configured_tau, check=lambda text: check_taus([text]))]
+    "default)."), opt.TAU_VALUE]
 Groups = Annotated[bool, typer.Option(
     "--groups/--no-groups", help="Apply each row's stored group T where SOURCE stores per-group temperatures "
     "(--no-groups: the global T for every row).")]

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
+from typer.models import ParameterInfo
+
 from ..errors import Bounds, TempcalError, check_number, shown_value
 
 SOURCE_KEY = "source"
@@ -134,13 +136,9 @@ def _callback_annotations(command: Any, only: Collection[str] | None) -> dict[st
         metadata: list[Any] = []
         if typing.get_origin(annotation) is Annotated:
             annotation, *metadata = typing.get_args(annotation)
-        info = next((m for m in metadata if _is_parameter_info(m)), None)
+        info = next((m for m in metadata if isinstance(m, ParameterInfo)), None)
         out[name] = (_strip_optional(annotation), metadata, info)
     return out
-
-
-def _is_parameter_info(value: Any) -> bool:
-    return any(cls.__name__ == "ParameterInfo" for cls in type(value).__mro__)
 
 
 def _strip_optional(annotation: Any) -> Any:

@@ -74,11 +74,10 @@ def choice(enum: type[Enum]) -> Any:
 
 
 # -- what to read ---------------------------------------------------------------------------
-Source = Annotated[list[str], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
-    "model (tempcal help formats); several files or a glob are shards. Default: the configuration's 'source'.",
-    show_default=False,
-    rich_help_panel="Input"), INPUTS]
+_SOURCE_HELP = ("Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or model (tempcal help "
+                "formats); several files or a glob are shards{}. Default: the configuration's 'source'.")
+Source = Annotated[list[str], typer.Argument(metavar="SOURCE", help=_SOURCE_HELP.format(""), show_default=False,
+                                             rich_help_panel="Input"), INPUTS]
 LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).",
                                         rich_help_panel="Input")]
 LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].",
@@ -170,10 +169,8 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
 
 # -- a causal language model run over texts (--lm) ------------------------------------------
 OptionalSource = Annotated[Optional[list[str]], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
-    "model (tempcal help formats); several files or a glob are shards; none with --lm. Default: the "
-    "configuration's 'source'.",
-    show_default=False, rich_help_panel="Input"), INPUTS]
+    metavar="SOURCE", help=_SOURCE_HELP.format("; none with --lm"), show_default=False, rich_help_panel="Input"),
+    INPUTS]
 # Declared by tempcal.lm.options (flags, types, help, ranges); the paths among them are marked here.
 Lm = Annotated[lm_options.Lm, INPUT]
 Text = Annotated[lm_options.Text, INPUT]
@@ -182,10 +179,11 @@ SpillDir = Annotated[lm_options.SpillDir, INPUT]
 OodText = Annotated[lm_options.OodText, INPUTS]
 
 # -- what to compute ------------------------------------------------------------------------
+#: A temperature option's values in a configuration file and on the command line (``fit`` itself checked later).
+TAU_VALUE = ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))
 Tau = Annotated[Optional[list[str]], typer.Option(
     "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.",
-    rich_help_panel="Temperatures"),
-    ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
+    rich_help_panel="Temperatures"), TAU_VALUE]
 EvalRows = Annotated[bool, typer.Option(
     "--eval-rows/--all-rows", help="Only the rows the stored T was not fitted on.",
     rich_help_panel="Input")]
@@ -370,13 +368,13 @@ def parse_estimators(text: str | None) -> list[str]:
     return names
 
 
-__all__ = ["FRACTION", "INPUT", "INPUTS", "NON_NEGATIVE", "OUTPUT", "PERCENTILE", "POSITIVE", "UNIT", "BatchTokens",
-           "Bins", "Bootstrap", "ChunkRows", "Confidence", "ConfidenceScale", "ConfigFile", "Correct", "Device",
-           "DeviceMap", "Estimators", "EvalFile", "EvalRows", "Folds", "GenGamma", "GenTop", "GroupBy", "GroupPrior",
-           "Head", "HeadBiasKey", "HeadWeightKey", "HiddenKey", "Html", "IgnoreIndex", "Inputs", "InputsKey", "JsonOut",
-           "LabelsKey", "Lm", "LmEvalNorm", "LmEvalNormOpt", "LogitsKey", "Markdown", "MaxEce", "MaxFpr95", "MaxLength",
-           "MinAuroc", "NoConfig", "NoWrite", "Objective", "ObjectiveOpt", "OodBootstrap", "OodText", "OptionalSource",
-           "OutputCopy", "OutputKey", "Plot", "Probs", "Quiet", "React", "SaveHidden", "SaveLogits", "SaveModel",
-           "Score", "Seed", "Softcap", "Source", "SpillDir", "Tau", "Text", "TextField", "ValFraction",
-           "WriteGenerationConfig", "check_lm_eval_norm", "choice", "command_source", "configured_tau",
-           "is_model_source", "lm_command", "lm_files", "lm_json", "parse_estimators", "reading_options"]
+__all__ = ["INPUTS", "NON_NEGATIVE", "OUTPUT", "TAU_VALUE", "BatchTokens", "Bins", "Bootstrap", "ChunkRows",
+           "Confidence", "ConfidenceScale", "ConfigFile", "Correct", "Device", "DeviceMap", "Estimators", "EvalFile",
+           "EvalRows", "Folds", "GenGamma", "GenTop", "GroupBy", "GroupPrior", "Head", "HeadBiasKey", "HeadWeightKey",
+           "HiddenKey", "Html", "IgnoreIndex", "Inputs", "InputsKey", "JsonOut", "LabelsKey", "Lm", "LmEvalNorm",
+           "LmEvalNormOpt", "LogitsKey", "Markdown", "MaxEce", "MaxFpr95", "MaxLength", "MinAuroc", "NoConfig",
+           "NoWrite", "Objective", "ObjectiveOpt", "OodBootstrap", "OodText", "OptionalSource", "OutputCopy",
+           "OutputKey", "Plot", "Probs", "Quiet", "React", "SaveHidden", "SaveLogits", "SaveModel", "Score", "Seed",
+           "Softcap", "Source", "SpillDir", "Tau", "Text", "TextField", "ValFraction", "WriteGenerationConfig",
+           "check_lm_eval_norm", "choice", "command_source", "is_model_source", "lm_command", "lm_files", "lm_json",
+           "parse_estimators", "reading_options"]
