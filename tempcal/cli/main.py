@@ -102,8 +102,9 @@ def deliver(ctx: Any, outputs: Outputs, result: Any, *, warnings: list[str], wri
     from ..output.files import STEP_SUMMARY_ENV, append_step_summary, emit_json, step_summary_path, write_extras
 
     data = payload()
-    if "warnings" in data:
-        data["warnings"] = [for_cli(message) for message in data["warnings"]]
+    for key in ("warnings", "problems", "hints"):  # messages, as the command line names the options
+        if key in data:
+            data[key] = [for_cli(message) for message in data[key]]
     data.update(state.to_json())
     json_out = outputs.json_out
     emit_json(json_out, data)

@@ -108,16 +108,25 @@ def ood(
 
 def _ood(ctx: typer.Context, request: OodRequest) -> None:
     """The command, from its request: the checks before any work, the scores, the outputs, the gate."""
-    source, scores, others = _checked(ctx, request)
+    from ..scores import score_names
+
+    reading, outputs = request.reading, request.outputs
+    source = opt.command_source(ctx, request)
+    scores = score_names(request.score)
+    others = _ood_sets(source, request)
+    opt.check_lm_eval_norm(source, reading.lm_eval_norm)
+    check_paths(ctx, {**outputs.files(), **opt.lm_files(request)},
+                {"SOURCE": source, "--ood": request.ood_files, "--inputs": reading.inputs,
+                 "--ood-inputs": request.ood_inputs, "--head": reading.head, "--ood-text": request.texts.ood_text,
+                 "--lm": reading.lm})
 
     from ..core.parallel import init_from_environment
     from ..output.console import print_ood
     from ..output.markdown import ood_markdown
     from ..workflows.ood import ood_file
 
-    outputs = request.outputs
-    device = init_from_environment(request.reading.device)
-    options = opt.reading_options(request.reading, device=device, progress=outputs.progress, ctx=ctx)
+    device = init_from_environment(reading.device)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=request.taus, scores=scores,
                       device=device, chunk_rows=request.chunk_rows, gen_gamma=request.gen_gamma,
                       gen_top=request.gen_top, bootstrap=request.bootstrap, seed=request.seed,
@@ -140,28 +149,11 @@ def _with_caveats(report, *, shown: bool) -> list[str]:
     return [message for message in report.warnings if not (shown and message in notes)]
 
 
-def _checked(ctx, request: OodRequest) -> tuple[list[str], list[str], list[str]]:
-    """Before any work: SOURCE (with --lm, the --text file), the scores, the OOD sets, every path; what they are."""
-    from ..scores import score_names
-
-    reading, outputs = request.reading, request.outputs
-    source = opt.command_source(ctx, request)
-    scores = score_names(request.score)
-    ood_files, ood_inputs, ood_text = request.ood_files, request.ood_inputs, request.texts.ood_text
-    others = _ood_sets(source, request)
-    opt.check_lm_eval_norm(source, reading.lm_eval_norm)
-    check_paths(ctx, {**outputs.files(), **opt.lm_files(request)},
-                {"SOURCE": source, "--ood": ood_files, "--inputs": reading.inputs, "--ood-inputs": ood_inputs,
-                 "--head": reading.head, "--ood-text": ood_text, "--lm": reading.lm})
-    return source, scores, others
-
-
 def _write(report, request: OodRequest) -> list[str]:
     """The files asked for (``--save-hidden``, ``--scores``, ``--plot``, ``--markdown``); the lines saying so."""
     from ..output.files import write_ood_files
 
-    outputs = request.outputs
-    lm = opt.lm_command(request)
+    outputs, lm = request.outputs, opt.lm_command(request)
     kept = [] if lm is None else lm.kept_hidden(report.opened, outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 

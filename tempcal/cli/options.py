@@ -344,11 +344,8 @@ def check_lm_eval_norm(source: list[str], norm: str) -> None:
     from ..sources.lighteval import is_lighteval_details
     from ..sources.lm_eval import is_lm_eval_log
 
-    def normalised(name: str) -> bool:
-        return is_lm_eval_log(name) or is_lighteval_details(name)
-
-    if not all(normalised(name) for name in source):
-        other = next(name for name in source if not normalised(name))
+    other = next((name for name in source if not (is_lm_eval_log(name) or is_lighteval_details(name))), None)
+    if other is not None:
         raise TempcalError(f"--lm-eval-norm {norm} applies to lm-evaluation-harness sample logs "
                            f"(samples_*.jsonl or .jsonl.gz) and lighteval details (details_*.parquet), not to {other}")
 

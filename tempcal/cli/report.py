@@ -24,12 +24,10 @@ def parse_sweep(text: str) -> list[float]:
     """``START:STOP:COUNT`` as COUNT log-spaced temperatures."""
     from ..output.plots import log_spaced
 
-    parts = text.split(":")
     try:
-        start, stop, count = float(parts[0]), float(parts[1]), int(parts[2])
-        if len(parts) != 3:
-            raise ValueError
-    except (ValueError, IndexError):
+        first, last, number = text.split(":")
+        start, stop, count = float(first), float(last), int(number)
+    except ValueError:
         raise TempcalError(f"--sweep {text}: expected START:STOP:COUNT, e.g. 0.5:5:20") from None
     if not (0 < start < stop and math.isfinite(stop) and 2 <= count <= 10_000):
         raise TempcalError(f"--sweep {text}: expected 0 < START < STOP and 2 <= COUNT <= 10000")
