@@ -373,7 +373,7 @@ def given_in(ctx: Any, name: str) -> str | None:
 
 def config_state(ctx: Any) -> ConfigState:
     """The run's :class:`ConfigState` (an empty one when no configuration was looked for)."""
-    state = ctx.meta.get(META_KEY) if ctx is not None else None
+    state = ctx.meta.get(META_KEY)
     return state if isinstance(state, ConfigState) else ConfigState(config=None)
 
 
@@ -451,13 +451,16 @@ class ConfiguredCommand(HelpCommand):
         specs = {spec.param_name: spec for spec in schema.options.values() if spec.param_name in given}
         for name, spec in specs.items():
             value = ctx.params[name]
-            for item in value if spec.multiple else [value]:
-                check_given(spec, item)
+            for item in value if spec.multiple else [value]:  # "--seed -5: expected a whole number from 0 to ..."
+                if spec.kind in ("int", "float"):
+                    check_option(f"--{spec.key}", item, spec.bounds or Bounds(), whole=spec.kind == "int")
+                elif spec.value_type is not None and spec.value_type.check is not None:
+                    spec.value_type.check(item)
 
     def _record_sources(self, ctx: Any) -> None:
         """After parsing: note which parameters took their value from the file (parameter source DEFAULT_MAP)."""
-        state = ctx.meta.get(META_KEY)
-        if not isinstance(state, ConfigState) or state.config is None:
+        state = config_state(ctx)
+        if state.config is None:
             return
         by_param = {spec.param_name: spec for spec in self.schema.options.values()}
         table = state.config.data.get(str(self.name), {})
@@ -466,14 +469,6 @@ class ConfiguredCommand(HelpCommand):
                 spec = by_param[name]
                 in_table = any(key in table for key in (spec.key, *spec.aliases))  # else: the top-level source
                 state.used[name] = f"[{self.name}] {spec.key}" if in_table else spec.key
-
-
-def check_given(spec: OptionSpec, value: Any) -> None:
-    """A command-line value in its option's range: ``--seed -5: expected a whole number from 0 to ...``."""
-    if spec.kind in ("int", "float"):
-        check_option(f"--{spec.key}", value, spec.bounds or Bounds(), whole=spec.kind == "int")
-    elif spec.value_type is not None and spec.value_type.check is not None:
-        spec.value_type.check(value)
 
 
 __all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfiguredCommand", "config_state", "given_in",
