@@ -422,8 +422,7 @@ class ConfiguredCommand(HelpCommand):
         ctx.meta[META_KEY] = ConfigState(config=config)
         if config is None:
             return
-        group = getattr(ctx.parent, "command", None) if ctx.parent is not None else None
-        commands = getattr(group, "commands", None) or {self.name: self}
+        commands = getattr(getattr(ctx.parent, "command", None), "commands", None) or {self.name: self}
         config.check({name: command.schema if isinstance(command, ConfiguredCommand) else command_schema(command)
                       for name, command in commands.items()})
         given = {name for name, value in opts.items() if value not in (None, (), [])}

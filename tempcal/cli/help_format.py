@@ -92,15 +92,11 @@ def names(param: Any, ctx: Any) -> str:
 
 def extras(param: Any, ctx: Any) -> str:
     """``[default: 0.5; 0<=x<=1]``: the default a command line without the option gets, and the range."""
-    parts = []
     default = _shown_default(param, ctx)
-    if default:
-        parts.append(f"default: {default}")
     describe = getattr(param, "_get_number_range_help_str", None)
-    span = describe() if callable(describe) else None
-    if span:
-        parts.append(str(span))
-    return f"[{'; '.join(parts)}]" if parts else ""
+    parts = [f"default: {default}" if default else "", str(describe() or "") if callable(describe) else ""]
+    shown = "; ".join(part for part in parts if part)
+    return f"[{shown}]" if shown else ""
 
 
 def _shown_default(param: Any, ctx: Any) -> str:
