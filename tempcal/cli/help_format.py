@@ -80,14 +80,9 @@ def names(param: Any, ctx: Any) -> str:
     """``-q, --quiet / --no-quiet``, ``--val-fraction FLOAT``, ``SOURCE...``: how an option is written."""
     if is_argument(param):
         return f"{param.metavar or (param.name or '').upper()}{'...' if param.nargs != 1 else ''}"
-    flags = sorted(param.opts, key=lambda opt: opt.startswith("--"))
-    text = ", ".join(flags)
     value = value_name(param, ctx)
-    if value:
-        text += f" {value}"
-    if param.secondary_opts:
-        text += " / " + ", ".join(param.secondary_opts)
-    return text
+    text = ", ".join(sorted(param.opts, key=lambda opt: opt.startswith("--"))) + (f" {value}" if value else "")
+    return text + (" / " + ", ".join(param.secondary_opts) if param.secondary_opts else "")
 
 
 def extras(param: Any, ctx: Any) -> str:
@@ -221,6 +216,11 @@ def prose(text: str, style: str = "") -> Any:
     return Text(text, style=style, overflow="fold")
 
 
+def spaced(title: str, blocks: Iterable[Any]) -> list[Any]:
+    """A bold title, then the blocks, each of them followed by a blank line."""
+    return [item for block in (prose(title, "bold"), *blocks) for item in (block, prose(""))]
+
+
 def paragraphs(doc: str | None) -> list[str]:
     """A docstring's paragraphs, each on one line (Typer's ``\\f`` cuts off what help should not show)."""
     text = inspect.cleandoc(doc or "").partition("\f")[0]
@@ -247,9 +247,7 @@ def command_help(command: Any, ctx: Any, *, full: bool) -> str:
     params = [p for p in every if full or common is None or long_name(p) in common]
     width = help_console().width
     docs = paragraphs(command.help)
-    parts: list[Any] = [prose(usage(command, ctx), "bold"), prose("")]
-    for text in docs if full else docs[:2]:
-        parts += [prose(text), prose("")]
+    parts = spaced(usage(command, ctx), [prose(text) for text in (docs if full else docs[:2])])
     panels = {title: [(names(p, ctx), help_of(p, ctx)) for p in members]
               for title, members in grouped(name, params).items()}
     shared = name_width([row for rows in panels.values() for row in rows], width)
@@ -269,9 +267,7 @@ def _footer(name: str, *, full: bool, more: int, total: int) -> str:
 def group_help(group: Any, ctx: Any) -> str:
     """``tempcal --help``: the commands with their summaries, the app's options, and where the topics are."""
     width = help_console().width
-    parts: list[Any] = [prose(usage(group, ctx), "bold"), prose("")]
-    for text in paragraphs(group.help):
-        parts += [prose(text), prose("")]
+    parts = spaced(usage(group, ctx), [prose(text) for text in paragraphs(group.help)])
     commands = [(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)]
     rows = [(name, (paragraphs(cmd.short_help or cmd.help) or [""])[0]) for name, cmd in commands
             if cmd is not None and not cmd.hidden]
@@ -298,4 +294,4 @@ class HelpGroup(TyperGroup):
 
 
 __all__ = ["COMMON", "TOPICS", "HelpCommand", "HelpGroup", "command_help", "grouped", "help_console", "help_of",
-           "names", "panel", "panel_of", "render"]
+           "names", "panel", "panel_of", "render", "spaced"]
