@@ -173,13 +173,10 @@ def load_config(path: str | os.PathLike[str], *, display: str | None = None, nam
     (``display`` names it in messages, ``named`` in those about the file itself)."""
     shown = display if display is not None else os.fspath(path)
     absolute = Path(os.path.abspath(path))
-    data = parse_config(read_config_bytes(absolute, named or shown), shown)
-    if absolute.name == PYPROJECT_NAME:
-        table = _pyproject_table(data, shown)
-        if table is None:
-            raise ConfigError(f"{shown}: has no [{'.'.join(PYPROJECT_TABLE)}] table")
-        return Config(path=absolute, display=shown, data=table, in_pyproject=True)
-    return Config(path=absolute, display=shown, data=data)
+    config = _settings(absolute, shown, read_config_bytes(absolute, named or shown))
+    if config is None:
+        raise ConfigError(f"{shown}: has no [{'.'.join(PYPROJECT_TABLE)}] table")
+    return config
 
 
 def resolve_config(explicit: str | None, disabled: bool, cwd: str | os.PathLike[str] | None = None) -> Config | None:
@@ -204,13 +201,11 @@ def _discover(start_dir: str | os.PathLike[str] | None) -> Config | None:
         if os.path.lexists(candidate):
             return load_config(candidate, display=_display(candidate))
         pyproject = folder / PYPROJECT_NAME
-        if not os.path.lexists(pyproject):
-            continue
-        shown = _display(pyproject)
-        data = read_config_bytes(pyproject, shown)
-        table = _pyproject_table(parse_config(data, shown), shown) if b"tempcal" in data else None
-        if table is not None:
-            return Config(path=pyproject, display=shown, data=table, in_pyproject=True)
+        if os.path.lexists(pyproject):
+            shown = _display(pyproject)
+            data = read_config_bytes(pyproject, shown)
+            if b"tempcal" in data and (config := _settings(pyproject, shown, data)) is not None:
+                return config
     return None
 
 
@@ -222,15 +217,19 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _pyproject_table(data: Mapping[str, Any], shown: str) -> dict[str, Any] | None:
-    """``[tool.tempcal]`` of a parsed pyproject.toml, or None when absent."""
-    tool = data.get(PYPROJECT_TABLE[0])
+def _settings(path: Path, shown: str, data: bytes) -> Config | None:
+    """The tempcal settings in a file's bytes: the whole file, or a pyproject.toml's ``[tool.tempcal]`` (None when
+    it has none)."""
+    parsed = parse_config(data, shown)
+    if path.name != PYPROJECT_NAME:
+        return Config(path=path, display=shown, data=parsed)
+    tool = parsed.get(PYPROJECT_TABLE[0])
     if not isinstance(tool, dict) or PYPROJECT_TABLE[1] not in tool:
         return None
     table = tool[PYPROJECT_TABLE[1]]
     if not isinstance(table, dict):
         raise ConfigError(f"{shown}: [tool] tempcal: must be a table, got {toml_kind(table)}")
-    return table
+    return Config(path=path, display=shown, data=table, in_pyproject=True)
 
 
 # -- reading a file safely ------------------------------------------------------------------------
