@@ -108,7 +108,9 @@ def command_schema(command: Any, only: Collection[str] | None = None) -> Command
             continue
         annotation, metadata, info = annotations[name]
         is_argument = getattr(param, "param_type_name", "") == "argument"
-        keys = [name] if is_argument else _long_names(param)
+        # an option's long names without dashes (--val-fraction: val-fraction), the first one primary
+        longs = [opt[2:] for opt in param.opts if opt.startswith("--")] or [name.replace("_", "-")]
+        keys = [name] if is_argument else longs
         if any(isinstance(m, NotConfigurable) for m in metadata) or getattr(param, "is_eager", False):
             refused.update({key: "cannot be set in a configuration file" for key in keys})
             continue
@@ -152,18 +154,6 @@ def _strip_optional(annotation: Any) -> Any:
     return annotation
 
 
-def _long_names(param: Any) -> list[str]:
-    """The option's long names without dashes (``--val-fraction`` -> ``val-fraction``), the first one primary."""
-    names = [opt[2:] for opt in getattr(param, "opts", []) if opt.startswith("--")]
-    return names or [param.name.replace("_", "-")]
-
-
-def _typer_bounds(info: Any) -> Bounds | None:
-    """``typer.Option(min=, max=)`` as bounds (both ends included), or None."""
-    low, high = getattr(info, "min", None), getattr(info, "max", None)
-    return None if low is None and high is None else Bounds(low, high)
-
-
 def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any], info: Any,
               is_argument: bool) -> OptionSpec | str:
     """The spec of one parameter, or why it cannot be configured."""
@@ -176,11 +166,13 @@ def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any],
         element = _strip_optional(element)
     path = next((m for m in metadata if isinstance(m, PathValue)), None)
     value_type = next((m for m in metadata if isinstance(m, ValueType)), None)
+    low, high = getattr(info, "min", None), getattr(info, "max", None)  # typer.Option(min=, max=): both included
     common: dict[str, Any] = {
         "key": keys[0], "param_name": param.name, "multiple": multiple, "is_argument": is_argument,
         "aliases": tuple(keys[1:]),
         "negative": tuple(o[2:] for o in getattr(param, "secondary_opts", []) if o.startswith("--")),
-        "bounds": next((m for m in metadata if isinstance(m, Bounds)), None) or _typer_bounds(info),
+        "bounds": next((m for m in metadata if isinstance(m, Bounds)), None)
+        or (None if low is None and high is None else Bounds(low, high)),
         "case_sensitive": bool(getattr(info, "case_sensitive", True)),
     }
     if value_type is not None:

@@ -252,16 +252,10 @@ def command_help(command: Any, ctx: Any, *, full: bool) -> str:
               for title, members in grouped(name, params).items()}
     shared = name_width([row for rows in panels.values() for row in rows], width)
     parts += [panel(title, rows, width, shared) for title, rows in panels.items()]
-    parts.append(prose(_footer(name, full=full, more=len(every) - len(params), total=len(every)), "dim"))
+    topics = f"tempcal help {', '.join(TOPICS)}"  # then where the rest is: every option, and the topics
+    more = f"More options: tempcal help {name} (all {len(every)} options); topics: {topics}."
+    parts.append(prose(more if len(params) < len(every) else f"Topics: {topics}. Docs: docs/commands.md.", "dim"))
     return render(parts)
-
-
-def _footer(name: str, *, full: bool, more: int, total: int) -> str:
-    """Where the rest is: every option, and the topics."""
-    topics = f"tempcal help {', '.join(TOPICS)}"
-    if full or not more:
-        return f"Topics: {topics}. Docs: docs/commands.md."
-    return f"More options: tempcal help {name} (all {total} options); topics: {topics}."
 
 
 def group_help(group: Any, ctx: Any) -> str:
