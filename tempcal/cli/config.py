@@ -336,16 +336,10 @@ def check_nesting(text: str, shown: str) -> None:
                                   f"{scan.line}); a value is a number, a string, or a list of them")
         elif token in "]}":
             scan.depth = max(scan.depth - 1, 0)
-        else:
-            _check_digits(token, text[pos:pos + 1], limit, scan, shown)
-
-
-def _check_digits(run: str, after: str, limit: int, scan: _Scan, shown: str) -> None:
-    """An integer with more digits than Python converts (4300 by default) would stop the parser with a ValueError."""
-    digits = len(run) - run.count("_")
-    if limit and digits > limit and after not in (".", "e", "E"):  # a float of that many digits is read as inf
-        raise ConfigError(f"{shown}: {scan.where()}: an integer of {digits} digits (line {scan.line}); at most "
-                          f"{limit} are read")
+        elif (digits := len(token) - token.count("_")) > limit and text[pos:pos + 1] not in (".", "e", "E"):
+            # more digits than Python converts (4300 by default) stop the parser; a float of as many reads as inf
+            raise ConfigError(f"{shown}: {scan.where()}: an integer of {digits} digits (line {scan.line}); at most "
+                              f"{limit} are read")
 
 
 # -- the commands' side ---------------------------------------------------------------------------
