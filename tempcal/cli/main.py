@@ -118,7 +118,9 @@ def deliver(ctx: Any, outputs: Outputs, result: Any, *, warnings: list[str], wri
         elif step_summary_path() is not None:
             written.append(f"appended the Markdown section to ${STEP_SUMMARY_ENV} ({step_summary_path()})")
     if json_out != "-" and not outputs.quiet:
-        out = console()
+        from ..output.console import output_console
+
+        out = output_console(NeutralText(sys.stdout), highlight=False)
         render(result, out)
         for line in written:
             out.print(line, soft_wrap=True)
@@ -185,12 +187,6 @@ class NeutralText:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
-
-
-def console():
-    from ..output.console import output_console
-
-    return output_console(NeutralText(sys.stdout), highlight=False)
 
 
 def stderr(message: str) -> None:
@@ -266,4 +262,4 @@ def run() -> None:
     os._exit(code)
 
 
-__all__ = ["Interrupted", "app", "check_paths", "console", "deliver", "main", "run", "stderr"]
+__all__ = ["Interrupted", "app", "check_paths", "deliver", "main", "run", "stderr"]
