@@ -408,8 +408,13 @@ class ConfiguredCommand(HelpCommand):
         return command_schema(self)
 
     def _apply_config(self, ctx: Any, args: Sequence[str]) -> None:
-        opts = self._preparse(ctx, args)
-        if opts is None or opts.get("help"):
+        try:  # the parser's raw {parameter name: value}, to find --config, --help and what the command line sets
+            opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception as exc:  # the real parse reports usage errors with the proper message
+            if any(cls.__name__ == "UsageError" for cls in type(exc).__mro__):
+                return
+            raise
+        if opts.get("help"):
             return
         config = resolve_config(opts.get("config"), bool(opts.get("no_config")))
         ctx.meta[META_KEY] = ConfigState(config=config)
@@ -420,16 +425,6 @@ class ConfiguredCommand(HelpCommand):
                       for name, command in commands.items()})
         given = {name for name, value in opts.items() if value not in (None, (), [])}
         ctx.default_map = {**(ctx.default_map or {}), **config.defaults_for(str(self.name), self.schema, given)}
-
-    def _preparse(self, ctx: Any, args: Sequence[str]) -> dict[str, Any] | None:
-        """The parser's raw ``{parameter name: value}`` for ``args`` (None when they do not parse)."""
-        try:
-            opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
-        except Exception as exc:  # the real parse reports usage errors with the proper message
-            if any(cls.__name__ == "UsageError" for cls in type(exc).__mro__):
-                return None
-            raise
-        return dict(opts)
 
     def _check_given_values(self, ctx: Any) -> None:
         """Range-check the values the command line gave (the file's were checked as it was read, and the defaults
