@@ -1,7 +1,7 @@
 """tempcal: post-hoc temperature scaling, calibration metrics and OOD scores for classifier logits.
 
 The names below are imported lazily, so that ``import tempcal`` (and the CLI's ``--help``)
-does not pay for importing torch until a function that needs it is used. :data:`_EXPORTS`
+does not pay for importing torch until a function that needs it is used. :data:`_MODULES`
 is the one list of them; a test checks the ``TYPE_CHECKING`` imports below match it.
 """
 
@@ -12,70 +12,44 @@ from typing import TYPE_CHECKING
 
 from ._version import __version__
 
-#: Public name -> the module that defines it.
-_EXPORTS = {
+#: Each module (relative to the package) and the public names it defines.
+_MODULES = {
     # errors and checks
-    "TempcalError": "errors",
-    "DataError": "errors",
-    "ProbabilitiesError": "errors",
-    "TEMPERATURE_KEY": "errors",
-    "PROBS_KEY": "errors",
+    "errors": ("TempcalError", "DataError", "ProbabilitiesError", "TEMPERATURE_KEY", "PROBS_KEY"),
     # sources -> data
-    "open_source": "sources.registry",
-    "read_stored_temperature": "sources.registry",
-    "write_stored_temperature": "sources.registry",
-    "SourceOptions": "sources.base",
-    "OpenedSource": "sources.base",
-    "LogitsData": "core.data",
-    "as_logits_data": "core.data",
-    "resolve_device": "core.parallel",
-    "read_header": "io.safetensors_header",
+    "sources.registry": ("open_source", "read_stored_temperature", "write_stored_temperature"),
+    "sources.base": ("SourceOptions", "OpenedSource"),
+    "core.data": ("LogitsData", "as_logits_data"),
+    "core.parallel": ("resolve_device",),
+    "io.safetensors_header": ("read_header", "write_temperature"),
     # the scan and the fit
-    "Scan": "core.scan",
-    "stratified_split": "core.splitting",
-    "fit_temperature": "subsets.fits",  # core's fit, with groups= and folds= registered
-    "FitResult": "core.fitting",
-    "T_MIN": "core.fitting",
-    "T_MAX": "core.fitting",
+    "core.scan": ("Scan",),
+    "core.splitting": ("stratified_split",),
+    "subsets.fits": ("fit_temperature",),  # core's fit, with groups= and folds= registered
+    "core.fitting": ("FitResult", "T_MIN", "T_MAX"),
     # metrics and scores
-    "CalibrationMetrics": "metrics.calibration",
-    "ReliabilityBin": "metrics.calibration",
-    "calibration_metrics": "metrics.calibration",
-    "evaluate": "metrics.calibration",
-    "evaluate_many": "metrics.calibration",
-    "estimators_for": "metrics.calibration",
-    "ece_equal_mass": "metrics.calibration",
-    "rms_calibration_error": "metrics.calibration",
-    "debiased_l2_calibration_error": "metrics.calibration",
-    "classwise_ece": "metrics.calibration",
-    "bootstrap_intervals": "metrics.bootstrap",
-    "OodMetrics": "metrics.detection",
-    "detection_metrics": "metrics.detection",
-    "fpr_at_recall": "metrics.detection",
+    "metrics.calibration": ("CalibrationMetrics", "ReliabilityBin", "calibration_metrics", "evaluate", "evaluate_many",
+                            "estimators_for", "ece_equal_mass", "rms_calibration_error",
+                            "debiased_l2_calibration_error", "classwise_ece"),
+    "metrics.bootstrap": ("bootstrap_intervals",),
+    "metrics.detection": ("OodMetrics", "detection_metrics", "fpr_at_recall"),
     # whole commands
-    "fit_file": "workflows.fit",
-    "FitReport": "workflows.fit",
-    "report_file": "workflows.report",
-    "ReportResult": "workflows.report",
-    "ood_file": "workflows.ood",
-    "OodReport": "workflows.ood",
-    "score_samples": "workflows.ood",
-    "inspect_file": "workflows.inspect",
-    "InspectReport": "workflows.inspect",
-    "apply_file": "workflows.apply",
-    "ApplyResult": "workflows.apply",
-    # write-back and deployment
-    "write_temperature": "io.safetensors_header",
-    "TemperatureScaler": "scaler",
-    "TemperatureScaling": "scaler",
+    "workflows.fit": ("fit_file", "FitReport"),
+    "workflows.report": ("report_file", "ReportResult"),
+    "workflows.ood": ("ood_file", "OodReport", "score_samples"),
+    "workflows.inspect": ("inspect_file", "InspectReport"),
+    "workflows.apply": ("apply_file", "ApplyResult"),
+    # deployment
+    "scaler": ("TemperatureScaler", "TemperatureScaling"),
     # models
-    "is_model_path": "models.detect",
-    "LoadedModel": "models.base",
-    "run_model": "models.run",
-    "save_logits": "models.save",
-    "save_calibrated_model": "models.save",
-    "odin_scores": "models.odin",
+    "models.detect": ("is_model_path",),
+    "models.base": ("LoadedModel",),
+    "models.run": ("run_model",),
+    "models.save": ("save_logits", "save_calibrated_model"),
+    "models.odin": ("odin_scores",),
 }
+#: Public name -> the module that defines it.
+_EXPORTS = {name: module for module, names in _MODULES.items() for name in names}
 
 __all__ = ["__version__", *_EXPORTS]
 

@@ -15,18 +15,26 @@ if TYPE_CHECKING:
     import torch
 
 _MARK = "\x1f"
-_PARAM = re.compile(f"{_MARK}([A-Za-z0-9_]+){_MARK}")
+_PARAM = re.compile(f"{_MARK}([A-Za-z0-9_]+)(?:=(True|False))?{_MARK}")
 
 
-def param(name: str) -> str:
+def param(name: str, value: bool | None = None) -> str:
     """The parameter ``name`` (a Python argument name) marked inside a message: Python callers read ``labels_key``,
-    the command line ``--labels-key`` (the exit statuses are mapped once, in ``tempcal.cli.main``)."""
-    return f"{_MARK}{name}{_MARK}"
+    the command line ``--labels-key``; with an on/off ``value``, ``probs=False`` and ``--no-probs`` (the exit
+    statuses are mapped once, in ``tempcal.cli.main``)."""
+    return f"{_MARK}{name}{'' if value is None else f'={value}'}{_MARK}"
+
+
+def _shown_param(match: re.Match[str], flags: bool) -> str:
+    name, value = match.groups()
+    if not flags:
+        return f"{name}={value}" if value else name
+    return f"--{'no-' if value == 'False' else ''}{name.replace('_', '-')}"
 
 
 def render(message: str, *, flags: bool) -> str:
     """A message with its parameters shown as command-line flags (``--labels-key``) or argument names."""
-    return _PARAM.sub(lambda m: f"--{m.group(1).replace('_', '-')}" if flags else m.group(1), message)
+    return _PARAM.sub(lambda match: _shown_param(match, flags), message)
 
 
 class Note(str):
@@ -382,30 +390,14 @@ def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name
 
 
 # -- probabilities ------------------------------------------------------------------------
-#: Marks in a probabilities message, each shown one way to Python callers and another on the command line.
-_PROBS_CHOICES = {
-    "\x1eeither\x1e": ("probs=True, or probs=False", "--probs, or --no-probs"),
-    "\x1elogits\x1e": ("probs=False", "--no-probs"),
-    "\x1eprobs\x1e": ("probs=True", "--probs"),
-}
-EITHER, AS_LOGITS, AS_PROBS = _PROBS_CHOICES
+#: How a probabilities message names the choice: ``probs=True`` in Python, ``--probs`` on the command line.
+AS_LOGITS, AS_PROBS = param("probs", False), param("probs", True)
+EITHER = f"{AS_PROBS}, or {AS_LOGITS}"
 
 
 class ProbabilitiesError(DataError):
     """Probabilities given where logits are read, or a T fitted on log(p) about to meet raw values; the message names
     the choice as the caller makes it (``probs=True`` in Python, ``--probs`` on the command line)."""
-
-    def _shown(self, cli: bool) -> str:
-        text = self.raw
-        for mark, (python, flag) in _PROBS_CHOICES.items():
-            text = text.replace(mark, flag if cli else python)
-        return render(text, flags=cli)
-
-    def __str__(self) -> str:
-        return self._shown(False)
-
-    def for_cli(self) -> str:
-        return self._shown(True)
 
 
 def probabilities_refused(what: str, where: str = "") -> ProbabilitiesError:
@@ -429,11 +421,10 @@ def check_alphas(alphas: Sequence[float]) -> list[float]:
     return list(dict.fromkeys(check_option(param("conformal_alpha"), alpha, MISCOVERAGE) for alpha in alphas))
 
 
-__all__ = ["BIDI_CONTROLS", "FRACTION", "IGNORE_INDEX", "INT64_MAX", "INT64_MIN", "MAX_BINS", "MAX_RESAMPLES",
-           "MIN_TEMPERATURE", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE", "POSITIVE", "PROBS_KEY", "READING_KEYS",
-           "TEMPERATURE_KEY", "UNIT", "Bounds", "DataError", "Info", "Note", "OutOfRange", "ProbabilitiesError",
-           "StoredNote", "TempcalError", "as_temperature", "check_alphas", "check_bins", "check_confidences",
-           "check_labels", "check_number", "check_option", "check_taus", "for_cli", "format_temperature", "is_fitted",
-           "neutral", "param", "parse_tau", "positive_number", "probabilities_refused", "render", "resolve_taus",
-           "shown_value", "stored_probs", "stored_temperature", "temperature_number", "temperature_problem",
-           "whole_number"]
+__all__ = ["FRACTION", "IGNORE_INDEX", "MAX_BINS", "MAX_RESAMPLES", "MISCOVERAGE", "NON_NEGATIVE", "PERCENTILE",
+           "POSITIVE", "PROBS_KEY", "READING_KEYS", "TEMPERATURE_KEY", "UNIT", "Bounds", "DataError", "Info", "Note",
+           "OutOfRange", "ProbabilitiesError", "StoredNote", "TempcalError", "as_temperature", "check_alphas",
+           "check_bins", "check_confidences", "check_labels", "check_number", "check_option", "check_taus", "for_cli",
+           "format_temperature", "is_fitted", "neutral", "param", "parse_tau", "positive_number",
+           "probabilities_refused", "render", "resolve_taus", "shown_value", "stored_probs", "stored_temperature",
+           "temperature_number", "temperature_problem", "whole_number"]

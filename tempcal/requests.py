@@ -33,6 +33,11 @@ class Outputs:
         """Whether progress is drawn on standard error: not when the JSON goes to standard output, nor under --quiet."""
         return self.json_out != "-" and not self.quiet
 
+    def files(self) -> dict[str, str | None]:
+        """The files asked for, by flag, for the checks before any work (``--output`` is the command's to name)."""
+        return {"--json": self.json_out, "--scores": self.scores, "--plot": self.plot, "--html": self.html,
+                "--markdown": self.markdown, "--save-model": self.save_model, "--save-logits": self.save_logits}
+
 
 @dataclass(frozen=True)
 class Texts:

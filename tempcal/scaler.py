@@ -188,7 +188,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         return self.fit(X, y, groups, **fit_params).transform(X, groups)
 
     def _temperatures(self, rows: int, groups: Any, device: torch.device) -> torch.Tensor | float:
-        """The T of each of ``rows`` rows (its group's; the global T for an unseen group), or the global T."""
+        """Each of ``rows`` rows' T as a column (its group's; the global T for an unseen group), or the global T."""
         if groups is None or not self.group_temperatures_:
             return self.temperature_
         values = _group_values(groups, rows)
@@ -198,7 +198,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
             warnings.warn(f"{len(unseen)} group(s) not seen in fit (first: {unseen[0]!r}) take the global T",
                           UserWarning, stacklevel=3)
         temps = [table.get(v, self.temperature_) for v in values.tolist()]
-        return torch.tensor(temps, dtype=torch.float64, device=device)
+        return torch.tensor(temps, dtype=torch.float64, device=device)[:, None]
 
     def transform(self, X: Any, groups: Any = None) -> Any:
         """``X / T`` in the input's float dtype and shape (float16/bfloat16 divided in float32; integers: float64);
@@ -206,7 +206,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         z, is_torch, shape, dtype = self._logits(X)
         compute = torch.promote_types(z.dtype, torch.float32)
         temperature = self._temperatures(z.shape[0], groups, z.device)
-        divisor = temperature.to(compute)[:, None] if isinstance(temperature, torch.Tensor) else temperature
+        divisor = temperature.to(compute) if isinstance(temperature, torch.Tensor) else temperature
         scaled = (z.to(compute) / divisor).to(dtype)
         return _out(scaled.reshape(shape), is_torch)
 
@@ -215,7 +215,6 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         computed in float64; float64 numpy, or a tensor in the input's dtype promoted to at least float32."""
         z, is_torch, _, dtype = self._logits(X)
         binary = self.n_features_in_ == 1
-        z = z.reshape(-1) if binary else z
         rows = int(z.shape[0])
         out_dtype = torch.promote_types(dtype, torch.float32) if is_torch else torch.float64
         out = torch.empty(rows, 2 if binary else int(z.shape[1]), dtype=out_dtype, device=z.device)
@@ -223,13 +222,8 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         temperature = self._temperatures(rows, groups, z.device)
         for start in range(0, rows, step):
             t = temperature[start : start + step] if isinstance(temperature, torch.Tensor) else temperature
-            if isinstance(t, torch.Tensor) and not binary:
-                t = t[:, None]
-            chunk = z[start : start + step].to(torch.float64) / t
-            if binary:
-                p = torch.stack([torch.sigmoid(-chunk), torch.sigmoid(chunk)], dim=1)
-            else:
-                p = torch.softmax(chunk, dim=1)
+            chunk = z[start : start + step].to(torch.float64) / t  # one binary logit: a column
+            p = torch.cat([torch.sigmoid(-chunk), torch.sigmoid(chunk)], dim=1) if binary else torch.softmax(chunk, 1)
             out[start : start + step] = p.to(out_dtype)
         return _out(out, is_torch)
 
@@ -255,7 +249,7 @@ class TemperatureScaler(ClassifierMixin, TransformerMixin, BaseEstimator,
         from .subsets.cells import cell_objective
 
         cells = torch.arange(z.shape[0], device=scan.device)
-        sums = cell_objective(scan, (1.0 / temperature)[None, :], cells)[0]
+        sums = cell_objective(scan, (1.0 / temperature).reshape(1, -1), cells)[0]
         return -float(sums[:, 1].sum() / sums[:, 0].sum())
 
     def to_module(self) -> "TemperatureScaling":

@@ -10,9 +10,9 @@ import typer
 
 import tempcal.cli.options as opt
 
-from ..errors import TempcalError, check_taus
+from ..errors import TempcalError
 from .config import ConfiguredCommand
-from .config_schema import OUTPUT, ValueType
+from .config_schema import OUTPUT
 from .main import app, check_paths, deliver
 
 
@@ -31,7 +31,7 @@ ApplyAsOpt = Annotated[ApplyAs, typer.Option(
     help="What to write: softmax(logits / T) (probs), logits / T (logits) or log_softmax(logits / T) (log-probs).")]
 ApplyTau = Annotated[Optional[str], typer.Option(
     "--tau", metavar="T", help="The temperature for every row (> 0), instead of the stored T ('fitted', the "
-    "default)."), ValueType('a number or "fitted"', opt.configured_tau, check=lambda text: check_taus([text]))]
+    "default)."), opt.TAU_VALUE]
 Groups = Annotated[bool, typer.Option(
     "--groups/--no-groups", help="Apply each row's stored group T where SOURCE stores per-group temperatures "
     "(--no-groups: the global T for every row).")]
@@ -94,9 +94,9 @@ def apply(
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
-    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress,
-                                  ctx=ctx)
+    outputs = Outputs(json_out=json_out, quiet=quiet)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
                         device=device, chunk_rows=chunk_rows, options=options)
-    deliver(ctx, warnings=result.warnings, write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"],
-            payload=result.to_json, render=lambda out: print_apply(result, out), json_out=json_out, quiet=quiet)
+    deliver(ctx, outputs, result, warnings=result.warnings, payload=result.to_json, render=print_apply,
+            write=lambda: [f"wrote the {WHAT[result.as_]} to {result.output}"])

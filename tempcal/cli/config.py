@@ -10,6 +10,7 @@ import re
 import sys
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +52,6 @@ class Config:
     display: str  # how messages name the file
     data: Mapping[str, Any]
     in_pyproject: bool = False
-
-    @property
-    def folder(self) -> Path:
-        return self.path.parent
 
     def label(self, table: str | None, key: str) -> str:
         """``tempcal.toml: [ood] tau``; ``pyproject.toml: [tool.tempcal.ood] tau``; ``tempcal.toml: source``."""
@@ -110,7 +107,7 @@ class Config:
 
     def _spec(self, schema: CommandSchema, command: str, key: str) -> OptionSpec:
         """The spec of a key in a command's table, or an error saying why the key is not one."""
-        spec = schema.lookup(key)
+        spec = schema.options.get(key)
         if spec is not None:
             return spec
         if key in schema.refused:
@@ -119,7 +116,8 @@ class Config:
             if key in candidate.negative:
                 raise self.error(command, key, f"unknown key; write {candidate.key} = false")
         close = difflib.get_close_matches(key, list(schema.options), n=1)
-        hint = f" (did you mean '{close[0]}'?)" if close else f" ({command} options: {', '.join(schema.keys())})"
+        keys = sorted({spec.key for spec in schema.options.values()})
+        hint = f" (did you mean '{close[0]}'?)" if close else f" ({command} options: {', '.join(keys)})"
         raise self.error(command, key, f"unknown key{hint}")
 
     def _unknown_top_level(self, key: str, value: Any, schemas: Mapping[str, CommandSchema]) -> ConfigError:
@@ -127,7 +125,7 @@ class Config:
         tables = ", ".join(f"[{name}]" for name in schemas)
         if isinstance(value, dict):
             return self.error(None, key, f"unknown table; the tables are {tables}")
-        owners = [name for name, schema in schemas.items() if schema.lookup(key)]
+        owners = [name for name, schema in schemas.items() if key in schema.options]
         hint = f"; options go in a command's table ({', '.join(f'[{o}]' for o in owners)})" if owners else ""
         return self.error(None, key, f"unknown key; the top level holds 'source' and the tables {tables}{hint}")
 
@@ -146,7 +144,7 @@ class Config:
     def _convert_one(self, spec: OptionSpec, value: Any, table: str | None, key: str, *,
                      list_hint: bool = False) -> Any:
         try:
-            return convert_value(spec, value, self.folder)
+            return convert_value(spec, value, self.path.parent)
         except TypeError as exc:
             wanted = expected(spec) + (" or a list of them" if list_hint else "")
             raise self.error(table, key, str(exc) or f"expected {wanted}, got {toml_kind(value)}") from None
@@ -175,13 +173,10 @@ def load_config(path: str | os.PathLike[str], *, display: str | None = None, nam
     (``display`` names it in messages, ``named`` in those about the file itself)."""
     shown = display if display is not None else os.fspath(path)
     absolute = Path(os.path.abspath(path))
-    data = parse_config(read_config_bytes(absolute, named or shown), shown)
-    if absolute.name == PYPROJECT_NAME:
-        table = _pyproject_table(data, shown)
-        if table is None:
-            raise ConfigError(f"{shown}: has no [{'.'.join(PYPROJECT_TABLE)}] table")
-        return Config(path=absolute, display=shown, data=table, in_pyproject=True)
-    return Config(path=absolute, display=shown, data=data)
+    config = _settings(absolute, shown, read_config_bytes(absolute, named or shown))
+    if config is None:
+        raise ConfigError(f"{shown}: has no [{'.'.join(PYPROJECT_TABLE)}] table")
+    return config
 
 
 def resolve_config(explicit: str | None, disabled: bool, cwd: str | os.PathLike[str] | None = None) -> Config | None:
@@ -206,13 +201,11 @@ def _discover(start_dir: str | os.PathLike[str] | None) -> Config | None:
         if os.path.lexists(candidate):
             return load_config(candidate, display=_display(candidate))
         pyproject = folder / PYPROJECT_NAME
-        if not os.path.lexists(pyproject):
-            continue
-        shown = _display(pyproject)
-        data = read_config_bytes(pyproject, shown)
-        table = _pyproject_table(parse_config(data, shown), shown) if b"tempcal" in data else None
-        if table is not None:
-            return Config(path=pyproject, display=shown, data=table, in_pyproject=True)
+        if os.path.lexists(pyproject):
+            shown = _display(pyproject)
+            data = read_config_bytes(pyproject, shown)
+            if b"tempcal" in data and (config := _settings(pyproject, shown, data)) is not None:
+                return config
     return None
 
 
@@ -224,15 +217,19 @@ def _display(path: Path) -> str:
         return str(path)
 
 
-def _pyproject_table(data: Mapping[str, Any], shown: str) -> dict[str, Any] | None:
-    """``[tool.tempcal]`` of a parsed pyproject.toml, or None when absent."""
-    tool = data.get(PYPROJECT_TABLE[0])
+def _settings(path: Path, shown: str, data: bytes) -> Config | None:
+    """The tempcal settings in a file's bytes: the whole file, or a pyproject.toml's ``[tool.tempcal]`` (None when
+    it has none)."""
+    parsed = parse_config(data, shown)
+    if path.name != PYPROJECT_NAME:
+        return Config(path=path, display=shown, data=parsed)
+    tool = parsed.get(PYPROJECT_TABLE[0])
     if not isinstance(tool, dict) or PYPROJECT_TABLE[1] not in tool:
         return None
     table = tool[PYPROJECT_TABLE[1]]
     if not isinstance(table, dict):
         raise ConfigError(f"{shown}: [tool] tempcal: must be a table, got {toml_kind(table)}")
-    return table
+    return Config(path=path, display=shown, data=table, in_pyproject=True)
 
 
 # -- reading a file safely ------------------------------------------------------------------------
@@ -256,15 +253,11 @@ def read_config_bytes(path: Path, shown: str) -> bytes:
         grown = "grew past the limit as it was read" if exc.grew else f"is {exc.size} bytes"
         raise ConfigError(f"{shown}: {grown}; {_LIMIT}") from None
     except FileNotFoundError:
-        raise ConfigError(f"{shown}: {_missing(path)}") from None
+        missing = (f"is a link to {os.readlink(path)}, which does not exist" if os.path.islink(path)
+                   else "no such configuration file")
+        raise ConfigError(f"{shown}: {missing}") from None
     except OSError as exc:
         raise ConfigError(f"{shown}: cannot read: {exc.strerror or exc}") from None
-
-
-def _missing(path: Path) -> str:
-    if os.path.islink(path):
-        return f"is a link to {os.readlink(path)}, which does not exist"
-    return "no such configuration file"
 
 
 def parse_config(data: bytes, shown: str) -> dict[str, Any]:
@@ -343,16 +336,10 @@ def check_nesting(text: str, shown: str) -> None:
                                   f"{scan.line}); a value is a number, a string, or a list of them")
         elif token in "]}":
             scan.depth = max(scan.depth - 1, 0)
-        else:
-            _check_digits(token, text[pos:pos + 1], limit, scan, shown)
-
-
-def _check_digits(run: str, after: str, limit: int, scan: _Scan, shown: str) -> None:
-    """An integer with more digits than Python converts (4300 by default) would stop the parser with a ValueError."""
-    digits = len(run) - run.count("_")
-    if limit and digits > limit and after not in (".", "e", "E"):  # a float of that many digits is read as inf
-        raise ConfigError(f"{shown}: {scan.where()}: an integer of {digits} digits (line {scan.line}); at most "
-                          f"{limit} are read")
+        elif (digits := len(token) - token.count("_")) > limit and text[pos:pos + 1] not in (".", "e", "E"):
+            # more digits than Python converts (4300 by default) stop the parser; a float of as many reads as inf
+            raise ConfigError(f"{shown}: {scan.where()}: an integer of {digits} digits (line {scan.line}); at most "
+                              f"{limit} are read")
 
 
 # -- the commands' side ---------------------------------------------------------------------------
@@ -370,9 +357,16 @@ class ConfigState:
         return {"config": str(self.config.path) if self.config else None, "config_keys": sorted(self.used.values())}
 
 
+def given_in(ctx: Any, name: str) -> str | None:
+    """Where the parameter ``name`` took its value: the "command line" (or the environment), the configuration
+    "file", or None (its default)."""
+    kind = getattr(ctx.get_parameter_source(name), "name", "")
+    return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
+
+
 def config_state(ctx: Any) -> ConfigState:
     """The run's :class:`ConfigState` (an empty one when no configuration was looked for)."""
-    state = ctx.meta.get(META_KEY) if ctx is not None else None
+    state = ctx.meta.get(META_KEY)
     return state if isinstance(state, ConfigState) else ConfigState(config=None)
 
 
@@ -398,7 +392,7 @@ class ConfiguredCommand(HelpCommand):
             if state.config is None or not state.used:
                 raise
             message = exc.for_cli()
-            options = {spec.param_name: spec for spec in self.schema().options.values()}
+            options = {spec.param_name: spec for spec in self.schema.options.values()}
             for name, used in sorted(state.used.items()):
                 spec = options[name]
                 flag = f"--{spec.key}"
@@ -408,74 +402,61 @@ class ConfiguredCommand(HelpCommand):
                 raise type(exc)(f"{exc.raw} ({flag} is set in {where})") from None
             raise
 
+    @cached_property
     def schema(self) -> CommandSchema:
         """This command's schema, derived once."""
-        cached = self.__dict__.get("_tempcal_schema")
-        if cached is None:
-            cached = self.__dict__["_tempcal_schema"] = command_schema(self)
-        return cached
+        return command_schema(self)
 
     def _apply_config(self, ctx: Any, args: Sequence[str]) -> None:
-        opts = self._preparse(ctx, args)
-        if opts is None or opts.get("help"):
+        try:  # the parser's raw {parameter name: value}, to find --config, --help and what the command line sets
+            opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
+        except Exception as exc:  # the real parse reports usage errors with the proper message
+            if any(cls.__name__ == "UsageError" for cls in type(exc).__mro__):
+                return
+            raise
+        if opts.get("help"):
             return
         config = resolve_config(opts.get("config"), bool(opts.get("no_config")))
         ctx.meta[META_KEY] = ConfigState(config=config)
         if config is None:
             return
-        group = getattr(ctx.parent, "command", None) if ctx.parent is not None else None
-        commands = getattr(group, "commands", None) or {self.name: self}
-        config.check({name: command.schema() if isinstance(command, ConfiguredCommand) else command_schema(command)
+        commands = getattr(getattr(ctx.parent, "command", None), "commands", None) or {self.name: self}
+        config.check({name: command.schema if isinstance(command, ConfiguredCommand) else command_schema(command)
                       for name, command in commands.items()})
         given = {name for name, value in opts.items() if value not in (None, (), [])}
-        ctx.default_map = {**(ctx.default_map or {}), **config.defaults_for(str(self.name), self.schema(), given)}
-
-    def _preparse(self, ctx: Any, args: Sequence[str]) -> dict[str, Any] | None:
-        """The parser's raw ``{parameter name: value}`` for ``args`` (None when they do not parse)."""
-        try:
-            opts, _, _ = self.make_parser(ctx).parse_args(args=list(args))
-        except Exception as exc:  # the real parse reports usage errors with the proper message
-            if any(cls.__name__ == "UsageError" for cls in type(exc).__mro__):
-                return None
-            raise
-        return dict(opts)
+        ctx.default_map = {**(ctx.default_map or {}), **config.defaults_for(str(self.name), self.schema, given)}
 
     def _check_given_values(self, ctx: Any) -> None:
         """Range-check the values the command line gave (the file's were checked as it was read, and the defaults
         are in range): only their parameters' specs are derived unless a file made the whole schema."""
         given = {name for name, value in ctx.params.items()  # SOURCE is paths and a flag on or off: nothing to check
                  if value is not None and not isinstance(value, bool) and name != SOURCE_KEY
-                 and getattr(ctx.get_parameter_source(name), "name", "") not in ("DEFAULT_MAP", "DEFAULT")}
+                 and given_in(ctx, name) == "command line"}
         if not given:
             return
-        schema = self.__dict__.get("_tempcal_schema") or command_schema(self, only=given)
+        schema = self.__dict__.get("schema") or command_schema(self, only=given)  # the whole, once a file made it
         specs = {spec.param_name: spec for spec in schema.options.values() if spec.param_name in given}
         for name, spec in specs.items():
             value = ctx.params[name]
-            for item in value if spec.multiple else [value]:
-                check_given(spec, item)
+            for item in value if spec.multiple else [value]:  # "--seed -5: expected a whole number from 0 to ..."
+                if spec.kind in ("int", "float"):
+                    check_option(f"--{spec.key}", item, spec.bounds or Bounds(), whole=spec.kind == "int")
+                elif spec.value_type is not None and spec.value_type.check is not None:
+                    spec.value_type.check(item)
 
     def _record_sources(self, ctx: Any) -> None:
         """After parsing: note which parameters took their value from the file (parameter source DEFAULT_MAP)."""
-        state = ctx.meta.get(META_KEY)
-        if not isinstance(state, ConfigState) or state.config is None:
+        state = config_state(ctx)
+        if state.config is None:
             return
-        by_param = {spec.param_name: spec for spec in self.schema().options.values()}
+        by_param = {spec.param_name: spec for spec in self.schema.options.values()}
         table = state.config.data.get(str(self.name), {})
         for name in ctx.params:
-            source = ctx.get_parameter_source(name)
-            if source is not None and source.name == "DEFAULT_MAP" and name in by_param:
+            if given_in(ctx, name) == "file" and name in by_param:
                 spec = by_param[name]
                 in_table = any(key in table for key in (spec.key, *spec.aliases))  # else: the top-level source
                 state.used[name] = f"[{self.name}] {spec.key}" if in_table else spec.key
 
 
-def check_given(spec: OptionSpec, value: Any) -> None:
-    """A command-line value in its option's range: ``--seed -5: expected a whole number from 0 to ...``."""
-    if spec.kind in ("int", "float"):
-        check_option(f"--{spec.key}", value, spec.bounds or Bounds(), whole=spec.kind == "int")
-    elif spec.value_type is not None and spec.value_type.check is not None:
-        spec.value_type.check(value)
-
-
-__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfiguredCommand", "config_state", "load_config", "resolve_config"]
+__all__ = ["CONFIG_NAME", "Config", "ConfigError", "ConfiguredCommand", "config_state", "given_in",
+           "load_config", "resolve_config"]

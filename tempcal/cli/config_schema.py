@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Annotated, Any, Literal
 
+from typer.models import ParameterInfo
+
 from ..errors import Bounds, TempcalError, check_number, shown_value
 
 SOURCE_KEY = "source"
@@ -88,13 +90,6 @@ class CommandSchema:
     source: OptionSpec | None
     refused: Mapping[str, str] = field(default_factory=dict)  # key -> why it cannot be configured
 
-    def lookup(self, key: str) -> OptionSpec | None:
-        return self.options.get(key)
-
-    def keys(self) -> list[str]:
-        """The primary keys, for messages."""
-        return sorted({spec.key for spec in self.options.values()})
-
 
 #: The top-level ``source``: paths or glob patterns of files that must exist.
 TOP_SOURCE = OptionSpec(key=SOURCE_KEY, param_name=SOURCE_KEY, kind="path", multiple=True, path=INPUTS)
@@ -113,7 +108,9 @@ def command_schema(command: Any, only: Collection[str] | None = None) -> Command
             continue
         annotation, metadata, info = annotations[name]
         is_argument = getattr(param, "param_type_name", "") == "argument"
-        keys = [name] if is_argument else _long_names(param)
+        # an option's long names without dashes (--val-fraction: val-fraction), the first one primary
+        longs = [opt[2:] for opt in param.opts if opt.startswith("--")] or [name.replace("_", "-")]
+        keys = [name] if is_argument else longs
         if any(isinstance(m, NotConfigurable) for m in metadata) or getattr(param, "is_eager", False):
             refused.update({key: "cannot be set in a configuration file" for key in keys})
             continue
@@ -132,10 +129,7 @@ def command_schema(command: Any, only: Collection[str] | None = None) -> Command
 def _callback_annotations(command: Any, only: Collection[str] | None) -> dict[str, tuple[Any, list[Any], Any]]:
     """Per parameter name (of ``only``, when given): (annotation without Annotated/Optional, Annotated metadata,
     Typer's ParameterInfo)."""
-    callback = getattr(command, "callback", None)
-    if callback is None:
-        return {}
-    signature = inspect.signature(callback, eval_str=True)  # follows Typer's wrapper to the function
+    signature = inspect.signature(command.callback, eval_str=True)  # follows Typer's wrapper to the function
     out: dict[str, tuple[Any, list[Any], Any]] = {}
     for name, parameter in signature.parameters.items():
         if only is not None and name not in only:
@@ -144,13 +138,9 @@ def _callback_annotations(command: Any, only: Collection[str] | None) -> dict[st
         metadata: list[Any] = []
         if typing.get_origin(annotation) is Annotated:
             annotation, *metadata = typing.get_args(annotation)
-        info = next((m for m in metadata if _is_parameter_info(m)), None)
+        info = next((m for m in metadata if isinstance(m, ParameterInfo)), None)
         out[name] = (_strip_optional(annotation), metadata, info)
     return out
-
-
-def _is_parameter_info(value: Any) -> bool:
-    return any(cls.__name__ == "ParameterInfo" for cls in type(value).__mro__)
 
 
 def _strip_optional(annotation: Any) -> Any:
@@ -162,18 +152,6 @@ def _strip_optional(annotation: Any) -> Any:
         rest = [a for a in args if a is not type(None)]
         return rest[0] if len(rest) == 1 else annotation
     return annotation
-
-
-def _long_names(param: Any) -> list[str]:
-    """The option's long names without dashes (``--val-fraction`` -> ``val-fraction``), the first one primary."""
-    names = [opt[2:] for opt in getattr(param, "opts", []) if opt.startswith("--")]
-    return names or [param.name.replace("_", "-")]
-
-
-def _typer_bounds(info: Any) -> Bounds | None:
-    """``typer.Option(min=, max=)`` as bounds (both ends included), or None."""
-    low, high = getattr(info, "min", None), getattr(info, "max", None)
-    return None if low is None and high is None else Bounds(low, high)
 
 
 def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any], info: Any,
@@ -188,11 +166,13 @@ def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any],
         element = _strip_optional(element)
     path = next((m for m in metadata if isinstance(m, PathValue)), None)
     value_type = next((m for m in metadata if isinstance(m, ValueType)), None)
+    low, high = getattr(info, "min", None), getattr(info, "max", None)  # typer.Option(min=, max=): both included
     common: dict[str, Any] = {
         "key": keys[0], "param_name": param.name, "multiple": multiple, "is_argument": is_argument,
         "aliases": tuple(keys[1:]),
         "negative": tuple(o[2:] for o in getattr(param, "secondary_opts", []) if o.startswith("--")),
-        "bounds": next((m for m in metadata if isinstance(m, Bounds)), None) or _typer_bounds(info),
+        "bounds": next((m for m in metadata if isinstance(m, Bounds)), None)
+        or (None if low is None and high is None else Bounds(low, high)),
         "case_sensitive": bool(getattr(info, "case_sensitive", True)),
     }
     if value_type is not None:

@@ -10,8 +10,8 @@ import tempcal.cli.options as opt
 
 from ..errors import IGNORE_INDEX, TempcalError
 from ..subsets.options import settle_folds
-from .config import ConfiguredCommand
-from .main import app, check_paths, deliver, start
+from .config import ConfiguredCommand, given_in
+from .main import app, check_paths, deliver
 
 if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
     from ..requests import FitRequest
@@ -97,44 +97,37 @@ def fit(
 
 def _fit(ctx: typer.Context, request: FitRequest) -> None:
     """The command, from its request: the checks before any work, the fit, the write-back and the outputs."""
-    request = _cross_fitting(ctx, request)
+    request = settle_folds(request, lambda name: given_in(ctx, name))  # --folds against --val-fraction and --eval
     source = opt.command_source(ctx, request)
     is_model = _check_writes(source, request)
-    _check_paths(ctx, source, is_model, request)
+    reading, outputs = request.reading, request.outputs
+    check_paths(ctx, {**outputs.files(), **_record_outputs(request)},
+                {"SOURCE": source, "--eval": request.eval_file, "--inputs": reading.inputs, "--head": reading.head,
+                 "--lm": reading.lm},
+                write_back=None if outputs.no_write or outputs.output is not None or is_model or reading.lm else source)
 
+    from ..core.parallel import init_from_environment
     from ..output.console import print_fit
     from ..output.markdown import fit_markdown
     from ..progress import Progress
     from ..workflows.fit import fit_file
 
-    device = start(request.reading.device)
-    options = opt.reading_options(request.reading, device=device, progress=request.outputs.progress, ctx=ctx)
+    device = init_from_environment(reading.device)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     report = fit_file(source, eval_file=request.eval_file, val_fraction=request.split, seed=request.seed,
                       objective=request.objective, bins=request.bins, device=device, chunk_rows=request.chunk_rows,
                       estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
                       conformal_alpha=request.conformal_alpha or (), folds=request.folds, group_by=request.group_by,
                       group_prior=request.group_prior, options=options,
                       progress=Progress("fitting T", enabled=options.progress))
-    max_ece, outputs = request.max_ece, request.outputs
+    max_ece = request.max_ece
     gate_failed = max_ece is not None and report.after.ece > max_ece
     written: list[str] = []
     if (lm := opt.lm_command(request)) is not None:
         report.warnings.extend(lm.sampling_notes(request))
-    deliver(ctx, warnings=report.warnings, write=lambda: _write(report, request, written),
-            payload=lambda: _payload(report, request, gate_failed, written),
-            render=lambda out: print_fit(report, out), summary=lambda: fit_markdown(report),
-            json_out=outputs.json_out, quiet=outputs.quiet, result=report, extras={"--html": outputs.html},
+    deliver(ctx, outputs, report, warnings=report.warnings, write=lambda: _write(report, request, written),
+            payload=lambda: _payload(report, request, gate_failed, written), render=print_fit, summary=fit_markdown,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
-
-
-def _cross_fitting(ctx: typer.Context, request: FitRequest) -> FitRequest:
-    """The request with ``--folds`` settled against ``--val-fraction`` and ``--eval`` (:func:`settle_folds`)."""
-
-    def given(name: str) -> str | None:
-        kind = getattr(ctx.get_parameter_source(name), "name", "")
-        return "command line" if kind in ("COMMANDLINE", "ENVIRONMENT") else "file" if kind == "DEFAULT_MAP" else None
-
-    return settle_folds(request, given)
 
 
 def _check_writes(source: list[str], request: FitRequest) -> bool:
@@ -160,17 +153,6 @@ def _check_writes(source: list[str], request: FitRequest) -> bool:
     return is_model
 
 
-def _check_paths(ctx: typer.Context, source: list[str], is_model: bool, request: FitRequest) -> None:
-    """Every path the command writes or reads, checked before any work (see :func:`check_paths`)."""
-    outputs, lm = request.outputs, request.reading.lm
-    check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
-                      "--markdown": outputs.markdown, "--save-model": outputs.save_model,
-                      "--save-logits": outputs.save_logits, **_record_outputs(request)},
-                {"SOURCE": source, "--eval": request.eval_file, "--inputs": request.reading.inputs,
-                 "--head": request.reading.head, "--lm": lm},
-                write_back=None if outputs.no_write or outputs.output is not None or is_model or lm else source)
-
-
 def _record_outputs(request: FitRequest) -> dict[str, str | None]:
     """Where T goes, to check before any work: ``--output`` (and its sidecar, when the copy is no safetensors file
     whose metadata can hold T), or, with --lm, MODEL's files."""
@@ -186,13 +168,9 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
 
 def _payload(report, request: FitRequest, gate_failed: bool, written: list[str]) -> dict:
     """The JSON: the report, the files that hold T, the gate, and with --lm the model and its texts."""
-    out = report.to_json()
     max_ece = request.max_ece
-    out.update(written=", ".join(written) or None, max_ece=max_ece,
-               gate_passed=None if max_ece is None else not gate_failed)
-    if (lm := opt.lm_command(request)) is not None:
-        out.update(lm.lm_json(report.opened))
-    return out
+    return {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
+            "gate_passed": None if max_ece is None else not gate_failed, **opt.lm_json(request, report.opened)}
 
 
 def _write(report, request: FitRequest, written: list[str]) -> list[str]:

@@ -80,27 +80,18 @@ def names(param: Any, ctx: Any) -> str:
     """``-q, --quiet / --no-quiet``, ``--val-fraction FLOAT``, ``SOURCE...``: how an option is written."""
     if is_argument(param):
         return f"{param.metavar or (param.name or '').upper()}{'...' if param.nargs != 1 else ''}"
-    flags = sorted(param.opts, key=lambda opt: opt.startswith("--"))
-    text = ", ".join(flags)
     value = value_name(param, ctx)
-    if value:
-        text += f" {value}"
-    if param.secondary_opts:
-        text += " / " + ", ".join(param.secondary_opts)
-    return text
+    text = ", ".join(sorted(param.opts, key=lambda opt: opt.startswith("--"))) + (f" {value}" if value else "")
+    return text + (" / " + ", ".join(param.secondary_opts) if param.secondary_opts else "")
 
 
 def extras(param: Any, ctx: Any) -> str:
     """``[default: 0.5; 0<=x<=1]``: the default a command line without the option gets, and the range."""
-    parts = []
     default = _shown_default(param, ctx)
-    if default:
-        parts.append(f"default: {default}")
     describe = getattr(param, "_get_number_range_help_str", None)
-    span = describe() if callable(describe) else None
-    if span:
-        parts.append(str(span))
-    return f"[{'; '.join(parts)}]" if parts else ""
+    parts = [f"default: {default}" if default else "", str(describe() or "") if callable(describe) else ""]
+    shown = "; ".join(part for part in parts if part)
+    return f"[{shown}]" if shown else ""
 
 
 def _shown_default(param: Any, ctx: Any) -> str:
@@ -131,23 +122,14 @@ def panel_of(command: str, param: Any) -> str:
             or FALLBACK_PANELS.get(flag) or ("Arguments" if is_argument(param) else OTHER_PANEL))
 
 
-def is_common(command: str, param: Any) -> bool:
-    """Whether ``command --help`` shows the option (a command without a list shows every option)."""
-    common = COMMON.get(command)
-    return common is None or long_name(param) in common
-
-
 def grouped(command: str, params: Iterable[Any]) -> dict[str, list[Any]]:
     """The options by panel, panels in :data:`PANEL_ORDER` (others after, then 'Other options', then 'Help')."""
     panels: dict[str, list[Any]] = {}
     for param in params:
         if not getattr(param, "hidden", False):
             panels.setdefault(panel_of(command, param), []).append(param)
-    last = (OTHER_PANEL, HELP_PANEL)
-    order = [name for name in PANEL_ORDER if name in panels]
-    order += [name for name in panels if name not in PANEL_ORDER and name not in last]
-    order += [name for name in last if name in panels]
-    return {name: panels[name] for name in order}
+    rank = {name: k for k, name in enumerate((*PANEL_ORDER, "", OTHER_PANEL, HELP_PANEL))}
+    return {name: panels[name] for name in sorted(panels, key=lambda name: rank.get(name, rank[""]))}
 
 
 # -- rendering -----------------------------------------------------------------------------------------------
@@ -234,6 +216,11 @@ def prose(text: str, style: str = "") -> Any:
     return Text(text, style=style, overflow="fold")
 
 
+def spaced(title: str, blocks: Iterable[Any]) -> list[Any]:
+    """A bold title, then the blocks, each of them followed by a blank line."""
+    return [item for block in (prose(title, "bold"), *blocks) for item in (block, prose(""))]
+
+
 def paragraphs(doc: str | None) -> list[str]:
     """A docstring's paragraphs, each on one line (Typer's ``\\f`` cuts off what help should not show)."""
     text = inspect.cleandoc(doc or "").partition("\f")[0]
@@ -256,34 +243,25 @@ def command_help(command: Any, ctx: Any, *, full: bool) -> str:
     """A command's help: usage, summary, then its common options by panel (every option when ``full``)."""
     name = str(command.name or "")
     every = [p for p in command.get_params(ctx) if not getattr(p, "hidden", False)]
-    params = [p for p in every if full or is_common(name, p)]
+    common = COMMON.get(name)  # a command without a list shows every option
+    params = [p for p in every if full or common is None or long_name(p) in common]
     width = help_console().width
     docs = paragraphs(command.help)
-    parts: list[Any] = [prose(usage(command, ctx), "bold"), prose("")]
-    for text in docs if full else docs[:2]:
-        parts += [prose(text), prose("")]
+    parts = spaced(usage(command, ctx), [prose(text) for text in (docs if full else docs[:2])])
     panels = {title: [(names(p, ctx), help_of(p, ctx)) for p in members]
               for title, members in grouped(name, params).items()}
     shared = name_width([row for rows in panels.values() for row in rows], width)
     parts += [panel(title, rows, width, shared) for title, rows in panels.items()]
-    parts.append(prose(_footer(name, full=full, more=len(every) - len(params), total=len(every)), "dim"))
+    topics = f"tempcal help {', '.join(TOPICS)}"  # then where the rest is: every option, and the topics
+    more = f"More options: tempcal help {name} (all {len(every)} options); topics: {topics}."
+    parts.append(prose(more if len(params) < len(every) else f"Topics: {topics}. Docs: docs/commands.md.", "dim"))
     return render(parts)
-
-
-def _footer(name: str, *, full: bool, more: int, total: int) -> str:
-    """Where the rest is: every option, and the topics."""
-    topics = f"tempcal help {', '.join(TOPICS)}"
-    if full or not more:
-        return f"Topics: {topics}. Docs: docs/commands.md."
-    return f"More options: tempcal help {name} (all {total} options); topics: {topics}."
 
 
 def group_help(group: Any, ctx: Any) -> str:
     """``tempcal --help``: the commands with their summaries, the app's options, and where the topics are."""
     width = help_console().width
-    parts: list[Any] = [prose(usage(group, ctx), "bold"), prose("")]
-    for text in paragraphs(group.help):
-        parts += [prose(text), prose("")]
+    parts = spaced(usage(group, ctx), [prose(text) for text in paragraphs(group.help)])
     commands = [(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)]
     rows = [(name, (paragraphs(cmd.short_help or cmd.help) or [""])[0]) for name, cmd in commands
             if cmd is not None and not cmd.hidden]
@@ -310,4 +288,4 @@ class HelpGroup(TyperGroup):
 
 
 __all__ = ["COMMON", "TOPICS", "HelpCommand", "HelpGroup", "command_help", "grouped", "help_console", "help_of",
-           "names", "panel", "panel_of", "render"]
+           "names", "panel", "panel_of", "render", "spaced"]

@@ -20,6 +20,7 @@ from .help_format import (
     paragraphs,
     prose,
     render,
+    spaced,
 )
 
 #: Other names a topic answers to (lower case).
@@ -176,9 +177,7 @@ def topic_help(ctx: Any, name: str) -> str:
     """One topic's text, then the options it concerns."""
     title, page, panel_name, blocks = TOPIC_TEXTS[name]
     width = help_console().width
-    parts: list[Any] = [prose(f"{title}  (more in {page})", "bold"), prose("")]
-    for block in blocks:
-        parts += [_block(block, width), prose("")]
+    parts = spaced(f"{title}  (more in {page})", [_block(block, width) for block in blocks])
     rows = topic_options(ctx, panel_name)
     if rows:
         parts.append(panel(f"Options: {panel_name}", rows, width))
@@ -209,7 +208,7 @@ def topics_list() -> str:
     width = help_console().width
     commands = [(name, f"every option of tempcal {name}") for name in COMMANDS]
     topics = [(name, f"{text} ({TOPIC_TEXTS[name][1]})") for name, text in TOPICS.items()]
-    return render([prose("Usage: tempcal help [TOPIC]", "bold"), prose(""), prose(HELP_SUMMARY), prose(""),
+    return render([*spaced("Usage: tempcal help [TOPIC]", [prose(HELP_SUMMARY)]),
                    panel("Commands", commands, width), panel("Topics", topics, width),
                    prose("tempcal COMMAND --help shows a command's common options.", "dim")])
 

@@ -45,7 +45,6 @@ def inspect(
     opt.check_lm_eval_norm(source, lm_eval_norm.value)
     check_paths(ctx, {"--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
 
-    from ..errors import for_cli
     from ..output.inspect import print_inspect
     from ..requests import Outputs
     from ..sources.base import SourceOptions
@@ -56,14 +55,7 @@ def inspect(
         batch_size=batch_size, output_key=output_key, device=device, head=head, hidden_key=hidden_key,
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
-    options = opt.reading_options(reading, device=device, progress=Outputs(json_out=json_out, quiet=quiet).progress,
-                                  ctx=ctx)
+    outputs = Outputs(json_out=json_out, quiet=quiet)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     report = inspect_file(source[0] if len(source) == 1 else source, options=options)
-
-    def payload() -> dict:
-        data = report.to_json()
-        data.update(problems=[for_cli(p) for p in report.problems], hints=[for_cli(h) for h in report.hints])
-        return data
-
-    deliver(ctx, warnings=report.warnings, write=list, payload=payload, render=lambda out: print_inspect(report, out),
-            json_out=json_out, quiet=quiet)
+    deliver(ctx, outputs, report, warnings=report.warnings, write=list, payload=report.to_json, render=print_inspect)

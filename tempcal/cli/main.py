@@ -6,12 +6,15 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from .._version import __version__
 from .help_format import HelpGroup
+
+if TYPE_CHECKING:
+    from ..requests import Outputs
 
 EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
@@ -73,13 +76,12 @@ def _root(
     """Post-hoc temperature scaling and calibration metrics for classifier logits."""
 
 
-def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], payload: Callable[[], dict],
-            render: Callable[[Any], None], json_out: str | None, quiet: bool, gate: str | None = None,
-            summary: Callable[[], str] | None = None, result: Any = None,
-            extras: dict[str, str | None] | None = None) -> None:
+def deliver(ctx: Any, outputs: Outputs, result: Any, *, warnings: list[str], write: Callable[[], list[str]],
+            payload: Callable[[], dict], render: Callable[[Any, Any], None],
+            summary: Callable[[Any], str] | None = None, gate: str | None = None) -> None:
     """How every command ends, on rank 0 only: the configuration file used (under --quiet too), warnings, the files
-    asked for, the JSON, the ``extras`` (``--html``), the step ``summary``, the console view and the lines saying
-    what was written; then the gate's exit status."""
+    asked for, the JSON, ``--html``, the step ``summary``, the console view (``render(result, console)``) and the
+    lines saying what was written; then the gate's exit status."""
     from ..core.parallel import rank
 
     if rank() != 0:
@@ -92,7 +94,7 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
         stderr(f"config: {state.config.display}")
     for message in warnings:
         if isinstance(message, Info):
-            if not quiet:
+            if not outputs.quiet:
                 stderr(f"note: {for_cli(message)}")
             continue
         stderr(f"warning: {for_cli(message)}")
@@ -100,23 +102,26 @@ def deliver(ctx: Any, *, warnings: list[str], write: Callable[[], list[str]], pa
     from ..output.files import STEP_SUMMARY_ENV, append_step_summary, emit_json, step_summary_path, write_extras
 
     data = payload()
-    if "warnings" in data:
-        data["warnings"] = [for_cli(message) for message in data["warnings"]]
+    for key in ("warnings", "problems", "hints"):  # messages, as the command line names the options
+        if key in data:
+            data[key] = [for_cli(message) for message in data[key]]
     data.update(state.to_json())
+    json_out = outputs.json_out
     emit_json(json_out, data)
     if json_out not in (None, "-"):
         written.append(f"wrote the JSON to {json_out}")
-    if extras:
-        written += write_extras(extras, ctx.info_name, result, data, _ARGV)
+    written += write_extras({"--html": outputs.html}, ctx.info_name, result, data, _ARGV)
     if summary is not None:
-        problem = append_step_summary(summary, gate=gate)
+        problem = append_step_summary(lambda: summary(result), gate=gate)
         if problem:
             stderr(f"warning: {problem}")
         elif step_summary_path() is not None:
             written.append(f"appended the Markdown section to ${STEP_SUMMARY_ENV} ({step_summary_path()})")
-    if json_out != "-" and not quiet:
-        out = console()
-        render(out)
+    if json_out != "-" and not outputs.quiet:
+        from ..output.console import output_console
+
+        out = output_console(NeutralText(sys.stdout), highlight=False)
+        render(result, out)
         for line in written:
             out.print(line, soft_wrap=True)
     if gate:
@@ -145,9 +150,16 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
     summary_flag = f"${STEP_SUMMARY_ENV}"
     folders = [(label, str(value)) for label, value in inputs.items()
                if label in MODEL_FOLDERS and isinstance(value, str) and os.path.isdir(value)]
-    backs = [("writing T back into", target) for target in _write_back_targets(write_back)]
+    # each SOURCE file T is written back into takes it itself, or in its sidecar; a missing one is for opening to say
+    backs = [("writing T back into", path if path.lower().endswith(".safetensors") else str(sidecar_path(path)))
+             for path in expand(write_back or []) if os.path.isfile(path)]
+    records: list[str] = []  # the outputs that are the record of T kept in an --lm folder
+    if any(option == "--lm" for option, _ in folders):
+        from ..lm.command import record_outputs
+
+        records = record_outputs(given, folders)
     check_distinct([*given, *([(summary_flag, summary)] if summary else [])], read, appends=[summary_flag],
-                   folders=folders, writable=_records(given, folders), updates=backs)
+                   folders=folders, writable=records, updates=backs)
     for flag, path in given:
         check_target(path, f"{flag} {path}", hint=" (--json - writes to standard output)" if flag == "--json" else "")
         if flag == "--plot":
@@ -157,32 +169,8 @@ def check_paths(ctx: Any, outputs: dict[str, str | None], inputs: dict[str, str 
         check_target(target, target, follow_link=target.lower().endswith(".safetensors"))
 
 
-def _records(given: list[tuple[str, str]], folders: list[tuple[str, str]]) -> list[str]:
-    """The outputs that are the record of T kept in an ``--lm`` folder (none without ``--lm``)."""
-    if not any(option == "--lm" for option, _ in folders):
-        return []
-    from ..lm.command import record_outputs
-
-    return record_outputs(given, folders)
-
-
-def _write_back_targets(write_back: list[str] | None) -> list[str]:
-    """The file that takes T for each SOURCE file it is written back into: itself, or its sidecar."""
-    from ..io.paths import expand, sidecar_path
-
-    return [path if path.lower().endswith(".safetensors") else str(sidecar_path(path))
-            for path in expand(write_back or []) if os.path.isfile(path)]  # a missing SOURCE is for opening to say
-
-
 #: Input options that name a model folder, which tempcal never writes into (but for its record of T).
 MODEL_FOLDERS = ("--lm", "--head")
-
-
-def start(device: str) -> str:
-    """Join torchrun's process group, if there is one; the device this process computes on."""
-    from ..core.parallel import init_from_environment
-
-    return init_from_environment(device)
 
 
 class NeutralText:
@@ -199,12 +187,6 @@ class NeutralText:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.stream, name)
-
-
-def console():
-    from ..output.console import output_console
-
-    return output_console(NeutralText(sys.stdout), highlight=False)
 
 
 def stderr(message: str) -> None:
@@ -280,4 +262,4 @@ def run() -> None:
     os._exit(code)
 
 
-__all__ = ["Interrupted", "app", "check_paths", "console", "deliver", "main", "run", "start", "stderr"]
+__all__ = ["Interrupted", "app", "check_paths", "deliver", "main", "run", "stderr"]

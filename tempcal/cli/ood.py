@@ -10,7 +10,7 @@ import tempcal.cli.options as opt
 
 from ..errors import TempcalError
 from .config import ConfiguredCommand
-from .main import app, check_paths, deliver, start
+from .main import app, check_paths, deliver
 
 if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
     from ..requests import OodRequest
@@ -108,25 +108,33 @@ def ood(
 
 def _ood(ctx: typer.Context, request: OodRequest) -> None:
     """The command, from its request: the checks before any work, the scores, the outputs, the gate."""
-    source, scores, others = _checked(ctx, request)
+    from ..scores import score_names
 
+    reading, outputs = request.reading, request.outputs
+    source = opt.command_source(ctx, request)
+    scores = score_names(request.score)
+    others = _ood_sets(source, request)
+    opt.check_lm_eval_norm(source, reading.lm_eval_norm)
+    check_paths(ctx, {**outputs.files(), **opt.lm_files(request)},
+                {"SOURCE": source, "--ood": request.ood_files, "--inputs": reading.inputs,
+                 "--ood-inputs": request.ood_inputs, "--head": reading.head, "--ood-text": request.texts.ood_text,
+                 "--lm": reading.lm})
+
+    from ..core.parallel import init_from_environment
     from ..output.console import print_ood
     from ..output.markdown import ood_markdown
     from ..workflows.ood import ood_file
 
-    outputs = request.outputs
-    device = start(request.reading.device)
-    options = opt.reading_options(request.reading, device=device, progress=outputs.progress, ctx=ctx)
+    device = init_from_environment(reading.device)
+    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=request.taus, scores=scores,
                       device=device, chunk_rows=request.chunk_rows, gen_gamma=request.gen_gamma,
                       gen_top=request.gen_top, bootstrap=request.bootstrap, seed=request.seed,
                       min_auroc=request.min_auroc, max_fpr95=request.max_fpr95, odin_eps=request.odin_eps,
                       group_by=request.group_by, options=options)
     warned = _with_caveats(report, shown=outputs.progress)
-    deliver(ctx, warnings=warned, write=lambda: _write(report, request),
-            payload=lambda: _payload(report, request), render=lambda out: print_ood(report, out),
-            summary=lambda: ood_markdown(report), json_out=outputs.json_out, quiet=outputs.quiet, result=report,
-            extras={"--html": outputs.html},
+    deliver(ctx, outputs, report, warnings=warned, write=lambda: _write(report, request),
+            payload=lambda: _payload(report, request), render=print_ood, summary=ood_markdown,
             gate=gate_message(report))
 
 
@@ -141,41 +149,19 @@ def _with_caveats(report, *, shown: bool) -> list[str]:
     return [message for message in report.warnings if not (shown and message in notes)]
 
 
-def _checked(ctx, request: OodRequest) -> tuple[list[str], list[str], list[str]]:
-    """Before any work: SOURCE (with --lm, the --text file), the scores, the OOD sets, every path; what they are."""
-    from ..scores import score_names
-
-    reading, outputs = request.reading, request.outputs
-    source = opt.command_source(ctx, request)
-    scores = score_names(request.score)
-    ood_files, ood_inputs, ood_text = request.ood_files, request.ood_inputs, request.texts.ood_text
-    others = _ood_sets(source, request)
-    opt.check_lm_eval_norm(source, reading.lm_eval_norm)
-    check_paths(ctx, {"--json": outputs.json_out, "--scores": outputs.scores, "--plot": outputs.plot,
-                      "--html": outputs.html, "--markdown": outputs.markdown,
-                      **opt.lm_files(request)},
-                {"SOURCE": source, "--ood": ood_files, "--inputs": reading.inputs, "--ood-inputs": ood_inputs,
-                 "--head": reading.head, "--ood-text": ood_text, "--lm": reading.lm})
-    return source, scores, others
-
-
 def _write(report, request: OodRequest) -> list[str]:
     """The files asked for (``--save-hidden``, ``--scores``, ``--plot``, ``--markdown``); the lines saying so."""
     from ..output.files import write_ood_files
 
-    outputs = request.outputs
-    lm = opt.lm_command(request)
+    outputs, lm = request.outputs, opt.lm_command(request)
     kept = [] if lm is None else lm.kept_hidden(report.opened, outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 
 def _payload(report, request: OodRequest) -> dict:
-    out = report.to_json()
     outputs = request.outputs
-    out.update(scores_file=outputs.scores, plot=outputs.plot, markdown=outputs.markdown, odin_eps=request.odin_eps)
-    if (lm := opt.lm_command(request)) is not None:
-        out.update(lm.lm_json(report.opened))
-    return out
+    return {**report.to_json(), "scores_file": outputs.scores, "plot": outputs.plot, "markdown": outputs.markdown,
+            "odin_eps": request.odin_eps, **opt.lm_json(request, report.opened)}
 
 
 def _ood_sets(source: list[str], request: OodRequest) -> list[str]:

@@ -28,6 +28,7 @@ from ..html import option as html
 from ..lm import options as lm_options
 from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
 from ..subsets.flags import Folds, GroupBy, GroupPrior
+from .config import given_in
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 if TYPE_CHECKING:
@@ -73,11 +74,10 @@ def choice(enum: type[Enum]) -> Any:
 
 
 # -- what to read ---------------------------------------------------------------------------
-Source = Annotated[list[str], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
-    "model (tempcal help formats); several files or a glob are shards. Default: the configuration's 'source'.",
-    show_default=False,
-    rich_help_panel="Input"), INPUTS]
+_SOURCE_HELP = ("Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or model (tempcal help "
+                "formats); several files or a glob are shards{}. Default: the configuration's 'source'.")
+Source = Annotated[list[str], typer.Argument(metavar="SOURCE", help=_SOURCE_HELP.format(""), show_default=False,
+                                             rich_help_panel="Input"), INPUTS]
 LogitsKey = Annotated[str, typer.Option("--logits-key", help="Tensor holding the logits [N, C] (or [N] binary).",
                                         rich_help_panel="Input")]
 LabelsKey = Annotated[str, typer.Option("--labels-key", help="Tensor holding the integer labels [N].",
@@ -169,10 +169,8 @@ Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help
 
 # -- a causal language model run over texts (--lm) ------------------------------------------
 OptionalSource = Annotated[Optional[list[str]], typer.Argument(
-    metavar="SOURCE", help="Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or "
-    "model (tempcal help formats); several files or a glob are shards; none with --lm. Default: the "
-    "configuration's 'source'.",
-    show_default=False, rich_help_panel="Input"), INPUTS]
+    metavar="SOURCE", help=_SOURCE_HELP.format("; none with --lm"), show_default=False, rich_help_panel="Input"),
+    INPUTS]
 # Declared by tempcal.lm.options (flags, types, help, ranges); the paths among them are marked here.
 Lm = Annotated[lm_options.Lm, INPUT]
 Text = Annotated[lm_options.Text, INPUT]
@@ -181,10 +179,11 @@ SpillDir = Annotated[lm_options.SpillDir, INPUT]
 OodText = Annotated[lm_options.OodText, INPUTS]
 
 # -- what to compute ------------------------------------------------------------------------
+#: A temperature option's values in a configuration file and on the command line (``fit`` itself checked later).
+TAU_VALUE = ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))
 Tau = Annotated[Optional[list[str]], typer.Option(
     "--tau", metavar="T", help="Temperature (> 0, or 'fitted' for the T stored with SOURCE); repeatable.",
-    rich_help_panel="Temperatures"),
-    ValueType('a number or "fitted"', configured_tau, check=lambda text: check_taus([text]))]
+    rich_help_panel="Temperatures"), TAU_VALUE]
 EvalRows = Annotated[bool, typer.Option(
     "--eval-rows/--all-rows", help="Only the rows the stored T was not fitted on.",
     rich_help_panel="Input")]
@@ -247,7 +246,7 @@ NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configurati
                                         rich_help_panel="Configuration"), NOT_CONFIGURABLE]
 
 
-def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: Any = None) -> SourceOptions:
+def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: Any) -> SourceOptions:
     """How a command reads its SOURCE: ``reading`` on the ``device`` it computes on, with ``progress`` (True, False or
     a console) and the remembered options named on ``ctx``'s command line (they win over a stored reading), after
     refusing ``--softcap`` without ``--head`` and ``--head`` with a model's ``--inputs``."""
@@ -258,8 +257,7 @@ def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: 
     if reading.head is not None and reading.inputs is not None:
         raise TempcalError("--head computes logits from hidden states; a model SOURCE with --inputs computes them "
                            "itself: give one or the other")
-    given = frozenset(name for name in DEFAULT_KEYS if ctx is not None and getattr(
-        ctx.get_parameter_source(name), "name", "") in ("COMMANDLINE", "ENVIRONMENT"))
+    given = frozenset(name for name in DEFAULT_KEYS if given_in(ctx, name) == "command line")
     return reading.but(device=device, progress=progress, given=given)
 
 
@@ -293,6 +291,12 @@ def lm_files(request: Any, *, record: bool = False) -> dict[str, str | None]:
     """The files an ``--lm`` run writes, to check before any work; none without ``--lm``."""
     lm = lm_command(request)
     return {} if lm is None else lm.lm_outputs(request, record=record)
+
+
+def lm_json(request: Any, opened: Any) -> dict[str, Any]:
+    """What the JSON says of an ``--lm`` run's model and texts; nothing without ``--lm``."""
+    lm = lm_command(request)
+    return {} if lm is None else lm.lm_json(opened)
 
 
 def _lm_only_given(request: Any) -> list[str]:
@@ -340,11 +344,8 @@ def check_lm_eval_norm(source: list[str], norm: str) -> None:
     from ..sources.lighteval import is_lighteval_details
     from ..sources.lm_eval import is_lm_eval_log
 
-    def normalised(name: str) -> bool:
-        return is_lm_eval_log(name) or is_lighteval_details(name)
-
-    if not all(normalised(name) for name in source):
-        other = next(name for name in source if not normalised(name))
+    other = next((name for name in source if not (is_lm_eval_log(name) or is_lighteval_details(name))), None)
+    if other is not None:
         raise TempcalError(f"--lm-eval-norm {norm} applies to lm-evaluation-harness sample logs "
                            f"(samples_*.jsonl or .jsonl.gz) and lighteval details (details_*.parquet), not to {other}")
 
@@ -364,13 +365,13 @@ def parse_estimators(text: str | None) -> list[str]:
     return names
 
 
-__all__ = ["FRACTION", "INPUT", "INPUTS", "NON_NEGATIVE", "OUTPUT", "PERCENTILE", "POSITIVE", "UNIT", "BatchTokens",
-           "Bins", "Bootstrap", "ChunkRows", "Confidence", "ConfidenceScale", "ConfigFile", "Correct", "Device",
-           "DeviceMap", "Estimators", "EvalFile", "EvalRows", "Folds", "GenGamma", "GenTop", "GroupBy", "GroupPrior",
-           "Head", "HeadBiasKey", "HeadWeightKey", "HiddenKey", "Html", "IgnoreIndex", "Inputs", "InputsKey", "JsonOut",
-           "LabelsKey", "Lm", "LmEvalNorm", "LmEvalNormOpt", "LogitsKey", "Markdown", "MaxEce", "MaxFpr95", "MaxLength",
-           "MinAuroc", "NoConfig", "NoWrite", "Objective", "ObjectiveOpt", "OodBootstrap", "OodText", "OptionalSource",
-           "OutputCopy", "OutputKey", "Plot", "Probs", "Quiet", "React", "SaveHidden", "SaveLogits", "SaveModel",
-           "Score", "Seed", "Softcap", "Source", "SpillDir", "Tau", "Text", "TextField", "ValFraction",
-           "WriteGenerationConfig", "check_lm_eval_norm", "choice", "command_source", "configured_tau",
-           "is_model_source", "lm_command", "lm_files", "parse_estimators", "reading_options"]
+__all__ = ["INPUTS", "NON_NEGATIVE", "OUTPUT", "TAU_VALUE", "BatchTokens", "Bins", "Bootstrap", "ChunkRows",
+           "Confidence", "ConfidenceScale", "ConfigFile", "Correct", "Device", "DeviceMap", "Estimators", "EvalFile",
+           "EvalRows", "Folds", "GenGamma", "GenTop", "GroupBy", "GroupPrior", "Head", "HeadBiasKey", "HeadWeightKey",
+           "HiddenKey", "Html", "IgnoreIndex", "Inputs", "InputsKey", "JsonOut", "LabelsKey", "Lm", "LmEvalNorm",
+           "LmEvalNormOpt", "LogitsKey", "Markdown", "MaxEce", "MaxFpr95", "MaxLength", "MinAuroc", "NoConfig",
+           "NoWrite", "Objective", "ObjectiveOpt", "OodBootstrap", "OodText", "OptionalSource", "OutputCopy",
+           "OutputKey", "Plot", "Probs", "Quiet", "React", "SaveHidden", "SaveLogits", "SaveModel", "Score", "Seed",
+           "Softcap", "Source", "SpillDir", "Tau", "Text", "TextField", "ValFraction", "WriteGenerationConfig",
+           "check_lm_eval_norm", "choice", "command_source", "is_model_source", "lm_command", "lm_files", "lm_json",
+           "parse_estimators", "reading_options"]

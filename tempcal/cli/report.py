@@ -11,7 +11,7 @@ import tempcal.cli.options as opt
 
 from ..errors import IGNORE_INDEX, TempcalError
 from .config import ConfiguredCommand
-from .main import app, check_paths, deliver, start
+from .main import app, check_paths, deliver
 
 if TYPE_CHECKING:  # the command's imports of these wait until it runs: --help needs none
     from ..requests import ReportRequest
@@ -24,12 +24,10 @@ def parse_sweep(text: str) -> list[float]:
     """``START:STOP:COUNT`` as COUNT log-spaced temperatures."""
     from ..output.plots import log_spaced
 
-    parts = text.split(":")
     try:
-        start, stop, count = float(parts[0]), float(parts[1]), int(parts[2])
-        if len(parts) != 3:
-            raise ValueError
-    except (ValueError, IndexError):
+        first, last, number = text.split(":")
+        start, stop, count = float(first), float(last), int(number)
+    except ValueError:
         raise TempcalError(f"--sweep {text}: expected START:STOP:COUNT, e.g. 0.5:5:20") from None
     if not (0 < start < stop and math.isfinite(stop) and 2 <= count <= 10_000):
         raise TempcalError(f"--sweep {text}: expected 0 < START < STOP and 2 <= COUNT <= 10000")
@@ -120,12 +118,11 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     is_model = opt.is_model_source(source, reading.inputs, {"--save-logits": outputs.save_logits,
                                                             "--output-key": reading.output_key})
     opt.check_lm_eval_norm(source, reading.lm_eval_norm)
-    check_paths(ctx, {"--json": outputs.json_out, "--plot": outputs.plot, "--html": outputs.html,
-                      "--markdown": outputs.markdown, "--save-logits": outputs.save_logits,
-                      **opt.lm_files(request)},
+    check_paths(ctx, {**outputs.files(), **opt.lm_files(request)},
                 {"SOURCE": source, "--inputs": reading.inputs, "--head": reading.head, "--lm": reading.lm})
 
     from ..core.limits import check_fits
+    from ..core.parallel import init_from_environment
     from ..output.console import print_report
     from ..output.markdown import report_markdown
     from ..workflows.report import report_file
@@ -133,26 +130,16 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     # every bin is kept, and listed in the output, at every temperature
     bins, temperatures = request.bins, len(taus) + len(grid) + 1
     check_fits("bins", bins, BIN_BYTES * temperatures, "cpu", f"{bins} bins at up to {temperatures} temperatures")
-    device = start(reading.device)
+    device = init_from_environment(reading.device)
     options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
     result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=request.chunk_rows,
                          estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
                          seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,
                          conformal_alpha=request.conformal_alpha or (), options=options)
 
-    deliver(ctx, warnings=result.warnings, write=lambda: _write(result, request, is_model),
-            render=lambda out: print_report(result, out),
-            payload=lambda: _payload(result, request),
-            summary=lambda: report_markdown(result), json_out=outputs.json_out, quiet=outputs.quiet,
-            result=result, extras={"--html": outputs.html})
-
-
-def _payload(result, request: ReportRequest) -> dict:
-    """The JSON: the figures, and with --lm the model and its texts."""
-    out = result.to_json()
-    if (lm := opt.lm_command(request)) is not None:
-        out.update(lm.lm_json(result.opened))
-    return out
+    deliver(ctx, outputs, result, warnings=result.warnings, write=lambda: _write(result, request, is_model),
+            payload=lambda: {**result.to_json(), **opt.lm_json(request, result.opened)}, render=print_report,
+            summary=report_markdown)
 
 
 def _write(result, request: ReportRequest, is_model: bool) -> list[str]:

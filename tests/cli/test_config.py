@@ -192,24 +192,24 @@ def test_an_integer_too_long_for_python_names_the_key(tmp_path):
 
 def test_the_schema_comes_from_the_commands():
     fit, report, ood = SCHEMAS["fit"], SCHEMAS["report"], SCHEMAS["ood"]
-    assert fit.lookup("val-fraction").param_name == "val_fraction"  # type: ignore[union-attr]
-    assert fit.lookup("max-ece").bounds == Bounds(0.0)  # type: ignore[union-attr]
-    assert fit.lookup("bins").bounds == Bounds(1, MAX_BINS)  # type: ignore[union-attr]
-    assert fit.lookup("val-fraction").bounds == Bounds(0, 1, low_open=True)  # type: ignore[union-attr]
-    assert ood.lookup("seed").bounds == Bounds(0) and ood.lookup("gen-gamma").bounds.low_open  # type: ignore
-    assert fit.lookup("objective").choices == ("nll", "ece")  # type: ignore[union-attr]
-    assert fit.lookup("lm-eval-norm").choices == ("none", "chars", "bytes")  # type: ignore[union-attr]
-    assert fit.lookup("eval").path == INPUTS and fit.lookup("inputs").path == PathValue(must_exist=True)  # type: ignore
-    assert fit.lookup("json").path == PathValue(allow_dash=True)  # type: ignore[union-attr]
-    assert fit.lookup("output").path == PathValue()  # type: ignore[union-attr]
-    assert fit.lookup("no-write").negative == ("write",) and fit.lookup("probs").negative == ("no-probs",)  # type: ignore
-    assert fit.lookup("quiet").kind == "bool"  # type: ignore[union-attr]
-    assert ood.lookup("ood").param_name == "ood_files" and ood.lookup("ood").multiple  # type: ignore[union-attr]
-    assert ood.lookup("tau").kind == "custom" and report.lookup("tau").kind == "custom"  # type: ignore[union-attr]
-    assert ood.lookup("markdown") is not None and report.lookup("sweep").kind == "str"  # type: ignore[union-attr]
+    assert fit.options["val-fraction"].param_name == "val_fraction"
+    assert fit.options["max-ece"].bounds == Bounds(0.0)  # type: ignore[union-attr]
+    assert fit.options["bins"].bounds == Bounds(1, MAX_BINS)  # type: ignore[union-attr]
+    assert fit.options["val-fraction"].bounds == Bounds(0, 1, low_open=True)  # type: ignore[union-attr]
+    assert ood.options["seed"].bounds == Bounds(0) and ood.options["gen-gamma"].bounds.low_open  # type: ignore
+    assert fit.options["objective"].choices == ("nll", "ece")  # type: ignore[union-attr]
+    assert fit.options["lm-eval-norm"].choices == ("none", "chars", "bytes")  # type: ignore[union-attr]
+    assert fit.options["eval"].path == INPUTS and fit.options["inputs"].path == PathValue(must_exist=True)  # type: ignore
+    assert fit.options["json"].path == PathValue(allow_dash=True)  # type: ignore[union-attr]
+    assert fit.options["output"].path == PathValue()  # type: ignore[union-attr]
+    assert fit.options["no-write"].negative == ("write",) and fit.options["probs"].negative == ("no-probs",)  # type: ignore
+    assert fit.options["quiet"].kind == "bool"  # type: ignore[union-attr]
+    assert ood.options["ood"].param_name == "ood_files" and ood.options["ood"].multiple  # type: ignore[union-attr]
+    assert ood.options["tau"].kind == "custom" and report.options["tau"].kind == "custom"  # type: ignore[union-attr]
+    assert "markdown" in ood.options and report.options["sweep"].kind == "str"  # type: ignore[union-attr]
     for schema in SCHEMAS.values():
         assert schema.source is not None and schema.source.multiple and schema.source.kind == "path"
-        assert schema.lookup("config") is None and schema.lookup("no-config") is None and schema.lookup("help") is None
+        assert not {"config", "no-config", "help"} & set(schema.options)
         assert set(schema.refused) == {"config", "no-config"}
 
 
@@ -228,11 +228,11 @@ def test_a_new_option_needs_no_second_declaration():
         pass
 
     schema = command_schema(typer.main.get_command(demo))
-    assert schema.lookup("gen-gamma") is schema.lookup("gamma")
-    assert schema.lookup("gen-gamma").kind == "float" and schema.lookup("gen-gamma").bounds == Bounds(0.0)  # type: ignore
-    assert schema.lookup("react").kind == "float" and schema.lookup("react").bounds.low_open  # type: ignore
-    assert schema.lookup("top").kind == "int" and schema.lookup("top").multiple  # type: ignore[union-attr]
-    assert schema.lookup("head").kind == "path"  # type: ignore[union-attr]
+    assert schema.options["gen-gamma"] is schema.options["gamma"]
+    assert schema.options["gen-gamma"].kind == "float" and schema.options["gen-gamma"].bounds == Bounds(0.0)  # type: ignore
+    assert schema.options["react"].kind == "float" and schema.options["react"].bounds.low_open  # type: ignore
+    assert schema.options["top"].kind == "int" and schema.options["top"].multiple  # type: ignore[union-attr]
+    assert schema.options["head"].kind == "path"  # type: ignore[union-attr]
     assert "pair" in schema.refused
 
 
