@@ -463,6 +463,12 @@ def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:
 MAX_VIEWS = 64
 
 
+#: CPU bytes of finished scans' buffers kept for the next scan of the process (see :meth:`Scratch.borrow`).
+SPARE_BYTES = 64 << 20
+_spare: list[Scratch] = []
+_spare_lock = threading.Lock()
+
+
 class Scratch:
     """Chunk-sized buffers reused by every pass: fresh megabyte temporaries per chunk cost page faults
     that take as long as the arithmetic."""
@@ -470,6 +476,26 @@ class Scratch:
     def __init__(self) -> None:
         self._buffers: dict[str, torch.Tensor] = {}
         self._views: dict[tuple, torch.Tensor] = {}  # the views handed out, so a repeat costs one lookup
+
+    @classmethod
+    def borrow(cls) -> Scratch:
+        """A finished scan's buffers when one was given back (a fit in a loop faults its pages in once), else new."""
+        with _spare_lock:
+            return _spare.pop() if _spare else cls()
+
+    @staticmethod
+    def give_back(scratches: Iterable[Scratch]) -> None:
+        """Keep CPU buffers nothing else holds for the next :meth:`borrow`, up to :data:`SPARE_BYTES` in all."""
+        with _spare_lock:
+            kept = sum(s.nbytes() for s in _spare)
+            for scratch in scratches:
+                size = scratch.nbytes()
+                if all(b.device.type == "cpu" for b in scratch._buffers.values()) and kept + size <= SPARE_BYTES:
+                    _spare.append(scratch)
+                    kept += size
+
+    def nbytes(self) -> int:
+        return sum(b.numel() * b.element_size() for b in self._buffers.values())
 
     def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
         """Buffer ``name`` shaped like ``t`` (contents undefined), grown when ``t`` is larger."""

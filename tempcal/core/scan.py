@@ -139,7 +139,7 @@ class Scan:
         if chunk_rows and _stats is None:  # the user's size: cut to the rows there are, refused beyond memory
             self.chunk_rows = bounded_chunk_rows(self.chunk_rows, data.num_samples, data.num_classes, self.device)
         self.passes = 0
-        self.scratch = Scratch()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
+        self.scratch = Scratch.borrow()  # kept across passes: freed megabyte buffers go back to the OS, and faulting
         # them in again costs as much as the arithmetic
         self._scratches = [self.scratch]  # one per thread of a block pass (:mod:`tempcal.core.parallel`)
         self.looks_like_probabilities = False
@@ -263,8 +263,15 @@ class Scan:
     def scratch_for(self, worker: int) -> Scratch:
         """The reused buffers of thread ``worker`` of a block pass (0: the caller's, :attr:`scratch`)."""
         while len(self._scratches) <= worker:
-            self._scratches.append(Scratch())
+            self._scratches.append(Scratch.borrow())
         return self._scratches[worker]
+
+    def release_buffers(self) -> None:
+        """Hand this scan's buffers to the next scan of the process; only for a scan whose results hold none of them
+        (a fit's, which returns numbers). A later pass on it takes fresh ones."""
+        Scratch.give_back(self._scratches)
+        self.scratch = Scratch()
+        self._scratches = [self.scratch]
 
     def pass_threads(self) -> int:
         """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.parallel.pass_threads`)."""

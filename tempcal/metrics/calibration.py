@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from statistics import NormalDist
 from typing import Protocol
 
 import numpy as np
@@ -65,6 +64,8 @@ def wilson_interval(successes: float, n: int, level: float = BIN_INTERVAL_LEVEL)
         raise ValueError(f"successes must lie in [0, {n}], got {successes}")
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    from statistics import NormalDist  # loaded when an interval is asked for: 2.5 ms of every import else
+
     z = NormalDist().inv_cdf(0.5 + level / 2)
     p = successes / n
     z2n = z * z / n

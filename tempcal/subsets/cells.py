@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,9 +30,10 @@ from ..core.parallel import (
     single_threaded,
 )
 from ..core.scan import CalibrationSums, RowBlock, Scan
-from ..metrics.calibration import CalibrationMetrics, from_sums
-from ..metrics.decisions import MAX_GROUPS, subset_decisions
 from .options import Asked, check_folds
+
+if TYPE_CHECKING:  # the figures' modules load when figures are made: a plain fit with groups needs none
+    from ..metrics.calibration import CalibrationMetrics
 
 
 @dataclass(frozen=True)
@@ -235,6 +236,8 @@ class GroupRows:
     def kept(cls, calibration: CellCalibration, rows: torch.Tensor | np.ndarray, count: int) -> GroupRows | None:
         """The kept rows sorted by group, or None when there are too many groups for their row figures
         (:data:`~tempcal.metrics.decisions.MAX_GROUPS`)."""
+        from ..metrics.decisions import MAX_GROUPS
+
         return None if count > MAX_GROUPS else cls(calibration, rows, count)
 
     def of(self, values: torch.Tensor, group: int) -> torch.Tensor:
@@ -246,6 +249,9 @@ def subset_metrics(calibration: CellCalibration, slot: int, tau: float, group: i
                    rows: GroupRows | None = None) -> CalibrationMetrics | None:
     """The metrics of one slot over one subset (``group``; None: every row), or None for an empty subset; a group's
     decision figures come from ``rows`` (:meth:`GroupRows.kept`; None: none, as when there are too many groups)."""
+    from ..metrics.calibration import from_sums
+    from ..metrics.decisions import subset_decisions
+
     sums = calibration.group(slot, group)
     if sums.count == 0:
         return None

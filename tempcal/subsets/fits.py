@@ -24,7 +24,6 @@ from ..core.fitting import FitResult, fit_scan, fit_temperature
 from ..core.kernels import FIELDS, NllDerivatives
 from ..core.scan import Scan
 from ..errors import DataError, Info
-from ..metrics.calibration import CalibrationMetrics
 from .cells import (
     CellLayout,
     SubsetFits,
@@ -42,6 +41,7 @@ from .cells import (
 from .options import Asked, Plan, check_folds, check_prior, read_groups
 
 if TYPE_CHECKING:
+    from ..metrics.calibration import CalibrationMetrics
     from ..sources.base import OpenedSource, RowGroups
 
 #: Passes after the global fit before the fits still open are given up (reported as not converged).
