@@ -263,10 +263,10 @@ def test_out_of_fold_figures_take_each_row_at_its_folds_t(tmp_path, run_json):
 
 
 def test_many_groups_leave_out_their_own_decision_figures_not_the_global_ones(tmp_path, run_json, monkeypatch):
-    import tempcal.subsets.cells as subsets
+    import tempcal.metrics.decisions as decisions
 
     grouped_file(tmp_path / "grouped.safetensors")
-    monkeypatch.setattr(subsets, "MAX_GROUPS", 3)  # four groups: one too many
+    monkeypatch.setattr(decisions, "MAX_GROUPS", 3)  # four groups: one too many
     result = run_json(["fit", str(tmp_path / "grouped.safetensors"), "--group-by", "group", "--no-write"])
     assert all(g["after"]["aurc"] is None and g["after"]["smece"] is None for g in result["groups"])
     assert result["after"]["aurc"] is not None and result["after"]["smece"] is not None
