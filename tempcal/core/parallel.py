@@ -34,11 +34,8 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 
 # -- ranks: torch.distributed ------------------------------------------------------------------------------------------
-# Running one fit over many processes with torch.distributed: each rank reduces its own rows, sums are all-reduced.
-#
-# Launch with ``torchrun`` (or any env:// rendezvous). gloo is used on CPU, NCCL on CUDA. Every
-# rank reaches the same T because every decision is taken on all-reduced sums; only rank 0
-# prints and writes.
+# torchrun (any env:// rendezvous; gloo on CPU, NCCL on CUDA): each rank reduces its rows, every decision is taken on
+# all-reduced sums, so every rank reaches the same T; only rank 0 prints and writes.
 
 def active() -> bool:
     """True inside an initialised process group of more than one process."""
@@ -81,12 +78,8 @@ def init_from_environment(device: str) -> str:
 
 
 def rank_device(device: str) -> torch.device:
-    """The device of this torchrun process for ``--device device``.
-
-    ``cpu`` (and ``auto`` without CUDA) is the CPU. An explicit ``cuda:N`` is used as given, unless every
-    process on this node would share it (all see the same GPUs: no ``CUDA_VISIBLE_DEVICES``). ``cuda``
-    and ``auto`` take GPU ``LOCAL_RANK``, or the only GPU a process sees when each sees one of its own.
-    """
+    """This torchrun process's device for ``--device device``: ``cuda:N`` as given unless every process on the node
+    would share it; ``cuda`` and ``auto`` take GPU ``LOCAL_RANK``, or the one GPU a process sees."""
     chosen = resolve_device(device)
     if chosen.type != "cuda":
         return chosen
@@ -155,22 +148,11 @@ def share(count: int) -> tuple[int, int]:
 
 
 # -- threads: the blocks of a read -------------------------------------------------------------------------------------
-# How many CPU threads tempcal's passes use, the pool that shares a chunk's row blocks among them, and the
-# per-thread chunk buffers (:class:`Scratch`) each pass reuses.
-#
-# torch's intra-op threads split every operation in equal static shares and meet at a barrier
-# after it; a pass runs a few dozen such operations per chunk. When another process keeps a core
-# busy, the thread sharing that core is parked for a scheduler slice at a time, and every barrier
-# waits for it: a fit on two cores then ran 7-16 times slower than on one thread. So the heavy
-# per-chunk reductions run here instead: each thread (the caller and ``threads - 1`` helpers) runs
-# torch single-threaded and takes the next row block of the read as soon as it is free, so a
-# parked thread delays only its own block, and the results come back in row order (the sums
-# add up in the order one thread would add them).
-#
-# The thread count is torch's (``torch.get_num_threads()`` on the calling thread, so
-# ``torch.set_num_threads`` decides); :func:`configure_threads`, called once by the CLI and the
-# API's entry points, sets it from ``TEMPCAL_THREADS`` or, when torch still has its own default,
-# lowers it to the cores this process may use (its CPU affinity and its control group's quota).
+# torch's intra-op threads meet at a barrier after every operation, and a core another process keeps busy parks one
+# of them for a scheduler slice at each: 7-16 times the one-thread time. So each thread here (the caller and helpers)
+# runs torch single-threaded and takes the next row block of a read when free; the results come back in row order,
+# so the sums add up as one thread's would. The count is torch's (``torch.set_num_threads`` decides), set once by
+# :func:`configure_threads` from ``TEMPCAL_THREADS`` or the cores this process may use.
 
 R = TypeVar("R")
 T = TypeVar("T")
@@ -235,11 +217,8 @@ def requested_threads() -> int | None:
 
 
 def configure_threads() -> int:
-    """Set torch's thread count once per process: ``TEMPCAL_THREADS``, else at most the usable cores.
-
-    A count the user chose (``torch.set_num_threads`` to anything but torch's default, or
-    ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``) is left as it is. Returns the count in force.
-    """
+    """Set torch's thread count once per process: ``TEMPCAL_THREADS``, else at most the usable cores, leaving a count
+    the user chose (``torch.set_num_threads``, ``OMP_NUM_THREADS``/``MKL_NUM_THREADS``) as it is; the count in force."""
     global _configured
     requested = requested_threads()  # checked on every call: a bad value is refused, not ignored
     current = settle_threads()
@@ -427,11 +406,8 @@ def map_blocks(fn: Callable[[int, int], R], count: int, threads: int) -> list[R]
 def mapped_reads(reads: Iterable[T], plan: Callable[[T], tuple[Callable[[int, int], R], int]], threads: int,
                  ahead: bool = False) -> Iterator[tuple[T, list[R]]]:
     """``(read, results)`` per read: ``plan(read)`` is its block function and block count, mapped on ``threads``.
-
-    ``ahead``: each read is a tensor of its own (not a reused buffer), so one thread of a read's map takes the next
-    read while the others run this read's blocks; a file read (and its fresh pages) then no longer runs alone on
-    the caller between two maps, with the other threads idle. At most two reads are held at once.
-    """
+    ``ahead``: each read is a tensor of its own, so one thread takes the next read (a file's fresh pages) while the
+    others run this read's blocks, rather than the caller alone between two maps; two reads are held at most."""
     it = iter(reads)
     current = next(it, _END)
     while current is not _END:
@@ -461,8 +437,6 @@ def block_bounds(rows: int, block_rows: int) -> Sequence[tuple[int, int]]:
 
 #: At most this many views a :class:`Scratch` remembers.
 MAX_VIEWS = 64
-
-
 #: CPU bytes of finished scans' buffers kept for the next scan of the process (see :meth:`Scratch.borrow`).
 SPARE_BYTES = 64 << 20
 _spare: list[Scratch] = []
