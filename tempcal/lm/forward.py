@@ -89,12 +89,17 @@ def _check_vocabulary(lm: CausalLM, ids: list[torch.Tensor], lines: list[int], w
                                f"(V = {lm.vocab}); the tokenizer does not match the model")
 
 
+def texts_holding(tokenized: Tokenized, lo: int, hi: int) -> list[int]:
+    """The texts with rows in ``[lo, hi)`` (a one-token text has none: it predicts nothing)."""
+    starts = tokenized.starts
+    return [i for i in range(len(tokenized.ids)) if starts[i + 1] > starts[i] and starts[i] < hi
+            and starts[i + 1] > lo]
+
+
 def plan_batches(tokenized: Tokenized, lo: int, hi: int, batch_size: int, batch_tokens: int) -> list[list[int]]:
     """The texts holding rows ``[lo, hi)``, longest first, in batches of at most ``batch_size`` texts and
     ``batch_tokens`` padded tokens (a longer text runs alone)."""
-    starts = tokenized.starts
-    wanted = [i for i in range(len(tokenized.ids)) if starts[i + 1] > starts[i] and starts[i] < hi
-              and starts[i + 1] > lo]
+    wanted = texts_holding(tokenized, lo, hi)
     wanted.sort(key=lambda i: -len(tokenized.ids[i]))
     batches: list[list[int]] = []
     for i in wanted:
@@ -198,4 +203,4 @@ class HostCopies:
         return arrived
 
 
-__all__ = ["ForwardStats", "Tokenized", "plan_batches", "run_forward", "tokenize"]
+__all__ = ["ForwardStats", "Tokenized", "plan_batches", "run_forward", "texts_holding", "tokenize"]

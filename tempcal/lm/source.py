@@ -217,12 +217,11 @@ def _check_options(paths: list[Path], options: SourceOptions) -> None:
 
 def _forward(lm: Any, tokenized: Any, options: SourceOptions, lo: int, hi: int, path: Path) -> tuple[Any, Any]:
     """The forward pass over the rows ``[lo, hi)`` into a new store (memory, or a temporary file), with a bar."""
-    from .forward import run_forward
+    from .forward import run_forward, texts_holding
     from .hidden import DelayedBar, HiddenStore, memory_budget
 
     store = HiddenStore(lo, hi, lm.head.width, lm.dtype, budget=memory_budget(), folder=spill_folder(lm, options))
-    starts = tokenized.starts
-    total = sum(len(t) for i, t in enumerate(tokenized.ids) if starts[i] < hi and starts[i + 1] > lo)
+    total = sum(len(tokenized.ids[i]) for i in texts_holding(tokenized, lo, hi))  # the tokens the bar will see
     with DelayedBar(f"running {lm.folder.name} on {path.name}", total, "tokens", enabled=options.progress) as bar:
         stats = run_forward(lm, tokenized, store, lo=lo, hi=hi, batch_size=options.batch_size,
                             batch_tokens=options.batch_tokens, progress=bar.advance)
