@@ -12,7 +12,10 @@ unset for the commands, as an installed tool has its bytecode cached):
 Prints the medians, each command's peak RSS (``wait4``'s ``ru_maxrss``) and the ratios, and
 writes them to ``benchmarks/results/cli_overhead.md``.
 
-Run: ``python benchmarks/cli_overhead.py [--repeats 5] [--rows 50000 --classes 1000]``
+``--checkout PATH`` also times the two tempcal commands importing another checkout, in the same rounds (the entry
+point imports whichever tempcal comes first on ``PYTHONPATH``), and prints this checkout's time over that one's.
+
+Run: ``python benchmarks/cli_overhead.py [--repeats 5] [--rows 50000 --classes 1000] [--checkout PATH]``
 """
 
 from __future__ import annotations
@@ -65,13 +68,13 @@ def write_file(python: str, path: Path, rows: int, classes: int, seed: int) -> N
     partial.rename(path)
 
 
-def timed(cmd: list[str]) -> tuple[float, float, str, float]:
-    """Run ``cmd``; return (wall seconds, the child's peak RSS in MiB, its standard output, the cores other jobs
-    kept busy meanwhile). Fails on non-zero exit."""
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, str, float]:
+    """Run ``cmd`` (in ``env``, else this environment); return (wall seconds, the child's peak RSS in MiB, its
+    standard output, the cores other jobs kept busy meanwhile). Fails on non-zero exit."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         busy0 = cpu_jiffies()[0]
         start = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, env=env)
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         machine_s = (cpu_jiffies()[0] - busy0) / CLOCK_TICKS
@@ -99,6 +102,9 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="interpreter whose tempcal and torch are timed")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/tempcal-bench-data"))
     parser.add_argument("--results", type=Path, default=RESULTS / "cli_overhead.md", help="('-' for none)")
+    parser.add_argument("--checkout", type=Path, default=None,
+                        help="another tempcal checkout: its fit and --help timed in the same rounds (PYTHONPATH set to "
+                             "it, since the entry point imports whichever tempcal comes first), and the ratios")
     parser.add_argument("--max-busy", type=float, default=0.5,
                         help="wait before a round while other jobs keep more cores busy than this (default 0.5)")
     parser.add_argument("--max-wait", type=float, default=600.0, help="total seconds to wait for quiet (default 600)")
@@ -122,18 +128,26 @@ def main() -> None:
         "tempcal --help": [*tempcal, "--help"],
         'python -c "import torch"': [args.python, "-c", "import torch"],
     }
+    envs: dict[str, dict[str, str] | None] = dict.fromkeys(commands)
+    if args.checkout is not None:  # the same commands importing the other checkout's tempcal
+        other = {**os.environ, "PYTHONPATH": os.pathsep.join([str(args.checkout.resolve()),
+                                                              *filter(None, [os.environ.get("PYTHONPATH")])])}
+        for name in ("tempcal fit FILE --no-write --json -", "tempcal --help"):
+            commands[f"{name} [checkout]"] = commands[name]
+            envs[f"{name} [checkout]"] = other
     for line in machine_lines(args.python):
         print(line)
     print(f"file: {path} ({size_mb:.0f} MB)")
-    for cmd in commands.values():  # warm the page cache and the bytecode caches
-        timed(cmd)
+    for name, cmd in commands.items():  # warm the page cache and the bytecode caches
+        timed(cmd, envs[name])
+    names_fit = "tempcal fit FILE --no-write --json -"
     gate = QuietGate(args.max_busy, args.max_wait)
     times: dict[str, list[float]] = {name: [] for name in commands}
     peaks: dict[str, float] = dict.fromkeys(commands, 0.0)
     loads, interference, fit_json, redone = [], [], {}, 0
     while len(loads) < args.repeats:
         load, _busy = gate.wait()
-        measured = {name: timed(cmd) for name, cmd in commands.items()}
+        measured = {name: timed(cmd, envs[name]) for name, cmd in commands.items()}
         worst = max(m[3] for m in measured.values())
         if worst > args.max_busy and redone < args.retries:
             redone += 1
@@ -145,7 +159,7 @@ def main() -> None:
         for name, (seconds, peak, out, _others) in measured.items():
             times[name].append(seconds)
             peaks[name] = max(peaks[name], peak)
-            if name.startswith("tempcal fit"):
+            if name == names_fit:
                 fit_json = json.loads(out)
     median = {name: statistics.median(v) for name, v in times.items()}
     names = list(commands)
@@ -154,7 +168,8 @@ def main() -> None:
     header = ["command", "median s", "min s", "peak RSS MB", "ratio"]
     rows = []
     for i, name in enumerate(names):
-        ratio = (f"{ratio_fit:.2f}" if i == 0 else f"{ratio_help:.2f}" if i == 2 else "1 (floor)")
+        ratio = (f"{ratio_fit:.2f}" if i == 0 else f"{ratio_help:.2f}" if i == 2 else "1 (floor)" if i < 4
+                 else f"this / checkout {median[names[(i - 4) * 2]] / median[name]:.2f}")
         rows.append([name, f"{median[name]:.3f}", f"{min(times[name]):.3f}", f"{peaks[name]:,.0f}", ratio])
     verdict = [
         f"{'MET ' if ratio_fit <= TARGET_FIT else 'MISS'} tempcal fit / (import torch + load) = {ratio_fit:.2f}; "
