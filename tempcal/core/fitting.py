@@ -349,34 +349,27 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     ``seed``) also fits T outside each of K class-stratified folds: ``fold_temperatures``. Both share the global
     fit's reads. ``evaluate`` and ``ece_terms`` replace the scan's pass for fits that ride on another's reads.
     """
-    if isinstance(logits, Scan):
-        return _fit(logits, None, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes, groups=groups,
-                    group_prior=group_prior, folds=folds, seed=seed, evaluate=evaluate, ece_terms=ece_terms,
-                    on_pass=on_pass)
-    data = as_logits_data(logits, labels, probs=probs)
-    scan = Scan(data, device=device, chunk_rows=chunk_rows, fit_rows=ALL_ROWS)
+    kept, owned = None, not isinstance(logits, Scan)  # owned: the scan made here, whose buffers it may give back
+    if not owned:
+        scan = logits
+    else:
+        data = as_logits_data(logits, labels, probs=probs)
+        kept = data.index
+        scan = Scan(data, device=device, chunk_rows=chunk_rows, fit_rows=ALL_ROWS)
     try:
-        if probs is None and scan.looks_like_probabilities:
+        if owned and probs is None and scan.looks_like_probabilities:
             raise probabilities_refused("the logits")
-        return _fit(scan, data.index, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes,
-                    groups=groups, group_prior=group_prior, folds=folds, seed=seed, evaluate=evaluate,
-                    ece_terms=ece_terms, on_pass=on_pass)
+        if groups is not None or folds is not None:
+            if not SUBSET_FIT:
+                raise TempcalError("groups= and folds= are fitted by tempcal.subsets: call tempcal.fit_temperature, "
+                                   "or import tempcal.subsets.fits first")
+            return SUBSET_FIT[0](scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
+                                 objective=objective, bins=bins)
+        return fit_scan(scan, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes, evaluate=evaluate,
+                        ece_terms=ece_terms, on_pass=on_pass)
     finally:
-        scan.release_buffers()  # the fit returns numbers: its buffers serve the next fit of the process
-
-
-def _fit(scan: Scan, kept: Any, *, objective: str, bins: int, xtol: float | None, max_passes: int, groups: Any,
-         group_prior: float | None, folds: int | None, seed: int, evaluate: Evaluator | None, ece_terms: Any,
-         on_pass: PassCallback | None) -> FitResult:
-    """The fit on a validated scan: the global T, with the group and fold fits when asked."""
-    if groups is not None or folds is not None:
-        if not SUBSET_FIT:
-            raise TempcalError("groups= and folds= are fitted by tempcal.subsets: call tempcal.fit_temperature, or "
-                               "import tempcal.subsets.fits first")
-        return SUBSET_FIT[0](scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
-                             objective=objective, bins=bins)
-    return fit_scan(scan, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes, evaluate=evaluate,
-                    ece_terms=ece_terms, on_pass=on_pass)
+        if owned:
+            scan.release_buffers()  # the fit returns numbers: its buffers serve the next fit of the process
 
 
 __all__ = ["MAX_PASSES", "SUBSET_FIT", "T_MAX", "T_MIN", "XTOL", "FitResult", "fit_scan", "fit_temperature"]

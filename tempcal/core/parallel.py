@@ -459,7 +459,7 @@ class Scratch:
 
     @staticmethod
     def give_back(scratches: Iterable[Scratch]) -> None:
-        """Keep CPU buffers nothing else holds for the next :meth:`borrow`, up to :data:`SPARE_BYTES` in all."""
+        """Keep a finished scan's CPU buffers for the next :meth:`borrow`, up to :data:`SPARE_BYTES` in all."""
         with _spare_lock:
             kept = sum(s.nbytes() for s in _spare)
             for scratch in scratches:
