@@ -8,17 +8,46 @@ counted, as it is not the command's work.
 command is replaced by its path.
 
     python tools/trace_modules.py --demo /tmp/trace fit DATA --folds 5 --group-by domain --no-write
+
+Each module is listed with its lines. The last lines say, per layer of ``tests/test_layers.py``, how many lines the
+traced modules hold and the fewest modules of at most :data:`MODULE_LINES` lines that could hold them (a module may
+not import from a layer above its own, so modules of two layers cannot merge): a floor on the count for this code.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import inspect
+import math
 import sys
 from collections import Counter
 from pathlib import Path
 from types import FrameType
 from typing import Any
+
+#: The most lines a module may hold (``structure.py``'s limit).
+MODULE_LINES = 500
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def module_lines(name: str) -> int:
+    """The lines of module ``name`` (``tempcal.x.y``) in this checkout."""
+    path = ROOT.joinpath(*name.split("."))
+    return len((path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text().splitlines())
+
+
+def layer_floor(names: list[str]) -> list[tuple[int, int, int, int]]:
+    """Per layer: (layer, traced modules, their lines, the fewest modules of ``MODULE_LINES`` that hold them)."""
+    spec = importlib.util.spec_from_file_location("test_layers", ROOT / "tests" / "test_layers.py")
+    assert spec is not None and spec.loader is not None
+    layers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(layers)
+    found: dict[int, list[int]] = {}
+    for name in names:
+        found.setdefault(layers._layer(name), []).append(module_lines(name))
+    return [(layer, len(sizes), sum(sizes), math.ceil(sum(sizes) / MODULE_LINES))
+            for layer, sizes in sorted(found.items())]
 
 
 def write_demo(folder: Path) -> Path:
@@ -85,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     calls, code = trace(command)
     print(f"exit code {code}; {len(calls)} tempcal modules ran a function:", file=sys.stderr)
     for name in sorted(calls):
-        print(f"  {name} ({calls[name]} calls)", file=sys.stderr)
+        print(f"  {name} ({calls[name]} calls, {module_lines(name)} lines)", file=sys.stderr)
+    floor = layer_floor(sorted(calls))
+    for layer, count, lines, fewest in floor:
+        print(f"  layer {layer}: {count} modules, {lines} lines: at least {fewest} modules of {MODULE_LINES} lines",
+              file=sys.stderr)
+    print(f"{sum(lines for _, _, lines, _ in floor)} lines; at least {sum(f for *_, f in floor)} modules by layer",
+          file=sys.stderr)
     print(len(calls), file=sys.stderr)
     return code
 
