@@ -40,9 +40,6 @@ class PercentileResult:
     dtype: torch.dtype
     passes: int
     count: int
-    lower: float  # order statistic at floor(k)
-    upper: float  # order statistic at floor(k) + 1 (the same one at the top)
-    gamma: float  # numpy's interpolation weight
 
 
 @dataclass
@@ -54,6 +51,10 @@ class _Search:
     prefix: int = 0
     bucket_count: int = 0
     key: int | None = None  # the full key, once found
+
+    @property
+    def where(self) -> tuple[int, int]:
+        return self.level, self.prefix
 
 
 @dataclass
@@ -79,17 +80,14 @@ def float_keys(x: torch.Tensor) -> torch.Tensor:
 
     ``-0.0`` and ``+0.0`` get the same key; NaN gets a meaningless one (callers refuse NaN).
     """
-    if x.dtype == torch.float32:
-        bits = x.view(torch.int32).to(torch.int64)
-        key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative: -1 - magnitude
-        key = torch.where(key == -1, 0, key)  # -0.0 -> +0.0
-        return key + (1 << 31)  # [0, 2^32)
-    if x.dtype == torch.float64:
-        bits = x.view(torch.int64)
-        key = torch.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
-        key = torch.where(key == -1, 0, key)
-        return key ^ -(1 << 63)  # flip the sign bit: unsigned order as a wrapped int64 pattern
-    raise TypeError(f"keys of {x.dtype} are not defined")
+    if x.dtype not in (torch.float32, torch.float64):
+        raise TypeError(f"keys of {x.dtype} are not defined")
+    wide = x.dtype == torch.float64
+    bits = x.view(torch.int64) if wide else x.view(torch.int32).to(torch.int64)
+    key = torch.where(bits < 0, bits ^ (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF), bits)  # negative: -1 - magnitude
+    key = torch.where(key == -1, 0, key)  # -0.0 -> +0.0
+    # float32: [0, 2^32); float64: the sign bit flipped, unsigned order as a wrapped int64 pattern
+    return key ^ -(1 << 63) if wide else key + (1 << 31)
 
 
 def key_value(key: int, dtype: torch.dtype) -> np.floating:
@@ -147,10 +145,6 @@ def compute_dtype(dtype: torch.dtype, requested: torch.dtype | None = None) -> t
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _as_tensor(chunk: torch.Tensor | np.ndarray) -> torch.Tensor:
-    return chunk if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.asarray(chunk))
-
-
 class _Counter:
     """Runs passes over the chunks; each pass's counts are one int64 vector, summed over chunks (and ranks)."""
 
@@ -168,7 +162,7 @@ class _Counter:
         pending: list[torch.Tensor] = []
         size = 0
         for chunk in self.chunks_factory():
-            x = _as_tensor(chunk).reshape(-1)
+            x = (chunk if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.asarray(chunk))).reshape(-1)
             dtype = compute_dtype(x.dtype, self.requested)
             if self.dtype is None:
                 self.dtype = dtype
@@ -260,36 +254,26 @@ def streaming_percentile(chunks_factory: ChunksFactory, p: float, *, dtype: torc
     searches = {rank: _Search(rank) for rank in {lower_index, upper_index}}
     for search in searches.values():
         _descend(search, top_hist, bits)
-    while any(s.key is None for s in searches.values()):
+    while open_searches := [s for s in searches.values() if s.key is None]:
         plan = _Plan()
-        for s in searches.values():
-            if s.key is None:
-                where = (s.level, s.prefix)
-                # Collect only where it saves passes: one more histogram would end the search anyway.
-                collect = s.bucket_count <= cap and bits - s.level * DIGIT_BITS > DIGIT_BITS
-                target = plan.collects if collect else plan.histograms
-                if where not in target:
-                    target.append(where)
+        for s in open_searches:
+            # Collect only where it saves passes: one more histogram would end the search anyway.
+            collect = s.bucket_count <= cap and bits - s.level * DIGIT_BITS > DIGIT_BITS
+            target = plan.collects if collect else plan.histograms
+            if s.where not in target:
+                target.append(s.where)
         hists, collected = counter.run(plan, first=False)
-        for s in searches.values():
-            if s.key is None:
-                where = (s.level, s.prefix)
-                if where in plan.histograms:
-                    _descend(s, hists[plan.histograms.index(where)], bits)
-                else:
-                    keys = torch.sort(collected[plan.collects.index(where)]).values
-                    s.key = _unsigned(int(keys[s.rank]), bits)
+        for s in open_searches:
+            if s.where in plan.histograms:
+                _descend(s, hists[plan.histograms.index(s.where)], bits)
+            else:
+                keys = torch.sort(collected[plan.collects.index(s.where)]).values
+                s.key = int(keys[s.rank]) % (1 << bits)  # the int64 pattern as the unsigned key
     lower_key, upper_key = searches[lower_index].key, searches[upper_index].key
     assert lower_key is not None and upper_key is not None
     lower, upper = key_value(lower_key, counter.dtype), key_value(upper_key, counter.dtype)
-    value = numpy_lerp(lower, upper, gamma)
-    return PercentileResult(value=float(value), dtype=counter.dtype, passes=counter.passes, count=count,
-                            lower=float(lower), upper=float(upper), gamma=gamma)
-
-
-def _unsigned(pattern: int, bits: int) -> int:
-    """An int64 key pattern as the unsigned key it stands for."""
-    return pattern % (1 << bits)
+    return PercentileResult(value=float(numpy_lerp(lower, upper, gamma)), dtype=counter.dtype, passes=counter.passes,
+                            count=count)
 
 
 __all__ = ["PercentileResult", "float_keys", "key_value", "numpy_lerp", "numpy_linear_positions",

@@ -42,11 +42,6 @@ def stratified_split(labels, val_fraction: float, seed: int = 0) -> tuple[np.nda
                 short += 1
     order_in_class = np.argsort(inverse, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(counts)])
-    fit = []
-    for c in range(len(classes)):
-        members = order_in_class[bounds[c]:bounds[c + 1]]
-        fit.append(rng.permutation(members)[: take[c]])
+    fit = [rng.permutation(order_in_class[bounds[c]:bounds[c + 1]])[: take[c]] for c in range(len(classes))]
     fit_index = np.sort(np.concatenate(fit)) if fit else np.empty(0, dtype=np.int64)
-    mask = np.ones(n, dtype=bool)
-    mask[fit_index] = False
-    return fit_index, everything[mask]
+    return fit_index, np.delete(everything, fit_index)
