@@ -56,8 +56,7 @@ class CellEceTerms:
             slot = index + cell * self.bins
             for row, values in enumerate((ones, confidence, hit)):
                 self.per_cell[k, row].index_add_(0, slot, values)
-            if k in mine:  # the global search's own sums, exactly as its own pass would add them
-                for row, values in enumerate((ones, confidence, hit)):
+                if k in mine:  # the global search's own sums, exactly as its own pass would add them
                     self.per_bin[mine[k], row].index_add_(0, index, values)
 
 
@@ -104,10 +103,8 @@ class SharedEce:
                 fit.search = self._search(fit)
         own = [-math.log(b) for b in betas]
         folds = [f for f in self.folds if f.search is not None and f.search.wanted]
-        if not folds:
-            return bin_sums(self.scan, betas, bins)
-        parts = self._pass(folds, own)
-        if len(parts) > 1:  # the per-cell sums took several reads: the global search's own pass too
+        parts = self._pass(folds, own) if folds else []
+        if len(parts) != 1:  # no fold search, or the per-cell sums took several reads: the global search's own pass
             return bin_sums(self.scan, betas, bins)
         return parts[0].per_bin
 
@@ -176,8 +173,7 @@ def _merged(own: list[float], others: list[float]) -> tuple[list[float], dict[fl
     points = sorted(set(own))
     for t in sorted(set(others)):
         j = bisect.bisect_left(points, t)
-        near = [p for p in points[max(j - 1, 0):j + 1] if abs(p - t) <= 1e-12]
-        if not near:
+        if not any(abs(p - t) <= 1e-12 for p in points[max(j - 1, 0):j + 1]):
             points.insert(j, t)
     position = {p: j for j, p in enumerate(points)}
     for t in others:
