@@ -18,10 +18,9 @@ interval, ECE on each side of it is within the confidence drift of that side's e
 about ``min(ECE(a), ECE(b))`` however near it is. Once every interval's bound is at least ``best - tol``,
 no temperature in the searched range has an ECE lower than the returned one by more than ``tol``.
 
-Each temperature is evaluated once, in one pass with all the others of its round (every open interval is
-cut into 2..``MAX_PIECES`` pieces, more the further its bound is from closing, and the most when the
-last cut left its crossings together, as when rows repeat), and only its per-bin
-sums are kept: nothing per row between chunks or passes, and the sums all-reduce across processes.
+Each temperature is evaluated once, in one pass with all the others of its round (:func:`_pieces` says how
+many), and only its per-bin sums are kept: nothing per row between chunks or passes, and the sums all-reduce
+across processes.
 """
 
 from __future__ import annotations

@@ -145,17 +145,16 @@ def compute_dtype(dtype: torch.dtype, requested: torch.dtype | None = None) -> t
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+@dataclass
 class _Counter:
     """Runs passes over the chunks; each pass's counts are one int64 vector, summed over chunks (and ranks)."""
 
-    def __init__(self, chunks_factory: ChunksFactory, dtype: torch.dtype | None,
-                 all_reduce: Callable[[torch.Tensor], torch.Tensor | None] | None, device: torch.device | str | None):
-        self.chunks_factory = chunks_factory
-        self.device = device
-        self.requested = dtype
-        self.dtype: torch.dtype | None = None
-        self.all_reduce = all_reduce
-        self.passes = 0
+    chunks_factory: ChunksFactory
+    requested: torch.dtype | None
+    all_reduce: Callable[[torch.Tensor], torch.Tensor | None] | None
+    device: torch.device | str | None
+    dtype: torch.dtype | None = None  # the compute dtype, once a chunk was read
+    passes: int = 0
 
     def chunks(self) -> Iterable[torch.Tensor]:
         """The values in the compute dtype, flat, small chunks joined into batches of about BATCH_VALUES."""
