@@ -76,13 +76,9 @@ def key_bits(dtype: torch.dtype) -> int:
 
 
 def float_keys(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving unsigned keys of float32/float64 values, as int64 bit patterns (float64: wrapped).
-
-    ``-0.0`` and ``+0.0`` get the same key; NaN gets a meaningless one (callers refuse NaN).
-    """
-    if x.dtype not in (torch.float32, torch.float64):
-        raise TypeError(f"keys of {x.dtype} are not defined")
-    wide = x.dtype == torch.float64
+    """Order-preserving unsigned keys of float32/float64 values, as int64 bit patterns (float64: wrapped); ``-0.0``
+    and ``+0.0`` get the same key, NaN a meaningless one (callers refuse NaN)."""
+    wide = key_bits(x.dtype) == 64
     bits = x.view(torch.int64) if wide else x.view(torch.int32).to(torch.int64)
     key = torch.where(bits < 0, bits ^ (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF), bits)  # negative: -1 - magnitude
     key = torch.where(key == -1, 0, key)  # -0.0 -> +0.0
@@ -112,13 +108,9 @@ def _in_prefix(keys: torch.Tensor, level: int, prefix: int, bits: int) -> torch.
 
 # -- numpy's linear interpolation --------------------------------------------------------------------
 def numpy_linear_positions(n: int, p: float) -> tuple[int, int, float]:
-    """numpy's ``method='linear'`` positions for ``n`` values: (lower index, upper index, gamma).
-
-    Mirrors numpy, down to its gamma for the top position (``k >= n - 1``: both indices the last,
-    and gamma = k + 1, since numpy stores the lower index as -1 before subtracting).
-    """
-    q = p / 100.0
-    virtual = (n - 1) * q
+    """numpy's ``method='linear'`` positions for ``n`` values: (lower index, upper index, gamma), down to its gamma
+    at the top (``k >= n - 1``: both indices the last, gamma = k + 1, as numpy stores the lower index as -1)."""
+    virtual = (n - 1) * (p / 100.0)
     if virtual >= n - 1:
         return n - 1, n - 1, virtual + 1.0
     lower = math.floor(virtual)
