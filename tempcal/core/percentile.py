@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,6 +30,8 @@ BATCH_VALUES = 1 << 18
 MAX_CANDIDATES = 1 << 20
 
 ChunksFactory = Callable[[], Iterable["torch.Tensor | np.ndarray"]]
+#: ``(level, prefix)``: the keys whose top ``level`` 16-bit digits are ``prefix``.
+Where = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -53,16 +55,8 @@ class _Search:
     key: int | None = None  # the full key, once found
 
     @property
-    def where(self) -> tuple[int, int]:
+    def where(self) -> Where:
         return self.level, self.prefix
-
-
-@dataclass
-class _Plan:
-    """What one pass does: histogram requests (level, prefix) and collect requests (level, prefix)."""
-
-    histograms: list[tuple[int, int]] = field(default_factory=list)
-    collects: list[tuple[int, int]] = field(default_factory=list)
 
 
 # -- keys --------------------------------------------------------------------------------------------
@@ -173,32 +167,33 @@ class _Counter:
         if pending:
             yield torch.cat(pending)
 
-    def run(self, plan: _Plan, *, first: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One pass: histograms (one per plan entry) and collected keys (one tensor per plan entry)."""
+    def run(self, histograms: list[Where], collects: list[Where], *, first: bool
+            ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One pass: a histogram per entry of ``histograms``, the keys collected per entry of ``collects``."""
         self.passes += 1
         counts: torch.Tensor | None = None
-        collected: list[list[torch.Tensor]] = [[] for _ in plan.collects]
+        collected: list[list[torch.Tensor]] = [[] for _ in collects]
         extra = 2 if first else 0  # first pass: [number of values, number of NaNs]
         for x in self.chunks():
             if counts is None:
-                counts = torch.zeros(len(plan.histograms) * BINS + extra, dtype=torch.int64, device=x.device)
+                counts = torch.zeros(len(histograms) * BINS + extra, dtype=torch.int64, device=x.device)
             bits = key_bits(x.dtype)
             if first:
                 counts[-2] += x.numel()
                 counts[-1] += torch.isnan(x).sum()
             keys = float_keys(x)
-            for i, (level, prefix) in enumerate(plan.histograms):
+            for i, (level, prefix) in enumerate(histograms):
                 inside = keys if level == 0 else keys[_in_prefix(keys, level, prefix, bits)]
                 counts[i * BINS:(i + 1) * BINS] += torch.bincount(_digit(inside, level, bits), minlength=BINS)
-            for i, (level, prefix) in enumerate(plan.collects):
+            for i, (level, prefix) in enumerate(collects):
                 collected[i].append(keys[_in_prefix(keys, level, prefix, bits)].cpu())
         if counts is None:  # no chunks on this rank: still take part in the sum
-            counts = torch.zeros(len(plan.histograms) * BINS + extra, dtype=torch.int64, device=self.device)
+            counts = torch.zeros(len(histograms) * BINS + extra, dtype=torch.int64, device=self.device)
         if self.all_reduce is not None:
             reduced = self.all_reduce(counts)
             counts = counts if reduced is None else reduced
         counts = counts.cpu()
-        hists = [counts[i * BINS:(i + 1) * BINS] for i in range(len(plan.histograms))]
+        hists = [counts[i * BINS:(i + 1) * BINS] for i in range(len(histograms))]
         if first:
             hists.append(counts[-2:])
         keys_out = [torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64) for parts in collected]
@@ -230,7 +225,7 @@ def streaming_percentile(chunks_factory: ChunksFactory, p: float, *, dtype: torc
         raise ValueError(f"percentile must be in [0, 100], got {p}")
     cap = 0 if all_reduce is not None else max(0, int(max_candidates))
     counter = _Counter(chunks_factory, dtype, all_reduce, device)
-    (top_hist, totals), _ = counter.run(_Plan(histograms=[(0, 0)]), first=True)
+    (top_hist, totals), _ = counter.run([(0, 0)], [], first=True)
     count, nans = (int(v) for v in totals)
     if nans:
         raise DataError(f"{nans} NaN value{'s' if nans > 1 else ''}: a percentile of NaN is not defined")
@@ -246,19 +241,20 @@ def streaming_percentile(chunks_factory: ChunksFactory, p: float, *, dtype: torc
     for search in searches.values():
         _descend(search, top_hist, bits)
     while open_searches := [s for s in searches.values() if s.key is None]:
-        plan = _Plan()
+        histograms: list[Where] = []
+        collects: list[Where] = []
         for s in open_searches:
             # Collect only where it saves passes: one more histogram would end the search anyway.
             collect = s.bucket_count <= cap and bits - s.level * DIGIT_BITS > DIGIT_BITS
-            target = plan.collects if collect else plan.histograms
+            target = collects if collect else histograms
             if s.where not in target:
                 target.append(s.where)
-        hists, collected = counter.run(plan, first=False)
+        hists, collected = counter.run(histograms, collects, first=False)
         for s in open_searches:
-            if s.where in plan.histograms:
-                _descend(s, hists[plan.histograms.index(s.where)], bits)
+            if s.where in histograms:
+                _descend(s, hists[histograms.index(s.where)], bits)
             else:
-                keys = torch.sort(collected[plan.collects.index(s.where)]).values
+                keys = torch.sort(collected[collects.index(s.where)]).values
                 s.key = int(keys[s.rank]) % (1 << bits)  # the int64 pattern as the unsigned key
     lower_key, upper_key = searches[lower_index].key, searches[upper_index].key
     assert lower_key is not None and upper_key is not None
