@@ -30,7 +30,7 @@ def stratified_split(labels, val_fraction: float, seed: int = 0) -> tuple[np.nda
     remainder = share - take
     # Hand out the rounding remainder to the classes with the largest fractional parts (ties by class order).
     order = np.lexsort((np.arange(len(classes)), -remainder))
-    take[order[:target - int(take.sum())]] += 1  # never negative: the floors sum to at most round(share), n - 1
+    take[order[:target - int(take.sum())]] += 1  # >= 0: the floors sum to at most target
     order_in_class = np.argsort(inverse, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(counts)])
     fit = [rng.permutation(order_in_class[bounds[c]:bounds[c + 1]])[: take[c]] for c in range(len(classes))]
