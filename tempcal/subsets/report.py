@@ -114,7 +114,7 @@ def report_groups(opened: OpenedSource, scan: Scan, full: Scan, groups: RowGroup
     if asked.estimators or asked.bootstrap:
         _extras(scan, run, groups, warnings, asked)
     if asked.alphas:
-        _grouped_sets(run, full, opened, all_groups, asked.alphas, asked.seed, per_group, warnings)
+        _grouped_sets(run, full, opened, all_groups, asked, per_group, warnings)
     return run
 
 
@@ -134,20 +134,20 @@ def _extras(scan: Scan, run: GroupedRun, groups: RowGroups, warnings: list[str],
                 for k, row in enumerate(run.rows)]
 
 
-def _grouped_sets(run: GroupedRun, full: Scan, opened: OpenedSource, groups: RowGroups, alphas: list[float],
-                  seed: int, per_group: dict[str, float], warnings: list[str]) -> None:
+def _grouped_sets(run: GroupedRun, full: Scan, opened: OpenedSource, groups: RowGroups, asked: Asked,
+                  per_group: dict[str, float], warnings: list[str]) -> None:
     """``--group-by`` with ``--conformal-alpha``: the sets at every temperature, overall and per group, from a read of
     the thresholds and one of the evaluation rows; at the stored per-group temperatures (``per_group``, name -> T_g),
     each row's scores and sets at its own group's T, two reads more."""
     plain = [k for k, row in enumerate(run.rows) if not row.per_group]
-    sets = report_thresholds(full, opened, [run.results[k].tau for k in plain], alphas, seed, warnings)
+    sets = report_thresholds(full, opened, [run.results[k].tau for k in plain], asked.alphas, asked.seed, warnings)
     overall, by_group = report_group_sets(full, opened, sets, groups.index, groups.count)
     _place_sets(run, plain, overall, by_group, groups.names)
     reads = sets.reads + 1
     own = [k for k, row in enumerate(run.rows) if row.per_group]
     if own:
-        every, mine = own_group_sets(full, opened, sets.rows, alphas, [per_group[name] for name in groups.names],
-                                     groups.index)
+        every, mine = own_group_sets(full, opened, sets.rows, asked.alphas,
+                                     [per_group[name] for name in groups.names], groups.index)
         _place_sets(run, own, [every] * len(own), [mine] * len(own), groups.names)
         reads += OWN_GROUP_READS
     run.conformal_rows, run.conformal_reads = sets.rows, reads
