@@ -29,9 +29,7 @@ def available_bytes(device: torch.device | str) -> int | None:
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free + max(cached, 0))
     found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
-    if not found:
-        return None
-    return min(found) // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    return min(found) // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1) if found else None
 
 
 def shown_bytes(n: float) -> str:

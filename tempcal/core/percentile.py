@@ -89,11 +89,6 @@ def key_value(key: int, dtype: torch.dtype) -> np.floating:
     return np.array([pattern], dtype=unsigned).view(floating)[0]
 
 
-def _digit(keys: torch.Tensor, level: int, bits: int) -> torch.Tensor:
-    """The ``level``-th 16-bit digit of the keys, from the top."""
-    return (keys >> (bits - DIGIT_BITS * (level + 1))) & (BINS - 1)
-
-
 def _in_prefix(keys: torch.Tensor, level: int, prefix: int, bits: int) -> torch.Tensor:
     """Mask of keys whose top ``level`` digits are ``prefix``."""
     width = DIGIT_BITS * level
@@ -184,7 +179,8 @@ class _Counter:
             keys = float_keys(x)
             for i, (level, prefix) in enumerate(histograms):
                 inside = keys if level == 0 else keys[_in_prefix(keys, level, prefix, bits)]
-                counts[i * BINS:(i + 1) * BINS] += torch.bincount(_digit(inside, level, bits), minlength=BINS)
+                digit = (inside >> (bits - DIGIT_BITS * (level + 1))) & (BINS - 1)  # the level-th from the top
+                counts[i * BINS:(i + 1) * BINS] += torch.bincount(digit, minlength=BINS)
             for i, (level, prefix) in enumerate(collects):
                 collected[i].append(keys[_in_prefix(keys, level, prefix, bits)].cpu())
         if counts is None:  # no chunks on this rank: still take part in the sum
