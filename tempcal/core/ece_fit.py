@@ -124,8 +124,7 @@ class EceSearch:
     """One branch-and-bound search over log T in [log(centre / SPAN), log(centre * SPAN)], a round at a time:
     :attr:`wanted` the sorted log-temperatures to evaluate next (empty once done), :meth:`take` their per-bin
     sums. A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
-    toward a global T), and its minimum over an interval to the interval's bound.
-    """
+    toward a global T), and its minimum over an interval to the interval's bound."""
 
     def __init__(self, centre: float, rows: int, *, rounding: float, tol: float = 1e-4,
                  initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,

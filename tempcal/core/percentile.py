@@ -1,7 +1,5 @@
-"""Exact percentiles of values streamed in chunks: ``numpy.percentile(all_values, p)`` without holding the values.
-
-For ReAct's clip (:mod:`tempcal.sources.head`): the P-th percentile of all N x d hidden-state values, 10^9 and
-more, that exist only as chunks read from a file.
+"""Exact percentiles of values streamed in chunks: ``numpy.percentile(all_values, p)`` without holding the values
+(ReAct's clip, :mod:`tempcal.sources.head`: 10^9 and more hidden-state values, only ever chunks read from a file).
 
 Radix selection on order-preserving integer keys of the float bits (``-0.0`` keyed as ``+0.0``): pass 1 counts the
 values (refusing NaN) and histograms the top 16 key bits, naming the buckets of the two order statistics numpy's
