@@ -18,10 +18,9 @@ interval, ECE on each side of it is within the confidence drift of that side's e
 about ``min(ECE(a), ECE(b))`` however near it is. Once every interval's bound is at least ``best - tol``,
 no temperature in the searched range has an ECE lower than the returned one by more than ``tol``.
 
-Each temperature is evaluated once, in one pass with all the others of its round (every open interval is
-cut into 2..``MAX_PIECES`` pieces, more the further its bound is from closing, and the most when the
-last cut left its crossings together, as when rows repeat), and only its per-bin
-sums are kept: nothing per row between chunks or passes, and the sums all-reduce across processes.
+Each temperature is evaluated once, in one pass with all the others of its round (:func:`_pieces` says how
+many), and only its per-bin sums are kept: nothing per row between chunks or passes, and the sums all-reduce
+across processes.
 """
 
 from __future__ import annotations
@@ -122,18 +121,17 @@ Terms = Callable[[list[float], int], torch.Tensor]
 
 
 class EceSearch:
-    """One branch-and-bound search over log T in [log(centre / span), log(centre * span)], a round at a time:
+    """One branch-and-bound search over log T in [log(centre / SPAN), log(centre * SPAN)], a round at a time:
     :attr:`wanted` the sorted log-temperatures to evaluate next (empty once done), :meth:`take` their per-bin
     sums. A ``penalty`` ``(weight, theta0)`` adds ``weight * (theta - theta0)^2`` to the ECE (a group's search drawn
-    toward a global T), and its minimum over an interval to the interval's bound.
-    """
+    toward a global T), and its minimum over an interval to the interval's bound."""
 
-    def __init__(self, centre: float, rows: int, *, rounding: float, tol: float = 1e-4, span: float = SPAN,
+    def __init__(self, centre: float, rows: int, *, rounding: float, tol: float = 1e-4,
                  initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
                  penalty: tuple[float, float] | None = None):
         self.n, self.rounding, self.tol = max(rows, 1), rounding, tol
         self.max_pieces, self.penalty = max_pieces, penalty
-        low, high = math.log(centre / span), math.log(centre * span)
+        low, high = math.log(centre / SPAN), math.log(centre * SPAN)
         self.wanted = [low + (high - low) * k / (initial_points - 1) for k in range(initial_points)]
         self.points: dict[float, _Point] = {}
         #: The intervals still open after the last round, each with its parent's crossing drift.
@@ -183,13 +181,13 @@ class EceSearch:
         return math.exp(theta), self.points[theta].ece, self.certified
 
 
-def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, span: float = SPAN,
-                 initial_points: int = INITIAL_POINTS, max_pieces: int = MAX_PIECES,
-                 on_pass: PassCallback | None = None, terms: Terms | None = None) -> tuple[float, float, bool]:
-    """Search log T in [log(centre / span), log(centre * span)], one pass per round; returns ``(T, ECE, certified)``
+def minimise_ece(scan: Scan, centre: float, *, bins: int, tol: float = 1e-4, initial_points: int = INITIAL_POINTS,
+                 max_pieces: int = MAX_PIECES, on_pass: PassCallback | None = None,
+                 terms: Terms | None = None) -> tuple[float, float, bool]:
+    """Search log T in [log(centre / SPAN), log(centre * SPAN)], one pass per round; returns ``(T, ECE, certified)``
     (False only when ``MAX_ROUNDS`` rounds were not enough). ``terms`` replaces the pass."""
-    search = EceSearch(centre, scan.num_samples, rounding=rounding_of(scan), tol=tol, span=span,
-                       initial_points=initial_points, max_pieces=max_pieces)
+    search = EceSearch(centre, scan.num_samples, rounding=rounding_of(scan), tol=tol, initial_points=initial_points,
+                       max_pieces=max_pieces)
     while search.wanted:
         betas = [math.exp(-t) for t in search.wanted]
         search.take(bin_sums(scan, betas, bins) if terms is None else terms(betas, bins).cpu())

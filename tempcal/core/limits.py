@@ -29,9 +29,7 @@ def available_bytes(device: torch.device | str) -> int | None:
         cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         return int(free + max(cached, 0))
     found = [n for n in (_meminfo_available(), _cgroup_available()) if n is not None]
-    if not found:
-        return None
-    return min(found) // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1)
+    return min(found) // max(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), 1) if found else None
 
 
 def shown_bytes(n: float) -> str:
@@ -43,17 +41,14 @@ def shown_bytes(n: float) -> str:
     return f"{n / 1e3:.0f} kB"
 
 
-def check_fits(option: str, value: int, unit_bytes: int, device: torch.device | str, what: str,
-               fixed_bytes: int = 0) -> None:
-    """Refuse ``option value`` when ``fixed_bytes + value * unit_bytes`` exceed the memory free on ``device``.
-
-    The message names the need, what is free, and the largest value that fits.
-    """
+def check_fits(option: str, value: int, unit_bytes: int, device: torch.device | str, what: str) -> None:
+    """Refuse ``option value`` when ``value * unit_bytes`` exceed the memory free on ``device``; the message names
+    the need, what is free, and the largest value that fits."""
     free = available_bytes(device)
-    need = fixed_bytes + value * unit_bytes
+    need = value * unit_bytes
     if free is None or need <= free:
         return
-    largest = max((free - fixed_bytes) // max(unit_bytes, 1), 0)
+    largest = free // max(unit_bytes, 1)
     raise TempcalError(f"{param(option)} {value}: {what} needs about {shown_bytes(need)} on {torch.device(device)}, "
                        f"more than the {shown_bytes(free)} free; at most {largest} fits")
 

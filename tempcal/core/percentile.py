@@ -1,7 +1,5 @@
-"""Exact percentiles of values streamed in chunks: ``numpy.percentile(all_values, p)`` without holding the values.
-
-For ReAct's clip (:mod:`tempcal.sources.head`): the P-th percentile of all N x d hidden-state values, 10^9 and
-more, that exist only as chunks read from a file.
+"""Exact percentiles of values streamed in chunks: ``numpy.percentile(all_values, p)`` without holding the values
+(ReAct's clip, :mod:`tempcal.sources.head`: 10^9 and more hidden-state values, only ever chunks read from a file).
 
 Radix selection on order-preserving integer keys of the float bits (``-0.0`` keyed as ``+0.0``): pass 1 counts the
 values (refusing NaN) and histograms the top 16 key bits, naming the buckets of the two order statistics numpy's
@@ -15,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -30,6 +28,8 @@ BATCH_VALUES = 1 << 18
 MAX_CANDIDATES = 1 << 20
 
 ChunksFactory = Callable[[], Iterable["torch.Tensor | np.ndarray"]]
+#: ``(level, prefix)``: the keys whose top ``level`` 16-bit digits are ``prefix``.
+Where = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -40,9 +40,6 @@ class PercentileResult:
     dtype: torch.dtype
     passes: int
     count: int
-    lower: float  # order statistic at floor(k)
-    upper: float  # order statistic at floor(k) + 1 (the same one at the top)
-    gamma: float  # numpy's interpolation weight
 
 
 @dataclass
@@ -55,13 +52,9 @@ class _Search:
     bucket_count: int = 0
     key: int | None = None  # the full key, once found
 
-
-@dataclass
-class _Plan:
-    """What one pass does: histogram requests (level, prefix) and collect requests (level, prefix)."""
-
-    histograms: list[tuple[int, int]] = field(default_factory=list)
-    collects: list[tuple[int, int]] = field(default_factory=list)
+    @property
+    def where(self) -> Where:
+        return self.level, self.prefix
 
 
 # -- keys --------------------------------------------------------------------------------------------
@@ -75,21 +68,14 @@ def key_bits(dtype: torch.dtype) -> int:
 
 
 def float_keys(x: torch.Tensor) -> torch.Tensor:
-    """Order-preserving unsigned keys of float32/float64 values, as int64 bit patterns (float64: wrapped).
-
-    ``-0.0`` and ``+0.0`` get the same key; NaN gets a meaningless one (callers refuse NaN).
-    """
-    if x.dtype == torch.float32:
-        bits = x.view(torch.int32).to(torch.int64)
-        key = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negative: -1 - magnitude
-        key = torch.where(key == -1, 0, key)  # -0.0 -> +0.0
-        return key + (1 << 31)  # [0, 2^32)
-    if x.dtype == torch.float64:
-        bits = x.view(torch.int64)
-        key = torch.where(bits < 0, bits ^ 0x7FFFFFFFFFFFFFFF, bits)
-        key = torch.where(key == -1, 0, key)
-        return key ^ -(1 << 63)  # flip the sign bit: unsigned order as a wrapped int64 pattern
-    raise TypeError(f"keys of {x.dtype} are not defined")
+    """Order-preserving unsigned keys of float32/float64 values, as int64 bit patterns (float64: wrapped); ``-0.0``
+    and ``+0.0`` get the same key, NaN a meaningless one (callers refuse NaN)."""
+    wide = key_bits(x.dtype) == 64
+    bits = x.view(torch.int64) if wide else x.view(torch.int32).to(torch.int64)
+    key = torch.where(bits < 0, bits ^ (0x7FFFFFFFFFFFFFFF if wide else 0x7FFFFFFF), bits)  # negative: -1 - magnitude
+    key = torch.where(key == -1, 0, key)  # -0.0 -> +0.0
+    # float32: [0, 2^32); float64: the sign bit flipped, unsigned order as a wrapped int64 pattern
+    return key ^ -(1 << 63) if wide else key + (1 << 31)
 
 
 def key_value(key: int, dtype: torch.dtype) -> np.floating:
@@ -101,11 +87,6 @@ def key_value(key: int, dtype: torch.dtype) -> np.floating:
     return np.array([pattern], dtype=unsigned).view(floating)[0]
 
 
-def _digit(keys: torch.Tensor, level: int, bits: int) -> torch.Tensor:
-    """The ``level``-th 16-bit digit of the keys, from the top."""
-    return (keys >> (bits - DIGIT_BITS * (level + 1))) & (BINS - 1)
-
-
 def _in_prefix(keys: torch.Tensor, level: int, prefix: int, bits: int) -> torch.Tensor:
     """Mask of keys whose top ``level`` digits are ``prefix``."""
     width = DIGIT_BITS * level
@@ -114,13 +95,9 @@ def _in_prefix(keys: torch.Tensor, level: int, prefix: int, bits: int) -> torch.
 
 # -- numpy's linear interpolation --------------------------------------------------------------------
 def numpy_linear_positions(n: int, p: float) -> tuple[int, int, float]:
-    """numpy's ``method='linear'`` positions for ``n`` values: (lower index, upper index, gamma).
-
-    Mirrors numpy, down to its gamma for the top position (``k >= n - 1``: both indices the last,
-    and gamma = k + 1, since numpy stores the lower index as -1 before subtracting).
-    """
-    q = p / 100.0
-    virtual = (n - 1) * q
+    """numpy's ``method='linear'`` positions for ``n`` values: (lower index, upper index, gamma), down to its gamma
+    at the top (``k >= n - 1``: both indices the last, gamma = k + 1, as numpy stores the lower index as -1)."""
+    virtual = (n - 1) * (p / 100.0)
     if virtual >= n - 1:
         return n - 1, n - 1, virtual + 1.0
     lower = math.floor(virtual)
@@ -147,28 +124,23 @@ def compute_dtype(dtype: torch.dtype, requested: torch.dtype | None = None) -> t
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _as_tensor(chunk: torch.Tensor | np.ndarray) -> torch.Tensor:
-    return chunk if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.asarray(chunk))
-
-
+@dataclass
 class _Counter:
     """Runs passes over the chunks; each pass's counts are one int64 vector, summed over chunks (and ranks)."""
 
-    def __init__(self, chunks_factory: ChunksFactory, dtype: torch.dtype | None,
-                 all_reduce: Callable[[torch.Tensor], torch.Tensor | None] | None, device: torch.device | str | None):
-        self.chunks_factory = chunks_factory
-        self.device = device
-        self.requested = dtype
-        self.dtype: torch.dtype | None = None
-        self.all_reduce = all_reduce
-        self.passes = 0
+    chunks_factory: ChunksFactory
+    requested: torch.dtype | None
+    all_reduce: Callable[[torch.Tensor], torch.Tensor | None] | None
+    device: torch.device | str | None
+    dtype: torch.dtype | None = None  # the compute dtype, once a chunk was read
+    passes: int = 0
 
     def chunks(self) -> Iterable[torch.Tensor]:
         """The values in the compute dtype, flat, small chunks joined into batches of about BATCH_VALUES."""
         pending: list[torch.Tensor] = []
         size = 0
         for chunk in self.chunks_factory():
-            x = _as_tensor(chunk).reshape(-1)
+            x = (chunk if isinstance(chunk, torch.Tensor) else torch.from_numpy(np.asarray(chunk))).reshape(-1)
             dtype = compute_dtype(x.dtype, self.requested)
             if self.dtype is None:
                 self.dtype = dtype
@@ -188,32 +160,34 @@ class _Counter:
         if pending:
             yield torch.cat(pending)
 
-    def run(self, plan: _Plan, *, first: bool) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """One pass: histograms (one per plan entry) and collected keys (one tensor per plan entry)."""
+    def run(self, histograms: list[Where], collects: list[Where], *, first: bool
+            ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """One pass: a histogram per entry of ``histograms``, the keys collected per entry of ``collects``."""
         self.passes += 1
         counts: torch.Tensor | None = None
-        collected: list[list[torch.Tensor]] = [[] for _ in plan.collects]
+        collected: list[list[torch.Tensor]] = [[] for _ in collects]
         extra = 2 if first else 0  # first pass: [number of values, number of NaNs]
         for x in self.chunks():
             if counts is None:
-                counts = torch.zeros(len(plan.histograms) * BINS + extra, dtype=torch.int64, device=x.device)
+                counts = torch.zeros(len(histograms) * BINS + extra, dtype=torch.int64, device=x.device)
             bits = key_bits(x.dtype)
             if first:
                 counts[-2] += x.numel()
                 counts[-1] += torch.isnan(x).sum()
             keys = float_keys(x)
-            for i, (level, prefix) in enumerate(plan.histograms):
+            for i, (level, prefix) in enumerate(histograms):
                 inside = keys if level == 0 else keys[_in_prefix(keys, level, prefix, bits)]
-                counts[i * BINS:(i + 1) * BINS] += torch.bincount(_digit(inside, level, bits), minlength=BINS)
-            for i, (level, prefix) in enumerate(plan.collects):
+                digit = (inside >> (bits - DIGIT_BITS * (level + 1))) & (BINS - 1)  # the level-th from the top
+                counts[i * BINS:(i + 1) * BINS] += torch.bincount(digit, minlength=BINS)
+            for i, (level, prefix) in enumerate(collects):
                 collected[i].append(keys[_in_prefix(keys, level, prefix, bits)].cpu())
         if counts is None:  # no chunks on this rank: still take part in the sum
-            counts = torch.zeros(len(plan.histograms) * BINS + extra, dtype=torch.int64, device=self.device)
+            counts = torch.zeros(len(histograms) * BINS + extra, dtype=torch.int64, device=self.device)
         if self.all_reduce is not None:
             reduced = self.all_reduce(counts)
             counts = counts if reduced is None else reduced
         counts = counts.cpu()
-        hists = [counts[i * BINS:(i + 1) * BINS] for i in range(len(plan.histograms))]
+        hists = [counts[i * BINS:(i + 1) * BINS] for i in range(len(histograms))]
         if first:
             hists.append(counts[-2:])
         keys_out = [torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64) for parts in collected]
@@ -245,7 +219,7 @@ def streaming_percentile(chunks_factory: ChunksFactory, p: float, *, dtype: torc
         raise ValueError(f"percentile must be in [0, 100], got {p}")
     cap = 0 if all_reduce is not None else max(0, int(max_candidates))
     counter = _Counter(chunks_factory, dtype, all_reduce, device)
-    (top_hist, totals), _ = counter.run(_Plan(histograms=[(0, 0)]), first=True)
+    (top_hist, totals), _ = counter.run([(0, 0)], [], first=True)
     count, nans = (int(v) for v in totals)
     if nans:
         raise DataError(f"{nans} NaN value{'s' if nans > 1 else ''}: a percentile of NaN is not defined")
@@ -260,36 +234,27 @@ def streaming_percentile(chunks_factory: ChunksFactory, p: float, *, dtype: torc
     searches = {rank: _Search(rank) for rank in {lower_index, upper_index}}
     for search in searches.values():
         _descend(search, top_hist, bits)
-    while any(s.key is None for s in searches.values()):
-        plan = _Plan()
-        for s in searches.values():
-            if s.key is None:
-                where = (s.level, s.prefix)
-                # Collect only where it saves passes: one more histogram would end the search anyway.
-                collect = s.bucket_count <= cap and bits - s.level * DIGIT_BITS > DIGIT_BITS
-                target = plan.collects if collect else plan.histograms
-                if where not in target:
-                    target.append(where)
-        hists, collected = counter.run(plan, first=False)
-        for s in searches.values():
-            if s.key is None:
-                where = (s.level, s.prefix)
-                if where in plan.histograms:
-                    _descend(s, hists[plan.histograms.index(where)], bits)
-                else:
-                    keys = torch.sort(collected[plan.collects.index(where)]).values
-                    s.key = _unsigned(int(keys[s.rank]), bits)
+    while open_searches := [s for s in searches.values() if s.key is None]:
+        histograms: list[Where] = []
+        collects: list[Where] = []
+        for s in open_searches:
+            # Collect only where it saves passes: one more histogram would end the search anyway.
+            collect = s.bucket_count <= cap and bits - s.level * DIGIT_BITS > DIGIT_BITS
+            target = collects if collect else histograms
+            if s.where not in target:
+                target.append(s.where)
+        hists, collected = counter.run(histograms, collects, first=False)
+        for s in open_searches:
+            if s.where in histograms:
+                _descend(s, hists[histograms.index(s.where)], bits)
+            else:
+                keys = torch.sort(collected[collects.index(s.where)]).values
+                s.key = int(keys[s.rank]) % (1 << bits)  # the int64 pattern as the unsigned key
     lower_key, upper_key = searches[lower_index].key, searches[upper_index].key
     assert lower_key is not None and upper_key is not None
     lower, upper = key_value(lower_key, counter.dtype), key_value(upper_key, counter.dtype)
-    value = numpy_lerp(lower, upper, gamma)
-    return PercentileResult(value=float(value), dtype=counter.dtype, passes=counter.passes, count=count,
-                            lower=float(lower), upper=float(upper), gamma=gamma)
-
-
-def _unsigned(pattern: int, bits: int) -> int:
-    """An int64 key pattern as the unsigned key it stands for."""
-    return pattern % (1 << bits)
+    return PercentileResult(value=float(numpy_lerp(lower, upper, gamma)), dtype=counter.dtype, passes=counter.passes,
+                            count=count)
 
 
 __all__ = ["PercentileResult", "float_keys", "key_value", "numpy_lerp", "numpy_linear_positions",

@@ -39,12 +39,12 @@ def no_tf32() -> Iterator[None]:
         return
     matmul = _read(torch.get_float32_matmul_precision)
     cudnn = _read(lambda: torch.backends.cudnn.allow_tf32)
-    new = [(owner, name, getattr(owner, name)) for owner, name in _new_settings()]
+    new = [(owner, owner.fp32_precision) for owner in _new_settings()]
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-    for owner, name, _ in new:
+    for owner, _ in new:
         if owner is not getattr(getattr(torch.backends, "mkldnn", None), "matmul", None):
-            setattr(owner, name, "ieee")
+            owner.fp32_precision = "ieee"
     try:
         yield
     finally:
@@ -52,16 +52,16 @@ def no_tf32() -> Iterator[None]:
             torch.set_float32_matmul_precision(matmul)
         if cudnn is not None:
             torch.backends.cudnn.allow_tf32 = cudnn
-        for owner, name, value in new:
-            setattr(owner, name, value)
+        for owner, value in new:
+            owner.fp32_precision = value
 
 
-def _new_settings() -> list[tuple[Any, str]]:
-    """The per-backend ``fp32_precision`` settings this torch has (none before torch 2.9)."""
+def _new_settings() -> list[Any]:
+    """The backends with a ``fp32_precision`` setting in this torch (none before torch 2.9)."""
     owners = [torch.backends.cuda.matmul, getattr(torch.backends.cudnn, "conv", None),
               getattr(torch.backends.cudnn, "rnn", None), getattr(getattr(torch.backends, "mkldnn", None), "matmul",
                                                                   None)]
-    return [(owner, "fp32_precision") for owner in owners if owner is not None and hasattr(owner, "fp32_precision")]
+    return [owner for owner in owners if owner is not None and hasattr(owner, "fp32_precision")]
 
 
 def _read(get: Any) -> Any:

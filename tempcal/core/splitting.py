@@ -30,23 +30,9 @@ def stratified_split(labels, val_fraction: float, seed: int = 0) -> tuple[np.nda
     remainder = share - take
     # Hand out the rounding remainder to the classes with the largest fractional parts (ties by class order).
     order = np.lexsort((np.arange(len(classes)), -remainder))
-    short = target - int(take.sum())
-    if short > 0:
-        take[order[:short]] += 1
-    elif short < 0:
-        for c in order[::-1]:
-            if short == 0:
-                break
-            if take[c] > 0:
-                take[c] -= 1
-                short += 1
+    take[order[:target - int(take.sum())]] += 1  # >= 0: the floors sum to at most target
     order_in_class = np.argsort(inverse, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(counts)])
-    fit = []
-    for c in range(len(classes)):
-        members = order_in_class[bounds[c]:bounds[c + 1]]
-        fit.append(rng.permutation(members)[: take[c]])
+    fit = [rng.permutation(order_in_class[bounds[c]:bounds[c + 1]])[: take[c]] for c in range(len(classes))]
     fit_index = np.sort(np.concatenate(fit)) if fit else np.empty(0, dtype=np.int64)
-    mask = np.ones(n, dtype=bool)
-    mask[fit_index] = False
-    return fit_index, everything[mask]
+    return fit_index, np.delete(everything, fit_index)

@@ -27,11 +27,7 @@ class _Placed(BoundedReadError):
 
 
 class JsonTooDeep(_Placed):
-    """Arrays and objects nested more than ``limit`` deep; the place is the first bracket past the limit."""
-
-    def __init__(self, limit: int, line: int | None, column: int | None) -> None:
-        self.limit = limit
-        super().__init__(f"nested more than {limit} levels deep", line, column)
+    """Arrays and objects nested deeper than allowed; the place is the first bracket past the limit."""
 
 
 class JsonLongInteger(_Placed):
@@ -63,7 +59,7 @@ def load_json(text: str, *, max_depth: int, max_int_digits: int) -> Any:
         if isinstance(exc, JsonLongInteger):
             raise JsonLongInteger(exc.digits, *_line_column(text, _long_integer_at(text, exc.digits))) from None
         if isinstance(exc, RecursionError):  # past Python's stack yet not past ``max_depth``: over the stack's limit
-            raise JsonTooDeep(max_depth, None, None) from None
+            raise JsonTooDeep(f"nested more than {max_depth} levels deep", None, None) from None
         raise
     if brackets > max_depth and deeper_than(value, max_depth):
         _refuse_depth(text, max_depth)
@@ -90,7 +86,7 @@ def _refuse_depth(text: str, limit: int) -> None:
         if token in "[{":
             depth += 1
             if depth > limit:
-                raise JsonTooDeep(limit, *_line_column(text, match.start())) from None
+                raise JsonTooDeep(f"nested more than {limit} levels deep", *_line_column(text, match.start())) from None
         elif token in "]}":
             depth -= 1
 

@@ -32,19 +32,15 @@ def read_json(folder: Path, name: str, limit: int) -> Any:
     bounded (:data:`MAX_DEPTH`, :data:`MAX_INT_DIGITS`); any problem is one line naming the file and where in it."""
     path = checkpoint_file(folder, name)
     try:
-        raw = read_regular(path, limit)
+        return load_json(read_regular(path, limit).decode("utf-8"), max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
     except NotRegularFile:
         raise TempcalError(f"{path}: not a regular file") from None
     except TooLarge as exc:
         raise TempcalError(f"{path}: {exc.size_text}, more than the {limit} tempcal reads from a {name}") from None
     except OSError as exc:
         raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    try:
-        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise TempcalError(f"{path}: not UTF-8 text (byte {exc.start})") from None
-    try:
-        return load_json(text, max_depth=MAX_DEPTH, max_int_digits=MAX_INT_DIGITS)
     except JsonTooDeep as exc:
         raise TempcalError(f"{path}: {exc.at}nested more than {MAX_DEPTH} levels deep") from None
     except JsonLongInteger as exc:

@@ -180,10 +180,9 @@ def write_sidecar_copy(source: Path, temperature: float, output: Path, *,
                            "tempcal copies the file and stores T in the copy's sidecar")
     check_regular_file(source)
     metadata = current_metadata(source)
-    label = f"{param('output')} {output}"
     if not output.is_symlink() and output.exists() and os.path.samefile(output, source):
         return write_sidecar(source, temperature, metadata=metadata, updates=updates)
-    check_target(output, label)
+    check_target(output, f"{param('output')} {output}")
     check_target(sidecar_path(output), str(sidecar_path(output)))  # both refused before either is written
 
     def copy(out: BinaryIO) -> None:

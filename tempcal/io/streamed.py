@@ -50,7 +50,7 @@ def write_streamed(path: str | os.PathLike, planned: Sequence[Planned], *, metad
                    what: str = "output") -> Path:
     """Write ``planned`` tensors into ``path`` (format by suffix; ``.npy`` takes one tensor, and no format but
     safetensors keeps ``metadata``), streamed and atomically. Returns ``path``."""
-    suffix = output_format(path, f"{what} {path}" if what else str(path))
+    suffix = output_format(path, f"{what} {path}")
     if suffix == ".npy" and len(planned) != 1:
         raise TempcalError(f"{what} {path}: a .npy file holds one array, not {len(planned)}")
     with atomic_path(path, what=what) as temporary, open(temporary, "wb") as f:

@@ -56,8 +56,7 @@ class CellEceTerms:
             slot = index + cell * self.bins
             for row, values in enumerate((ones, confidence, hit)):
                 self.per_cell[k, row].index_add_(0, slot, values)
-            if k in mine:  # the global search's own sums, exactly as its own pass would add them
-                for row, values in enumerate((ones, confidence, hit)):
+                if k in mine:  # the global search's own sums, exactly as its own pass would add them
                     self.per_bin[mine[k], row].index_add_(0, index, values)
 
 
@@ -72,14 +71,13 @@ def cell_ece_pass(scan: Scan, betas: Sequence[float], own: Sequence[int], bins: 
     return terms
 
 
-@dataclass
+@dataclass(frozen=True)
 class _EceFit:
-    """One subset's search: its group (None: every cell), the fold it leaves out, its rows, its search."""
+    """One subset's search: its group (None: every cell), the fold it leaves out (None: none), its search."""
 
     group: int | None
     fold: int | None
-    count: int
-    search: EceSearch | None = None
+    search: EceSearch
 
 
 class SharedEce:
@@ -88,34 +86,38 @@ class SharedEce:
     def __init__(self, scan: Scan, layout: CellLayout, *, groups: bool, lam: float, bins: int):
         self.scan, self.layout, self.bins, self.lam = scan, layout, bins, lam
         counts = cell_stats(scan, layout)[0].view(layout.groups, layout.folds)
-        fits = [_EceFit(group, fold, 0) for group, fold in subset_keys(layout, groups)]
-        for fit in fits:
-            fit.count = int(_fit_sum(counts, fit, dims=(0, 1)))
-        self.folds = [f for f in fits if f.group is None]
-        self.group_fits = [f for f in fits if f.group is not None]
+        #: Each subset's group, fold left out and rows, in :func:`subset_keys`' order.
+        self.subsets = [(group, fold, int(_fit_sum(counts, group, fold, dims=(0, 1))))
+                        for group, fold in subset_keys(layout, groups)]
+        self.folds: list[_EceFit] = []
         self.centre: float | None = None
+
+    def _start(self, centre: float) -> None:
+        """The fold searches, over the same range around ``centre`` (the global NLL optimum) as the plain fit's."""
+        self.centre = centre
+        self.folds = [self._fit(group, fold, count) for group, fold, count in self.subsets if group is None]
+
+    def _fit(self, group: int | None, fold: int | None, count: int, target: float | None = None) -> _EceFit:
+        """A subset's search; with a ``target`` T, drawn toward it by the group prior."""
+        assert self.centre is not None
+        penalty = (self.lam / max(count, 1), math.log(target)) if target is not None and self.lam > 0 else None
+        return _EceFit(group, fold, EceSearch(self.centre, count, rounding=rounding_of(self.scan), penalty=penalty))
 
     def terms(self, betas: list[float], bins: int) -> torch.Tensor:
         """The global search's pass at ``betas``, carrying the fold searches' wanted temperatures (in the same read
         while the per-cell sums fit in memory)."""
         if self.centre is None:  # the first pass is at the global search's initial grid, around the NLL optimum
-            self.centre = math.sqrt(1.0 / (betas[0] * betas[-1]))
-            for fit in self.folds:
-                fit.search = self._search(fit)
-        own = [-math.log(b) for b in betas]
-        folds = [f for f in self.folds if f.search is not None and f.search.wanted]
-        if not folds:
-            return bin_sums(self.scan, betas, bins)
-        parts = self._pass(folds, own)
-        if len(parts) > 1:  # the per-cell sums took several reads: the global search's own pass too
+            self._start(math.sqrt(1.0 / (betas[0] * betas[-1])))
+        folds = [f for f in self.folds if f.search.wanted]
+        parts = self._pass(folds, [-math.log(b) for b in betas]) if folds else []
+        if len(parts) != 1:  # no fold search, or the per-cell sums took several reads: the global search's own pass
             return bin_sums(self.scan, betas, bins)
         return parts[0].per_bin
 
     def _pass(self, fits: list[_EceFit], own: list[float]) -> list[CellEceTerms]:
         """One read at ``own`` and every temperature ``fits`` want (more reads only when the per-cell sums of
         every temperature would not fit :data:`MAX_ENTRIES`); each fit takes its values."""
-        wanted = [t for f in fits if f.search is not None for t in f.search.wanted]
-        thetas, position = _merged(own, wanted)
+        thetas, position = _merged(own, [t for f in fits for t in f.search.wanted])
         g, k, bins = self.layout.groups, self.layout.folds, self.bins
         step = max(2, MAX_ENTRIES // (3 * g * k * bins))
         parts = []
@@ -126,48 +128,37 @@ class SharedEce:
         per_cell = torch.cat([p.per_cell if j == 0 else p.per_cell[1:] for j, p in enumerate(parts)])
         per_cell = per_cell.view(len(thetas), 3, g, k, bins)
         for fit in fits:
-            if fit.search is not None and fit.search.wanted:
-                sums = _fit_sum(per_cell, fit, dims=(2, 3))  # [thetas, 3, bins]: the fit's cells summed
+            if fit.search.wanted:
+                sums = _fit_sum(per_cell, fit.group, fit.fold, dims=(2, 3))  # [thetas, 3, bins]: its cells summed
                 fit.search.take([sums[position[t]] for t in fit.search.wanted])
         return parts
 
-    def _search(self, fit: _EceFit, penalty: tuple[float, float] | None = None) -> EceSearch:
-        """A subset's search: the plain fit's, over the same range around the global NLL optimum."""
-        assert self.centre is not None
-        return EceSearch(self.centre, fit.count, rounding=rounding_of(self.scan), penalty=penalty)
-
     def finish(self, global_t: float) -> SubsetTemperatures:
         """The fold searches to their end, then every group's; their temperatures."""
-        self.centre = self.centre if self.centre is not None else global_t
-        for fit in self.folds:
-            fit.search = fit.search or self._search(fit)
+        if self.centre is None:
+            self._start(global_t)
         self._run(self.folds)
-        fold_t = [f.search.result()[0] for f in self.folds if f.search is not None]
-        for fit in self.group_fits:
-            target = global_t if fit.fold is None else fold_t[fit.fold]
-            penalty = (self.lam / max(fit.count, 1), math.log(target)) if self.lam > 0 else None
-            fit.search = self._search(fit, penalty)
-        self._run(self.group_fits)
-        return self._answer()
+        fold_t = [f.search.result()[0] for f in self.folds]
+        group_fits = [self._fit(group, fold, count, global_t if fold is None else fold_t[fold])
+                      for group, fold, count in self.subsets if group is not None]
+        self._run(group_fits)
 
-    def _run(self, fits: list[_EceFit]) -> None:
-        while any(f.search is not None and f.search.wanted for f in fits):
-            self._pass(fits, [])
-
-    def _answer(self) -> SubsetTemperatures:
         def result(fit: _EceFit) -> CertifiedFit:
-            assert fit.search is not None
             temperature, _, certified = fit.search.result()
             return CertifiedFit(1.0 / temperature, 0, certified, 0.0 if certified else math.inf, math.nan)
 
         k = self.layout.folds
         folds = [result(f) for f in self.folds] or None
-        groups = [result(f) for f in self.group_fits if f.fold is None] or None
-        in_folds = [result(f) for f in self.group_fits if f.fold is not None]  # group by group (subset_keys)
+        groups = [result(f) for f in group_fits if f.fold is None] or None
+        in_folds = [result(f) for f in group_fits if f.fold is not None]  # group by group (subset_keys)
         group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
-        open_fits = sum(1 for f in [*self.folds, *self.group_fits] if f.search and not f.search.certified)
+        open_fits = sum(not f.search.certified for f in [*self.folds, *group_fits])
         warnings = [f"{open_fits} subset ECE search(es) stopped before certifying their tolerance"] if open_fits else []
         return SubsetTemperatures(folds, groups, group_folds, warnings)
+
+    def _run(self, fits: list[_EceFit]) -> None:
+        while any(f.search.wanted for f in fits):
+            self._pass(fits, [])
 
 
 def _merged(own: list[float], others: list[float]) -> tuple[list[float], dict[float, int]]:
@@ -176,8 +167,7 @@ def _merged(own: list[float], others: list[float]) -> tuple[list[float], dict[fl
     points = sorted(set(own))
     for t in sorted(set(others)):
         j = bisect.bisect_left(points, t)
-        near = [p for p in points[max(j - 1, 0):j + 1] if abs(p - t) <= 1e-12]
-        if not near:
+        if not any(abs(p - t) <= 1e-12 for p in points[max(j - 1, 0):j + 1]):
             points.insert(j, t)
     position = {p: j for j, p in enumerate(points)}
     for t in others:
@@ -187,14 +177,14 @@ def _merged(own: list[float], others: list[float]) -> tuple[list[float], dict[fl
     return points, position
 
 
-def _fit_sum(values: torch.Tensor, fit: _EceFit, dims: tuple[int, int]) -> torch.Tensor:
-    """A fit's sums over its cells: ``values`` with a group and a fold axis at ``dims``."""
+def _fit_sum(values: torch.Tensor, group: int | None, fold: int | None, dims: tuple[int, int]) -> torch.Tensor:
+    """A subset's sums over its cells: ``values`` with a group and a fold axis at ``dims``."""
     g_dim, k_dim = dims
-    family = values.sum((g_dim, k_dim)) if fit.group is None else values.select(g_dim, fit.group).sum(k_dim - 1)
-    if fit.fold is None:
+    family = values.sum((g_dim, k_dim)) if group is None else values.select(g_dim, group).sum(k_dim - 1)
+    if fold is None:
         return family
-    left = (values.select(k_dim, fit.fold).sum(g_dim) if fit.group is None
-            else values.select(g_dim, fit.group).select(k_dim - 1, fit.fold))
+    left = (values.select(k_dim, fold).sum(g_dim) if group is None
+            else values.select(g_dim, group).select(k_dim - 1, fold))
     return family - left
 
 

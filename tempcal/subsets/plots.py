@@ -86,10 +86,8 @@ def report_drawing(result) -> tuple[tuple[float, float], Callable[[Any], None]]:
 
     if result.sweep:
         points = [(k, m) for k, m in enumerate(result.results) if result.basis(k).sweep_point]
-        marks: dict[str, float] = {}
         lowest = min_nll_taus([m for _, m in points])  # over every row drawn, the stored T's included
-        if lowest:
-            marks["min NLL"] = lowest[0]
+        marks = {"min NLL": lowest[0]} if lowest else {}
         if result.stored_temperature is not None:
             marks["stored T"] = result.stored_temperature
         rows = [m.to_dict(with_bins=False) for _, m in points]

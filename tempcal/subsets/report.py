@@ -80,17 +80,6 @@ class GroupedRun:
     conformal_reads: int = 0
 
 
-def group_extras(grouped: GroupedRun, groups: RowGroups, asked: Asked) -> list[GroupRow]:
-    """Each group's estimators and bootstrap intervals, from the confidences the pass kept."""
-    if not (asked.estimators or asked.bootstrap):
-        return grouped.rows
-    index = GroupRows(grouped.calibration, groups.index, groups.count)  # each group's rows: one slice
-    number = {name: g for g, name in enumerate(groups.names)}
-    return [replace(row, groups=[replace(f, extras=row_extras(grouped.calibration, k, asked, (index, number[f.group])))
-                                 for f in row.groups])
-            for k, row in enumerate(grouped.rows)]
-
-
 def held_out_groups(opened: OpenedSource, groups: RowGroups, rows: np.ndarray) -> tuple[RowGroups, tuple[int, int]]:
     """The groups of the held-out ``rows`` alone, and the part of them this process reads (sorted rows: a range)."""
     start, stop = opened.share()
@@ -122,45 +111,43 @@ def report_groups(opened: OpenedSource, scan: Scan, full: Scan, groups: RowGroup
         figures = [GroupFigures(name, g_taus[g], m) for g, name in enumerate(groups.names)
                    if (m := subset_metrics(calibration, k, g_taus[g], g, index)) is not None]
         run.rows.append(GroupRow(tau, k >= len(taus), figures))
-    run.extras = _extras(scan, run, warnings, asked)
-    run.rows = group_extras(run, groups, asked)
+    if asked.estimators or asked.bootstrap:
+        _extras(scan, run, groups, warnings, asked)
     if asked.alphas:
-        _grouped_sets(run, full, opened, all_groups, asked.alphas, asked.seed, per_group, warnings)
+        _grouped_sets(run, full, opened, all_groups, asked, per_group, warnings)
     return run
 
 
-def _extras(scan: Scan, grouped: GroupedRun, warnings: list[str], asked: Asked) -> list[dict]:
-    """Estimators and intervals per temperature: as without groups, and at per-group temperatures from the rows
-    the pass kept."""
-    if not (asked.estimators or asked.bootstrap):
-        return []
-    at_plain = iter(extra_figures(scan, [row.tau for row in grouped.rows if not row.per_group], asked))
-    out = []
-    for k, row in enumerate(grouped.rows):
-        if not row.per_group:
-            out.append(next(at_plain))
-            continue
-        if "ece_classwise" in asked.estimators:
+def _extras(scan: Scan, run: GroupedRun, groups: RowGroups, warnings: list[str], asked: Asked) -> None:
+    """Estimators and intervals per temperature (as without groups; at per-group temperatures from the rows the pass
+    kept), and each group's, from the confidences the pass kept."""
+    at_plain = iter(extra_figures(scan, [row.tau for row in run.rows if not row.per_group], asked))
+    for k, row in enumerate(run.rows):
+        if row.per_group and "ece_classwise" in asked.estimators:
             warnings.append("ece_classwise is left out at per-group temperatures (it needs every class's probability "
                             "at each row's T)")
-        out.append(row_extras(grouped.calibration, k, asked))
-    return out
+        run.extras.append(row_extras(run.calibration, k, asked) if row.per_group else next(at_plain))
+    index = GroupRows(run.calibration, groups.index, groups.count)  # each group's rows: one slice
+    number = {name: g for g, name in enumerate(groups.names)}
+    run.rows = [replace(row, groups=[replace(f, extras=row_extras(run.calibration, k, asked, (index, number[f.group])))
+                                     for f in row.groups])
+                for k, row in enumerate(run.rows)]
 
 
-def _grouped_sets(run: GroupedRun, full: Scan, opened: OpenedSource, groups: RowGroups, alphas: list[float],
-                  seed: int, per_group: dict[str, float], warnings: list[str]) -> None:
+def _grouped_sets(run: GroupedRun, full: Scan, opened: OpenedSource, groups: RowGroups, asked: Asked,
+                  per_group: dict[str, float], warnings: list[str]) -> None:
     """``--group-by`` with ``--conformal-alpha``: the sets at every temperature, overall and per group, from a read of
     the thresholds and one of the evaluation rows; at the stored per-group temperatures (``per_group``, name -> T_g),
     each row's scores and sets at its own group's T, two reads more."""
     plain = [k for k, row in enumerate(run.rows) if not row.per_group]
-    sets = report_thresholds(full, opened, [run.results[k].tau for k in plain], alphas, seed, warnings)
+    sets = report_thresholds(full, opened, [run.results[k].tau for k in plain], asked.alphas, asked.seed, warnings)
     overall, by_group = report_group_sets(full, opened, sets, groups.index, groups.count)
     _place_sets(run, plain, overall, by_group, groups.names)
     reads = sets.reads + 1
     own = [k for k, row in enumerate(run.rows) if row.per_group]
     if own:
-        every, mine = own_group_sets(full, opened, sets.rows, alphas, [per_group[name] for name in groups.names],
-                                     groups.index)
+        every, mine = own_group_sets(full, opened, sets.rows, asked.alphas,
+                                     [per_group[name] for name in groups.names], groups.index)
         _place_sets(run, own, [every] * len(own), [mine] * len(own), groups.names)
         reads += OWN_GROUP_READS
     run.conformal_rows, run.conformal_reads = sets.rows, reads
@@ -176,5 +163,4 @@ def _place_sets(run: GroupedRun, places: list[int], overall: list, by_group: lis
             f, extras={**f.extras, "conformal": [c.to_json() for c in sets]}) for f, sets in figures])
 
 
-__all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "group_extras", "held_out_groups",
-           "report_groups"]
+__all__ = ["GroupFigures", "GroupRow", "GroupedRun", "applicable_groups", "held_out_groups", "report_groups"]
