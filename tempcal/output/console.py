@@ -310,10 +310,10 @@ def single_reliability_table(metrics, label: str) -> Table:
 
 def extras_tables(console: Console, labels: list[str], extras: list[dict], header: str = "tau") -> list[Table]:
     """Other estimators and bootstrap intervals, one row per figure set (``labels``: their first cells); as many
-    tables as 80 columns need."""
-    names = [k for k in extras[0] if k != "bootstrap"]
+    tables as 80 columns need. A figure a set leaves out (ece_classwise where rows have their own T) shows as -."""
+    names = list(dict.fromkeys(k for row in extras for k in row if k != "bootstrap"))
     columns = [Column(header, list(labels), justify="left" if header == "" else "right")]
-    columns += [Column(name, [_figure(row[name]) for row in extras]) for name in names]
+    columns += [Column(name, [_figure(row[name]) if name in row else "-" for row in extras]) for name in names]
     return split_tables(console, columns, **PLAIN)
 
 

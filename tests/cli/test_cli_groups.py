@@ -66,6 +66,24 @@ def test_report_groups_console_lists_the_largest_ece_first_within_80_columns(tmp
     assert ordered[0]["ece"] == pytest.approx(figures_per_row(z[rows], y[rows], 1.0)["ece"], abs=1e-9)
 
 
+def test_report_estimators_at_stored_group_temperatures_show_the_left_out_figure_as_a_dash(grouped, cli, run_json):
+    path, z, y, _domain = grouped
+    assert cli(["fit", str(path), "--group-by", "domain"])[0] == 0
+    argv = ["report", str(path), "--group-by", "domain", "--estimators", "all", "--tau", "fitted"]
+    data = run_json(argv)
+    global_row, group_row = data["results"][0], data["results"][1]
+    assert "ece_classwise" in global_row and "ece_classwise" not in group_row
+    assert any("ece_classwise is left out" in w for w in data["warnings"])
+    code, out, err = cli(argv)
+    assert code == 0, err
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if "ece_classwise" in line.split())
+    row = next(line for line in lines[at:] if line.split()[:1] == ["T_g"])
+    cells = dict(zip(lines[at].split(), row.split(), strict=True))
+    assert cells["ece_classwise"] == "-"
+    assert float(cells["ece_equal_mass"]) == pytest.approx(group_row["ece_equal_mass"], abs=5e-5)
+
+
 def test_config_file_folds_and_group_by(grouped, run_json, tmp_path, monkeypatch):
     path, *_ = grouped
     (tmp_path / "tempcal.toml").write_text(f'source = "{path.name}"\n[fit]\nfolds = 4\ngroup-by = "domain"\n'
