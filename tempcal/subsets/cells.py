@@ -74,6 +74,17 @@ class SubsetTemperatures:
     group_folds: list[list[CertifiedFit]] | None
     warnings: list[str]
 
+    @classmethod
+    def of(cls, fits: Sequence[tuple[int | None, int | None, CertifiedFit]], layout: CellLayout,
+           warnings: list[str]) -> SubsetTemperatures:
+        """From each subset fit's ``(group, fold, result)``, in :func:`subset_keys` order."""
+        k = layout.folds
+        folds = [r for g, _, r in fits if g is None]
+        groups = [r for g, f, r in fits if g is not None and f is None]
+        in_folds = [r for g, f, r in fits if g is not None and f is not None]  # group by group, fold by fold
+        group_folds = [in_folds[g * k:(g + 1) * k] for g in range(layout.groups)] if in_folds else None
+        return cls(folds or None, groups or None, group_folds, warnings)
+
 
 @dataclass(frozen=True)
 class SubsetFits:

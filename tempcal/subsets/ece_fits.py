@@ -147,14 +147,10 @@ class SharedEce:
             temperature, _, certified = fit.search.result()
             return CertifiedFit(1.0 / temperature, 0, certified, 0.0 if certified else math.inf, math.nan)
 
-        k = self.layout.folds
-        folds = [result(f) for f in self.folds] or None
-        groups = [result(f) for f in group_fits if f.fold is None] or None
-        in_folds = [result(f) for f in group_fits if f.fold is not None]  # group by group (subset_keys)
-        group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
         open_fits = sum(not f.search.certified for f in [*self.folds, *group_fits])
         warnings = [f"{open_fits} subset ECE search(es) stopped before certifying their tolerance"] if open_fits else []
-        return SubsetTemperatures(folds, groups, group_folds, warnings)
+        return SubsetTemperatures.of([(f.group, f.fold, result(f)) for f in [*self.folds, *group_fits]], self.layout,
+                                     warnings)
 
     def _run(self, fits: list[_EceFit]) -> None:
         while any(f.search.wanted for f in fits):

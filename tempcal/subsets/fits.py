@@ -249,21 +249,16 @@ class SharedFits:
         return estimate > 0 and error <= COVER_SHARE * self.tol * estimate
 
     def _answer(self) -> SubsetTemperatures:
-        k = self.layout.folds
         warnings = [w for fit in self.fits if fit.fixed is not None for w in fit.fixed.warnings]
         if len(warnings) > MAX_WARNINGS:  # one per degenerate subset would flood: the first few and a count
             more = len(warnings) - MAX_WARNINGS
             warnings = [*warnings[:MAX_WARNINGS], f"... and {more} more subset fits at a T bound"]
-        folds = [f.result for f in self.fits if f.group is None]
-        groups = [f for f in self.fits if f.group is not None]
-        group_fits = [f.result for f in groups if f.fold is None]
-        in_folds = [f.result for f in groups if f.fold is not None]  # group by group, fold by fold (subset_keys)
-        group_folds = [in_folds[g * k:(g + 1) * k] for g in range(self.layout.groups)] if in_folds else None
         open_fits = [f for f in self.fits if f.result is not None and not f.result.converged]
         if open_fits:
             warnings.append(f"{len(open_fits)} subset fit(s) not certified after {self.extra_passes} more passes; "
                             f"first: {self._name(open_fits[0])}")
-        return SubsetTemperatures(folds or None, group_fits or None, group_folds, warnings)  # type: ignore[arg-type]
+        return SubsetTemperatures.of([(f.group, f.fold, f.result) for f in self.fits], self.layout,  # type: ignore[misc]
+                                     warnings)
 
 
 def _moved(p: NllDerivatives, beta: float) -> NllDerivatives:
