@@ -73,14 +73,6 @@ def sampling_notes(request: Any) -> list[str]:
     return [note] if note else []
 
 
-def kept_hidden(opened: Any, save_hidden: str | None) -> list[str]:
-    """``--save-hidden``: the hidden states and labels kept as a SOURCE for ``--head MODEL``, once the command's
-    work has succeeded; the lines saying so (nothing without it)."""
-    if save_hidden is None or opened is None:
-        return []
-    return opened.keep_hidden(save_hidden)
-
-
 def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[str]:
     """The OOD texts of an --lm run (--ood takes logits files, which --lm does not read)."""
     if ood_files:
@@ -90,15 +82,9 @@ def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[s
     return list(ood_text)
 
 
-def lm_json(opened: Any) -> dict[str, Any]:
-    """The JSON's ``lm`` block: the model and every text file it ran over."""
-    return {"lm": opened.lm_json()}
-
-
 def lm_settings(**settings: Any) -> dict[str, Any]:
     """The command's settings as ``tempcal.json`` records them (enums by their value)."""
     return {key: getattr(value, "value", value) for key, value in settings.items()}
 
 
-__all__ = ["kept_hidden", "lm_json", "lm_outputs", "lm_settings", "lm_source", "ood_texts", "record_outputs",
-           "sampling_notes"]
+__all__ = ["lm_outputs", "lm_settings", "lm_source", "ood_texts", "record_outputs", "sampling_notes"]

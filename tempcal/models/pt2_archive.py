@@ -333,7 +333,7 @@ def _check_inner_zip(blob: bytes, where: str) -> None:
 
 
 # -- the checked copy that torch reads ------------------------------------------------------------
-def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str | io.BytesIO) -> None:
+def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str) -> None:
     """Write the members of ``info.keep`` into a new archive; weights mapped to the CPU, sample inputs empty."""
     from torch.export.pt2_archive import PT2ArchiveWriter
 

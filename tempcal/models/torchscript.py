@@ -137,18 +137,16 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     """Write, atomically, ``model`` wrapped so that its selected logits are divided by ``temperature`` (T also in the
     extra file), once the saved bytes, loaded back, reproduce them on ``check_inputs``."""
     wrapper = calibrated_wrapper(model.net, temperature, output_key, model.name)
-    try:
-        with quiet_jit():
-            scripted = torch.jit.script(wrapper)
-    except Exception as exc:
-        raise TempcalError(f"cannot wrap {model.name}: {error_line(exc)}") from None
     buffer = io.BytesIO()
     with quiet_jit():
+        try:
+            scripted = torch.jit.script(wrapper)
+        except Exception as exc:
+            raise TempcalError(f"cannot wrap {model.name}: {error_line(exc)}") from None
         torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_KEY: format_temperature(temperature)})
-    if check_inputs is not None:
-        with quiet_jit():
+        if check_inputs is not None:
             reloaded = load_checked(buffer.getvalue(), torch.device("cpu"), {}, "the calibrated model").eval()
-        _check_saved(reloaded, model, temperature, check_inputs, output_key)
+            _check_saved(reloaded, model, temperature, check_inputs, output_key)
     return write_bytes_atomic(out_path, buffer.getvalue(), what=param("save_model"))
 
 
