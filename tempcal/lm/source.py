@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..errors import TempcalError, param
 from ..sources.base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
-from .record import read_record, record_path, set_generation_temperature, write_record
+from .command import read_record, record_path, set_generation_temperature, write_record
 from .texts import CHARS_PER_TOKEN, read_texts
 
 
