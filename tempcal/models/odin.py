@@ -33,8 +33,7 @@ CUDNN_RNN_EVAL_BACKWARD = "cudnn RNN backward can only be called in training mod
 def _cudnn_off(off: bool) -> Iterator[None]:
     """cuDNN disabled for the duration when ``off`` (only ``enabled``: ``cudnn.flags`` would reset TF32 too)."""
     before = torch.backends.cudnn.enabled
-    if off:
-        torch.backends.cudnn.enabled = False
+    torch.backends.cudnn.enabled = before and not off
     try:
         yield
     finally:
