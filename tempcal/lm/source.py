@@ -73,15 +73,12 @@ class LmSource(OpenedSource):
         """T into ``MODEL/tempcal.json`` (or the record at ``ask.output``) with the texts, ``ask.settings`` and
         ``ask.results`` unless ``ask.store`` is False; into ``generation_config.json`` when ``ask.generation``; the
         hidden states at ``ask.save_hidden``."""
-        kept = Kept(lines=self.keep_hidden(ask.save_hidden))
-        written = []
-        if ask.store:
-            written.append(self.record_temperature(temperature, ask.output, ask.settings, ask.results))
+        lines = self.keep_hidden(ask.save_hidden)
+        written = [self.record_temperature(temperature, ask.output, ask.settings, ask.results)] if ask.store else []
         if ask.generation:
             written.append(set_generation_temperature(self.lm.folder, temperature, self._generation_defaults))
-        kept.paths += [str(path) for path in written]
-        kept.lines += [f"wrote temperature = {temperature!r} into {path}" for path in written]
-        return kept
+        return Kept([str(path) for path in written],
+                    lines + [f"wrote temperature = {temperature!r} into {path}" for path in written])
 
     def write_temperature(self, temperature: float, output: str | Path | None = None,
                           extra: Mapping[str, str | None] | None = None) -> list[Path]:
