@@ -51,7 +51,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     with quiet_jit():
         model = load_checked(path, target, extra, str(path))
     model.eval()
-    buffered = buffer_temperature(model, str(path))
+    buffer: Any = getattr(model, TEMPERATURE_BUFFER, None)  # a calibrated model divides by this buffer
+    calibrated = hasattr(model, ORIGINAL) and isinstance(buffer, torch.Tensor) and buffer.numel() == 1
+    buffered = stored_temperature(repr(float(buffer)), f"{path}: buffer") if calibrated else None
     text = extra[TEMPERATURE_KEY]
     saved = stored_temperature(text, f"{path}: extra file") if text else None
     if saved != buffered:
@@ -59,16 +61,6 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
                            f"{buffered!r}; the file was altered, save the calibrated model again")
     original = getattr(model, ORIGINAL) if buffered is not None else model
     return LoadedModel(path, "torchscript", original, saved, target)
-
-
-def buffer_temperature(model: torch.nn.Module, name: str) -> float | None:
-    """The T a calibrated model divides by (its ``tempcal_temperature`` buffer), None for any other model."""
-    if not (hasattr(model, TEMPERATURE_BUFFER) and hasattr(model, ORIGINAL)):
-        return None
-    buffer = getattr(model, TEMPERATURE_BUFFER)
-    if not isinstance(buffer, torch.Tensor) or buffer.numel() != 1:
-        return None
-    return stored_temperature(repr(float(buffer)), f"{name}: buffer")
 
 
 # -- writing a calibrated model: the original wrapped, its selected logits divided by a float64 buffer --
