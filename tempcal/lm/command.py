@@ -86,7 +86,14 @@ def lm_source(ctx: Any, request: Any) -> list[str]:
     """The SOURCE of a command run with ``--lm``: ``[text]``, after refusing contradictory writes."""
     lm, text, outputs, source = request.reading.lm, request.texts.text, request.outputs, request.source
     assert lm is not None
-    check_lm_writes(outputs)
+    if outputs.write_generation_config and outputs.no_write:
+        raise TempcalError("--write-generation-config and --no-write contradict each other")
+    if outputs.write_generation_config and outputs.output is not None:
+        raise TempcalError("--write-generation-config writes into MODEL's folder; --output moves the record of T "
+                           "elsewhere: give one or the other")
+    if outputs.save_hidden is not None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        raise TempcalError("--save-hidden under torchrun: each process holds only its share of the rows; run it "
+                           "in one process")
     if source and getattr(ctx.get_parameter_source("source"), "name", "COMMANDLINE") not in ("DEFAULT_MAP", "DEFAULT"):
         raise TempcalError(f"--lm runs MODEL over --text FILE: give no SOURCE (got {' '.join(source)})")
     check_model_folder(Path(lm), "--lm")  # before the record beside it is checked
@@ -118,19 +125,6 @@ def record_outputs(given: list[tuple[str, str]], folders: list[tuple[str, str]])
     ``folders`` (option, folder): ``tempcal.json``, ``generation_config.json``."""
     return [flag for flag, path in given for option, folder in folders
             if option == "--lm" and flag in _RECORDS and same_file(path, os.path.join(folder, _RECORDS[flag]))]
-
-
-def check_lm_writes(outputs: Any) -> None:
-    """Refuse contradictory writes (of a request's ``Outputs``) before any work."""
-    write_generation_config, output = outputs.write_generation_config, outputs.output
-    if write_generation_config and outputs.no_write:
-        raise TempcalError("--write-generation-config and --no-write contradict each other")
-    if write_generation_config and output is not None:
-        raise TempcalError("--write-generation-config writes into MODEL's folder; --output moves the record of T "
-                           "elsewhere: give one or the other")
-    if outputs.save_hidden is not None and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
-        raise TempcalError("--save-hidden under torchrun: each process holds only its share of the rows; run it "
-                           "in one process")
 
 
 def sampling_notes(request: Any) -> list[str]:
