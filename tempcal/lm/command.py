@@ -60,17 +60,6 @@ def set_generation_temperature(folder: str | os.PathLike, temperature: float,
     return write_text_atomic(folder / GENERATION_NAME, json.dumps(config, indent=2) + "\n", what="")
 
 
-def sampling_note(folder: str | os.PathLike) -> str | None:
-    """A warning when ``generation_config.json`` does not sample (then generate() ignores its temperature)."""
-    config = _generation_config(Path(folder))
-    if config is not None and config.get("do_sample") is True:
-        return None
-    shown = "has no generation_config.json" if config is None else "generation_config.json has do_sample " + (
-        json.dumps(config.get("do_sample")) if "do_sample" in config else "unset")
-    return (f"{folder}: {shown}: generate() decodes greedily and ignores the temperature unless called with "
-            "do_sample=True")
-
-
 def _generation_config(folder: Path) -> dict[str, Any] | None:
     """The folder's ``generation_config.json`` (None when it has none), which must be a JSON object."""
     path = folder / GENERATION_NAME
@@ -128,11 +117,18 @@ def record_outputs(given: list[tuple[str, str]], folders: list[tuple[str, str]])
 
 
 def sampling_notes(request: Any) -> list[str]:
-    """A warning when the temperature written into ``generation_config.json`` will not be used (greedy decoding)."""
+    """A warning when the temperature written into ``generation_config.json`` will not be used: it does not sample
+    (then generate() decodes greedily)."""
+    folder = request.reading.lm
     if not request.outputs.write_generation_config:
         return []
-    note = sampling_note(request.reading.lm)
-    return [note] if note else []
+    config = _generation_config(Path(folder))
+    if config is not None and config.get("do_sample") is True:
+        return []
+    shown = "has no generation_config.json" if config is None else "generation_config.json has do_sample " + (
+        json.dumps(config.get("do_sample")) if "do_sample" in config else "unset")
+    return [f"{folder}: {shown}: generate() decodes greedily and ignores the temperature unless called with "
+            "do_sample=True"]
 
 
 def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[str]:
@@ -150,5 +146,4 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
 
 
 __all__ = ["GENERATION_NAME", "RECORD_NAME", "lm_outputs", "lm_settings", "lm_source", "ood_texts", "read_record",
-           "record_outputs", "record_path", "sampling_note", "sampling_notes", "set_generation_temperature",
-           "write_record"]
+           "record_outputs", "record_path", "sampling_notes", "set_generation_temperature", "write_record"]
