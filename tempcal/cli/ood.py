@@ -153,8 +153,8 @@ def _write(report, request: OodRequest) -> list[str]:
     """The files asked for (``--save-hidden``, ``--scores``, ``--plot``, ``--markdown``); the lines saying so."""
     from ..output.files import write_ood_files
 
-    outputs, lm = request.outputs, opt.lm_command(request)
-    kept = [] if lm is None else lm.kept_hidden(report.opened, outputs.save_hidden)
+    outputs = request.outputs
+    kept = [] if request.reading.lm is None else report.opened.keep_hidden(outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 

@@ -295,8 +295,7 @@ def lm_files(request: Any, *, record: bool = False) -> dict[str, str | None]:
 
 def lm_json(request: Any, opened: Any) -> dict[str, Any]:
     """What the JSON says of an ``--lm`` run's model and texts; nothing without ``--lm``."""
-    lm = lm_command(request)
-    return {} if lm is None else lm.lm_json(opened)
+    return {} if request.reading.lm is None else {"lm": opened.lm_json()}
 
 
 def _lm_only_given(request: Any) -> list[str]:

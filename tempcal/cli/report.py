@@ -146,8 +146,8 @@ def _write(result, request: ReportRequest, is_model: bool) -> list[str]:
     """The files asked for (--save-hidden, --save-logits, --plot, --markdown); the lines saying so."""
     from ..output.files import write_report_files
 
-    outputs, lm = request.outputs, opt.lm_command(request)
-    lines = [] if lm is None else lm.kept_hidden(result.opened, outputs.save_hidden)
+    outputs = request.outputs
+    lines = [] if request.reading.lm is None else result.opened.keep_hidden(outputs.save_hidden)
     if is_model and outputs.save_logits:
         from ..models.save import save_logits as write_logits
 

@@ -179,10 +179,8 @@ class HostCopies:
     caller takes a batch's rows after sending the next); elsewhere at once. ``send`` returns the way to get them."""
 
     def __init__(self, device: torch.device, rows: int, width: int, dtype: torch.dtype):
-        self.cuda = device.type == "cuda"
-        self.buffers: list[torch.Tensor] = []
-        if self.cuda and rows:
-            self.buffers = [torch.empty(rows * width, dtype=dtype, pin_memory=True) for _ in range(2)]
+        pinned = device.type == "cuda" and rows > 0
+        self.buffers = [torch.empty(rows * width, dtype=dtype, pin_memory=True) for _ in range(2)] if pinned else []
         self.turn = 0
 
     def send(self, rows: torch.Tensor) -> Any:

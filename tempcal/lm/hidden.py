@@ -50,12 +50,9 @@ class HiddenStore:
         self.row_bytes = width * torch.empty((), dtype=dtype).element_size()
         self.nbytes = (hi - lo) * self.row_bytes
         self.folder = folder
-        self._file = None
-        self._tensor: torch.Tensor | None = None
-        if self.nbytes <= budget or self.nbytes == 0:
-            self._tensor = torch.empty(hi - lo, width, dtype=dtype)
-        else:
-            self._file = _unnamed_file(folder, self.nbytes)
+        in_memory = self.nbytes <= budget
+        self._tensor: torch.Tensor | None = torch.empty(hi - lo, width, dtype=dtype) if in_memory else None
+        self._file = None if in_memory else _unnamed_file(folder, self.nbytes)
 
     @property
     def spilled(self) -> bool:

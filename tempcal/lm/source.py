@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..errors import TempcalError, param
 from ..sources.base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
-from .record import read_record, record_path, set_generation_temperature, write_record
+from .command import read_record, record_path, set_generation_temperature, write_record
 from .texts import CHARS_PER_TOKEN, read_texts
 
 
@@ -69,32 +69,16 @@ class LmSource(OpenedSource):
                 "logit_scale": head.scale, "softcap": head.softcap, "head_check_difference": lm.probe_difference,
                 "texts": [run.to_json() for run in runs if run is not None]}
 
-    def record(self, settings: Mapping[str, Any] | None = None,
-               results: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """What ``tempcal.json`` holds besides T: the model, the texts fitted on, the settings and the figures."""
-        assert self.run is not None
-        texts = {key: value for key, value in self.run.to_json().items()
-                 if key in ("path", "sha256", "text_field", "texts", "tokens", "rows", "max_length")}
-        lm = self.lm_json()
-        model = {"folder": lm["model"], **{key: lm[key] for key in ("dtype", "vocab", "logit_scale", "softcap")}}
-        out = {"model": model, "texts": texts, "settings": dict(settings or {})}
-        if results:
-            out["results"] = dict(results)
-        return out
-
     def keep(self, temperature: float, ask: Keep) -> Kept:
         """T into ``MODEL/tempcal.json`` (or the record at ``ask.output``) with the texts, ``ask.settings`` and
         ``ask.results`` unless ``ask.store`` is False; into ``generation_config.json`` when ``ask.generation``; the
         hidden states at ``ask.save_hidden``."""
-        kept = Kept(lines=self.keep_hidden(ask.save_hidden))
-        written = []
-        if ask.store:
-            written.append(self.record_temperature(temperature, ask.output, ask.settings, ask.results))
+        lines = self.keep_hidden(ask.save_hidden)
+        written = [self.record_temperature(temperature, ask.output, ask.settings, ask.results)] if ask.store else []
         if ask.generation:
             written.append(set_generation_temperature(self.lm.folder, temperature, self._generation_defaults))
-        kept.paths += [str(path) for path in written]
-        kept.lines += [f"wrote temperature = {temperature!r} into {path}" for path in written]
-        return kept
+        return Kept([str(path) for path in written],
+                    lines + [f"wrote temperature = {temperature!r} into {path}" for path in written])
 
     def write_temperature(self, temperature: float, output: str | Path | None = None,
                           extra: Mapping[str, str | None] | None = None) -> list[Path]:
@@ -105,9 +89,17 @@ class LmSource(OpenedSource):
 
     def record_temperature(self, temperature: float, output: str | Path | None, settings: Mapping[str, Any] | None,
                            results: Mapping[str, Any] | None) -> Path:
-        """T, the model, the texts, ``settings`` and ``results`` into ``MODEL/tempcal.json`` (or ``output``)."""
+        """T, the model, the texts fitted on, ``settings`` and ``results`` into ``MODEL/tempcal.json`` or ``output``."""
+        assert self.run is not None
+        texts = {key: value for key, value in self.run.to_json().items()
+                 if key in ("path", "sha256", "text_field", "texts", "tokens", "rows", "max_length")}
+        lm = self.lm_json()
+        model = {"folder": lm["model"], **{key: lm[key] for key in ("dtype", "vocab", "logit_scale", "softcap")}}
+        record = {"model": model, "texts": texts, "settings": dict(settings or {})}
+        if results:
+            record["results"] = dict(results)
         target = Path(output) if output is not None else record_path(self.lm.folder)
-        return write_record(target, temperature, self.record(settings, results))
+        return write_record(target, temperature, record)
 
     def _generation_defaults(self) -> dict[str, Any]:
         """The generation configuration transformers derives from the model's (for a folder without one)."""

@@ -53,22 +53,18 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", max_chars: int
         raise TempcalError(f"{path}: not a text file ({shown_suffix}; expected .txt, one text per line, or .jsonl "
                            f"with the text in {param('text_field')})")
     field_name = text_field if suffix == ".jsonl" else None
-    texts: list[str] = []
-    lines: list[int] = []
-    cuts: list[bool] = []
+    found: list[tuple[str, int, bool]] = []  # (text, line, cut)
     digest = hashlib.sha256()
     with _open_regular(path) as f:
         keep = max_chars if field_name is None else None
         for number, line in _lines(path, f, digest, keep, None if field_name is None else MAX_JSONL_LINE_BYTES):
             text = _line_text(path, number, line.text, field_name, complete=not line.cut)
             if text is not None and (line.content or field_name is not None):
-                cut = line.cut or (max_chars is not None and len(text) > max_chars)
-                texts.append(text[:max_chars] if max_chars is not None else text)
-                lines.append(number)
-                cuts.append(cut)
-    if not texts:
+                found.append((text[:max_chars], number, line.cut or (max_chars is not None and len(text) > max_chars)))
+    if not found:
         raise TempcalError(f"{path}: holds no text" + (f" (no line with a non-empty '{field_name}' field)"
                                                         if field_name else " (an empty file, or only blank lines)"))
+    texts, lines, cuts = (list(column) for column in zip(*found, strict=True))
     return Texts(path, texts, lines, digest.hexdigest(), field_name, cuts)
 
 

@@ -40,34 +40,21 @@ def load_program(source: str | os.PathLike | bytes, device: torch.device | str =
                  label: str | None = None) -> tuple[ExportedProgram, Pt2Info]:
     """The checked program in ``source`` (a path, or archive bytes tempcal just wrote) on ``device``, and what
     :func:`~tempcal.models.pt2_archive.inspect_pt2` found. Nothing from the file is unpickled."""
-    name = label or str(source)
-    with open_archive(source) as archive:
-        info = inspect_archive(archive, name)
-        if isinstance(source, bytes):
-            copy = io.BytesIO()
-            write_checked_copy(archive, info, copy)
-            copy.seek(0)
-            program = _deserialize(copy, name)
-        else:
-            with tempfile.TemporaryDirectory(prefix="tempcal-pt2-") as folder:
-                checked = os.path.join(folder, "checked.pt2")
-                write_checked_copy(archive, info, checked)
-                program = _deserialize(checked, name)
-    return _finish(program, info, torch.device(device)), info
-
-
-def _deserialize(copy: str | io.BytesIO, label: str) -> ExportedProgram:
-    """Let torch build the program from the checked copy; any failure becomes one line."""
     from torch.export.pt2_archive._package import load_pt2 as torch_load_pt2
 
-    try:
-        with quiet():
-            contents = torch_load_pt2(copy)
-        return contents.exported_programs[PROGRAM]
-    except Exception as exc:  # whatever torch makes of a damaged program: one line
-        if is_out_of_memory(exc):
-            raise TempcalError(f"{label}: out of memory while loading the program") from None
-        raise TempcalError(f"{label}: not a loadable exported program ({error_line(exc, last=False)})") from None
+    name = label or str(source)
+    with open_archive(source) as archive, tempfile.TemporaryDirectory(prefix="tempcal-pt2-") as folder:
+        info = inspect_archive(archive, name)
+        checked = os.path.join(folder, "checked.pt2")
+        write_checked_copy(archive, info, checked)
+        try:  # torch builds the program from the checked copy; whatever it makes of a damaged one: one line
+            with quiet():
+                program = torch_load_pt2(checked).exported_programs[PROGRAM]
+        except Exception as exc:
+            if is_out_of_memory(exc):
+                raise TempcalError(f"{name}: out of memory while loading the program") from None
+            raise TempcalError(f"{name}: not a loadable exported program ({error_line(exc, last=False)})") from None
+    return _finish(program, info, torch.device(device)), info
 
 
 def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> ExportedProgram:

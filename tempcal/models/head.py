@@ -82,15 +82,14 @@ def load_head(path: str | os.PathLike, *, weight_key: str = "weight", bias_key: 
         if value is None:
             raise TempcalError(f"{param('softcap')} {softcap}: expected a number > 0")
         head.softcap = value
-    _check_finite(head)
-    return head
+    return checked_head(head, "lm_head.bias" if path.is_dir() else bias_key)
 
 
 def _from_file(path: Path, weight_key: str, bias_key: str) -> OutputHead:
     header = read_header(path)
     weight = _weight(header, weight_key, param("head_weight_key"))
     bias = read_tensor(header, bias_key, option=param("head_bias_key")) if bias_key in header.tensors else None
-    return _checked(OutputHead(weight, bias, name=str(path)), bias_key)
+    return OutputHead(weight, bias, name=str(path))
 
 
 def _from_folder(folder: Path) -> OutputHead:
@@ -109,8 +108,7 @@ def _from_folder(folder: Path) -> OutputHead:
     bias = (read_tensor(read_header(checkpoint_file(folder, files[bias_key])), bias_key, option="bias")
             if bias_key in files else None)
     scale, softcap = config_scales(config, config_path)
-    head = OutputHead(weight, bias, scale, softcap, name=f"{folder} ({key})")
-    return _checked(head, "lm_head.bias")
+    return OutputHead(weight, bias, scale, softcap, name=f"{folder} ({key})")
 
 
 def config_scales(config: dict, config_path: Path) -> tuple[float, float | None]:
@@ -127,9 +125,25 @@ def config_scales(config: dict, config_path: Path) -> tuple[float, float | None]
 
 
 def checked_head(head: OutputHead, bias_name: str = "bias") -> OutputHead:
-    """``head`` after the checks every head passes: its shapes, and finite weight, bias and scale."""
-    _checked(head, bias_name)
-    _check_finite(head)
+    """``head`` after the checks every head passes: its shapes, then finite weight, bias and scale (a NaN or inf
+    would make every logit it touches meaningless: refused, naming the row)."""
+    if head.weight.dim() != 2 or head.weight.shape[0] < 2:
+        raise DataError(f"{head.name}: the weight has shape {list(head.weight.shape)}; expected [V, d] with V >= 2")
+    if head.bias is not None and (not head.bias.dtype.is_floating_point or list(head.bias.shape) != [head.vocab]):
+        raise DataError(f"{head.name}: '{bias_name}' has shape {list(head.bias.shape)} "
+                        f"({str(head.bias.dtype).removeprefix('torch.')}); expected float [{head.vocab}]")
+    tile = max(1, TILE_ELEMENTS // max(head.width, 1))
+    for start in range(0, head.vocab, tile):
+        block = head.weight[start : start + tile]
+        bad = ~torch.isfinite(block).all(1)
+        if bool(bad.any()):
+            row = start + int(bad.nonzero()[0, 0])
+            raise DataError(f"{head.name}: the weight holds NaN or inf (vocabulary row {row})")
+    if head.bias is not None and not bool(torch.isfinite(head.bias).all()):
+        row = int((~torch.isfinite(head.bias)).nonzero()[0, 0])
+        raise DataError(f"{head.name}: the bias holds NaN or inf (entry {row})")
+    if not math.isfinite(head.scale):
+        raise DataError(f"{head.name}: the logit scale is not finite")
     return head
 
 
@@ -166,15 +180,6 @@ def _weight(header, key: str, option: str) -> torch.Tensor:
     return read_tensor(header, key, option=option)
 
 
-def _checked(head: OutputHead, bias_name: str) -> OutputHead:
-    if head.weight.dim() != 2 or head.weight.shape[0] < 2:
-        raise DataError(f"{head.name}: the weight has shape {list(head.weight.shape)}; expected [V, d] with V >= 2")
-    if head.bias is not None and (not head.bias.dtype.is_floating_point or list(head.bias.shape) != [head.vocab]):
-        raise DataError(f"{head.name}: '{bias_name}' has shape {list(head.bias.shape)} "
-                        f"({str(head.bias.dtype).removeprefix('torch.')}); expected float [{head.vocab}]")
-    return head
-
-
 def _config_number(config: dict, key: str, where: Path) -> float | None:
     value = config.get(key)
     if value is None:
@@ -183,22 +188,6 @@ def _config_number(config: dict, key: str, where: Path) -> float | None:
     if number is None:
         raise TempcalError(f"{where}: '{key}' is {shown(value)}, not a positive number")
     return number
-
-
-def _check_finite(head: OutputHead) -> None:
-    """A NaN or inf in the head would make every logit it touches meaningless: refuse it, naming the row."""
-    tile = max(1, TILE_ELEMENTS // max(head.width, 1))
-    for start in range(0, head.vocab, tile):
-        block = head.weight[start : start + tile]
-        bad = ~torch.isfinite(block).all(1)
-        if bool(bad.any()):
-            row = start + int(bad.nonzero()[0, 0])
-            raise DataError(f"{head.name}: the weight holds NaN or inf (vocabulary row {row})")
-    if head.bias is not None and not bool(torch.isfinite(head.bias).all()):
-        row = int((~torch.isfinite(head.bias)).nonzero()[0, 0])
-        raise DataError(f"{head.name}: the bias holds NaN or inf (entry {row})")
-    if not math.isfinite(head.scale):
-        raise DataError(f"{head.name}: the logit scale is not finite")
 
 
 __all__ = ["OutputHead", "checked_head", "config_scales", "load_head"]

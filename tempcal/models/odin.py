@@ -33,48 +33,43 @@ CUDNN_RNN_EVAL_BACKWARD = "cudnn RNN backward can only be called in training mod
 def _cudnn_off(off: bool) -> Iterator[None]:
     """cuDNN disabled for the duration when ``off`` (only ``enabled``: ``cudnn.flags`` would reset TF32 too)."""
     before = torch.backends.cudnn.enabled
-    if off:
-        torch.backends.cudnn.enabled = False
+    torch.backends.cudnn.enabled = before and not off
     try:
         yield
     finally:
         torch.backends.cudnn.enabled = before
 
 
-class _Gradients:
-    """The gradient of ``log max softmax(f(x) / tau)`` in ``x``, model in eval mode; after cuDNN refuses an RNN's
-    backward in eval mode, taken with cuDNN off (torch's own kernels, the same outputs)."""
+class _Odin:
+    """ODIN on one model: ``scores(x)`` is max softmax at ``tau`` after one signed step of ``eps`` up the gradient of
+    the max log-softmax, model in eval mode (after cuDNN refuses an RNN's backward in eval mode, cuDNN off)."""
 
-    def __init__(self, net: torch.nn.Module, tau: float, output_key: OutputKey, name: str):
-        self.net, self.tau, self.output_key, self.name = net, tau, output_key, name
+    def __init__(self, net: torch.nn.Module, tau: float, eps: float, output_key: OutputKey, name: str):
+        self.net, self.tau, self.eps, self.output_key, self.name = net, tau, eps, output_key, name
         self.without_cudnn = False
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
         try:
-            return self._gradient(x)
+            grad = self._gradient(x)
         except RuntimeError as exc:
             if self.without_cudnn or CUDNN_RNN_EVAL_BACKWARD not in str(exc):
                 raise
-            self.without_cudnn = True
-            return self._gradient(x)
+            self.without_cudnn = True  # torch's own kernels: the same outputs
+            grad = self._gradient(x)
+        # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
+        perturbed = x.detach() - self.eps * torch.sign(-grad)
+        with torch.inference_mode():
+            return self._max_softmax(perturbed, torch.softmax).cpu()
 
     def _gradient(self, x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode(False), torch.enable_grad(), _cudnn_off(self.without_cudnn):
             x = x.detach().clone().requires_grad_(True)
-            z = as_classes(select_output(self.net(x), self.output_key, self.name))
-            log_msp = torch.log_softmax(z.to(torch.float64) / self.tau, dim=1).max(dim=1).values
-            (grad,) = torch.autograd.grad(log_msp.sum(), x)
+            (grad,) = torch.autograd.grad(self._max_softmax(x, torch.log_softmax).sum(), x)
         return grad
 
-
-def _odin_batch(x: torch.Tensor, gradients: _Gradients, eps: float) -> torch.Tensor:
-    """ODIN scores of one batch: max softmax at ``tau`` after one signed-gradient step of size ``eps``."""
-    grad = gradients(x)
-    # x' = x - eps * sign(-grad_x log S_max(x; tau)), i.e. a step up the max log-softmax.
-    perturbed = x.detach() - eps * torch.sign(-grad)
-    with torch.inference_mode():
-        z = as_classes(select_output(gradients.net(perturbed), gradients.output_key, gradients.name))
-        return torch.softmax(z.to(torch.float64) / gradients.tau, dim=1).max(dim=1).values.cpu()
+    def _max_softmax(self, x: torch.Tensor, softmax: Callable[..., torch.Tensor]) -> torch.Tensor:
+        z = as_classes(select_output(self.net(x), self.output_key, self.name))
+        return softmax(z.to(torch.float64) / self.tau, dim=1).max(dim=1).values
 
 
 def check_eps(eps: float) -> float:
@@ -117,14 +112,14 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
                            f"{param('odin_eps')}, or use its .pt2 or TorchScript export")
     rows, what, batches = _input_batches(inputs, inputs_key, batch_size, model.device)
     parts = []
-    gradients = _Gradients(net, tau, output_key, name)
+    odin = _Odin(net, tau, eps, output_key, name)
     with Progress(f"ODIN {Path(name).name} tau={tau:g}", enabled=progress, delay=0.0, total=rows,
                   unit="rows") as bar, no_tf32():
         for batch, (start, stop, x) in enumerate(batches()):
             if not x.dtype.is_floating_point:
                 raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")
             try:
-                parts.append(_odin_batch(x.to(model.device), gradients, eps))
+                parts.append(odin.scores(x.to(model.device)))
             except TempcalError:
                 raise
             except Exception as exc:

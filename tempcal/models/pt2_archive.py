@@ -145,7 +145,10 @@ def _members(archive: zipfile.ZipFile, label: str) -> dict[str, zipfile.ZipInfo]
 def _check_sizes(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], label: str) -> None:
     """Refuse encrypted or compressed members (torch.export.save stores members as they are: no zip bombs) and
     members whose declared size runs past the end of the file, before any is read."""
-    size = _file_size(archive)
+    stream: Any = archive.fp  # the file (or buffer) the archive reads
+    position = stream.tell()
+    size = int(stream.seek(0, os.SEEK_END))
+    stream.seek(position)
     for name, info in members.items():
         if info.flag_bits & 0x1:
             raise TempcalError(f"{label}: member '{name}' is encrypted; not an exported program")
@@ -155,16 +158,6 @@ def _check_sizes(archive: zipfile.ZipFile, members: dict[str, zipfile.ZipInfo], 
         if info.header_offset + info.file_size > size:
             raise TempcalError(f"{label}: member '{name}' declares {info.file_size} bytes at offset "
                                f"{info.header_offset}, past the end of the file ({size} bytes); damaged or truncated")
-
-
-def _file_size(archive: zipfile.ZipFile) -> int:
-    """The size in bytes of the file (or buffer) an open archive reads."""
-    stream: Any = archive.fp
-    position = stream.tell()
-    try:
-        return int(stream.seek(0, os.SEEK_END))
-    finally:
-        stream.seek(position)
 
 
 def _refuse_other_formats(members: dict[str, zipfile.ZipInfo], label: str) -> None:
@@ -333,7 +326,7 @@ def _check_inner_zip(blob: bytes, where: str) -> None:
 
 
 # -- the checked copy that torch reads ------------------------------------------------------------
-def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str | io.BytesIO) -> None:
+def write_checked_copy(archive: zipfile.ZipFile, info: Pt2Info, destination: str) -> None:
     """Write the members of ``info.keep`` into a new archive; weights mapped to the CPU, sample inputs empty."""
     from torch.export.pt2_archive import PT2ArchiveWriter
 

@@ -38,8 +38,8 @@ def check_program_json(program: Any, label: str, member: str) -> None:
         why = target_refusal(target) if isinstance(target, str) else "a malformed node target"
         if why is not None:
             raise TempcalError(refused_line(label, operator_name(str(target)), why, f"member '{member}'"))
-    for text in _expressions(program):
-        why = expression_refusal(text)
+    for text in (v if isinstance(v, str) else repr(v) for k, v in _walk(program) if k == "expr_str"):
+        why = expression_refusal(text)  # every expr_str (a non-string as its repr, named in the refusal)
         if why is not None:
             shown = text if len(text) <= 80 else text[:77] + "..."
             raise TempcalError(f"{label}: member '{member}': symbolic size {shown!r} is not a size expression "
@@ -154,13 +154,6 @@ def _json_nodes(program: Any) -> Iterator[dict[str, Any]]:
             for item in value:
                 if not (isinstance(item, dict) and "target" in item):
                     yield {"target": None}
-
-
-def _expressions(program: Any) -> Iterator[str]:
-    """Every ``expr_str`` in the program (non-strings are reported as they are, for a one-line refusal)."""
-    for key, value in _walk(program):
-        if key == "expr_str":
-            yield value if isinstance(value, str) else repr(value)
 
 
 def graph_refusal(program: Any) -> tuple[str, str, str] | None:

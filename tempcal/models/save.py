@@ -50,17 +50,12 @@ def save_calibrated_model(model_path: str | os.PathLike, temperature: float, out
         value = as_temperature(temperature)
         wanted = save_format(model_path, out_path)
         model = load_model(model_path, "cpu")
-        rows = None if check_inputs is None else _first_rows(check_inputs, inputs_key)
+        if check_inputs is not None and not isinstance(check_inputs, torch.Tensor):
+            check_inputs = next(InputsFile(check_inputs, inputs_key).batches(CHECK_ROWS))[2]
+        rows = None if check_inputs is None else check_inputs[:CHECK_ROWS]
         return runtime(wanted).save_calibrated(model, value, out_path, output_key=output_key, check_inputs=rows)
     except TempcalError as exc:  # one prefix: errors of the write itself already name the option and path
         raise (exc if exc.raw.startswith(prefix) else exc.prefixed(prefix)) from None
-
-
-def _first_rows(inputs: torch.Tensor | str | os.PathLike, inputs_key: str) -> torch.Tensor:
-    """The first :data:`CHECK_ROWS` rows of a tensor or an inputs file."""
-    if not isinstance(inputs, torch.Tensor):
-        inputs = next(InputsFile(inputs, inputs_key).batches(CHECK_ROWS))[2]
-    return inputs[:CHECK_ROWS]
 
 
 __all__ = ["save_calibrated_model", "save_logits"]

@@ -51,7 +51,9 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     with quiet_jit():
         model = load_checked(path, target, extra, str(path))
     model.eval()
-    buffered = buffer_temperature(model, str(path))
+    buffer: Any = getattr(model, TEMPERATURE_BUFFER, None)  # a calibrated model divides by this buffer
+    calibrated = hasattr(model, ORIGINAL) and isinstance(buffer, torch.Tensor) and buffer.numel() == 1
+    buffered = stored_temperature(repr(float(buffer)), f"{path}: buffer") if calibrated else None
     text = extra[TEMPERATURE_KEY]
     saved = stored_temperature(text, f"{path}: extra file") if text else None
     if saved != buffered:
@@ -59,16 +61,6 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
                            f"{buffered!r}; the file was altered, save the calibrated model again")
     original = getattr(model, ORIGINAL) if buffered is not None else model
     return LoadedModel(path, "torchscript", original, saved, target)
-
-
-def buffer_temperature(model: torch.nn.Module, name: str) -> float | None:
-    """The T a calibrated model divides by (its ``tempcal_temperature`` buffer), None for any other model."""
-    if not (hasattr(model, TEMPERATURE_BUFFER) and hasattr(model, ORIGINAL)):
-        return None
-    buffer = getattr(model, TEMPERATURE_BUFFER)
-    if not isinstance(buffer, torch.Tensor) or buffer.numel() != 1:
-        return None
-    return stored_temperature(repr(float(buffer)), f"{name}: buffer")
 
 
 # -- writing a calibrated model: the original wrapped, its selected logits divided by a float64 buffer --
@@ -137,18 +129,16 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     """Write, atomically, ``model`` wrapped so that its selected logits are divided by ``temperature`` (T also in the
     extra file), once the saved bytes, loaded back, reproduce them on ``check_inputs``."""
     wrapper = calibrated_wrapper(model.net, temperature, output_key, model.name)
-    try:
-        with quiet_jit():
-            scripted = torch.jit.script(wrapper)
-    except Exception as exc:
-        raise TempcalError(f"cannot wrap {model.name}: {error_line(exc)}") from None
     buffer = io.BytesIO()
     with quiet_jit():
+        try:
+            scripted = torch.jit.script(wrapper)
+        except Exception as exc:
+            raise TempcalError(f"cannot wrap {model.name}: {error_line(exc)}") from None
         torch.jit.save(scripted, buffer, _extra_files={TEMPERATURE_KEY: format_temperature(temperature)})
-    if check_inputs is not None:
-        with quiet_jit():
+        if check_inputs is not None:
             reloaded = load_checked(buffer.getvalue(), torch.device("cpu"), {}, "the calibrated model").eval()
-        _check_saved(reloaded, model, temperature, check_inputs, output_key)
+            _check_saved(reloaded, model, temperature, check_inputs, output_key)
     return write_bytes_atomic(out_path, buffer.getvalue(), what=param("save_model"))
 
 
