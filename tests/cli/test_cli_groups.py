@@ -67,7 +67,7 @@ def test_report_groups_console_lists_the_largest_ece_first_within_80_columns(tmp
 
 
 def test_report_estimators_at_stored_group_temperatures_show_the_left_out_figure_as_a_dash(grouped, cli, run_json):
-    path, z, y, _domain = grouped
+    path, *_ = grouped
     assert cli(["fit", str(path), "--group-by", "domain"])[0] == 0
     argv = ["report", str(path), "--group-by", "domain", "--estimators", "all", "--tau", "fitted"]
     data = run_json(argv)
