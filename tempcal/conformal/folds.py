@@ -27,7 +27,7 @@ from .passes import (
 from .sets import ConformalResult
 
 #: Reads ``fit``'s grouped sets take beyond the fit: the fitting rows' scores, then the evaluation rows' sets.
-READS = 2
+GROUP_SET_READS = 2
 
 
 def group_sets(scan: Scan, taus: Sequence[float], alphas: Sequence[float], thresholds: Sequence[Thresholds],
@@ -121,4 +121,4 @@ def fold_sets(scan: Scan, loaded: OpenedSource, subsets: Subsets, alphas: list[f
     return replace(before, conformal=overall[0]), replace(after, conformal=overall[1]), reads
 
 
-__all__ = ["READS", "fit_group_sets", "fold_sets", "fold_thresholds", "group_sets"]
+__all__ = ["GROUP_SET_READS", "fit_group_sets", "fold_sets", "fold_thresholds", "group_sets"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..conformal import metrics_plan, report_thresholds, with_sets
+from ..conformal.report import metrics_plan, report_thresholds, with_sets
 from ..errors import TempcalError, check_alphas, check_taus, resolve_taus
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
