@@ -167,15 +167,13 @@ class SetSums:
 
 @dataclass(frozen=True)
 class ConformalPlan:
-    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds. With
-    ``groups`` the sets are summed per group too, handed to ``on_sums`` per temperature (each score's
-    ``[num_groups, thresholds, 2]``); with ``judged``, only over the rows it marks."""
+    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds; the
+    sums handed to ``on_sums`` per temperature (each score's ``[1, thresholds, 2]``); with ``judged``, only over the
+    rows it marks."""
 
     alphas: list[float]
     thresholds: list[Thresholds]
-    groups: torch.Tensor | None = None
-    num_groups: int = 1
-    on_sums: Callable[[float, dict[str, torch.Tensor]], None] | None = None
+    on_sums: Callable[[dict[str, torch.Tensor]], None] | None = None
     judged: torch.Tensor | None = None  # this process's rows whose sets count (bool); None: every row
 
     def check(self, temperatures: int) -> None:
@@ -191,7 +189,7 @@ class PlanSums(SetSums):
     summed row to its result."""
 
     def __init__(self, plan: ConformalPlan, device: torch.device):
-        super().__init__(plan.thresholds, device, groups=plan.groups, num_groups=plan.num_groups, judged=plan.judged)
+        super().__init__(plan.thresholds, device, judged=plan.judged)
         self.plan = plan
 
     def settle(self) -> Finish:
@@ -199,9 +197,8 @@ class PlanSums(SetSums):
 
         def finish(k: int, tau: float, metrics: CalibrationMetrics, rows: int) -> CalibrationMetrics:
             if self.plan.on_sums is not None:
-                self.plan.on_sums(tau, reduced[k])
-            every = {score: values.sum(0, keepdim=True) for score, values in reduced[k].items()}
-            return replace(metrics, conformal=set_results(self.plan.alphas, self.plan.thresholds[k], every, rows))
+                self.plan.on_sums(reduced[k])
+            return replace(metrics, conformal=set_results(self.plan.alphas, self.plan.thresholds[k], reduced[k], rows))
 
         return finish
 

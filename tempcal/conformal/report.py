@@ -103,7 +103,7 @@ def metrics_plan(sets: ReportSets, opened: OpenedSource, scored_all: bool) -> tu
         mask = np.zeros(opened.data.num_samples, dtype=bool)
         mask[sets.rows.evaluation] = True
         judged = torch.from_numpy(mask[start:stop])
-    plan = ConformalPlan(sets.alphas, sets.thresholds, judged=judged, on_sums=lambda _, s: collected.append(s))
+    plan = ConformalPlan(sets.alphas, sets.thresholds, judged=judged, on_sums=collected.append)
     return plan, collected
 
 

@@ -166,27 +166,20 @@ def test_bootstrap_resamples_the_risk_coverage_figures_with_the_same_draws():
         assert replicates["augrc"][r] == pytest.approx(ref["augrc"], abs=1e-12)
 
 
-def test_a_plan_with_groups_gives_each_groups_sets_from_the_same_read():
-    """A plan with groups sums each group's sets from the one metrics read."""
+def test_a_plan_hands_its_sums_to_on_sums_from_the_same_read():
+    """A plan forms its sets on the one metrics read and hands each temperature's sums to ``on_sums``."""
     z, y = tied(900, 6, seed=7)
-    groups = torch.arange(900) % 4
     scan = scan_of(z, y, chunk_rows=111)
     thresholds = fit_thresholds(scan_of(z[:300], y[:300]), [1.4], [0.2])
-    seen_sums = {}
-    plan = ConformalPlan([0.2], thresholds, groups=groups, num_groups=4,
-                         on_sums=lambda tau, sums: seen_sums.update({tau: sums}))
+    seen_sums = []
+    plan = ConformalPlan([0.2], thresholds, on_sums=seen_sums.append)
     before = scan.passes
     [m] = evaluate_many(scan, [1.4], extra=plan)
     assert scan.passes == before + 1
     p = probabilities(z, 1.4)
-    for g in range(4):
-        rows = (groups == g).numpy()
-        found = set_results([0.2], thresholds[0], seen_sums[1.4], int(rows.sum()), group=g)
-        for c in found:
-            _, coverage, size = ref_conformal(p[:300], y.numpy()[:300], p[rows], y.numpy()[rows], 0.2)[c.score]
-            assert (c.coverage, c.mean_size) == pytest.approx((coverage, size), abs=1e-12)
-    assert [c.coverage for c in m.conformal] == pytest.approx(
-        [ref_conformal(p[:300], y.numpy()[:300], p, y.numpy(), 0.2)[s][1] for s in ("lac", "aps")], abs=1e-12)
+    want = [ref_conformal(p[:300], y.numpy()[:300], p, y.numpy(), 0.2)[s][1] for s in ("lac", "aps")]
+    assert [c.coverage for c in m.conformal] == pytest.approx(want, abs=1e-12)
+    assert [c.coverage for c in set_results([0.2], thresholds[0], seen_sums[0], 900)] == pytest.approx(want, abs=1e-12)
 
 
 @pytest.mark.parametrize("accuracy", [0.08, 0.5, 0.93])
