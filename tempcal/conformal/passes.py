@@ -167,14 +167,13 @@ class SetSums:
 
 @dataclass(frozen=True)
 class ConformalPlan:
-    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds; the
-    sums handed to ``on_sums`` per temperature (each score's ``[1, thresholds, 2]``); with ``judged``, only over the
-    rows it marks."""
+    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds; with
+    ``judged``, only over the rows it marks, ``rows`` of them over every rank."""
 
     alphas: list[float]
     thresholds: list[Thresholds]
-    on_sums: Callable[[dict[str, torch.Tensor]], None] | None = None
     judged: torch.Tensor | None = None  # this process's rows whose sets count (bool); None: every row
+    rows: int | None = None
 
     def check(self, temperatures: int) -> None:
         if len(self.thresholds) != temperatures:
@@ -196,9 +195,8 @@ class PlanSums(SetSums):
         reduced = self.reduced()
 
         def finish(k: int, tau: float, metrics: CalibrationMetrics, rows: int) -> CalibrationMetrics:
-            if self.plan.on_sums is not None:
-                self.plan.on_sums(reduced[k])
-            return replace(metrics, conformal=set_results(self.plan.alphas, self.plan.thresholds[k], reduced[k], rows))
+            n = rows if self.plan.rows is None else self.plan.rows
+            return replace(metrics, conformal=set_results(self.plan.alphas, self.plan.thresholds[k], reduced[k], n))
 
         return finish
 

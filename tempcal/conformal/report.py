@@ -6,7 +6,7 @@ seeded, class-stratified half and the other half; then the sets ride on the metr
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -14,7 +14,6 @@ import torch
 from ..core.scan import Scan
 from ..core.splitting import stratified_split
 from ..errors import TempcalError
-from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource
 from ..workflows.common import evaluation_rows, stored_split
 from .folds import group_sets
@@ -27,7 +26,6 @@ from .passes import (
     grouped_results,
     score_reads,
     score_thresholds,
-    set_results,
 )
 from .sets import ConformalResult
 
@@ -93,25 +91,16 @@ def report_thresholds(full: Scan, opened: OpenedSource, taus: Sequence[float], a
     return ReportSets(alphas, taus, found, rows, score_reads(int(rows.calibration.size), len(taus)))
 
 
-def metrics_plan(sets: ReportSets, opened: OpenedSource, scored_all: bool) -> tuple[ConformalPlan, list]:
+def metrics_plan(sets: ReportSets, opened: OpenedSource, scored_all: bool) -> ConformalPlan:
     """The sets to form on the metrics pass: over the evaluation rows alone (the rows ``judged``, when every row is
-    scored); the list that collects each temperature's sums."""
-    collected: list = []
+    scored)."""
     judged = None
     if scored_all:
         start, stop = opened.share()
         mask = np.zeros(opened.data.num_samples, dtype=bool)
         mask[sets.rows.evaluation] = True
         judged = torch.from_numpy(mask[start:stop])
-    plan = ConformalPlan(sets.alphas, sets.thresholds, judged=judged, on_sums=collected.append)
-    return plan, collected
-
-
-def with_sets(results: Sequence[CalibrationMetrics], sets: ReportSets, collected: list) -> list[CalibrationMetrics]:
-    """Each result with its sets over the evaluation rows (from the sums the metrics pass collected)."""
-    n = int(sets.rows.evaluation.size)
-    return [replace(m, conformal=set_results(sets.alphas, sets.thresholds[k], sums, n))
-            for k, (m, sums) in enumerate(zip(results, collected, strict=True))]
+    return ConformalPlan(sets.alphas, sets.thresholds, judged=judged, rows=int(sets.rows.evaluation.size))
 
 
 def report_group_sets(full: Scan, opened: OpenedSource, sets: ReportSets, group_index: np.ndarray, num_groups: int
@@ -157,4 +146,4 @@ def own_group_sets(full: Scan, opened: OpenedSource, rows: ConformalRows, alphas
 OWN_GROUP_READS = 2
 
 __all__ = ["OWN_GROUP_READS", "ConformalRows", "conformal_rows", "metrics_plan", "own_group_sets", "report_group_sets",
-           "report_thresholds", "with_sets"]
+           "report_thresholds"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..conformal.report import metrics_plan, report_thresholds, with_sets
+from ..conformal.report import metrics_plan, report_thresholds
 from ..errors import TempcalError, check_alphas, check_taus, resolve_taus
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
@@ -151,10 +151,8 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     rows = ROWS_HELD_OUT if held_out is not None else ROWS_ALL
     if groups is None:
         sets = report_thresholds(full, loaded, resolved, alphas, seed, warnings) if alphas else None
-        plan, collected = metrics_plan(sets, loaded, held_out is None) if sets is not None else (None, [])
+        plan = metrics_plan(sets, loaded, held_out is None) if sets is not None else None
         results = evaluate_many(scan, resolved, bins=bins, extra=plan)
-        if sets is not None:
-            results = with_sets(results, sets, collected)
         extras, group_rows = extra_figures(scan, resolved, asked), None
         conformal_rows, conformal_reads = (None, 0) if sets is None else (sets.rows, sets.reads)
     else:
