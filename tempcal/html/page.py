@@ -12,6 +12,7 @@ from typing import Any
 
 from ..conformal.sets import SHORT_P
 from ..output.figures import group_coverage, threshold_text
+from ..output.plots import sweep_figure
 from ..subsets.console import GROUP_COLUMNS, GROUP_T
 from ..workflows.common import AT_FOLDS, Basis
 from . import figures
@@ -86,12 +87,6 @@ SET_COLUMNS = ("alpha", "score", "set size", "coverage", "threshold")
 def _set_row(label: str, c: Any, mark: bool = False) -> dict:
     return {"mark": mark, "cells": [label, fmt(c.alpha), c.score.upper(), fmt(c.mean_size), fmt(c.coverage),
                                     threshold_text(c.threshold)]}
-
-
-def _conformal_table(sides: Sequence[tuple[str, Any]]) -> Table | None:
-    """Each side's (label, metrics) sets."""
-    rows = [_set_row(label, c) for label, metrics in sides for c in metrics.conformal or []]
-    return Table(header=["", *SET_COLUMNS], rows=rows) if rows else None
 
 
 def _report_conformal_table(result: Any) -> Table | None:
@@ -171,12 +166,13 @@ def _fit_context(report: Any, data: dict) -> dict:
                                "hatched: the gap to the bin's mean confidence; beneath: rows per bin",
                           figures=[{"svgs": figures.reliability(named)}])
     sections = [metrics, reliability, *_risk_coverage(sides, "")]
-    conformal = _conformal_table(sides)
+    conformal = [_set_row(label, c) for label, metrics in sides for c in metrics.conformal or []]
     if conformal:
         note = (f"thresholds at T = 1 and T = {fmt(report.temperature)} from all {report.n_fit:,} rows (deployed); "
                 f"coverage and set size {last.rows_label()}" if last.at == AT_FOLDS else
                 f"thresholds from the {report.n_fit:,} fitting rows; coverage and set size {last.rows_label()}")
-        sections.append(Section("conformal", "Conformal sets", note=note, tables=[conformal]))
+        sections.append(Section("conformal", "Conformal sets", note=note,
+                                tables=[Table(header=["", *SET_COLUMNS], rows=conformal)]))
     if report.folds is not None:
         folds = report.subsets.folds
         sections.append(Section("folds", f"Cross-fitting ({report.folds} folds)", tables=[Table(
@@ -217,8 +213,8 @@ def _report_context(result: Any, data: dict) -> dict:
         marks = {"min NLL": best} if best is not None else {}
         if result.stored_temperature is not None:
             marks["stored T"] = result.stored_temperature
-        table.figures.append({"svg": figures.sweep([m.to_dict(with_bins=False) for m in points], marks),
-                              "narrow": True})
+        sweep = sweep_figure([m.to_dict(with_bins=False) for m in points], marks, curves=False)  # curves apart
+        table.figures.append({"svg": figures.svg(sweep), "narrow": True})
     shown = pairs if len(pairs) <= 4 else [(r, b) for r, b in pairs if b.stored or lowest(r, b)][:3] or pairs[:2]
     sections.append(Section("reliability", "Reliability diagrams",
                             note="95% Wilson interval per bin; rows per bin beneath",
