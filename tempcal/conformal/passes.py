@@ -196,7 +196,8 @@ class PlanSums(SetSums):
 
         def finish(k: int, tau: float, metrics: CalibrationMetrics, rows: int) -> CalibrationMetrics:
             n = rows if self.plan.rows is None else self.plan.rows
-            return replace(metrics, conformal=set_results(self.plan.alphas, self.plan.thresholds[k], reduced[k], n))
+            sums = {score: values[0] for score, values in reduced[k].items()}
+            return replace(metrics, conformal=results(self.plan.alphas, self.plan.thresholds[k], sums, n))
 
         return finish
 
@@ -247,20 +248,15 @@ def _add_sets(sums: dict[str, torch.Tensor], found: dict[str, tuple[torch.Tensor
             sums[score].index_add_(0, groups, figures.transpose(0, 1))
 
 
-def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
-                group: int = 0) -> list[ConformalResult]:
-    """The contract's list for one temperature (and one group of ``rows`` rows) from :meth:`SetSums.reduced`."""
-    return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
-
-
 def grouped_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
                     counts: Sequence[int]) -> tuple[list[ConformalResult], list[list[ConformalResult] | None]]:
     """The sets over all ``rows`` rows and per group (None for a group without rows; ``counts``: each group's rows)
     from each score's sums ``[groups, alphas, 2]``."""
     overall = results(alphas, thresholds, {score: values.sum(0) for score, values in sums.items()}, rows)
-    return overall, [set_results(alphas, thresholds, sums, int(n), g) if n else None for g, n in enumerate(counts)]
+    return overall, [results(alphas, thresholds, {score: values[g] for score, values in sums.items()}, int(n))
+                     if n else None for g, n in enumerate(counts)]
 
 
 __all__ = ["ROW_BYTES", "SCORE_BYTES", "ChunkCache", "ConformalPlan", "FoldSetSums", "ScoreRows", "SetSums",
            "fit_thresholds", "gathered_scores", "grouped_results", "probabilities", "score_reads", "score_thresholds",
-           "set_results", "temperatures_per_read"]
+           "temperatures_per_read"]
