@@ -7,8 +7,11 @@ from ..metrics.detection import float32_loss, sums_to_zero
 from ..scores import score_label
 from ..workflows.ood import OodBestOverall, OodReport, best_overall_sentence
 
-#: Scores that mean nothing of their own on log-probabilities.
-PROBS_SCORES = ("energy", "maxlogit")
+#: The scores that mean nothing of their own on log-probabilities, and what each is there.
+ON_LOG_PROBABILITIES = {
+    "energy": "energy is log(sum p), 0 up to rounding, at tau = 1 (elsewhere (tau - 1) times a Renyi entropy)",
+    "maxlogit": "MaxLogit is log(max p) / tau, which ranks as MSP at tau = 1",
+}
 
 
 def on_probabilities(report: OodReport) -> bool:
@@ -27,7 +30,7 @@ def on_probabilities(report: OodReport) -> bool:
 
 def left_out(report: OodReport) -> list[str]:
     """The scores left out of the best: energy and MaxLogit on probabilities."""
-    return [s for s in report.scores if s in PROBS_SCORES] if on_probabilities(report) else []
+    return [s for s in report.scores if s in ON_LOG_PROBABILITIES] if on_probabilities(report) else []
 
 
 def best_overall(report: OodReport) -> list[OodBestOverall | None]:
@@ -50,13 +53,6 @@ def best_sentence(report: OodReport, index: int) -> str:
     verb = "ranks" if len(names) == 1 else "rank"
     return (f"On {report.ood_files[index]} vs {report.source}, no score is named the best: "
             f"{' and '.join(score_label(s) for s in names)} on probabilities {verb} by rounding or as MSP does.")
-
-
-#: What each of :data:`PROBS_SCORES` is on log-probabilities.
-ON_LOG_PROBABILITIES = {
-    "energy": "energy is log(sum p), 0 up to rounding, at tau = 1 (elsewhere (tau - 1) times a Renyi entropy)",
-    "maxlogit": "MaxLogit is log(max p) / tau, which ranks as MSP at tau = 1",
-}
 
 
 def caveats(report: OodReport) -> list[str]:
