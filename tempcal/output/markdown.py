@@ -8,6 +8,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from ..errors import neutral
+from ..scores import score_label
 from ..workflows.common import ROWS_ALL
 from .figures import DISPLAYED_METRICS
 
@@ -90,8 +91,6 @@ def report_markdown(result, markdown_path: str | os.PathLike | None = None,
 def ood_markdown(report, markdown_path: str | os.PathLike | None = None,
                  plot: str | os.PathLike | None = None) -> str:
     """A table per OOD file and score (AUROC and FPR95 at each tau), then the best-tau sentences."""
-    from ..workflows.ood import score_label
-
     stored = report.stored_temperature
     calibration = f"calibration T = {stored:.6g}" if stored is not None else "no stored calibration T"
     sets = f"{len(report.ood_files)} out-of-distribution set{'s' if len(report.ood_files) != 1 else ''}"
