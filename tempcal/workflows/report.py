@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..conformal.report import metrics_plan, report_thresholds
+from ..conformal.commands import metrics_plan, report_thresholds
 from ..errors import TempcalError, check_alphas, check_taus, resolve_taus
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
@@ -129,7 +129,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     group too, and at the stored T each group's rows at the T_g stored for that key. ``eval_rows``: only the rows
     the stored T was not fitted on, re-derived from the split ``fit`` stored beside T; without it, a note says
     when the figures include the fitting rows. ``conformal_alpha``: LAC and APS sets at every temperature (see
-    :mod:`tempcal.conformal.report` for the rows they use).
+    :mod:`tempcal.conformal.commands` for the rows they use).
     """
     warnings: list[str] = []
     check_taus(taus or [])
