@@ -18,6 +18,7 @@ from ..output.plots import (
     pyplot,
     reliability_axes,
     risk_coverage_axes,
+    sweep_figure,
 )
 
 
@@ -47,6 +48,11 @@ def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:
         figure_legend(fig, [ax], ncols=2)
         out.append(svg(fig))
     return out
+
+
+def sweep(results: Sequence[dict], marks: dict[str, float]) -> str:
+    """The figures against tau that ``report --plot`` draws on a sweep (the page shows the curves apart)."""
+    return svg(sweep_figure(results, marks, curves=False))
 
 
 def risk_coverage(curves: Sequence[tuple[str, Any]]) -> str:
@@ -111,4 +117,4 @@ def ood_curves(report, ood_file: str) -> list[str]:
     return out
 
 
-__all__ = ["groups", "ood_curves", "reliability", "risk_coverage", "svg"]
+__all__ = ["groups", "ood_curves", "reliability", "risk_coverage", "svg", "sweep"]

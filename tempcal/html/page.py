@@ -12,7 +12,6 @@ from typing import Any
 
 from ..conformal.sets import SHORT_P
 from ..output.figures import group_coverage, threshold_text
-from ..output.plots import sweep_figure
 from ..subsets.console import GROUP_COLUMNS, GROUP_T
 from ..workflows.common import AT_FOLDS, Basis
 from . import figures
@@ -213,8 +212,8 @@ def _report_context(result: Any, data: dict) -> dict:
         marks = {"min NLL": best} if best is not None else {}
         if result.stored_temperature is not None:
             marks["stored T"] = result.stored_temperature
-        sweep = sweep_figure([m.to_dict(with_bins=False) for m in points], marks, curves=False)  # curves apart
-        table.figures.append({"svg": figures.svg(sweep), "narrow": True})
+        table.figures.append({"svg": figures.sweep([m.to_dict(with_bins=False) for m in points], marks),
+                              "narrow": True})
     shown = pairs if len(pairs) <= 4 else [(r, b) for r, b in pairs if b.stored or lowest(r, b)][:3] or pairs[:2]
     sections.append(Section("reliability", "Reliability diagrams",
                             note="95% Wilson interval per bin; rows per bin beneath",
