@@ -84,7 +84,7 @@ def apply(
     opt.check_lm_eval_norm(source, lm_eval_norm.value)
     check_paths(ctx, {"--output": output, "--json": json_out}, {"SOURCE": source, "--inputs": inputs, "--head": head})
 
-    from ..output.apply import print_apply
+    from ..output.inspect import print_apply
     from ..requests import Outputs
     from ..sources.base import SourceOptions
     from ..workflows.apply import WHAT, apply_file

@@ -167,16 +167,13 @@ class SetSums:
 
 @dataclass(frozen=True)
 class ConformalPlan:
-    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds. With
-    ``groups`` the sets are summed per group too, handed to ``on_sums`` per temperature (each score's
-    ``[num_groups, thresholds, 2]``); with ``judged``, only over the rows it marks."""
+    """Conformal sets to form in the metrics pass: the ``alphas`` and, per temperature, each score's thresholds; with
+    ``judged``, only over the rows it marks, ``rows`` of them over every rank."""
 
     alphas: list[float]
     thresholds: list[Thresholds]
-    groups: torch.Tensor | None = None
-    num_groups: int = 1
-    on_sums: Callable[[float, dict[str, torch.Tensor]], None] | None = None
     judged: torch.Tensor | None = None  # this process's rows whose sets count (bool); None: every row
+    rows: int | None = None
 
     def check(self, temperatures: int) -> None:
         if len(self.thresholds) != temperatures:
@@ -191,17 +188,16 @@ class PlanSums(SetSums):
     summed row to its result."""
 
     def __init__(self, plan: ConformalPlan, device: torch.device):
-        super().__init__(plan.thresholds, device, groups=plan.groups, num_groups=plan.num_groups, judged=plan.judged)
+        super().__init__(plan.thresholds, device, judged=plan.judged)
         self.plan = plan
 
     def settle(self) -> Finish:
         reduced = self.reduced()
 
         def finish(k: int, tau: float, metrics: CalibrationMetrics, rows: int) -> CalibrationMetrics:
-            if self.plan.on_sums is not None:
-                self.plan.on_sums(tau, reduced[k])
-            every = {score: values.sum(0, keepdim=True) for score, values in reduced[k].items()}
-            return replace(metrics, conformal=set_results(self.plan.alphas, self.plan.thresholds[k], every, rows))
+            n = rows if self.plan.rows is None else self.plan.rows
+            sums = {score: values[0] for score, values in reduced[k].items()}
+            return replace(metrics, conformal=results(self.plan.alphas, self.plan.thresholds[k], sums, n))
 
         return finish
 
@@ -252,20 +248,15 @@ def _add_sets(sums: dict[str, torch.Tensor], found: dict[str, tuple[torch.Tensor
             sums[score].index_add_(0, groups, figures.transpose(0, 1))
 
 
-def set_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
-                group: int = 0) -> list[ConformalResult]:
-    """The contract's list for one temperature (and one group of ``rows`` rows) from :meth:`SetSums.reduced`."""
-    return results(alphas, thresholds, {score: values[group] for score, values in sums.items()}, rows)
-
-
 def grouped_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
                     counts: Sequence[int]) -> tuple[list[ConformalResult], list[list[ConformalResult] | None]]:
     """The sets over all ``rows`` rows and per group (None for a group without rows; ``counts``: each group's rows)
     from each score's sums ``[groups, alphas, 2]``."""
     overall = results(alphas, thresholds, {score: values.sum(0) for score, values in sums.items()}, rows)
-    return overall, [set_results(alphas, thresholds, sums, int(n), g) if n else None for g, n in enumerate(counts)]
+    return overall, [results(alphas, thresholds, {score: values[g] for score, values in sums.items()}, int(n))
+                     if n else None for g, n in enumerate(counts)]
 
 
 __all__ = ["ROW_BYTES", "SCORE_BYTES", "ChunkCache", "ConformalPlan", "FoldSetSums", "ScoreRows", "SetSums",
            "fit_thresholds", "gathered_scores", "grouped_results", "probabilities", "score_reads", "score_thresholds",
-           "set_results", "temperatures_per_read"]
+           "temperatures_per_read"]

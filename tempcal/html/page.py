@@ -88,12 +88,6 @@ def _set_row(label: str, c: Any, mark: bool = False) -> dict:
                                     threshold_text(c.threshold)]}
 
 
-def _conformal_table(sides: Sequence[tuple[str, Any]]) -> Table | None:
-    """Each side's (label, metrics) sets."""
-    rows = [_set_row(label, c) for label, metrics in sides for c in metrics.conformal or []]
-    return Table(header=["", *SET_COLUMNS], rows=rows) if rows else None
-
-
 def _report_conformal_table(result: Any) -> Table | None:
     """``report --conformal-alpha``: each tau's thresholds, coverage and mean set size; the sweep's smallest sets
     marked."""
@@ -171,12 +165,13 @@ def _fit_context(report: Any, data: dict) -> dict:
                                "hatched: the gap to the bin's mean confidence; beneath: rows per bin",
                           figures=[{"svgs": figures.reliability(named)}])
     sections = [metrics, reliability, *_risk_coverage(sides, "")]
-    conformal = _conformal_table(sides)
+    conformal = [_set_row(label, c) for label, metrics in sides for c in metrics.conformal or []]
     if conformal:
         note = (f"thresholds at T = 1 and T = {fmt(report.temperature)} from all {report.n_fit:,} rows (deployed); "
                 f"coverage and set size {last.rows_label()}" if last.at == AT_FOLDS else
                 f"thresholds from the {report.n_fit:,} fitting rows; coverage and set size {last.rows_label()}")
-        sections.append(Section("conformal", "Conformal sets", note=note, tables=[conformal]))
+        sections.append(Section("conformal", "Conformal sets", note=note,
+                                tables=[Table(header=["", *SET_COLUMNS], rows=conformal)]))
     if report.folds is not None:
         folds = report.subsets.folds
         sections.append(Section("folds", f"Cross-fitting ({report.folds} folds)", tables=[Table(

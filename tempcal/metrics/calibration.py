@@ -28,7 +28,7 @@ ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")
 
 
 class SetFigures(Protocol):
-    """One entry of a result's ``conformal`` list (a :class:`tempcal.conformal.ConformalResult`), as the metrics
+    """One entry of a result's ``conformal`` list (a :class:`tempcal.conformal.sets.ConformalResult`), as the metrics
     and the renderers read it."""
 
     @property
@@ -172,7 +172,7 @@ class ExtraVisitor(Protocol):
 
 
 class ReadExtra(Protocol):
-    """Figures of an optional capability that ride on the metrics pass (e.g. :class:`tempcal.conformal.ConformalPlan`):
+    """Figures of an optional capability that ride on the metrics pass (e.g. ``conformal.passes.ConformalPlan``):
     planned for every temperature of :func:`evaluate_many`, visited a read at a time."""
 
     def check(self, temperatures: int) -> None:

@@ -1,4 +1,5 @@
-"""What ``tempcal inspect`` prints: the tensors, the values and labels, the stored T, the sidecar, and hints."""
+"""What ``tempcal inspect`` prints (the tensors, the values and labels, the stored T, the sidecar, and hints) and what
+``tempcal apply`` prints (what was written, at which T, from how many rows)."""
 
 from __future__ import annotations
 
@@ -73,9 +74,7 @@ def stored_lines(stored: dict[str, Any], sidecar: dict[str, Any] | None) -> list
     lines = [line]
     if stored.get("group_temperatures"):
         groups = stored["group_temperatures"]
-        shown = ", ".join(f"{name}: {value:.4g}" for name, value in list(groups.items())[:10])
-        more = f" and {len(groups) - 10} more" if len(groups) > 10 else ""
-        lines.append(f"per-group T by '{stored['group_key']}' ({len(groups)} groups): {shown}{more}")
+        lines.append(f"per-group T by '{stored['group_key']}' ({len(groups)} groups): {first_groups(groups)}")
     if sidecar is not None:
         detail = f" ({sidecar['detail']})" if sidecar["detail"] else ""
         lines.append(f"sidecar {sidecar['path']}: {sidecar['state']}{detail}")
@@ -115,4 +114,30 @@ def print_inspect(report: Any, console: Any) -> None:
             say(line)
 
 
-__all__ = ["print_inspect"]
+def first_groups(temperatures: dict[str, float]) -> str:
+    """The first ten groups' T, in the groups' order, and how many more there are."""
+    more = len(temperatures) - 10
+    shown = ", ".join(f"{name}: {t:.4g}" for name, t in list(temperatures.items())[:10])
+    return shown + (f" and {more} more" if more > 0 else "")
+
+
+def print_apply(result: Any, console: Any) -> None:
+    """An ``ApplyResult`` on the console (the CLI adds the line naming the file written)."""
+    from ..workflows.apply import WHAT
+
+    copied = [name for name, done in (("labels", result.labels), (f"'{result.group_key}'", result.group_copied))
+              if done]
+    if result.group_temperatures:  # each row at its group's T: no one T to name first
+        at = f"each row's group T (stored per group of '{result.group_key}')"
+    else:
+        at = f"T = {result.temperature:.6g} ({'stored' if result.tau_from == 'stored' else '--tau'})"
+    lines = [f"{result.source}: {result.rows} rows, {result.num_classes} classes; {WHAT[result.as_]} at {at}: "
+             f"'{result.key}' {result.shape} {result.dtype}" + (f", {' and '.join(copied)} copied" if copied else "")]
+    if result.group_temperatures:
+        lines.append(f"T per group of '{result.group_key}': {first_groups(result.group_temperatures)} (the global T = "
+                     f"{result.temperature:.6g} for a group with none stored)")
+    for line in lines:
+        console.print(line, soft_wrap=True, markup=False)
+
+
+__all__ = ["print_apply", "print_inspect"]

@@ -7,8 +7,11 @@ from ..metrics.detection import float32_loss, sums_to_zero
 from ..scores import score_label
 from ..workflows.ood import OodBestOverall, OodReport, best_overall_sentence
 
-#: Scores that mean nothing of their own on log-probabilities.
-PROBS_SCORES = ("energy", "maxlogit")
+#: The scores that mean nothing of their own on log-probabilities, and what each is there.
+ON_LOG_PROBABILITIES = {
+    "energy": "energy is log(sum p), 0 up to rounding, at tau = 1 (elsewhere (tau - 1) times a Renyi entropy)",
+    "maxlogit": "MaxLogit is log(max p) / tau, which ranks as MSP at tau = 1",
+}
 
 
 def on_probabilities(report: OodReport) -> bool:
@@ -27,7 +30,7 @@ def on_probabilities(report: OodReport) -> bool:
 
 def left_out(report: OodReport) -> list[str]:
     """The scores left out of the best: energy and MaxLogit on probabilities."""
-    return [s for s in report.scores if s in PROBS_SCORES] if on_probabilities(report) else []
+    return [s for s in report.scores if s in ON_LOG_PROBABILITIES] if on_probabilities(report) else []
 
 
 def best_overall(report: OodReport) -> list[OodBestOverall | None]:
@@ -36,12 +39,9 @@ def best_overall(report: OodReport) -> list[OodBestOverall | None]:
     if not excluded:
         return list(report.best_overall)
     kept = [s for s in report.scores if s not in excluded]
-    out: list[OodBestOverall | None] = []
-    for ood_file in report.ood_files:
-        rows = [m for s in kept for m in report.rows(ood_file, s)]
-        out.append(best_overall_sentence(report.source, ood_file, rows, report.stored_temperature, len(kept),
-                                         len(report.taus)) if rows else None)
-    return out
+    rows = {ood_file: [m for s in kept for m in report.rows(ood_file, s)] for ood_file in report.ood_files}
+    return [best_overall_sentence(report.source, ood_file, rows[ood_file], report.stored_temperature, len(kept),
+                                  len(report.taus)) if rows[ood_file] else None for ood_file in report.ood_files]
 
 
 def best_sentence(report: OodReport, index: int) -> str:
@@ -55,28 +55,17 @@ def best_sentence(report: OodReport, index: int) -> str:
             f"{' and '.join(score_label(s) for s in names)} on probabilities {verb} by rounding or as MSP does.")
 
 
-#: What each of :data:`PROBS_SCORES` is on log-probabilities.
-ON_LOG_PROBABILITIES = {
-    "energy": "energy is log(sum p), 0 up to rounding, at tau = 1 (elsewhere (tau - 1) times a Renyi entropy)",
-    "maxlogit": "MaxLogit is log(max p) / tau, which ranks as MSP at tau = 1",
-}
-
-
-def probs_caveat(report: OodReport) -> str | None:
-    """Why energy and MaxLogit are left out of the best, when they are."""
-    names = left_out(report)
-    if not names:
-        return None
-    labels = " and ".join(score_label(s) for s in names)
-    return (f"on probabilities (--probs) the logits are log(p): {'; '.join(ON_LOG_PROBABILITIES[s] for s in names)}; "
-            f"{labels} {'is not the score of its paper' if len(names) == 1 else 'are not the scores of their papers'}"
-            ", so left out of the best")
-
-
-def float32_caveats(report: OodReport) -> list[str]:
-    """One sentence per OOD file and score whose best tau ranks by digits float32 does not hold."""
+def caveats(report: OodReport) -> list[str]:
+    """Every caveat of the report, as warnings (one line each): why energy and MaxLogit are left out of the best,
+    when they are; each OOD file and score whose best tau ranks by digits float32 does not hold."""
     lines = []
     excluded = left_out(report)
+    if excluded:
+        labels = " and ".join(score_label(s) for s in excluded)
+        papers = "is not the score of its paper" if len(excluded) == 1 else "are not the scores of their papers"
+        why = "; ".join(ON_LOG_PROBABILITIES[s] for s in excluded)
+        lines.append(f"on probabilities (--probs) the logits are log(p): {why}; {labels} {papers}, so left out of "
+                     "the best")
     for i, ood_file in enumerate(report.ood_files):
         for best in report.best:
             if best.ood_file != ood_file or best.score in excluded or best.score not in report.id_scores:
@@ -91,12 +80,6 @@ def float32_caveats(report: OodReport) -> list[str]:
                              f"digits float32 does not hold; rounded to float32 they give AUROC {auroc32:.4f}, not "
                              f"{best.auroc:.4f}; compute the score in float64 or use a smaller tau")
     return lines
-
-
-def caveats(report: OodReport) -> list[str]:
-    """Every caveat of the report, as warnings (one line each)."""
-    probs = probs_caveat(report)
-    return ([probs] if probs else []) + float32_caveats(report)
 
 
 __all__ = ["best_overall", "best_sentence", "caveats", "left_out"]

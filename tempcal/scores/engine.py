@@ -160,19 +160,10 @@ def scan_scores(scan: Scan, betas: Sequence[float], names: Sequence[str] = ("msp
             mine = passes[id(scratch)] = ScorePass(scores, scoring.betas, workspace=scratch)
         return mine.chunk(b.z, b.row_max, b.has_neginf)
 
-    joined = _joined(scan.block_pass(block), names, len(scoring.betas), scan.device)  # the blocks in row order
+    blocks = list(scan.block_pass(block))  # in row order
+    empty = torch.empty(len(scoring.betas), 0, dtype=FLOAT64, device=scan.device)
+    joined = {name: torch.cat([b[name] for b in blocks], dim=1) if blocks else empty for name in names}
     return [{name: values[k] for name, values in joined.items()} for k in range(len(scoring.betas))]
-
-
-def _joined(chunks: Iterable[dict[str, torch.Tensor]], names: Sequence[str], temperatures: int,
-            device: torch.device | None = None) -> dict[str, torch.Tensor]:
-    """Each score's ``[T, n]`` values of successive chunks joined along the rows (``[T, 0]`` without a chunk)."""
-    parts: dict[str, list[torch.Tensor]] = {name: [] for name in names}
-    for values in chunks:
-        for name in names:
-            parts[name].append(values[name])
-    return {name: torch.cat(values, dim=1) if values else torch.empty(temperatures, 0, dtype=FLOAT64, device=device)
-            for name, values in parts.items()}
 
 
 __all__ = ["ScorePass", "as_classes", "scan_scores"]

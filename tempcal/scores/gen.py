@@ -73,32 +73,27 @@ class Gen(Score):
             kinds = [kind for kind, wanted in ((True, bool(flat[part].any())), (False, not bool(flat[part].all())))
                      if wanted]
             for relative in kinds:
-                if relative:
-                    value = one_minus_p2[part] * (k - 1 + self._relative(logs, p2[part], x, dtype))
+                if relative:  # p_2 <= 1/2, so the ratio is <= 1; p_2 = 1 only where (1 - p_2)^g is 0
+                    ratio = (p2[part] / (1.0 - p2[part])).clamp_(max=1.0)
+                    value = one_minus_p2[part] * (k - 1 + self._terms(logs, ratio, x, dtype, relative))
                 else:
-                    value = self._absolute(logs, p2[part], x, dtype) - one_minus_p2[part]
+                    value = self._terms(logs, p2[part], x, dtype, relative) - one_minus_p2[part]
                 if len(kinds) == 1:
                     total[part] = value
                 else:  # rows of both kinds: each row takes its own kind's value
                     total[part] = torch.where(flat[part] if relative else ~flat[part], value, total[part])
         return total
 
-    def _absolute(self, logs: torch.Tensor, p2: torch.Tensor, x: Intermediates, dtype: torch.dtype) -> torch.Tensor:
-        """``sum_c exp(g (L_c + log1p(-p_2 e^{L_c})))`` over the block (the clamped maximum's copy included)."""
-        terms = torch.exp(logs, out=x.buffer("gen_W", logs.shape, dtype))
-        terms.mul_(-p2.to(dtype)[:, :, None]).log1p_()  # log(1 - p_c), p_c = p_2 e^L
-        terms.add_(logs).mul_(self.gamma).exp_()
-        return terms.sum(-1).to(FLOAT64)
-
-    def _relative(self, logs: torch.Tensor, p2: torch.Tensor, x: Intermediates, dtype: torch.dtype) -> torch.Tensor:
-        """``sum_c expm1(g v_c)``, ``v_c = L_c + log1p(-p_2 e^{L_c}) - log1p(-p_2) <= 0``: each term over the second
-        maximum's, minus 1, which keeps the float32 digits where flat rows differ."""
-        # <= 1, since p_2 <= 1/2; p_2 = 1 only in rows with a single possible class, whose factor (1 - p_2)^g is 0
-        ratio = (p2 / (1.0 - p2)).clamp_(max=1.0).to(dtype)[:, :, None]
-        terms = torch.expm1(logs, out=x.buffer("gen_W", logs.shape, dtype))
-        terms.mul_(-ratio).log1p_()  # log1p(-p_2 expm1(L) / (1 - p_2)) = log1p(-p_2 e^L) - log1p(-p_2)
-        terms.add_(logs).mul_(self.gamma).expm1_()
-        return terms.sum(-1).to(FLOAT64)
+    def _terms(self, logs: torch.Tensor, factor: torch.Tensor, x: Intermediates, dtype: torch.dtype,
+               relative: bool) -> torch.Tensor:
+        """Over the block (the clamped maximum's copy included), ``sum_c exp(g (L_c + log1p(-p_2 e^{L_c})))`` with
+        ``factor`` p_2; ``relative``: ``sum_c expm1(g v_c)``, ``v_c = L_c + log1p(-p_2 e^{L_c}) - log1p(-p_2) <= 0``
+        with ``factor`` p_2 / (1 - p_2): each term over the second maximum's, minus 1, which keeps the float32 digits
+        where flat rows differ (``log1p(-p_2 expm1(L) / (1 - p_2)) = log1p(-p_2 e^L) - log1p(-p_2)``)."""
+        terms = (torch.expm1 if relative else torch.exp)(logs, out=x.buffer("gen_W", logs.shape, dtype))
+        terms.mul_(-factor.to(dtype)[:, :, None]).log1p_()
+        terms.add_(logs).mul_(self.gamma)
+        return (terms.expm1_() if relative else terms.exp_()).sum(-1).to(FLOAT64)
 
 
 def check_gamma(gamma: Any) -> float:

@@ -366,7 +366,7 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
         warnings.extend(fits.subsets.warnings)
         reads = 0
         if asked.alphas:
-            from ..conformal import fold_sets  # loaded only when sets are asked: the Python API's fit stays light
+            from ..conformal.commands import fold_sets  # only when sets are asked: the Python API's fit stays light
 
             before, after, reads = fold_sets(scan, loaded, subsets, asked.alphas, global_t, before, after)
     except DataError as exc:
@@ -411,7 +411,7 @@ def grouped_run(loaded: OpenedSource, evaluated: OpenedSource | None, fit_scan: 
                       rows=rows)
     reads = 0
     if asked.alphas:
-        from ..conformal import GROUP_SET_READS, fit_group_sets
+        from ..conformal.commands import GROUP_SET_READS, fit_group_sets
 
         before, after = fit_group_sets(fit_scan, eval_scan, evaluated, eval_index, subsets, asked.alphas, global_t,
                                        before, after)

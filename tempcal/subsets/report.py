@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..conformal import OWN_GROUP_READS, own_group_sets, report_group_sets, report_thresholds
+from ..conformal.commands import OWN_GROUP_READS, own_group_sets, report_group_sets, report_thresholds
 from ..core.scan import Scan
 from ..metrics.calibration import CalibrationMetrics
 from ..sources.base import OpenedSource, RowGroups

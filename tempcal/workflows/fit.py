@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from ..conformal import ConformalPlan, fit_thresholds
+from ..conformal.passes import ConformalPlan, fit_thresholds
 from ..core.fitting import FitResult, fit_temperature
 from ..core.scan import ALL_ROWS
 from ..core.splitting import stratified_split

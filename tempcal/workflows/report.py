@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..conformal import metrics_plan, report_thresholds, with_sets
+from ..conformal.commands import metrics_plan, report_thresholds
 from ..errors import TempcalError, check_alphas, check_taus, resolve_taus
 from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_many
 from ..sources.base import SourceOptions
@@ -129,7 +129,7 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     group too, and at the stored T each group's rows at the T_g stored for that key. ``eval_rows``: only the rows
     the stored T was not fitted on, re-derived from the split ``fit`` stored beside T; without it, a note says
     when the figures include the fitting rows. ``conformal_alpha``: LAC and APS sets at every temperature (see
-    :mod:`tempcal.conformal.report` for the rows they use).
+    :mod:`tempcal.conformal.commands` for the rows they use).
     """
     warnings: list[str] = []
     check_taus(taus or [])
@@ -151,10 +151,8 @@ def report_file(source: Source, *, taus: Sequence[float | str] | None = None, sw
     rows = ROWS_HELD_OUT if held_out is not None else ROWS_ALL
     if groups is None:
         sets = report_thresholds(full, loaded, resolved, alphas, seed, warnings) if alphas else None
-        plan, collected = metrics_plan(sets, loaded, held_out is None) if sets is not None else (None, [])
+        plan = metrics_plan(sets, loaded, held_out is None) if sets is not None else None
         results = evaluate_many(scan, resolved, bins=bins, extra=plan)
-        if sets is not None:
-            results = with_sets(results, sets, collected)
         extras, group_rows = extra_figures(scan, resolved, asked), None
         conformal_rows, conformal_reads = (None, 0) if sets is None else (sets.rows, sets.reads)
     else:

@@ -12,7 +12,7 @@ from conftest import DEVICES, miscalibrated
 from reference import ref_conformal_scores, ref_conformal_sets, ref_threshold
 
 from tempcal import Scan, as_logits_data
-from tempcal.conformal import folds as fold_conformal
+from tempcal.conformal import commands as fold_conformal
 from tempcal.conformal import passes
 from tempcal.conformal.passes import FoldSetSums
 from tempcal.conformal.passes import probabilities as chunk_probabilities
