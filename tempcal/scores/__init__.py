@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 #: Every score's name and its module, in the order reports list them.
 REGISTRY: dict[str, str] = {
-    "msp": "closed_form", "energy": "closed_form", "maxlogit": "closed_form", "entropy": "closed_form", "gen": "gen",
+    "msp": "msp", "energy": "energy", "maxlogit": "maxlogit", "entropy": "entropy", "gen": "gen",
 }
 
 #: Names that stand for several scores (``all``: every score in :data:`REGISTRY`).
