@@ -182,14 +182,18 @@ def _unmatched(source: str, stored: float | None) -> str:
     return f"the calibration temperature T = {stored:.4g} was not among them."
 
 
+def _best(rows: Sequence[OodMetrics], stored: float | None) -> tuple[OodMetrics, OodMetrics | None]:
+    """The row with the best AUROC (one at the calibration T among equals, else the first), and the best row at it."""
+    best = max(rows, key=lambda m: m.auroc)  # max keeps the first of equal values
+    at_t = max((m for m in rows if stored is not None and m.tau == stored), key=lambda m: m.auroc, default=None)
+    return (at_t if at_t is not None and at_t.auroc == best.auroc else best), at_t
+
+
 def best_sentence(source: str, ood_file: str, score: str, rows: Sequence[OodMetrics],
                   stored: float | None) -> OodBest:
     """Pick the tau with the best AUROC (the calibration T if it is among the best, else the first of equals) and
     say it next to the calibration T in one sentence."""
-    best = max(rows, key=lambda m: m.auroc)  # max keeps the first of equal values
-    at_t = next((m for m in rows if stored is not None and m.tau == stored), None)
-    if at_t is not None and at_t.auroc == best.auroc:
-        best = at_t
+    best, at_t = _best(rows, stored)
     tried = f"{_tried(len(rows), 'temperature')} tried"
     figures = f"AUROC {best.auroc:.4f}, FPR95 {best.fpr95:.4f}"
     opening = (f"On {ood_file} vs {source}, the {score_label(score)} score separates in-distribution from OOD "
@@ -212,11 +216,7 @@ def best_overall_sentence(source: str, ood_file: str, rows: Sequence[OodMetrics]
                           num_scores: int, num_taus: int) -> OodBestOverall:
     """The best score and tau for one OOD set (best AUROC; among equals, one at the calibration T, else the first
     in report order), beside the best score at the calibration T, in one sentence."""
-    best = max(rows, key=lambda m: m.auroc)
-    at_t = [m for m in rows if stored is not None and m.tau == stored]
-    best_at_t = max(at_t, key=lambda m: m.auroc) if at_t else None
-    if best_at_t is not None and best_at_t.auroc == best.auroc:
-        best = best_at_t
+    best, best_at_t = _best(rows, stored)
     where = f"the calibration temperature T = {stored:.4g}" if best_at_t is best else f"tau = {best.tau:.4g}"
     sentence = (f"On {ood_file} vs {source}, the best of {_tried(num_scores, 'score')} x "
                 f"{_tried(num_taus, 'temperature')} is {score_label(best.score)} at {where} "
