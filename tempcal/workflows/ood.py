@@ -146,7 +146,6 @@ class OodReport:
             if m.auroc_ci is not None and m.fpr95_ci is not None:
                 row.update(auroc_ci=list(m.auroc_ci), fpr95_ci=list(m.fpr95_ci))
             results.append(row)
-        react = self.react
         return {
             "results": results, "best_overall": [asdict(b) for b in self.best_overall],
             "best": [asdict(b) for b in self.best], "summary": self.summary,
@@ -154,9 +153,7 @@ class OodReport:
             "binary": self.binary, "n_id": self.n_id, "n_ood": self.n_ood,
             "stored_temperature": self.stored_temperature, "taus": self.taus, "taus_from": self.taus_from,
             "scores": self.scores, **self.score_options, "id_recall": ID_RECALL,
-            "react_percentile": None if react is None else react.percentile,
-            "react_threshold": None if react is None else react.threshold,
-            "react_passes": None if react is None else react.passes,
+            **{f"react_{key}": getattr(self.react, key, None) for key in ("percentile", "threshold", "passes")},
             "bootstrap": ({"resamples": self.bootstrap, "seed": self.seed, "level": BOOTSTRAP_LEVEL}
                           if self.bootstrap else None),
             "min_auroc": self.min_auroc, "max_fpr95": self.max_fpr95, "gate_passed": self.gate_passed,
