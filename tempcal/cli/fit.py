@@ -168,9 +168,8 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
 
 
 def _write(report, request: FitRequest, written: list[str]) -> list[str]:
-    """Keep T where SOURCE's kind keeps it (its files or a copy; a model's --save-model and --save-logits; --lm's
-    record, generation_config.json and --save-hidden) and the files asked for; the lines saying so. ``written``
-    gains the files that now hold T."""
+    """Keep T where SOURCE's kind keeps it (``written`` gains those files) and write the files asked for; the lines
+    saying so."""
     from ..output.files import write_fit_files
     from ..workflows.fit import keep_fit
 

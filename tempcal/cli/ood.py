@@ -140,9 +140,8 @@ def _ood(ctx: typer.Context, request: OodRequest) -> None:
 
 
 def _with_caveats(report, *, shown: bool) -> list[str]:
-    """The caveats (scores that mean nothing on probabilities; float32-fragile taus) join the report's warnings, for
-    the JSON, the page and the step summary; the warnings to print, without them when the console view is ``shown``
-    (it prints them as notes beside the tables: said once)."""
+    """The report's warnings with its caveats added (for the JSON, the page and the step summary); those to print
+    leave the caveats out when the console view is ``shown``, which prints them beside the tables."""
     from ..output.ood_checks import caveats
 
     notes = caveats(report)

@@ -317,9 +317,8 @@ def _lm_only_given(request: Any) -> list[str]:
 
 
 def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:
-    """A model SOURCE: one model file and ``--inputs`` (or a ``.pt2``/``.onnx`` file, or a TorchScript or exported
-    archive under a ``.pt``/``.pth``/``.ts``/``.torchscript`` name). ``model_only`` maps the flags
-    that only make sense for a model to their values: any of them set without a model is a usage error."""
+    """Whether SOURCE is one model file (:func:`~tempcal.models.detect.looks_like_model`); ``model_only`` maps the
+    flags that only make sense for a model to their values: any of them set without a model is a usage error."""
     from ..models.detect import MODEL_SUFFIXES, looks_like_model
 
     named = len(source) == 1 and source[0].lower().endswith(MODEL_SUFFIXES)  # the file is looked at for these only

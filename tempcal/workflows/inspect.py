@@ -1,7 +1,5 @@
-"""``tempcal inspect`` as a function: what a SOURCE holds, how its values look, and the T stored with it. A file
-the other commands would refuse is still described, with what is wrong in ``problems`` and what to pass in ``hints``.
-What it reads of any opened SOURCE is a sample of its values and its labels; what each kind says of its own files,
-tensors and stored T is the kind's (``SourceKind.describe_*``)."""
+"""``tempcal inspect`` as a function: what a SOURCE holds (each kind describes its files: ``SourceKind.describe_*``),
+a sample of its values, its labels and the T stored with it; what is wrong goes in ``problems``, not an error."""
 
 from __future__ import annotations
 

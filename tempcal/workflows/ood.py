@@ -1,6 +1,5 @@
-"""``tempcal ood`` as a function: score SOURCE (in-distribution) and every OOD set at each tau, then rank.
-
-Every score at every tau comes from one scores-only pass per file (ODIN runs the model instead)."""
+"""``tempcal ood`` as a function: score SOURCE (in-distribution) and every OOD set at each tau, then rank; every score
+at every tau comes from one scores-only pass per file (ODIN runs the model instead)."""
 
 from __future__ import annotations
 
