@@ -95,7 +95,7 @@ def apply(
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
     outputs = Outputs(json_out=json_out, quiet=quiet)
-    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
+    options = opt.reading_options(ctx, reading, outputs, parallel=False)
     result = apply_file(source[0] if len(source) == 1 else source, output, as_=as_.value, tau=tau, groups=groups,
                         device=device, chunk_rows=chunk_rows, options=options)
     deliver(ctx, outputs, result, warnings=result.warnings, payload=result.to_json, render=print_apply,

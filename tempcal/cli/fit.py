@@ -106,19 +106,17 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
                  "--lm": reading.lm},
                 write_back=None if outputs.no_write or outputs.output is not None or is_model or reading.lm else source)
 
-    from ..core.parallel import init_from_environment
     from ..output.console import print_fit
     from ..output.markdown import fit_markdown
     from ..progress import Progress
     from ..workflows.fit import fit_file
 
-    device = init_from_environment(reading.device)
-    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
+    options = opt.reading_options(ctx, reading, outputs)
     report = fit_file(source, eval_file=request.eval_file, val_fraction=request.split, seed=request.seed,
-                      objective=request.objective, bins=request.bins, device=device, chunk_rows=request.chunk_rows,
-                      estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
-                      conformal_alpha=request.conformal_alpha or (), folds=request.folds, group_by=request.group_by,
-                      group_prior=request.group_prior, options=options,
+                      objective=request.objective, bins=request.bins, device=options.device,
+                      chunk_rows=request.chunk_rows, estimators=opt.parse_estimators(request.estimators),
+                      bootstrap=request.bootstrap, conformal_alpha=request.conformal_alpha or (), folds=request.folds,
+                      group_by=request.group_by, group_prior=request.group_prior, options=options,
                       progress=Progress("fitting T", enabled=options.progress))
     max_ece = request.max_ece
     gate_failed = max_ece is not None and report.after.ece > max_ece
@@ -126,7 +124,10 @@ def _fit(ctx: typer.Context, request: FitRequest) -> None:
     if (lm := opt.lm_command(request)) is not None:
         report.warnings.extend(lm.sampling_notes(request))
     deliver(ctx, outputs, report, warnings=report.warnings, write=lambda: _write(report, request, written),
-            payload=lambda: _payload(report, request, gate_failed, written), render=print_fit, summary=fit_markdown,
+            payload=lambda: {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
+                             "gate_passed": None if max_ece is None else not gate_failed,
+                             **opt.lm_json(request, report.opened)},
+            render=print_fit, summary=fit_markdown,
             gate=f"calibrated ECE {report.after.ece:.4f} is above --max-ece {max_ece:g}" if gate_failed else None)
 
 
@@ -166,17 +167,9 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
     return {"--output": output, "the sidecar of --output": str(sidecar_path(output))}
 
 
-def _payload(report, request: FitRequest, gate_failed: bool, written: list[str]) -> dict:
-    """The JSON: the report, the files that hold T, the gate, and with --lm the model and its texts."""
-    max_ece = request.max_ece
-    return {**report.to_json(), "written": ", ".join(written) or None, "max_ece": max_ece,
-            "gate_passed": None if max_ece is None else not gate_failed, **opt.lm_json(request, report.opened)}
-
-
 def _write(report, request: FitRequest, written: list[str]) -> list[str]:
-    """Keep T where SOURCE's kind keeps it (its files or a copy; a model's --save-model and --save-logits; --lm's
-    record, generation_config.json and --save-hidden) and the files asked for; the lines saying so. ``written``
-    gains the files that now hold T."""
+    """Keep T where SOURCE's kind keeps it (``written`` gains those files) and write the files asked for; the lines
+    saying so."""
     from ..output.files import write_fit_files
     from ..workflows.fit import keep_fit
 

@@ -56,6 +56,6 @@ def inspect(
         head_weight_key=head_weight_key, head_bias_key=head_bias_key, softcap=softcap, lm_eval_norm=lm_eval_norm.value,
         confidence=confidence, correct=correct, confidence_scale=confidence_scale)
     outputs = Outputs(json_out=json_out, quiet=quiet)
-    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
+    options = opt.reading_options(ctx, reading, outputs, parallel=False)
     report = inspect_file(source[0] if len(source) == 1 else source, options=options)
     deliver(ctx, outputs, report, warnings=report.warnings, write=list, payload=report.to_json, render=print_inspect)

@@ -79,9 +79,8 @@ def _root(
 def deliver(ctx: Any, outputs: Outputs, result: Any, *, warnings: list[str], write: Callable[[], list[str]],
             payload: Callable[[], dict], render: Callable[[Any, Any], None],
             summary: Callable[[Any], str] | None = None, gate: str | None = None) -> None:
-    """How every command ends, on rank 0 only: the configuration file used (under --quiet too), warnings, the files
-    asked for, the JSON, ``--html``, the step ``summary``, the console view (``render(result, console)``) and the
-    lines saying what was written; then the gate's exit status."""
+    """How every command ends, on rank 0 only: the configuration file used, warnings, the files asked for, the JSON,
+    ``--html``, the step ``summary``, the console view and the lines saying what was written; then the gate."""
     from ..core.parallel import rank
 
     if rank() != 0:

@@ -120,28 +120,28 @@ def _ood(ctx: typer.Context, request: OodRequest) -> None:
                  "--ood-inputs": request.ood_inputs, "--head": reading.head, "--ood-text": request.texts.ood_text,
                  "--lm": reading.lm})
 
-    from ..core.parallel import init_from_environment
     from ..output.console import print_ood
     from ..output.markdown import ood_markdown
     from ..workflows.ood import ood_file
 
-    device = init_from_environment(reading.device)
-    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
+    options = opt.reading_options(ctx, reading, outputs)
     report = ood_file(source[0] if len(source) == 1 else source, others, taus=request.taus, scores=scores,
-                      device=device, chunk_rows=request.chunk_rows, gen_gamma=request.gen_gamma,
+                      device=options.device, chunk_rows=request.chunk_rows, gen_gamma=request.gen_gamma,
                       gen_top=request.gen_top, bootstrap=request.bootstrap, seed=request.seed,
                       min_auroc=request.min_auroc, max_fpr95=request.max_fpr95, odin_eps=request.odin_eps,
                       group_by=request.group_by, options=options)
     warned = _with_caveats(report, shown=outputs.progress)
     deliver(ctx, outputs, report, warnings=warned, write=lambda: _write(report, request),
-            payload=lambda: _payload(report, request), render=print_ood, summary=ood_markdown,
+            payload=lambda: {**report.to_json(), "scores_file": outputs.scores, "plot": outputs.plot,
+                             "markdown": outputs.markdown, "odin_eps": request.odin_eps,
+                             **opt.lm_json(request, report.opened)},
+            render=print_ood, summary=ood_markdown,
             gate=gate_message(report))
 
 
 def _with_caveats(report, *, shown: bool) -> list[str]:
-    """The caveats (scores that mean nothing on probabilities; float32-fragile taus) join the report's warnings, for
-    the JSON, the page and the step summary; the warnings to print, without them when the console view is ``shown``
-    (it prints them as notes beside the tables: said once)."""
+    """The report's warnings with its caveats added (for the JSON, the page and the step summary); those to print
+    leave the caveats out when the console view is ``shown``, which prints them beside the tables."""
     from ..output.ood_checks import caveats
 
     notes = caveats(report)
@@ -156,12 +156,6 @@ def _write(report, request: OodRequest) -> list[str]:
     outputs = request.outputs
     kept = [] if request.reading.lm is None else report.opened.keep_hidden(outputs.save_hidden)
     return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
-
-
-def _payload(report, request: OodRequest) -> dict:
-    outputs = request.outputs
-    return {**report.to_json(), "scores_file": outputs.scores, "plot": outputs.plot, "markdown": outputs.markdown,
-            "odin_eps": request.odin_eps, **opt.lm_json(request, report.opened)}
 
 
 def _ood_sets(source: list[str], request: OodRequest) -> list[str]:

@@ -32,6 +32,7 @@ from .config import given_in
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
 
 if TYPE_CHECKING:
+    from ..requests import Outputs
     from ..sources.base import SourceOptions
 
 
@@ -246,19 +247,24 @@ NoConfig = Annotated[bool, typer.Option("--no-config", help="Read no configurati
                                         rich_help_panel="Configuration"), NOT_CONFIGURABLE]
 
 
-def reading_options(reading: SourceOptions, *, device: str, progress: Any, ctx: Any) -> SourceOptions:
-    """How a command reads its SOURCE: ``reading`` on the ``device`` it computes on, with ``progress`` (True, False or
-    a console) and the remembered options named on ``ctx``'s command line (they win over a stored reading), after
-    refusing ``--softcap`` without ``--head`` and ``--head`` with a model's ``--inputs``."""
+def reading_options(ctx: Any, reading: SourceOptions, outputs: Outputs, *, parallel: bool = True) -> SourceOptions:
+    """How a command reads its SOURCE: on the device it computes on (under torchrun the rank's, when ``parallel``), with
+    the progress ``outputs`` allow, the remembered options named on the command line winning over a stored reading;
+    ``--softcap`` without ``--head`` and ``--head`` with a model's ``--inputs`` refused."""
     from ..sources.base import DEFAULT_KEYS
 
+    device = reading.device
+    if parallel:
+        from ..core.parallel import init_from_environment
+
+        device = init_from_environment(device)
     if reading.head is None and reading.softcap is not None:
         raise TempcalError("--softcap applies to logits computed with --head")
     if reading.head is not None and reading.inputs is not None:
         raise TempcalError("--head computes logits from hidden states; a model SOURCE with --inputs computes them "
                            "itself: give one or the other")
     given = frozenset(name for name in DEFAULT_KEYS if given_in(ctx, name) == "command line")
-    return reading.but(device=device, progress=progress, given=given)
+    return reading.but(device=device, progress=outputs.progress, given=given)
 
 
 def command_source(ctx: Any, request: Any) -> list[str]:
@@ -310,9 +316,8 @@ def _lm_only_given(request: Any) -> list[str]:
 
 
 def is_model_source(source: list[str], inputs: str | None, model_only: dict[str, object]) -> bool:
-    """A model SOURCE: one model file and ``--inputs`` (or a ``.pt2``/``.onnx`` file, or a TorchScript or exported
-    archive under a ``.pt``/``.pth``/``.ts``/``.torchscript`` name). ``model_only`` maps the flags
-    that only make sense for a model to their values: any of them set without a model is a usage error."""
+    """Whether SOURCE is one model file (:func:`~tempcal.models.detect.looks_like_model`); ``model_only`` maps the
+    flags that only make sense for a model to their values: any of them set without a model is a usage error."""
     from ..models.detect import MODEL_SUFFIXES, looks_like_model
 
     named = len(source) == 1 and source[0].lower().endswith(MODEL_SUFFIXES)  # the file is looked at for these only

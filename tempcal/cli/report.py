@@ -122,7 +122,6 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
                 {"SOURCE": source, "--inputs": reading.inputs, "--head": reading.head, "--lm": reading.lm})
 
     from ..core.limits import check_fits
-    from ..core.parallel import init_from_environment
     from ..output.console import print_report
     from ..output.markdown import report_markdown
     from ..workflows.report import report_file
@@ -130,13 +129,11 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
     # every bin is kept, and listed in the output, at every temperature
     bins, temperatures = request.bins, len(taus) + len(grid) + 1
     check_fits("bins", bins, BIN_BYTES * temperatures, "cpu", f"{bins} bins at up to {temperatures} temperatures")
-    device = init_from_environment(reading.device)
-    options = opt.reading_options(reading, device=device, progress=outputs.progress, ctx=ctx)
-    result = report_file(source, taus=taus, sweep=grid, bins=bins, device=device, chunk_rows=request.chunk_rows,
-                         estimators=opt.parse_estimators(request.estimators), bootstrap=request.bootstrap,
-                         seed=request.seed, group_by=request.group_by, eval_rows=request.eval_rows,
-                         conformal_alpha=request.conformal_alpha or (), options=options)
-
+    options = opt.reading_options(ctx, reading, outputs)
+    result = report_file(source, taus=taus, sweep=grid, bins=bins, device=options.device,
+                         chunk_rows=request.chunk_rows, estimators=opt.parse_estimators(request.estimators),
+                         bootstrap=request.bootstrap, seed=request.seed, group_by=request.group_by,
+                         eval_rows=request.eval_rows, conformal_alpha=request.conformal_alpha or (), options=options)
     deliver(ctx, outputs, result, warnings=result.warnings, write=lambda: _write(result, request, is_model),
             payload=lambda: {**result.to_json(), **opt.lm_json(request, result.opened)}, render=print_report,
             summary=report_markdown)

@@ -98,7 +98,8 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
             raise TempcalError(f"{param('output')} {output}: would overwrite SOURCE {path}; give it a path of its own")
     temperature, tau_from = _temperature(loaded, tau)
     warnings: list[str] = []
-    per_row, group_key, per_group, group_values = None, None, None, None
+    per_row: float | torch.Tensor = temperature  # each row's T: the global T, or its group's
+    group_key, per_group, group_values = None, None, None
     metadata = loaded.kind.stored_metadata(loaded.paths[0]) if loaded.paths else {}  # shards are written alike
     stored = parse_stored_groups(metadata, f"{loaded.name}:") if groups and tau_from == "stored" else None
     if stored is not None:
@@ -106,9 +107,8 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
         group_key = stored.key
     scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs, warnings=warnings,
                        labelled=False)
-    per_row_t = temperature if per_row is None else per_row
     if writer is not None:  # the kind writes its own output (a confidence table): each row's P(class 1)
-        chunks = _scaled_chunks(scan, "probs", per_row_t, False)
+        chunks = _scaled_chunks(scan, "probs", per_row, False)
         calibrated = torch.cat([chunk[:, -1].to(torch.float64).cpu() for chunk in chunks]).numpy()
         key, shape, dtype = writer(str(output), calibrated), [len(calibrated)], "float64"
         with_labels, group_copied = loaded.has_labels, False
@@ -116,7 +116,7 @@ def apply_file(source: Source, output: str | os.PathLike, *, as_: str = "probs",
         written = torch.float64 if scan.data.dtype == torch.float64 else torch.float32
         single = as_ == "logits" and scan.data.binary  # a single binary logit as logits / T keeps its [N] form
         size = (scan.num_samples,) if single else (scan.num_samples, scan.num_classes)
-        planned = [Planned(OUTPUT_KEYS[as_], written, size, lambda: _scaled_chunks(scan, as_, per_row_t, single))]
+        planned = [Planned(OUTPUT_KEYS[as_], written, size, lambda: _scaled_chunks(scan, as_, per_row, single))]
         with_labels = loaded.has_labels and suffix != ".npy"
         if with_labels:
             labels = scan.data.labels.to(torch.int64)

@@ -1,7 +1,5 @@
-"""``tempcal inspect`` as a function: what a SOURCE holds, how its values look, and the T stored with it. A file
-the other commands would refuse is still described, with what is wrong in ``problems`` and what to pass in ``hints``.
-What it reads of any opened SOURCE is a sample of its values and its labels; what each kind says of its own files,
-tensors and stored T is the kind's (``SourceKind.describe_*``)."""
+"""``tempcal inspect`` as a function: what a SOURCE holds (each kind describes its files: ``SourceKind.describe_*``),
+a sample of its values, its labels and the T stored with it; what is wrong goes in ``problems``, not an error."""
 
 from __future__ import annotations
 
@@ -98,20 +96,9 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
     return report
 
 
-class Said(str):
-    """A problem or hint: reads as Python callers are told it; ``raw`` is how the command line says it."""
-
-    raw: str
-
-    def __new__(cls, python: str, cli: str) -> Said:
-        said = super().__new__(cls, python)
-        said.raw = cli
-        return said
-
-
-def as_problem(exc: TempcalError) -> Said:
-    """An error kept as a problem."""
-    return Said(str(exc), exc.for_cli())
+def as_problem(exc: TempcalError) -> Note:
+    """An error kept as a problem, read as Python callers or the command line are told it."""
+    return Note(exc.raw)
 
 
 def _or_problem(step: Any, problems: list[str]) -> Any:
@@ -162,9 +149,8 @@ def _hints(report: InspectReport, kind: SourceKind, options: SourceOptions) -> l
                           "layer) to compute the logits"))
     looks = (report.values or {}).get("looks_like")
     if looks == "probabilities" and not report.stored.get("probs"):
-        text = "the values look like probabilities: pass {} to read them as such (T then scales log p), or {} to " \
-               "treat them as logits"
-        hints.append(Said(text.format("probs=True", "probs=False"), text.format("--probs", "--no-probs")))
+        hints.append(Note(f"the values look like probabilities: pass {param('probs', True)} to read them as such (T "
+                          f"then scales log p), or {param('probs', False)} to treat them as logits"))
     if report.labels is not None and not report.labels["present"]:
         hints.append(Note(f"no labels '{report.labels['key']}' (name them with {param('labels_key')}): fit and report "
                           "need them; ood and apply read the file without"))

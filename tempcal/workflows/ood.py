@@ -1,6 +1,5 @@
-"""``tempcal ood`` as a function: score SOURCE (in-distribution) and every OOD set at each tau, then rank.
-
-Every score at every tau comes from one scores-only pass per file (ODIN runs the model instead)."""
+"""``tempcal ood`` as a function: score SOURCE (in-distribution) and every OOD set at each tau, then rank; every score
+at every tau comes from one scores-only pass per file (ODIN runs the model instead)."""
 
 from __future__ import annotations
 
@@ -146,7 +145,6 @@ class OodReport:
             if m.auroc_ci is not None and m.fpr95_ci is not None:
                 row.update(auroc_ci=list(m.auroc_ci), fpr95_ci=list(m.fpr95_ci))
             results.append(row)
-        react = self.react
         return {
             "results": results, "best_overall": [asdict(b) for b in self.best_overall],
             "best": [asdict(b) for b in self.best], "summary": self.summary,
@@ -154,9 +152,7 @@ class OodReport:
             "binary": self.binary, "n_id": self.n_id, "n_ood": self.n_ood,
             "stored_temperature": self.stored_temperature, "taus": self.taus, "taus_from": self.taus_from,
             "scores": self.scores, **self.score_options, "id_recall": ID_RECALL,
-            "react_percentile": None if react is None else react.percentile,
-            "react_threshold": None if react is None else react.threshold,
-            "react_passes": None if react is None else react.passes,
+            **{f"react_{key}": getattr(self.react, key, None) for key in ("percentile", "threshold", "passes")},
             "bootstrap": ({"resamples": self.bootstrap, "seed": self.seed, "level": BOOTSTRAP_LEVEL}
                           if self.bootstrap else None),
             "min_auroc": self.min_auroc, "max_fpr95": self.max_fpr95, "gate_passed": self.gate_passed,
@@ -182,14 +178,18 @@ def _unmatched(source: str, stored: float | None) -> str:
     return f"the calibration temperature T = {stored:.4g} was not among them."
 
 
+def _best(rows: Sequence[OodMetrics], stored: float | None) -> tuple[OodMetrics, OodMetrics | None]:
+    """The row with the best AUROC (one at the calibration T among equals, else the first), and the best row at it."""
+    best = max(rows, key=lambda m: m.auroc)  # max keeps the first of equal values
+    at_t = max((m for m in rows if stored is not None and m.tau == stored), key=lambda m: m.auroc, default=None)
+    return (at_t if at_t is not None and at_t.auroc == best.auroc else best), at_t
+
+
 def best_sentence(source: str, ood_file: str, score: str, rows: Sequence[OodMetrics],
                   stored: float | None) -> OodBest:
     """Pick the tau with the best AUROC (the calibration T if it is among the best, else the first of equals) and
     say it next to the calibration T in one sentence."""
-    best = max(rows, key=lambda m: m.auroc)  # max keeps the first of equal values
-    at_t = next((m for m in rows if stored is not None and m.tau == stored), None)
-    if at_t is not None and at_t.auroc == best.auroc:
-        best = at_t
+    best, at_t = _best(rows, stored)
     tried = f"{_tried(len(rows), 'temperature')} tried"
     figures = f"AUROC {best.auroc:.4f}, FPR95 {best.fpr95:.4f}"
     opening = (f"On {ood_file} vs {source}, the {score_label(score)} score separates in-distribution from OOD "
@@ -212,11 +212,7 @@ def best_overall_sentence(source: str, ood_file: str, rows: Sequence[OodMetrics]
                           num_scores: int, num_taus: int) -> OodBestOverall:
     """The best score and tau for one OOD set (best AUROC; among equals, one at the calibration T, else the first
     in report order), beside the best score at the calibration T, in one sentence."""
-    best = max(rows, key=lambda m: m.auroc)
-    at_t = [m for m in rows if stored is not None and m.tau == stored]
-    best_at_t = max(at_t, key=lambda m: m.auroc) if at_t else None
-    if best_at_t is not None and best_at_t.auroc == best.auroc:
-        best = best_at_t
+    best, best_at_t = _best(rows, stored)
     where = f"the calibration temperature T = {stored:.4g}" if best_at_t is best else f"tau = {best.tau:.4g}"
     sentence = (f"On {ood_file} vs {source}, the best of {_tried(num_scores, 'score')} x "
                 f"{_tried(num_taus, 'temperature')} is {score_label(best.score)} at {where} "

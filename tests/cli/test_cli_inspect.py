@@ -48,6 +48,8 @@ def test_probabilities_and_log_probabilities_are_told_apart(tmp_path, cli, run_j
     assert [looks[n]["values"]["looks_like"] for n in ("p", "logp", "z")] == ["probabilities", "log-probabilities",
                                                                              "logits"]
     assert any("--probs" in h and "--no-probs" in h for h in looks["p"]["hints"])
+    said = [h for h in tempcal.inspect_file(tmp_path / "p.safetensors").hints if "look like probabilities" in h]
+    assert len(said) == 1 and "pass probs=True" in said[0] and "or probs=False" in said[0] and "--" not in said[0]
     code, _, err = cli(["fit", str(tmp_path / "p.safetensors"), "--probs", "-q"])
     assert code == 0, err
     fitted = run_json(["inspect", str(tmp_path / "p.safetensors")])
