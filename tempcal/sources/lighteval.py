@@ -55,7 +55,6 @@ class DetailsInfo(LogInfo):
     by reason."""
 
     rows: int = 0  # every row of the file
-    complete: int = 0
     gold_forms: dict[str, int] = field(default_factory=dict)  # "index" (an integer) / "list"
     incomplete: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INCOMPLETE, 0))
     first_incomplete: int | None = None  # the first incomplete row, counted from 1
@@ -151,10 +150,9 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, Details
             if row is None:
                 continue
             rows.add(*row)
-            info.complete += 1
             info.choice_counts[len(row[0])] = info.choice_counts.get(len(row[0]), 0) + 1
-            if info.complete * info.max_choices * 8 > MAX_PADDED_BYTES:
-                raise where.error(f"{info.complete:,} rows padded to {info.max_choices:,} choices would pass "
+            if info.records * info.max_choices * 8 > MAX_PADDED_BYTES:
+                raise where.error(f"{info.records:,} rows padded to {info.max_choices:,} choices would pass "
                                   f"{size_text(MAX_PADDED_BYTES)}, tempcal's limit on a SOURCE's padded rows")
     return rows, info
 
@@ -215,25 +213,24 @@ class LightevalKind(LmEvalKind):
         self.refuse_probs(options, f"{paths[0]} is a lighteval details file of log-probabilities")
         read = [read_details(path, options.lm_eval_norm) for path in paths]
         for _, info in read:
-            if not info.complete:
+            if not info.records:
                 raise LightevalDetailsError(f"{info.path}: none of its {info.rows} rows is complete "
                                             f"({_counts(info.incomplete)}); a details file of a log-likelihood "
                                             "multiple-choice task holds one gold index and one log-probability "
                                             "per choice")
         width = max(info.max_choices for _, info in read)
-        rows = sum(info.complete for _, info in read)
+        rows = sum(info.records for _, info in read)
         if rows * width * 8 > MAX_PADDED_BYTES:
             raise LightevalDetailsError(f"{paths[0]}: {rows:,} rows of {len(paths)} files padded to {width:,} "
                                         f"choices would pass {size_text(MAX_PADDED_BYTES)}")
         incomplete = {reason: sum(info.incomplete[reason] for _, info in read) for reason in INCOMPLETE}
-        return self.padded(paths, options, read, [info.complete for _, info in read],
-                           {"source_kind": "lighteval", "rows_incomplete": incomplete})
+        return self.padded(paths, options, read, {"source_kind": "lighteval", "rows_incomplete": incomplete})
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the
         rows left out by reason, and the gold index's forms (an integer or a list)."""
         infos = [read_details(path, options.lm_eval_norm)[1] for path in paths]
-        return [{"file": info.path, "task": info.task, "rows": info.rows, "records": info.complete,
+        return [{"file": info.path, "task": info.task, "rows": info.rows, "records": info.records,
                  "rows_incomplete": dict(info.incomplete), "choice_counts": counts_shown(info.choice_counts),
                  "gold_index": info.gold_forms} for info in infos]
 

@@ -32,6 +32,7 @@ class InMemoryKind(SourceKind):
     """A logits file read whole into memory: what these kinds share beyond the sidecar."""
 
     logits_file = True
+    remembered = ("probs", "logits_key", "labels_key")  # kept in the sidecar beside T
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
         """The named array (tensor) ``key`` of the file; a missing one names those present and ``option``."""

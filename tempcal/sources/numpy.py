@@ -34,14 +34,11 @@ if TYPE_CHECKING:
 
 #: netcal's names for the arrays, read when the default ones are absent.
 NETCAL_KEYS = {"logits": "predictions", "labels": "ground_truth"}
-#: How the sidecar kinds were read: kept beside T, so later commands need no options.
-REMEMBERED = ("probs", "logits_key", "labels_key")
 
 
 class NpzKind(InMemoryKind):
     name = "npz"
     title = ".npz archive"
-    remembered = REMEMBERED
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = paths[0]
@@ -74,19 +71,15 @@ class NpzKind(InMemoryKind):
             return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
 
 
-def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
-    """The keys to read: netcal's name stands in for a default one that is absent when netcal's is present."""
-    def key(given: str, default: str) -> str:
-        absent = given == default and default not in keys
-        return NETCAL_KEYS[default] if absent and NETCAL_KEYS[default] in keys else given
-
-    return key(logits_key, "logits"), key(labels_key, "labels")
+def _netcal_key(keys: tuple[str, ...], given: str, default: str) -> str:
+    """netcal's name for the array ``default`` when ``given`` is that default, absent, and netcal's is present."""
+    netcal = NETCAL_KEYS[default]
+    return netcal if given == default and default not in keys and netcal in keys else given
 
 
 class NpyKind(InMemoryKind):
     name = "npy"
     title = ".npy logits file"
-    remembered = REMEMBERED
     group_values = SourceKind.group_values  # the file holds one array, without a name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
@@ -136,7 +129,7 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
     with _open_npz(path) as archive:
         members = _npz_members(archive)
         keys = tuple(members)
-        logits_key, labels_key = netcal_keys(keys, logits_key, labels_key)
+        logits_key, labels_key = _netcal_key(keys, logits_key, "logits"), _netcal_key(keys, labels_key, "labels")
         if logits_key not in members:
             raise missing(path, "array", logits_key, keys, param("logits_key"))
         if labels_key not in members and labels_required:

@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 class TorchDictKind(InMemoryKind):
     name = "pt"
     title = "torch.save dict of tensors"
-    remembered = ("probs", "logits_key", "labels_key")  # kept in the sidecar beside T
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = paths[0]
