@@ -170,6 +170,20 @@ class InspectLogInfo:
     incomplete: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INCOMPLETE, 0))
     epochs: set[int] = field(default_factory=set)
     samples: int = 0
+    logprobs: bool = False  # some sample has log-probabilities
+
+    def take(self, sample: dict[str, Any]) -> None:
+        """Count one sample of the log, a multiple-choice one as a row or as left out."""
+        row = sample_row(sample, str(self.path))
+        if row is None:
+            return
+        self.samples += 1
+        self.epochs.add(row.epoch)
+        self.logprobs |= row.incomplete != "no_logprobs"
+        if row.incomplete is None:
+            self.rows.append(row)
+        else:  # a sample without log-probabilities has no answer position
+            self.incomplete["no_answer" if row.incomplete == "no_logprobs" else row.incomplete] += 1
 
     @property
     def complete(self) -> int:
@@ -212,27 +226,10 @@ def log_files(paths: list[Path]) -> list[Path]:
 def read_inspect_log(path: Path) -> InspectLogInfo:
     """Every row of one log, and what it says of itself; refusals name the file and the sample or member."""
     info = InspectLogInfo(path)
-    seen: list[bool] = [False]
-
-    def take(sample: dict[str, Any]) -> None:
-        row = sample_row(sample, str(path))
-        if row is None:
-            return
-        info.samples += 1
-        info.epochs.add(row.epoch)
-        if row.incomplete == "no_logprobs":
-            info.incomplete["no_answer"] += 1
-        elif row.incomplete is not None:
-            seen[0] = True
-            info.incomplete[row.incomplete] += 1
-        else:
-            seen[0] = True
-            info.rows.append(row)
-
     if path.name.lower().endswith(".json"):
         if not is_inspect_log(path):
             _check_json_log(path)
-        header = json_log(path, take)
+        header = json_log(path, info.take)
     else:
         with EvalArchive(path) as archive:
             name = "header.json" if "header.json" in archive.members else "_journal/start.json"
@@ -243,9 +240,9 @@ def read_inspect_log(path: Path) -> InspectLogInfo:
                 sample = archive.json(member)
                 if not isinstance(sample, dict):
                     raise InspectLogError(f"{path}: member {member} is not a sample (a JSON object)")
-                take(sample)
+                info.take(sample)
     _read_header(info, header)
-    if info.samples and not seen[0]:
+    if info.samples and not info.logprobs:
         raise InspectLogError(f"{path}: written without log-probabilities; run inspect eval with "
                               f"{LOGPROB_OPTIONS} (or eval(..., logprobs=True, top_logprobs=20))")
     info.rows.sort(key=lambda r: (r.epoch, r.id if isinstance(r.id, str) else str(r.id).zfill(20)))
