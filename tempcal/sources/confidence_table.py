@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import READING_KEYS, TempcalError, param
+from ..io.sidecar import check_regular_file, sidecar_state
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
 from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
@@ -156,8 +157,6 @@ class ConfidenceTableKind(SourceKind):
             return False
         if options.confidence is not None or options.correct is not None or fmt == "csv":
             return True
-        from ..io.sidecar import sidecar_state
-
         # A stale sidecar too: the table changed since its fit, and opening asks for the columns again.
         return paths[0].is_file() and READING_KEYS["confidence"] in sidecar_state(paths[0]).metadata
 
@@ -165,7 +164,6 @@ class ConfidenceTableKind(SourceKind):
         import torch
 
         from ..core.data import as_logits_data
-        from ..io.sidecar import check_regular_file
 
         self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
                                    f"{param('confidence_scale')}")

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from ..core import parallel
 from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
-from ..core.parallel import pass_threads
+from ..core.parallel import pass_threads, resolve_device
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
 from .base import OpenedSource, SourceOptions, expand_sources
@@ -153,8 +154,6 @@ class HeadKind(SafetensorsKind):
 def react_threshold(hidden: ShardedLogits, percentile: float, device: str | torch.device, name: str) -> ReactClip:
     """The ``percentile``-th percentile of all values of ``hidden`` (this process's rows, counts summed across
     processes), as numpy's default ``percentile`` in the compute dtype; a non-finite one is bad input."""
-    from ..core import parallel
-    from ..core.parallel import resolve_device
     from ..core.percentile import streaming_percentile
 
     where = resolve_device(device)

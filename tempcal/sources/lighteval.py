@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError, param
+from ..io.optional import require
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceOptions
 from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, LogInfo, counts_shown, size_text, task_from_filename
@@ -75,8 +76,6 @@ class DetailsInfo(LogInfo):
 
 def _check_columns(path: Path, parquet: Any) -> None:
     """The three columns exist with the types lighteval writes; a missing one is named."""
-    from ..io.optional import require
-
     pa = require("pyarrow", "logs", needed_for=f"{path}: reading a lighteval details file")
     schema = parquet.schema_arrow
     for name, (top, child) in COLUMNS.items():

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import StoredNote, TempcalError, param
+from ..errors import DataError, StoredNote, TempcalError, param
+from ..io.paths import sidecar_path
+from ..io.sidecar import check_regular_file, sidecar_state
 from .base import TASK, OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .bounded_lines import BoundedLines, OverLimit
 from .lm_eval_records import (
@@ -219,8 +221,6 @@ def pad_rows(parts: list[ChoiceRows], width: int) -> tuple[torch.Tensor, torch.T
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """Each line with content, numbered from 1, at most :data:`MAX_LINE_BYTES` long; gzip by suffix."""
-    from ..io.sidecar import check_regular_file
-
     check_regular_file(path)
     try:
         raw = open(path, "rb")  # noqa: SIM115 (closed below)
@@ -324,8 +324,6 @@ class LmEvalKind(SourceKind):
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
-        from ..errors import DataError
-
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
@@ -337,8 +335,6 @@ class LmEvalKind(SourceKind):
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""
-        from ..io.paths import sidecar_path
-
         stored, notes = super().read_temperature(path)
         fitted_norm = self._other_norm(self.stored_metadata(path))
         if stored is not None and fitted_norm is not None:
@@ -351,8 +347,6 @@ class LmEvalKind(SourceKind):
 
     def temperature_place(self, path: Path) -> str:
         """The sidecar, and the normalisation its T was fitted under when that is not this run's."""
-        from ..io.sidecar import sidecar_state
-
         state = sidecar_state(path)
         fitted_norm = self._other_norm(state.metadata)
         if state.state == "fresh" and fitted_norm is not None:

@@ -10,12 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Note, TempcalError, param
+from ..io.safetensors_header import dtype_name, read_header
+from ..models.detect import FORMAT_NAMES, looks_like_model, model_format
 from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions, wrote_lines
+from .described import Findings, tensor_entry
 
 if TYPE_CHECKING:
     import numpy as np
-
-    from .described import Findings
 
 
 @dataclass
@@ -55,13 +56,10 @@ class ModelKind(SourceKind):
     inspect_needs_file = False  # loading it says what is wrong with its path
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        from ..models.detect import looks_like_model
-
         return len(paths) == 1 and looks_like_model(paths[0], options.inputs is not None)
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from ..models.base import load_model
-        from ..models.detect import FORMAT_NAMES, model_format
 
         if options.inputs is None:
             what = FORMAT_NAMES[model_format(paths[0])].split(" (")[0]
@@ -107,9 +105,6 @@ class ModelKind(SourceKind):
         """The tensors of its inputs file, when given."""
         if options.inputs is None:
             return []
-        from ..io.safetensors_header import dtype_name, read_header
-        from .described import tensor_entry
-
         header = read_header(options.inputs)
         renamed = options.but(logits_key=options.inputs_key)
         return [{**tensor_entry(options.inputs, name, info.shape, dtype_name(info.dtype), renamed),
@@ -130,8 +125,6 @@ class ModelKind(SourceKind):
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Its format (None when it cannot be told)."""
-        from ..models.detect import FORMAT_NAMES, model_format
-
         try:
             return {"format": FORMAT_NAMES[model_format(paths[0])]}
         except TempcalError:

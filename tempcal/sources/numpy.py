@@ -17,6 +17,7 @@ from ..io.paths import sidecar_path
 from ..io.safetensors_header import shown
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
+from .described import tensor_entry
 from .memory import (
     NPY_MAGIC,
     ZIP_MAGIC,
@@ -55,8 +56,6 @@ class NpzKind(InMemoryKind):
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """Every array, from its header alone (nothing inflated)."""
-        from .described import tensor_entry
-
         with _open_npz(paths[0]) as archive:
             return [tensor_entry(paths[0], key, header.shape, str(header.dtype), options)
                     for key, header in _headers(paths[0], archive).items()]
@@ -90,8 +89,6 @@ class NpyKind(InMemoryKind):
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """The logits array, and its labels file when there is one."""
-        from .described import tensor_entry
-
         path = paths[0]
         labels = npy_labels_path(path, options.logits_key, options.labels_key)
         files = {"logits": path} | ({"labels": labels} if labels is not None and labels.is_file() else {})

@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..io.optional import require
+from ..io.paths import atomic_path
+from .bounded_lines import BoundedLines, OverLimit
+from .memory import first_line
 
 #: The table formats, by suffix.
 TABLE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
@@ -82,8 +86,6 @@ def _csv_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iter
 
 
 def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
-    from .bounded_lines import BoundedLines, OverLimit
-
     try:
         raw = open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError as exc:
@@ -110,9 +112,6 @@ def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> It
 def parquet_file(path: Path, needed_for: str | None = None, error: type[DataError] = TableError) -> Any:
     """The open ``pyarrow.parquet.ParquetFile`` (``needed_for`` says what for when pyarrow is missing); not parquet,
     or unreadable, is an ``error`` naming the file."""
-    from ..io.optional import require
-    from .memory import first_line
-
     pq = require("pyarrow.parquet", "logs", needed_for=needed_for or f"reading {path}")
     try:
         return pq.ParquetFile(path)
@@ -136,8 +135,6 @@ def _parquet_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> 
 def write_with_column(path: Path, output: Path, column: str, values: Sequence[float]) -> None:
     """Write the table at ``path`` to ``output`` (same format) with ``column`` added: ``values[i]`` on data row i,
     atomically (a temporary file beside ``output``, renamed over it)."""
-    from ..io.paths import atomic_path
-
     with atomic_path(output, what="--output") as temporary:
         _FORMATS[table_format(path) or "parquet"][1](path, temporary, column, values)
 
@@ -156,8 +153,6 @@ def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]
 
 
 def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
-    from .bounded_lines import BoundedLines
-
     with open(path, "rb") as raw, open(temporary, "w", encoding="utf-8") as out:
         for k, (_, data) in enumerate(BoundedLines(raw, MAX_LINE_BYTES)):
             record = json.loads(data)
@@ -167,8 +162,6 @@ def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[floa
 
 def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
-
-    from ..io.optional import require
 
     table = parquet_file(path)
     pq = require("pyarrow.parquet", "logs", needed_for=f"writing {temporary}")

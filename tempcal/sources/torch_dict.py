@@ -19,6 +19,7 @@ from ..errors import TempcalError, param
 from ..io.safetensors_header import shown
 from ..models.detect import archive_kind
 from .base import OpenedSource, SourceOptions
+from .described import tensor_entry
 from .memory import (
     PICKLE_MAGIC,
     ZIP_MAGIC,
@@ -51,8 +52,6 @@ class TorchDictKind(InMemoryKind):
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """Every entry of the dict: tensors with their shapes, anything else by its type."""
         import torch
-
-        from .described import tensor_entry
 
         path, entries = paths[0], []
         for name, value in load_pt_dict(path).items():
