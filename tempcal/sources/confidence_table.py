@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import READING_KEYS, TempcalError, param
 from ..io.sidecar import check_regular_file, sidecar_state
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
+from .lm_eval_records import clip
 from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
 #: Where a confidence of exactly 0 or 1 is clipped to: [CLIP, 1 - CLIP].
@@ -39,8 +40,7 @@ class TableRows:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, str) else f"'{value}'"
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clip(repr(value) if not isinstance(value, str) else f"'{value}'")
 
 
 def check_scale(scale: Any) -> float:

@@ -142,11 +142,9 @@ def _choice_logits(entry: Any, letters: str, where: str) -> list[float]:
 
 
 def _logsumexp(values: list[float]) -> float:
-    if not values:
-        return -math.inf
-    top = max(values)
+    top = max(values, default=-math.inf)
     if top == -math.inf:
-        return -math.inf
+        return top
     return top + math.log(math.fsum(math.exp(v - top) for v in values))
 
 
@@ -302,8 +300,8 @@ class InspectLogKind(SourceKind):
         path = paths[0]
         if path.is_dir():
             return any(p.is_file() and is_inspect_log(p) for p in path.iterdir())
-        name = path.name.lower()  # any .json but a sidecar: opening says what an inspect_ai log lacks
-        return is_inspect_log(path) or (name.endswith(".json") and not name.endswith(".tempcal.json"))
+        # Its registry line asks of .eval and .json only: any .json but a sidecar, opening says what a log lacks.
+        return not path.name.lower().endswith(".tempcal.json")
 
     def read_all(self, paths: list[Path]) -> list[InspectLogInfo]:
         return [read_inspect_log(path) for path in log_files(paths)]

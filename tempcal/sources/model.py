@@ -106,8 +106,7 @@ class ModelKind(SourceKind):
         if options.inputs is None:
             return []
         header = read_header(options.inputs)
-        renamed = options.but(logits_key=options.inputs_key)
-        return [{**tensor_entry(options.inputs, name, info.shape, dtype_name(info.dtype), renamed),
+        return [{**tensor_entry(options.inputs, name, info.shape, dtype_name(info.dtype), options),
                  "role": {options.inputs_key: "inputs", options.labels_key: "labels"}.get(name)}
                 for name, info in header.tensors.items()]
 

@@ -286,12 +286,7 @@ def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
         except OSError:  # a file system without mmap: the array is read whole
             check_fits(path, f"'{name}'", header.nbytes)
             array = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        if "allow_pickle" in str(exc) or "Python objects" in str(exc):
-            raise TempcalError(f"{path}: holds Python objects; tempcal never unpickles them "
-                               "(save a numeric array)") from None
-        raise TempcalError(f"{path}: not a readable .npy array ({first_line(exc)})") from None
-    except (OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError) as exc:  # object arrays were refused by their header
         raise TempcalError(f"{path}: not a readable .npy array ({first_line(exc)})") from None
     return from_numpy(array, path, name, role)
 

@@ -55,7 +55,8 @@ def read_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iter
     yield from _FORMATS[fmt][0](path, wanted, options)
 
 
-def _open_text(path: Path) -> io.TextIOWrapper:
+def _open_csv(path: Path) -> io.TextIOWrapper:
+    csv.field_size_limit(MAX_FIELD_CHARS)
     try:
         return open(path, encoding="utf-8-sig", newline="")
     except OSError as exc:
@@ -63,9 +64,8 @@ def _open_text(path: Path) -> io.TextIOWrapper:
 
 
 def _csv_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
-    csv.field_size_limit(MAX_FIELD_CHARS)
     row = 0
-    with _open_text(path) as f:
+    with _open_csv(path) as f:
         reader = csv.reader(f)
         try:
             header = next(reader, None)
@@ -140,8 +140,7 @@ def write_with_column(path: Path, output: Path, column: str, values: Sequence[fl
 
 
 def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
-    csv.field_size_limit(MAX_FIELD_CHARS)
-    with _open_text(path) as f, open(temporary, "w", encoding="utf-8", newline="") as out:
+    with _open_csv(path) as f, open(temporary, "w", encoding="utf-8", newline="") as out:
         reader, writer = csv.reader(f), csv.writer(out)
         writer.writerow([*next(reader), column])
         k = 0
@@ -176,8 +175,6 @@ def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[fl
 
 def columns_of(path: Path) -> list[str]:
     """The table's columns: a CSV's header, a JSON Lines table's first row's keys, a parquet file's schema."""
-    if table_format(path) == "parquet":
-        return list(parquet_file(path).schema_arrow.names)
     try:
         next(read_rows(path, ["\x00"], ["-"]), None)
     except TableError as exc:

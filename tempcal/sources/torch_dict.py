@@ -53,14 +53,11 @@ class TorchDictKind(InMemoryKind):
         """Every entry of the dict: tensors with their shapes, anything else by its type."""
         import torch
 
-        path, entries = paths[0], []
-        for name, value in load_pt_dict(path).items():
-            if isinstance(value, torch.Tensor):
-                entries.append(tensor_entry(path, str(name), value.shape, str(value.dtype).removeprefix("torch."),
-                                            options))
-            else:
-                entries.append({**tensor_entry(path, str(name), None, type(value).__name__, options), "role": None})
-        return entries
+        path = paths[0]
+        return [tensor_entry(path, str(name), value.shape, str(value.dtype).removeprefix("torch."), options)
+                if isinstance(value, torch.Tensor)
+                else {**tensor_entry(path, str(name), None, type(value).__name__, options), "role": None}
+                for name, value in load_pt_dict(path).items()]
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
         return _pt_tensor(load_pt_dict(path), path, key, option)
