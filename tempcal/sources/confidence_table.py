@@ -105,13 +105,6 @@ def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = Fa
     return TableRows(logits, labels, clipped, labelled)
 
 
-def clipped_warning(path: Path, clipped: int, scale: float) -> str:
-    """The warning on ``clipped`` confidences of exactly 0 or ``scale`` (1 as probabilities, 100 as percentages), with
-    the range they were clipped to, both on the table's scale."""
-    return (f"{path}: {clipped} confidence{'s' if clipped != 1 else ''} of exactly 0 or {scale:g} clipped to "
-            f"[{CLIP * scale:g}, {scale:g} - {CLIP * scale:g}] (their logits would be infinite)")
-
-
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -173,7 +166,10 @@ class ConfidenceTableKind(SourceKind):
         labels = torch.frombuffer(rows.labels, dtype=torch.int64).clone()
         data = as_logits_data(logits, labels, ignore_index=None)
         scale = check_scale(options.confidence_scale)
-        warnings = [clipped_warning(paths[0], rows.clipped, scale)] if rows.clipped else []
+        # Confidences of exactly 0 or the scale (1 as probabilities, 100 as percentages), and where they went.
+        warnings = [f"{paths[0]}: {rows.clipped} confidence{'s' if rows.clipped != 1 else ''} of exactly 0 or "
+                    f"{scale:g} clipped to [{CLIP * scale:g}, {scale:g} - {CLIP * scale:g}] (their logits would be "
+                    "infinite)"] if rows.clipped else []
         fields = {"source_kind": SOURCE_KIND, "clipped": rows.clipped, "confidence_column": options.confidence,
                   "correct_column": options.correct, "confidence_scale": scale}
         return self.with_stored(OpenedSource(paths, data, None, self, options, warnings=warnings,
@@ -233,4 +229,4 @@ def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> st
 
 
 __all__ = ["CALIBRATED_COLUMN", "CLIP", "ConfidenceTableKind", "TableRows", "apply_table", "check_scale",
-           "clipped_warning", "confidence_value", "correct_value", "read_table"]
+           "confidence_value", "correct_value", "read_table"]

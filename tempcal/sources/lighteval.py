@@ -100,16 +100,12 @@ def _check_row_groups(path: Path, parquet: Any) -> None:
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
-                   if _under(group.column(c).path_in_schema))
+                   # a leaf column of COLUMNS: doc.choices.list.element
+                   if f"{group.column(c).path_in_schema}.".startswith(tuple(f"{name}." for name in COLUMNS)))
         if size > MAX_ROW_GROUP_BYTES:
             raise LightevalDetailsError(f"{path}: row group {g} holds {size_text(size)} of {', '.join(COLUMNS)}; "
                                         f"tempcal reads row groups of at most {size_text(MAX_ROW_GROUP_BYTES)} "
                                         "(lighteval writes a few kilobytes per row)")
-
-
-def _under(leaf: str) -> bool:
-    """Whether a parquet leaf column (``doc.choices.list.element``) belongs to one of :data:`COLUMNS`."""
-    return any(leaf == name or leaf.startswith(name + ".") for name in COLUMNS)
 
 
 def _batches(path: Path, parquet: Any) -> Any:
