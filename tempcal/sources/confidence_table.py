@@ -228,5 +228,4 @@ def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> st
     return CALIBRATED_COLUMN
 
 
-__all__ = ["CALIBRATED_COLUMN", "CLIP", "ConfidenceTableKind", "TableRows", "apply_table", "check_scale",
-           "confidence_value", "correct_value", "read_table"]
+__all__ = ["CLIP", "ConfidenceTableKind", "read_table"]

@@ -360,5 +360,4 @@ def _choice_counts(info: InspectLogInfo) -> dict[str, int]:
     return dict(sorted(Counter(str(row.choices) for row in info.rows).items()))
 
 
-__all__ = ["GROUP_KEYS", "LOGPROB_OPTIONS", "InspectLogInfo", "InspectLogKind", "is_inspect_log", "log_files",
-           "read_inspect_log"]
+__all__ = ["InspectLogKind", "read_inspect_log"]

@@ -235,5 +235,4 @@ def _counts(incomplete: dict[str, int]) -> str:
     return ", ".join(f"{n} {_SAID[reason]}" for reason, n in incomplete.items() if n) or "no rows"
 
 
-__all__ = ["COLUMNS", "INCOMPLETE", "DetailsInfo", "LightevalDetailsError", "LightevalKind", "is_lighteval_details",
-           "read_details"]
+__all__ = ["COLUMNS", "INCOMPLETE", "LightevalDetailsError", "LightevalKind", "is_lighteval_details", "read_details"]

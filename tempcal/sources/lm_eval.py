@@ -289,7 +289,7 @@ class LmEvalKind(SourceKind):
         _check_combined_size([info for _, info in read])
         return self.padded(paths, options, read)
 
-    def padded(self, paths: list[Path], options: SourceOptions, read: list[tuple[ChoiceRows, LogInfo]],
+    def padded(self, paths: list[Path], options: SourceOptions, read: list[tuple[ChoiceRows, Any]],
                json: dict[str, Any] | None = None) -> OpenedSource:
         """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
         the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
@@ -366,5 +366,4 @@ class LmEvalKind(SourceKind):
         return super().write_reading(path, temperature, output, {**metadata, NORM_KEY: self.norm})
 
 
-__all__ = ["LOG_SUFFIXES", "NORM_KEY", "LmEvalKind", "LmEvalLogError", "LmEvalLogInfo", "is_lm_eval_log",
-           "read_lm_eval_log", "task_from_filename"]
+__all__ = ["NORM_KEY", "LmEvalKind", "LmEvalLogError", "is_lm_eval_log", "read_lm_eval_log", "task_from_filename"]

@@ -405,5 +405,5 @@ def short(value: Any, limit: int = 60) -> str:
 
 
 __all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError",
-           "ParsedRecord", "Where", "count_values", "decode_line", "first_argmax", "json_kind", "load_record",
-           "normalise", "parse_record", "resolve_target", "short"]
+           "ParsedRecord", "Where", "count_values", "decode_line", "first_argmax", "load_record", "normalise",
+           "parse_record", "short"]

@@ -189,4 +189,4 @@ _FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, list[Any]]]], Callab
     "csv": (_csv_rows, _write_csv), "jsonl": (_jsonl_rows, _write_jsonl), "parquet": (_parquet_rows, _write_parquet)}
 
 
-__all__ = ["TABLE_FORMATS", "TableError", "columns_of", "read_rows", "table_format", "write_with_column"]
+__all__ = ["TableError", "columns_of", "read_rows", "table_format", "write_with_column"]
