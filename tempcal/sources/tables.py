@@ -124,12 +124,10 @@ def _parquet_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> 
     names = list(table.schema_arrow.names)
     if any(name not in names for name in wanted):
         raise missing_columns(path, wanted, names, options)
-    row = 0
-    for batch in table.iter_batches(batch_size=BATCH_ROWS, columns=list(dict.fromkeys(wanted))):
-        columns = [batch.column(name).to_pylist() for name in wanted]
-        for values in zip(*columns, strict=True):
-            row += 1
-            yield row, list(values)
+    batches = table.iter_batches(batch_size=BATCH_ROWS, columns=list(dict.fromkeys(wanted)))
+    rows = (list(values) for batch in batches
+            for values in zip(*[batch.column(name).to_pylist() for name in wanted], strict=True))
+    yield from enumerate(rows, start=1)
 
 
 def write_with_column(path: Path, output: Path, column: str, values: Sequence[float]) -> None:
