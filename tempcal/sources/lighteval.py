@@ -19,9 +19,12 @@ from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalis
 from .memory import first_line
 from .tables import parquet_file
 
-#: The columns read: name in messages -> (struct column, field).
-COLUMNS = {"doc.gold_index": ("doc", "gold_index"), "doc.choices": ("doc", "choices"),
-           "model_response.logprobs": ("model_response", "logprobs")}
+#: The columns read: name in messages -> (struct column, field, the ``pyarrow.types`` tests its values pass, and what
+#: that is in words).
+COLUMNS = {"doc.gold_index": ("doc", "gold_index", ("is_integer",), "an integer or a list of integers"),
+           "doc.choices": ("doc", "choices", ("is_string", "is_large_string"), "a list of strings"),
+           "model_response.logprobs": ("model_response", "logprobs", ("is_floating", "is_integer"),
+                                       "a list of numbers")}
 #: Rows converted to Python at a time.
 BATCH_ROWS = 1024
 #: The most bytes the three columns of one row group may hold uncompressed (pyarrow reads a row group's columns at
@@ -78,7 +81,7 @@ def _check_columns(path: Path, parquet: Any) -> None:
     """The three columns exist with the types lighteval writes; a missing one is named."""
     pa = require("pyarrow", "logs", needed_for=f"{path}: reading a lighteval details file")
     schema = parquet.schema_arrow
-    for name, (top, child) in COLUMNS.items():
+    for name, (top, child, tests, expected) in COLUMNS.items():
         struct = schema.field(top).type if top in schema.names else None
         if struct is None or not pa.types.is_struct(struct) or struct.get_field_index(child) < 0:
             raise LightevalDetailsError(f"{path}: no column '{name}'; a lighteval details file of a log-likelihood "
@@ -86,11 +89,8 @@ def _check_columns(path: Path, parquet: Any) -> None:
         kind = struct.field(child).type
         listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
         inner = kind.value_type if listed else kind
-        types, expected = {"doc.gold_index": ((pa.types.is_integer,), "an integer or a list of integers"),
-                           "doc.choices": ((pa.types.is_string, pa.types.is_large_string), "a list of strings"),
-                           "model_response.logprobs": ((pa.types.is_floating, pa.types.is_integer),
-                                                       "a list of numbers")}[name]
-        if not ((listed or name == "doc.gold_index") and any(is_type(inner) for is_type in (*types, pa.types.is_null))):
+        if not ((listed or name == "doc.gold_index") and any(getattr(pa.types, test)(inner)
+                                                            for test in (*tests, "is_null"))):
             raise LightevalDetailsError(f"{path}: column '{name}' is {kind}; expected {expected}")
 
 
@@ -235,4 +235,4 @@ def _counts(incomplete: dict[str, int]) -> str:
     return ", ".join(f"{n} {_SAID[reason]}" for reason, n in incomplete.items() if n) or "no rows"
 
 
-__all__ = ["COLUMNS", "INCOMPLETE", "LightevalDetailsError", "LightevalKind", "is_lighteval_details", "read_details"]
+__all__ = ["LightevalDetailsError", "LightevalKind", "is_lighteval_details", "read_details"]
