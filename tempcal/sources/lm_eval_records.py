@@ -404,6 +404,5 @@ def short(value: Any, limit: int = 60) -> str:
     return clip(json.dumps(value, ensure_ascii=False), limit)
 
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError",
-           "ParsedRecord", "Where", "count_values", "decode_line", "first_argmax", "load_record", "normalise",
-           "parse_record", "short"]
+__all__ = ["MAX_CHOICES", "MAX_DEPTH", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where",
+           "clip", "count_values", "decode_line", "first_argmax", "load_record", "normalise", "parse_record", "short"]
