@@ -25,7 +25,6 @@ from .memory import (
     check_fits,
     checked_member,
     first_line,
-    in_memory_source,
     magic,
     missing,
 )
@@ -45,8 +44,7 @@ class NpzKind(InMemoryKind):
         path = paths[0]
         logits, labels, (logits_key, labels_key) = _read_npz(path, options.logits_key, options.labels_key,
                                                              not labels_optional)
-        opened = in_memory_source(self, path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key),
-                                  logits_name=logits_key, labels_name=labels_key)
+        opened = self.open_arrays(path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key))
         taken = [f"'{new}' as the {name.removesuffix('_key')} ({param(name)})" for name, new, old in (
             ("logits_key", logits_key, options.logits_key), ("labels_key", labels_key, options.labels_key))
             if new != old]
@@ -85,7 +83,7 @@ class NpyKind(InMemoryKind):
         path = paths[0]
         check_regular_file(path)  # before the labels file is looked for
         logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key, not labels_optional)
-        return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
+        return self.open_arrays(path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """The logits array, and its labels file when there is one."""

@@ -27,7 +27,6 @@ from .memory import (
     check_fits,
     checked_member,
     first_line,
-    in_memory_source,
     magic,
     missing,
 )
@@ -46,8 +45,7 @@ class TorchDictKind(InMemoryKind):
         logits = _pt_tensor(loaded, path, options.logits_key, param("logits_key"))
         has_labels = options.labels_key in loaded or not labels_optional
         labels = _pt_tensor(loaded, path, options.labels_key, param("labels_key")) if has_labels else None
-        return in_memory_source(self, path, logits, labels, options, logits_name=options.logits_key,
-                                labels_name=options.labels_key)
+        return self.open_arrays(path, logits, labels, options)
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """Every entry of the dict: tensors with their shapes, anything else by its type."""
