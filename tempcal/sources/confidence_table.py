@@ -143,12 +143,9 @@ class ConfidenceTableKind(SourceKind):
     own_apply_format = True
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        """A table named with ``--confidence`` or ``--correct``, or whose sidecar names them (an earlier fit); any
-        ``.csv`` (no other kind reads one)."""
-        fmt = table_format(paths[0])
-        if fmt is None:
-            return False
-        if options.confidence is not None or options.correct is not None or fmt == "csv":
+        """A table (all its registry line asks of) named with ``--confidence`` or ``--correct``, or whose sidecar names
+        them (an earlier fit); any ``.csv`` (no other kind reads one)."""
+        if options.confidence is not None or options.correct is not None or table_format(paths[0]) == "csv":
             return True
         # A stale sidecar too: the table changed since its fit, and opening asks for the columns again.
         return paths[0].is_file() and READING_KEYS["confidence"] in sidecar_state(paths[0]).metadata
