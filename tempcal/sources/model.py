@@ -21,14 +21,10 @@ if TYPE_CHECKING:
 
 @dataclass
 class ModelSource(OpenedSource):
-    """A model SOURCE run over one inputs file, named ``MODEL on INPUTS`` (or by its ``label``)."""
+    """A model SOURCE run over one inputs file, labelled ``MODEL on INPUTS``."""
 
     model: Any = None  # the LoadedModel, reused for related inputs files
     inputs_path: Path | None = None
-
-    @property
-    def name(self) -> str:
-        return self.label or f"{self.model.path} on {self.inputs_path}"
 
     def keep(self, temperature: float, ask: Keep) -> Kept:
         """A model has no file T goes into: its logits as a logits file (``ask.save_logits``, with T unless
@@ -88,8 +84,8 @@ class ModelKind(SourceKind):
                                   logits_name=f"{model.name} output", labels_name=options.labels_key)
         except TempcalError as exc:
             raise exc.prefixed(f"{inputs_path}: ") from None
-        return ModelSource([], data, model.temperature, self, options, has_labels=has_labels, model=model,
-                           inputs_path=inputs_path)
+        return ModelSource([], data, model.temperature, self, options, has_labels=has_labels,
+                           label=f"{model.path} on {inputs_path}", model=model, inputs_path=inputs_path)
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """``key`` in the inputs file, checked against its labels' shape."""
