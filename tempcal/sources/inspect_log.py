@@ -187,10 +187,6 @@ class InspectLogInfo:
     def complete(self) -> int:
         return len(self.rows)
 
-    @property
-    def max_choices(self) -> int:
-        return max((r.choices for r in self.rows), default=0)
-
 
 def is_inspect_log(path: Path) -> bool:
     """An ``.eval`` file, or a ``.json`` file whose start reads like inspect_ai's JSON log (not a sidecar)."""
@@ -324,7 +320,7 @@ class InspectLogKind(SourceKind):
         rows = ChoiceRows()
         for row in (r for i in infos for r in i.rows):
             rows.add(row.logits or [], row.label)
-        logits, labels = pad_rows([rows], max(i.max_choices for i in infos))
+        logits, labels = pad_rows([rows], max(rows.counts))
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
         return kind.with_stored(OpenedSource([i.path for i in infos], as_logits_data(logits, labels, ignore_index=None),
                                              None, kind, options, warnings=_warning(infos, counts, name),
