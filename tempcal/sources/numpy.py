@@ -159,12 +159,7 @@ def _npy_file(path: Path) -> tuple[_NpyHeader, int]:
 
 def _npz_members(archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
     """Each array's name (the member's, less ``.npy``, as numpy names them) and its member."""
-    members: dict[str, zipfile.ZipInfo] = {}
-    for info in archive.infolist():
-        if not info.is_dir():
-            name = info.filename
-            members[name[:-4] if name.endswith(".npy") else name] = info
-    return members
+    return {info.filename.removesuffix(".npy"): info for info in archive.infolist() if not info.is_dir()}
 
 
 @dataclass(frozen=True)
