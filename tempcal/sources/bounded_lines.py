@@ -101,4 +101,4 @@ def _blank_end(chunk: bytes, pos: int) -> int:
     return pos
 
 
-__all__ = ["BLOCK_BYTES", "BoundedLines", "OverLimit"]
+__all__ = ["BoundedLines", "OverLimit"]

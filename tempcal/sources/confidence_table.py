@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import READING_KEYS, TempcalError, param
+from ..io.sidecar import check_regular_file, sidecar_state
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
+from .lm_eval_records import clip
 from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
 #: Where a confidence of exactly 0 or 1 is clipped to: [CLIP, 1 - CLIP].
@@ -38,8 +40,7 @@ class TableRows:
 
 
 def _shown(value: Any) -> str:
-    text = repr(value) if not isinstance(value, str) else f"'{value}'"
-    return text if len(text) <= 40 else text[:37] + "..."
+    return clip(repr(value) if not isinstance(value, str) else f"'{value}'")
 
 
 def check_scale(scale: Any) -> float:
@@ -104,13 +105,6 @@ def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = Fa
     return TableRows(logits, labels, clipped, labelled)
 
 
-def clipped_warning(path: Path, clipped: int, scale: float) -> str:
-    """The warning on ``clipped`` confidences of exactly 0 or ``scale`` (1 as probabilities, 100 as percentages), with
-    the range they were clipped to, both on the table's scale."""
-    return (f"{path}: {clipped} confidence{'s' if clipped != 1 else ''} of exactly 0 or {scale:g} clipped to "
-            f"[{CLIP * scale:g}, {scale:g} - {CLIP * scale:g}] (their logits would be infinite)")
-
-
 def _is_number(text: str) -> bool:
     try:
         float(text)
@@ -149,15 +143,10 @@ class ConfidenceTableKind(SourceKind):
     own_apply_format = True
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        """A table named with ``--confidence`` or ``--correct``, or whose sidecar names them (an earlier fit); any
-        ``.csv`` (no other kind reads one)."""
-        fmt = table_format(paths[0])
-        if fmt is None:
-            return False
-        if options.confidence is not None or options.correct is not None or fmt == "csv":
+        """A table (all its registry line asks of) named with ``--confidence`` or ``--correct``, or whose sidecar names
+        them (an earlier fit); any ``.csv`` (no other kind reads one)."""
+        if options.confidence is not None or options.correct is not None or table_format(paths[0]) == "csv":
             return True
-        from ..io.sidecar import sidecar_state
-
         # A stale sidecar too: the table changed since its fit, and opening asks for the columns again.
         return paths[0].is_file() and READING_KEYS["confidence"] in sidecar_state(paths[0]).metadata
 
@@ -165,7 +154,6 @@ class ConfidenceTableKind(SourceKind):
         import torch
 
         from ..core.data import as_logits_data
-        from ..io.sidecar import check_regular_file
 
         self.refuse_probs(options, f"{paths[0]} is a confidence table, read with {param('confidence')} and "
                                    f"{param('confidence_scale')}")
@@ -175,7 +163,10 @@ class ConfidenceTableKind(SourceKind):
         labels = torch.frombuffer(rows.labels, dtype=torch.int64).clone()
         data = as_logits_data(logits, labels, ignore_index=None)
         scale = check_scale(options.confidence_scale)
-        warnings = [clipped_warning(paths[0], rows.clipped, scale)] if rows.clipped else []
+        # Confidences of exactly 0 or the scale (1 as probabilities, 100 as percentages), and where they went.
+        warnings = [f"{paths[0]}: {rows.clipped} confidence{'s' if rows.clipped != 1 else ''} of exactly 0 or "
+                    f"{scale:g} clipped to [{CLIP * scale:g}, {scale:g} - {CLIP * scale:g}] (their logits would be "
+                    "infinite)"] if rows.clipped else []
         fields = {"source_kind": SOURCE_KIND, "clipped": rows.clipped, "confidence_column": options.confidence,
                   "correct_column": options.correct, "confidence_scale": scale}
         return self.with_stored(OpenedSource(paths, data, None, self, options, warnings=warnings,
@@ -234,5 +225,4 @@ def apply_table(opened: OpenedSource, output: str | Path, calibrated: Any) -> st
     return CALIBRATED_COLUMN
 
 
-__all__ = ["CALIBRATED_COLUMN", "CLIP", "ConfidenceTableKind", "TableRows", "apply_table", "check_scale",
-           "clipped_warning", "confidence_value", "correct_value", "read_table"]
+__all__ = ["CLIP", "ConfidenceTableKind", "read_table"]

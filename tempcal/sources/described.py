@@ -51,24 +51,15 @@ def stored_block(where: str, metadata: Mapping[str, str], shown: str, said: str,
     recorded = temperature_number(text) if text is not None else None
     if text is not None and recorded is None:
         problems.append(f"{said} '{TEMPERATURE_KEY}' is {text!r}, {temperature_problem(text)}")
-    out: dict[str, Any] = {"temperature": None, "where": where, "recorded": recorded,
-                           "probs": metadata.get(PROBS_KEY) == "true", "lm_eval_norm": metadata.get(NORM_KEY),
-                           "logits_key": metadata.get(READING_KEYS["logits_key"]),
-                           "labels_key": metadata.get(READING_KEYS["labels_key"]),
-                           "group_key": metadata.get(GROUP_KEY), "group_temperatures": None}
-    try:
-        groups = parse_stored_groups(metadata, shown)
-    except TempcalError as exc:
-        problems.append(str(exc))
-    else:
-        if groups is not None:
-            out["group_temperatures"] = groups.temperatures
-    out["metadata"] = {k: v for k, v in metadata.items() if k.startswith("tempcal.")}
-    if GROUP_TEMPERATURES_KEY in out["metadata"] and out["group_temperatures"] is not None:
-        out["metadata"].pop(GROUP_TEMPERATURES_KEY)  # listed, parsed, above
-    if opened is not None and opened.stored_problem is None:
-        out["temperature"] = opened.stored
-    return out
+    groups = Findings(problems).attempt(lambda: parse_stored_groups(metadata, shown))
+    return {"temperature": opened.stored if opened is not None and opened.stored_problem is None else None,
+            "where": where, "recorded": recorded, "probs": metadata.get(PROBS_KEY) == "true",
+            "lm_eval_norm": metadata.get(NORM_KEY), "logits_key": metadata.get(READING_KEYS["logits_key"]),
+            "labels_key": metadata.get(READING_KEYS["labels_key"]), "group_key": metadata.get(GROUP_KEY),
+            "group_temperatures": None if groups is None else groups.temperatures,
+            # the groups' temperatures, when they parse, are listed above rather than as their raw text
+            "metadata": {k: v for k, v in metadata.items()
+                         if k.startswith("tempcal.") and (k != GROUP_TEMPERATURES_KEY or groups is None)}}
 
 
 __all__ = ["Findings", "stored_block", "tensor_entry"]

@@ -12,8 +12,9 @@ from typing import Any
 
 import torch
 
+from ..core import parallel
 from ..core.data import CPU_CHUNK_ELEMENTS, CUDA_CHUNK_ELEMENTS
-from ..core.parallel import pass_threads
+from ..core.parallel import pass_threads, resolve_device
 from ..errors import DataError, TempcalError, param
 from ..io.safetensors_header import read_header
 from .base import OpenedSource, SourceOptions, expand_sources
@@ -47,25 +48,13 @@ class HeadLogits:
         self.head = head  # models.head.OutputHead
         self.clip = clip  # ReAct: hidden values are clipped from above at this threshold
         self.react = react  # how the threshold was found, when it was
+        self.labels = hidden.labels
+        self.num_samples = hidden.num_samples
+        self.num_classes = head.vocab
+        # The logits' dtype: float64 for float64 hidden states, else float32 (never a 16-bit storage dtype).
+        self.dtype = torch.float64 if hidden.dtype == torch.float64 else torch.float32
         self._on: dict[torch.device, Any] = {}
         self._buffer: torch.Tensor | None = None
-
-    @property
-    def labels(self) -> torch.Tensor:
-        return self.hidden.labels
-
-    @property
-    def num_samples(self) -> int:
-        return self.hidden.num_samples
-
-    @property
-    def num_classes(self) -> int:
-        return self.head.vocab
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The logits' dtype: float64 for float64 hidden states, else float32 (never a 16-bit storage dtype)."""
-        return torch.float64 if self.hidden.dtype == torch.float64 else torch.float32
 
     def numel(self) -> int:
         return self.num_samples * self.num_classes
@@ -153,8 +142,6 @@ class HeadKind(SafetensorsKind):
 def react_threshold(hidden: ShardedLogits, percentile: float, device: str | torch.device, name: str) -> ReactClip:
     """The ``percentile``-th percentile of all values of ``hidden`` (this process's rows, counts summed across
     processes), as numpy's default ``percentile`` in the compute dtype; a non-finite one is bad input."""
-    from ..core import parallel
-    from ..core.parallel import resolve_device
     from ..core.percentile import streaming_percentile
 
     where = resolve_device(device)

@@ -4,6 +4,7 @@ decompressed in memory, at most :data:`MAX_MEMBER_BYTES`), and the samples of a 
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import struct
@@ -123,8 +124,6 @@ class EvalArchive:
 
 def _takes_limit(reader: Any) -> bool:
     """Whether zstandard's decompressobj takes an output limit (0.23 and later: ``max_output_size``)."""
-    import inspect
-
     try:
         return len(inspect.signature(reader.decompress).parameters) > 1
     except (TypeError, ValueError):

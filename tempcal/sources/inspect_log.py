@@ -142,11 +142,9 @@ def _choice_logits(entry: Any, letters: str, where: str) -> list[float]:
 
 
 def _logsumexp(values: list[float]) -> float:
-    if not values:
-        return -math.inf
-    top = max(values)
+    top = max(values, default=-math.inf)
     if top == -math.inf:
-        return -math.inf
+        return top
     return top + math.log(math.fsum(math.exp(v - top) for v in values))
 
 
@@ -170,14 +168,24 @@ class InspectLogInfo:
     incomplete: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INCOMPLETE, 0))
     epochs: set[int] = field(default_factory=set)
     samples: int = 0
+    logprobs: bool = False  # some sample has log-probabilities
+
+    def take(self, sample: dict[str, Any]) -> None:
+        """Count one sample of the log, a multiple-choice one as a row or as left out."""
+        row = sample_row(sample, str(self.path))
+        if row is None:
+            return
+        self.samples += 1
+        self.epochs.add(row.epoch)
+        self.logprobs |= row.incomplete != "no_logprobs"
+        if row.incomplete is None:
+            self.rows.append(row)
+        else:  # a sample without log-probabilities has no answer position
+            self.incomplete["no_answer" if row.incomplete == "no_logprobs" else row.incomplete] += 1
 
     @property
     def complete(self) -> int:
         return len(self.rows)
-
-    @property
-    def max_choices(self) -> int:
-        return max((r.choices for r in self.rows), default=0)
 
 
 def is_inspect_log(path: Path) -> bool:
@@ -212,27 +220,10 @@ def log_files(paths: list[Path]) -> list[Path]:
 def read_inspect_log(path: Path) -> InspectLogInfo:
     """Every row of one log, and what it says of itself; refusals name the file and the sample or member."""
     info = InspectLogInfo(path)
-    seen: list[bool] = [False]
-
-    def take(sample: dict[str, Any]) -> None:
-        row = sample_row(sample, str(path))
-        if row is None:
-            return
-        info.samples += 1
-        info.epochs.add(row.epoch)
-        if row.incomplete == "no_logprobs":
-            info.incomplete["no_answer"] += 1
-        elif row.incomplete is not None:
-            seen[0] = True
-            info.incomplete[row.incomplete] += 1
-        else:
-            seen[0] = True
-            info.rows.append(row)
-
     if path.name.lower().endswith(".json"):
         if not is_inspect_log(path):
             _check_json_log(path)
-        header = json_log(path, take)
+        header = json_log(path, info.take)
     else:
         with EvalArchive(path) as archive:
             name = "header.json" if "header.json" in archive.members else "_journal/start.json"
@@ -243,9 +234,9 @@ def read_inspect_log(path: Path) -> InspectLogInfo:
                 sample = archive.json(member)
                 if not isinstance(sample, dict):
                     raise InspectLogError(f"{path}: member {member} is not a sample (a JSON object)")
-                take(sample)
+                info.take(sample)
     _read_header(info, header)
-    if info.samples and not seen[0]:
+    if info.samples and not info.logprobs:
         raise InspectLogError(f"{path}: written without log-probabilities; run inspect eval with "
                               f"{LOGPROB_OPTIONS} (or eval(..., logprobs=True, top_logprobs=20))")
     info.rows.sort(key=lambda r: (r.epoch, r.id if isinstance(r.id, str) else str(r.id).zfill(20)))
@@ -305,8 +296,8 @@ class InspectLogKind(SourceKind):
         path = paths[0]
         if path.is_dir():
             return any(p.is_file() and is_inspect_log(p) for p in path.iterdir())
-        name = path.name.lower()  # any .json but a sidecar: opening says what an inspect_ai log lacks
-        return is_inspect_log(path) or (name.endswith(".json") and not name.endswith(".tempcal.json"))
+        # Its registry line asks of .eval and .json only: any .json but a sidecar, opening says what a log lacks.
+        return not path.name.lower().endswith(".tempcal.json")
 
     def read_all(self, paths: list[Path]) -> list[InspectLogInfo]:
         return [read_inspect_log(path) for path in log_files(paths)]
@@ -329,7 +320,7 @@ class InspectLogKind(SourceKind):
         rows = ChoiceRows()
         for row in (r for i in infos for r in i.rows):
             rows.add(row.logits or [], row.label)
-        logits, labels = pad_rows([rows], max(i.max_choices for i in infos))
+        logits, labels = pad_rows([rows], max(rows.counts))
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
         return kind.with_stored(OpenedSource([i.path for i in infos], as_logits_data(logits, labels, ignore_index=None),
                                              None, kind, options, warnings=_warning(infos, counts, name),
@@ -365,5 +356,4 @@ def _choice_counts(info: InspectLogInfo) -> dict[str, int]:
     return dict(sorted(Counter(str(row.choices) for row in info.rows).items()))
 
 
-__all__ = ["GROUP_KEYS", "LOGPROB_OPTIONS", "InspectLogInfo", "InspectLogKind", "is_inspect_log", "log_files",
-           "read_inspect_log"]
+__all__ = ["InspectLogKind", "read_inspect_log"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError, param
+from ..io.optional import require
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceOptions
 from .lm_eval import MAX_PADDED_BYTES, ChoiceRows, LmEvalKind, LogInfo, counts_shown, size_text, task_from_filename
@@ -18,9 +19,12 @@ from .lm_eval_records import MAX_CHOICES, NORMS, LmEvalLogError, Where, normalis
 from .memory import first_line
 from .tables import parquet_file
 
-#: The columns read: name in messages -> (struct column, field).
-COLUMNS = {"doc.gold_index": ("doc", "gold_index"), "doc.choices": ("doc", "choices"),
-           "model_response.logprobs": ("model_response", "logprobs")}
+#: The columns read: name in messages -> (struct column, field, the ``pyarrow.types`` tests its values pass, and what
+#: that is in words).
+COLUMNS = {"doc.gold_index": ("doc", "gold_index", ("is_integer",), "an integer or a list of integers"),
+           "doc.choices": ("doc", "choices", ("is_string", "is_large_string"), "a list of strings"),
+           "model_response.logprobs": ("model_response", "logprobs", ("is_floating", "is_integer"),
+                                       "a list of numbers")}
 #: Rows converted to Python at a time.
 BATCH_ROWS = 1024
 #: The most bytes the three columns of one row group may hold uncompressed (pyarrow reads a row group's columns at
@@ -55,7 +59,6 @@ class DetailsInfo(LogInfo):
     by reason."""
 
     rows: int = 0  # every row of the file
-    complete: int = 0
     gold_forms: dict[str, int] = field(default_factory=dict)  # "index" (an integer) / "list"
     incomplete: dict[str, int] = field(default_factory=lambda: dict.fromkeys(INCOMPLETE, 0))
     first_incomplete: int | None = None  # the first incomplete row, counted from 1
@@ -76,11 +79,9 @@ class DetailsInfo(LogInfo):
 
 def _check_columns(path: Path, parquet: Any) -> None:
     """The three columns exist with the types lighteval writes; a missing one is named."""
-    from ..io.optional import require
-
     pa = require("pyarrow", "logs", needed_for=f"{path}: reading a lighteval details file")
     schema = parquet.schema_arrow
-    for name, (top, child) in COLUMNS.items():
+    for name, (top, child, tests, expected) in COLUMNS.items():
         struct = schema.field(top).type if top in schema.names else None
         if struct is None or not pa.types.is_struct(struct) or struct.get_field_index(child) < 0:
             raise LightevalDetailsError(f"{path}: no column '{name}'; a lighteval details file of a log-likelihood "
@@ -88,11 +89,8 @@ def _check_columns(path: Path, parquet: Any) -> None:
         kind = struct.field(child).type
         listed = pa.types.is_list(kind) or pa.types.is_large_list(kind)
         inner = kind.value_type if listed else kind
-        types, expected = {"doc.gold_index": ((pa.types.is_integer,), "an integer or a list of integers"),
-                           "doc.choices": ((pa.types.is_string, pa.types.is_large_string), "a list of strings"),
-                           "model_response.logprobs": ((pa.types.is_floating, pa.types.is_integer),
-                                                       "a list of numbers")}[name]
-        if not ((listed or name == "doc.gold_index") and any(is_type(inner) for is_type in (*types, pa.types.is_null))):
+        if not ((listed or name == "doc.gold_index") and any(getattr(pa.types, test)(inner)
+                                                            for test in (*tests, "is_null"))):
             raise LightevalDetailsError(f"{path}: column '{name}' is {kind}; expected {expected}")
 
 
@@ -102,16 +100,12 @@ def _check_row_groups(path: Path, parquet: Any) -> None:
     for g in range(meta.num_row_groups):
         group = meta.row_group(g)
         size = sum(group.column(c).total_uncompressed_size for c in range(group.num_columns)
-                   if _under(group.column(c).path_in_schema))
+                   # a leaf column of COLUMNS: doc.choices.list.element
+                   if f"{group.column(c).path_in_schema}.".startswith(tuple(f"{name}." for name in COLUMNS)))
         if size > MAX_ROW_GROUP_BYTES:
             raise LightevalDetailsError(f"{path}: row group {g} holds {size_text(size)} of {', '.join(COLUMNS)}; "
                                         f"tempcal reads row groups of at most {size_text(MAX_ROW_GROUP_BYTES)} "
                                         "(lighteval writes a few kilobytes per row)")
-
-
-def _under(leaf: str) -> bool:
-    """Whether a parquet leaf column (``doc.choices.list.element``) belongs to one of :data:`COLUMNS`."""
-    return any(leaf == name or leaf.startswith(name + ".") for name in COLUMNS)
 
 
 def _batches(path: Path, parquet: Any) -> Any:
@@ -151,10 +145,9 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, Details
             if row is None:
                 continue
             rows.add(*row)
-            info.complete += 1
             info.choice_counts[len(row[0])] = info.choice_counts.get(len(row[0]), 0) + 1
-            if info.complete * info.max_choices * 8 > MAX_PADDED_BYTES:
-                raise where.error(f"{info.complete:,} rows padded to {info.max_choices:,} choices would pass "
+            if info.records * info.max_choices * 8 > MAX_PADDED_BYTES:
+                raise where.error(f"{info.records:,} rows padded to {info.max_choices:,} choices would pass "
                                   f"{size_text(MAX_PADDED_BYTES)}, tempcal's limit on a SOURCE's padded rows")
     return rows, info
 
@@ -215,25 +208,24 @@ class LightevalKind(LmEvalKind):
         self.refuse_probs(options, f"{paths[0]} is a lighteval details file of log-probabilities")
         read = [read_details(path, options.lm_eval_norm) for path in paths]
         for _, info in read:
-            if not info.complete:
+            if not info.records:
                 raise LightevalDetailsError(f"{info.path}: none of its {info.rows} rows is complete "
                                             f"({_counts(info.incomplete)}); a details file of a log-likelihood "
                                             "multiple-choice task holds one gold index and one log-probability "
                                             "per choice")
         width = max(info.max_choices for _, info in read)
-        rows = sum(info.complete for _, info in read)
+        rows = sum(info.records for _, info in read)
         if rows * width * 8 > MAX_PADDED_BYTES:
             raise LightevalDetailsError(f"{paths[0]}: {rows:,} rows of {len(paths)} files padded to {width:,} "
                                         f"choices would pass {size_text(MAX_PADDED_BYTES)}")
         incomplete = {reason: sum(info.incomplete[reason] for _, info in read) for reason in INCOMPLETE}
-        return self.padded(paths, options, read, [info.complete for _, info in read],
-                           {"source_kind": "lighteval", "rows_incomplete": incomplete})
+        return self.padded(paths, options, read, {"source_kind": "lighteval", "rows_incomplete": incomplete})
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the
         rows left out by reason, and the gold index's forms (an integer or a list)."""
         infos = [read_details(path, options.lm_eval_norm)[1] for path in paths]
-        return [{"file": info.path, "task": info.task, "rows": info.rows, "records": info.complete,
+        return [{"file": info.path, "task": info.task, "rows": info.rows, "records": info.records,
                  "rows_incomplete": dict(info.incomplete), "choice_counts": counts_shown(info.choice_counts),
                  "gold_index": info.gold_forms} for info in infos]
 
@@ -243,5 +235,4 @@ def _counts(incomplete: dict[str, int]) -> str:
     return ", ".join(f"{n} {_SAID[reason]}" for reason, n in incomplete.items() if n) or "no rows"
 
 
-__all__ = ["COLUMNS", "INCOMPLETE", "DetailsInfo", "LightevalDetailsError", "LightevalKind", "is_lighteval_details",
-           "read_details"]
+__all__ = ["LightevalDetailsError", "LightevalKind", "is_lighteval_details", "read_details"]

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import StoredNote, TempcalError, param
+from ..errors import DataError, StoredNote, TempcalError, param
+from ..io.paths import sidecar_path
+from ..io.sidecar import check_regular_file, sidecar_state
 from .base import TASK, OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .bounded_lines import BoundedLines, OverLimit
 from .lm_eval_records import (
@@ -77,12 +79,16 @@ class LogInfo:
     def max_choices(self) -> int:
         return max(self.choice_counts, default=0)
 
+    @property
+    def records(self) -> int:
+        """The rows read (of a lighteval file: its complete rows)."""
+        return sum(self.choice_counts.values())
+
 
 @dataclass
 class LmEvalLogInfo(LogInfo):
     """What was read from one lm-eval log: counts, the forms met, and lm-eval's own metric as a check."""
 
-    records: int = 0
     filter: str | None = None  # the lm-eval filter of every record ("none" for multiple choice)
     arguments_forms: dict[str, int] = field(default_factory=dict)  # "gen_args" (lm-eval >= 0.4.3) / "pairs"
     targets: dict[str, int] = field(default_factory=dict)  # "index" / "text" / "acc"
@@ -98,7 +104,6 @@ class LmEvalLogInfo(LogInfo):
 
     def add(self, row: ParsedRecord, line: int) -> None:
         """Count one record."""
-        self.records += 1
         k = len(row.logits)
         if k not in self.choice_counts and k > self.max_choices:
             self.widest_line = line
@@ -173,16 +178,16 @@ def _read_rows(path: Path, norm: str) -> tuple[ChoiceRows, LmEvalLogInfo]:
                                   "holds each document once")
         rows.add(row.logits, row.label)
         info.add(row, line)
-        _check_padded_size(info.records, info, where)
+        _check_padded_size(info, where)
     if not info.records:
         raise LmEvalLogError(f"{name}: no records (an empty file); expected one lm-eval sample record per line")
     info.filter = filter_seen[0] if filter_seen else None
     return rows, info
 
 
-def _check_padded_size(rows: int, info: LmEvalLogInfo, where: Where) -> None:
+def _check_padded_size(info: LmEvalLogInfo, where: Where) -> None:
     """Refuse, at the record that passes it, a log whose padded matrix would exceed :data:`MAX_PADDED_BYTES`."""
-    width = info.max_choices
+    rows, width = info.records, info.max_choices
     if rows * width * 8 > MAX_PADDED_BYTES:
         widest = "its" if info.widest_line == where.line else f"line {info.widest_line}'s"
         raise where.error(f"{rows:,} records padded to {widest} {width:,} choices would be {_matrix(rows, width)}")
@@ -216,8 +221,6 @@ def pad_rows(parts: list[ChoiceRows], width: int) -> tuple[torch.Tensor, torch.T
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
     """Each line with content, numbered from 1, at most :data:`MAX_LINE_BYTES` long; gzip by suffix."""
-    from ..io.sidecar import check_regular_file
-
     check_regular_file(path)
     try:
         raw = open(path, "rb")  # noqa: SIM115 (closed below)
@@ -284,9 +287,9 @@ class LmEvalKind(SourceKind):
         self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
         read = [_read_rows(path, options.lm_eval_norm) for path in paths]
         _check_combined_size([info for _, info in read])
-        return self.padded(paths, options, read, [info.records for _, info in read])
+        return self.padded(paths, options, read)
 
-    def padded(self, paths: list[Path], options: SourceOptions, read: list[tuple[Any, Any]], file_rows: list[int],
+    def padded(self, paths: list[Path], options: SourceOptions, read: list[tuple[ChoiceRows, Any]],
                json: dict[str, Any] | None = None) -> OpenedSource:
         """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
         the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
@@ -296,7 +299,8 @@ class LmEvalKind(SourceKind):
         kind = type(self)(options.lm_eval_norm)
         warnings = [message for _, info in read for message in info.warnings()]
         return kind.with_stored(OpenedSource(paths, as_logits_data(logits, labels, ignore_index=None), None, kind,
-                                             options, warnings=warnings, file_rows=file_rows, json=json or {}))
+                                             options, warnings=warnings, file_rows=[info.records for _, info in read],
+                                             json=json or {}))
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
@@ -320,8 +324,6 @@ class LmEvalKind(SourceKind):
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
-        from ..errors import DataError
-
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
@@ -333,8 +335,6 @@ class LmEvalKind(SourceKind):
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""
-        from ..io.paths import sidecar_path
-
         stored, notes = super().read_temperature(path)
         fitted_norm = self._other_norm(self.stored_metadata(path))
         if stored is not None and fitted_norm is not None:
@@ -347,8 +347,6 @@ class LmEvalKind(SourceKind):
 
     def temperature_place(self, path: Path) -> str:
         """The sidecar, and the normalisation its T was fitted under when that is not this run's."""
-        from ..io.sidecar import sidecar_state
-
         state = sidecar_state(path)
         fitted_norm = self._other_norm(state.metadata)
         if state.state == "fresh" and fitted_norm is not None:
@@ -368,5 +366,4 @@ class LmEvalKind(SourceKind):
         return super().write_reading(path, temperature, output, {**metadata, NORM_KEY: self.norm})
 
 
-__all__ = ["LOG_SUFFIXES", "NORM_KEY", "LmEvalKind", "LmEvalLogError", "LmEvalLogInfo", "is_lm_eval_log",
-           "read_lm_eval_log", "task_from_filename"]
+__all__ = ["NORM_KEY", "LmEvalKind", "LmEvalLogError", "is_lm_eval_log", "read_lm_eval_log", "task_from_filename"]

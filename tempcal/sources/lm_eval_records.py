@@ -401,10 +401,8 @@ def clip(text: str, limit: int = 40) -> str:
 
 def short(value: Any, limit: int = 60) -> str:
     """A value quoted for a one-line message, cut to ``limit`` characters."""
-    text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return clip(json.dumps(value, ensure_ascii=False), limit)
 
 
-__all__ = ["MAX_DEPTH", "MAX_INT_DIGITS", "MAX_VALUES", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError",
-           "ParsedRecord", "Where", "count_values", "decode_line", "first_argmax", "json_kind", "load_record",
-           "normalise", "parse_record", "resolve_target", "short"]
+__all__ = ["MAX_CHOICES", "MAX_DEPTH", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where",
+           "clip", "count_values", "decode_line", "first_argmax", "load_record", "normalise", "parse_record", "short"]

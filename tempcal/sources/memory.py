@@ -32,6 +32,7 @@ class InMemoryKind(SourceKind):
     """A logits file read whole into memory: what these kinds share beyond the sidecar."""
 
     logits_file = True
+    remembered = ("probs", "logits_key", "labels_key")  # kept in the sidecar beside T
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
         """The named array (tensor) ``key`` of the file; a missing one names those present and ``option``."""
@@ -48,12 +49,13 @@ class InMemoryKind(SourceKind):
             shape = None
         return checked(path, key, values, shape, option)
 
-
-def in_memory_source(kind: SourceKind, path: Path, logits: torch.Tensor, labels: torch.Tensor | None,
-                     options: SourceOptions, *, logits_name: str, labels_name: str) -> OpenedSource:
-    """Checked logits (absent labels become zeros, as OOD sets may have none) and the sidecar's T."""
-    data, has_labels = in_memory_data(path, logits, labels, options, logits_name=logits_name, labels_name=labels_name)
-    return kind.with_stored(OpenedSource([path], data, None, kind, options, has_labels=has_labels))
+    def open_arrays(self, path: Path, logits: torch.Tensor, labels: torch.Tensor | None, options: SourceOptions, *,
+                    logits_name: str | None = None, labels_name: str | None = None) -> OpenedSource:
+        """Checked logits (absent labels become zeros, as OOD sets may have none; named by the options' keys unless
+        told otherwise) and the sidecar's T."""
+        data, has_labels = in_memory_data(path, logits, labels, options, logits_name=logits_name or options.logits_key,
+                                          labels_name=labels_name or options.labels_key)
+        return self.with_stored(OpenedSource([path], data, None, self, options, has_labels=has_labels))
 
 
 def in_memory_data(path: Path, logits: torch.Tensor, labels: torch.Tensor | None, options: SourceOptions, *,

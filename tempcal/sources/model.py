@@ -10,24 +10,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Note, TempcalError, param
+from ..io.safetensors_header import dtype_name, read_header
+from ..models.detect import FORMAT_NAMES, looks_like_model, model_format
 from .base import Keep, Kept, OpenedSource, SourceKind, SourceOptions, wrote_lines
+from .described import Findings, tensor_entry
 
 if TYPE_CHECKING:
     import numpy as np
 
-    from .described import Findings
-
 
 @dataclass
 class ModelSource(OpenedSource):
-    """A model SOURCE run over one inputs file, named ``MODEL on INPUTS`` (or by its ``label``)."""
+    """A model SOURCE run over one inputs file, labelled ``MODEL on INPUTS``."""
 
     model: Any = None  # the LoadedModel, reused for related inputs files
     inputs_path: Path | None = None
-
-    @property
-    def name(self) -> str:
-        return self.label or f"{self.model.path} on {self.inputs_path}"
 
     def keep(self, temperature: float, ask: Keep) -> Kept:
         """A model has no file T goes into: its logits as a logits file (``ask.save_logits``, with T unless
@@ -55,13 +52,10 @@ class ModelKind(SourceKind):
     inspect_needs_file = False  # loading it says what is wrong with its path
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
-        from ..models.detect import looks_like_model
-
         return len(paths) == 1 and looks_like_model(paths[0], options.inputs is not None)
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from ..models.base import load_model
-        from ..models.detect import FORMAT_NAMES, model_format
 
         if options.inputs is None:
             what = FORMAT_NAMES[model_format(paths[0])].split(" (")[0]
@@ -90,8 +84,8 @@ class ModelKind(SourceKind):
                                   logits_name=f"{model.name} output", labels_name=options.labels_key)
         except TempcalError as exc:
             raise exc.prefixed(f"{inputs_path}: ") from None
-        return ModelSource([], data, model.temperature, self, options, has_labels=has_labels, model=model,
-                           inputs_path=inputs_path)
+        return ModelSource([], data, model.temperature, self, options, has_labels=has_labels,
+                           label=f"{model.path} on {inputs_path}", model=model, inputs_path=inputs_path)
 
     def group_values(self, opened: OpenedSource, key: str, option: str) -> np.ndarray:
         """``key`` in the inputs file, checked against its labels' shape."""
@@ -107,12 +101,8 @@ class ModelKind(SourceKind):
         """The tensors of its inputs file, when given."""
         if options.inputs is None:
             return []
-        from ..io.safetensors_header import dtype_name, read_header
-        from .described import tensor_entry
-
         header = read_header(options.inputs)
-        renamed = options.but(logits_key=options.inputs_key)
-        return [{**tensor_entry(options.inputs, name, info.shape, dtype_name(info.dtype), renamed),
+        return [{**tensor_entry(options.inputs, name, info.shape, dtype_name(info.dtype), options),
                  "role": {options.inputs_key: "inputs", options.labels_key: "labels"}.get(name)}
                 for name, info in header.tensors.items()]
 
@@ -130,8 +120,6 @@ class ModelKind(SourceKind):
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Its format (None when it cannot be told)."""
-        from ..models.detect import FORMAT_NAMES, model_format
-
         try:
             return {"format": FORMAT_NAMES[model_format(paths[0])]}
         except TempcalError:

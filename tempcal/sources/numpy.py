@@ -17,6 +17,7 @@ from ..io.paths import sidecar_path
 from ..io.safetensors_header import shown
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
+from .described import tensor_entry
 from .memory import (
     NPY_MAGIC,
     ZIP_MAGIC,
@@ -24,7 +25,6 @@ from .memory import (
     check_fits,
     checked_member,
     first_line,
-    in_memory_source,
     magic,
     missing,
 )
@@ -34,21 +34,17 @@ if TYPE_CHECKING:
 
 #: netcal's names for the arrays, read when the default ones are absent.
 NETCAL_KEYS = {"logits": "predictions", "labels": "ground_truth"}
-#: How the sidecar kinds were read: kept beside T, so later commands need no options.
-REMEMBERED = ("probs", "logits_key", "labels_key")
 
 
 class NpzKind(InMemoryKind):
     name = "npz"
     title = ".npz archive"
-    remembered = REMEMBERED
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = paths[0]
         logits, labels, (logits_key, labels_key) = _read_npz(path, options.logits_key, options.labels_key,
                                                              not labels_optional)
-        opened = in_memory_source(self, path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key),
-                                  logits_name=logits_key, labels_name=labels_key)
+        opened = self.open_arrays(path, logits, labels, options.but(logits_key=logits_key, labels_key=labels_key))
         taken = [f"'{new}' as the {name.removesuffix('_key')} ({param(name)})" for name, new, old in (
             ("logits_key", logits_key, options.logits_key), ("labels_key", labels_key, options.labels_key))
             if new != old]
@@ -58,8 +54,6 @@ class NpzKind(InMemoryKind):
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """Every array, from its header alone (nothing inflated)."""
-        from .described import tensor_entry
-
         with _open_npz(paths[0]) as archive:
             return [tensor_entry(paths[0], key, header.shape, str(header.dtype), options)
                     for key, header in _headers(paths[0], archive).items()]
@@ -74,31 +68,25 @@ class NpzKind(InMemoryKind):
             return _npz_member(archive, path, _npz_members(archive)[key], key, "labels")
 
 
-def netcal_keys(keys: tuple[str, ...], logits_key: str, labels_key: str) -> tuple[str, str]:
-    """The keys to read: netcal's name stands in for a default one that is absent when netcal's is present."""
-    def key(given: str, default: str) -> str:
-        absent = given == default and default not in keys
-        return NETCAL_KEYS[default] if absent and NETCAL_KEYS[default] in keys else given
-
-    return key(logits_key, "logits"), key(labels_key, "labels")
+def _netcal_key(keys: tuple[str, ...], given: str, default: str) -> str:
+    """netcal's name for the array ``default`` when ``given`` is that default, absent, and netcal's is present."""
+    netcal = NETCAL_KEYS[default]
+    return netcal if given == default and default not in keys and netcal in keys else given
 
 
 class NpyKind(InMemoryKind):
     name = "npy"
     title = ".npy logits file"
-    remembered = REMEMBERED
     group_values = SourceKind.group_values  # the file holds one array, without a name
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = paths[0]
         check_regular_file(path)  # before the labels file is looked for
         logits, labels, labels_name = _read_npy_pair(path, options.logits_key, options.labels_key, not labels_optional)
-        return in_memory_source(self, path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
+        return self.open_arrays(path, logits, labels, options, logits_name=path.name, labels_name=labels_name)
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """The logits array, and its labels file when there is one."""
-        from .described import tensor_entry
-
         path = paths[0]
         labels = npy_labels_path(path, options.logits_key, options.labels_key)
         files = {"logits": path} | ({"labels": labels} if labels is not None and labels.is_file() else {})
@@ -136,7 +124,7 @@ def _read_npz(path: Path, logits_key: str, labels_key: str, labels_required: boo
     with _open_npz(path) as archive:
         members = _npz_members(archive)
         keys = tuple(members)
-        logits_key, labels_key = netcal_keys(keys, logits_key, labels_key)
+        logits_key, labels_key = _netcal_key(keys, logits_key, "logits"), _netcal_key(keys, labels_key, "labels")
         if logits_key not in members:
             raise missing(path, "array", logits_key, keys, param("logits_key"))
         if labels_key not in members and labels_required:
@@ -171,12 +159,7 @@ def _npy_file(path: Path) -> tuple[_NpyHeader, int]:
 
 def _npz_members(archive: zipfile.ZipFile) -> dict[str, zipfile.ZipInfo]:
     """Each array's name (the member's, less ``.npy``, as numpy names them) and its member."""
-    members: dict[str, zipfile.ZipInfo] = {}
-    for info in archive.infolist():
-        if not info.is_dir():
-            name = info.filename
-            members[name[:-4] if name.endswith(".npy") else name] = info
-    return members
+    return {info.filename.removesuffix(".npy"): info for info in archive.infolist() if not info.is_dir()}
 
 
 @dataclass(frozen=True)
@@ -296,12 +279,7 @@ def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
         except OSError:  # a file system without mmap: the array is read whole
             check_fits(path, f"'{name}'", header.nbytes)
             array = np.load(path, allow_pickle=False)
-    except ValueError as exc:
-        if "allow_pickle" in str(exc) or "Python objects" in str(exc):
-            raise TempcalError(f"{path}: holds Python objects; tempcal never unpickles them "
-                               "(save a numeric array)") from None
-        raise TempcalError(f"{path}: not a readable .npy array ({first_line(exc)})") from None
-    except (OSError, EOFError) as exc:
+    except (ValueError, OSError, EOFError) as exc:  # object arrays were refused by their header
         raise TempcalError(f"{path}: not a readable .npy array ({first_line(exc)})") from None
     return from_numpy(array, path, name, role)
 

@@ -13,6 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
+from ..io.optional import require
+from ..io.paths import atomic_path
+from .bounded_lines import BoundedLines, OverLimit
+from .memory import first_line
 
 #: The table formats, by suffix.
 TABLE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
@@ -51,7 +55,8 @@ def read_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iter
     yield from _FORMATS[fmt][0](path, wanted, options)
 
 
-def _open_text(path: Path) -> io.TextIOWrapper:
+def _open_csv(path: Path) -> io.TextIOWrapper:
+    csv.field_size_limit(MAX_FIELD_CHARS)
     try:
         return open(path, encoding="utf-8-sig", newline="")
     except OSError as exc:
@@ -59,9 +64,8 @@ def _open_text(path: Path) -> io.TextIOWrapper:
 
 
 def _csv_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
-    csv.field_size_limit(MAX_FIELD_CHARS)
     row = 0
-    with _open_text(path) as f:
+    with _open_csv(path) as f:
         reader = csv.reader(f)
         try:
             header = next(reader, None)
@@ -82,8 +86,6 @@ def _csv_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iter
 
 
 def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
-    from .bounded_lines import BoundedLines, OverLimit
-
     try:
         raw = open(path, "rb")  # noqa: SIM115 (closed below)
     except OSError as exc:
@@ -110,9 +112,6 @@ def _jsonl_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> It
 def parquet_file(path: Path, needed_for: str | None = None, error: type[DataError] = TableError) -> Any:
     """The open ``pyarrow.parquet.ParquetFile`` (``needed_for`` says what for when pyarrow is missing); not parquet,
     or unreadable, is an ``error`` naming the file."""
-    from ..io.optional import require
-    from .memory import first_line
-
     pq = require("pyarrow.parquet", "logs", needed_for=needed_for or f"reading {path}")
     try:
         return pq.ParquetFile(path)
@@ -125,26 +124,21 @@ def _parquet_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> 
     names = list(table.schema_arrow.names)
     if any(name not in names for name in wanted):
         raise missing_columns(path, wanted, names, options)
-    row = 0
-    for batch in table.iter_batches(batch_size=BATCH_ROWS, columns=list(dict.fromkeys(wanted))):
-        columns = [batch.column(name).to_pylist() for name in wanted]
-        for values in zip(*columns, strict=True):
-            row += 1
-            yield row, list(values)
+    batches = table.iter_batches(batch_size=BATCH_ROWS, columns=list(dict.fromkeys(wanted)))
+    rows = (list(values) for batch in batches
+            for values in zip(*[batch.column(name).to_pylist() for name in wanted], strict=True))
+    yield from enumerate(rows, start=1)
 
 
 def write_with_column(path: Path, output: Path, column: str, values: Sequence[float]) -> None:
     """Write the table at ``path`` to ``output`` (same format) with ``column`` added: ``values[i]`` on data row i,
     atomically (a temporary file beside ``output``, renamed over it)."""
-    from ..io.paths import atomic_path
-
     with atomic_path(output, what="--output") as temporary:
         _FORMATS[table_format(path) or "parquet"][1](path, temporary, column, values)
 
 
 def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
-    csv.field_size_limit(MAX_FIELD_CHARS)
-    with _open_text(path) as f, open(temporary, "w", encoding="utf-8", newline="") as out:
+    with _open_csv(path) as f, open(temporary, "w", encoding="utf-8", newline="") as out:
         reader, writer = csv.reader(f), csv.writer(out)
         writer.writerow([*next(reader), column])
         k = 0
@@ -156,8 +150,6 @@ def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]
 
 
 def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
-    from .bounded_lines import BoundedLines
-
     with open(path, "rb") as raw, open(temporary, "w", encoding="utf-8") as out:
         for k, (_, data) in enumerate(BoundedLines(raw, MAX_LINE_BYTES)):
             record = json.loads(data)
@@ -167,8 +159,6 @@ def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[floa
 
 def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
     import pyarrow as pa  # type: ignore[import-untyped]
-
-    from ..io.optional import require
 
     table = parquet_file(path)
     pq = require("pyarrow.parquet", "logs", needed_for=f"writing {temporary}")
@@ -183,8 +173,6 @@ def _write_parquet(path: Path, temporary: Path, column: str, values: Sequence[fl
 
 def columns_of(path: Path) -> list[str]:
     """The table's columns: a CSV's header, a JSON Lines table's first row's keys, a parquet file's schema."""
-    if table_format(path) == "parquet":
-        return list(parquet_file(path).schema_arrow.names)
     try:
         next(read_rows(path, ["\x00"], ["-"]), None)
     except TableError as exc:
@@ -199,4 +187,4 @@ _FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, list[Any]]]], Callab
     "csv": (_csv_rows, _write_csv), "jsonl": (_jsonl_rows, _write_jsonl), "parquet": (_parquet_rows, _write_parquet)}
 
 
-__all__ = ["TABLE_FORMATS", "TableError", "columns_of", "read_rows", "table_format", "write_with_column"]
+__all__ = ["TableError", "columns_of", "read_rows", "table_format", "write_with_column"]

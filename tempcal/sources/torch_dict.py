@@ -19,6 +19,7 @@ from ..errors import TempcalError, param
 from ..io.safetensors_header import shown
 from ..models.detect import archive_kind
 from .base import OpenedSource, SourceOptions
+from .described import tensor_entry
 from .memory import (
     PICKLE_MAGIC,
     ZIP_MAGIC,
@@ -26,7 +27,6 @@ from .memory import (
     check_fits,
     checked_member,
     first_line,
-    in_memory_source,
     magic,
     missing,
 )
@@ -38,7 +38,6 @@ if TYPE_CHECKING:
 class TorchDictKind(InMemoryKind):
     name = "pt"
     title = "torch.save dict of tensors"
-    remembered = ("probs", "logits_key", "labels_key")  # kept in the sidecar beside T
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         path = paths[0]
@@ -46,23 +45,17 @@ class TorchDictKind(InMemoryKind):
         logits = _pt_tensor(loaded, path, options.logits_key, param("logits_key"))
         has_labels = options.labels_key in loaded or not labels_optional
         labels = _pt_tensor(loaded, path, options.labels_key, param("labels_key")) if has_labels else None
-        return in_memory_source(self, path, logits, labels, options, logits_name=options.logits_key,
-                                labels_name=options.labels_key)
+        return self.open_arrays(path, logits, labels, options)
 
     def describe_tensors(self, paths: list[Path], options: SourceOptions) -> list[dict[str, Any]]:
         """Every entry of the dict: tensors with their shapes, anything else by its type."""
         import torch
 
-        from .described import tensor_entry
-
-        path, entries = paths[0], []
-        for name, value in load_pt_dict(path).items():
-            if isinstance(value, torch.Tensor):
-                entries.append(tensor_entry(path, str(name), value.shape, str(value.dtype).removeprefix("torch."),
-                                            options))
-            else:
-                entries.append({**tensor_entry(path, str(name), None, type(value).__name__, options), "role": None})
-        return entries
+        path = paths[0]
+        return [tensor_entry(path, str(name), value.shape, str(value.dtype).removeprefix("torch."), options)
+                if isinstance(value, torch.Tensor)
+                else {**tensor_entry(path, str(name), None, type(value).__name__, options), "role": None}
+                for name, value in load_pt_dict(path).items()]
 
     def read_array(self, path: Path, key: str, option: str) -> torch.Tensor:
         return _pt_tensor(load_pt_dict(path), path, key, option)
