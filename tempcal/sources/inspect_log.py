@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import TempcalError, param
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .inspect_files import EvalArchive, InspectLogError, json_log
-from .lm_eval import ChoiceRows, pad_rows
+from .lm_eval import ChoiceRows, counts_shown, pad_rows
 
 #: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys).
 INCOMPLETE = ("several_targets", "no_answer", "missing_choice")
@@ -353,7 +353,7 @@ def _summary(info: InspectLogInfo) -> str:
 
 
 def _choice_counts(info: InspectLogInfo) -> dict[str, int]:
-    return dict(sorted(Counter(str(row.choices) for row in info.rows).items()))
+    return counts_shown(Counter(row.choices for row in info.rows))
 
 
 __all__ = ["InspectLogKind", "read_inspect_log"]

@@ -15,7 +15,14 @@ from inspect_logs import FIXTURES, expected_rows, fixture, members, reference, r
 from tempcal.errors import TempcalError
 from tempcal.sources import inspect_files
 from tempcal.sources.base import SourceOptions
-from tempcal.sources.inspect_log import InspectLogKind, answer_position, letter_of, read_inspect_log
+from tempcal.sources.inspect_log import (
+    InspectLogInfo,
+    InspectLogKind,
+    SampleRow,
+    answer_position,
+    letter_of,
+    read_inspect_log,
+)
 from tempcal.sources.registry import kind_of, open_source
 
 LOGS = ["mc_word.eval", "mc_bpe.eval", "mc_cot_word.eval", "mc_cot_bpe.eval", "mc_json_bpe.json", "mc_zip_bpe.eval",
@@ -253,3 +260,11 @@ def test_memory_stays_flat_in_the_log_size(tmp_path):
     small, _ = peak(40)
     large, nbytes = peak(400)
     assert large < nbytes / 5 and large < 3 * small
+
+
+def test_choice_counts_are_listed_in_numeric_order(tmp_path):
+    from tempcal.sources.inspect_log import _choice_counts
+
+    info = InspectLogInfo(tmp_path / "x.eval", rows=[SampleRow(k, 1, choices=c) for k, c in enumerate([10, 2, 10, 3])])
+    counts = _choice_counts(info)
+    assert list(counts) == ["2", "3", "10"] and counts == {"2": 1, "3": 1, "10": 2}
