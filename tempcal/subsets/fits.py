@@ -323,13 +323,13 @@ FIRST_SHOWN = 5
 
 @dataclass
 class SubsetRun:
-    """A subset run's global fit, its ``before`` and ``after`` (out of fold with folds), its subsets, the reads the
-    conformal sets took and the overall estimators (with folds; without, ``fit_file`` computes them)."""
+    """A run's global fit, its ``before`` and ``after`` (out of fold with folds), its subsets, the reads the conformal
+    sets took and the overall estimators (with folds; without, ``fit_file`` computes them)."""
 
     fit: FitResult
     before: CalibrationMetrics
     after: CalibrationMetrics
-    subsets: Subsets
+    subsets: Subsets | None  # None: the one global T
     reads: int = 0
     extras: list[dict] = field(default_factory=list)
 
