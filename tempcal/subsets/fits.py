@@ -123,10 +123,10 @@ class SharedFits:
         sums = self._pass([beta, *global_slots], self._group_slots([beta, *global_slots]), read=True)
         return NllDerivatives.from_sums(beta, sums[0].sum(0))
 
-    def finish(self, global_beta: float, max_passes: int = MAX_EXTRA_PASSES) -> SubsetTemperatures:
-        """Passes until every fit is certified (at most ``max_passes``), then the answers."""
+    def finish(self, global_beta: float) -> SubsetTemperatures:
+        """Passes until every fit is certified (at most :data:`MAX_EXTRA_PASSES`), then the answers."""
         self.global_beta = global_beta
-        for _ in range(max_passes):
+        for _ in range(MAX_EXTRA_PASSES):
             self._update()
             open_fits = [f for f in self.fits if f.candidate is not None]
             if not open_fits:
