@@ -97,12 +97,6 @@ class FitReport:
         return Basis(AT_GLOBAL, self.rows, self.n_eval, self.temperature, in_sample=self.rows == ROWS_ALL,
                      source=self.eval_source)
 
-    def group_bases(self, n: int) -> dict[str, Basis]:
-        """A group's blocks (``n`` evaluation rows): T = 1, its own T and the global T (out of fold with folds)."""
-        return {"before": replace(self.before_basis, n=n),
-                "after": Basis(AT_GROUPS, self.rows, n, folds=self.folds, source=self.eval_source),
-                "after_global": replace(self.after_basis, n=n)}
-
     def split_label(self) -> str:
         """How the rows were split, as the console's header and the page say it: ``T fitted on 674 rows; figures on
         the 674 held-out rows (stratified split, val-fraction 0.5, seed 0)``."""
@@ -142,8 +136,12 @@ class FitReport:
         }
 
     def _subsets_json(self) -> dict[str, Any]:
-        return {} if self.subsets is None else self.subsets.to_json(
-            lambda n: {name: basis.to_json() for name, basis in self.group_bases(n).items()})
+        """The folds and groups, each block of a group (``n`` evaluation rows) with its basis: T = 1, its own T and
+        the global T (out of fold with folds)."""
+        return {} if self.subsets is None else self.subsets.to_json(lambda n: {
+            "before": replace(self.before_basis, n=n).to_json(),
+            "after": Basis(AT_GROUPS, self.rows, n, folds=self.folds, source=self.eval_source).to_json(),
+            "after_global": replace(self.after_basis, n=n).to_json()})
 
     def groups_json(self) -> list[dict[str, Any]]:
         """``--group-by``: each group's JSON (its T, counts and figure blocks, each block with its basis)."""
