@@ -202,8 +202,8 @@ def expected(spec: OptionSpec) -> str:
 
 
 #: The TOML types each kind takes (a bool is no number).
-_TOML_TYPES: dict[str, type | tuple[type, ...]] = {"bool": bool, "int": int, "float": (int, float), "str": str,
-                                                   "choice": str, "path": str}
+_TOML_TYPES: dict[str, Any] = {"bool": bool, "int": int, "float": (int, float), "str": str, "choice": str,
+                               "path": str}
 
 
 def convert_value(spec: OptionSpec, value: Any, folder: Path) -> Any:
