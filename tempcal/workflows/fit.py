@@ -183,11 +183,10 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     if group_by is not None:
         plan = replace(plan, groups=read_groups(loaded, group_by))
     asked = Asked(bins, seed, estimators, bootstrap, alphas, objective)
-    evaluated, held_out = None, None
+    evaluated = None
     if plan.folds is not None:  # --folds K: the validating scan of every row, then the cross-fitting run
         scan = fit_scan = eval_scan = scan_source(loaded, device=device, chunk_rows=chunk_rows,
                                                   probs=loaded.options.probs, warnings=warnings, fit_rows=ALL_ROWS)
-        run = crossfit_run(loaded, scan, plan, asked, warnings)
     else:
         val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
         probs = loaded.options.probs
@@ -208,20 +207,21 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
         elif val_fraction != 1:
             fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
         _check_evaluation_rows(eval_scan, loaded, evaluated)
-        try:
-            run = (grouped_run(loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, asked, warnings)
-                   if plan.groups is not None else _fit_and_evaluate(fit_scan, eval_scan, asked, progress))
-        except DataError as exc:
-            raise exc.prefixed(f"{loaded.name}: ") from None
-        warnings[:0] = run.fit.warnings
+    try:
+        run = (crossfit_run(loaded, scan, plan, asked, warnings) if plan.folds is not None else
+               grouped_run(loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, asked, warnings)
+               if plan.groups is not None else _fit_and_evaluate(fit_scan, eval_scan, asked, progress))
+    except DataError as exc:
+        raise exc.prefixed(f"{loaded.name}: ") from None
+    warnings[:0] = run.fit.warnings
+    if plan.folds is None:  # with folds, the run's are out of fold
         run.extras = extra_figures(eval_scan, [1.0, run.fit.temperature], asked)
-        held_out = None if evaluated is not None else val_fraction
     return FitReport(
         source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=run.fit,
         before=run.before, after=run.after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
-        n_eval=eval_scan.num_samples, val_fraction=held_out, seed=seed, bins=bins, device=str(scan.device),
-        warnings=warnings, extras=run.extras, conformal_reads=run.reads, opened=loaded, subsets=run.subsets,
-        evaluated=evaluated)
+        n_eval=eval_scan.num_samples, val_fraction=None if evaluated is not None else val_fraction, seed=seed,
+        bins=bins, device=str(scan.device), warnings=warnings, extras=run.extras, conformal_reads=run.reads,
+        opened=loaded, subsets=run.subsets, evaluated=evaluated)
 
 
 def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
