@@ -271,12 +271,10 @@ def parse_config(data: bytes, shown: str) -> dict[str, Any]:
     check_nesting(text, shown)
     try:
         parsed: dict[str, Any] = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
+    except ValueError as exc:  # a TOMLDecodeError, or an integer of more digits than Python converts
         raise ConfigError(f"{shown}: invalid TOML: {exc}") from None
     except RecursionError:  # the scan above refuses deep nesting first; this is the backstop
         raise ConfigError(f"{shown}: invalid TOML: nested too deeply to read") from None
-    except ValueError as exc:  # an integer of more digits than Python converts
-        raise ConfigError(f"{shown}: invalid TOML: {exc}") from None
     return parsed
 
 
