@@ -271,12 +271,10 @@ def parse_config(data: bytes, shown: str) -> dict[str, Any]:
     check_nesting(text, shown)
     try:
         parsed: dict[str, Any] = _toml.loads(text)
-    except _toml.TOMLDecodeError as exc:
+    except ValueError as exc:  # a TOMLDecodeError, or an integer of more digits than Python converts
         raise ConfigError(f"{shown}: invalid TOML: {exc}") from None
     except RecursionError:  # the scan above refuses deep nesting first; this is the backstop
         raise ConfigError(f"{shown}: invalid TOML: nested too deeply to read") from None
-    except ValueError as exc:  # an integer of more digits than Python converts
-        raise ConfigError(f"{shown}: invalid TOML: {exc}") from None
     return parsed
 
 
@@ -287,24 +285,14 @@ _STRING_END = {'"""': re.compile(r'(?:[^\\]|\\.)*?"""(?!")', re.S), "'''": re.co
                '"': re.compile(r'(?:[^"\\\n]|\\.)*"'), "'": re.compile(r"[^'\n]*'")}
 
 
-class _Scan:
-    """Where a scan of TOML text is: the line, the table, the key whose value it is in, the depth."""
-
-    def __init__(self) -> None:
-        self.line, self.line_start, self.depth = 1, 0, 0
-        self.table, self.key = "", ""
-        self.in_value = False
-
-    def where(self) -> str:
-        key = self.key or "?"
-        return f"[{self.table}] {key}" if self.table else key
-
-
 def check_nesting(text: str, shown: str) -> None:
     """Refuse a value nested in more than :data:`MAX_NESTING` brackets or braces, naming its key and line (only the
     structure is followed; whatever else is wrong is left to the parser)."""
-    scan = _Scan()
-    pos = 0
+    line, line_start, depth, table, key, in_value, pos = 1, 0, 0, "", "", False, 0
+
+    def where() -> str:
+        return f"[{table}] {key or '?'}" if table else key or "?"
+
     limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
     long_runs = limit and any(len(run.group()) > limit for run in _DIGITS.finditer(text))
     tokens = _TOKEN_OR_DIGITS if long_runs else _TOKEN  # digits are followed only when some run is long
@@ -314,31 +302,31 @@ def check_nesting(text: str, shown: str) -> None:
             end = _STRING_END[token].match(text, pos)
             if end is None:
                 return  # an unterminated string: the parser says where
-            scan.line += text.count("\n", pos, end.end())
+            line += text.count("\n", pos, end.end())
             pos = end.end()
         elif token == "#":
             newline = text.find("\n", pos)
             pos = len(text) if newline < 0 else newline
         elif token == "\n":
-            scan.line, scan.line_start = scan.line + 1, pos
-            if scan.depth == 0:
-                scan.in_value, scan.key = False, ""
-        elif token == "=" and scan.depth == 0 and not scan.in_value:
-            scan.key, scan.in_value = text[scan.line_start:match.start()].strip(), True
-        elif token in "[{" and scan.depth == 0 and not scan.in_value:
+            line, line_start = line + 1, pos
+            if depth == 0:
+                in_value, key = False, ""
+        elif token == "=" and depth == 0 and not in_value:
+            key, in_value = text[line_start:match.start()].strip(), True
+        elif token in "[{" and depth == 0 and not in_value:
             newline = text.find("\n", pos)
-            scan.table = text[match.start():len(text) if newline < 0 else newline].split("#")[0].strip(" \t[]")
+            table = text[match.start():len(text) if newline < 0 else newline].split("#")[0].strip(" \t[]")
             pos = len(text) if newline < 0 else newline
         elif token in "[{":
-            scan.depth += 1
-            if scan.depth > MAX_NESTING:
-                raise ConfigError(f"{shown}: {scan.where()}: nested more than {MAX_NESTING} brackets deep (line "
-                                  f"{scan.line}); a value is a number, a string, or a list of them")
+            depth += 1
+            if depth > MAX_NESTING:
+                raise ConfigError(f"{shown}: {where()}: nested more than {MAX_NESTING} brackets deep (line "
+                                  f"{line}); a value is a number, a string, or a list of them")
         elif token in "]}":
-            scan.depth = max(scan.depth - 1, 0)
+            depth = max(depth - 1, 0)
         elif (digits := len(token) - token.count("_")) > limit and text[pos:pos + 1] not in (".", "e", "E"):
             # more digits than Python converts (4300 by default) stop the parser; a float of as many reads as inf
-            raise ConfigError(f"{shown}: {scan.where()}: an integer of {digits} digits (line {scan.line}); at most "
+            raise ConfigError(f"{shown}: {where()}: an integer of {digits} digits (line {line}); at most "
                               f"{limit} are read")
 
 

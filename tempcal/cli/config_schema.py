@@ -202,8 +202,8 @@ def expected(spec: OptionSpec) -> str:
 
 
 #: The TOML types each kind takes (a bool is no number).
-_TOML_TYPES: dict[str, type | tuple[type, ...]] = {"bool": bool, "int": int, "float": (int, float), "str": str,
-                                                   "choice": str, "path": str}
+_TOML_TYPES: dict[str, Any] = {"bool": bool, "int": int, "float": (int, float), "str": str, "choice": str,
+                               "path": str}
 
 
 def convert_value(spec: OptionSpec, value: Any, folder: Path) -> Any:
@@ -211,7 +211,7 @@ def convert_value(spec: OptionSpec, value: Any, folder: Path) -> Any:
     if spec.kind == "custom":
         assert spec.value_type is not None
         return spec.value_type.convert(value)
-    if not _is_kind(value, spec.kind):
+    if not isinstance(value, _TOML_TYPES[spec.kind]) or (isinstance(value, bool) and spec.kind != "bool"):
         raise TypeError
     if spec.kind == "float" and isinstance(value, float) and math.isnan(value):
         raise TypeError(f"expected {expected(spec)}, got nan")
@@ -223,11 +223,6 @@ def convert_value(spec: OptionSpec, value: Any, folder: Path) -> Any:
                 return choice
         raise ValueError(f"expected {expected(spec)}, got \"{value}\"")
     return _to_path(spec, value, folder) if spec.kind == "path" else value
-
-
-def _is_kind(value: Any, kind: str) -> bool:
-    """Whether a TOML value is of the type ``kind`` takes (a bool is no number)."""
-    return isinstance(value, _TOML_TYPES[kind]) and (kind == "bool" or not isinstance(value, bool))
 
 
 def _to_path(spec: OptionSpec, value: str, folder: Path) -> str:

@@ -198,16 +198,14 @@ def _interpolate(t: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 
 def smooth_ece_at(confidence: np.ndarray, wrong_confidence: np.ndarray, sigma: float,
-                  cache: dict[int, tuple[np.ndarray, np.ndarray]] | None = None, *, right: bool = False) -> float:
-    """smECE at a fixed bandwidth ``sigma`` (relplot's ``smooth_ece``); ``right`` as for :func:`smooth_ece`."""
+                  cache: dict[int, tuple[np.ndarray, np.ndarray]], *, right: bool = False) -> float:
+    """smECE at a fixed bandwidth ``sigma`` (relplot's ``smooth_ece``), the grid sums kept in ``cache`` by grid size;
+    ``right`` as for :func:`smooth_ece`."""
     mesh = np.linspace(0, 1, max(round(10 / sigma), MESH_POINTS))
     points = max(2000, round(20 / sigma)) // 2 + 1
-    if cache is not None and points in cache:
-        residual, count = cache[points]
-    else:
-        residual, count = _grid_sums(confidence, wrong_confidence, points, right)
-        if cache is not None:
-            cache[points] = (residual, count)
+    if points not in cache:
+        cache[points] = _grid_sums(confidence, wrong_confidence, points, right)
+    residual, count = cache[points]
     smoothed = _interpolate(mesh, _smooth(residual, sigma))
     density = _interpolate(mesh, _smooth(count, sigma)) + 1e-4
     return float(np.sum(np.abs(smoothed / density) * density) / np.sum(density))

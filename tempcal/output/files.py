@@ -175,12 +175,9 @@ def score_tensors(report) -> tuple[dict[str, Any], dict[str, str]]:
     import numpy as np
     import torch
 
-    tensors: dict[str, Any] = {}
-    for name in report.scores:
-        for k, tau in enumerate(report.taus):
-            tensors[score_key("id", name, tau)] = torch.from_numpy(np.ascontiguousarray(report.id_scores[name][k]))
-            for i, scores in enumerate(report.ood_scores):
-                tensors[score_key(f"ood.{i}", name, tau)] = torch.from_numpy(np.ascontiguousarray(scores[name][k]))
+    sides = [("id", report.id_scores), *((f"ood.{i}", scores) for i, scores in enumerate(report.ood_scores))]
+    tensors: dict[str, Any] = {score_key(side, name, tau): torch.from_numpy(np.ascontiguousarray(scores[name][k]))
+                               for name in report.scores for k, tau in enumerate(report.taus) for side, scores in sides}
     metadata = {"tempcal.source": report.source, "tempcal.taus": ",".join(tau_label(t) for t in report.taus),
                 "tempcal.scores": ",".join(report.scores), "tempcal.convention": "higher = more in-distribution"}
     metadata.update({f"tempcal.ood.{i}": path for i, path in enumerate(report.ood_files)})

@@ -123,10 +123,10 @@ class SharedFits:
         sums = self._pass([beta, *global_slots], self._group_slots([beta, *global_slots]), read=True)
         return NllDerivatives.from_sums(beta, sums[0].sum(0))
 
-    def finish(self, global_beta: float, max_passes: int = MAX_EXTRA_PASSES) -> SubsetTemperatures:
-        """Passes until every fit is certified (at most ``max_passes``), then the answers."""
+    def finish(self, global_beta: float) -> SubsetTemperatures:
+        """Passes until every fit is certified (at most :data:`MAX_EXTRA_PASSES`), then the answers."""
         self.global_beta = global_beta
-        for _ in range(max_passes):
+        for _ in range(MAX_EXTRA_PASSES):
             self._update()
             open_fits = [f for f in self.fits if f.candidate is not None]
             if not open_fits:
@@ -323,13 +323,13 @@ FIRST_SHOWN = 5
 
 @dataclass
 class SubsetRun:
-    """A subset run's global fit, its ``before`` and ``after`` (out of fold with folds), its subsets, the reads the
-    conformal sets took and the overall estimators (with folds; without, ``fit_file`` computes them)."""
+    """A run's global fit, its ``before`` and ``after`` (out of fold with folds), its subsets, the reads the conformal
+    sets took and the overall estimators (with folds; without, ``fit_file`` computes them)."""
 
     fit: FitResult
     before: CalibrationMetrics
     after: CalibrationMetrics
-    subsets: Subsets
+    subsets: Subsets | None  # None: the one global T
     reads: int = 0
     extras: list[dict] = field(default_factory=list)
 
@@ -343,35 +343,31 @@ def crossfit_run(loaded: OpenedSource, scan: Scan, plan: Plan, asked: Asked, war
     groups = None if plan.groups is None else torch.from_numpy(plan.groups.index[start:stop])
     count = plan.groups.count if plan.groups is not None else 1
     layout = CellLayout.of(groups, count, folds[start:stop], k, scan.device)
-    try:
-        fits = fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
-                                bins=asked.bins, group_names=None if plan.groups is None else plan.groups.names)
-        fold_betas = 1.0 / torch.tensor(fits.fold_temperatures, dtype=torch.float64)
-        betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
-        if plan.groups is not None:
-            betas.append(1.0 / torch.tensor(fits.group_fold_temperatures, dtype=torch.float64).reshape(-1))
-        report = torch.zeros_like(layout.cells) if groups is None else groups.to(scan.device)
-        calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, asked.bins)
-        global_t = fits.fit.temperature
-        before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
-        assert before is not None and after is not None
-        fold_sizes = np.bincount(folds, minlength=k).tolist()
-        subsets = Subsets({"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes},
-                          calibration=calibration, fold_rows=folds)
-        if plan.groups is not None:
-            sizes = plan.groups.sizes()
-            subsets.groups = fit_group_results(plan.groups.names, sizes, sizes, fits, calibration, global_t,
-                                               plan.groups.index)
-            subsets.group_key, subsets.group_prior, subsets.rows = plan.groups.key, plan.lam, plan.groups.index
-        warnings.extend(fits.subsets.warnings)
-        reads = 0
-        if asked.alphas:
-            from ..conformal.commands import fold_sets  # only when sets are asked: the Python API's fit stays light
+    fits = fit_with_subsets(scan, layout, groups=plan.groups is not None, lam=plan.lam, objective=asked.objective,
+                            bins=asked.bins, group_names=None if plan.groups is None else plan.groups.names)
+    fold_betas = 1.0 / torch.tensor(fits.fold_temperatures, dtype=torch.float64)
+    betas = [torch.ones(count * k, dtype=torch.float64), fold_betas.repeat(count)]
+    if plan.groups is not None:
+        betas.append(1.0 / torch.tensor(fits.group_fold_temperatures, dtype=torch.float64).reshape(-1))
+    report = torch.zeros_like(layout.cells) if groups is None else groups.to(scan.device)
+    calibration = cell_calibration(scan, torch.stack(betas), layout.cells, report, count, asked.bins)
+    global_t = fits.fit.temperature
+    before, after = subset_metrics(calibration, 0, 1.0), subset_metrics(calibration, 1, global_t)
+    assert before is not None and after is not None
+    fold_sizes = np.bincount(folds, minlength=k).tolist()
+    subsets = Subsets({"k": k, "temperatures": fits.fold_temperatures, "sizes": fold_sizes},
+                      calibration=calibration, fold_rows=folds)
+    if plan.groups is not None:
+        sizes = plan.groups.sizes()
+        subsets.groups = fit_group_results(plan.groups.names, sizes, sizes, fits, calibration, global_t,
+                                           plan.groups.index)
+        subsets.group_key, subsets.group_prior, subsets.rows = plan.groups.key, plan.lam, plan.groups.index
+    warnings.extend(fits.subsets.warnings)
+    reads = 0
+    if asked.alphas:
+        from ..conformal.commands import fold_sets  # loaded only when sets are asked: the Python API's fit stays light
 
-            before, after, reads = fold_sets(scan, loaded, subsets, asked.alphas, global_t, before, after)
-    except DataError as exc:
-        raise exc.prefixed(f"{loaded.name}: ") from None
-    warnings[:0] = fits.fit.warnings
+        before, after, reads = fold_sets(scan, loaded, subsets, asked.alphas, global_t, before, after)
     extras = subset_extras(subsets, asked, warnings)
     return SubsetRun(fits.fit, before, after, subsets, reads, extras)
 

@@ -139,9 +139,8 @@ def row_temperatures(opened: OpenedSource, groups: StoredGroups, default: float,
         count = int(torch.isin(index, torch.tensor([rows.names.index(n) for n in unstored])).sum())
         warnings.append(Note(f"{opened.name}: {len(unstored)} group(s) of '{groups.key}' have no stored temperature "
                              f"(first: '{unstored[0]}'); their {count} rows take the global T = {default!r}"))
-    values = None
-    if rows.numeric:  # integer groups: their names are the values in decimal
-        values = torch.tensor([int(name) for name in rows.names], dtype=torch.int64)[index]
+    # integer groups: their names are the values in decimal
+    values = torch.tensor([int(name) for name in rows.names], dtype=torch.int64)[index] if rows.numeric else None
     return torch.tensor(per_group, dtype=torch.float64)[index], dict(zip(rows.names, per_group, strict=True)), values
 
 

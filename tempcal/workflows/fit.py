@@ -18,7 +18,7 @@ from ..metrics.calibration import DEFAULT_BINS, CalibrationMetrics, evaluate_man
 from ..sources.base import Keep, Kept, SourceOptions
 from ..sources.registry import Source, open_source
 from ..subsets.cells import Subsets, metrics_block
-from ..subsets.fits import crossfit_run, grouped_run
+from ..subsets.fits import SubsetRun, crossfit_run, grouped_run
 from ..subsets.options import Asked, read_groups
 from ..subsets.options import plan as subset_plan
 from .common import (
@@ -97,12 +97,6 @@ class FitReport:
         return Basis(AT_GLOBAL, self.rows, self.n_eval, self.temperature, in_sample=self.rows == ROWS_ALL,
                      source=self.eval_source)
 
-    def group_bases(self, n: int) -> dict[str, Basis]:
-        """A group's blocks (``n`` evaluation rows): T = 1, its own T and the global T (out of fold with folds)."""
-        return {"before": replace(self.before_basis, n=n),
-                "after": Basis(AT_GROUPS, self.rows, n, folds=self.folds, source=self.eval_source),
-                "after_global": replace(self.after_basis, n=n)}
-
     def split_label(self) -> str:
         """How the rows were split, as the console's header and the page say it: ``T fitted on 674 rows; figures on
         the 674 held-out rows (stratified split, val-fraction 0.5, seed 0)``."""
@@ -142,8 +136,12 @@ class FitReport:
         }
 
     def _subsets_json(self) -> dict[str, Any]:
-        return {} if self.subsets is None else self.subsets.to_json(
-            lambda n: {name: basis.to_json() for name, basis in self.group_bases(n).items()})
+        """The folds and groups, each block of a group (``n`` evaluation rows) with its basis: T = 1, its own T and
+        the global T (out of fold with folds)."""
+        return {} if self.subsets is None else self.subsets.to_json(lambda n: {
+            "before": replace(self.before_basis, n=n).to_json(),
+            "after": Basis(AT_GROUPS, self.rows, n, folds=self.folds, source=self.eval_source).to_json(),
+            "after_global": replace(self.after_basis, n=n).to_json()})
 
     def groups_json(self) -> list[dict[str, Any]]:
         """``--group-by``: each group's JSON (its T, counts and figure blocks, each block with its basis)."""
@@ -185,52 +183,45 @@ def fit_file(source: Source, *, eval_file: Source | None = None, val_fraction: f
     if group_by is not None:
         plan = replace(plan, groups=read_groups(loaded, group_by))
     asked = Asked(bins, seed, estimators, bootstrap, alphas, objective)
+    evaluated = None
     if plan.folds is not None:  # --folds K: the validating scan of every row, then the cross-fitting run
-        scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=loaded.options.probs,
-                           warnings=warnings, fit_rows=ALL_ROWS)
-        run = crossfit_run(loaded, scan, plan, asked, warnings)
-        return FitReport(source=loaded.name, eval_source=None, fit=run.fit, before=run.before, after=run.after,
-                         num_classes=loaded.data.num_classes, n_fit=scan.num_samples, n_eval=scan.num_samples,
-                         val_fraction=None, seed=seed, bins=bins, device=str(scan.device), warnings=warnings,
-                         extras=run.extras, conformal_reads=run.reads, opened=loaded, subsets=run.subsets)
-    val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
-    probs = loaded.options.probs
-    evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
-    # The split comes from the labels alone, so the validating scan knows the fitting rows and prepares the
-    # fit's start on exactly them: the fit then takes at most a read or two more.
-    fit_rows: Any = ALL_ROWS
-    everything = np.arange(loaded.data.num_samples)
-    fit_index, eval_index = everything, everything if evaluated is None else np.arange(evaluated.data.num_samples)
-    if evaluated is None and val_fraction != 1:
-        fit_index, eval_index = stratified_split(loaded.data.labels.numpy(), val_fraction, seed)
-        fit_rows = loaded.local_rows(fit_index)
-    scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings,
-                       fit_rows=fit_rows)
-    fit_scan = eval_scan = scan
-    if evaluated is not None:
-        eval_scan = scan_source(evaluated, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
-    elif val_fraction != 1:
-        fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
-    _check_evaluation_rows(eval_scan, loaded, evaluated)
-    subsets, reads = None, 1 if alphas else 0
+        scan = fit_scan = eval_scan = scan_source(loaded, device=device, chunk_rows=chunk_rows,
+                                                  probs=loaded.options.probs, warnings=warnings, fit_rows=ALL_ROWS)
+    else:
+        val_fraction = DEFAULT_VAL_FRACTION if val_fraction is None else val_fraction
+        probs = loaded.options.probs
+        evaluated = None if eval_file is None else _evaluation_file(loaded, eval_file)
+        # The split comes from the labels alone, so the validating scan knows the fitting rows and prepares the
+        # fit's start on exactly them: the fit then takes at most a read or two more.
+        fit_rows: Any = ALL_ROWS
+        everything = np.arange(loaded.data.num_samples)
+        fit_index, eval_index = everything, everything if evaluated is None else np.arange(evaluated.data.num_samples)
+        if evaluated is None and val_fraction != 1:
+            fit_index, eval_index = stratified_split(loaded.data.labels.numpy(), val_fraction, seed)
+            fit_rows = loaded.local_rows(fit_index)
+        scan = scan_source(loaded, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings,
+                           fit_rows=fit_rows)
+        fit_scan = eval_scan = scan
+        if evaluated is not None:
+            eval_scan = scan_source(evaluated, device=device, chunk_rows=chunk_rows, probs=probs, warnings=warnings)
+        elif val_fraction != 1:
+            fit_scan, eval_scan = scan.select(fit_rows), scan.select(loaded.local_rows(eval_index))
+        _check_evaluation_rows(eval_scan, loaded, evaluated)
     try:
-        if plan.groups is not None:
-            run = grouped_run(loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, asked, warnings)
-            result, before, after, subsets, reads = run.fit, run.before, run.after, run.subsets, run.reads
-        else:
-            result, before, after = _fit_and_evaluate(fit_scan, eval_scan, loaded, objective=objective, bins=bins,
-                                                      alphas=alphas, progress=progress)
+        run = (crossfit_run(loaded, scan, plan, asked, warnings) if plan.folds is not None else
+               grouped_run(loaded, evaluated, fit_scan, eval_scan, plan, fit_index, eval_index, asked, warnings)
+               if plan.groups is not None else _fit_and_evaluate(fit_scan, eval_scan, asked, progress))
     except DataError as exc:
         raise exc.prefixed(f"{loaded.name}: ") from None
-    warnings[:0] = result.warnings
-    extras = extra_figures(eval_scan, [1.0, result.temperature], asked)
-    held_out = None if evaluated is not None else val_fraction
+    warnings[:0] = run.fit.warnings
+    if plan.folds is None:  # with folds, the run's are out of fold
+        run.extras = extra_figures(eval_scan, [1.0, run.fit.temperature], asked)
     return FitReport(
-        source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=result,
-        before=before, after=after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
-        n_eval=eval_scan.num_samples, val_fraction=held_out, seed=seed, bins=bins,
-        device=str(scan.device), warnings=warnings, extras=extras, conformal_reads=reads, opened=loaded,
-        subsets=subsets, evaluated=evaluated)
+        source=loaded.name, eval_source=None if evaluated is None else evaluated.name, fit=run.fit,
+        before=run.before, after=run.after, num_classes=loaded.data.num_classes, n_fit=fit_scan.num_samples,
+        n_eval=eval_scan.num_samples, val_fraction=None if evaluated is not None else val_fraction, seed=seed,
+        bins=bins, device=str(scan.device), warnings=warnings, extras=run.extras, conformal_reads=run.reads,
+        opened=loaded, subsets=run.subsets, evaluated=evaluated)
 
 
 def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
@@ -242,17 +233,17 @@ def _check_evaluation_rows(eval_scan: Any, loaded: Any, evaluated: Any) -> None:
                            else f"; lower {param('val_fraction')} or pass {param('eval')}"))
 
 
-def _fit_and_evaluate(fit_scan: Any, eval_scan: Any, loaded: Any, *, objective: str, bins: int,
-                      alphas: list[float], progress: Any = None) -> tuple[Any, CalibrationMetrics, CalibrationMetrics]:
+def _fit_and_evaluate(fit_scan: Any, eval_scan: Any, asked: Asked, progress: Any = None) -> SubsetRun:
     """The one global T (with a progress line on long runs) and the metrics before and after, conformal sets
-    included when ``alphas`` are given."""
+    included when ``asked.alphas`` are given."""
     with progress if progress is not None else nullcontext() as display:
-        result = fit_temperature(fit_scan, objective=objective, bins=bins,
+        result = fit_temperature(fit_scan, objective=asked.objective, bins=asked.bins,
                                  on_pass=None if display is None else display.ece_pass)
     taus = [1.0, result.temperature]
+    alphas = asked.alphas
     sets = ConformalPlan(alphas, fit_thresholds(fit_scan, taus, alphas)) if alphas else None
-    before, after = evaluate_many(eval_scan, taus, bins=bins, extra=sets)
-    return result, before, after
+    before, after = evaluate_many(eval_scan, taus, bins=asked.bins, extra=sets)
+    return SubsetRun(result, before, after, None, 1 if alphas else 0)
 
 
 def _evaluation_file(loaded: Any, eval_file: Source) -> Any:
