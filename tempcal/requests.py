@@ -1,8 +1,5 @@
-"""What a command was asked to do, as typed values: what to read, what to compute, what to write.
-
-Each command builds its request in one place from its parameters, named one by one; the checks and the
-write-back read its fields. Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
-"""
+"""What a command was asked to do, as typed values (what to read, compute and write), built in one place per command
+from its parameters; nothing here imports torch, so ``tempcal --help`` and usage errors stay fast."""
 
 from __future__ import annotations
 

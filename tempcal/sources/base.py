@@ -1,6 +1,5 @@
-"""What every kind of SOURCE gives the rest of tempcal (:class:`OpenedSource`: logits behind the
-:class:`~tempcal.core.data.LogitsSource` protocol, the T stored with them) and what a new kind implements
-(:class:`SourceKind`); :func:`tempcal.sources.registry.open_source` picks the kind, nothing else looks at suffixes."""
+"""What every kind of SOURCE gives the rest of tempcal (:class:`OpenedSource`: its logits and the T stored with them)
+and what a new kind implements (:class:`SourceKind`); :mod:`tempcal.sources.registry` picks the kind."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..core.data import HeldRows, PinnedStager, default_chunk_rows, to_device
-from ..errors import DataError, TempcalError, check_labels, param
+from ..errors import TEMPERATURE_KEY, DataError, TempcalError, check_labels, param
 from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
@@ -347,8 +347,6 @@ class SafetensorsKind(SourceKind):
         return read_header(path).stored_temperature(), []
 
     def temperature_place(self, path: Path) -> str:
-        from ..errors import TEMPERATURE_KEY
-
         return f"metadata '{TEMPERATURE_KEY}'; run tempcal fit first"
 
     def stored_metadata(self, path: Path) -> dict[str, str]:
