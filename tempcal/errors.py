@@ -162,14 +162,15 @@ def stored_temperature(text: str | bytes | None, where: str) -> float | None:
         return None
     value = temperature_number(text)
     if value is None:
-        shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {_shown(shown)}, {temperature_problem(text)}")
+        given = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {shown(given)}, {temperature_problem(text)}")
     return value
 
 
-def _shown(value: object, limit: int = 80) -> str:
+def shown(value: object) -> str:
+    """``repr`` of a value read from a file, cut to 80 characters: a message stays one line whatever the file holds."""
     text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def is_fitted(text: str | float) -> bool:
@@ -406,7 +407,7 @@ def stored_probs(text: str | None, where: str) -> bool:
         return False
     if text == "true":
         return True
-    raise TempcalError(f"{where} '{PROBS_KEY}' is {_shown(text)}; expected \"true\" or \"false\" (fix or delete it, "
+    raise TempcalError(f"{where} '{PROBS_KEY}' is {shown(text)}; expected \"true\" or \"false\" (fix or delete it, "
                        "or fit again)")
 
 
@@ -420,5 +421,5 @@ __all__ = ["FRACTION", "IGNORE_INDEX", "MAX_BINS", "MAX_RESAMPLES", "MISCOVERAGE
            "OutOfRange", "ProbabilitiesError", "StoredNote", "TempcalError", "as_temperature", "check_alphas",
            "check_bins", "check_confidences", "check_labels", "check_number", "check_option", "check_taus", "for_cli",
            "format_temperature", "is_fitted", "neutral", "param", "parse_tau", "positive_number",
-           "probabilities_refused", "render", "resolve_taus", "shown_value", "stored_probs", "stored_temperature",
-           "temperature_number", "temperature_problem", "whole_number"]
+           "probabilities_refused", "render", "resolve_taus", "shown", "shown_value", "stored_probs",
+           "stored_temperature", "temperature_number", "temperature_problem", "whole_number"]

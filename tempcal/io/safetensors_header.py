@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, stored_temperature
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, shown, stored_temperature
 from .paths import READ_FLAGS, atomic_path
 
 try:
@@ -36,8 +36,6 @@ DTYPES: dict[str, tuple[int, str]] = {
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 #: A header larger than this is refused before it is read (safetensors itself caps it at 100 MB).
 MAX_HEADER_BYTES = 100_000_000
-#: Names, shapes and other header values are cut to this many characters in error messages.
-MAX_SHOWN = 80
 
 
 @dataclass(frozen=True)
@@ -154,12 +152,6 @@ def encode_header(tensors: Mapping[str, TensorInfo], metadata: Mapping[str, str]
     text = json.dumps(entries, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
     return struct.pack("<Q", len(text)) + text
-
-
-def shown(value: object) -> str:
-    """``repr`` of a header value, cut short: error messages stay one readable line whatever the file holds."""
-    text = repr(value)
-    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
 
 
 def read_header(path: str | os.PathLike, *, record: bool = True) -> Header:

@@ -175,21 +175,16 @@ class OpenedSource:
 
     def write_temperature(self, temperature: float, output: str | Path | None = None,
                           extra: Mapping[str, str | None] | None = None) -> list[Path]:
-        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`) and
-        ``extra`` metadata (None values remove keys: e.g. per-group temperatures); returns the paths written."""
+        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (probabilities, and the names,
+        columns and scale not at their defaults) and ``extra`` metadata (None values remove keys); the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
-        reading = {**self.reading(), **(extra or {})}
-        return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
-
-    def reading(self) -> dict[str, str | None]:
-        """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove): probabilities, and
-        the tensor names, columns and scale that are not the defaults."""
         values = {"probs": "true" if self.options.probs else None}
         for name, default in DEFAULT_KEYS.items():
             value = getattr(self.options, name)
             values[name] = None if value == default else value if isinstance(value, str) else repr(float(value))
-        return {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
+        reading = {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
+        return [self.kind.write_reading(path, temperature, output, {**reading, **(extra or {})}) for path in self.paths]
 
     def temperature_place(self) -> str:
         """Where this SOURCE's T would be stored, for a message saying none is."""

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from ..core.data import HeldRows, PinnedStager, default_chunk_rows, to_device
-from ..errors import TEMPERATURE_KEY, DataError, TempcalError, check_labels, param
+from ..errors import TEMPERATURE_KEY, DataError, TempcalError, check_labels, param, shown
 from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
@@ -25,7 +25,6 @@ from ..io.safetensors_header import (
     dtype_name,
     read_header,
     read_tensor,
-    shown,
 )
 from .base import OpenedSource, SourceKind, SourceOptions, checked
 
