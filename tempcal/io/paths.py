@@ -35,12 +35,7 @@ def sidecar_path(path: str | os.PathLike) -> Path:
 
 # -- reading an untrusted file ---------------------------------------------------------------------
 #: ``O_NONBLOCK``: a FIFO or device put where the file was checked cannot make the open wait.
-READ_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-               | getattr(os, "O_BINARY", 0))
-#: What a file that is not a regular one is, as :class:`NotRegularFile` says it.
-_READ_KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe (FIFO)"),
-               (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
-               (stat.S_ISSOCK, "is a socket"))
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
 class BoundedReadError(Exception):
@@ -52,7 +47,7 @@ class NotRegularFile(BoundedReadError):
 
     def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
         self.mode = mode
-        self.kind = next((what for test, what in _READ_KINDS if test(mode)), "is not a file")
+        self.kind = "is a named pipe (FIFO)" if stat.S_ISFIFO(mode) else f"is a {kind_of(mode)}"
         self.link = os.readlink(os.fspath(path)) if os.path.islink(path) else None
         super().__init__(f"{path}: {self.kind}")
 

@@ -349,32 +349,20 @@ def copy_with_header(destination: Path, header: Header, new_header: bytes) -> No
 
 @contextlib.contextmanager
 def _unchanged_under_lock(header: Header) -> Iterator[None]:
-    """Hold the source's write-back lock and check it is still the version read: another tempcal
-    cannot rename between this check and our rename."""
+    """Hold the source's write-back lock (a bounded wait; closing the file releases it) and check it is still the
+    version read: another tempcal cannot rename between this check and our rename."""
     with open(header.path, "rb") as src:
-        held = _acquire(src.fileno(), header.path)
-        try:
-            check_unchanged(header.path, header.stamp, since="tempcal read it")
-            yield
-        finally:
-            if held:
-                with contextlib.suppress(OSError):
-                    fcntl.flock(src.fileno(), fcntl.LOCK_UN)
-
-
-def _acquire(fd: int, path: Path) -> bool:
-    """Wait (a bounded time) for the lock; False where locks are not available."""
-    if fcntl is None:
-        return False
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TempcalError(f"{path}: another tempcal has held its write-back lock for over "
-                                   f"{LOCK_WAIT_SECONDS:g} s; nothing written") from None
-            time.sleep(0.005)
-        except OSError:  # no locks on this file system (some network mounts)
-            return False
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while fcntl is not None:
+            try:
+                fcntl.flock(src.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TempcalError(f"{header.path}: another tempcal has held its write-back lock for over "
+                                       f"{LOCK_WAIT_SECONDS:g} s; nothing written") from None
+                time.sleep(0.005)
+            except OSError:  # no locks on this file system (some network mounts)
+                break
+        check_unchanged(header.path, header.stamp, since="tempcal read it")
+        yield

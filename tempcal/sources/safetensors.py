@@ -4,6 +4,7 @@ whole; rows labelled ``ignore_index`` are skipped."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -77,9 +78,7 @@ class ShardedLogits:
         self.rows = rows
         self.labels = labels if rows is None else labels[rows]
         self.dtype = shards[0].dtype
-        self.starts = [0]
-        for shard in shards:
-            self.starts.append(self.starts[-1] + shard.rows)
+        self.starts = list(itertools.accumulate((shard.rows for shard in shards), initial=0))
 
     # -- the interface Scan uses (shared with LogitsData) --------------------------------
     @property
