@@ -57,9 +57,8 @@ class StoredNote(Note):
     would use that T, left out by a fit, which replaces it."""
 
 
-#: Characters that reorder the text around them (bidirectional embeddings, overrides, isolates and marks): a file
-#: or group name holding U+202E would show the rest of a line reversed. Every console line and page shows them as
-#: escapes (``\u202e``).
+#: Characters that reorder the text around them (bidirectional embeddings, overrides, isolates and marks): a name
+#: holding U+202E would show the rest of its line reversed, so every console line and page shows them as escapes.
 BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 _BIDI_ESCAPES = str.maketrans({c: f"\\u{ord(c):04x}" for c in BIDI_CONTROLS})
 

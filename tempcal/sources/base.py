@@ -318,9 +318,8 @@ class SourceKind(ABC):
     name: str = ""
     #: Whether several files (shards, a glob) make one SOURCE of this kind.
     shards: bool = False
-    #: What this kind keeps beside T about how the file was read (``SourceOptions`` fields of
-    #: :data:`READING_KEYS`), written by :meth:`write_reading`; later opens without those options read
-    #: the file the same way.
+    #: The ``SourceOptions`` fields (of :data:`READING_KEYS`) this kind keeps beside T (:meth:`write_reading`): later
+    #: opens without those options read the file the same way.
     remembered: tuple[str, ...] = ()
     #: How ``tempcal inspect`` names this kind (its ``kind_name``; the ``name`` when empty).
     title: str = ""

@@ -32,9 +32,8 @@ from .base import OpenedSource, SourceKind, SourceOptions, checked
 if TYPE_CHECKING:
     from .described import Findings
 
-#: Logits of at most this many bytes (all shards together) are read once and kept, about what
-#: importing torch already takes; every pass over larger inputs reads them again, a chunk at a time.
-#: The environment variable TEMPCAL_RESIDENT_BYTES overrides it (0: always read in chunks).
+#: Logits of at most this many bytes (all shards together; about what importing torch takes) are read once and kept;
+#: larger inputs are read again, a chunk at a time, by every pass. TEMPCAL_RESIDENT_BYTES overrides it (0: none kept).
 RESIDENT_BYTES = 256 << 20
 
 
