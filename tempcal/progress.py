@@ -90,7 +90,7 @@ class Progress:
         head = f"{self.description}: " if self.detail or self.total is not None else self.description
         so_far = f"{_duration(elapsed)} so far"
         if self.total is None:
-            return f"{head}{self.detail}; {so_far}" if self.detail else f"{head}; {so_far}"
+            return f"{head}{self.detail}; {so_far}"
         share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         count = f"{self.done:,}/{self.total:,} {self.unit}".rstrip() + share
         rate = self.done / elapsed if elapsed > 0 else 0.0

@@ -235,10 +235,10 @@ def check_folder(path: str | os.PathLike, label: str) -> Path:
     return folder
 
 
-def problem_with(path: str | os.PathLike, *, follow_link: bool = False) -> str | None:
+def problem_with(path: str | os.PathLike) -> str | None:
     """Why a file may not be written at ``path`` (a phrase such as "is a character device"), or None."""
     try:
-        check_target(path, "", follow_link=follow_link)
+        check_target(path, "")
     except TempcalError as exc:
         return str(exc).removeprefix(": ").removesuffix("; nothing written")
     return None

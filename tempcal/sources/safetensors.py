@@ -306,7 +306,13 @@ class SafetensorsKind(SourceKind):
     logits_file = True
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        check_not_hidden(read_header(paths[0]), options)
+        tensors = read_header(paths[0]).tensors
+        if options.logits_key not in tensors and options.hidden_key in tensors:  # hidden states: --head reads them
+            raise TempcalError(f"{paths[0]}: holds hidden states {shown(options.hidden_key)} "
+                               f"{list(tensors[options.hidden_key].shape)} and no logits {shown(options.logits_key)}: "
+                               f"pass {param('head')} HEAD (the output layer: a .safetensors file with 'weight', or a "
+                               f"Hugging Face model folder) to compute the logits from them, or name the logits "
+                               f"tensor with {param('logits_key')}")
         if options.probs:
             data, has_labels = _read_whole(paths, options, labels_optional)
         else:
@@ -353,17 +359,6 @@ class SafetensorsKind(SourceKind):
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
         return safetensors_header.write_temperature(path, temperature, output, metadata=metadata)
-
-
-def check_not_hidden(header: Header, options: SourceOptions) -> None:
-    """A file of hidden states read as logits (no ``--head``): the error says ``--head``, which reads them."""
-    tensors = header.tensors
-    if options.logits_key not in tensors and options.hidden_key in tensors:
-        raise TempcalError(f"{header.path}: holds hidden states {shown(options.hidden_key)} "
-                           f"{list(tensors[options.hidden_key].shape)} and no logits {shown(options.logits_key)}: "
-                           f"pass {param('head')} HEAD (the output layer: a .safetensors file with 'weight', or a "
-                           f"Hugging Face model folder) to compute the logits from them, or name the logits tensor "
-                           f"with {param('logits_key')}")
 
 
 def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool):
