@@ -94,12 +94,12 @@ def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | No
     label = f"{what} {path}" if what else str(path)
     destination = check_target(path, label)
     folder = destination.parent
-    _sweep_stale_temporaries(folder, destination.name)
+    prefix = f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}"
+    _sweep_stale_temporaries(folder, prefix)
     import tempfile  # here: importing it (random, hashlib) would add 4 ms to every command's start, --help's too
 
     try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}",
-                                    suffix=TEMP_SUFFIX)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=TEMP_SUFFIX)
     except OSError as exc:
         raise TempcalError(f"{label}: cannot write in {folder} ({exc.strerror or exc})") from None
     temporary = Path(name)
@@ -173,9 +173,8 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
-def _sweep_stale_temporaries(folder: Path, name: str) -> None:
-    """Remove temporary files that killed writers into ``folder/name`` left: old, and locked by nobody."""
-    prefix = f".{name[:TEMP_NAME_CHARS]}{TEMP_TAG}"
+def _sweep_stale_temporaries(folder: Path, prefix: str) -> None:
+    """Remove the temporary files (named ``prefix...``) that killed writers left in ``folder``: old, and unlocked."""
     try:
         entries = list(os.scandir(folder))
     except OSError:

@@ -442,11 +442,11 @@ class SourceKind(ABC):
         if options.probs:
             raise TempcalError(f"{param('probs')} applies to logits files; {what}")
 
-    def with_stored(self, opened: OpenedSource, path: Path | None = None) -> OpenedSource:
-        """``opened`` with the T stored for ``path`` (its first file by default) and the notes about it added to its
-        warnings; a broken sidecar is kept as its ``stored_problem``, raised if T is asked for (a fit replaces it)."""
+    def with_stored(self, opened: OpenedSource) -> OpenedSource:
+        """``opened`` with the T stored for its first file and the notes about it added to its warnings; a broken
+        sidecar is kept as its ``stored_problem``, raised if T is asked for (a fit replaces it)."""
         try:
-            opened.stored, notes = self.read_temperature(opened.paths[0] if path is None else path)
+            opened.stored, notes = self.read_temperature(opened.paths[0])
         except TempcalError as exc:
             opened.stored_problem = exc
         else:
