@@ -484,6 +484,6 @@ class SourceKind(ABC):
         return write_sidecar_copy(path, temperature, Path(output), updates=metadata)
 
 
-__all__ = ["DEFAULT_KEYS", "READING_KEYS", "TASK", "Keep", "Kept", "OpenedSource", "RowGroups", "SourceKind",
-           "SourceOptions", "check_row_count", "checked", "expand_sources", "file_groups", "group_metadata",
-           "kept_rows", "named", "wrote_lines"]
+__all__ = ["DEFAULT_KEYS", "TASK", "Keep", "Kept", "OpenedSource", "RowGroups", "SourceKind", "SourceOptions",
+           "check_row_count", "checked", "expand_sources", "file_groups", "group_metadata", "kept_rows", "named",
+           "wrote_lines"]
