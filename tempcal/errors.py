@@ -20,8 +20,7 @@ _PARAM = re.compile(f"{_MARK}([A-Za-z0-9_]+)(?:=(True|False))?{_MARK}")
 
 def param(name: str, value: bool | None = None) -> str:
     """The parameter ``name`` (a Python argument name) marked inside a message: Python callers read ``labels_key``,
-    the command line ``--labels-key``; with an on/off ``value``, ``probs=False`` and ``--no-probs`` (the exit
-    statuses are mapped once, in ``tempcal.cli.main``)."""
+    the command line ``--labels-key``; with an on/off ``value``, ``probs=False`` and ``--no-probs``."""
     return f"{_MARK}{name}{'' if value is None else f'={value}'}{_MARK}"
 
 
@@ -58,9 +57,8 @@ class StoredNote(Note):
     would use that T, left out by a fit, which replaces it."""
 
 
-#: Characters that reorder the text around them (bidirectional embeddings, overrides, isolates and marks): a file
-#: or group name holding U+202E would show the rest of a line reversed. Every console line and page shows them as
-#: escapes (``\u202e``).
+#: Characters that reorder the text around them (bidirectional embeddings, overrides, isolates and marks): a name
+#: holding U+202E would show the rest of its line reversed, so every console line and page shows them as escapes.
 BIDI_CONTROLS = "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 _BIDI_ESCAPES = str.maketrans({c: f"\\u{ord(c):04x}" for c in BIDI_CONTROLS})
 
@@ -163,14 +161,15 @@ def stored_temperature(text: str | bytes | None, where: str) -> float | None:
         return None
     value = temperature_number(text)
     if value is None:
-        shown = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
-        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {_shown(shown)}, {temperature_problem(text)}")
+        given = text.decode("utf-8", "replace") if isinstance(text, bytes) else text
+        raise TempcalError(f"{where} '{TEMPERATURE_KEY}' is {shown(given)}, {temperature_problem(text)}")
     return value
 
 
-def _shown(value: object, limit: int = 80) -> str:
+def shown(value: object) -> str:
+    """``repr`` of a value read from a file, cut to 80 characters: a message stays one line whatever the file holds."""
     text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def is_fitted(text: str | float) -> bool:
@@ -206,8 +205,7 @@ def resolve_taus(values: Sequence[str | float] | None, stored: float | None, sou
                  *, defaults: Sequence[float] = (), sweep: Sequence[float] = (), sort: bool = True,
                  place: str | None = None) -> list[float]:
     """The temperatures a command reports at, without repeats: the given values (``fitted``: the stored T) and
-    ``sweep``; with no values, ``defaults`` and ``sweep``, else the stored T, else 1.0. The stored T joins any default
-    set or sweep. ``place``: where the stored T would be kept, for the error when ``fitted`` finds none."""
+    ``sweep``; with none, ``defaults`` and ``sweep`` (the stored T joins them), else the stored T, else 1.0."""
     given = [parse_tau(text, stored, source, place) for text in values or ()]
     extra = [float(t) for t in (sweep if values else [*defaults, *sweep])]
     if extra and stored is not None:
@@ -363,11 +361,8 @@ def check_confidences(confidence: Any) -> None:
 # -- labels -------------------------------------------------------------------------------
 def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name: str = "labels",
                  logits_name: str = "logits") -> torch.Tensor:
-    """Integer labels matching logits of ``logits_shape`` as a flat int64 tensor (validated once, for every source).
-
-    Logits ``[N, C]`` / ``[N]`` take labels ``[N]`` (``[N, 1]`` is accepted); token-level logits
-    ``[B, L, V]`` take labels ``[B, L]``. ``where`` (e.g. ``"val.safetensors: "``) starts every message.
-    """
+    """Integer labels matching logits of ``logits_shape`` as a flat int64 tensor: logits ``[N, C]`` / ``[N]`` take
+    labels ``[N]`` (or ``[N, 1]``), token-level ``[B, L, V]`` take ``[B, L]``; ``where`` starts every message."""
     import torch
 
     y = torch.as_tensor(labels)
@@ -392,7 +387,6 @@ def check_labels(labels: Any, logits_shape: Sequence[int], where: str = "", name
 # -- probabilities ------------------------------------------------------------------------
 #: How a probabilities message names the choice: ``probs=True`` in Python, ``--probs`` on the command line.
 AS_LOGITS, AS_PROBS = param("probs", False), param("probs", True)
-EITHER = f"{AS_PROBS}, or {AS_LOGITS}"
 
 
 class ProbabilitiesError(DataError):
@@ -403,7 +397,7 @@ class ProbabilitiesError(DataError):
 def probabilities_refused(what: str, where: str = "") -> ProbabilitiesError:
     """The refusal of values that look like probabilities when the caller did not say whether they are."""
     return ProbabilitiesError(f"{where}every row of {what} looks like a probability vector (values in [0, 1], each "
-                              f"row summing to 1); pass {EITHER} to treat the values as logits")
+                              f"row summing to 1); pass {AS_PROBS}, or {AS_LOGITS} to treat the values as logits")
 
 
 def stored_probs(text: str | None, where: str) -> bool:
@@ -412,7 +406,7 @@ def stored_probs(text: str | None, where: str) -> bool:
         return False
     if text == "true":
         return True
-    raise TempcalError(f"{where} '{PROBS_KEY}' is {_shown(text)}; expected \"true\" or \"false\" (fix or delete it, "
+    raise TempcalError(f"{where} '{PROBS_KEY}' is {shown(text)}; expected \"true\" or \"false\" (fix or delete it, "
                        "or fit again)")
 
 
@@ -426,5 +420,5 @@ __all__ = ["FRACTION", "IGNORE_INDEX", "MAX_BINS", "MAX_RESAMPLES", "MISCOVERAGE
            "OutOfRange", "ProbabilitiesError", "StoredNote", "TempcalError", "as_temperature", "check_alphas",
            "check_bins", "check_confidences", "check_labels", "check_number", "check_option", "check_taus", "for_cli",
            "format_temperature", "is_fitted", "neutral", "param", "parse_tau", "positive_number",
-           "probabilities_refused", "render", "resolve_taus", "shown_value", "stored_probs", "stored_temperature",
-           "temperature_number", "temperature_problem", "whole_number"]
+           "probabilities_refused", "render", "resolve_taus", "shown", "shown_value", "stored_probs",
+           "stored_temperature", "temperature_number", "temperature_problem", "whole_number"]

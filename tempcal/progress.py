@@ -1,15 +1,11 @@
-"""A progress line on standard error for work that may run long: a bar where a person watches, a plain line in logs.
-
-Nothing shows for the first ``delay`` seconds; then a transient rich line or bar on a terminal, or off one a plain
-line at most every :data:`PLAIN_EVERY` seconds. Nothing with ``enabled=False``, nor on ranks but 0; never stdout.
-"""
+"""A progress line on standard error (never stdout) for work that may run long, once ``delay`` seconds have passed: a
+transient bar on a terminal, else a plain line at most every :data:`PLAIN_EVERY` seconds; none on ranks but 0."""
 
 from __future__ import annotations
 
 import threading
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import IO, Any
 
 from rich.console import Console
@@ -68,8 +64,7 @@ class Progress:
             threading.Thread(target=self._ticking, name="tempcal-progress", daemon=True).start()
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(self, *exc: object) -> None:
         self._ended.set()
         with self._lock:
             if self._timer is not None:
@@ -95,7 +90,7 @@ class Progress:
         head = f"{self.description}: " if self.detail or self.total is not None else self.description
         so_far = f"{_duration(elapsed)} so far"
         if self.total is None:
-            return f"{head}{self.detail}; {so_far}" if self.detail else f"{head}; {so_far}"
+            return f"{head}{self.detail}; {so_far}"
         share = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         count = f"{self.done:,}/{self.total:,} {self.unit}".rstrip() + share
         rate = self.done / elapsed if elapsed > 0 else 0.0

@@ -1,8 +1,5 @@
-"""What a command was asked to do, as typed values: what to read, what to compute, what to write.
-
-Each command builds its request in one place from its parameters, named one by one; the checks and the
-write-back read its fields. Nothing here imports torch: ``tempcal --help`` and usage errors stay fast.
-"""
+"""What a command was asked to do, as typed values (what to read, compute and write), built in one place per command
+from its parameters; nothing here imports torch, so ``tempcal --help`` and usage errors stay fast."""
 
 from __future__ import annotations
 
@@ -49,13 +46,17 @@ class Texts:
 
 @dataclass(frozen=True, kw_only=True)
 class Request:
-    """What every reading command is given: SOURCE, how to read it, the texts of an ``--lm`` run, what to write."""
+    """What every reading command is given: SOURCE, how to read it, the texts of an ``--lm`` run, what to write, and
+    the groups (``--group-by``), resamples and seed of its figures."""
 
     source: list[str] | None
     reading: SourceOptions
     outputs: Outputs
     texts: Texts = field(default_factory=Texts)
     chunk_rows: int | None = None
+    group_by: str | None = None
+    bootstrap: int = 0
+    seed: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,14 +67,11 @@ class FitRequest(Request):
     val_fraction: float = 0.5  # as given (or defaulted)
     split: float | None = None  # the share that fits T; None: the default (``--val-fraction`` not given)
     folds: int | None = None
-    group_by: str | None = None
     group_prior: float | None = None
-    seed: int = 0
     objective: str = "nll"
     bins: int = 15
     max_ece: float | None = None
     estimators: str | None = None  # as given: names, comma-separated, or 'all'
-    bootstrap: int = 0
     conformal_alpha: list[float] | None = None
 
 
@@ -85,9 +83,6 @@ class ReportRequest(Request):
     sweep: str | None = None  # START:STOP:COUNT
     bins: int = 15
     estimators: str | None = None
-    bootstrap: int = 0
-    seed: int = 0
-    group_by: str | None = None
     eval_rows: bool = False
     conformal_alpha: list[float] | None = None
 
@@ -105,9 +100,6 @@ class OodRequest(Request):
     odin_eps: float | None = None
     min_auroc: float | None = None
     max_fpr95: float | None = None
-    bootstrap: int = 0
-    seed: int = 0
-    group_by: str | None = None
 
 
 __all__ = ["FitRequest", "OodRequest", "Outputs", "ReportRequest", "Request", "Texts"]

@@ -9,10 +9,9 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from ..errors import TempcalError
+from ..errors import TempcalError, shown
 from .bounded_read import JsonLongInteger, JsonTooDeep, load_json
 from .paths import NotRegularFile, TooLarge, read_regular
-from .safetensors_header import shown
 
 #: Largest ``config.json`` read (configurations are a few kB; label maps of 20k classes about 1 MB).
 MAX_CONFIG_BYTES = 16 << 20

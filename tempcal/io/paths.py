@@ -25,30 +25,17 @@ except ImportError:  # not POSIX: no advisory locks
 TEMP_TAG, TEMP_SUFFIX, TEMP_NAME_CHARS = ".tempcal-", ".tmp", 100
 #: A temporary file older than this whose lock nobody holds was left by a killed writer.
 STALE_SECONDS = 60.0
-#: Beside a file without metadata of its own, ``FILE.tempcal.json`` keeps its T (:mod:`tempcal.io.sidecar`).
-SIDECAR_SUFFIX = ".tempcal.json"
 
 
 def sidecar_path(path: str | os.PathLike) -> Path:
     """Where the T of a file without metadata is kept: ``FILE.tempcal.json`` beside it."""
     path = Path(path)
-    return path.with_name(path.name + SIDECAR_SUFFIX)
-
-
-def destination_of(path: str | os.PathLike) -> Path:
-    """Where writing ``path`` goes when a link is followed: the file a symbolic link names, else ``path`` itself."""
-    shown = Path(path)
-    return Path(os.path.realpath(shown)) if shown.is_symlink() else shown
+    return path.with_name(path.name + ".tempcal.json")
 
 
 # -- reading an untrusted file ---------------------------------------------------------------------
 #: ``O_NONBLOCK``: a FIFO or device put where the file was checked cannot make the open wait.
-_OPEN_FLAGS = (os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-               | getattr(os, "O_BINARY", 0))
-#: What a file that is not a regular one is, as :class:`NotRegularFile` says it.
-_READ_KINDS = ((stat.S_ISDIR, "is a folder"), (stat.S_ISFIFO, "is a named pipe (FIFO)"),
-               (stat.S_ISCHR, "is a character device"), (stat.S_ISBLK, "is a block device"),
-               (stat.S_ISSOCK, "is a socket"))
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
 class BoundedReadError(Exception):
@@ -60,7 +47,7 @@ class NotRegularFile(BoundedReadError):
 
     def __init__(self, path: str | os.PathLike[str], mode: int) -> None:
         self.mode = mode
-        self.kind = next((what for test, what in _READ_KINDS if test(mode)), "is not a file")
+        self.kind = "is a named pipe (FIFO)" if stat.S_ISFIFO(mode) else f"is a {kind_of(mode)}"
         self.link = os.readlink(os.fspath(path)) if os.path.islink(path) else None
         super().__init__(f"{path}: {self.kind}")
 
@@ -83,7 +70,7 @@ def read_regular(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of ``path``, a regular file (checked before and after a non-blocking open: a device is never read)
     of at most ``limit`` bytes (one byte past it read, to notice a growing file); else ``BoundedReadError``."""
     _check_regular(os.stat(path), path, limit)
-    with os.fdopen(os.open(path, _OPEN_FLAGS), "rb") as f:
+    with os.fdopen(os.open(path, READ_FLAGS), "rb") as f:
         _check_regular(os.fstat(f.fileno()), path, limit)
         data = f.read(limit + 1)
     if len(data) > limit:
@@ -107,12 +94,12 @@ def atomic_path(path: str | os.PathLike, *, what: str = "output", mode: int | No
     label = f"{what} {path}" if what else str(path)
     destination = check_target(path, label)
     folder = destination.parent
-    _sweep_stale_temporaries(folder, destination.name)
+    prefix = f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}"
+    _sweep_stale_temporaries(folder, prefix)
     import tempfile  # here: importing it (random, hashlib) would add 4 ms to every command's start, --help's too
 
     try:
-        fd, name = tempfile.mkstemp(dir=folder, prefix=f".{destination.name[:TEMP_NAME_CHARS]}{TEMP_TAG}",
-                                    suffix=TEMP_SUFFIX)
+        fd, name = tempfile.mkstemp(dir=folder, prefix=prefix, suffix=TEMP_SUFFIX)
     except OSError as exc:
         raise TempcalError(f"{label}: cannot write in {folder} ({exc.strerror or exc})") from None
     temporary = Path(name)
@@ -186,9 +173,8 @@ def _try_lock(fd: int) -> bool:
     return True
 
 
-def _sweep_stale_temporaries(folder: Path, name: str) -> None:
-    """Remove temporary files that killed writers into ``folder/name`` left: old, and locked by nobody."""
-    prefix = f".{name[:TEMP_NAME_CHARS]}{TEMP_TAG}"
+def _sweep_stale_temporaries(folder: Path, prefix: str) -> None:
+    """Remove the temporary files (named ``prefix...``) that killed writers left in ``folder``: old, and unlocked."""
     try:
         entries = list(os.scandir(folder))
     except OSError:
@@ -248,10 +234,10 @@ def check_folder(path: str | os.PathLike, label: str) -> Path:
     return folder
 
 
-def problem_with(path: str | os.PathLike, *, follow_link: bool = False) -> str | None:
+def problem_with(path: str | os.PathLike) -> str | None:
     """Why a file may not be written at ``path`` (a phrase such as "is a character device"), or None."""
     try:
-        check_target(path, "", follow_link=follow_link)
+        check_target(path, "")
     except TempcalError as exc:
         return str(exc).removeprefix(": ").removesuffix("; nothing written")
     return None
@@ -334,14 +320,10 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-#: The characters that make a path a glob pattern.
-GLOB_CHARACTERS = "*?["
-
-
 def is_pattern(text: str) -> bool:
     """``text`` is a glob pattern: it holds ``*``, ``?`` or ``[`` and names no file as it is written (a file
     called ``run[1].safetensors`` is that file, not a pattern matching ``run1.safetensors``)."""
-    return any(ch in text for ch in GLOB_CHARACTERS) and not os.path.lexists(text)
+    return any(ch in text for ch in "*?[") and not os.path.lexists(text)
 
 
 def expand(paths: Iterable[str | os.PathLike | None], *, strict: bool = False) -> list[str]:
@@ -437,6 +419,5 @@ def _refuse_inside(label: str, path: str, members: Sequence[tuple[str, str, list
 
 
 __all__ = ["BoundedReadError", "NotRegularFile", "TooLarge", "atomic_path", "check_distinct", "check_folder",
-           "check_named_once", "check_target", "destination_of", "expand", "is_pattern", "kind_of", "problem_with",
-           "read_regular", "refuse_read_only", "same_file", "sidecar_path", "write_atomic", "write_bytes_atomic",
-           "write_text_atomic"]
+           "check_named_once", "check_target", "expand", "is_pattern", "kind_of", "problem_with", "read_regular",
+           "refuse_read_only", "same_file", "sidecar_path", "write_atomic", "write_bytes_atomic", "write_text_atomic"]

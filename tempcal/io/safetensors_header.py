@@ -17,8 +17,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, stored_temperature
-from .paths import atomic_path, destination_of
+from ..errors import TEMPERATURE_KEY, TempcalError, format_temperature, shown, stored_temperature
+from .paths import READ_FLAGS, atomic_path
 
 try:
     import fcntl
@@ -36,8 +36,6 @@ DTYPES: dict[str, tuple[int, str]] = {
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 #: A header larger than this is refused before it is read (safetensors itself caps it at 100 MB).
 MAX_HEADER_BYTES = 100_000_000
-#: Names, shapes and other header values are cut to this many characters in error messages.
-MAX_SHOWN = 80
 
 
 @dataclass(frozen=True)
@@ -81,11 +79,6 @@ def check_unchanged(path: str | os.PathLike, stamp: FileStamp | None, *, since: 
 
 #: The stamp of each file (by real path) when this process last read its header or wrote it.
 _LOADED: dict[str, FileStamp] = {}
-
-
-def recorded_stamp(path: str | os.PathLike) -> FileStamp | None:
-    """The stamp ``path`` had when this process last read (or wrote) it; write-back checks against it."""
-    return _LOADED.get(os.path.realpath(path))
 
 
 def record_stamp(path: str | os.PathLike, stamp: FileStamp | None) -> None:
@@ -161,29 +154,15 @@ def encode_header(tensors: Mapping[str, TensorInfo], metadata: Mapping[str, str]
     return struct.pack("<Q", len(text)) + text
 
 
-def shown(value: object) -> str:
-    """``repr`` of a header value, cut short: error messages stay one readable line whatever the file holds."""
-    text = repr(value)
-    return text if len(text) <= MAX_SHOWN else text[: MAX_SHOWN - 3] + "..."
-
-
-def read_header(path: str | os.PathLike) -> Header:
+def read_header(path: str | os.PathLike, *, record: bool = True) -> Header:
     """Parse and check a safetensors header; any problem is a one-line :class:`TempcalError`.
 
     The declared length is checked against the file's size before anything is read; the file's stamp is
-    recorded, so a later write-back of T refuses a file that changed since.
+    recorded (unless not ``record``), so a later write-back of T refuses a file that changed since.
     """
-    header = reread_header(path)
-    record_stamp(path, header.stamp)
-    return header
-
-
-def reread_header(path: str | os.PathLike) -> Header:
-    """:func:`read_header` without recording the file as read (to compare it with the version read before)."""
     path = Path(path)
     try:
-        # O_NONBLOCK: a FIFO or device put where a file was expected must not block the open.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, READ_FLAGS)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
             raise TempcalError(f"{path}: no such file") from None
@@ -222,7 +201,10 @@ def reread_header(path: str | os.PathLike) -> Header:
     for (_, end_a, name_a), (begin_b, _, name_b) in itertools.pairwise(spans):
         if begin_b < end_a:
             raise TempcalError(f"{path}: tensors {shown(name_a)} and {shown(name_b)} overlap in the file")
-    return Header(path, length, metadata, tensors, size, FileStamp.of(st))
+    header = Header(path, length, metadata, tensors, size, FileStamp.of(st))
+    if record:
+        record_stamp(path, header.stamp)
+    return header
 
 
 def _parse_json(path: Path, raw: bytes) -> dict:
@@ -240,11 +222,9 @@ def _parse_json(path: Path, raw: bytes) -> dict:
 
     try:
         parsed = json.loads(raw.decode("utf-8"), object_pairs_hook=no_duplicates)
-    except UnicodeDecodeError:
-        raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
     except _Duplicate as exc:
         raise TempcalError(f"{path}: not a valid safetensors header (key {shown(exc.args[0])} appears twice)") from None
-    except (ValueError, RecursionError):  # JSONDecodeError, integers past Python's digit limit, deep nesting
+    except (ValueError, RecursionError):  # bad UTF-8 or JSON, integers past Python's digit limit, deep nesting
         raise TempcalError(f"{path}: not a safetensors file (header is not UTF-8 JSON)") from None
     if not isinstance(parsed, dict):
         raise TempcalError(f"{path}: not a safetensors file (header is not a JSON object)")
@@ -328,15 +308,17 @@ def write_temperature(source: str | os.PathLike, temperature: float, output: str
     unchanged. Nothing is written when ``source`` changed (size, mtime or inode) since ``expected`` was read,
     by default since this process last read (:func:`tempcal.read_header`) or wrote it.
     """
-    stamp = expected.stamp if expected is not None else recorded_stamp(source)
+    stamp = expected.stamp if expected is not None else _LOADED.get(os.path.realpath(source))
     check_unchanged(source, stamp)  # before parsing: "it changed" says more than "it is truncated"
-    header = reread_header(source)
+    header = read_header(source, record=False)
     if stamp is not None and stamp.change_to(header.stamp) is not None:
         check_unchanged(source, stamp)
     kept = updated_metadata(header.metadata, metadata)
     kept[TEMPERATURE_KEY] = format_temperature(temperature)
     # SOURCE given as a link is the user's choice: T goes into the file it names. A link at ``output`` is refused.
-    destination = destination_of(source) if output is None else Path(output)
+    destination = Path(source if output is None else output)
+    if output is None and destination.is_symlink():
+        destination = Path(os.path.realpath(destination))
     copy_with_header(destination, header, encode_header(header.tensors, kept))
     return destination
 
@@ -367,32 +349,20 @@ def copy_with_header(destination: Path, header: Header, new_header: bytes) -> No
 
 @contextlib.contextmanager
 def _unchanged_under_lock(header: Header) -> Iterator[None]:
-    """Hold the source's write-back lock and check it is still the version read: another tempcal
-    cannot rename between this check and our rename."""
+    """Hold the source's write-back lock (a bounded wait; closing the file releases it) and check it is still the
+    version read: another tempcal cannot rename between this check and our rename."""
     with open(header.path, "rb") as src:
-        held = _acquire(src.fileno(), header.path)
-        try:
-            check_unchanged(header.path, header.stamp, since="tempcal read it")
-            yield
-        finally:
-            if held:
-                with contextlib.suppress(OSError):
-                    fcntl.flock(src.fileno(), fcntl.LOCK_UN)
-
-
-def _acquire(fd: int, path: Path) -> bool:
-    """Wait (a bounded time) for the lock; False where locks are not available."""
-    if fcntl is None:
-        return False
-    deadline = time.monotonic() + LOCK_WAIT_SECONDS
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() > deadline:
-                raise TempcalError(f"{path}: another tempcal has held its write-back lock for over "
-                                   f"{LOCK_WAIT_SECONDS:g} s; nothing written") from None
-            time.sleep(0.005)
-        except OSError:  # no locks on this file system (some network mounts)
-            return False
+        deadline = time.monotonic() + LOCK_WAIT_SECONDS
+        while fcntl is not None:
+            try:
+                fcntl.flock(src.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TempcalError(f"{header.path}: another tempcal has held its write-back lock for over "
+                                       f"{LOCK_WAIT_SECONDS:g} s; nothing written") from None
+                time.sleep(0.005)
+            except OSError:  # no locks on this file system (some network mounts)
+                break
+        check_unchanged(header.path, header.stamp, since="tempcal read it")
+        yield

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import TempcalError
-from ..io.safetensors_header import read_header, shown
+from ..errors import TempcalError, shown
+from ..io.safetensors_header import read_header
 
 #: Keys of ``config.json`` or ``tokenizer_config.json`` that ask for code from the folder or the hub.
 REMOTE_CODE_KEYS = ("auto_map", "trust_remote_code", "custom_pipelines")

@@ -13,8 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import TempcalError, param
-from ..io.safetensors_header import shown
+from ..errors import TempcalError, param, shown
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 _BOM = b"\xef\xbb\xbf"

@@ -13,9 +13,9 @@ import torch
 
 from ..core.parallel import BLOCKS_PER_THREAD, block_bounds, map_blocks
 from ..core.precision import no_tf32
-from ..errors import DataError, TempcalError, param, positive_number
+from ..errors import DataError, TempcalError, param, positive_number, shown
 from ..io.hf_folder import CONFIG_NAME, MAX_CONFIG_BYTES, SINGLE_NAME, checkpoint_file, read_json, weight_map
-from ..io.safetensors_header import FLOAT_DTYPES, dtype_name, read_header, read_tensor, shown
+from ..io.safetensors_header import FLOAT_DTYPES, dtype_name, read_header, read_tensor
 
 #: Vocabulary rows widened to the compute dtype at a time (a bounded block however large V is).
 TILE_ELEMENTS = 1 << 22

@@ -14,8 +14,8 @@ import torch
 
 from ..core.limits import bounded_batch_size
 from ..core.precision import no_tf32
-from ..errors import DataError, TempcalError, check_labels, param, whole_number
-from ..io.safetensors_header import check_unchanged, dtype_name, read_header, read_tensor, shown
+from ..errors import DataError, TempcalError, check_labels, param, shown, whole_number
+from ..io.safetensors_header import check_unchanged, dtype_name, read_header, read_tensor
 from ..progress import Progress
 from .base import DEFAULT_BATCH_SIZE, LoadedModel, OutputKey, error_line, is_out_of_memory
 

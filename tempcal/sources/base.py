@@ -1,6 +1,5 @@
-"""What every kind of SOURCE gives the rest of tempcal (:class:`OpenedSource`: logits behind the
-:class:`~tempcal.core.data.LogitsSource` protocol, the T stored with them) and what a new kind implements
-(:class:`SourceKind`); :func:`tempcal.sources.registry.open_source` picks the kind, nothing else looks at suffixes."""
+"""What every kind of SOURCE gives the rest of tempcal (:class:`OpenedSource`: its logits and the T stored with them)
+and what a new kind implements (:class:`SourceKind`); :mod:`tempcal.sources.registry` picks the kind."""
 
 from __future__ import annotations
 
@@ -176,21 +175,16 @@ class OpenedSource:
 
     def write_temperature(self, temperature: float, output: str | Path | None = None,
                           extra: Mapping[str, str | None] | None = None) -> list[Path]:
-        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (see :meth:`reading`) and
-        ``extra`` metadata (None values remove keys: e.g. per-group temperatures); returns the paths written."""
+        """Store T with this SOURCE (or in a copy at ``output``), with how it was read (probabilities, and the names,
+        columns and scale not at their defaults) and ``extra`` metadata (None values remove keys); the paths written."""
         if output is not None and len(self.paths) > 1:
             raise TempcalError(f"{param('output')} takes a single SOURCE file; shards get T written into each of them")
-        reading = {**self.reading(), **(extra or {})}
-        return [self.kind.write_reading(path, temperature, output, reading) for path in self.paths]
-
-    def reading(self) -> dict[str, str | None]:
-        """How this SOURCE was read, as the metadata its kind keeps beside T (None: a key to remove): probabilities, and
-        the tensor names, columns and scale that are not the defaults."""
         values = {"probs": "true" if self.options.probs else None}
         for name, default in DEFAULT_KEYS.items():
             value = getattr(self.options, name)
             values[name] = None if value == default else value if isinstance(value, str) else repr(float(value))
-        return {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
+        reading = {READING_KEYS[name]: value for name, value in values.items() if name in self.kind.remembered}
+        return [self.kind.write_reading(path, temperature, output, {**reading, **(extra or {})}) for path in self.paths]
 
     def temperature_place(self) -> str:
         """Where this SOURCE's T would be stored, for a message saying none is."""
@@ -324,9 +318,8 @@ class SourceKind(ABC):
     name: str = ""
     #: Whether several files (shards, a glob) make one SOURCE of this kind.
     shards: bool = False
-    #: What this kind keeps beside T about how the file was read (``SourceOptions`` fields of
-    #: :data:`READING_KEYS`), written by :meth:`write_reading`; later opens without those options read
-    #: the file the same way.
+    #: The ``SourceOptions`` fields (of :data:`READING_KEYS`) this kind keeps beside T (:meth:`write_reading`): later
+    #: opens without those options read the file the same way.
     remembered: tuple[str, ...] = ()
     #: How ``tempcal inspect`` names this kind (its ``kind_name``; the ``name`` when empty).
     title: str = ""
@@ -449,11 +442,11 @@ class SourceKind(ABC):
         if options.probs:
             raise TempcalError(f"{param('probs')} applies to logits files; {what}")
 
-    def with_stored(self, opened: OpenedSource, path: Path | None = None) -> OpenedSource:
-        """``opened`` with the T stored for ``path`` (its first file by default) and the notes about it added to its
-        warnings; a broken sidecar is kept as its ``stored_problem``, raised if T is asked for (a fit replaces it)."""
+    def with_stored(self, opened: OpenedSource) -> OpenedSource:
+        """``opened`` with the T stored for its first file and the notes about it added to its warnings; a broken
+        sidecar is kept as its ``stored_problem``, raised if T is asked for (a fit replaces it)."""
         try:
-            opened.stored, notes = self.read_temperature(opened.paths[0] if path is None else path)
+            opened.stored, notes = self.read_temperature(opened.paths[0])
         except TempcalError as exc:
             opened.stored_problem = exc
         else:
@@ -491,6 +484,6 @@ class SourceKind(ABC):
         return write_sidecar_copy(path, temperature, Path(output), updates=metadata)
 
 
-__all__ = ["DEFAULT_KEYS", "READING_KEYS", "TASK", "Keep", "Kept", "OpenedSource", "RowGroups", "SourceKind",
-           "SourceOptions", "check_row_count", "checked", "expand_sources", "file_groups", "group_metadata",
-           "kept_rows", "named", "wrote_lines"]
+__all__ = ["DEFAULT_KEYS", "TASK", "Keep", "Kept", "OpenedSource", "RowGroups", "SourceKind", "SourceOptions",
+           "check_row_count", "checked", "expand_sources", "file_groups", "group_metadata", "kept_rows", "named",
+           "wrote_lines"]

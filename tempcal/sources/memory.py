@@ -7,8 +7,7 @@ import zipfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import TempcalError, param
-from ..io.safetensors_header import shown
+from ..errors import TempcalError, param, shown
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions, checked
 

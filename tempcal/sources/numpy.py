@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DataError, Note, TempcalError, param
+from ..errors import DataError, Note, TempcalError, param, shown
 from ..io.paths import sidecar_path
-from ..io.safetensors_header import shown
 from ..io.sidecar import check_regular_file
 from .base import OpenedSource, SourceKind, SourceOptions
 from .described import tensor_entry

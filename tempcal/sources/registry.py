@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import PROBS_KEY, Info, TempcalError, positive_number, stored_probs
-from .base import DEFAULT_KEYS, READING_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
+from ..errors import PROBS_KEY, READING_KEYS, Info, TempcalError, positive_number, stored_probs
+from .base import DEFAULT_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
 
 
 @dataclass(frozen=True)
@@ -161,5 +161,5 @@ def write_stored_temperature(path: str | os.PathLike, temperature: float,
     return kind_of([path]).write_reading(path, temperature, None if output is None else Path(output), {})
 
 
-__all__ = ["KINDS", "KindLine", "Source", "expand_sources", "kind_of", "open_source", "read_stored_temperature",
+__all__ = ["KINDS", "KindLine", "Source", "kind_of", "open_source", "read_stored_temperature",
            "write_stored_temperature"]

@@ -4,6 +4,7 @@ whole; rows labelled ``ignore_index`` are skipped."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -16,7 +17,7 @@ import numpy as np
 import torch
 
 from ..core.data import HeldRows, PinnedStager, default_chunk_rows, to_device
-from ..errors import DataError, TempcalError, check_labels, param
+from ..errors import TEMPERATURE_KEY, DataError, TempcalError, check_labels, param, shown
 from ..io import safetensors_header
 from ..io.safetensors_header import (
     FLOAT_DTYPES,
@@ -25,16 +26,14 @@ from ..io.safetensors_header import (
     dtype_name,
     read_header,
     read_tensor,
-    shown,
 )
 from .base import OpenedSource, SourceKind, SourceOptions, checked
 
 if TYPE_CHECKING:
     from .described import Findings
 
-#: Logits of at most this many bytes (all shards together) are read once and kept, about what
-#: importing torch already takes; every pass over larger inputs reads them again, a chunk at a time.
-#: The environment variable TEMPCAL_RESIDENT_BYTES overrides it (0: always read in chunks).
+#: Logits of at most this many bytes (all shards together; about what importing torch takes) are read once and kept;
+#: larger inputs are read again, a chunk at a time, by every pass. TEMPCAL_RESIDENT_BYTES overrides it (0: none kept).
 RESIDENT_BYTES = 256 << 20
 
 
@@ -78,9 +77,7 @@ class ShardedLogits:
         self.rows = rows
         self.labels = labels if rows is None else labels[rows]
         self.dtype = shards[0].dtype
-        self.starts = [0]
-        for shard in shards:
-            self.starts.append(self.starts[-1] + shard.rows)
+        self.starts = list(itertools.accumulate((shard.rows for shard in shards), initial=0))
 
     # -- the interface Scan uses (shared with LogitsData) --------------------------------
     @property
@@ -309,7 +306,13 @@ class SafetensorsKind(SourceKind):
     logits_file = True
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        check_not_hidden(read_header(paths[0]), options)
+        tensors = read_header(paths[0]).tensors
+        if options.logits_key not in tensors and options.hidden_key in tensors:  # hidden states: --head reads them
+            raise TempcalError(f"{paths[0]}: holds hidden states {shown(options.hidden_key)} "
+                               f"{list(tensors[options.hidden_key].shape)} and no logits {shown(options.logits_key)}: "
+                               f"pass {param('head')} HEAD (the output layer: a .safetensors file with 'weight', or a "
+                               f"Hugging Face model folder) to compute the logits from them, or name the logits "
+                               f"tensor with {param('logits_key')}")
         if options.probs:
             data, has_labels = _read_whole(paths, options, labels_optional)
         else:
@@ -347,8 +350,6 @@ class SafetensorsKind(SourceKind):
         return read_header(path).stored_temperature(), []
 
     def temperature_place(self, path: Path) -> str:
-        from ..errors import TEMPERATURE_KEY
-
         return f"metadata '{TEMPERATURE_KEY}'; run tempcal fit first"
 
     def stored_metadata(self, path: Path) -> dict[str, str]:
@@ -358,17 +359,6 @@ class SafetensorsKind(SourceKind):
     def write_reading(self, path: Path, temperature: float, output: str | Path | None,
                       metadata: Mapping[str, str | None]) -> Path:
         return safetensors_header.write_temperature(path, temperature, output, metadata=metadata)
-
-
-def check_not_hidden(header: Header, options: SourceOptions) -> None:
-    """A file of hidden states read as logits (no ``--head``): the error says ``--head``, which reads them."""
-    tensors = header.tensors
-    if options.logits_key not in tensors and options.hidden_key in tensors:
-        raise TempcalError(f"{header.path}: holds hidden states {shown(options.hidden_key)} "
-                           f"{list(tensors[options.hidden_key].shape)} and no logits {shown(options.logits_key)}: "
-                           f"pass {param('head')} HEAD (the output layer: a .safetensors file with 'weight', or a "
-                           f"Hugging Face model folder) to compute the logits from them, or name the logits tensor "
-                           f"with {param('logits_key')}")
 
 
 def _read_whole(paths: list[Path], options: SourceOptions, labels_optional: bool):

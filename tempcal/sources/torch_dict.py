@@ -15,8 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import TempcalError, param
-from ..io.safetensors_header import shown
+from ..errors import TempcalError, param, shown
 from ..models.detect import archive_kind
 from .base import OpenedSource, SourceOptions
 from .described import tensor_entry

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from ..errors import Note, TempcalError, param
-from ..sources.base import DEFAULT_KEYS, OpenedSource, SourceKind, SourceOptions
+from ..sources.base import DEFAULT_KEYS, OpenedSource, SourceKind, SourceOptions, expand_sources
 from ..sources.described import Findings
-from ..sources.registry import Source, expand_sources, kind_of, open_source, stored_reading
+from ..sources.registry import Source, kind_of, open_source, stored_reading
 
 #: The values are judged from at most this many of the first rows (the rest is not read) ...
 SAMPLE_ROWS = 10_000
