@@ -15,8 +15,8 @@ from ..errors import DataError
 from . import parallel
 from .certified import BETA_MAX, BETA_MIN, TOL, FitStart, certified_fit
 from .data import LogitsSource
-from .kernels import FIELDS, Buffers, NllDerivatives, row_cumulants, row_moments, row_range, row_terms
-from .parallel import all_reduce, map_blocks
+from .kernels import FIELDS, NllDerivatives, row_cumulants, row_moments, row_range, row_terms
+from .parallel import Scratch, all_reduce, map_blocks
 
 # -- the checks of a block ---------------------------------------------------------------------------------------------
 
@@ -34,22 +34,18 @@ def row_reductions(z: torch.Tensor, low: bool = False) -> Reductions:
     """The reductions over every logit of ``z``'s rows (``low``: their minima too)."""
     row_sum = z.sum(1)  # first, as the validating scan did before its blocks
     row_max, arg_max = torch.max(z, 1)
-    squares = row_squares(z)
+    # Each row's sum of squares as its norm squared: one sweep with no temporary (2-3x faster than a product and a
+    # sum or ``vecdot``), within a few float32 ulps, which is enough for the start's spread.
+    squares = torch.linalg.vector_norm(z, dim=1).square_()
     return Reductions(row_sum, row_max, arg_max, squares, z.amin(1) if low else None)
 
 
-def row_squares(z: torch.Tensor) -> torch.Tensor:
-    """Each row's sum of squares, as its norm squared: one vectorised sweep with no temporary (2-3x faster than a
-    product and a sum or ``vecdot``), within a few float32 ulps, which is enough for the start's spread."""
-    return torch.linalg.vector_norm(z, dim=1).square_()
-
-
-def uniform_moments(z: torch.Tensor, row_sum: torch.Tensor, row_max: torch.Tensor, has_neginf: torch.Tensor,
-                     squares: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def uniform_moments(z: torch.Tensor, reduced: Reductions, has_neginf: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and variance of ``z - max z`` over each row's finite entries (the fit's view at T = infinity)."""
+    row_sum, row_max, squares = reduced.row_sum, reduced.row_max, reduced.squares
     mean = row_sum / z.shape[1] - row_max
     # Only the fit's starting point uses the spread, so the one-read E[z^2] - E[z]^2 form is enough.
-    squares = row_squares(z) if squares is None else squares
     var = (squares / z.shape[1] - (row_sum / z.shape[1]) ** 2).clamp_min(0)
     if bool(has_neginf.any()):
         rows = z[has_neginf]
@@ -99,12 +95,11 @@ class Problems:
             self.found[kind] = [0, f"{index}{extra}", index]
         self.found[kind][0] += count
 
-    def check(self, start: int, z: torch.Tensor, y: torch.Tensor, reduced: Reductions | None = None,
-              labelled: bool = True) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+    def check(self, start: int, z: torch.Tensor, y: torch.Tensor, reduced: Reductions, labelled: bool
+              ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Check one chunk of the scan, its rows from ``start`` on (what is wrong is counted here); the clamped
         labels, the row sums and, when nothing was found wrong so far, the chunk's ``RowStats`` columns. ``reduced``:
-        its rows' reductions, when already computed; ``labelled`` False: placeholder labels, not checked."""
-        reduced = reduced or row_reductions(z)
+        its rows' reductions; ``labelled`` False: placeholder labels, not checked."""
         data = self.data
         bad_label = (y < 0) | (y >= data.num_classes)
         if not labelled:
@@ -131,7 +126,7 @@ class Problems:
         if self:
             return y, row_sum, None
         correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
-        mean, var = uniform_moments(z, row_sum, row_max, has_neginf, reduced.squares)
+        mean, var = uniform_moments(z, reduced, has_neginf)
         return y, row_sum, (row_max, z_true - row_max, correct, mean, var, has_neginf)
 
     def raise_first(self, device: torch.device) -> None:
@@ -216,8 +211,8 @@ class StartScan:
     :meth:`finish`: both all-reduce."""
 
     def __init__(self, fit_rows: torch.Tensor | None, num_rows: int, num_classes: int, device: torch.device,
-                 buffers: Buffers, offset: int = 0, *, threads: int = 1,
-                 buffers_for: Callable[[int], Buffers] | None = None):
+                 buffers: Scratch, offset: int = 0, *, threads: int = 1,
+                 buffers_for: Callable[[int], Scratch] | None = None):
         self.mask: torch.Tensor | None = None
         self.local_rows = num_rows
         if fit_rows is not None:
@@ -277,15 +272,8 @@ class StartScan:
     def _sample(self, positions: torch.Tensor, on_top: torch.Tensor, keep: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Indices (within the chunk) of the sampled fitting rows and their float64 weights (inverse rates)."""
-        rate_correct, rate_wrong = self.rates
-        device = on_top.device
-        if rate_correct <= 0 and rate_wrong <= 0:
-            return torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, dtype=torch.float64, device=device)
-        if rate_correct >= 1 and rate_wrong >= 1:
-            index = torch.arange(on_top.shape[0], device=device) if keep is None else keep.nonzero()[:, 0]
-            return index, torch.ones(index.shape[0], dtype=torch.float64, device=device)
-        u = ((positions * 2654435761) & 0xFFFFFFFF).to(torch.float64) / 2.0 ** 32
-        rate = torch.where(on_top, rate_correct, rate_wrong).to(torch.float64)
+        u = ((positions * 2654435761) & 0xFFFFFFFF).to(torch.float64) / 2.0 ** 32  # in [0, 1): rate 1 keeps every row
+        rate = torch.where(on_top, *self.rates).to(torch.float64)
         chosen = u < rate
         index = (chosen if keep is None else chosen & keep).nonzero()[:, 0]
         return index, 1.0 / rate[index]

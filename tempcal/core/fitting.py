@@ -116,8 +116,8 @@ def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int, evalua
     search = _SlopeSearch(scan, xtol, evaluate)
     theta0 = min(max(-math.log(beta0), math.log(T_MIN)), math.log(T_MAX))
     sums0, beta0 = search.evaluate(theta0)
-    hessian = beta0 * beta0 * sums0.curvature + beta0 * sums0.grad  # d2 NLL / d theta2
-    scale = math.sqrt(hessian) if hessian > 0 else math.sqrt(max(beta0 * beta0 * sums0.curvature, 1e-12))
+    hessian = beta0 * beta0 * sums0.d2 + beta0 * sums0.d1  # d2 NLL / d theta2
+    scale = math.sqrt(hessian) if hessian > 0 else math.sqrt(max(beta0 * beta0 * sums0.d2, 1e-12))
     search.hessian = scale * scale
 
     u = torch.zeros(1, dtype=torch.float64)
@@ -197,7 +197,7 @@ class _SlopeSearch:
         effective, beta = self.effective_theta(theta)
         self._stalled = effective in self.seen
         sums = self.objective(beta)
-        point = (effective, sums.nll, -beta * sums.grad)
+        point = (effective, sums.nll, -beta * sums.d1)
         side = -1 if point[2] < 0 else 1
         # Illinois rule for the regula falsi below: when one end moves twice, halve the other's slope.
         self._halve = -side if side == self._last_side else 0

@@ -99,11 +99,6 @@ class RowBlock:
     start: int  # position of the block's first row among this process's rows
 
 
-#: Means over samples of the NLL and its first four derivatives in ``beta = 1/T`` (``grad``, ``curvature``: the
-#: first two), what :meth:`Scan.objective` returns.
-ObjectiveSums = NllDerivatives
-
-
 @dataclass(frozen=True)
 class ClasswiseSums:
     """Per class and equal-width bin of that class's probability: count, probability sum, true-class hits."""
@@ -315,18 +310,15 @@ class Scan:
             with self._visitor_threads():
                 yield from results
 
-    def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
-        """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
-
-        One exp per logit (:func:`tempcal.core.kernels.row_cumulants`); ``curvature`` is kept for
-        callers of the first version and changes nothing.
-        """
+    def objective(self, beta: float) -> NllDerivatives:
+        """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass, one exp per
+        logit (:func:`tempcal.core.kernels.row_raw_sums`)."""
         acc, count = torch.zeros(RAW_FIELDS, dtype=torch.float64, device=self.device), 0
         for rows, sums in self.block_pass(lambda b, scratch: (b.z.shape[0], row_raw_sums(
                 b.z, b.y, beta, scratch, top=b.row_max, impossible=b.has_neginf)), few=True):
             acc += sums
             count += rows
-        return ObjectiveSums.from_sums(beta, all_reduce(finished_sums(acc, count, beta)))
+        return NllDerivatives.from_sums(beta, all_reduce(finished_sums(acc, count, beta)))
 
     def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False, keep: Sequence[str] = (),
                     visitor: ChunkVisitor | None = None
@@ -451,7 +443,7 @@ class Scan:
             acc[-1] += flat
             acc[:-2] += sums
         acc = all_reduce(acc)
-        return int(acc[-2]), int(acc[-1]), ObjectiveSums.from_sums(beta, acc[:-2]).nll
+        return int(acc[-2]), int(acc[-1]), NllDerivatives.from_sums(beta, acc[:-2]).nll
 
     def slope_at_infinity(self) -> float:
         """d NLL / d beta at beta = 0 (uniform probabilities); >= 0 means no finite T beats T = infinity."""
@@ -486,4 +478,4 @@ class _FirstScan:
     probability_like: bool
 
 
-__all__ = ["CalibrationSums", "ClasswiseSums", "ObjectiveSums", "RowStats", "Scan", "Scratch", "bin_edges", "bin_index"]
+__all__ = ["CalibrationSums", "ClasswiseSums", "RowStats", "Scan", "Scratch", "bin_edges", "bin_index"]
