@@ -409,7 +409,6 @@ def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, g
             s0.reciprocal().to(torch.float64), log_s0)
 
 
-
 def scaled_exp(d: torch.Tensor, beta: float | torch.Tensor, scratch: Scratch, neginf: bool = True) -> torch.Tensor:
     """``exp(beta d)`` of ``d = z - max z`` in the scratch buffer ``e``. Without a -inf in ``d`` (``neginf``
     False), exponents below :func:`exp_floor` are raised to it first: what they add to a row's sum of at least 1

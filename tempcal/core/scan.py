@@ -187,7 +187,7 @@ class Scan:
         n, real = data.num_samples, self.compute_dtype
         stats = RowStats(*(torch.empty(n, dtype=dt, device=self.device)
                            for dt in (real, real, torch.bool, real, real, torch.bool)))
-        threads = self.pass_threads()
+        threads = pass_threads(self.device, self.data.numel())
         start = self._start_scan(threads)
         self.passes += 1
         state = _FirstScan(stats, problems, start, data.num_samples > 0)
@@ -201,7 +201,7 @@ class Scan:
             # The reductions over every logit, shared among the threads; the rest, per row, in order.
             return reduce, len(bounds)
 
-        reads, ahead = self._reads(threads, copies_kept=True)
+        reads, ahead = pass_reads(self.data, self.device, real, block, threads, copies_kept=True)
         for read, reduced in mapped_reads(reads, plan, threads, ahead):
             with single_threaded():
                 for (a, b), (z, rows) in zip(block_bounds(read.rows, block), reduced, strict=True):
@@ -268,16 +268,6 @@ class Scan:
         self.scratch = Scratch()
         self._scratches = [self.scratch]
 
-    def pass_threads(self) -> int:
-        """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.parallel.pass_threads`)."""
-        return pass_threads(self.device, self.data.numel())
-
-    def _reads(self, threads: int, few: bool = False, row_bytes: int = 0, copies_kept: bool = False
-               ) -> tuple[Iterator[Read], bool]:
-        """The reads of a block pass and whether one may be taken ahead (:func:`tempcal.core.data.pass_reads`)."""
-        return pass_reads(self.data, self.device, self.compute_dtype, self.chunk_rows, threads, few=few,
-                          row_bytes=row_bytes, copies_kept=copies_kept)
-
     def block_pass(self, fn: Callable[[RowBlock, Scratch], R], *, few: bool = False, row_bytes: int = 0
                    ) -> Iterator[R]:
         """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows (the chunks of :meth:`row_chunks`),
@@ -290,7 +280,7 @@ class Scan:
         single-threaded on the CPU too: it is small, and torch's threads would wait at a barrier after each of
         its operations whenever another process holds a core."""
         self.passes += 1
-        threads = self.pass_threads()
+        threads = pass_threads(self.device, self.data.numel())
         stats, block = self.stats, self.chunk_rows
         neginf = stats.has_neginf.cpu()
         def plan(read: Read) -> tuple[Callable[[int, int], R], int]:
@@ -305,7 +295,8 @@ class Scan:
                 return fn(rows, buffers)
             return run, len(bounds)
 
-        reads, ahead = self._reads(threads, few, row_bytes)
+        reads, ahead = pass_reads(self.data, self.device, self.compute_dtype, block, threads, few=few,
+                                  row_bytes=row_bytes)
         for _, results in mapped_reads(reads, plan, threads, ahead):
             with self._visitor_threads():
                 yield from results
