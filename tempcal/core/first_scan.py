@@ -206,22 +206,21 @@ class ChunkRows:
 
 
 class StartScan:
-    """Accumulates, chunk by chunk of the validating scan, the :class:`FitStart` a fit begins from (``offset``: this
-    process's first row over all processes). Every process must call :meth:`add_chunk` (or :meth:`plan_empty`) and
-    :meth:`finish`: both all-reduce."""
+    """Accumulates, chunk by chunk of the validating scan, the :class:`FitStart` a fit begins from. Every process must
+    call :meth:`add_chunk` (or :meth:`plan_empty`) and :meth:`finish`: both all-reduce, as this constructor does."""
 
     def __init__(self, fit_rows: torch.Tensor | None, num_rows: int, num_classes: int, device: torch.device,
-                 buffers: Scratch, offset: int = 0, *, threads: int = 1,
-                 buffers_for: Callable[[int], Scratch] | None = None):
+                 threads: int, buffers_for: Callable[[int], Scratch]):
         self.mask: torch.Tensor | None = None
         self.local_rows = num_rows
         if fit_rows is not None:
             self.mask = torch.zeros(num_rows, dtype=torch.bool, device=device)
             self.mask[fit_rows.to(device)] = True
             self.local_rows = int(self.mask.sum())
-        self.num_classes, self.device, self.buffers, self.offset = num_classes, device, buffers, offset
+        self.num_classes, self.device = num_classes, device
+        self.offset = rank_offset(num_rows, device)  # this process's first row over all processes
         self.threads = threads  # the grid's betas are shared among them (each thread's buffers: buffers_for)
-        self.buffers_for = buffers_for or (lambda worker: buffers)
+        self.buffers_for, self.buffers = buffers_for, buffers_for(0)
         self.total_rows = 0
         self.planned = False
         self.betas: list[float] = []
@@ -266,8 +265,10 @@ class StartScan:
     def plan_empty(self, dtype: torch.dtype) -> None:
         """Plan with no rows (a process without rows, or a first chunk with bad values): the all-reduces match."""
         if not self.planned:
-            empty = empty_rows(self.num_classes, dtype, self.device)
-            self._plan(empty, empty.row_max)
+            real = torch.zeros(0, dtype=dtype, device=self.device)
+            self._plan(ChunkRows(torch.zeros(0, self.num_classes, dtype=dtype, device=self.device),
+                                 torch.zeros(0, dtype=torch.int64, device=self.device), real, real, real, real,
+                                 torch.zeros(0, dtype=torch.bool, device=self.device)), real)
 
     def _sample(self, positions: torch.Tensor, on_top: torch.Tensor, keep: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -403,14 +404,6 @@ def rank_offset(num_rows: int, device: torch.device) -> int:
     return int(sizes[: parallel.rank()].sum())
 
 
-def empty_rows(num_classes: int, dtype: torch.dtype, device: torch.device) -> ChunkRows:
-    """No rows, shaped like a chunk's."""
-    real = torch.zeros(0, dtype=dtype, device=device)
-    return ChunkRows(torch.zeros(0, num_classes, dtype=dtype, device=device),
-                     torch.zeros(0, dtype=torch.int64, device=device), real, real, real, real,
-                     torch.zeros(0, dtype=torch.bool, device=device))
-
-
 def chunk_fit_rows(num_rows: int, num_classes: int) -> slice:
     """The first chunk's rows the centring fit reads: all of a small chunk, else about CHUNK_FIT_ELEMENTS
     logits' worth of rows evenly spread."""
@@ -435,5 +428,5 @@ def regression_estimates(moments: torch.Tensor, cross: torch.Tensor, exact_means
     return my + slopes @ (exact_means - mx)
 
 
-__all__ = ["GRID_POINTS", "ChunkRows", "Problems", "Reductions", "StartScan", "chunk_fit_rows", "empty_rows",
-           "probability_like", "rank_offset", "regression_estimates", "row_reductions", "uniform_moments"]
+__all__ = ["GRID_POINTS", "ChunkRows", "Problems", "Reductions", "StartScan", "chunk_fit_rows", "probability_like",
+           "rank_offset", "regression_estimates", "row_reductions", "uniform_moments"]

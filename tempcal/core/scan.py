@@ -33,7 +33,6 @@ from .first_scan import (
     Reductions,
     StartScan,
     probability_like,
-    rank_offset,
     row_reductions,
 )
 from .kernels import (
@@ -185,13 +184,12 @@ class Scan:
         problems = Problems(data)
         # Filled in place: small per-chunk tensors kept alive between large temporaries fragment the heap.
         n, real = data.num_samples, self.compute_dtype
-        stats = RowStats(*(torch.empty(n, dtype=dt, device=self.device)
-                           for dt in (real, real, torch.bool, real, real, torch.bool)))
+        columns = [torch.empty(n, dtype=dt, device=self.device)
+                   for dt in (real, real, torch.bool, real, real, torch.bool)]
         threads = pass_threads(self.device, self.data.numel())
         start = self._start_scan(threads)
         self.passes += 1
-        state = _FirstScan(stats, problems, start, data.num_samples > 0)
-        block = self.chunk_rows
+        probability, block = data.num_samples > 0, self.chunk_rows
         def plan(read: Read) -> tuple[Callable[[int, int], tuple[torch.Tensor, Reductions]], int]:
             bounds = block_bounds(read.rows, block)
 
@@ -205,34 +203,28 @@ class Scan:
         for read, reduced in mapped_reads(reads, plan, threads, ahead):
             with single_threaded():
                 for (a, b), (z, rows) in zip(block_bounds(read.rows, block), reduced, strict=True):
-                    self._scan_block(state, read.start + a, z, read.labels[a:b], rows)
+                    at = slice(read.start + a, read.start + b)  # the block: checked, stored, handed to the start
+                    y, row_sum, values = problems.check(at.start, z, read.labels[a:b], rows, self.labelled)
+                    if values is None:
+                        if start is not None:
+                            start.plan_empty(real)  # a chunk with bad values: the scan fails on every process
+                        continue
+                    if probability:
+                        probability = probability_like(z[:, 1] if data.binary else z, values[0], row_sum)
+                    for column, value in zip(columns, values, strict=True):
+                        column[at] = value
+                    if start is not None:
+                        row_max, true_gap, _, mean, var, has_neginf = values
+                        start.add_chunk(at.start, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf), rows.low)
         with single_threaded():  # the sample's last block (its grid betas shared among the pass's threads)
             if start is not None:
                 start.plan_empty(real)  # a process without rows
             problems.raise_first(self.device)
-            flag = torch.tensor([1 if state.probability_like else 0], device=self.device)
+            flag = torch.tensor([1 if probability else 0], device=self.device)
             self.looks_like_probabilities = bool(all_reduce(flag, "min").item())
             if start is not None:
                 self.fit_start = start.finish()
-        return stats
-
-    def _scan_block(self, state: _FirstScan, position: int, z: torch.Tensor, y: torch.Tensor,
-                    reduced: Reductions) -> None:
-        """One block of the first scan: checked, its statistics stored, handed to the fit's start."""
-        start, stats = state.start, state.stats
-        y, row_sum, values = state.problems.check(position, z, y, reduced, self.labelled)
-        if values is None:
-            if start is not None:
-                start.plan_empty(self.compute_dtype)  # a chunk with bad values: the scan fails on every process
-            return
-        if state.probability_like:
-            state.probability_like = probability_like(z[:, 1] if self.data.binary else z, values[0], row_sum)
-        stop = position + z.shape[0]
-        for column, value in zip((getattr(stats, f) for f in stats.__dataclass_fields__), values, strict=True):
-            column[position:stop] = value
-        if start is not None:
-            row_max, true_gap, _, mean, var, has_neginf = values
-            start.add_chunk(position, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf), low=reduced.low)
+        return RowStats(*columns)
 
     def _start_scan(self, threads: int) -> StartScan | None:
         """What gathers the fit's start during the first scan, when ``fit_rows`` asks for one."""
@@ -240,8 +232,7 @@ class Scan:
         if rows is None or not self.labelled:
             return None
         return StartScan(rows if isinstance(rows, torch.Tensor) else None, self.data.num_samples, self.num_classes,
-                         self.device, self.scratch, rank_offset(self.data.num_samples, self.device),
-                         threads=threads, buffers_for=self.scratch_for)
+                         self.device, threads, self.scratch_for)
 
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):
@@ -457,16 +448,6 @@ class Scan:
 
     def _mean(self, values: torch.Tensor) -> float:
         return self.sum(values) / max(self.num_samples, 1)
-
-
-@dataclass
-class _FirstScan:
-    """What the first scan carries from block to block."""
-
-    stats: RowStats
-    problems: Problems
-    start: StartScan | None
-    probability_like: bool
 
 
 __all__ = ["CalibrationSums", "ClasswiseSums", "RowStats", "Scan", "Scratch", "bin_edges", "bin_index"]
