@@ -28,8 +28,6 @@ CUDA_CHUNK_ELEMENTS = 1 << 26
 #: The most logits a CPU chunk grows to on data large enough (see :func:`default_chunk_rows`).
 CPU_LARGE_CHUNK_ELEMENTS = 1 << 20
 CPU_MIN_CHUNKS = 8
-
-
 #: Fewer rows than this per chunk leave wide rows (large vocabularies) reduced inefficiently.
 MIN_CHUNK_ROWS = 64
 

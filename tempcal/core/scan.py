@@ -261,15 +261,11 @@ class Scan:
 
     def block_pass(self, fn: Callable[[RowBlock, Scratch], R], *, few: bool = False, row_bytes: int = 0
                    ) -> Iterator[R]:
-        """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows (the chunks of :meth:`row_chunks`),
-        the blocks of each read shared among the pass's threads, each running torch single-threaded; the
-        results in row order, so sums add up as on one thread. ``few``: each result is a few numbers (longer
-        reads of logits held in memory: fewer maps); ``row_bytes``: what each result keeps per row (shorter reads
-        when it is large). Counted like every pass.
-
-        The caller's own work on the results (adding them up in row order, between the yields) runs torch
-        single-threaded on the CPU too: it is small, and torch's threads would wait at a barrier after each of
-        its operations whenever another process holds a core."""
+        """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows, each read's blocks shared among the
+        pass's threads (torch single-threaded on each), the results yielded in row order so that sums add up as on
+        one thread; the caller's work between the yields runs single-threaded on the CPU too (see
+        :meth:`_visitor_threads`). ``few``: each result is a few numbers (longer reads: fewer maps); ``row_bytes``:
+        what each result keeps per row (shorter reads when it is large)."""
         self.passes += 1
         threads = pass_threads(self.device, self.data.numel())
         stats, block = self.stats, self.chunk_rows
@@ -305,16 +301,11 @@ class Scan:
     def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False, keep: Sequence[str] = (),
                     visitor: ChunkVisitor | None = None
                     ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
-        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``
-        (:mod:`tempcal.core.kernels`).
+        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``, in one pass.
 
-        One pass: each chunk is read once and reduced at every temperature. ``keep`` names per-row figures of
-        this process's rows returned too, float64 on the scan's device, 8 bytes per row and temperature:
-        ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z / T)``); ``keep_scores``
-        keeps both. A ``visitor`` sees every chunk at every temperature in the same read. (Figures of every rank's
-        rows gather the kept values: :meth:`per_sample`, :func:`tempcal.scores.engine.scan_scores`,
-        :mod:`tempcal.metrics.decisions`.)
-        """
+        ``keep`` names per-row figures of this process's rows returned too (float64 on the scan's device, 8 bytes per
+        row and temperature): ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z /
+        T)``); ``keep_scores`` keeps both. A ``visitor`` sees every chunk at every temperature in the same read."""
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
         if visitor is None:  # the blocks on the pass's threads; a visitor sees the chunks in order, on one
@@ -348,14 +339,8 @@ class Scan:
         return single_threaded() if self.device.type == "cpu" else contextlib.nullcontext()
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
-        """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) of every row
-        of every rank, in one pass.
-
-        The confidences are computed exactly as :meth:`calibration` computes them, so they fall into
-        the same bins. Under torch.distributed each rank's figures are gathered in rank order (the ranks
-        hold contiguous shares of the rows), so every rank holds the one-process tensors: rankings, the
-        equal-mass bins and the bootstrap's draws see every row. The tensors are on the scan's device.
-        """
+        """Per-sample ``confidence`` (max softmax, float64, as :meth:`calibration` computes it), ``correct`` (bool) and
+        ``nll`` (float64) of every row of every rank (gathered in rank order), on the scan's device, in one pass."""
         def figures(b: RowBlock, scratch: Scratch) -> torch.Tensor:
             d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
             s0 = scaled_exp(d, beta, scratch, b.has_neginf).sum(1)
@@ -368,12 +353,8 @@ class Scan:
         return {"confidence": rows[:, 0], "correct": rows[:, 2] > 0.5, "nll": rows[:, 1]}
 
     def classwise(self, beta: float, bins: int) -> ClasswiseSums:
-        """Every class's probability binned in equal-width bins at ``beta``, in one pass.
-
-        Only one block's probabilities per thread exist at a time; the blocks' sums are added in row order. A
-        single binary logit counts as two classes (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier
-        score does.
-        """
+        """Every class's probability binned in equal-width bins at ``beta``, in one pass (a binary logit counts as two
+        classes, as the contract's Brier score does); the blocks' sums are added in row order."""
         classes, device = self.num_classes, self.device
         edges = bin_edges(bins, device)
         offset = torch.arange(classes, device=device) * bins
@@ -381,7 +362,7 @@ class Scan:
         def sums(b: RowBlock, _: Scratch) -> torch.Tensor:
             e = torch.mul(b.z - b.row_max[:, None], beta).exp_()
             p = (e / e.sum(1, keepdim=True)).to(torch.float64)
-            slot = (torch.searchsorted(edges, p, right=False) - 1).clamp_(0, bins - 1).add_(offset)
+            slot = bin_index(p, edges).add_(offset)
             out = torch.zeros(3, classes * bins, dtype=torch.float64, device=device)
             out[0] = torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
             out[1].index_add_(0, slot.view(-1), p.view(-1))
