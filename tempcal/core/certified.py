@@ -129,17 +129,14 @@ def certified_fit(start: FitStart, evaluate: Evaluator, *, tol: float = TOL, max
         done = search.result(max_passes)
         if done is not None and done.converged:
             return done
-    beta = search.start()
-    while True:
+    beta, done = search.start(), None
+    while done is None:
         search.add(evaluate(beta))
         done = search.result(max_passes)
-        if done is not None:
-            return done
-        beta = search.next_beta()
-        if search.stuck:
-            done = search.result(max_passes)
-            assert done is not None
-            return done
+        if done is None:
+            beta = search.next_beta()
+            done = search.result(max_passes) if search.stuck else None  # stuck: an answer, certified or not
+    return done
 
 
 class Search:

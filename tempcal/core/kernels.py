@@ -165,14 +165,6 @@ def _central(p: torch.Tensor, u: torch.Tensor, buffers: Scratch) -> tuple[torch.
     return w.sum(1), dot_rows(w, u, buffers), dot_rows(w, v, buffers)
 
 
-def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Scratch) -> torch.Tensor:
-    """Row-wise ``sum a * b`` with no chunk-sized temporary (``vecdot`` allocates one): :func:`row_dot` where it is
-    the faster, else a product in the reused buffer ``product``, summed."""
-    if row_dot_pays(a):
-        return row_dot(a, b)
-    return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
-
-
 #: Up to this many classes a batched matrix product is the faster row-wise dot product on the CPU; from about 400
 #: classes on it stops vectorising and is several times slower than a product and a sum.
 ROW_DOT_MAX_CLASSES = 256
@@ -181,16 +173,14 @@ ROW_DOT_MAX_CLASSES = 256
 ROW_DOT_MIN_BYTES = 1 << 20
 
 
-def row_dot_pays(a: torch.Tensor) -> bool:
-    """Whether :func:`row_dot` is the faster row-wise dot product for ``a`` [n, C]: on the CPU only (an
-    accelerator's matrix products may be set to round float32 inputs), short rows, too many to stay in cache."""
-    return (a.device.type == "cpu" and a.shape[-1] <= ROW_DOT_MAX_CLASSES
-            and a.numel() * a.element_size() >= ROW_DOT_MIN_BYTES)
-
-
-def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Row-wise ``sum a * b`` of two tensors [n, C] as a batched matrix product: no temporary."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Scratch) -> torch.Tensor:
+    """Row-wise ``sum a * b`` with no chunk-sized temporary (``vecdot`` allocates one): a batched matrix product on the
+    CPU for short rows too many to stay in cache (an accelerator's matrix products may be set to round float32
+    inputs), else a product in the reused buffer ``product``, summed."""
+    if (a.device.type == "cpu" and a.shape[-1] <= ROW_DOT_MAX_CLASSES
+            and a.numel() * a.element_size() >= ROW_DOT_MIN_BYTES):
+        return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+    return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
 
 
 def row_terms(m: RowMoments, z_true: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:
