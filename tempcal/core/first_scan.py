@@ -96,10 +96,10 @@ class Problems:
         self.found[kind][0] += count
 
     def check(self, start: int, z: torch.Tensor, y: torch.Tensor, reduced: Reductions, labelled: bool
-              ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...] | None]:
+              ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...] | None]:
         """Check one chunk of the scan, its rows from ``start`` on (what is wrong is counted here); the clamped
-        labels, the row sums and, when nothing was found wrong so far, the chunk's ``RowStats`` columns. ``reduced``:
-        its rows' reductions; ``labelled`` False: placeholder labels, not checked."""
+        labels and, when nothing was found wrong so far, the chunk's ``RowStats`` columns. ``reduced``: its rows'
+        reductions; ``labelled`` False: placeholder labels, not checked."""
         data = self.data
         bad_label = (y < 0) | (y >= data.num_classes)
         if not labelled:
@@ -107,9 +107,8 @@ class Problems:
         else:
             self.add("label", start, bad_label, lambda i, y=y: f"label {int(y[i])}")
         y = y.clamp(0, data.num_classes - 1)
-        row_sum = reduced.row_sum
         # A non-finite row sum flags every row holding NaN or +/-inf; only those rows are looked at closely.
-        odd = ~torch.isfinite(row_sum)
+        odd = ~torch.isfinite(reduced.row_sum)
         has_neginf = odd
         if bool(odd.any()):
             rows = z[odd]
@@ -124,10 +123,10 @@ class Problems:
         z_true = z.gather(1, y[:, None])[:, 0]
         self.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
         if self:
-            return y, row_sum, None
+            return y, None
         correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
         mean, var = uniform_moments(z, reduced, has_neginf)
-        return y, row_sum, (row_max, z_true - row_max, correct, mean, var, has_neginf)
+        return y, (row_max, z_true - row_max, correct, mean, var, has_neginf)
 
     def raise_first(self, device: torch.device) -> None:
         """Raise for the first kind of problem found on any rank, with the count over all ranks."""
@@ -284,12 +283,10 @@ class StartScan:
         """Grid and sampling rates from the first chunk; all-reduced, so every process plans alike."""
         f64 = torch.float64
         few = chunk_fit_rows(rows.count, self.num_classes)
-        local = torch.stack([torch.tensor(float(rows.count), dtype=f64, device=self.device),
-                             (rows.uniform_mean.to(f64) - rows.true_gap.to(f64)).sum(),
-                             rows.uniform_var.to(f64).sum(), (rows.true_gap == 0).sum().to(f64),
-                             torch.tensor(float(len(range(rows.count)[few])), dtype=f64, device=self.device),
-                             torch.tensor(float(self.local_rows), dtype=f64, device=self.device)])
-        n, slope, curvature, on_top, few_rows, total = all_reduce(local).tolist()
+        counts = torch.tensor([rows.count, len(range(rows.count)[few]), self.local_rows], dtype=f64, device=self.device)
+        local = torch.stack([rows.controls()[0].sum(), rows.uniform_var.to(f64).sum(),
+                             (rows.true_gap == 0).sum().to(f64)])
+        slope, curvature, on_top, n, few_rows, total = all_reduce(torch.cat([local, counts])).tolist()
         self.planned, self.total_rows = True, int(total)
         centre = 1.0
         if curvature > 0:

@@ -204,13 +204,13 @@ class Scan:
             with single_threaded():
                 for (a, b), (z, rows) in zip(block_bounds(read.rows, block), reduced, strict=True):
                     at = slice(read.start + a, read.start + b)  # the block: checked, stored, handed to the start
-                    y, row_sum, values = problems.check(at.start, z, read.labels[a:b], rows, self.labelled)
+                    y, values = problems.check(at.start, z, read.labels[a:b], rows, self.labelled)
                     if values is None:
                         if start is not None:
                             start.plan_empty(real)  # a chunk with bad values: the scan fails on every process
                         continue
                     if probability:
-                        probability = probability_like(z[:, 1] if data.binary else z, values[0], row_sum)
+                        probability = probability_like(z[:, 1] if data.binary else z, rows.row_max, rows.row_sum)
                     for column, value in zip(columns, values, strict=True):
                         column[at] = value
                     if start is not None:
