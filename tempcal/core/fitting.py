@@ -76,8 +76,7 @@ def fit_scan(scan: Scan, *, objective: str = "nll", bins: int = DEFAULT_BINS, xt
     else:
         raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
     if scan.distinct_labels() == 1:
-        label = scan.only_label()
-        result.warnings.append(f"all {scan.num_samples} fitting samples have label {label}: "
+        result.warnings.append(f"all {scan.num_samples} fitting samples have label {scan.only_label()}: "
                                "T is fitted on one class only")
     result.passes = scan.passes - start_passes + 1  # the validating scan, done here or by the caller
     return result

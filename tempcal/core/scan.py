@@ -27,14 +27,7 @@ import torch
 from ..errors import DataError
 from .certified import FitStart
 from .data import LogitsSource, Read, compute_dtype, pass_reads
-from .first_scan import (
-    ChunkRows,
-    Problems,
-    Reductions,
-    StartScan,
-    probability_like,
-    row_reductions,
-)
+from .first_scan import ChunkRows, Problems, Reductions, StartScan, probability_like, row_reductions
 from .kernels import (
     FIELDS,
     KEPT,
