@@ -272,8 +272,15 @@ class StartScan:
     def _sample(self, positions: torch.Tensor, on_top: torch.Tensor, keep: torch.Tensor | None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Indices (within the chunk) of the sampled fitting rows and their float64 weights (inverse rates)."""
-        u = ((positions * 2654435761) & 0xFFFFFFFF).to(torch.float64) / 2.0 ** 32  # in [0, 1): rate 1 keeps every row
-        rate = torch.where(on_top, *self.rates).to(torch.float64)
+        rate_correct, rate_wrong = self.rates
+        device = on_top.device
+        if rate_correct <= 0 and rate_wrong <= 0:  # the two fast paths save small data ~30 us a chunk
+            return torch.zeros(0, dtype=torch.int64, device=device), torch.zeros(0, dtype=torch.float64, device=device)
+        if rate_correct >= 1 and rate_wrong >= 1:
+            index = torch.arange(on_top.shape[0], device=device) if keep is None else keep.nonzero()[:, 0]
+            return index, torch.ones(index.shape[0], dtype=torch.float64, device=device)
+        u = ((positions * 2654435761) & 0xFFFFFFFF).to(torch.float64) / 2.0 ** 32
+        rate = torch.where(on_top, rate_correct, rate_wrong).to(torch.float64)
         chosen = u < rate
         index = (chosen if keep is None else chosen & keep).nonzero()[:, 0]
         return index, 1.0 / rate[index]
