@@ -380,9 +380,9 @@ class StartScan:
     def finish(self) -> FitStart:
         """The all-reduced summary (every process calls it)."""
         self._flush()
-        sizes = [self.control_sums.numel(), self.grid_sums.numel(), self.moments.numel(), self.cross.numel()]
-        flat = all_reduce(torch.cat([self.control_sums, self.grid_sums.flatten(), self.moments, self.cross.flatten()]))
-        control_sums, grid_sums, moments, cross = torch.split(flat.cpu(), sizes)
+        parts = [self.control_sums, self.grid_sums.flatten(), self.moments, self.cross.flatten()]
+        flat = all_reduce(torch.cat(parts)).cpu()
+        control_sums, grid_sums, moments, cross = torch.split(flat, [part.numel() for part in parts])
         span = float(all_reduce(self.span.reshape(1).clone(), "max")[0])
         rows = self.total_rows
         if self.exact_points:

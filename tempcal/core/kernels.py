@@ -378,7 +378,7 @@ class CalibrationTerms:
             nll, brier, entropy, correct_sum, confidence_sum = acc[k].tolist()
             sums = CalibrationSums(count, nll, brier, entropy, correct_sum, confidence_sum,
                                    per_bin[k, 0], per_bin[k, 1], per_bin[k, 2])
-            kept = {name: values[k, :self.position] for name, values in self.kept.items()} if self.kept else None
+            kept = {name: values[k] for name, values in self.kept.items()} if self.kept else None
             out.append((sums, kept))
         return out
 

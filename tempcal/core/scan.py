@@ -306,7 +306,6 @@ class Scan:
                     b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start),
                     few=True, row_bytes=16 * len(terms.betas) + 8):  # each row's bin, confidence, correctness
                 terms.add_block(block)
-            terms.position = self.data.num_samples
         else:
             with self._visitor_threads():
                 for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
