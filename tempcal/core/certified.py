@@ -114,7 +114,6 @@ class CertifiedFit:
     error_bound: float  # certified bound on |beta - beta*| / beta (inf when not certified)
     nll: float
     bound: str | None = None  # "lower" / "upper" at T_MIN / T_MAX
-    betas: list[float] = field(default_factory=list)  # the betas of the passes after the scan
     warnings: list[str] = field(default_factory=list)
 
 
@@ -130,17 +129,14 @@ def certified_fit(start: FitStart, evaluate: Evaluator, *, tol: float = TOL, max
         done = search.result(max_passes)
         if done is not None and done.converged:
             return done
-    beta = search.start()
-    while True:
+    beta, done = search.start(), None
+    while done is None:
         search.add(evaluate(beta))
         done = search.result(max_passes)
-        if done is not None:
-            return done
-        beta = search.next_beta()
-        if search.stuck:
-            done = search.result(max_passes)
-            assert done is not None
-            return done
+        if done is None:
+            beta = search.next_beta()
+            done = search.result(max_passes) if search.stuck else None  # stuck: an answer, certified or not
+    return done
 
 
 class Search:
@@ -153,7 +149,6 @@ class Search:
         self.info, self.tol, self.prior = start, tol, prior
         self.points: list[NllDerivatives] = []
         self.passes = passes
-        self.betas: list[float] = []
         self.lo, self.hi = 0.0, math.inf  # the optimum lies in [lo, hi]: d1(0) < 0
         self.best: tuple[float, float, NllDerivatives] | None = None  # (estimate, relative bound, point)
         self.stuck = False  # the next beta would repeat an evaluated one: no progress is possible
@@ -176,7 +171,6 @@ class Search:
     def add(self, s: NllDerivatives) -> None:
         """Record one pass."""
         self.passes += 1
-        self.betas.append(s.beta)
         self._add_point(s)
 
     def _add_point(self, nll: NllDerivatives) -> None:
@@ -257,12 +251,12 @@ class Search:
             return self._bound(BETA_MAX, "lower")
         if beta < BETA_MIN:
             return self._bound(BETA_MIN, "upper")
-        return CertifiedFit(beta, self.passes, True, relative, taylor_nll(s, beta - s.beta), None, self.betas)
+        return CertifiedFit(beta, self.passes, True, relative, taylor_nll(s, beta - s.beta))
 
     def _bound(self, beta: float, bound: str) -> CertifiedFit:
         near = min(self.points, key=lambda p: abs(math.log(p.beta / beta)))
         where = f"below T = {T_MIN:g}" if bound == "lower" else f"above T = {T_MAX:g}"
-        return CertifiedFit(beta, self.passes, True, 0.0, taylor_nll(near, beta - near.beta), bound, self.betas,
+        return CertifiedFit(beta, self.passes, True, 0.0, taylor_nll(near, beta - near.beta), bound,
                             [f"the optimum lies {where}; T is set to that bound"])
 
 

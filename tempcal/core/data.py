@@ -28,8 +28,6 @@ CUDA_CHUNK_ELEMENTS = 1 << 26
 #: The most logits a CPU chunk grows to on data large enough (see :func:`default_chunk_rows`).
 CPU_LARGE_CHUNK_ELEMENTS = 1 << 20
 CPU_MIN_CHUNKS = 8
-
-
 #: Fewer rows than this per chunk leave wide rows (large vocabularies) reduced inefficiently.
 MIN_CHUNK_ROWS = 64
 
@@ -335,18 +333,15 @@ class Read(NamedTuple):
     take: Callable[[int, int, Scratch | None], torch.Tensor]
 
 
-def held_rows(data: LogitsSource, device: torch.device) -> HeldRows | None:
-    """The data's logits when they are in memory on ``device`` (its ``held_rows``), else None."""
-    held = getattr(data, "held_rows", None)
-    return None if held is None or data.binary else held(device)
-
-
 def data_reads(data: LogitsSource, rows: int, device: torch.device, dtype: torch.dtype, held: HeldRows | None
                ) -> Iterator[Read]:
     """Reads of ``rows`` rows: blocks taken from ``held`` by the threads, else chunks read by ``data``."""
     if held is None:
         for start, z, y in data.chunks(rows, device, dtype):
-            yield Read(start, int(z.shape[0]), y, _slicer(z))
+            def view(a: int, b: int, _: Scratch | None, z: torch.Tensor = z) -> torch.Tensor:
+                return z[a:b]
+
+            yield Read(start, int(z.shape[0]), y, view)
         return
     labels = data.labels
     for start in range(0, data.num_samples, rows):
@@ -384,22 +379,15 @@ def read_rows(chunk_rows: int, num_classes: int, threads: int, held_rows: int | 
 
 def pass_reads(data: LogitsSource, device: torch.device, dtype: torch.dtype, chunk_rows: int, threads: int, *,
                few: bool = False, row_bytes: int = 0, copies_kept: bool = False) -> tuple[Iterator[Read], bool]:
-    """The reads of a block pass over ``data`` (:func:`read_rows` rows each) and whether a
-    thread may take the next read while the others reduce this one (a file read).
-
-    Logits in memory on the device are taken by the threads block by block, each copied (when it must be) into
-    its thread's buffer; when the pass keeps a few numbers per block (``few``), one read may take every row.
-    ``copies_kept``: the caller keeps the blocks until its read is done, so copies are tensors of their own.
-    """
-    held = held_rows(data, device)
+    """The reads of a block pass over ``data`` (:func:`read_rows` rows each) and whether a thread may take the next
+    read while the others reduce this one (a file read). Logits held in memory on the device are taken block by
+    block by the threads, each copied (when it must be) into its thread's buffer; ``few`` (the pass keeps a few
+    numbers per block): one read may take every row; ``copies_kept``: the caller keeps the blocks until its read
+    is done, so copies are tensors of their own."""
+    held_rows = getattr(data, "held_rows", None)
+    held = None if held_rows is None or data.binary else held_rows(device)
     whole = held is not None and (few or (copies_kept and not held.copies(dtype)))
     rows = read_rows(chunk_rows, data.num_classes, threads, data.num_samples if whole else None, row_bytes)
     fresh = getattr(data, "fresh_chunks", None)
     ahead = held is None and bool(fresh is not None and fresh(device))
     return data_reads(data, rows, device, dtype, held), ahead
-
-
-def _slicer(z: torch.Tensor) -> Callable[[int, int, Scratch | None], torch.Tensor]:
-    def take(a: int, b: int, _: Scratch | None) -> torch.Tensor:
-        return z[a:b]
-    return take

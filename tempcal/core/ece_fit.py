@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .kernels import EceTerms
+from .kernels import EceTerms, confidence_bins
 from .parallel import Scratch, all_reduce
 from .scan import RowBlock, Scan
 
@@ -59,7 +59,7 @@ def bin_sums(scan: Scan, betas: Sequence[float], bins: int) -> torch.Tensor:
 
     def block(b: RowBlock, scratch: Scratch) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
         d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
-        return terms.block_bins(d, scratch, b.has_neginf), b.correct
+        return confidence_bins(d, terms.betas, terms.edges, scratch, b.has_neginf), b.correct
 
     # Per row and beta an int64 bin and a float64 confidence, and its correctness: one map over rows in memory.
     for binned, correct in scan.block_pass(block, few=True, row_bytes=16 * len(terms.betas) + 8):

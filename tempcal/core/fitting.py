@@ -76,13 +76,10 @@ def fit_scan(scan: Scan, *, objective: str = "nll", bins: int = DEFAULT_BINS, xt
     else:
         raise ValueError(f"objective must be 'nll' or 'ece', got {objective!r}")
     if scan.distinct_labels() == 1:
-        label = scan.only_label()
-        result.warnings.append(f"all {scan.num_samples} fitting samples have label {label}: "
+        result.warnings.append(f"all {scan.num_samples} fitting samples have label {scan.only_label()}: "
                                "T is fitted on one class only")
     result.passes = scan.passes - start_passes + 1  # the validating scan, done here or by the caller
     return result
-
-
 
 
 def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int, evaluate: Evaluator | None = None) -> FitResult:
@@ -92,8 +89,10 @@ def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int, evaluate: Evalu
     if scan.all_top():
         return _no_class_above_the_true_one(scan)
     if scan.slope_at_infinity() >= 0:
-        return _at_bound(scan, "upper", "on the fitting samples the logits predict no better than uniform "
-                         f"probabilities, so the NLL keeps falling as T -> inf; T is set to the upper bound {T_MAX:g}")
+        message = ("on the fitting samples the logits predict no better than uniform probabilities, so the NLL "
+                   f"keeps falling as T -> inf; T is set to the upper bound {T_MAX:g}")
+        nll = scan.objective(1.0 / T_MAX).nll
+        return FitResult(T_MAX, "nll", n, 0, True, nll, "upper", [message], method="bound")
     start = scan.fit_start
     if start is None:  # a scan made without fit_rows: no grid, the scale-aware start (more reads)
         start = FitStart(n, scan.num_classes, reference_beta=scan.initial_beta())
@@ -110,14 +109,13 @@ def _fit_nll(scan: Scan, *, xtol: float | None, max_passes: int, evaluate: Evalu
     return result
 
 
-def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int, evaluate: Evaluator | None = None
-               ) -> FitResult:
+def _fit_lbfgs(scan: Scan, *, beta0: float, xtol: float, max_passes: int, evaluate: Evaluator) -> FitResult:
     """The first method: L-BFGS over log T from ``beta0``, closed by regula falsi on the slope."""
     search = _SlopeSearch(scan, xtol, evaluate)
     theta0 = min(max(-math.log(beta0), math.log(T_MIN)), math.log(T_MAX))
     sums0, beta0 = search.evaluate(theta0)
-    hessian = beta0 * beta0 * sums0.curvature + beta0 * sums0.grad  # d2 NLL / d theta2
-    scale = math.sqrt(hessian) if hessian > 0 else math.sqrt(max(beta0 * beta0 * sums0.curvature, 1e-12))
+    hessian = beta0 * beta0 * sums0.d2 + beta0 * sums0.d1  # d2 NLL / d theta2
+    scale = math.sqrt(hessian) if hessian > 0 else math.sqrt(max(beta0 * beta0 * sums0.d2, 1e-12))
     search.hessian = scale * scale
 
     u = torch.zeros(1, dtype=torch.float64)
@@ -167,9 +165,8 @@ class _SlopeSearch:
     """The evaluated points (theta, NLL, dNLL/dtheta) and the optimum their slopes bracket (the NLL is convex in
     1/T); an estimate that rounds to an evaluated beta in the compute dtype ends the search."""
 
-    def __init__(self, scan: Scan, xtol: float, evaluate: Evaluator | None = None):
-        self.scan, self.xtol = scan, xtol
-        self.objective = evaluate or scan.objective
+    def __init__(self, scan: Scan, xtol: float, evaluate: Evaluator):
+        self.scan, self.xtol, self.objective = scan, xtol, evaluate
         self.points: list[tuple[float, float, float]] = []
         self.seen: dict[float, tuple[float, float, float]] = {}
         self._last_side = 0
@@ -197,7 +194,7 @@ class _SlopeSearch:
         effective, beta = self.effective_theta(theta)
         self._stalled = effective in self.seen
         sums = self.objective(beta)
-        point = (effective, sums.nll, -beta * sums.grad)
+        point = (effective, sums.nll, -beta * sums.d1)
         side = -1 if point[2] < 0 else 1
         # Illinois rule for the regula falsi below: when one end moves twice, halve the other's slope.
         self._halve = -side if side == self._last_side else 0
@@ -286,12 +283,6 @@ def _no_class_above_the_true_one(scan: Scan) -> FitResult:
                f"the largest logit with another class{equal})")
     message = f"{why}, so the NLL keeps falling as T -> 0; T is set to the lower bound {T_MIN:g}"
     return FitResult(T_MIN, "nll", n, 0, True, nll, "lower", [message], method="bound")
-
-
-def _at_bound(scan: Scan, bound: str, message: str) -> FitResult:
-    temperature = T_MIN if bound == "lower" else T_MAX
-    nll = scan.objective(1.0 / temperature).nll
-    return FitResult(temperature, "nll", scan.num_samples, 0, True, nll, bound, [message], method="bound")
 
 
 def _clamp(result: FitResult) -> FitResult:

@@ -40,19 +40,6 @@ RAW_FIELDS = 9
 CLIP = 2000.0
 
 
-class Buffers(Protocol):
-    """Reused chunk-sized buffers (:class:`tempcal.core.parallel.Scratch`)."""
-
-    def like(self, name: str, t: torch.Tensor) -> torch.Tensor: ...
-
-
-class _Fresh:
-    """New buffers every time (for callers that keep none)."""
-
-    def like(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        return torch.empty_like(t)
-
-
 @dataclass(frozen=True)
 class NllDerivatives:
     """Means over rows at one ``beta`` (all-reduced): the NLL, its derivatives in beta and two bound terms."""
@@ -74,16 +61,6 @@ class NllDerivatives:
         return cls(beta, *(v / count for v in values[1:8]))
 
     @property
-    def grad(self) -> float:
-        """dNLL/dbeta (the name the first L-BFGS fit used)."""
-        return self.d1
-
-    @property
-    def curvature(self) -> float:
-        """d2NLL/dbeta2."""
-        return self.d2
-
-    @property
     def derivatives(self) -> tuple[float, float, float, float]:
         return self.d1, self.d2, self.d3, self.d4
 
@@ -100,13 +77,13 @@ class RowMoments:
     mu4: torch.Tensor
 
 
-def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tensor, buffers: Buffers | None = None,
+def row_moments(z: torch.Tensor, beta: float | torch.Tensor, labels: torch.Tensor, buffers: Scratch | None = None,
                 *, top: torch.Tensor | None = None, impossible: bool | None = None) -> RowMoments:
     """Moments of each row of ``z`` [n, C] under ``softmax(beta z)`` (``beta``: a number or one per row): one exp per
     entry, centred sums. ``top`` (row maxima) and ``impossible`` (the chunk holds ``-inf``) save work when known."""
     if not isinstance(beta, torch.Tensor) and beta == 0:
         return _uniform_moments(z)
-    buffers = buffers or _Fresh()
+    buffers = buffers or Scratch()
     b: float | torch.Tensor = beta.to(z.dtype)[:, None] if isinstance(beta, torch.Tensor) else float(beta)
     top = z.amax(1) if top is None else top
     x = torch.sub(z, top[:, None], out=buffers.like("d", z)).mul_(b)
@@ -152,7 +129,7 @@ def exp_floor(dtype: torch.dtype) -> float:
 
 
 def _repair(z: torch.Tensor, b: float | torch.Tensor, top: torch.Tensor, mean: torch.Tensor,
-            central: tuple[torch.Tensor, torch.Tensor, torch.Tensor], log_mass: torch.Tensor, buffers: Buffers
+            central: tuple[torch.Tensor, torch.Tensor, torch.Tensor], log_mass: torch.Tensor, buffers: Scratch
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Huge finite mask values (e.g. -1e30) overflow ``u^2`` where ``p`` is exactly 0: recompute those moments
     from clipped logits. A true class whose ``p_y`` underflowed to 0: its log mass directly."""
@@ -177,23 +154,15 @@ def _uniform_moments(z: torch.Tensor) -> RowMoments:
     d = torch.where(finite, z - top[:, None], torch.zeros((), dtype=z.dtype, device=z.device))
     p = finite.to(z.dtype) / count.clamp_min(1)[:, None]
     mean = (p * d).sum(1)
-    mu2, mu3, mu4 = _central(p, d - mean[:, None], _Fresh())
+    mu2, mu3, mu4 = _central(p, d - mean[:, None], Scratch())
     return RowMoments(top, torch.log(count), mean, mu2, mu3, mu4)
 
 
-def _central(p: torch.Tensor, u: torch.Tensor, buffers: Buffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _central(p: torch.Tensor, u: torch.Tensor, buffers: Scratch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``sum_c p u^k`` for k = 2, 3, 4 with two products and three reductions; ``p`` is overwritten."""
     v = torch.mul(u, u, out=buffers.like("v", u))
     w = p.mul_(v)
     return w.sum(1), dot_rows(w, u, buffers), dot_rows(w, v, buffers)
-
-
-def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Buffers) -> torch.Tensor:
-    """Row-wise ``sum a * b`` with no chunk-sized temporary (``vecdot`` allocates one): :func:`row_dot` where it is
-    the faster, else a product in the reused buffer ``product``, summed."""
-    if row_dot_pays(a):
-        return row_dot(a, b)
-    return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
 
 
 #: Up to this many classes a batched matrix product is the faster row-wise dot product on the CPU; from about 400
@@ -204,16 +173,14 @@ ROW_DOT_MAX_CLASSES = 256
 ROW_DOT_MIN_BYTES = 1 << 20
 
 
-def row_dot_pays(a: torch.Tensor) -> bool:
-    """Whether :func:`row_dot` is the faster row-wise dot product for ``a`` [n, C]: on the CPU only (an
-    accelerator's matrix products may be set to round float32 inputs), short rows, too many to stay in cache."""
-    return (a.device.type == "cpu" and a.shape[-1] <= ROW_DOT_MAX_CLASSES
-            and a.numel() * a.element_size() >= ROW_DOT_MIN_BYTES)
-
-
-def row_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Row-wise ``sum a * b`` of two tensors [n, C] as a batched matrix product: no temporary."""
-    return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+def dot_rows(a: torch.Tensor, b: torch.Tensor, buffers: Scratch) -> torch.Tensor:
+    """Row-wise ``sum a * b`` with no chunk-sized temporary (``vecdot`` allocates one): a batched matrix product on the
+    CPU for short rows too many to stay in cache (an accelerator's matrix products may be set to round float32
+    inputs), else a product in the reused buffer ``product``, summed."""
+    if (a.device.type == "cpu" and a.shape[-1] <= ROW_DOT_MAX_CLASSES
+            and a.numel() * a.element_size() >= ROW_DOT_MIN_BYTES):
+        return torch.bmm(a.unsqueeze(1), b.unsqueeze(2)).view(-1)
+    return torch.mul(a, b, out=buffers.like("product", a)).sum(1)
 
 
 def row_terms(m: RowMoments, z_true: torch.Tensor, beta: float | torch.Tensor) -> torch.Tensor:
@@ -243,12 +210,7 @@ def finished_sums(raw: torch.Tensor, count: float, beta: float) -> torch.Tensor:
     return torch.stack([count_sum, log_mass + beta * gap, mean + gap, mu2, mu3, mu4 - 3 * square, square, q5_sum])
 
 
-def chunk_sums(m: RowMoments, z_true: torch.Tensor, beta: float) -> torch.Tensor:
-    """Float64 sums over the chunk's rows, in the order of :data:`FIELDS` (no host synchronisation)."""
-    return finished_sums(raw_sums(m, z_true), m.top.shape[0], beta)
-
-
-def row_raw_sums(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Buffers | None = None, *,
+def row_raw_sums(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Scratch | None = None, *,
                  top: torch.Tensor | None = None, impossible: bool | None = None) -> torch.Tensor:
     """:func:`raw_sums` over a block of rows ``z`` [n, C]: a pass's threads add these up, and the caller finishes
     them once (fewer small operations per block, where the threads contend for the interpreter)."""
@@ -257,7 +219,7 @@ def row_raw_sums(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Buffers
     return raw_sums(row_moments(z, beta, y, buffers, top=top, impossible=impossible), z_true)
 
 
-def row_cumulants(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Buffers | None = None, *,
+def row_cumulants(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Scratch | None = None, *,
                   top: torch.Tensor | None = None, impossible: bool | None = None) -> torch.Tensor:
     """Float64 sums (:data:`FIELDS`) over a chunk of rows ``z`` [n, C] (a binary logit already as ``[0, z]``)."""
     raw = row_raw_sums(z, y, beta, buffers, top=top, impossible=impossible)
@@ -416,7 +378,7 @@ class CalibrationTerms:
             nll, brier, entropy, correct_sum, confidence_sum = acc[k].tolist()
             sums = CalibrationSums(count, nll, brier, entropy, correct_sum, confidence_sum,
                                    per_bin[k, 0], per_bin[k, 1], per_bin[k, 2])
-            kept = {name: values[k, :self.position] for name, values in self.kept.items()} if self.kept else None
+            kept = {name: values[k] for name, values in self.kept.items()} if self.kept else None
             out.append((sums, kept))
         return out
 
@@ -437,7 +399,6 @@ def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, g
             s0.reciprocal().to(torch.float64), log_s0)
 
 
-
 def scaled_exp(d: torch.Tensor, beta: float | torch.Tensor, scratch: Scratch, neginf: bool = True) -> torch.Tensor:
     """``exp(beta d)`` of ``d = z - max z`` in the scratch buffer ``e``. Without a -inf in ``d`` (``neginf``
     False), exponents below :func:`exp_floor` are raised to it first: what they add to a row's sum of at least 1
@@ -455,16 +416,9 @@ class EceTerms:
         self.edges = bin_edges(bins, device)
         self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
 
-    def block_bins(self, d: torch.Tensor, buffers: Scratch, neginf: bool = True
-                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Each beta's bin index and confidence of a block's rows (``d``: the logits minus their row maximum;
-        ``neginf``: whether it may hold -inf): the work over every logit, which blocks may do on several threads
-        at once."""
-        return confidence_bins(d, self.betas, self.edges, buffers, neginf)
-
     def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
-        """Add a block's :meth:`block_bins` (``correct``: whether each arg-max is right); blocks added in row order
-        give the bits of one thread."""
+        """Add a block's :func:`confidence_bins` at ``betas`` (``correct``: whether each arg-max is right); blocks
+        added in row order give the bits of one thread."""
         hit = correct.to(torch.float64)
         for k, (index, confidence) in enumerate(binned):
             add_to_bins(self.per_bin[k], index, confidence, hit)
@@ -481,7 +435,7 @@ def confidence_bins(d: torch.Tensor, betas: Sequence[float], edges: torch.Tensor
     return binned
 
 
-__all__ = ["DEFAULT_BINS", "FIELDS", "KEPT", "RAW_FIELDS", "BlockSums", "Buffers", "CalibrationSums",
-           "CalibrationTerms", "ChunkVisitor", "EceTerms", "NllDerivatives", "RowMoments", "add_to_bins", "bin_edges",
-           "bin_index", "chunk_sums", "confidence_bins", "dot_rows", "exp_floor", "finished_sums", "raw_sums",
-           "row_calibration", "row_cumulants", "row_moments", "row_range", "row_raw_sums", "row_terms"]
+__all__ = ["DEFAULT_BINS", "FIELDS", "KEPT", "RAW_FIELDS", "BlockSums", "CalibrationSums", "CalibrationTerms",
+           "ChunkVisitor", "EceTerms", "NllDerivatives", "RowMoments", "add_to_bins", "bin_edges", "bin_index",
+           "confidence_bins", "dot_rows", "exp_floor", "finished_sums", "raw_sums", "row_calibration",
+           "row_cumulants", "row_moments", "row_range", "row_raw_sums", "row_terms"]

@@ -169,10 +169,7 @@ _owed: dict[int, int] = {}
 
 def usable_cpus() -> int:
     """The cores this process may run on: its CPU affinity, lowered to its control group's CPU quota."""
-    try:
-        count = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        count = os.cpu_count() or 1
+    count = _affinity() or os.cpu_count() or 1
     quota = cgroup_cpu_quota()
     if quota is not None:
         count = min(count, max(1, math.floor(quota)))
@@ -236,11 +233,15 @@ def _is_torch_default(count: int) -> bool:
     """Whether ``count`` looks like torch's own choice rather than the user's (torch picks a core count)."""
     if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
         return False
+    return count in {os.cpu_count(), _affinity(), _physical_cores()}
+
+
+def _affinity() -> int | None:
+    """The count of cores this process may run on (None where the platform cannot say)."""
     try:
-        affinity = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        affinity = 0
-    return count in {os.cpu_count(), affinity, _physical_cores()}
+        return None
 
 
 def _physical_cores() -> int | None:

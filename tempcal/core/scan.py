@@ -27,15 +27,7 @@ import torch
 from ..errors import DataError
 from .certified import FitStart
 from .data import LogitsSource, Read, compute_dtype, pass_reads
-from .first_scan import (
-    ChunkRows,
-    Problems,
-    Reductions,
-    StartScan,
-    probability_like,
-    rank_offset,
-    row_reductions,
-)
+from .first_scan import ChunkRows, Problems, Reductions, StartScan, probability_like, row_reductions
 from .kernels import (
     FIELDS,
     KEPT,
@@ -97,11 +89,6 @@ class RowBlock:
     correct: torch.Tensor
     has_neginf: bool
     start: int  # position of the block's first row among this process's rows
-
-
-#: Means over samples of the NLL and its first four derivatives in ``beta = 1/T`` (``grad``, ``curvature``: the
-#: first two), what :meth:`Scan.objective` returns.
-ObjectiveSums = NllDerivatives
 
 
 @dataclass(frozen=True)
@@ -190,13 +177,12 @@ class Scan:
         problems = Problems(data)
         # Filled in place: small per-chunk tensors kept alive between large temporaries fragment the heap.
         n, real = data.num_samples, self.compute_dtype
-        stats = RowStats(*(torch.empty(n, dtype=dt, device=self.device)
-                           for dt in (real, real, torch.bool, real, real, torch.bool)))
-        threads = self.pass_threads()
+        columns = [torch.empty(n, dtype=dt, device=self.device)
+                   for dt in (real, real, torch.bool, real, real, torch.bool)]
+        threads = pass_threads(self.device, self.data.numel())
         start = self._start_scan(threads)
         self.passes += 1
-        state = _FirstScan(stats, problems, start, data.num_samples > 0)
-        block = self.chunk_rows
+        probability, block = data.num_samples > 0, self.chunk_rows
         def plan(read: Read) -> tuple[Callable[[int, int], tuple[torch.Tensor, Reductions]], int]:
             bounds = block_bounds(read.rows, block)
 
@@ -206,38 +192,32 @@ class Scan:
             # The reductions over every logit, shared among the threads; the rest, per row, in order.
             return reduce, len(bounds)
 
-        reads, ahead = self._reads(threads, copies_kept=True)
+        reads, ahead = pass_reads(self.data, self.device, real, block, threads, copies_kept=True)
         for read, reduced in mapped_reads(reads, plan, threads, ahead):
             with single_threaded():
                 for (a, b), (z, rows) in zip(block_bounds(read.rows, block), reduced, strict=True):
-                    self._scan_block(state, read.start + a, z, read.labels[a:b], rows)
+                    at = slice(read.start + a, read.start + b)  # the block: checked, stored, handed to the start
+                    y, values = problems.check(at.start, z, read.labels[a:b], rows, self.labelled)
+                    if values is None:
+                        if start is not None:
+                            start.plan_empty(real)  # a chunk with bad values: the scan fails on every process
+                        continue
+                    if probability:
+                        probability = probability_like(z[:, 1] if data.binary else z, rows.row_max, rows.row_sum)
+                    for column, value in zip(columns, values, strict=True):
+                        column[at] = value
+                    if start is not None:
+                        row_max, true_gap, _, mean, var, has_neginf = values
+                        start.add_chunk(at.start, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf), rows.low)
         with single_threaded():  # the sample's last block (its grid betas shared among the pass's threads)
             if start is not None:
                 start.plan_empty(real)  # a process without rows
             problems.raise_first(self.device)
-            flag = torch.tensor([1 if state.probability_like else 0], device=self.device)
+            flag = torch.tensor([1 if probability else 0], device=self.device)
             self.looks_like_probabilities = bool(all_reduce(flag, "min").item())
             if start is not None:
                 self.fit_start = start.finish()
-        return stats
-
-    def _scan_block(self, state: _FirstScan, position: int, z: torch.Tensor, y: torch.Tensor,
-                    reduced: Reductions) -> None:
-        """One block of the first scan: checked, its statistics stored, handed to the fit's start."""
-        start, stats = state.start, state.stats
-        y, row_sum, values = state.problems.check(position, z, y, reduced, self.labelled)
-        if values is None:
-            if start is not None:
-                start.plan_empty(self.compute_dtype)  # a chunk with bad values: the scan fails on every process
-            return
-        if state.probability_like:
-            state.probability_like = probability_like(z[:, 1] if self.data.binary else z, values[0], row_sum)
-        stop = position + z.shape[0]
-        for column, value in zip((getattr(stats, f) for f in stats.__dataclass_fields__), values, strict=True):
-            column[position:stop] = value
-        if start is not None:
-            row_max, true_gap, _, mean, var, has_neginf = values
-            start.add_chunk(position, ChunkRows(z, y, row_max, true_gap, mean, var, has_neginf), low=reduced.low)
+        return RowStats(*columns)
 
     def _start_scan(self, threads: int) -> StartScan | None:
         """What gathers the fit's start during the first scan, when ``fit_rows`` asks for one."""
@@ -245,8 +225,7 @@ class Scan:
         if rows is None or not self.labelled:
             return None
         return StartScan(rows if isinstance(rows, torch.Tensor) else None, self.data.num_samples, self.num_classes,
-                         self.device, self.scratch, rank_offset(self.data.num_samples, self.device),
-                         threads=threads, buffers_for=self.scratch_for)
+                         self.device, threads, self.scratch_for)
 
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):
@@ -273,29 +252,15 @@ class Scan:
         self.scratch = Scratch()
         self._scratches = [self.scratch]
 
-    def pass_threads(self) -> int:
-        """Threads a pass over this scan's data shares its blocks among (:func:`tempcal.core.parallel.pass_threads`)."""
-        return pass_threads(self.device, self.data.numel())
-
-    def _reads(self, threads: int, few: bool = False, row_bytes: int = 0, copies_kept: bool = False
-               ) -> tuple[Iterator[Read], bool]:
-        """The reads of a block pass and whether one may be taken ahead (:func:`tempcal.core.data.pass_reads`)."""
-        return pass_reads(self.data, self.device, self.compute_dtype, self.chunk_rows, threads, few=few,
-                          row_bytes=row_bytes, copies_kept=copies_kept)
-
     def block_pass(self, fn: Callable[[RowBlock, Scratch], R], *, few: bool = False, row_bytes: int = 0
                    ) -> Iterator[R]:
-        """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows (the chunks of :meth:`row_chunks`),
-        the blocks of each read shared among the pass's threads, each running torch single-threaded; the
-        results in row order, so sums add up as on one thread. ``few``: each result is a few numbers (longer
-        reads of logits held in memory: fewer maps); ``row_bytes``: what each result keeps per row (shorter reads
-        when it is large). Counted like every pass.
-
-        The caller's own work on the results (adding them up in row order, between the yields) runs torch
-        single-threaded on the CPU too: it is small, and torch's threads would wait at a barrier after each of
-        its operations whenever another process holds a core."""
+        """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows, each read's blocks shared among the
+        pass's threads (torch single-threaded on each), the results yielded in row order so that sums add up as on
+        one thread; the caller's work between the yields runs single-threaded on the CPU too (see
+        :meth:`_visitor_threads`). ``few``: each result is a few numbers (longer reads: fewer maps); ``row_bytes``:
+        what each result keeps per row (shorter reads when it is large)."""
         self.passes += 1
-        threads = self.pass_threads()
+        threads = pass_threads(self.device, self.data.numel())
         stats, block = self.stats, self.chunk_rows
         neginf = stats.has_neginf.cpu()
         def plan(read: Read) -> tuple[Callable[[int, int], R], int]:
@@ -310,37 +275,30 @@ class Scan:
                 return fn(rows, buffers)
             return run, len(bounds)
 
-        reads, ahead = self._reads(threads, few, row_bytes)
+        reads, ahead = pass_reads(self.data, self.device, self.compute_dtype, block, threads, few=few,
+                                  row_bytes=row_bytes)
         for _, results in mapped_reads(reads, plan, threads, ahead):
             with self._visitor_threads():
                 yield from results
 
-    def objective(self, beta: float, *, curvature: bool = True) -> ObjectiveSums:
-        """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass.
-
-        One exp per logit (:func:`tempcal.core.kernels.row_cumulants`); ``curvature`` is kept for
-        callers of the first version and changes nothing.
-        """
+    def objective(self, beta: float) -> NllDerivatives:
+        """Mean NLL and its first four derivatives in ``beta`` (with the fit's bound terms) in one pass, one exp per
+        logit (:func:`tempcal.core.kernels.row_raw_sums`)."""
         acc, count = torch.zeros(RAW_FIELDS, dtype=torch.float64, device=self.device), 0
         for rows, sums in self.block_pass(lambda b, scratch: (b.z.shape[0], row_raw_sums(
                 b.z, b.y, beta, scratch, top=b.row_max, impossible=b.has_neginf)), few=True):
             acc += sums
             count += rows
-        return ObjectiveSums.from_sums(beta, all_reduce(finished_sums(acc, count, beta)))
+        return NllDerivatives.from_sums(beta, all_reduce(finished_sums(acc, count, beta)))
 
     def calibration(self, betas: Sequence[float], bins: int, *, keep_scores: bool = False, keep: Sequence[str] = (),
                     visitor: ChunkVisitor | None = None
                     ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
-        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``
-        (:mod:`tempcal.core.kernels`).
+        """Sums for NLL, Brier, entropy, accuracy and equal-width confidence bins at each ``beta``, in one pass.
 
-        One pass: each chunk is read once and reduced at every temperature. ``keep`` names per-row figures of
-        this process's rows returned too, float64 on the scan's device, 8 bytes per row and temperature:
-        ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z / T)``); ``keep_scores``
-        keeps both. A ``visitor`` sees every chunk at every temperature in the same read. (Figures of every rank's
-        rows gather the kept values: :meth:`per_sample`, :func:`tempcal.scores.engine.scan_scores`,
-        :mod:`tempcal.metrics.decisions`.)
-        """
+        ``keep`` names per-row figures of this process's rows returned too (float64 on the scan's device, 8 bytes per
+        row and temperature): ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z /
+        T)``); ``keep_scores`` keeps both. A ``visitor`` sees every chunk at every temperature in the same read."""
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
         if visitor is None:  # the blocks on the pass's threads; a visitor sees the chunks in order, on one
@@ -348,7 +306,6 @@ class Scan:
                     b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start),
                     few=True, row_bytes=16 * len(terms.betas) + 8):  # each row's bin, confidence, correctness
                 terms.add_block(block)
-            terms.position = self.data.num_samples
         else:
             with self._visitor_threads():
                 for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
@@ -374,14 +331,8 @@ class Scan:
         return single_threaded() if self.device.type == "cpu" else contextlib.nullcontext()
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
-        """Per-sample ``confidence`` (max softmax, float64), ``correct`` (bool) and ``nll`` (float64) of every row
-        of every rank, in one pass.
-
-        The confidences are computed exactly as :meth:`calibration` computes them, so they fall into
-        the same bins. Under torch.distributed each rank's figures are gathered in rank order (the ranks
-        hold contiguous shares of the rows), so every rank holds the one-process tensors: rankings, the
-        equal-mass bins and the bootstrap's draws see every row. The tensors are on the scan's device.
-        """
+        """Per-sample ``confidence`` (max softmax, float64, as :meth:`calibration` computes it), ``correct`` (bool) and
+        ``nll`` (float64) of every row of every rank (gathered in rank order), on the scan's device, in one pass."""
         def figures(b: RowBlock, scratch: Scratch) -> torch.Tensor:
             d = torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z))
             s0 = scaled_exp(d, beta, scratch, b.has_neginf).sum(1)
@@ -394,12 +345,8 @@ class Scan:
         return {"confidence": rows[:, 0], "correct": rows[:, 2] > 0.5, "nll": rows[:, 1]}
 
     def classwise(self, beta: float, bins: int) -> ClasswiseSums:
-        """Every class's probability binned in equal-width bins at ``beta``, in one pass.
-
-        Only one block's probabilities per thread exist at a time; the blocks' sums are added in row order. A
-        single binary logit counts as two classes (``1 - sigmoid`` and ``sigmoid``), as the contract's Brier
-        score does.
-        """
+        """Every class's probability binned in equal-width bins at ``beta``, in one pass (a binary logit counts as two
+        classes, as the contract's Brier score does); the blocks' sums are added in row order."""
         classes, device = self.num_classes, self.device
         edges = bin_edges(bins, device)
         offset = torch.arange(classes, device=device) * bins
@@ -407,7 +354,7 @@ class Scan:
         def sums(b: RowBlock, _: Scratch) -> torch.Tensor:
             e = torch.mul(b.z - b.row_max[:, None], beta).exp_()
             p = (e / e.sum(1, keepdim=True)).to(torch.float64)
-            slot = (torch.searchsorted(edges, p, right=False) - 1).clamp_(0, bins - 1).add_(offset)
+            slot = bin_index(p, edges).add_(offset)
             out = torch.zeros(3, classes * bins, dtype=torch.float64, device=device)
             out[0] = torch.bincount(slot.view(-1), minlength=classes * bins).to(torch.float64)
             out[1].index_add_(0, slot.view(-1), p.view(-1))
@@ -451,7 +398,7 @@ class Scan:
             acc[-1] += flat
             acc[:-2] += sums
         acc = all_reduce(acc)
-        return int(acc[-2]), int(acc[-1]), ObjectiveSums.from_sums(beta, acc[:-2]).nll
+        return int(acc[-2]), int(acc[-1]), NllDerivatives.from_sums(beta, acc[:-2]).nll
 
     def slope_at_infinity(self) -> float:
         """d NLL / d beta at beta = 0 (uniform probabilities); >= 0 means no finite T beats T = infinity."""
@@ -476,14 +423,4 @@ class Scan:
         return self.sum(values) / max(self.num_samples, 1)
 
 
-@dataclass
-class _FirstScan:
-    """What the first scan carries from block to block."""
-
-    stats: RowStats
-    problems: Problems
-    start: StartScan | None
-    probability_like: bool
-
-
-__all__ = ["CalibrationSums", "ClasswiseSums", "ObjectiveSums", "RowStats", "Scan", "Scratch", "bin_edges", "bin_index"]
+__all__ = ["CalibrationSums", "ClasswiseSums", "RowStats", "Scan", "Scratch", "bin_edges", "bin_index"]

@@ -100,11 +100,11 @@ class SharedFits:
         if fit.count == 0 or lam > 0:
             return fit  # no rows: the prior's centre (settled in _centre); a prior: always an interior optimum
         if int(above_sum) == 0:
-            fit.fixed = CertifiedFit(BETA_MAX, 0, True, 0.0, math.nan, "lower", [],
+            fit.fixed = CertifiedFit(BETA_MAX, 0, True, 0.0, math.nan, "lower",
                                      [f"{self._name(fit)}: no row has a class above its true class; T is set to "
                                       "the lower bound"])
         elif float(slope_sum) >= 0:
-            fit.fixed = CertifiedFit(BETA_MIN, 0, True, 0.0, math.nan, "upper", [],
+            fit.fixed = CertifiedFit(BETA_MIN, 0, True, 0.0, math.nan, "upper",
                                      [f"{self._name(fit)}: the logits predict no better than uniform; T is set to "
                                       "the upper bound"])
         return fit
