@@ -133,9 +133,9 @@ def reliability_size(panels: Sequence[tuple[str, Any]], risk_coverage: bool = Fa
 
 
 def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None, *, risk_coverage: bool = False,
-                       figure: Any = None):
-    """Every panel, ``PANELS_PER_ROW`` to a row, the row counts on one scale, with ``risk_coverage`` their curves
-    beneath; drawn in ``figure`` or a new one."""
+                       figure: Any = None, top: int | None = None):
+    """Every panel, ``PANELS_PER_ROW`` to a row, the row counts on one scale (up to ``top``), with ``risk_coverage``
+    their curves beneath; drawn in ``figure`` or a new one."""
     columns = min(len(panels), PANELS_PER_ROW)
     rows = -(-len(panels) // columns)
     curves = risk_coverage and any(getattr(m, "risk_coverage", None) for _, m in panels)
@@ -147,7 +147,7 @@ def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None,
         ax = figure.add_subplot(spec[2 * row, column])
         hist = figure.add_subplot(spec[2 * row + 1, column], sharex=ax, sharey=first_hist)
         first_hist = first_hist or hist
-        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece)
+        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece, top=top)
         axes.append(ax)
     if curves:
         ax = figure.add_subplot(spec[2 * rows, :])
