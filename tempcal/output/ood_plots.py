@@ -66,14 +66,12 @@ def roc_points(id_scores, ood_scores, limit: int = 4000):
     to (1, 1), thinned to about ``limit`` points."""
     import numpy as np
 
-    id_scores, ood_scores = np.asarray(id_scores, np.float64), np.asarray(ood_scores, np.float64)
-    values = np.concatenate([id_scores, ood_scores])
-    order = np.argsort(-values, kind="stable")
-    ordered = values[order]
-    ends = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True])  # the last sample of each threshold
-    kept = np.cumsum(order < id_scores.size)[ends]
-    tpr = np.r_[0.0, kept / id_scores.size]
-    fpr = np.r_[0.0, (ends + 1 - kept) / ood_scores.size]
+    from ..metrics.detection import tie_counts
+
+    id_up_to, ood_up_to, id_in, ood_in = tie_counts(id_scores, ood_scores)  # ascending: the curve runs backwards
+    n, m = id_up_to[-1], ood_up_to[-1]
+    tpr = np.r_[0.0, (n - id_up_to + id_in)[::-1] / n]  # the scores at or above each threshold
+    fpr = np.r_[0.0, (m - ood_up_to + ood_in)[::-1] / m]
     if tpr.size > limit:
         pick = np.unique(np.linspace(0, tpr.size - 1, limit).round().astype(int))
         tpr, fpr = tpr[pick], fpr[pick]

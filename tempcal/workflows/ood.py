@@ -404,4 +404,4 @@ def _odin_sides(loaded: OpenedSource, others: list[OpenedSource], taus: list[flo
 
 
 __all__ = ["OodBestOverall", "OodReport", "best_overall_sentence", "best_sentence", "gate_failures", "ood_file",
-           "score_label", "score_samples"]
+           "score_samples"]
