@@ -258,7 +258,7 @@ def float32_loss(id_scores, ood_scores, auroc: float) -> tuple[bool, float]:
     can rank), and whether it is more than :data:`FLOAT32_AUROC_LOSS` below ``auroc``."""
     with np.errstate(over="ignore"):  # beyond float32's range a score becomes +-inf, as a float32 model's would
         id32, ood32 = (np.asarray(s, dtype=np.float64).astype(np.float32) for s in (id_scores, ood_scores))
-    auroc32 = ranking_figures(id32.astype(np.float64), ood32.astype(np.float64))[0]
+    auroc32 = ranking_figures(id32, ood32)[0]
     return auroc - auroc32 > FLOAT32_AUROC_LOSS, auroc32
 
 
