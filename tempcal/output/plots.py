@@ -1,6 +1,5 @@
-"""Reliability diagrams, temperature sweeps and risk-coverage curves (matplotlib, Agg backend, imported only when a
-plot is asked for; the format follows the file's suffix), and what every figure's axes share: one legend outside the
-panels, plain tick labels on log axes."""
+"""Reliability diagrams, temperature sweeps and risk-coverage curves (matplotlib on Agg, imported only for a plot; the
+format from the file's suffix), and what every figure shares: one legend outside the panels, plain log tick labels."""
 
 from __future__ import annotations
 
