@@ -77,7 +77,7 @@ def new_figure(**options):
 def reliability_axes(ax, hist, bins: Sequence[Mapping[str, Any]], title: str, ece: float, *,
                      top: int | None = None) -> None:
     """Accuracy per bin with the gap to the diagonal and its Wilson interval, the rows per bin beneath (up to
-    ``top``); ``bins`` as the JSON has them, so that the plots and the HTML page draw the same diagram."""
+    ``top``); ``bins`` as the JSON lists them."""
     width = 1.0 / max(len(bins), 1)
     ax.plot([0, 1], [0, 1], color="0.4", linestyle="--", linewidth=1, label="perfect calibration")
     full = [b for b in bins if b["count"]]  # an empty bin is drawn as nothing
@@ -115,11 +115,6 @@ def curve_json(metrics) -> dict[str, Any]:
             "aurc": getattr(metrics, "aurc", None)}
 
 
-def json_bins(metrics) -> list[dict]:
-    """A metrics object's bins as the JSON lists them."""
-    return [dict(vars(b)) for b in metrics.bins]
-
-
 #: Reliability panels per row: a grid that grows by rows, so that every temperature asked for is drawn.
 PANELS_PER_ROW = 3
 
@@ -146,7 +141,7 @@ def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None,
         ax = figure.add_subplot(spec[2 * row, column])
         hist = figure.add_subplot(spec[2 * row + 1, column], sharex=ax, sharey=first_hist)
         first_hist = first_hist or hist
-        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece, top=top)
+        reliability_axes(ax, hist, [dict(vars(b)) for b in metrics.bins], title, metrics.ece, top=top)
         axes.append(ax)
     if curves:
         ax = figure.add_subplot(spec[2 * rows, :])
