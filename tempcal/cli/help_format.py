@@ -245,32 +245,32 @@ def command_help(command: Any, ctx: Any, *, full: bool) -> str:
     every = [p for p in command.get_params(ctx) if not getattr(p, "hidden", False)]
     common = COMMON.get(name)  # a command without a list shows every option
     params = [p for p in every if full or common is None or long_name(p) in common]
-    width = help_console().width
     docs = paragraphs(command.help)
-    parts = spaced(usage(command, ctx), [prose(text) for text in (docs if full else docs[:2])])
     panels = {title: [(names(p, ctx), help_of(p, ctx)) for p in members]
               for title, members in grouped(name, params).items()}
-    shared = name_width([row for rows in panels.values() for row in rows], width)
-    parts += [panel(title, rows, width, shared) for title, rows in panels.items()]
     topics = f"tempcal help {', '.join(TOPICS)}"  # then where the rest is: every option, and the topics
     more = f"More options: tempcal help {name} (all {len(every)} options); topics: {topics}."
-    parts.append(prose(more if len(params) < len(every) else f"Topics: {topics}. Docs: docs/commands.md.", "dim"))
-    return render(parts)
+    return _page(usage(command, ctx), docs if full else docs[:2], panels,
+                 more if len(params) < len(every) else f"Topics: {topics}. Docs: docs/commands.md.")
 
 
 def group_help(group: Any, ctx: Any) -> str:
     """``tempcal --help``: the commands with their summaries, the app's options, and where the topics are."""
-    width = help_console().width
-    parts = spaced(usage(group, ctx), [prose(text) for text in paragraphs(group.help)])
     commands = [(name, group.get_command(ctx, name)) for name in group.list_commands(ctx)]
     rows = [(name, (paragraphs(cmd.short_help or cmd.help) or [""])[0]) for name, cmd in commands
             if cmd is not None and not cmd.hidden]
     options = [(names(p, ctx), help_of(p, ctx)) for p in group.get_params(ctx)]
-    shared = name_width([*rows, *options], width)
-    parts += [panel("Commands", rows, width, shared), panel("Options", options, width, shared)]
-    parts.append(prose("Each command's common options: tempcal COMMAND --help; every option: tempcal help COMMAND; "
-                       f"topics: tempcal help {' | '.join(TOPICS)}.", "dim"))
-    return render(parts)
+    return _page(usage(group, ctx), paragraphs(group.help), {"Commands": rows, "Options": options},
+                 "Each command's common options: tempcal COMMAND --help; every option: tempcal help COMMAND; "
+                 f"topics: tempcal help {' | '.join(TOPICS)}.")
+
+
+def _page(head: str, docs: Sequence[str], panels: dict[str, list[tuple[str, str]]], footer: str) -> str:
+    """The usage line, the paragraphs, the panels (one names column across them) and a dim footer, rendered."""
+    width = help_console().width
+    shared = name_width([row for rows in panels.values() for row in rows], width)
+    return render([*spaced(head, [prose(text) for text in docs]),
+                   *(panel(title, rows, width, shared) for title, rows in panels.items()), prose(footer, "dim")])
 
 
 class HelpCommand(TyperCommand):

@@ -38,9 +38,8 @@ ROW_BYTES = 16
 
 
 def temperatures_per_read(rows: int) -> int:
-    """How many temperatures' scores of ``rows`` rows (over every rank) one read holds: :data:`SCORE_BYTES` worth,
-    at least two. The one memory policy of every conformal path: it depends on the row count alone, so every rank
-    takes the same batches."""
+    """How many temperatures' scores of ``rows`` rows (every rank's) one read holds, at least two: the one memory
+    policy of every conformal path, :data:`SCORE_BYTES` by the row count alone, so every rank batches alike."""
     return max(2, SCORE_BYTES // (ROW_BYTES * max(rows, 1)))
 
 

@@ -120,9 +120,8 @@ def row_sets(probs: torch.Tensor, labels: torch.Tensor, thresholds: Mapping[str,
 
 
 def descending(probs: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
-    """``probs`` sorted in decreasing order along each row, given the order of the logits they came from (a
-    softmax keeps it at any temperature): a gather, and a sort only for the rows where rounding broke the
-    order."""
+    """``probs`` sorted in decreasing order along each row, by the order of their logits (a softmax keeps it at any
+    temperature): a gather, and a sort only of the rows where rounding broke the order."""
     ordered = probs.gather(1, order.long())
     broken = (ordered[:, 1:] > ordered[:, :-1]).any(1)
     if bool(broken.any()):

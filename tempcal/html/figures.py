@@ -12,11 +12,10 @@ from ..output.plots import (
     SCORE_COLOURS,
     curve_json,
     figure_legend,
-    json_bins,
     new_figure,
     plain_log_ticks,
     pyplot,
-    reliability_axes,
+    reliability_figure,
     risk_coverage_axes,
     sweep_figure,
 )
@@ -38,16 +37,7 @@ def svg(fig) -> str:
 def reliability(panels: Sequence[tuple[str, Any]]) -> list[str]:
     """One reliability diagram per ``(title, metrics)`` as ``--plot`` draws it, the rows per bin on one scale."""
     top = max((b.count for _, m in panels for b in m.bins), default=1)
-    out = []
-    for title, metrics in panels:
-        fig = new_figure(figsize=(4.2, 5.0))
-        spec = fig.add_gridspec(2, 1, height_ratios=[3, 1])
-        ax = fig.add_subplot(spec[0])
-        hist = fig.add_subplot(spec[1], sharex=ax)
-        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece, top=top)
-        figure_legend(fig, [ax], ncols=2)
-        out.append(svg(fig))
-    return out
+    return [svg(reliability_figure([panel], top=top, figure=new_figure(figsize=(4.2, 5.0)))) for panel in panels]
 
 
 def sweep(results: Sequence[dict], marks: dict[str, float]) -> str:

@@ -1,6 +1,5 @@
-"""``--html``: the option's name and help (the commands declare it from these), its check (the suffix; jinja2 and
-matplotlib installed) and its writer, registered as an extra output when this module is imported; importing it
-loads neither jinja2 nor matplotlib."""
+"""``--html``: the option's name and help, its check (the suffix; jinja2 and matplotlib installed) and its writer,
+registered as an extra output when this module is imported (which loads neither jinja2 nor matplotlib)."""
 
 from __future__ import annotations
 

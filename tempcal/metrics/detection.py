@@ -70,24 +70,29 @@ class OodMetrics:
     fpr95_ci: tuple[float, float] | None = None
 
 
+def tie_counts(id_scores, ood_scores) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct score in ascending order (each one threshold), from one sort: the ID and OOD scores at most it,
+    then the ID and OOD scores equal to it."""
+    id_scores, ood_scores = as_scores(id_scores), as_scores(ood_scores)
+    values = np.concatenate([id_scores, ood_scores])
+    order = np.argsort(values)
+    ordered = values[order]
+    ends = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True]) + 1
+    id_up_to = np.cumsum(order < id_scores.size)[ends - 1]
+    ood_up_to = ends - id_up_to
+    return id_up_to, ood_up_to, np.diff(id_up_to, prepend=0), np.diff(ood_up_to, prepend=0)
+
+
 def ranking_figures(id_scores, ood_scores) -> tuple[float, float, float]:
     """``(auroc, aupr_in, aupr_out)`` from one sort of all scores (scikit-learn's definitions, ties grouped)."""
     id_scores, ood_scores = as_scores(id_scores), as_scores(ood_scores)
     n, m = id_scores.size, ood_scores.size
-    values = np.concatenate([id_scores, ood_scores])
-    order = np.argsort(values)
-    ordered = values[order]
-    is_id = order < n
-    # Groups of equal scores, ascending: each distinct score is one threshold.
-    ends = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True]) + 1
-    id_up_to = np.cumsum(is_id)[ends - 1]  # ID samples scoring at most each distinct value
-    ood_up_to = ends - id_up_to
-    id_in = np.diff(id_up_to, prepend=0)
-    ood_in = np.diff(ood_up_to, prepend=0)
+    id_up_to, ood_up_to, id_in, ood_in = tie_counts(id_scores, ood_scores)
+    ends = id_up_to + ood_up_to
     ood_below = ood_up_to - ood_in
     auroc = float(np.sum(id_in * (ood_below + 0.5 * ood_in)) / (n * m))
     # AUPR-In: thresholds from the top; at each, tp = ID scoring >= it, predicted = all scoring >= it.
-    tp, predicted = n - (id_up_to - id_in), values.size - (ends - id_in - ood_in)
+    tp, predicted = n - (id_up_to - id_in), n + m - (ends - id_in - ood_in)
     aupr_in = float(np.sum(id_in / n * (tp / predicted)))
     # AUPR-Out: OOD positive, ranked by minus the score: thresholds from the bottom.
     aupr_out = float(np.sum(ood_in / m * (ood_up_to / ends)))
@@ -253,7 +258,7 @@ def float32_loss(id_scores, ood_scores, auroc: float) -> tuple[bool, float]:
     can rank), and whether it is more than :data:`FLOAT32_AUROC_LOSS` below ``auroc``."""
     with np.errstate(over="ignore"):  # beyond float32's range a score becomes +-inf, as a float32 model's would
         id32, ood32 = (np.asarray(s, dtype=np.float64).astype(np.float32) for s in (id_scores, ood_scores))
-    auroc32 = ranking_figures(id32.astype(np.float64), ood32.astype(np.float64))[0]
+    auroc32 = ranking_figures(id32, ood32)[0]
     return auroc - auroc32 > FLOAT32_AUROC_LOSS, auroc32
 
 

@@ -13,8 +13,9 @@ from rich.table import Table
 from rich.text import Text
 
 from ..metrics.detection import ID_RECALL
+from ..scores import score_label
 from ..subsets.console import print_fit_groups, print_group_coverage, print_report_groups
-from ..workflows.ood import OodReport, score_label
+from ..workflows.ood import OodReport
 from . import ood_checks
 from .figures import DISPLAYED_METRICS, min_nll_taus, threshold_text
 

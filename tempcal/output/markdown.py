@@ -17,9 +17,8 @@ ROWS = tuple((f"{label} ({unit})" if unit else label, key) for key, label, unit 
 
 
 def code(text: object) -> str:
-    """``text`` as a Markdown code span that holds it whatever it holds: a fence of more backticks than any run in
-    it (padded when it starts or ends with one), newlines as spaces, bidirectional controls escaped. Raw HTML in a
-    code span is shown, not rendered."""
+    """``text`` as a Markdown code span, whatever it holds (raw HTML is shown): a fence longer than any backtick run in
+    it (padded at a backtick edge), newlines as spaces, bidirectional controls escaped."""
     shown = neutral(str(text)).replace("\r", " ").replace("\n", " ")
     fence = "`" * (max((len(run) for run in re.findall("`+", shown)), default=0) + 1)
     pad = " " if shown.startswith("`") or shown.endswith("`") else ""

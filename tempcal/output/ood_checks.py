@@ -66,19 +66,18 @@ def caveats(report: OodReport) -> list[str]:
         why = "; ".join(ON_LOG_PROBABILITIES[s] for s in excluded)
         lines.append(f"on probabilities (--probs) the logits are log(p): {why}; {labels} {papers}, so left out of "
                      "the best")
-    for i, ood_file in enumerate(report.ood_files):
-        for best in report.best:
-            if best.ood_file != ood_file or best.score in excluded or best.score not in report.id_scores:
-                continue
-            k = report.taus.index(best.tau)
-            id_values, ood_values = report.id_scores[best.score][k], report.ood_scores[i][best.score][k]
-            lost, auroc32 = float32_loss(id_values, ood_values, best.auroc)
-            if lost:
-                m = report.rows(ood_file, best.score)[k]
-                lines.append(f"{ood_file}: {score_label(best.score)}'s best tau = {best.tau:.4g} cannot be deployed "
-                             f"in float32: its scores (mean ID {m.mean_id:.7g}, OOD {m.mean_ood:.7g}) differ in "
-                             f"digits float32 does not hold; rounded to float32 they give AUROC {auroc32:.4f}, not "
-                             f"{best.auroc:.4f}; compute the score in float64 or use a smaller tau")
+    for best in report.best:  # by OOD file, then score
+        if best.score in excluded or best.score not in report.id_scores:
+            continue
+        i, k = report.ood_files.index(best.ood_file), report.taus.index(best.tau)
+        id_values, ood_values = report.id_scores[best.score][k], report.ood_scores[i][best.score][k]
+        lost, auroc32 = float32_loss(id_values, ood_values, best.auroc)
+        if lost:
+            m = report.rows(best.ood_file, best.score)[k]
+            lines.append(f"{best.ood_file}: {score_label(best.score)}'s best tau = {best.tau:.4g} cannot be deployed "
+                         f"in float32: its scores (mean ID {m.mean_id:.7g}, OOD {m.mean_ood:.7g}) differ in digits "
+                         f"float32 does not hold; rounded to float32 they give AUROC {auroc32:.4f}, not "
+                         f"{best.auroc:.4f}; compute the score in float64 or use a smaller tau")
     return lines
 
 

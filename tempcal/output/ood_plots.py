@@ -51,10 +51,8 @@ def _ood_one_tau(report):
         _roc_axes(report, i, roc)
         axes.append(roc)
         for k, score in enumerate(report.scores):
-            m = report.rows(ood_file, score)[0]
             ax = figure.add_subplot(spec[1 + k // across, i * across + k % across])
-            _score_histogram(ax, report.id_scores[score][0], report.ood_scores[i][score][0],
-                             f"{Path(ood_file).name}: {score_label(score)}\nAUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
+            _score_histogram(ax, report, i, score, 0, f"{Path(ood_file).name}: {score_label(score)}")
             axes.append(ax)
     calibration = " (the calibration T)" if tau == report.stored_temperature else ""
     _ood_legend(figure, axes, _ood_title(report, f"at tau = {tau:.4g}{calibration}"))
@@ -66,14 +64,12 @@ def roc_points(id_scores, ood_scores, limit: int = 4000):
     to (1, 1), thinned to about ``limit`` points."""
     import numpy as np
 
-    id_scores, ood_scores = np.asarray(id_scores, np.float64), np.asarray(ood_scores, np.float64)
-    values = np.concatenate([id_scores, ood_scores])
-    order = np.argsort(-values, kind="stable")
-    ordered = values[order]
-    ends = np.flatnonzero(np.r_[ordered[1:] != ordered[:-1], True])  # the last sample of each threshold
-    kept = np.cumsum(order < id_scores.size)[ends]
-    tpr = np.r_[0.0, kept / id_scores.size]
-    fpr = np.r_[0.0, (ends + 1 - kept) / ood_scores.size]
+    from ..metrics.detection import tie_counts
+
+    id_up_to, ood_up_to, id_in, ood_in = tie_counts(id_scores, ood_scores)  # ascending: the curve runs backwards
+    n, m = id_up_to[-1], ood_up_to[-1]
+    tpr = np.r_[0.0, (n - id_up_to + id_in)[::-1] / n]  # the scores at or above each threshold
+    fpr = np.r_[0.0, (m - ood_up_to + ood_in)[::-1] / m]
     if tpr.size > limit:
         pick = np.unique(np.linspace(0, tpr.size - 1, limit).round().astype(int))
         tpr, fpr = tpr[pick], fpr[pick]
@@ -106,11 +102,14 @@ def _roc_axes(report, index: int, ax) -> None:
     ax.tick_params(labelsize=TICK_SIZE)
 
 
-def _score_histogram(ax, id_values, ood_values, title: str) -> None:
-    """ID (filled grey) vs OOD (black outline) densities of one score; a few outliers flatten nothing."""
+def _score_histogram(ax, report, index: int, score: str, k: int, heading: str) -> None:
+    """ID (filled grey) vs OOD (black outline) densities of one score on OOD file ``index`` at ``report.taus[k]``,
+    titled ``heading`` and its figures; a few outliers flatten nothing."""
     import numpy as np
     from matplotlib.ticker import MaxNLocator
 
+    id_values, ood_values = report.id_scores[score][k], report.ood_scores[index][score][k]
+    m = report.rows(report.ood_files[index], score)[k]
     both = np.concatenate([id_values, ood_values])
     both = both[np.isfinite(both)]
     low, high = np.percentile(both, [0.1, 99.9]) if both.size else (0.0, 0.0)
@@ -119,7 +118,7 @@ def _score_histogram(ax, id_values, ood_values, title: str) -> None:
             label="ID scores")
     ax.hist(np.clip(ood_values, edges[0], edges[-1]), bins=edges.tolist(), density=True, histtype="step",
             color="black", linewidth=1.3, label="OOD scores")
-    ax.set_title(title, fontsize=TITLE_SIZE)
+    ax.set_title(f"{heading}\nAUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}", fontsize=TITLE_SIZE)
     ax.tick_params(labelsize=TICK_SIZE)
     ax.xaxis.set_major_locator(MaxNLocator(5))
     ax.set_yticks([])
@@ -208,12 +207,9 @@ def _ood_histograms(report, index: int, score: str, calibration: float | None, a
     elif calibration is not None:
         panels.append((calibration, "calibration T"))
     for ax, (tau, what) in zip(axes, panels, strict=False):
-        k = report.taus.index(tau)
-        m = report.rows(ood_file, score)[k]
         same = " = calibration T" if what == "best tau" and tau == calibration else ""
-        _score_histogram(ax, report.id_scores[score][k], report.ood_scores[index][score][k],
-                         f"{Path(ood_file).name}\n{score_label(score)}, {what}{same}: tau = {tau:.4g}\n"
-                         f"AUROC {m.auroc:.4f}, FPR95 {m.fpr95:.4f}")
+        _score_histogram(ax, report, index, score, report.taus.index(tau),
+                         f"{Path(ood_file).name}\n{score_label(score)}, {what}{same}: tau = {tau:.4g}")
 
 
 __all__ = ["ood_figure", "ood_plot"]

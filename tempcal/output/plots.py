@@ -1,6 +1,5 @@
-"""Reliability diagrams, temperature sweeps and risk-coverage curves (matplotlib, Agg backend, imported only when a
-plot is asked for; the format follows the file's suffix), and what every figure's axes share: one legend outside the
-panels, plain tick labels on log axes."""
+"""Reliability diagrams, temperature sweeps and risk-coverage curves (matplotlib on Agg, imported only for a plot; the
+format from the file's suffix), and what every figure shares: one legend outside the panels, plain log tick labels."""
 
 from __future__ import annotations
 
@@ -78,7 +77,7 @@ def new_figure(**options):
 def reliability_axes(ax, hist, bins: Sequence[Mapping[str, Any]], title: str, ece: float, *,
                      top: int | None = None) -> None:
     """Accuracy per bin with the gap to the diagonal and its Wilson interval, the rows per bin beneath (up to
-    ``top``); ``bins`` as the JSON has them, so that the plots and the HTML page draw the same diagram."""
+    ``top``); ``bins`` as the JSON lists them."""
     width = 1.0 / max(len(bins), 1)
     ax.plot([0, 1], [0, 1], color="0.4", linestyle="--", linewidth=1, label="perfect calibration")
     full = [b for b in bins if b["count"]]  # an empty bin is drawn as nothing
@@ -116,11 +115,6 @@ def curve_json(metrics) -> dict[str, Any]:
             "aurc": getattr(metrics, "aurc", None)}
 
 
-def json_bins(metrics) -> list[dict]:
-    """A metrics object's bins as the JSON lists them."""
-    return [dict(vars(b)) for b in metrics.bins]
-
-
 #: Reliability panels per row: a grid that grows by rows, so that every temperature asked for is drawn.
 PANELS_PER_ROW = 3
 
@@ -133,9 +127,9 @@ def reliability_size(panels: Sequence[tuple[str, Any]], risk_coverage: bool = Fa
 
 
 def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None, *, risk_coverage: bool = False,
-                       figure: Any = None):
-    """Every panel, ``PANELS_PER_ROW`` to a row, the row counts on one scale, with ``risk_coverage`` their curves
-    beneath; drawn in ``figure`` or a new one."""
+                       figure: Any = None, top: int | None = None):
+    """Every panel, ``PANELS_PER_ROW`` to a row, the row counts on one scale (up to ``top``), with ``risk_coverage``
+    their curves beneath; drawn in ``figure`` or a new one."""
     columns = min(len(panels), PANELS_PER_ROW)
     rows = -(-len(panels) // columns)
     curves = risk_coverage and any(getattr(m, "risk_coverage", None) for _, m in panels)
@@ -147,7 +141,7 @@ def reliability_figure(panels: list[tuple[str, Any]], source: str | None = None,
         ax = figure.add_subplot(spec[2 * row, column])
         hist = figure.add_subplot(spec[2 * row + 1, column], sharex=ax, sharey=first_hist)
         first_hist = first_hist or hist
-        reliability_axes(ax, hist, json_bins(metrics), title, metrics.ece)
+        reliability_axes(ax, hist, [dict(vars(b)) for b in metrics.bins], title, metrics.ece, top=top)
         axes.append(ax)
     if curves:
         ax = figure.add_subplot(spec[2 * rows, :])

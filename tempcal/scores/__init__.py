@@ -1,6 +1,5 @@
-"""Training-free out-of-distribution scores, each a :class:`~tempcal.scores.shared.Score`; higher = more
-in-distribution. A new score is a module whose ``SCORES`` maps its name to it, and a line in :data:`REGISTRY`; the
-registry is torch-free, so the CLI lists and checks names without importing a score's module."""
+"""Training-free OOD scores, each a :class:`~tempcal.scores.shared.Score` (higher = more in-distribution): a module
+whose ``SCORES`` maps its name to it, and a line in the torch-free :data:`REGISTRY` (the CLI checks names by it)."""
 
 from __future__ import annotations
 

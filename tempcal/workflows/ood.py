@@ -39,30 +39,31 @@ BOOTSTRAP_LEVEL = 0.95
 
 
 @dataclass(frozen=True)
-class _Best:
-    """The best row of one OOD set (the fields both kinds of best share, first in their JSON)."""
+class _Row:
+    """One reported row of an OOD set, as its best and its gate failures name it (first in their JSON)."""
 
     ood_file: str
     score: str
     tau: float
     auroc: float
     fpr95: float
-    calibration_tau: float | None  # the stored T, when there is one
 
 
 @dataclass(frozen=True)
-class OodBest(_Best):
+class OodBest(_Row):
     """The temperature with the best AUROC for one OOD set and score, beside the calibration temperature."""
 
+    calibration_tau: float | None  # the stored T, when there is one
     calibration_auroc: float | None  # its figures, when it was evaluated
     calibration_fpr95: float | None
     sentence: str
 
 
 @dataclass(frozen=True)
-class OodBestOverall(_Best):
+class OodBestOverall(_Row):
     """The score and temperature with the best AUROC for one OOD set, beside the best score at the calibration T."""
 
+    calibration_tau: float | None
     calibration_score: str | None  # the best score at it, when it was evaluated
     calibration_auroc: float | None
     calibration_fpr95: float | None
@@ -70,14 +71,9 @@ class OodBestOverall(_Best):
 
 
 @dataclass(frozen=True)
-class GateFailure:
+class GateFailure(_Row):
     """A reported row that fails ``--min-auroc`` or ``--max-fpr95``, and why."""
 
-    ood_file: str
-    score: str
-    tau: float
-    auroc: float
-    fpr95: float
     reasons: tuple[str, ...]
 
     def line(self) -> str:
@@ -404,4 +400,4 @@ def _odin_sides(loaded: OpenedSource, others: list[OpenedSource], taus: list[flo
 
 
 __all__ = ["OodBestOverall", "OodReport", "best_overall_sentence", "best_sentence", "gate_failures", "ood_file",
-           "score_label", "score_samples"]
+           "score_samples"]

@@ -95,9 +95,8 @@ class ReportResult:
 
     def _sweep_json(self) -> dict:
         """The sweep's temperatures and, for each decision, its best: the lowest NLL, ECE, smooth ECE and AURC."""
-        out: dict[str, Any] = {"taus": self.sweep, "best_nll_tau": self.sweep_lowest("nll"),
-                               "best_ece_tau": self.sweep_lowest("ece"), "best_smece_tau": self.sweep_lowest("smece"),
-                               "best_aurc_tau": self.sweep_lowest("aurc")}
+        out: dict[str, Any] = {"taus": self.sweep, **{f"best_{figure}_tau": self.sweep_lowest(figure)
+                                                      for figure in ("nll", "ece", "smece", "aurc")}}
         if self.conformal_rows is not None:
             out["best_set_size_tau"] = self.smallest_sets()
         return out
