@@ -39,7 +39,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
 def load_program(source: str | os.PathLike | bytes, device: torch.device | str = "cpu", *,
                  label: str | None = None) -> tuple[ExportedProgram, Pt2Info]:
     """The checked program in ``source`` (a path, or archive bytes tempcal just wrote) on ``device``, and what
-    :func:`~tempcal.models.pt2_archive.inspect_pt2` found. Nothing from the file is unpickled."""
+    :func:`~tempcal.models.pt2_archive.inspect_archive` found. Nothing from the file is unpickled."""
     from torch.export.pt2_archive._package import load_pt2 as torch_load_pt2
 
     name = label or str(source)
