@@ -49,10 +49,6 @@ class ForwardStats:
     batches: int
     seconds: float
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
-
 
 def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, length: int) -> Tokenized:
     """Every text's token ids (at most ``length``), checked against the model's vocabulary, and the row labels."""
@@ -82,11 +78,12 @@ def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, lengt
 
 def _check_vocabulary(lm: CausalLM, ids: list[torch.Tensor], lines: list[int], where: str) -> None:
     """Token ids outside the model's vocabulary: a tokenizer that does not belong to the model."""
+    vocab = lm.head.vocab
     for i, tokens in enumerate(ids):
-        if tokens.numel() and (int(tokens.max()) >= lm.vocab or int(tokens.min()) < 0):
-            bad = int(tokens.max()) if int(tokens.max()) >= lm.vocab else int(tokens.min())
+        if tokens.numel() and (int(tokens.max()) >= vocab or int(tokens.min()) < 0):
+            bad = int(tokens.max()) if int(tokens.max()) >= vocab else int(tokens.min())
             raise TempcalError(f"{where}: line {lines[i]}: token id {bad} is outside the vocabulary of {lm.folder} "
-                               f"(V = {lm.vocab}); the tokenizer does not match the model")
+                               f"(V = {vocab}); the tokenizer does not match the model")
 
 
 def texts_holding(tokenized: Tokenized, lo: int, hi: int) -> list[int]:

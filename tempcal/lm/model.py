@@ -66,10 +66,6 @@ class CausalLM:
     probe_difference: float | None = None
     load_seconds: float = 0.0
 
-    @property
-    def vocab(self) -> int:
-        return self.head.vocab
-
 
 def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto", *,
                    device_map: str | None = None) -> CausalLM:
