@@ -28,7 +28,6 @@ class Tokenized:
     ids: list[torch.Tensor]
     starts: torch.Tensor  # [texts + 1]: text i's rows are starts[i] .. starts[i + 1] - 1
     labels: torch.Tensor  # [rows] int64
-    truncated: int  # texts cut at max_length
 
     @property
     def rows(self) -> int:
@@ -53,7 +52,6 @@ class ForwardStats:
 def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, length: int) -> Tokenized:
     """Every text's token ids (at most ``length``), checked against the model's vocabulary, and the row labels."""
     ids: list[torch.Tensor] = []
-    truncated = 0
     for first in range(0, len(texts), TOKENIZE_TEXTS):
         batch = texts[first : first + TOKENIZE_TEXTS]
         try:
@@ -63,9 +61,7 @@ def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, lengt
             reraise_control(exc)
             raise TempcalError(f"{where}: the tokenizer of {lm.folder} fails on the texts from line "
                                f"{lines[first]}: {error_line(exc, last=False)}") from None
-        for tokens in encoded:
-            truncated += len(tokens) > length
-            ids.append(torch.tensor(tokens[:length], dtype=torch.int64))
+        ids.extend(torch.tensor(tokens[:length], dtype=torch.int64) for tokens in encoded)
     counts = torch.tensor([max(len(t) - 1, 0) for t in ids], dtype=torch.int64)
     starts = torch.zeros(len(ids) + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=starts[1:])
@@ -73,7 +69,7 @@ def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, lengt
     labels = torch.cat([t[1:] for t in ids]) if ids else torch.empty(0, dtype=torch.int64)
     if labels.numel() == 0:
         raise TempcalError(f"{where}: no text has two tokens, so there is no next token to predict")
-    return Tokenized(ids, starts, labels, truncated)
+    return Tokenized(ids, starts, labels)
 
 
 def _check_vocabulary(lm: CausalLM, ids: list[torch.Tensor], lines: list[int], where: str) -> None:
