@@ -31,7 +31,7 @@ def read_record(folder: str | os.PathLike) -> float | None:
     """The T in ``folder/tempcal.json`` (None when there is none); a record that is not tempcal's is an error."""
     folder = Path(folder)
     path = record_path(folder)
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         return None
     record = read_json(folder, RECORD_NAME, MAX_RECORD_BYTES)
     value = record.get("temperature") if isinstance(record, dict) else None
@@ -63,7 +63,7 @@ def set_generation_temperature(folder: str | os.PathLike, temperature: float,
 def _generation_config(folder: Path) -> dict[str, Any] | None:
     """The folder's ``generation_config.json`` (None when it has none), which must be a JSON object."""
     path = folder / GENERATION_NAME
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         return None
     config = read_json(folder, GENERATION_NAME, MAX_RECORD_BYTES)
     if not isinstance(config, dict):

@@ -99,14 +99,14 @@ def check_folder(folder: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
     """Refuse what is not a local model folder with safetensors weights, or that asks for remote code, hub kernels
     or oversized side files; the parsed ``config.json`` and the checkpoint's tensors (name -> shape)."""
     check_model_folder(folder, param("lm"))
-    if not (folder / CONFIG_NAME).exists() and not (folder / CONFIG_NAME).is_symlink():
+    if not os.path.lexists(folder / CONFIG_NAME):
         raise TempcalError(f"{folder}: no config.json; {param('lm')} takes a Hugging Face model folder")
     config = read_json(folder, CONFIG_NAME, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise TempcalError(f"{folder / CONFIG_NAME}: not a JSON object")
     check_config_json(config, folder / CONFIG_NAME)
     shards = weight_map(folder)
-    if shards is None and not ((folder / SINGLE_NAME).exists() or (folder / SINGLE_NAME).is_symlink()):
+    if shards is None and not os.path.lexists(folder / SINGLE_NAME):
         raise TempcalError(f"{folder}: no {SINGLE_NAME} or {INDEX_NAME} (tempcal loads safetensors weights only; "
                            "save with save_pretrained(..., safe_serialization=True))")
     tensors = checkpoint_tensors(folder, shards, SINGLE_NAME)
