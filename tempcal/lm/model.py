@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..core.limits import shown_bytes
+from ..core.parallel import resolve_device
 from ..core.precision import no_tf32
 from ..errors import TempcalError, param
 from ..io.hf_folder import (
@@ -70,8 +71,6 @@ class CausalLM:
 def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto", *,
                    device_map: str | None = None) -> CausalLM:
     """The causal LM in ``folder`` on ``device`` (or placed by transformers' ``device_map``), checked."""
-    from ..core.parallel import resolve_device
-
     began = time.perf_counter()
     folder = Path(folder)
     config_json, tensors = check_folder(folder)
