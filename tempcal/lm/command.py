@@ -23,14 +23,10 @@ RECORD_FORMAT = 1
 MAX_RECORD_BYTES = 1 << 20
 
 
-def record_path(folder: str | os.PathLike) -> Path:
-    return Path(folder) / RECORD_NAME
-
-
 def read_record(folder: str | os.PathLike) -> float | None:
     """The T in ``folder/tempcal.json`` (None when there is none); a record that is not tempcal's is an error."""
     folder = Path(folder)
-    path = record_path(folder)
+    path = folder / RECORD_NAME
     if not os.path.lexists(path):
         return None
     record = read_json(folder, RECORD_NAME, MAX_RECORD_BYTES)
@@ -146,4 +142,4 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
 
 
 __all__ = ["GENERATION_NAME", "RECORD_NAME", "lm_outputs", "lm_settings", "lm_source", "ood_texts", "read_record",
-           "record_outputs", "record_path", "sampling_notes", "set_generation_temperature", "write_record"]
+           "record_outputs", "sampling_notes", "set_generation_temperature", "write_record"]

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..errors import TempcalError, param
 from ..sources.base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
-from .command import read_record, record_path, set_generation_temperature, write_record
+from .command import RECORD_NAME, read_record, set_generation_temperature, write_record
 from .texts import CHARS_PER_TOKEN, read_texts
 
 
@@ -98,7 +98,7 @@ class LmSource(OpenedSource):
         record = {"model": model, "texts": texts, "settings": dict(settings or {})}
         if results:
             record["results"] = dict(results)
-        target = Path(output) if output is not None else record_path(self.lm.folder)
+        target = Path(output) if output is not None else self.lm.folder / RECORD_NAME
         return write_record(target, temperature, record)
 
     def _generation_defaults(self) -> dict[str, Any]:
@@ -185,7 +185,7 @@ class LmKind(SourceKind):
         hidden = StoredHidden(store, tokenized.labels, progress=PassCounter(f"{lm.folder.name} head", options.progress))
         run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)
         data = HeadLogits(cast(Any, hidden), lm.head)  # StoredHidden reads rows as ShardedLogits does
-        source = LmSource([record_path(lm.folder)], data, None, self, options, lm=lm, run=run)
+        source = LmSource([lm.folder / RECORD_NAME], data, None, self, options, lm=lm, run=run)
         source.warnings.extend(_short_cuts(texts, tokenized, length))
         try:
             source.stored = read_record(lm.folder)
