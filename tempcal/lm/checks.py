@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TempcalError, shown
+from ..io.hf_folder import INDEX_NAME, checkpoint_file
 from ..io.safetensors_header import read_header
+from ..models.base import error_line
 
 #: Keys of ``config.json`` or ``tokenizer_config.json`` that ask for code from the folder or the hub.
 REMOTE_CODE_KEYS = ("auto_map", "trust_remote_code", "custom_pipelines")
@@ -68,8 +70,6 @@ def _entries(config: dict, keys: tuple[str, ...] = (), depth: int = 0) -> Iterat
 def checkpoint_tensors(folder: Path, shards: dict[str, str] | None, single: str) -> dict[str, tuple[int, ...]]:
     """Every tensor of the checkpoint and its shape, from the safetensors headers; a shard that is not a
     safetensors file (``.bin``, ``.pt``, ``.ckpt``: pickles) is refused before anything else reads it."""
-    from ..io.hf_folder import INDEX_NAME, checkpoint_file
-
     files = sorted(set(shards.values())) if shards else [single]
     tensors: dict[str, tuple[int, ...]] = {}
     for name in files:
@@ -93,8 +93,6 @@ def check_weights(transformers: Any, config: Any, tensors: dict[str, tuple[int, 
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
     except Exception as exc:
-        from ..models.base import error_line
-
         raise TempcalError(f"{folder}: transformers {transformers.__version__} cannot build the model its "
                            f"config.json describes: {error_line(exc, last=False)}") from None
     expected = dict(model.state_dict())

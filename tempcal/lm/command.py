@@ -23,15 +23,11 @@ RECORD_FORMAT = 1
 MAX_RECORD_BYTES = 1 << 20
 
 
-def record_path(folder: str | os.PathLike) -> Path:
-    return Path(folder) / RECORD_NAME
-
-
 def read_record(folder: str | os.PathLike) -> float | None:
     """The T in ``folder/tempcal.json`` (None when there is none); a record that is not tempcal's is an error."""
     folder = Path(folder)
-    path = record_path(folder)
-    if not path.exists() and not path.is_symlink():
+    path = folder / RECORD_NAME
+    if not os.path.lexists(path):
         return None
     record = read_json(folder, RECORD_NAME, MAX_RECORD_BYTES)
     value = record.get("temperature") if isinstance(record, dict) else None
@@ -63,7 +59,7 @@ def set_generation_temperature(folder: str | os.PathLike, temperature: float,
 def _generation_config(folder: Path) -> dict[str, Any] | None:
     """The folder's ``generation_config.json`` (None when it has none), which must be a JSON object."""
     path = folder / GENERATION_NAME
-    if not path.exists() and not path.is_symlink():
+    if not os.path.lexists(path):
         return None
     config = read_json(folder, GENERATION_NAME, MAX_RECORD_BYTES)
     if not isinstance(config, dict):
@@ -146,4 +142,4 @@ def lm_settings(**settings: Any) -> dict[str, Any]:
 
 
 __all__ = ["GENERATION_NAME", "RECORD_NAME", "lm_outputs", "lm_settings", "lm_source", "ood_texts", "read_record",
-           "record_outputs", "record_path", "sampling_notes", "set_generation_temperature", "write_record"]
+           "record_outputs", "sampling_notes", "set_generation_temperature", "write_record"]

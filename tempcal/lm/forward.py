@@ -28,7 +28,6 @@ class Tokenized:
     ids: list[torch.Tensor]
     starts: torch.Tensor  # [texts + 1]: text i's rows are starts[i] .. starts[i + 1] - 1
     labels: torch.Tensor  # [rows] int64
-    truncated: int  # texts cut at max_length
 
     @property
     def rows(self) -> int:
@@ -49,15 +48,10 @@ class ForwardStats:
     batches: int
     seconds: float
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
-
 
 def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, length: int) -> Tokenized:
     """Every text's token ids (at most ``length``), checked against the model's vocabulary, and the row labels."""
     ids: list[torch.Tensor] = []
-    truncated = 0
     for first in range(0, len(texts), TOKENIZE_TEXTS):
         batch = texts[first : first + TOKENIZE_TEXTS]
         try:
@@ -67,9 +61,7 @@ def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, lengt
             reraise_control(exc)
             raise TempcalError(f"{where}: the tokenizer of {lm.folder} fails on the texts from line "
                                f"{lines[first]}: {error_line(exc, last=False)}") from None
-        for tokens in encoded:
-            truncated += len(tokens) > length
-            ids.append(torch.tensor(tokens[:length], dtype=torch.int64))
+        ids.extend(torch.tensor(tokens[:length], dtype=torch.int64) for tokens in encoded)
     counts = torch.tensor([max(len(t) - 1, 0) for t in ids], dtype=torch.int64)
     starts = torch.zeros(len(ids) + 1, dtype=torch.int64)
     torch.cumsum(counts, 0, out=starts[1:])
@@ -77,16 +69,17 @@ def tokenize(lm: CausalLM, texts: list[str], lines: list[int], where: str, lengt
     labels = torch.cat([t[1:] for t in ids]) if ids else torch.empty(0, dtype=torch.int64)
     if labels.numel() == 0:
         raise TempcalError(f"{where}: no text has two tokens, so there is no next token to predict")
-    return Tokenized(ids, starts, labels, truncated)
+    return Tokenized(ids, starts, labels)
 
 
 def _check_vocabulary(lm: CausalLM, ids: list[torch.Tensor], lines: list[int], where: str) -> None:
     """Token ids outside the model's vocabulary: a tokenizer that does not belong to the model."""
+    vocab = lm.head.vocab
     for i, tokens in enumerate(ids):
-        if tokens.numel() and (int(tokens.max()) >= lm.vocab or int(tokens.min()) < 0):
-            bad = int(tokens.max()) if int(tokens.max()) >= lm.vocab else int(tokens.min())
+        if tokens.numel() and (int(tokens.max()) >= vocab or int(tokens.min()) < 0):
+            bad = int(tokens.max()) if int(tokens.max()) >= vocab else int(tokens.min())
             raise TempcalError(f"{where}: line {lines[i]}: token id {bad} is outside the vocabulary of {lm.folder} "
-                               f"(V = {lm.vocab}); the tokenizer does not match the model")
+                               f"(V = {vocab}); the tokenizer does not match the model")
 
 
 def texts_holding(tokenized: Tokenized, lo: int, hi: int) -> list[int]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from ..core.data import default_chunk_rows, to_device
+from ..core.limits import available_bytes, shown_bytes
 from ..errors import TempcalError
 from ..io.paths import write_atomic
 from ..io.safetensors_header import dtype_code, encode_header, laid_out
@@ -36,8 +37,6 @@ def memory_budget() -> int:
             return max(int(text), 0)
         except ValueError:
             raise TempcalError(f"{BUDGET_ENV}={text!r}: expected a whole number of bytes") from None
-    from ..core.limits import available_bytes
-
     free = available_bytes("cpu")
     return MEMORY_CAP if free is None else min(MEMORY_CAP, free // 4)
 
@@ -93,8 +92,6 @@ def _unnamed_file(folder: Path | None, nbytes: int):
             f.truncate(nbytes)
     except OSError as exc:
         f.close()
-        from ..core.limits import shown_bytes
-
         raise TempcalError(f"{where}: cannot reserve {shown_bytes(nbytes)} for the hidden states "
                            f"({exc.strerror or exc}); free space there, name another folder with --spill-dir, "
                            "or lower --max-length") from None

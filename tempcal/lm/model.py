@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from ..core.limits import shown_bytes
+from ..core.parallel import resolve_device
 from ..core.precision import no_tf32
 from ..errors import TempcalError, param
 from ..io.hf_folder import (
@@ -66,16 +67,10 @@ class CausalLM:
     probe_difference: float | None = None
     load_seconds: float = 0.0
 
-    @property
-    def vocab(self) -> int:
-        return self.head.vocab
-
 
 def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto", *,
                    device_map: str | None = None) -> CausalLM:
     """The causal LM in ``folder`` on ``device`` (or placed by transformers' ``device_map``), checked."""
-    from ..core.parallel import resolve_device
-
     began = time.perf_counter()
     folder = Path(folder)
     config_json, tensors = check_folder(folder)
@@ -103,14 +98,14 @@ def check_folder(folder: Path) -> tuple[dict, dict[str, tuple[int, ...]]]:
     """Refuse what is not a local model folder with safetensors weights, or that asks for remote code, hub kernels
     or oversized side files; the parsed ``config.json`` and the checkpoint's tensors (name -> shape)."""
     check_model_folder(folder, param("lm"))
-    if not (folder / CONFIG_NAME).exists() and not (folder / CONFIG_NAME).is_symlink():
+    if not os.path.lexists(folder / CONFIG_NAME):
         raise TempcalError(f"{folder}: no config.json; {param('lm')} takes a Hugging Face model folder")
     config = read_json(folder, CONFIG_NAME, MAX_CONFIG_BYTES)
     if not isinstance(config, dict):
         raise TempcalError(f"{folder / CONFIG_NAME}: not a JSON object")
     check_config_json(config, folder / CONFIG_NAME)
     shards = weight_map(folder)
-    if shards is None and not ((folder / SINGLE_NAME).exists() or (folder / SINGLE_NAME).is_symlink()):
+    if shards is None and not os.path.lexists(folder / SINGLE_NAME):
         raise TempcalError(f"{folder}: no {SINGLE_NAME} or {INDEX_NAME} (tempcal loads safetensors weights only; "
                            "save with save_pretrained(..., safe_serialization=True))")
     tensors = checkpoint_tensors(folder, shards, SINGLE_NAME)

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..errors import TempcalError, param
 from ..sources.base import Keep, Kept, OpenedSource, SourceKind, SourceOptions
-from .command import read_record, record_path, set_generation_temperature, write_record
+from .command import RECORD_NAME, read_record, set_generation_temperature, write_record
 from .texts import CHARS_PER_TOKEN, read_texts
 
 
@@ -41,7 +41,7 @@ class LmRun:
             "max_length": self.max_length, "batch_size": self.batch_size, "batch_tokens": self.batch_tokens,
             "batches": stats.batches, "padding_fraction": stats.padded_tokens / padded if padded else 0.0,
             "tokenize_seconds": self.tokenize_seconds, "forward_seconds": stats.seconds,
-            "tokens_per_second": stats.tokens_per_second,
+            "tokens_per_second": stats.tokens / stats.seconds if stats.seconds > 0 else float("inf"),
             "forward_tokens": stats.tokens, "hidden_storage": "file" if self.store.spilled else "memory",
             "hidden_bytes": self.store.nbytes,
         }
@@ -98,7 +98,7 @@ class LmSource(OpenedSource):
         record = {"model": model, "texts": texts, "settings": dict(settings or {})}
         if results:
             record["results"] = dict(results)
-        target = Path(output) if output is not None else record_path(self.lm.folder)
+        target = Path(output) if output is not None else self.lm.folder / RECORD_NAME
         return write_record(target, temperature, record)
 
     def _generation_defaults(self) -> dict[str, Any]:
@@ -134,7 +134,7 @@ class LmKind(SourceKind):
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         from .model import load_causal_lm
 
-        _check_options(paths, options)
+        self._check_options(paths, options)
         assert options.lm is not None
         lm = load_causal_lm(options.lm, options.device, device_map=options.device_map)
         opened = self.run(lm, paths[0], options)
@@ -144,6 +144,15 @@ class LmKind(SourceKind):
             react = react_threshold(opened.data.hidden, options.react, options.device, opened.name)  # type: ignore
             opened.data.clip, opened.data.react = react.threshold, react  # type: ignore[attr-defined]
         return opened
+
+    def _check_options(self, paths: list[Path], options: SourceOptions) -> None:
+        if len(paths) != 1:
+            raise TempcalError(f"{param('lm')} runs the model over one text file at a time; got {len(paths)}")
+        self.refuse_probs(options, f"with {param('lm')} tempcal computes the logits")
+        if options.head is not None:
+            raise TempcalError(f"{param('lm')} uses the model's own output layer; drop {param('head')}")
+        if options.inputs is not None:
+            raise TempcalError(f"{param('lm')} runs over {param('text')} files; drop {param('inputs')}")
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another text file (``--eval``, ``--ood-text``) through the model ``opened`` already loaded."""
@@ -176,7 +185,7 @@ class LmKind(SourceKind):
         hidden = StoredHidden(store, tokenized.labels, progress=PassCounter(f"{lm.folder.name} head", options.progress))
         run = LmRun(texts, tokenized, stats, store, length, options.batch_size, options.batch_tokens, tokenize_seconds)
         data = HeadLogits(cast(Any, hidden), lm.head)  # StoredHidden reads rows as ShardedLogits does
-        source = LmSource([record_path(lm.folder)], data, None, self, options, lm=lm, run=run)
+        source = LmSource([lm.folder / RECORD_NAME], data, None, self, options, lm=lm, run=run)
         source.warnings.extend(_short_cuts(texts, tokenized, length))
         try:
             source.stored = read_record(lm.folder)
@@ -194,17 +203,6 @@ def _short_cuts(texts: Any, tokenized: Any, length: int) -> list[str]:
         return []
     return [f"{texts.path}: {len(short)} text(s) (first: line {short[0]}) cut at {CHARS_PER_TOKEN * (length + 1)} "
             f"characters before tokenising gave fewer than {length} tokens; the rest of each line was not read"]
-
-
-def _check_options(paths: list[Path], options: SourceOptions) -> None:
-    if len(paths) != 1:
-        raise TempcalError(f"{param('lm')} runs the model over one text file at a time; got {len(paths)}")
-    if options.probs:
-        raise TempcalError(f"{param('probs')} applies to logits files; with {param('lm')} tempcal computes the logits")
-    if options.head is not None:
-        raise TempcalError(f"{param('lm')} uses the model's own output layer; drop {param('head')}")
-    if options.inputs is not None:
-        raise TempcalError(f"{param('lm')} runs over {param('text')} files; drop {param('inputs')}")
 
 
 def _forward(lm: Any, tokenized: Any, options: SourceOptions, lo: int, hi: int, path: Path) -> tuple[Any, Any]:

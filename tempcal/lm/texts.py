@@ -8,12 +8,12 @@ import codecs
 import hashlib
 import json
 import os
-import stat
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import TempcalError, param, shown
+from ..io.sidecar import check_regular_file
 
 TEXT_SUFFIXES = (".txt", ".jsonl")
 _BOM = b"\xef\xbb\xbf"
@@ -69,14 +69,7 @@ def read_texts(path: str | os.PathLike, text_field: str = "text", max_chars: int
 
 def _open_regular(path: Path):
     """``path`` opened for reading, which must be a regular file (not a folder, a pipe or a device)."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        raise TempcalError(f"{path}: no such file") from None
-    except OSError as exc:
-        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if not stat.S_ISREG(mode):
-        raise TempcalError(f"{path}: not a regular file")
+    check_regular_file(path)
     try:
         return open(path, "rb")  # closed by the caller's ``with``
     except OSError as exc:

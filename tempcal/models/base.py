@@ -100,11 +100,8 @@ _VARIADIC_ALLOWED = frozenset({"prim::tolist"})
 def _void_allowed() -> frozenset[str]:
     """Operators returning nothing that are allowed: checks that raise, a warning, ``torch.no_grad()``."""
     import torch
+    from torch.fx.node import _side_effectful_functions as effectful  # in every torch tempcal supports (>= 2.3)
 
-    try:
-        from torch.fx.node import _side_effectful_functions as effectful
-    except ImportError:  # a torch without the list: the checks named below only
-        effectful = set()
     checks = {op._schema.name for op in effectful
               if isinstance(op, torch._ops.OpOverload) and op.namespace == "aten"}
     return frozenset(checks | {"prim::RaiseException", "aten::warn", "aten::set_grad_enabled",

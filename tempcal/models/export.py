@@ -32,14 +32,14 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     path = Path(path)
     target = resolve_device(device)
     program, info = load_program(path, target)
-    net = fit_batches(graph_module(program, info.temperature, str(path)), program)
+    net = graph_module(program, info.temperature, str(path))
     return LoadedModel(path, "export", net, info.temperature, target)
 
 
 def load_program(source: str | os.PathLike | bytes, device: torch.device | str = "cpu", *,
                  label: str | None = None) -> tuple[ExportedProgram, Pt2Info]:
     """The checked program in ``source`` (a path, or archive bytes tempcal just wrote) on ``device``, and what
-    :func:`~tempcal.models.pt2_archive.inspect_pt2` found. Nothing from the file is unpickled."""
+    :func:`~tempcal.models.pt2_archive.inspect_archive` found. Nothing from the file is unpickled."""
     from torch.export.pt2_archive._package import load_pt2 as torch_load_pt2
 
     name = label or str(source)
@@ -84,14 +84,15 @@ def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> Ex
 
 
 def graph_module(program: ExportedProgram, temperature: float | None, label: str, *,
-                 original: bool = True) -> torch.fx.GraphModule:
-    """The program as a callable module; by default a calibrated one without its division by T, so that as a
-    SOURCE the default ``--tau`` (the stored T) reproduces the calibrated outputs and ``--tau 1`` the original's."""
+                 original: bool = True) -> torch.nn.Module:
+    """The program as a module run in batches it accepts (:class:`FittedBatches`); by default a calibrated one without
+    its division by T, so that as a SOURCE the default ``--tau`` (the stored T) gives the calibrated outputs."""
     with quiet():
         graph = program.module()
     if original and temperature is not None:
         strip_division(graph, label)
-    return graph
+    limits = batch_limits(program)
+    return graph if limits is None else FittedBatches(graph, limits)
 
 
 # -- programs that take only some batch sizes -------------------------------------------------------
@@ -117,12 +118,6 @@ def batch_limits(program: ExportedProgram) -> Limits | None:
     lower = int(low) if low > 2 else 0  # torch lets sizes 0 and 1 through below a lower bound of 2
     upper = None if math.isinf(high) else int(high)
     return None if lower == 0 and upper is None else (lower, upper)
-
-
-def fit_batches(graph: torch.fx.GraphModule, program: ExportedProgram) -> torch.nn.Module:
-    """``graph`` itself when ``program`` takes any batch size, else wrapped to run on batches it accepts."""
-    limits = batch_limits(program)
-    return graph if limits is None else FittedBatches(graph, limits)
 
 
 class FittedBatches(torch.nn.Module):
@@ -377,7 +372,7 @@ def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, i
     program, info = load_program(blob, label=f"the calibrated {label}")
     if info.temperature != temperature:
         raise TempcalError(f"the calibrated {label} does not read back T = {temperature!r}; nothing written")
-    module = fit_batches(graph_module(program, info.temperature, label, original=False), program)
+    module = graph_module(program, info.temperature, label, original=False)
     got, got_spec = tree_flatten(_run(module, check, label, "the calibrated"))
     want, want_spec = tree_flatten(reference)
     if got_spec != want_spec:

@@ -95,7 +95,7 @@ def _from_file(path: Path, weight_key: str, bias_key: str) -> OutputHead:
 def _from_folder(folder: Path) -> OutputHead:
     """A Hugging Face checkpoint: the output weight (or the tied embedding), its bias, and the config's scales."""
     config_path = folder / CONFIG_NAME
-    if not config_path.exists() and not config_path.is_symlink():
+    if not os.path.lexists(config_path):
         raise TempcalError(f"{folder}: no config.json; a HEAD folder is a Hugging Face model folder "
                            "(config.json and model.safetensors)")
     config = read_json(folder, CONFIG_NAME, MAX_CONFIG_BYTES)
@@ -152,8 +152,7 @@ def _weight_files(folder: Path) -> dict[str, str]:
     sharded = weight_map(folder)
     if sharded is not None:
         return sharded
-    single = folder / SINGLE_NAME
-    if single.exists() or single.is_symlink():
+    if os.path.lexists(folder / SINGLE_NAME):
         return dict.fromkeys(read_header(checkpoint_file(folder, SINGLE_NAME)).tensors, SINGLE_NAME)
     raise TempcalError(f"{folder}: no model.safetensors or model.safetensors.index.json (tempcal reads "
                        "safetensors checkpoints; save with save_pretrained(..., safe_serialization=True))")

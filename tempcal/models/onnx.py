@@ -89,21 +89,23 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
     """A checked ONNX model in an onnxruntime session (a calibrated one without its division), and its T."""
     path = Path(path)
     providers = _providers(device)
-    info = inspect_onnx(path)
-    model = info.model
-    if info.temperature is not None:
-        model = copy.deepcopy(model)
-        strip_calibration(model)
-    _check_one_input(info)
+    info, model = _original(path)
     session = session_for(model, info.folder, str(path), providers)
     return LoadedModel(path, "onnx", OnnxNet(session), info.temperature, torch.device("cpu"))
 
 
-def _check_one_input(info: OnnxInfo) -> None:
+def _original(path: str | os.PathLike) -> tuple[OnnxInfo, onnx.ModelProto]:
+    """The checked model at ``path`` (one input, as tempcal feeds), and the original: without tempcal's division."""
+    info = inspect_onnx(path)
     if len(info.inputs) != 1:
         names = ", ".join(repr(n) for n in info.inputs[:10])
         raise TempcalError(f"{info.path} takes {len(info.inputs)} inputs ({names}); tempcal feeds one tensor "
                            f"(the inputs file's {param('inputs_key')})")
+    if info.temperature is None:
+        return info, info.model
+    original = copy.deepcopy(info.model)
+    strip_calibration(original)
+    return info, original
 
 
 def _providers(device: str | torch.device) -> list[Any]:
@@ -143,11 +145,8 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                     output_key: OutputKey = None, check_inputs: torch.Tensor | None = None) -> Path:
     """Write, atomically, ``model``'s file with its chosen output divided by ``temperature``, after running it
     against the original on ``check_inputs`` (else on seeded inputs of the declared type)."""
-    info = inspect_onnx(model.path)
+    info, original = _original(model.path)
     label = str(info.path)
-    _check_one_input(info)
-    original = copy.deepcopy(info.model)
-    strip_calibration(original)
     output = _output_name(tuple(o.name for o in original.graph.output), output_key, label)
     calibrated = copy.deepcopy(original)
     add_division(calibrated, output, temperature, label)

@@ -44,7 +44,7 @@ _SAMPLE_LIMIT = 1 << 30
 
 @dataclass(frozen=True)
 class Pt2Info:
-    """What :func:`inspect_pt2` found: the archive's layout and the T a calibrated program carries."""
+    """What :func:`inspect_archive` found: the archive's layout and the T a calibrated program carries."""
 
     path: str
     programs: tuple[str, ...]
@@ -55,12 +55,6 @@ class Pt2Info:
 
 
 # -- checking the archive (nothing unpickled) -----------------------------------------------------
-def inspect_pt2(path: str | os.PathLike) -> Pt2Info:
-    """Check that ``path`` is a torch.export archive that loads without unpickling anything (one-line errors)."""
-    with open_archive(path) as archive:
-        return inspect_archive(archive, str(path))
-
-
 @contextmanager
 def open_archive(source: str | os.PathLike | bytes) -> Iterator[zipfile.ZipFile]:
     """The zip archive in ``source`` (a path or bytes), with one-line errors for missing and non-zip files."""
@@ -89,7 +83,7 @@ def open_archive(source: str | os.PathLike | bytes) -> Iterator[zipfile.ZipFile]
 
 
 def inspect_archive(archive: zipfile.ZipFile, label: str) -> Pt2Info:
-    """The checks of :func:`inspect_pt2` on an open archive."""
+    """Check that ``archive`` is a torch.export archive that loads without unpickling anything (one-line errors)."""
     members = _members(archive, label)
     _refuse_other_formats(members, label)
     _check_sizes(archive, members, label)
@@ -350,4 +344,4 @@ def _on_cpu(config: bytes) -> bytes:
     return json.dumps(parsed).encode("utf-8")
 
 
-__all__ = ["PROGRAM", "Pt2Info", "inspect_archive", "inspect_pt2", "open_archive", "write_checked_copy"]
+__all__ = ["PROGRAM", "Pt2Info", "inspect_archive", "open_archive", "write_checked_copy"]

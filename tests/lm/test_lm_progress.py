@@ -57,7 +57,7 @@ def test_the_forward_bar_counts_the_tokens_of_the_texts_that_run():
     ids = [torch.arange(4), torch.arange(1), torch.arange(3), torch.arange(1), torch.arange(2)]
     rows = [max(len(t) - 1, 0) for t in ids]
     starts = torch.tensor([0, *itertools.accumulate(rows)])
-    tokenized = Tokenized(ids, starts, torch.zeros(int(starts[-1]), dtype=torch.int64), 0)
+    tokenized = Tokenized(ids, starts, torch.zeros(int(starts[-1]), dtype=torch.int64))
     for lo, hi in ((0, 6), (0, 3), (3, 6), (2, 4), (5, 6)):
         batched = sorted(i for batch in plan_batches(tokenized, lo, hi, 2, 1 << 20) for i in batch)
         expected = [i for i in range(len(ids)) if any(lo <= r < hi for r in range(starts[i], starts[i + 1]))]
@@ -71,7 +71,7 @@ def test_the_forward_bar_ends_at_the_tokens_the_pass_runs(tmp_path, monkeypatch)
 
     ids = [torch.arange(4), torch.arange(1), torch.arange(3), torch.arange(1), torch.arange(2)]
     starts = torch.tensor([0, *itertools.accumulate(max(len(t) - 1, 0) for t in ids)])
-    tokenized = Tokenized(ids, starts, torch.zeros(int(starts[-1]), dtype=torch.int64), 0)
+    tokenized = Tokenized(ids, starts, torch.zeros(int(starts[-1]), dtype=torch.int64))
     seen: dict[str, int] = {"total": -1, "advanced": 0}
 
     def fake_forward(lm, tokenized, store, *, lo, hi, batch_size, batch_tokens, progress=None):

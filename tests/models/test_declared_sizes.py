@@ -21,7 +21,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from tempcal.errors import TempcalError
 from tempcal.models import export, onnx_graph, pt2_archive
-from tempcal.models.pt2_archive import inspect_pt2
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +62,7 @@ def test_text_and_json_members_are_read_below_a_limit(mlp_pt2, monkeypatch):
     size = len(read_member(mlp_pt2, "data/weights/model_weights_config.json"))
     with pytest.raises(TempcalError, match=rf"^\S+: member 'data/weights/model_weights_config\.json' declares {size} "
                                            r"bytes, more than the 64 tempcal reads for it; refused$"):
-        inspect_pt2(mlp_pt2)
+        export.load_program(mlp_pt2)
 
 
 def test_compressed_records_inside_the_sample_inputs_are_refused(mlp_pt2, tmp_path):
@@ -77,7 +76,7 @@ def test_compressed_records_inside_the_sample_inputs_are_refused(mlp_pt2, tmp_pa
             out.writestr(info.filename, source.read(info))
     hostile = rewrite_zip(mlp_pt2, tmp_path / "deflated.pt2", replace={SAMPLE_INPUTS: deflated.getvalue()})
     with pytest.raises(TempcalError, match=r"data/sample_inputs/model\.pt': record 'archive/data\.pkl' is compressed"):
-        inspect_pt2(hostile)
+        export.load_program(hostile)
 
 
 Pair = collections.namedtuple("Pair", "a b")
@@ -112,7 +111,7 @@ def test_sample_inputs_pass_exactly_when_torch_weights_only_load_does(mlp_pt2, t
         torch_accepts = False
     archive = rewrite_zip(mlp_pt2, tmp_path / "sample.pt2", replace={SAMPLE_INPUTS: blob})
     try:
-        inspect_pt2(archive)
+        export.load_program(archive)
         tempcal_accepts = True
     except TempcalError as exc:
         assert "data/sample_inputs/model.pt" in str(exc) and "weights-only" in str(exc)

@@ -37,7 +37,6 @@ from torch.utils._pytree import tree_leaves
 from tempcal.errors import TempcalError
 from tempcal.models import export
 from tempcal.models.base import TEMPERATURE_BUFFER
-from tempcal.models.pt2_archive import inspect_pt2
 from tempcal.models.save import save_calibrated_model
 
 # torch 2.13 deprecates TorchScript; these tests convert TorchScript models on purpose (the migration path).
@@ -73,7 +72,7 @@ def _config_with(path: Path, name: str, fqn: str, **changes: object) -> bytes:
 
 def test_plain_program_loads_and_runs(mlp_pt2):
     path, module = mlp_pt2
-    info = inspect_pt2(path)
+    _, info = export.load_program(path)
     assert info.programs == ("model",) and info.temperature is None
     loaded = export.load(path, "cpu")
     assert loaded.format == "export" and loaded.temperature is None and loaded.device == torch.device("cpu")
@@ -101,7 +100,7 @@ def test_program_with_buffers_constants_and_extra_files_loads(tmp_path):
     x = torch.randn(5, 4)
     with torch.no_grad():
         assert torch.equal(loaded.net(x), module(x))
-    assert inspect_pt2(path).extra_files == ("notes.txt",)
+    assert export.load_program(path)[1].extra_files == ("notes.txt",)
 
 
 def test_training_mode_program_is_refused(tmp_path):
@@ -119,7 +118,7 @@ def test_training_mode_program_is_refused(tmp_path):
 
 
 def _assert_refused(path: Path, marker: Path, match: str) -> None:
-    for attempt in (inspect_pt2, lambda p: export.load(p, "cpu"), read_model_temperature):
+    for attempt in (export.load_program, lambda p: export.load(p, "cpu"), read_model_temperature):
         with pytest.raises(TempcalError, match=match) as caught:
             attempt(path)
         one_line(caught.value)
