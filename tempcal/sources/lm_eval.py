@@ -145,8 +145,7 @@ def read_lm_eval_log(path: str | os.PathLike[str], norm: str = "none"
                      ) -> tuple[torch.Tensor, torch.Tensor, LmEvalLogInfo]:
     """Logits ``float64 [N, Cmax]`` (padded with -inf), labels ``int64 [N]`` and what was read, from one log."""
     rows, info = _read_rows(Path(path), norm)
-    logits, labels = pad_rows([rows], info.max_choices)
-    return logits, labels, info
+    return (*pad_rows([rows]), info)
 
 
 def _read_rows(path: Path, norm: str) -> tuple[ChoiceRows, LmEvalLogInfo]:
@@ -206,17 +205,26 @@ def _matrix(rows: int, width: int) -> str:
             f"to at most {size_text(MAX_PADDED_BYTES)} (multiple-choice records hold a few choices, not thousands)")
 
 
-def pad_rows(parts: list[ChoiceRows], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows of every part, one after the other, padded with -inf to ``width`` columns."""
+def pad_rows(parts: list[ChoiceRows]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of every part, one after the other, padded with -inf to the most choices."""
     import numpy as np
     import torch
 
     counts = np.concatenate([np.frombuffer(p.counts, dtype=np.int64) for p in parts])
     values = np.concatenate([np.frombuffer(p.values, dtype=np.float64) for p in parts])
-    logits = np.full((len(counts), width), -np.inf, dtype=np.float64)
-    logits[np.arange(width)[None, :] < counts[:, None]] = values  # row-major: each row's values, in order
+    logits = np.full((len(counts), int(counts.max())), -np.inf, dtype=np.float64)
+    logits[np.arange(logits.shape[1])[None, :] < counts[:, None]] = values  # row-major: each row's values, in order
     labels = np.concatenate([np.frombuffer(p.labels, dtype=np.int64) for p in parts])
     return torch.from_numpy(logits), torch.from_numpy(labels.copy())
+
+
+def padded_source(kind: SourceKind, paths: list[Path], parts: list[ChoiceRows], options: SourceOptions,
+                  **fields: Any) -> OpenedSource:
+    """The rows of ``parts`` padded with -inf (:func:`pad_rows`), opened as ``kind`` with the T stored for them."""
+    from ..core.data import as_logits_data
+
+    data = as_logits_data(*pad_rows(parts), ignore_index=None)
+    return kind.with_stored(OpenedSource(paths, data, None, kind, options, **fields))
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -293,14 +301,9 @@ class LmEvalKind(SourceKind):
                json: dict[str, Any] | None = None) -> OpenedSource:
         """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
         the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
-        from ..core.data import as_logits_data
-
-        logits, labels = pad_rows([rows for rows, _ in read], max(info.max_choices for _, info in read))
-        kind = type(self)(options.lm_eval_norm)
-        warnings = [message for _, info in read for message in info.warnings()]
-        return kind.with_stored(OpenedSource(paths, as_logits_data(logits, labels, ignore_index=None), None, kind,
-                                             options, warnings=warnings, file_rows=[info.records for _, info in read],
-                                             json=json or {}))
+        return padded_source(type(self)(options.lm_eval_norm), paths, [rows for rows, _ in read], options,
+                             warnings=[message for _, info in read for message in info.warnings()],
+                             file_rows=[info.records for _, info in read], json=json or {})
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
