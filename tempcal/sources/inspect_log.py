@@ -335,7 +335,8 @@ class InspectLogKind(SourceKind):
         """Per log: task, model, epochs, samples, complete rows and the samples left out by reason."""
         return [{"file": str(i.path), "task": i.task, "model": i.model, "epochs": sorted(i.epochs),
                  "samples": i.samples, "rows": i.complete, "rows_incomplete": dict(i.incomplete),
-                 "choice_counts": _choice_counts(i), "summary": _summary(i)} for i in map(read_inspect_log, log_files(paths))]
+                 "choice_counts": _choice_counts(i), "summary": _summary(i)}
+                for i in map(read_inspect_log, log_files(paths))]
 
 
 def _summary(info: InspectLogInfo) -> str:
