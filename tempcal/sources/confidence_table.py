@@ -125,12 +125,11 @@ def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
         if not isinstance(value, (int, str)):
             raise TableError(f"{where}: {_shown(value)} is not a string or an integer")
         values.append(value)
-    as_int = all(isinstance(v, int) or _INTEGER.match(v.strip()) for v in values)
-    if not as_int and values and all(isinstance(v, int) or _is_number(v) for v in values):  # a CSV's float column
-        row = next(k for k, v in enumerate(values, start=1) if not (isinstance(v, int) or _INTEGER.match(v.strip())))
+    row = next((k for k, v in enumerate(values, start=1) if not (isinstance(v, int) or _INTEGER.match(v.strip()))), 0)
+    if row and all(isinstance(v, int) or _is_number(v) for v in values):  # a CSV's float column
         raise TableError(f"{path}: row {row}: '{key}' ({option}): {_shown(values[row - 1])} is not a string or an "
                          "integer; groups are named by a column of strings or integers")
-    return ([int(v) for v in values] if as_int else [str(v) for v in values]), as_int
+    return ([str(v) for v in values] if row else [int(v) for v in values]), not row
 
 
 class ConfidenceTableKind(SourceKind):

@@ -39,14 +39,6 @@ class LightevalDetailsError(LmEvalLogError):
     """Bad input in a details file: one line naming the file (and the row, counted from 1, where it applies)."""
 
 
-@dataclass(frozen=True)
-class RowWhere(Where):
-    """File and row (counted from 1), for messages."""
-
-    def error(self, message: str) -> LmEvalLogError:
-        return LightevalDetailsError(f"{self.path}: row {self.line}: {message}")
-
-
 def is_lighteval_details(path: str | os.PathLike[str]) -> bool:
     """True for ``details_*.parquet`` (the suffix in any case)."""
     name = Path(path).name
@@ -140,7 +132,7 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, Details
     for golds, choices, logprobs in _batches(path, parquet):
         for gold, texts, values in zip(golds, choices, logprobs, strict=True):
             info.rows += 1
-            where = RowWhere(str(path), info.rows)
+            where = Where(str(path), info.rows, "row", LightevalDetailsError)
             row = _row(gold, texts, values, norm, where, info)
             if row is None:
                 continue
@@ -152,7 +144,7 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, Details
     return rows, info
 
 
-def _row(gold: Any, texts: Any, values: Any, norm: str, where: RowWhere, info: DetailsInfo
+def _row(gold: Any, texts: Any, values: Any, norm: str, where: Where, info: DetailsInfo
          ) -> tuple[list[float], int] | None:
     """A row's (normalised) log-probabilities and label; None (counted) for an incomplete row."""
     if texts is None or len(texts) < 2:
@@ -175,7 +167,7 @@ def _row(gold: Any, texts: Any, values: Any, norm: str, where: RowWhere, info: D
     return normalise([float(v) for v in values], [str(t).lstrip() for t in texts], norm, where), label
 
 
-def _gold(gold: Any, k: int, where: RowWhere, info: DetailsInfo) -> int | None:
+def _gold(gold: Any, k: int, where: Where, info: DetailsInfo) -> int | None:
     """The gold index (an integer or a one-element list); several are counted as incomplete (None)."""
     form = "list" if isinstance(gold, list) else "index"
     listed = gold if isinstance(gold, list) else [gold]

@@ -92,7 +92,6 @@ class LmEvalLogInfo(LogInfo):
     filter: str | None = None  # the lm-eval filter of every record ("none" for multiple choice)
     arguments_forms: dict[str, int] = field(default_factory=dict)  # "gen_args" (lm-eval >= 0.4.3) / "pairs"
     targets: dict[str, int] = field(default_factory=dict)  # "index" / "text" / "acc"
-    mutual_info_trimmed: int = 0  # records whose unconditional (acc_mutual_info) requests were dropped
     check_agree: int = 0  # records whose acc / acc_norm / acc_bytes equals (argmax of the row == label)
     check_disagree: int = 0
     first_disagree_line: int | None = None
@@ -105,12 +104,11 @@ class LmEvalLogInfo(LogInfo):
     def add(self, row: ParsedRecord, line: int) -> None:
         """Count one record."""
         k = len(row.logits)
-        if k not in self.choice_counts and k > self.max_choices:
+        if k > self.max_choices:
             self.widest_line = line
         self.choice_counts[k] = self.choice_counts.get(k, 0) + 1
         self.arguments_forms[row.arguments_form] = self.arguments_forms.get(row.arguments_form, 0) + 1
         self.targets[row.target_kind] = self.targets.get(row.target_kind, 0) + 1
-        self.mutual_info_trimmed += row.mutual_info_trimmed
         if row.check_agrees is True:
             self.check_agree += 1
         elif row.check_agrees is False:
