@@ -242,10 +242,9 @@ def _loglikelihood(value: Any, name: str, where: Where) -> float:
     """A log-likelihood: a JSON number or a numeric string (lm-eval >= 0.4.3 writes ``str(float)``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise where.error(f"'{name}' log-likelihood must be a number, got {json_kind(value)}")
-    try:
-        number = float(value)
-    except ValueError:
-        raise where.error(f"'{name}' log-likelihood {short(value)} is not a number") from None
+    number = as_number(value)
+    if number is None:
+        raise where.error(f"'{name}' log-likelihood {short(value)} is not a number")
     if math.isnan(number) or number == math.inf:
         raise where.error(f"'{name}' log-likelihood is {clip(str(value).strip())}; expected a finite number or -inf")
     return number
@@ -327,14 +326,21 @@ def _single_listed_target(listed: list[Any], k: int, where: Where) -> int:
     return only
 
 
-def _zero_or_one(value: Any) -> bool | None:
-    """A per-sample 0/1 metric (a number or numeric string) as a bool; None when absent or anything else."""
+def as_number(value: Any) -> float | None:
+    """A number or numeric string as a float (an integer past float's range: +-inf); None for anything else."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
         return None
+    except OverflowError:
+        return math.inf if int(value) > 0 else -math.inf
+
+
+def _zero_or_one(value: Any) -> bool | None:
+    """A per-sample 0/1 metric (a number or numeric string) as a bool; None when absent or anything else."""
+    number = as_number(value)
     return None if number not in (0.0, 1.0) else number == 1.0
 
 
@@ -405,4 +411,5 @@ def short(value: Any, limit: int = 60) -> str:
 
 
 __all__ = ["MAX_CHOICES", "MAX_DEPTH", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where",
-           "clip", "count_values", "decode_line", "first_argmax", "load_record", "normalise", "parse_record", "short"]
+           "as_number", "clip", "count_values", "decode_line", "first_argmax", "load_record", "normalise",
+           "parse_record", "short"]
