@@ -190,8 +190,6 @@ class LightevalKind(LmEvalKind):
 
     name = "lighteval"
     title = "lighteval details"
-    prefix = "details_"
-    suffixes = (".parquet",)
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return is_lighteval_details(paths[0])

@@ -278,16 +278,15 @@ def size_text(nbytes: int) -> str:
 
 
 class LmEvalKind(SourceKind):
-    """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with."""
+    """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with, ``tasks`` each of
+    its files' task (the file's name when it does not follow the tool's)."""
 
     name = "lm-eval"
     title = "lm-evaluation-harness sample log"
     shards = True
-    prefix = "samples_"  # of a log's name, before its task
-    suffixes: tuple[str, ...] = LOG_SUFFIXES  # ... and after it
 
-    def __init__(self, norm: str | None = None) -> None:
-        self.norm = norm
+    def __init__(self, norm: str | None = None, tasks: list[str] | None = None) -> None:
+        self.norm, self.tasks = norm, tasks
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
@@ -299,7 +298,8 @@ class LmEvalKind(SourceKind):
                json: dict[str, Any] | None = None) -> OpenedSource:
         """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
         the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
-        return padded_source(type(self)(options.lm_eval_norm), paths, [rows for rows, _ in read], options,
+        kind = type(self)(options.lm_eval_norm, [info.task or Path(info.path).name for _, info in read])
+        return padded_source(kind, paths, [rows for rows, _ in read], options,
                              warnings=[message for _, info in read for message in info.warnings()],
                              file_rows=[info.records for _, info in read], json=json or {})
 
@@ -324,11 +324,11 @@ class LmEvalKind(SourceKind):
                  "arguments_forms": info.arguments_forms, "targets": info.targets} for info in infos]
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
-        """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
+        """One group per log file, named by its task."""
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
-        tasks = [task_from_filename(p, self.prefix, self.suffixes) or p.name for p in opened.paths]
+        tasks = self.tasks or []  # the kind of an opened SOURCE: open() gives it its files' tasks
         if len(set(tasks)) < len(tasks):
             seen = next(t for t in tasks if tasks.count(t) > 1)
             raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")
