@@ -17,8 +17,9 @@ from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, file_group
 from .inspect_files import EvalArchive, InspectLogError, json_log
 from .lm_eval import ChoiceRows, counts_shown, padded_source
 
-#: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys).
-INCOMPLETE = ("several_targets", "no_answer", "missing_choice")
+#: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys), in words.
+INCOMPLETE = {"several_targets": "with several targets", "no_answer": "without an answer position",
+              "missing_choice": "with a choice's letter missing from the answer's top_logprobs"}
 _MARKERS = str.maketrans("", "", "\u0120\u2581")
 _ANSWER_END = re.compile(r"answer\s*:\Z", re.IGNORECASE)
 #: How much of the text so far is searched for ``ANSWER:`` at its end.
@@ -275,9 +276,7 @@ def _warning(infos: list[InspectLogInfo], counts: dict[str, int], name: str) -> 
     left = sum(counts.values())
     if not left:
         return []
-    said = {"several_targets": "with several targets", "no_answer": "without an answer position",
-            "missing_choice": "with a choice's letter missing from the answer's top_logprobs"}
-    parts = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n)
+    parts = ", ".join(f"{n} {INCOMPLETE[k]}" for k, n in counts.items() if n)
     total = left + sum(i.complete for i in infos)
     return [f"{name}: {left} of {total} samples left out of every figure ({parts})"]
 

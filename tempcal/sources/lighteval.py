@@ -30,9 +30,9 @@ BATCH_ROWS = 1024
 #: The most bytes the three columns of one row group may hold uncompressed (pyarrow reads a row group's columns at
 #: once); lighteval writes row groups of a few thousand rows, kilobytes each.
 MAX_ROW_GROUP_BYTES = 256 << 20
-#: ``rows_incomplete`` keys: several gold indices; a log-probability count that is not the choice count.
-INCOMPLETE = ("several_targets", "logprobs_count")
-_SAID = {"several_targets": "with several gold indices", "logprobs_count": "without one log-probability per choice"}
+#: ``rows_incomplete`` keys, as messages say them: several gold indices; a log-probability count not the choice count.
+INCOMPLETE = {"several_targets": "with several gold indices",
+              "logprobs_count": "without one log-probability per choice"}
 
 
 class LightevalDetailsError(LmEvalLogError):
@@ -222,7 +222,7 @@ class LightevalKind(LmEvalKind):
 
 def _counts(incomplete: dict[str, int]) -> str:
     """``2 with several gold indices, 1 without one log-probability per choice`` (reasons with rows only)."""
-    return ", ".join(f"{n} {_SAID[reason]}" for reason, n in incomplete.items() if n) or "no rows"
+    return ", ".join(f"{n} {INCOMPLETE[reason]}" for reason, n in incomplete.items() if n) or "no rows"
 
 
 __all__ = ["LightevalDetailsError", "LightevalKind", "is_lighteval_details", "read_details"]
