@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import READING_KEYS, TempcalError, param
 from ..io.sidecar import check_regular_file, sidecar_state
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
-from .lm_eval_records import clip
+from .lm_eval_records import as_number, clip
 from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
 #: Where a confidence of exactly 0 or 1 is clipped to: [CLIP, 1 - CLIP].
@@ -56,17 +56,11 @@ def confidence_value(value: Any, where: str, scale: float) -> float:
     """A confidence as a probability in [0, 1]: a number (or numeric text) in [0, scale], divided by scale."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         raise TableError(f"{where}: missing value")
-    if isinstance(value, str):
-        try:
-            number = float(value.strip())
-        except ValueError:
-            raise TableError(f"{where}: {_shown(value)} is not a number") from None
-        if math.isnan(number):
-            raise TableError(f"{where}: missing value ({_shown(value)})")
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
-    else:
+    number = as_number(value)
+    if number is None:
         raise TableError(f"{where}: {_shown(value)} is not a number")
+    if math.isnan(number):
+        raise TableError(f"{where}: missing value ({_shown(value)})")
     if not 0 <= number <= scale:
         raise TableError(f"{where}: {_shown(value)} is outside [0, {scale:g}] ({param('confidence_scale')} {scale:g})")
     return number / scale
@@ -105,14 +99,6 @@ def read_table(path: Path, options: SourceOptions, *, labels_optional: bool = Fa
     return TableRows(logits, labels, clipped, labelled)
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
 def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
     """Each row's value of column ``key`` (ints, or strings), and whether they are all integers."""
     values: list[Any] = []
@@ -125,12 +111,11 @@ def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
         if not isinstance(value, (int, str)):
             raise TableError(f"{where}: {_shown(value)} is not a string or an integer")
         values.append(value)
-    as_int = all(isinstance(v, int) or _INTEGER.match(v.strip()) for v in values)
-    if not as_int and values and all(isinstance(v, int) or _is_number(v) for v in values):  # a CSV's float column
-        row = next(k for k, v in enumerate(values, start=1) if not (isinstance(v, int) or _INTEGER.match(v.strip())))
+    row = next((k for k, v in enumerate(values, start=1) if not (isinstance(v, int) or _INTEGER.match(v.strip()))), 0)
+    if row and all(isinstance(v, int) or as_number(v) is not None for v in values):  # a CSV's float column
         raise TableError(f"{path}: row {row}: '{key}' ({option}): {_shown(values[row - 1])} is not a string or an "
                          "integer; groups are named by a column of strings or integers")
-    return ([int(v) for v in values] if as_int else [str(v) for v in values]), as_int
+    return ([str(v) for v in values] if row else [int(v) for v in values]), not row
 
 
 class ConfidenceTableKind(SourceKind):

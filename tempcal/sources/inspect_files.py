@@ -31,6 +31,7 @@ ZIP_ZSTD = 93
 _LOCAL_HEADER = struct.Struct("<4s5H3I2H")
 _LOCAL_MAGIC = b"PK\x03\x04"
 _WHITESPACE = re.compile(r"[ \t\r\n]*")
+_DECODER = json.JSONDecoder()
 
 
 class InspectLogError(DataError):
@@ -133,7 +134,6 @@ def _takes_limit(reader: Any) -> bool:
 def json_log(path: Path, on_sample: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """A ``.json`` log's top-level fields but ``samples``; each sample is given to ``on_sample`` as it is decoded."""
     text = _json_text(path)
-    decoder = json.JSONDecoder()
     top: dict[str, Any] = {}
     at = _skip(text, 0)
     if text[at:at + 1] != "{":
@@ -141,15 +141,15 @@ def json_log(path: Path, on_sample: Callable[[dict[str, Any]], None]) -> dict[st
                               "an object")
     at = _skip(text, at + 1)
     while text[at:at + 1] not in ("}", ""):
-        key, at = _decode(decoder, text, at, path)
+        key, at = _decode(text, at, path)
         at = _skip(text, at)
         if not isinstance(key, str) or text[at:at + 1] != ":":
             raise InspectLogError(f"{path}: not valid JSON at character {at}")
         at = _skip(text, at + 1)
         if key == "samples" and text[at:at + 1] == "[":
-            at = _samples(decoder, text, at, path, on_sample)
+            at = _samples(text, at, path, on_sample)
         else:
-            top[key], at = _decode(decoder, text, at, path)
+            top[key], at = _decode(text, at, path)
         at = _skip(text, at)
         if text[at:at + 1] == ",":
             at = _skip(text, at + 1)
@@ -176,17 +176,16 @@ def _skip(text: str, at: int) -> int:
     return _WHITESPACE.match(text, at).end()  # type: ignore[union-attr]  # matches the empty string too
 
 
-def _decode(decoder: json.JSONDecoder, text: str, at: int, path: Path) -> tuple[Any, int]:
+def _decode(text: str, at: int, path: Path) -> tuple[Any, int]:
     try:
-        return decoder.raw_decode(text, at)
+        return _DECODER.raw_decode(text, at)
     except RecursionError:
         raise InspectLogError(f"{path}: JSON nested too deeply to read at character {at}") from None
     except ValueError as exc:
         raise InspectLogError(f"{path}: not valid JSON ({exc})") from None
 
 
-def _samples(decoder: json.JSONDecoder, text: str, at: int, path: Path,
-             on_sample: Callable[[dict[str, Any]], None]) -> int:
+def _samples(text: str, at: int, path: Path, on_sample: Callable[[dict[str, Any]], None]) -> int:
     """Each sample of the array at ``at`` given to ``on_sample``; the position past the array."""
     at = _skip(text, at + 1)
     count = 0
@@ -194,7 +193,7 @@ def _samples(decoder: json.JSONDecoder, text: str, at: int, path: Path,
         if not text[at:at + 1]:
             raise InspectLogError(f"{path}: truncated (the samples array is not closed)")
         start = at
-        value, at = _decode(decoder, text, at, path)
+        value, at = _decode(text, at, path)
         if at - start > MAX_MEMBER_BYTES:
             raise InspectLogError(f"{path}: samples[{count}] is {_size(at - start)}, over tempcal's limit of "
                                   f"{_size(MAX_MEMBER_BYTES)} on one sample")

@@ -15,10 +15,11 @@ from typing import Any
 from ..errors import TempcalError, param
 from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, file_groups
 from .inspect_files import EvalArchive, InspectLogError, json_log
-from .lm_eval import ChoiceRows, counts_shown, pad_rows
+from .lm_eval import ChoiceRows, counts_shown, padded_source
 
-#: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys).
-INCOMPLETE = ("several_targets", "no_answer", "missing_choice")
+#: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys), in words.
+INCOMPLETE = {"several_targets": "with several targets", "no_answer": "without an answer position",
+              "missing_choice": "with a choice's letter missing from the answer's top_logprobs"}
 _MARKERS = str.maketrans("", "", "\u0120\u2581")
 _ANSWER_END = re.compile(r"answer\s*:\Z", re.IGNORECASE)
 #: How much of the text so far is searched for ``ANSWER:`` at its end.
@@ -275,9 +276,7 @@ def _warning(infos: list[InspectLogInfo], counts: dict[str, int], name: str) -> 
     left = sum(counts.values())
     if not left:
         return []
-    said = {"several_targets": "with several targets", "no_answer": "without an answer position",
-            "missing_choice": "with a choice's letter missing from the answer's top_logprobs"}
-    parts = ", ".join(f"{n} {said[k]}" for k, n in counts.items() if n)
+    parts = ", ".join(f"{n} {INCOMPLETE[k]}" for k, n in counts.items() if n)
     total = left + sum(i.complete for i in infos)
     return [f"{name}: {left} of {total} samples left out of every figure ({parts})"]
 
@@ -299,14 +298,9 @@ class InspectLogKind(SourceKind):
         # Its registry line asks of .eval and .json only: any .json but a sidecar, opening says what a log lacks.
         return not path.name.lower().endswith(".tempcal.json")
 
-    def read_all(self, paths: list[Path]) -> list[InspectLogInfo]:
-        return [read_inspect_log(path) for path in log_files(paths)]
-
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
-        from ..core.data import as_logits_data
-
         self.refuse_probs(options, f"{paths[0]} is an inspect_ai log of log-probabilities")
-        infos = self.read_all(paths)
+        infos = [read_inspect_log(path) for path in log_files(paths)]
         name = str(paths[0]) if len(paths) == 1 else f"{paths[0]} (+{len(paths) - 1} more logs)"
         models = sorted({i.model for i in infos})
         if len(models) > 1 and options.group_by != "model":
@@ -320,12 +314,10 @@ class InspectLogKind(SourceKind):
         rows = ChoiceRows()
         for row in (r for i in infos for r in i.rows):
             rows.add(row.logits or [], row.label)
-        logits, labels = pad_rows([rows], max(rows.counts))
         kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        return kind.with_stored(OpenedSource([i.path for i in infos], as_logits_data(logits, labels, ignore_index=None),
-                                             None, kind, options, warnings=_warning(infos, counts, name),
-                                             file_rows=[i.complete for i in infos], label=name,
-                                             json={"source_kind": "inspect", "rows_incomplete": counts}))
+        return padded_source(kind, [i.path for i in infos], [rows], options, warnings=_warning(infos, counts, name),
+                             file_rows=[i.complete for i in infos], label=name,
+                             json={"source_kind": "inspect", "rows_incomplete": counts})
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""
@@ -342,7 +334,8 @@ class InspectLogKind(SourceKind):
         """Per log: task, model, epochs, samples, complete rows and the samples left out by reason."""
         return [{"file": str(i.path), "task": i.task, "model": i.model, "epochs": sorted(i.epochs),
                  "samples": i.samples, "rows": i.complete, "rows_incomplete": dict(i.incomplete),
-                 "choice_counts": _choice_counts(i), "summary": _summary(i)} for i in self.read_all(paths)]
+                 "choice_counts": _choice_counts(i), "summary": _summary(i)}
+                for i in map(read_inspect_log, log_files(paths))]
 
 
 def _summary(info: InspectLogInfo) -> str:

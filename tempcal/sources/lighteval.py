@@ -30,21 +30,13 @@ BATCH_ROWS = 1024
 #: The most bytes the three columns of one row group may hold uncompressed (pyarrow reads a row group's columns at
 #: once); lighteval writes row groups of a few thousand rows, kilobytes each.
 MAX_ROW_GROUP_BYTES = 256 << 20
-#: ``rows_incomplete`` keys: several gold indices; a log-probability count that is not the choice count.
-INCOMPLETE = ("several_targets", "logprobs_count")
-_SAID = {"several_targets": "with several gold indices", "logprobs_count": "without one log-probability per choice"}
+#: ``rows_incomplete`` keys, as messages say them: several gold indices; a log-probability count not the choice count.
+INCOMPLETE = {"several_targets": "with several gold indices",
+              "logprobs_count": "without one log-probability per choice"}
 
 
 class LightevalDetailsError(LmEvalLogError):
     """Bad input in a details file: one line naming the file (and the row, counted from 1, where it applies)."""
-
-
-@dataclass(frozen=True)
-class RowWhere(Where):
-    """File and row (counted from 1), for messages."""
-
-    def error(self, message: str) -> LmEvalLogError:
-        return LightevalDetailsError(f"{self.path}: row {self.line}: {message}")
 
 
 def is_lighteval_details(path: str | os.PathLike[str]) -> bool:
@@ -140,7 +132,7 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, Details
     for golds, choices, logprobs in _batches(path, parquet):
         for gold, texts, values in zip(golds, choices, logprobs, strict=True):
             info.rows += 1
-            where = RowWhere(str(path), info.rows)
+            where = Where(str(path), info.rows, "row", LightevalDetailsError)
             row = _row(gold, texts, values, norm, where, info)
             if row is None:
                 continue
@@ -152,7 +144,7 @@ def _read_rows(path: Path, parquet: Any, norm: str) -> tuple[ChoiceRows, Details
     return rows, info
 
 
-def _row(gold: Any, texts: Any, values: Any, norm: str, where: RowWhere, info: DetailsInfo
+def _row(gold: Any, texts: Any, values: Any, norm: str, where: Where, info: DetailsInfo
          ) -> tuple[list[float], int] | None:
     """A row's (normalised) log-probabilities and label; None (counted) for an incomplete row."""
     if texts is None or len(texts) < 2:
@@ -175,7 +167,7 @@ def _row(gold: Any, texts: Any, values: Any, norm: str, where: RowWhere, info: D
     return normalise([float(v) for v in values], [str(t).lstrip() for t in texts], norm, where), label
 
 
-def _gold(gold: Any, k: int, where: RowWhere, info: DetailsInfo) -> int | None:
+def _gold(gold: Any, k: int, where: Where, info: DetailsInfo) -> int | None:
     """The gold index (an integer or a one-element list); several are counted as incomplete (None)."""
     form = "list" if isinstance(gold, list) else "index"
     listed = gold if isinstance(gold, list) else [gold]
@@ -198,8 +190,6 @@ class LightevalKind(LmEvalKind):
 
     name = "lighteval"
     title = "lighteval details"
-    prefix = "details_"
-    suffixes = (".parquet",)
 
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         return is_lighteval_details(paths[0])
@@ -232,7 +222,7 @@ class LightevalKind(LmEvalKind):
 
 def _counts(incomplete: dict[str, int]) -> str:
     """``2 with several gold indices, 1 without one log-probability per choice`` (reasons with rows only)."""
-    return ", ".join(f"{n} {_SAID[reason]}" for reason, n in incomplete.items() if n) or "no rows"
+    return ", ".join(f"{n} {INCOMPLETE[reason]}" for reason, n in incomplete.items() if n) or "no rows"
 
 
 __all__ = ["LightevalDetailsError", "LightevalKind", "is_lighteval_details", "read_details"]

@@ -92,7 +92,6 @@ class LmEvalLogInfo(LogInfo):
     filter: str | None = None  # the lm-eval filter of every record ("none" for multiple choice)
     arguments_forms: dict[str, int] = field(default_factory=dict)  # "gen_args" (lm-eval >= 0.4.3) / "pairs"
     targets: dict[str, int] = field(default_factory=dict)  # "index" / "text" / "acc"
-    mutual_info_trimmed: int = 0  # records whose unconditional (acc_mutual_info) requests were dropped
     check_agree: int = 0  # records whose acc / acc_norm / acc_bytes equals (argmax of the row == label)
     check_disagree: int = 0
     first_disagree_line: int | None = None
@@ -105,12 +104,11 @@ class LmEvalLogInfo(LogInfo):
     def add(self, row: ParsedRecord, line: int) -> None:
         """Count one record."""
         k = len(row.logits)
-        if k not in self.choice_counts and k > self.max_choices:
+        if k > self.max_choices:
             self.widest_line = line
         self.choice_counts[k] = self.choice_counts.get(k, 0) + 1
         self.arguments_forms[row.arguments_form] = self.arguments_forms.get(row.arguments_form, 0) + 1
         self.targets[row.target_kind] = self.targets.get(row.target_kind, 0) + 1
-        self.mutual_info_trimmed += row.mutual_info_trimmed
         if row.check_agrees is True:
             self.check_agree += 1
         elif row.check_agrees is False:
@@ -145,8 +143,7 @@ def read_lm_eval_log(path: str | os.PathLike[str], norm: str = "none"
                      ) -> tuple[torch.Tensor, torch.Tensor, LmEvalLogInfo]:
     """Logits ``float64 [N, Cmax]`` (padded with -inf), labels ``int64 [N]`` and what was read, from one log."""
     rows, info = _read_rows(Path(path), norm)
-    logits, labels = pad_rows([rows], info.max_choices)
-    return logits, labels, info
+    return (*pad_rows([rows]), info)
 
 
 def _read_rows(path: Path, norm: str) -> tuple[ChoiceRows, LmEvalLogInfo]:
@@ -206,17 +203,26 @@ def _matrix(rows: int, width: int) -> str:
             f"to at most {size_text(MAX_PADDED_BYTES)} (multiple-choice records hold a few choices, not thousands)")
 
 
-def pad_rows(parts: list[ChoiceRows], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rows of every part, one after the other, padded with -inf to ``width`` columns."""
+def pad_rows(parts: list[ChoiceRows]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of every part, one after the other, padded with -inf to the most choices."""
     import numpy as np
     import torch
 
     counts = np.concatenate([np.frombuffer(p.counts, dtype=np.int64) for p in parts])
     values = np.concatenate([np.frombuffer(p.values, dtype=np.float64) for p in parts])
-    logits = np.full((len(counts), width), -np.inf, dtype=np.float64)
-    logits[np.arange(width)[None, :] < counts[:, None]] = values  # row-major: each row's values, in order
+    logits = np.full((len(counts), int(counts.max())), -np.inf, dtype=np.float64)
+    logits[np.arange(logits.shape[1])[None, :] < counts[:, None]] = values  # row-major: each row's values, in order
     labels = np.concatenate([np.frombuffer(p.labels, dtype=np.int64) for p in parts])
     return torch.from_numpy(logits), torch.from_numpy(labels.copy())
+
+
+def padded_source(kind: SourceKind, paths: list[Path], parts: list[ChoiceRows], options: SourceOptions,
+                  **fields: Any) -> OpenedSource:
+    """The rows of ``parts`` padded with -inf (:func:`pad_rows`), opened as ``kind`` with the T stored for them."""
+    from ..core.data import as_logits_data
+
+    data = as_logits_data(*pad_rows(parts), ignore_index=None)
+    return kind.with_stored(OpenedSource(paths, data, None, kind, options, **fields))
 
 
 def _lines(path: Path) -> Iterator[tuple[int, bytes]]:
@@ -272,16 +278,15 @@ def size_text(nbytes: int) -> str:
 
 
 class LmEvalKind(SourceKind):
-    """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with."""
+    """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with, ``tasks`` each of
+    its files' task (the file's name when it does not follow the tool's)."""
 
     name = "lm-eval"
     title = "lm-evaluation-harness sample log"
     shards = True
-    prefix = "samples_"  # of a log's name, before its task
-    suffixes: tuple[str, ...] = LOG_SUFFIXES  # ... and after it
 
-    def __init__(self, norm: str | None = None) -> None:
-        self.norm = norm
+    def __init__(self, norm: str | None = None, tasks: list[str] | None = None) -> None:
+        self.norm, self.tasks = norm, tasks
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
@@ -293,14 +298,10 @@ class LmEvalKind(SourceKind):
                json: dict[str, Any] | None = None) -> OpenedSource:
         """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
         the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
-        from ..core.data import as_logits_data
-
-        logits, labels = pad_rows([rows for rows, _ in read], max(info.max_choices for _, info in read))
-        kind = type(self)(options.lm_eval_norm)
-        warnings = [message for _, info in read for message in info.warnings()]
-        return kind.with_stored(OpenedSource(paths, as_logits_data(logits, labels, ignore_index=None), None, kind,
-                                             options, warnings=warnings, file_rows=[info.records for _, info in read],
-                                             json=json or {}))
+        kind = type(self)(options.lm_eval_norm, [info.task or Path(info.path).name for _, info in read])
+        return padded_source(kind, paths, [rows for rows, _ in read], options,
+                             warnings=[message for _, info in read for message in info.warnings()],
+                             file_rows=[info.records for _, info in read], json=json or {})
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
@@ -323,11 +324,11 @@ class LmEvalKind(SourceKind):
                  "arguments_forms": info.arguments_forms, "targets": info.targets} for info in infos]
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
-        """One group per log file, named by its task (the file's name when it does not follow lm-eval's)."""
+        """One group per log file, named by its task."""
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
-        tasks = [task_from_filename(p, self.prefix, self.suffixes) or p.name for p in opened.paths]
+        tasks = self.tasks or []  # the kind of an opened SOURCE: open() gives it its files' tasks
         if len(set(tasks)) < len(tasks):
             seen = next(t for t in tasks if tasks.count(t) > 1)
             raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")

@@ -34,13 +34,15 @@ class LmEvalLogError(DataError):
 
 @dataclass(frozen=True)
 class Where:
-    """File and line, for messages."""
+    """File and line (or ``unit``: a details file's row), for messages; ``error`` makes a ``kind`` naming them."""
 
     path: str
     line: int
+    unit: str = "line"
+    kind: type[LmEvalLogError] = LmEvalLogError
 
     def error(self, message: str) -> LmEvalLogError:
-        return LmEvalLogError(f"{self.path}: line {self.line}: {message}")
+        return self.kind(f"{self.path}: {self.unit} {self.line}: {message}")
 
 
 #: JSON arrays and objects nested deeper than this are refused; an lm-eval record nests about 5 deep.
@@ -123,7 +125,6 @@ class ParsedRecord:
     label: int
     arguments_form: str  # "gen_args" (lm-eval >= 0.4.3) or "pairs"
     target_kind: str  # "index", "text" or "acc" (a target naming several choices, settled by the record's acc)
-    mutual_info_trimmed: bool  # the unconditional requests of acc_mutual_info were dropped
     check_agrees: bool | None  # lm-eval's metric for this norm equals (argmax(row) == label); None: no metric
 
 
@@ -139,7 +140,7 @@ def parse_record(record: Any, norm: str, where: Where) -> ParsedRecord:
     raw = _loglikelihoods(record["filtered_resps"], where)
     if len(raw) != len(pairs):
         raise where.error(f"'filtered_resps' holds {len(raw)} responses for {len(pairs)} requests in 'arguments'")
-    pairs, raw, trimmed = _drop_unconditional(record, pairs, raw, where)
+    pairs, raw = _drop_unconditional(record, pairs, raw, where)
     if len(pairs) < 2:
         raise where.error("a record with a single continuation (a loglikelihood task such as lambada), "
                           "not a multiple-choice record: a softmax over one choice carries no calibration")
@@ -149,8 +150,7 @@ def parse_record(record: Any, norm: str, where: Where) -> ParsedRecord:
         raise where.error(f"the correct choice ({label}) has log-likelihood -inf: its NLL would be infinite")
     logits = normalise(raw, texts, norm, where)
     agrees = _metric_agrees(record.get(NORM_METRIC[norm]), logits, label)
-    return ParsedRecord(logits=logits, label=label, arguments_form=form, target_kind=target_kind,
-                        mutual_info_trimmed=trimmed, check_agrees=agrees)
+    return ParsedRecord(logits=logits, label=label, arguments_form=form, target_kind=target_kind, check_agrees=agrees)
 
 
 def _check_choice_count(record: dict[str, Any], where: Where) -> None:
@@ -242,10 +242,9 @@ def _loglikelihood(value: Any, name: str, where: Where) -> float:
     """A log-likelihood: a JSON number or a numeric string (lm-eval >= 0.4.3 writes ``str(float)``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise where.error(f"'{name}' log-likelihood must be a number, got {json_kind(value)}")
-    try:
-        number = float(value)
-    except ValueError:
-        raise where.error(f"'{name}' log-likelihood {short(value)} is not a number") from None
+    number = as_number(value)
+    if number is None:
+        raise where.error(f"'{name}' log-likelihood {short(value)} is not a number")
     if math.isnan(number) or number == math.inf:
         raise where.error(f"'{name}' log-likelihood is {clip(str(value).strip())}; expected a finite number or -inf")
     return number
@@ -258,16 +257,16 @@ def _is_mutual_info(record: dict[str, Any]) -> bool:
 
 
 def _drop_unconditional(record: dict[str, Any], pairs: list[tuple[str, str]], raw: list[float],
-                        where: Where) -> tuple[list[tuple[str, str]], list[float], bool]:
+                        where: Where) -> tuple[list[tuple[str, str]], list[float]]:
     """Keep the conditional half of an ``acc_mutual_info`` record (lm-eval appends ``("", continuation)`` requests)."""
     if not _is_mutual_info(record):
-        return pairs, raw, False
+        return pairs, raw
     half = len(pairs) // 2
     first, second = pairs[:half], pairs[half:]
     if len(pairs) % 2 or any(ctx != "" for ctx, _ in second) or [c for _, c in first] != [c for _, c in second]:
         raise where.error("an acc_mutual_info record whose requests are not the choices followed by the same "
                           "continuations with an empty context")
-    return first, raw[:half], True
+    return first, raw[:half]
 
 
 def resolve_target(target: Any, texts: Sequence[str], raw: Sequence[float], acc: Any, where: Where) -> tuple[int, str]:
@@ -327,14 +326,21 @@ def _single_listed_target(listed: list[Any], k: int, where: Where) -> int:
     return only
 
 
-def _zero_or_one(value: Any) -> bool | None:
-    """A per-sample 0/1 metric (a number or numeric string) as a bool; None when absent or anything else."""
+def as_number(value: Any) -> float | None:
+    """A number or numeric string as a float (an integer past float's range: +-inf); None for anything else."""
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         return None
     try:
-        number = float(value)
+        return float(value)
     except ValueError:
         return None
+    except OverflowError:
+        return math.inf if int(value) > 0 else -math.inf
+
+
+def _zero_or_one(value: Any) -> bool | None:
+    """A per-sample 0/1 metric (a number or numeric string) as a bool; None when absent or anything else."""
+    number = as_number(value)
     return None if number not in (0.0, 1.0) else number == 1.0
 
 
@@ -405,4 +411,5 @@ def short(value: Any, limit: int = 60) -> str:
 
 
 __all__ = ["MAX_CHOICES", "MAX_DEPTH", "NORMS", "NORM_KEY", "NORM_METRIC", "LmEvalLogError", "ParsedRecord", "Where",
-           "clip", "count_values", "decode_line", "first_argmax", "load_record", "normalise", "parse_record", "short"]
+           "as_number", "clip", "count_values", "decode_line", "first_argmax", "load_record", "normalise",
+           "parse_record", "short"]

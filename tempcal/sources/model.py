@@ -112,10 +112,7 @@ class ModelKind(SourceKind):
     def describe_stored(self, path: Path, opened: OpenedSource | None, sidecar: dict[str, Any] | None,
                         findings: Findings) -> dict[str, Any]:
         """The T a calibrated model holds (loaded from its file when it was not run)."""
-        from ..models.base import load_model
-
-        temperature = opened.stored if opened is not None else findings.attempt(
-            lambda: load_model(path, "cpu").temperature)
+        temperature = opened.stored if opened is not None else findings.attempt(lambda: self.read_temperature(path)[0])
         return {"temperature": temperature, "recorded": temperature, "where": "model", "probs": False}
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:

@@ -251,7 +251,7 @@ def _read_npy_pair(path: Path, logits_key: str, labels_key: str, labels_required
     if labels_path is not None and labels_path.resolve() == path.resolve():
         raise TempcalError(f"{path}: the labels file is the logits file itself; name the labels file with "
                            f"{param('labels_key')} PATH.npy")
-    logits = _read_npy(path, path.name, "logits")
+    logits = _read_npy(path, "logits")
     labels = None
     if labels_path is not None and (labels_required or labels_path.exists()):
         if not labels_path.is_file():
@@ -261,11 +261,11 @@ def _read_npy_pair(path: Path, logits_key: str, labels_key: str, labels_required
             raise TempcalError(f"{path}: no labels file {labels_path} (the labels of a .npy file are the sibling "
                                f"named with '{labels_key}' ({flag}) in place of '{logits_key}' "
                                f"({param('logits_key')}), or {flag} PATH.npy; other .npy files here: {shown})")
-        labels = _read_npy(labels_path, labels_path.name, "labels")
+        labels = _read_npy(labels_path, "labels")
     return logits, labels, labels_path.name if labels_path is not None else labels_key
 
 
-def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
+def _read_npy(path: Path, role: str) -> torch.Tensor:
     """The array, memory-mapped, after its header's declared size is checked against the file's."""
     import numpy as np
 
@@ -276,11 +276,11 @@ def _read_npy(path: Path, name: str, role: str) -> torch.Tensor:
             # Copy-on-write memory map: pages are read when a chunk needs them, and the tensor stays writable.
             array = np.load(path, mmap_mode="c", allow_pickle=False)
         except OSError:  # a file system without mmap: the array is read whole
-            check_fits(path, f"'{name}'", header.nbytes)
+            check_fits(path, f"'{path.name}'", header.nbytes)
             array = np.load(path, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:  # object arrays were refused by their header
         raise TempcalError(f"{path}: not a readable .npy array ({first_line(exc)})") from None
-    return from_numpy(array, path, name, role)
+    return from_numpy(array, path, path.name, role)
 
 
 def from_numpy(array: Any, path: Path, name: str, role: str) -> torch.Tensor:

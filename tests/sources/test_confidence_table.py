@@ -127,6 +127,13 @@ def test_bad_values_in_jsonl_and_parquet(tmp_path, suffix):
         opened_table(write_table(tmp_path / f"u{suffix}", rows))
 
 
+def test_an_integer_past_floats_range_is_out_of_range_not_a_crash(tmp_path):
+    path = tmp_path / "huge.jsonl"
+    path.write_text('{"confidence": 0.5, "correct": 1}\n{"confidence": 1' + "0" * 400 + ', "correct": 0}\n')
+    with pytest.raises(DataError, match=r"row 2: 'confidence' .*is outside \[0, 1\]"):
+        opened_table(path)
+
+
 @pytest.mark.parametrize("suffix", FORMATS)
 def test_a_missing_column_is_named_with_the_columns_there_are(tmp_path, suffix):
     path = write_table(tmp_path / f"t{suffix}", make_rows(10))
