@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,10 +31,14 @@ HASH_BLOCK = 1 << 20
 
 
 def check_regular_file(path: str | os.PathLike) -> None:
-    """A missing path or a folder is a one-line error naming it."""
-    if not os.path.exists(path):
-        raise TempcalError(f"{path}: no such file")
-    if not os.path.isfile(path):
+    """A missing path, one that cannot be looked at, or a folder is a one-line error naming it."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise TempcalError(f"{path}: no such file") from None
+    except OSError as exc:  # a folder on the way that may not be searched, a name too long
+        raise TempcalError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(mode):
         raise TempcalError(f"{path}: not a regular file")
 
 

@@ -13,7 +13,7 @@ from conftest import logits_of, numpy_logits, one_line, sha256, write_logits
 import tempcal.io.paths
 from tempcal.errors import TEMPERATURE_KEY, TempcalError
 from tempcal.io.paths import sidecar_path
-from tempcal.io.sidecar import read_sidecar, write_sidecar
+from tempcal.io.sidecar import check_regular_file, read_sidecar, write_sidecar
 from tempcal.sources.registry import open_source, read_stored_temperature, write_stored_temperature
 
 
@@ -153,3 +153,16 @@ def test_a_hostile_sidecar_is_one_line_and_exit_2(tmp_path, cli, case):
     code, out, err = cli(["report", str(path), "--no-config"])
     assert code == 2 and err.count("\n") == 1 and str(side) in err, err
     assert out == ""
+
+
+def test_a_path_that_cannot_be_looked_at_is_not_called_missing(tmp_path):
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    check_regular_file(plain)
+    cases = {tmp_path / "gone.txt": "no such file", tmp_path: "not a regular file",
+             plain / "inside.txt": "cannot read (Not a directory)",
+             tmp_path / ("n" * 300): "cannot read (File name too long)"}
+    for path, said in cases.items():
+        with pytest.raises(TempcalError) as caught:
+            check_regular_file(path)
+        assert str(caught.value) == f"{path}: {said}"
