@@ -194,11 +194,11 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
     return value
 
 
-def check_taus(values: Iterable[str | float], source: str | os.PathLike = "SOURCE") -> None:
+def check_taus(values: Iterable[str | float]) -> None:
     """Refuse a bad number before any file is read (``fitted`` is resolved once the file is open)."""
     for text in values:
         if not is_fitted(text):
-            parse_tau(text, None, source)
+            parse_tau(text, None)
 
 
 def resolve_taus(values: Sequence[str | float] | None, stored: float | None, source: str | os.PathLike = "SOURCE",

@@ -293,7 +293,7 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
     seed = whole_number(seed, param("seed"), minimum=0)
     min_auroc, max_fpr95 = check_gate(min_auroc, "min_auroc"), check_gate(max_fpr95, "max_fpr95")
     given_name = str(source) if isinstance(source, (str, os.PathLike)) else None
-    check_taus(taus or (), given_name or "SOURCE")
+    check_taus(taus or ())
     ood_names = [o.name if isinstance(o, OpenedSource) else str(o) for o in ood_files]
     for k, name in enumerate(ood_names):
         if name in ood_names[:k]:
