@@ -56,9 +56,9 @@ class Counter:
                 counter.rows["file"] += item[1].shape[0]
                 yield item
 
-        def logits(head, h, out):
+        def logits(head, h, out, *args, **kwargs):
             counter.rows["head"] += h.shape[0]
-            return plain_logits(head, h, out)
+            return plain_logits(head, h, out, *args, **kwargs)
 
         ShardedLogits.chunks, OutputHead.logits = chunks, logits
         try:
