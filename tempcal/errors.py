@@ -68,8 +68,8 @@ def neutral(text: str) -> str:
     return text.translate(_BIDI_ESCAPES)
 
 
-def for_cli(text: str) -> str:
-    """A message or warning as the command line shows it."""
+def for_cli(text: str | TempcalError) -> str:
+    """A message, warning or :class:`TempcalError` as the command line shows it: parameters as flags."""
     return render(getattr(text, "raw", text), flags=True)
 
 
@@ -83,10 +83,6 @@ class TempcalError(ValueError):
 
     def __str__(self) -> str:
         return render(self.raw, flags=False)
-
-    def for_cli(self) -> str:
-        """The message as the command line shows it: parameters as flags."""
-        return render(self.raw, flags=True)
 
     def prefixed(self, prefix: str) -> TempcalError:
         """The same error (same class) with ``prefix`` (e.g. a file name) in front of its message."""
@@ -402,10 +398,8 @@ def probabilities_refused(what: str, where: str = "") -> ProbabilitiesError:
 
 def stored_probs(text: str | None, where: str) -> bool:
     """Whether metadata says the stored T was fitted on probabilities (``"true"``; absent or ``"false"``: no)."""
-    if text is None or text == "false":
-        return False
-    if text == "true":
-        return True
+    if text in (None, "false", "true"):
+        return text == "true"
     raise TempcalError(f"{where} '{PROBS_KEY}' is {shown(text)}; expected \"true\" or \"false\" (fix or delete it, "
                        "or fit again)")
 

@@ -26,6 +26,7 @@ from safetensors.torch import save_file
 
 import tempcal
 from tempcal.cli.main import main
+from tempcal.errors import for_cli
 from tempcal.sources.registry import open_source, read_stored_temperature
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -351,7 +352,7 @@ def small(tmp_path):
 
 def one_line(exc: pytest.ExceptionInfo) -> str:
     """The error as the command line shows it (parameters named by their flags)."""
-    text = exc.value.for_cli()
+    text = for_cli(exc.value)
     assert "\n" not in text and text, text
     return text
 

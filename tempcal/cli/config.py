@@ -14,7 +14,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ..errors import Bounds, TempcalError, check_option
+from ..errors import Bounds, TempcalError, check_option, for_cli
 from ..io.paths import NotRegularFile, TooLarge, is_pattern, read_regular
 from .config_schema import (
     SOURCE_KEY,
@@ -379,7 +379,7 @@ class ConfiguredCommand(HelpCommand):
             state = config_state(ctx)
             if state.config is None or not state.used:
                 raise
-            message = exc.for_cli()
+            message = for_cli(exc)
             options = {spec.param_name: spec for spec in self.schema.options.values()}
             for name, used in sorted(state.used.items()):
                 spec = options[name]

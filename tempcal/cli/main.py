@@ -223,10 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except Exception as exc:  # every failure becomes one line and an exit status
-        from ..errors import TempcalError
+        from ..errors import TempcalError, for_cli
 
         if isinstance(exc, TempcalError):
-            stderr(f"error: {exc.for_cli()}")
+            stderr(f"error: {for_cli(exc)}")
             return EXIT_BAD_INPUT
         if os.environ.get("TEMPCAL_DEBUG"):
             raise

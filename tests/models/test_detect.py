@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tempcal.errors import TempcalError
+from tempcal.errors import TempcalError, for_cli
 from tempcal.models.detect import is_model_path
 from tempcal.models.torchscript import load as load_model
 
@@ -77,5 +77,5 @@ def test_what_save_model_writes_from_what(source, out, written):
         return
     with pytest.raises(TempcalError) as info:
         save_format(source, out)
-    message = info.value.for_cli()
+    message = for_cli(info.value)
     assert message.startswith(f"--save-model {out}: ") and written in message

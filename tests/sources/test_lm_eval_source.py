@@ -27,7 +27,7 @@ from lm_eval_logs import (
 from reference import optimal_temperature
 
 import tempcal
-from tempcal.errors import DataError, TempcalError
+from tempcal.errors import DataError, TempcalError, for_cli
 from tempcal.io.paths import sidecar_path
 from tempcal.io.sidecar import read_sidecar
 from tempcal.sources.lm_eval import (
@@ -294,7 +294,7 @@ def test_an_empty_choice_cannot_be_normalised(tmp_path: Path) -> None:
     read_lm_eval_log(path, "none")
     with pytest.raises(LmEvalLogError, match=r"line 1: choice 0 has an empty text") as caught:
         read_lm_eval_log(path, "chars")
-    assert caught.value.for_cli().endswith("(--lm-eval-norm chars)")
+    assert for_cli(caught.value).endswith("(--lm-eval-norm chars)")
 
 
 @pytest.mark.parametrize("content", [b"", b"\n\n  \n"])
