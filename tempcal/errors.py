@@ -24,16 +24,15 @@ def param(name: str, value: bool | None = None) -> str:
     return f"{_MARK}{name}{'' if value is None else f'={value}'}{_MARK}"
 
 
-def _shown_param(match: re.Match[str], flags: bool) -> str:
-    name, value = match.groups()
-    if not flags:
-        return f"{name}={value}" if value else name
-    return f"--{'no-' if value == 'False' else ''}{name.replace('_', '-')}"
-
-
 def render(message: str, *, flags: bool) -> str:
     """A message with its parameters shown as command-line flags (``--labels-key``) or argument names."""
-    return _PARAM.sub(lambda match: _shown_param(match, flags), message)
+    def shown_param(match: re.Match[str]) -> str:
+        name, value = match.groups()
+        if not flags:
+            return f"{name}={value}" if value else name
+        return f"--{'no-' if value == 'False' else ''}{name.replace('_', '-')}"
+
+    return _PARAM.sub(shown_param, message)
 
 
 class Note(str):
@@ -70,7 +69,7 @@ def neutral(text: str) -> str:
 
 def for_cli(text: str | TempcalError) -> str:
     """A message, warning or :class:`TempcalError` as the command line shows it: parameters as flags."""
-    return render(getattr(text, "raw", text), flags=True)
+    return render(text.raw if isinstance(text, (Note, TempcalError)) else text, flags=True)
 
 
 class TempcalError(ValueError):
@@ -193,8 +192,7 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
 def check_taus(values: Iterable[str | float]) -> None:
     """Refuse a bad number before any file is read (``fitted`` is resolved once the file is open)."""
     for text in values:
-        if not is_fitted(text):
-            parse_tau(text, None)
+        parse_tau(text, stored=1.0)  # any stored T: only the number is checked here
 
 
 def resolve_taus(values: Sequence[str | float] | None, stored: float | None, source: str | os.PathLike = "SOURCE",

@@ -330,14 +330,8 @@ def expand(paths: Iterable[str | os.PathLike | None], *, strict: bool = False) -
     """Paths with glob patterns expanded in sorted order: the one expander of SOURCE and input paths. A pattern
     matching nothing is left out (opening the files says so), or with ``strict`` an error."""
     found: list[str] = []
-    for path in paths:
-        if path is None:
-            continue
-        text = str(path)
-        if not is_pattern(text):
-            found.append(text)
-            continue
-        matches = sorted(glob.glob(text))
+    for text in (str(path) for path in paths if path is not None):
+        matches = sorted(glob.glob(text)) if is_pattern(text) else [text]
         if strict and not matches:
             raise TempcalError(f"{text}: no file matches this pattern")
         found.extend(matches)
