@@ -362,10 +362,9 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
             raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
     names = list(dict.fromkeys(names))
     bins = check_bins(bins)
-    value = as_temperature(tau)
+    beta = 1.0 / as_temperature(tau)
     if scan.num_samples < 1:
         raise TempcalError("calibration estimators need at least one sample, got 0")
-    beta = 1.0 / value
     out: dict[str, float] = {}
     if "ece_equal_mass" in names or "l2_ce_debiased" in names:
         stats = per_sample if per_sample is not None else scan.per_sample(beta)

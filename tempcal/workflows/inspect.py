@@ -166,7 +166,6 @@ def _hints(report: InspectReport, kind: SourceKind, options: SourceOptions) -> l
     return hints
 
 
-
 def sample_values(data: Any) -> dict[str, Any]:
     """How the first rows' values look (at most :data:`SAMPLE_ROWS` rows, about :data:`SAMPLE_VALUES` values):
     probabilities (every row in [0, 1] summing to 1), log-probabilities (every row <= 0 with a log-sum-exp of 0),
