@@ -317,8 +317,7 @@ def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
 # -- equal-width bins ----------------------------------------------------------------------
 
 def rms_from_bins(count: torch.Tensor, confidence: torch.Tensor, correct: torch.Tensor) -> float:
-    """RMS calibration error from per-bin count (of at least one row), confidence sum and correct sum."""
-    count, confidence, correct = (torch.as_tensor(t, dtype=torch.float64).cpu() for t in (count, confidence, correct))
+    """RMS calibration error from float64 per-bin count (of at least one row), confidence sum and correct sum."""
     safe = count.clamp_min(1)
     return _rms_of_gaps(count, (correct / safe - confidence / safe).abs())
 
