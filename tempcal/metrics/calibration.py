@@ -317,8 +317,7 @@ def debiased_l2_calibration_error(confidence, correct, bins: int = 15) -> float:
 # -- equal-width bins ----------------------------------------------------------------------
 
 def rms_from_bins(count: torch.Tensor, confidence: torch.Tensor, correct: torch.Tensor) -> float:
-    """RMS calibration error from per-bin count (of at least one row), confidence sum and correct sum."""
-    count, confidence, correct = (torch.as_tensor(t, dtype=torch.float64).cpu() for t in (count, confidence, correct))
+    """RMS calibration error from float64 per-bin count (of at least one row), confidence sum and correct sum."""
     safe = count.clamp_min(1)
     return _rms_of_gaps(count, (correct / safe - confidence / safe).abs())
 
@@ -362,10 +361,9 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
             raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
     names = list(dict.fromkeys(names))
     bins = check_bins(bins)
-    value = as_temperature(tau)
+    beta = 1.0 / as_temperature(tau)
     if scan.num_samples < 1:
         raise TempcalError("calibration estimators need at least one sample, got 0")
-    beta = 1.0 / value
     out: dict[str, float] = {}
     if "ece_equal_mass" in names or "l2_ce_debiased" in names:
         stats = per_sample if per_sample is not None else scan.per_sample(beta)

@@ -192,11 +192,7 @@ def reliability_tables(console: Console, before, after, labels: Sequence[str]) -
     """Per-bin sample count, mean confidence, accuracy and their gap, before and after (``labels``: what each was
     computed at), side by side (one table per side when both do not fit)."""
     shown = [(a, b) for a, b in zip(before.bins, after.bins, strict=True) if a.count or b.count]
-    columns = [Column("bin", [f"{a.lower:.2f}-{a.upper:.2f}" for a, _ in shown], justify="left")]
-    for k, side in enumerate(labels):
-        cells = [_bin_cells(pair[k]) for pair in shown]
-        columns += [Column(header, [c[j] for c in cells])
-                    for j, header in enumerate((f"n\n{stacked(side)}", "conf", "acc", "gap"))]
+    columns = _bin_columns(shown, [f"n\n{stacked(side)}" for side in labels])
     return split_tables(console, columns, together=4, title_justify="left", show_edge=False, pad_edge=False,
                         title="reliability (equal-width bins; gap = accuracy - confidence)")
 
@@ -207,6 +203,15 @@ def stacked(label: str, width: int = 8) -> str:
     import textwrap
 
     return "\n".join(textwrap.wrap(label, width, break_long_words=False)) or label
+
+
+def _bin_columns(shown: Sequence[Sequence], counts: Sequence[str]) -> list[Column]:
+    """The bin column, then per side (``counts``: its count column's header) the bins' count, conf, acc and gap."""
+    columns = [Column("bin", [f"{row[0].lower:.2f}-{row[0].upper:.2f}" for row in shown], justify="left")]
+    for k, count in enumerate(counts):
+        cells = [_bin_cells(row[k]) for row in shown]
+        columns += [Column(header, [c[j] for c in cells]) for j, header in enumerate((count, "conf", "acc", "gap"))]
+    return columns
 
 
 def _bin_cells(b) -> list:
@@ -301,10 +306,7 @@ def sweep_sentence(result) -> str:
 
 def single_reliability_table(metrics, label: str) -> Table:
     """Per-bin count, confidence, accuracy and gap of one figure set (``label``: what it was computed at)."""
-    shown = [b for b in metrics.bins if b.count]
-    cells = [_bin_cells(b) for b in shown]
-    columns = [Column("bin", [f"{b.lower:.2f}-{b.upper:.2f}" for b in shown], justify="left")]
-    columns += [Column(name, [c[j] for c in cells]) for j, name in enumerate(("n", "conf", "acc", "gap"))]
+    columns = _bin_columns([(b,) for b in metrics.bins if b.count], ["n"])
     return _table(columns, Rows(), {"title": f"reliability at {label}", "caption": "gap = accuracy - confidence",
                                     "title_justify": "left", "show_edge": False, "pad_edge": False})
 

@@ -165,19 +165,15 @@ def tau_label(tau: float) -> str:
     return format_temperature(tau).removesuffix(".0")
 
 
-def score_key(side: str, score: str, tau: float) -> str:
-    """Tensor name in the scores file: ``id.msp.tau=2`` or ``ood.0.msp.tau=2`` (0 = the first OOD file)."""
-    return f"{side}.{score}.tau={tau_label(tau)}"
-
-
 def score_tensors(report) -> tuple[dict[str, Any], dict[str, str]]:
     """Every per-sample score of an ``OodReport`` as a float64 tensor, and metadata naming the files."""
     import numpy as np
     import torch
 
     sides = [("id", report.id_scores), *((f"ood.{i}", scores) for i, scores in enumerate(report.ood_scores))]
-    tensors: dict[str, Any] = {score_key(side, name, tau): torch.from_numpy(np.ascontiguousarray(scores[name][k]))
-                               for name in report.scores for k, tau in enumerate(report.taus) for side, scores in sides}
+    tensors: dict[str, Any] = {  # named id.msp.tau=2 or ood.0.msp.tau=2 (0: the first OOD file)
+        f"{side}.{name}.tau={tau_label(tau)}": torch.from_numpy(np.ascontiguousarray(scores[name][k]))
+        for name in report.scores for k, tau in enumerate(report.taus) for side, scores in sides}
     metadata = {"tempcal.source": report.source, "tempcal.taus": ",".join(tau_label(t) for t in report.taus),
                 "tempcal.scores": ",".join(report.scores), "tempcal.convention": "higher = more in-distribution"}
     metadata.update({f"tempcal.ood.{i}": path for i, path in enumerate(report.ood_files)})

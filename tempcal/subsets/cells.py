@@ -106,7 +106,6 @@ class SubsetFits:
         return [[1.0 / r.beta for r in row] for row in self.subsets.group_folds or []]
 
 
-
 def _slot_betas(betas: torch.Tensor) -> list[float | None]:
     """Per slot, its one beta when every cell shares it (the fast kernel), else None."""
     first = betas[:, :1]

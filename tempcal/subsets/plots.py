@@ -70,12 +70,11 @@ def report_group_figure(result):
     reliability diagram and risk-coverage curve, then every group's ECE for every row of the report."""
     rows = result.group_rows
     names = [g.group for g in rows[0].groups]
-    series, own = [], []
+    series = []
     for k, row in enumerate(rows):
         by_name = {g.group: g.metrics.ece for g in row.groups}
         series.append((result.basis(k).label(), [by_name.get(name) for name in names]))
-        if not result.basis(k).sweep_point:
-            own.append(k)
+    own = [k for k in range(len(rows)) if not result.basis(k).sweep_point]
     size, draw = report_drawing(result)
     return with_group_bars(size, draw, names, series, f"ECE per {result.group_key}", own)
 

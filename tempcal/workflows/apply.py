@@ -182,14 +182,10 @@ def _scaled(z: torch.Tensor, t: float | torch.Tensor, as_: str, single: bool, wr
         raise TempcalError(f"the logits / T overflow {str(written).removeprefix('torch.')} at T = {shown!r}; "
                            "write probs or log-probs (--as), or use a larger T; nothing written")
     else:  # at a tiny T, z / T overflows: each row less its largest logit first (in float64), then / T
-        shifted = (z.to(torch.float64) - z.max(1, keepdim=True).values.to(torch.float64)) / t
-        out = torch.softmax(shifted, 1) if as_ == "probs" else torch.log_softmax(shifted, 1)
-        return out.to(z.dtype)
-    if as_ == "probs":
-        return torch.softmax(scaled, 1)
-    if as_ == "log-probs":
-        return torch.log_softmax(scaled, 1)
-    return scaled[:, 1] if single else scaled  # a binary logit z is the row [0, z]
+        scaled = (z.to(torch.float64) - z.max(1, keepdim=True).values.to(torch.float64)) / t
+    if as_ == "logits":
+        return scaled[:, 1] if single else scaled  # a binary logit z is the row [0, z]
+    return (torch.softmax(scaled, 1) if as_ == "probs" else torch.log_softmax(scaled, 1)).to(z.dtype)
 
 
 def _overflows(z: torch.Tensor, t: float | torch.Tensor, written: torch.dtype) -> bool:

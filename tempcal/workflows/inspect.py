@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -70,12 +71,13 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
         raise TempcalError(f"{paths[0]}: no such file")
     report = InspectReport(" ".join(str(s) for s in sources), kind.name, [str(p) for p in paths], [], {},
                            title=kind.title or kind.name)
-    report.tensors = _or_problem(lambda: kind.describe_tensors(paths, options), report.problems) or []
+    findings = Findings(report.problems, as_problem)
+    report.tensors = findings.attempt(partial(kind.describe_tensors, paths, options)) or []
     report.sidecar = kind.describe_sidecar(paths[0])
     unopened = kind.describes_unopened(options)
-    opened = None if unopened else _opened(paths, options, report.problems)
+    opened = None if unopened else _opened(paths, options, findings)
     if opened is None and not unopened and (other := _other_logits(report.tensors, options)) is not None:
-        opened = _opened(paths, options.but(logits_key=other), [])
+        opened = _opened(paths, options.but(logits_key=other), Findings([]))
         if opened is not None:
             report.hints.append(Note(f"'{options.logits_key}' is absent; '{other}' is read as the logits here: name "
                                      f"it with {param('logits_key')} {other}"))
@@ -84,13 +86,13 @@ def inspect_file(source: Source, *, options: SourceOptions | None = None, **keys
         data = opened.data
         report.rows, report.num_classes, report.binary = data.num_samples, data.num_classes, data.binary
         report.labels = labels_summary(data, opened.has_labels, options.ignore_index, opened.options.labels_key)
-        report.values = _or_problem(lambda: sample_values(data), report.problems)
+        report.values = findings.attempt(lambda: sample_values(data))
         report.warnings.extend(opened.warnings)
         report.extra = dict(opened.json)
         # SOURCE as the other commands read it: with what its kind keeps beside T (a confidence table's columns)
         read = stored_reading(kind, paths[0], options)[0]
         options = options.but(**{name: getattr(read, name) for name in DEFAULT_KEYS})
-    report.details = _or_problem(lambda: kind.describe_details(paths, options), report.problems)
+    report.details = findings.attempt(lambda: kind.describe_details(paths, options))
     report.hints += _hints(report, kind, options)
     report.problems = list(dict.fromkeys(report.problems))  # each problem once, however many steps met it
     return report
@@ -101,20 +103,11 @@ def as_problem(exc: TempcalError) -> Note:
     return Note(exc.raw)
 
 
-def _or_problem(step: Any, problems: list[str]) -> Any:
-    """``step()``, or None with its one-line error among ``problems``."""
-    try:
-        return step()
-    except TempcalError as exc:
-        problems.append(as_problem(exc))
-        return None
-
-
-def _opened(paths: list[Path], options: SourceOptions, problems: list[str]) -> OpenedSource | None:
+def _opened(paths: list[Path], options: SourceOptions, findings: Findings) -> OpenedSource | None:
     """SOURCE opened as the other commands open it, but as raw values (``probs=False``) with every row kept and
-    labels optional; None (and the reason among ``problems``) when it cannot be."""
+    labels optional; None (and the reason among ``findings``' problems) when it cannot be."""
     raw = options.but(probs=False, ignore_index=None)
-    return _or_problem(lambda: open_source(paths, raw, labels_optional=True), problems)
+    return findings.attempt(lambda: open_source(paths, raw, labels_optional=True))
 
 
 def _other_logits(tensors: list[dict[str, Any]], options: SourceOptions) -> str | None:
@@ -164,7 +157,6 @@ def _hints(report: InspectReport, kind: SourceKind, options: SourceOptions) -> l
         hints.append(Note(f"its T was fitted with {param('lm_eval_norm')} {stored['lm_eval_norm']}: pass it to use "
                           "that T"))
     return hints
-
 
 
 def sample_values(data: Any) -> dict[str, Any]:

@@ -328,8 +328,8 @@ def ood_file(source: Source, ood_files: Sequence[Source], *, taus: Sequence[str 
                                                        chunk_rows, warnings, [source_name, *ood_names])
     grouped = None if groups is None else group_results(groups, ood_names, scores, tau_list, applied, stored,
                                                         side_scores[0], side_scores[1:])
-    side_scores = [{name: values[:len(tau_list)] for name, values in side.items()} for side in side_scores]
-    id_scores, all_ood_scores = side_scores[0], side_scores[1:]
+    id_scores, *all_ood_scores = [{name: values[:len(tau_list)] for name, values in side.items()}
+                                  for side in side_scores]
     results, best, best_overall = _assemble(source_name, ood_names, scores, tau_list, stored, id_scores,
                                             all_ood_scores, bootstrap, seed)
     return OodReport(
