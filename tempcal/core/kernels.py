@@ -222,8 +222,7 @@ def row_raw_sums(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Scratch
 def row_cumulants(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Scratch | None = None, *,
                   top: torch.Tensor | None = None, impossible: bool | None = None) -> torch.Tensor:
     """Float64 sums (:data:`FIELDS`) over a chunk of rows ``z`` [n, C] (a binary logit already as ``[0, z]``)."""
-    raw = row_raw_sums(z, y, beta, buffers, top=top, impossible=impossible)
-    return finished_sums(raw, z.shape[0], beta)
+    return finished_sums(row_raw_sums(z, y, beta, buffers, top=top, impossible=impossible), z.shape[0], beta)
 
 
 def row_range(z: torch.Tensor, top: torch.Tensor, low: torch.Tensor | None = None) -> torch.Tensor:
