@@ -12,11 +12,10 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from ..errors import DataError
-from . import parallel
 from .certified import BETA_MAX, BETA_MIN, TOL, FitStart, certified_fit
 from .data import LogitsSource
 from .kernels import FIELDS, NllDerivatives, row_cumulants, row_moments, row_range, row_terms
-from .parallel import Scratch, all_reduce, map_blocks
+from .parallel import Scratch, active, all_gather_rows, all_reduce, map_blocks, rank
 
 # -- the checks of a block ---------------------------------------------------------------------------------------------
 
@@ -61,9 +60,7 @@ def probability_like(z: torch.Tensor, row_max: torch.Tensor, row_sum: torch.Tens
     """Every value in [0, 1] and (for several classes) every row summing to 1 within 1e-3."""
     if z.dim() == 1:
         return bool(((z >= 0) & (z <= 1)).all())
-    if not bool((row_max <= 1).all() and ((row_sum - 1).abs() <= 1e-3).all()):
-        return False
-    return bool((z >= 0).all())
+    return bool((row_max <= 1).all() and ((row_sum - 1).abs() <= 1e-3).all() and (z >= 0).all())
 
 
 class Problems:
@@ -80,9 +77,6 @@ class Problems:
     def __init__(self, data: LogitsSource):
         self.data = data
         self.found: dict[str, list] = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.found)
 
     def add(self, kind: str, start: int, mask: torch.Tensor, detail=None) -> None:
         count = int(mask.sum())
@@ -122,7 +116,7 @@ class Problems:
         self.add("all-neginf", start, row_max == -math.inf)
         z_true = z.gather(1, y[:, None])[:, 0]
         self.add("true-neginf", start, (z_true == -math.inf) & ~bad_label)
-        if self:
+        if self.found:
             return y, None
         correct = (z[:, 1] >= 0) == (y == 1) if data.binary else arg_max == y
         mean, var = uniform_moments(z, reduced, has_neginf)
@@ -402,10 +396,10 @@ class StartScan:
 def rank_offset(num_rows: int, device: torch.device) -> int:
     """The position of this process's first row in the data over all processes (rows are shared out in rank
     order), so that a row is sampled alike however many processes read the data."""
-    if not parallel.active():
+    if not active():
         return 0
-    sizes = parallel.all_gather_rows(torch.tensor([num_rows], dtype=torch.int64, device=device))
-    return int(sizes[: parallel.rank()].sum())
+    sizes = all_gather_rows(torch.tensor([num_rows], dtype=torch.int64, device=device))
+    return int(sizes[: rank()].sum())
 
 
 def chunk_fit_rows(num_rows: int, num_classes: int) -> slice:

@@ -8,7 +8,7 @@ import math
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -16,11 +16,9 @@ from ..errors import DataError, TempcalError, probabilities_refused
 from . import certified
 from .certified import T_MAX, T_MIN, Evaluator, FitStart, certified_fit
 from .data import as_logits_data
+from .ece_fit import PassCallback, minimise_ece
 from .kernels import DEFAULT_BINS
 from .scan import ALL_ROWS, Scan
-
-if TYPE_CHECKING:
-    from .ece_fit import PassCallback
 
 # -- the fit on one validated scan -------------------------------------------------------------------------------------
 # Fit one temperature T > 0 on a validated :class:`~tempcal.core.scan.Scan` by minimising the mean NLL of
@@ -63,9 +61,9 @@ class FitResult:
 def fit_scan(scan: Scan, *, objective: str = "nll", bins: int = DEFAULT_BINS, xtol: float | None = None,
              max_passes: int = MAX_PASSES, evaluate: Evaluator | None = None, ece_terms: Any = None,
              on_pass: PassCallback | None = None) -> FitResult:
-    """T on every row of ``scan`` (already validated) for ``objective``, as
-    :func:`~tempcal.core.fitting.fit_temperature` describes its arguments; ``passes`` counts the validating scan.
-    """
+    """T on every row of ``scan`` (already validated) for ``objective``, as :func:`fit_temperature` describes its
+    arguments; ``passes`` counts the validating scan. ``evaluate`` and ``ece_terms`` replace the scan's pass for fits
+    that ride on another's reads."""
     start_passes = scan.passes
     if scan.num_samples < 2:
         raise DataError(f"the fitting part holds {scan.num_samples} sample(s); at least 2 are needed")
@@ -300,8 +298,6 @@ def _fit_ece(scan: Scan, *, bins: int, xtol: float | None, max_passes: int, ece_
     """The T minimising binned ECE on the fitting samples (see :mod:`tempcal.core.ece_fit`), around the NLL optimum.
 
     ``ece_terms`` replaces the search's pass (for searches that ride on this one's reads)."""
-    from .ece_fit import minimise_ece
-
     anchor = _fit_nll(scan, xtol=xtol, max_passes=max_passes)
     temperature, _, searched = minimise_ece(scan, anchor.temperature, bins=bins, terms=ece_terms, on_pass=on_pass)
     nll = scan.objective(1.0 / temperature).nll
@@ -323,7 +319,6 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
                     device: str | torch.device = "auto", chunk_rows: int | None = None,
                     probs: bool | None = None, xtol: float | None = None, max_passes: int = MAX_PASSES,
                     groups: Any = None, group_prior: float | None = None, folds: int | None = None, seed: int = 0,
-                    evaluate: Evaluator | None = None, ece_terms: Any = None,
                     on_pass: PassCallback | None = None) -> FitResult:
     """Fit T on ``logits`` ``[N, C]`` (or ``[N]`` binary) and integer ``labels`` ``[N]``.
 
@@ -338,8 +333,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
     ``groups`` (one value per row) also fits each group's T, drawn toward the global T by ``group_prior``
     (``lam * (ln T - ln T_global)^2`` added to the group's NLL sum): ``group_temperatures``. ``folds`` (K, seeded by
     ``seed``) also fits T outside each of K class-stratified folds: ``fold_temperatures``. Both share the global
-    fit's reads. ``evaluate`` and ``ece_terms`` replace the scan's pass for fits that ride on another's reads.
-    """
+    fit's reads."""
     kept, owned = None, not isinstance(logits, Scan)  # owned: the scan made here, whose buffers it may give back
     if not owned:
         scan = logits
@@ -356,8 +350,7 @@ def fit_temperature(logits, labels=None, *, objective: str = "nll", bins: int = 
                                    "or import tempcal.subsets.fits first")
             return SUBSET_FIT[0](scan, groups, kept, group_prior=group_prior, folds=folds, seed=seed,
                                  objective=objective, bins=bins)
-        return fit_scan(scan, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes, evaluate=evaluate,
-                        ece_terms=ece_terms, on_pass=on_pass)
+        return fit_scan(scan, objective=objective, bins=bins, xtol=xtol, max_passes=max_passes, on_pass=on_pass)
     finally:
         if owned:
             scan.release_buffers()  # the fit returns numbers: its buffers serve the next fit of the process

@@ -222,8 +222,7 @@ def row_raw_sums(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Scratch
 def row_cumulants(z: torch.Tensor, y: torch.Tensor, beta: float, buffers: Scratch | None = None, *,
                   top: torch.Tensor | None = None, impossible: bool | None = None) -> torch.Tensor:
     """Float64 sums (:data:`FIELDS`) over a chunk of rows ``z`` [n, C] (a binary logit already as ``[0, z]``)."""
-    raw = row_raw_sums(z, y, beta, buffers, top=top, impossible=impossible)
-    return finished_sums(raw, z.shape[0], beta)
+    return finished_sums(row_raw_sums(z, y, beta, buffers, top=top, impossible=impossible), z.shape[0], beta)
 
 
 def row_range(z: torch.Tensor, top: torch.Tensor, low: torch.Tensor | None = None) -> torch.Tensor:
@@ -243,16 +242,8 @@ def row_range(z: torch.Tensor, top: torch.Tensor, low: torch.Tensor | None = Non
 # What one calibration pass, and one pass of the ECE search, sum per chunk at each temperature, and what the
 # calibration pass keeps per row when asked; and the contract's equal-width confidence bins, which every binned figure
 # (ECE and its bins, RMS calibration error, the classwise ECE, the ECE search, the bootstrap) takes from here, so a
-# confidence falls into the same bin everywhere.
-#
-# Per row at ``beta``: the confidence, NLL, Brier score and entropy summed in float64, and the confidences binned in
-# the contract's bins. ``keep=("confidence",)`` writes every row's confidence into one ``[betas, rows]`` float64 array
-# for the rankings, and a ``visitor`` (conformal sets) is handed each chunk's ``d = z - max z``, in the same read.
-#
-# The ECE search (:class:`EceTerms`, summed by :func:`tempcal.core.ece_fit.bin_sums`): its search bounds the ECE on an
-# interval of temperatures from the sums at its two ends alone (count, confidence and correct per bin). They are sums
-# over rows, so a pass computes every row's confidence at all of its temperatures while the chunk is at hand and keeps
-# only the sums: nothing per row survives the chunk, and the sums all-reduce across processes.
+# confidence falls into the same bin everywhere. The ECE search's pass (:func:`tempcal.core.ece_fit.bin_sums`) sums
+# those bins alone (:class:`EceTerms`); the calibration pass adds the NLL, Brier score and entropy per temperature.
 
 #: The bins of every binned figure unless ``--bins`` (or ``bins=``) says otherwise.
 DEFAULT_BINS = 15
@@ -299,19 +290,34 @@ class ChunkVisitor(Protocol):
     def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
 
 
-#: One block's figures: sums ``[betas, 5]``, each temperature's (bin index, confidence) per row, correctness.
+#: One block's figures: sums ``[betas, 5]``, each temperature's (bin index, confidence) per row, whether it is right.
 BlockSums = tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]
 
 
-class CalibrationTerms:
+class EceTerms:
+    """Sums for the ECE search at ``betas``: ``per_bin`` ``[betas, 3, bins]`` (count, confidence, correct, binned
+    as :meth:`Scan.calibration` bins)."""
+
+    def __init__(self, betas: Sequence[float], bins: int, device: torch.device):
+        self.betas = [float(b) for b in betas]
+        self.edges = bin_edges(bins, device)
+        self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
+
+    def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
+        """Add a block's :func:`confidence_bins` at ``betas`` (``correct``: whether each arg-max is right); blocks
+        added in row order give the bits of one thread."""
+        hit = correct.to(torch.float64)
+        for k, (index, confidence) in enumerate(binned):
+            add_to_bins(self.per_bin[k], index, confidence, hit)
+
+
+class CalibrationTerms(EceTerms):
     """The sums of :meth:`tempcal.core.scan.Scan.calibration` at ``betas``, chunk by chunk, over ``rows`` rows."""
 
     def __init__(self, betas: Sequence[float], bins: int, device: torch.device, rows: int,
                  keep: Sequence[str] = (), visitor: ChunkVisitor | None = None):
-        self.betas = [float(b) for b in betas]
-        self.edges = bin_edges(bins, device)
+        super().__init__(betas, bins, device)
         self.acc = torch.zeros(len(self.betas), 5, dtype=torch.float64, device=device)
-        self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
         unknown = set(keep) - set(KEPT)
         if unknown:
             raise ValueError(f"cannot keep {sorted(unknown)}; only {KEPT}")
@@ -322,28 +328,25 @@ class CalibrationTerms:
     def add_chunk(self, z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor,
                   correct: torch.Tensor, has_neginf: bool, scratch: Scratch) -> None:
         """One chunk of :meth:`Scan.row_chunks` (the chunks come in order, so the rows' positions are known)."""
-        self._add(z, y, row_max, gap, correct, has_neginf, scratch, self.position, self.acc, self.per_bin)
+        self.add_block(self._add(z, y, row_max, gap, correct, has_neginf, scratch, self.position, self.acc), correct)
         self.position += z.shape[0]
 
     def block_sums(self, z: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor, correct: torch.Tensor,
                    has_neginf: bool, scratch: Scratch, start: int) -> BlockSums:
         """One block's figures, its kept ones written in place: blocks may run on several threads at once (without
-        a visitor); :meth:`add_block` then adds them up in row order, as :meth:`add_chunk` would have."""
+        a visitor); :meth:`add_sums` then adds them up in row order, as :meth:`add_chunk` would have."""
         acc = torch.zeros_like(self.acc)
-        binned = self._add(z, None, row_max, gap, correct, has_neginf, scratch, start, acc, None)
-        return acc, binned, correct.to(torch.float64)
+        return acc, self._add(z, None, row_max, gap, correct, has_neginf, scratch, start, acc), correct
 
-    def add_block(self, block: BlockSums) -> None:
-        acc, binned, hit = block
+    def add_sums(self, block: BlockSums) -> None:
+        acc, binned, correct = block
         self.acc += acc
-        for k, (index, confidence) in enumerate(binned):
-            add_to_bins(self.per_bin[k], index, confidence, hit)
+        self.add_block(binned, correct)
 
     def _add(self, z: torch.Tensor, y: torch.Tensor | None, row_max: torch.Tensor, gap: torch.Tensor,
-             correct: torch.Tensor, has_neginf: bool, scratch: Scratch, start: int, acc: torch.Tensor,
-             per_bin: torch.Tensor | None) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Add a chunk's sums into ``acc`` and its bins into ``per_bin`` (None: each temperature's bin index and
-        confidences are returned instead)."""
+             correct: torch.Tensor, has_neginf: bool, scratch: Scratch, start: int, acc: torch.Tensor
+             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Add a chunk's sums into ``acc``; each temperature's bin index and confidences, for :meth:`add_block`."""
         stop = start + z.shape[0]
         d = torch.sub(z, row_max[:, None], out=scratch.like("d", z))
         hit = correct.to(torch.float64)
@@ -356,11 +359,7 @@ class CalibrationTerms:
             acc[k, 2] += entropy.sum(dtype=torch.float64)
             acc[k, 3] += hit.sum()
             acc[k, 4] += confidence.sum()
-            index = bin_index(confidence, self.edges)
-            if per_bin is None:
-                binned.append((index, confidence))
-            else:
-                add_to_bins(per_bin[k], index, confidence, hit)
+            binned.append((bin_index(confidence, self.edges), confidence))
             if "confidence" in self.kept:
                 self.kept["confidence"][k, start:stop] = confidence
             if "energy" in self.kept:
@@ -373,14 +372,9 @@ class CalibrationTerms:
                 ) -> list[tuple[CalibrationSums, dict[str, torch.Tensor] | None]]:
         """Per temperature: the sums (``acc`` and ``per_bin`` reduced over ranks) and what was kept of this
         process's rows (views of the preallocated arrays; None when nothing was)."""
-        out = []
-        for k in range(len(self.betas)):
-            nll, brier, entropy, correct_sum, confidence_sum = acc[k].tolist()
-            sums = CalibrationSums(count, nll, brier, entropy, correct_sum, confidence_sum,
-                                   per_bin[k, 0], per_bin[k, 1], per_bin[k, 2])
-            kept = {name: values[k] for name, values in self.kept.items()} if self.kept else None
-            out.append((sums, kept))
-        return out
+        return [(CalibrationSums(count, *acc[k].tolist(), *per_bin[k]),
+                 {name: values[k] for name, values in self.kept.items()} if self.kept else None)
+                for k in range(len(self.betas))]
 
 
 def row_calibration(scratch: Scratch, d: torch.Tensor, d_finite: torch.Tensor, gap: torch.Tensor,
@@ -405,23 +399,6 @@ def scaled_exp(d: torch.Tensor, beta: float | torch.Tensor, scratch: Scratch, ne
     is nothing, and it spares the CPU's slow path."""
     x = torch.mul(d, beta, out=scratch.like("e", d))
     return x.exp_() if neginf else x.clamp_(min=exp_floor(x.dtype)).exp_()
-
-
-class EceTerms:
-    """Sums for the ECE search at ``betas``: ``per_bin`` ``[betas, 3, bins]`` (count, confidence, correct, binned
-    as :meth:`Scan.calibration` bins)."""
-
-    def __init__(self, betas: Sequence[float], bins: int, device: torch.device):
-        self.betas = [float(b) for b in betas]
-        self.edges = bin_edges(bins, device)
-        self.per_bin = torch.zeros(len(self.betas), 3, bins, dtype=torch.float64, device=device)
-
-    def add_block(self, binned: list[tuple[torch.Tensor, torch.Tensor]], correct: torch.Tensor) -> None:
-        """Add a block's :func:`confidence_bins` at ``betas`` (``correct``: whether each arg-max is right); blocks
-        added in row order give the bits of one thread."""
-        hit = correct.to(torch.float64)
-        for k, (index, confidence) in enumerate(binned):
-            add_to_bins(self.per_bin[k], index, confidence, hit)
 
 
 def confidence_bins(d: torch.Tensor, betas: Sequence[float], edges: torch.Tensor, buffers: Scratch,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 
 from ..errors import TempcalError, param
 
@@ -39,20 +40,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
 
 def active() -> bool:
     """True inside an initialised process group of more than one process."""
-    import torch.distributed as dist
-
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank() -> int:
-    import torch.distributed as dist
-
     return dist.get_rank() if active() else 0
 
 
 def world_size() -> int:
-    import torch.distributed as dist
-
     return dist.get_world_size() if active() else 1
 
 
@@ -66,8 +61,6 @@ def init_from_environment(device: str) -> str:
     global _started
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return device
-    import torch.distributed as dist
-
     chosen = rank_device(device)
     if chosen.type == "cuda":
         torch.cuda.set_device(chosen)
@@ -103,21 +96,15 @@ def rank_device(device: str) -> torch.device:
 def shutdown() -> None:
     """Destroy the process group :func:`init_from_environment` started (a no-op otherwise)."""
     global _started
-    if _started:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        _started = False
+    if _started and dist.is_initialized():
+        dist.destroy_process_group()
+    _started = False
 
 
 def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """In place across ranks (a no-op in a single process)."""
     if active():
-        import torch.distributed as dist
-
-        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
-                                    "max": dist.ReduceOp.MAX}[op])
+        dist.all_reduce(tensor, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return tensor
 
 
@@ -126,8 +113,6 @@ def all_gather_rows(tensor: torch.Tensor) -> torch.Tensor:
     one-process tensor of every row."""
     if not active():
         return tensor
-    import torch.distributed as dist
-
     size = torch.tensor([tensor.shape[0]], dtype=torch.int64, device=tensor.device)
     sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
     dist.all_gather(sizes, size)
@@ -231,9 +216,8 @@ def configure_threads() -> int:
 
 def _is_torch_default(count: int) -> bool:
     """Whether ``count`` looks like torch's own choice rather than the user's (torch picks a core count)."""
-    if os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS"):
-        return False
-    return count in {os.cpu_count(), _affinity(), _physical_cores()}
+    chosen = os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
+    return not chosen and count in {os.cpu_count(), _affinity(), _physical_cores()}
 
 
 def _affinity() -> int | None:

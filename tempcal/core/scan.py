@@ -119,7 +119,11 @@ class Scan:
         self.labelled = labelled  # False: the labels are placeholders (OOD scores) and are not checked
         self.device = resolve_device(device)
         self._total: int | None = None  # samples over all ranks, once known
-        self.compute_dtype = dtype or self._choose_dtype()
+        if dtype is None:  # from the sizes over all ranks, so every rank rounds beta the same way
+            sizes = torch.tensor([data.numel(), data.num_samples], dtype=torch.int64, device=self.device)
+            numel, self._total = all_reduce(sizes).tolist()
+            dtype = compute_dtype(data.dtype, numel, self._total)
+        self.compute_dtype = dtype
         self.chunk_rows = int(chunk_rows) if chunk_rows else data.default_chunk_rows(self.device)
         if self.chunk_rows < 1:
             raise DataError(f"chunk size must be at least 1 row, got {chunk_rows}")
@@ -165,12 +169,6 @@ class Scan:
         n = self.data.num_samples
         return rows.numel() == n and torch.equal(rows.cpu(), torch.arange(n))
 
-    def _choose_dtype(self) -> torch.dtype:
-        """The compute dtype from the sizes over all ranks, so every rank rounds beta the same way."""
-        sizes = torch.tensor([self.data.numel(), self.data.num_samples], dtype=torch.int64, device=self.device)
-        numel, self._total = all_reduce(sizes).tolist()
-        return compute_dtype(self.data.dtype, numel, self._total)
-
     # -- the first scan -------------------------------------------------------------
     def _first_scan(self) -> RowStats:
         data = self.data
@@ -180,7 +178,10 @@ class Scan:
         columns = [torch.empty(n, dtype=dt, device=self.device)
                    for dt in (real, real, torch.bool, real, real, torch.bool)]
         threads = pass_threads(self.device, self.data.numel())
-        start = self._start_scan(threads)
+        fit_rows = self._fit_rows  # the fit's start is gathered when fit_rows asks for one
+        start = None if fit_rows is None or not self.labelled else StartScan(
+            fit_rows if isinstance(fit_rows, torch.Tensor) else None, n, self.num_classes, self.device, threads,
+            self.scratch_for)
         self.passes += 1
         probability, block = data.num_samples > 0, self.chunk_rows
         def plan(read: Read) -> tuple[Callable[[int, int], tuple[torch.Tensor, Reductions]], int]:
@@ -218,14 +219,6 @@ class Scan:
             if start is not None:
                 self.fit_start = start.finish()
         return RowStats(*columns)
-
-    def _start_scan(self, threads: int) -> StartScan | None:
-        """What gathers the fit's start during the first scan, when ``fit_rows`` asks for one."""
-        rows = self._fit_rows
-        if rows is None or not self.labelled:
-            return None
-        return StartScan(rows if isinstance(rows, torch.Tensor) else None, self.data.num_samples, self.num_classes,
-                         self.device, threads, self.scratch_for)
 
     # -- passes at one temperature ---------------------------------------------------
     def row_chunks(self):
@@ -305,7 +298,7 @@ class Scan:
             for block in self.block_pass(lambda b, scratch: terms.block_sums(
                     b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start),
                     few=True, row_bytes=16 * len(terms.betas) + 8):  # each row's bin, confidence, correctness
-                terms.add_block(block)
+                terms.add_sums(block)
         else:
             with self._visitor_threads():
                 for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
