@@ -91,12 +91,9 @@ def deliver(ctx: Any, outputs: Outputs, result: Any, *, warnings: list[str], wri
     state = config_state(ctx)
     if state.config is not None:
         stderr(f"config: {state.config.display}")
-    for message in warnings:
-        if isinstance(message, Info):
-            if not outputs.quiet:
-                stderr(f"note: {for_cli(message)}")
-            continue
-        stderr(f"warning: {for_cli(message)}")
+    for message in warnings:  # notes (Info) are left out under --quiet; warnings never are
+        if not (isinstance(message, Info) and outputs.quiet):
+            stderr(f"{'note' if isinstance(message, Info) else 'warning'}: {for_cli(message)}")
     written = write()
     from ..output.files import STEP_SUMMARY_ENV, append_step_summary, emit_json, step_summary_path, write_extras
 
