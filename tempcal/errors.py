@@ -192,7 +192,8 @@ def parse_tau(text: str | float, stored: float | None, source: str | os.PathLike
 def check_taus(values: Iterable[str | float]) -> None:
     """Refuse a bad number before any file is read (``fitted`` is resolved once the file is open)."""
     for text in values:
-        parse_tau(text, stored=1.0)  # any stored T: only the number is checked here
+        if not is_fitted(text):
+            parse_tau(text, None)
 
 
 def resolve_taus(values: Sequence[str | float] | None, stored: float | None, source: str | os.PathLike = "SOURCE",
