@@ -56,7 +56,8 @@ def make(n_id: int, n_ood: int, classes: int, seed: int = 0) -> tuple[torch.Tens
 def today_pass(scan: Scan, betas: list[float]) -> list[np.ndarray]:
     """MSP at every beta as the scores-only pass computed it before (one read of each chunk, 1 / s0)."""
     parts: list[list[torch.Tensor]] = [[] for _ in betas]
-    for z, _, row_max, _, _, _ in scan.row_chunks():
+    for at, z, _ in scan.data.chunks(scan.chunk_rows, scan.device, scan.compute_dtype):
+        row_max = scan.stats.row_max[at:at + z.shape[0]]
         d = torch.sub(z, row_max[:, None], out=scan.scratch.like("d", z))
         for k, beta in enumerate(betas):
             s0 = torch.mul(d, beta, out=scan.scratch.like("e", z)).exp_().sum(1)

@@ -72,8 +72,11 @@ def main() -> None:
     def torch_threads():
         start = time.perf_counter()
         acc = torch.zeros(len(FIELDS), dtype=torch.float64)
-        for zc, yc, top, _, _, neginf in scan.row_chunks():
-            acc += row_cumulants(zc, yc, BETA, scan.scratch, top=top, impossible=neginf)
+        neginf = scan.stats.has_neginf
+        for at, zc, yc in scan.data.chunks(scan.chunk_rows, scan.device, scan.compute_dtype):
+            rows = slice(at, at + zc.shape[0])
+            acc += row_cumulants(zc, yc, BETA, scan.scratch, top=scan.stats.row_max[rows],
+                                 impossible=bool(neginf[rows].any()))
         return time.perf_counter() - start
 
     def one_thread():

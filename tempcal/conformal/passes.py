@@ -4,9 +4,9 @@ probabilities :data:`SLICE_VALUES` at a time keep the sorted copies APS needs sm
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -69,21 +69,6 @@ def chunk_order(d: torch.Tensor) -> torch.Tensor:
     return order
 
 
-class ChunkCache:
-    """What a visitor prepares from a chunk once and reuses at every temperature of the pass (the visits of a chunk
-    come one temperature after another): the classes' order, so that the sets' sorted probabilities are a gather."""
-
-    def __init__(self) -> None:
-        self.key: tuple | None = None
-        self.value: Any = None
-
-    def get(self, d: torch.Tensor, start: int, prepare: Callable[[], Any]) -> Any:
-        key = (start, d.data_ptr(), tuple(d.shape))
-        if key != self.key:
-            self.key, self.value = key, prepare()
-        return self.value
-
-
 class ScoreRows:
     """Visitor keeping the LAC and APS scores of every row at each of ``count`` temperatures: ``[count, 2, rows]``
     float64, preallocated. ``row_betas`` (float64 ``[rows]``, this process's rows): each row's own beta, in place of
@@ -93,12 +78,13 @@ class ScoreRows:
         self.scores = torch.empty(count, len(SCORES), rows, dtype=torch.float64, device=device)
         self.row_betas = None if row_betas is None else row_betas.to(device=device, dtype=torch.float64)
 
-    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
-        for first, stop in _slices(d.shape[0], d.shape[1]):
-            at = beta if self.row_betas is None else self.row_betas[start + first:start + stop, None]
-            found = row_scores(probabilities(d[first:stop], at), labels[first:stop])
-            for j, name in enumerate(SCORES):
-                self.scores[k, j, start + first:start + stop] = found[name]
+    def add(self, betas: Sequence[float], d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        for k, beta in enumerate(betas):
+            for first, stop in _slices(d.shape[0], d.shape[1]):
+                at = beta if self.row_betas is None else self.row_betas[start + first:start + stop, None]
+                found = row_scores(probabilities(d[first:stop], at), labels[first:stop])
+                for j, name in enumerate(SCORES):
+                    self.scores[k, j, start + first:start + stop] = found[name]
 
     def each_gathered(self) -> Iterator[dict[str, np.ndarray]]:
         """Per temperature, every rank's scores in rank order as numpy on the host, one temperature's copy at a time."""
@@ -137,7 +123,7 @@ class SetSums:
     def __init__(self, thresholds: Sequence[Thresholds], device: torch.device, *,
                  groups: torch.Tensor | None = None, num_groups: int = 1, judged: torch.Tensor | None = None):
         self.thresholds = list(thresholds)
-        self.chunk = ChunkCache()
+        self.lock = threading.Lock()
         self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
         self.judged = None if judged is None else judged.to(device=device, dtype=torch.bool)
         self.sums = [{score: torch.zeros(num_groups, len(qs), 2, dtype=torch.float64, device=device)
@@ -152,12 +138,13 @@ class SetSums:
             groups = None if groups is None else groups.index_select(0, rows)
         return d, labels, groups, chunk_order(d)
 
-    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
-        d, labels, groups, order = self.chunk.get(d, start, lambda: self._judged(d, labels, start))
-        for first, stop in _slices(d.shape[0], d.shape[1]):
-            probs = probabilities(d[first:stop], beta)
-            found = set_rows(probs, labels[first:stop], self.thresholds[k], descending(probs, order[first:stop]))
-            _add_sets(self.sums[k], found, None if groups is None else groups[first:stop])
+    def add(self, betas: Sequence[float], d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        d, labels, groups, order = self._judged(d, labels, start)
+        for k, beta in enumerate(betas):
+            for first, stop in _slices(d.shape[0], d.shape[1]):
+                probs = probabilities(d[first:stop], beta)
+                found = set_rows(probs, labels[first:stop], self.thresholds[k], descending(probs, order[first:stop]))
+                _add_sets(self.sums[k], found, None if groups is None else groups[first:stop], self.lock)
 
     def reduced(self) -> list[dict[str, torch.Tensor]]:
         """Per temperature and score, the sums ``[groups, thresholds, 2]`` over every rank, on the host."""
@@ -215,20 +202,21 @@ class FoldSetSums:
         self.q = [{score: torch.tensor([list(t[score]) for t in per_fold], dtype=f64, device=device).T
                    for score in per_fold[0]} for per_fold in thresholds]  # per slot and score: [Q, K]
         self.folds = folds.to(device=device, dtype=torch.int64)
-        self.chunk = ChunkCache()
+        self.lock = threading.Lock()
         self.groups = None if groups is None else groups.to(device=device, dtype=torch.int64)
         self.sums = {score: torch.zeros(len(self.q), num_groups, q.shape[0], 2, dtype=f64, device=device)
                      for score, q in (self.q[0].items() if self.q else ())}
 
-    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
-        order = self.chunk.get(d, start, lambda: chunk_order(d))
-        for first, stop in _slices(d.shape[0], d.shape[1]):
-            folds = self.folds[start + first:start + stop]
-            probs = probabilities(d[first:stop], self.betas[k][folds][:, None])
-            found = row_sets(probs, labels[first:stop], {s: q[:, folds] for s, q in self.q[k].items()},
-                             descending(probs, order[first:stop]))
-            groups = None if self.groups is None else self.groups[start + first:start + stop]
-            _add_sets({score: sums[k] for score, sums in self.sums.items()}, found, groups)
+    def add(self, betas: Sequence[float], d: torch.Tensor, labels: torch.Tensor, start: int) -> None:
+        order = chunk_order(d)
+        for k in range(len(betas)):
+            for first, stop in _slices(d.shape[0], d.shape[1]):
+                folds = self.folds[start + first:start + stop]
+                probs = probabilities(d[first:stop], self.betas[k][folds][:, None])
+                found = row_sets(probs, labels[first:stop], {s: q[:, folds] for s, q in self.q[k].items()},
+                                 descending(probs, order[first:stop]))
+                groups = None if self.groups is None else self.groups[start + first:start + stop]
+                _add_sets({score: sums[k] for score, sums in self.sums.items()}, found, groups, self.lock)
 
     def reduced(self) -> dict[str, torch.Tensor]:
         """Per score, the sums ``[slots, groups, thresholds, 2]`` over every rank, on the host."""
@@ -236,15 +224,17 @@ class FoldSetSums:
 
 
 def _add_sets(sums: dict[str, torch.Tensor], found: dict[str, tuple[torch.Tensor, torch.Tensor]],
-              groups: torch.Tensor | None) -> None:
+              groups: torch.Tensor | None, lock: threading.Lock) -> None:
     """Each score's rows covered and set sizes (``found``) added into its sums ``[groups, Q, 2]``: into group 0, or
-    each row into its group (``groups``)."""
+    each row into its group (``groups``). The sums are counts, exact in float64, so the blocks of a pass's threads
+    may add them in any order: ``lock`` only keeps two from adding at once."""
     for score, (covered, size) in found.items():
         figures = torch.stack([covered.to(torch.float64), size], -1)  # [Q, rows, 2]
-        if groups is None:
-            sums[score][0] += figures.sum(1)
-        else:
-            sums[score].index_add_(0, groups, figures.transpose(0, 1))
+        with lock:
+            if groups is None:
+                sums[score][0] += figures.sum(1)
+            else:
+                sums[score].index_add_(0, groups, figures.transpose(0, 1))
 
 
 def grouped_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[str, torch.Tensor], rows: int,
@@ -256,6 +246,6 @@ def grouped_results(alphas: Sequence[float], thresholds: Thresholds, sums: dict[
                      if n else None for g, n in enumerate(counts)]
 
 
-__all__ = ["ROW_BYTES", "SCORE_BYTES", "ChunkCache", "ConformalPlan", "FoldSetSums", "ScoreRows", "SetSums",
+__all__ = ["ROW_BYTES", "SCORE_BYTES", "ConformalPlan", "FoldSetSums", "ScoreRows", "SetSums",
            "fit_thresholds", "gathered_scores", "grouped_results", "probabilities", "score_reads", "score_thresholds",
            "temperatures_per_read"]

@@ -284,10 +284,12 @@ class CalibrationSums:
 
 
 class ChunkVisitor(Protocol):
-    """Whatever else a pass computes from a chunk: ``add`` gets the chunk's ``d = z - max z`` (compute dtype, on
-    the scan's device), its labels and the position of its first row, at the ``k``-th temperature ``beta``."""
+    """Whatever else a pass computes from a block of rows: ``add`` gets the block's ``d = z - max z`` (compute dtype,
+    on the scan's device), its labels and the position of its first row, to take at each of ``betas``. The blocks
+    run on the pass's threads at once (disjoint rows, torch single-threaded on each): what ``add`` writes must
+    take that."""
 
-    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
+    def add(self, betas: Sequence[float], d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
 
 
 #: One block's figures: sums ``[betas, 5]``, each temperature's (bin index, confidence) per row, whether it is right.
@@ -323,27 +325,20 @@ class CalibrationTerms(EceTerms):
             raise ValueError(f"cannot keep {sorted(unknown)}; only {KEPT}")
         self.kept = {name: torch.empty(len(self.betas), rows, dtype=torch.float64, device=device) for name in keep}
         self.visitor = visitor
-        self.position = 0
 
-    def add_chunk(self, z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor,
-                  correct: torch.Tensor, has_neginf: bool, scratch: Scratch) -> None:
-        """One chunk of :meth:`Scan.row_chunks` (the chunks come in order, so the rows' positions are known)."""
-        self.add_block(self._add(z, y, row_max, gap, correct, has_neginf, scratch, self.position, self.acc), correct)
-        self.position += z.shape[0]
-
-    def block_sums(self, z: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor, correct: torch.Tensor,
-                   has_neginf: bool, scratch: Scratch, start: int) -> BlockSums:
-        """One block's figures, its kept ones written in place: blocks may run on several threads at once (without
-        a visitor); :meth:`add_sums` then adds them up in row order, as :meth:`add_chunk` would have."""
+    def block_sums(self, z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor,
+                   correct: torch.Tensor, has_neginf: bool, scratch: Scratch, start: int) -> BlockSums:
+        """One block's figures, its kept ones (and the visitor's) written in place: blocks may run on several threads
+        at once; :meth:`add_sums` then adds them up in row order, as one thread would have."""
         acc = torch.zeros_like(self.acc)
-        return acc, self._add(z, None, row_max, gap, correct, has_neginf, scratch, start, acc), correct
+        return acc, self._add(z, y, row_max, gap, correct, has_neginf, scratch, start, acc), correct
 
     def add_sums(self, block: BlockSums) -> None:
         acc, binned, correct = block
         self.acc += acc
         self.add_block(binned, correct)
 
-    def _add(self, z: torch.Tensor, y: torch.Tensor | None, row_max: torch.Tensor, gap: torch.Tensor,
+    def _add(self, z: torch.Tensor, y: torch.Tensor, row_max: torch.Tensor, gap: torch.Tensor,
              correct: torch.Tensor, has_neginf: bool, scratch: Scratch, start: int, acc: torch.Tensor
              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Add a chunk's sums into ``acc``; each temperature's bin index and confidences, for :meth:`add_block`."""
@@ -364,8 +359,8 @@ class CalibrationTerms(EceTerms):
                 self.kept["confidence"][k, start:stop] = confidence
             if "energy" in self.kept:
                 self.kept["energy"][k, start:stop] = row_max.to(torch.float64) + log_s0.to(torch.float64) / beta
-            if self.visitor is not None and y is not None:
-                self.visitor.add(k, beta, d, y, start)
+        if self.visitor is not None:
+            self.visitor.add(self.betas, d, y, start)
         return binned
 
     def results(self, acc: torch.Tensor, per_bin: torch.Tensor, count: int

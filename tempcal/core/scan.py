@@ -221,17 +221,6 @@ class Scan:
         return RowStats(*columns)
 
     # -- passes at one temperature ---------------------------------------------------
-    def row_chunks(self):
-        """One pass: yield ``(logits, labels, row_max, true_gap, correct, has_neginf)`` per chunk (logits on the
-        device, in the compute dtype; a binary logit already as two classes). Every pass is counted here."""
-        self.passes += 1
-        stats = self.stats
-        neginf = stats.has_neginf.cpu()  # one copy per pass: a test on the device would wait for every chunk
-        for start, z, y in self.data.chunks(self.chunk_rows, self.device, self.compute_dtype):
-            stop = start + z.shape[0]
-            yield (z, y, stats.row_max[start:stop], stats.true_gap[start:stop],
-                   stats.correct[start:stop], bool(neginf[start:stop].any()))
-
     def scratch_for(self, worker: int) -> Scratch:
         """The reused buffers of thread ``worker`` of a block pass (0: the caller's, :attr:`scratch`)."""
         while len(self._scratches) <= worker:
@@ -249,9 +238,9 @@ class Scan:
                    ) -> Iterator[R]:
         """One pass: ``fn(block, buffers)`` on every block of ``chunk_rows`` rows, each read's blocks shared among the
         pass's threads (torch single-threaded on each), the results yielded in row order so that sums add up as on
-        one thread; the caller's work between the yields runs single-threaded on the CPU too (see
-        :meth:`_visitor_threads`). ``few``: each result is a few numbers (longer reads: fewer maps); ``row_bytes``:
-        what each result keeps per row (shorter reads when it is large)."""
+        one thread; the caller's work between the yields runs single-threaded on the CPU too. ``few``: each result is
+        a few numbers (longer reads: fewer maps); ``row_bytes``: what each result keeps per row (shorter reads when it
+        is large)."""
         self.passes += 1
         threads = pass_threads(self.device, self.data.numel())
         stats, block = self.stats, self.chunk_rows
@@ -271,7 +260,9 @@ class Scan:
         reads, ahead = pass_reads(self.data, self.device, self.compute_dtype, block, threads, few=few,
                                   row_bytes=row_bytes)
         for _, results in mapped_reads(reads, plan, threads, ahead):
-            with self._visitor_threads():
+            # torch's threads would meet at a barrier after every op of the row-order work, and wait there whenever
+            # another process holds one of their cores
+            with single_threaded() if self.device.type == "cpu" else contextlib.nullcontext():
                 yield from results
 
     def objective(self, beta: float) -> NllDerivatives:
@@ -291,37 +282,25 @@ class Scan:
 
         ``keep`` names per-row figures of this process's rows returned too (float64 on the scan's device, 8 bytes per
         row and temperature): ``confidence`` (max softmax, what rankings need), ``energy`` (``T * logsumexp(z /
-        T)``); ``keep_scores`` keeps both. A ``visitor`` sees every chunk at every temperature in the same read."""
+        T)``); ``keep_scores`` keeps both. A ``visitor`` sees every block at every temperature in the same read, on the
+        pass's threads."""
         terms = CalibrationTerms(betas, bins, self.device, self.data.num_samples,
                                  KEPT if keep_scores else keep, visitor)
-        if visitor is None:  # the blocks on the pass's threads; a visitor sees the chunks in order, on one
-            for block in self.block_pass(lambda b, scratch: terms.block_sums(
-                    b.z, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start),
-                    few=True, row_bytes=16 * len(terms.betas) + 8):  # each row's bin, confidence, correctness
-                terms.add_sums(block)
-        else:
-            with self._visitor_threads():
-                for z, y, row_max, gap, correct, has_neginf in self.row_chunks():
-                    terms.add_chunk(z, y, row_max, gap, correct, has_neginf, self.scratch)
+        for block in self.block_pass(lambda b, scratch: terms.block_sums(
+                b.z, b.y, b.row_max, b.true_gap, b.correct, b.has_neginf, scratch, b.start),
+                few=True, row_bytes=16 * len(terms.betas) + 8):  # each row's bin, confidence, correctness
+            terms.add_sums(block)
         return terms.results(all_reduce(terms.acc).cpu(), all_reduce(terms.per_bin).cpu(), self.num_samples)
 
     def visit(self, betas: Sequence[float], visitor: ChunkVisitor) -> None:
-        """One pass handing each chunk's ``z - max z`` at every ``beta`` to ``visitor`` (its own figures per row:
-        conformal scores, say); the visitor reduces or gathers them across ranks itself."""
-        position = 0
-        with self._visitor_threads():
-            for z, y, row_max, *_ in self.row_chunks():
-                d = torch.sub(z, row_max[:, None], out=self.scratch.like("d", z))
-                for k, beta in enumerate(betas):
-                    visitor.add(k, float(beta), d, y, position)
-                position += z.shape[0]
+        """One pass handing each block's ``z - max z`` at ``betas`` to ``visitor`` (its own figures per row:
+        conformal scores, say) on the pass's threads; the visitor reduces or gathers them across ranks itself."""
+        betas = [float(beta) for beta in betas]
 
-    def _visitor_threads(self) -> contextlib.AbstractContextManager[None]:
-        """A visitor keeps its own state from chunk to chunk, so its chunks cannot be shared among threads; on the
-        CPU they run torch single-threaded: torch's threads would meet at a barrier after every op, and wait
-        there whenever another process holds one of their cores (a conformal fit on 2 cores with one kept
-        busy: 3 times the one-thread time). The same for the row-order work on a block pass's results."""
-        return single_threaded() if self.device.type == "cpu" else contextlib.nullcontext()
+        def block(b: RowBlock, scratch: Scratch) -> None:
+            visitor.add(betas, torch.sub(b.z, b.row_max[:, None], out=scratch.like("d", b.z)), b.y, b.start)
+        for _ in self.block_pass(block, few=True):
+            pass
 
     def per_sample(self, beta: float) -> dict[str, torch.Tensor]:
         """Per-sample ``confidence`` (max softmax, float64, as :meth:`calibration` computes it), ``correct`` (bool) and

@@ -164,7 +164,7 @@ Finish = Callable[[int, float, "CalibrationMetrics", int], "CalibrationMetrics"]
 class ExtraVisitor(Protocol):
     """The chunk visitor of one read for a :class:`ReadExtra` (see :meth:`Scan.calibration` ``visitor=``)."""
 
-    def add(self, k: int, beta: float, d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
+    def add(self, betas: Sequence[float], d: torch.Tensor, labels: torch.Tensor, start: int) -> None: ...
 
     def settle(self) -> Finish:
         """Reduce across ranks once the read is over; the function that adds the figures to each result."""

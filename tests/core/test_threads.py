@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import tempcal
+from tempcal.conformal import passes
 from tempcal.core import data as core_data
 from tempcal.core import parallel
 from tempcal.core.data import as_logits_data
@@ -267,13 +268,14 @@ class _Recorder:
         self.confidence = torch.zeros(temperatures, rows, dtype=torch.float64)
         self.threads: set[int] = set()
 
-    def add(self, k, beta, d, labels, start):
+    def add(self, betas, d, labels, start):
         self.threads.add(torch.get_num_threads())
-        self.confidence[k, start:start + d.shape[0]] = torch.softmax(beta * d.double(), 1).amax(1)
+        for k, beta in enumerate(betas):
+            self.confidence[k, start:start + d.shape[0]] = torch.softmax(beta * d.double(), 1).amax(1)
 
 
-def test_visitor_passes_run_single_threaded_with_the_one_thread_figures():
-    """A visitor keeps state from chunk to chunk: its chunks run in order, torch single-threaded (no barrier to wait
+def test_visitor_passes_run_on_the_pass_threads_with_the_one_thread_figures():
+    """A visitor's blocks are shared among the pass's threads, torch single-threaded on each (no barrier to wait
     at), and the figures are those of one thread."""
     g = torch.Generator().manual_seed(11)
     z = 3 * torch.randn(3000, 120, generator=g)
@@ -292,6 +294,41 @@ def test_visitor_passes_run_single_threaded_with_the_one_thread_figures():
     assert seen[1][2] == seen[2][2]
     reference = torch.softmax(0.7 * z.double(), 1).amax(1)
     assert torch.allclose(seen[2][0][1], reference, rtol=1e-6)
+
+
+def test_conformal_visitors_on_two_threads_give_the_one_thread_sums(monkeypatch):
+    """The sets' scores and sums ride on the pass's threads: every block is visited once, by more than one thread on
+    two, and the scores and counts are the bits of one thread (per group, over judged rows, out of fold)."""
+    g = torch.Generator().manual_seed(17)
+    z = 2 * torch.randn(2000, 60, generator=g)
+    y = torch.randint(0, 60, (2000,), generator=g)
+    groups, folds, judged = torch.arange(2000) % 3, torch.arange(2000) % 4, torch.arange(2000) % 5 != 0
+    q = {"lac": [0.5, 0.9], "aps": [0.8, 0.95]}
+    found = {}
+    for count in (1, 2):
+        seen: set[int] = set()
+        add = passes.SetSums.add
+
+        def recorded(self, *args, add=add, seen=seen):
+            seen.add(threading.get_ident())
+            return add(self, *args)
+        monkeypatch.setattr(passes.SetSums, "add", recorded)
+        with torch_threads(count):
+            scan = Scan(as_logits_data(z, y), device="cpu", chunk_rows=61)
+            scores = passes.ScoreRows(2, 2000, scan.device)
+            sets = passes.SetSums([q, q], scan.device, groups=groups, num_groups=3, judged=judged)
+            fold_sets = passes.FoldSetSums([[1.0] * 4, [0.5, 0.6, 0.7, 0.8]], [[q] * 4, [q] * 4], folds, scan.device)
+            scan.visit([1.0, 0.6], scores)
+            scan.visit([1.0, 0.6], sets)
+            scan.visit([1.0, 1.0], fold_sets)
+        assert len(seen) == count
+        found[count] = scores.scores, sets.reduced(), fold_sets.reduced()
+    (scores_1, sets_1, folds_1), (scores_2, sets_2, folds_2) = found[1], found[2]
+    assert torch.equal(scores_1, scores_2)
+    for k in range(2):
+        assert all(torch.equal(sets_1[k][score], sets_2[k][score]) for score in q)
+    assert all(torch.equal(folds_1[score], folds_2[score]) for score in q)
+    assert 0 < sets_2[0]["lac"][:, :, 0].sum() < 2 * 1600  # some of the 1,600 judged rows covered, not all
 
 
 def test_cell_objective_on_kept_rows_on_two_threads_equals_one_thread(monkeypatch):
