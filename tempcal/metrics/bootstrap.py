@@ -64,9 +64,8 @@ RISK_COVERAGE = ("aurc", "eaurc", "augrc")
 
 
 class _Ranking:
-    """The risk-coverage figures of weighted resamples of rows given in ascending confidence (``wrong``: whether
-    each is misclassified): a resample's tie blocks are the runs of equal confidence, each holding the weights of
-    its rows (:mod:`tempcal.metrics.decisions`'s sums, with a block's size and errors the resample's counts)."""
+    """Risk-coverage figures of weighted resamples of rows in ascending confidence: :mod:`.decisions`'s tie-block sums,
+    each run of equal confidence a block whose size and errors are the resample's counts."""
 
     def __init__(self, ascending: np.ndarray, wrong: np.ndarray):
         descending = ascending[::-1]

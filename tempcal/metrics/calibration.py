@@ -28,15 +28,13 @@ ESTIMATORS = ("ece_equal_mass", "ece_classwise", "rms_ce", "l2_ce_debiased")
 
 
 class SetFigures(Protocol):
-    """One entry of a result's ``conformal`` list (a :class:`tempcal.conformal.sets.ConformalResult`), as the metrics
-    and the renderers read it."""
+    """One entry of a result's ``conformal`` list (a :class:`tempcal.conformal.sets.ConformalResult`), as the results
+    read it."""
 
     @property
     def alpha(self) -> float: ...
     @property
     def score(self) -> str: ...
-    @property
-    def coverage(self) -> float: ...
     @property
     def mean_size(self) -> float: ...
     def to_json(self) -> dict: ...
@@ -168,7 +166,6 @@ class ExtraVisitor(Protocol):
 
     def settle(self) -> Finish:
         """Reduce across ranks once the read is over; the function that adds the figures to each result."""
-        ...
 
 
 class ReadExtra(Protocol):
@@ -177,11 +174,9 @@ class ReadExtra(Protocol):
 
     def check(self, temperatures: int) -> None:
         """Raise ``ValueError`` when the plan is not for ``temperatures`` temperatures."""
-        ...
 
     def visitor(self, first: int, stop: int, device: torch.device) -> ExtraVisitor:
         """The visitor of the read that serves temperatures ``first`` to ``stop`` (exclusive)."""
-        ...
 
 
 def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS,
@@ -197,8 +192,7 @@ def evaluate_many(scan: Scan, taus: Sequence[float], *, bins: int = DEFAULT_BINS
         extra.check(len(taus))
     decisions = decisions_module.enabled()
     taus = [float(t) for t in taus]
-    step = max(decisions_module.temperatures_per_read(scan.data.num_samples, scan.device), 1) if decisions \
-        else len(taus)
+    step = decisions_module.temperatures_per_read(scan.data.num_samples, scan.device) if decisions else len(taus)
     out: list[CalibrationMetrics] = []
     for first in range(0, len(taus), step):
         visitor = None if extra is None else extra.visitor(first, min(first + step, len(taus)), scan.device)
@@ -359,7 +353,6 @@ def estimators_for(scan: Scan, tau: float, bins: int, names: Sequence[str] = EST
     for name in names:
         if name not in ESTIMATORS:
             raise TempcalError(f"unknown calibration estimator {name!r}; choose from {', '.join(ESTIMATORS)}")
-    names = list(dict.fromkeys(names))
     bins = check_bins(bins)
     beta = 1.0 / as_temperature(tau)
     if scan.num_samples < 1:

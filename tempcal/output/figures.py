@@ -3,6 +3,7 @@ group's conformal coverage, which the console and the HTML page both show."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -19,13 +20,12 @@ def min_nll_taus(results) -> list[float]:
     return [m.tau for m in results if m.nll == lowest]
 
 
-def threshold_text(q: float, decimals: int = 4) -> str:
-    """A conformal threshold with ``decimals`` decimals, up to two more where fewer would print a threshold short of 1
-    as ``1.0000`` (0.99999 stays 0.99999), and as ``1-5e-10`` (or ``3e-09`` near 0) beyond that: never ``1`` for
-    a threshold that is not 1; ``inf`` as is."""
-    if q != q or q in (float("inf"), float("-inf")):
-        return "inf" if q == float("inf") else str(q)
-    for places in range(decimals, decimals + 3):
+def threshold_text(q: float) -> str:
+    """A conformal threshold to four decimals, up to six where fewer would print one short of 1 as ``1.0000``, then as
+    ``1-5e-10`` (or ``3e-09`` near 0): never ``1`` for a threshold that is not 1; ``inf`` as is."""
+    if not math.isfinite(q):
+        return str(q)
+    for places in range(4, 7):
         shown = f"{q:.{places}f}"
         if float(shown) not in (0.0, 1.0) or q in (0.0, 1.0):
             return shown

@@ -14,8 +14,6 @@ from typing import Any
 from ..errors import format_temperature, param
 
 STEP_SUMMARY_ENV = "GITHUB_STEP_SUMMARY"
-#: What every command says for each file it writes beside its results.
-WROTE_PLOT, WROTE_MARKDOWN = "wrote the plot to {}", "wrote the Markdown section to {}"
 
 
 def emit_json(target: str | None, payload: dict) -> None:
@@ -58,10 +56,9 @@ def append_step_summary(summary: Callable[[], str], *, gate: str | None = None) 
         fd = os.open(path, flags, 0o666)
     except OSError as exc:
         return f"{cannot} ({exc.strerror or exc})"
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced by something else since the check
-        os.close(fd)
-        return f"{cannot} (not a regular file)"
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # replaced by something else since the check
+            return f"{cannot} (not a regular file)"
         done = os.write(fd, data)  # one write: with O_APPEND the section lands whole at the end of the file
         while done < len(data):  # a short write (a full disk, a signal) continues where it stopped
             done += os.write(fd, data[done:])
@@ -154,9 +151,10 @@ def _figure_and_section(plot: str | None, draw: Callable[[str], Any], markdown: 
     """The plot drawn to ``plot`` and the Markdown section written atomically to ``markdown``; the lines saying so."""
     from ..io.paths import write_text_atomic
 
-    lines = [WROTE_PLOT.format(draw(plot))] if plot else []
+    lines = [f"wrote the plot to {draw(plot)}"] if plot else []
     if markdown:
-        lines.append(WROTE_MARKDOWN.format(write_text_atomic(markdown, section(markdown), what=param("markdown"))))
+        written = write_text_atomic(markdown, section(markdown), what=param("markdown"))
+        lines.append(f"wrote the Markdown section to {written}")
     return lines
 
 

@@ -60,9 +60,8 @@ class Intermediates:
 
     @property
     def top_gaps(self) -> torch.Tensor:
-        """``min(v - z2, 0)`` for the row's k largest logits ``v`` ([n, k], any order, compute dtype; k from the
-        scores' ``top_k``). The maximum becomes 0, a copy of the second maximum's gap, which a score that must
-        skip the maximum subtracts once."""
+        """``min(v - z2, 0)`` for the row's k (scores' ``top_k``) largest logits ``v`` ([n, k], any order): the maximum
+        becomes 0, a copy of the second maximum's gap, which a score that skips the maximum subtracts once."""
         if self._top_gaps is None:
             raise RuntimeError("no top logits were prepared: the score must declare top_k()")
         return self._top_gaps
