@@ -170,7 +170,7 @@ def _record_outputs(request: FitRequest) -> dict[str, str | None]:
 def _write(report, request: FitRequest, written: list[str]) -> list[str]:
     """Keep T where SOURCE's kind keeps it (``written`` gains those files) and write the files asked for; the lines
     saying so."""
-    from ..output.files import write_fit_files
+    from ..output.files import write_files
     from ..workflows.fit import keep_fit
 
     outputs = request.outputs
@@ -182,4 +182,4 @@ def _write(report, request: FitRequest, written: list[str]) -> list[str]:
                     save_logits=outputs.save_logits, generation=outputs.write_generation_config,
                     save_hidden=outputs.save_hidden, settings=settings)
     written.extend(kept.paths)
-    return kept.lines + write_fit_files(report, plot=outputs.plot, markdown=outputs.markdown)
+    return kept.lines + write_files("fit", report, plot=outputs.plot, markdown=outputs.markdown)

@@ -151,11 +151,11 @@ def _with_caveats(report, *, shown: bool) -> list[str]:
 
 def _write(report, request: OodRequest) -> list[str]:
     """The files asked for (``--save-hidden``, ``--scores``, ``--plot``, ``--markdown``); the lines saying so."""
-    from ..output.files import write_ood_files
+    from ..output.files import write_files
 
     outputs = request.outputs
     kept = [] if request.reading.lm is None else report.opened.keep_hidden(outputs.save_hidden)
-    return kept + write_ood_files(report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
+    return kept + write_files("ood", report, scores=outputs.scores, plot=outputs.plot, markdown=outputs.markdown)
 
 
 def _ood_sets(source: list[str], request: OodRequest) -> list[str]:

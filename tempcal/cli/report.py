@@ -141,7 +141,7 @@ def _report(ctx: typer.Context, request: ReportRequest) -> None:
 
 def _write(result, request: ReportRequest, is_model: bool) -> list[str]:
     """The files asked for (--save-hidden, --save-logits, --plot, --markdown); the lines saying so."""
-    from ..output.files import write_report_files
+    from ..output.files import write_files
 
     outputs = request.outputs
     lines = [] if request.reading.lm is None else result.opened.keep_hidden(outputs.save_hidden)
@@ -150,4 +150,4 @@ def _write(result, request: ReportRequest, is_model: bool) -> list[str]:
 
         kept = write_logits(result.opened.data, outputs.save_logits, temperature=result.stored_temperature)
         lines.append(f"wrote the logits to {kept}")
-    return lines + write_report_files(result, plot=outputs.plot, markdown=outputs.markdown)
+    return lines + write_files("report", result, plot=outputs.plot, markdown=outputs.markdown)

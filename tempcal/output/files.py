@@ -95,15 +95,27 @@ def write_extras(paths: Mapping[str, str | None], command: str, result: Any, dat
             if path is not None and flag in EXTRA_OUTPUTS]
 
 
-def write_fit_files(report, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
-    """``fit``: reliability diagrams before and after (with groups, each group's); a model-card section."""
-    from .markdown import fit_markdown
+def write_files(command: str, result, *, scores: str | None = None, plot: str | None = None,
+                markdown: str | None = None) -> list[str]:
+    """What ``command`` (fit, report or ood) writes beside its results: ``ood --scores``, the plot and a model-card
+    section (written atomically); the lines saying so."""
+    from ..io.paths import write_text_atomic
+    from .markdown import fit_markdown, ood_markdown, report_markdown
 
-    return _figure_and_section(plot, lambda path: _fit_plot(report, path), markdown,
-                               lambda path: fit_markdown(report, path, plot))
+    lines = [] if scores is None else [f"wrote per-sample scores to {save_scores(result, scores)}"]
+    if plot:
+        from .ood_plots import ood_plot
+
+        draw = {"fit": _fit_plot, "report": _report_plot, "ood": ood_plot}[command]
+        lines.append(f"wrote the plot to {draw(result, plot)}")
+    if markdown:
+        section = {"fit": fit_markdown, "report": report_markdown, "ood": ood_markdown}[command](result, markdown, plot)
+        lines.append(f"wrote the Markdown section to {write_text_atomic(markdown, section, what=param('markdown'))}")
+    return lines
 
 
 def _fit_plot(report, path: str) -> Any:
+    """``fit``: reliability diagrams before and after (with groups, each group's ECE beneath)."""
     if getattr(report, "subsets", None) is not None and report.subsets.groups:
         from ..subsets.plots import fit_group_figure, save_figure
 
@@ -114,16 +126,9 @@ def _fit_plot(report, path: str) -> Any:
     return reliability_diagram(fit_panels(report), path, source=report.source)
 
 
-def write_report_files(result, *, plot: str | None = None, markdown: str | None = None) -> list[str]:
-    """``report``: a reliability diagram (every temperature) or, for a sweep, metrics against tau; risk-coverage
-    curves per temperature beneath either; with groups, each group's ECE beneath that; a model-card section."""
-    from .markdown import report_markdown
-
-    return _figure_and_section(plot, lambda path: _report_plot(result, path), markdown,
-                               lambda path: report_markdown(result, path, plot))
-
-
 def _report_plot(result, path: str) -> Any:
+    """``report``: a reliability diagram (every temperature) or, for a sweep, metrics against tau; risk-coverage
+    curves per temperature beneath either; with groups, each group's ECE beneath that."""
     from ..subsets.plots import report_drawing, report_group_figure, save_figure
     from .plots import new_figure
 
@@ -133,29 +138,6 @@ def _report_plot(result, path: str) -> Any:
     figure = new_figure(figsize=size)
     draw(figure)
     return save_figure(figure, path)
-
-
-def write_ood_files(report, *, scores: str | None = None, plot: str | None = None,
-                    markdown: str | None = None) -> list[str]:
-    """``ood``: the per-sample scores file, the plot and a model-card section; the lines saying what was written."""
-    from .markdown import ood_markdown
-    from .ood_plots import ood_plot
-
-    lines = [] if scores is None else [f"wrote per-sample scores to {save_scores(report, scores)}"]
-    return lines + _figure_and_section(plot, lambda path: ood_plot(report, path), markdown,
-                                       lambda path: ood_markdown(report, path, plot))
-
-
-def _figure_and_section(plot: str | None, draw: Callable[[str], Any], markdown: str | None,
-                        section: Callable[[str], str]) -> list[str]:
-    """The plot drawn to ``plot`` and the Markdown section written atomically to ``markdown``; the lines saying so."""
-    from ..io.paths import write_text_atomic
-
-    lines = [f"wrote the plot to {draw(plot)}"] if plot else []
-    if markdown:
-        written = write_text_atomic(markdown, section(markdown), what=param("markdown"))
-        lines.append(f"wrote the Markdown section to {written}")
-    return lines
 
 
 def tau_label(tau: float) -> str:
@@ -197,4 +179,4 @@ def save_scores(report, path: str | os.PathLike) -> Path:
     return Path(path)
 
 __all__ = ["EXTRA_OUTPUTS", "STEP_SUMMARY_ENV", "append_step_summary", "check_extra", "emit_json", "register",
-           "step_summary_path", "write_extras", "write_fit_files", "write_ood_files", "write_report_files"]
+           "step_summary_path", "write_extras", "write_files"]

@@ -18,7 +18,7 @@ matplotlib = pytest.importorskip("matplotlib")
 
 from tempcal.io.safetensors_header import write_temperature  # noqa: E402
 from tempcal.output import ood_plots, plots  # noqa: E402
-from tempcal.output.files import write_fit_files, write_report_files  # noqa: E402
+from tempcal.output.files import write_files  # noqa: E402
 from tempcal.workflows.fit import fit_file  # noqa: E402
 from tempcal.workflows.ood import ood_file  # noqa: E402
 from tempcal.workflows.report import report_file  # noqa: E402
@@ -87,7 +87,7 @@ def test_fit_plot_names_the_file_shares_the_count_scale_and_keeps_its_legend_off
     save_file({"logits": logits, "labels": labels}, str(path))
     figures = spy(monkeypatch, "reliability_figure")
     report = fit_file(str(path), device="cpu")
-    write_fit_files(report, plot=str(tmp_path / "fit.png"))
+    write_files("fit", report, plot=str(tmp_path / "fit.png"))
     [(figure, _, _)] = figures
     assert figure._suptitle is not None and figure._suptitle.get_text() == str(path)
     axes = drawn(figure)
@@ -107,7 +107,7 @@ def test_report_plot_draws_every_tau_asked_for(data_file, tmp_path, monkeypatch)
     taus = [0.5, 1.0, 2.0, 3.0, 5.0]
     figures = spy(monkeypatch, "reliability_figure")
     result = report_file(str(path), taus=taus, device="cpu")
-    write_report_files(result, plot=str(tmp_path / "report.png"))
+    write_files("report", result, plot=str(tmp_path / "report.png"))
     [(figure, _, _)] = figures
     accuracy = [ax for ax in drawn(figure) if ax.get_ylabel() == "accuracy"]
     # tau 1 is T = 1 (no calibration), the others are temperatures asked for
@@ -129,7 +129,7 @@ def test_sweep_plot_draws_every_row_and_marks_the_lowest_nll_of_them(data_file, 
     stored = write_temperature(path, fitted, output=tmp_path / "stored.safetensors")
     figures = spy(monkeypatch, "sweep_figure")
     result = report_file(str(stored), sweep=plots.log_spaced(0.5, 5, 6), device="cpu")
-    write_report_files(result, plot=str(tmp_path / "sweep.png"))
+    write_files("report", result, plot=str(tmp_path / "sweep.png"))
     [(figure, (_, marks, _), _)] = figures
     nll = np.array([m.nll for m in result.results])
     taus = np.array([m.tau for m in result.results])
