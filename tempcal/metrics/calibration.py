@@ -1,9 +1,7 @@
-"""Calibration metrics at a temperature, as the CLI contract defines them (docs/metrics.md): NLL, ECE, MCE, the RMS
-calibration error, Brier, accuracy, entropy and equal-width bins with a 95% Wilson interval on each bin's accuracy;
-the decision figures of the same read (:mod:`.decisions`), and an optional capability's through :class:`ReadExtra`.
-
-The estimators beside them (``--estimators``) are functions of the data alone: per-sample ones sort (confidence,
-correct) before any sum, so that the order of the samples cannot change a figure."""
+"""Calibration metrics at a temperature as docs/metrics.md defines them (NLL, ECE, MCE, RMS CE, Brier, accuracy,
+entropy, equal-width bins with 95% Wilson intervals), the decision figures of the same read (:mod:`.decisions`) and an
+optional capability's (:class:`ReadExtra`); the ``--estimators``, which sort (confidence, correct) before any sum, so
+that the order of the samples cannot change a figure."""
 
 from __future__ import annotations
 

@@ -114,12 +114,10 @@ def detection_metrics(id_scores, ood_scores, *, tau: float = 1.0, score: str = "
 
 # -- one OOD set against many ID subsets ----------------------------------------------------------------------
 class SortedOod:
-    """One OOD score vector sorted once, for the figures of many in-distribution subsets against it (``ood
-    --group-by``): each subset then costs a sort of its own scores and binary searches into these, not a sort of
-    every OOD score. AUPR-Out's sum over the OOD scores, ``sum_j c_j U_j / (U_j + I_j)`` (``c_j`` OOD scores
-    equal to the j-th distinct one, ``U_j`` of them at most it, ``I_j`` the subset's), is constant in ``I`` between
-    the subset's scores; on such a run, ``sum c_j / (U_j + I)`` is the harmonic sum over the run's OOD ranks
-    (``psi(b + I + 1) - psi(a + I)``), corrected at the tied blocks that fall inside it."""
+    """One OOD score vector sorted once, for many in-distribution subsets against it (``ood --group-by``): a subset
+    costs a sort of its own scores and binary searches. In AUPR-Out's ``sum_j c_j U_j / (U_j + I_j)`` (``c_j`` OOD
+    scores at the j-th distinct value, ``U_j`` at most it, ``I_j`` the subset's) ``I`` is constant between two subset
+    scores, so over such a run it is a harmonic sum (``psi(b + I + 1) - psi(a + I)``), corrected at tied blocks."""
 
     def __init__(self, scores) -> None:
         ordered = np.sort(np.asarray(scores, dtype=np.float64))

@@ -230,7 +230,7 @@ def print_fit(report, console: Console) -> None:
     print_tables(console, reliability_tables(console, report.before, report.after, labels))
     if report.before.conformal:
         print_tables(console, conformal_tables(console, report))
-    if report.extras and any(report.extras):
+    if any(report.extras):
         print_tables(console, extras_tables(console, labels, report.extras, header=""))
     print_fit_groups(report, console)
     small_split_note(report, console)
@@ -336,7 +336,7 @@ def print_report(result, console: Console) -> None:
                       f"{own[0].rows_label()}; not a point of the temperatures above", soft_wrap=True)
     if result.sweep:
         console.print(sweep_sentence(result), soft_wrap=True)
-    if result.extras and any(result.extras):
+    if any(result.extras):
         print_tables(console, extras_tables(console, [tau_cell(result, k) for k in range(len(result.results))],
                                             result.extras))
     print_tables(console, report_conformal_tables(console, result))

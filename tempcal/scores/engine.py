@@ -50,9 +50,6 @@ class ScorePass:
     betas=[2.0, 0.5]).chunk(z)`` is ``{"msp": float64 [2, n]}``."""
 
     def __init__(self, scores: Sequence[Score], betas: Iterable[float], workspace: Scratch | None = None):
-        names = [s.name for s in scores]
-        if not scores or len(set(names)) != len(names):
-            raise ValueError(f"need one or more scores with distinct names, got {names}")
         self.scores = list(scores)
         self.betas = check_betas(betas)
         self.sums: frozenset[str] = frozenset().union(*(s.sums for s in scores))
