@@ -116,14 +116,12 @@ def write_files(command: str, result, *, scores: str | None = None, plot: str | 
 
 def _fit_plot(report, path: str) -> Any:
     """``fit``: reliability diagrams before and after (with groups, each group's ECE beneath)."""
+    from ..subsets.plots import fit_group_figure, fit_panels, save_figure
+    from .plots import reliability_figure
+
     if getattr(report, "subsets", None) is not None and report.subsets.groups:
-        from ..subsets.plots import fit_group_figure, save_figure
-
         return save_figure(fit_group_figure(report), path)
-    from ..subsets.plots import fit_panels
-    from .plots import reliability_diagram
-
-    return reliability_diagram(fit_panels(report), path, source=report.source)
+    return save_figure(reliability_figure(fit_panels(report), report.source), path)
 
 
 def _report_plot(result, path: str) -> Any:

@@ -185,12 +185,6 @@ def risk_coverage_axes(ax, panels: Sequence[tuple[str, Mapping[str, Any]]]) -> N
     ax.grid(True, alpha=0.3)
 
 
-def reliability_diagram(panels: list[tuple[str, Any]], path: str | os.PathLike, *, source: str | None = None) -> Path:
-    """One reliability diagram per ``(title, CalibrationMetrics)``, all of them, written to ``path``."""
-    path = check_plot_path(path)  # before any drawing: a bad suffix or no matplotlib is a one-line error
-    return _save(reliability_figure(panels, source), path)
-
-
 #: The sweep's panels against tau: ``(attribute, label)``; the decision figures when they were computed.
 SWEEP_PANELS = (("nll", "NLL"), ("ece", "ECE"), ("entropy", "entropy (nats)"), ("smece", "smooth ECE"),
                 ("aurc", "AURC"))

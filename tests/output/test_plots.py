@@ -19,6 +19,7 @@ matplotlib = pytest.importorskip("matplotlib")
 from tempcal.io.safetensors_header import write_temperature  # noqa: E402
 from tempcal.output import ood_plots, plots  # noqa: E402
 from tempcal.output.files import write_files  # noqa: E402
+from tempcal.subsets.plots import save_figure  # noqa: E402
 from tempcal.workflows.fit import fit_file  # noqa: E402
 from tempcal.workflows.ood import ood_file  # noqa: E402
 from tempcal.workflows.report import report_file  # noqa: E402
@@ -75,7 +76,7 @@ def test_error_bars_span_each_bins_wilson_interval():
 def test_a_diagram_with_intervals_is_written(tmp_path):
     m = tempcal.calibration_metrics(torch.tensor([[2.0, 0.0], [0.0, 3.0], [1.0, 0.5]]), torch.tensor([0, 0, 1]),
                                     device="cpu", bins=5)  # bins of one sample, right and wrong: wide intervals
-    path = plots.reliability_diagram([("three samples", m)], tmp_path / "small.png")
+    path = save_figure(plots.reliability_figure([("three samples", m)]), tmp_path / "small.png")
     assert path.read_bytes().startswith(b"\x89PNG")
 
 
