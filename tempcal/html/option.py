@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import TempcalError, param
+from ..errors import TempcalError, neutral, param
 from ..output.files import register
 
 #: The option and its help (the commands declare it from these).
@@ -30,7 +30,6 @@ def check_html_path(path: str) -> Path:
 
 def write_html(path: str, command: str, result: Any, data: dict, argv: Sequence[str]) -> str:
     """Render and write the page atomically; the line saying so."""
-    from ..errors import neutral
     from ..io.paths import write_text_atomic
     from .page import page
 
