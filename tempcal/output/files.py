@@ -9,7 +9,7 @@ import stat
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..errors import format_temperature, param
 
@@ -95,7 +95,7 @@ def write_extras(paths: Mapping[str, str | None], command: str, result: Any, dat
             if path is not None and flag in EXTRA_OUTPUTS]
 
 
-def write_files(command: str, result, *, scores: str | None = None, plot: str | None = None,
+def write_files(command: Literal["fit", "report", "ood"], result, *, scores: str | None = None, plot: str | None = None,
                 markdown: str | None = None) -> list[str]:
     """What ``command`` (fit, report or ood) writes beside its results: ``ood --scores``, the plot and a model-card
     section (written atomically); the lines saying so."""

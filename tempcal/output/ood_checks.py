@@ -15,11 +15,12 @@ ON_LOG_PROBABILITIES = {
 
 
 def on_probabilities(report: OodReport) -> bool:
-    """Whether the logits are log-probabilities: the report says so (``probs``), or, with energy at tau = 1
-    among the figures, every row's ``logsumexp(z)`` is 0 up to the 1e-3 probabilities are checked to."""
+    """Whether the logits are log-probabilities: SOURCE was read so (``--probs``, or a T stored as fitted on
+    probabilities), or, with energy at tau = 1 among the figures, every row's ``logsumexp(z)`` is 0 up to the 1e-3
+    probabilities are checked to."""
     if report.binary:  # one column of probabilities becomes a log-odds logit, which is a logit
         return False
-    probs = getattr(report, "probs", None)
+    probs = None if report.opened is None else report.opened.options.probs
     if probs is not None:
         return bool(probs)
     if "energy" not in report.id_scores or 1.0 not in report.taus:

@@ -4,6 +4,7 @@ cut), headers unwrapped, the NLL minimum of the rows shown, and OOD notes on wha
 from __future__ import annotations
 
 import io
+import json
 import re
 
 import numpy as np
@@ -217,15 +218,25 @@ def test_the_cli_prints_the_console_notes(tmp_path, capsys):
     assert "is MSP at tau = 1" in out and "note: on probabilities" in out
 
 
-def test_without_energy_at_tau_1_only_the_reports_probs_flag_tells(tmp_path):
-    """MaxLogit alone on probabilities leaves no fingerprint in the scores; a report that records ``probs`` (as the
-    workflow can, from the options it read the file with) has MaxLogit left out all the same."""
+def test_without_energy_at_tau_1_the_probs_reading_tells(tmp_path):
+    """MaxLogit alone on probabilities leaves no fingerprint in the scores; the options SOURCE was read with
+    (``--probs``) have MaxLogit left out all the same, and a file read as logits has nothing left out."""
     id_p, ood_p = probabilities(tmp_path)
     report = ood_file(id_p, [ood_p], taus=[1.0, 2.0], scores="maxlogit,msp", options=SourceOptions(probs=True))
-    assert "note:" not in rendered(print_ood, report)
-    report.probs = True  # type: ignore[attr-defined]
     text = rendered(print_ood, report)
     assert "MaxLogit is log(max p) / tau" in text and re.search(r" is (\S+) at tau", text).group(1) == "MSP"
+    as_logits = ood_file(id_p, [ood_p], taus=[1.0, 2.0], scores="maxlogit,msp", options=SourceOptions(probs=False))
+    assert "note:" not in rendered(print_ood, as_logits)
+
+
+def test_ood_probs_at_a_tau_other_than_1_leaves_energy_and_maxlogit_out(tmp_path, capsys):
+    """``ood --probs --tau 2``: no energy at tau = 1 to recognise log-probabilities by, yet the JSON warns and the
+    best is a score that ranks as on logits."""
+    id_p, ood_p = probabilities(tmp_path)
+    assert main(["ood", str(id_p), "--ood", str(ood_p), "--probs", "--tau", "2", "--score", "maxlogit,energy,msp",
+                 "--json", "-"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert any("left out of the best" in w for w in payload["warnings"])
 
 
 def test_a_split_of_a_small_set_suggests_folds_and_a_large_one_does_not(tmp_path, cli):
