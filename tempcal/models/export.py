@@ -20,7 +20,7 @@ from ..io.paths import write_bytes_atomic
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
 from .pt2_archive import PROGRAM, Pt2Info, inspect_archive, open_archive, write_checked_copy
 from .pt2_program import graph_refusal
-from .run import select_output
+from .run import selected_position
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -258,7 +258,11 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     else:  # a .pt2: detect.save_format writes one from a .pt2 or TorchScript SOURCE only
         graph = model.net.program if isinstance(model.net, FittedBatches) else model.net
     reference = _run(model.net, check, label, "the original")
-    index, dtype = _selected_leaf(reference, output_key, label)
+    index = selected_position(reference, output_key, label)  # the same choice, and wording, as running the SOURCE
+    dtype = torch.utils._pytree.tree_leaves(reference)[index].dtype
+    if not dtype.is_floating_point:
+        raise TempcalError(f"the selected output of {label} has dtype {str(dtype).removeprefix('torch.')}; "
+                           "expected floating-point logits")
     _add_division(graph, index, temperature, dtype)
     blob = _serialize(_export(graph, example, label, limits), temperature, label)
     _check_saved(blob, check, reference, index, temperature, label)
@@ -289,22 +293,6 @@ def _run(model: Any, inputs: tuple[torch.Tensor, ...], label: str, what: str) ->
             raise TempcalError(f"out of memory running {what} {label}") from None
         shapes = ", ".join(str(list(x.shape)) for x in inputs)
         raise TempcalError(f"{what} {label} fails on inputs of shape {shapes}: {error_line(exc)}") from None
-
-
-def _selected_leaf(out: Any, output_key: OutputKey, label: str) -> tuple[int, torch.dtype]:
-    """Position among the flattened outputs, and dtype, of the logits ``output_key`` selects: :func:`select_output`'s
-    choice (and wording, as running the SOURCE) made on a distinct stand-in for each tensor."""
-    from torch.utils._pytree import tree_flatten, tree_unflatten
-
-    leaves, spec = tree_flatten(out)
-    stand_ins = [torch.empty(0) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
-    chosen = select_output(tree_unflatten(stand_ins, spec), output_key, label)
-    index = next(position for position, leaf in enumerate(stand_ins) if leaf is chosen)
-    dtype = leaves[index].dtype
-    if not dtype.is_floating_point:
-        raise TempcalError(f"the selected output of {label} has dtype {str(dtype).removeprefix('torch.')}; "
-                           "expected floating-point logits")
-    return index, dtype
 
 
 def _add_division(graph: torch.fx.GraphModule, index: int, temperature: float, dtype: torch.dtype) -> None:
