@@ -83,13 +83,12 @@ def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> Ex
     return program
 
 
-def graph_module(program: ExportedProgram, temperature: float | None, label: str, *,
-                 original: bool = True) -> torch.nn.Module:
-    """The program as a module run in batches it accepts (:class:`FittedBatches`); by default a calibrated one without
+def graph_module(program: ExportedProgram, temperature: float | None, label: str) -> torch.nn.Module:
+    """The program as a module run in batches it accepts (:class:`FittedBatches`); a calibrated one (T given) without
     its division by T, so that as a SOURCE the default ``--tau`` (the stored T) gives the calibrated outputs."""
     with quiet():
         graph = program.module()
-    if original and temperature is not None:
+    if temperature is not None:
         strip_division(graph, label)
     limits = batch_limits(program)
     return graph if limits is None else FittedBatches(graph, limits)
@@ -355,7 +354,7 @@ def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, i
     program, info = load_program(blob, label=f"the calibrated {label}")
     if info.temperature != temperature:
         raise TempcalError(f"the calibrated {label} does not read back T = {temperature!r}; nothing written")
-    module = graph_module(program, info.temperature, label, original=False)
+    module = graph_module(program, None, label)  # the division kept
     got, got_spec = tree_flatten(_run(module, check, label, "the calibrated"))
     want, want_spec = tree_flatten(reference)
     if got_spec != want_spec:
