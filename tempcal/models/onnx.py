@@ -234,8 +234,7 @@ def _copy_external(tensors: list[onnx.TensorProto], folder: Path, data_name: str
                 left -= len(block)
         del tensor.external_data[:]
         for key, text in (("location", data_name), ("offset", str(position)), ("length", str(length))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, text
+            tensor.external_data.add(key=key, value=text)
         position += length
 
 
