@@ -37,7 +37,6 @@ class OnnxInfo:
     folder: Path  # real path of the model's folder, where external data must lie
     model: onnx.ModelProto
     inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
     temperature: float | None
     external: tuple[tuple[str, str], ...]  # (tensor name, location) of every tensor with external data
 
@@ -84,8 +83,7 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxInfo:
         if prop.key == TEMPERATURE_KEY:
             temperature = stored_temperature(prop.value, f"{path}: metadata")
     _check_stored_division(model, temperature, path)
-    return OnnxInfo(path=path, folder=folder, model=model, inputs=inputs, outputs=tuple(o.name for o in graph.output),
-                    temperature=temperature, external=tuple(external))
+    return OnnxInfo(path, folder, model, inputs, temperature, tuple(external))
 
 
 def _decode_strings(message: Any) -> None:
