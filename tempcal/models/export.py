@@ -151,22 +151,17 @@ def _joined(parts: list[tuple[Any, int, int]], limits: Limits) -> Any:
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     flat = [(tree_flatten(out), kept, ran) for out, kept, ran in parts]
-    spec = flat[0][0][1]
     joined = []
     for index in range(len(flat[0][0][0])):
-        pieces = []
-        for (leaves, _), kept, ran in flat:
-            leaf = leaves[index]
-            batched = isinstance(leaf, torch.Tensor) and leaf.dim() >= 1 and leaf.shape[0] == ran
-            if not batched:
-                if len(flat) == 1:
-                    pieces = [leaf]
-                    break
-                raise ValueError(f"output {index} has no row per input, so batches of other sizes than the "
-                                 f"program's {_shown(limits)} rows cannot be joined")
-            pieces.append(leaf[:kept])
+        chunks = [(leaves[index], kept, ran) for (leaves, _), kept, ran in flat]
+        batched = all(isinstance(leaf, torch.Tensor) and leaf.dim() >= 1 and leaf.shape[0] == ran
+                      for leaf, _, ran in chunks)
+        if not batched and len(chunks) > 1:  # one chunk: an output without rows is kept as it is
+            raise ValueError(f"output {index} has no row per input, so batches of other sizes than the "
+                             f"program's {_shown(limits)} rows cannot be joined")
+        pieces = [leaf[:kept] if batched else leaf for leaf, kept, _ in chunks]
         joined.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
-    return tree_unflatten(joined, spec)
+    return tree_unflatten(joined, flat[0][0][1])
 
 
 def _shown(limits: Limits) -> str:
