@@ -23,8 +23,6 @@ from .run import InputsFile, bounded_batches, select_output
 if TYPE_CHECKING:
     from rich.console import Console
 
-Batches = Iterator[tuple[int, int, torch.Tensor]]
-
 
 #: What cuDNN says when asked for an RNN's backward pass outside training mode (ODIN runs models in eval mode).
 CUDNN_RNN_EVAL_BACKWARD = "cudnn RNN backward can only be called in training mode"
@@ -82,7 +80,7 @@ def check_eps(eps: float) -> float:
 
 
 def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, batch_size: int, device: torch.device
-                   ) -> tuple[int, str, Batches]:
+                   ) -> tuple[int, str, Iterator[tuple[int, int, torch.Tensor]]]:
     """(rows, description, the batches) for a tensor or an inputs file."""
     if isinstance(inputs, torch.Tensor):
         if inputs.dim() < 1 or inputs.shape[0] < 1:

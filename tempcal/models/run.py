@@ -130,8 +130,8 @@ def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: in
     if not z.dtype.is_floating_point:
         raise DataError(f"{name} output has dtype {str(z.dtype).removeprefix('torch.')} on batch {batch}; "
                         "expected floating-point logits")
-    width = 1 if z.dim() == 1 or (z.dim() == 2 and z.shape[1] == 1) else (z.shape[1] if z.dim() == 2 else -1)
-    if z.dim() not in (1, 2) or z.shape[0] != rows or width == -1:
+    width = z.shape[1] if z.dim() == 2 else 1
+    if z.dim() not in (1, 2) or z.shape[0] != rows:
         raise DataError(f"{name} output has shape {shape} on batch {batch} of {rows} rows; expected logits "
                         f"[{rows}, C] (or [{rows}] for one binary logit)")
     if classes is not None and width != classes:
