@@ -173,12 +173,8 @@ def load_checked(source: str | os.PathLike | bytes, device: torch.device, extra_
     check_sources(source, label)
     unit = torch._C.CompilationUnit()
     try:
-        if isinstance(source, bytes):
-            module = torch._C.import_ir_module_from_buffer(  # type: ignore[call-arg]
-                unit, source, device, extra_files, False)  # type: ignore[arg-type]
-        else:
-            module = torch._C.import_ir_module(  # type: ignore[call-arg]
-                unit, os.fspath(source), device, extra_files, False)
+        read: Any = torch._C.import_ir_module_from_buffer if isinstance(source, bytes) else torch._C.import_ir_module
+        module = read(unit, source if isinstance(source, bytes) else os.fspath(source), device, extra_files, False)
     except Exception as exc:  # a damaged or hostile archive: one line, whatever torch makes of it
         raise TempcalError(f"{label}: not a loadable TorchScript model ({error_line(exc, last=False)})") from None
     check_unit(unit, label)
