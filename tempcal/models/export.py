@@ -20,7 +20,7 @@ from ..io.paths import write_bytes_atomic
 from .base import TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, is_out_of_memory, quiet, refused_line
 from .pt2_archive import PROGRAM, Pt2Info, inspect_archive, open_archive, write_checked_copy
 from .pt2_program import graph_refusal
-from .run import as_index, select_output
+from .run import selected_position
 
 if TYPE_CHECKING:
     from torch.export import ExportedProgram
@@ -83,13 +83,12 @@ def _finish(program: ExportedProgram, info: Pt2Info, target: torch.device) -> Ex
     return program
 
 
-def graph_module(program: ExportedProgram, temperature: float | None, label: str, *,
-                 original: bool = True) -> torch.nn.Module:
-    """The program as a module run in batches it accepts (:class:`FittedBatches`); by default a calibrated one without
+def graph_module(program: ExportedProgram, temperature: float | None, label: str) -> torch.nn.Module:
+    """The program as a module run in batches it accepts (:class:`FittedBatches`); a calibrated one (T given) without
     its division by T, so that as a SOURCE the default ``--tau`` (the stored T) gives the calibrated outputs."""
     with quiet():
         graph = program.module()
-    if original and temperature is not None:
+    if temperature is not None:
         strip_division(graph, label)
     limits = batch_limits(program)
     return graph if limits is None else FittedBatches(graph, limits)
@@ -152,22 +151,17 @@ def _joined(parts: list[tuple[Any, int, int]], limits: Limits) -> Any:
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
     flat = [(tree_flatten(out), kept, ran) for out, kept, ran in parts]
-    spec = flat[0][0][1]
     joined = []
     for index in range(len(flat[0][0][0])):
-        pieces = []
-        for (leaves, _), kept, ran in flat:
-            leaf = leaves[index]
-            batched = isinstance(leaf, torch.Tensor) and leaf.dim() >= 1 and leaf.shape[0] == ran
-            if not batched:
-                if len(flat) == 1:
-                    pieces = [leaf]
-                    break
-                raise ValueError(f"output {index} has no row per input, so batches of other sizes than the "
-                                 f"program's {_shown(limits)} rows cannot be joined")
-            pieces.append(leaf[:kept])
+        chunks = [(leaves[index], kept, ran) for (leaves, _), kept, ran in flat]
+        batched = all(isinstance(leaf, torch.Tensor) and leaf.dim() >= 1 and leaf.shape[0] == ran
+                      for leaf, _, ran in chunks)
+        if not batched and len(chunks) > 1:  # one chunk: an output without rows is kept as it is
+            raise ValueError(f"output {index} has no row per input, so batches of other sizes than the "
+                             f"program's {_shown(limits)} rows cannot be joined")
+        pieces = [leaf[:kept] if batched else leaf for leaf, kept, _ in chunks]
         joined.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces))
-    return tree_unflatten(joined, spec)
+    return tree_unflatten(joined, flat[0][0][1])
 
 
 def _shown(limits: Limits) -> str:
@@ -258,9 +252,12 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     else:  # a .pt2: detect.save_format writes one from a .pt2 or TorchScript SOURCE only
         graph = model.net.program if isinstance(model.net, FittedBatches) else model.net
     reference = _run(model.net, check, label, "the original")
-    index = _leaf_index(reference, output_key, label)
-    leaves = torch.utils._pytree.tree_leaves(reference)
-    _add_division(graph, index, temperature, leaves[index].dtype)
+    index = selected_position(reference, output_key, label)  # the same choice, and wording, as running the SOURCE
+    dtype = torch.utils._pytree.tree_leaves(reference)[index].dtype
+    if not dtype.is_floating_point:
+        raise TempcalError(f"the selected output of {label} has dtype {str(dtype).removeprefix('torch.')}; "
+                           "expected floating-point logits")
+    _add_division(graph, index, temperature, dtype)
     blob = _serialize(_export(graph, example, label, limits), temperature, label)
     _check_saved(blob, check, reference, index, temperature, label)
     return write_bytes_atomic(out_path, blob, what=param("save_model"))
@@ -290,26 +287,6 @@ def _run(model: Any, inputs: tuple[torch.Tensor, ...], label: str, what: str) ->
             raise TempcalError(f"out of memory running {what} {label}") from None
         shapes = ", ".join(str(list(x.shape)) for x in inputs)
         raise TempcalError(f"{what} {label} fails on inputs of shape {shapes}: {error_line(exc)}") from None
-
-
-def _leaf_index(out: Any, output_key: OutputKey, label: str) -> int:
-    """Position, among the flattened outputs, of the logits ``output_key`` selects (as :func:`select_output`)."""
-    from torch.utils._pytree import MappingKey, SequenceKey, tree_flatten_with_path
-
-    chosen = select_output(out, output_key, label)  # the same choice, and wording, as running the SOURCE
-    if not chosen.dtype.is_floating_point:
-        raise TempcalError(f"the selected output of {label} has dtype {str(chosen.dtype).removeprefix('torch.')}; "
-                           "expected floating-point logits")
-    wanted: tuple[Any, ...] = ()
-    if isinstance(out, (tuple, list)):
-        wanted = (SequenceKey(int(as_index(output_key) or 0) % len(out)),)
-    elif isinstance(out, dict):
-        key = next(k for k in (output_key, str(output_key), as_index(output_key)) if k is not None and k in out)
-        wanted = (MappingKey(key),)
-    for position, (path, _) in enumerate(tree_flatten_with_path(out)[0]):
-        if tuple(path) == wanted:
-            return position
-    raise TempcalError(f"the selected output of {label} is not a tensor (a nested structure)")
 
 
 def _add_division(graph: torch.fx.GraphModule, index: int, temperature: float, dtype: torch.dtype) -> None:
@@ -372,7 +349,7 @@ def _check_saved(blob: bytes, check: tuple[torch.Tensor, ...], reference: Any, i
     program, info = load_program(blob, label=f"the calibrated {label}")
     if info.temperature != temperature:
         raise TempcalError(f"the calibrated {label} does not read back T = {temperature!r}; nothing written")
-    module = graph_module(program, info.temperature, label, original=False)
+    module = graph_module(program, None, label)  # the division kept
     got, got_spec = tree_flatten(_run(module, check, label, "the calibrated"))
     want, want_spec = tree_flatten(reference)
     if got_spec != want_spec:

@@ -118,9 +118,7 @@ def config_scales(config: dict, config_path: Path) -> tuple[float, float | None]
     settings = {**(text_config if isinstance(text_config, dict) else {}),
                 **{k: v for k, v in config.items() if k != "text_config"}}
     scale = _config_number(settings, "logit_scale", config_path) or 1.0
-    divisor = _config_number(settings, "logits_scaling", config_path)
-    if divisor:
-        scale /= divisor
+    scale /= _config_number(settings, "logits_scaling", config_path) or 1.0
     return scale, _config_number(settings, "final_logit_softcapping", config_path)
 
 

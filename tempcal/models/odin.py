@@ -5,6 +5,7 @@ the max log-softmax; it needs autograd (a ``.pt2`` or TorchScript model); a cali
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +22,6 @@ from .run import InputsFile, bounded_batches, select_output
 
 if TYPE_CHECKING:
     from rich.console import Console
-
-Batches = Callable[[], Iterator[tuple[int, int, torch.Tensor]]]
 
 
 #: What cuDNN says when asked for an RNN's backward pass outside training mode (ODIN runs models in eval mode).
@@ -75,24 +74,23 @@ class _Odin:
 def check_eps(eps: float) -> float:
     """The ODIN step: a finite number >= 0."""
     value = float(eps)
-    if not (value == value and abs(value) != float("inf") and value >= 0):
+    if not (math.isfinite(value) and value >= 0):
         raise TempcalError(f"{param('odin_eps')} {eps}: expected a number >= 0")
     return value
 
 
 def _input_batches(inputs: torch.Tensor | str | os.PathLike, inputs_key: str, batch_size: int, device: torch.device
-                   ) -> tuple[int, str, Batches]:
-    """(rows, description, a function giving fresh batches) for a tensor or an inputs file."""
+                   ) -> tuple[int, str, Iterator[tuple[int, int, torch.Tensor]]]:
+    """(rows, description, the batches) for a tensor or an inputs file."""
     if isinstance(inputs, torch.Tensor):
         if inputs.dim() < 1 or inputs.shape[0] < 1:
             raise DataError(f"ODIN inputs of shape {list(inputs.shape)} hold no samples")
         rows = int(inputs.shape[0])
-        return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", lambda: (
+        return rows, f"inputs {list(inputs.shape)} {str(inputs.dtype).removeprefix('torch.')}", (
             (start, min(start + batch_size, rows), inputs[start:start + batch_size])
             for start in range(0, rows, batch_size))
     source = InputsFile(inputs, inputs_key)
-    batch_size = bounded_batches(batch_size, source, device)
-    return source.num_samples, source.describe(), lambda: source.batches(batch_size)
+    return source.num_samples, source.describe(), source.batches(bounded_batches(batch_size, source, device))
 
 
 def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | str | os.PathLike, *,
@@ -115,7 +113,7 @@ def odin_scores(model: LoadedModel | str | os.PathLike, inputs: torch.Tensor | s
     odin = _Odin(net, tau, eps, output_key, name)
     with Progress(f"ODIN {Path(name).name} tau={tau:g}", enabled=progress, delay=0.0, total=rows,
                   unit="rows") as bar, no_tf32():
-        for batch, (start, stop, x) in enumerate(batches()):
+        for batch, (start, stop, x) in enumerate(batches):
             if not x.dtype.is_floating_point:
                 raise DataError(f"ODIN perturbs the inputs, so they must be floating point; {what} is not")
             try:

@@ -20,7 +20,7 @@ from ..errors import TempcalError, param
 from ..io.paths import atomic_path, write_bytes_atomic
 from .base import LoadedModel, OutputKey, error_line, is_out_of_memory
 from .onnx_graph import OnnxInfo, add_division, all_tensors, import_onnx, inspect_onnx, strip_calibration
-from .run import select_output
+from .run import selected_position
 
 if TYPE_CHECKING:
     import onnx
@@ -147,7 +147,9 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     against the original on ``check_inputs`` (else on seeded inputs of the declared type)."""
     info, original = _original(model.path)
     label = str(info.path)
-    output = _output_name(tuple(o.name for o in original.graph.output), output_key, label)
+    names = tuple(o.name for o in original.graph.output)
+    outputs = dict.fromkeys(names, torch.empty(0))  # chosen as when the model runs as a SOURCE
+    output = list(outputs)[selected_position(outputs if len(names) > 1 else torch.empty(0), output_key, label)]
     calibrated = copy.deepcopy(original)
     add_division(calibrated, output, temperature, label)
     _check_calibrated(original, calibrated, info, output, temperature, check_inputs)
@@ -160,13 +162,6 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
                 _copy_external(tensors, info.folder, data_path.name, f)
         write_bytes_atomic(out, calibrated.SerializeToString(), what=param("save_model"))
     return out
-
-
-def _output_name(names: tuple[str, ...], output_key: OutputKey, label: str) -> str:
-    """The output ``output_key`` names, chosen as when the model runs as a SOURCE (a tensor, or a dict of several)."""
-    stand_ins = {name: torch.empty(0) for name in names}
-    chosen = select_output(stand_ins if len(names) > 1 else stand_ins[names[0]], output_key, label)
-    return next(name for name, tensor in stand_ins.items() if tensor is chosen)
 
 
 def _check_inputs_for(session: onnxruntime.InferenceSession, given: Any) -> np.ndarray:
@@ -206,15 +201,13 @@ def _check_calibrated(original: onnx.ModelProto, calibrated: onnx.ModelProto, in
     for name, expected in want.items():
         actual = np.asarray(got[name])
         expected = np.asarray(expected)
-        if name == output:
+        if name == output:  # a floating-point output: add_division refuses any other
             expected = expected / np.asarray(temperature, dtype=expected.dtype)
-            eps = float(np.finfo(expected.dtype).eps) if expected.dtype.kind == "f" else 0.0
-            same = actual.dtype == expected.dtype and actual.shape == expected.shape and np.allclose(
-                actual, expected, rtol=2 * eps, atol=0.0, equal_nan=True)
+            rtol = 2 * float(np.finfo(expected.dtype).eps)
+            same = actual.shape == expected.shape and np.allclose(actual, expected, rtol=rtol, atol=0.0, equal_nan=True)
         else:
-            same = actual.dtype == expected.dtype and np.array_equal(actual, expected,
-                                                                     equal_nan=actual.dtype.kind == "f")
-        if not same:
+            same = np.array_equal(actual, expected, equal_nan=actual.dtype.kind == "f")
+        if not same or actual.dtype != expected.dtype:
             what = "its logits divided by T" if name == output else f"output {name!r}"
             raise TempcalError(f"the calibrated {label} does not reproduce {what}; nothing written")
 
@@ -241,8 +234,7 @@ def _copy_external(tensors: list[onnx.TensorProto], folder: Path, data_name: str
                 left -= len(block)
         del tensor.external_data[:]
         for key, text in (("location", data_name), ("offset", str(position)), ("length", str(length))):
-            entry = tensor.external_data.add()
-            entry.key, entry.value = key, text
+            tensor.external_data.add(key=key, value=text)
         position += length
 
 

@@ -37,7 +37,6 @@ class OnnxInfo:
     folder: Path  # real path of the model's folder, where external data must lie
     model: onnx.ModelProto
     inputs: tuple[str, ...]
-    outputs: tuple[str, ...]
     temperature: float | None
     external: tuple[tuple[str, str], ...]  # (tensor name, location) of every tensor with external data
 
@@ -84,8 +83,7 @@ def inspect_onnx(path: str | os.PathLike) -> OnnxInfo:
         if prop.key == TEMPERATURE_KEY:
             temperature = stored_temperature(prop.value, f"{path}: metadata")
     _check_stored_division(model, temperature, path)
-    return OnnxInfo(path=path, folder=folder, model=model, inputs=inputs, outputs=tuple(o.name for o in graph.output),
-                    temperature=temperature, external=tuple(external))
+    return OnnxInfo(path, folder, model, inputs, temperature, tuple(external))
 
 
 def _decode_strings(message: Any) -> None:
@@ -322,20 +320,18 @@ def strip_calibration(model: onnx.ModelProto) -> None:
         fed, constant, output = node.input[0], node.input[1], node.output[0]
         graph.node.remove(node)
         if not any(constant in n.input for n in graph.node):
-            kept = [t for t in graph.initializer if t.name != constant]
-            del graph.initializer[:]
-            graph.initializer.extend(kept)
+            for tensor in [t for t in graph.initializer if t.name == constant]:
+                graph.initializer.remove(tensor)
         _rename_value(graph, fed, output)
     _set_metadata(model, None)
 
 
 def _set_metadata(model: onnx.ModelProto, value: str | None) -> None:
     """Set (or, with None, remove) ``metadata_props[tempcal.temperature]``, keeping every other entry."""
-    kept = [(p.key, p.value) for p in model.metadata_props if p.key != TEMPERATURE_KEY]
-    del model.metadata_props[:]
-    for key, text in kept + ([(TEMPERATURE_KEY, value)] if value is not None else []):
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, text
+    for entry in [p for p in model.metadata_props if p.key == TEMPERATURE_KEY]:
+        model.metadata_props.remove(entry)
+    if value is not None:
+        model.metadata_props.add(key=TEMPERATURE_KEY, value=value)
 
 
 __all__ = ["DIV_NODE", "OnnxInfo", "add_division", "all_tensors", "import_onnx", "inspect_onnx", "strip_calibration"]

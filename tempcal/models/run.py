@@ -99,6 +99,17 @@ def select_output(out: Any, output_key: OutputKey, name: str = "the model") -> t
                        "holding them")
 
 
+def selected_position(out: Any, output_key: OutputKey, name: str) -> int:
+    """Position, among ``out``'s flattened leaves, of the tensor :func:`select_output` chooses: its choice (and its
+    errors) made on a distinct stand-in for each tensor."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    leaves, spec = tree_flatten(out)
+    stand_ins = [torch.empty(0) if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+    chosen = select_output(tree_unflatten(stand_ins, spec), output_key, name)
+    return next(position for position, leaf in enumerate(stand_ins) if leaf is chosen)
+
+
 def as_index(key: OutputKey) -> int | None:
     """An output key as a tuple index (an int, or a string of digits), else None."""
     if isinstance(key, int) and not isinstance(key, bool):
@@ -119,8 +130,8 @@ def _check_logits(z: torch.Tensor, rows: int, name: str, batch: int, classes: in
     if not z.dtype.is_floating_point:
         raise DataError(f"{name} output has dtype {str(z.dtype).removeprefix('torch.')} on batch {batch}; "
                         "expected floating-point logits")
-    width = 1 if z.dim() == 1 or (z.dim() == 2 and z.shape[1] == 1) else (z.shape[1] if z.dim() == 2 else -1)
-    if z.dim() not in (1, 2) or z.shape[0] != rows or width == -1:
+    width = z.shape[1] if z.dim() == 2 else 1
+    if z.dim() not in (1, 2) or z.shape[0] != rows:
         raise DataError(f"{name} output has shape {shape} on batch {batch} of {rows} rows; expected logits "
                         f"[{rows}, C] (or [{rows}] for one binary logit)")
     if classes is not None and width != classes:
@@ -179,4 +190,4 @@ def placeholder_labels(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(1)
 
 
-__all__ = ["InputsFile", "as_index", "placeholder_labels", "run_model", "select_output"]
+__all__ = ["InputsFile", "as_index", "placeholder_labels", "run_model", "select_output", "selected_position"]

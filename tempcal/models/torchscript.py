@@ -5,12 +5,10 @@ for ``__setstate__``, every compiled node an allowed operator), loaded, written 
 from __future__ import annotations
 
 import ast
-import contextlib
 import functools
 import io
 import os
 import re
-import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,14 +21,6 @@ from ..io.paths import write_bytes_atomic
 from .base import ORIGINAL, TEMPERATURE_BUFFER, LoadedModel, OutputKey, error_line, quiet, refused_line, schema_refusal
 from .detect import HOW_TO_SAVE, archive_kind
 from .run import as_index, select_output
-
-
-@contextlib.contextmanager
-def quiet_jit() -> Iterator[None]:
-    """Silence torch's "torch.jit.* is deprecated" warnings: the CLI contract reads TorchScript, on purpose."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.", category=DeprecationWarning)
-        yield
 
 
 def load(path: str | os.PathLike, device: str | torch.device = "auto") -> LoadedModel:
@@ -48,7 +38,7 @@ def load(path: str | os.PathLike, device: str | torch.device = "auto") -> Loaded
         }.get(kind, f"not a TorchScript model (no TorchScript archive inside; {HOW_TO_SAVE})")
         raise TempcalError(f"{path}: {why}")
     extra = {TEMPERATURE_KEY: ""}
-    with quiet_jit():
+    with quiet():  # torch's "torch.jit.* is deprecated" warnings too: the CLI contract reads TorchScript
         model = load_checked(path, target, extra, str(path))
     model.eval()
     buffer: Any = getattr(model, TEMPERATURE_BUFFER, None)  # a calibrated model divides by this buffer
@@ -130,7 +120,7 @@ def save_calibrated(model: LoadedModel, temperature: float, out_path: str | os.P
     extra file), once the saved bytes, loaded back, reproduce them on ``check_inputs``."""
     wrapper = calibrated_wrapper(model.net, temperature, output_key, model.name)
     buffer = io.BytesIO()
-    with quiet_jit():
+    with quiet():
         try:
             scripted = torch.jit.script(wrapper)
         except Exception as exc:
@@ -183,12 +173,8 @@ def load_checked(source: str | os.PathLike | bytes, device: torch.device, extra_
     check_sources(source, label)
     unit = torch._C.CompilationUnit()
     try:
-        if isinstance(source, bytes):
-            module = torch._C.import_ir_module_from_buffer(  # type: ignore[call-arg]
-                unit, source, device, extra_files, False)  # type: ignore[arg-type]
-        else:
-            module = torch._C.import_ir_module(  # type: ignore[call-arg]
-                unit, os.fspath(source), device, extra_files, False)
+        read: Any = torch._C.import_ir_module_from_buffer if isinstance(source, bytes) else torch._C.import_ir_module
+        module = read(unit, source if isinstance(source, bytes) else os.fspath(source), device, extra_files, False)
     except Exception as exc:  # a damaged or hostile archive: one line, whatever torch makes of it
         raise TempcalError(f"{label}: not a loadable TorchScript model ({error_line(exc, last=False)})") from None
     check_unit(unit, label)
@@ -289,7 +275,7 @@ def to_graph_module(module: torch.jit.ScriptModule, example: tuple[torch.Tensor,
         raise TempcalError(f"this torch cannot convert TorchScript to an exported program; {advice}") from None
     module.eval()
     try:
-        with quiet(), quiet_jit():
+        with quiet():
             converter = TS2EPConverter(module, example)
             _drop_assertions(converter.ts_graph.block())
             torch._C._jit_pass_dce(converter.ts_graph)
@@ -327,4 +313,4 @@ def _set_output_structure(graph: torch.fx.GraphModule, spec: Any) -> None:
         graph.recompile()
 
 
-__all__ = ["Calibrated", "load", "quiet_jit", "save_calibrated", "to_graph_module"]
+__all__ = ["Calibrated", "load", "save_calibrated", "to_graph_module"]

@@ -19,7 +19,7 @@ from reference import optimal_temperature
 from safetensors.torch import load_file, save_file
 
 import tempcal
-from tempcal.models.torchscript import quiet_jit
+from tempcal.models.base import quiet
 
 FIGURES = ("nll", "ece", "mce", "brier", "accuracy", "entropy", "mean_confidence")
 
@@ -93,7 +93,7 @@ def test_the_shipped_digits_model_as_hidden_states_and_its_last_layer(tmp_path, 
     """A real small model: the digits MLP's penultimate activations and its last layer give the shipped logits."""
     inputs = load_file(str(EXAMPLES / "digits_inputs.safetensors"))
     shipped = load_file(str(EXAMPLES / "digits_logits.safetensors"))
-    with quiet_jit():
+    with quiet():
         state = torch.jit.load(str(EXAMPLES / "digits_model.ts")).state_dict()
     weights = [v for k, v in state.items() if k.endswith("weight")]
     biases = [v for k, v in state.items() if k.endswith("bias")]
