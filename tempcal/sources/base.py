@@ -246,15 +246,18 @@ class RowGroups:
         return np.bincount(self.index, minlength=self.count).astype(np.int64).tolist()
 
 
-def named(key: str, values: np.ndarray, where: str, option: str, *, numeric: bool = True) -> RowGroups:
-    """Sorted distinct values as names (integers, or strings when not ``numeric``), each row's index into them;
-    more than MAX_GROUPS refused."""
+def named(key: str, values: np.ndarray, opened: OpenedSource, option: str, *, numeric: bool = True) -> RowGroups:
+    """``opened``'s groups by ``values``, one per counted row: sorted distinct values as names (integers, or strings
+    when not ``numeric``) and each row's index into them; more than MAX_GROUPS refused."""
     import numpy as np
 
     distinct, index = np.unique(values, return_inverse=True)
     if len(distinct) > MAX_GROUPS:
-        raise DataError(f"{where}: {option} {key} makes {len(distinct):,} groups; at most "
+        raise DataError(f"{opened.name}: {option} {key} makes {len(distinct):,} groups; at most "
                         f"{MAX_GROUPS:,} are allowed")
+    if index.size != opened.data.num_samples:
+        raise DataError(f"{opened.name}: '{key}' ({option}) gives {index.size} values for {opened.data.num_samples} "
+                        "rows")
     names = [str(int(v)) if numeric else str(v) for v in distinct]
     return RowGroups(key, names, index.reshape(-1).astype(np.int64), numeric=numeric)
 
@@ -296,12 +299,6 @@ def kept_rows(data: Any) -> torch.Tensor | None:
         if isinstance(rows, torch.Tensor):
             return rows.to(torch.int64).cpu()
     return None
-
-
-def check_row_count(groups: RowGroups, rows: int, where: str, option: str | None = None) -> None:
-    """The group values must cover exactly the counted rows."""
-    if groups.index.shape[0] != rows:
-        raise DataError(f"{where} ({option or param('group_by')}) gives {groups.index.shape[0]} values for {rows} rows")
 
 
 def group_metadata(key: str | None, temperatures: Mapping[str, float] | None) -> dict[str, str | None]:
@@ -378,9 +375,7 @@ class SourceKind(ABC):
                             f"more rows")
         if kept is not None:
             values = values[kept.numpy()]
-        groups = named(key, values, opened.name, option)
-        check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
-        return groups
+        return named(key, values, opened, option)
 
     def tensor_names(self, opened: OpenedSource) -> set[str]:
         """The tensors SOURCE's header lists, where the format has one (none by default)."""
@@ -485,5 +480,4 @@ class SourceKind(ABC):
 
 
 __all__ = ["DEFAULT_KEYS", "TASK", "Keep", "Kept", "OpenedSource", "RowGroups", "SourceKind", "SourceOptions",
-           "check_row_count", "checked", "expand_sources", "file_groups", "group_metadata", "kept_rows", "named",
-           "wrote_lines"]
+           "checked", "expand_sources", "file_groups", "group_metadata", "kept_rows", "named", "wrote_lines"]

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import READING_KEYS, TempcalError, param
 from ..io.sidecar import check_regular_file, sidecar_state
-from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
+from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, named
 from .lm_eval_records import as_number, clip
 from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
@@ -166,10 +166,7 @@ class ConfidenceTableKind(SourceKind):
         import numpy as np
 
         values, numeric = _group_names(opened.paths[0], key, option)
-        groups = named(key, np.asarray(values, dtype=np.int64 if numeric else object), opened.name, option,
-                       numeric=numeric)
-        check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
-        return groups
+        return named(key, np.asarray(values, dtype=np.int64 if numeric else object), opened, option, numeric=numeric)
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """The table's format, columns, rows, clipped confidences and the columns read."""
