@@ -81,12 +81,6 @@ def check_unchanged(path: str | os.PathLike, stamp: FileStamp | None, *, since: 
 _LOADED: dict[str, FileStamp] = {}
 
 
-def record_stamp(path: str | os.PathLike, stamp: FileStamp | None) -> None:
-    """Remember ``stamp`` as the version of ``path`` this process last read or wrote."""
-    if stamp is not None:
-        _LOADED[os.path.realpath(path)] = stamp
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     dtype: str
@@ -203,7 +197,7 @@ def read_header(path: str | os.PathLike, *, record: bool = True) -> Header:
             raise TempcalError(f"{path}: tensors {shown(name_a)} and {shown(name_b)} overlap in the file")
     header = Header(path, length, metadata, tensors, size, FileStamp.of(st))
     if record:
-        record_stamp(path, header.stamp)
+        _LOADED[os.path.realpath(path)] = FileStamp.of(st)
     return header
 
 
@@ -344,7 +338,7 @@ def copy_with_header(destination: Path, header: Header, new_header: bytes) -> No
                                "nothing written, run tempcal again")
         out.flush()
         written = os.fstat(out.fileno())
-    record_stamp(destination, FileStamp.of(written))
+    _LOADED[os.path.realpath(destination)] = FileStamp.of(written)
 
 
 @contextlib.contextmanager

@@ -18,8 +18,6 @@ from ..io.paths import atomic_path
 from .bounded_lines import BoundedLines, OverLimit
 from .memory import first_line
 
-#: The table formats, by suffix.
-TABLE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 #: The longest JSON Lines row, and the longest CSV field, read.
 MAX_LINE_BYTES = 16 << 20
 MAX_FIELD_CHARS = 16 << 20
@@ -35,7 +33,8 @@ class TableError(DataError):
 
 def table_format(path: str | os.PathLike) -> str | None:
     """``csv``, ``jsonl`` or ``parquet`` by ``path``'s suffix (any case), else None."""
-    return TABLE_FORMATS.get(Path(path).suffix.lower())
+    suffix = Path(path).suffix.lower()
+    return suffix[1:] if suffix in _FORMATS else None
 
 
 def missing_columns(path: Path, wanted: Sequence[str], have: Sequence[str], options: Sequence[str]) -> TableError:
@@ -49,7 +48,7 @@ def missing_columns(path: Path, wanted: Sequence[str], have: Sequence[str], opti
 
 def read_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
     """``(row number from 1, [value of each wanted column])`` for every data row of the table at ``path`` (a name
-    ending in a suffix of :data:`TABLE_FORMATS`, as every confidence table's does)."""
+    ending in a suffix of :data:`_FORMATS`, as every confidence table's does)."""
     return _FORMATS[path.suffix.lower()][0](path, wanted, options)
 
 
@@ -180,7 +179,7 @@ def columns_of(path: Path) -> list[str]:
     return []
 
 
-#: Per suffix of :data:`TABLE_FORMATS`: how its rows are read, and how a copy with one more column is written.
+#: Per table format's suffix: how its rows are read, and how a copy with one more column is written.
 _FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, list[Any]]]], Callable[..., None]]] = {
     ".csv": (_csv_rows, _write_csv), ".jsonl": (_jsonl_rows, _write_jsonl), ".parquet": (_parquet_rows, _write_parquet)}
 
