@@ -226,8 +226,7 @@ def _npz_member(archive: zipfile.ZipFile, path: Path, info: zipfile.ZipInfo, key
     return from_numpy(array, path, key, role)
 
 
-def npy_labels_path(logits_path: str | os.PathLike, logits_key: str = "logits", labels_key: str = "labels"
-                    ) -> Path | None:
+def npy_labels_path(logits_path: str | os.PathLike, logits_key: str, labels_key: str) -> Path | None:
     """The labels file of a ``.npy`` logits file: ``labels_key`` when it ends in ``.npy``, else the sibling with the
     last ``logits_key`` in the name replaced (``val_logits.npy`` -> ``val_labels.npy``); None when there is none."""
     if labels_key.lower().endswith(".npy"):

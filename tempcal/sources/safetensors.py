@@ -412,14 +412,10 @@ def open_sharded(paths: list[Path], *, logits_key: str = "logits", labels_key: s
             labels.append(torch.zeros(rows, dtype=torch.int64))
         shards.append(Shard(header, header.data_start + info.begin, rows, width, dtype))
     width, binary, _ = kinds.pop()
-    all_labels = torch.cat(labels) if labels else torch.empty(0, dtype=torch.int64)
-    kept: torch.Tensor | None = None
-    if ignore_index is not None:
-        keep = all_labels != ignore_index
-        if not bool(keep.all()):
-            kept = keep.nonzero()[:, 0]
-    data = ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept)
-    return data, has_labels
+    all_labels = torch.cat(labels)
+    keep = None if ignore_index is None else all_labels != ignore_index
+    kept = None if keep is None or bool(keep.all()) else keep.nonzero()[:, 0]
+    return ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept), has_labels
 
 
 def safetensors_values(path: Path, key: str, labels_key: str, option: str) -> np.ndarray:
