@@ -1,6 +1,5 @@
-"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``; see docs/evaluation-logs.md): each row a binary
-sample, the logit ``ln(c / (1 - c))`` of its confidence (clipped to [1e-6, 1 - 1e-6], counted) and the label
-``correct``; T is kept in the sidecar with the columns and scale it was fitted with."""
+"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``): each row a binary sample, the logit of its
+confidence (clipped to [1e-6, 1 - 1e-6], counted) labelled ``correct``; T in the sidecar with the columns and scale."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip (stored, deflated or zstd; each
-decompressed in memory, at most :data:`MAX_MEMBER_BYTES`), and the samples of a ``.json`` log (read whole, at most
-:data:`MAX_JSON_LOG_BYTES`, its samples decoded one at a time)."""
+"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip (stored, deflated or zstd; each at most
+:data:`MAX_MEMBER_BYTES`), and the samples of a ``.json`` log (at most :data:`MAX_JSON_LOG_BYTES`) one at a time."""
 
 from __future__ import annotations
 

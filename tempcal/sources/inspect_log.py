@@ -1,7 +1,5 @@
-"""inspect_ai logs (``.eval`` zips, ``.json`` logs, a folder or glob of them; docs/evaluation-logs.md) as SOURCE: one
-row per multiple-choice sample and epoch, padded with ``-inf``, samples left out counted by reason. A choice's logit
-is the ``logsumexp`` of the ``top_logprobs`` whose token is its letter at the answer position: the first token with a
-letter after the last ``ANSWER:``. T is kept in each log's sidecar."""
+"""inspect_ai logs (``.eval``, ``.json``, a folder or glob of them) as SOURCE: a row per multiple-choice sample and
+epoch, each choice's logit from ``top_logprobs`` at the answer position, samples left out counted; T in each sidecar."""
 
 from __future__ import annotations
 
@@ -50,7 +48,8 @@ def letter_of(token: Any, letters: str) -> int | None:
 
 
 def answer_position(tokens: list[str], letters: str) -> int | None:
-    """The index of the answer position among the generated ``tokens`` (see the module's docstring), or None."""
+    """The answer position among the generated ``tokens``: the first token with a letter after the last ``ANSWER:``
+    (None: there is none)."""
     text, start = "", 0
     for i, token in enumerate(tokens):
         text = (text + token)[-_TAIL:]

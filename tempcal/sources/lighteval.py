@@ -1,6 +1,5 @@
-"""lighteval details files (``details_<task>_<date>.parquet``, ``lighteval ... --save-details``) as SOURCE: row i is
-``model_response.logprobs`` (normalised as lm-eval logs are) padded with ``-inf``, labelled ``doc.gold_index``;
-incomplete rows are counted by reason and left out. Three columns are read, a batch at a time; T as for lm-eval."""
+"""lighteval details files (``details_<task>_<date>.parquet``) as SOURCE: row i is ``model_response.logprobs`` padded
+with ``-inf``, labelled ``doc.gold_index``; incomplete rows are counted by reason and left out; T as for lm-eval."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""lm-evaluation-harness sample logs (``samples_<task>_<date>.jsonl[.gz]``, docs/evaluation-logs.md) as SOURCE:
-row i is record i's choices' log-likelihoods padded with ``-inf``, several logs one SOURCE; hostile files are refused
-fast in flat memory. T is kept in the sidecar with the ``--lm-eval-norm`` it was fitted under (used for no other)."""
+"""lm-evaluation-harness sample logs (``samples_<task>_<date>.jsonl[.gz]``) as SOURCE: row i is record i's choices'
+log-likelihoods padded with ``-inf``; T in the sidecar with the ``--lm-eval-norm`` it was fitted under."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``.npz`` archives and ``.npy`` pairs as SOURCE (``allow_pickle=False``; T in a sidecar): an ``.npz`` holds the arrays
-``logits_key`` / ``labels_key`` (netcal's names in their absence); a ``.npy`` file holds the logits and its labels
+"""``.npz`` archives and ``.npy`` pairs as SOURCE (``allow_pickle=False``; T in a sidecar); a ``.npy`` file's labels
 live in a sibling (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused)."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""The default SOURCE kind: logits in safetensors files (one, shards, or a glob), read in row chunks with ``pread``
-into a reused buffer (memory stays at one chunk), or read once and kept within ``RESIDENT_BYTES``. Labels are read
-whole; rows labelled ``ignore_index`` are skipped."""
+"""The default SOURCE kind: logits in safetensors files (one, shards, or a glob), read in row chunks with ``pread`` into
+a reused buffer, or read once and kept within ``RESIDENT_BYTES``; labels read whole, ``ignore_index`` rows skipped."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time, in bounded memory,
-and a copy written with one more column (atomically). Values come back raw, None when missing; the caller checks
-them. A missing column is a :class:`TableError` naming it and the columns there are."""
+"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time in bounded memory, values
+raw (None when missing), and a copy written with one more column; a missing column is a :class:`TableError`."""
 
 from __future__ import annotations
 
