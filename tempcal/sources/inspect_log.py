@@ -18,6 +18,8 @@ from .lm_eval import ChoiceRows, counts_shown, padded_source
 #: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys), in words.
 INCOMPLETE = {"several_targets": "with several targets", "no_answer": "without an answer position",
               "missing_choice": "with a choice's letter missing from the answer's top_logprobs"}
+#: The options of ``inspect eval`` that record log-probabilities.
+LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
 _MARKERS = str.maketrans("", "", "\u0120\u2581")
 _ANSWER_END = re.compile(r"answer\s*:\Z", re.IGNORECASE)
 #: How much of the text so far is searched for ``ANSWER:`` at its end.
@@ -128,7 +130,7 @@ def _choice_logits(entry: Any, letters: str, where: str) -> list[float]:
     """Per letter, the logsumexp of the ``top_logprobs`` entries whose token is that letter (-inf: none)."""
     top = entry.get("top_logprobs") if isinstance(entry, dict) else None
     if not isinstance(top, list):
-        raise InspectLogError(f"{where}: has no top_logprobs list (run inspect with --logprobs --top-logprobs 20)")
+        raise InspectLogError(f"{where}: has no top_logprobs list (run inspect with {LOGPROB_OPTIONS})")
     found: list[list[float]] = [[] for _ in letters]
     for k, item in enumerate(top):
         j = letter_of(item.get("token") if isinstance(item, dict) else None, letters)
@@ -148,8 +150,6 @@ def _logsumexp(values: list[float]) -> float:
     return top + math.log(math.fsum(math.exp(v - top) for v in values))
 
 
-#: The options of ``inspect eval`` that record log-probabilities.
-LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
 #: The ``--group-by`` keys of inspect_ai logs.
 GROUP_KEYS = ("task", "model")
 #: The top-level keys every inspect_ai log has, beside ``samples``.
