@@ -138,8 +138,10 @@ class OpenedSource:
     stored_problem: TempcalError | None = None
     #: The stored T was fitted on log-probabilities (``tempcal.probs = "true"`` beside it).
     stored_probs: bool = False
-    #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
-    file_rows: list[int] | None = None
+    #: Rows each of ``paths`` gave, in order, and each one's name in the groupings by file its kind offers (an
+    #: evaluation log's ``task``, inspect_ai's ``model`` too), when known.
+    file_rows: list[int] = field(default_factory=list)
+    file_names: dict[str, list[str]] = field(default_factory=dict)
     #: Keys the kind adds to every command's JSON (``source_kind``, ``rows_incomplete``).
     json: dict[str, Any] = field(default_factory=dict)
 
@@ -262,13 +264,14 @@ def named(key: str, values: np.ndarray, opened: OpenedSource, option: str, *, nu
     return RowGroups(key, names, index.reshape(-1).astype(np.int64), numeric=numeric)
 
 
-def file_groups(key: str, names_of: list[str], rows: list[int]) -> RowGroups:
-    """One group per name in ``names_of`` (each file's: an evaluation log's task or model), each file's ``rows`` rows
-    in its name's group."""
+def file_groups(opened: OpenedSource, key: str) -> RowGroups:
+    """One group per name ``opened.file_names[key]`` gives a file (an evaluation log's task or model), each file's
+    rows in its name's group."""
     import numpy as np
 
+    names_of = opened.file_names[key]
     names = sorted(set(names_of))
-    index = np.repeat(np.array([names.index(name) for name in names_of], dtype=np.int64), rows)
+    index = np.repeat(np.array([names.index(name) for name in names_of], dtype=np.int64), opened.file_rows)
     return RowGroups(key, names, index, numeric=False)
 
 

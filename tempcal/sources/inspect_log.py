@@ -287,9 +287,6 @@ class InspectLogKind(SourceKind):
     title = "inspect_ai log"
     shards = True
 
-    def __init__(self, names: dict[str, list[str]] | None = None) -> None:
-        self.names = names  # an opened SOURCE's: each log's task and model, for its groups
-
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         path = paths[0]
         if path.is_dir():
@@ -313,17 +310,16 @@ class InspectLogKind(SourceKind):
         rows = ChoiceRows()
         for row in (r for i in infos for r in i.rows):
             rows.add(row.logits or [], row.label)
-        kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        return padded_source(kind, [i.path for i in infos], [rows], options, warnings=_warning(infos, counts, name),
+        return padded_source(self, [i.path for i in infos], [rows], options, warnings=_warning(infos, counts, name),
                              file_rows=[i.complete for i in infos], label=name,
+                             file_names={"task": [i.task for i in infos], "model": [i.model for i in infos]},
                              json={"source_kind": "inspect", "rows_incomplete": counts})
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""
         if key not in GROUP_KEYS:
             raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
-        assert self.names is not None  # the kind of an opened SOURCE, which open() gives its logs' tasks and models
-        return file_groups(key, self.names[key], opened.file_rows or [opened.data.num_samples])
+        return file_groups(opened, key)
 
     def sidecar_of(self, path: Path) -> Path:
         """A folder's T lives in the sidecars of its logs: the first log's stands for it."""
