@@ -22,7 +22,6 @@ from .tables import TableError, columns_of, read_rows, table_format, write_with_
 CLIP = 1e-6
 #: The column ``apply`` adds.
 CALIBRATED_COLUMN = "calibrated_confidence"
-SOURCE_KIND = "confidence-table"
 #: ``--correct`` as text (any case).
 _BOOLEAN = {"1": 1, "true": 1, "1.0": 1, "0": 0, "false": 0, "0.0": 0}
 _INTEGER = re.compile(r"^[+-]?[0-9]{1,18}$")
@@ -120,7 +119,7 @@ def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
 class ConfidenceTableKind(SourceKind):
     """Tables of a confidence and a correctness per row (``--confidence``, ``--correct``)."""
 
-    name = SOURCE_KIND
+    name = "confidence-table"
     title = "confidence table"
     #: The columns and scale a T was fitted with are kept beside it: ``report FILE`` then reads FILE the same way.
     remembered = ("confidence", "correct", "confidence_scale")
@@ -151,7 +150,7 @@ class ConfidenceTableKind(SourceKind):
         warnings = [f"{paths[0]}: {rows.clipped} confidence{'s' if rows.clipped != 1 else ''} of exactly 0 or "
                     f"{scale:g} clipped to [{CLIP * scale:g}, {scale:g} - {CLIP * scale:g}] (their logits would be "
                     "infinite)"] if rows.clipped else []
-        fields = {"source_kind": SOURCE_KIND, "clipped": rows.clipped, "confidence_column": options.confidence,
+        fields = {"source_kind": self.name, "clipped": rows.clipped, "confidence_column": options.confidence,
                   "correct_column": options.correct, "confidence_scale": scale}
         return self.with_stored(OpenedSource(paths, data, None, self, options, warnings=warnings,
                                              has_labels=rows.has_labels, json=fields))

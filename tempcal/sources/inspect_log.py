@@ -313,7 +313,7 @@ class InspectLogKind(SourceKind):
         return padded_source(self, [i.path for i in infos], [rows], options, warnings=_warning(infos, counts, name),
                              file_rows=[i.complete for i in infos], label=name,
                              file_names={"task": [i.task for i in infos], "model": [i.model for i in infos]},
-                             json={"source_kind": "inspect", "rows_incomplete": counts})
+                             json={"source_kind": self.name, "rows_incomplete": counts})
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""

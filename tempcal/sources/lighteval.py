@@ -208,7 +208,7 @@ class LightevalKind(LmEvalKind):
             raise LightevalDetailsError(f"{paths[0]}: {rows:,} rows of {len(paths)} files padded to {width:,} "
                                         f"choices would pass {size_text(MAX_PADDED_BYTES)}")
         incomplete = {reason: sum(info.incomplete[reason] for _, info in read) for reason in INCOMPLETE}
-        return self.padded(paths, options, read, {"source_kind": "lighteval", "rows_incomplete": incomplete})
+        return self.padded(paths, options, read, {"source_kind": self.name, "rows_incomplete": incomplete})
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the
