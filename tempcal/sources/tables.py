@@ -137,12 +137,8 @@ def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]
     with _open_csv(path) as f, open(temporary, "w", encoding="utf-8", newline="") as out:
         reader, writer = csv.reader(f), csv.writer(out)
         writer.writerow([*next(reader), column])
-        k = 0
-        for row in reader:
-            if not row:
-                continue
-            writer.writerow([*row, repr(float(values[k]))])
-            k += 1
+        for row, value in zip((row for row in reader if row), values, strict=True):  # blank lines are no rows
+            writer.writerow([*row, repr(float(value))])
 
 
 def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
