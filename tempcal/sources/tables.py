@@ -143,9 +143,9 @@ def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]
 
 def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
     with open(path, "rb") as raw, open(temporary, "w", encoding="utf-8") as out:
-        for k, (_, data) in enumerate(BoundedLines(raw, MAX_LINE_BYTES)):
+        for (_, data), value in zip(BoundedLines(raw, MAX_LINE_BYTES), values, strict=True):
             record = json.loads(data)
-            record[column] = float(values[k])
+            record[column] = float(value)
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
