@@ -1,6 +1,5 @@
-"""Where and how tempcal reads and writes a file: an untrusted input read whole only when it is a regular file of
-bounded size (:func:`read_regular`); the checks every output path passes (before any work and at the rename), and
-:func:`atomic_path`, the one way a file is written, so that a crash leaves the old file or the complete new one."""
+"""Where and how tempcal reads and writes a file: untrusted input read whole only as a regular file of bounded size
+(:func:`read_regular`), the checks every output path passes, and :func:`atomic_path`, the one way a file is written."""
 
 from __future__ import annotations
 

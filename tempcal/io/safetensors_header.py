@@ -81,12 +81,6 @@ def check_unchanged(path: str | os.PathLike, stamp: FileStamp | None, *, since: 
 _LOADED: dict[str, FileStamp] = {}
 
 
-def record_stamp(path: str | os.PathLike, stamp: FileStamp | None) -> None:
-    """Remember ``stamp`` as the version of ``path`` this process last read or wrote."""
-    if stamp is not None:
-        _LOADED[os.path.realpath(path)] = stamp
-
-
 @dataclass(frozen=True)
 class TensorInfo:
     dtype: str
@@ -155,11 +149,8 @@ def encode_header(tensors: Mapping[str, TensorInfo], metadata: Mapping[str, str]
 
 
 def read_header(path: str | os.PathLike, *, record: bool = True) -> Header:
-    """Parse and check a safetensors header; any problem is a one-line :class:`TempcalError`.
-
-    The declared length is checked against the file's size before anything is read; the file's stamp is
-    recorded (unless not ``record``), so a later write-back of T refuses a file that changed since.
-    """
+    """Parse and check a safetensors header (its declared length against the file's size first); any problem is one
+    line (:class:`TempcalError`). Its stamp is recorded (unless not ``record``): a later write-back refuses changes."""
     path = Path(path)
     try:
         fd = os.open(path, READ_FLAGS)
@@ -203,7 +194,7 @@ def read_header(path: str | os.PathLike, *, record: bool = True) -> Header:
             raise TempcalError(f"{path}: tensors {shown(name_a)} and {shown(name_b)} overlap in the file")
     header = Header(path, length, metadata, tensors, size, FileStamp.of(st))
     if record:
-        record_stamp(path, header.stamp)
+        _LOADED[os.path.realpath(path)] = FileStamp.of(st)
     return header
 
 
@@ -302,12 +293,9 @@ LOCK_WAIT_SECONDS = 30.0
 
 def write_temperature(source: str | os.PathLike, temperature: float, output: str | os.PathLike | None = None,
                       *, expected: Header | None = None, metadata: Mapping[str, str | None] | None = None) -> Path:
-    """Write ``temperature`` under ``tempcal.temperature`` into ``source`` (or a copy at ``output``); the path written.
-
-    Other metadata is kept (``metadata`` entries set too, a None value removing its key), tensor bytes copied
-    unchanged. Nothing is written when ``source`` changed (size, mtime or inode) since ``expected`` was read,
-    by default since this process last read (:func:`tempcal.read_header`) or wrote it.
-    """
+    """Write ``temperature`` as ``tempcal.temperature`` into ``source`` (or a copy at ``output``), other metadata kept
+    (``metadata`` set, a None value removing its key) and tensor bytes copied unchanged; the path written. Nothing is
+    written when ``source`` changed since ``expected`` was read (by default: since this process last read or wrote)."""
     stamp = expected.stamp if expected is not None else _LOADED.get(os.path.realpath(source))
     check_unchanged(source, stamp)  # before parsing: "it changed" says more than "it is truncated"
     header = read_header(source, record=False)
@@ -344,7 +332,7 @@ def copy_with_header(destination: Path, header: Header, new_header: bytes) -> No
                                "nothing written, run tempcal again")
         out.flush()
         written = os.fstat(out.fileno())
-    record_stamp(destination, FileStamp.of(written))
+    _LOADED[os.path.realpath(destination)] = FileStamp.of(written)
 
 
 @contextlib.contextmanager

@@ -57,9 +57,8 @@ def read_sidecar(path: str | os.PathLike) -> tuple[dict[str, str], list[str]]:
 
 @dataclass(frozen=True)
 class SidecarState:
-    """What a file's sidecar holds: ``state`` is "none" (no sidecar), "fresh" (written for this version of the file),
-    "stale" (for another version: its T is ignored) or "broken" (not a readable sidecar); ``metadata`` is what it
-    records even when stale, ``detail`` why it is stale or broken."""
+    """A file's sidecar: ``state`` "none", "fresh" (written for this version of the file), "stale" (for another: its T
+    is ignored) or "broken" (unreadable); ``metadata`` as recorded even when stale, ``detail`` why stale or broken."""
 
     path: Path
     state: str

@@ -138,8 +138,10 @@ class OpenedSource:
     stored_problem: TempcalError | None = None
     #: The stored T was fitted on log-probabilities (``tempcal.probs = "true"`` beside it).
     stored_probs: bool = False
-    #: Rows each of ``paths`` gave, in order (lm-evaluation-harness logs: one task per file), when known.
-    file_rows: list[int] | None = None
+    #: Rows each of ``paths`` gave, in order, and each one's name in the groupings by file its kind offers (an
+    #: evaluation log's ``task``, inspect_ai's ``model`` too), when known.
+    file_rows: list[int] = field(default_factory=list)
+    file_names: dict[str, list[str]] = field(default_factory=dict)
     #: Keys the kind adds to every command's JSON (``source_kind``, ``rows_incomplete``).
     json: dict[str, Any] = field(default_factory=dict)
 
@@ -246,26 +248,30 @@ class RowGroups:
         return np.bincount(self.index, minlength=self.count).astype(np.int64).tolist()
 
 
-def named(key: str, values: np.ndarray, where: str, option: str, *, numeric: bool = True) -> RowGroups:
-    """Sorted distinct values as names (integers, or strings when not ``numeric``), each row's index into them;
-    more than MAX_GROUPS refused."""
+def named(key: str, values: np.ndarray, opened: OpenedSource, option: str, *, numeric: bool = True) -> RowGroups:
+    """``opened``'s groups by ``values``, one per counted row: sorted distinct values as names (integers, or strings
+    when not ``numeric``) and each row's index into them; more than MAX_GROUPS refused."""
     import numpy as np
 
     distinct, index = np.unique(values, return_inverse=True)
     if len(distinct) > MAX_GROUPS:
-        raise DataError(f"{where}: {option} {key} makes {len(distinct):,} groups; at most "
+        raise DataError(f"{opened.name}: {option} {key} makes {len(distinct):,} groups; at most "
                         f"{MAX_GROUPS:,} are allowed")
+    if index.size != opened.data.num_samples:
+        raise DataError(f"{opened.name}: '{key}' ({option}) gives {index.size} values for {opened.data.num_samples} "
+                        "rows")
     names = [str(int(v)) if numeric else str(v) for v in distinct]
     return RowGroups(key, names, index.reshape(-1).astype(np.int64), numeric=numeric)
 
 
-def file_groups(key: str, names_of: list[str], rows: list[int]) -> RowGroups:
-    """One group per name in ``names_of`` (each file's: an evaluation log's task or model), each file's ``rows`` rows
-    in its name's group."""
+def file_groups(opened: OpenedSource, key: str) -> RowGroups:
+    """One group per name ``opened.file_names[key]`` gives a file (an evaluation log's task or model), each file's
+    rows in its name's group."""
     import numpy as np
 
+    names_of = opened.file_names[key]
     names = sorted(set(names_of))
-    index = np.repeat(np.array([names.index(name) for name in names_of], dtype=np.int64), rows)
+    index = np.repeat(np.array([names.index(name) for name in names_of], dtype=np.int64), opened.file_rows)
     return RowGroups(key, names, index, numeric=False)
 
 
@@ -296,12 +302,6 @@ def kept_rows(data: Any) -> torch.Tensor | None:
         if isinstance(rows, torch.Tensor):
             return rows.to(torch.int64).cpu()
     return None
-
-
-def check_row_count(groups: RowGroups, rows: int, where: str, option: str | None = None) -> None:
-    """The group values must cover exactly the counted rows."""
-    if groups.index.shape[0] != rows:
-        raise DataError(f"{where} ({option or param('group_by')}) gives {groups.index.shape[0]} values for {rows} rows")
 
 
 def group_metadata(key: str | None, temperatures: Mapping[str, float] | None) -> dict[str, str | None]:
@@ -378,9 +378,7 @@ class SourceKind(ABC):
                             f"more rows")
         if kept is not None:
             values = values[kept.numpy()]
-        groups = named(key, values, opened.name, option)
-        check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
-        return groups
+        return named(key, values, opened, option)
 
     def tensor_names(self, opened: OpenedSource) -> set[str]:
         """The tensors SOURCE's header lists, where the format has one (none by default)."""
@@ -485,5 +483,4 @@ class SourceKind(ABC):
 
 
 __all__ = ["DEFAULT_KEYS", "TASK", "Keep", "Kept", "OpenedSource", "RowGroups", "SourceKind", "SourceOptions",
-           "check_row_count", "checked", "expand_sources", "file_groups", "group_metadata", "kept_rows", "named",
-           "wrote_lines"]
+           "checked", "expand_sources", "file_groups", "group_metadata", "kept_rows", "named", "wrote_lines"]

@@ -1,6 +1,5 @@
-"""The lines of a byte stream read in fixed blocks, each bounded in length: ``readline`` would hold a hostile line
-whole before anything could refuse it; :class:`BoundedLines` holds at most ``limit`` bytes of one, skips blank runs in
-bulk and raises :class:`OverLimit` as soon as a line or a run of blank lines passes the limit."""
+"""The lines of a byte stream read in fixed blocks, each bounded in length (``readline`` would hold a hostile line
+whole): :class:`OverLimit` is raised as soon as a line or a run of blank lines passes the limit."""
 
 from __future__ import annotations
 
@@ -22,9 +21,8 @@ class OverLimit(Exception):
 
 
 class BoundedLines:
-    """Iterate ``(line number, line without its newline)`` over the lines with content of ``stream``; ``line`` is the
-    line being read (for messages on the stream's own failures). Leading whitespace carried from an earlier block comes
-    back as spaces."""
+    """``(line number, line without its newline)`` per line with content of ``stream`` (leading whitespace carried from
+    an earlier block comes back as spaces); ``line`` is the line being read, for messages on the stream's failures."""
 
     def __init__(self, stream: BinaryIO, limit: int, block: int = BLOCK_BYTES) -> None:
         self.stream, self.limit, self.block = stream, limit, block

@@ -1,6 +1,5 @@
-"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``; see docs/evaluation-logs.md): each row a binary
-sample, the logit ``ln(c / (1 - c))`` of its confidence (clipped to [1e-6, 1 - 1e-6], counted) and the label
-``correct``; T is kept in the sidecar with the columns and scale it was fitted with."""
+"""Confidence tables as SOURCE (``.csv``, ``.jsonl``, ``.parquet``): each row a binary sample, the logit of its
+confidence (clipped to [1e-6, 1 - 1e-6], counted) labelled ``correct``; T in the sidecar with the columns and scale."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from typing import Any
 
 from ..errors import READING_KEYS, TempcalError, param
 from ..io.sidecar import check_regular_file, sidecar_state
-from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, check_row_count, named
+from .base import OpenedSource, RowGroups, SourceKind, SourceOptions, named
 from .lm_eval_records import as_number, clip
 from .tables import TableError, columns_of, read_rows, table_format, write_with_column
 
@@ -23,7 +22,6 @@ from .tables import TableError, columns_of, read_rows, table_format, write_with_
 CLIP = 1e-6
 #: The column ``apply`` adds.
 CALIBRATED_COLUMN = "calibrated_confidence"
-SOURCE_KIND = "confidence-table"
 #: ``--correct`` as text (any case).
 _BOOLEAN = {"1": 1, "true": 1, "1.0": 1, "0": 0, "false": 0, "0.0": 0}
 _INTEGER = re.compile(r"^[+-]?[0-9]{1,18}$")
@@ -121,7 +119,7 @@ def _group_names(path: Path, key: str, option: str) -> tuple[list[Any], bool]:
 class ConfidenceTableKind(SourceKind):
     """Tables of a confidence and a correctness per row (``--confidence``, ``--correct``)."""
 
-    name = SOURCE_KIND
+    name = "confidence-table"
     title = "confidence table"
     #: The columns and scale a T was fitted with are kept beside it: ``report FILE`` then reads FILE the same way.
     remembered = ("confidence", "correct", "confidence_scale")
@@ -152,7 +150,7 @@ class ConfidenceTableKind(SourceKind):
         warnings = [f"{paths[0]}: {rows.clipped} confidence{'s' if rows.clipped != 1 else ''} of exactly 0 or "
                     f"{scale:g} clipped to [{CLIP * scale:g}, {scale:g} - {CLIP * scale:g}] (their logits would be "
                     "infinite)"] if rows.clipped else []
-        fields = {"source_kind": SOURCE_KIND, "clipped": rows.clipped, "confidence_column": options.confidence,
+        fields = {"source_kind": self.name, "clipped": rows.clipped, "confidence_column": options.confidence,
                   "correct_column": options.correct, "confidence_scale": scale}
         return self.with_stored(OpenedSource(paths, data, None, self, options, warnings=warnings,
                                              has_labels=rows.has_labels, json=fields))
@@ -166,10 +164,7 @@ class ConfidenceTableKind(SourceKind):
         import numpy as np
 
         values, numeric = _group_names(opened.paths[0], key, option)
-        groups = named(key, np.asarray(values, dtype=np.int64 if numeric else object), opened.name, option,
-                       numeric=numeric)
-        check_row_count(groups, opened.data.num_samples, f"{opened.name}: '{key}'", option)
-        return groups
+        return named(key, np.asarray(values, dtype=np.int64 if numeric else object), opened, option, numeric=numeric)
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """The table's format, columns, rows, clipped confidences and the columns read."""

@@ -1,6 +1,5 @@
-"""Hidden states and an output head as SOURCE (``--head``): logits ``head(h)`` computed a block at a time. ReAct
-(``react=P``; Sun, Guo & Li, NeurIPS 2021) clips the hidden states at the exact P-th percentile of SOURCE's values
-(a few streamed passes); OOD files opened beside SOURCE are clipped at the same threshold."""
+"""Hidden states and an output head as SOURCE (``--head``): logits ``head(h)`` computed a block at a time, the hidden
+states clipped with ReAct (``react=P``) at the exact P-th percentile of SOURCE's values, OOD files at the same one."""
 
 from __future__ import annotations
 

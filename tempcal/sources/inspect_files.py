@@ -1,6 +1,5 @@
-"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip (stored, deflated or zstd; each
-decompressed in memory, at most :data:`MAX_MEMBER_BYTES`), and the samples of a ``.json`` log (read whole, at most
-:data:`MAX_JSON_LOG_BYTES`, its samples decoded one at a time)."""
+"""Reading inspect_ai logs in bounded pieces: the members of an ``.eval`` zip (stored, deflated or zstd; each at most
+:data:`MAX_MEMBER_BYTES`), and the samples of a ``.json`` log (at most :data:`MAX_JSON_LOG_BYTES`) one at a time."""
 
 from __future__ import annotations
 
@@ -11,6 +10,7 @@ import struct
 import zipfile
 import zlib
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ class InspectLogError(DataError):
     """An inspect_ai log that cannot be read: the message names the file and the member, sample or place."""
 
 
-class EvalArchive:
+class EvalArchive(AbstractContextManager):
     """An open ``.eval`` log: its members by name (the last of a repeated name wins, as for every zip reader)."""
 
     def __init__(self, path: Path) -> None:
@@ -55,9 +55,6 @@ class EvalArchive:
             raise InspectLogError(f"{path}: lists {len(infos):,} members; an .eval log holds at most "
                                   f"{MAX_MEMBERS:,} here")
         self.members = {info.filename: info for info in infos}
-
-    def __enter__(self) -> EvalArchive:
-        return self
 
     def __exit__(self, *exc: Any) -> None:
         self.zip.close()

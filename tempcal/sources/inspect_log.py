@@ -1,7 +1,5 @@
-"""inspect_ai logs (``.eval`` zips, ``.json`` logs, a folder or glob of them; docs/evaluation-logs.md) as SOURCE: one
-row per multiple-choice sample and epoch, padded with ``-inf``, samples left out counted by reason. A choice's logit
-is the ``logsumexp`` of the ``top_logprobs`` whose token is its letter at the answer position: the first token with a
-letter after the last ``ANSWER:``. T is kept in each log's sidecar."""
+"""inspect_ai logs (``.eval``, ``.json``, a folder or glob of them) as SOURCE: a row per multiple-choice sample and
+epoch, each choice's logit from ``top_logprobs`` at the answer position, samples left out counted; T in each sidecar."""
 
 from __future__ import annotations
 
@@ -20,6 +18,8 @@ from .lm_eval import ChoiceRows, counts_shown, padded_source
 #: Why a sample is left out, in the order they are checked (the contract's ``rows_incomplete`` keys), in words.
 INCOMPLETE = {"several_targets": "with several targets", "no_answer": "without an answer position",
               "missing_choice": "with a choice's letter missing from the answer's top_logprobs"}
+#: The options of ``inspect eval`` that record log-probabilities.
+LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
 _MARKERS = str.maketrans("", "", "\u0120\u2581")
 _ANSWER_END = re.compile(r"answer\s*:\Z", re.IGNORECASE)
 #: How much of the text so far is searched for ``ANSWER:`` at its end.
@@ -50,7 +50,8 @@ def letter_of(token: Any, letters: str) -> int | None:
 
 
 def answer_position(tokens: list[str], letters: str) -> int | None:
-    """The index of the answer position among the generated ``tokens`` (see the module's docstring), or None."""
+    """The answer position among the generated ``tokens``: the first token with a letter after the last ``ANSWER:``
+    (None: there is none)."""
     text, start = "", 0
     for i, token in enumerate(tokens):
         text = (text + token)[-_TAIL:]
@@ -129,7 +130,7 @@ def _choice_logits(entry: Any, letters: str, where: str) -> list[float]:
     """Per letter, the logsumexp of the ``top_logprobs`` entries whose token is that letter (-inf: none)."""
     top = entry.get("top_logprobs") if isinstance(entry, dict) else None
     if not isinstance(top, list):
-        raise InspectLogError(f"{where}: has no top_logprobs list (run inspect with --logprobs --top-logprobs 20)")
+        raise InspectLogError(f"{where}: has no top_logprobs list (run inspect with {LOGPROB_OPTIONS})")
     found: list[list[float]] = [[] for _ in letters]
     for k, item in enumerate(top):
         j = letter_of(item.get("token") if isinstance(item, dict) else None, letters)
@@ -149,8 +150,6 @@ def _logsumexp(values: list[float]) -> float:
     return top + math.log(math.fsum(math.exp(v - top) for v in values))
 
 
-#: The options of ``inspect eval`` that record log-probabilities.
-LOGPROB_OPTIONS = "--logprobs --top-logprobs 20"
 #: The ``--group-by`` keys of inspect_ai logs.
 GROUP_KEYS = ("task", "model")
 #: The top-level keys every inspect_ai log has, beside ``samples``.
@@ -288,9 +287,6 @@ class InspectLogKind(SourceKind):
     title = "inspect_ai log"
     shards = True
 
-    def __init__(self, names: dict[str, list[str]] | None = None) -> None:
-        self.names = names  # an opened SOURCE's: each log's task and model, for its groups
-
     def claims(self, paths: list[Path], options: SourceOptions) -> bool:
         path = paths[0]
         if path.is_dir():
@@ -314,17 +310,16 @@ class InspectLogKind(SourceKind):
         rows = ChoiceRows()
         for row in (r for i in infos for r in i.rows):
             rows.add(row.logits or [], row.label)
-        kind = InspectLogKind({"task": [i.task for i in infos], "model": [i.model for i in infos]})
-        return padded_source(kind, [i.path for i in infos], [rows], options, warnings=_warning(infos, counts, name),
+        return padded_source(self, [i.path for i in infos], [rows], options, warnings=_warning(infos, counts, name),
                              file_rows=[i.complete for i in infos], label=name,
-                             json={"source_kind": "inspect", "rows_incomplete": counts})
+                             file_names={"task": [i.task for i in infos], "model": [i.model for i in infos]},
+                             json={"source_kind": self.name, "rows_incomplete": counts})
 
     def read_groups(self, opened: OpenedSource, key: str, option: str) -> RowGroups:
         """One group per task or model, each log's rows in its group."""
         if key not in GROUP_KEYS:
             raise TempcalError(f"{opened.name}: {option} groups inspect_ai logs by task or model, not '{key}'")
-        assert self.names is not None  # the kind of an opened SOURCE, which open() gives its logs' tasks and models
-        return file_groups(key, self.names[key], opened.file_rows or [opened.data.num_samples])
+        return file_groups(opened, key)
 
     def sidecar_of(self, path: Path) -> Path:
         """A folder's T lives in the sidecars of its logs: the first log's stands for it."""

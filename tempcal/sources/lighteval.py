@@ -1,6 +1,5 @@
-"""lighteval details files (``details_<task>_<date>.parquet``, ``lighteval ... --save-details``) as SOURCE: row i is
-``model_response.logprobs`` (normalised as lm-eval logs are) padded with ``-inf``, labelled ``doc.gold_index``;
-incomplete rows are counted by reason and left out. Three columns are read, a batch at a time; T as for lm-eval."""
+"""lighteval details files (``details_<task>_<date>.parquet``) as SOURCE: row i is ``model_response.logprobs`` padded
+with ``-inf``, labelled ``doc.gold_index``; incomplete rows are counted by reason and left out; T as for lm-eval."""
 
 from __future__ import annotations
 
@@ -209,7 +208,7 @@ class LightevalKind(LmEvalKind):
             raise LightevalDetailsError(f"{paths[0]}: {rows:,} rows of {len(paths)} files padded to {width:,} "
                                         f"choices would pass {size_text(MAX_PADDED_BYTES)}")
         incomplete = {reason: sum(info.incomplete[reason] for _, info in read) for reason in INCOMPLETE}
-        return self.padded(paths, options, read, {"source_kind": "lighteval", "rows_incomplete": incomplete})
+        return self.padded(paths, options, read, {"source_kind": self.name, "rows_incomplete": incomplete})
 
     def describe_details(self, paths: list[Path], options: SourceOptions) -> Any:
         """Per file: its task, rows, complete rows (``records``, as for lm-eval logs) and their choice counts, the

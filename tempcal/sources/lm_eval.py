@@ -1,6 +1,5 @@
-"""lm-evaluation-harness sample logs (``samples_<task>_<date>.jsonl[.gz]``, docs/evaluation-logs.md) as SOURCE:
-row i is record i's choices' log-likelihoods padded with ``-inf``, several logs one SOURCE; hostile files are refused
-fast in flat memory. T is kept in the sidecar with the ``--lm-eval-norm`` it was fitted under (used for no other)."""
+"""lm-evaluation-harness sample logs (``samples_<task>_<date>.jsonl[.gz]``) as SOURCE: row i is record i's choices'
+log-likelihoods padded with ``-inf``; T in the sidecar with the ``--lm-eval-norm`` it was fitted under."""
 
 from __future__ import annotations
 
@@ -278,15 +277,14 @@ def size_text(nbytes: int) -> str:
 
 
 class LmEvalKind(SourceKind):
-    """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with, ``tasks`` each of
-    its files' task (the file's name when it does not follow the tool's)."""
+    """lm-evaluation-harness sample logs; ``norm`` is the normalisation an opened log was read with."""
 
     name = "lm-eval"
     title = "lm-evaluation-harness sample log"
     shards = True
 
-    def __init__(self, norm: str | None = None, tasks: list[str] | None = None) -> None:
-        self.norm, self.tasks = norm, tasks
+    def __init__(self, norm: str | None = None) -> None:
+        self.norm = norm
 
     def open(self, paths: list[Path], options: SourceOptions, *, labels_optional: bool = False) -> OpenedSource:
         self.refuse_probs(options, f"{paths[0]} is an lm-evaluation-harness log of log-likelihoods")
@@ -298,10 +296,10 @@ class LmEvalKind(SourceKind):
                json: dict[str, Any] | None = None) -> OpenedSource:
         """Each file's rows (``read``: the rows and what was read, whose ``warnings()`` are kept) padded with -inf to
         the most choices, opened as this kind under ``options.lm_eval_norm`` with the T stored for them."""
-        kind = type(self)(options.lm_eval_norm, [info.task or Path(info.path).name for _, info in read])
-        return padded_source(kind, paths, [rows for rows, _ in read], options,
+        tasks = [info.task or Path(info.path).name for _, info in read]
+        return padded_source(type(self)(options.lm_eval_norm), paths, [rows for rows, _ in read], options,
                              warnings=[message for _, info in read for message in info.warnings()],
-                             file_rows=[info.records for _, info in read], json=json or {})
+                             file_rows=[info.records for _, info in read], file_names={TASK: tasks}, json=json or {})
 
     def open_related(self, opened: OpenedSource, other: Any, *, labels_optional: bool = False) -> OpenedSource:
         """Another log (``--eval``, ``--ood``) with fewer choices is padded to SOURCE's width (-inf: probability 0)."""
@@ -328,11 +326,11 @@ class LmEvalKind(SourceKind):
         if key != TASK:
             raise TempcalError(f"{opened.name}: {self.title} files hold no tensors; {option} "
                                f"{TASK} groups their rows by each file's task")
-        tasks = self.tasks or []  # the kind of an opened SOURCE: open() gives it its files' tasks
+        tasks = opened.file_names[TASK]
         if len(set(tasks)) < len(tasks):
             seen = next(t for t in tasks if tasks.count(t) > 1)
             raise DataError(f"{opened.name}: two logs of task '{seen}'; {option} {TASK} takes one log per task")
-        return file_groups(key, tasks, opened.file_rows or [opened.data.num_samples])
+        return file_groups(opened, key)
 
     def read_temperature(self, path: Path) -> tuple[float | None, list[str]]:
         """The sidecar's T, unless it was fitted under another ``--lm-eval-norm`` than this log is read with."""

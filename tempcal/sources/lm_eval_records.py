@@ -1,6 +1,5 @@
-"""One line of an lm-evaluation-harness sample log as a row of logits and a label: decoded as JSON within bounds
-(values, nesting, integer digits), then read as a multiple-choice record (a request per choice in ``arguments``, its
-log-likelihood in ``filtered_resps``, the ``target``); anything else is a :class:`LmEvalLogError` naming the line."""
+"""One line of an lm-evaluation-harness sample log as a row of logits and a label: JSON decoded within bounds, then read
+as a multiple-choice record; anything else is a :class:`LmEvalLogError` naming the line."""
 
 from __future__ import annotations
 

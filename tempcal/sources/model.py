@@ -1,6 +1,5 @@
-"""A model with its inputs as SOURCE: the model (``.pt2``, ``.onnx``, TorchScript; :mod:`tempcal.models`) run over
-the inputs file, its logits kept in memory. A model has no file to write T back into: ``--save-model`` writes it
-calibrated, and a calibrated model read as SOURCE gives the original's logits with the T it stores."""
+"""A model (``.pt2``, ``.onnx``, TorchScript) run over its inputs file as SOURCE, its logits kept in memory; it has no
+file to hold T: ``--save-model`` writes it calibrated, and a calibrated model gives the original's logits and T."""
 
 from __future__ import annotations
 

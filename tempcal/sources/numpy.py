@@ -1,5 +1,4 @@
-"""``.npz`` archives and ``.npy`` pairs as SOURCE (``allow_pickle=False``; T in a sidecar): an ``.npz`` holds the arrays
-``logits_key`` / ``labels_key`` (netcal's names in their absence); a ``.npy`` file holds the logits and its labels
+"""``.npz`` archives and ``.npy`` pairs as SOURCE (``allow_pickle=False``; T in a sidecar); a ``.npy`` file's labels
 live in a sibling (:func:`npy_labels_path`), so no single copy can hold T (``output`` is refused)."""
 
 from __future__ import annotations
@@ -226,8 +225,7 @@ def _npz_member(archive: zipfile.ZipFile, path: Path, info: zipfile.ZipInfo, key
     return from_numpy(array, path, key, role)
 
 
-def npy_labels_path(logits_path: str | os.PathLike, logits_key: str = "logits", labels_key: str = "labels"
-                    ) -> Path | None:
+def npy_labels_path(logits_path: str | os.PathLike, logits_key: str, labels_key: str) -> Path | None:
     """The labels file of a ``.npy`` logits file: ``labels_key`` when it ends in ``.npy``, else the sibling with the
     last ``logits_key`` in the name replaced (``val_logits.npy`` -> ``val_labels.npy``); None when there is none."""
     if labels_key.lower().endswith(".npy"):

@@ -93,7 +93,7 @@ def open_source(source: Source, options: SourceOptions | None = None, *, labels_
     arguments, e.g. ``logits_key=...``) say; with ``labels_optional`` a file without labels opens (an OOD set)."""
     if isinstance(source, OpenedSource):
         return source
-    options = (options or SourceOptions()).but(**keys) if keys else (options or SourceOptions())
+    options = (options or SourceOptions()).but(**keys)
     paths = expand_sources([source] if isinstance(source, (str, os.PathLike)) else list(source))
     if not paths:
         raise TempcalError("no SOURCE file given")

@@ -1,6 +1,5 @@
-"""The default SOURCE kind: logits in safetensors files (one, shards, or a glob), read in row chunks with ``pread``
-into a reused buffer (memory stays at one chunk), or read once and kept within ``RESIDENT_BYTES``. Labels are read
-whole; rows labelled ``ignore_index`` are skipped."""
+"""The default SOURCE kind: logits in safetensors files (one, shards, or a glob), read in row chunks with ``pread`` into
+a reused buffer, or read once and kept within ``RESIDENT_BYTES``; labels read whole, ``ignore_index`` rows skipped."""
 
 from __future__ import annotations
 
@@ -412,14 +411,10 @@ def open_sharded(paths: list[Path], *, logits_key: str = "logits", labels_key: s
             labels.append(torch.zeros(rows, dtype=torch.int64))
         shards.append(Shard(header, header.data_start + info.begin, rows, width, dtype))
     width, binary, _ = kinds.pop()
-    all_labels = torch.cat(labels) if labels else torch.empty(0, dtype=torch.int64)
-    kept: torch.Tensor | None = None
-    if ignore_index is not None:
-        keep = all_labels != ignore_index
-        if not bool(keep.all()):
-            kept = keep.nonzero()[:, 0]
-    data = ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept)
-    return data, has_labels
+    all_labels = torch.cat(labels)
+    keep = None if ignore_index is None else all_labels != ignore_index
+    kept = None if keep is None or bool(keep.all()) else keep.nonzero()[:, 0]
+    return ShardedLogits(shards, all_labels, binary=binary, num_classes=2 if binary else width, rows=kept), has_labels
 
 
 def safetensors_values(path: Path, key: str, labels_key: str, option: str) -> np.ndarray:

@@ -1,6 +1,5 @@
-"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time, in bounded memory,
-and a copy written with one more column (atomically). Values come back raw, None when missing; the caller checks
-them. A missing column is a :class:`TableError` naming it and the columns there are."""
+"""Rows of a table file (``.csv``, ``.jsonl``, ``.parquet``), a few named columns at a time in bounded memory, values
+raw (None when missing), and a copy written with one more column; a missing column is a :class:`TableError`."""
 
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ from ..io.paths import atomic_path
 from .bounded_lines import BoundedLines, OverLimit
 from .memory import first_line
 
-#: The table formats, by suffix.
-TABLE_FORMATS = {".csv": "csv", ".jsonl": "jsonl", ".parquet": "parquet"}
 #: The longest JSON Lines row, and the longest CSV field, read.
 MAX_LINE_BYTES = 16 << 20
 MAX_FIELD_CHARS = 16 << 20
@@ -35,7 +32,8 @@ class TableError(DataError):
 
 def table_format(path: str | os.PathLike) -> str | None:
     """``csv``, ``jsonl`` or ``parquet`` by ``path``'s suffix (any case), else None."""
-    return TABLE_FORMATS.get(Path(path).suffix.lower())
+    suffix = Path(path).suffix.lower()
+    return suffix[1:] if suffix in _FORMATS else None
 
 
 def missing_columns(path: Path, wanted: Sequence[str], have: Sequence[str], options: Sequence[str]) -> TableError:
@@ -49,7 +47,7 @@ def missing_columns(path: Path, wanted: Sequence[str], have: Sequence[str], opti
 
 def read_rows(path: Path, wanted: Sequence[str], options: Sequence[str]) -> Iterator[tuple[int, list[Any]]]:
     """``(row number from 1, [value of each wanted column])`` for every data row of the table at ``path`` (a name
-    ending in a suffix of :data:`TABLE_FORMATS`, as every confidence table's does)."""
+    ending in a suffix of :data:`_FORMATS`, as every confidence table's does)."""
     return _FORMATS[path.suffix.lower()][0](path, wanted, options)
 
 
@@ -139,19 +137,15 @@ def _write_csv(path: Path, temporary: Path, column: str, values: Sequence[float]
     with _open_csv(path) as f, open(temporary, "w", encoding="utf-8", newline="") as out:
         reader, writer = csv.reader(f), csv.writer(out)
         writer.writerow([*next(reader), column])
-        k = 0
-        for row in reader:
-            if not row:
-                continue
-            writer.writerow([*row, repr(float(values[k]))])
-            k += 1
+        for row, value in zip((row for row in reader if row), values, strict=True):  # blank lines are no rows
+            writer.writerow([*row, repr(float(value))])
 
 
 def _write_jsonl(path: Path, temporary: Path, column: str, values: Sequence[float]) -> None:
     with open(path, "rb") as raw, open(temporary, "w", encoding="utf-8") as out:
-        for k, (_, data) in enumerate(BoundedLines(raw, MAX_LINE_BYTES)):
+        for (_, data), value in zip(BoundedLines(raw, MAX_LINE_BYTES), values, strict=True):
             record = json.loads(data)
-            record[column] = float(values[k])
+            record[column] = float(value)
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
@@ -180,7 +174,7 @@ def columns_of(path: Path) -> list[str]:
     return []
 
 
-#: Per suffix of :data:`TABLE_FORMATS`: how its rows are read, and how a copy with one more column is written.
+#: Per table format's suffix: how its rows are read, and how a copy with one more column is written.
 _FORMATS: dict[str, tuple[Callable[..., Iterator[tuple[int, list[Any]]]], Callable[..., None]]] = {
     ".csv": (_csv_rows, _write_csv), ".jsonl": (_jsonl_rows, _write_jsonl), ".parquet": (_parquet_rows, _write_parquet)}
 

@@ -1,7 +1,5 @@
-"""``.pt`` / ``.pth`` files holding a dict of tensors as SOURCE (T in a sidecar), read with
-``torch.load(weights_only=True)`` only: other Python objects are refused, never unpickled. The storages the pickle
-declares are first read from its opcodes without running any of it, so that a pickle claiming gigabytes is refused
-(:func:`check_storages`) before ``torch.load`` allocates or maps them."""
+"""``.pt`` / ``.pth`` dicts of tensors as SOURCE (T in a sidecar), read with ``torch.load(weights_only=True)`` only,
+after the storages the pickle declares are bounded from its opcodes (:func:`check_storages`), never running it."""
 
 from __future__ import annotations
 

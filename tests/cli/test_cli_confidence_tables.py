@@ -115,6 +115,20 @@ def test_apply_writes_the_table_with_calibrated_confidence(table, cli, tmp_path)
     assert snapshot(tmp_path) == before
 
 
+def test_apply_gives_each_csv_row_its_own_value_across_blank_lines(tmp_path, cli):
+    """Blank lines are no rows: each data row gets its calibrated confidence, sigmoid(logit(c) / 2) at --tau 2."""
+    path = tmp_path / "gaps.csv"
+    path.write_text("confidence,correct\n0.9,1\n\n0.2,0\n\n\n0.6,1\n")
+    out = tmp_path / "out.csv"
+    code, _, err = cli(["apply", str(path), *COLUMNS, "--tau", "2", "-o", str(out)])
+    assert code == 0, err
+    with open(out, newline="") as f:
+        written = list(csv.DictReader(f))
+    assert [r["confidence"] for r in written] == ["0.9", "0.2", "0.6"]
+    expected = 1 / (1 + np.exp(-logits_of(np.array([0.9, 0.2, 0.6])) / 2))
+    np.testing.assert_allclose([float(r["calibrated_confidence"]) for r in written], expected, rtol=1e-12)
+
+
 def test_inspect_describes_the_table(table, cli):
     path, _ = table
     code, out, err = cli(["inspect", str(path), *COLUMNS])
