@@ -28,11 +28,11 @@ from ..io.hf_folder import (
     read_json,
     weight_map,
 )
+from ..io.optional import require
 from ..models.base import error_line, quiet, reraise_control
 from ..models.head import OutputHead, checked_head, config_scales
 from .checks import check_config_json, check_weights, checkpoint_tensors, offline, remote_code_message
 
-EXTRA = "pip install 'tempcal[lm]'"
 #: Files of a model folder a loader may read: each is checked (a regular file, links kept inside) first.
 READ_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".jinja", ".tiktoken", ".spm")
 #: The small JSON files beside a model that its loaders read whole: bounded as config.json is, and checked by tempcal.
@@ -75,10 +75,7 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
     folder = Path(folder)
     config_json, tensors = check_folder(folder)
     with offline():
-        try:
-            import transformers
-        except ImportError:
-            raise TempcalError(f"{param('lm')} needs transformers, an optional extra: {EXTRA}") from None
+        transformers = require("transformers", "lm", needed_for=param("lm"))
         with _transformers_quiet(transformers):
             config = _config(transformers, folder)
             check_weights(transformers, config, tensors, folder)
@@ -275,4 +272,4 @@ def check_head(lm: CausalLM, ids: list[int]) -> float:
     return relative
 
 
-__all__ = ["EXTRA", "CausalLM", "check_folder", "check_head", "final_hidden", "load_causal_lm", "max_length"]
+__all__ = ["CausalLM", "check_folder", "check_head", "final_hidden", "load_causal_lm", "max_length"]
