@@ -167,7 +167,9 @@ def _config(transformers: Any, folder: Path) -> Any:
 
 def _model(transformers: Any, folder: Path, config: Any, device: torch.device, device_map: str | None) -> Any:
     """The model in its own dtype, in eval mode, on ``device`` (or placed by ``device_map``)."""
-    dtype_key = "dtype" if _version(transformers) >= (4, 56) else "torch_dtype"
+    from packaging.version import Version  # a dependency of transformers
+
+    dtype_key = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
     kwargs: dict[str, Any] = {dtype_key: "auto", "local_files_only": True, "use_safetensors": True,
                               "trust_remote_code": False}
     if device_map is not None:
@@ -184,14 +186,6 @@ def _model(transformers: Any, folder: Path, config: Any, device: torch.device, d
             line = f"out of memory ({shown_bytes(weights)} of weights)"
         raise TempcalError(f"{folder}: transformers {transformers.__version__} cannot load the model: {line}") from None
     return model.eval()
-
-
-def _version(transformers: Any) -> tuple[int, int]:
-    parts = str(transformers.__version__).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        return (0, 0)
 
 
 def _tokenizer(transformers: Any, folder: Path) -> Any:
