@@ -158,12 +158,9 @@ def _spec_for(param: Any, keys: list[str], annotation: Any, metadata: list[Any],
               is_argument: bool) -> OptionSpec | str:
     """The spec of one parameter, or why it cannot be configured."""
     multiple = bool(getattr(param, "multiple", False)) or getattr(param, "nargs", 1) == -1
-    element = annotation
-    if typing.get_origin(annotation) in (list, tuple, Sequence):
-        if typing.get_origin(annotation) is tuple:
-            return "a tuple option cannot be set in a configuration file"
-        (element,) = typing.get_args(annotation)
-        element = _strip_optional(element)
+    element = annotation  # a repeatable option's items; any other generic (a tuple) is refused at the end
+    if typing.get_origin(annotation) in (list, Sequence):
+        element = _strip_optional(typing.get_args(annotation)[0])
     path = next((m for m in metadata if isinstance(m, PathValue)), None)
     value_type = next((m for m in metadata if isinstance(m, ValueType)), None)
     low, high = getattr(info, "min", None), getattr(info, "max", None)  # typer.Option(min=, max=): both included

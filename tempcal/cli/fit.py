@@ -174,8 +174,7 @@ def _write(report, request: FitRequest, written: list[str]) -> list[str]:
     from ..workflows.fit import keep_fit
 
     outputs = request.outputs
-    lm = opt.lm_command(request)
-    settings = None if lm is None else lm.lm_settings(  # what --lm's record keeps of the command
+    settings = None if request.reading.lm is None else dict(  # what --lm's record keeps of the command
         command="fit", val_fraction=request.val_fraction, seed=request.seed, objective=request.objective,
         bins=request.bins, eval=request.eval_file, device=report.device)
     kept = keep_fit(report, output=outputs.output, store=not outputs.no_write, save_model=outputs.save_model,

@@ -122,6 +122,7 @@ def _ood(ctx: typer.Context, request: OodRequest) -> None:
 
     from ..output.console import print_ood
     from ..output.markdown import ood_markdown
+    from ..output.ood_checks import caveats
     from ..workflows.ood import ood_file
 
     options = opt.reading_options(ctx, reading, outputs)
@@ -130,23 +131,15 @@ def _ood(ctx: typer.Context, request: OodRequest) -> None:
                       gen_top=request.gen_top, bootstrap=request.bootstrap, seed=request.seed,
                       min_auroc=request.min_auroc, max_fpr95=request.max_fpr95, odin_eps=request.odin_eps,
                       group_by=request.group_by, options=options)
-    warned = _with_caveats(report, shown=outputs.progress)
+    notes = caveats(report)  # in the JSON, the page and the step summary; the console view prints them itself
+    report.warnings.extend(notes)
+    warned = [message for message in report.warnings if not (outputs.progress and message in notes)]
     deliver(ctx, outputs, report, warnings=warned, write=lambda: _write(report, request),
             payload=lambda: {**report.to_json(), "scores_file": outputs.scores, "plot": outputs.plot,
                              "markdown": outputs.markdown, "odin_eps": request.odin_eps,
                              **opt.lm_json(request, report.opened)},
             render=print_ood, summary=ood_markdown,
             gate=gate_message(report))
-
-
-def _with_caveats(report, *, shown: bool) -> list[str]:
-    """The report's warnings with its caveats added (for the JSON, the page and the step summary); those to print
-    leave the caveats out when the console view is ``shown``, which prints them beside the tables."""
-    from ..output.ood_checks import caveats
-
-    notes = caveats(report)
-    report.warnings.extend(notes)
-    return [message for message in report.warnings if not (shown and message in notes)]
 
 
 def _write(report, request: OodRequest) -> list[str]:

@@ -136,10 +136,5 @@ def ood_texts(ood_files: list[str] | None, ood_text: list[str] | None) -> list[s
     return list(ood_text)
 
 
-def lm_settings(**settings: Any) -> dict[str, Any]:
-    """The command's settings as ``tempcal.json`` records them (enums by their value)."""
-    return {key: getattr(value, "value", value) for key, value in settings.items()}
-
-
-__all__ = ["GENERATION_NAME", "RECORD_NAME", "lm_outputs", "lm_settings", "lm_source", "ood_texts", "read_record",
+__all__ = ["GENERATION_NAME", "RECORD_NAME", "lm_outputs", "lm_source", "ood_texts", "read_record",
            "record_outputs", "sampling_notes", "set_generation_temperature", "write_record"]

@@ -40,9 +40,8 @@ class Tokenized:
 
 @dataclass
 class ForwardStats:
-    """What the forward pass did: the texts and tokens it ran, the padding it added, its batches and time."""
+    """What the forward pass did: the tokens it ran, the padding it added, its batches and time."""
 
-    texts: int
     tokens: int
     padded_tokens: int
     batches: int
@@ -130,7 +129,7 @@ def run_forward(lm: CausalLM, tokenized: Tokenized, store: Any, *, lo: int, hi: 
                 progress(real)
         if pending is not None:
             _store(tokenized, store, *pending, lo, hi)
-    return ForwardStats(sum(len(b) for b in batches), tokens, padded, len(batches), time.perf_counter() - began)
+    return ForwardStats(tokens, padded, len(batches), time.perf_counter() - began)
 
 
 def _run_batch(lm: CausalLM, tokenized: Tokenized, batch: list[int], width: int, number: int) -> torch.Tensor:

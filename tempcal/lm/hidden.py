@@ -141,7 +141,6 @@ class StoredHidden:
     def chunks(self, chunk_rows: int, device: torch.device, dtype: torch.dtype
                ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
         """``(position, hidden, labels)`` per chunk of ``chunk_rows`` selected rows (or fewer), on ``device``."""
-
         counter = self.progress
         with counter.bar(self.num_samples) if counter is not None else DelayedBar("", 0, "", enabled=False) as bar:
             for position, block in self._blocks(max(1, int(chunk_rows))):

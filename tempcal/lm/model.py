@@ -28,11 +28,11 @@ from ..io.hf_folder import (
     read_json,
     weight_map,
 )
+from ..io.optional import require
 from ..models.base import error_line, quiet, reraise_control
 from ..models.head import OutputHead, checked_head, config_scales
 from .checks import check_config_json, check_weights, checkpoint_tensors, offline, remote_code_message
 
-EXTRA = "pip install 'tempcal[lm]'"
 #: Files of a model folder a loader may read: each is checked (a regular file, links kept inside) first.
 READ_SUFFIXES = (".json", ".safetensors", ".model", ".txt", ".jinja", ".tiktoken", ".spm")
 #: The small JSON files beside a model that its loaders read whole: bounded as config.json is, and checked by tempcal.
@@ -75,10 +75,7 @@ def load_causal_lm(folder: str | os.PathLike, device: str | torch.device = "auto
     folder = Path(folder)
     config_json, tensors = check_folder(folder)
     with offline():
-        try:
-            import transformers
-        except ImportError:
-            raise TempcalError(f"{param('lm')} needs transformers, an optional extra: {EXTRA}") from None
+        transformers = require("transformers", "lm", needed_for=param("lm"))
         with _transformers_quiet(transformers):
             config = _config(transformers, folder)
             check_weights(transformers, config, tensors, folder)
@@ -170,7 +167,9 @@ def _config(transformers: Any, folder: Path) -> Any:
 
 def _model(transformers: Any, folder: Path, config: Any, device: torch.device, device_map: str | None) -> Any:
     """The model in its own dtype, in eval mode, on ``device`` (or placed by ``device_map``)."""
-    dtype_key = "dtype" if _version(transformers) >= (4, 56) else "torch_dtype"
+    from packaging.version import Version  # a dependency of transformers
+
+    dtype_key = "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
     kwargs: dict[str, Any] = {dtype_key: "auto", "local_files_only": True, "use_safetensors": True,
                               "trust_remote_code": False}
     if device_map is not None:
@@ -187,14 +186,6 @@ def _model(transformers: Any, folder: Path, config: Any, device: torch.device, d
             line = f"out of memory ({shown_bytes(weights)} of weights)"
         raise TempcalError(f"{folder}: transformers {transformers.__version__} cannot load the model: {line}") from None
     return model.eval()
-
-
-def _version(transformers: Any) -> tuple[int, int]:
-    parts = str(transformers.__version__).split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (ValueError, IndexError):
-        return (0, 0)
 
 
 def _tokenizer(transformers: Any, folder: Path) -> Any:
@@ -275,4 +266,4 @@ def check_head(lm: CausalLM, ids: list[int]) -> float:
     return relative
 
 
-__all__ = ["EXTRA", "CausalLM", "check_folder", "check_head", "final_hidden", "load_causal_lm", "max_length"]
+__all__ = ["CausalLM", "check_folder", "check_head", "final_hidden", "load_causal_lm", "max_length"]
