@@ -25,6 +25,8 @@ from ..errors import (
     temperature_number,
 )
 from ..html import option as html
+from ..lm import options as lm_options
+from ..lm.options import BatchTokens, DeviceMap, MaxLength, TextField, WriteGenerationConfig
 from ..subsets.flags import Folds, GroupBy, GroupPrior
 from .config import given_in
 from .config_schema import INPUT, INPUTS, NOT_CONFIGURABLE, OUTPUT, PathValue, ValueType
@@ -72,11 +74,6 @@ def choice(enum: type[Enum]) -> Any:
     return parse
 
 
-def _lm(*flags: str, help: str, **settings: Any) -> Any:
-    """An option shown in the "Language models" panel of ``--help`` (language models, hidden states, heads)."""
-    return typer.Option(*flags, help=help, rich_help_panel="Language models", **settings)
-
-
 # -- what to read ---------------------------------------------------------------------------
 _SOURCE_HELP = ("Logits file (.safetensors, .npz, .npy, .pt), evaluation log, confidence table or model (tempcal help "
                 "formats); several files or a glob are shards{}. Default: the configuration's 'source'.")
@@ -90,10 +87,11 @@ Probs = Annotated[Optional[bool], typer.Option(
     "--probs/--no-probs", rich_help_panel="Input", help="Values are probabilities: work on log(p) (--probs), or "
     "logits whatever they look like (--no-probs). Default: as the stored T was fitted; values that all look like "
     "probabilities are refused.", show_default=False)]
-LmEvalNormOpt = Annotated[LmEvalNorm, _lm(
+LmEvalNormOpt = Annotated[LmEvalNorm, typer.Option(
     "--lm-eval-norm", case_sensitive=False, parser=choice(LmEvalNorm),
     help="lm-evaluation-harness log or lighteval details SOURCE: divide each choice's log-likelihood by its text's "
-    "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).")]
+    "length in characters (chars, lm-eval's acc_norm) or UTF-8 bytes (bytes), or not (none).",
+    rich_help_panel="Language models")]
 Confidence = Annotated[Optional[str], typer.Option(
     "--confidence", metavar="COLUMN", help="Confidence table SOURCE (.csv, .jsonl, .parquet): the column of each "
     "answer's confidence, a probability that it is right (its logit ln(c / (1 - c)) is scaled by T).",
@@ -155,40 +153,31 @@ SaveModel = Annotated[Optional[str], typer.Option(
     ".torchscript (from a TorchScript model).", rich_help_panel="Models"), OUTPUT]
 
 # -- hidden states and an output head -------------------------------------------------------
-Head = Annotated[Optional[str], _lm(
+Head = Annotated[Optional[str], typer.Option(
     "--head", metavar="HEAD", help="Output layer (.safetensors with 'weight' [V, d], 'bias' optional, or a Hugging "
-    "Face model folder): SOURCE then holds hidden states, and logits are computed block by block."), INPUT]
-HiddenKey = Annotated[str, _lm("--hidden-key", help="Tensor holding the hidden states [N, d] or [B, L, d] (with "
-                               "--head).")]
-HeadWeightKey = Annotated[str, _lm("--head-weight-key", help="Tensor of a HEAD file holding the weight [V, d].")]
-HeadBiasKey = Annotated[str, _lm("--head-bias-key", help="Tensor of a HEAD file holding the bias [V] (optional).")]
-Softcap = Annotated[Optional[float], _lm("--softcap", metavar="C", help="Cap the logits as C * tanh(z / C) (C > 0; "
-                                         "replaces the HEAD config's final_logit_softcapping)."), POSITIVE]
+    "Face model folder): SOURCE then holds hidden states, and logits are computed block by block.",
+    rich_help_panel="Language models"), INPUT]
+HiddenKey = Annotated[str, typer.Option("--hidden-key", help="Tensor holding the hidden states [N, d] or [B, L, d] "
+                                        "(with --head).", rich_help_panel="Language models")]
+HeadWeightKey = Annotated[str, typer.Option("--head-weight-key", help="Tensor of a HEAD file holding the weight "
+                                            "[V, d].", rich_help_panel="Language models")]
+HeadBiasKey = Annotated[str, typer.Option("--head-bias-key", help="Tensor of a HEAD file holding the bias [V] "
+                                          "(optional).", rich_help_panel="Language models")]
+Softcap = Annotated[Optional[float], typer.Option("--softcap", metavar="C", help="Cap the logits as C * tanh(z / C) "
+                                                  "(C > 0; replaces the HEAD config's final_logit_softcapping).",
+                                                  rich_help_panel="Language models"),
+                    POSITIVE]
 
 # -- a causal language model run over texts (--lm) ------------------------------------------
 OptionalSource = Annotated[Optional[list[str]], typer.Argument(
     metavar="SOURCE", help=_SOURCE_HELP.format("; none with --lm"), show_default=False, rich_help_panel="Input"),
     INPUTS]
-Lm = Annotated[Optional[str], _lm("--lm", metavar="MODEL", help="A local Hugging Face causal LM folder, run over "
-                                  "--text (pip install 'tempcal[lm]'; no SOURCE then)."), INPUT]
-Text = Annotated[Optional[str], _lm("--text", metavar="FILE",
-                                    help="Texts for --lm: .txt, one per line, or .jsonl (--text-field)."), INPUT]
-TextField = Annotated[str, _lm("--text-field", metavar="NAME",
-                               help="The field of a .jsonl text file that holds the text (--lm).")]
-MaxLength = Annotated[Optional[int], _lm("--max-length", metavar="N", min=2, help="Tokens per text, longer texts "
-                                         "cut (--lm; default: the model's limit).")]
-BatchTokens = Annotated[Optional[int], _lm("--batch-tokens", metavar="N", min=1, help="Padded tokens per --lm "
-                                           "batch (16384 on CPU, 65536 on CUDA).")]
-DeviceMap = Annotated[Optional[str], _lm("--device-map", metavar="MAP",
-                                         help="transformers' device_map for --lm ('auto': over several GPUs).")]
-SaveHidden = Annotated[Optional[str], _lm("--save-hidden", metavar="PATH",
-                                          help="Keep --lm's hidden states as a SOURCE for --head runs."), OUTPUT]
-SpillDir = Annotated[Optional[str], _lm("--spill-dir", metavar="DIR", help="Folder of --lm's unnamed spill file "
-                                        "(default: MODEL, else the temporary folder)."), INPUT]
-WriteGenerationConfig = Annotated[bool, _lm("--write-generation-config", help="Also set temperature = T in "
-                                            "MODEL/generation_config.json (--lm).")]
-OodText = Annotated[Optional[list[str]], _lm("--ood-text", metavar="FILE", help="Out-of-distribution texts for "
-                                             "--lm (.txt or .jsonl); repeatable."), INPUTS]
+# Declared by tempcal.lm.options (flags, types, help, ranges); the paths among them are marked here.
+Lm = Annotated[lm_options.Lm, INPUT]
+Text = Annotated[lm_options.Text, INPUT]
+SaveHidden = Annotated[lm_options.SaveHidden, OUTPUT]
+SpillDir = Annotated[lm_options.SpillDir, INPUT]
+OodText = Annotated[lm_options.OodText, INPUTS]
 
 # -- what to compute ------------------------------------------------------------------------
 #: A temperature option's values in a configuration file and on the command line (``fit`` itself checked later).
