@@ -8,7 +8,8 @@ imports, peak resident memory (``VmHWM``), the reads the sets took (JSON ``confo
 The sets cost one read of the calibration rows (their scores at every tau) and ride on the metrics pass, so the
 expected added time is about half a read of the data at every tau: a quarter to a half of the report.
 
-Run: ``python benchmarks/report_sets_cost.py [--rows 200000] [--classes 1000] [--taus 10] [--repeats 3]``
+Run: ``python benchmarks/report_sets_cost.py [--rows 200000] [--classes 1000] [--taus 10] [--repeats 3]``; it times
+the tempcal of the checkout it belongs to (to time another checkout, run that checkout's copy of the script).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from _machine import machine_lines
 from memory_scaling import warm_page_cache, write_logits_file
 
 DATA = Path(__file__).resolve().parent / "data"
+#: The checkout this script belongs to: its child processes import the tempcal there (``python -c`` puts the
+#: current folder first on the path), whatever folder the script is run from.
+ROOT = Path(__file__).resolve().parent.parent
 
 CHILD = """
 import sys, time
@@ -44,7 +48,7 @@ def run_report(path: Path, taus: int, sets: bool) -> dict:
     argv = ["report", str(path), "--json", "-", "--device", "cpu", "--sweep", f"0.5:5:{taus}"]
     if sets:
         argv += ["--conformal-alpha", "0.1", "--conformal-alpha", "0.05"]
-    done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", CHILD, *argv], capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(f"tempcal report failed: {done.stderr[-800:]}")
     result = json.loads(done.stdout)
