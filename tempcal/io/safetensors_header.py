@@ -194,7 +194,7 @@ def read_header(path: str | os.PathLike, *, record: bool = True) -> Header:
             raise TempcalError(f"{path}: tensors {shown(name_a)} and {shown(name_b)} overlap in the file")
     header = Header(path, length, metadata, tensors, size, FileStamp.of(st))
     if record:
-        _LOADED[os.path.realpath(path)] = FileStamp.of(st)
+        _LOADED[os.path.realpath(path)] = header.stamp
     return header
 
 
