@@ -192,10 +192,10 @@ def read_header(path: str | os.PathLike, *, record: bool = True) -> Header:
     for (_, end_a, name_a), (begin_b, _, name_b) in itertools.pairwise(spans):
         if begin_b < end_a:
             raise TempcalError(f"{path}: tensors {shown(name_a)} and {shown(name_b)} overlap in the file")
-    header = Header(path, length, metadata, tensors, size, FileStamp.of(st))
+    stamp = FileStamp.of(st)
     if record:
-        _LOADED[os.path.realpath(path)] = header.stamp
-    return header
+        _LOADED[os.path.realpath(path)] = stamp
+    return Header(path, length, metadata, tensors, size, stamp)
 
 
 def _parse_json(path: Path, raw: bytes) -> dict:
